@@ -1,0 +1,310 @@
+//! Command-line parsing (lexopt, in the shape of its `cargo.rs` example) and
+//! the help texts.
+//!
+//! Turns arguments into a [`Command`]; touches neither the environment nor
+//! any file, so tests call [`parse_from`] with plain lists. Knows nothing of
+//! config contents, threads or the protocol.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use lexopt::prelude::*;
+
+use crate::log;
+
+pub const HELP: &str = "\
+mcp-retry: makes MCP servers reliable (safe retries, timeouts, dedup, caching,
+a circuit breaker and respawn) as a transparent stdio proxy
+
+Usage:
+  mcp-retry run --config FILE [--server NAME]
+  mcp-retry run [--config FILE] -- COMMAND [ARGS...]
+  mcp-retry check --config FILE [--server NAME]... [--timeout SECONDS] [--json]
+
+Commands:
+  run      launch one MCP server and relay stdio to it (see `mcp-retry run --help`)
+  check    probe every configured server in parallel (see `mcp-retry check --help`)
+
+Options:
+  --log-level LEVEL   error, warn, info or debug (default info; env MCP_RETRY_LOG)
+  --log-format FMT    text or json (default text); logs always go to stderr
+  -h, --help          print help
+  -V, --version       print version
+
+Exit codes:
+  0  normal exit
+  1  `check` found a server down
+  2  usage or configuration error
+";
+
+pub const RUN_HELP: &str = "\
+mcp-retry run: launch one MCP server as a child process and relay
+newline-delimited JSON-RPC between it and this process's stdin/stdout
+
+Usage:
+  mcp-retry run --config FILE [--server NAME]
+  mcp-retry run [--config FILE [--server NAME]] -- COMMAND [ARGS...]
+
+Options:
+  -c, --config FILE     YAML (.yaml/.yml) or JSON (.json) config with `servers:`
+                        or `mcpServers:`
+  -s, --server NAME     the server to run (optional when the config has one)
+  --stats-file PATH     write per-tool counters as JSON every few seconds and at exit
+  --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
+  --log-format FMT      text or json (default text)
+  -h, --help            print help
+
+With `-- COMMAND`, the command is wrapped with the built-in defaults, or with
+the config's `defaults:` (or the settings of --server NAME) when --config is
+given.
+
+Exit codes: 0 normal exit, 2 usage or configuration error.
+";
+
+pub const CHECK_HELP: &str = "\
+mcp-retry check: start every configured server in parallel, send it
+`initialize`, and print one [UP]/[DOWN] line per server
+
+Usage:
+  mcp-retry check --config FILE [--server NAME]... [--timeout SECONDS] [--json]
+
+Options:
+  -c, --config FILE     the same config files as `run`
+  -s, --server NAME     check only this server (repeatable)
+  -t, --timeout SECS    how long each server has to answer (default 10)
+  --json                print a JSON report instead of text
+  --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
+  --log-format FMT      text or json (default text)
+  -h, --help            print help
+
+Exit codes: 0 every server is up, 1 a server is down, 2 usage or configuration error.
+";
+
+#[derive(Debug, PartialEq)]
+pub enum Command {
+    /// Print this text on stdout and exit 0.
+    Help(&'static str),
+    Version,
+    Run(RunArgs),
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct Global {
+    pub log_level: Option<log::Level>,
+    pub log_format: Option<log::Format>,
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct RunArgs {
+    pub config: Option<PathBuf>,
+    pub server: Option<String>,
+    /// The wrapped command and its arguments (empty when the config names it).
+    pub command: Vec<String>,
+    pub stats_file: Option<PathBuf>,
+}
+
+#[derive(Debug, PartialEq)]
+pub struct CheckArgs {
+    pub config: PathBuf,
+    pub servers: Vec<String>,
+    pub timeout: Duration,
+    pub json: bool,
+}
+
+/// Parses the process's arguments.
+pub fn parse() -> Result<(Global, Command)> {
+    parse_from(std::env::args_os().skip(1))
+}
+
+/// Parses an explicit argument list (without the program name).
+pub fn parse_from<I>(args: I) -> Result<(Global, Command)>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
+    let mut parser = lexopt::Parser::from_args(args);
+    let mut global = Global::default();
+    while let Some(arg) = parser.next()? {
+        match arg {
+            Long("log-level") => global.log_level = Some(log_option("--log-level", parser.value()?)?),
+            Long("log-format") => global.log_format = Some(log_option("--log-format", parser.value()?)?),
+            Short('h') | Long("help") => return Ok((global, Command::Help(HELP))),
+            Short('V') | Long("version") => return Ok((global, Command::Version)),
+            Value(v) => {
+                let name = v.string()?;
+                return match name.as_str() {
+                    "run" => parse_run(parser, global),
+                    "check" => parse_check(parser, global),
+                    "help" => Ok((global, Command::Help(HELP))),
+                    _ => bail!("unknown command '{name}' (expected run or check; see --help)"),
+                };
+            }
+            _ => return Err(arg.unexpected().into()),
+        }
+    }
+    bail!("missing command (expected run or check; see --help)")
+}
+
+/// Parses the value of `--log-level` or `--log-format` (accepted before and
+/// after the command name).
+fn log_option<T: std::str::FromStr<Err = String>>(flag: &str, value: OsString) -> Result<T> {
+    let v = value.string()?;
+    v.parse().map_err(|e: String| anyhow!("{flag}: {e}"))
+}
+
+fn parse_run(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Command)> {
+    let mut args = RunArgs::default();
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("log-level") => global.log_level = Some(log_option("--log-level", p.value()?)?),
+            Long("log-format") => global.log_format = Some(log_option("--log-format", p.value()?)?),
+            Short('c') | Long("config") => args.config = Some(p.value()?.into()),
+            Short('s') | Long("server") => args.server = Some(p.value()?.string()?),
+            Long("stats-file") => args.stats_file = Some(p.value()?.into()),
+            Short('h') | Long("help") => return Ok((global, Command::Help(RUN_HELP))),
+            Value(first) => {
+                // Everything from the command on belongs to the command,
+                // including arguments that look like our options.
+                args.command.push(first.string()?);
+                for rest in p.raw_args()? {
+                    let s = rest
+                        .into_string()
+                        .map_err(|a| anyhow!("command argument {a:?} is not valid UTF-8"))?;
+                    args.command.push(s);
+                }
+                break;
+            }
+            _ => return Err(arg.unexpected()).context("invalid arguments for 'run'"),
+        }
+    }
+    if args.config.is_none() && args.command.is_empty() {
+        bail!("run needs --config FILE or a command after `--` (see `mcp-retry run --help`)");
+    }
+    Ok((global, Command::Run(args)))
+}
+
+fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Command)> {
+    let mut config = None;
+    let mut servers = Vec::new();
+    let mut timeout = Duration::from_secs(10);
+    let mut json = false;
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("log-level") => global.log_level = Some(log_option("--log-level", p.value()?)?),
+            Long("log-format") => global.log_format = Some(log_option("--log-format", p.value()?)?),
+            Short('c') | Long("config") => config = Some(PathBuf::from(p.value()?)),
+            Short('s') | Long("server") => servers.push(p.value()?.string()?),
+            Short('t') | Long("timeout") => {
+                let v = p.value()?.string()?;
+                timeout = parse_seconds(&v).with_context(|| format!("--timeout '{v}'"))?;
+            }
+            Long("json") => json = true,
+            Short('h') | Long("help") => return Ok((global, Command::Help(CHECK_HELP))),
+            _ => return Err(arg.unexpected()).context("invalid arguments for 'check'"),
+        }
+    }
+    let config = config.context("check needs --config FILE (see `mcp-retry check --help`)")?;
+    Ok((
+        global,
+        Command::Check(CheckArgs {
+            config,
+            servers,
+            timeout,
+            json,
+        }),
+    ))
+}
+
+fn parse_seconds(s: &str) -> Result<Duration> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| anyhow!("expected a number of seconds"))?;
+    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
+        bail!("expected a positive number of seconds (at most 86400)");
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(args: &[&str]) -> (Global, Command) {
+        parse_from(args.iter().copied()).unwrap()
+    }
+    fn err(args: &[&str]) -> String {
+        format!("{:#}", parse_from(args.iter().copied()).unwrap_err())
+    }
+
+    #[test]
+    fn run_with_config_and_server() {
+        let (_, c) = ok(&["run", "--config", "c.yaml", "--server", "fs"]);
+        assert_eq!(
+            c,
+            Command::Run(RunArgs {
+                config: Some("c.yaml".into()),
+                server: Some("fs".into()),
+                ..RunArgs::default()
+            })
+        );
+    }
+
+    #[test]
+    fn run_wraps_a_command_untouched() {
+        let (_, c) = ok(&["run", "--", "npx", "-y", "--config", "x", "--", "-h"]);
+        let Command::Run(r) = c else { panic!() };
+        assert_eq!(r.command, ["npx", "-y", "--config", "x", "--", "-h"]);
+        assert_eq!(r.config, None);
+        let (_, c) = ok(&["run", "-c", "f.json", "python3", "server.py", "--port", "1"]);
+        let Command::Run(r) = c else { panic!() };
+        assert_eq!(r.command, ["python3", "server.py", "--port", "1"]);
+        assert_eq!(r.config, Some("f.json".into()));
+    }
+
+    #[test]
+    fn global_options_before_and_after_the_command() {
+        let (g, _) = ok(&["--log-level", "debug", "run", "--log-format", "json", "--", "x"]);
+        assert_eq!(g.log_level, Some(log::Level::Debug));
+        assert_eq!(g.log_format, Some(log::Format::Json));
+        assert!(err(&["--log-level", "loud", "run"]).contains("--log-level: invalid log level 'loud'"));
+    }
+
+    #[test]
+    fn help_and_version() {
+        assert_eq!(ok(&["--help"]).1, Command::Help(HELP));
+        assert_eq!(ok(&["-V"]).1, Command::Version);
+        assert_eq!(ok(&["run", "--help"]).1, Command::Help(RUN_HELP));
+        assert_eq!(ok(&["check", "-h"]).1, Command::Help(CHECK_HELP));
+        assert!(HELP.contains("2  usage or configuration error"));
+    }
+
+    #[test]
+    fn check_options() {
+        let (_, c) = ok(&["check", "-c", "c.yaml", "-s", "a", "--server", "b", "--timeout", "2.5", "--json"]);
+        assert_eq!(
+            c,
+            Command::Check(CheckArgs {
+                config: "c.yaml".into(),
+                servers: vec!["a".into(), "b".into()],
+                timeout: Duration::from_millis(2500),
+                json: true,
+            })
+        );
+    }
+
+    #[test]
+    fn usage_errors_are_clear() {
+        assert!(err(&[]).contains("missing command"));
+        assert!(err(&["serve"]).contains("unknown command 'serve'"));
+        assert!(err(&["run"]).contains("run needs --config FILE or a command"));
+        assert!(err(&["run", "--bogus"]).contains("invalid arguments for 'run'"));
+        assert!(err(&["run", "--bogus"]).contains("--bogus"));
+        assert!(err(&["check"]).contains("check needs --config FILE"));
+        assert!(err(&["check", "-c", "x", "--timeout", "-1"]).contains("--timeout '-1'"));
+        assert!(err(&["check", "-c", "x", "--timeout", "soon"]).contains("expected a number"));
+        assert!(err(&["run", "--config"]).contains("missing argument"));
+    }
+}

@@ -1,0 +1,913 @@
+//! The dispatcher: one thread, one closed [`Event`] enum, one loop, and all
+//! the session's state.
+//!
+//! It routes every message between the client and the server, rewriting ids
+//! so each side sees only its own, answers malformed input, and drives the
+//! lifecycle of the server link (start, shutdown). `tools/call` requests are
+//! handed to `calls.rs`, which applies the policies. Deadlines are data: a
+//! min-heap of [`Timer`]s, and the loop sleeps on the earliest one with
+//! `recv_deadline`, so an idle proxy uses no CPU.
+//!
+//! Never touches a file descriptor: I/O threads deliver events and take lines
+//! over channels; the server is reached only through [`Downstream`].
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use crate::child::ExitInfo;
+use crate::config::ServerConfig;
+use crate::downstream::{Downstream, ServerEvent, SHUTDOWN_STEP};
+use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
+use crate::{debug, info, warn};
+
+/// Everything that can wake the dispatcher.
+#[derive(Debug)]
+pub enum Event {
+    /// A classified line from the client.
+    Client(Parsed),
+    /// A client line over `max_message_bytes`.
+    ClientTooLong { prefix: Vec<u8>, len: usize },
+    /// The client closed our stdin.
+    ClientEof,
+    /// Writing to the client failed: nobody is listening any more.
+    ClientGone,
+    /// Something happened to server link number `generation`.
+    Server { generation: u64, event: ServerEvent },
+    /// SIGTERM, SIGINT or SIGHUP.
+    Signal(i32),
+}
+
+/// Opens a connection to the server; `events` is how the transport reports.
+pub type Connector =
+    Box<dyn FnMut(&ServerConfig, u64, Sender<Event>) -> Result<Box<dyn Downstream>, String> + Send>;
+
+/// The code of every error the proxy itself originates for a request
+/// (outside -32768..-32000, as the 2026 error-code policy asks).
+pub const PROXY_ERROR: i64 = -31000;
+
+/// Why the proxy answered a request itself (`data.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    ServerExited,
+    ServerUnavailable,
+    Overloaded,
+    CircuitOpen,
+    RetriesExhausted,
+    Timeout,
+    NotRetriedUnsafe,
+    RetryBudgetExhausted,
+    DeadlineExceeded,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::ServerExited => "server_exited",
+            Reason::ServerUnavailable => "server_unavailable",
+            Reason::Overloaded => "overloaded",
+            Reason::CircuitOpen => "circuit_open",
+            Reason::RetriesExhausted => "retries_exhausted",
+            Reason::Timeout => "timeout",
+            Reason::NotRetriedUnsafe => "not_retried_unsafe",
+            Reason::RetryBudgetExhausted => "retry_budget_exhausted",
+            Reason::DeadlineExceeded => "deadline_exceeded",
+        }
+    }
+}
+
+/// A proxy-originated error object for a request.
+pub fn proxy_error(reason: Reason, message: &str, extra: &[(&str, String)]) -> String {
+    let mut data = format!(
+        "{{\"source\":\"mcp-retry\",\"reason\":\"{}\"",
+        reason.as_str()
+    );
+    for (k, v) in extra {
+        data.push_str(&format!(",{}:{}", jsonrpc::json_string(k), v));
+    }
+    data.push('}');
+    jsonrpc::error_object(PROXY_ERROR, message, Some(&data))
+}
+
+/// A deadline and the reason it exists.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Timer {
+    /// A stopped link's grace period after `Exited` for its stdout to drain.
+    LinkDrained { generation: u64 },
+    /// Shutdown: the server had `SHUTDOWN_STEP` to exit after its input closed.
+    ShutdownTerminate,
+    /// Shutdown: the server had `SHUTDOWN_STEP` to exit after SIGTERM.
+    ShutdownKill,
+    /// Shutdown: give up waiting for the server.
+    ShutdownGiveUp,
+}
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct TimerEntry {
+    at: Instant,
+    seq: u64,
+    timer: Timer,
+}
+
+/// What a downstream id stands for.
+#[derive(Debug)]
+enum Inflight {
+    /// A client request relayed as is.
+    Client { client_id: String, method: Method },
+    /// The client cancelled it; a late answer is dropped.
+    Cancelled,
+}
+
+/// Methods whose answers the dispatcher looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    Initialize,
+    Other,
+}
+
+/// A client request not yet answered.
+#[derive(Debug)]
+struct ClientRequest {
+    /// Where it is at the server, if it was sent.
+    downstream: Option<u64>,
+    /// The batch it belongs to.
+    batch: Option<u64>,
+}
+
+/// A request from the server to the client, waiting for the client's answer.
+#[derive(Debug)]
+struct ServerRequest {
+    generation: u64,
+    /// The server's own id, raw.
+    server_id: String,
+}
+
+/// Collects the answers to a batch (2025-03-26) into one array.
+#[derive(Debug, Default)]
+struct Batch {
+    outstanding: usize,
+    answers: Vec<Vec<u8>>,
+}
+
+/// The state of the server link.
+enum Link {
+    /// Connected. `stdout_closed`/`exited` track how it is going away.
+    Up {
+        generation: u64,
+        server: Box<dyn Downstream>,
+        stdout_closed: bool,
+        exited: Option<ExitInfo>,
+    },
+    /// Gone for good: every request is answered with this.
+    Down { reason: Reason, message: String },
+}
+
+/// Shutdown progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// The client is gone or a signal came: stop the server, then exit.
+    Stopping { signal: Option<i32> },
+}
+
+/// What the loop ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The client closed stdin (or stopped reading).
+    ClientClosed,
+    /// Stopped by this signal.
+    Signalled(i32),
+}
+
+pub struct Dispatcher {
+    cfg: ServerConfig,
+    to_client: Sender<Vec<u8>>,
+    events: Sender<Event>,
+    connect: Connector,
+    link: Link,
+    generation: u64,
+    next_downstream_id: u64,
+    inflight: HashMap<u64, Inflight>,
+    client_requests: HashMap<String, ClientRequest>,
+    server_requests: HashMap<u64, ServerRequest>,
+    next_server_request_id: u64,
+    batches: HashMap<u64, Batch>,
+    next_batch: u64,
+    /// The client's `initialize` params, kept for replay after a respawn.
+    init_params: Option<String>,
+    /// The negotiated protocol version.
+    protocol_version: Option<String>,
+    timers: BinaryHeap<Reverse<TimerEntry>>,
+    timer_seq: u64,
+    phase: Phase,
+}
+
+impl Dispatcher {
+    pub fn new(
+        cfg: ServerConfig,
+        to_client: Sender<Vec<u8>>,
+        events: Sender<Event>,
+        connect: Connector,
+    ) -> Dispatcher {
+        Dispatcher {
+            cfg,
+            to_client,
+            events,
+            connect,
+            link: Link::Down {
+                reason: Reason::ServerUnavailable,
+                message: "the server has not been started".into(),
+            },
+            generation: 0,
+            next_downstream_id: 0,
+            inflight: HashMap::new(),
+            client_requests: HashMap::new(),
+            server_requests: HashMap::new(),
+            next_server_request_id: 0,
+            batches: HashMap::new(),
+            next_batch: 0,
+            init_params: None,
+            protocol_version: None,
+            timers: BinaryHeap::new(),
+            timer_seq: 0,
+            phase: Phase::Running,
+        }
+    }
+
+    /// Starts the server and handles events until the session ends.
+    pub fn run(mut self, inbox: Receiver<Event>) -> Outcome {
+        self.start_server();
+        loop {
+            if let Some(outcome) = self.finished() {
+                return outcome;
+            }
+            let event = match self.timers.peek() {
+                Some(Reverse(t)) => match inbox.recv_deadline(t.at) {
+                    Ok(e) => Some(e),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return Outcome::ClientClosed,
+                },
+                None => match inbox.recv() {
+                    Ok(e) => Some(e),
+                    Err(_) => return Outcome::ClientClosed,
+                },
+            };
+            let now = Instant::now();
+            match event {
+                Some(e) => self.handle_event(e, now),
+                None => self.fire_timers(now),
+            }
+        }
+    }
+
+    fn finished(&self) -> Option<Outcome> {
+        match (self.phase, &self.link) {
+            (Phase::Stopping { signal }, Link::Down { .. }) => Some(match signal {
+                Some(s) => Outcome::Signalled(s),
+                None => Outcome::ClientClosed,
+            }),
+            _ => None,
+        }
+    }
+
+    pub fn handle_event(&mut self, event: Event, now: Instant) {
+        match event {
+            Event::Client(parsed) => self.on_client(parsed, None),
+            Event::ClientTooLong { prefix, len } => self.on_client_too_long(&prefix, len),
+            Event::ClientEof => {
+                debug!("the client closed its input; stopping the server");
+                self.begin_shutdown(None, now);
+            }
+            Event::ClientGone => {
+                debug!("the client stopped reading; stopping the server");
+                self.begin_shutdown(None, now);
+            }
+            Event::Server { generation, event } => {
+                if generation == self.generation {
+                    self.on_server(event, now);
+                }
+            }
+            Event::Signal(sig) => {
+                info!("received signal {sig}; stopping the server");
+                self.begin_shutdown(Some(sig), now);
+            }
+        }
+    }
+
+    fn fire_timers(&mut self, now: Instant) {
+        while let Some(Reverse(t)) = self.timers.peek() {
+            if t.at > now {
+                break;
+            }
+            let Reverse(t) = self.timers.pop().expect("peeked");
+            self.on_timer(t.timer, now);
+        }
+    }
+
+    fn set_timer(&mut self, at: Instant, timer: Timer) {
+        self.timer_seq += 1;
+        self.timers.push(Reverse(TimerEntry {
+            at,
+            seq: self.timer_seq,
+            timer,
+        }));
+    }
+
+    fn on_timer(&mut self, timer: Timer, now: Instant) {
+        match timer {
+            Timer::LinkDrained { generation } => {
+                if generation == self.generation {
+                    self.link_lost(now);
+                }
+            }
+            Timer::ShutdownTerminate => {
+                if let Link::Up { server, .. } = &mut self.link {
+                    debug!("the server did not exit after its input closed; sending SIGTERM");
+                    server.terminate();
+                    let step = self.shutdown_step();
+                    self.set_timer(now + step, Timer::ShutdownKill);
+                }
+            }
+            Timer::ShutdownKill => {
+                if let Link::Up { server, .. } = &mut self.link {
+                    warn!("the server ignored SIGTERM; killing it");
+                    server.kill();
+                    self.set_timer(now + Duration::from_secs(2), Timer::ShutdownGiveUp);
+                }
+            }
+            Timer::ShutdownGiveUp => {
+                if matches!(self.link, Link::Up { .. }) {
+                    self.link_lost(now);
+                }
+            }
+        }
+    }
+
+    fn shutdown_step(&self) -> Duration {
+        match self.phase {
+            // A signalled proxy must be gone within about 2 s.
+            Phase::Stopping { signal: Some(_) } => SHUTDOWN_STEP / 2,
+            _ => SHUTDOWN_STEP,
+        }
+    }
+
+    // ----- server link -------------------------------------------------
+
+    fn start_server(&mut self) {
+        self.generation += 1;
+        let generation = self.generation;
+        match (self.connect)(&self.cfg, generation, self.events.clone()) {
+            Ok(server) => {
+                info!("started {}", server.describe());
+                self.link = Link::Up {
+                    generation,
+                    server,
+                    stdout_closed: false,
+                    exited: None,
+                };
+            }
+            Err(message) => {
+                crate::error!("{message}");
+                self.link = Link::Down {
+                    reason: Reason::ServerUnavailable,
+                    message,
+                };
+            }
+        }
+    }
+
+    fn begin_shutdown(&mut self, signal: Option<i32>, now: Instant) {
+        if let Phase::Stopping { .. } = self.phase {
+            if signal.is_some() {
+                // A second signal: stop waiting.
+                if let Link::Up { server, .. } = &mut self.link {
+                    server.kill();
+                }
+            }
+            return;
+        }
+        self.phase = Phase::Stopping { signal };
+        if let Link::Up { server, .. } = &mut self.link {
+            server.close_input();
+            let step = self.shutdown_step();
+            self.set_timer(now + step, Timer::ShutdownTerminate);
+        }
+    }
+
+    fn on_server(&mut self, event: ServerEvent, now: Instant) {
+        match event {
+            ServerEvent::Message(parsed) => self.on_server_parsed(parsed),
+            ServerEvent::Garbage => {}
+            ServerEvent::StdoutClosed => {
+                if let Link::Up {
+                    stdout_closed,
+                    exited,
+                    ..
+                } = &mut self.link
+                {
+                    *stdout_closed = true;
+                    if exited.is_some() {
+                        self.link_lost(now);
+                    } else if self.phase == Phase::Running {
+                        // It will never answer again; make sure it is gone.
+                        warn!("the server closed its stdout; stopping it");
+                        if let Link::Up { server, .. } = &mut self.link {
+                            server.kill();
+                        }
+                    }
+                }
+            }
+            ServerEvent::Exited(info) => {
+                if let Link::Up {
+                    stdout_closed,
+                    exited,
+                    ..
+                } = &mut self.link
+                {
+                    *exited = Some(info);
+                    if *stdout_closed {
+                        self.link_lost(now);
+                    } else {
+                        // Let the reader deliver what is still in the pipe.
+                        let generation = self.generation;
+                        self.set_timer(
+                            now + Duration::from_millis(500),
+                            Timer::LinkDrained { generation },
+                        );
+                    }
+                }
+            }
+            ServerEvent::WriteFailed { unsent } => {
+                warn!(
+                    "writing to the server failed ({} message(s) not delivered); stopping it",
+                    unsent.len()
+                );
+                if let Link::Up { server, .. } = &mut self.link {
+                    server.kill();
+                }
+            }
+        }
+    }
+
+    /// The server is gone: answer everything that waited on it.
+    fn link_lost(&mut self, _now: Instant) {
+        let old = std::mem::replace(
+            &mut self.link,
+            Link::Down {
+                reason: Reason::ServerExited,
+                message: String::new(),
+            },
+        );
+        let Link::Up {
+            server, exited, ..
+        } = old
+        else {
+            return;
+        };
+        let how = match exited {
+            Some(info) => info.to_string(),
+            None => "stopped".into(),
+        };
+        let stopping = matches!(self.phase, Phase::Stopping { .. });
+        let tail = server.diagnostics();
+        let mut message = format!("the MCP server {} {how}", server.describe());
+        if let Some(last) = tail.iter().rev().find(|l| !l.trim().is_empty()) {
+            if !stopping {
+                message.push_str(&format!("; its last stderr line: {}", last.trim()));
+            }
+        }
+        if stopping {
+            debug!("{message}");
+        } else {
+            crate::error!("{message}");
+        }
+        drop(server);
+        self.link = Link::Down {
+            reason: Reason::ServerExited,
+            message: message.clone(),
+        };
+        // Requests the client sent to the server that will never be answered.
+        let mut lost: Vec<(u64, String)> = self
+            .inflight
+            .drain()
+            .filter_map(|(down, f)| match f {
+                Inflight::Client { client_id, .. } => Some((down, client_id)),
+                Inflight::Cancelled => None,
+            })
+            .collect();
+        lost.sort();
+        for (_, client_id) in lost {
+            self.answer_proxy_error(&client_id, Reason::ServerExited, &message);
+        }
+        // Requests from the dead server the client has not answered yet.
+        let mut open: Vec<u64> = self.server_requests.keys().copied().collect();
+        open.sort();
+        for id in open {
+            self.server_requests.remove(&id);
+            let params = format!(
+                "{{\"requestId\":{id},\"reason\":\"the MCP server exited\"}}"
+            );
+            self.send_client(jsonrpc::notification_line(
+                "notifications/cancelled",
+                Some(&params),
+            ));
+        }
+    }
+
+    fn send_server(&mut self, line: Vec<u8>) -> bool {
+        match &mut self.link {
+            Link::Up { server, .. } => server.send(line),
+            Link::Down { .. } => false,
+        }
+    }
+
+    // ----- client → server ---------------------------------------------
+
+    fn on_client(&mut self, parsed: Parsed, batch: Option<u64>) {
+        match parsed {
+            Parsed::Message(m) => match m.kind() {
+                Kind::Request => self.on_client_request(m, batch),
+                Kind::Notification => self.on_client_notification(m),
+                Kind::Response => self.on_client_response(m),
+            },
+            Parsed::Invalid(inv) => self.on_client_invalid(inv, batch),
+            Parsed::Batch(items) => self.on_client_batch(items),
+        }
+    }
+
+    fn on_client_invalid(&mut self, inv: Invalid, batch: Option<u64>) {
+        if inv.is_response {
+            warn!("dropped an invalid response from the client: {}", inv.message);
+            return;
+        }
+        warn!("answered an invalid message from the client: {}", inv.message);
+        let line = jsonrpc::error_line(inv.id.as_deref(), inv.code, &inv.message, None);
+        match batch {
+            Some(b) => self.batch_answer(b, line),
+            None => self.send_client(line),
+        }
+    }
+
+    fn on_client_too_long(&mut self, prefix: &[u8], len: usize) {
+        let max = self.cfg.max_message_bytes;
+        let message = format!(
+            "message of {len} bytes exceeds max_message_bytes ({max}) and was not forwarded"
+        );
+        match jsonrpc::scan_request_id(prefix) {
+            Some(id) if !self.client_requests.contains_key(&id) => {
+                warn!("answered a client request: {message}");
+                self.send_client(jsonrpc::error_line(
+                    Some(&id),
+                    jsonrpc::INVALID_REQUEST,
+                    &message,
+                    None,
+                ));
+            }
+            _ => warn!("dropped a client message: {message}"),
+        }
+    }
+
+    fn on_client_batch(&mut self, items: Vec<Parsed>) {
+        if self.protocol_version.as_deref() != Some("2025-03-26") {
+            warn!("answered a JSON-RPC batch from the client: batches are not part of the negotiated protocol");
+            self.send_client(jsonrpc::error_line(
+                None,
+                jsonrpc::INVALID_REQUEST,
+                "invalid request: JSON-RPC batches are only allowed with protocol version 2025-03-26",
+                None,
+            ));
+            return;
+        }
+        if items.is_empty() {
+            self.send_client(jsonrpc::error_line(
+                None,
+                jsonrpc::INVALID_REQUEST,
+                "invalid request: empty batch",
+                None,
+            ));
+            return;
+        }
+        self.next_batch += 1;
+        let id = self.next_batch;
+        let expected = items
+            .iter()
+            .filter(|p| match p {
+                Parsed::Message(m) => m.kind() == Kind::Request,
+                Parsed::Invalid(i) => !i.is_response,
+                Parsed::Batch(_) => true,
+            })
+            .count();
+        if expected == 0 {
+            for item in items {
+                self.on_client(item, None);
+            }
+            return;
+        }
+        self.batches.insert(
+            id,
+            Batch {
+                outstanding: expected,
+                answers: Vec::new(),
+            },
+        );
+        for item in items {
+            match item {
+                Parsed::Batch(_) => self.batch_answer(
+                    id,
+                    jsonrpc::error_line(
+                        None,
+                        jsonrpc::INVALID_REQUEST,
+                        "invalid request: nested batch",
+                        None,
+                    ),
+                ),
+                other => self.on_client(other, Some(id)),
+            }
+        }
+    }
+
+    fn batch_answer(&mut self, batch: u64, line: Vec<u8>) {
+        if self.batches.contains_key(&batch) {
+            self.batch_entry(batch, Some(line));
+        } else {
+            self.send_client(line);
+        }
+    }
+
+    /// Counts one request of a batch as done (with its answer, if any) and
+    /// sends the array once all are.
+    fn batch_entry(&mut self, batch: u64, line: Option<Vec<u8>>) {
+        let Some(b) = self.batches.get_mut(&batch) else {
+            return;
+        };
+        if let Some(mut line) = line {
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            }
+            b.answers.push(line);
+        }
+        b.outstanding -= 1;
+        if b.outstanding > 0 {
+            return;
+        }
+        let b = self.batches.remove(&batch).expect("present");
+        if !b.answers.is_empty() {
+            let mut out = b"[".to_vec();
+            out.extend_from_slice(&b.answers.join(&b","[..]));
+            out.extend_from_slice(b"]\n");
+            self.send_client(out);
+        }
+    }
+
+    fn on_client_request(&mut self, m: Message, batch: Option<u64>) {
+        let client_id = m.id().expect("requests have ids").to_owned();
+        if self.client_requests.contains_key(&client_id) {
+            warn!("answered a client request whose id {client_id} is already in flight");
+            let line = jsonrpc::error_line(
+                Some(&client_id),
+                jsonrpc::INVALID_REQUEST,
+                &format!("invalid request: a request with id {client_id} is already in flight"),
+                None,
+            );
+            match batch {
+                Some(b) => self.batch_answer(b, line),
+                None => self.send_client(line),
+            }
+            return;
+        }
+        self.client_requests.insert(
+            client_id.clone(),
+            ClientRequest {
+                downstream: None,
+                batch,
+            },
+        );
+        if self.client_requests.len() > self.cfg.max_in_flight {
+            let message = format!(
+                "too many requests in flight (max_in_flight is {}); try again later",
+                self.cfg.max_in_flight
+            );
+            warn!("{message}");
+            return self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
+        }
+        let method = m.method().unwrap_or_default().into_owned();
+        let kind = match method.as_str() {
+            "initialize" => {
+                self.init_params = m.params().map(str::to_owned);
+                Method::Initialize
+            }
+            _ => Method::Other,
+        };
+        if let Link::Down { reason, message } = &self.link {
+            let (reason, message) = (*reason, message.clone());
+            return self.answer_proxy_error(&client_id, reason, &message);
+        }
+        if matches!(self.phase, Phase::Stopping { .. }) {
+            return self.answer_proxy_error(
+                &client_id,
+                Reason::ServerUnavailable,
+                "mcp-retry is shutting down",
+            );
+        }
+        let down = self.next_id();
+        self.inflight.insert(
+            down,
+            Inflight::Client {
+                client_id: client_id.clone(),
+                method: kind,
+            },
+        );
+        if let Some(r) = self.client_requests.get_mut(&client_id) {
+            r.downstream = Some(down);
+        }
+        let line = m.line_with_id(&down.to_string());
+        self.send_server(line);
+    }
+
+    fn next_id(&mut self) -> u64 {
+        self.next_downstream_id += 1;
+        self.next_downstream_id
+    }
+
+    fn on_client_notification(&mut self, m: Message) {
+        let method = m.method().unwrap_or_default();
+        if method == "notifications/cancelled" {
+            return self.on_client_cancel(&m);
+        }
+        if matches!(self.link, Link::Up { .. }) {
+            self.send_server(m.line());
+        } else {
+            debug!("dropped a client notification ({method}): the server is not running");
+        }
+    }
+
+    fn on_client_cancel(&mut self, m: &Message) {
+        let Some((request_id, params)) = m
+            .params()
+            .and_then(RawObject::parse)
+            .and_then(|p| p.get("requestId").map(|r| (r.get().to_owned(), p)))
+        else {
+            return debug!("dropped a cancel without a requestId");
+        };
+        let Some(req) = self.client_requests.remove(&request_id) else {
+            return debug!("dropped a cancel for unknown or finished request {request_id}");
+        };
+        if let Some(b) = req.batch {
+            // A cancelled request gets no entry in its batch's answer.
+            self.batch_entry(b, None);
+        }
+        if let Some(down) = req.downstream {
+            if let Some(f) = self.inflight.get_mut(&down) {
+                *f = Inflight::Cancelled;
+            }
+            let params = params_with(&params, "requestId", &down.to_string());
+            let line = m.line_with_params(&params);
+            self.send_server(line);
+        }
+    }
+
+    fn on_client_response(&mut self, m: Message) {
+        let id = m.id().unwrap_or("null");
+        let Some(ours) = id.parse::<u64>().ok() else {
+            return warn!("dropped a response from the client with unknown id {id}");
+        };
+        let Some(req) = self.server_requests.remove(&ours) else {
+            return warn!("dropped a response from the client with unknown id {id}");
+        };
+        if req.generation != self.generation {
+            return debug!("dropped the client's answer to a request of a server that has exited");
+        }
+        let line = m.line_with_id(&req.server_id);
+        self.send_server(line);
+    }
+
+    // ----- server → client ---------------------------------------------
+
+    fn on_server_parsed(&mut self, parsed: Parsed) {
+        match parsed {
+            Parsed::Message(m) => match m.kind() {
+                Kind::Response => self.on_server_response(m),
+                Kind::Request => self.on_server_request(m),
+                Kind::Notification => self.on_server_notification(m),
+            },
+            Parsed::Invalid(inv) => {
+                warn!("the server sent an invalid message; skipped ({})", inv.message)
+            }
+            Parsed::Batch(items) => {
+                for item in items {
+                    self.on_server_parsed(item);
+                }
+            }
+        }
+    }
+
+    fn on_server_response(&mut self, m: Message) {
+        let id = m.id().unwrap_or("null");
+        let Some(down) = id.parse::<u64>().ok() else {
+            return warn!("dropped a response from the server with an id the proxy never issued: {id}");
+        };
+        match self.inflight.remove(&down) {
+            Some(Inflight::Client { client_id, method }) => {
+                if method == Method::Initialize {
+                    self.observe_initialize(&m);
+                }
+                let line = m.line_with_id(&client_id);
+                self.answer(&client_id, line);
+            }
+            Some(Inflight::Cancelled) => {
+                debug!("dropped the server's answer to cancelled request {down}")
+            }
+            None => warn!("dropped a response from the server with an id the proxy never issued: {id}"),
+        }
+    }
+
+    fn observe_initialize(&mut self, m: &Message) {
+        let Some(result) = m.result().and_then(RawObject::parse) else {
+            return;
+        };
+        if let Some(v) = result.get("protocolVersion") {
+            if let Ok(v) = serde_json::from_str::<String>(v.get()) {
+                debug!("negotiated protocol version {v}");
+                self.protocol_version = Some(v);
+            }
+        }
+    }
+
+    fn on_server_request(&mut self, m: Message) {
+        self.next_server_request_id += 1;
+        let ours = self.next_server_request_id;
+        self.server_requests.insert(
+            ours,
+            ServerRequest {
+                generation: self.generation,
+                server_id: m.id().expect("requests have ids").to_owned(),
+            },
+        );
+        self.send_client(m.line_with_id(&ours.to_string()));
+    }
+
+    fn on_server_notification(&mut self, m: Message) {
+        let method = m.method().unwrap_or_default();
+        if method == "notifications/cancelled" {
+            // The server withdraws one of its own requests to the client.
+            let Some(params) = m.params().and_then(RawObject::parse) else {
+                return;
+            };
+            let Some(server_id) = params.get("requestId").map(|r| r.get().to_owned()) else {
+                return;
+            };
+            let generation = self.generation;
+            let ours = self
+                .server_requests
+                .iter()
+                .find(|(_, r)| r.generation == generation && r.server_id == server_id)
+                .map(|(k, _)| *k);
+            let Some(ours) = ours else {
+                return debug!("dropped the server's cancel for unknown request {server_id}");
+            };
+            self.server_requests.remove(&ours);
+            let params = params_with(&params, "requestId", &ours.to_string());
+            return self.send_client(m.line_with_params(&params));
+        }
+        self.send_client(m.line());
+    }
+
+    // ----- answering -----------------------------------------------------
+
+    /// Delivers the answer to a client request and forgets the request.
+    fn answer(&mut self, client_id: &str, line: Vec<u8>) {
+        match self.client_requests.remove(client_id) {
+            Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
+            Some(_) => self.send_client(line),
+            None => debug!("dropped an answer for request {client_id}, which the client cancelled"),
+        }
+    }
+
+    fn answer_proxy_error(&mut self, client_id: &str, reason: Reason, message: &str) {
+        let error = proxy_error(reason, message, &[]);
+        let line = jsonrpc::error_response_line(client_id, &error);
+        self.answer(client_id, line);
+    }
+
+    fn send_client(&mut self, line: Vec<u8>) {
+        // A failed send means the writer thread ended; `ClientGone` follows.
+        let _ = self.to_client.send(line);
+    }
+}
+
+/// `params` with member `key` replaced by raw JSON `value`.
+fn params_with(params: &RawObject<'_>, key: &str, value: &str) -> String {
+    let mut out = String::from("{");
+    for (i, (k, v)) in params.0.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&jsonrpc::json_string(k));
+        out.push(':');
+        out.push_str(if k == key { value } else { v.get() });
+    }
+    out.push('}');
+    out
+}

@@ -1,0 +1,721 @@
+//! JSON-RPC 2.0 messages as newline-delimited lines: framing, classification
+//! and envelope rewriting.
+//!
+//! A [`Message`] keeps the exact text it was read from and remembers where its
+//! members are, so `params`, `result`, `error` and unknown members pass through
+//! byte for byte; only the `id` is ever rewritten. Messages the proxy makes
+//! itself are built with [`response_line`], [`error_line`] and friends.
+//!
+//! Knows nothing of threads, processes, MCP methods or policy.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::io::{self, BufRead};
+use std::ops::Range;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+
+/// What a line turned out to be.
+#[derive(Debug)]
+pub enum Parsed {
+    Message(Message),
+    /// Not a valid message; answer with this error if `id` is known (or for a
+    /// request whose id could not be read, with `id: null`).
+    Invalid(Invalid),
+    /// A JSON array: each element classified on its own.
+    Batch(Vec<Parsed>),
+}
+
+/// A line that is not a usable JSON-RPC message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invalid {
+    pub code: i64,
+    pub message: String,
+    /// The raw id, when it could be read and is a valid id.
+    pub id: Option<String>,
+    /// Whether the line looked like a response (then nobody is answered).
+    pub is_response: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Request,
+    Notification,
+    Response,
+}
+
+/// One JSON-RPC object, kept as the text it arrived as.
+#[derive(Clone, PartialEq)]
+pub struct Message {
+    text: String,
+    kind: Kind,
+    id: Option<Range<usize>>,
+    method: Option<Range<usize>>,
+    params: Option<Range<usize>>,
+    result: Option<Range<usize>>,
+    error: Option<Range<usize>>,
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Message {
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+    fn span(&self, r: &Option<Range<usize>>) -> Option<&str> {
+        r.as_ref().map(|r| &self.text[r.clone()])
+    }
+    /// The id exactly as written (`7`, `"7"`), for requests and responses.
+    pub fn id(&self) -> Option<&str> {
+        self.span(&self.id)
+    }
+    /// The method name, unescaped when needed.
+    pub fn method(&self) -> Option<Cow<'_, str>> {
+        let raw = self.span(&self.method)?;
+        if raw.contains('\\') {
+            serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
+        } else {
+            Some(Cow::Borrowed(&raw[1..raw.len() - 1]))
+        }
+    }
+    pub fn params(&self) -> Option<&str> {
+        self.span(&self.params)
+    }
+    pub fn result(&self) -> Option<&str> {
+        self.span(&self.result)
+    }
+    pub fn error(&self) -> Option<&str> {
+        self.span(&self.error)
+    }
+
+    /// The line with its id replaced by `new_id` (raw JSON), newline included.
+    pub fn line_with_id(&self, new_id: &str) -> Vec<u8> {
+        match &self.id {
+            Some(r) => {
+                let mut out = Vec::with_capacity(self.text.len() + new_id.len() + 1);
+                out.extend_from_slice(self.text[..r.start].as_bytes());
+                out.extend_from_slice(new_id.as_bytes());
+                out.extend_from_slice(self.text[r.end..].as_bytes());
+                out.push(b'\n');
+                out
+            }
+            None => self.line(),
+        }
+    }
+
+    /// The line with `params` replaced by `new_params` (raw JSON), newline included.
+    pub fn line_with_params(&self, new_params: &str) -> Vec<u8> {
+        match &self.params {
+            Some(r) => {
+                let mut out = Vec::with_capacity(self.text.len() + 1);
+                out.extend_from_slice(self.text[..r.start].as_bytes());
+                out.extend_from_slice(new_params.as_bytes());
+                out.extend_from_slice(self.text[r.end..].as_bytes());
+                out.push(b'\n');
+                out
+            }
+            None => self.line(),
+        }
+    }
+
+    /// The line unchanged, newline included.
+    pub fn line(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.text.len() + 1);
+        out.extend_from_slice(self.text.as_bytes());
+        out.push(b'\n');
+        out
+    }
+
+    /// Rebuilds the message around new text (e.g. after `line_with_params`).
+    pub fn reparse(text: String) -> Option<Message> {
+        match classify(text) {
+            Parsed::Message(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// Reads one line into `buf` (cleared first), without its `\n` or `\r\n`.
+/// Returns `Ok(None)` at EOF, `Ok(Some(Line::TooLong))` when the line exceeds
+/// `max` bytes (the rest of it is consumed and discarded; the first
+/// [`TOO_LONG_PREFIX`] bytes stay in `buf`).
+pub fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<Option<Line>> {
+    buf.clear();
+    let mut total = 0usize;
+    let mut saw_any = false;
+    loop {
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            if !saw_any {
+                return Ok(None);
+            }
+            break;
+        }
+        saw_any = true;
+        let (used, done) = match memchr(chunk) {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let data = &chunk[..if done { used - 1 } else { used }];
+        if total + data.len() <= max {
+            buf.extend_from_slice(data);
+        } else if buf.len() < TOO_LONG_PREFIX {
+            let room = TOO_LONG_PREFIX - buf.len();
+            buf.extend_from_slice(&data[..room.min(data.len())]);
+        }
+        total += data.len();
+        r.consume(used);
+        if done {
+            break;
+        }
+    }
+    if total > max {
+        return Ok(Some(Line::TooLong { len: total }));
+    }
+    if buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    Ok(Some(Line::Complete))
+}
+
+/// How much of an overlong line is kept to find its id.
+pub const TOO_LONG_PREFIX: usize = 64 * 1024;
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line {
+    Complete,
+    TooLong { len: usize },
+}
+
+fn memchr(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
+
+/// True for a line that is empty or only white space (skipped, never answered).
+pub fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(|b| b.is_ascii_whitespace())
+}
+
+/// Classifies one line of input.
+pub fn classify_bytes(line: Vec<u8>) -> Parsed {
+    match String::from_utf8(line) {
+        Ok(text) => classify(text),
+        Err(_) => Parsed::Invalid(Invalid {
+            code: PARSE_ERROR,
+            message: "parse error: the line is not valid UTF-8".into(),
+            id: None,
+            is_response: false,
+        }),
+    }
+}
+
+/// Classifies one line of text.
+pub fn classify(text: String) -> Parsed {
+    let first = text.bytes().find(|b| !b.is_ascii_whitespace());
+    if first == Some(b'[') {
+        return classify_batch(&text);
+    }
+    let raw: RawObject<'_> = match serde_json::from_str(&text) {
+        Ok(o) => o,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            return Parsed::Invalid(Invalid {
+                code: PARSE_ERROR,
+                message: format!("parse error: {e}"),
+                id: None,
+                is_response: false,
+            })
+        }
+        Err(_) => {
+            return invalid_request("invalid request: expected a JSON object".into(), None, false)
+        }
+    };
+    let base = text.as_ptr() as usize;
+    let span = |v: &RawValue| {
+        let s = v.get();
+        let start = s.as_ptr() as usize - base;
+        start..start + s.len()
+    };
+    let mut jsonrpc_ok = false;
+    let (mut id, mut method, mut params, mut result, mut error) = (None, None, None, None, None);
+    for (k, v) in &raw.0 {
+        match k.as_ref() {
+            "jsonrpc" => jsonrpc_ok = v.get() == "\"2.0\"",
+            "id" => id = Some(span(v)),
+            "method" => method = Some(span(v)),
+            "params" => params = Some(span(v)),
+            "result" => result = Some(span(v)),
+            "error" => error = Some(span(v)),
+            _ => {}
+        }
+    }
+    drop(raw);
+    let id_text = id.as_ref().map(|r| &text[r.clone()]);
+    let valid_id = id_text.filter(|t| is_valid_id(t)).map(str::to_owned);
+    let is_response = method.is_none() && (result.is_some() || error.is_some());
+    if !jsonrpc_ok {
+        return invalid_request(
+            "invalid request: \"jsonrpc\" must be \"2.0\"".into(),
+            valid_id,
+            is_response,
+        );
+    }
+    if let Some(t) = id_text {
+        if valid_id.is_none() && !(is_response && t == "null") {
+            return invalid_request(
+                format!("invalid request: an id must be a string or an integer, got {t}"),
+                None,
+                is_response,
+            );
+        }
+    }
+    let kind = if let Some(m) = &method {
+        if !text[m.clone()].starts_with('"') {
+            return invalid_request(
+                "invalid request: \"method\" must be a string".into(),
+                valid_id,
+                false,
+            );
+        }
+        if result.is_some() || error.is_some() {
+            return invalid_request(
+                "invalid request: a message cannot have both \"method\" and \"result\"/\"error\""
+                    .into(),
+                valid_id,
+                false,
+            );
+        }
+        if let Some(p) = &params {
+            let b = text.as_bytes()[p.start];
+            if b != b'{' && b != b'[' {
+                return invalid_request(
+                    "invalid request: \"params\" must be an object or an array".into(),
+                    valid_id,
+                    false,
+                );
+            }
+        }
+        if id.is_some() {
+            Kind::Request
+        } else {
+            Kind::Notification
+        }
+    } else if result.is_some() != error.is_some() && id.is_some() {
+        Kind::Response
+    } else {
+        return invalid_request(
+            "invalid request: not a request, notification or response".into(),
+            valid_id,
+            is_response,
+        );
+    };
+    Parsed::Message(Message {
+        text,
+        kind,
+        id,
+        method,
+        params,
+        result,
+        error,
+    })
+}
+
+fn classify_batch(text: &str) -> Parsed {
+    match serde_json::from_str::<Vec<&RawValue>>(text) {
+        Ok(items) => Parsed::Batch(
+            items
+                .into_iter()
+                .map(|v| classify(v.get().to_owned()))
+                .collect(),
+        ),
+        Err(e) if e.is_syntax() || e.is_eof() => Parsed::Invalid(Invalid {
+            code: PARSE_ERROR,
+            message: format!("parse error: {e}"),
+            id: None,
+            is_response: false,
+        }),
+        Err(e) => invalid_request(format!("invalid request: {e}"), None, false),
+    }
+}
+
+fn invalid_request(message: String, id: Option<String>, is_response: bool) -> Parsed {
+    Parsed::Invalid(Invalid {
+        code: INVALID_REQUEST,
+        message,
+        id,
+        is_response,
+    })
+}
+
+/// A string, or a JSON number without fraction or exponent.
+pub fn is_valid_id(raw: &str) -> bool {
+    let b = raw.as_bytes();
+    match b.first() {
+        Some(b'"') => true,
+        Some(b'-') => b.len() > 1 && b[1..].iter().all(u8::is_ascii_digit),
+        Some(c) if c.is_ascii_digit() => b.iter().all(u8::is_ascii_digit),
+        _ => false,
+    }
+}
+
+/// Looks for a top-level `"id"` in the beginning of an overlong line.
+/// Returns the raw id when it is a valid id and the line has a `"method"`
+/// member before the prefix ends or after the id.
+pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
+    let mut depth = 0usize;
+    let mut i = 0usize;
+    let mut key_start: Option<usize> = None;
+    let mut last_key: Option<&[u8]> = None;
+    let mut found_id = None;
+    let mut has_method = false;
+    while i < prefix.len() {
+        let c = prefix[i];
+        if c == b'"' {
+            let start = i;
+            i += 1;
+            while i < prefix.len() && prefix[i] != b'"' {
+                if prefix[i] == b'\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            if i >= prefix.len() {
+                break;
+            }
+            if depth == 1 {
+                key_start = Some(start);
+            }
+            i += 1;
+            continue;
+        }
+        match c {
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b':' if depth == 1 => {
+                if let Some(s) = key_start.take() {
+                    let key = &prefix[s..];
+                    let end = key[1..].iter().position(|&b| b == b'"')? + 2;
+                    last_key = Some(&key[..end]);
+                    if last_key == Some(b"\"method\"") {
+                        has_method = true;
+                    }
+                    if last_key == Some(b"\"id\"") {
+                        let rest = &prefix[i + 1..];
+                        let rest = std::str::from_utf8(rest).ok().or_else(|| {
+                            let valid = std::str::from_utf8(rest).err()?.valid_up_to();
+                            std::str::from_utf8(&rest[..valid]).ok()
+                        })?;
+                        let mut de = serde_json::Deserializer::from_str(rest.trim_start());
+                        if let Ok(v) = <&RawValue>::deserialize(&mut de) {
+                            if is_valid_id(v.get()) {
+                                found_id = Some(v.get().to_owned());
+                            }
+                        }
+                    }
+                }
+            }
+            b',' if depth == 1 => key_start = None,
+            _ => {}
+        }
+        i += 1;
+    }
+    let _ = last_key;
+    if has_method {
+        found_id
+    } else {
+        None
+    }
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` plus newline.
+pub fn response_line(id: &str, result: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + id.len() + result.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b",\"result\":");
+    out.extend_from_slice(result.as_bytes());
+    out.extend_from_slice(b"}\n");
+    out
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"error":ERROR}` plus newline, `error` raw JSON.
+pub fn error_response_line(id: &str, error: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + id.len() + error.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b",\"error\":");
+    out.extend_from_slice(error.as_bytes());
+    out.extend_from_slice(b"}\n");
+    out
+}
+
+/// An error object `{"code":C,"message":M}` with optional raw `data`.
+pub fn error_object(code: i64, message: &str, data: Option<&str>) -> String {
+    let msg = serde_json::to_string(message).unwrap_or_else(|_| "\"error\"".into());
+    match data {
+        Some(d) => format!("{{\"code\":{code},\"message\":{msg},\"data\":{d}}}"),
+        None => format!("{{\"code\":{code},\"message\":{msg}}}"),
+    }
+}
+
+/// An error response; `id: None` writes `"id":null` (the id could not be read).
+pub fn error_line(id: Option<&str>, code: i64, message: &str, data: Option<&str>) -> Vec<u8> {
+    error_response_line(id.unwrap_or("null"), &error_object(code, message, data))
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"method":M,"params":P}` plus newline.
+pub fn request_line(id: &str, method: &str, params: Option<&str>) -> Vec<u8> {
+    let method = serde_json::to_string(method).unwrap_or_default();
+    let s = match params {
+        Some(p) => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":{method},\"params\":{p}}}\n"),
+        None => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":{method}}}\n"),
+    };
+    s.into_bytes()
+}
+
+/// `{"jsonrpc":"2.0","method":M,"params":P}` plus newline.
+pub fn notification_line(method: &str, params: Option<&str>) -> Vec<u8> {
+    let method = serde_json::to_string(method).unwrap_or_default();
+    let s = match params {
+        Some(p) => format!("{{\"jsonrpc\":\"2.0\",\"method\":{method},\"params\":{p}}}\n"),
+        None => format!("{{\"jsonrpc\":\"2.0\",\"method\":{method}}}\n"),
+    };
+    s.into_bytes()
+}
+
+/// A JSON object read as an ordered list of raw members. Used to look at (and
+/// rebuild) envelopes and params without touching the values' text.
+#[derive(Debug, Default)]
+pub struct RawObject<'a>(pub Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> RawObject<'a> {
+    pub fn parse(text: &'a str) -> Option<RawObject<'a>> {
+        serde_json::from_str(text).ok()
+    }
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+    pub fn remove(&mut self, key: &str) -> Option<&'a RawValue> {
+        let i = self.0.iter().position(|(k, _)| k == key)?;
+        Some(self.0.remove(i).1)
+    }
+    /// Writes the object back as compact JSON: keys re-escaped, values as they were.
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{");
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&serde_json::to_string(k.as_ref()).unwrap_or_default());
+            out.push(':');
+            out.push_str(v.get());
+        }
+        out.push('}');
+        out
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawObject<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(k) = map.next_key::<Cow<'de, str>>()? {
+                    let v: &'de RawValue = map.next_value()?;
+                    out.push((k, v));
+                }
+                Ok(RawObject(out))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(de::Error::invalid_type(de::Unexpected::Seq, &self))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A JSON string literal for `s`.
+pub fn json_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(s: &str) -> Message {
+        match classify(s.to_owned()) {
+            Parsed::Message(m) => m,
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+
+    fn invalid(s: &str) -> Invalid {
+        match classify(s.to_owned()) {
+            Parsed::Invalid(i) => i,
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn classifies_requests_notifications_responses() {
+        let m = msg(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"a":1}}"#);
+        assert_eq!(m.kind(), Kind::Request);
+        assert_eq!(m.id(), Some("7"));
+        assert_eq!(m.method().as_deref(), Some("tools/call"));
+        assert_eq!(m.params(), Some(r#"{"a":1}"#));
+
+        let n = msg(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        assert_eq!(n.kind(), Kind::Notification);
+        assert_eq!(n.id(), None);
+
+        let r = msg(r#"{"jsonrpc":"2.0","id":"x","result":{}}"#);
+        assert_eq!(r.kind(), Kind::Response);
+        assert_eq!(r.result(), Some("{}"));
+        let e = msg(r#"{"jsonrpc":"2.0","id":null,"error":{"code":1,"message":"m"}}"#);
+        assert_eq!(e.kind(), Kind::Response);
+        assert_eq!(e.id(), Some("null"));
+    }
+
+    #[test]
+    fn id_rewrite_keeps_everything_else_byte_for_byte() {
+        let text = r#"{"jsonrpc":"2.0", "id" : "abc","method":"x","params":{"n":12345678901234567890,"f":1.0,"u":"\u00e9"},"extra":[1, 2]}"#;
+        let m = msg(text);
+        let out = String::from_utf8(m.line_with_id("42")).unwrap();
+        assert_eq!(
+            out,
+            r#"{"jsonrpc":"2.0", "id" : 42,"method":"x","params":{"n":12345678901234567890,"f":1.0,"u":"\u00e9"},"extra":[1, 2]}"#
+                .to_owned()
+                + "\n"
+        );
+    }
+
+    #[test]
+    fn ids_keep_type_and_value() {
+        for id in ["0", "\"0\"", "9007199254740991", "\"\"", "-1", "12345678901234567890"] {
+            let m = msg(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
+            assert_eq!(m.id(), Some(id));
+        }
+    }
+
+    #[test]
+    fn bad_ids_are_invalid_requests() {
+        for id in ["null", "1.5", "1e3", "{}", "[1]", "true"] {
+            let i = invalid(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
+            assert_eq!(i.code, INVALID_REQUEST, "{id}");
+            assert_eq!(i.id, None);
+        }
+    }
+
+    #[test]
+    fn not_json_is_a_parse_error() {
+        let i = invalid("this is not json");
+        assert_eq!(i.code, PARSE_ERROR);
+        let i = invalid(r#"{"jsonrpc":"2.0","id":1,"method":"#);
+        assert_eq!(i.code, PARSE_ERROR);
+        match classify_bytes(vec![b'{', 0xff, b'}']) {
+            Parsed::Invalid(i) => assert_eq!(i.code, PARSE_ERROR),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn valid_json_that_is_not_jsonrpc_is_invalid_request() {
+        assert_eq!(invalid("42").code, INVALID_REQUEST);
+        assert_eq!(invalid(r#""str""#).code, INVALID_REQUEST);
+        let i = invalid(r#"{"id":3,"method":"ping"}"#);
+        assert_eq!((i.code, i.id.as_deref()), (INVALID_REQUEST, Some("3")));
+        let i = invalid(r#"{"jsonrpc":"2.0","id":3,"method":5}"#);
+        assert_eq!(i.code, INVALID_REQUEST);
+        let i = invalid(r#"{"jsonrpc":"2.0","id":3}"#);
+        assert_eq!(i.code, INVALID_REQUEST);
+        let i = invalid(r#"{"jsonrpc":"2.0","id":3,"method":"x","params":5}"#);
+        assert_eq!(i.code, INVALID_REQUEST);
+    }
+
+    #[test]
+    fn batches_are_split() {
+        match classify(r#"[{"jsonrpc":"2.0","id":1,"method":"a"}, 5]"#.into()) {
+            Parsed::Batch(items) => {
+                assert_eq!(items.len(), 2);
+                assert!(matches!(items[0], Parsed::Message(_)));
+                assert!(matches!(items[1], Parsed::Invalid(_)));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn read_line_handles_crlf_blank_and_limits() {
+        let input = b"{\"a\":1}\r\n\n0123456789abcdef\nlast";
+        let mut r = io::BufReader::with_capacity(4, &input[..]);
+        let mut buf = Vec::new();
+        assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), Some(Line::Complete));
+        assert_eq!(buf, b"{\"a\":1}");
+        assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), Some(Line::Complete));
+        assert!(is_blank(&buf));
+        assert_eq!(
+            read_line(&mut r, &mut buf, 10).unwrap(),
+            Some(Line::TooLong { len: 16 })
+        );
+        assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), Some(Line::Complete));
+        assert_eq!(buf, b"last");
+        assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), None);
+    }
+
+    #[test]
+    fn scan_finds_the_id_of_an_overlong_request() {
+        let p = br#"{"jsonrpc":"2.0","id":"big-1","method":"tools/call","params":{"arguments":{"id":5,"text":"xxxx"#;
+        assert_eq!(scan_request_id(p).as_deref(), Some("\"big-1\""));
+        let p = br#"{"jsonrpc":"2.0","method":"tools/call","id":17,"params":{"x":"#;
+        assert_eq!(scan_request_id(p).as_deref(), Some("17"));
+        let p = br#"{"jsonrpc":"2.0","result":{"id":5,"text":"xxxx"#;
+        assert_eq!(scan_request_id(p), None);
+        let p = br#"{"jsonrpc":"2.0","params":{"id":5},"method":"x","#;
+        assert_eq!(scan_request_id(p), None);
+    }
+
+    #[test]
+    fn builders_make_exact_lines() {
+        assert_eq!(
+            String::from_utf8(error_line(None, PARSE_ERROR, "parse error", None)).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32700,\"message\":\"parse error\"}}\n"
+        );
+        assert_eq!(
+            String::from_utf8(response_line("\"7\"", "{}")).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"id\":\"7\",\"result\":{}}\n"
+        );
+        assert_eq!(
+            String::from_utf8(notification_line("n", Some("{\"a\":1}"))).unwrap(),
+            "{\"jsonrpc\":\"2.0\",\"method\":\"n\",\"params\":{\"a\":1}}\n"
+        );
+    }
+
+    #[test]
+    fn raw_object_round_trips_values() {
+        let mut o = RawObject::parse(r#"{"a": 1.0, "b":{"c" : [1,2]}, "k\"ey":"v"}"#).unwrap();
+        assert_eq!(o.remove("a").unwrap().get(), "1.0");
+        assert_eq!(o.to_json(), r#"{"b":{"c" : [1,2]},"k\"ey":"v"}"#);
+    }
+}

@@ -1,0 +1,1 @@
+//! Pure policies (placeholder until the policy modules land).

@@ -1,0 +1,122 @@
+//! The `run` mode: resolves which server to launch, wires the client's
+//! stdin/stdout threads, the signal thread and the dispatcher together, and
+//! turns the session's end into an exit code.
+//!
+//! Owns no protocol logic (that is `dispatcher.rs`) and no process handling
+//! (that is `child.rs`).
+
+use std::io;
+use std::process::ExitCode;
+use std::thread;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use crossbeam_channel::Sender;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+use crate::child::{self, Stderr};
+use crate::cli::RunArgs;
+use crate::config::{self, ServerConfig};
+use crate::dispatcher::{Dispatcher, Event, Outcome};
+use crate::downstream::Downstream;
+use crate::jsonrpc;
+use crate::stdio::{self, ReadItem};
+
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let cfg = resolve(&args)?;
+    let (events_tx, events_rx) = crossbeam_channel::unbounded::<Event>();
+
+    let gone = events_tx.clone();
+    let (to_client, writer) = stdio::spawn_writer("client-stdout", io::stdout(), move |_| {
+        let _ = gone.send(Event::ClientGone);
+    });
+
+    let tx = events_tx.clone();
+    // This thread blocks in read(2) on stdin and cannot be cancelled; it ends
+    // with the process.
+    stdio::spawn_reader("client-stdin", io::stdin(), cfg.max_message_bytes, move |item| {
+        let event = match item {
+            ReadItem::Line(line) => Event::Client(jsonrpc::classify_bytes(line)),
+            ReadItem::TooLong { prefix, len } => Event::ClientTooLong { prefix, len },
+            ReadItem::Eof => Event::ClientEof,
+        };
+        tx.send(event).is_ok()
+    });
+
+    spawn_signal_thread(events_tx.clone())?;
+
+    let connect = Box::new(
+        |cfg: &ServerConfig, generation: u64, events: Sender<Event>| {
+            child::spawn(cfg, Stderr::Copy, move |event| {
+                let _ = events.send(Event::Server { generation, event });
+            })
+            .map(|c| Box::new(c) as Box<dyn Downstream>)
+            .map_err(|e| e.to_string())
+        },
+    );
+    let dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect);
+    let outcome = thread::Builder::new()
+        .name("dispatcher".into())
+        .spawn(move || dispatcher.run(events_rx))
+        .context("starting the dispatcher thread")?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the dispatcher thread panicked"))?;
+    // The dispatcher dropped its sender: the writer flushes what is queued
+    // and ends. A client that stopped reading cannot hold us up forever.
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+    thread::spawn(move || {
+        let _ = writer.join();
+        let _ = done_tx.send(());
+    });
+    let _ = done_rx.recv_timeout(Duration::from_secs(2));
+    Ok(match outcome {
+        Outcome::ClientClosed => ExitCode::SUCCESS,
+        Outcome::Signalled(sig) => ExitCode::from(128u8.saturating_add(sig as u8)),
+    })
+}
+
+/// The server to launch: from the config, the wrapped command, or both.
+fn resolve(args: &RunArgs) -> Result<ServerConfig> {
+    let loaded = match &args.config {
+        Some(path) => Some(config::load(path)?),
+        None => None,
+    };
+    if args.command.is_empty() {
+        let cfg = loaded.expect("cli requires --config without a command");
+        return Ok(cfg.select(args.server.as_deref())?.clone());
+    }
+    let command = args.command[0].clone();
+    let rest = args.command[1..].to_vec();
+    let mut server = match (&loaded, &args.server) {
+        (Some(cfg), Some(name)) => cfg.select(Some(name))?.clone(),
+        (Some(cfg), None) => cfg.defaults.clone(),
+        (None, Some(_)) => anyhow::bail!("--server needs --config"),
+        (None, None) => ServerConfig::with_defaults("wrapped", command.clone(), rest.clone()),
+    };
+    if server.name.is_empty() || server.name == "default" {
+        server.name = std::path::Path::new(&command)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| command.clone());
+    }
+    server.command = command;
+    server.args = rest;
+    Ok(server)
+}
+
+fn spawn_signal_thread(events: Sender<Event>) -> Result<()> {
+    let mut signals =
+        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if events.send(Event::Signal(sig)).is_err() {
+                    return;
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
