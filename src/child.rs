@@ -72,6 +72,7 @@ pub enum Stderr {
     /// Copy every line to our stderr (and keep the tail).
     Copy,
     /// Only keep the tail (for `check`, whose output must stay readable).
+    #[allow(dead_code)] // `check` uses it; see check.rs.
     Keep,
 }
 
@@ -149,13 +150,18 @@ where
         match item {
             ReadItem::Line(line) => match jsonrpc::classify_bytes(line) {
                 Parsed::Invalid(i) if i.code == jsonrpc::PARSE_ERROR => {
-                    crate::warn!("the server wrote a line that is not JSON; skipped ({})", i.message);
+                    crate::warn!(
+                        "the server wrote a line that is not JSON; skipped ({})",
+                        i.message
+                    );
                     ev(ServerEvent::Garbage);
                 }
                 parsed => ev(ServerEvent::Message(parsed)),
             },
             ReadItem::TooLong { len, .. } => {
-                crate::warn!("the server wrote a line of {len} bytes, over max_message_bytes; dropped");
+                crate::warn!(
+                    "the server wrote a line of {len} bytes, over max_message_bytes; dropped"
+                );
                 ev(ServerEvent::Garbage);
             }
             ReadItem::Eof => ev(ServerEvent::StdoutClosed),
@@ -212,7 +218,9 @@ where
 
 fn describe_io_error(e: &std::io::Error) -> String {
     match e.kind() {
-        std::io::ErrorKind::NotFound => "No such file or directory (is it installed and on PATH?)".into(),
+        std::io::ErrorKind::NotFound => {
+            "No such file or directory (is it installed and on PATH?)".into()
+        }
         std::io::ErrorKind::PermissionDenied => "Permission denied".into(),
         _ => e.to_string(),
     }
@@ -241,15 +249,6 @@ fn set_parent_death_signal(cmd: &mut Command) {
 fn set_parent_death_signal(_: &mut Command) {}
 
 impl Child {
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// `"cmd" (pid N)`, for messages.
-    pub fn description(&self) -> &str {
-        &self.description
-    }
-
     /// Queues a line for the child's stdin. False if stdin is already closed.
     pub fn send(&self, line: Vec<u8>) -> bool {
         match &self.stdin {
@@ -263,14 +262,6 @@ impl Child {
         self.stderr_tail.lock().iter().cloned().collect()
     }
 
-    /// The exit status, if the child has exited.
-    pub fn try_exit(&mut self) -> Option<ExitInfo> {
-        if self.exit.is_none() {
-            self.exit = self.exited.try_recv().ok();
-        }
-        self.exit
-    }
-
     fn wait_exit(&mut self, timeout: Duration) -> Option<ExitInfo> {
         if self.exit.is_none() {
             self.exit = self.exited.recv_timeout(timeout).ok();
@@ -281,6 +272,7 @@ impl Child {
     /// The MCP stdio shutdown: close stdin, wait `grace`, SIGTERM the
     /// process group, wait `grace`, SIGKILL it. Whatever is left of the group
     /// afterwards is killed too.
+    #[allow(dead_code)] // `check` uses it; see check.rs.
     pub fn shutdown(&mut self, grace: Duration) -> ExitInfo {
         self.stdin = None;
         let info = self
@@ -357,8 +349,13 @@ mod tests {
 
     #[test]
     fn missing_command_names_it() {
-        let err = spawn(&cfg("/nonexistent/server", &[]), Stderr::Keep, |_| {}).err().unwrap();
-        assert!(err.0.contains("cannot start \"/nonexistent/server\""), "{err}");
+        let err = spawn(&cfg("/nonexistent/server", &[]), Stderr::Keep, |_| {})
+            .err()
+            .unwrap();
+        assert!(
+            err.0.contains("cannot start \"/nonexistent/server\""),
+            "{err}"
+        );
         assert!(err.0.contains("No such file or directory"), "{err}");
     }
 
@@ -367,13 +364,17 @@ mod tests {
         let mut c = cfg("true", &[]);
         c.cwd = Some("/nonexistent/dir".into());
         let err = spawn(&c, Stderr::Keep, |_| {}).err().unwrap();
-        assert!(err.0.contains("working directory /nonexistent/dir does not exist"), "{err}");
+        assert!(
+            err.0
+                .contains("working directory /nonexistent/dir does not exist"),
+            "{err}"
+        );
     }
 
     #[test]
     fn relays_lines_and_reports_exit() {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let mut child = spawn(
+        let child = spawn(
             &cfg("sh", &["-c", "read l; echo \"$l\"; echo oops >&2; exit 3"]),
             Stderr::Keep,
             move |e| {
@@ -384,13 +385,15 @@ mod tests {
         assert!(child.send(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n".to_vec()));
         let mut saw_message = false;
         let mut exit = None;
+        let mut closed = false;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while exit.is_none() {
+        while exit.is_none() || !closed {
             match rx.recv_deadline(deadline).unwrap() {
                 ServerEvent::Message(Parsed::Message(m)) => {
                     saw_message = m.method().as_deref() == Some("x")
                 }
                 ServerEvent::Exited(i) => exit = Some(i),
+                ServerEvent::StdoutClosed => closed = true,
                 _ => {}
             }
         }

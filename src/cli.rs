@@ -129,8 +129,12 @@ where
     let mut global = Global::default();
     while let Some(arg) = parser.next()? {
         match arg {
-            Long("log-level") => global.log_level = Some(log_option("--log-level", parser.value()?)?),
-            Long("log-format") => global.log_format = Some(log_option("--log-format", parser.value()?)?),
+            Long("log-level") => {
+                global.log_level = Some(log_option("--log-level", parser.value()?)?)
+            }
+            Long("log-format") => {
+                global.log_format = Some(log_option("--log-format", parser.value()?)?)
+            }
             Short('h') | Long("help") => return Ok((global, Command::Help(HELP))),
             Short('V') | Long("version") => return Ok((global, Command::Version)),
             Value(v) => {
@@ -266,10 +270,20 @@ mod tests {
 
     #[test]
     fn global_options_before_and_after_the_command() {
-        let (g, _) = ok(&["--log-level", "debug", "run", "--log-format", "json", "--", "x"]);
+        let (g, _) = ok(&[
+            "--log-level",
+            "debug",
+            "run",
+            "--log-format",
+            "json",
+            "--",
+            "x",
+        ]);
         assert_eq!(g.log_level, Some(log::Level::Debug));
         assert_eq!(g.log_format, Some(log::Format::Json));
-        assert!(err(&["--log-level", "loud", "run"]).contains("--log-level: invalid log level 'loud'"));
+        assert!(
+            err(&["--log-level", "loud", "run"]).contains("--log-level: invalid log level 'loud'")
+        );
     }
 
     #[test]
@@ -283,7 +297,18 @@ mod tests {
 
     #[test]
     fn check_options() {
-        let (_, c) = ok(&["check", "-c", "c.yaml", "-s", "a", "--server", "b", "--timeout", "2.5", "--json"]);
+        let (_, c) = ok(&[
+            "check",
+            "-c",
+            "c.yaml",
+            "-s",
+            "a",
+            "--server",
+            "b",
+            "--timeout",
+            "2.5",
+            "--json",
+        ]);
         assert_eq!(
             c,
             Command::Check(CheckArgs {

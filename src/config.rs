@@ -5,8 +5,14 @@
 //! validation. Knows nothing of threads, channels or the protocol.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
+use serde_saphyr::{Localizer, MessageFormatter, Spanned};
 
 /// A loaded configuration file.
 #[derive(Debug, Clone)]
@@ -17,6 +23,8 @@ pub struct Config {
     pub servers: Vec<ServerConfig>,
     /// The `defaults:` section applied to a wrapped command (`run --config F -- CMD`).
     pub defaults: ServerConfig,
+    /// Human-readable notes about the file, such as entries that were skipped.
+    pub notes: Vec<String>,
 }
 
 /// Everything about one downstream server.
@@ -106,13 +114,66 @@ pub struct ToolConfig {
     pub timeout: Option<Duration>,
 }
 
+/// The syntax of a configuration file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Yaml,
+    Json,
+}
+
+/// Reads the file at `path` and parses it, choosing the format from the extension
+/// (`.yaml`/`.yml` or `.json`) and expanding `${VAR}` from the process environment.
+pub fn load(path: &Path) -> anyhow::Result<Config> {
+    let format = format_of(path)?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow!("cannot read config {}: {e}", path.display()))?;
+    let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    parse(&text, path, format, &env)
+}
+
+/// Parses the text of a configuration file; `path` is used for messages and to
+/// resolve a relative `cwd`, and `env` looks up the variables of `${VAR}`.
+pub fn parse(
+    text: &str,
+    path: &Path,
+    format: Format,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Config> {
+    let file = path.display().to_string();
+    // A byte order mark is not content in either format.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let root = match format {
+        Format::Yaml => yaml_tree(text, &file)?,
+        Format::Json => json_tree(text, &file)?,
+    };
+    let mut walker = Walker {
+        file,
+        base_dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        env,
+        errors: Vec::new(),
+        notes: Vec::new(),
+        defaults_clean: true,
+    };
+    let built = walker.config(&root);
+    match built {
+        Some((servers, defaults)) if walker.errors.is_empty() => Ok(Config {
+            path: path.to_path_buf(),
+            servers,
+            defaults,
+            notes: walker.notes,
+        }),
+        _ => Err(walker.into_error()),
+    }
+}
+
 impl ServerConfig {
+    /// Built-in defaults for a wrapped command (`mcp-retry run -- CMD ARGS`).
     pub fn with_defaults(name: &str, command: String, args: Vec<String>) -> ServerConfig {
         ServerConfig {
-            name: name.into(),
+            name: name.to_string(),
             command,
             args,
-            env: vec![],
+            env: Vec::new(),
             cwd: None,
             call_timeout: Duration::from_secs(60),
             retry: RetryConfig {
@@ -122,27 +183,2496 @@ impl ServerConfig {
                 jitter: 0.2,
                 total_timeout: Duration::from_secs(120),
                 transient_codes: vec![-32000, -32001, -32003, -32603],
-                budget: BudgetConfig { window: Duration::from_secs(10), min_retries: 10, ratio: 0.2 },
+                budget: BudgetConfig {
+                    window: Duration::from_secs(10),
+                    min_retries: 10,
+                    ratio: 0.2,
+                },
             },
-            cache: CacheConfig { default_ttl: Duration::ZERO, tools: HashMap::new(), max_entries: 1000, max_bytes: 64 << 20, stale_if_error: Duration::ZERO },
-            circuit_breaker: BreakerConfig { failure_threshold: 5, cooldown: Duration::from_secs(30), success_threshold: 1 },
+            cache: CacheConfig {
+                default_ttl: Duration::ZERO,
+                tools: HashMap::new(),
+                max_entries: 1000,
+                max_bytes: 64 * 1024 * 1024,
+                stale_if_error: Duration::ZERO,
+            },
+            circuit_breaker: BreakerConfig {
+                failure_threshold: 5,
+                cooldown: Duration::from_secs(30),
+                success_threshold: 1,
+            },
             idempotency_ttl: Duration::from_secs(300),
             idempotency_max_entries: 10_000,
             assume_idempotent: false,
             trust_annotations: true,
             tools: HashMap::new(),
-            max_message_bytes: 64 << 20,
+            max_message_bytes: 64 * 1024 * 1024,
             max_in_flight: 10_000,
         }
     }
 }
 
-pub fn load(path: &std::path::Path) -> anyhow::Result<Config> {
-    anyhow::bail!("config files are not supported yet: {}", path.display())
+impl Config {
+    /// The server to run: with `None` the only one (an error when there are
+    /// several or none), with `Some(name)` the one of that name.
+    pub fn select(&self, name: Option<&str>) -> anyhow::Result<&ServerConfig> {
+        let file = self.path.display();
+        let names = self
+            .servers
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let Some(name) = name else {
+            return match self.servers.as_slice() {
+                [one] => Ok(one),
+                [] if self.notes.is_empty() => bail!("the config {file} has no servers"),
+                [] => bail!(
+                    "the config {file} has no servers ({})",
+                    self.notes.join("; ")
+                ),
+                many => bail!(
+                    "the config {file} has {} servers ({names}): choose one with --server NAME",
+                    many.len()
+                ),
+            };
+        };
+        if let Some(found) = self.servers.iter().find(|s| s.name == name) {
+            return Ok(found);
+        }
+        let skipped = format!("skipped {name}: ");
+        if let Some(note) = self.notes.iter().find(|n| n.starts_with(&skipped)) {
+            bail!("the config {file} has no usable server named {name:?} ({note})");
+        }
+        if self.servers.is_empty() {
+            bail!("the config {file} has no server named {name:?} (it has no servers)");
+        }
+        bail!("the config {file} has no server named {name:?} (available: {names})")
+    }
 }
 
-impl Config {
-    pub fn select(&self, _name: Option<&str>) -> anyhow::Result<&ServerConfig> {
-        anyhow::bail!("no servers")
+/// Keys of a server in the `servers:` schema, the first four naming the process.
+const SERVER_KEYS: &[&str] = &[
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "call_timeout",
+    "retry",
+    "cache",
+    "circuit_breaker",
+    "idempotency_ttl",
+    "idempotency_max_entries",
+    "assume_idempotent",
+    "trust_annotations",
+    "tools",
+    "max_message_bytes",
+    "max_in_flight",
+];
+/// Keys allowed in `defaults:`: everything but the process.
+const POLICY_KEYS: &[&str] = SERVER_KEYS.split_at(4).1;
+const TOP_KEYS: &[&str] = &["servers", "defaults"];
+const RETRY_KEYS: &[&str] = &[
+    "max_retries",
+    "base_delay",
+    "max_delay",
+    "jitter",
+    "total_timeout",
+    "transient_codes",
+    "budget",
+];
+const BUDGET_KEYS: &[&str] = &["window", "min_retries", "ratio"];
+const CACHE_KEYS: &[&str] = &[
+    "default_ttl",
+    "tools",
+    "max_entries",
+    "max_bytes",
+    "stale_if_error",
+];
+const BREAKER_KEYS: &[&str] = &["failure_threshold", "cooldown_seconds", "success_threshold"];
+const TOOL_KEYS: &[&str] = &["idempotent", "read_only", "timeout"];
+
+/// A format-neutral document node with the line it starts on.
+#[derive(Debug, Clone)]
+struct Node {
+    line: usize,
+    val: Val,
+}
+
+#[derive(Debug, Clone)]
+enum Val {
+    Null,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Node>),
+    Map(Vec<Entry>),
+}
+
+/// One mapping entry, with the line of its key.
+#[derive(Debug, Clone)]
+struct Entry {
+    key: String,
+    line: usize,
+    value: Node,
+}
+
+impl fmt::Display for Val {
+    /// How a value is shown after "got" in messages.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Val::Null => f.write_str("null"),
+            Val::Bool(b) => write!(f, "{b}"),
+            Val::Int(i) => write!(f, "{i}"),
+            Val::Float(x) if x.is_nan() => f.write_str(".nan"),
+            Val::Float(x) if x.is_infinite() && *x > 0.0 => f.write_str(".inf"),
+            Val::Float(x) if x.is_infinite() => f.write_str("-.inf"),
+            Val::Float(x) => write!(f, "{x:?}"),
+            Val::Str(s) if s.chars().count() > 60 => {
+                let head: String = s.chars().take(60).collect();
+                write!(f, "{:?}...", head)
+            }
+            Val::Str(s) => write!(f, "{s:?}"),
+            Val::Seq(_) => f.write_str("a list"),
+            Val::Map(_) => f.write_str("a mapping"),
+        }
+    }
+}
+
+fn format_of(path: &Path) -> anyhow::Result<Format> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("yaml" | "yml") => Ok(Format::Yaml),
+        Some("json") => Ok(Format::Json),
+        _ => bail!(
+            "cannot tell the format of config {}: expected a .yaml, .yml or .json file",
+            path.display()
+        ),
+    }
+}
+
+/// Renders serde-saphyr messages without their "at line X, column Y" suffix,
+/// since the location is printed in front.
+struct NoLocation;
+
+impl Localizer for NoLocation {
+    fn attach_location<'a>(
+        &self,
+        base: std::borrow::Cow<'a, str>,
+        _loc: serde_saphyr::Location,
+    ) -> std::borrow::Cow<'a, str> {
+        base
+    }
+}
+
+/// Deepest nesting of YAML collections accepted (our schema needs five).
+const MAX_YAML_DEPTH: usize = 24;
+
+fn yaml_tree(text: &str, file: &str) -> anyhow::Result<Node> {
+    // Configs are shallow; a tight nesting limit keeps deeply nested input from
+    // exhausting the stack (each level of `Spanned` costs a few kilobytes).
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_depth = MAX_YAML_DEPTH;
+    budget.flow_nesting_limit = MAX_YAML_DEPTH;
+    let options = serde_saphyr::options! {
+        budget: Some(budget),
+        with_snippet: false,
+        strict_booleans: true,
+        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
+    };
+    match serde_saphyr::from_str_with_options::<Spanned<YamlValue>>(text, options) {
+        Ok(root) => Ok(Node {
+            line: line_of(&root.referenced).max(1),
+            val: root.value.0,
+        }),
+        Err(e) => {
+            let formatter = serde_saphyr::UserMessageFormatter.with_localizer(&NoLocation);
+            let formatter: &dyn MessageFormatter = &formatter;
+            let msg = e.render_with_options(serde_saphyr::render_options! {
+                formatter: formatter,
+                snippets: serde_saphyr::SnippetMode::Off,
+            });
+            match e.location() {
+                Some(l) if l.line() > 0 => Err(anyhow!(
+                    "{file}:{}:{}: invalid yaml: {msg}",
+                    l.line(),
+                    l.column()
+                )),
+                _ => Err(anyhow!("{file}: invalid yaml: {msg}")),
+            }
+        }
+    }
+}
+
+fn line_of(loc: &serde_saphyr::Location) -> usize {
+    usize::try_from(loc.line()).unwrap_or(usize::MAX)
+}
+
+/// Any YAML value, read through serde so that `Spanned` can record lines.
+struct YamlValue(Val);
+
+/// A mapping key: any scalar, as text.
+struct YamlKey(String);
+
+impl<'de> Deserialize<'de> for YamlValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(YamlValueVisitor)
+    }
+}
+
+struct YamlValueVisitor;
+
+impl<'de> Visitor<'de> for YamlValueVisitor {
+    type Value = YamlValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any value")
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Bool(v)))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Int(v.into())))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Int(v.into())))
+    }
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Int(v)))
+    }
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Int(i128::try_from(v).unwrap_or(i128::MAX))))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Float(v)))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Str(v.to_string())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Str(v)))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Null))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<YamlValue, E> {
+        Ok(YamlValue(Val::Null))
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<YamlValue, D::Error> {
+        YamlValue::deserialize(d)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<YamlValue, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element::<Spanned<YamlValue>>()? {
+            items.push(Node {
+                line: line_of(&item.referenced),
+                val: item.value.0,
+            });
+        }
+        Ok(YamlValue(Val::Seq(items)))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<YamlValue, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(key) = map.next_key::<Spanned<YamlKey>>()? {
+            let value = map.next_value::<Spanned<YamlValue>>()?;
+            entries.push(Entry {
+                key: key.value.0,
+                line: line_of(&key.referenced),
+                value: Node {
+                    line: line_of(&value.referenced),
+                    val: value.value.0,
+                },
+            });
+        }
+        Ok(YamlValue(Val::Map(entries)))
+    }
+}
+
+impl<'de> Deserialize<'de> for YamlKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(YamlKeyVisitor)
+    }
+}
+
+struct YamlKeyVisitor;
+
+impl Visitor<'_> for YamlKeyVisitor {
+    type Value = YamlKey;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a scalar mapping key")
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<YamlKey, E> {
+        Ok(YamlKey(v.to_string()))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<YamlKey, E> {
+        Ok(YamlKey(v.to_string()))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<YamlKey, E> {
+        Ok(YamlKey(v.to_string()))
+    }
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<YamlKey, E> {
+        Ok(YamlKey(v.to_string()))
+    }
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<YamlKey, E> {
+        Ok(YamlKey(v.to_string()))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<YamlKey, E> {
+        Ok(YamlKey(v.to_string()))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<YamlKey, E> {
+        Ok(YamlKey(v.to_string()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<YamlKey, E> {
+        Ok(YamlKey(v))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<YamlKey, E> {
+        Ok(YamlKey("null".to_string()))
+    }
+    fn visit_none<E: de::Error>(self) -> Result<YamlKey, E> {
+        Ok(YamlKey("null".to_string()))
+    }
+}
+
+/// Parses JSON with serde_json (for its exact syntax and messages) and recovers
+/// lines from the offsets of the borrowed raw values.
+fn json_tree(text: &str, file: &str) -> anyhow::Result<Node> {
+    // A full parse first, for serde_json's most precise syntax messages (the
+    // raw-value parser, which skips values, words some of them less well).
+    let parsed = serde_json::from_str::<serde_json::Value>(text)
+        .and_then(|_| serde_json::from_str::<&RawValue>(text));
+    let raw = match parsed {
+        Ok(raw) => raw,
+        Err(e) => {
+            let full = e.to_string();
+            let suffix = format!(" at line {} column {}", e.line(), e.column());
+            let msg = full.strip_suffix(&suffix).unwrap_or(&full);
+            match e.column() {
+                0 => bail!("{file}:{}: invalid json: {msg}", e.line()),
+                column => bail!("{file}:{}:{column}: invalid json: {msg}", e.line()),
+            }
+        }
+    };
+    let tree = JsonTree {
+        text,
+        line_starts: std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect(),
+    };
+    tree.node(raw, "")
+        .map_err(|(line, path, msg)| anyhow!("{file}:{line}: {path}: {msg}"))
+}
+
+struct JsonTree<'t> {
+    text: &'t str,
+    /// Byte offsets at which lines start.
+    line_starts: Vec<usize>,
+}
+
+/// A JSON object's members in file order, duplicates included.
+struct JsonObject<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for JsonObject<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor;
+        impl<'de> Visitor<'de> for ObjectVisitor {
+            type Value = JsonObject<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+                    members.push(member);
+                }
+                Ok(JsonObject(members))
+            }
+        }
+        d.deserialize_map(ObjectVisitor)
+    }
+}
+
+impl JsonTree<'_> {
+    fn offset_of(&self, raw: &RawValue) -> usize {
+        (raw.get().as_ptr() as usize).saturating_sub(self.text.as_ptr() as usize)
+    }
+
+    fn line_at(&self, offset: usize) -> usize {
+        self.line_starts
+            .partition_point(|&start| start <= offset)
+            .max(1)
+    }
+
+    /// The line of the key whose value starts at `offset`: the line of the last
+    /// character before the colon.
+    fn key_line(&self, offset: usize) -> usize {
+        let before = self.text.get(..offset).unwrap_or("").trim_end();
+        let before = before.strip_suffix(':').unwrap_or(before).trim_end();
+        self.line_at(before.len().saturating_sub(1))
+    }
+
+    fn node(&self, raw: &RawValue, path: &str) -> Result<Node, (usize, String, String)> {
+        let text = raw.get();
+        let line = self.line_at(self.offset_of(raw));
+        let fail = |e: serde_json::Error| (line, path.to_string(), format!("invalid json: {e}"));
+        let val = match text.as_bytes().first() {
+            Some(b'{') => {
+                let object: JsonObject = serde_json::from_str(text).map_err(fail)?;
+                let mut entries: Vec<Entry> = Vec::with_capacity(object.0.len());
+                for (key, value) in object.0 {
+                    let key_path = join(path, &key);
+                    let key_line = self.key_line(self.offset_of(value));
+                    if let Some(first) = entries.iter().find(|e| e.key == key) {
+                        let msg = format!("duplicate key (first defined at line {})", first.line);
+                        return Err((key_line, key_path, msg));
+                    }
+                    let value = self.node(value, &key_path)?;
+                    entries.push(Entry {
+                        key,
+                        line: key_line,
+                        value,
+                    });
+                }
+                Val::Map(entries)
+            }
+            Some(b'[') => {
+                let items: Vec<&RawValue> = serde_json::from_str(text).map_err(fail)?;
+                let mut nodes = Vec::with_capacity(items.len());
+                for (i, item) in items.into_iter().enumerate() {
+                    nodes.push(self.node(item, &index(path, i))?);
+                }
+                Val::Seq(nodes)
+            }
+            Some(b'"') => Val::Str(serde_json::from_str(text).map_err(fail)?),
+            Some(b't' | b'f') => Val::Bool(serde_json::from_str(text).map_err(fail)?),
+            Some(b'n') => Val::Null,
+            _ => {
+                let n: serde_json::Number = serde_json::from_str(text).map_err(fail)?;
+                match (n.as_i64(), n.as_u64()) {
+                    (Some(i), _) => Val::Int(i.into()),
+                    (None, Some(u)) => Val::Int(u.into()),
+                    _ => Val::Float(n.as_f64().unwrap_or(f64::NAN)),
+                }
+            }
+        };
+        Ok(Node { line, val })
+    }
+}
+
+/// Appends a key to a key path, quoting keys that are not plain words.
+fn join(path: &str, key: &str) -> String {
+    let plain = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let key = if plain {
+        key.to_string()
+    } else {
+        format!("{key:?}")
+    };
+    if path.is_empty() {
+        key
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn index(path: &str, i: usize) -> String {
+    format!("{path}[{i}]")
+}
+
+/// A value set in the file, with where it was set (for cross-key checks).
+#[derive(Debug, Clone)]
+struct At<T> {
+    value: T,
+    line: usize,
+    path: String,
+}
+
+/// The policy keys of one section (`defaults:` or a server) before merging; `None`
+/// means "not set here".
+#[derive(Debug, Clone, Default)]
+struct Policy {
+    call_timeout: Option<At<Duration>>,
+    max_retries: Option<At<u64>>,
+    base_delay: Option<At<Duration>>,
+    max_delay: Option<At<Duration>>,
+    jitter: Option<At<f64>>,
+    total_timeout: Option<At<Duration>>,
+    transient_codes: Option<At<Vec<i64>>>,
+    budget_window: Option<At<Duration>>,
+    budget_min_retries: Option<At<u64>>,
+    budget_ratio: Option<At<f64>>,
+    cache_default_ttl: Option<At<Duration>>,
+    cache_tools: HashMap<String, Duration>,
+    cache_max_entries: Option<At<u64>>,
+    cache_max_bytes: Option<At<u64>>,
+    cache_stale_if_error: Option<At<Duration>>,
+    failure_threshold: Option<At<u64>>,
+    cooldown: Option<At<Duration>>,
+    success_threshold: Option<At<u64>>,
+    idempotency_ttl: Option<At<Duration>>,
+    idempotency_max_entries: Option<At<u64>>,
+    assume_idempotent: Option<At<bool>>,
+    trust_annotations: Option<At<bool>>,
+    tools: HashMap<String, ToolConfig>,
+    max_message_bytes: Option<At<u64>>,
+    max_in_flight: Option<At<u64>>,
+}
+
+impl Policy {
+    /// `self` over `base`, leaf by leaf; tool entries merge field by field.
+    fn over(mut self, base: &Policy) -> Policy {
+        macro_rules! inherit {
+            ($($field:ident),* $(,)?) => {
+                $( if self.$field.is_none() { self.$field = base.$field.clone(); } )*
+            };
+        }
+        inherit!(
+            call_timeout,
+            max_retries,
+            base_delay,
+            max_delay,
+            jitter,
+            total_timeout,
+            transient_codes,
+            budget_window,
+            budget_min_retries,
+            budget_ratio,
+            cache_default_ttl,
+            cache_max_entries,
+            cache_max_bytes,
+            cache_stale_if_error,
+            failure_threshold,
+            cooldown,
+            success_threshold,
+            idempotency_ttl,
+            idempotency_max_entries,
+            assume_idempotent,
+            trust_annotations,
+            max_message_bytes,
+            max_in_flight,
+        );
+        for (name, ttl) in &base.cache_tools {
+            self.cache_tools.entry(name.clone()).or_insert(*ttl);
+        }
+        for (name, base_tool) in &base.tools {
+            let tool = self.tools.entry(name.clone()).or_default();
+            tool.idempotent = tool.idempotent.or(base_tool.idempotent);
+            tool.read_only = tool.read_only.or(base_tool.read_only);
+            tool.timeout = tool.timeout.or(base_tool.timeout);
+        }
+        self
+    }
+}
+
+/// Records where a value was set.
+fn at<T>(value: T, node: &Node, path: &str) -> Option<At<T>> {
+    Some(At {
+        value,
+        line: node.line,
+        path: path.to_string(),
+    })
+}
+
+/// Whether a duration may be zero.
+#[derive(Clone, Copy, PartialEq)]
+enum Zero {
+    Allowed,
+    Rejected,
+}
+
+/// Walks the document tree, collecting every problem it finds.
+struct Walker<'a> {
+    file: String,
+    base_dir: PathBuf,
+    env: &'a dyn Fn(&str) -> Option<String>,
+    errors: Vec<String>,
+    notes: Vec<String>,
+    /// Whether `defaults:` had no problems; checks across keys are skipped
+    /// otherwise, so that one mistake is not reported twice.
+    defaults_clean: bool,
+}
+
+/// At most this many problems are listed.
+const MAX_ERRORS: usize = 20;
+
+impl Walker<'_> {
+    fn error(&mut self, line: usize, path: &str, msg: impl fmt::Display) {
+        let e = format!("{}:{line}: {path}: {msg}", self.file);
+        if !self.errors.contains(&e) {
+            self.errors.push(e);
+        }
+    }
+
+    fn into_error(self) -> anyhow::Error {
+        let mut text = self
+            .errors
+            .iter()
+            .take(MAX_ERRORS)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n");
+        if self.errors.len() > MAX_ERRORS {
+            text.push_str(&format!(
+                "\n... and {} more problems",
+                self.errors.len() - MAX_ERRORS
+            ));
+        }
+        if text.is_empty() {
+            text = format!("{}: invalid config", self.file);
+        }
+        anyhow!(text)
+    }
+
+    fn unknown(&mut self, entry: &Entry, path: &str, expected: &[&str]) {
+        let msg = format!("unknown key (expected one of: {})", expected.join(", "));
+        self.error(entry.line, &join(path, &entry.key), msg);
+    }
+
+    /// The whole file: the servers and the resolved defaults.
+    fn config(&mut self, root: &Node) -> Option<(Vec<ServerConfig>, ServerConfig)> {
+        const TOP: &str = "(top level)";
+        let entries = match &root.val {
+            Val::Map(entries) => entries.as_slice(),
+            Val::Null => &[],
+            other => {
+                let msg = format!("expected a mapping with servers: or mcpServers:, got {other}");
+                self.error(root.line, TOP, msg);
+                return None;
+            }
+        };
+        let find = |key: &str| entries.iter().find(|e| e.key == key);
+        match (find("servers"), find("mcpServers")) {
+            (Some(ours), Some(theirs)) => {
+                let msg = format!(
+                    "cannot be combined with servers (line {}): use one or the other",
+                    ours.line
+                );
+                self.error(theirs.line, "mcpServers", msg);
+                None
+            }
+            (None, None) => {
+                let msg = "expected a servers: or mcpServers: mapping, found neither";
+                self.error(root.line, TOP, msg);
+                None
+            }
+            (Some(servers), None) => self.ours(entries, servers),
+            (None, Some(servers)) => self.theirs(entries, servers),
+        }
+    }
+
+    /// Our `servers:` schema, with optional `defaults:`.
+    fn ours(
+        &mut self,
+        top: &[Entry],
+        servers: &Entry,
+    ) -> Option<(Vec<ServerConfig>, ServerConfig)> {
+        let mut defaults = Policy::default();
+        for entry in top {
+            match entry.key.as_str() {
+                "servers" => {}
+                "defaults" => {
+                    if let Some(items) = self.map(&entry.value, "defaults") {
+                        for item in items {
+                            let path = join("defaults", &item.key);
+                            if !self.policy_key(&mut defaults, &item.key, &item.value, &path) {
+                                self.unknown(item, "defaults", POLICY_KEYS);
+                            }
+                        }
+                    }
+                }
+                _ => self.unknown(entry, "", TOP_KEYS),
+            }
+        }
+        self.defaults_clean = self.errors.is_empty();
+        let resolved_defaults = self.resolve(
+            ServerConfig::with_defaults("default", String::new(), Vec::new()),
+            &defaults,
+            self.defaults_clean,
+        );
+        let mut result = Vec::new();
+        for entry in self.server_entries(servers, "servers")? {
+            let path = join("servers", &entry.key);
+            let Some(items) = self.map(&entry.value, &path) else {
+                continue;
+            };
+            if let Some(server) = self.server(entry, items, &path, true, &defaults) {
+                result.push(server);
+            }
+        }
+        Some((result, resolved_defaults))
+    }
+
+    /// The `mcpServers:` schema of Claude Desktop, Cursor and `.mcp.json`.
+    fn theirs(
+        &mut self,
+        top: &[Entry],
+        servers: &Entry,
+    ) -> Option<(Vec<ServerConfig>, ServerConfig)> {
+        if let Some(defaults) = top.iter().find(|e| e.key == "defaults") {
+            let msg = "not allowed with mcpServers (set the keys in each server, or use servers:)";
+            self.error(defaults.line, "defaults", msg);
+        }
+        let mut result = Vec::new();
+        for entry in self.server_entries(servers, "mcpServers")? {
+            let path = join("mcpServers", &entry.key);
+            let Some(items) = self.map(&entry.value, &path) else {
+                continue;
+            };
+            let has = |key: &str| items.iter().any(|e| e.key == key);
+            if !has("command") && has("url") {
+                self.notes.push(format!(
+                    "skipped {}: remote (url) servers are not supported yet",
+                    entry.key
+                ));
+                continue;
+            }
+            if let Some(server) = self.server(entry, items, &path, false, &Policy::default()) {
+                result.push(server);
+            }
+        }
+        let defaults = ServerConfig::with_defaults("default", String::new(), Vec::new());
+        Some((result, defaults))
+    }
+
+    /// The entries of `servers:`/`mcpServers:`, each with a non-empty name.
+    fn server_entries<'n>(&mut self, servers: &'n Entry, path: &str) -> Option<Vec<&'n Entry>> {
+        let entries = self.map(&servers.value, path)?;
+        let mut named = Vec::with_capacity(entries.len());
+        for entry in entries {
+            if entry.key.trim().is_empty() {
+                self.error(
+                    entry.line,
+                    &join(path, &entry.key),
+                    "server names must not be empty",
+                );
+            } else {
+                named.push(entry);
+            }
+        }
+        Some(named)
+    }
+
+    /// One server; `strict` rejects unknown keys (our schema) instead of ignoring
+    /// them (the keys other hosts define).
+    fn server(
+        &mut self,
+        entry: &Entry,
+        items: &[Entry],
+        path: &str,
+        strict: bool,
+        defaults: &Policy,
+    ) -> Option<ServerConfig> {
+        let before = self.errors.len();
+        let mut command = None;
+        let mut args = Vec::new();
+        let mut env = Vec::new();
+        let mut cwd = None;
+        let mut policy = Policy::default();
+        for item in items {
+            let key_path = join(path, &item.key);
+            match item.key.as_str() {
+                "command" => {
+                    command = self.expanded(&item.value, &key_path);
+                    if matches!(&command, Some(c) if c.trim().is_empty()) {
+                        self.error(item.value.line, &key_path, "must not be empty");
+                    }
+                }
+                "args" => args = self.string_list(&item.value, &key_path).unwrap_or_default(),
+                "env" => env = self.env_map(&item.value, &key_path).unwrap_or_default(),
+                "cwd" => {
+                    let dir = self.expanded(&item.value, &key_path);
+                    if matches!(&dir, Some(d) if d.is_empty()) {
+                        self.error(item.value.line, &key_path, "must not be empty");
+                    }
+                    // A relative directory is relative to the config file.
+                    cwd = dir.map(|d| self.base_dir.join(d));
+                }
+                key => {
+                    if !self.policy_key(&mut policy, key, &item.value, &key_path) && strict {
+                        self.unknown(item, path, SERVER_KEYS);
+                    }
+                }
+            }
+        }
+        let has_command = items.iter().any(|e| e.key == "command");
+        if !has_command {
+            self.error(entry.line, path, "missing required key command");
+        }
+        let clean = self.defaults_clean && self.errors.len() == before;
+        let base = ServerConfig::with_defaults(&entry.key, command?, args);
+        let mut server = self.resolve(base, &policy.over(defaults), clean);
+        server.env = env;
+        server.cwd = cwd;
+        Some(server)
+    }
+
+    /// Reads one policy key into `policy`; false when `key` is not a policy key.
+    fn policy_key(&mut self, p: &mut Policy, key: &str, node: &Node, path: &str) -> bool {
+        match key {
+            "call_timeout" => p.call_timeout = self.duration(node, path, Zero::Rejected),
+            "retry" => self.retry(p, node, path),
+            "cache" => self.cache(p, node, path),
+            "circuit_breaker" => self.breaker(p, node, path),
+            "idempotency_ttl" => p.idempotency_ttl = self.duration(node, path, Zero::Allowed),
+            "idempotency_max_entries" => {
+                p.idempotency_max_entries = self.count(node, path, 0, usize_max())
+            }
+            "assume_idempotent" => p.assume_idempotent = self.boolean(node, path),
+            "trust_annotations" => p.trust_annotations = self.boolean(node, path),
+            "tools" => self.tools(p, node, path),
+            "max_message_bytes" => p.max_message_bytes = self.count(node, path, 1024, usize_max()),
+            "max_in_flight" => p.max_in_flight = self.count(node, path, 1, usize_max()),
+            _ => return false,
+        }
+        true
+    }
+
+    fn retry(&mut self, p: &mut Policy, node: &Node, path: &str) {
+        let Some(items) = self.map(node, path) else {
+            return;
+        };
+        for item in items {
+            let key_path = join(path, &item.key);
+            let value = &item.value;
+            match item.key.as_str() {
+                "max_retries" => p.max_retries = self.count(value, &key_path, 0, 100),
+                "base_delay" => p.base_delay = self.duration(value, &key_path, Zero::Allowed),
+                "max_delay" => p.max_delay = self.duration(value, &key_path, Zero::Allowed),
+                "jitter" => p.jitter = self.fraction(value, &key_path),
+                "total_timeout" => {
+                    p.total_timeout = self.duration(value, &key_path, Zero::Rejected)
+                }
+                "transient_codes" => p.transient_codes = self.codes(value, &key_path),
+                "budget" => self.budget(p, value, &key_path),
+                _ => self.unknown(item, path, RETRY_KEYS),
+            }
+        }
+    }
+
+    fn budget(&mut self, p: &mut Policy, node: &Node, path: &str) {
+        let Some(items) = self.map(node, path) else {
+            return;
+        };
+        for item in items {
+            let key_path = join(path, &item.key);
+            let value = &item.value;
+            match item.key.as_str() {
+                "window" => p.budget_window = self.duration(value, &key_path, Zero::Rejected),
+                "min_retries" => {
+                    p.budget_min_retries = self.count(value, &key_path, 0, u32::MAX.into())
+                }
+                "ratio" => p.budget_ratio = self.ratio(value, &key_path),
+                _ => self.unknown(item, path, BUDGET_KEYS),
+            }
+        }
+    }
+
+    fn cache(&mut self, p: &mut Policy, node: &Node, path: &str) {
+        let Some(items) = self.map(node, path) else {
+            return;
+        };
+        for item in items {
+            let key_path = join(path, &item.key);
+            let value = &item.value;
+            match item.key.as_str() {
+                "default_ttl" => {
+                    p.cache_default_ttl = self.duration(value, &key_path, Zero::Allowed)
+                }
+                "tools" => {
+                    let Some(tools) = self.map(value, &key_path) else {
+                        continue;
+                    };
+                    for tool in tools {
+                        let tool_path = join(&key_path, &tool.key);
+                        if let Some(ttl) = self.duration(&tool.value, &tool_path, Zero::Allowed) {
+                            p.cache_tools.insert(tool.key.clone(), ttl.value);
+                        }
+                    }
+                }
+                "max_entries" => p.cache_max_entries = self.count(value, &key_path, 0, usize_max()),
+                "max_bytes" => p.cache_max_bytes = self.count(value, &key_path, 0, usize_max()),
+                "stale_if_error" => {
+                    p.cache_stale_if_error = self.duration(value, &key_path, Zero::Allowed)
+                }
+                _ => self.unknown(item, path, CACHE_KEYS),
+            }
+        }
+    }
+
+    fn breaker(&mut self, p: &mut Policy, node: &Node, path: &str) {
+        let Some(items) = self.map(node, path) else {
+            return;
+        };
+        for item in items {
+            let key_path = join(path, &item.key);
+            let value = &item.value;
+            match item.key.as_str() {
+                "failure_threshold" => {
+                    p.failure_threshold = self.count(value, &key_path, 1, u32::MAX.into())
+                }
+                "cooldown_seconds" => p.cooldown = self.duration(value, &key_path, Zero::Allowed),
+                "success_threshold" => {
+                    p.success_threshold = self.count(value, &key_path, 1, u32::MAX.into())
+                }
+                _ => self.unknown(item, path, BREAKER_KEYS),
+            }
+        }
+    }
+
+    fn tools(&mut self, p: &mut Policy, node: &Node, path: &str) {
+        let Some(tools) = self.map(node, path) else {
+            return;
+        };
+        for tool in tools {
+            let tool_path = join(path, &tool.key);
+            let Some(items) = self.map(&tool.value, &tool_path) else {
+                continue;
+            };
+            let mut config = ToolConfig::default();
+            for item in items {
+                let key_path = join(&tool_path, &item.key);
+                let value = &item.value;
+                match item.key.as_str() {
+                    "idempotent" => {
+                        config.idempotent = self.boolean(value, &key_path).map(|b| b.value)
+                    }
+                    "read_only" => {
+                        config.read_only = self.boolean(value, &key_path).map(|b| b.value)
+                    }
+                    "timeout" => {
+                        config.timeout = self
+                            .duration(value, &key_path, Zero::Rejected)
+                            .map(|d| d.value)
+                    }
+                    _ => self.unknown(item, &tool_path, TOOL_KEYS),
+                }
+            }
+            p.tools.insert(tool.key.clone(), config);
+        }
+    }
+
+    /// Applies a merged policy to `server` and checks the keys that depend on each
+    /// other (only when `check`, so that one mistake is not reported twice).
+    fn resolve(&mut self, mut s: ServerConfig, p: &Policy, check: bool) -> ServerConfig {
+        fn set<T: Clone>(target: &mut T, value: &Option<At<T>>) {
+            if let Some(at) = value {
+                *target = at.value.clone();
+            }
+        }
+        fn set_count<T: TryFrom<u64>>(target: &mut T, value: &Option<At<u64>>) {
+            if let Some(converted) = value.as_ref().and_then(|at| T::try_from(at.value).ok()) {
+                *target = converted;
+            }
+        }
+        set(&mut s.call_timeout, &p.call_timeout);
+        set_count(&mut s.retry.max_retries, &p.max_retries);
+        set(&mut s.retry.base_delay, &p.base_delay);
+        set(&mut s.retry.max_delay, &p.max_delay);
+        set(&mut s.retry.jitter, &p.jitter);
+        set(&mut s.retry.total_timeout, &p.total_timeout);
+        set(&mut s.retry.transient_codes, &p.transient_codes);
+        set(&mut s.retry.budget.window, &p.budget_window);
+        set_count(&mut s.retry.budget.min_retries, &p.budget_min_retries);
+        set(&mut s.retry.budget.ratio, &p.budget_ratio);
+        set(&mut s.cache.default_ttl, &p.cache_default_ttl);
+        s.cache.tools = p.cache_tools.clone();
+        set_count(&mut s.cache.max_entries, &p.cache_max_entries);
+        set_count(&mut s.cache.max_bytes, &p.cache_max_bytes);
+        set(&mut s.cache.stale_if_error, &p.cache_stale_if_error);
+        set_count(
+            &mut s.circuit_breaker.failure_threshold,
+            &p.failure_threshold,
+        );
+        set(&mut s.circuit_breaker.cooldown, &p.cooldown);
+        set_count(
+            &mut s.circuit_breaker.success_threshold,
+            &p.success_threshold,
+        );
+        set(&mut s.idempotency_ttl, &p.idempotency_ttl);
+        set_count(&mut s.idempotency_max_entries, &p.idempotency_max_entries);
+        set(&mut s.assume_idempotent, &p.assume_idempotent);
+        set(&mut s.trust_annotations, &p.trust_annotations);
+        s.tools = p.tools.clone();
+        set_count(&mut s.max_message_bytes, &p.max_message_bytes);
+        set_count(&mut s.max_in_flight, &p.max_in_flight);
+
+        let (base, max) = (s.retry.base_delay, s.retry.max_delay);
+        if check && max < base {
+            // Blame the key set closest to the server: a server's key over a
+            // `defaults:` key, and max_delay when both are equally close.
+            let from_defaults = |at: &At<Duration>| at.path.starts_with("defaults.");
+            let blame_max = match (&p.max_delay, &p.base_delay) {
+                (Some(m), Some(b)) => !from_defaults(m) || from_defaults(b),
+                (Some(_), None) => true,
+                _ => false,
+            };
+            if let (true, Some(m)) = (blame_max, &p.max_delay) {
+                let msg = format!("must be at least base_delay ({base:?}), got {max:?}");
+                self.error(m.line, &m.path, msg);
+            } else if let Some(b) = &p.base_delay {
+                let msg = format!("must not exceed max_delay ({max:?}), got {base:?}");
+                self.error(b.line, &b.path, msg);
+            }
+        }
+        s
+    }
+
+    /// The entries of a mapping; null counts as an empty mapping.
+    fn map<'n>(&mut self, node: &'n Node, path: &str) -> Option<&'n [Entry]> {
+        match &node.val {
+            Val::Map(entries) => Some(entries),
+            Val::Null => Some(&[]),
+            other => {
+                self.error(node.line, path, format!("expected a mapping, got {other}"));
+                None
+            }
+        }
+    }
+
+    /// A string with `${VAR}` expanded.
+    fn expanded(&mut self, node: &Node, path: &str) -> Option<String> {
+        let Val::Str(s) = &node.val else {
+            let hint = match node.val {
+                Val::Int(_) | Val::Float(_) | Val::Bool(_) => " (put it in quotes)",
+                _ => "",
+            };
+            let msg = format!("expected a string, got {}{hint}", node.val);
+            self.error(node.line, path, msg);
+            return None;
+        };
+        match expand(s, self.env) {
+            Ok(v) if v.contains('\0') => {
+                self.error(node.line, path, "must not contain a NUL character");
+                None
+            }
+            Ok(v) => Some(v),
+            Err(msg) => {
+                self.error(node.line, path, msg);
+                None
+            }
+        }
+    }
+
+    fn string_list(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {
+        let Val::Seq(items) = &node.val else {
+            let msg = format!("expected a list of strings, got {}", node.val);
+            self.error(node.line, path, msg);
+            return None;
+        };
+        let mut out = Vec::with_capacity(items.len());
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            match self.expanded(item, &index(path, i)) {
+                Some(arg) => out.push(arg),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn env_map(&mut self, node: &Node, path: &str) -> Option<Vec<(String, String)>> {
+        let items = self.map(node, path)?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let key_path = join(path, &item.key);
+            if item.key.is_empty() || item.key.contains(['=', '\0']) {
+                let msg =
+                    "invalid environment variable name (it must be non-empty, without = or NUL)";
+                self.error(item.line, &key_path, msg);
+                continue;
+            }
+            if let Some(value) = self.expanded(&item.value, &key_path) {
+                out.push((item.key.clone(), value));
+            }
+        }
+        Some(out)
+    }
+
+    fn boolean(&mut self, node: &Node, path: &str) -> Option<At<bool>> {
+        if let Val::Bool(b) = node.val {
+            return at(b, node, path);
+        }
+        let msg = format!("expected true or false, got {}", node.val);
+        self.error(node.line, path, msg);
+        None
+    }
+
+    /// A non-negative integer within `min..=max`.
+    fn count(&mut self, node: &Node, path: &str, min: u64, max: u64) -> Option<At<u64>> {
+        let Val::Int(i) = node.val else {
+            let msg = format!("expected a non-negative integer, got {}", node.val);
+            self.error(node.line, path, msg);
+            return None;
+        };
+        let msg = if i < 0 {
+            format!("expected a non-negative integer, got {i}")
+        } else if i < i128::from(min) {
+            format!("must be at least {min}, got {i}")
+        } else if i > i128::from(max) {
+            format!("must be at most {max}, got {i}")
+        } else {
+            return at(u64::try_from(i).ok()?, node, path);
+        };
+        self.error(node.line, path, msg);
+        None
+    }
+
+    /// A finite number, integer or not.
+    fn number(node: &Node) -> Option<f64> {
+        match node.val {
+            Val::Int(i) => Some(i as f64),
+            Val::Float(x) if x.is_finite() => Some(x),
+            _ => None,
+        }
+    }
+
+    fn fraction(&mut self, node: &Node, path: &str) -> Option<At<f64>> {
+        match Self::number(node) {
+            Some(x) if (0.0..=1.0).contains(&x) => at(x, node, path),
+            Some(_) => {
+                let msg = format!("must be between 0 and 1, got {}", node.val);
+                self.error(node.line, path, msg);
+                None
+            }
+            None => {
+                let msg = format!("expected a number between 0 and 1, got {}", node.val);
+                self.error(node.line, path, msg);
+                None
+            }
+        }
+    }
+
+    fn ratio(&mut self, node: &Node, path: &str) -> Option<At<f64>> {
+        match Self::number(node) {
+            Some(x) if x >= 0.0 => at(x, node, path),
+            _ => {
+                let msg = format!("expected a non-negative number, got {}", node.val);
+                self.error(node.line, path, msg);
+                None
+            }
+        }
+    }
+
+    fn codes(&mut self, node: &Node, path: &str) -> Option<At<Vec<i64>>> {
+        let Val::Seq(items) = &node.val else {
+            let msg = format!("expected a list of integers, got {}", node.val);
+            self.error(node.line, path, msg);
+            return None;
+        };
+        let mut codes = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            match item.val {
+                Val::Int(code) if i64::try_from(code).is_ok() => {
+                    codes.push(i64::try_from(code).ok()?);
+                }
+                _ => {
+                    let msg = format!("expected an integer, got {}", item.val);
+                    self.error(item.line, &index(path, i), msg);
+                    return None;
+                }
+            }
+        }
+        at(codes, node, path)
+    }
+
+    fn duration(&mut self, node: &Node, path: &str, zero: Zero) -> Option<At<Duration>> {
+        let parsed = match &node.val {
+            Val::Int(_) | Val::Float(_) => match Self::number(node) {
+                None => Err("expected a finite duration".to_string()),
+                Some(x) if x < 0.0 => Err("expected a non-negative duration".to_string()),
+                Some(x) => nanos(x * 1e9).ok_or_else(|| "duration too large".to_string()),
+            },
+            Val::Str(s) => parse_duration(s),
+            _ => Err(DURATION_EXPECTED.to_string()),
+        };
+        match parsed {
+            Ok(d) if d.is_zero() && zero == Zero::Rejected => {
+                let msg = format!("must be greater than zero, got {}", node.val);
+                self.error(node.line, path, msg);
+                None
+            }
+            Ok(d) => at(d, node, path),
+            Err(reason) => {
+                let msg = format!("{reason}, got {}", node.val);
+                self.error(node.line, path, msg);
+                None
+            }
+        }
+    }
+}
+
+fn usize_max() -> u64 {
+    u64::try_from(usize::MAX).unwrap_or(u64::MAX)
+}
+
+const DURATION_EXPECTED: &str =
+    "expected a duration (seconds, or a string like \"250ms\", \"1.5s\", \"2m\", \"1h\")";
+
+/// Rounds a number of nanoseconds to a duration; `None` when out of range.
+fn nanos(n: f64) -> Option<Duration> {
+    let n = n.round();
+    // 2^64 is exactly representable; every f64 below it converts losslessly.
+    (0.0..18_446_744_073_709_551_616.0)
+        .contains(&n)
+        .then(|| Duration::from_nanos(n as u64))
+}
+
+/// Parses "250ms", "1.5s", "2m" or "1h".
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err("expected a non-negative duration".to_string());
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = match number.parse() {
+        Ok(n) if !number.is_empty() => n,
+        _ => return Err(DURATION_EXPECTED.to_string()),
+    };
+    let per_unit = match unit.trim_start() {
+        "ms" => 1e6,
+        "s" => 1e9,
+        "m" => 60e9,
+        "h" => 3600e9,
+        "" => return Err("a duration string needs a unit (ms, s, m or h)".to_string()),
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    nanos(number * per_unit).ok_or_else(|| "duration too large".to_string())
+}
+
+/// Expands `${VAR}` and `${VAR:-default}` (the default also applies when VAR is
+/// empty); a `$` not followed by `{` is literal, and defaults are not expanded.
+fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err(format!("unterminated ${{ in {s:?}"));
+        };
+        let inner = &after[..end];
+        let (name, default) = match inner.split_once(":-") {
+            Some((name, default)) => (name, Some(default)),
+            None => (inner, None),
+        };
+        let valid = name
+            .chars()
+            .enumerate()
+            .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+        if name.is_empty() || !valid {
+            return Err(format!("invalid variable name {name:?} in {s:?}"));
+        }
+        match (env(name), default) {
+            (Some(value), Some(default)) if value.is_empty() => out.push_str(default),
+            (Some(value), _) => out.push_str(&value),
+            (None, Some(default)) => out.push_str(default),
+            (None, None) => {
+                return Err(format!(
+                    "environment variable {name} is not set (use ${{{name}:-default}} to give a default)"
+                ))
+            }
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = "/p/c.yaml";
+    const JSON: &str = "/p/c.json";
+
+    /// The environment the tests see; the real one is never read.
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "HOME" => Some("/home/u".to_string()),
+            "TOKEN" => Some("t0k".to_string()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        }
+    }
+
+    fn yaml(text: &str) -> anyhow::Result<Config> {
+        parse(text, Path::new(YAML), Format::Yaml, &env)
+    }
+
+    fn json(text: &str) -> anyhow::Result<Config> {
+        parse(text, Path::new(JSON), Format::Json, &env)
+    }
+
+    fn message(result: anyhow::Result<Config>) -> String {
+        match result {
+            Ok(config) => panic!("expected an error, got {config:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn yaml_err(text: &str) -> String {
+        message(yaml(text))
+    }
+
+    fn json_err(text: &str) -> String {
+        message(json(text))
+    }
+
+    /// Parses `servers: {fs: {command: x, KEY: VALUE}}` and returns the error.
+    fn key_err(key_and_value: &str) -> String {
+        yaml_err(&format!(
+            "servers:\n  fs:\n    command: x\n    {key_and_value}\n"
+        ))
+    }
+
+    /// Parses `servers: {fs: {command: x, KEY: VALUE}}` and returns the server.
+    fn key_ok(key_and_value: &str) -> ServerConfig {
+        let text = format!("servers:\n  fs:\n    command: x\n    {key_and_value}\n");
+        match yaml(&text) {
+            Ok(mut config) => config.servers.remove(0),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Checks that every policy value of `a` equals that of `b`.
+    fn assert_same_policy(a: &ServerConfig, b: &ServerConfig) {
+        assert_eq!(a.call_timeout, b.call_timeout);
+        assert_eq!(a.retry, b.retry);
+        assert_eq!(a.cache, b.cache);
+        assert_eq!(a.circuit_breaker, b.circuit_breaker);
+        assert_eq!(a.idempotency_ttl, b.idempotency_ttl);
+        assert_eq!(a.idempotency_max_entries, b.idempotency_max_entries);
+        assert_eq!(a.assume_idempotent, b.assume_idempotent);
+        assert_eq!(a.trust_annotations, b.trust_annotations);
+        assert_eq!(a.tools, b.tools);
+        assert_eq!(a.max_message_bytes, b.max_message_bytes);
+        assert_eq!(a.max_in_flight, b.max_in_flight);
+    }
+
+    const SERVER_KEY_LIST: &str = "command, args, env, cwd, call_timeout, retry, cache, \
+        circuit_breaker, idempotency_ttl, idempotency_max_entries, assume_idempotent, \
+        trust_annotations, tools, max_message_bytes, max_in_flight";
+
+    // Happy paths.
+
+    #[test]
+    fn with_defaults_has_the_documented_values() {
+        let s = ServerConfig::with_defaults("fs", "npx".to_string(), vec!["-y".to_string()]);
+        assert_eq!(s.name, "fs");
+        assert_eq!(s.command, "npx");
+        assert_eq!(s.args, ["-y"]);
+        assert!(s.env.is_empty());
+        assert_eq!(s.cwd, None);
+        assert_eq!(s.call_timeout, Duration::from_secs(60));
+        assert_eq!(
+            s.retry,
+            RetryConfig {
+                max_retries: 3,
+                base_delay: Duration::from_millis(500),
+                max_delay: Duration::from_secs(20),
+                jitter: 0.2,
+                total_timeout: Duration::from_secs(120),
+                transient_codes: vec![-32000, -32001, -32003, -32603],
+                budget: BudgetConfig {
+                    window: Duration::from_secs(10),
+                    min_retries: 10,
+                    ratio: 0.2,
+                },
+            }
+        );
+        assert_eq!(
+            s.cache,
+            CacheConfig {
+                default_ttl: Duration::ZERO,
+                tools: HashMap::new(),
+                max_entries: 1000,
+                max_bytes: 67_108_864,
+                stale_if_error: Duration::ZERO,
+            }
+        );
+        assert_eq!(
+            s.circuit_breaker,
+            BreakerConfig {
+                failure_threshold: 5,
+                cooldown: Duration::from_secs(30),
+                success_threshold: 1,
+            }
+        );
+        assert_eq!(s.idempotency_ttl, Duration::from_secs(300));
+        assert_eq!(s.idempotency_max_entries, 10_000);
+        assert!(!s.assume_idempotent);
+        assert!(s.trust_annotations);
+        assert!(s.tools.is_empty());
+        assert_eq!(s.max_message_bytes, 67_108_864);
+        assert_eq!(s.max_in_flight, 10_000);
+    }
+
+    #[test]
+    fn full_yaml() {
+        let config = yaml(
+            r#"servers:
+  fs:
+    command: npx
+    args: ["-y", "@modelcontextprotocol/server-filesystem", "${HOME}/src"]
+    env:
+      LOG: debug
+      TOKEN: ${TOKEN}
+    cwd: /srv
+    call_timeout: 30
+    retry:
+      max_retries: 5
+      base_delay: 250ms
+      max_delay: 1m
+      jitter: 0.5
+      total_timeout: 1h
+      transient_codes: [-32000, 7]
+      budget: {window: 30s, min_retries: 3, ratio: 0.5}
+    cache:
+      default_ttl: 10
+      tools: {read_file: 2.5, search: 0}
+      max_entries: 50
+      max_bytes: 4096
+      stale_if_error: 5m
+    circuit_breaker:
+      failure_threshold: 2
+      cooldown_seconds: 1.5s
+      success_threshold: 3
+    idempotency_ttl: 60
+    idempotency_max_entries: 7
+    assume_idempotent: true
+    trust_annotations: false
+    tools:
+      write_file: {idempotent: false, read_only: false, timeout: 90}
+      read_file: {read_only: true}
+    max_message_bytes: 1024
+    max_in_flight: 1
+"#,
+        )
+        .expect("valid config");
+        assert_eq!(config.path, Path::new(YAML));
+        assert!(config.notes.is_empty());
+        assert_eq!(config.servers.len(), 1);
+        let s = &config.servers[0];
+        assert_eq!(s.name, "fs");
+        assert_eq!(s.command, "npx");
+        assert_eq!(
+            s.args,
+            [
+                "-y",
+                "@modelcontextprotocol/server-filesystem",
+                "/home/u/src"
+            ]
+        );
+        assert_eq!(
+            s.env,
+            [
+                ("LOG".to_string(), "debug".to_string()),
+                ("TOKEN".to_string(), "t0k".to_string())
+            ]
+        );
+        assert_eq!(s.cwd, Some(PathBuf::from("/srv")));
+        assert_eq!(s.call_timeout, Duration::from_secs(30));
+        assert_eq!(
+            s.retry,
+            RetryConfig {
+                max_retries: 5,
+                base_delay: Duration::from_millis(250),
+                max_delay: Duration::from_secs(60),
+                jitter: 0.5,
+                total_timeout: Duration::from_secs(3600),
+                transient_codes: vec![-32000, 7],
+                budget: BudgetConfig {
+                    window: Duration::from_secs(30),
+                    min_retries: 3,
+                    ratio: 0.5,
+                },
+            }
+        );
+        assert_eq!(
+            s.cache,
+            CacheConfig {
+                default_ttl: Duration::from_secs(10),
+                tools: HashMap::from([
+                    ("read_file".to_string(), Duration::from_millis(2500)),
+                    ("search".to_string(), Duration::ZERO),
+                ]),
+                max_entries: 50,
+                max_bytes: 4096,
+                stale_if_error: Duration::from_secs(300),
+            }
+        );
+        assert_eq!(
+            s.circuit_breaker,
+            BreakerConfig {
+                failure_threshold: 2,
+                cooldown: Duration::from_millis(1500),
+                success_threshold: 3,
+            }
+        );
+        assert_eq!(s.idempotency_ttl, Duration::from_secs(60));
+        assert_eq!(s.idempotency_max_entries, 7);
+        assert!(s.assume_idempotent);
+        assert!(!s.trust_annotations);
+        assert_eq!(
+            s.tools,
+            HashMap::from([
+                (
+                    "write_file".to_string(),
+                    ToolConfig {
+                        idempotent: Some(false),
+                        read_only: Some(false),
+                        timeout: Some(Duration::from_secs(90)),
+                    }
+                ),
+                (
+                    "read_file".to_string(),
+                    ToolConfig {
+                        idempotent: None,
+                        read_only: Some(true),
+                        timeout: None,
+                    }
+                ),
+            ])
+        );
+        assert_eq!(s.max_message_bytes, 1024);
+        assert_eq!(s.max_in_flight, 1);
+        // Without `defaults:` the defaults are the built-in ones.
+        assert_eq!(config.defaults.name, "default");
+        assert_eq!(config.defaults.command, "");
+        assert_same_policy(
+            &config.defaults,
+            &ServerConfig::with_defaults("x", String::new(), Vec::new()),
+        );
+    }
+
+    #[test]
+    fn full_json_with_tabs_escapes_and_nesting() {
+        let text = "{\n\t\"servers\": {\n\t\t\"fs\": {\n\t\t\t\"command\": \"C:\\\\bin\\\\srv.exe\",\n\t\t\t\"args\": [\"a\\tb\", \"\\u00e9\\ud83d\\ude00\", \"q\\\"\\/\"],\n\t\t\t\"env\": {\"A\": \"1\"},\n\t\t\t\"retry\": {\"max_retries\": 0, \"budget\": {\"ratio\": 1}},\n\t\t\t\"tools\": {\"t\": {\"timeout\": \"2s\"}}\n\t\t},\n\t\t\"other\": {\"command\": \"y\"}\n\t},\n\t\"defaults\": {\"call_timeout\": 5}\n}\n";
+        let config = json(text).expect("valid config");
+        let names: Vec<_> = config.servers.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["fs", "other"]);
+        let s = &config.servers[0];
+        assert_eq!(s.command, "C:\\bin\\srv.exe");
+        assert_eq!(s.args, ["a\tb", "é😀", "q\"/"]);
+        assert_eq!(s.env, [("A".to_string(), "1".to_string())]);
+        assert_eq!(s.retry.max_retries, 0);
+        assert_eq!(s.retry.budget.ratio, 1.0);
+        assert_eq!(s.tools["t"].timeout, Some(Duration::from_secs(2)));
+        assert_eq!(s.call_timeout, Duration::from_secs(5));
+        assert_eq!(config.servers[1].call_timeout, Duration::from_secs(5));
+        assert_eq!(config.defaults.call_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn json_validation_errors_carry_lines() {
+        let text = "{\n  \"servers\": {\n    \"fs\": {\n      \"command\": \"x\",\n      \"retry\": {\n        \"max_retries\": \"lots\",\n        \"budget\":\n          {\"ratio\": -1}\n      }\n    }\n  }\n}\n";
+        assert_eq!(
+            json_err(text),
+            "/p/c.json:6: servers.fs.retry.max_retries: expected a non-negative integer, got \"lots\"\n\
+             /p/c.json:8: servers.fs.retry.budget.ratio: expected a non-negative number, got -1"
+        );
+    }
+
+    #[test]
+    fn json_unknown_key_is_reported_on_the_key_line() {
+        // The value is on the line after its key.
+        let text =
+            "{\"servers\": {\n  \"fs\": {\n    \"command\": \"x\",\n    \"colour\":\n      1}}}";
+        assert_eq!(
+            json_err(text),
+            format!(
+                "/p/c.json:4: servers.fs.colour: unknown key (expected one of: {SERVER_KEY_LIST})"
+            )
+        );
+    }
+
+    #[test]
+    fn mcp_servers_file_ignores_host_keys() {
+        let text = r#"{
+  "globalShortcut": "Ctrl+Space",
+  "mcpServers": {
+    "fs": {
+      "type": "stdio",
+      "command": "npx",
+      "args": ["-y", "@modelcontextprotocol/server-filesystem", "${HOME:-/root}"],
+      "env": {"DEBUG": "${DEBUG:-0}"},
+      "timeout": 60000,
+      "disabled": false,
+      "autoApprove": ["read_file"],
+      "alwaysAllow": [],
+      "retry": {"max_retries": 1},
+      "call_timeout": "10s"
+    },
+    "remote": {"type": "http", "url": "https://example.com/mcp", "headers": {}}
+  }
+}"#;
+        let config = json(text).expect("valid config");
+        assert_eq!(config.servers.len(), 1);
+        let s = &config.servers[0];
+        assert_eq!(s.name, "fs");
+        assert_eq!(
+            s.args,
+            ["-y", "@modelcontextprotocol/server-filesystem", "/home/u"]
+        );
+        assert_eq!(s.env, [("DEBUG".to_string(), "0".to_string())]);
+        assert_eq!(s.retry.max_retries, 1);
+        assert_eq!(s.call_timeout, Duration::from_secs(10));
+        assert_eq!(
+            config.notes,
+            ["skipped remote: remote (url) servers are not supported yet"]
+        );
+        assert_same_policy(
+            &config.defaults,
+            &ServerConfig::with_defaults("x", String::new(), Vec::new()),
+        );
+        assert_eq!(config.defaults.name, "default");
+    }
+
+    #[test]
+    fn mcp_servers_in_yaml() {
+        let config = yaml("mcpServers:\n  a:\n    command: x\n    foo: bar\n").expect("valid");
+        assert_eq!(config.servers[0].command, "x");
+    }
+
+    #[test]
+    fn url_entries_are_skipped_with_a_note() {
+        let config = json(r#"{"mcpServers": {"r": {"url": "https://x"}}}"#).expect("valid");
+        assert!(config.servers.is_empty());
+        assert_eq!(
+            config.notes,
+            ["skipped r: remote (url) servers are not supported yet"]
+        );
+        assert_eq!(
+            message(config.select(None).map(|_| config.clone())),
+            "the config /p/c.json has no servers (skipped r: remote (url) servers are not supported yet)"
+        );
+        assert_eq!(
+            message(config.select(Some("r")).map(|_| config.clone())),
+            "the config /p/c.json has no usable server named \"r\" (skipped r: remote (url) servers are not supported yet)"
+        );
+    }
+
+    #[test]
+    fn url_with_command_is_a_local_server() {
+        let config =
+            json(r#"{"mcpServers": {"r": {"url": "https://x", "command": "c"}}}"#).expect("valid");
+        assert_eq!(config.servers[0].command, "c");
+        assert!(config.notes.is_empty());
+    }
+
+    #[test]
+    fn defaults_merge_leaf_by_leaf() {
+        let config = yaml(
+            r#"defaults:
+  call_timeout: 10
+  retry:
+    max_retries: 5
+    budget: {ratio: 0.5}
+  cache:
+    tools: {a: 1, b: 2}
+  tools:
+    search: {idempotent: true, timeout: 5}
+    fetch: {read_only: true}
+servers:
+  x:
+    command: cx
+    retry:
+      base_delay: 1
+      budget: {window: 20}
+    cache:
+      tools: {b: 3}
+    tools:
+      search: {timeout: 7}
+  y:
+    command: cy
+    call_timeout: 20
+"#,
+        )
+        .expect("valid config");
+        let x = &config.servers[0];
+        assert_eq!(x.call_timeout, Duration::from_secs(10));
+        assert_eq!(x.retry.max_retries, 5);
+        assert_eq!(x.retry.base_delay, Duration::from_secs(1));
+        assert_eq!(x.retry.max_delay, Duration::from_secs(20));
+        assert_eq!(x.retry.budget.ratio, 0.5);
+        assert_eq!(x.retry.budget.window, Duration::from_secs(20));
+        assert_eq!(x.retry.budget.min_retries, 10);
+        assert_eq!(
+            x.cache.tools,
+            HashMap::from([
+                ("a".to_string(), Duration::from_secs(1)),
+                ("b".to_string(), Duration::from_secs(3)),
+            ])
+        );
+        assert_eq!(
+            x.tools["search"],
+            ToolConfig {
+                idempotent: Some(true),
+                read_only: None,
+                timeout: Some(Duration::from_secs(7)),
+            }
+        );
+        assert_eq!(x.tools["fetch"].read_only, Some(true));
+        let y = &config.servers[1];
+        assert_eq!(y.call_timeout, Duration::from_secs(20));
+        assert_eq!(y.retry.max_retries, 5);
+        assert_eq!(y.retry.base_delay, Duration::from_millis(500));
+        assert_eq!(y.tools["search"].timeout, Some(Duration::from_secs(5)));
+        let d = &config.defaults;
+        assert_eq!((d.name.as_str(), d.command.as_str()), ("default", ""));
+        assert_eq!(d.call_timeout, Duration::from_secs(10));
+        assert_eq!(d.retry.max_retries, 5);
+        assert_eq!(d.retry.base_delay, Duration::from_millis(500));
+        assert_eq!(d.cache.tools.len(), 2);
+        assert_eq!(d.tools.len(), 2);
+    }
+
+    #[test]
+    fn variables_expand_with_defaults() {
+        let config = yaml(
+            r#"servers:
+  s:
+    command: ${BIN:-/usr/bin/srv}
+    args: ["$HOME", "${HOME}", "a${EMPTY:-b}c", "${EMPTY}", "$", "${TOKEN:-x}", "cost: $5"]
+    env: {K: "${NOPE:-}"}
+    cwd: ${NOPE:-rel/dir}
+"#,
+        )
+        .expect("valid config");
+        let s = &config.servers[0];
+        assert_eq!(s.command, "/usr/bin/srv");
+        assert_eq!(
+            s.args,
+            ["$HOME", "/home/u", "abc", "", "$", "t0k", "cost: $5"]
+        );
+        assert_eq!(s.env, [("K".to_string(), String::new())]);
+        // A relative cwd is relative to the directory of the config file.
+        assert_eq!(s.cwd, Some(PathBuf::from("/p/rel/dir")));
+    }
+
+    #[test]
+    fn duration_forms() {
+        let cases = [
+            ("0", Duration::ZERO),
+            ("7", Duration::from_secs(7)),
+            ("0.25", Duration::from_millis(250)),
+            ("\"250ms\"", Duration::from_millis(250)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("2m", Duration::from_secs(120)),
+            ("1h", Duration::from_secs(3600)),
+            ("\" 3 s \"", Duration::from_secs(3)),
+            ("0.1s", Duration::from_millis(100)),
+            (".5s", Duration::from_millis(500)),
+        ];
+        for (text, expected) in cases {
+            let s = key_ok(&format!("idempotency_ttl: {text}"));
+            assert_eq!(s.idempotency_ttl, expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn yaml_anchors_and_merge_keys() {
+        let config = yaml(
+            "common: &common\n  retry: {max_retries: 9}\nservers:\n  a:\n    <<: *common\n    command: x\n",
+        );
+        // `common` is not a key of our schema, even when used as an anchor.
+        assert_eq!(
+            message(config),
+            "/p/c.yaml:1: common: unknown key (expected one of: servers, defaults)"
+        );
+        let config = yaml(
+            "defaults: &d\n  retry: {max_retries: 9}\nservers:\n  a:\n    <<: *d\n    command: x\n",
+        )
+        .expect("valid config");
+        assert_eq!(config.servers[0].retry.max_retries, 9);
+    }
+
+    #[test]
+    fn the_example_file_parses_and_shows_the_defaults() {
+        let env = |name: &str| match name {
+            "GITHUB_TOKEN" => Some("ghp_x".to_string()),
+            _ => None,
+        };
+        let path = Path::new("/etc/mcp-retry/mcp-retry.yaml");
+        let text = include_str!("../examples/mcp-retry.yaml");
+        let config = parse(text, path, Format::Yaml, &env).expect("the example parses");
+        let names: Vec<_> = config.servers.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["filesystem", "github"]);
+        assert_same_policy(
+            &config.defaults,
+            &ServerConfig::with_defaults("x", String::new(), Vec::new()),
+        );
+        let fs = &config.servers[0];
+        assert_eq!(fs.command, "npx");
+        assert_eq!(fs.args[2], "/tmp/projects");
+        assert_eq!(fs.tools["read_file"].read_only, Some(true));
+        let gh = &config.servers[1];
+        assert_eq!(gh.env, [("GITHUB_TOKEN".to_string(), "ghp_x".to_string())]);
+        assert_eq!(gh.call_timeout, Duration::from_secs(120));
+        assert_eq!(gh.retry.max_retries, 2);
+        // Without the token the example names the missing variable.
+        let err = message(parse(text, path, Format::Yaml, &|_: &str| None));
+        assert!(
+            err.contains(
+                ": servers.github.env.GITHUB_TOKEN: environment variable GITHUB_TOKEN is not set"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn select_servers() {
+        let config = yaml("servers:\n  a: {command: x}\n  b: {command: y}\n  c: {command: z}\n")
+            .expect("valid");
+        assert_eq!(config.select(Some("b")).expect("b exists").command, "y");
+        assert_eq!(
+            message(config.select(None).map(|_| config.clone())),
+            "the config /p/c.yaml has 3 servers (a, b, c): choose one with --server NAME"
+        );
+        assert_eq!(
+            message(config.select(Some("d")).map(|_| config.clone())),
+            "the config /p/c.yaml has no server named \"d\" (available: a, b, c)"
+        );
+        let one = yaml("servers:\n  only: {command: x}\n").expect("valid");
+        assert_eq!(one.select(None).expect("one server").name, "only");
+        let none = yaml("servers: {}\n").expect("valid");
+        assert_eq!(
+            message(none.select(None).map(|_| none.clone())),
+            "the config /p/c.yaml has no servers"
+        );
+        assert_eq!(
+            message(none.select(Some("a")).map(|_| none.clone())),
+            "the config /p/c.yaml has no server named \"a\" (it has no servers)"
+        );
+    }
+
+    #[test]
+    fn load_reads_yaml_and_json_files() {
+        let dir = std::env::temp_dir().join(format!("mcp-retry-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let yml = dir.join("c.yml");
+        std::fs::write(&yml, "servers:\n  a: {command: x}\n").expect("write");
+        let json = dir.join("c.JSON");
+        std::fs::write(&json, "{\"mcpServers\": {\"a\": {\"command\": \"y\"}}}").expect("write");
+        let from_yaml = load(&yml);
+        let from_json = load(&json);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(from_yaml.expect("yaml loads").servers[0].command, "x");
+        assert_eq!(from_json.expect("json loads").servers[0].command, "y");
+    }
+
+    // Errors: files and formats.
+
+    #[test]
+    fn missing_file() {
+        assert_eq!(
+            message(load(Path::new("/nonexistent/mcp-retry/c.yaml"))),
+            "cannot read config /nonexistent/mcp-retry/c.yaml: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn bad_extension() {
+        let expected =
+            "cannot tell the format of config /x/c.toml: expected a .yaml, .yml or .json file";
+        assert_eq!(message(load(Path::new("/x/c.toml"))), expected);
+        assert_eq!(
+            message(load(Path::new("/x/config"))),
+            "cannot tell the format of config /x/config: expected a .yaml, .yml or .json file"
+        );
+    }
+
+    #[test]
+    fn yaml_syntax_errors() {
+        assert_eq!(
+            yaml_err("servers:\n  fs:\n    command: x\n   args: [a]\n"),
+            "/p/c.yaml:4:4: invalid yaml: while parsing a block mapping, did not find expected key"
+        );
+        assert_eq!(
+            yaml_err("servers:\n  fs: {command: \"x}\n"),
+            "/p/c.yaml:2:17: invalid yaml: unclosed quote"
+        );
+        assert_eq!(
+            yaml_err("servers:\n  fs: {command: x}\n  fs: {command: y}\n"),
+            "/p/c.yaml:3:3: invalid yaml: duplicate mapping key `fs` is not allowed here"
+        );
+    }
+
+    #[test]
+    fn json_syntax_errors() {
+        assert_eq!(
+            json_err("{\n  \"mcpServers\": {\n    \"a\": {\"command\": \"x\",}\n  }\n}\n"),
+            "/p/c.json:3:26: invalid json: trailing comma"
+        );
+        assert_eq!(
+            json_err("{\n  \"servers\": {\n    \"a\": {\"command\" \"x\"}\n  }\n}\n"),
+            "/p/c.json:3:21: invalid json: expected `:`"
+        );
+        assert_eq!(
+            json_err(""),
+            "/p/c.json:1: invalid json: EOF while parsing a value"
+        );
+        assert_eq!(
+            json_err("{\"servers\": {}} x"),
+            "/p/c.json:1:17: invalid json: trailing characters"
+        );
+    }
+
+    #[test]
+    fn json_duplicate_keys() {
+        assert_eq!(
+            json_err("{\"servers\": {\n  \"a\": {\"command\": \"x\"},\n  \"a\": {\"command\": \"y\"}\n}}"),
+            "/p/c.json:3: servers.a: duplicate key (first defined at line 2)"
+        );
+    }
+
+    // Errors: the top level.
+
+    #[test]
+    fn both_top_level_keys() {
+        assert_eq!(
+            yaml_err("servers: {}\nmcpServers: {}\n"),
+            "/p/c.yaml:2: mcpServers: cannot be combined with servers (line 1): use one or the other"
+        );
+    }
+
+    #[test]
+    fn neither_top_level_key() {
+        let expected =
+            "/p/c.yaml:1: (top level): expected a servers: or mcpServers: mapping, found neither";
+        assert_eq!(yaml_err("other: 1\n"), expected);
+        assert_eq!(yaml_err(""), expected);
+        assert_eq!(
+            json_err("[1]"),
+            "/p/c.json:1: (top level): expected a mapping with servers: or mcpServers:, got a list"
+        );
+    }
+
+    #[test]
+    fn defaults_with_mcp_servers() {
+        assert_eq!(
+            yaml_err("mcpServers:\n  a: {command: x}\ndefaults:\n  call_timeout: 5\n"),
+            "/p/c.yaml:3: defaults: not allowed with mcpServers (set the keys in each server, or use servers:)"
+        );
+    }
+
+    #[test]
+    fn unknown_top_level_key() {
+        assert_eq!(
+            yaml_err("servers: {}\ncolour: red\n"),
+            "/p/c.yaml:2: colour: unknown key (expected one of: servers, defaults)"
+        );
+    }
+
+    #[test]
+    fn servers_must_be_a_mapping() {
+        assert_eq!(
+            yaml_err("servers:\n  - command: x\n"),
+            "/p/c.yaml:2: servers: expected a mapping, got a list"
+        );
+        assert_eq!(
+            yaml_err("servers:\n  fs: npx\n"),
+            "/p/c.yaml:2: servers.fs: expected a mapping, got \"npx\""
+        );
+        assert_eq!(
+            yaml_err("servers:\n  \"\": {command: x}\n"),
+            "/p/c.yaml:2: servers.\"\": server names must not be empty"
+        );
+    }
+
+    // Errors: unknown keys at each level.
+
+    #[test]
+    fn unknown_key_in_server() {
+        assert_eq!(
+            key_err("comand: y"),
+            format!(
+                "/p/c.yaml:4: servers.fs.comand: unknown key (expected one of: {SERVER_KEY_LIST})"
+            )
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_defaults() {
+        assert_eq!(
+            yaml_err("defaults:\n  command: x\nservers: {}\n"),
+            "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, retry, \
+             cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, assume_idempotent, \
+             trust_annotations, tools, max_message_bytes, max_in_flight)"
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_retry() {
+        assert_eq!(
+            key_err("retry:\n      max_retrys: 3"),
+            "/p/c.yaml:5: servers.fs.retry.max_retrys: unknown key (expected one of: max_retries, \
+             base_delay, max_delay, jitter, total_timeout, transient_codes, budget)"
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_budget() {
+        assert_eq!(
+            key_err("retry:\n      budget: {windows: 3}"),
+            "/p/c.yaml:5: servers.fs.retry.budget.windows: unknown key (expected one of: window, min_retries, ratio)"
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_cache() {
+        assert_eq!(
+            key_err("cache: {ttl: 3}"),
+            "/p/c.yaml:4: servers.fs.cache.ttl: unknown key (expected one of: default_ttl, tools, \
+             max_entries, max_bytes, stale_if_error)"
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_circuit_breaker() {
+        assert_eq!(
+            key_err("circuit_breaker:\n      cooldown: 3"),
+            "/p/c.yaml:5: servers.fs.circuit_breaker.cooldown: unknown key (expected one of: \
+             failure_threshold, cooldown_seconds, success_threshold)"
+        );
+    }
+
+    #[test]
+    fn unknown_key_in_tool() {
+        assert_eq!(
+            key_err("tools:\n      search:\n        readonly: true"),
+            "/p/c.yaml:6: servers.fs.tools.search.readonly: unknown key (expected one of: \
+             idempotent, read_only, timeout)"
+        );
+    }
+
+    #[test]
+    fn unknown_policy_key_in_mcp_servers_section() {
+        assert_eq!(
+            json_err(
+                "{\"mcpServers\": {\"a\": {\"command\": \"x\",\n \"retry\": {\"tries\": 1}}}}"
+            ),
+            "/p/c.json:2: mcpServers.a.retry.tries: unknown key (expected one of: max_retries, \
+             base_delay, max_delay, jitter, total_timeout, transient_codes, budget)"
+        );
+    }
+
+    // Errors: the process keys.
+
+    #[test]
+    fn missing_command() {
+        assert_eq!(
+            yaml_err("servers:\n  fs:\n    args: [a]\n"),
+            "/p/c.yaml:2: servers.fs: missing required key command"
+        );
+        assert_eq!(
+            json_err("{\"mcpServers\": {\n  \"fs\": {\"args\": [], \"type\": \"stdio\"}}}"),
+            "/p/c.json:2: mcpServers.fs: missing required key command"
+        );
+    }
+
+    #[test]
+    fn empty_command() {
+        assert_eq!(
+            yaml_err("servers:\n  fs:\n    command: \" \"\n"),
+            "/p/c.yaml:3: servers.fs.command: must not be empty"
+        );
+        assert_eq!(
+            yaml_err("servers:\n  fs:\n    command: ${EMPTY}\n"),
+            "/p/c.yaml:3: servers.fs.command: must not be empty"
+        );
+    }
+
+    #[test]
+    fn command_must_be_a_string() {
+        assert_eq!(
+            yaml_err("servers:\n  fs:\n    command: 5\n"),
+            "/p/c.yaml:3: servers.fs.command: expected a string, got 5 (put it in quotes)"
+        );
+        assert_eq!(
+            yaml_err("servers:\n  fs:\n    command: [npx]\n"),
+            "/p/c.yaml:3: servers.fs.command: expected a string, got a list"
+        );
+    }
+
+    #[test]
+    fn args_must_be_strings() {
+        assert_eq!(
+            key_err("args: npx -y"),
+            "/p/c.yaml:4: servers.fs.args: expected a list of strings, got \"npx -y\""
+        );
+        assert_eq!(
+            key_err("args:\n      - a\n      - 8080\n      - true"),
+            "/p/c.yaml:6: servers.fs.args[1]: expected a string, got 8080 (put it in quotes)\n\
+             /p/c.yaml:7: servers.fs.args[2]: expected a string, got true (put it in quotes)"
+        );
+    }
+
+    #[test]
+    fn env_values_must_be_strings() {
+        assert_eq!(
+            key_err("env:\n      PORT: 3000\n      DEBUG: false\n      OK: \"1\""),
+            "/p/c.yaml:5: servers.fs.env.PORT: expected a string, got 3000 (put it in quotes)\n\
+             /p/c.yaml:6: servers.fs.env.DEBUG: expected a string, got false (put it in quotes)"
+        );
+        assert_eq!(
+            key_err("env: [A=1]"),
+            "/p/c.yaml:4: servers.fs.env: expected a mapping, got a list"
+        );
+        assert_eq!(
+            key_err("env: {\"A=B\": x}"),
+            "/p/c.yaml:4: servers.fs.env.\"A=B\": invalid environment variable name (it must be non-empty, without = or NUL)"
+        );
+    }
+
+    #[test]
+    fn cwd_must_be_a_non_empty_string() {
+        assert_eq!(
+            key_err("cwd: \"\""),
+            "/p/c.yaml:4: servers.fs.cwd: must not be empty"
+        );
+        assert_eq!(
+            key_err("cwd: 1"),
+            "/p/c.yaml:4: servers.fs.cwd: expected a string, got 1 (put it in quotes)"
+        );
+    }
+
+    #[test]
+    fn unset_variable() {
+        assert_eq!(
+            key_err("env:\n      GITHUB_TOKEN: ${GITHUB_TOKEN}"),
+            "/p/c.yaml:5: servers.fs.env.GITHUB_TOKEN: environment variable GITHUB_TOKEN is not \
+             set (use ${GITHUB_TOKEN:-default} to give a default)"
+        );
+        assert_eq!(
+            key_err("args: [a, \"--dir=${DIR}\"]"),
+            "/p/c.yaml:4: servers.fs.args[1]: environment variable DIR is not set (use ${DIR:-default} to give a default)"
+        );
+        assert_eq!(
+            yaml_err("mcpServers:\n  fs:\n    command: ${BIN}\n"),
+            "/p/c.yaml:3: mcpServers.fs.command: environment variable BIN is not set (use ${BIN:-default} to give a default)"
+        );
+    }
+
+    #[test]
+    fn malformed_variables() {
+        assert_eq!(
+            key_err("args: [\"${HOME\"]"),
+            "/p/c.yaml:4: servers.fs.args[0]: unterminated ${ in \"${HOME\""
+        );
+        assert_eq!(
+            key_err("args: [\"${}\"]"),
+            "/p/c.yaml:4: servers.fs.args[0]: invalid variable name \"\" in \"${}\""
+        );
+        assert_eq!(
+            key_err("args: [\"${1A}\"]"),
+            "/p/c.yaml:4: servers.fs.args[0]: invalid variable name \"1A\" in \"${1A}\""
+        );
+    }
+
+    // Errors: wrong types and ranges.
+
+    #[test]
+    fn integers() {
+        let cases = [
+            (
+                "retry: {max_retries: lots}",
+                "servers.fs.retry.max_retries: expected a non-negative integer, got \"lots\"",
+            ),
+            (
+                "retry: {max_retries: \"3\"}",
+                "servers.fs.retry.max_retries: expected a non-negative integer, got \"3\"",
+            ),
+            (
+                "retry: {max_retries: 3.5}",
+                "servers.fs.retry.max_retries: expected a non-negative integer, got 3.5",
+            ),
+            (
+                "retry: {max_retries: -1}",
+                "servers.fs.retry.max_retries: expected a non-negative integer, got -1",
+            ),
+            (
+                "retry: {max_retries: 101}",
+                "servers.fs.retry.max_retries: must be at most 100, got 101",
+            ),
+            (
+                "retry: {budget: {min_retries: 4294967296}}",
+                "servers.fs.retry.budget.min_retries: must be at most 4294967295, got 4294967296",
+            ),
+            (
+                "circuit_breaker: {failure_threshold: 0}",
+                "servers.fs.circuit_breaker.failure_threshold: must be at least 1, got 0",
+            ),
+            (
+                "circuit_breaker: {success_threshold: 0}",
+                "servers.fs.circuit_breaker.success_threshold: must be at least 1, got 0",
+            ),
+            (
+                "max_message_bytes: 1023",
+                "servers.fs.max_message_bytes: must be at least 1024, got 1023",
+            ),
+            (
+                "max_in_flight: 0",
+                "servers.fs.max_in_flight: must be at least 1, got 0",
+            ),
+            (
+                "max_in_flight: null",
+                "servers.fs.max_in_flight: expected a non-negative integer, got null",
+            ),
+            (
+                "cache: {max_entries: true}",
+                "servers.fs.cache.max_entries: expected a non-negative integer, got true",
+            ),
+            (
+                "cache: {max_bytes: 1e30}",
+                "servers.fs.cache.max_bytes: expected a non-negative integer, got 1e30",
+            ),
+            (
+                "idempotency_max_entries: [1]",
+                "servers.fs.idempotency_max_entries: expected a non-negative integer, got a list",
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(
+                key_err(input),
+                format!("/p/c.yaml:4: {expected}"),
+                "{input}"
+            );
+        }
+    }
+
+    #[test]
+    fn transient_codes() {
+        assert_eq!(
+            key_err("retry:\n      transient_codes: [-32000, x]"),
+            "/p/c.yaml:5: servers.fs.retry.transient_codes[1]: expected an integer, got \"x\""
+        );
+        assert_eq!(
+            key_err("retry:\n      transient_codes: -32000"),
+            "/p/c.yaml:5: servers.fs.retry.transient_codes: expected a list of integers, got -32000"
+        );
+        assert!(key_ok("retry: {transient_codes: []}")
+            .retry
+            .transient_codes
+            .is_empty());
+    }
+
+    #[test]
+    fn booleans() {
+        assert_eq!(
+            key_err("assume_idempotent: yes"),
+            "/p/c.yaml:4: servers.fs.assume_idempotent: expected true or false, got \"yes\""
+        );
+        assert_eq!(
+            key_err("trust_annotations: 1"),
+            "/p/c.yaml:4: servers.fs.trust_annotations: expected true or false, got 1"
+        );
+        assert_eq!(
+            key_err("tools: {t: {idempotent: \"true\"}}"),
+            "/p/c.yaml:4: servers.fs.tools.t.idempotent: expected true or false, got \"true\""
+        );
+    }
+
+    #[test]
+    fn sections_must_be_mappings() {
+        assert_eq!(
+            key_err("retry: 5"),
+            "/p/c.yaml:4: servers.fs.retry: expected a mapping, got 5"
+        );
+        assert_eq!(
+            key_err("tools: [a]"),
+            "/p/c.yaml:4: servers.fs.tools: expected a mapping, got a list"
+        );
+        assert_eq!(
+            key_err("tools: {a: true}"),
+            "/p/c.yaml:4: servers.fs.tools.a: expected a mapping, got true"
+        );
+        // An empty section means "all defaults".
+        let s = key_ok("retry:");
+        assert_eq!(s.retry.max_retries, 3);
+    }
+
+    #[test]
+    fn jitter_and_ratio() {
+        let cases = [
+            (
+                "retry: {jitter: 1.5}",
+                "servers.fs.retry.jitter: must be between 0 and 1, got 1.5",
+            ),
+            (
+                "retry: {jitter: -0.1}",
+                "servers.fs.retry.jitter: must be between 0 and 1, got -0.1",
+            ),
+            (
+                "retry: {jitter: .nan}",
+                "servers.fs.retry.jitter: expected a number between 0 and 1, got .nan",
+            ),
+            (
+                "retry: {jitter: \"0.2\"}",
+                "servers.fs.retry.jitter: expected a number between 0 and 1, got \"0.2\"",
+            ),
+            (
+                "retry: {budget: {ratio: -1}}",
+                "servers.fs.retry.budget.ratio: expected a non-negative number, got -1",
+            ),
+            (
+                "retry: {budget: {ratio: .inf}}",
+                "servers.fs.retry.budget.ratio: expected a non-negative number, got .inf",
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(
+                key_err(input),
+                format!("/p/c.yaml:4: {expected}"),
+                "{input}"
+            );
+        }
+        assert_eq!(key_ok("retry: {jitter: 1}").retry.jitter, 1.0);
+        assert_eq!(key_ok("retry: {jitter: 0}").retry.jitter, 0.0);
+    }
+
+    #[test]
+    fn durations() {
+        let cases = [
+            ("call_timeout: -1", "servers.fs.call_timeout: expected a non-negative duration, got -1"),
+            ("call_timeout: -0.5", "servers.fs.call_timeout: expected a non-negative duration, got -0.5"),
+            ("call_timeout: \"-1s\"", "servers.fs.call_timeout: expected a non-negative duration, got \"-1s\""),
+            ("call_timeout: .nan", "servers.fs.call_timeout: expected a finite duration, got .nan"),
+            ("call_timeout: .inf", "servers.fs.call_timeout: expected a finite duration, got .inf"),
+            ("call_timeout: 1e300", "servers.fs.call_timeout: duration too large, got 1e300"),
+            ("call_timeout: soon", "servers.fs.call_timeout: expected a duration (seconds, or a string like \"250ms\", \"1.5s\", \"2m\", \"1h\"), got \"soon\""),
+            ("call_timeout: 1.2.3s", "servers.fs.call_timeout: expected a duration (seconds, or a string like \"250ms\", \"1.5s\", \"2m\", \"1h\"), got \"1.2.3s\""),
+            ("call_timeout: true", "servers.fs.call_timeout: expected a duration (seconds, or a string like \"250ms\", \"1.5s\", \"2m\", \"1h\"), got true"),
+            ("call_timeout: 5d", "servers.fs.call_timeout: unknown duration unit \"d\" (use ms, s, m or h), got \"5d\""),
+            ("call_timeout: \"5\"", "servers.fs.call_timeout: a duration string needs a unit (ms, s, m or h), got \"5\""),
+            ("call_timeout: 0", "servers.fs.call_timeout: must be greater than zero, got 0"),
+            ("retry: {total_timeout: 0s}", "servers.fs.retry.total_timeout: must be greater than zero, got \"0s\""),
+            ("retry: {budget: {window: 0}}", "servers.fs.retry.budget.window: must be greater than zero, got 0"),
+            ("tools: {t: {timeout: 0ms}}", "servers.fs.tools.t.timeout: must be greater than zero, got \"0ms\""),
+            ("cache: {default_ttl: -5}", "servers.fs.cache.default_ttl: expected a non-negative duration, got -5"),
+            ("cache: {tools: {t: forever}}", "servers.fs.cache.tools.t: expected a duration (seconds, or a string like \"250ms\", \"1.5s\", \"2m\", \"1h\"), got \"forever\""),
+            ("circuit_breaker: {cooldown_seconds: -.inf}", "servers.fs.circuit_breaker.cooldown_seconds: expected a finite duration, got -.inf"),
+            ("idempotency_ttl: []", "servers.fs.idempotency_ttl: expected a duration (seconds, or a string like \"250ms\", \"1.5s\", \"2m\", \"1h\"), got a list"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(
+                key_err(input),
+                format!("/p/c.yaml:4: {expected}"),
+                "{input}"
+            );
+        }
+    }
+
+    #[test]
+    fn max_delay_below_base_delay() {
+        assert_eq!(
+            key_err("retry:\n      base_delay: 5\n      max_delay: 1"),
+            "/p/c.yaml:6: servers.fs.retry.max_delay: must be at least base_delay (5s), got 1s"
+        );
+        assert_eq!(
+            key_err("retry:\n      base_delay: 30"),
+            "/p/c.yaml:5: servers.fs.retry.base_delay: must not exceed max_delay (20s), got 30s"
+        );
+        // The key closest to the server is blamed, once.
+        assert_eq!(
+            yaml_err("defaults:\n  retry: {max_delay: 2}\nservers:\n  fs:\n    command: x\n    retry: {base_delay: 3}\n"),
+            "/p/c.yaml:6: servers.fs.retry.base_delay: must not exceed max_delay (2s), got 3s"
+        );
+        assert_eq!(
+            yaml_err("defaults:\n  retry: {max_delay: 0.1}\nservers:\n  a: {command: x}\n  b: {command: y}\n"),
+            "/p/c.yaml:2: defaults.retry.max_delay: must be at least base_delay (500ms), got 100ms"
+        );
+    }
+
+    #[test]
+    fn a_broken_default_does_not_cause_a_second_error() {
+        assert_eq!(
+            yaml_err("defaults:\n  retry: {max_delay: x}\nservers:\n  fs:\n    command: y\n    retry: {base_delay: 30}\n"),
+            "/p/c.yaml:2: defaults.retry.max_delay: expected a duration (seconds, or a string like \
+             \"250ms\", \"1.5s\", \"2m\", \"1h\"), got \"x\""
+        );
+    }
+
+    #[test]
+    fn every_problem_is_reported() {
+        assert_eq!(
+            yaml_err(
+                "defaults:\n  call_timeout: x\nservers:\n  a:\n    args: [1]\n  b:\n    command: y\n    colour: red\n"
+            ),
+            format!(
+                "/p/c.yaml:2: defaults.call_timeout: expected a duration (seconds, or a string like \
+                 \"250ms\", \"1.5s\", \"2m\", \"1h\"), got \"x\"\n\
+                 /p/c.yaml:5: servers.a.args[0]: expected a string, got 1 (put it in quotes)\n\
+                 /p/c.yaml:4: servers.a: missing required key command\n\
+                 /p/c.yaml:8: servers.b.colour: unknown key (expected one of: {SERVER_KEY_LIST})"
+            )
+        );
+    }
+
+    #[test]
+    fn long_lists_of_problems_are_cut() {
+        let mut text = String::from("servers:\n");
+        for i in 0..25 {
+            text.push_str(&format!("  s{i}: {{command: x, max_in_flight: 0}}\n"));
+        }
+        let err = yaml_err(&text);
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 21);
+        assert_eq!(
+            lines[0],
+            "/p/c.yaml:2: servers.s0.max_in_flight: must be at least 1, got 0"
+        );
+        assert_eq!(lines[20], "... and 5 more problems");
+    }
+
+    #[test]
+    fn nul_characters_are_rejected() {
+        assert_eq!(
+            key_err("args: [\"a\\0b\"]"),
+            "/p/c.yaml:4: servers.fs.args[0]: must not contain a NUL character"
+        );
+    }
+
+    #[test]
+    fn huge_duration_strings() {
+        assert_eq!(
+            key_err("call_timeout: 99999999999h"),
+            "/p/c.yaml:4: servers.fs.call_timeout: duration too large, got \"99999999999h\""
+        );
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let deep = format!("servers: {}{}\n", "[".repeat(5000), "]".repeat(5000));
+        assert_eq!(
+            yaml_err(&deep),
+            "/p/c.yaml:1:34: invalid yaml: recursion limit exceeded"
+        );
+        let deep = format!("{{\"servers\": {}{}}}", "[".repeat(5000), "]".repeat(5000));
+        assert_eq!(
+            json_err(&deep),
+            "/p/c.json:1:139: invalid json: recursion limit exceeded"
+        );
+    }
+
+    #[test]
+    fn odd_names_are_quoted_in_key_paths() {
+        assert_eq!(
+            yaml_err("servers:\n  my.server:\n    command: x\n    retry: 1\n"),
+            "/p/c.yaml:4: servers.\"my.server\".retry: expected a mapping, got 1"
+        );
     }
 }

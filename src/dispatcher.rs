@@ -21,7 +21,17 @@ use crate::child::ExitInfo;
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent, SHUTDOWN_STEP};
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
+use crate::policy::backoff::Backoff;
+use crate::policy::breaker::Breaker;
+use crate::policy::budget::RetryBudget;
+use crate::policy::cache::ResultCache;
+use crate::policy::dedup::DedupTable;
+use crate::stats::Stats;
 use crate::{debug, info, warn};
+
+mod calls;
+
+use calls::{Call, ToolsKnowledge};
 
 /// Everything that can wake the dispatcher.
 #[derive(Debug)]
@@ -102,7 +112,18 @@ pub enum Timer {
     ShutdownKill,
     /// Shutdown: give up waiting for the server.
     ShutdownGiveUp,
+    /// A call's attempt runs out of time (unless progress moved it).
+    AttemptTimeout { call: u64, down: u64 },
+    /// A call's backoff is over.
+    RetryDue { call: u64 },
+    /// A call waiting for annotations must decide now.
+    CallDeadline { call: u64 },
+    /// Time to write the stats file.
+    StatsFlush,
 }
+
+/// How often `--stats-file` is rewritten while counters change.
+const STATS_INTERVAL: Duration = Duration::from_secs(3);
 
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct TimerEntry {
@@ -116,14 +137,17 @@ struct TimerEntry {
 enum Inflight {
     /// A client request relayed as is.
     Client { client_id: String, method: Method },
-    /// The client cancelled it; a late answer is dropped.
-    Cancelled,
+    /// An attempt of a `tools/call`.
+    Attempt { call: u64 },
+    /// The proxy's own `tools/list`, to learn annotations.
+    ToolsList,
 }
 
 /// Methods whose answers the dispatcher looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Method {
     Initialize,
+    ToolsList,
     Other,
 }
 
@@ -134,6 +158,8 @@ struct ClientRequest {
     downstream: Option<u64>,
     /// The batch it belongs to.
     batch: Option<u64>,
+    /// The `tools/call` it started or joined.
+    call: Option<u64>,
 }
 
 /// A request from the server to the client, waiting for the client's answer.
@@ -155,7 +181,6 @@ struct Batch {
 enum Link {
     /// Connected. `stdout_closed`/`exited` track how it is going away.
     Up {
-        generation: u64,
         server: Box<dyn Downstream>,
         stdout_closed: bool,
         exited: Option<ExitInfo>,
@@ -169,7 +194,9 @@ enum Link {
 enum Phase {
     Running,
     /// The client is gone or a signal came: stop the server, then exit.
-    Stopping { signal: Option<i32> },
+    Stopping {
+        signal: Option<i32>,
+    },
 }
 
 /// What the loop ended with.
@@ -199,9 +226,27 @@ pub struct Dispatcher {
     init_params: Option<String>,
     /// The negotiated protocol version.
     protocol_version: Option<String>,
+    /// The client sent `notifications/initialized` (the proxy may now ask
+    /// the server things of its own).
+    initialized: bool,
     timers: BinaryHeap<Reverse<TimerEntry>>,
     timer_seq: u64,
     phase: Phase,
+    calls: HashMap<u64, Call>,
+    next_call: u64,
+    calls_by_key: HashMap<String, u64>,
+    calls_by_token: HashMap<String, u64>,
+    tools: ToolsKnowledge,
+    cache: ResultCache,
+    dedup: DedupTable<String>,
+    breaker: Breaker,
+    budget: RetryBudget,
+    backoff: Backoff,
+    rng: fastrand::Rng,
+    stats: Stats,
+    /// Where `--stats-file` documents go, and whether a flush is scheduled.
+    stats_out: Option<Sender<String>>,
+    stats_flush_pending: bool,
 }
 
 impl Dispatcher {
@@ -212,7 +257,6 @@ impl Dispatcher {
         connect: Connector,
     ) -> Dispatcher {
         Dispatcher {
-            cfg,
             to_client,
             events,
             connect,
@@ -230,10 +274,33 @@ impl Dispatcher {
             next_batch: 0,
             init_params: None,
             protocol_version: None,
+            initialized: false,
             timers: BinaryHeap::new(),
             timer_seq: 0,
             phase: Phase::Running,
+            calls: HashMap::new(),
+            next_call: 0,
+            calls_by_key: HashMap::new(),
+            calls_by_token: HashMap::new(),
+            tools: ToolsKnowledge::default(),
+            cache: ResultCache::new(&cfg.cache),
+            dedup: DedupTable::new(cfg.idempotency_ttl, cfg.idempotency_max_entries),
+            breaker: Breaker::new(&cfg.circuit_breaker),
+            budget: RetryBudget::new(&cfg.retry.budget),
+            backoff: Backoff::from_config(&cfg.retry),
+            rng: fastrand::Rng::new(),
+            stats: Stats::default(),
+            stats_out: None,
+            stats_flush_pending: false,
+            cfg,
         }
+    }
+
+    /// Sends the `--stats-file` document to `out` every few seconds while
+    /// counters change, and at exit.
+    pub fn with_stats_output(mut self, out: Sender<String>) -> Dispatcher {
+        self.stats_out = Some(out);
+        self
     }
 
     /// Starts the server and handles events until the session ends.
@@ -241,6 +308,8 @@ impl Dispatcher {
         self.start_server();
         loop {
             if let Some(outcome) = self.finished() {
+                info!("{}", self.stats.summary());
+                self.flush_stats();
                 return outcome;
             }
             let event = match self.timers.peek() {
@@ -274,7 +343,7 @@ impl Dispatcher {
 
     pub fn handle_event(&mut self, event: Event, now: Instant) {
         match event {
-            Event::Client(parsed) => self.on_client(parsed, None),
+            Event::Client(parsed) => self.on_client(parsed, None, now),
             Event::ClientTooLong { prefix, len } => self.on_client_too_long(&prefix, len),
             Event::ClientEof => {
                 debug!("the client closed its input; stopping the server");
@@ -342,6 +411,25 @@ impl Dispatcher {
                     self.link_lost(now);
                 }
             }
+            Timer::StatsFlush => self.flush_stats(),
+            t @ (Timer::AttemptTimeout { .. }
+            | Timer::RetryDue { .. }
+            | Timer::CallDeadline { .. }) => self.on_call_timer(t, now),
+        }
+    }
+
+    /// Counters changed: schedule a stats flush if a file is wanted.
+    fn stats_dirty(&mut self) {
+        if self.stats_out.is_some() && !self.stats_flush_pending {
+            self.stats_flush_pending = true;
+            self.set_timer(Instant::now() + STATS_INTERVAL, Timer::StatsFlush);
+        }
+    }
+
+    fn flush_stats(&mut self) {
+        self.stats_flush_pending = false;
+        if let Some(out) = &self.stats_out {
+            let _ = out.send(self.stats.to_json(&self.cfg.name));
         }
     }
 
@@ -362,7 +450,6 @@ impl Dispatcher {
             Ok(server) => {
                 info!("started {}", server.describe());
                 self.link = Link::Up {
-                    generation,
                     server,
                     stdout_closed: false,
                     exited: None,
@@ -398,7 +485,7 @@ impl Dispatcher {
 
     fn on_server(&mut self, event: ServerEvent, now: Instant) {
         match event {
-            ServerEvent::Message(parsed) => self.on_server_parsed(parsed),
+            ServerEvent::Message(parsed) => self.on_server_parsed(parsed, now),
             ServerEvent::Garbage => {}
             ServerEvent::StdoutClosed => {
                 if let Link::Up {
@@ -452,7 +539,7 @@ impl Dispatcher {
     }
 
     /// The server is gone: answer everything that waited on it.
-    fn link_lost(&mut self, _now: Instant) {
+    fn link_lost(&mut self, now: Instant) {
         let old = std::mem::replace(
             &mut self.link,
             Link::Down {
@@ -460,10 +547,7 @@ impl Dispatcher {
                 message: String::new(),
             },
         );
-        let Link::Up {
-            server, exited, ..
-        } = old
-        else {
+        let Link::Up { server, exited, .. } = old else {
             return;
         };
         let how = match exited {
@@ -488,13 +572,18 @@ impl Dispatcher {
             reason: Reason::ServerExited,
             message: message.clone(),
         };
+        // Call attempts in flight failed ambiguously; the policies decide.
+        self.calls_link_lost(&message, now);
+        if self.tools.fetching {
+            self.tools_learned(false, now);
+        }
         // Requests the client sent to the server that will never be answered.
         let mut lost: Vec<(u64, String)> = self
             .inflight
             .drain()
             .filter_map(|(down, f)| match f {
                 Inflight::Client { client_id, .. } => Some((down, client_id)),
-                Inflight::Cancelled => None,
+                Inflight::Attempt { .. } | Inflight::ToolsList => None,
             })
             .collect();
         lost.sort();
@@ -506,9 +595,7 @@ impl Dispatcher {
         open.sort();
         for id in open {
             self.server_requests.remove(&id);
-            let params = format!(
-                "{{\"requestId\":{id},\"reason\":\"the MCP server exited\"}}"
-            );
+            let params = format!("{{\"requestId\":{id},\"reason\":\"the MCP server exited\"}}");
             self.send_client(jsonrpc::notification_line(
                 "notifications/cancelled",
                 Some(&params),
@@ -525,24 +612,30 @@ impl Dispatcher {
 
     // ----- client → server ---------------------------------------------
 
-    fn on_client(&mut self, parsed: Parsed, batch: Option<u64>) {
+    fn on_client(&mut self, parsed: Parsed, batch: Option<u64>, now: Instant) {
         match parsed {
             Parsed::Message(m) => match m.kind() {
-                Kind::Request => self.on_client_request(m, batch),
+                Kind::Request => self.on_client_request(m, batch, now),
                 Kind::Notification => self.on_client_notification(m),
                 Kind::Response => self.on_client_response(m),
             },
             Parsed::Invalid(inv) => self.on_client_invalid(inv, batch),
-            Parsed::Batch(items) => self.on_client_batch(items),
+            Parsed::Batch(items) => self.on_client_batch(items, now),
         }
     }
 
     fn on_client_invalid(&mut self, inv: Invalid, batch: Option<u64>) {
         if inv.is_response {
-            warn!("dropped an invalid response from the client: {}", inv.message);
+            warn!(
+                "dropped an invalid response from the client: {}",
+                inv.message
+            );
             return;
         }
-        warn!("answered an invalid message from the client: {}", inv.message);
+        warn!(
+            "answered an invalid message from the client: {}",
+            inv.message
+        );
         let line = jsonrpc::error_line(inv.id.as_deref(), inv.code, &inv.message, None);
         match batch {
             Some(b) => self.batch_answer(b, line),
@@ -569,7 +662,7 @@ impl Dispatcher {
         }
     }
 
-    fn on_client_batch(&mut self, items: Vec<Parsed>) {
+    fn on_client_batch(&mut self, items: Vec<Parsed>, now: Instant) {
         if self.protocol_version.as_deref() != Some("2025-03-26") {
             warn!("answered a JSON-RPC batch from the client: batches are not part of the negotiated protocol");
             self.send_client(jsonrpc::error_line(
@@ -601,7 +694,7 @@ impl Dispatcher {
             .count();
         if expected == 0 {
             for item in items {
-                self.on_client(item, None);
+                self.on_client(item, None, now);
             }
             return;
         }
@@ -623,7 +716,7 @@ impl Dispatcher {
                         None,
                     ),
                 ),
-                other => self.on_client(other, Some(id)),
+                other => self.on_client(other, Some(id), now),
             }
         }
     }
@@ -661,7 +754,7 @@ impl Dispatcher {
         }
     }
 
-    fn on_client_request(&mut self, m: Message, batch: Option<u64>) {
+    fn on_client_request(&mut self, m: Message, batch: Option<u64>, now: Instant) {
         let client_id = m.id().expect("requests have ids").to_owned();
         if self.client_requests.contains_key(&client_id) {
             warn!("answered a client request whose id {client_id} is already in flight");
@@ -682,6 +775,7 @@ impl Dispatcher {
             ClientRequest {
                 downstream: None,
                 batch,
+                call: None,
             },
         );
         if self.client_requests.len() > self.cfg.max_in_flight {
@@ -698,8 +792,18 @@ impl Dispatcher {
                 self.init_params = m.params().map(str::to_owned);
                 Method::Initialize
             }
+            "tools/list" => Method::ToolsList,
+            "tools/call" if self.phase == Phase::Running => {
+                return self.on_tools_call(m, client_id, now);
+            }
             _ => Method::Other,
         };
+        self.relay_request(m, client_id, kind);
+    }
+
+    /// Sends a client request to the server as is (under a fresh id), or
+    /// answers it when the server cannot be reached.
+    fn relay_request(&mut self, m: Message, client_id: String, kind: Method) {
         if let Link::Down { reason, message } = &self.link {
             let (reason, message) = (*reason, message.clone());
             return self.answer_proxy_error(&client_id, reason, &message);
@@ -736,6 +840,9 @@ impl Dispatcher {
         if method == "notifications/cancelled" {
             return self.on_client_cancel(&m);
         }
+        if method == "notifications/initialized" {
+            self.initialized = true;
+        }
         if matches!(self.link, Link::Up { .. }) {
             self.send_server(m.line());
         } else {
@@ -758,10 +865,15 @@ impl Dispatcher {
             // A cancelled request gets no entry in its batch's answer.
             self.batch_entry(b, None);
         }
+        if let Some(call) = req.call {
+            let reason = params
+                .get("reason")
+                .and_then(|r| serde_json::from_str::<String>(r.get()).ok())
+                .unwrap_or_else(|| "cancelled by the client".into());
+            return self.cancel_call_member(call, &request_id, &reason);
+        }
         if let Some(down) = req.downstream {
-            if let Some(f) = self.inflight.get_mut(&down) {
-                *f = Inflight::Cancelled;
-            }
+            self.inflight.remove(&down);
             let params = params_with(&params, "requestId", &down.to_string());
             let line = m.line_with_params(&params);
             self.send_server(line);
@@ -785,41 +897,72 @@ impl Dispatcher {
 
     // ----- server → client ---------------------------------------------
 
-    fn on_server_parsed(&mut self, parsed: Parsed) {
+    fn on_server_parsed(&mut self, parsed: Parsed, now: Instant) {
         match parsed {
             Parsed::Message(m) => match m.kind() {
-                Kind::Response => self.on_server_response(m),
+                Kind::Response => self.on_server_response(m, now),
                 Kind::Request => self.on_server_request(m),
-                Kind::Notification => self.on_server_notification(m),
+                Kind::Notification => self.on_server_notification(m, now),
             },
             Parsed::Invalid(inv) => {
-                warn!("the server sent an invalid message; skipped ({})", inv.message)
+                warn!(
+                    "the server sent an invalid message; skipped ({})",
+                    inv.message
+                )
             }
             Parsed::Batch(items) => {
                 for item in items {
-                    self.on_server_parsed(item);
+                    self.on_server_parsed(item, now);
                 }
             }
         }
     }
 
-    fn on_server_response(&mut self, m: Message) {
+    fn on_server_response(&mut self, m: Message, now: Instant) {
         let id = m.id().unwrap_or("null");
-        let Some(down) = id.parse::<u64>().ok() else {
-            return warn!("dropped a response from the server with an id the proxy never issued: {id}");
+        let Some(down) = id
+            .parse::<u64>()
+            .ok()
+            .filter(|d| *d <= self.next_downstream_id)
+        else {
+            return warn!(
+                "dropped a response from the server with an id the proxy never issued: {id}"
+            );
         };
-        match self.inflight.remove(&down) {
-            Some(Inflight::Client { client_id, method }) => {
-                if method == Method::Initialize {
-                    self.observe_initialize(&m);
+        match self.inflight.get(&down) {
+            Some(Inflight::Attempt { call }) => {
+                // Late answers of abandoned attempts still route to the call.
+                let call = *call;
+                self.inflight.remove(&down);
+                self.on_attempt_response(call, down, m, now);
+            }
+            Some(Inflight::ToolsList) => {
+                self.inflight.remove(&down);
+                match m.result() {
+                    Some(r) => self.learn_tools(r, true, now),
+                    None => self.tools_learned(false, now),
+                }
+            }
+            Some(Inflight::Client { .. }) => {
+                let Some(Inflight::Client { client_id, method }) = self.inflight.remove(&down)
+                else {
+                    unreachable!("matched above")
+                };
+                match method {
+                    Method::Initialize => self.observe_initialize(&m),
+                    Method::ToolsList => {
+                        if let Some(r) = m.result() {
+                            self.learn_tools(r, false, now);
+                        }
+                    }
+                    Method::Other => {}
                 }
                 let line = m.line_with_id(&client_id);
                 self.answer(&client_id, line);
             }
-            Some(Inflight::Cancelled) => {
-                debug!("dropped the server's answer to cancelled request {down}")
-            }
-            None => warn!("dropped a response from the server with an id the proxy never issued: {id}"),
+            None => debug!(
+                "dropped the server's answer to request {down}, which was cancelled or abandoned"
+            ),
         }
     }
 
@@ -848,8 +991,14 @@ impl Dispatcher {
         self.send_client(m.line_with_id(&ours.to_string()));
     }
 
-    fn on_server_notification(&mut self, m: Message) {
+    fn on_server_notification(&mut self, m: Message, now: Instant) {
         let method = m.method().unwrap_or_default();
+        if method == "notifications/progress" && self.on_call_progress(&m, now) {
+            return;
+        }
+        if method == "notifications/tools/list_changed" {
+            self.tools_changed();
+        }
         if method == "notifications/cancelled" {
             // The server withdraws one of its own requests to the client.
             let Some(params) = m.params().and_then(RawObject::parse) else {

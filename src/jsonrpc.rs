@@ -19,7 +19,6 @@ use serde_json::value::RawValue;
 
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
-pub const METHOD_NOT_FOUND: i64 = -32601;
 
 /// What a line turned out to be.
 #[derive(Debug)]
@@ -72,9 +71,6 @@ impl Message {
     pub fn kind(&self) -> Kind {
         self.kind
     }
-    pub fn text(&self) -> &str {
-        &self.text
-    }
     fn span(&self, r: &Option<Range<usize>>) -> Option<&str> {
         r.as_ref().map(|r| &self.text[r.clone()])
     }
@@ -106,9 +102,9 @@ impl Message {
         match &self.id {
             Some(r) => {
                 let mut out = Vec::with_capacity(self.text.len() + new_id.len() + 1);
-                out.extend_from_slice(self.text[..r.start].as_bytes());
+                out.extend_from_slice(&self.text.as_bytes()[..r.start]);
                 out.extend_from_slice(new_id.as_bytes());
-                out.extend_from_slice(self.text[r.end..].as_bytes());
+                out.extend_from_slice(&self.text.as_bytes()[r.end..]);
                 out.push(b'\n');
                 out
             }
@@ -121,9 +117,9 @@ impl Message {
         match &self.params {
             Some(r) => {
                 let mut out = Vec::with_capacity(self.text.len() + 1);
-                out.extend_from_slice(self.text[..r.start].as_bytes());
+                out.extend_from_slice(&self.text.as_bytes()[..r.start]);
                 out.extend_from_slice(new_params.as_bytes());
-                out.extend_from_slice(self.text[r.end..].as_bytes());
+                out.extend_from_slice(&self.text.as_bytes()[r.end..]);
                 out.push(b'\n');
                 out
             }
@@ -243,7 +239,11 @@ pub fn classify(text: String) -> Parsed {
             })
         }
         Err(_) => {
-            return invalid_request("invalid request: expected a JSON object".into(), None, false)
+            return invalid_request(
+                "invalid request: expected a JSON object".into(),
+                None,
+                false,
+            )
         }
     };
     let base = text.as_ptr() as usize;
@@ -483,7 +483,9 @@ pub fn error_line(id: Option<&str>, code: i64, message: &str, data: Option<&str>
 pub fn request_line(id: &str, method: &str, params: Option<&str>) -> Vec<u8> {
     let method = serde_json::to_string(method).unwrap_or_default();
     let s = match params {
-        Some(p) => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":{method},\"params\":{p}}}\n"),
+        Some(p) => {
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":{method},\"params\":{p}}}\n")
+        }
         None => format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":{method}}}\n"),
     };
     s.into_bytes()
@@ -613,7 +615,14 @@ mod tests {
 
     #[test]
     fn ids_keep_type_and_value() {
-        for id in ["0", "\"0\"", "9007199254740991", "\"\"", "-1", "12345678901234567890"] {
+        for id in [
+            "0",
+            "\"0\"",
+            "9007199254740991",
+            "\"\"",
+            "-1",
+            "12345678901234567890",
+        ] {
             let m = msg(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
             assert_eq!(m.id(), Some(id));
         }
@@ -671,15 +680,24 @@ mod tests {
         let input = b"{\"a\":1}\r\n\n0123456789abcdef\nlast";
         let mut r = io::BufReader::with_capacity(4, &input[..]);
         let mut buf = Vec::new();
-        assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), Some(Line::Complete));
+        assert_eq!(
+            read_line(&mut r, &mut buf, 10).unwrap(),
+            Some(Line::Complete)
+        );
         assert_eq!(buf, b"{\"a\":1}");
-        assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), Some(Line::Complete));
+        assert_eq!(
+            read_line(&mut r, &mut buf, 10).unwrap(),
+            Some(Line::Complete)
+        );
         assert!(is_blank(&buf));
         assert_eq!(
             read_line(&mut r, &mut buf, 10).unwrap(),
             Some(Line::TooLong { len: 16 })
         );
-        assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), Some(Line::Complete));
+        assert_eq!(
+            read_line(&mut r, &mut buf, 10).unwrap(),
+            Some(Line::Complete)
+        );
         assert_eq!(buf, b"last");
         assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), None);
     }

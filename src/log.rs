@@ -116,7 +116,10 @@ mod tests {
     #[test]
     fn levels_parse_and_order() {
         assert_eq!("WARN".parse::<Level>(), Ok(Level::Warn));
-        assert!("loud".parse::<Level>().unwrap_err().contains("expected one of"));
+        assert!("loud"
+            .parse::<Level>()
+            .unwrap_err()
+            .contains("expected one of"));
         assert!(Level::Error < Level::Debug);
         assert_eq!("json".parse::<Format>(), Ok(Format::Json));
         assert!("xml".parse::<Format>().is_err());

@@ -13,6 +13,7 @@ mod jsonrpc;
 mod log;
 mod policy;
 mod proxy;
+mod stats;
 mod stdio;
 
 use std::io::Write;
@@ -74,7 +75,10 @@ mod tests {
     #[test]
     fn every_source_file_has_a_module_doc() {
         let mut missing = Vec::new();
-        let mut stack = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+        let mut stack = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src"
+        ))];
         stack.push(concat!(env!("CARGO_MANIFEST_DIR"), "/tests").into());
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).unwrap() {

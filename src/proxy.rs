@@ -21,6 +21,7 @@ use crate::config::{self, ServerConfig};
 use crate::dispatcher::{Dispatcher, Event, Outcome};
 use crate::downstream::Downstream;
 use crate::jsonrpc;
+use crate::stats;
 use crate::stdio::{self, ReadItem};
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
@@ -35,14 +36,19 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let tx = events_tx.clone();
     // This thread blocks in read(2) on stdin and cannot be cancelled; it ends
     // with the process.
-    stdio::spawn_reader("client-stdin", io::stdin(), cfg.max_message_bytes, move |item| {
-        let event = match item {
-            ReadItem::Line(line) => Event::Client(jsonrpc::classify_bytes(line)),
-            ReadItem::TooLong { prefix, len } => Event::ClientTooLong { prefix, len },
-            ReadItem::Eof => Event::ClientEof,
-        };
-        tx.send(event).is_ok()
-    });
+    stdio::spawn_reader(
+        "client-stdin",
+        io::stdin(),
+        cfg.max_message_bytes,
+        move |item| {
+            let event = match item {
+                ReadItem::Line(line) => Event::Client(jsonrpc::classify_bytes(line)),
+                ReadItem::TooLong { prefix, len } => Event::ClientTooLong { prefix, len },
+                ReadItem::Eof => Event::ClientEof,
+            };
+            tx.send(event).is_ok()
+        },
+    );
 
     spawn_signal_thread(events_tx.clone())?;
 
@@ -55,7 +61,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             .map_err(|e| e.to_string())
         },
     );
-    let dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect);
+    let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect);
+    let mut stats_writer = None;
+    if let Some(path) = &args.stats_file {
+        let (tx, handle) = stats::spawn_writer(path.clone());
+        dispatcher = dispatcher.with_stats_output(tx);
+        stats_writer = Some(handle);
+    }
     let outcome = thread::Builder::new()
         .name("dispatcher".into())
         .spawn(move || dispatcher.run(events_rx))
@@ -70,6 +82,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         let _ = done_tx.send(());
     });
     let _ = done_rx.recv_timeout(Duration::from_secs(2));
+    if let Some(h) = stats_writer {
+        let _ = h.join();
+    }
     Ok(match outcome {
         Outcome::ClientClosed => ExitCode::SUCCESS,
         Outcome::Signalled(sig) => ExitCode::from(128u8.saturating_add(sig as u8)),

@@ -1,0 +1,8 @@
+//! The one integration test target: drives the real `mcp-retry` binary
+//! against the scripted mock server. See `util.rs` for the harness.
+
+mod util;
+
+mod cli;
+mod lifecycle;
+mod relay;

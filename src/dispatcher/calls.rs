@@ -1,0 +1,1065 @@
+//! `tools/call` resilience: each call's attempts, retries, timeouts, late
+//! answers, progress, dedup joins, cache answers and the breaker, driven by
+//! the dispatcher's events and timers.
+//!
+//! Decisions come from the pure types in `policy/`; this file only applies
+//! them and owns the per-call state ([`Call`]). It never touches a file
+//! descriptor: lines go out through the dispatcher's senders.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::jsonrpc::{self, Message, RawObject};
+use crate::policy::breaker::{Admission, Transition};
+use crate::policy::gate::{self, GateInput, Safety};
+use crate::policy::progress::ProgressFilter;
+use crate::policy::{backoff, canonical_json, dedup::Lookup};
+use crate::stats::ToolStats;
+use crate::{debug, info, warn};
+
+use super::{proxy_error, Dispatcher, Inflight, Link, Reason, Timer};
+
+/// Where an answer the client gets came from, when not straight from the
+/// server (`_meta["mcp-retry/source"]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Dedup,
+    Cache,
+    Stale,
+}
+
+impl Source {
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Dedup => "dedup",
+            Source::Cache => "cache",
+            Source::Stale => "stale",
+        }
+    }
+}
+
+/// Why an attempt failed.
+#[derive(Debug, Clone)]
+pub enum Failure {
+    /// The request never reached a live server: always safe to retry.
+    NeverSent(String),
+    /// The attempt timed out after this long (ambiguous).
+    Timeout(Duration),
+    /// The server went away before answering (ambiguous).
+    Exited(String),
+    /// The server answered a transient JSON-RPC error (raw error object).
+    Transient(String),
+}
+
+impl Failure {
+    fn ambiguous(&self) -> bool {
+        !matches!(self, Failure::NeverSent(_))
+    }
+}
+
+/// One client `tools/call` and everything done for it.
+#[derive(Debug)]
+pub struct Call {
+    /// The client request that started it; `None` once that client cancelled
+    /// while joined requests still wait.
+    pub client: Option<String>,
+    pub tool: String,
+    /// The original request (its id is replaced for every attempt).
+    request: Message,
+    /// Params to forward when they differ from the request's (the argument
+    /// idempotency key removed).
+    forward_params: Option<String>,
+    progress_token: Option<String>,
+    /// The dedup key (explicit key or fingerprint) when dedup applies.
+    dedup_key: Option<String>,
+    explicit_key: bool,
+    /// The cache key when the tool is cached.
+    cache_key: Option<String>,
+    /// Attempts started so far.
+    attempts: u32,
+    /// The live attempt's downstream id.
+    live: Option<u64>,
+    /// Earlier attempts that were abandoned but may still answer.
+    dead: Vec<u64>,
+    attempt_timeout: Duration,
+    attempt_deadline: Instant,
+    /// Bound on all attempts and waits.
+    deadline: Instant,
+    /// A retry is scheduled for this time.
+    retry_at: Option<Instant>,
+    /// Waiting for the tool's annotations before deciding on a retry.
+    parked: Option<Failure>,
+    last_failure: Option<Failure>,
+    progress: ProgressFilter,
+    /// This call holds the breaker's half-open trial.
+    trial: bool,
+    retried: bool,
+}
+
+/// What the dispatcher needs to know about the server's tools.
+#[derive(Debug, Default)]
+pub struct ToolsKnowledge {
+    pub annotations: HashMap<String, gate::Annotations>,
+    /// A complete list has been seen since the last change.
+    pub known: bool,
+    /// Our own `tools/list` is in flight.
+    pub fetching: bool,
+}
+
+impl Dispatcher {
+    /// A client `tools/call`: cache, dedup, breaker, then the first attempt.
+    pub(super) fn on_tools_call(&mut self, m: Message, client_id: String, now: Instant) {
+        let Some(parsed) = ParsedCall::parse(&m) else {
+            // Not ours to judge: let the server answer the malformed call.
+            return self.relay_request(m, client_id, super::Method::Other);
+        };
+        let tool = parsed.name.clone();
+        self.stats_for(&tool).calls += 1;
+        let tool_cfg = self.cfg.tools.get(&tool).cloned();
+        let gate_input = GateInput {
+            tool_config: tool_cfg.as_ref(),
+            annotations: self.tools.annotations.get(&tool),
+            has_explicit_key: parsed.explicit_key.is_some(),
+            assume_idempotent: self.cfg.assume_idempotent,
+            trust_annotations: self.cfg.trust_annotations,
+        };
+        let read_only = gate::is_read_only(&gate_input);
+        let canonical_args = canonical_json(&parsed.arguments).ok();
+
+        let cache_key = match (&canonical_args, parsed.no_store) {
+            (Some(args), false) if !self.cache.ttl_for(&tool).is_zero() => {
+                Some(format!("{tool}\0{args}"))
+            }
+            _ => None,
+        };
+        if let Some(key) = &cache_key {
+            if let Some(result) = self.cache.get(key, now).map(str::to_owned) {
+                info!("tool \"{tool}\": answered from the cache");
+                self.stats_for(&tool).cache_hits += 1;
+                let line = jsonrpc::response_line(&client_id, &with_source(&result, Source::Cache));
+                return self.answer(&client_id, line);
+            }
+        }
+
+        let dedup_key = match (&parsed.explicit_key, &canonical_args, parsed.no_store) {
+            (_, _, true) => None,
+            (Some(k), _, _) => Some(format!("key\0{k}")),
+            (None, Some(args), _) => Some(format!("call\0{tool}\0{args}")),
+            (None, None, _) => None,
+        };
+        if let Some(key) = &dedup_key {
+            let allow_replay = parsed.explicit_key.is_some() || !read_only;
+            match self
+                .dedup
+                .lookup_or_join(key, client_id.clone(), allow_replay, now)
+            {
+                Lookup::Joined => {
+                    info!("tool \"{tool}\": joined an identical call in flight");
+                    self.stats_for(&tool).dedup_hits += 1;
+                    let call = self.calls_by_key.get(key).copied();
+                    if let Some(r) = self.client_requests.get_mut(&client_id) {
+                        r.call = call;
+                    }
+                    return;
+                }
+                Lookup::Replay { result, waiter } => {
+                    info!("tool \"{tool}\": replayed a completed identical call");
+                    self.stats_for(&tool).dedup_hits += 1;
+                    let line =
+                        jsonrpc::response_line(&waiter, &with_source(&result, Source::Dedup));
+                    return self.answer(&waiter, line);
+                }
+                Lookup::Execute(_) => self.dedup.start(key.clone(), now),
+            }
+        }
+
+        let timeout = tool_cfg
+            .as_ref()
+            .and_then(|t| t.timeout)
+            .unwrap_or(self.cfg.call_timeout);
+        self.next_call += 1;
+        let id = self.next_call;
+        if let Some(key) = &dedup_key {
+            self.calls_by_key.insert(key.clone(), id);
+        }
+        if let Some(token) = &parsed.progress_token {
+            self.calls_by_token.insert(token.clone(), id);
+        }
+        if let Some(r) = self.client_requests.get_mut(&client_id) {
+            r.call = Some(id);
+        }
+        let forward_params = parsed.forward_params.clone();
+        self.calls.insert(
+            id,
+            Call {
+                client: Some(client_id),
+                tool,
+                request: m,
+                forward_params,
+                progress_token: parsed.progress_token,
+                dedup_key,
+                explicit_key: parsed.explicit_key.is_some(),
+                cache_key,
+                attempts: 0,
+                live: None,
+                dead: Vec::new(),
+                attempt_timeout: timeout,
+                attempt_deadline: now,
+                deadline: now + self.cfg.retry.total_timeout,
+                retry_at: None,
+                parked: None,
+                last_failure: None,
+                progress: ProgressFilter::new(),
+                trial: false,
+                retried: false,
+            },
+        );
+        self.budget.record_first_attempt(now);
+        self.start_attempt(id, now);
+    }
+
+    /// Sends the next attempt of a call, if the breaker and the link allow.
+    fn start_attempt(&mut self, id: u64, now: Instant) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        call.retry_at = None;
+        if let Link::Down { reason, message } = &self.link {
+            let error = proxy_error(*reason, message, &[("attempts", call.attempts.to_string())]);
+            return self.finish_failed(id, &error, now);
+        }
+        let (admission, transition) = self.breaker.admit(now);
+        self.log_transition(transition);
+        let call = self.calls.get_mut(&id).expect("present");
+        match admission {
+            Admission::Rejected { retry_after } => {
+                let ms = retry_after.as_millis().to_string();
+                let message = format!(
+                    "the circuit breaker for server \"{}\" is open after repeated failures; tool \"{}\" was not called (retry in {:.1}s)",
+                    self.cfg.name,
+                    call.tool,
+                    retry_after.as_secs_f64()
+                );
+                let error = proxy_error(
+                    Reason::CircuitOpen,
+                    &message,
+                    &[
+                        ("attempts", call.attempts.to_string()),
+                        ("retryAfterMs", ms),
+                    ],
+                );
+                return self.finish_failed(id, &error, now);
+            }
+            Admission::Trial => call.trial = true,
+            Admission::Allowed => call.trial = false,
+        }
+        call.attempts += 1;
+        if call.attempts > 1 {
+            call.retried = true;
+        }
+        self.next_downstream_id += 1;
+        let down = self.next_downstream_id;
+        let call = self.calls.get_mut(&id).expect("present");
+        call.live = Some(down);
+        call.attempt_deadline = (now + call.attempt_timeout).min(call.deadline);
+        let at = call.attempt_deadline;
+        let line = match &call.forward_params {
+            Some(p) => {
+                let m = Message::reparse(
+                    String::from_utf8(call.request.line_with_params(p)).unwrap_or_default(),
+                );
+                match m {
+                    Some(m) => m.line_with_id(&down.to_string()),
+                    None => call.request.line_with_id(&down.to_string()),
+                }
+            }
+            None => call.request.line_with_id(&down.to_string()),
+        };
+        if call.attempts > 1 {
+            info!(
+                "tool \"{}\": attempt {} (downstream id {down})",
+                call.tool, call.attempts
+            );
+        }
+        self.inflight.insert(down, Inflight::Attempt { call: id });
+        self.set_timer(at, Timer::AttemptTimeout { call: id, down });
+        if !self.send_server(line) {
+            self.inflight.remove(&down);
+            if let Some(call) = self.calls.get_mut(&id) {
+                call.live = None;
+            }
+            self.on_attempt_failed(
+                id,
+                Failure::NeverSent("the server is not running".into()),
+                now,
+            );
+        }
+    }
+
+    /// The server answered attempt `down` of call `id`.
+    pub(super) fn on_attempt_response(&mut self, id: u64, down: u64, m: Message, now: Instant) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let is_live = call.live == Some(down);
+        let transient = m
+            .error()
+            .is_some_and(|e| gate::is_transient_error(e, &self.cfg.retry.transient_codes));
+        if !is_live {
+            // A late answer from an abandoned attempt: the first valid answer
+            // wins while the call is still unanswered.
+            call.dead.retain(|d| *d != down);
+            if transient {
+                return debug!("dropped a late transient error for tool \"{}\"", call.tool);
+            }
+            info!(
+                "tool \"{}\": using a late answer from an abandoned attempt",
+                call.tool
+            );
+            if let Some(live) = call.live.take() {
+                self.cancel_downstream(live, "superseded by an earlier attempt's answer");
+            }
+        }
+        if transient {
+            let error = m.error().unwrap_or_default().to_owned();
+            if let Some(call) = self.calls.get_mut(&id) {
+                call.live = None;
+            }
+            self.inflight.remove(&down);
+            return self.on_attempt_failed(id, Failure::Transient(error), now);
+        }
+        // A final answer: a result (isError or not) or a final error.
+        let trial = self.calls.get(&id).is_some_and(|c| c.trial);
+        if m.result().is_some() {
+            let t = self.breaker.on_success(trial, now);
+            self.log_transition(t);
+        } else if trial {
+            // A final error says nothing about health; free the trial.
+            self.breaker.on_trial_abandoned();
+        }
+        self.finish_with_server_answer(id, &m, now);
+    }
+
+    /// An attempt failed; retry if allowed, else answer.
+    pub(super) fn on_attempt_failed(&mut self, id: u64, failure: Failure, now: Instant) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let trial = call.trial;
+        call.trial = false;
+        let t = self.breaker.on_failure(trial, now);
+        self.log_transition(t);
+        self.decide(id, failure, now);
+    }
+
+    /// Retry or give up, after `failure`.
+    fn decide(&mut self, id: u64, failure: Failure, now: Instant) {
+        let cfg_retry = self.cfg.retry.clone();
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        call.last_failure = Some(failure.clone());
+        let tool = call.tool.clone();
+        let what = describe_failure(&tool, &failure);
+        if call.client.is_none() && self.dedup_waiters(id) == 0 {
+            return self.drop_call(id, "cancelled by the client");
+        }
+        let call = self.calls.get_mut(&id).expect("present");
+        if failure.ambiguous() {
+            let tool_cfg = self.cfg.tools.get(&tool);
+            let input = GateInput {
+                tool_config: tool_cfg,
+                annotations: self.tools.annotations.get(&tool),
+                has_explicit_key: call.explicit_key,
+                assume_idempotent: self.cfg.assume_idempotent,
+                trust_annotations: self.cfg.trust_annotations,
+            };
+            match gate::classify_safety(&input) {
+                Safety::Safe(why) => debug!("tool \"{tool}\" is safe to retry ({})", why.as_str()),
+                Safety::Unsafe => {
+                    let config_decides = tool_cfg
+                        .is_some_and(|t| t.idempotent.is_some() || t.read_only == Some(true));
+                    let could_learn = self.cfg.trust_annotations
+                        && !config_decides
+                        && !self.tools.known
+                        && self.initialized
+                        && matches!(self.link, Link::Up { .. });
+                    if could_learn && call.parked.is_none() {
+                        // Do not guess: learn the annotations first.
+                        debug!(
+                            "tool \"{tool}\": waiting for the tool list before deciding on a retry"
+                        );
+                        call.parked = Some(failure);
+                        let deadline = call.deadline;
+                        self.set_timer(deadline, Timer::CallDeadline { call: id });
+                        return self.fetch_tools(now);
+                    }
+                    warn!("{what}; not retried: the tool is not known to be idempotent");
+                    let reason = match failure {
+                        Failure::Exited(_) => Reason::ServerExited,
+                        _ => Reason::NotRetriedUnsafe,
+                    };
+                    return self.give_up(id, reason, &failure, now);
+                }
+            }
+        }
+        let call = self.calls.get_mut(&id).expect("present");
+        let retries_done = call.attempts.saturating_sub(1);
+        if retries_done >= cfg_retry.max_retries {
+            let reason = if cfg_retry.max_retries == 0 && matches!(failure, Failure::Timeout(_)) {
+                Reason::Timeout
+            } else {
+                Reason::RetriesExhausted
+            };
+            warn!("{what}; giving up after {} attempt(s)", call.attempts);
+            return self.give_up(id, reason, &failure, now);
+        }
+        let hint = match &failure {
+            Failure::Transient(e) => backoff::retry_after_hint(e),
+            _ => None,
+        };
+        let delay = self
+            .backoff
+            .delay(retries_done + 1, &mut self.rng)
+            .max(hint.unwrap_or_default());
+        let at = now + delay;
+        if at >= call.deadline {
+            warn!("{what}; no retry: the next attempt would start after retry.total_timeout");
+            return self.give_up(id, Reason::DeadlineExceeded, &failure, now);
+        }
+        if !self.budget.try_withdraw(now) {
+            warn!("{what}; no retry: the retry budget for this server is exhausted");
+            return self.give_up(id, Reason::RetryBudgetExhausted, &failure, now);
+        }
+        info!(
+            "{what}; retrying in {:.2}s (retry {} of {})",
+            delay.as_secs_f64(),
+            retries_done + 1,
+            cfg_retry.max_retries
+        );
+        call.retry_at = Some(at);
+        self.set_timer(at, Timer::RetryDue { call: id });
+    }
+
+    /// Answers a call that will not be retried.
+    fn give_up(&mut self, id: u64, reason: Reason, failure: &Failure, now: Instant) {
+        let Some(call) = self.calls.get(&id) else {
+            return;
+        };
+        // An expired cached answer beats an error, when configured.
+        if let Some(key) = &call.cache_key {
+            if let Some(stale) = self.cache.get_stale(key, now).map(str::to_owned) {
+                info!(
+                    "tool \"{}\": answered with a stale cached result",
+                    call.tool
+                );
+                let result = with_source(&stale, Source::Stale);
+                return self.finish_with_result(id, &result, now);
+            }
+        }
+        let error = match failure {
+            // The server's own error reaches the client unchanged.
+            Failure::Transient(e) => e.clone(),
+            _ => {
+                let message = give_up_message(&call.tool, reason, failure, call.attempts);
+                let mut extra = vec![("attempts", call.attempts.to_string())];
+                if let Failure::Exited(_) = failure {
+                    extra.push(("outcome", "\"unknown\"".to_owned()));
+                }
+                proxy_error(reason, &message, &extra)
+            }
+        };
+        self.finish_failed(id, &error, now);
+    }
+
+    /// Ends a call with an error object (raw JSON) for every waiting client.
+    fn finish_failed(&mut self, id: u64, error: &str, _now: Instant) {
+        let Some(call) = self.remove_call(id) else {
+            return;
+        };
+        self.stats_for(&call.tool).failed += 1;
+        if call.trial {
+            self.breaker.on_trial_abandoned();
+        }
+        let waiters = match &call.dedup_key {
+            Some(k) => self.dedup.complete(k, None, Instant::now()),
+            None => Vec::new(),
+        };
+        for client in call.client.iter().chain(waiters.iter()) {
+            let line = jsonrpc::error_response_line(client, error);
+            self.answer(client, line);
+        }
+    }
+
+    /// Ends a call with the server's final answer.
+    fn finish_with_server_answer(&mut self, id: u64, m: &Message, now: Instant) {
+        let Some(call) = self.remove_call(id) else {
+            return;
+        };
+        let stats = self.stats_for(&call.tool);
+        if call.retried {
+            stats.retried += 1;
+        }
+        let success = m.result().filter(|r| storable(r));
+        if m.result().is_some() {
+            if call.retried {
+                stats.recovered += 1;
+            }
+        } else {
+            stats.failed += 1;
+        }
+        if let (Some(key), Some(result)) = (&call.cache_key, success) {
+            let ttl = self.cache.ttl_for(&call.tool);
+            self.cache.insert(key.clone(), result.to_owned(), ttl, now);
+        }
+        let waiters = match &call.dedup_key {
+            Some(k) => self.dedup.complete(k, success.map(str::to_owned), now),
+            None => Vec::new(),
+        };
+        if let Some(client) = &call.client {
+            let line = m.line_with_id(client);
+            self.answer(client, line);
+        }
+        if !waiters.is_empty() {
+            let shared = match (m.result(), m.error()) {
+                (Some(r), _) => Ok(with_source(r, Source::Dedup)),
+                (None, Some(e)) => Err(e.to_owned()),
+                (None, None) => Err(jsonrpc::error_object(
+                    jsonrpc::INVALID_REQUEST,
+                    "empty answer",
+                    None,
+                )),
+            };
+            for w in waiters {
+                let line = match &shared {
+                    Ok(r) => jsonrpc::response_line(&w, r),
+                    Err(e) => jsonrpc::error_response_line(&w, e),
+                };
+                self.answer(&w, line);
+            }
+        }
+    }
+
+    /// Ends a call with a result the proxy holds (a stale cache entry).
+    fn finish_with_result(&mut self, id: u64, result: &str, now: Instant) {
+        let Some(call) = self.remove_call(id) else {
+            return;
+        };
+        let waiters = match &call.dedup_key {
+            Some(k) => self.dedup.complete(k, None, now),
+            None => Vec::new(),
+        };
+        for client in call.client.iter().chain(waiters.iter()) {
+            let line = jsonrpc::response_line(client, result);
+            self.answer(client, line);
+        }
+    }
+
+    /// Forgets a call and every id that pointed at it.
+    fn remove_call(&mut self, id: u64) -> Option<Call> {
+        let call = self.calls.remove(&id)?;
+        if let Some(live) = call.live {
+            self.inflight.remove(&live);
+        }
+        for d in &call.dead {
+            self.inflight.remove(d);
+        }
+        if let Some(k) = &call.dedup_key {
+            if self.calls_by_key.get(k) == Some(&id) {
+                self.calls_by_key.remove(k);
+            }
+        }
+        if let Some(t) = &call.progress_token {
+            if self.calls_by_token.get(t) == Some(&id) {
+                self.calls_by_token.remove(t);
+            }
+        }
+        Some(call)
+    }
+
+    /// Stops a call nobody waits for any more: cancel downstream, no answer.
+    fn drop_call(&mut self, id: u64, reason: &str) {
+        let Some(call) = self.remove_call(id) else {
+            return;
+        };
+        if let Some(live) = call.live {
+            self.cancel_downstream(live, reason);
+        }
+        if call.trial {
+            self.breaker.on_trial_abandoned();
+        }
+        if let Some(k) = &call.dedup_key {
+            self.dedup.abandon(k);
+        }
+        debug!(
+            "tool \"{}\": call dropped after the client cancelled",
+            call.tool
+        );
+    }
+
+    fn dedup_waiters(&self, id: u64) -> usize {
+        self.calls
+            .get(&id)
+            .and_then(|c| c.dedup_key.as_deref())
+            .map_or(0, |k| self.dedup.joiners(k))
+    }
+
+    /// The client cancelled `client_id`, which belongs to call `id`.
+    pub(super) fn cancel_call_member(&mut self, id: u64, client_id: &str, reason: &str) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        if call.client.as_deref() == Some(client_id) {
+            call.client = None;
+        } else if let Some(k) = call.dedup_key.clone() {
+            self.dedup.remove_waiter(&k, |w| w == client_id);
+        }
+        if self.calls.get(&id).is_some_and(|c| c.client.is_none()) && self.dedup_waiters(id) == 0 {
+            self.drop_call(id, reason);
+        } else {
+            debug!("a joined request was cancelled; the call continues for the others");
+        }
+    }
+
+    /// Sends the server a cancel for one of our downstream ids.
+    fn cancel_downstream(&mut self, down: u64, reason: &str) {
+        let params = format!(
+            "{{\"requestId\":{down},\"reason\":{}}}",
+            jsonrpc::json_string(reason)
+        );
+        self.send_server(jsonrpc::notification_line(
+            "notifications/cancelled",
+            Some(&params),
+        ));
+    }
+
+    /// A call timer fired.
+    pub(super) fn on_call_timer(&mut self, timer: Timer, now: Instant) {
+        match timer {
+            Timer::AttemptTimeout { call: id, down } => {
+                let Some(call) = self.calls.get_mut(&id) else {
+                    return;
+                };
+                if call.live != Some(down) {
+                    return;
+                }
+                if call.attempt_deadline > now {
+                    // Progress moved the deadline.
+                    let at = call.attempt_deadline;
+                    return self.set_timer(at, Timer::AttemptTimeout { call: id, down });
+                }
+                call.live = None;
+                call.dead.push(down);
+                let took = call.attempt_timeout.min(
+                    now.saturating_duration_since(call.deadline - self.cfg.retry.total_timeout),
+                );
+                self.cancel_downstream(down, "timed out (mcp-retry)");
+                self.on_attempt_failed(id, Failure::Timeout(took), now);
+            }
+            Timer::RetryDue { call: id }
+                if self
+                    .calls
+                    .get(&id)
+                    .is_some_and(|c| c.retry_at.is_some_and(|t| t <= now) && c.live.is_none()) =>
+            {
+                self.start_attempt(id, now);
+            }
+            Timer::CallDeadline { call: id } => {
+                if let Some(failure) = self.calls.get_mut(&id).and_then(|c| c.parked.take()) {
+                    self.decide(id, failure, now);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A `notifications/progress` from the server for one of our calls.
+    /// Returns false when the token is not a call's.
+    pub(super) fn on_call_progress(&mut self, m: &Message, now: Instant) -> bool {
+        let Some(params) = m.params().and_then(RawObject::parse) else {
+            return false;
+        };
+        let Some(token) = params.get("progressToken").map(|t| t.get().to_owned()) else {
+            return false;
+        };
+        let Some(&id) = self.calls_by_token.get(&token) else {
+            return false;
+        };
+        let Some(call) = self.calls.get_mut(&id) else {
+            return false;
+        };
+        if call.live.is_none() || call.client.is_none() {
+            return true;
+        }
+        let value = params
+            .get("progress")
+            .and_then(|p| p.get().parse::<f64>().ok());
+        let Some(value) = value else {
+            return true;
+        };
+        if !call.progress.admit(value) {
+            return true;
+        }
+        call.attempt_deadline = (now + call.attempt_timeout).min(call.deadline);
+        self.send_client(m.line());
+        true
+    }
+
+    /// Every call attempt in flight on a lost link failed.
+    pub(super) fn calls_link_lost(&mut self, message: &str, now: Instant) {
+        let mut ids: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.live.is_some() || !c.dead.is_empty() || c.retry_at.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort();
+        for id in ids {
+            let Some(call) = self.calls.get_mut(&id) else {
+                continue;
+            };
+            for d in call.dead.drain(..) {
+                self.inflight.remove(&d);
+            }
+            if let Some(live) = call.live.take() {
+                self.inflight.remove(&live);
+                self.on_attempt_failed(id, Failure::Exited(message.to_owned()), now);
+            }
+        }
+    }
+
+    /// Asks the server for its tool list (all pages) to learn annotations.
+    pub(super) fn fetch_tools(&mut self, _now: Instant) {
+        if self.tools.fetching {
+            return;
+        }
+        self.tools.fetching = true;
+        self.request_tools_page(None);
+    }
+
+    fn request_tools_page(&mut self, cursor: Option<&str>) {
+        self.next_downstream_id += 1;
+        let down = self.next_downstream_id;
+        let params = match cursor {
+            Some(c) => format!("{{\"cursor\":{}}}", jsonrpc::json_string(c)),
+            None => "{}".into(),
+        };
+        self.inflight.insert(down, Inflight::ToolsList);
+        if !self.send_server(jsonrpc::request_line(
+            &down.to_string(),
+            "tools/list",
+            Some(&params),
+        )) {
+            self.inflight.remove(&down);
+            self.tools_learned(false, Instant::now());
+        }
+    }
+
+    /// A `tools/list` page passed by (ours or the client's).
+    pub(super) fn learn_tools(&mut self, result: &str, ours: bool, now: Instant) {
+        match gate::parse_tools_list(result) {
+            Ok(page) => {
+                for (name, a) in page.tools {
+                    self.tools.annotations.insert(name, a);
+                }
+                match page.next_cursor {
+                    Some(c) if ours => self.request_tools_page(Some(&c)),
+                    Some(_) => {}
+                    None => self.tools_learned(true, now),
+                }
+            }
+            Err(e) => {
+                debug!("could not read the server's tool list: {e}");
+                if ours {
+                    self.tools_learned(false, now);
+                }
+            }
+        }
+    }
+
+    /// The tool list is complete (or could not be had): decide parked calls.
+    pub(super) fn tools_learned(&mut self, complete: bool, now: Instant) {
+        self.tools.fetching = false;
+        // Even a failed fetch ends the wait: unknown then means unsafe.
+        self.tools.known = true;
+        if complete {
+            debug!(
+                "learned the annotations of {} tool(s)",
+                self.tools.annotations.len()
+            );
+        }
+        let mut parked: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.parked.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        parked.sort();
+        for id in parked {
+            if let Some(f) = self.calls.get_mut(&id).and_then(|c| c.parked.take()) {
+                self.decide(id, f, now);
+            }
+        }
+    }
+
+    /// The server's tools changed: forget what we knew and flush the cache.
+    pub(super) fn tools_changed(&mut self) {
+        self.tools.known = false;
+        self.cache.clear();
+        debug!("the server's tools changed: cache flushed, annotations to be refreshed");
+    }
+
+    fn log_transition(&mut self, t: Option<Transition>) {
+        let Some(t) = t else { return };
+        let name = &self.cfg.name;
+        match t {
+            Transition::Opened => {
+                self.stats.breaker_opens += 1;
+                warn!(
+                    "circuit breaker for \"{name}\" opened after {} consecutive failures; calls fail fast for {:.0}s",
+                    self.cfg.circuit_breaker.failure_threshold,
+                    self.cfg.circuit_breaker.cooldown.as_secs_f64()
+                )
+            }
+            Transition::HalfOpened => {
+                info!("circuit breaker for \"{name}\" is half-open: letting one trial call through")
+            }
+            Transition::Closed => {
+                info!("circuit breaker for \"{name}\" closed: the server is answering again")
+            }
+            Transition::Reopened => {
+                self.stats.breaker_opens += 1;
+                warn!("circuit breaker for \"{name}\" reopened: the trial call failed")
+            }
+        }
+    }
+
+    pub(super) fn stats_for(&mut self, tool: &str) -> &mut ToolStats {
+        self.stats_dirty();
+        self.stats.tool(tool)
+    }
+}
+
+/// The parts of a `tools/call` the policies look at.
+struct ParsedCall {
+    name: String,
+    /// Raw JSON of `arguments` (after removing `_idempotency_key`), `{}` if absent.
+    arguments: String,
+    explicit_key: Option<String>,
+    progress_token: Option<String>,
+    /// Params to forward when `_idempotency_key` was removed.
+    forward_params: Option<String>,
+    /// Tasks and multi-round-trip calls are never deduplicated or cached.
+    no_store: bool,
+}
+
+impl ParsedCall {
+    fn parse(m: &Message) -> Option<ParsedCall> {
+        let params = RawObject::parse(m.params()?)?;
+        let name: String = serde_json::from_str(params.get("name")?.get()).ok()?;
+        let mut explicit_key = None;
+        let mut progress_token = None;
+        if let Some(meta) = params.get("_meta").and_then(|v| RawObject::parse(v.get())) {
+            progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
+            explicit_key = meta.get("idempotencyKey").and_then(key_text);
+        }
+        let mut arguments = params
+            .get("arguments")
+            .map_or("{}".to_owned(), |a| a.get().to_owned());
+        let mut forward_params = None;
+        if let Some(mut args) = RawObject::parse(&arguments) {
+            if let Some(k) = args.remove("_idempotency_key") {
+                if explicit_key.is_none() {
+                    explicit_key = key_text(k);
+                }
+                let new_args = args.to_json();
+                forward_params = Some(super::params_with(&params, "arguments", &new_args));
+                arguments = new_args;
+            }
+        }
+        let no_store = ["task", "inputResponses", "requestState"]
+            .iter()
+            .any(|k| params.get(k).is_some());
+        Some(ParsedCall {
+            name,
+            arguments,
+            explicit_key,
+            progress_token,
+            forward_params,
+            no_store,
+        })
+    }
+}
+
+/// An idempotency key's text: a string, or a number as written.
+fn key_text(v: &serde_json::value::RawValue) -> Option<String> {
+    let raw = v.get();
+    if raw.starts_with('"') {
+        serde_json::from_str::<String>(raw)
+            .ok()
+            .filter(|s| !s.is_empty())
+    } else if raw
+        .as_bytes()
+        .first()
+        .is_some_and(|b| b.is_ascii_digit() || *b == b'-')
+    {
+        Some(raw.to_owned())
+    } else {
+        None
+    }
+}
+
+/// Whether a result may be cached or replayed: not `isError`, not an
+/// `input_required` or task-creating result.
+fn storable(result: &str) -> bool {
+    let Some(o) = RawObject::parse(result) else {
+        return false;
+    };
+    if o.get("isError").is_some_and(|v| v.get() == "true") {
+        return false;
+    }
+    if o.get("resultType")
+        .is_some_and(|v| v.get() != "\"complete\"")
+    {
+        return false;
+    }
+    o.get("task").is_none()
+}
+
+/// `result` with `_meta["mcp-retry/source"]` set, nothing else changed.
+pub fn with_source(result: &str, source: Source) -> String {
+    let Some(o) = RawObject::parse(result) else {
+        return result.to_owned();
+    };
+    let marker = format!("\"mcp-retry/source\":\"{}\"", source.as_str());
+    match o.get("_meta").map(|m| m.get()) {
+        Some(meta) if meta.trim_start().starts_with('{') => {
+            let inner = meta.trim();
+            let body = inner[1..inner.len() - 1].trim();
+            let new_meta = match RawObject::parse(meta) {
+                Some(mut mo) => {
+                    mo.remove("mcp-retry/source");
+                    let rest = mo.to_json();
+                    if rest == "{}" {
+                        format!("{{{marker}}}")
+                    } else {
+                        format!("{{{marker},{}", &rest[1..])
+                    }
+                }
+                None if body.is_empty() => format!("{{{marker}}}"),
+                None => format!("{{{marker},{body}}}"),
+            };
+            super::params_with(&o, "_meta", &new_meta)
+        }
+        _ => {
+            let rest = o.to_json();
+            if rest == "{}" {
+                format!("{{\"_meta\":{{{marker}}}}}")
+            } else {
+                format!("{{\"_meta\":{{{marker}}},{}", &rest[1..])
+            }
+        }
+    }
+}
+
+fn describe_failure(tool: &str, f: &Failure) -> String {
+    match f {
+        Failure::NeverSent(why) => format!("tool \"{tool}\" could not be sent ({why})"),
+        Failure::Timeout(d) => format!("tool \"{tool}\" timed out after {}", secs(*d)),
+        Failure::Exited(why) => format!("tool \"{tool}\" lost its server before answering ({why})"),
+        Failure::Transient(e) => {
+            let code = RawObject::parse(e)
+                .and_then(|o| o.get("code").map(|c| c.get().to_owned()))
+                .unwrap_or_else(|| "?".into());
+            format!("tool \"{tool}\" failed with transient error {code}")
+        }
+    }
+}
+
+fn give_up_message(tool: &str, reason: Reason, f: &Failure, attempts: u32) -> String {
+    let what = describe_failure(tool, f);
+    match reason {
+        Reason::NotRetriedUnsafe | Reason::ServerExited => format!(
+            "{what} and was not retried: it is not known to be idempotent (set tools.{tool}.idempotent: true if it is){}",
+            match f {
+                Failure::Exited(_) | Failure::Timeout(_) => "; it may or may not have run",
+                _ => "",
+            }
+        ),
+        Reason::RetriesExhausted => format!("{what}; gave up after {attempts} attempts (retry.max_retries)"),
+        Reason::Timeout => format!("{what} (retries are off: retry.max_retries is 0)"),
+        Reason::RetryBudgetExhausted => format!(
+            "{what}; not retried because too many retries were made recently (retry budget exhausted); try again shortly"
+        ),
+        Reason::DeadlineExceeded => format!("{what}; no time left for another attempt within retry.total_timeout"),
+        _ => what,
+    }
+}
+
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s:.1}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_marker_is_added_to_meta_only() {
+        assert_eq!(
+            with_source(r#"{"content":[],"n":1.0}"#, Source::Cache),
+            r#"{"_meta":{"mcp-retry/source":"cache"},"content":[],"n":1.0}"#
+        );
+        assert_eq!(
+            with_source(r#"{"_meta":{"a":1},"content":[]}"#, Source::Dedup),
+            r#"{"_meta":{"mcp-retry/source":"dedup","a":1},"content":[]}"#
+        );
+        assert_eq!(
+            with_source("{}", Source::Stale),
+            r#"{"_meta":{"mcp-retry/source":"stale"}}"#
+        );
+    }
+
+    #[test]
+    fn storable_excludes_errors_and_incomplete_results() {
+        assert!(storable(r#"{"content":[]}"#));
+        assert!(storable(r#"{"content":[],"isError":false}"#));
+        assert!(!storable(r#"{"content":[],"isError":true}"#));
+        assert!(!storable(r#"{"resultType":"input_required"}"#));
+        assert!(storable(r#"{"resultType":"complete","content":[]}"#));
+        assert!(!storable(r#"{"task":{"taskId":"t"}}"#));
+    }
+
+    fn parsed(params: &str) -> ParsedCall {
+        let m = Message::reparse(format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#
+        ))
+        .unwrap();
+        ParsedCall::parse(&m).unwrap()
+    }
+
+    #[test]
+    fn argument_key_is_removed_and_meta_key_read() {
+        let p = parsed(r#"{"name":"pay","arguments":{"amount":5,"_idempotency_key":"k-1"}}"#);
+        assert_eq!(p.explicit_key.as_deref(), Some("k-1"));
+        assert_eq!(p.arguments, r#"{"amount":5}"#);
+        assert_eq!(
+            p.forward_params.as_deref(),
+            Some(r#"{"name":"pay","arguments":{"amount":5}}"#)
+        );
+        let p = parsed(
+            r#"{"name":"pay","arguments":{"a":1},"_meta":{"idempotencyKey":"m-2","progressToken":7}}"#,
+        );
+        assert_eq!(p.explicit_key.as_deref(), Some("m-2"));
+        assert_eq!(p.progress_token.as_deref(), Some("7"));
+        assert!(p.forward_params.is_none());
+        assert!(!p.no_store);
+        assert!(parsed(r#"{"name":"x","task":{"ttl":5}}"#).no_store);
+        assert!(parsed(r#"{"name":"x","requestState":"s"}"#).no_store);
+    }
+}

@@ -1,0 +1,114 @@
+//! The command line and configuration files, through the real binary.
+
+use serde_json::json;
+
+use crate::util::{Builder, TempDir, PROXY};
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(PROXY)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn version_and_help() {
+    let (code, out, _) = run(&["--version"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.trim(),
+        format!("mcp-retry {}", env!("CARGO_PKG_VERSION"))
+    );
+    let (code, out, _) = run(&["run", "--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("mcp-retry run --config FILE"));
+    let (code, out, _) = run(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Exit codes"));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let (code, out, err) = run(&["frobnicate"]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty());
+    assert!(err.contains("unknown command 'frobnicate'"), "{err}");
+    let (code, _, err) = run(&["run"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("run needs --config FILE or a command"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_errors_name_file_line_and_key() {
+    let dir = TempDir::new();
+    let path = dir.write(
+        "bad.yaml",
+        "servers:\n  fs:\n    command: x\n    retry:\n      max_retries: lots\n",
+    );
+    let (code, out, err) = run(&["run", "--config", path.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty());
+    assert!(err.contains("bad.yaml:5"), "{err}");
+    assert!(err.contains("servers.fs.retry.max_retries"), "{err}");
+    let (code, _, err) = run(&["run", "--config", "/nonexistent/c.yaml"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent/c.yaml"), "{err}");
+}
+
+#[test]
+fn several_servers_need_a_name() {
+    let dir = TempDir::new();
+    let path = dir.write(
+        "c.yaml",
+        "servers:\n  a:\n    command: x\n  b:\n    command: y\n",
+    );
+    let (code, _, err) = run(&["run", "--config", path.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("a, b"), "{err}");
+}
+
+#[test]
+fn mcp_servers_files_work() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/claude_desktop_config.json", "--server", "mock"])
+        .file(
+            "claude_desktop_config.json",
+            r#"{"mcpServers": {
+                "other": {"command": "/bin/false"},
+                "mock": {"command": "{mock}", "args": [], "env": {"MOCK_TOOLS": "ro_a,b"}, "type": "stdio", "timeout": 30000, "disabled": false}
+            }}"#,
+        )
+        .start();
+    s.initialize();
+    s.request(json!(1), "tools/list", json!({}));
+    let names: Vec<String> = s.result(&json!(1))["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["ro_a", "b"]);
+}
+
+#[test]
+fn env_expansion_reaches_the_server() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .env("TEST_TOOL_NAME", "from_env")
+        .file(
+            "c.yaml",
+            "servers:\n  mock:\n    command: {mock}\n    env:\n      MOCK_TOOLS: \"${TEST_TOOL_NAME},${UNSET_FOR_TEST:-fallback}\"\n",
+        )
+        .start();
+    s.initialize();
+    s.request(json!(1), "tools/list", json!({}));
+    let tools = s.result(&json!(1));
+    assert_eq!(tools["tools"][0]["name"], "from_env");
+    assert_eq!(tools["tools"][1]["name"], "fallback");
+}

@@ -1,0 +1,448 @@
+//! Test support: runs the real `mcp-retry` binary as a subprocess against
+//! the mock server (`tests/support/mock_server.rs`), talks NDJSON to it, and
+//! keeps its stderr for failure messages.
+//!
+//! Knows nothing of the proxy's internals: everything goes through the
+//! binary's stdin, stdout, stderr, exit status and the mock's log files.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use serde_json::{json, Value};
+
+pub const PROXY: &str = env!("CARGO_BIN_EXE_mcp-retry");
+pub const MOCK: &str = env!("CARGO_BIN_EXE_mock-mcp-server");
+
+/// How long any single expectation may wait. Generous: CI machines are slow.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A temporary directory, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "mcp-retry-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running proxy (or, for comparisons, a server run directly).
+pub struct Session {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    /// Lines received but not yet taken by an expectation.
+    backlog: VecDeque<Value>,
+    raw_backlog: VecDeque<String>,
+    stderr: Arc<Mutex<String>>,
+    pub dir: TempDir,
+}
+
+/// Builds a session: what to run and the mock's environment.
+#[must_use]
+pub struct Builder {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    program: String,
+    dir: TempDir,
+}
+
+impl Builder {
+    /// `mcp-retry run -- mock-mcp-server`.
+    pub fn wrap_mock() -> Builder {
+        Builder::proxy(&["run", "--", MOCK])
+    }
+    /// `mcp-retry ARGS` (paths relative to the session's temp dir work via `{dir}`).
+    pub fn proxy(args: &[&str]) -> Builder {
+        Builder {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: vec![],
+            program: PROXY.into(),
+            dir: TempDir::new(),
+        }
+    }
+    /// The mock server itself, with no proxy in between.
+    pub fn direct_mock() -> Builder {
+        Builder {
+            args: vec![],
+            env: vec![],
+            program: MOCK.into(),
+            dir: TempDir::new(),
+        }
+    }
+    pub fn env(mut self, k: &str, v: &str) -> Builder {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+    pub fn arg(mut self, a: &str) -> Builder {
+        self.args.push(a.into());
+        self
+    }
+    /// Writes a file into the session's temp dir; `{dir}` in the text is
+    /// replaced by that dir, `{mock}` by the mock's path.
+    pub fn file(self, name: &str, text: &str) -> Builder {
+        let text = text
+            .replace("{dir}", &self.dir.path().display().to_string())
+            .replace("{mock}", MOCK);
+        self.dir.write(name, &text);
+        self
+    }
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+    /// Sets MOCK_LOG, MOCK_RECV_LOG and MOCK_STATE_DIR inside the temp dir.
+    pub fn with_logs(self) -> Builder {
+        let d = self.dir.path().to_owned();
+        self.env("MOCK_LOG", &d.join("exec.log").display().to_string())
+            .env("MOCK_RECV_LOG", &d.join("recv.log").display().to_string())
+            .env("MOCK_STATE_DIR", &d.display().to_string())
+    }
+    pub fn start(self) -> Session {
+        let dir = self.dir.path().display().to_string();
+        let args: Vec<String> = self.args.iter().map(|a| a.replace("{dir}", &dir)).collect();
+        let mut child = Command::new(&self.program)
+            .args(&args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("MCP_RETRY_LOG", "debug")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.program));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = crossbeam_channel::unbounded();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let err = child.stderr.take().unwrap();
+        thread::spawn(move || {
+            for line in BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Session {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+            backlog: VecDeque::new(),
+            raw_backlog: VecDeque::new(),
+            stderr,
+            dir: self.dir,
+        }
+    }
+}
+
+impl Session {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Writes raw text plus a newline to the proxy's stdin.
+    pub fn send_raw(&mut self, text: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(text.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Writes raw bytes plus a newline (for invalid UTF-8).
+    pub fn send_raw_bytes(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(bytes).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    pub fn send(&mut self, msg: Value) {
+        self.send_raw(&msg.to_string());
+    }
+
+    pub fn request(&mut self, id: Value, method: &str, params: Value) {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+    }
+
+    pub fn notify(&mut self, method: &str, params: Value) {
+        self.send(json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    }
+
+    pub fn call(&mut self, id: Value, tool: &str, arguments: Value) {
+        self.request(
+            id,
+            "tools/call",
+            json!({"name": tool, "arguments": arguments}),
+        );
+    }
+
+    /// The handshake a client does; returns the initialize result.
+    pub fn initialize(&mut self) -> Value {
+        self.request(
+            json!(0),
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {"sampling": {}}, "clientInfo": {"name": "test-client", "version": "1.0.0"}}),
+        );
+        let r = self.response(&json!(0));
+        self.notify("notifications/initialized", json!({}));
+        r
+    }
+
+    fn next_line(&mut self, deadline: Instant) -> Option<String> {
+        if let Some(l) = self.raw_backlog.pop_front() {
+            return Some(l);
+        }
+        self.lines.recv_deadline(deadline).ok()
+    }
+
+    /// The next line on stdout, raw.
+    pub fn recv_raw(&mut self) -> String {
+        let deadline = Instant::now() + WAIT;
+        match self.next_line(deadline) {
+            Some(l) => l,
+            None => panic!("no output within {WAIT:?}; stderr:\n{}", self.stderr()),
+        }
+    }
+
+    /// The next message on stdout (from the backlog first).
+    pub fn recv(&mut self) -> Value {
+        if let Some(v) = self.backlog.pop_front() {
+            return v;
+        }
+        let line = self.recv_raw();
+        serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}"))
+    }
+
+    /// Waits for the message matching `pred`, keeping the others for later.
+    pub fn recv_where(&mut self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(i) = self.backlog.iter().position(&pred) {
+            return self.backlog.remove(i).unwrap();
+        }
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let Some(line) = self.next_line(deadline) else {
+                panic!(
+                    "no {what} within {WAIT:?}; other messages: {:?}\nstderr:\n{}",
+                    self.backlog,
+                    self.stderr()
+                );
+            };
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}"));
+            if pred(&v) {
+                return v;
+            }
+            self.backlog.push_back(v);
+        }
+    }
+
+    /// The response (result or error) with exactly this id.
+    pub fn response(&mut self, id: &Value) -> Value {
+        let id = id.clone();
+        self.recv_where(&format!("response to {id}"), move |v| {
+            v.get("id") == Some(&id) && (v.get("result").is_some() || v.get("error").is_some())
+        })
+    }
+
+    /// The `result` of the response with this id (panics on an error).
+    pub fn result(&mut self, id: &Value) -> Value {
+        let r = self.response(id);
+        match r.get("result") {
+            Some(v) => v.clone(),
+            None => panic!(
+                "expected a result for {id}, got {r}\nstderr:\n{}",
+                self.stderr()
+            ),
+        }
+    }
+
+    /// The `error` of the response with this id (panics on a result).
+    pub fn error(&mut self, id: &Value) -> Value {
+        let r = self.response(id);
+        match r.get("error") {
+            Some(v) => v.clone(),
+            None => panic!("expected an error for {id}, got {r}"),
+        }
+    }
+
+    /// Asserts that nothing arrives on stdout for `d`.
+    pub fn expect_silence(&mut self, d: Duration) {
+        assert!(
+            self.backlog.is_empty(),
+            "unexpected messages: {:?}",
+            self.backlog
+        );
+        if let Ok(line) = self.lines.recv_timeout(d) {
+            panic!("expected no output, got {line}");
+        }
+    }
+
+    /// Asserts that no message matching `pred` arrives within `d`.
+    pub fn expect_none_where(&mut self, d: Duration, pred: impl Fn(&Value) -> bool) {
+        assert!(
+            !self.backlog.iter().any(&pred),
+            "unexpected: {:?}",
+            self.backlog
+        );
+        let deadline = Instant::now() + d;
+        while let Ok(line) = self.lines.recv_deadline(deadline) {
+            let v: Value = serde_json::from_str(&line).unwrap();
+            assert!(!pred(&v), "unexpected message {v}");
+            self.backlog.push_back(v);
+        }
+    }
+
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    /// Waits for the process to exit (killing it after `WAIT`).
+    pub fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!(
+                    "process did not exit within {WAIT:?}; stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    /// Lines of a log file in the temp dir, parsed as JSON.
+    pub fn log(&self, name: &str) -> Vec<Value> {
+        read_json_lines(&self.dir.join(name))
+    }
+
+    /// How many times the mock executed `tool`.
+    pub fn executions(&self, tool: &str) -> usize {
+        self.log("exec.log")
+            .iter()
+            .filter(|e| e["tool"] == tool)
+            .count()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.stdin = None;
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn read_json_lines(path: &Path) -> Vec<Value> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{path:?}: {l}: {e}")))
+            .collect(),
+        Err(_) => vec![],
+    }
+}
+
+/// True while a process with this pid exists (and is not a zombie).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits until `pid` is gone; false if it is still alive after `d`.
+pub fn gone_within(pid: i32, d: Duration) -> bool {
+    let deadline = Instant::now() + d;
+    while Instant::now() < deadline {
+        if !alive(pid) {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    !alive(pid)
+}
+
+/// Waits for a file to exist and hold a pid.
+pub fn read_pid(path: &Path) -> i32 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if let Ok(p) = s.trim().parse() {
+                return p;
+            }
+        }
+        assert!(Instant::now() < deadline, "no pid in {path:?}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits until `cond` holds.
+pub fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
