@@ -12,12 +12,11 @@
 //! over channels; the server is reached only through [`Downstream`].
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::child::ExitInfo;
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent, SHUTDOWN_STEP};
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
@@ -30,8 +29,10 @@ use crate::stats::Stats;
 use crate::{debug, info, warn};
 
 mod calls;
+mod link;
 
 use calls::{Call, ToolsKnowledge};
+use link::{Link, Queued, ReplayStep, Route, Session};
 
 /// Everything that can wake the dispatcher.
 #[derive(Debug)]
@@ -120,6 +121,12 @@ pub enum Timer {
     CallDeadline { call: u64 },
     /// Time to write the stats file.
     StatsFlush,
+    /// Start the server again (valid for the newest `seq` only).
+    Restart { seq: u64 },
+    /// The replayed `initialize` of incarnation `generation` must be answered.
+    ReplayTimeout { generation: u64 },
+    /// A queued item waited `call_timeout` for the server.
+    QueueExpired { seq: u64 },
 }
 
 /// How often `--stats-file` is rewritten while counters change.
@@ -135,8 +142,15 @@ struct TimerEntry {
 /// What a downstream id stands for.
 #[derive(Debug)]
 enum Inflight {
-    /// A client request relayed as is.
-    Client { client_id: String, method: Method },
+    /// A client request relayed as is; `resend` keeps read-only requests,
+    /// which are sent again after a restart.
+    Client {
+        client_id: String,
+        method: Method,
+        resend: Option<Message>,
+    },
+    /// The proxy's replay of the session to a new incarnation.
+    Replay(ReplayStep),
     /// An attempt of a `tools/call`.
     Attempt { call: u64 },
     /// The proxy's own `tools/list`, to learn annotations.
@@ -147,7 +161,10 @@ enum Inflight {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Method {
     Initialize,
+    /// `tools/list`; `first` when it asks for the first page.
     ToolsList,
+    /// A request that only reads: sent again after a restart.
+    ReadOnly,
     Other,
 }
 
@@ -160,6 +177,8 @@ struct ClientRequest {
     batch: Option<u64>,
     /// The `tools/call` it started or joined.
     call: Option<u64>,
+    /// Its place in the queue while the server restarts.
+    queued: Option<u64>,
 }
 
 /// A request from the server to the client, waiting for the client's answer.
@@ -175,18 +194,6 @@ struct ServerRequest {
 struct Batch {
     outstanding: usize,
     answers: Vec<Vec<u8>>,
-}
-
-/// The state of the server link.
-enum Link {
-    /// Connected. `stdout_closed`/`exited` track how it is going away.
-    Up {
-        server: Box<dyn Downstream>,
-        stdout_closed: bool,
-        exited: Option<ExitInfo>,
-    },
-    /// Gone for good: every request is answered with this.
-    Down { reason: Reason, message: String },
 }
 
 /// Shutdown progress.
@@ -222,13 +229,14 @@ pub struct Dispatcher {
     next_server_request_id: u64,
     batches: HashMap<u64, Batch>,
     next_batch: u64,
-    /// The client's `initialize` params, kept for replay after a respawn.
-    init_params: Option<String>,
-    /// The negotiated protocol version.
-    protocol_version: Option<String>,
-    /// The client sent `notifications/initialized` (the proxy may now ask
-    /// the server things of its own).
-    initialized: bool,
+    /// What a restarted server must be told.
+    session: Session,
+    /// Traffic waiting for a (re)starting server, with sequence numbers.
+    queue: VecDeque<(u64, Queued)>,
+    queue_seq: u64,
+    /// Consecutive restarts (for the restart backoff).
+    restarts: u32,
+    restart_seq: u64,
     timers: BinaryHeap<Reverse<TimerEntry>>,
     timer_seq: u64,
     phase: Phase,
@@ -272,9 +280,11 @@ impl Dispatcher {
             next_server_request_id: 0,
             batches: HashMap::new(),
             next_batch: 0,
-            init_params: None,
-            protocol_version: None,
-            initialized: false,
+            session: Session::default(),
+            queue: VecDeque::new(),
+            queue_seq: 0,
+            restarts: 0,
+            restart_seq: 0,
             timers: BinaryHeap::new(),
             timer_seq: 0,
             phase: Phase::Running,
@@ -305,7 +315,7 @@ impl Dispatcher {
 
     /// Starts the server and handles events until the session ends.
     pub fn run(mut self, inbox: Receiver<Event>) -> Outcome {
-        self.start_server();
+        self.start_server(Instant::now());
         loop {
             if let Some(outcome) = self.finished() {
                 info!("{}", self.stats.summary());
@@ -333,10 +343,12 @@ impl Dispatcher {
 
     fn finished(&self) -> Option<Outcome> {
         match (self.phase, &self.link) {
-            (Phase::Stopping { signal }, Link::Down { .. }) => Some(match signal {
-                Some(s) => Outcome::Signalled(s),
-                None => Outcome::ClientClosed,
-            }),
+            (Phase::Stopping { signal }, link) if !matches!(link, Link::Up(_)) => {
+                Some(match signal {
+                    Some(s) => Outcome::Signalled(s),
+                    None => Outcome::ClientClosed,
+                })
+            }
             _ => None,
         }
     }
@@ -355,7 +367,7 @@ impl Dispatcher {
             }
             Event::Server { generation, event } => {
                 if generation == self.generation {
-                    self.on_server(event, now);
+                    self.on_link_event(event, now);
                 }
             }
             Event::Signal(sig) => {
@@ -392,26 +404,29 @@ impl Dispatcher {
                 }
             }
             Timer::ShutdownTerminate => {
-                if let Link::Up { server, .. } = &mut self.link {
+                if let Link::Up(c) = &mut self.link {
                     debug!("the server did not exit after its input closed; sending SIGTERM");
-                    server.terminate();
+                    c.server.terminate();
                     let step = self.shutdown_step();
                     self.set_timer(now + step, Timer::ShutdownKill);
                 }
             }
             Timer::ShutdownKill => {
-                if let Link::Up { server, .. } = &mut self.link {
+                if let Link::Up(c) = &mut self.link {
                     warn!("the server ignored SIGTERM; killing it");
-                    server.kill();
+                    c.server.kill();
                     self.set_timer(now + Duration::from_secs(2), Timer::ShutdownGiveUp);
                 }
             }
             Timer::ShutdownGiveUp => {
-                if matches!(self.link, Link::Up { .. }) {
+                if matches!(self.link, Link::Up(_)) {
                     self.link_lost(now);
                 }
             }
             Timer::StatsFlush => self.flush_stats(),
+            Timer::Restart { seq } => self.restart_due(seq, now),
+            Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),
+            Timer::QueueExpired { seq } => self.queue_expired(seq, now),
             t @ (Timer::AttemptTimeout { .. }
             | Timer::RetryDue { .. }
             | Timer::CallDeadline { .. }) => self.on_call_timer(t, now),
@@ -441,172 +456,38 @@ impl Dispatcher {
         }
     }
 
-    // ----- server link -------------------------------------------------
-
-    fn start_server(&mut self) {
-        self.generation += 1;
-        let generation = self.generation;
-        match (self.connect)(&self.cfg, generation, self.events.clone()) {
-            Ok(server) => {
-                info!("started {}", server.describe());
-                self.link = Link::Up {
-                    server,
-                    stdout_closed: false,
-                    exited: None,
-                };
-            }
-            Err(message) => {
-                crate::error!("{message}");
-                self.link = Link::Down {
-                    reason: Reason::ServerUnavailable,
-                    message,
-                };
-            }
-        }
-    }
-
     fn begin_shutdown(&mut self, signal: Option<i32>, now: Instant) {
         if let Phase::Stopping { .. } = self.phase {
             if signal.is_some() {
                 // A second signal: stop waiting.
-                if let Link::Up { server, .. } = &mut self.link {
-                    server.kill();
+                if let Link::Up(c) = &mut self.link {
+                    c.server.kill();
                 }
             }
             return;
         }
         self.phase = Phase::Stopping { signal };
-        if let Link::Up { server, .. } = &mut self.link {
-            server.close_input();
+        // Nothing queued will be sent any more.
+        let queued: Vec<(u64, Queued)> = self.queue.drain(..).collect();
+        for (_, item) in queued {
+            match item {
+                Queued::Request { client_id, .. } => self.answer_proxy_error(
+                    &client_id,
+                    Reason::ServerUnavailable,
+                    "mcp-retry is shutting down",
+                ),
+                Queued::Call(id) => {
+                    let e =
+                        proxy_error(Reason::ServerUnavailable, "mcp-retry is shutting down", &[]);
+                    self.finish_failed(id, &e, now);
+                }
+                Queued::Notification(_) => {}
+            }
+        }
+        if let Link::Up(c) = &mut self.link {
+            c.server.close_input();
             let step = self.shutdown_step();
             self.set_timer(now + step, Timer::ShutdownTerminate);
-        }
-    }
-
-    fn on_server(&mut self, event: ServerEvent, now: Instant) {
-        match event {
-            ServerEvent::Message(parsed) => self.on_server_parsed(parsed, now),
-            ServerEvent::Garbage => {}
-            ServerEvent::StdoutClosed => {
-                if let Link::Up {
-                    stdout_closed,
-                    exited,
-                    ..
-                } = &mut self.link
-                {
-                    *stdout_closed = true;
-                    if exited.is_some() {
-                        self.link_lost(now);
-                    } else if self.phase == Phase::Running {
-                        // It will never answer again; make sure it is gone.
-                        warn!("the server closed its stdout; stopping it");
-                        if let Link::Up { server, .. } = &mut self.link {
-                            server.kill();
-                        }
-                    }
-                }
-            }
-            ServerEvent::Exited(info) => {
-                if let Link::Up {
-                    stdout_closed,
-                    exited,
-                    ..
-                } = &mut self.link
-                {
-                    *exited = Some(info);
-                    if *stdout_closed {
-                        self.link_lost(now);
-                    } else {
-                        // Let the reader deliver what is still in the pipe.
-                        let generation = self.generation;
-                        self.set_timer(
-                            now + Duration::from_millis(500),
-                            Timer::LinkDrained { generation },
-                        );
-                    }
-                }
-            }
-            ServerEvent::WriteFailed { unsent } => {
-                warn!(
-                    "writing to the server failed ({} message(s) not delivered); stopping it",
-                    unsent.len()
-                );
-                if let Link::Up { server, .. } = &mut self.link {
-                    server.kill();
-                }
-            }
-        }
-    }
-
-    /// The server is gone: answer everything that waited on it.
-    fn link_lost(&mut self, now: Instant) {
-        let old = std::mem::replace(
-            &mut self.link,
-            Link::Down {
-                reason: Reason::ServerExited,
-                message: String::new(),
-            },
-        );
-        let Link::Up { server, exited, .. } = old else {
-            return;
-        };
-        let how = match exited {
-            Some(info) => info.to_string(),
-            None => "stopped".into(),
-        };
-        let stopping = matches!(self.phase, Phase::Stopping { .. });
-        let tail = server.diagnostics();
-        let mut message = format!("the MCP server {} {how}", server.describe());
-        if let Some(last) = tail.iter().rev().find(|l| !l.trim().is_empty()) {
-            if !stopping {
-                message.push_str(&format!("; its last stderr line: {}", last.trim()));
-            }
-        }
-        if stopping {
-            debug!("{message}");
-        } else {
-            crate::error!("{message}");
-        }
-        drop(server);
-        self.link = Link::Down {
-            reason: Reason::ServerExited,
-            message: message.clone(),
-        };
-        // Call attempts in flight failed ambiguously; the policies decide.
-        self.calls_link_lost(&message, now);
-        if self.tools.fetching {
-            self.tools_learned(false, now);
-        }
-        // Requests the client sent to the server that will never be answered.
-        let mut lost: Vec<(u64, String)> = self
-            .inflight
-            .drain()
-            .filter_map(|(down, f)| match f {
-                Inflight::Client { client_id, .. } => Some((down, client_id)),
-                Inflight::Attempt { .. } | Inflight::ToolsList => None,
-            })
-            .collect();
-        lost.sort();
-        for (_, client_id) in lost {
-            self.answer_proxy_error(&client_id, Reason::ServerExited, &message);
-        }
-        // Requests from the dead server the client has not answered yet.
-        let mut open: Vec<u64> = self.server_requests.keys().copied().collect();
-        open.sort();
-        for id in open {
-            self.server_requests.remove(&id);
-            let params = format!("{{\"requestId\":{id},\"reason\":\"the MCP server exited\"}}");
-            self.send_client(jsonrpc::notification_line(
-                "notifications/cancelled",
-                Some(&params),
-            ));
-        }
-    }
-
-    fn send_server(&mut self, line: Vec<u8>) -> bool {
-        match &mut self.link {
-            Link::Up { server, .. } => server.send(line),
-            Link::Down { .. } => false,
         }
     }
 
@@ -616,7 +497,7 @@ impl Dispatcher {
         match parsed {
             Parsed::Message(m) => match m.kind() {
                 Kind::Request => self.on_client_request(m, batch, now),
-                Kind::Notification => self.on_client_notification(m),
+                Kind::Notification => self.on_client_notification(m, now),
                 Kind::Response => self.on_client_response(m),
             },
             Parsed::Invalid(inv) => self.on_client_invalid(inv, batch),
@@ -663,7 +544,7 @@ impl Dispatcher {
     }
 
     fn on_client_batch(&mut self, items: Vec<Parsed>, now: Instant) {
-        if self.protocol_version.as_deref() != Some("2025-03-26") {
+        if self.session.protocol_version.as_deref() != Some("2025-03-26") {
             warn!("answered a JSON-RPC batch from the client: batches are not part of the negotiated protocol");
             self.send_client(jsonrpc::error_line(
                 None,
@@ -776,6 +657,7 @@ impl Dispatcher {
                 downstream: None,
                 batch,
                 call: None,
+                queued: None,
             },
         );
         if self.client_requests.len() > self.cfg.max_in_flight {
@@ -789,25 +671,51 @@ impl Dispatcher {
         let method = m.method().unwrap_or_default().into_owned();
         let kind = match method.as_str() {
             "initialize" => {
-                self.init_params = m.params().map(str::to_owned);
+                self.session.pending_init = m.params().map(str::to_owned);
                 Method::Initialize
             }
             "tools/list" => Method::ToolsList,
             "tools/call" if self.phase == Phase::Running => {
                 return self.on_tools_call(m, client_id, now);
             }
+            "resources/list"
+            | "resources/read"
+            | "resources/templates/list"
+            | "prompts/list"
+            | "prompts/get"
+            | "completion/complete"
+            | "ping" => Method::ReadOnly,
+            "logging/setLevel" => {
+                self.session.log_level = m.params().map(str::to_owned);
+                Method::Other
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                self.track_subscription(&method, m.params());
+                Method::Other
+            }
             _ => Method::Other,
         };
-        self.relay_request(m, client_id, kind);
+        self.relay_request(m, client_id, kind, now);
     }
 
-    /// Sends a client request to the server as is (under a fresh id), or
-    /// answers it when the server cannot be reached.
-    fn relay_request(&mut self, m: Message, client_id: String, kind: Method) {
-        if let Link::Down { reason, message } = &self.link {
-            let (reason, message) = (*reason, message.clone());
-            return self.answer_proxy_error(&client_id, reason, &message);
+    /// Remembers active subscriptions, to replay them to a restarted server.
+    fn track_subscription(&mut self, method: &str, params: Option<&str>) {
+        let Some(p) = params else { return };
+        let Some(uri) = RawObject::parse(p).and_then(|o| o.get("uri").map(|u| u.get().to_owned()))
+        else {
+            return;
+        };
+        if method == "resources/subscribe" {
+            self.session.subscriptions.insert(uri, p.to_owned());
+        } else {
+            self.session.subscriptions.remove(&uri);
         }
+    }
+
+    /// Sends a client request to the server as is (under a fresh id),
+    /// queues it while the server restarts, or answers it when the server
+    /// cannot be reached.
+    fn relay_request(&mut self, m: Message, client_id: String, kind: Method, now: Instant) {
         if matches!(self.phase, Phase::Stopping { .. }) {
             return self.answer_proxy_error(
                 &client_id,
@@ -815,18 +723,57 @@ impl Dispatcher {
                 "mcp-retry is shutting down",
             );
         }
+        match self.route(now) {
+            Route::Send => {}
+            Route::Queue if m.method().as_deref() == Some("ping") => {
+                // A restarting server cannot be pinged; the proxy answers.
+                let line = jsonrpc::response_line(&client_id, "{}");
+                return self.answer(&client_id, line);
+            }
+            Route::Queue => {
+                let item = Queued::Request {
+                    m,
+                    client_id: client_id.clone(),
+                    method: kind,
+                };
+                match self.enqueue(item, now) {
+                    Some(seq) => {
+                        if let Some(r) = self.client_requests.get_mut(&client_id) {
+                            r.queued = Some(seq);
+                        }
+                    }
+                    None => self.answer_proxy_error(
+                        &client_id,
+                        Reason::ServerUnavailable,
+                        "the MCP server is restarting and too many requests are waiting",
+                    ),
+                }
+                return;
+            }
+            Route::Refuse(reason, message) => {
+                return self.answer_proxy_error(&client_id, reason, &message)
+            }
+        }
         let down = self.next_id();
+        // Reads, and a handshake the server never answered, are safe to send
+        // again to a restarted server.
+        let resend = matches!(
+            kind,
+            Method::ReadOnly | Method::ToolsList | Method::Initialize
+        )
+        .then(|| m.clone());
+        let line = m.line_with_id(&down.to_string());
         self.inflight.insert(
             down,
             Inflight::Client {
                 client_id: client_id.clone(),
                 method: kind,
+                resend,
             },
         );
         if let Some(r) = self.client_requests.get_mut(&client_id) {
             r.downstream = Some(down);
         }
-        let line = m.line_with_id(&down.to_string());
         self.send_server(line);
     }
 
@@ -835,18 +782,26 @@ impl Dispatcher {
         self.next_downstream_id
     }
 
-    fn on_client_notification(&mut self, m: Message) {
-        let method = m.method().unwrap_or_default();
+    fn on_client_notification(&mut self, m: Message, now: Instant) {
+        let method = m.method().unwrap_or_default().into_owned();
         if method == "notifications/cancelled" {
             return self.on_client_cancel(&m);
         }
         if method == "notifications/initialized" {
-            self.initialized = true;
+            self.session.initialized = true;
         }
-        if matches!(self.link, Link::Up { .. }) {
-            self.send_server(m.line());
-        } else {
-            debug!("dropped a client notification ({method}): the server is not running");
+        match self.route(now) {
+            Route::Send => {
+                self.send_server(m.line());
+            }
+            Route::Queue => {
+                if self.enqueue(Queued::Notification(m.line()), now).is_none() {
+                    debug!("dropped a client notification ({method}): too much is queued");
+                }
+            }
+            Route::Refuse(..) => {
+                debug!("dropped a client notification ({method}): the server is not running")
+            }
         }
     }
 
@@ -864,6 +819,11 @@ impl Dispatcher {
         if let Some(b) = req.batch {
             // A cancelled request gets no entry in its batch's answer.
             self.batch_entry(b, None);
+        }
+        if let Some(seq) = req.queued {
+            // It never reached the server: nothing to forward.
+            self.unqueue(seq);
+            return;
         }
         if let Some(call) = req.call {
             let reason = params
@@ -943,8 +903,15 @@ impl Dispatcher {
                     None => self.tools_learned(false, now),
                 }
             }
+            Some(Inflight::Replay(step)) => {
+                let step = *step;
+                self.inflight.remove(&down);
+                self.on_replay_response(step, &m, now);
+            }
             Some(Inflight::Client { .. }) => {
-                let Some(Inflight::Client { client_id, method }) = self.inflight.remove(&down)
+                let Some(Inflight::Client {
+                    client_id, method, ..
+                }) = self.inflight.remove(&down)
                 else {
                     unreachable!("matched above")
                 };
@@ -955,7 +922,7 @@ impl Dispatcher {
                             self.learn_tools(r, false, now);
                         }
                     }
-                    Method::Other => {}
+                    Method::ReadOnly | Method::Other => {}
                 }
                 let line = m.line_with_id(&client_id);
                 self.answer(&client_id, line);
@@ -966,16 +933,28 @@ impl Dispatcher {
         }
     }
 
+    /// The server accepted the client's `initialize`: keep what a restart
+    /// must replay.
     fn observe_initialize(&mut self, m: &Message) {
         let Some(result) = m.result().and_then(RawObject::parse) else {
             return;
         };
+        self.session.init_params = self.session.pending_init.take();
         if let Some(v) = result.get("protocolVersion") {
             if let Ok(v) = serde_json::from_str::<String>(v.get()) {
                 debug!("negotiated protocol version {v}");
-                self.protocol_version = Some(v);
+                self.session.protocol_version = Some(v);
             }
         }
+        self.session.tools_list_changed = result
+            .get("capabilities")
+            .and_then(|c| RawObject::parse(c.get()))
+            .and_then(|c| {
+                c.get("tools")
+                    .and_then(|t| RawObject::parse(t.get()))
+                    .and_then(|t| t.get("listChanged").map(|l| l.get() == "true"))
+            })
+            .unwrap_or(false);
     }
 
     fn on_server_request(&mut self, m: Message) {

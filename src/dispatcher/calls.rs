@@ -17,7 +17,8 @@ use crate::policy::{backoff, canonical_json, dedup::Lookup};
 use crate::stats::ToolStats;
 use crate::{debug, info, warn};
 
-use super::{proxy_error, Dispatcher, Inflight, Link, Reason, Timer};
+use super::link::{Queued, Route};
+use super::{proxy_error, Dispatcher, Inflight, Reason, Timer};
 
 /// Where an answer the client gets came from, when not straight from the
 /// server (`_meta["mcp-retry/source"]`).
@@ -93,6 +94,8 @@ pub struct Call {
     progress: ProgressFilter,
     /// This call holds the breaker's half-open trial.
     trial: bool,
+    /// Its next attempt waits in the queue for a restarting server.
+    pub(super) queued: Option<u64>,
     retried: bool,
 }
 
@@ -102,8 +105,17 @@ pub struct ToolsKnowledge {
     pub annotations: HashMap<String, gate::Annotations>,
     /// A complete list has been seen since the last change.
     pub known: bool,
-    /// Our own `tools/list` is in flight.
+    /// Our own `tools/list` is in flight (or `deferred` until the server is
+    /// ready).
     pub fetching: bool,
+    pub deferred: bool,
+    /// Canonical tool entries of the listing being read, page by page.
+    pages: Vec<String>,
+    /// The sorted canonical tool entries of the last complete listing.
+    pub fingerprint: Option<String>,
+    /// The listing being fetched is the first after a restart: tell the
+    /// client if it differs from the one before.
+    pub compare_after_restart: bool,
 }
 
 impl Dispatcher {
@@ -111,7 +123,7 @@ impl Dispatcher {
     pub(super) fn on_tools_call(&mut self, m: Message, client_id: String, now: Instant) {
         let Some(parsed) = ParsedCall::parse(&m) else {
             // Not ours to judge: let the server answer the malformed call.
-            return self.relay_request(m, client_id, super::Method::Other);
+            return self.relay_request(m, client_id, super::Method::Other, now);
         };
         let tool = parsed.name.clone();
         self.stats_for(&tool).calls += 1;
@@ -211,6 +223,7 @@ impl Dispatcher {
                 last_failure: None,
                 progress: ProgressFilter::new(),
                 trial: false,
+                queued: None,
                 retried: false,
             },
         );
@@ -219,14 +232,13 @@ impl Dispatcher {
     }
 
     /// Sends the next attempt of a call, if the breaker and the link allow.
-    fn start_attempt(&mut self, id: u64, now: Instant) {
+    pub(super) fn start_attempt(&mut self, id: u64, now: Instant) {
         let Some(call) = self.calls.get_mut(&id) else {
             return;
         };
         call.retry_at = None;
-        if let Link::Down { reason, message } = &self.link {
-            let error = proxy_error(*reason, message, &[("attempts", call.attempts.to_string())]);
-            return self.finish_failed(id, &error, now);
+        if call.queued.is_some() {
+            return;
         }
         let (admission, transition) = self.breaker.admit(now);
         self.log_transition(transition);
@@ -253,6 +265,32 @@ impl Dispatcher {
             Admission::Trial => call.trial = true,
             Admission::Allowed => call.trial = false,
         }
+        match self.route(now) {
+            Route::Send => {}
+            Route::Queue => {
+                return match self.enqueue(Queued::Call(id), now) {
+                    Some(seq) => {
+                        if let Some(call) = self.calls.get_mut(&id) {
+                            call.queued = Some(seq);
+                        }
+                    }
+                    None => {
+                        let error = proxy_error(
+                            Reason::ServerUnavailable,
+                            "the MCP server is restarting and too many requests are waiting",
+                            &[],
+                        );
+                        self.finish_failed(id, &error, now)
+                    }
+                };
+            }
+            Route::Refuse(reason, message) => {
+                let attempts = self.calls.get(&id).map_or(0, |c| c.attempts);
+                let error = proxy_error(reason, &message, &[("attempts", attempts.to_string())]);
+                return self.finish_failed(id, &error, now);
+            }
+        }
+        let call = self.calls.get_mut(&id).expect("present");
         call.attempts += 1;
         if call.attempts > 1 {
             call.retried = true;
@@ -364,6 +402,7 @@ impl Dispatcher {
         if call.client.is_none() && self.dedup_waiters(id) == 0 {
             return self.drop_call(id, "cancelled by the client");
         }
+        let reachable = self.link_ready() || self.link_restarting(now);
         let call = self.calls.get_mut(&id).expect("present");
         if failure.ambiguous() {
             let tool_cfg = self.cfg.tools.get(&tool);
@@ -382,8 +421,8 @@ impl Dispatcher {
                     let could_learn = self.cfg.trust_annotations
                         && !config_decides
                         && !self.tools.known
-                        && self.initialized
-                        && matches!(self.link, Link::Up { .. });
+                        && self.session.initialized
+                        && reachable;
                     if could_learn && call.parked.is_none() {
                         // Do not guess: learn the annotations first.
                         debug!(
@@ -473,7 +512,7 @@ impl Dispatcher {
     }
 
     /// Ends a call with an error object (raw JSON) for every waiting client.
-    fn finish_failed(&mut self, id: u64, error: &str, _now: Instant) {
+    pub(super) fn finish_failed(&mut self, id: u64, error: &str, _now: Instant) {
         let Some(call) = self.remove_call(id) else {
             return;
         };
@@ -558,6 +597,9 @@ impl Dispatcher {
     /// Forgets a call and every id that pointed at it.
     fn remove_call(&mut self, id: u64) -> Option<Call> {
         let call = self.calls.remove(&id)?;
+        if let Some(seq) = call.queued {
+            self.unqueue(seq);
+        }
         if let Some(live) = call.live {
             self.inflight.remove(&live);
         }
@@ -734,7 +776,20 @@ impl Dispatcher {
             return;
         }
         self.tools.fetching = true;
-        self.request_tools_page(None);
+        self.tools.pages.clear();
+        if self.link_ready() {
+            self.request_tools_page(None);
+        } else {
+            // Asked once the restarted server is ready.
+            self.tools.deferred = true;
+        }
+    }
+
+    /// The server became ready: ask for the tool list if it was wanted.
+    pub(super) fn fetch_deferred_tools(&mut self) {
+        if std::mem::take(&mut self.tools.deferred) {
+            self.request_tools_page(None);
+        }
     }
 
     fn request_tools_page(&mut self, cursor: Option<&str>) {
@@ -762,10 +817,14 @@ impl Dispatcher {
                 for (name, a) in page.tools {
                     self.tools.annotations.insert(name, a);
                 }
+                self.tools.pages.extend(canonical_tools(result));
                 match page.next_cursor {
                     Some(c) if ours => self.request_tools_page(Some(&c)),
                     Some(_) => {}
-                    None => self.tools_learned(true, now),
+                    None => {
+                        self.listing_complete();
+                        self.tools_learned(true, now)
+                    }
                 }
             }
             Err(e) => {
@@ -777,9 +836,31 @@ impl Dispatcher {
         }
     }
 
+    /// A complete listing was read: remember its fingerprint, and after a
+    /// restart tell the client when the tools differ.
+    fn listing_complete(&mut self) {
+        let mut entries = std::mem::take(&mut self.tools.pages);
+        entries.sort();
+        let fingerprint = entries.join(",");
+        let before = self.tools.fingerprint.replace(fingerprint.clone());
+        if std::mem::take(&mut self.tools.compare_after_restart)
+            && before.is_some_and(|b| b != fingerprint)
+        {
+            info!("the restarted server offers different tools; telling the client");
+            self.send_client(jsonrpc::notification_line(
+                "notifications/tools/list_changed",
+                None,
+            ));
+        }
+    }
+
     /// The tool list is complete (or could not be had): decide parked calls.
     pub(super) fn tools_learned(&mut self, complete: bool, now: Instant) {
         self.tools.fetching = false;
+        self.tools.deferred = false;
+        if !complete {
+            self.tools.compare_after_restart = false;
+        }
         // Even a failed fetch ends the wait: unknown then means unsafe.
         self.tools.known = true;
         if complete {
@@ -809,7 +890,7 @@ impl Dispatcher {
         debug!("the server's tools changed: cache flushed, annotations to be refreshed");
     }
 
-    fn log_transition(&mut self, t: Option<Transition>) {
+    pub(super) fn log_transition(&mut self, t: Option<Transition>) {
         let Some(t) = t else { return };
         let name = &self.cfg.name;
         match t {
@@ -889,6 +970,20 @@ impl ParsedCall {
             no_store,
         })
     }
+}
+
+/// The canonical text of each tool in a `tools/list` result.
+fn canonical_tools(result: &str) -> Vec<String> {
+    let Some(tools) = RawObject::parse(result).and_then(|r| r.get("tools")) else {
+        return Vec::new();
+    };
+    serde_json::from_str::<Vec<&serde_json::value::RawValue>>(tools.get())
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| canonical_json(t.get()).ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// An idempotency key's text: a string, or a number as written.

@@ -191,7 +191,6 @@ impl Breaker {
         }
     }
 
-    #[cfg(test)]
     pub fn state(&self) -> &BreakerState {
         &self.state
     }

@@ -58,7 +58,8 @@
 //! `tools/list` lists `ro_echo`, `idem_echo`, `unsafe_echo`, `destructive_echo`
 //! and `echo`, in that order, unless `MOCK_TOOLS=a,b,c` (comma separated, blanks
 //! dropped) replaces the names. `MOCK_TOOLS_VARIANT=V` appends a tool
-//! `variant_V`, so that a restarted server can report a different list. Every
+//! `variant_V`, so that a restarted server can report a different list; so does
+//! a file `tools_variant` holding V in `MOCK_STATE_DIR`, read at every start. Every
 //! tool has `"inputSchema": {"type": "object"}` and annotations chosen by its
 //! name prefix:
 //!
@@ -300,6 +301,12 @@ impl Config {
         };
         if let Some(variant) = env_string("MOCK_TOOLS_VARIANT") {
             tools.push(format!("variant_{variant}"));
+        }
+        // A variant chosen while the proxy runs, read at each start.
+        let variant_file =
+            env_string("MOCK_STATE_DIR").map(|d| PathBuf::from(d).join("tools_variant"));
+        if let Some(variant) = variant_file.and_then(|f| std::fs::read_to_string(f).ok()) {
+            tools.push(format!("variant_{}", variant.trim()));
         }
         Config {
             fast: false,

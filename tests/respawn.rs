@@ -1,0 +1,302 @@
+//! Respawn: a crashed server is started again, the client's handshake is
+//! replayed, and the calls in flight are recovered where that is safe.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::util::{eventually, Builder, Session};
+
+fn starts(s: &Session) -> u32 {
+    std::fs::read_to_string(s.dir.join("starts"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn received(s: &Session) -> Vec<String> {
+    std::fs::read_to_string(s.dir.join("recv.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn methods_received(s: &Session) -> Vec<String> {
+    received(s)
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|m| m["method"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The params text of every `initialize` the server received, byte for byte.
+fn initialize_params(s: &Session) -> Vec<String> {
+    received(s)
+        .iter()
+        .filter(|l| l.contains("\"initialize\""))
+        .map(|l| {
+            let start = l.find("\"params\":").expect("params") + 9;
+            l[start..l.len() - 1].to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn a_safe_call_survives_a_crash_transparently() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    s.request(json!("list"), "tools/list", json!({}));
+    s.result(&json!("list"));
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "how": "crash", "fail_times": 1, "text": "done"}),
+    );
+    let r = s.result(&json!(1));
+    assert_eq!(r["content"][0]["text"], "done");
+    assert_eq!(s.executions("idem_echo"), 2);
+    assert_eq!(starts(&s), 2);
+    // The replayed initialize is the client's, byte for byte.
+    let inits = initialize_params(&s);
+    assert_eq!(inits.len(), 2, "{inits:?}");
+    assert_eq!(inits[0], inits[1]);
+    let methods = methods_received(&s);
+    assert_eq!(
+        methods
+            .iter()
+            .filter(|m| *m == "notifications/initialized")
+            .count(),
+        2,
+        "initialized replayed: {methods:?}"
+    );
+    // The client never sees a second initialize result.
+    s.expect_none_where(Duration::from_millis(300), |v| {
+        v.get("id") == Some(&json!(0))
+    });
+    // The session goes on.
+    s.call(json!(2), "echo", json!({"text": "still here"}));
+    assert_eq!(s.result(&json!(2))["content"][0]["text"], "still here");
+}
+
+#[test]
+fn an_unsafe_call_is_not_re_executed_after_a_crash() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    s.request(json!("list"), "tools/list", json!({}));
+    s.result(&json!("list"));
+    s.call(
+        json!(1),
+        "unsafe_echo",
+        json!({"mode": "flaky", "how": "crash", "fail_times": 1}),
+    );
+    let e = s.error(&json!(1));
+    assert_eq!(e["data"]["reason"], "server_exited", "{e}");
+    assert_eq!(e["data"]["outcome"], "unknown", "{e}");
+    assert_eq!(s.executions("unsafe_echo"), 1);
+    // Without the client doing anything, the next call works.
+    s.call(json!(2), "unsafe_echo", json!({"text": "next"}));
+    assert_eq!(s.result(&json!(2))["content"][0]["text"], "next");
+    assert_eq!(starts(&s), 2);
+}
+
+#[test]
+fn read_requests_in_flight_are_sent_again() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    // A crash while a read is pending at the server.
+    s.call(
+        json!("c"),
+        "echo",
+        json!({"mode": "sleep_then_crash", "ms": 200}),
+    );
+    s.request(json!("r"), "resources/read", json!({"uri": "file:///x"}));
+    let r = s.result(&json!("r"));
+    assert!(r.to_string().contains("file:///x"), "{r}");
+    assert_eq!(s.error(&json!("c"))["data"]["reason"], "server_exited");
+}
+
+#[test]
+fn log_level_and_subscriptions_are_replayed() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    s.request(json!("l"), "logging/setLevel", json!({"level": "warning"}));
+    s.result(&json!("l"));
+    s.request(
+        json!("s1"),
+        "resources/subscribe",
+        json!({"uri": "file:///a"}),
+    );
+    s.request(
+        json!("s2"),
+        "resources/subscribe",
+        json!({"uri": "file:///b"}),
+    );
+    s.request(
+        json!("u"),
+        "resources/unsubscribe",
+        json!({"uri": "file:///b"}),
+    );
+    for id in ["s1", "s2", "u"] {
+        s.result(&json!(id));
+    }
+    s.call(json!(1), "echo", json!({"mode": "crash"}));
+    s.error(&json!(1));
+    s.request(json!(2), "ping", json!({}));
+    s.result(&json!(2));
+    eventually("the replay reached the new server", || {
+        let m = methods_received(&s);
+        m.iter().filter(|x| *x == "logging/setLevel").count() == 2
+    });
+    let lines = received(&s);
+    let after_restart: Vec<&String> = lines
+        .iter()
+        .skip_while(|l| !l.contains("\"mode\":\"crash\""))
+        .collect();
+    let subs: Vec<&&String> = after_restart
+        .iter()
+        .filter(|l| l.contains("resources/subscribe"))
+        .collect();
+    assert_eq!(subs.len(), 1, "only the active subscription: {subs:?}");
+    assert!(subs[0].contains("file:///a"));
+    // Replay order: initialize, initialized, setLevel, subscribe.
+    let order: Vec<String> = after_restart
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|m| m["method"].as_str().map(str::to_owned))
+        .collect();
+    let pos = |name: &str| order.iter().position(|m| m == name).unwrap_or(usize::MAX);
+    assert!(
+        pos("initialize") < pos("notifications/initialized"),
+        "{order:?}"
+    );
+    assert!(
+        pos("notifications/initialized") < pos("logging/setLevel"),
+        "{order:?}"
+    );
+    assert!(
+        pos("logging/setLevel") < pos("resources/subscribe"),
+        "{order:?}"
+    );
+}
+
+#[test]
+fn a_server_crashing_at_start_once_is_restarted() {
+    let mut s = Builder::wrap_mock()
+        .with_logs()
+        .env("MOCK_CRASH_STARTS", "1")
+        .start();
+    eventually("the second start", || starts(&s) >= 2);
+    s.initialize();
+    s.call(json!(1), "echo", json!({"text": "up"}));
+    assert_eq!(s.result(&json!(1))["content"][0]["text"], "up");
+    assert_eq!(starts(&s), 2);
+}
+
+#[test]
+fn a_server_crashing_on_every_initialize_gets_one_answer() {
+    // Each incarnation dies when initialize arrives. The handshake, never
+    // answered, is sent again to the next one, until the restarts are too
+    // far apart to keep the client waiting: then exactly one error.
+    let mut s = Builder::wrap_mock()
+        .with_logs()
+        .env("MOCK_CRASH_ON_INIT", "1")
+        .start();
+    s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
+    let e = s.error(&json!(0));
+    let reason = e["data"]["reason"].as_str().unwrap();
+    assert!(
+        ["server_exited", "server_unavailable"].contains(&reason),
+        "{e}"
+    );
+    assert!(
+        initialize_params(&s).len() >= 2,
+        "the handshake was sent again"
+    );
+    s.expect_none_where(Duration::from_millis(500), |v| {
+        v.get("id") == Some(&json!(0))
+    });
+}
+
+#[test]
+fn a_crash_loop_backs_off_and_fails_fast() {
+    let mut s = Builder::wrap_mock()
+        .with_logs()
+        .env("MOCK_CRASH_STARTS", "1000")
+        .start();
+    std::thread::sleep(Duration::from_secs(3));
+    let n = starts(&s);
+    // 0, 0, 0.5, 1, 2 s: about five starts in three seconds, not hundreds.
+    assert!((3..=6).contains(&n), "{n} starts in 3 s");
+    let t = Instant::now();
+    s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
+    let e = s.error(&json!(0));
+    assert!(t.elapsed() < Duration::from_secs(2), "answered at once");
+    assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("exited with status 4"),
+        "{e}"
+    );
+    s.call(json!(1), "echo", json!({}));
+    let e = s.error(&json!(1));
+    assert!(
+        ["circuit_open", "server_unavailable"].contains(&e["data"]["reason"].as_str().unwrap()),
+        "{e}"
+    );
+    assert!(s.stderr().contains("circuit breaker"), "{}", s.stderr());
+}
+
+#[test]
+fn a_changed_tool_list_after_restart_is_announced() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    s.request(json!("t"), "tools/list", json!({}));
+    s.result(&json!("t"));
+    // The next incarnation lists one more tool (the mock reads the file at start).
+    std::fs::write(s.dir.join("tools_variant"), "b").unwrap();
+    s.call(json!(1), "echo", json!({"mode": "crash"}));
+    s.error(&json!(1));
+    s.recv_where("list_changed", |v| {
+        v["method"] == "notifications/tools/list_changed"
+    });
+}
+
+#[test]
+fn server_requests_of_a_dead_server_are_cancelled_for_the_client() {
+    let mut s = Builder::wrap_mock().start();
+    s.initialize();
+    s.call(json!(1), "echo", json!({"mode": "sample"}));
+    let req = s.recv_where("sampling", |v| v["method"] == "sampling/createMessage");
+    // Kill the server from the side: it sees its process group signalled.
+    s.call(json!(2), "echo", json!({"mode": "crash"}));
+    let cancel = s.recv_where("cancel", |v| v["method"] == "notifications/cancelled");
+    assert_eq!(cancel["params"]["requestId"], req["id"]);
+    s.error(&json!(1));
+    s.error(&json!(2));
+    // A late answer from the client is dropped, and the session goes on.
+    s.send(json!({"jsonrpc": "2.0", "id": req["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "late"}, "model": "m"}}));
+    s.request(json!(3), "ping", json!({}));
+    s.result(&json!(3));
+}
+
+#[test]
+fn an_open_breaker_stops_restarts_until_a_request_comes_after_the_cooldown() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file(
+            "c.yaml",
+            "servers:\n  m:\n    command: {mock}\n    env:\n      MOCK_STATE_DIR: \"{dir}\"\n      MOCK_CRASH_STARTS: \"1000\"\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 1\n",
+        )
+        .start();
+    eventually("the breaker to open", || {
+        s.stderr().contains("not restarting the server")
+    });
+    let n = starts(&s);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(starts(&s), n, "no restart while nobody asks");
+    s.request(json!(1), "tools/list", json!({}));
+    s.error(&json!(1));
+    eventually("a restart after the request", || starts(&s) > n);
+}
