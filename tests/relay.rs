@@ -348,3 +348,30 @@ fn stderr_of_the_server_goes_to_stderr_only() {
     // Everything on stdout was JSON (recv would have panicked otherwise).
     let _ = MOCK;
 }
+
+#[test]
+fn an_attempt_does_not_time_out_while_the_client_answers_a_server_request() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file(
+            "c.yaml",
+            "servers:\n  m:\n    command: {mock}\n    call_timeout: 0.5\n    env:\n      MOCK_LOG: \"{dir}/exec.log\"\n",
+        )
+        .start();
+    s.initialize();
+    s.call(json!(1), "idem_echo", json!({"mode": "sample"}));
+    let req = s.recv_where("sampling request", |v| {
+        v["method"] == "sampling/createMessage"
+    });
+    // A person takes a while to approve the sampling request.
+    std::thread::sleep(Duration::from_millis(1500));
+    s.send(json!({"jsonrpc": "2.0", "id": req["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "approved"}, "model": "m"}}));
+    let r = s.result(&json!(1));
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("approved"),
+        "{r}"
+    );
+    assert_eq!(s.executions("idem_echo"), 1);
+}

@@ -690,6 +690,19 @@ impl Dispatcher {
                     let at = call.attempt_deadline;
                     return self.set_timer(at, Timer::AttemptTimeout { call: id, down });
                 }
+                let generation = self.generation;
+                let asking_client = self
+                    .server_requests
+                    .values()
+                    .any(|r| r.generation == generation);
+                if asking_client && call.deadline > now {
+                    // The server waits for the client (sampling, elicitation,
+                    // roots): a person may be answering. The attempt's clock
+                    // pauses; the call's total deadline still holds.
+                    call.attempt_deadline = (now + call.attempt_timeout).min(call.deadline);
+                    let at = call.attempt_deadline;
+                    return self.set_timer(at, Timer::AttemptTimeout { call: id, down });
+                }
                 call.live = None;
                 call.dead.push(down);
                 let took = call.attempt_timeout.min(
