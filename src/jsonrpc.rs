@@ -135,7 +135,14 @@ impl Message {
         out
     }
 
-    /// Rebuilds the message around new text (e.g. after `line_with_params`).
+    /// The same message with `params` replaced by `new_params` (raw JSON).
+    pub fn with_params(&self, new_params: &str) -> Option<Message> {
+        let mut line = self.line_with_params(new_params);
+        line.pop();
+        Message::reparse(String::from_utf8(line).ok()?)
+    }
+
+    /// Rebuilds the message around new text.
     pub fn reparse(text: String) -> Option<Message> {
         match classify(text) {
             Parsed::Message(m) => Some(m),

@@ -65,11 +65,9 @@ pub struct Call {
     /// while joined requests still wait.
     pub client: Option<String>,
     pub tool: String,
-    /// The original request (its id is replaced for every attempt).
+    /// The request as forwarded (the argument idempotency key removed);
+    /// its id is replaced for every attempt.
     request: Message,
-    /// Params to forward when they differ from the request's (the argument
-    /// idempotency key removed).
-    forward_params: Option<String>,
     progress_token: Option<String>,
     /// The dedup key (explicit key or fingerprint) when dedup applies.
     dedup_key: Option<String>,
@@ -200,14 +198,16 @@ impl Dispatcher {
         if let Some(r) = self.client_requests.get_mut(&client_id) {
             r.call = Some(id);
         }
-        let forward_params = parsed.forward_params.clone();
+        let request = match &parsed.forward_params {
+            Some(p) => m.with_params(p).unwrap_or(m),
+            None => m,
+        };
         self.calls.insert(
             id,
             Call {
                 client: Some(client_id),
                 tool,
-                request: m,
-                forward_params,
+                request,
                 progress_token: parsed.progress_token,
                 dedup_key,
                 explicit_key: parsed.explicit_key.is_some(),
@@ -301,18 +301,7 @@ impl Dispatcher {
         call.live = Some(down);
         call.attempt_deadline = (now + call.attempt_timeout).min(call.deadline);
         let at = call.attempt_deadline;
-        let line = match &call.forward_params {
-            Some(p) => {
-                let m = Message::reparse(
-                    String::from_utf8(call.request.line_with_params(p)).unwrap_or_default(),
-                );
-                match m {
-                    Some(m) => m.line_with_id(&down.to_string()),
-                    None => call.request.line_with_id(&down.to_string()),
-                }
-            }
-            None => call.request.line_with_id(&down.to_string()),
-        };
+        let line = call.request.line_with_id(&down.to_string());
         if call.attempts > 1 {
             info!(
                 "tool \"{}\": attempt {} (downstream id {down})",
