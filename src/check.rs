@@ -1,11 +1,921 @@
-//! The `check` mode (not built yet).
+//! The `check` mode: starts every selected server at once (one thread each),
+//! asks it `initialize` (or `server/discover`) and `tools/list` under one
+//! deadline, stops it, and prints one `[UP  ]`/`[DOWN]` line per server or a
+//! JSON report.
+//!
+//! Owns the probe's short conversation, the reasons a server counts as down
+//! and the report formats. Starting and stopping processes belongs to
+//! `child.rs` and reading the config to `config.rs`; this module knows
+//! nothing of the dispatcher, retries or any other policy. Our stdout is the
+//! report only: the servers' stderr is kept (never copied) and only its last
+//! line is quoted in a reason.
 
+use std::io::{self, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use serde::Serialize;
+use serde_json::{json, Value};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
+use crate::child::{self, Child, ExitInfo, Stderr};
 use crate::cli::CheckArgs;
+use crate::config::{self, Config, ServerConfig};
+use crate::downstream::ServerEvent;
+use crate::jsonrpc::{self, Kind, Message, Parsed};
 
-pub fn run(_args: CheckArgs) -> Result<ExitCode> {
-    anyhow::bail!("check is not available yet")
+/// The protocol version offered in `initialize`.
+const LEGACY_VERSION: &str = "2025-11-25";
+/// The protocol version asked for with `server/discover`.
+const MODERN_VERSION: &str = "2026-07-28";
+/// Each step of the stop (close stdin, SIGTERM, SIGKILL). Shorter than
+/// `run`'s: nobody is waiting for these servers to save anything.
+const SHUTDOWN_STEP: Duration = Duration::from_secs(1);
+/// How long to wait, once a server has exited or closed its stdout, for the
+/// rest of its output and its exit status.
+const END_GRACE: Duration = Duration::from_millis(500);
+/// A bound on `nextCursor` pages, against a server that never stops paging.
+const MAX_TOOL_PAGES: usize = 1000;
+/// The longest stderr line quoted in a reason, in characters.
+const MAX_REASON_LINE: usize = 300;
+
+pub fn run(args: CheckArgs) -> Result<ExitCode> {
+    let config = config::load(&args.config)?;
+    for note in &config.notes {
+        crate::warn!("{}: {note}", config.path.display());
+    }
+    let servers = select(&config, &args.servers)?;
+    let (stop, caught) = watch_signals()?;
+    let reports = probe_all(&servers, args.timeout, &stop);
+    let sig = caught.load(Ordering::SeqCst);
+    if sig != 0 {
+        crate::warn!("interrupted by signal {sig}; every server was stopped");
+        return Ok(ExitCode::from(128u8.saturating_add(sig as u8)));
+    }
+    let mut out = io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", json_report(&reports))?;
+    } else {
+        for line in text_lines(&reports) {
+            writeln!(out, "{line}")?;
+        }
+    }
+    out.flush()?;
+    Ok(if reports.iter().all(|r| r.outcome.is_ok()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The servers to probe, in config order: all of them, or those named
+/// (each name must exist; the error lists the available ones).
+fn select<'c>(config: &'c Config, names: &[String]) -> Result<Vec<&'c ServerConfig>> {
+    for name in names {
+        config.select(Some(name))?;
+    }
+    if config.servers.is_empty() {
+        // Always an error here, worded with the config's notes.
+        config.select(None)?;
+    }
+    Ok(config
+        .servers
+        .iter()
+        .filter(|s| names.is_empty() || names.contains(&s.name))
+        .collect())
+}
+
+/// Installs handlers for SIGTERM, SIGINT and SIGHUP. At the first one the
+/// returned receiver disconnects, which stops every probe (and so kills its
+/// server), and the signal is stored for the exit code.
+fn watch_signals() -> Result<(Receiver<()>, Arc<AtomicI32>)> {
+    let (tx, rx) = crossbeam_channel::bounded::<()>(0);
+    let caught = Arc::new(AtomicI32::new(0));
+    let seen = caught.clone();
+    let mut signals =
+        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut tx: Option<Sender<()>> = Some(tx);
+            for sig in signals.forever() {
+                seen.store(sig, Ordering::SeqCst);
+                drop(tx.take());
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok((rx, caught))
+}
+
+/// Probes every server on its own thread; the reports keep the input order.
+fn probe_all(servers: &[&ServerConfig], timeout: Duration, stop: &Receiver<()>) -> Vec<Report> {
+    thread::scope(|scope| {
+        let handles: Vec<_> = servers
+            .iter()
+            .enumerate()
+            .map(|(i, cfg)| {
+                thread::Builder::new()
+                    .name(format!("check-{i}"))
+                    .spawn_scoped(scope, move || probe(cfg, timeout, stop))
+                    .map_err(|e| format!("cannot start a probe thread: {e}"))
+            })
+            .collect();
+        servers
+            .iter()
+            .zip(handles)
+            .map(|(cfg, handle)| {
+                let outcome = handle.and_then(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("the probe thread panicked".into()))
+                });
+                Report {
+                    name: cfg.name.clone(),
+                    outcome,
+                }
+            })
+            .collect()
+    })
+}
+
+/// What one server did.
+#[derive(Debug, Clone, PartialEq)]
+struct Report {
+    name: String,
+    /// What it said, or why it counts as down.
+    outcome: Result<Up, String>,
+}
+
+/// A server that answered.
+#[derive(Debug, Clone, PartialEq)]
+struct Up {
+    /// From spawn to the answer.
+    latency: Duration,
+    protocol_version: Option<String>,
+    server_name: Option<String>,
+    server_version: Option<String>,
+    tools: Tools,
+}
+
+/// What `tools/list` told us.
+#[derive(Debug, Clone, PartialEq)]
+enum Tools {
+    Count(usize),
+    /// It answered with an error (its message).
+    Failed(String),
+    /// It did not answer (why).
+    Unknown(String),
+}
+
+impl Tools {
+    fn count(&self) -> Option<usize> {
+        match self {
+            Tools::Count(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// Why the count is missing, if it is.
+    fn problem(&self) -> Option<String> {
+        match self {
+            Tools::Count(_) => None,
+            Tools::Failed(msg) => Some(format!("tools/list failed: {msg}")),
+            Tools::Unknown(why) => Some(format!("tools unknown: {why}")),
+        }
+    }
+}
+
+/// Starts one server, talks to it, stops it.
+fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<Up, String> {
+    let started = Instant::now();
+    let (tx, events) = crossbeam_channel::unbounded();
+    let child = child::spawn(cfg, Stderr::Keep, move |event| {
+        let _ = tx.send(event);
+    })
+    .map_err(|e| e.0)?;
+    let mut conv = Conversation {
+        child,
+        events,
+        stop,
+        deadline: started + timeout,
+        next_id: 1,
+    };
+    let outcome = talk(&mut conv, started, timeout);
+    if matches!(stop.try_recv(), Err(TryRecvError::Disconnected)) {
+        // Interrupted: no time for a graceful stop. Dropping the child
+        // kills its process group.
+        return outcome;
+    }
+    conv.child.shutdown(SHUTDOWN_STEP);
+    outcome
+}
+
+/// The handshake, then the tool count.
+fn talk(conv: &mut Conversation<'_>, started: Instant, timeout: Duration) -> Result<Up, String> {
+    let hello = handshake(conv, started, timeout)?;
+    if !hello.modern {
+        conv.notify("notifications/initialized");
+    }
+    let tools = if hello.has_tools {
+        count_tools(conv, hello.modern)
+    } else {
+        Tools::Count(0)
+    };
+    Ok(Up {
+        latency: hello.latency,
+        protocol_version: hello.protocol_version,
+        server_name: hello.server_name,
+        server_version: hello.server_version,
+        tools,
+    })
+}
+
+/// What the server said about itself.
+struct Hello {
+    latency: Duration,
+    modern: bool,
+    protocol_version: Option<String>,
+    server_name: Option<String>,
+    server_version: Option<String>,
+    /// Whether it declared the `tools` capability (assumed when unclear).
+    has_tools: bool,
+}
+
+impl Hello {
+    fn from_result(result: &Value, latency: Duration, modern: bool) -> Hello {
+        let info = &result["serverInfo"];
+        let text = |v: &Value| v.as_str().map(str::to_owned);
+        let protocol_version = if modern {
+            discovered_version(result)
+        } else {
+            text(&result["protocolVersion"])
+        };
+        Hello {
+            latency,
+            modern,
+            protocol_version,
+            server_name: text(&info["name"]),
+            server_version: text(&info["version"]),
+            has_tools: match result["capabilities"].as_object() {
+                Some(caps) => caps.contains_key("tools"),
+                None => true,
+            },
+        }
+    }
+}
+
+/// The version a `server/discover` result offers: ours if listed, else its first.
+fn discovered_version(result: &Value) -> Option<String> {
+    let versions = result["supportedVersions"].as_array()?;
+    let mut names = versions.iter().filter_map(Value::as_str);
+    if names.clone().any(|v| v == MODERN_VERSION) {
+        return Some(MODERN_VERSION.into());
+    }
+    names.next().map(str::to_owned)
+}
+
+/// `initialize`, and `server/discover` when that is refused.
+fn handshake(
+    conv: &mut Conversation<'_>,
+    started: Instant,
+    timeout: Duration,
+) -> Result<Hello, String> {
+    match conv.request("initialize", &initialize_params()) {
+        Answer::Result(r) => Ok(Hello::from_result(&r, started.elapsed(), false)),
+        Answer::Error(refusal) => match conv.request("server/discover", &modern_params(None)) {
+            Answer::Result(r) => Ok(Hello::from_result(&r, started.elapsed(), true)),
+            _ => Err(format!("initialize failed: {refusal}")),
+        },
+        Answer::TimedOut => Err(format!("no response within {}", seconds(timeout))),
+        Answer::Gone(why) => Err(why),
+        Answer::Stopped => Err("interrupted".into()),
+    }
+}
+
+/// Counts the tools over every `nextCursor` page, within the deadline.
+fn count_tools(conv: &mut Conversation<'_>, modern: bool) -> Tools {
+    let mut count = 0;
+    let mut cursor: Option<String> = None;
+    for _ in 0..MAX_TOOL_PAGES {
+        let params = if modern {
+            modern_params(cursor.as_deref())
+        } else {
+            cursor_params(cursor.as_deref())
+        };
+        let page = match conv.request("tools/list", &params) {
+            Answer::Result(page) => page,
+            Answer::Error(msg) => return Tools::Failed(msg),
+            Answer::TimedOut => return Tools::Unknown("no answer to tools/list".into()),
+            Answer::Gone(why) => return Tools::Unknown(why),
+            Answer::Stopped => return Tools::Unknown("interrupted".into()),
+        };
+        let Some(tools) = page["tools"].as_array() else {
+            return Tools::Failed("the result has no \"tools\" array".into());
+        };
+        count += tools.len();
+        match page["nextCursor"].as_str() {
+            Some(next) if !next.is_empty() && cursor.as_deref() != Some(next) => {
+                cursor = Some(next.to_owned());
+            }
+            _ => return Tools::Count(count),
+        }
+    }
+    Tools::Unknown(format!("more than {MAX_TOOL_PAGES} pages of tools"))
+}
+
+fn initialize_params() -> String {
+    json!({
+        "protocolVersion": LEGACY_VERSION,
+        "capabilities": {},
+        "clientInfo": {"name": "mcp-retry", "version": env!("CARGO_PKG_VERSION")},
+    })
+    .to_string()
+}
+
+/// The `_meta` every 2026-07-28 request carries, plus a cursor if given.
+fn modern_params(cursor: Option<&str>) -> String {
+    let mut params = json!({
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+    });
+    if let Some(c) = cursor {
+        params["cursor"] = c.into();
+    }
+    params.to_string()
+}
+
+fn cursor_params(cursor: Option<&str>) -> String {
+    match cursor {
+        Some(c) => json!({ "cursor": c }).to_string(),
+        None => "{}".into(),
+    }
+}
+
+/// How a request ended.
+enum Answer {
+    Result(Value),
+    /// A JSON-RPC error: its message.
+    Error(String),
+    /// The deadline passed first.
+    TimedOut,
+    /// The server exited or closed its stdout first (why, with its last
+    /// stderr line).
+    Gone(String),
+    /// We were told to stop.
+    Stopped,
+}
+
+/// One server's side of the probe: its process, its events, the deadline.
+struct Conversation<'a> {
+    child: Child,
+    events: Receiver<ServerEvent>,
+    stop: &'a Receiver<()>,
+    deadline: Instant,
+    next_id: u64,
+}
+
+impl Conversation<'_> {
+    fn notify(&mut self, method: &str) {
+        self.child.send(jsonrpc::notification_line(method, None));
+    }
+
+    /// Sends a request and waits for its answer until the deadline.
+    fn request(&mut self, method: &str, params: &str) -> Answer {
+        let id = self.next_id.to_string();
+        self.next_id += 1;
+        self.child
+            .send(jsonrpc::request_line(&id, method, Some(params)));
+        self.wait_for(&id)
+    }
+
+    fn wait_for(&mut self, id: &str) -> Answer {
+        let mut exit: Option<ExitInfo> = None;
+        let mut closed = false;
+        let mut ended: Option<Instant> = None;
+        loop {
+            let until = ended.map_or(self.deadline, |t| t + END_GRACE);
+            let event = crossbeam_channel::select! {
+                recv(self.events) -> e => e.ok(),
+                recv(self.stop) -> _ => return Answer::Stopped,
+                recv(crossbeam_channel::at(until)) -> _ => {
+                    return match ended {
+                        Some(_) => self.gone(exit),
+                        None => Answer::TimedOut,
+                    };
+                }
+            };
+            match event {
+                Some(ServerEvent::Message(parsed)) => {
+                    if let Some(answer) = self.take_answer(parsed, id) {
+                        return answer;
+                    }
+                }
+                Some(ServerEvent::Exited(info)) => exit = Some(info),
+                Some(ServerEvent::StdoutClosed) => closed = true,
+                Some(ServerEvent::Garbage | ServerEvent::WriteFailed { .. }) => {}
+                // Every sender is gone: nothing more can arrive.
+                None => return self.gone(exit),
+            }
+            if exit.is_some() && closed {
+                return self.gone(exit);
+            }
+            if exit.is_some() || closed {
+                ended.get_or_insert_with(Instant::now);
+            }
+        }
+    }
+
+    /// The answer to `id` if `parsed` holds it. Requests from the server
+    /// are answered on the way (`ping` politely, the rest as unknown).
+    fn take_answer(&mut self, parsed: Parsed, id: &str) -> Option<Answer> {
+        match parsed {
+            Parsed::Message(m) => self.take_message(m, id),
+            Parsed::Batch(items) => items
+                .into_iter()
+                .filter_map(|p| self.take_answer(p, id))
+                .reduce(|first, _| first),
+            Parsed::Invalid(_) => None,
+        }
+    }
+
+    fn take_message(&mut self, m: Message, id: &str) -> Option<Answer> {
+        match m.kind() {
+            Kind::Response if m.id() == Some(id) => Some(answer_of(&m)),
+            Kind::Request => {
+                self.answer_server_request(&m);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn answer_server_request(&mut self, m: &Message) {
+        let Some(id) = m.id() else { return };
+        let line = if m.method().as_deref() == Some("ping") {
+            jsonrpc::response_line(id, "{}")
+        } else {
+            jsonrpc::error_line(Some(id), -32601, "Method not found", None)
+        };
+        self.child.send(line);
+    }
+
+    /// Why the server cannot answer any more, with its last stderr line.
+    fn gone(&self, exit: Option<ExitInfo>) -> Answer {
+        let what = match exit {
+            Some(info) => format!("{info} before answering"),
+            None => "closed its stdout before answering".into(),
+        };
+        self.child.wait_stderr_closed(END_GRACE);
+        Answer::Gone(match last_line(&self.child.stderr_tail()) {
+            Some(line) => format!("{what}: {line}"),
+            None => what,
+        })
+    }
+}
+
+/// A response as an [`Answer`]: its result, or its error's message.
+fn answer_of(m: &Message) -> Answer {
+    let parse = |raw: &str| serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
+    if let Some(result) = m.result() {
+        return Answer::Result(parse(result));
+    }
+    let error = m.error().map(parse).unwrap_or(Value::Null);
+    Answer::Error(match error["message"].as_str() {
+        Some(msg) if !msg.trim().is_empty() => clean_line(msg),
+        _ => format!("error {error}"),
+    })
+}
+
+/// The last non-blank line, made fit for one line of our report.
+fn last_line(lines: &[String]) -> Option<String> {
+    lines
+        .iter()
+        .rev()
+        .map(|l| clean_line(l))
+        .find(|l| !l.is_empty())
+}
+
+/// Drops terminal colour codes and control characters, trims, and
+/// shortens to [`MAX_REASON_LINE`] characters.
+fn clean_line(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            // A CSI sequence ends with a byte in @..~.
+            chars.next();
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else if c == '\t' {
+            out.push(' ');
+        } else if !c.is_control() {
+            out.push(c);
+        }
+    }
+    let trimmed = out.trim();
+    if trimmed.chars().count() <= MAX_REASON_LINE {
+        return trimmed.to_owned();
+    }
+    let mut short: String = trimmed.chars().take(MAX_REASON_LINE - 1).collect();
+    short.push('…');
+    short
+}
+
+/// `10.0s`.
+fn seconds(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// `180.4ms`.
+fn millis(d: Duration) -> String {
+    format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+}
+
+/// One line per report, name and latency columns padded to their widest.
+fn text_lines(reports: &[Report]) -> Vec<String> {
+    let latencies: Vec<String> = reports
+        .iter()
+        .map(|r| match &r.outcome {
+            Ok(up) => millis(up.latency),
+            Err(_) => "-".into(),
+        })
+        .collect();
+    let name_width = reports.iter().map(|r| r.name.chars().count()).max();
+    let latency_width = latencies.iter().map(|l| l.chars().count()).max();
+    reports
+        .iter()
+        .zip(&latencies)
+        .map(|(r, latency)| {
+            let (status, detail) = match &r.outcome {
+                Ok(up) => ("[UP  ]", up_detail(up)),
+                Err(why) => ("[DOWN]", why.clone()),
+            };
+            format!(
+                "{status} {:<nw$}   {latency:<lw$}  {detail}",
+                r.name,
+                nw = name_width.unwrap_or(0),
+                lw = latency_width.unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// `ok (14 tools, secure-filesystem-server 0.2.0)`.
+fn up_detail(up: &Up) -> String {
+    let tools = match &up.tools {
+        Tools::Count(1) => "1 tool".to_owned(),
+        Tools::Count(n) => format!("{n} tools"),
+        other => other.problem().unwrap_or_default(),
+    };
+    let server = match (&up.server_name, &up.server_version) {
+        (Some(name), Some(version)) => Some(format!("{name} {version}")),
+        (Some(name), None) => Some(name.clone()),
+        _ => None,
+    };
+    match server {
+        Some(server) => format!("ok ({tools}, {server})"),
+        None => format!("ok ({tools})"),
+    }
+}
+
+/// `{"servers": [...]}`, null where unknown. `error` says why a server is
+/// down, or why an up server's tool count is missing.
+fn json_report(reports: &[Report]) -> String {
+    let report = JsonReport {
+        servers: reports.iter().map(JsonServer::from).collect(),
+    };
+    serde_json::to_string_pretty(&report).unwrap_or_default()
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    servers: Vec<JsonServer<'a>>,
+}
+
+/// One entry of the JSON report, its fields in this order.
+#[derive(Serialize)]
+struct JsonServer<'a> {
+    name: &'a str,
+    up: bool,
+    latency_ms: Option<f64>,
+    error: Option<String>,
+    protocol_version: Option<&'a str>,
+    server_name: Option<&'a str>,
+    server_version: Option<&'a str>,
+    tools: Option<usize>,
+}
+
+impl<'a> From<&'a Report> for JsonServer<'a> {
+    fn from(r: &'a Report) -> JsonServer<'a> {
+        match &r.outcome {
+            Ok(up) => JsonServer {
+                name: &r.name,
+                up: true,
+                latency_ms: Some((up.latency.as_secs_f64() * 10_000.0).round() / 10.0),
+                error: up.tools.problem(),
+                protocol_version: up.protocol_version.as_deref(),
+                server_name: up.server_name.as_deref(),
+                server_version: up.server_version.as_deref(),
+                tools: up.tools.count(),
+            },
+            Err(why) => JsonServer {
+                name: &r.name,
+                up: false,
+                latency_ms: None,
+                error: Some(why.clone()),
+                protocol_version: None,
+                server_name: None,
+                server_version: None,
+                tools: None,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn up(ms: f64, tools: Tools, name: Option<&str>, version: Option<&str>) -> Result<Up, String> {
+        Ok(Up {
+            latency: Duration::from_secs_f64(ms / 1000.0),
+            protocol_version: Some(LEGACY_VERSION.into()),
+            server_name: name.map(str::to_owned),
+            server_version: version.map(str::to_owned),
+            tools,
+        })
+    }
+
+    fn report(name: &str, outcome: Result<Up, String>) -> Report {
+        Report {
+            name: name.into(),
+            outcome,
+        }
+    }
+
+    #[test]
+    fn lines_are_aligned_as_documented() {
+        let reports = [
+            report(
+                "filesystem",
+                up(
+                    180.4,
+                    Tools::Count(14),
+                    Some("secure-filesystem-server"),
+                    Some("0.2.0"),
+                ),
+            ),
+            report("everything", Err("no response within 10.0s".into())),
+            report(
+                "github",
+                Err("exited with status 1 before answering: Error: GITHUB_TOKEN is not set".into()),
+            ),
+            report(
+                "ghost",
+                Err("cannot start \"/nonexistent/server\": No such file or directory".into()),
+            ),
+        ];
+        assert_eq!(
+            text_lines(&reports),
+            [
+                "[UP  ] filesystem   180.4ms  ok (14 tools, secure-filesystem-server 0.2.0)",
+                "[DOWN] everything   -        no response within 10.0s",
+                "[DOWN] github       -        exited with status 1 before answering: Error: GITHUB_TOKEN is not set",
+                "[DOWN] ghost        -        cannot start \"/nonexistent/server\": No such file or directory",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_latency_column_takes_the_widest_value() {
+        let reports = [
+            report("a", up(5.0, Tools::Count(1), Some("s"), None)),
+            report("bb", up(1234.56, Tools::Count(0), None, None)),
+            report("c", Err("down".into())),
+        ];
+        assert_eq!(
+            text_lines(&reports),
+            [
+                "[UP  ] a    5.0ms     ok (1 tool, s)",
+                "[UP  ] bb   1234.6ms  ok (0 tools)",
+                "[DOWN] c    -         down",
+            ]
+        );
+        assert!(text_lines(&[]).is_empty());
+    }
+
+    #[test]
+    fn a_missing_tool_count_says_why() {
+        let failed = up(1.0, Tools::Failed("boom".into()), Some("x"), Some("1"));
+        let unknown = up(
+            1.0,
+            Tools::Unknown("no answer to tools/list".into()),
+            None,
+            None,
+        );
+        assert_eq!(
+            up_detail(failed.as_ref().unwrap()),
+            "ok (tools/list failed: boom, x 1)"
+        );
+        assert_eq!(
+            up_detail(unknown.as_ref().unwrap()),
+            "ok (tools unknown: no answer to tools/list)"
+        );
+    }
+
+    #[test]
+    fn json_has_every_field_in_order_with_nulls() {
+        let reports = [
+            report("up", up(12.34, Tools::Count(3), Some("srv"), Some("2.0"))),
+            report("down", Err("why".into())),
+        ];
+        let text = json_report(&reports);
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            v,
+            json!({"servers": [
+                {"name": "up", "up": true, "latency_ms": 12.3, "error": null,
+                 "protocol_version": "2025-11-25", "server_name": "srv",
+                 "server_version": "2.0", "tools": 3},
+                {"name": "down", "up": false, "latency_ms": null, "error": "why",
+                 "protocol_version": null, "server_name": null,
+                 "server_version": null, "tools": null},
+            ]})
+        );
+        let name = text.find("\"name\"").unwrap();
+        let up = text.find("\"up\"").unwrap();
+        let tools = text.find("\"tools\"").unwrap();
+        assert!(name < up && up < tools, "{text}");
+    }
+
+    #[test]
+    fn stderr_lines_are_cleaned_for_the_report() {
+        assert_eq!(
+            clean_line("\u{1b}[31mError:\u{1b}[0m\tno token\r"),
+            "Error: no token"
+        );
+        let long = "x".repeat(MAX_REASON_LINE + 10);
+        assert_eq!(clean_line(&long).chars().count(), MAX_REASON_LINE);
+        assert!(clean_line(&long).ends_with('…'));
+        let lines = ["first".to_owned(), "last".to_owned(), "  ".to_owned()];
+        assert_eq!(last_line(&lines).as_deref(), Some("last"));
+        assert_eq!(last_line(&[]), None);
+    }
+
+    #[test]
+    fn what_a_server_says_about_itself() {
+        let legacy = json!({"protocolVersion": "2025-06-18", "capabilities": {"prompts": {}},
+                            "serverInfo": {"name": "n", "version": "v"}});
+        let h = Hello::from_result(&legacy, Duration::ZERO, false);
+        assert_eq!(h.protocol_version.as_deref(), Some("2025-06-18"));
+        assert_eq!(
+            (h.server_name.as_deref(), h.server_version.as_deref()),
+            (Some("n"), Some("v"))
+        );
+        assert!(!h.has_tools);
+        let modern = json!({"supportedVersions": ["2027-01-01", MODERN_VERSION]});
+        let h = Hello::from_result(&modern, Duration::ZERO, true);
+        assert_eq!(h.protocol_version.as_deref(), Some(MODERN_VERSION));
+        assert!(h.has_tools, "no capabilities: ask anyway");
+        assert_eq!(
+            discovered_version(&json!({"supportedVersions": ["2027-01-01"]})).as_deref(),
+            Some("2027-01-01")
+        );
+        assert_eq!(discovered_version(&json!("odd")), None);
+    }
+
+    #[test]
+    fn errors_become_their_message() {
+        let m = |s: &str| Message::reparse(s.to_owned()).unwrap();
+        let Answer::Error(msg) = answer_of(&m(
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"unsupported protocol version"}}"#,
+        )) else {
+            panic!("not an error")
+        };
+        assert_eq!(msg, "unsupported protocol version");
+        let Answer::Error(msg) = answer_of(&m(r#"{"jsonrpc":"2.0","id":1,"error":{"code":7}}"#))
+        else {
+            panic!("not an error")
+        };
+        assert_eq!(msg, r#"error {"code":7}"#);
+    }
+
+    #[test]
+    fn requests_carry_what_each_era_needs() {
+        let init: Value = serde_json::from_str(&initialize_params()).unwrap();
+        assert_eq!(init["protocolVersion"], LEGACY_VERSION);
+        assert_eq!(init["capabilities"], json!({}));
+        assert_eq!(init["clientInfo"]["name"], "mcp-retry");
+        assert_eq!(init["clientInfo"]["version"], env!("CARGO_PKG_VERSION"));
+        let discover: Value = serde_json::from_str(&modern_params(None)).unwrap();
+        assert_eq!(
+            discover,
+            json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                             "io.modelcontextprotocol/clientCapabilities": {}}})
+        );
+        let page: Value = serde_json::from_str(&modern_params(Some("2"))).unwrap();
+        assert_eq!(page["cursor"], "2");
+        assert_eq!(cursor_params(None), "{}");
+        assert_eq!(cursor_params(Some("1")), r#"{"cursor":"1"}"#);
+    }
+
+    fn config(text: &str) -> Config {
+        config::parse(text, Path::new("c.yaml"), config::Format::Yaml, &|_| None).unwrap()
+    }
+
+    #[test]
+    fn selection_keeps_config_order_and_names_the_choices() {
+        let c =
+            config("servers:\n  a:\n    command: x\n  b:\n    command: y\n  c:\n    command: z\n");
+        let names = |sel: &[&str]| {
+            let sel: Vec<String> = sel.iter().map(|s| s.to_string()).collect();
+            select(&c, &sel)
+                .unwrap()
+                .iter()
+                .map(|s| s.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&[]), ["a", "b", "c"]);
+        assert_eq!(names(&["c", "a", "c"]), ["a", "c"]);
+        let err = select(&c, &["nope".into()]).unwrap_err().to_string();
+        assert!(err.contains("available: a, b, c"), "{err}");
+        let empty = config("servers: {}\n");
+        assert!(select(&empty, &[]).is_err());
+    }
+
+    #[test]
+    fn durations_read_as_in_the_report() {
+        assert_eq!(seconds(Duration::from_secs(10)), "10.0s");
+        assert_eq!(seconds(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(millis(Duration::from_micros(180_400)), "180.4ms");
+    }
+
+    /// Probes a `sh -c SCRIPT` server.
+    fn probe_script(script: &str, timeout: Duration) -> Result<Up, String> {
+        let cfg = ServerConfig::with_defaults("t", "sh".into(), vec!["-c".into(), script.into()]);
+        let (_keep, stop) = crossbeam_channel::bounded::<()>(0);
+        probe(&cfg, timeout, &stop)
+    }
+
+    #[test]
+    fn an_answer_written_just_before_exiting_counts() {
+        let up = probe_script(
+            r#"read l; echo '{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"x","capabilities":{}}}'"#,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!(up.protocol_version.as_deref(), Some("x"));
+        assert_eq!(up.tools, Tools::Count(0), "no tools capability");
+    }
+
+    #[test]
+    fn the_server_s_own_requests_are_answered() {
+        let script = r#"read l
+echo '{"jsonrpc":"2.0","id":"s1","method":"ping"}'
+read pong
+case "$pong" in *'"id":"s1"'*'"result":{}'*) ;; *) echo "bad pong: $pong" >&2; exit 9;; esac
+echo '{"jsonrpc":"2.0","id":1,"result":{"capabilities":{"tools":{}}}}'
+read initialized
+read l
+echo '{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"a"}],"nextCursor":"p2"}}'
+read l
+case "$l" in *'"cursor":"p2"'*) ;; *) echo "no cursor: $l" >&2; exit 9;; esac
+echo '{"jsonrpc":"2.0","id":3,"result":{"tools":[{"name":"b"},{"name":"c"}]}}'
+read l"#;
+        let up = probe_script(script, Duration::from_secs(10)).unwrap();
+        assert_eq!(up.tools, Tools::Count(3));
+    }
+
+    #[test]
+    fn a_server_that_closes_its_stdout_is_down_with_its_last_words() {
+        let why = probe_script(
+            "echo 'fatal: no config' >&2; exec >&-; sleep 30",
+            Duration::from_secs(10),
+        )
+        .unwrap_err();
+        assert_eq!(why, "closed its stdout before answering: fatal: no config");
+    }
+
+    #[test]
+    fn tools_list_gets_what_is_left_of_the_deadline() {
+        let started = Instant::now();
+        let up = probe_script(
+            r#"read l; echo '{"jsonrpc":"2.0","id":1,"result":{}}'; sleep 30"#,
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        assert_eq!(up.tools, Tools::Unknown("no answer to tools/list".into()));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
 }

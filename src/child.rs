@@ -72,7 +72,6 @@ pub enum Stderr {
     /// Copy every line to our stderr (and keep the tail).
     Copy,
     /// Only keep the tail (for `check`, whose output must stay readable).
-    #[allow(dead_code)] // `check` uses it; see check.rs.
     Keep,
 }
 
@@ -83,6 +82,8 @@ pub struct Child {
     exited: Receiver<ExitInfo>,
     exit: Option<ExitInfo>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// Disconnected once the stderr thread has read everything.
+    stderr_done: Receiver<()>,
     description: String,
 }
 
@@ -130,7 +131,7 @@ where
         SpawnError(format!(
             "cannot start \"{}\"{cwd_note}: {}",
             cfg.command,
-            describe_io_error(&e)
+            describe_io_error(&cfg.command, &e)
         ))
     })?;
     let pid = child.id();
@@ -171,9 +172,11 @@ where
 
     let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
     let tail2 = tail.clone();
+    let (stderr_done_tx, stderr_done) = crossbeam_channel::bounded::<()>(0);
     thread::Builder::new()
         .name("child-stderr".into())
         .spawn(move || {
+            let _done = stderr_done_tx;
             stdio::lossy_lines(stderr, |line| {
                 if stderr_mode == Stderr::Copy {
                     let mut err = std::io::stderr().lock();
@@ -212,12 +215,16 @@ where
         exited: exit_rx,
         exit: None,
         stderr_tail: tail,
+        stderr_done,
         description: format!("\"{}\" (pid {pid})", cfg.command),
     })
 }
 
-fn describe_io_error(e: &std::io::Error) -> String {
+/// The reason a spawn failed, in the words of the OS. The PATH hint is only
+/// given for a bare command name, the only kind looked up on PATH.
+fn describe_io_error(command: &str, e: &std::io::Error) -> String {
     match e.kind() {
+        std::io::ErrorKind::NotFound if command.contains('/') => "No such file or directory".into(),
         std::io::ErrorKind::NotFound => {
             "No such file or directory (is it installed and on PATH?)".into()
         }
@@ -262,6 +269,16 @@ impl Child {
         self.stderr_tail.lock().iter().cloned().collect()
     }
 
+    /// Waits up to `timeout` for the child's stderr to reach end of file, so
+    /// that [`Child::stderr_tail`] holds all it wrote. False on timeout (a
+    /// descendant may still hold the pipe open).
+    pub fn wait_stderr_closed(&self, timeout: Duration) -> bool {
+        matches!(
+            self.stderr_done.recv_timeout(timeout),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+        )
+    }
+
     fn wait_exit(&mut self, timeout: Duration) -> Option<ExitInfo> {
         if self.exit.is_none() {
             self.exit = self.exited.recv_timeout(timeout).ok();
@@ -272,7 +289,6 @@ impl Child {
     /// The MCP stdio shutdown: close stdin, wait `grace`, SIGTERM the
     /// process group, wait `grace`, SIGKILL it. Whatever is left of the group
     /// afterwards is killed too.
-    #[allow(dead_code)] // `check` uses it; see check.rs.
     pub fn shutdown(&mut self, grace: Duration) -> ExitInfo {
         self.stdin = None;
         let info = self
@@ -352,11 +368,22 @@ mod tests {
         let err = spawn(&cfg("/nonexistent/server", &[]), Stderr::Keep, |_| {})
             .err()
             .unwrap();
-        assert!(
-            err.0.contains("cannot start \"/nonexistent/server\""),
-            "{err}"
+        assert_eq!(
+            err.0,
+            "cannot start \"/nonexistent/server\": No such file or directory"
         );
-        assert!(err.0.contains("No such file or directory"), "{err}");
+    }
+
+    #[test]
+    fn a_bare_name_missing_from_path_gets_a_hint() {
+        let err = spawn(&cfg("mcp-retry-no-such-server", &[]), Stderr::Keep, |_| {})
+            .err()
+            .unwrap();
+        assert_eq!(
+            err.0,
+            "cannot start \"mcp-retry-no-such-server\": No such file or directory \
+             (is it installed and on PATH?)"
+        );
     }
 
     #[test]
@@ -401,10 +428,7 @@ mod tests {
         assert_eq!(exit.unwrap().code, Some(3));
         assert_eq!(exit.unwrap().to_string(), "exited with status 3");
         // The stderr thread may still be draining.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while child.stderr_tail().is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        assert!(child.wait_stderr_closed(Duration::from_secs(5)));
         assert_eq!(child.stderr_tail(), ["oops"]);
     }
 

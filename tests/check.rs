@@ -1,0 +1,430 @@
+//! `mcp-retry check` through the real binary: the report lines and their
+//! alignment, each reason a server is down, the JSON report, `--server`,
+//! parallel probing and that no process outlives the check.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::util::{gone_within, read_pid, TempDir, MOCK, PROXY, WAIT};
+
+/// What one `mcp-retry check` run did.
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Ran {
+    fn lines(&self) -> Vec<&str> {
+        self.stdout.lines().collect()
+    }
+}
+
+/// Writes `config` (with `{mock}` and `{dir}` filled in) into `dir` and runs
+/// `mcp-retry check --config FILE ARGS`, killing it after [`WAIT`].
+fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
+    let text = config
+        .replace("{mock}", MOCK)
+        .replace("{dir}", &dir.path().display().to_string());
+    let path = dir.write("c.yaml", &text);
+    let started = Instant::now();
+    let mut child = Command::new(PROXY)
+        .arg("check")
+        .arg("--config")
+        .arg(&path)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = read_all(child.stdout.take().unwrap());
+    let err = read_all(child.stderr.take().unwrap());
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            panic!("check did not finish within {WAIT:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    let took = started.elapsed();
+    Ran {
+        code: status.code(),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+        took,
+    }
+}
+
+fn read_all(mut r: impl Read + Send + 'static) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
+/// One report line cut into its columns, with where each column starts.
+#[derive(Debug)]
+struct Line {
+    status: String,
+    name: String,
+    latency: String,
+    detail: String,
+    latency_at: usize,
+    detail_at: usize,
+}
+
+/// Cuts `[UP  ] NAME   LATENCY  DETAIL` (name and latency hold no spaces).
+fn columns(line: &str) -> Line {
+    let (status, rest) = line.split_at(7);
+    let name_end = 7 + rest.find(' ').unwrap();
+    let latency_at = name_end + line[name_end..].find(|c| c != ' ').unwrap();
+    let latency_end = latency_at + line[latency_at..].find(' ').unwrap();
+    let detail_at = latency_end + line[latency_end..].find(|c| c != ' ').unwrap();
+    Line {
+        status: status.trim_end().to_owned(),
+        name: line[7..name_end].to_owned(),
+        latency: line[latency_at..latency_end].to_owned(),
+        detail: line[detail_at..].to_owned(),
+        latency_at,
+        detail_at,
+    }
+}
+
+/// Cuts every line and checks the alignment: the latency column starts three
+/// spaces after the longest name, the detail two after the widest latency.
+fn report(ran: &Ran) -> Vec<Line> {
+    let lines: Vec<Line> = ran.lines().into_iter().map(columns).collect();
+    assert!(!lines.is_empty(), "no report; stderr:\n{}", ran.stderr);
+    let longest_name = lines.iter().map(|l| l.name.len()).max().unwrap();
+    let widest_latency = lines.iter().map(|l| l.latency.len()).max().unwrap();
+    for l in &lines {
+        assert_eq!(l.latency_at, 7 + longest_name + 3, "{l:?}\n{}", ran.stdout);
+        assert_eq!(
+            l.detail_at,
+            l.latency_at + widest_latency + 2,
+            "{l:?}\n{}",
+            ran.stdout
+        );
+    }
+    lines
+}
+
+/// A latency like `12.3ms`, in milliseconds.
+fn latency_ms(l: &Line) -> f64 {
+    let digits = l
+        .latency
+        .strip_suffix("ms")
+        .unwrap_or_else(|| panic!("{l:?}"));
+    let tenths = digits.split_once('.').map(|(_, t)| t);
+    assert_eq!(tenths.map(str::len), Some(1), "one decimal: {l:?}");
+    digits.parse().unwrap_or_else(|_| panic!("{l:?}"))
+}
+
+fn assert_up(l: &Line, name: &str, detail: &str) {
+    assert_eq!(
+        (l.status.as_str(), l.name.as_str()),
+        ("[UP  ]", name),
+        "{l:?}"
+    );
+    assert!(latency_ms(l) > 0.0, "{l:?}");
+    assert_eq!(l.detail, detail);
+}
+
+fn assert_down(l: &Line, name: &str, detail: &str) {
+    assert_eq!(
+        (l.status.as_str(), l.name.as_str(), l.latency.as_str()),
+        ("[DOWN]", name, "-"),
+        "{l:?}"
+    );
+    assert_eq!(l.detail, detail);
+}
+
+const OK_MOCK: &str = "ok (5 tools, mock-mcp-server 1.0.0)";
+
+#[test]
+fn every_server_up_exits_zero_with_aligned_lines() {
+    let dir = TempDir::new();
+    let ran = check(
+        &dir,
+        "servers:
+  filesystem:
+    command: {mock}
+    env:
+      MOCK_TOOLS: \"a,b,c\"
+  x:
+    command: {mock}
+  paged:
+    command: {mock}
+    args: [\"--ignored-flag\"]
+    env:
+      MOCK_TOOLS_PAGE_SIZE: \"2\"
+",
+        &[],
+    );
+    assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(lines.len(), 3, "{}", ran.stdout);
+    assert_up(
+        &lines[0],
+        "filesystem",
+        "ok (3 tools, mock-mcp-server 1.0.0)",
+    );
+    assert_up(&lines[1], "x", OK_MOCK);
+    assert_up(&lines[2], "paged", OK_MOCK);
+    assert!(
+        !ran.stdout.contains("mock:"),
+        "server stderr on stdout:\n{}",
+        ran.stdout
+    );
+}
+
+#[test]
+fn down_servers_say_why_and_exit_one() {
+    let dir = TempDir::new();
+    let ran = check(
+        &dir,
+        "servers:
+  fine:
+    command: {mock}
+  github:
+    command: {mock}
+    env:
+      MOCK_CRASH_AT_START: \"1\"
+      MOCK_CRASH_MESSAGE: \"Error: GITHUB_TOKEN is not set\"
+  everything:
+    command: {mock}
+    env:
+      MOCK_NO_INIT_ANSWER: \"1\"
+  ghost:
+    command: /nonexistent/server
+  refuses:
+    command: {mock}
+    env:
+      MOCK_INIT_ERROR: \"1\"
+",
+        &["--timeout", "1"],
+    );
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(lines.len(), 5, "{}", ran.stdout);
+    assert_up(&lines[0], "fine", OK_MOCK);
+    assert_down(
+        &lines[1],
+        "github",
+        "exited with status 1 before answering: Error: GITHUB_TOKEN is not set",
+    );
+    assert_down(&lines[2], "everything", "no response within 1.0s");
+    assert_down(
+        &lines[3],
+        "ghost",
+        "cannot start \"/nonexistent/server\": No such file or directory",
+    );
+    assert_down(
+        &lines[4],
+        "refuses",
+        "initialize failed: unsupported protocol version",
+    );
+    assert!(ran.took < Duration::from_secs(5), "took {:?}", ran.took);
+}
+
+#[test]
+fn a_modern_only_server_is_up_through_server_discover() {
+    let dir = TempDir::new();
+    let config = "servers:
+  modern:
+    command: {mock}
+    env:
+      MOCK_INIT_ERROR: \"1\"
+      MOCK_MODERN: \"1\"
+";
+    let ran = check(&dir, config, &[]);
+    assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+    assert_up(&report(&ran)[0], "modern", OK_MOCK);
+    let ran = check(&dir, config, &["--json"]);
+    let v: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(v["servers"][0]["protocol_version"], "2026-07-28");
+    assert_eq!(v["servers"][0]["tools"], 5);
+}
+
+#[test]
+fn json_report_parses_and_matches() {
+    let dir = TempDir::new();
+    let ran = check(
+        &dir,
+        "servers:
+  up:
+    command: {mock}
+    env:
+      MOCK_TOOLS: \"one,two\"
+      MOCK_PROTOCOL_VERSION: \"2025-06-18\"
+  crash:
+    command: {mock}
+    env:
+      MOCK_CRASH_AT_START: \"7\"
+",
+        &["--json"],
+    );
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let mut v: Value =
+        serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
+    let latency = v["servers"][0]["latency_ms"].take();
+    assert!(latency.as_f64().is_some_and(|ms| ms > 0.0), "{latency}");
+    assert_eq!(
+        v,
+        json!({"servers": [
+            {"name": "up", "up": true, "latency_ms": null, "error": null,
+             "protocol_version": "2025-06-18", "server_name": "mock-mcp-server",
+             "server_version": "1.0.0", "tools": 2},
+            {"name": "crash", "up": false, "latency_ms": null,
+             "error": "exited with status 7 before answering: mock: crashing at start as asked",
+             "protocol_version": null, "server_name": null, "server_version": null,
+             "tools": null},
+        ]})
+    );
+}
+
+#[test]
+fn servers_are_probed_in_parallel() {
+    let dir = TempDir::new();
+    let server = |name: &str| {
+        format!("  {name}:\n    command: {{mock}}\n    env:\n      MOCK_START_DELAY_MS: \"1500\"\n")
+    };
+    let config = format!(
+        "servers:\n{}{}{}{}",
+        server("a"),
+        server("b"),
+        server("c"),
+        server("d")
+    );
+    let ran = check(&dir, &config, &[]);
+    assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(lines.len(), 4);
+    for l in &lines {
+        assert!(latency_ms(l) >= 1500.0, "{l:?}");
+    }
+    // One after the other would take at least 6 s.
+    assert!(
+        ran.took < Duration::from_millis(4500),
+        "took {:?}",
+        ran.took
+    );
+}
+
+const THREE: &str = "servers:
+  a:
+    command: {mock}
+  b:
+    command: /nonexistent/b
+  c:
+    command: {mock}
+";
+
+#[test]
+fn server_selects_in_config_order() {
+    let dir = TempDir::new();
+    let ran = check(&dir, THREE, &["--server", "c", "-s", "a"]);
+    assert_eq!(ran.code, Some(0), "b is down but not asked for");
+    let names: Vec<String> = report(&ran).into_iter().map(|l| l.name).collect();
+    assert_eq!(names, ["a", "c"]);
+}
+
+#[test]
+fn an_unknown_server_is_a_usage_error() {
+    let dir = TempDir::new();
+    let ran = check(&dir, THREE, &["--server", "a", "--server", "zzz"]);
+    assert_eq!(ran.code, Some(2));
+    assert!(ran.stdout.is_empty(), "{}", ran.stdout);
+    assert!(ran.stderr.contains("\"zzz\""), "{}", ran.stderr);
+    assert!(ran.stderr.contains("available: a, b, c"), "{}", ran.stderr);
+}
+
+#[test]
+fn skipped_entries_are_noted_on_stderr_only() {
+    let dir = TempDir::new();
+    let text = format!(
+        r#"{{"mcpServers": {{
+            "remote": {{"url": "https://example.invalid/mcp"}},
+            "local": {{"command": "{MOCK}"}}
+        }}}}"#
+    );
+    let path = dir.write("c.json", &text);
+    let out = Command::new(PROXY)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.starts_with("[UP  ] local "), "{stdout}");
+    assert!(stderr.contains("skipped remote"), "{stderr}");
+}
+
+#[test]
+fn a_server_ignoring_eof_is_still_stopped() {
+    let dir = TempDir::new();
+    let ran = check(
+        &dir,
+        "servers:
+  stubborn:
+    command: {mock}
+    env:
+      MOCK_IGNORE_EOF: \"1\"
+      MOCK_PID_FILE: \"{dir}/stubborn.pid\"
+",
+        &[],
+    );
+    assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+    assert_up(&report(&ran)[0], "stubborn", OK_MOCK);
+    let pid = read_pid(&dir.join("stubborn.pid"));
+    assert!(
+        gone_within(pid, Duration::from_secs(2)),
+        "server {pid} survived"
+    );
+    // Close stdin, 1 s, SIGTERM (ignored), 1 s, SIGKILL.
+    assert!(ran.took < Duration::from_secs(5), "took {:?}", ran.took);
+}
+
+#[test]
+fn no_process_outlives_the_check() {
+    let dir = TempDir::new();
+    let server = |name: &str, extra: &str| {
+        let state = dir.join(name);
+        std::fs::create_dir_all(&state).unwrap();
+        format!(
+            "  {name}:\n    command: {{mock}}\n    env:\n      MOCK_GRANDCHILD: \"1\"\n      \
+             MOCK_STATE_DIR: \"{}\"\n      MOCK_PID_FILE: \"{}\"\n{extra}",
+            state.display(),
+            state.join("server.pid").display()
+        )
+    };
+    let config = format!(
+        "servers:\n{}{}{}",
+        server("up", ""),
+        server("silent", "      MOCK_NO_INIT_ANSWER: \"1\"\n"),
+        server("stubborn", "      MOCK_IGNORE_EOF: \"1\"\n"),
+    );
+    let ran = check(&dir, &config, &["--timeout", "1"]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    for name in ["up", "silent", "stubborn"] {
+        for file in ["server.pid", "grandchild.pid"] {
+            let pid = read_pid(&dir.join(name).join(file));
+            assert!(
+                gone_within(pid, Duration::from_secs(2)),
+                "{name}: {file} {pid} survived"
+            );
+        }
+    }
+}
