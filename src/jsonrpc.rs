@@ -99,32 +99,26 @@ impl Message {
 
     /// The line with its id replaced by `new_id` (raw JSON), newline included.
     pub fn line_with_id(&self, new_id: &str) -> Vec<u8> {
-        match &self.id {
-            Some(r) => {
-                let mut out = Vec::with_capacity(self.text.len() + new_id.len() + 1);
-                out.extend_from_slice(&self.text.as_bytes()[..r.start]);
-                out.extend_from_slice(new_id.as_bytes());
-                out.extend_from_slice(&self.text.as_bytes()[r.end..]);
-                out.push(b'\n');
-                out
-            }
-            None => self.line(),
-        }
+        self.splice(&self.id, new_id)
     }
 
     /// The line with `params` replaced by `new_params` (raw JSON), newline included.
     pub fn line_with_params(&self, new_params: &str) -> Vec<u8> {
-        match &self.params {
-            Some(r) => {
-                let mut out = Vec::with_capacity(self.text.len() + 1);
-                out.extend_from_slice(&self.text.as_bytes()[..r.start]);
-                out.extend_from_slice(new_params.as_bytes());
-                out.extend_from_slice(&self.text.as_bytes()[r.end..]);
-                out.push(b'\n');
-                out
-            }
-            None => self.line(),
-        }
+        self.splice(&self.params, new_params)
+    }
+
+    /// The line with the member at `range` replaced by `value`.
+    fn splice(&self, range: &Option<Range<usize>>, value: &str) -> Vec<u8> {
+        let Some(r) = range else {
+            return self.line();
+        };
+        let text = self.text.as_bytes();
+        let mut out = Vec::with_capacity(text.len() + value.len() + 1);
+        out.extend_from_slice(&text[..r.start]);
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(&text[r.end..]);
+        out.push(b'\n');
+        out
     }
 
     /// The line unchanged, newline included.
@@ -388,7 +382,6 @@ pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
     let mut depth = 0usize;
     let mut i = 0usize;
     let mut key_start: Option<usize> = None;
-    let mut last_key: Option<&[u8]> = None;
     let mut found_id = None;
     let mut has_method = false;
     while i < prefix.len() {
@@ -418,11 +411,11 @@ pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
                 if let Some(s) = key_start.take() {
                     let key = &prefix[s..];
                     let end = key[1..].iter().position(|&b| b == b'"')? + 2;
-                    last_key = Some(&key[..end]);
-                    if last_key == Some(b"\"method\"") {
+                    let key = &key[..end];
+                    if key == b"\"method\"" {
                         has_method = true;
                     }
-                    if last_key == Some(b"\"id\"") {
+                    if key == b"\"id\"" {
                         let rest = &prefix[i + 1..];
                         let rest = std::str::from_utf8(rest).ok().or_else(|| {
                             let valid = std::str::from_utf8(rest).err()?.valid_up_to();
@@ -442,7 +435,6 @@ pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
         }
         i += 1;
     }
-    let _ = last_key;
     if has_method {
         found_id
     } else {
@@ -452,22 +444,20 @@ pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
 
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` plus newline.
 pub fn response_line(id: &str, result: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + id.len() + result.len());
-    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
-    out.extend_from_slice(id.as_bytes());
-    out.extend_from_slice(b",\"result\":");
-    out.extend_from_slice(result.as_bytes());
-    out.extend_from_slice(b"}\n");
-    out
+    response_envelope(id, "result", result)
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"error":ERROR}` plus newline, `error` raw JSON.
 pub fn error_response_line(id: &str, error: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + id.len() + error.len());
+    response_envelope(id, "error", error)
+}
+
+fn response_envelope(id: &str, member: &str, value: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + id.len() + value.len());
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     out.extend_from_slice(id.as_bytes());
-    out.extend_from_slice(b",\"error\":");
-    out.extend_from_slice(error.as_bytes());
+    out.extend_from_slice(format!(",\"{member}\":").as_bytes());
+    out.extend_from_slice(value.as_bytes());
     out.extend_from_slice(b"}\n");
     out
 }
