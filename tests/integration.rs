@@ -6,3 +6,4 @@ mod util;
 mod cli;
 mod lifecycle;
 mod relay;
+mod resilience;
