@@ -7,4 +7,5 @@ mod check;
 mod cli;
 mod lifecycle;
 mod relay;
+mod resilience;
 mod respawn;

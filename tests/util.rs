@@ -220,6 +220,19 @@ impl Session {
         );
     }
 
+    /// A `tools/call` with arbitrary params (`_meta`, extra members).
+    pub fn call_with(&mut self, id: Value, params: Value) {
+        self.request(id, "tools/call", params);
+    }
+
+    /// `tools/list` through the proxy (so it learns the annotations);
+    /// returns the result.
+    pub fn list_tools(&mut self) -> Value {
+        let id = json!("list-tools");
+        self.request(id.clone(), "tools/list", json!({}));
+        self.result(&id)
+    }
+
     /// The handshake a client does; returns the initialize result.
     pub fn initialize(&mut self) -> Value {
         self.request(
@@ -287,6 +300,28 @@ impl Session {
         self.recv_where(&format!("response to {id}"), move |v| {
             v.get("id") == Some(&id) && (v.get("result").is_some() || v.get("error").is_some())
         })
+    }
+
+    /// The response with exactly this id if it arrives within `d` (other
+    /// messages are kept for later). Unlike [`Session::response`] it never
+    /// panics, so a test can fail with its own short message.
+    pub fn response_within(&mut self, id: &Value, d: Duration) -> Option<Value> {
+        let is_it = |v: &Value| {
+            v.get("id") == Some(id) && (v.get("result").is_some() || v.get("error").is_some())
+        };
+        if let Some(i) = self.backlog.iter().position(is_it) {
+            return self.backlog.remove(i);
+        }
+        let deadline = Instant::now() + d;
+        while let Some(line) = self.next_line(deadline) {
+            let v: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}"));
+            if is_it(&v) {
+                return Some(v);
+            }
+            self.backlog.push_back(v);
+        }
+        None
     }
 
     /// The `result` of the response with this id (panics on an error).
@@ -371,6 +406,32 @@ impl Session {
         read_json_lines(&self.dir.join(name))
     }
 
+    /// The mock's executions (MOCK_LOG), oldest first.
+    pub fn exec_log(&self) -> Vec<Value> {
+        self.log("exec.log")
+    }
+
+    /// The mock's executions of `tool`, oldest first.
+    pub fn execs_of(&self, tool: &str) -> Vec<Value> {
+        self.exec_log()
+            .into_iter()
+            .filter(|e| e["tool"] == tool)
+            .collect()
+    }
+
+    /// Every message the mock read (MOCK_RECV_LOG), oldest first.
+    pub fn recv_log(&self) -> Vec<Value> {
+        self.log("recv.log")
+    }
+
+    /// The messages the mock read with this `method`.
+    pub fn received(&self, method: &str) -> Vec<Value> {
+        self.recv_log()
+            .into_iter()
+            .filter(|m| m["method"] == method)
+            .collect()
+    }
+
     /// How many times the mock executed `tool`.
     pub fn executions(&self, tool: &str) -> usize {
         self.log("exec.log")
@@ -445,4 +506,12 @@ pub fn eventually(what: &str, cond: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `result._meta["mcp-retry/source"]`, if the proxy marked the answer.
+pub fn source_marker(result: &Value) -> Option<&str> {
+    result
+        .get("_meta")
+        .and_then(|m| m.get("mcp-retry/source"))
+        .and_then(Value::as_str)
 }

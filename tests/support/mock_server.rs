@@ -34,6 +34,9 @@
 //!   (N > 0) the list is paginated: `params.cursor` is a page index as a string
 //!   (absent = page `"0"`), `nextCursor` is the next index (`"1"`, `"2"`, ...) and
 //!   is absent on the last page; an unparsable or out-of-range cursor is -32602.
+//!   With `MOCK_TOOLS_LIST_DELAY_MS=ms` every `tools/list` answer is sent that
+//!   long after the request (from its own thread: other lines are still handled
+//!   meanwhile).
 //! * `resources/list` → two resources, `mock://a` and `mock://b`.
 //! * `resources/read` (`params.uri` required) → `{"contents": [{"uri": URI,
 //!   "mimeType": "text/plain", "text": "contents of URI"}]}`.
@@ -82,9 +85,10 @@
 //! With `MOCK_LOG=path`, each execution is appended to that file (shared by all
 //! processes, `O_APPEND`) as one JSON line, written and flushed BEFORE the
 //! behaviour runs (a call that then crashes still counts):
-//! `{"pid": PID, "tool": NAME, "arguments": ARGS, "id": ID, "meta": META}` where
-//! ARGS, ID and META are the client's `params.arguments`, `id` and
-//! `params._meta`, byte for byte, or `null` when absent.
+//! `{"pid": PID, "tool": NAME, "arguments": ARGS, "id": ID, "meta": META,
+//! "at_ms": T}` where ARGS, ID and META are the client's `params.arguments`,
+//! `id` and `params._meta`, byte for byte, or `null` when absent, and T is the
+//! wall-clock time of the execution in milliseconds since the UNIX epoch.
 //! With `MOCK_RECV_LOG=path`, every line read from stdin is appended there as
 //! received (without its `\n` / `\r\n`), before it is handled.
 //!
@@ -103,7 +107,7 @@
 //! | `echo`             | `text`                              | echo answer |
 //! | `error`            | `code` (-32000), `message` ("mock error"), `data` | JSON-RPC error with these fields (`data` omitted if absent) |
 //! | `is_error`         | `text` ("mock tool error as asked") | result `{"content": [{"type": "text", "text": TEXT}], "isError": true}` |
-//! | `slow`             | `ms` (1000)                         | sleeps `ms`, then echo answer; cancellable |
+//! | `slow`             | `ms` (1000), `cancellable` (true)   | sleeps `ms`, then echo answer; cancellable unless `cancellable` is false (then it answers even after a `notifications/cancelled`) |
 //! | `hang`             |                                     | never answers; cancellable |
 //! | `crash`            | `exit_code` (3), `stderr` ("mock: crashing as asked") | prints `stderr` to stderr, exits with `exit_code`, no answer |
 //! | `garbage`          | `text`                              | writes the line `this is not json` to stdout, then echo answer |
@@ -258,6 +262,7 @@ struct Config {
     protocol_version: Option<String>,
     tools: Vec<String>,
     tools_page_size: Option<usize>,
+    tools_list_delay_ms: Option<u64>,
     modern: bool,
     reply_to_cancelled: bool,
     no_init_answer: bool,
@@ -277,6 +282,7 @@ impl Config {
             protocol_version: None,
             tools: DEFAULT_TOOLS.iter().map(|name| name.to_string()).collect(),
             tools_page_size: None,
+            tools_list_delay_ms: None,
             modern: false,
             reply_to_cancelled: false,
             no_init_answer: false,
@@ -315,6 +321,7 @@ impl Config {
             tools_page_size: env_u64("MOCK_TOOLS_PAGE_SIZE")
                 .and_then(|size| usize::try_from(size).ok())
                 .filter(|&size| size > 0),
+            tools_list_delay_ms: env_u64("MOCK_TOOLS_LIST_DELAY_MS").filter(|&ms| ms > 0),
             modern: env_flag("MOCK_MODERN"),
             reply_to_cancelled: env_flag("MOCK_REPLY_TO_CANCELLED"),
             no_init_answer: env_flag("MOCK_NO_INIT_ANSWER"),
@@ -766,12 +773,17 @@ impl Server {
         if let Some(log) = &self.call_log {
             let pid = self.pid.to_string();
             let tool = json_string(&call.tool);
+            let at_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+                .to_string();
             let line = json_object(&[
                 ("pid", &pid),
                 ("tool", &tool),
                 ("arguments", &call.args_raw),
                 ("id", &call.id),
                 ("meta", &call.meta_raw),
+                ("at_ms", &at_ms),
             ]);
             log.append(line.as_bytes());
         }
@@ -1071,7 +1083,21 @@ fn handle_request(server: &Arc<Server>, request: &Request) {
         "ping" | "resources/subscribe" | "resources/unsubscribe" | "logging/setLevel" => {
             Ok(json!({}))
         }
-        "tools/list" => tools_list(&server.config, params),
+        "tools/list" => match server.config.tools_list_delay_ms {
+            Some(ms) => {
+                let reply = tools_list(&server.config, params);
+                let (server, id) = (Arc::clone(server), request.id.to_owned());
+                thread::spawn(move || {
+                    thread::sleep(Duration::from_millis(ms));
+                    match reply {
+                        Ok(result) => server.send_result(&id, &result.to_string()),
+                        Err(error) => server.send_error(&id, &error),
+                    }
+                });
+                return;
+            }
+            None => tools_list(&server.config, params),
+        },
         "resources/list" => Ok(resources_list()),
         "resources/read" => resources_read(params),
         "resources/templates/list" => Ok(resource_templates_list()),
@@ -1354,6 +1380,12 @@ impl<'a> Args<'a> {
             .unwrap_or(default))
     }
 
+    fn bool(&self, key: &str, default: bool) -> Result<bool, RpcError> {
+        Ok(self
+            .typed(key, "a boolean", Value::as_bool)?
+            .unwrap_or(default))
+    }
+
     fn i64(&self, key: &str, default: i64) -> Result<i64, RpcError> {
         Ok(self
             .typed(key, "an integer", Value::as_i64)?
@@ -1427,6 +1459,7 @@ enum Mode {
     IsError,
     Slow {
         ms: u64,
+        cancellable: bool,
     },
     Hang,
     Crash {
@@ -1476,6 +1509,7 @@ impl Mode {
             "is_error" => Mode::IsError,
             "slow" => Mode::Slow {
                 ms: args.u64("ms", 1000)?,
+                cancellable: args.bool("cancellable", true)?,
             },
             "hang" => Mode::Hang,
             "crash" => Mode::Crash {
@@ -1653,8 +1687,13 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
                 json!({"content": [{"type": "text", "text": text}], "isError": true}).to_string(),
             )
         }
-        Mode::Slow { ms } => {
-            if call.state.sleep(ms) {
+        Mode::Slow { ms, cancellable } => {
+            let slept = if cancellable {
+                call.state.sleep(ms)
+            } else {
+                call.state.sleep_uncancellable(ms)
+            };
+            if slept {
                 echo(server, call)
             } else {
                 Outcome::Cancelled

@@ -1,0 +1,1286 @@
+//! `tools/call` resilience: failure classification, the safety gate, retries
+//! with backoff and hints, attempt timeouts and downstream cancels, dedup,
+//! the result cache, the circuit breaker, proxy-originated errors and the
+//! stats file.
+//!
+//! Every test counts what the mock really executed (its MOCK_LOG), so "the
+//! answer was right" is never mistaken for "the tool ran the right number of
+//! times". Delays are small (base_delay 0.05 s, call_timeout ≤ 1 s, cooldown
+//! 1 s) to keep the suite fast; time assertions are lower bounds, or upper
+//! bounds far from what the wrong behaviour would take.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::util::{eventually, source_marker, Builder, Session};
+
+/// The code of every error the proxy originates.
+const PROXY_ERROR: i64 = -31000;
+
+/// Fast retries without jitter, for most tests.
+const FAST: &str = "
+call_timeout: 1
+retry:
+  base_delay: 0.05
+  jitter: 0
+";
+
+/// Removes the common leading indentation of `text` (blank lines ignored).
+fn dedent(text: &str) -> String {
+    let indent = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| format!("{}\n", &l[indent..]))
+        .collect()
+}
+
+/// A proxy for the mock with these policy keys (YAML, any common indent)
+/// under `servers.mock`, with the mock's logs on.
+fn builder(policy: &str) -> Builder {
+    builder_with_args(policy, &[])
+}
+
+fn builder_with_args(policy: &str, extra: &[&str]) -> Builder {
+    let mut yaml = String::from("servers:\n  mock:\n    command: {mock}\n");
+    for line in dedent(policy).lines() {
+        yaml.push_str("    ");
+        yaml.push_str(line);
+        yaml.push('\n');
+    }
+    let mut args = vec!["run", "--config", "{dir}/c.yaml"];
+    args.extend_from_slice(extra);
+    Builder::proxy(&args).file("c.yaml", &yaml).with_logs()
+}
+
+/// Started and initialized (the client has NOT listed the tools).
+fn start(policy: &str) -> Session {
+    let mut s = builder(policy).start();
+    s.initialize();
+    s
+}
+
+fn text(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or("")
+}
+
+/// Asserts a proxy-originated error with this reason; returns its message.
+fn assert_proxy_error(e: &Value, reason: &str) -> String {
+    assert_eq!(e["code"], json!(PROXY_ERROR), "{e}");
+    assert_eq!(e["data"]["source"], "mcp-retry", "{e}");
+    assert_eq!(e["data"]["reason"], reason, "{e}");
+    assert!(e["data"]["attempts"].is_u64(), "data.attempts: {e}");
+    e["message"].as_str().expect("a message").to_owned()
+}
+
+/// Asserts the mock's own flaky error, passed through unchanged.
+fn assert_server_error(e: &Value, code: i64, message_part: &str) {
+    assert_eq!(e["code"], json!(code), "{e}");
+    assert!(
+        e["message"].as_str().unwrap_or("").contains(message_part),
+        "{e}"
+    );
+    assert!(
+        e.get("data").is_none() || e["data"].get("source").is_none(),
+        "the server's error must come back unchanged: {e}"
+    );
+}
+
+/// Waits `d`, then asserts the executions of `tool` are still `n`.
+fn assert_executions_stay(s: &Session, tool: &str, n: usize, d: Duration) {
+    thread::sleep(d);
+    assert_eq!(s.executions(tool), n, "executions of {tool}");
+}
+
+// ----- retries of safe tools -------------------------------------------
+
+#[test]
+fn an_idempotent_tool_failing_twice_succeeds_after_three_executions() {
+    let mut s = start(FAST);
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "fail_times": 2, "text": "third time"}),
+    );
+    let r = s.result(&json!(1));
+    assert_eq!(text(&r), "third time");
+    assert_eq!(source_marker(&r), None, "{r}");
+    assert_eq!(s.executions("idem_echo"), 3);
+}
+
+#[test]
+fn a_read_only_tool_failing_twice_succeeds_after_three_executions() {
+    let mut s = start(FAST);
+    s.call(
+        json!(1),
+        "ro_echo",
+        json!({"mode": "flaky", "fail_times": 2, "text": "third time"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "third time");
+    assert_eq!(s.executions("ro_echo"), 3);
+}
+
+#[test]
+fn retries_stop_at_max_retries_and_the_servers_error_comes_back_unchanged() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        retry:
+          max_retries: 2
+          base_delay: 0.05
+          jitter: 0
+        ",
+    );
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "fail_times": 10}),
+    );
+    let e = s.error(&json!(1));
+    assert_server_error(&e, -32000, "flaky failure 3 of 10");
+    assert_executions_stay(&s, "idem_echo", 3, Duration::from_millis(300));
+}
+
+#[test]
+fn custom_transient_codes_decide_what_is_retried() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        retry:
+          base_delay: 0.05
+          jitter: 0
+          transient_codes: [-32050]
+        ",
+    );
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "key": "a", "code": -32050, "text": "ok"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    assert_eq!(s.executions("idem_echo"), 2, "-32050 is transient here");
+    s.call(
+        json!(2),
+        "idem_echo",
+        json!({"mode": "flaky", "key": "b", "code": -32000}),
+    );
+    assert_server_error(&s.error(&json!(2)), -32000, "flaky failure 1 of 1");
+    assert_executions_stay(&s, "idem_echo", 3, Duration::from_millis(300));
+}
+
+// ----- what is never retried ---------------------------------------------
+
+#[test]
+fn an_unsafe_tool_with_a_transient_error_runs_once_and_gets_the_servers_error() {
+    let mut s = start(FAST);
+    s.call(json!(1), "echo", json!({"mode": "flaky", "fail_times": 1}));
+    assert_server_error(&s.error(&json!(1)), -32000, "flaky failure 1 of 1");
+    assert_executions_stay(&s, "echo", 1, Duration::from_millis(300));
+}
+
+#[test]
+fn an_unsafe_tool_timing_out_runs_once_and_says_what_to_configure() {
+    let mut s = start(
+        "
+        call_timeout: 0.5
+        retry:
+          base_delay: 0.05
+        ",
+    );
+    s.call(json!(1), "echo", json!({"mode": "hang"}));
+    let e = s.error(&json!(1));
+    let message = assert_proxy_error(&e, "not_retried_unsafe");
+    assert_eq!(e["data"]["attempts"], 1, "{e}");
+    assert!(
+        message.contains("not known to be idempotent")
+            && message.contains("tools.echo.idempotent: true"),
+        "the message must say why and what to set: {message}"
+    );
+    assert_executions_stay(&s, "echo", 1, Duration::from_millis(300));
+    let id = &s.execs_of("echo")[0]["id"];
+    assert!(
+        s.received("notifications/cancelled")
+            .iter()
+            .any(|c| &c["params"]["requestId"] == id),
+        "the timed-out attempt {id} was not cancelled downstream"
+    );
+}
+
+#[test]
+fn timeouts_of_a_safe_tool_end_in_retries_exhausted() {
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        retry:
+          max_retries: 1
+          base_delay: 0.05
+          jitter: 0
+        ",
+    );
+    s.call(json!(1), "idem_echo", json!({"mode": "hang"}));
+    let e = s.error(&json!(1));
+    assert_proxy_error(&e, "retries_exhausted");
+    assert_eq!(e["data"]["attempts"], 2, "{e}");
+    assert_executions_stay(&s, "idem_echo", 2, Duration::from_millis(300));
+}
+
+#[test]
+fn a_timeout_with_retries_off_is_reason_timeout() {
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        retry:
+          max_retries: 0
+        ",
+    );
+    s.call(json!(1), "idem_echo", json!({"mode": "hang"}));
+    let e = s.error(&json!(1));
+    assert_proxy_error(&e, "timeout");
+    assert_eq!(e["data"]["attempts"], 1, "{e}");
+    assert_executions_stay(&s, "idem_echo", 1, Duration::from_millis(300));
+}
+
+#[test]
+fn an_unsafe_tool_whose_server_exits_gets_server_exited() {
+    let mut s = start(FAST);
+    s.call(json!(1), "echo", json!({"mode": "crash"}));
+    let e = s.error(&json!(1));
+    let message = assert_proxy_error(&e, "server_exited");
+    assert_eq!(e["data"]["attempts"], 1, "{e}");
+    assert!(message.contains("tools.echo.idempotent"), "{message}");
+    assert_eq!(s.executions("echo"), 1);
+}
+
+#[test]
+fn final_errors_and_is_error_results_run_once_even_for_safe_tools() {
+    let mut s = start(FAST);
+    for tool in ["idem_echo", "ro_echo"] {
+        s.call(
+            json!(format!("{tool}-invalid")),
+            tool,
+            json!({"mode": "error", "code": -32602, "message": "bad arguments"}),
+        );
+        let e = s.error(&json!(format!("{tool}-invalid")));
+        assert_eq!(
+            e,
+            json!({"code": -32602, "message": "bad arguments"}),
+            "unchanged"
+        );
+        s.call(
+            json!(format!("{tool}-is-error")),
+            tool,
+            json!({"mode": "is_error", "text": "the tool failed"}),
+        );
+        let r = s.result(&json!(format!("{tool}-is-error")));
+        assert_eq!(r["isError"], true, "{r}");
+        assert_eq!(text(&r), "the tool failed");
+    }
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.executions("idem_echo"), 2);
+    assert_eq!(s.executions("ro_echo"), 2);
+}
+
+#[test]
+fn an_error_the_server_marks_as_from_mcp_retry_is_final() {
+    // A nested mcp-retry already gave up: retrying again would multiply attempts.
+    let mut s = start(FAST);
+    let error = json!({"mode": "error", "code": -32000, "message": "inner proxy gave up",
+        "data": {"source": "mcp-retry", "reason": "retries_exhausted", "attempts": 4}});
+    s.call(json!(1), "idem_echo", error);
+    let e = s.error(&json!(1));
+    assert_eq!(e["message"], "inner proxy gave up", "unchanged: {e}");
+    assert_eq!(e["data"]["reason"], "retries_exhausted", "{e}");
+    assert_executions_stay(&s, "idem_echo", 1, Duration::from_millis(300));
+}
+
+// ----- the safety gate ----------------------------------------------------
+
+#[test]
+fn config_idempotent_true_enables_retries_for_an_unannotated_tool() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        tools:
+          echo:
+            idempotent: true
+        ",
+    );
+    s.call(json!(1), "echo", json!({"mode": "flaky", "text": "ok"}));
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn config_read_only_true_enables_retries_for_an_unannotated_tool() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        tools:
+          echo:
+            read_only: true
+        ",
+    );
+    s.call(json!(1), "echo", json!({"mode": "flaky", "text": "ok"}));
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn assume_idempotent_enables_retries_for_an_unannotated_tool() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        assume_idempotent: true
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        ",
+    );
+    s.call(json!(1), "echo", json!({"mode": "flaky", "text": "ok"}));
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn config_idempotent_false_disables_retries_for_an_annotated_tool() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        assume_idempotent: true
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        tools:
+          idem_echo:
+            idempotent: false
+        ",
+    );
+    s.list_tools();
+    s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
+    assert_server_error(&s.error(&json!(1)), -32000, "flaky failure 1 of 1");
+    assert_executions_stay(&s, "idem_echo", 1, Duration::from_millis(300));
+}
+
+#[test]
+fn trust_annotations_false_disables_annotation_based_retries() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        trust_annotations: false
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        ",
+    );
+    s.list_tools();
+    for tool in ["idem_echo", "ro_echo"] {
+        s.call(json!(tool), tool, json!({"mode": "flaky"}));
+        assert_server_error(&s.error(&json!(tool)), -32000, "flaky failure 1 of 1");
+    }
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.executions("idem_echo"), 1);
+    assert_eq!(s.executions("ro_echo"), 1);
+}
+
+#[test]
+fn the_proxy_fetches_the_tool_list_itself_before_deciding_on_a_retry() {
+    // The client never lists the tools and nothing is configured: only the
+    // annotations say idem_echo is safe.
+    let mut s = start(FAST);
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "text": "ok"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    assert_eq!(s.executions("idem_echo"), 2);
+    assert!(
+        !s.received("tools/list").is_empty(),
+        "the proxy asked for the tool list"
+    );
+}
+
+#[test]
+fn the_proxy_waits_for_a_slow_tool_list_rather_than_guessing() {
+    let mut s = builder(FAST).env("MOCK_TOOLS_LIST_DELAY_MS", "500").start();
+    s.initialize();
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "text": "ok"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    assert_eq!(s.executions("idem_echo"), 2);
+}
+
+#[test]
+fn a_tool_list_that_does_not_come_by_the_deadline_means_unsafe() {
+    // The annotations would say "safe", but they arrive after total_timeout:
+    // at the deadline the call is answered as unknown = unsafe.
+    // (info logging: should the proxy spin, its debug lines would flood stderr.)
+    let mut s = builder_with_args(
+        "
+        retry:
+          base_delay: 0.05
+          total_timeout: 1
+        ",
+        &["--log-level", "info"],
+    )
+    .env("MOCK_TOOLS_LIST_DELAY_MS", "4000")
+    .start();
+    s.initialize();
+    s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
+    let Some(r) = s.response_within(&json!(1), Duration::from_millis(3000)) else {
+        panic!("no answer within 3 s, though retry.total_timeout is 1 s");
+    };
+    assert_server_error(&r["error"], -32000, "flaky failure 1 of 1");
+    s.request(json!("p"), "ping", json!({}));
+    assert!(
+        s.response_within(&json!("p"), Duration::from_millis(2000))
+            .is_some(),
+        "the proxy stopped answering"
+    );
+    assert_eq!(s.executions("idem_echo"), 1);
+}
+
+#[test]
+fn the_proxy_reads_every_page_of_the_tool_list() {
+    let mut s = builder(FAST)
+        .env("MOCK_TOOLS", "a,b,c,d,idem_last")
+        .env("MOCK_TOOLS_PAGE_SIZE", "2")
+        .start();
+    s.initialize();
+    s.call(
+        json!(1),
+        "idem_last",
+        json!({"mode": "flaky", "text": "ok"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    assert_eq!(s.executions("idem_last"), 2);
+    assert_eq!(s.received("tools/list").len(), 3, "three pages");
+}
+
+#[test]
+fn an_explicit_key_makes_an_unannotated_tool_retryable_and_never_reaches_the_server() {
+    let mut s = start(FAST);
+    s.call(
+        json!(1),
+        "echo",
+        json!({"mode": "flaky", "text": "paid", "_idempotency_key": "pay-1"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "paid");
+    let execs = s.execs_of("echo");
+    assert_eq!(execs.len(), 2, "{execs:?}");
+    for e in &execs {
+        assert!(
+            e["arguments"].get("_idempotency_key").is_none(),
+            "the key reached the server: {e}"
+        );
+        assert_eq!(e["arguments"]["text"], "paid");
+    }
+}
+
+// ----- timeouts, cancels, late answers, progress -------------------------
+
+#[test]
+fn a_hung_safe_call_is_cancelled_downstream_and_retried_under_a_new_id() {
+    let mut s = start(
+        "
+        call_timeout: 0.5
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        ",
+    );
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "how": "hang", "text": "second try"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "second try");
+    let execs = s.execs_of("idem_echo");
+    assert_eq!(execs.len(), 2, "{execs:?}");
+    let (first, second) = (&execs[0]["id"], &execs[1]["id"]);
+    assert_ne!(first, second, "the retry goes under a new downstream id");
+    let cancels = s.received("notifications/cancelled");
+    assert!(
+        cancels.iter().any(|c| &c["params"]["requestId"] == first),
+        "no cancel for the first attempt {first}: {cancels:?}"
+    );
+    assert!(
+        !cancels.iter().any(|c| &c["params"]["requestId"] == second),
+        "the successful attempt was cancelled: {cancels:?}"
+    );
+}
+
+#[test]
+fn a_per_tool_timeout_replaces_call_timeout() {
+    let mut s = start(
+        "
+        call_timeout: 30
+        tools:
+          echo:
+            timeout: 0.3
+        ",
+    );
+    let started = Instant::now();
+    s.call(json!(1), "echo", json!({"mode": "hang"}));
+    assert_proxy_error(&s.error(&json!(1)), "not_retried_unsafe");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_late_answer_from_an_abandoned_attempt_is_used() {
+    // The first attempt times out at 0.5 s but answers at 0.8 s, while the
+    // retry waits out its 2 s backoff: that answer is the call's answer and
+    // the retry never runs.
+    let mut s = start(
+        "
+        call_timeout: 0.5
+        retry:
+          base_delay: 2
+          jitter: 0
+        ",
+    );
+    let started = Instant::now();
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "slow", "ms": 800, "cancellable": false, "text": "late but fine"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "late but fine");
+    assert!(
+        started.elapsed() < Duration::from_millis(2000),
+        "answered only after {:?}",
+        started.elapsed()
+    );
+    assert_executions_stay(&s, "idem_echo", 1, Duration::from_millis(2500));
+    s.expect_none_where(Duration::from_millis(100), |v| {
+        v.get("id") == Some(&json!(1))
+    });
+}
+
+#[test]
+fn progress_resets_the_attempt_timer() {
+    // 4 steps of 300 ms: 1.2 s in all, but never 0.5 s without progress.
+    let mut s = start(
+        "
+        call_timeout: 0.5
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        ",
+    );
+    s.call_with(
+        json!(1),
+        json!({"name": "idem_echo", "arguments": {"mode": "progress", "steps": 4, "ms": 300, "text": "done"},
+            "_meta": {"progressToken": "p-1"}}),
+    );
+    let mut progress = Vec::new();
+    loop {
+        let m = s.recv();
+        if m.get("id") == Some(&json!(1)) {
+            assert_eq!(text(&m["result"]), "done", "{m}");
+            break;
+        }
+        assert_eq!(m["method"], "notifications/progress", "{m}");
+        progress.push(m["params"]["progress"].as_f64().unwrap());
+    }
+    assert_eq!(progress, [1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(s.executions("idem_echo"), 1);
+    assert!(s.received("notifications/cancelled").is_empty());
+}
+
+#[test]
+fn a_client_cancel_during_backoff_stops_all_further_executions() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        retry:
+          base_delay: 2
+          jitter: 0
+        ",
+    );
+    s.call(json!("c"), "idem_echo", json!({"mode": "flaky"}));
+    eventually("the retry to be scheduled", || {
+        s.stderr().contains("retrying in")
+    });
+    assert_eq!(s.executions("idem_echo"), 1);
+    s.notify(
+        "notifications/cancelled",
+        json!({"requestId": "c", "reason": "user gave up"}),
+    );
+    s.expect_none_where(Duration::from_millis(2500), |v| {
+        v.get("id") == Some(&json!("c"))
+    });
+    assert_eq!(
+        s.executions("idem_echo"),
+        1,
+        "no execution after the cancel"
+    );
+    s.request(json!("after"), "ping", json!({}));
+    s.result(&json!("after"));
+}
+
+// ----- backoff, hints and bounds --------------------------------------------
+
+#[test]
+fn retry_after_ms_is_honoured() {
+    let mut s = start(
+        "
+        call_timeout: 2
+        retry:
+          base_delay: 0.01
+          jitter: 0
+        ",
+    );
+    let started = Instant::now();
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "retry_after", "ms": 400, "text": "ok"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    let execs = s.execs_of("idem_echo");
+    assert_eq!(execs.len(), 2, "{execs:?}");
+    let gap = execs[1]["at_ms"].as_u64().unwrap() - execs[0]["at_ms"].as_u64().unwrap();
+    assert!(gap >= 390, "the retry came {gap} ms after the failure");
+}
+
+#[test]
+fn retry_after_seconds_is_honoured() {
+    let mut s = start(
+        "
+        call_timeout: 2
+        retry:
+          base_delay: 0.01
+          jitter: 0
+        ",
+    );
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "data": {"retryAfter": 0.4}, "text": "ok"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "ok");
+    let execs = s.execs_of("idem_echo");
+    assert_eq!(execs.len(), 2, "{execs:?}");
+    let gap = execs[1]["at_ms"].as_u64().unwrap() - execs[0]["at_ms"].as_u64().unwrap();
+    assert!(gap >= 390, "the retry came {gap} ms after the failure");
+}
+
+#[test]
+fn total_timeout_bounds_all_attempts_and_waits() {
+    // Without the bound: 11 attempts of 0.4 s (over 4 s).
+    let mut s = start(
+        "
+        call_timeout: 0.4
+        retry:
+          max_retries: 10
+          base_delay: 0.05
+          jitter: 0
+          total_timeout: 1
+        ",
+    );
+    let started = Instant::now();
+    s.call(json!(1), "idem_echo", json!({"mode": "hang"}));
+    let e = s.error(&json!(1));
+    let took = started.elapsed();
+    assert_proxy_error(&e, "deadline_exceeded");
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "gave up before the deadline: {took:?}"
+    );
+    assert!(s.executions("idem_echo") <= 3, "{:?}", s.exec_log());
+}
+
+#[test]
+fn the_retry_budget_limits_retries_per_server() {
+    let mut s = start(
+        "
+        call_timeout: 0.4
+        retry:
+          base_delay: 0.05
+          jitter: 0
+          budget:
+            window: 30
+            min_retries: 1
+            ratio: 0
+        ",
+    );
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "how": "hang", "key": "a", "text": "ok"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "ok", "the one retry allowed");
+    s.call(
+        json!(2),
+        "idem_echo",
+        json!({"mode": "flaky", "how": "hang", "key": "b", "text": "ok"}),
+    );
+    let e = s.error(&json!(2));
+    let message = assert_proxy_error(&e, "retry_budget_exhausted");
+    assert!(message.contains("budget"), "{message}");
+    assert_executions_stay(&s, "idem_echo", 3, Duration::from_millis(300));
+}
+
+// ----- dedup --------------------------------------------------------------
+
+#[test]
+fn identical_sequential_side_effecting_calls_execute_once() {
+    let mut s = start(FAST);
+    s.list_tools();
+    s.call(json!(1), "echo", json!({"text": "charge 5"}));
+    let first = s.result(&json!(1));
+    assert_eq!(source_marker(&first), None, "{first}");
+    s.call(json!(2), "echo", json!({"text": "charge 5"}));
+    let second = s.result(&json!(2));
+    assert_eq!(source_marker(&second), Some("dedup"), "{second}");
+    assert_eq!(second["content"], first["content"]);
+    assert_eq!(s.executions("echo"), 1);
+}
+
+#[test]
+fn argument_order_does_not_make_calls_different() {
+    let mut s = start(FAST);
+    s.send_raw(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"a":1,"b":{"x":true,"y":[1,2]}}}}"#);
+    s.result(&json!(1));
+    s.send_raw(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"arguments":{ "b" : {"y":[1,2],"x":true}, "a":1 },"name":"echo"}}"#);
+    assert_eq!(source_marker(&s.result(&json!(2))), Some("dedup"));
+    assert_eq!(s.executions("echo"), 1);
+}
+
+#[test]
+fn a_joined_call_still_gets_its_answer_when_the_first_caller_cancels() {
+    let mut s = start(FAST);
+    let args = json!({"mode": "slow", "ms": 500, "text": "shared"});
+    s.call(json!("first"), "echo", args.clone());
+    s.call(json!("joined"), "echo", args);
+    eventually("the call reached the server", || s.executions("echo") == 1);
+    s.notify("notifications/cancelled", json!({"requestId": "first"}));
+    let r = s.result(&json!("joined"));
+    assert_eq!(text(&r), "shared");
+    assert_eq!(source_marker(&r), Some("dedup"), "{r}");
+    s.expect_none_where(Duration::from_millis(300), |v| {
+        v.get("id") == Some(&json!("first"))
+    });
+    assert_eq!(s.executions("echo"), 1);
+    assert!(
+        s.received("notifications/cancelled").is_empty(),
+        "the execution was still wanted"
+    );
+}
+
+#[test]
+fn identical_concurrent_calls_execute_once_and_each_gets_its_answer() {
+    let mut s = start(FAST);
+    s.call(
+        json!("a"),
+        "echo",
+        json!({"mode": "slow", "ms": 300, "text": "once"}),
+    );
+    s.call(
+        json!("b"),
+        "echo",
+        json!({"mode": "slow", "ms": 300, "text": "once"}),
+    );
+    let a = s.result(&json!("a"));
+    let b = s.result(&json!("b"));
+    assert_eq!(text(&a), "once");
+    assert_eq!(text(&b), "once");
+    assert_eq!(source_marker(&a), None, "{a}");
+    assert_eq!(source_marker(&b), Some("dedup"), "{b}");
+    assert_eq!(s.executions("echo"), 1);
+}
+
+#[test]
+fn dedup_replays_expire_after_idempotency_ttl() {
+    let mut s = start(
+        "
+        idempotency_ttl: 0.4
+        ",
+    );
+    s.call(json!(1), "echo", json!({"text": "x"}));
+    s.result(&json!(1));
+    s.call(json!(2), "echo", json!({"text": "x"}));
+    assert_eq!(source_marker(&s.result(&json!(2))), Some("dedup"));
+    thread::sleep(Duration::from_millis(600));
+    s.call(json!(3), "echo", json!({"text": "x"}));
+    assert_eq!(source_marker(&s.result(&json!(3))), None);
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn a_meta_idempotency_key_dedups_calls_with_different_arguments() {
+    let mut s = start(FAST);
+    s.call_with(
+        json!(1),
+        json!({"name": "echo", "arguments": {"text": "first"}, "_meta": {"idempotencyKey": "order-7"}}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "first");
+    s.call_with(
+        json!(2),
+        json!({"name": "echo", "arguments": {"text": "second"}, "_meta": {"idempotencyKey": "order-7"}}),
+    );
+    let r = s.result(&json!(2));
+    assert_eq!(text(&r), "first", "the key's first result: {r}");
+    assert_eq!(source_marker(&r), Some("dedup"), "{r}");
+    assert_eq!(s.executions("echo"), 1);
+}
+
+#[test]
+fn an_argument_idempotency_key_dedups_and_never_reaches_the_server() {
+    let mut s = start(FAST);
+    s.call(
+        json!(1),
+        "echo",
+        json!({"text": "first", "_idempotency_key": "order-8"}),
+    );
+    assert_eq!(text(&s.result(&json!(1))), "first");
+    s.call(
+        json!(2),
+        "echo",
+        json!({"text": "second", "_idempotency_key": "order-8"}),
+    );
+    let r = s.result(&json!(2));
+    assert_eq!(text(&r), "first", "{r}");
+    assert_eq!(source_marker(&r), Some("dedup"), "{r}");
+    let execs = s.execs_of("echo");
+    assert_eq!(execs.len(), 1, "{execs:?}");
+    assert_eq!(execs[0]["arguments"], json!({"text": "first"}));
+    let raw = std::fs::read_to_string(s.dir.join("recv.log")).unwrap();
+    assert!(!raw.contains("_idempotency_key"), "{raw}");
+}
+
+#[test]
+fn identical_calls_to_a_read_only_tool_re_execute() {
+    let mut s = start(FAST);
+    s.list_tools();
+    for id in 1..=3 {
+        s.call(json!(id), "ro_echo", json!({"text": "now"}));
+        let r = s.result(&json!(id));
+        assert_eq!(source_marker(&r), None, "{r}");
+    }
+    assert_eq!(s.executions("ro_echo"), 3);
+}
+
+// ----- cache --------------------------------------------------------------
+
+#[test]
+fn the_cache_answers_within_its_ttl_and_executes_after_expiry() {
+    let mut s = start(
+        "
+        cache:
+          tools:
+            ro_echo: 0.6
+        ",
+    );
+    s.list_tools();
+    s.call(json!(1), "ro_echo", json!({"text": "cached"}));
+    let first = s.result(&json!(1));
+    assert_eq!(source_marker(&first), None);
+    s.call(json!(2), "ro_echo", json!({"text": "cached"}));
+    let hit = s.result(&json!(2));
+    assert_eq!(source_marker(&hit), Some("cache"), "{hit}");
+    assert_eq!(hit["content"], first["content"]);
+    assert_eq!(s.executions("ro_echo"), 1);
+    s.call(json!(3), "ro_echo", json!({"text": "other args"}));
+    s.result(&json!(3));
+    assert_eq!(s.executions("ro_echo"), 2, "other arguments: another entry");
+    thread::sleep(Duration::from_millis(800));
+    s.call(json!(4), "ro_echo", json!({"text": "cached"}));
+    let after = s.result(&json!(4));
+    assert_eq!(source_marker(&after), None, "expired: {after}");
+    assert_eq!(s.executions("ro_echo"), 3);
+}
+
+#[test]
+fn default_ttl_caches_every_tool() {
+    let mut s = start(
+        "
+        cache:
+          default_ttl: 30
+        ",
+    );
+    s.list_tools();
+    s.call(json!(1), "ro_echo", json!({"text": "a"}));
+    s.result(&json!(1));
+    s.call(json!(2), "ro_echo", json!({"text": "a"}));
+    assert_eq!(source_marker(&s.result(&json!(2))), Some("cache"));
+    assert_eq!(s.executions("ro_echo"), 1);
+}
+
+#[test]
+fn the_cache_never_stores_errors_or_is_error_results() {
+    let mut s = start(
+        "
+        cache:
+          default_ttl: 30
+        ",
+    );
+    s.list_tools();
+    for id in 1..=2 {
+        s.call(
+            json!(format!("e{id}")),
+            "ro_echo",
+            json!({"mode": "error", "code": -32602}),
+        );
+        s.error(&json!(format!("e{id}")));
+        s.call(
+            json!(format!("i{id}")),
+            "ro_echo",
+            json!({"mode": "is_error"}),
+        );
+        let r = s.result(&json!(format!("i{id}")));
+        assert_eq!(r["isError"], true);
+        assert_eq!(source_marker(&r), None, "{r}");
+    }
+    assert_eq!(s.executions("ro_echo"), 4);
+}
+
+#[test]
+fn a_stale_entry_is_served_when_retries_are_exhausted() {
+    let mut s = start(
+        "
+        retry:
+          max_retries: 2
+          base_delay: 0.05
+          jitter: 0
+        cache:
+          tools:
+            ro_echo: 0.3
+          stale_if_error: 60
+        ",
+    );
+    s.list_tools();
+    // The flaky counter is past its failures for the first call...
+    std::fs::write(s.dir.join("count-stale"), "100").unwrap();
+    let args = json!({"mode": "flaky", "key": "stale", "fail_times": 100, "text": "fresh"});
+    s.call(json!(1), "ro_echo", args.clone());
+    assert_eq!(text(&s.result(&json!(1))), "fresh");
+    thread::sleep(Duration::from_millis(500));
+    // ...and back before them for the second.
+    std::fs::write(s.dir.join("count-stale"), "0").unwrap();
+    s.call(json!(2), "ro_echo", args);
+    let r = s.result(&json!(2));
+    assert_eq!(source_marker(&r), Some("stale"), "{r}");
+    assert_eq!(text(&r), "fresh");
+    assert_eq!(s.executions("ro_echo"), 4, "1 + 3 failed attempts");
+}
+
+#[test]
+fn a_stale_entry_is_served_when_the_breaker_is_open() {
+    let mut s = start(
+        "
+        circuit_breaker:
+          failure_threshold: 1
+          cooldown_seconds: 30
+        cache:
+          tools:
+            ro_echo: 0.3
+          stale_if_error: 60
+        ",
+    );
+    s.list_tools();
+    s.call(json!(1), "ro_echo", json!({"text": "fresh"}));
+    s.result(&json!(1));
+    thread::sleep(Duration::from_millis(500));
+    // One transient failure opens the breaker.
+    s.call(json!(2), "echo", json!({"mode": "error"}));
+    s.error(&json!(2));
+    s.call(json!(3), "echo", json!({"text": "x"}));
+    assert_proxy_error(&s.error(&json!(3)), "circuit_open");
+    s.call(json!(4), "ro_echo", json!({"text": "fresh"}));
+    let r = s.response(&json!(4));
+    assert_eq!(
+        source_marker(&r["result"]),
+        Some("stale"),
+        "an expired entry within stale_if_error beats circuit_open: {r}"
+    );
+    assert_eq!(s.executions("ro_echo"), 1);
+}
+
+// ----- circuit breaker ----------------------------------------------------
+
+#[test]
+fn the_breaker_opens_fails_fast_then_closes_after_a_successful_trial() {
+    let mut s = start(
+        "
+        call_timeout: 1
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        circuit_breaker:
+          failure_threshold: 3
+          cooldown_seconds: 1
+        ",
+    );
+    for id in 1..=3 {
+        s.call(json!(id), "echo", json!({"mode": "error"}));
+        assert_eq!(s.error(&json!(id))["code"], -32000);
+    }
+    assert_eq!(s.executions("echo"), 3);
+    let calls_sent = s.received("tools/call").len();
+
+    let started = Instant::now();
+    s.call(json!(4), "echo", json!({"text": "fail fast"}));
+    let e = s.error(&json!(4));
+    assert!(started.elapsed() < Duration::from_millis(500));
+    let message = assert_proxy_error(&e, "circuit_open");
+    let after = e["data"]["retryAfterMs"].as_u64().expect("retryAfterMs");
+    assert!(after > 0 && after <= 1000, "{e}");
+    assert!(message.contains("circuit breaker"), "{message}");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(s.executions("echo"), 3, "nothing executed");
+    assert_eq!(
+        s.received("tools/call").len(),
+        calls_sent,
+        "nothing written to the child"
+    );
+
+    thread::sleep(Duration::from_millis(1000));
+    s.call(json!(5), "echo", json!({"text": "trial"}));
+    assert_eq!(text(&s.result(&json!(5))), "trial");
+    s.call(json!(6), "echo", json!({"text": "closed again"}));
+    assert_eq!(text(&s.result(&json!(6))), "closed again");
+    assert_eq!(s.executions("echo"), 5);
+}
+
+#[test]
+fn a_failed_trial_reopens_the_breaker() {
+    let mut s = start(
+        "
+        circuit_breaker:
+          failure_threshold: 1
+          cooldown_seconds: 0.5
+        ",
+    );
+    s.call(json!(1), "echo", json!({"mode": "error"}));
+    s.error(&json!(1));
+    thread::sleep(Duration::from_millis(700));
+    s.call(
+        json!(2),
+        "echo",
+        json!({"mode": "error", "message": "trial"}),
+    );
+    assert_eq!(s.error(&json!(2))["message"], "trial");
+    s.call(json!(3), "echo", json!({"text": "x"}));
+    assert_proxy_error(&s.error(&json!(3)), "circuit_open");
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn final_errors_and_is_error_results_do_not_open_the_breaker() {
+    let mut s = start(
+        "
+        circuit_breaker:
+          failure_threshold: 2
+          cooldown_seconds: 30
+        ",
+    );
+    for id in 1..=3 {
+        s.call(
+            json!(format!("e{id}")),
+            "echo",
+            json!({"mode": "error", "code": -32602, "message": format!("bad {id}")}),
+        );
+        assert_eq!(s.error(&json!(format!("e{id}")))["code"], -32602);
+        s.call(
+            json!(format!("i{id}")),
+            "echo",
+            json!({"mode": "is_error", "text": format!("tool error {id}")}),
+        );
+        assert_eq!(s.result(&json!(format!("i{id}")))["isError"], true);
+    }
+    s.call(json!("ok"), "echo", json!({"text": "still closed"}));
+    assert_eq!(text(&s.result(&json!("ok"))), "still closed");
+    assert_eq!(s.executions("echo"), 7);
+}
+
+#[test]
+fn an_open_breaker_stops_the_retries_of_a_call_which_gets_the_servers_last_error() {
+    let mut s = start(
+        "
+        retry:
+          max_retries: 5
+          base_delay: 0.05
+          jitter: 0
+        circuit_breaker:
+          failure_threshold: 3
+          cooldown_seconds: 30
+        ",
+    );
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "fail_times": 10}),
+    );
+    let e = s.error(&json!(1));
+    assert_executions_stay(&s, "idem_echo", 3, Duration::from_millis(300));
+    s.call(json!(2), "idem_echo", json!({"text": "x"}));
+    assert_proxy_error(&s.error(&json!(2)), "circuit_open");
+    // The last attempt got a JSON-RPC error from the server: that is the answer.
+    assert_server_error(&e, -32000, "flaky failure 3 of 10");
+}
+
+#[test]
+fn timeouts_count_toward_the_breaker() {
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        circuit_breaker:
+          failure_threshold: 2
+          cooldown_seconds: 30
+        ",
+    );
+    for id in 1..=2 {
+        s.call(json!(id), "echo", json!({"mode": "hang", "n": id}));
+        assert_proxy_error(&s.error(&json!(id)), "not_retried_unsafe");
+    }
+    s.call(json!(3), "echo", json!({"text": "x"}));
+    assert_proxy_error(&s.error(&json!(3)), "circuit_open");
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn only_one_trial_goes_through_while_half_open() {
+    let mut s = start(
+        "
+        circuit_breaker:
+          failure_threshold: 1
+          cooldown_seconds: 0.5
+        ",
+    );
+    s.call(json!(1), "echo", json!({"mode": "error"}));
+    s.error(&json!(1));
+    thread::sleep(Duration::from_millis(700));
+    s.call(
+        json!("trial"),
+        "echo",
+        json!({"mode": "slow", "ms": 500, "text": "trial"}),
+    );
+    eventually("the trial reached the server", || s.executions("echo") == 2);
+    s.call(json!("other"), "echo", json!({"text": "other"}));
+    let e = s.error(&json!("other"));
+    assert_proxy_error(&e, "circuit_open");
+    assert!(e["data"]["retryAfterMs"].is_u64(), "{e}");
+    assert_eq!(text(&s.result(&json!("trial"))), "trial");
+    s.call(json!("after"), "echo", json!({"text": "after"}));
+    assert_eq!(text(&s.result(&json!("after"))), "after");
+    assert_eq!(s.executions("echo"), 3);
+}
+
+#[test]
+fn a_call_whose_server_exits_during_backoff_gets_the_servers_last_error() {
+    let mut s = start(
+        "
+        retry:
+          base_delay: 1
+          jitter: 0
+        ",
+    );
+    s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
+    eventually("the retry to be scheduled", || {
+        s.stderr().contains("retrying in")
+    });
+    s.call(json!(2), "echo", json!({"mode": "crash"}));
+    assert_proxy_error(&s.error(&json!(2)), "server_exited");
+    let e = s.error(&json!(1));
+    assert_server_error(&e, -32000, "flaky failure 1 of 1");
+    assert_eq!(s.executions("idem_echo"), 1);
+}
+
+// ----- stats ----------------------------------------------------------------
+
+#[test]
+fn the_stats_file_and_the_exit_summary_count_per_tool() {
+    let mut s = builder_with_args(FAST, &["--stats-file", "{dir}/stats.json"]).start();
+    s.initialize();
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "text": "ok"}),
+    );
+    s.result(&json!(1));
+    s.call(json!(2), "echo", json!({"text": "a"}));
+    s.result(&json!(2));
+    s.call(json!(3), "echo", json!({"text": "a"}));
+    s.result(&json!(3));
+    s.call(json!(4), "echo", json!({"mode": "error", "code": -32602}));
+    s.error(&json!(4));
+    s.close_stdin();
+    assert!(s.wait().success(), "{}", s.stderr());
+    let path = s.dir.join("stats.json");
+    let stats: Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}")),
+    )
+    .unwrap();
+    assert_eq!(stats["server"], "mock", "{stats}");
+    let idem = &stats["tools"]["idem_echo"];
+    assert_eq!(idem["calls"], 1, "{stats}");
+    assert_eq!(idem["retried"], 1, "{stats}");
+    assert_eq!(idem["recovered"], 1, "{stats}");
+    assert_eq!(idem["failed"], 0, "{stats}");
+    let echo = &stats["tools"]["echo"];
+    assert_eq!(echo["calls"], 3, "{stats}");
+    assert_eq!(echo["dedup_hits"], 1, "{stats}");
+    assert_eq!(echo["failed"], 1, "{stats}");
+    assert_eq!(stats["total"]["calls"], 4, "{stats}");
+    assert!(
+        s.stderr().contains("summary: 4 call(s), 1 retried"),
+        "{}",
+        s.stderr()
+    );
+}
+
+#[test]
+fn a_retried_call_that_still_fails_counts_as_retried() {
+    let mut s = builder_with_args(
+        "
+        retry:
+          max_retries: 1
+          base_delay: 0.05
+          jitter: 0
+        ",
+        &["--stats-file", "{dir}/stats.json"],
+    )
+    .start();
+    s.initialize();
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "fail_times": 5}),
+    );
+    s.error(&json!(1));
+    assert_eq!(s.executions("idem_echo"), 2);
+    s.close_stdin();
+    assert!(s.wait().success());
+    let stats: Value =
+        serde_json::from_str(&std::fs::read_to_string(s.dir.join("stats.json")).unwrap()).unwrap();
+    let idem = &stats["tools"]["idem_echo"];
+    assert_eq!(idem["failed"], 1, "{stats}");
+    assert_eq!(
+        idem["retried"], 1,
+        "\"retried\" counts calls that needed a retry, whatever their outcome: {stats}"
+    );
+    assert_eq!(idem["recovered"], 0, "{stats}");
+}
