@@ -94,6 +94,8 @@ pub struct Call {
     trial: bool,
     /// Its next attempt waits in the queue for a restarting server.
     pub(super) queued: Option<u64>,
+    /// It already waited once for the tool list: unknown now means unsafe.
+    waited_for_tools: bool,
     retried: bool,
 }
 
@@ -224,6 +226,7 @@ impl Dispatcher {
                 progress: ProgressFilter::new(),
                 trial: false,
                 queued: None,
+                waited_for_tools: false,
                 retried: false,
             },
         );
@@ -260,7 +263,7 @@ impl Dispatcher {
                         ("retryAfterMs", ms),
                     ],
                 );
-                return self.finish_failed(id, &error, now);
+                return self.refuse_attempt(id, &error, now);
             }
             Admission::Trial => call.trial = true,
             Admission::Allowed => call.trial = false,
@@ -287,7 +290,7 @@ impl Dispatcher {
             Route::Refuse(reason, message) => {
                 let attempts = self.calls.get(&id).map_or(0, |c| c.attempts);
                 let error = proxy_error(reason, &message, &[("attempts", attempts.to_string())]);
-                return self.finish_failed(id, &error, now);
+                return self.refuse_attempt(id, &error, now);
             }
         }
         let call = self.calls.get_mut(&id).expect("present");
@@ -412,12 +415,13 @@ impl Dispatcher {
                         && !self.tools.known
                         && self.session.initialized
                         && reachable;
-                    if could_learn && call.parked.is_none() {
+                    if could_learn && !call.waited_for_tools {
                         // Do not guess: learn the annotations first.
                         debug!(
                             "tool \"{tool}\": waiting for the tool list before deciding on a retry"
                         );
                         call.parked = Some(failure);
+                        call.waited_for_tools = true;
                         let deadline = call.deadline;
                         self.set_timer(deadline, Timer::CallDeadline { call: id });
                         return self.fetch_tools(now);
@@ -474,7 +478,22 @@ impl Dispatcher {
         let Some(call) = self.calls.get(&id) else {
             return;
         };
-        // An expired cached answer beats an error, when configured.
+        let message = give_up_message(&call.tool, reason, failure, call.attempts);
+        let mut extra = vec![("attempts", call.attempts.to_string())];
+        if let Failure::Exited(_) = failure {
+            extra.push(("outcome", "\"unknown\"".to_owned()));
+        }
+        // A stale cached answer, or the server's own error, come first.
+        self.refuse_attempt(id, &proxy_error(reason, &message, &extra), now);
+    }
+
+    /// The next attempt of a call cannot be sent (breaker open, server not
+    /// available): an expired cached answer within `stale_if_error` first,
+    /// then the server's own error from the last attempt, else `error`.
+    pub(super) fn refuse_attempt(&mut self, id: u64, error: &str, now: Instant) {
+        let Some(call) = self.calls.get(&id) else {
+            return;
+        };
         if let Some(key) = &call.cache_key {
             if let Some(stale) = self.cache.get_stale(key, now).map(str::to_owned) {
                 info!(
@@ -485,17 +504,9 @@ impl Dispatcher {
                 return self.finish_with_result(id, &result, now);
             }
         }
-        let error = match failure {
-            // The server's own error reaches the client unchanged.
-            Failure::Transient(e) => e.clone(),
-            _ => {
-                let message = give_up_message(&call.tool, reason, failure, call.attempts);
-                let mut extra = vec![("attempts", call.attempts.to_string())];
-                if let Failure::Exited(_) = failure {
-                    extra.push(("outcome", "\"unknown\"".to_owned()));
-                }
-                proxy_error(reason, &message, &extra)
-            }
+        let error = match &call.last_failure {
+            Some(Failure::Transient(e)) => e.clone(),
+            _ => error.to_owned(),
         };
         self.finish_failed(id, &error, now);
     }
@@ -505,7 +516,11 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
-        self.stats_for(&call.tool).failed += 1;
+        let stats = self.stats_for(&call.tool);
+        stats.failed += 1;
+        if call.retried {
+            stats.retried += 1;
+        }
         if call.trial {
             self.breaker.on_trial_abandoned();
         }

@@ -194,7 +194,7 @@ impl Dispatcher {
             }
             Queued::Call(id) => {
                 let error = super::proxy_error(Reason::ServerUnavailable, &message, &[]);
-                self.finish_failed(id, &error, now);
+                self.refuse_attempt(id, &error, now);
             }
             Queued::Notification(_) => debug!("dropped a queued notification"),
         }
