@@ -127,7 +127,13 @@ pub enum Timer {
     ReplayTimeout { generation: u64 },
     /// A queued item waited `call_timeout` for the server.
     QueueExpired { seq: u64 },
+    /// After the handshake: list the tools if nobody has.
+    LearnTools,
 }
+
+/// How long after the handshake the proxy waits for the client to list the
+/// tools before it asks the server itself.
+const TOOLS_AFTER_HANDSHAKE: Duration = Duration::from_millis(200);
 
 /// How often `--stats-file` is rewritten while counters change.
 const STATS_INTERVAL: Duration = Duration::from_secs(3);
@@ -427,6 +433,25 @@ impl Dispatcher {
             Timer::Restart { seq } => self.restart_due(seq, now),
             Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),
             Timer::QueueExpired { seq } => self.queue_expired(seq, now),
+            Timer::LearnTools => {
+                let client_listing = self.inflight.values().any(|f| {
+                    matches!(
+                        f,
+                        Inflight::Client {
+                            method: Method::ToolsList,
+                            ..
+                        }
+                    )
+                });
+                if self.session.has_tools
+                    && !self.tools.known
+                    && !self.tools.fetching
+                    && !client_listing
+                    && self.link_ready()
+                {
+                    self.fetch_tools(now);
+                }
+            }
             t @ (Timer::AttemptTimeout { .. }
             | Timer::RetryDue { .. }
             | Timer::CallDeadline { .. }) => self.on_call_timer(t, now),
@@ -789,6 +814,9 @@ impl Dispatcher {
         }
         if method == "notifications/initialized" {
             self.session.initialized = true;
+            // Learn the tools' annotations soon, unless the client lists
+            // the tools itself right away (as most do).
+            self.set_timer(now + TOOLS_AFTER_HANDSHAKE, Timer::LearnTools);
         }
         match self.route(now) {
             Route::Send => {
@@ -946,14 +974,15 @@ impl Dispatcher {
                 self.session.protocol_version = Some(v);
             }
         }
-        self.session.tools_list_changed = result
+        let tools = result
             .get("capabilities")
             .and_then(|c| RawObject::parse(c.get()))
-            .and_then(|c| {
-                c.get("tools")
-                    .and_then(|t| RawObject::parse(t.get()))
-                    .and_then(|t| t.get("listChanged").map(|l| l.get() == "true"))
-            })
+            .and_then(|c| c.get("tools").map(|t| t.get().to_owned()));
+        self.session.has_tools = tools.is_some();
+        self.session.tools_list_changed = tools
+            .as_deref()
+            .and_then(RawObject::parse)
+            .and_then(|t| t.get("listChanged").map(|l| l.get() == "true"))
             .unwrap_or(false);
     }
 

@@ -1288,3 +1288,19 @@ fn a_retried_call_that_still_fails_counts_as_retried() {
     );
     assert_eq!(idem["recovered"], 0, "{stats}");
 }
+
+#[test]
+fn the_proxy_learns_annotations_after_the_handshake_by_itself() {
+    // The client never lists the tools; the proxy asks the server shortly
+    // after `notifications/initialized`, so ro_echo is known read-only and
+    // identical calls run again instead of being replayed.
+    let mut s = start("");
+    eventually("the proxy's own tools/list", || {
+        !s.received("tools/list").is_empty()
+    });
+    for id in [1, 2] {
+        s.call(json!(id), "ro_echo", json!({"text": "same"}));
+        s.result(&json!(id));
+    }
+    assert_eq!(s.executions("ro_echo"), 2);
+}

@@ -65,6 +65,8 @@ pub(super) struct Session {
     pub(super) log_level: Option<String>,
     /// Active `resources/subscribe` params by uri.
     pub(super) subscriptions: BTreeMap<String, String>,
+    /// The server declared `capabilities.tools`.
+    pub(super) has_tools: bool,
     /// The first server declared `capabilities.tools.listChanged`.
     pub(super) tools_list_changed: bool,
 }
