@@ -30,6 +30,8 @@ use crate::{debug, info, warn};
 
 mod calls;
 mod link;
+#[cfg(test)]
+mod tests;
 
 use calls::{Call, ToolsKnowledge};
 use link::{Link, Queued, ReplayStep, Route, Session};

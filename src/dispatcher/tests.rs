@@ -1,0 +1,214 @@
+//! In-process tests of the dispatcher: events go in through `handle_event`,
+//! and what it writes to the client and to a fake server comes out of
+//! channels. No threads, no processes.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use serde_json::{json, Value};
+
+use super::{Dispatcher, Event};
+use crate::config::ServerConfig;
+use crate::downstream::{Downstream, ServerEvent};
+use crate::jsonrpc;
+
+struct FakeServer {
+    sent: Sender<Vec<u8>>,
+}
+
+impl Downstream for FakeServer {
+    fn send(&mut self, line: Vec<u8>) -> bool {
+        self.sent.send(line).is_ok()
+    }
+    fn close_input(&mut self) {}
+    fn terminate(&mut self) {}
+    fn kill(&mut self) {}
+    fn describe(&self) -> String {
+        "fake".into()
+    }
+    fn diagnostics(&self) -> Vec<String> {
+        vec![]
+    }
+}
+
+struct Harness {
+    d: Dispatcher,
+    client: Receiver<Vec<u8>>,
+    server: Receiver<Vec<u8>>,
+    now: Instant,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let (to_client, client) = crossbeam_channel::unbounded();
+        let (events, _inbox) = crossbeam_channel::unbounded();
+        let (sent, server) = crossbeam_channel::unbounded();
+        let connect = Box::new(move |_: &ServerConfig, _: u64, _: Sender<Event>| {
+            Ok(Box::new(FakeServer { sent: sent.clone() }) as Box<dyn Downstream>)
+        });
+        let cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
+        let mut d = Dispatcher::new(cfg, to_client, events, connect);
+        let now = Instant::now();
+        d.start_server(now);
+        Harness {
+            d,
+            client,
+            server,
+            now,
+        }
+    }
+
+    fn from_client(&mut self, line: &str) {
+        let parsed = jsonrpc::classify(line.to_owned());
+        self.d.handle_event(Event::Client(parsed), self.now);
+    }
+
+    fn from_server(&mut self, line: &str) {
+        let event = ServerEvent::Message(jsonrpc::classify(line.to_owned()));
+        let generation = self.d.generation;
+        self.d
+            .handle_event(Event::Server { generation, event }, self.now);
+    }
+
+    fn to_server(&self) -> String {
+        let line = self.server.try_recv().expect("a line for the server");
+        String::from_utf8(line).unwrap().trim_end().to_owned()
+    }
+
+    fn to_client(&self) -> String {
+        let line = self.client.try_recv().expect("a line for the client");
+        String::from_utf8(line).unwrap().trim_end().to_owned()
+    }
+
+    fn nothing_sent(&self) {
+        assert!(
+            self.server.try_recv().is_err(),
+            "unexpected line to the server"
+        );
+        assert!(
+            self.client.try_recv().is_err(),
+            "unexpected line to the client"
+        );
+    }
+}
+
+fn id_of(line: &str) -> Value {
+    serde_json::from_str::<Value>(line).unwrap()["id"].clone()
+}
+
+#[test]
+fn requests_get_fresh_ids_and_answers_get_the_clients_id_back() {
+    let mut h = Harness::new();
+    h.from_client(r#"{"jsonrpc":"2.0","id":"7","method":"ping"}"#);
+    h.from_client(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+    let a = h.to_server();
+    let b = h.to_server();
+    assert_ne!(id_of(&a), id_of(&b));
+    assert!(id_of(&a).is_u64() && id_of(&b).is_u64());
+    // Answered out of order.
+    h.from_server(&format!(
+        r#"{{"jsonrpc":"2.0","id":{},"result":{{"n":2}}}}"#,
+        id_of(&b)
+    ));
+    h.from_server(&format!(
+        r#"{{"jsonrpc":"2.0","id":{},"result":{{"n":1}}}}"#,
+        id_of(&a)
+    ));
+    assert_eq!(
+        h.to_client(),
+        r#"{"jsonrpc":"2.0","id":7,"result":{"n":2}}"#
+    );
+    assert_eq!(
+        h.to_client(),
+        r#"{"jsonrpc":"2.0","id":"7","result":{"n":1}}"#
+    );
+    h.nothing_sent();
+}
+
+#[test]
+fn a_response_with_an_unknown_id_is_dropped() {
+    let mut h = Harness::new();
+    h.from_server(r#"{"jsonrpc":"2.0","id":999,"result":{}}"#);
+    h.from_server(r#"{"jsonrpc":"2.0","id":"x","result":{}}"#);
+    h.nothing_sent();
+}
+
+#[test]
+fn server_requests_are_renumbered_and_answers_restored() {
+    let mut h = Harness::new();
+    h.from_server(r#"{"jsonrpc":"2.0","id":0,"method":"roots/list"}"#);
+    let req = h.to_client();
+    let ours = id_of(&req);
+    assert!(req.ends_with(r#""method":"roots/list"}"#), "{req}");
+    h.from_client(&format!(
+        r#"{{"jsonrpc":"2.0","id":{ours},"result":{{"roots":[]}}}}"#
+    ));
+    assert_eq!(
+        h.to_server(),
+        r#"{"jsonrpc":"2.0","id":0,"result":{"roots":[]}}"#
+    );
+    // A second answer to the same request is dropped.
+    h.from_client(&format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{{}}}}"#));
+    h.nothing_sent();
+}
+
+#[test]
+fn the_servers_cancel_of_its_own_request_is_renumbered() {
+    let mut h = Harness::new();
+    h.from_server(r#"{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{}}"#);
+    let ours = id_of(&h.to_client());
+    h.from_server(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"s1","reason":"r"}}"#);
+    assert_eq!(
+        h.to_client(),
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{ours},"reason":"r"}}}}"#
+        )
+    );
+}
+
+#[test]
+fn a_client_cancel_is_rewritten_and_the_late_answer_dropped() {
+    let mut h = Harness::new();
+    h.from_client(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
+    let down = id_of(&h.to_server());
+    h.from_client(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"a","reason":"bored"}}"#);
+    assert_eq!(
+        h.to_server(),
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{down},"reason":"bored"}}}}"#
+        )
+    );
+    h.from_server(&format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{}}}}"#));
+    h.nothing_sent();
+}
+
+#[test]
+fn duplicate_in_flight_ids_are_refused() {
+    let mut h = Harness::new();
+    h.from_client(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+    h.to_server();
+    h.from_client(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["id"], json!(1));
+    assert_eq!(e["error"]["code"], json!(-32600));
+    h.nothing_sent();
+}
+
+#[test]
+fn an_idle_dispatcher_has_no_timers_after_the_handshake_settles() {
+    let mut h = Harness::new();
+    assert!(h.d.timers.is_empty(), "no periodic timer at idle");
+    h.from_client(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#);
+    let down = id_of(&h.to_server());
+    h.from_server(&format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{"protocolVersion":"2025-11-25","capabilities":{{}}}}}}"#));
+    h.to_client();
+    h.from_client(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    h.to_server();
+    // The one-shot "learn the tools" timer; it asks nothing of a server
+    // without the tools capability.
+    h.now += Duration::from_secs(1);
+    let now = h.now;
+    h.d.fire_timers(now);
+    assert!(h.d.timers.is_empty());
+    h.nothing_sent();
+}
