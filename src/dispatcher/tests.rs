@@ -58,12 +58,12 @@ impl Harness {
         }
     }
 
-    fn from_client(&mut self, line: &str) {
+    fn client_sends(&mut self, line: &str) {
         let parsed = jsonrpc::classify(line.to_owned());
         self.d.handle_event(Event::Client(parsed), self.now);
     }
 
-    fn from_server(&mut self, line: &str) {
+    fn server_sends(&mut self, line: &str) {
         let event = ServerEvent::Message(jsonrpc::classify(line.to_owned()));
         let generation = self.d.generation;
         self.d
@@ -99,18 +99,18 @@ fn id_of(line: &str) -> Value {
 #[test]
 fn requests_get_fresh_ids_and_answers_get_the_clients_id_back() {
     let mut h = Harness::new();
-    h.from_client(r#"{"jsonrpc":"2.0","id":"7","method":"ping"}"#);
-    h.from_client(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"7","method":"ping"}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
     let a = h.to_server();
     let b = h.to_server();
     assert_ne!(id_of(&a), id_of(&b));
     assert!(id_of(&a).is_u64() && id_of(&b).is_u64());
     // Answered out of order.
-    h.from_server(&format!(
+    h.server_sends(&format!(
         r#"{{"jsonrpc":"2.0","id":{},"result":{{"n":2}}}}"#,
         id_of(&b)
     ));
-    h.from_server(&format!(
+    h.server_sends(&format!(
         r#"{{"jsonrpc":"2.0","id":{},"result":{{"n":1}}}}"#,
         id_of(&a)
     ));
@@ -128,19 +128,19 @@ fn requests_get_fresh_ids_and_answers_get_the_clients_id_back() {
 #[test]
 fn a_response_with_an_unknown_id_is_dropped() {
     let mut h = Harness::new();
-    h.from_server(r#"{"jsonrpc":"2.0","id":999,"result":{}}"#);
-    h.from_server(r#"{"jsonrpc":"2.0","id":"x","result":{}}"#);
+    h.server_sends(r#"{"jsonrpc":"2.0","id":999,"result":{}}"#);
+    h.server_sends(r#"{"jsonrpc":"2.0","id":"x","result":{}}"#);
     h.nothing_sent();
 }
 
 #[test]
 fn server_requests_are_renumbered_and_answers_restored() {
     let mut h = Harness::new();
-    h.from_server(r#"{"jsonrpc":"2.0","id":0,"method":"roots/list"}"#);
+    h.server_sends(r#"{"jsonrpc":"2.0","id":0,"method":"roots/list"}"#);
     let req = h.to_client();
     let ours = id_of(&req);
     assert!(req.ends_with(r#""method":"roots/list"}"#), "{req}");
-    h.from_client(&format!(
+    h.client_sends(&format!(
         r#"{{"jsonrpc":"2.0","id":{ours},"result":{{"roots":[]}}}}"#
     ));
     assert_eq!(
@@ -148,16 +148,16 @@ fn server_requests_are_renumbered_and_answers_restored() {
         r#"{"jsonrpc":"2.0","id":0,"result":{"roots":[]}}"#
     );
     // A second answer to the same request is dropped.
-    h.from_client(&format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{{}}}}"#));
+    h.client_sends(&format!(r#"{{"jsonrpc":"2.0","id":{ours},"result":{{}}}}"#));
     h.nothing_sent();
 }
 
 #[test]
 fn the_servers_cancel_of_its_own_request_is_renumbered() {
     let mut h = Harness::new();
-    h.from_server(r#"{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{}}"#);
+    h.server_sends(r#"{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{}}"#);
     let ours = id_of(&h.to_client());
-    h.from_server(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"s1","reason":"r"}}"#);
+    h.server_sends(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"s1","reason":"r"}}"#);
     assert_eq!(
         h.to_client(),
         format!(
@@ -169,25 +169,25 @@ fn the_servers_cancel_of_its_own_request_is_renumbered() {
 #[test]
 fn a_client_cancel_is_rewritten_and_the_late_answer_dropped() {
     let mut h = Harness::new();
-    h.from_client(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
     let down = id_of(&h.to_server());
-    h.from_client(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"a","reason":"bored"}}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"a","reason":"bored"}}"#);
     assert_eq!(
         h.to_server(),
         format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{down},"reason":"bored"}}}}"#
         )
     );
-    h.from_server(&format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{}}}}"#));
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{}}}}"#));
     h.nothing_sent();
 }
 
 #[test]
 fn duplicate_in_flight_ids_are_refused() {
     let mut h = Harness::new();
-    h.from_client(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
     h.to_server();
-    h.from_client(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
     let e: Value = serde_json::from_str(&h.to_client()).unwrap();
     assert_eq!(e["id"], json!(1));
     assert_eq!(e["error"]["code"], json!(-32600));
@@ -198,11 +198,11 @@ fn duplicate_in_flight_ids_are_refused() {
 fn an_idle_dispatcher_has_no_timers_after_the_handshake_settles() {
     let mut h = Harness::new();
     assert!(h.d.timers.is_empty(), "no periodic timer at idle");
-    h.from_client(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#);
     let down = id_of(&h.to_server());
-    h.from_server(&format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{"protocolVersion":"2025-11-25","capabilities":{{}}}}}}"#));
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{"protocolVersion":"2025-11-25","capabilities":{{}}}}}}"#));
     h.to_client();
-    h.from_client(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
     h.to_server();
     // The one-shot "learn the tools" timer; it asks nothing of a server
     // without the tools capability.
