@@ -323,6 +323,13 @@ def classify(wire: list[dict[str, Any]]) -> dict[str, list[tuple[str, Any]]]:
     return kinds
 
 
+def exact(line: str, msg: Any, run_dir: str) -> str:
+    """The line itself, byte for byte, when normalization leaves it alone;
+    else its normalized rendering (member order and number text kept)."""
+    normalized = render(normalize(msg, run_dir))
+    return line if normalized == render(msg) else normalized
+
+
 def without_id(msg: Obj) -> Obj:
     return Obj([(k, v) for k, v in msg if k != "id"])
 
@@ -373,11 +380,11 @@ def wire_checks(direct: RunResult, proxied: RunResult) -> list[Check]:
     # the same bytes as direct (after normalization).
     def answers(kinds, run_dir):
         by_id: dict[str, list[tuple[str, bool]]] = {}
-        for _line, m in kinds["responses_to_client"]:
+        for line, m in kinds["responses_to_client"]:
             result = m.get("result")
             meta = result.get("_meta") if isinstance(result, Obj) else None
             ours = isinstance(meta, Obj) and meta.get(OUR_META) is not None
-            by_id.setdefault(render(m.get("id")), []).append((render(normalize(m, run_dir)), ours))
+            by_id.setdefault(render(m.get("id")), []).append((exact(line, m, run_dir), ours))
         return by_id
 
     def same(a: tuple[str, bool], b: tuple[str, bool]) -> bool:
@@ -406,7 +413,7 @@ def wire_checks(direct: RunResult, proxied: RunResult) -> list[Check]:
     # scripts are deterministic; a difference here means the proxy changed
     # what the client saw before it sent them).
     def sent(kinds, run_dir):
-        return [render(normalize(m, run_dir)) for _l, m in kinds["client_requests"] + kinds["from_client_notifications"]]
+        return [exact(line, m, run_dir) for line, m in kinds["client_requests"] + kinds["from_client_notifications"]]
 
     sd, sp = sent(kd, direct.dir), sent(kp, proxied.dir)
     checks.append(Check("wire: the client sent the same requests and notifications", sd == sp,
@@ -443,11 +450,11 @@ def wire_checks(direct: RunResult, proxied: RunResult) -> list[Check]:
     def notes(kinds, run_dir):
         tokens = cancelled_tokens(kinds)
         out = []
-        for _l, n in kinds["to_client_notifications"]:
+        for line, n in kinds["to_client_notifications"]:
             params = n.get("params") or Obj()
             if n.get("method") == "notifications/progress" and render(params.get("progressToken")) in tokens:
                 continue
-            out.append(render(normalize(n, run_dir)))
+            out.append(exact(line, n, run_dir))
         return out
 
     nd, np_ = notes(kd, direct.dir), notes(kp, proxied.dir)
