@@ -76,9 +76,11 @@ class Run:
     async def sampling(self, _ctx: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
         self.sampling_requests.append(dump(params))
         text = params.messages[-1].content.text if params.messages else ""
+        # Numbered, as a model's answers differ from one request to the next.
+        n = len(self.sampling_requests)
         return types.CreateMessageResult(
             role="assistant",
-            content=types.TextContent(type="text", text=f"sampled reply to: {text}"),
+            content=types.TextContent(type="text", text=f"sampled reply #{n} to: {text}"),
             model="interop-model",
             stop_reason="endTurn",
         )
@@ -338,6 +340,14 @@ async def python_server(run: Run, c: Client) -> None:
         lambda: c.call_tool("add", {"a": "forty"}),
         expect="any",
     )
+    # Sampling: a sampling/createMessage request mid-call in the initialize
+    # era, an input_required result and a second round in 2026-07-28 (the
+    # SDK drives that loop with the sampling callback).
+    await run.step("tools/call haiku (sampling)", lambda: c.call_tool("haiku", {"topic": "proxies"}))
+    await run.step(
+        "tools/call haiku again (same topic, a new sample)", lambda: c.call_tool("haiku", {"topic": "proxies"})
+    )
+    run.record("sampling requests the client answered", run.sampling_requests, ok=len(run.sampling_requests) == 2)
     await run.step("resources/list", c.list_resources)
     await run.step("resources/templates/list", c.list_resource_templates)
     await run.step("resources/read", lambda: c.read_resource("interop://greeting"))

@@ -8,9 +8,11 @@ through `server/discover`, and one in `mode="legacy"` gets the `initialize`
 handshake: it lets the suite cover both eras through the proxy with a real
 SDK on each side. Everything here is deterministic.
 """
+from typing import Annotated
+
 import anyio
-from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ToolAnnotations
+from mcp.server.mcpserver import Context, MCPServer, Resolve, Sample
+from mcp_types import CreateMessageResult, SamplingMessage, TextContent, ToolAnnotations
 
 server = MCPServer("interop-python-server", instructions="Deterministic tools for mcp-retry's interop suite.")
 
@@ -34,6 +36,20 @@ async def count(steps: int, delay: float, ctx: Context) -> str:
         await anyio.sleep(delay)
         await ctx.report_progress(i, steps, f"step {i}")
     return f"counted to {steps}"
+
+
+def ask_for_haiku(topic: str) -> Sample:
+    return Sample(
+        [SamplingMessage(role="user", content=TextContent(type="text", text=f"A haiku about {topic}, please."))],
+        max_tokens=60,
+    )
+
+
+@server.tool()
+async def haiku(topic: str, reply: Annotated[CreateMessageResult, Resolve(ask_for_haiku)]) -> str:
+    """Asks the client's model for a haiku: a sampling/createMessage request
+    mid-call in the initialize era, an input_required round trip in 2026-07-28."""
+    return f"{topic}: {reply.content.text}"
 
 
 @server.resource("interop://greeting", mime_type="text/plain")

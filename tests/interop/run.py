@@ -172,10 +172,13 @@ def run_once(sc: Scenario, kind: str, proxy: str, base: str) -> RunResult:
 # 2. server-everything's dynamic resources embed the time they were made
 #    ("... created at 10:23:45 AM", new Date().toLocaleTimeString()), also
 #    inside base64 blobs. Replaced by $TIME.
-# 3. Our own marker: result._meta["mcp-retry/source"] ("dedup", "cache",
+# 3. `requestState` of the 2026-07-28 multi-round-trip flow: the Python SDK
+#    server seals it with a key made at startup, so its bytes differ per run
+#    (the client hands it back unchanged). Replaced by $REQUEST_STATE.
+# 4. Our own marker: result._meta["mcp-retry/source"] ("dedup", "cache",
 #    "stale") says an answer did not come from a fresh execution. Removed
 #    (and `_meta` with it when it held nothing else).
-# 4. On the wire only: the ids of requests the server makes to the client
+# 5. On the wire only: the ids of requests the server makes to the client
 #    (sampling, elicitation, roots): mcp-retry gives them ids of its own, so
 #    they are dropped from those requests and from the client's answers.
 #    Ids of the client's own requests are NOT dropped: the proxy must
@@ -237,6 +240,8 @@ def normalize(value: Any, run_dir: str) -> Any:
             for k, x in items:
                 if k == "blob" and isinstance(uri, str) and uri.startswith("demo://resource/dynamic/blob/"):
                     x = "$BLOB:" + text(base64.b64decode(x).decode("utf-8", "replace"))
+                elif k in ("requestState", "request_state") and isinstance(x, str):
+                    x = "$REQUEST_STATE"
                 elif k == "_meta" and isinstance(x, (Obj, dict)):
                     kept = [(mk, mv) for mk, mv in (x if isinstance(x, Obj) else x.items()) if mk != OUR_META]
                     if not kept:

@@ -64,9 +64,10 @@ const client = new Client(
 client.setRequestHandler(CreateMessageRequestSchema, async (request) => {
   samplingRequests.push(request.params);
   const last = request.params.messages.at(-1);
+  // Numbered, as a model's answers differ from one request to the next.
   return {
     role: "assistant",
-    content: { type: "text", text: `sampled reply to: ${last?.content?.text ?? ""}` },
+    content: { type: "text", text: `sampled reply #${samplingRequests.length} to: ${last?.content?.text ?? ""}` },
     model: "interop-model",
     stopReason: "endTurn",
   };
@@ -229,6 +230,8 @@ async function pythonServer() {
     }),
   );
   record("progress notifications of count", intermediate(progress), intermediate(progress).length === 2);
+  await step("tools/call haiku (sampling)", () => client.callTool({ name: "haiku", arguments: { topic: "relays" } }));
+  record("sampling requests the client answered", samplingRequests, samplingRequests.length === 1);
   await step("resources/list", () => client.listResources());
   await step("resources/read (template)", () => client.readResource({ uri: "interop://numbers/11" }));
   await step("prompts/get", () => client.getPrompt({ name: "review", arguments: { code: "let x = 1;" } }));
