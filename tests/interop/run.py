@@ -1,0 +1,559 @@
+"""mcp-retry's interop suite: real clients and real servers, direct and
+through the proxy, compared.
+
+    .venv/bin/python run.py --proxy PATH/TO/mcp-retry [--only TEXT] [--keep]
+
+For every scenario (a client, a server, a protocol era) the same client
+script runs twice against a fresh server: once launching the server directly
+and once launching `mcp-retry run -- SERVER`. Both runs are recorded at two
+levels and compared check by check:
+
+* what the client SDK returned for every step (results, errors, progress,
+  the server's requests to the client) — written by py_client.py or
+  ts_client.mjs;
+* the wire itself: tap.py sits in front of whatever the client launches and
+  logs every line the client sent and received (and, in the proxied run, a
+  second tap between mcp-retry and the server logs what the server got).
+
+Results must be identical except for what the normalizers below remove, each
+for a stated reason. The report is one PASS/FAIL line per check and ends with
+`N passed, M failed`; the exit status is 1 when anything failed.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import difflib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODE_MODULES = os.path.join(HERE, "node_modules")
+PYTHON = sys.executable  # the suite's venv, which has the pinned `mcp`
+RUN_TIMEOUT = 120  # seconds for one client run; a normal run takes a few
+
+
+def npm_server(package: str) -> list[str]:
+    return ["node", os.path.join(NODE_MODULES, "@modelcontextprotocol", package, "dist", "index.js")]
+
+
+@dataclass
+class Scenario:
+    client: str  # "python" or "typescript"
+    script: str  # the scenario name the client script knows
+    mode: str  # python: "auto" or "legacy"; typescript: "legacy" (SDK 1.x)
+    server: str  # for the report
+    command: Callable[[str], list[str]]  # run dir -> server command
+    env: Callable[[str], dict[str, str]] = lambda _run: {}
+
+    @property
+    def label(self) -> str:
+        era = {"auto": "server/discover, else initialize", "legacy": "initialize"}[self.mode]
+        sdk = "python-sdk" if self.client == "python" else "typescript-sdk"
+        return f"{sdk} [{era}] x {self.server}"
+
+
+def scenarios() -> list[Scenario]:
+    everything = lambda _run: npm_server("server-everything") + ["stdio"]
+    filesystem = lambda run: npm_server("server-filesystem") + [os.path.join(run, "root")]
+    memory = lambda _run: npm_server("server-memory")
+    memory_env = lambda run: {"MEMORY_FILE_PATH": os.path.join(run, "memory.jsonl")}
+    python_server = lambda _run: [PYTHON, os.path.join(HERE, "py_server.py")]
+    out = []
+    # The Python SDK 2.x connects in mode "auto": it probes server/discover
+    # and falls back to initialize when the server does not know it (the
+    # TypeScript-SDK reference servers), or adopts the 2026-07-28 era when
+    # the server answers it (the Python SDK server).
+    for script, server, command, env in [
+        ("everything", "server-everything", everything, lambda _run: {}),
+        ("filesystem", "server-filesystem", filesystem, lambda _run: {}),
+        ("memory", "server-memory", memory, memory_env),
+        ("python-server", "python-sdk server", python_server, lambda _run: {}),
+    ]:
+        out.append(Scenario("python", script, "auto", server, command, env))
+    # The same Python SDK server in the initialize era.
+    out.append(Scenario("python", "python-server", "legacy", "python-sdk server", python_server))
+    # The TypeScript SDK 1.x client speaks only the initialize era.
+    for script, server, command, env in [
+        ("everything", "server-everything", everything, lambda _run: {}),
+        ("filesystem", "server-filesystem", filesystem, lambda _run: {}),
+        ("memory", "server-memory", memory, memory_env),
+        ("python-server", "python-sdk server", python_server, lambda _run: {}),
+    ]:
+        out.append(Scenario("typescript", script, "legacy", server, command, env))
+    return out
+
+
+# ---------------------------------------------------------------- running
+
+
+@dataclass
+class RunResult:
+    kind: str  # "direct" or "proxied"
+    dir: str
+    exit_code: int | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: list[dict[str, Any]] = field(default_factory=list)
+    client_wire: list[dict[str, Any]] = field(default_factory=list)  # {"dir", "line"}
+    server_wire: list[dict[str, Any]] = field(default_factory=list)
+    stderr: str = ""
+    failure: str | None = None  # the run itself broke
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_once(sc: Scenario, kind: str, proxy: str, base: str) -> RunResult:
+    run_dir = os.path.join(base, f"{sc.client}-{sc.mode}-{sc.script}-{kind}")
+    os.makedirs(os.path.join(run_dir, "root"))
+    result = RunResult(kind, run_dir)
+    tap = [PYTHON, os.path.join(HERE, "tap.py")]
+    server = sc.command(run_dir)
+    if kind == "direct":
+        launched = tap + [os.path.join(run_dir, "client-wire.jsonl"), "--"] + server
+    else:
+        launched = (
+            tap
+            + [os.path.join(run_dir, "client-wire.jsonl"), "--", proxy, "run", "--"]
+            + tap
+            + [os.path.join(run_dir, "server-wire.jsonl"), "--"]
+            + server
+        )
+    out = os.path.join(run_dir, "client-out.json")
+    if sc.client == "python":
+        client = [PYTHON, os.path.join(HERE, "py_client.py"), sc.script, sc.mode, out, "--"]
+    else:
+        client = ["node", os.path.join(HERE, "ts_client.mjs"), sc.script, out, "--"]
+    env = dict(os.environ, INTEROP_ROOT=os.path.join(run_dir, "root"), MCP_RETRY_LOG="info")
+    env.update(sc.env(run_dir))
+    with open(os.path.join(run_dir, "stderr.log"), "w+", encoding="utf-8") as err:
+        try:
+            proc = subprocess.run(
+                client + launched, cwd=run_dir, env=env, stdin=subprocess.DEVNULL,
+                stdout=err, stderr=err, timeout=RUN_TIMEOUT,
+            )
+            result.exit_code = proc.returncode
+        except subprocess.TimeoutExpired:
+            result.failure = f"the client did not finish within {RUN_TIMEOUT}s"
+        err.seek(0)
+        result.stderr = err.read()
+    if result.failure is None and result.exit_code != 0:
+        result.failure = f"the client exited with status {result.exit_code}"
+    if os.path.exists(out):
+        with open(out, encoding="utf-8") as f:
+            data = json.load(f)
+        result.steps, result.cancelled = data["steps"], data["cancelled"]
+    elif result.failure is None:
+        result.failure = "the client wrote no results"
+    result.client_wire = read_jsonl(os.path.join(run_dir, "client-wire.jsonl"))
+    result.server_wire = read_jsonl(os.path.join(run_dir, "server-wire.jsonl")) if kind == "proxied" else result.client_wire
+    return result
+
+
+# ---------------------------------------------------------- normalization
+#
+# Everything that may legitimately differ between the two runs, and nothing
+# else, is normalized away here:
+#
+# 1. Paths of the run's own temp dir ("<base>/<scenario>-direct" vs
+#    "...-proxied"): the filesystem server's root and the memory file live
+#    there. Replaced by $RUN.
+# 2. server-everything's dynamic resources embed the time they were made
+#    ("... created at 10:23:45 AM", new Date().toLocaleTimeString()), also
+#    inside base64 blobs. Replaced by $TIME.
+# 3. `requestState` of the 2026-07-28 multi-round-trip flow: the Python SDK
+#    server seals it with a key made at startup, so its bytes differ per run
+#    (the client hands it back unchanged). Replaced by $REQUEST_STATE.
+# 4. Our own marker: result._meta["mcp-retry/source"] ("dedup", "cache",
+#    "stale") says an answer did not come from a fresh execution. Removed
+#    (and `_meta` with it when it held nothing else).
+# 5. On the wire only: the ids of requests the server makes to the client
+#    (sampling, elicitation, roots): mcp-retry gives them ids of its own, so
+#    they are dropped from those requests and from the client's answers.
+#    Ids of the client's own requests are NOT dropped: the proxy must
+#    restore them exactly.
+
+TIME_RE = re.compile(r"created at \d{1,2}:\d{2}:\d{2}(?:\s?[AP]M)?")
+OUR_META = "mcp-retry/source"
+
+
+class RawNum(str):
+    """A JSON number kept as the exact text it was sent as."""
+
+
+class Obj(list):
+    """A JSON object as its ordered (key, value) members."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        for k, v in self:
+            if k == key:
+                return v
+        return default
+
+
+def parse_wire(line: str) -> Any:
+    """Parses a wire line keeping member order and number text, so that
+    rendering it back shows any change the proxy made to the bytes."""
+    return json.loads(line, object_pairs_hook=Obj, parse_int=RawNum, parse_float=RawNum, parse_constant=RawNum)
+
+
+def render(value: Any) -> str:
+    if isinstance(value, RawNum):
+        return str(value)
+    if isinstance(value, Obj):
+        return "{" + ",".join(json.dumps(k) + ":" + render(v) for k, v in value) + "}"
+    if isinstance(value, dict):
+        return "{" + ",".join(json.dumps(k) + ":" + render(v) for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(render(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def normalize(value: Any, run_dir: str) -> Any:
+    paths = sorted({run_dir, os.path.realpath(run_dir)}, key=len, reverse=True)
+
+    def text(s: str) -> str:
+        for p in paths:
+            s = s.replace(p, "$RUN")
+        return TIME_RE.sub("created at $TIME", s)
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, RawNum):
+            return v
+        if isinstance(v, str):
+            return text(v)
+        if isinstance(v, (Obj, dict)):
+            items = list(v) if isinstance(v, Obj) else list(v.items())
+            uri = next((x for k, x in items if k == "uri"), None)
+            out = []
+            for k, x in items:
+                if k == "blob" and isinstance(uri, str) and uri.startswith("demo://resource/dynamic/blob/"):
+                    x = "$BLOB:" + text(base64.b64decode(x).decode("utf-8", "replace"))
+                elif k in ("requestState", "request_state") and isinstance(x, str):
+                    x = "$REQUEST_STATE"
+                elif k == "_meta" and isinstance(x, (Obj, dict)):
+                    kept = [(mk, mv) for mk, mv in (x if isinstance(x, Obj) else x.items()) if mk != OUR_META]
+                    if not kept:
+                        continue
+                    x = Obj(kept) if isinstance(x, Obj) else dict(kept)
+                out.append((text(k), walk(x)))
+            return Obj(out) if isinstance(v, Obj) else dict(out)
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(value)
+
+
+# ------------------------------------------------------------------ checks
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+def diff(direct: Any, proxied: Any, limit: int = 60) -> str:
+    a = pretty_lines(direct)
+    b = pretty_lines(proxied)
+    lines = list(difflib.unified_diff(a, b, "direct", "through mcp-retry", n=2, lineterm=""))
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... ({len(lines) - limit} more diff lines)"]
+    return "\n".join(lines)
+
+
+def pretty_lines(value: Any) -> list[str]:
+    try:
+        return json.dumps(json.loads(render(value)), indent=1, ensure_ascii=False).splitlines()
+    except (TypeError, ValueError):
+        return repr(value).splitlines()
+
+
+def compare_steps(direct: RunResult, proxied: RunResult) -> list[Check]:
+    checks = []
+    d_steps = {s["name"]: s for s in direct.steps}
+    p_steps = {s["name"]: s for s in proxied.steps}
+    for name in list(d_steps) + [n for n in p_steps if n not in d_steps]:
+        d, p = d_steps.get(name), p_steps.get(name)
+        if d is None or p is None:
+            checks.append(Check(name, False, f"step missing in the {'direct' if d is None else 'proxied'} run"))
+            continue
+        dv, pv = normalize(d["value"], direct.dir), normalize(p["value"], proxied.dir)
+        if not d["ok"]:
+            checks.append(Check(name, False, "the direct run did not do what the scenario expects "
+                                             "(the suite or the server changed):\n" + "\n".join(pretty_lines(dv)[:40])))
+        elif render(dv) != render(pv):
+            checks.append(Check(name, False, diff(dv, pv)))
+        else:
+            checks.append(Check(name, True))
+    return checks
+
+
+def classify(wire: list[dict[str, Any]]) -> dict[str, list[tuple[str, Any]]]:
+    """Splits a tap log into kinds of messages, each with its raw line."""
+    kinds: dict[str, list[tuple[str, Any]]] = {
+        k: [] for k in ("client_requests", "responses_to_client", "server_requests",
+                        "client_answers", "to_client_notifications", "from_client_notifications", "garbage")
+    }
+    for entry in wire:
+        line, direction = entry["line"], entry["dir"]
+        try:
+            msg = parse_wire(line)
+        except ValueError:
+            kinds["garbage"].append((line, None))
+            continue
+        if not isinstance(msg, Obj):
+            kinds["garbage"].append((line, msg))
+            continue
+        has_id = any(k == "id" for k, _ in msg)
+        has_method = msg.get("method") is not None
+        if direction == "in":
+            kind = ("client_requests" if has_id else "from_client_notifications") if has_method else "client_answers"
+        else:
+            kind = ("server_requests" if has_id else "to_client_notifications") if has_method else "responses_to_client"
+        kinds[kind].append((line, msg))
+    return kinds
+
+
+def exact(line: str, msg: Any, run_dir: str) -> str:
+    """The line itself, byte for byte, when normalization leaves it alone;
+    else its normalized rendering (member order and number text kept)."""
+    normalized = render(normalize(msg, run_dir))
+    return line if normalized == render(msg) else normalized
+
+
+def without_id(msg: Obj) -> Obj:
+    return Obj([(k, v) for k, v in msg if k != "id"])
+
+
+def cancelled_tokens(kinds: dict[str, list[tuple[str, Any]]]) -> set[str]:
+    """Progress tokens of client requests that the client cancelled."""
+    cancelled = set()
+    for _line, n in kinds["from_client_notifications"]:
+        if n.get("method") == "notifications/cancelled":
+            cancelled.add(render(n.get("params").get("requestId")))
+    tokens = set()
+    for _line, r in kinds["client_requests"]:
+        if render(r.get("id")) in cancelled:
+            meta = (r.get("params") or Obj()).get("_meta") or Obj()
+            if meta.get("progressToken") is not None:
+                tokens.add(render(meta.get("progressToken")))
+    return tokens
+
+
+def handshake(kinds: dict[str, list[tuple[str, Any]]]) -> str:
+    """How the session was opened, as seen on the client's side of the wire:
+    e.g. "server/discover -> error -32601, initialize -> 2025-11-25"."""
+    answers = {render(m.get("id")): m for _l, m in kinds["responses_to_client"]}
+    steps = []
+    for _l, r in kinds["client_requests"]:
+        method = r.get("method")
+        if method not in ("server/discover", "initialize"):
+            continue
+        a = answers.get(render(r.get("id")))
+        if a is None:
+            steps.append(f"{method} -> no answer")
+        elif a.get("error") is not None:
+            steps.append(f"{method} -> error {render(a.get('error').get('code'))}")
+        elif method == "initialize":
+            steps.append(f"{method} -> {a.get('result').get('protocolVersion')}")
+        else:
+            steps.append(f"{method} -> {render(a.get('result').get('supportedVersions'))}")
+    return ", ".join(steps) or "no handshake"
+
+
+def wire_checks(direct: RunResult, proxied: RunResult) -> list[Check]:
+    checks = []
+    kd, kp = classify(direct.client_wire), classify(proxied.client_wire)
+    hd, hp = handshake(kd), handshake(kp)
+    checks.append(Check(f"wire: handshake {hd}", hd == hp, "" if hd == hp else f"direct:  {hd}\nproxied: {hp}"))
+
+    # Every client request gets exactly one answer, under its own id, with
+    # the same bytes as direct (after normalization).
+    def answers(kinds, run_dir):
+        by_id: dict[str, list[tuple[str, bool]]] = {}
+        for line, m in kinds["responses_to_client"]:
+            result = m.get("result")
+            meta = result.get("_meta") if isinstance(result, Obj) else None
+            ours = isinstance(meta, Obj) and meta.get(OUR_META) is not None
+            by_id.setdefault(render(m.get("id")), []).append((exact(line, m, run_dir), ours))
+        return by_id
+
+    def same(a: tuple[str, bool], b: tuple[str, bool]) -> bool:
+        if a[0] == b[0]:
+            return True
+        # An answer mcp-retry made itself (a dedup or cache replay) has its
+        # members in our order: compare it as data.
+        return b[1] and json.loads(a[0]) == json.loads(b[0])
+
+    ad, ap = answers(kd, direct.dir), answers(kp, proxied.dir)
+    problems = []
+    for rid in sorted(set(ad) | set(ap), key=lambda s: (len(s), s)):
+        a, b = ad.get(rid, []), ap.get(rid, [])
+        if len(a) != len(b) or not all(same(x, y) for x, y in zip(a, b)):
+            problems.append(f"id {rid}:\n  direct:  {[x for x, _ in a]}\n  proxied: {[y for y, _ in b]}")
+    requested = {render(m.get("id")) for _l, m in kp["client_requests"]}
+    cancelled = {render(n.get("params").get("requestId")) for _l, n in kp["from_client_notifications"]
+                 if n.get("method") == "notifications/cancelled"}
+    for rid in sorted(requested - cancelled):
+        if len(ap.get(rid, [])) != 1:
+            problems.append(f"id {rid}: {len(ap.get(rid, []))} answers through the proxy (want exactly one)")
+    checks.append(Check("wire: every answer to the client is byte-identical, under the client's own id",
+                        not problems, "\n".join(problems[:10])))
+
+    # The client sent the same requests and notifications in both runs (the
+    # scripts are deterministic; a difference here means the proxy changed
+    # what the client saw before it sent them).
+    def sent(kinds, run_dir):
+        return [exact(line, m, run_dir) for line, m in kinds["client_requests"] + kinds["from_client_notifications"]]
+
+    sd, sp = sent(kd, direct.dir), sent(kp, proxied.dir)
+    checks.append(Check("wire: the client sent the same requests and notifications", sd == sp,
+                        "" if sd == sp else diff(sd, sp)))
+
+    # Requests from the server reach the client unchanged (but for the id
+    # mcp-retry gives them), and the client's answers reach the server under
+    # the server's own ids.
+    def server_requests(kinds, run_dir):
+        return [render(normalize(without_id(m), run_dir)) for _l, m in kinds["server_requests"]]
+
+    def client_answers(kinds, run_dir):
+        return [render(normalize(without_id(m), run_dir)) for _l, m in kinds["client_answers"]]
+
+    rd, rp = server_requests(kd, direct.dir), server_requests(kp, proxied.dir)
+    checks.append(Check("wire: requests from the server reach the client unchanged", rd == rp,
+                        "" if rd == rp else diff(rd, rp)))
+    cd, cp = client_answers(kd, direct.dir), client_answers(kp, proxied.dir)
+    problems = [] if cd == cp else [diff(cd, cp)]
+    # In the proxied run, each answer the server got must carry the id of a
+    # request it made, once.
+    server_kinds = classify(proxied.server_wire)
+    made = [render(m.get("id")) for _l, m in server_kinds["server_requests"]]
+    got = [render(m.get("id")) for _l, m in server_kinds["client_answers"]]
+    if sorted(made) != sorted(got):
+        problems.append(f"the server made requests with ids {made} but got answers for {got}")
+    checks.append(Check("wire: the client's answers reach the server under the server's ids", not problems,
+                        "\n".join(problems)))
+
+    # Notifications reach the client unchanged and in order. mcp-retry
+    # forwards progress only while a call is live (documented: a cancelled
+    # call's progress is dropped), so progress for the calls the client
+    # cancelled is left out on both sides.
+    def notes(kinds, run_dir):
+        tokens = cancelled_tokens(kinds)
+        out = []
+        for line, n in kinds["to_client_notifications"]:
+            params = n.get("params") or Obj()
+            if n.get("method") == "notifications/progress" and render(params.get("progressToken")) in tokens:
+                continue
+            out.append(exact(line, n, run_dir))
+        return out
+
+    nd, np_ = notes(kd, direct.dir), notes(kp, proxied.dir)
+    checks.append(Check("wire: notifications reach the client unchanged and in order", nd == np_,
+                        "" if nd == np_ else diff(nd, np_)))
+    garbage = kp["garbage"] + classify(proxied.server_wire)["garbage"]
+    checks.append(Check("wire: every line is a JSON-RPC message", not garbage,
+                        "\n".join(line for line, _ in garbage[:5])))
+    return checks
+
+
+def cancel_checks(direct: RunResult, proxied: RunResult) -> list[Check]:
+    """For each call the client cancelled: the server got
+    notifications/cancelled naming the id it knows the call by, and the
+    client never got an answer for it."""
+    checks = []
+    for i, c in enumerate(proxied.cancelled):
+        facts = []
+        for run in (direct, proxied):
+            server = classify(run.server_wire)
+            client = classify(run.client_wire)
+            ids = [render(m.get("id")) for _l, m in server["client_requests"]
+                   if m.get("method") == "tools/call"
+                   and json.loads(render((m.get("params") or Obj()).get("arguments") or Obj())) == c["arguments"]
+                   and (m.get("params") or Obj()).get("name") == c["tool"]]
+            sid = ids[0] if ids else None
+            cancels = [render(n.get("params").get("requestId")) for _l, n in server["from_client_notifications"]
+                       if n.get("method") == "notifications/cancelled"]
+            cids = [render(m.get("id")) for _l, m in client["client_requests"]
+                    if m.get("method") == "tools/call" and (m.get("params") or Obj()).get("name") == c["tool"]
+                    and json.loads(render((m.get("params") or Obj()).get("arguments") or Obj())) == c["arguments"]]
+            cid = cids[0] if cids else None
+            facts.append({
+                "the server got the call": sid is not None,
+                "the server got notifications/cancelled for its id": sid is not None and sid in cancels,
+                "the client got no answer": cid is not None and not any(
+                    render(m.get("id")) == cid for _l, m in client["responses_to_client"]),
+            })
+        ok = facts[0] == facts[1] and all(facts[1].values())
+        detail = "" if ok else f"direct:  {facts[0]}\nproxied: {facts[1]}"
+        checks.append(Check(f"cancellation #{i + 1} reached the server under its id, and was not answered", ok, detail))
+    return checks
+
+
+def proxy_log_check(proxied: RunResult) -> Check:
+    bad = [l for l in proxied.stderr.splitlines() if l.startswith(("mcp-retry: warn", "mcp-retry: error"))]
+    return Check("mcp-retry logged no warning or error", not bad, "\n".join(bad[:10]))
+
+
+# ------------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--proxy", required=True, help="path to the mcp-retry binary")
+    ap.add_argument("--only", help="run only the scenarios whose label contains this text")
+    ap.add_argument("--keep", action="store_true", help="keep the runs' directories (wire logs, stderr)")
+    args = ap.parse_args()
+    proxy = os.path.abspath(args.proxy)
+    if not os.access(proxy, os.X_OK):
+        print(f"interop: {proxy} is not an executable", file=sys.stderr)
+        return 2
+    base = tempfile.mkdtemp(prefix="mcp-retry-interop-")
+    passed = failed = 0
+    for sc in scenarios():
+        if args.only and args.only not in sc.label:
+            continue
+        print(f"\n== {sc.label}", flush=True)
+        direct = run_once(sc, "direct", proxy, base)
+        proxied = run_once(sc, "proxied", proxy, base)
+        checks: list[Check] = []
+        for r in (direct, proxied):
+            if r.failure:
+                tail = "\n".join(r.stderr.splitlines()[-25:])
+                checks.append(Check(f"the {r.kind} run completed", False, f"{r.failure}; stderr ends:\n{tail}"))
+        checks += compare_steps(direct, proxied)
+        checks += wire_checks(direct, proxied)
+        checks += cancel_checks(direct, proxied)
+        checks.append(proxy_log_check(proxied))
+        for c in checks:
+            print(f"{'PASS' if c.ok else 'FAIL'}  {sc.label}: {c.name}")
+            if not c.ok and c.detail:
+                print("\n".join("      " + l for l in c.detail.splitlines()))
+            passed += c.ok
+            failed += not c.ok
+        if any(not c.ok for c in checks):
+            print(f"      (wire logs and stderr: {direct.dir} and {proxied.dir})")
+    if failed == 0 and not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        print(f"\nrun directories kept in {base}")
+    print(f"\n{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
