@@ -1304,3 +1304,24 @@ fn the_proxy_learns_annotations_after_the_handshake_by_itself() {
     }
     assert_eq!(s.executions("ro_echo"), 2);
 }
+
+#[test]
+fn a_completed_call_is_not_replayed_after_another_mutating_call() {
+    // write A, write B, write A: the second A must run, or the state would
+    // end as B while the client was told A succeeded. write A twice in a row
+    // still runs once.
+    let mut s = start("");
+    s.list_tools();
+    for (id, text) in [(1, "A"), (2, "A"), (3, "B"), (4, "A")] {
+        s.call(json!(id), "unsafe_echo", json!({"text": text}));
+        s.result(&json!(id));
+    }
+    let runs = |t: &str| {
+        s.execs_of("unsafe_echo")
+            .iter()
+            .filter(|e| e["arguments"]["text"] == t)
+            .count()
+    };
+    assert_eq!(runs("A"), 2, "A, (A replayed), B, A again");
+    assert_eq!(runs("B"), 1);
+}

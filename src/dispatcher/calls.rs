@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::policy::breaker::{Admission, Transition};
+use crate::policy::dedup::{Lookup, Replay};
 use crate::policy::gate::{self, GateInput, Safety};
 use crate::policy::progress::ProgressFilter;
-use crate::policy::{backoff, canonical_json, dedup::Lookup};
+use crate::policy::{backoff, canonical_json};
 use crate::stats::ToolStats;
 use crate::{debug, info, warn};
 
@@ -160,10 +161,16 @@ impl Dispatcher {
             (None, None, _) => None,
         };
         if let Some(key) = &dedup_key {
-            let allow_replay = parsed.explicit_key.is_some() || !read_only;
+            let replay = if parsed.explicit_key.is_some() {
+                Replay::Always
+            } else if read_only {
+                Replay::Never
+            } else {
+                Replay::IfUnchanged
+            };
             match self
                 .dedup
-                .lookup_or_join(key, client_id.clone(), allow_replay, now)
+                .lookup_or_join(key, client_id.clone(), replay, now)
             {
                 Lookup::Joined => {
                     info!("tool \"{tool}\": joined an identical call in flight");
@@ -181,8 +188,16 @@ impl Dispatcher {
                         jsonrpc::response_line(&waiter, &with_source(&result, Source::Dedup));
                     return self.answer(&waiter, line);
                 }
-                Lookup::Execute(_) => self.dedup.start(key.clone(), now),
+                Lookup::Execute(_) => {
+                    if !read_only {
+                        self.dedup.note_mutation();
+                    }
+                    self.dedup.start(key.clone(), now)
+                }
             }
+        } else if !read_only {
+            // Not deduplicated, but it may change what earlier calls did.
+            self.dedup.note_mutation();
         }
 
         let timeout = tool_cfg

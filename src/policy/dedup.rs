@@ -6,7 +6,8 @@
 //! must not know how keys are made (explicit idempotency keys and argument
 //! fingerprints are both just strings), what a waiter is (`W` is the
 //! dispatcher's handle for a client request), whether a tool is read-only (the
-//! caller says so with `allow_replay`), or the clock (`now` is a parameter).
+//! caller says so with a [`Replay`] rule), or the clock (`now` is a
+//! parameter).
 //!
 //! Semantics:
 //! * A key is either in flight (with its joined waiters; the originator is
@@ -24,6 +25,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::instant_add;
+
+/// When a completed result may be replayed to a new identical call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Never: the call runs again (read-only tools: repeating a read is
+    /// harmless, replaying it would serve stale data).
+    Never,
+    /// Within the TTL (an explicit idempotency key names one operation).
+    Always,
+    /// Within the TTL, and only if no other mutating execution started since
+    /// this one did ([`DedupTable::note_mutation`]): "write A, write A" runs
+    /// once, "write A, write B, write A" runs A again.
+    IfUnchanged,
+}
 
 /// What the caller should do with a call.
 #[derive(Debug, PartialEq, Eq)]
@@ -43,11 +58,14 @@ pub enum Lookup<W> {
 enum Slot<W> {
     InFlight {
         waiters: Vec<W>,
+        /// The mutation count when it started.
+        stamp: u64,
     },
     Done {
         result: String,
         expires: Instant,
         seq: u64,
+        stamp: u64,
     },
 }
 
@@ -59,6 +77,8 @@ pub struct DedupTable<W> {
     /// Completed entries, oldest completion first.
     completed: BTreeMap<u64, Arc<str>>,
     next_seq: u64,
+    /// Mutating executions started so far.
+    mutations: u64,
 }
 
 impl<W> DedupTable<W> {
@@ -70,29 +90,41 @@ impl<W> DedupTable<W> {
             slots: HashMap::new(),
             completed: BTreeMap::new(),
             next_seq: 0,
+            mutations: 0,
         }
     }
 
+    /// A call that may change the server's state is about to execute.
+    pub fn note_mutation(&mut self) {
+        self.mutations += 1;
+    }
+
     /// Joins an in-flight execution of `key`, or replays its completed result
-    /// (only if `allow_replay`; read-only tools pass false and re-execute),
-    /// or hands the waiter back to execute. Expired entries are dropped.
+    /// when `replay` allows, or hands the waiter back to execute. Expired
+    /// entries are dropped.
     pub fn lookup_or_join(
         &mut self,
         key: &str,
         waiter: W,
-        allow_replay: bool,
+        replay: Replay,
         now: Instant,
     ) -> Lookup<W> {
         self.purge_expired(now);
+        let mutations = self.mutations;
         match self.slots.get_mut(key) {
-            Some(Slot::InFlight { waiters }) => {
+            Some(Slot::InFlight { waiters, .. }) => {
                 waiters.push(waiter);
                 Lookup::Joined
             }
-            Some(Slot::Done { result, .. }) if allow_replay => Lookup::Replay {
-                result: result.clone(),
-                waiter,
-            },
+            Some(Slot::Done { result, stamp, .. })
+                if replay == Replay::Always
+                    || (replay == Replay::IfUnchanged && *stamp == mutations) =>
+            {
+                Lookup::Replay {
+                    result: result.clone(),
+                    waiter,
+                }
+            }
             _ => Lookup::Execute(waiter),
         }
     }
@@ -110,6 +142,7 @@ impl<W> DedupTable<W> {
             key.into(),
             Slot::InFlight {
                 waiters: Vec::new(),
+                stamp: self.mutations,
             },
         );
     }
@@ -117,7 +150,7 @@ impl<W> DedupTable<W> {
     /// Waiters joined to the in-flight execution of `key` (0 if none).
     pub fn joiners(&self, key: &str) -> usize {
         match self.slots.get(key) {
-            Some(Slot::InFlight { waiters }) => waiters.len(),
+            Some(Slot::InFlight { waiters, .. }) => waiters.len(),
             _ => 0,
         }
     }
@@ -126,7 +159,7 @@ impl<W> DedupTable<W> {
     /// cancelled). The execution stays in flight.
     pub fn remove_waiter(&mut self, key: &str, pred: impl Fn(&W) -> bool) -> Option<W> {
         match self.slots.get_mut(key) {
-            Some(Slot::InFlight { waiters }) => {
+            Some(Slot::InFlight { waiters, .. }) => {
                 let i = waiters.iter().position(pred)?;
                 Some(waiters.remove(i))
             }
@@ -139,7 +172,7 @@ impl<W> DedupTable<W> {
     /// until `now + ttl`; `None` (failures, or results not to be replayed)
     /// forgets the key. Not in flight: returns nothing and stores nothing.
     pub fn complete(&mut self, key: &str, store: Option<String>, now: Instant) -> Vec<W> {
-        let Some((key, Slot::InFlight { waiters })) = self.take_in_flight(key) else {
+        let Some((key, Slot::InFlight { waiters, stamp })) = self.take_in_flight(key) else {
             return Vec::new();
         };
         self.purge_expired(now);
@@ -155,6 +188,7 @@ impl<W> DedupTable<W> {
                         result,
                         expires: instant_add(now, self.ttl),
                         seq,
+                        stamp,
                     },
                 );
             }
@@ -167,7 +201,7 @@ impl<W> DedupTable<W> {
     /// waiters, whom the caller may re-dispatch. Not in flight: nothing.
     pub fn abandon(&mut self, key: &str) -> Vec<W> {
         match self.take_in_flight(key) {
-            Some((_, Slot::InFlight { waiters })) => waiters,
+            Some((_, Slot::InFlight { waiters, .. })) => waiters,
             _ => Vec::new(),
         }
     }
@@ -246,7 +280,7 @@ mod tests {
 
     /// Looks up and, on Execute, starts; returns the lookup.
     fn call(t: &mut DedupTable<u32>, key: &str, waiter: u32, now: Instant) -> Lookup<u32> {
-        let l = t.lookup_or_join(key, waiter, true, now);
+        let l = t.lookup_or_join(key, waiter, Replay::Always, now);
         if let Lookup::Execute(_) = l {
             t.start(key.to_string(), now);
         }
@@ -305,16 +339,19 @@ mod tests {
     }
 
     #[test]
-    fn allow_replay_false_skips_completed_but_still_joins() {
+    fn replay_never_skips_completed_but_still_joins() {
         let t0 = Instant::now();
         let mut t = table(100);
         call(&mut t, "k", 1, t0);
         t.complete("k", Some("R".into()), t0);
-        assert_eq!(t.lookup_or_join("k", 2, false, t0), Lookup::Execute(2));
+        assert_eq!(
+            t.lookup_or_join("k", 2, Replay::Never, t0),
+            Lookup::Execute(2)
+        );
         t.start("k".into(), t0);
         assert!(t.in_flight("k"), "start replaces the completed entry");
         assert_eq!(t.len(), 1);
-        assert_eq!(t.lookup_or_join("k", 3, false, t0), Lookup::Joined);
+        assert_eq!(t.lookup_or_join("k", 3, Replay::Never, t0), Lookup::Joined);
         assert_eq!(t.complete("k", Some("R2".into()), t0 + secs(1)), vec![3]);
         assert_eq!(call(&mut t, "k", 4, t0 + secs(1)), replay("R2", 4));
     }
@@ -427,7 +464,10 @@ mod tests {
         // The next start evicts completed "a", never "b" or "c".
         call(&mut t, "d", 4, t0);
         assert!(t.in_flight("b") && t.in_flight("c") && t.in_flight("d"));
-        assert_eq!(t.lookup_or_join("a", 5, true, t0), Lookup::Execute(5));
+        assert_eq!(
+            t.lookup_or_join("a", 5, Replay::Always, t0),
+            Lookup::Execute(5)
+        );
     }
 
     #[test]
@@ -456,5 +496,47 @@ mod tests {
         t.start("y".into(), t0 + secs(400));
         assert_eq!(t.len(), 3);
         assert!(t.in_flight("live") && t.in_flight("x") && t.in_flight("y"));
+    }
+
+    #[test]
+    fn replay_if_unchanged_stops_after_another_mutation() {
+        let t0 = Instant::now();
+        let mut t: DedupTable<u32> = DedupTable::new(secs(60), 10);
+        // write A
+        t.note_mutation();
+        t.start("A".into(), t0);
+        t.complete("A", Some("RA".into()), t0);
+        // write A again, nothing in between: replayed.
+        assert_eq!(
+            t.lookup_or_join("A", 1, Replay::IfUnchanged, t0),
+            Lookup::Replay {
+                result: "RA".into(),
+                waiter: 1
+            }
+        );
+        // write B runs...
+        t.note_mutation();
+        t.start("B".into(), t0);
+        t.complete("B", Some("RB".into()), t0);
+        // ...so write A runs again; B itself is still the latest.
+        assert_eq!(
+            t.lookup_or_join("A", 2, Replay::IfUnchanged, t0),
+            Lookup::Execute(2)
+        );
+        assert_eq!(
+            t.lookup_or_join("B", 3, Replay::IfUnchanged, t0),
+            Lookup::Replay {
+                result: "RB".into(),
+                waiter: 3
+            }
+        );
+        // An explicit key names one operation whatever ran since.
+        assert_eq!(
+            t.lookup_or_join("A", 4, Replay::Always, t0),
+            Lookup::Replay {
+                result: "RA".into(),
+                waiter: 4
+            }
+        );
     }
 }

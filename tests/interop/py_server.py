@@ -45,7 +45,9 @@ def ask_for_haiku(topic: str) -> Sample:
     )
 
 
-@server.tool()
+# It only asks the client's model and changes nothing: read-only, so an
+# identical later call runs again (and samples again) instead of being replayed.
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
 async def haiku(topic: str, reply: Annotated[CreateMessageResult, Resolve(ask_for_haiku)]) -> str:
     """Asks the client's model for a haiku: a sampling/createMessage request
     mid-call in the initialize era, an input_required round trip in 2026-07-28."""
