@@ -889,6 +889,14 @@ impl Dispatcher {
                 "dropped a response from the server with an id the proxy never issued: {id}"
             );
         };
+        if matches!(
+            self.inflight.get(&down),
+            Some(Inflight::Attempt { .. } | Inflight::Client { .. })
+        ) {
+            if let Link::Up(c) = &mut self.link {
+                c.served = true;
+            }
+        }
         match self.inflight.get(&down) {
             Some(Inflight::Attempt { call }) => {
                 // Late answers of abandoned attempts still route to the call.

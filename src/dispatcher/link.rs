@@ -49,6 +49,10 @@ pub(super) struct Conn {
     pub(super) ready: bool,
     /// The server has sent at least one message.
     answered: bool,
+    /// The server has answered a client request or a call attempt (not just
+    /// the proxy's replay): it did useful work, so its crash is not part of
+    /// a crash loop.
+    pub(super) served: bool,
 }
 
 /// What a new incarnation must be told to continue the client's session.
@@ -114,6 +118,7 @@ impl Dispatcher {
                     exited: None,
                     ready: !replay,
                     answered: false,
+                    served: false,
                 }));
                 if replay {
                     self.replay_initialize(now);
@@ -413,7 +418,11 @@ impl Dispatcher {
         } else {
             crate::error!("{message}");
             let failed_start = !conn.ready || !conn.answered;
-            if now.saturating_duration_since(conn.started) >= STABLE_AFTER {
+            // The restart backoff is for servers that cannot get going. One
+            // that stayed up, or answered the client since it started, is
+            // restarted at once: otherwise a server that crashes on a rare
+            // call would be down for longer after every such call.
+            if conn.served || now.saturating_duration_since(conn.started) >= STABLE_AFTER {
                 self.restarts = 0;
             }
             // While requests are re-planned below, they wait for the restart.
