@@ -516,7 +516,11 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
-        self.stats_for(&call.tool).failed += 1;
+        let stats = self.stats_for(&call.tool);
+        stats.failed += 1;
+        if call.retried {
+            stats.retried += 1;
+        }
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
@@ -584,6 +588,9 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
+        if call.retried {
+            self.stats_for(&call.tool).retried += 1;
+        }
         let waiters = match &call.dedup_key {
             Some(k) => self.dedup.complete(k, None, now),
             None => Vec::new(),
