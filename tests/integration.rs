@@ -3,6 +3,7 @@
 
 mod util;
 
+mod chaos;
 mod cli;
 mod lifecycle;
 mod relay;
