@@ -115,7 +115,11 @@ fn a_server_that_crashes_on_rare_calls_is_restarted_at_once_every_time() {
             s.result(&json!(format!("ok-{i}")))["content"][0]["text"],
             text.as_str()
         );
-        s.call(json!(format!("poison-{i}")), "echo", json!({"mode": "crash"}));
+        s.call(
+            json!(format!("poison-{i}")),
+            "echo",
+            json!({"mode": "crash"}),
+        );
         let e = s.error(&json!(format!("poison-{i}")));
         assert_eq!(e["data"]["reason"], "server_exited", "{e}");
     }
