@@ -338,10 +338,15 @@ pub fn classify(text: String) -> Parsed {
 
 fn classify_batch(text: &str) -> Parsed {
     match serde_json::from_str::<Vec<&RawValue>>(text) {
+        // A batch inside a batch is invalid, and is not looked into: each
+        // level would recurse (100 000 nested arrays overflowed the stack).
         Ok(items) => Parsed::Batch(
             items
                 .into_iter()
-                .map(|v| classify(v.get().to_owned()))
+                .map(|v| match v.get().trim_start().starts_with('[') {
+                    true => invalid_request("invalid request: nested batch".into(), None, false),
+                    false => classify(v.get().to_owned()),
+                })
                 .collect(),
         ),
         Err(e) if e.is_syntax() || e.is_eof() => Parsed::Invalid(Invalid {
@@ -673,6 +678,35 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn deep_nesting_is_classified_without_recursion() {
+        let n = 100_000;
+        let arrays = format!("{}{}", "[".repeat(n), "]".repeat(n));
+        match classify(arrays) {
+            Parsed::Batch(items) => {
+                assert_eq!(items.len(), 1);
+                match &items[0] {
+                    Parsed::Invalid(i) => {
+                        assert_eq!(i.code, INVALID_REQUEST);
+                        assert!(i.message.contains("nested batch"), "{i:?}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        let unclosed = "[".repeat(n);
+        assert!(matches!(classify(unclosed), Parsed::Invalid(i) if i.code == PARSE_ERROR));
+        let params = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{{"a":{}{}}}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        );
+        assert!(matches!(classify(params), Parsed::Message(m) if m.kind() == Kind::Request));
+        let objects = format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
+        assert!(matches!(classify(objects), Parsed::Invalid(i) if i.code == INVALID_REQUEST));
     }
 
     #[test]
