@@ -158,6 +158,10 @@ where
                 }
                 parsed => ev(ServerEvent::Message(parsed)),
             },
+            ReadItem::Overlong => {
+                crate::debug!("the server is writing a line over max_message_bytes; dropping it");
+                ev(ServerEvent::Overlong);
+            }
             ReadItem::TooLong { len, .. } => {
                 crate::warn!(
                     "the server wrote a line of {len} bytes, over max_message_bytes; dropped"

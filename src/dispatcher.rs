@@ -127,6 +127,9 @@ pub enum Timer {
     ReplayTimeout { generation: u64 },
     /// A queued item waited `call_timeout` for the server.
     QueueExpired { seq: u64 },
+    /// Line number `line` over `max_message_bytes` of incarnation
+    /// `generation` must have ended by now.
+    OverlongLine { generation: u64, line: u64 },
 }
 
 /// How often `--stats-file` is rewritten while counters change.
@@ -427,6 +430,7 @@ impl Dispatcher {
             Timer::Restart { seq } => self.restart_due(seq, now),
             Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),
             Timer::QueueExpired { seq } => self.queue_expired(seq, now),
+            Timer::OverlongLine { generation, line } => self.overlong_line_due(generation, line),
             t @ (Timer::AttemptTimeout { .. }
             | Timer::RetryDue { .. }
             | Timer::CallDeadline { .. }) => self.on_call_timer(t, now),

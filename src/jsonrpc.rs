@@ -149,6 +149,17 @@ impl Message {
 /// `max` bytes (the rest of it is consumed and discarded; the first
 /// [`TOO_LONG_PREFIX`] bytes stay in `buf`).
 pub fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<Option<Line>> {
+    read_line_watched(r, buf, max, &mut |_| {})
+}
+
+/// [`read_line`], calling `crossed` with the kept prefix as soon as the line
+/// exceeds `max` bytes, before its end is read (it may never come).
+pub fn read_line_watched(
+    r: &mut dyn BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+    crossed: &mut dyn FnMut(&[u8]),
+) -> io::Result<Option<Line>> {
     buf.clear();
     let mut total = 0usize;
     let mut saw_any = false;
@@ -176,8 +187,12 @@ pub fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> io::Resu
             let room = TOO_LONG_PREFIX - buf.len();
             buf.extend_from_slice(&data[..room.min(data.len())]);
         }
+        let was_within = total <= max;
         total += data.len();
         r.consume(used);
+        if was_within && total > max {
+            crossed(buf);
+        }
         if done {
             break;
         }
@@ -734,6 +749,34 @@ mod tests {
         );
         assert_eq!(buf, b"last");
         assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), None);
+    }
+
+    #[test]
+    fn an_overlong_line_is_reported_before_it_ends() {
+        // A reader that never ends its line: `crossed` fires once, early.
+        struct Endless(usize);
+        impl io::Read for Endless {
+            fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+                if self.0 == 0 {
+                    return Err(io::Error::other("stop"));
+                }
+                self.0 -= 1;
+                out.fill(b'x');
+                Ok(out.len())
+            }
+        }
+        let mut r = io::BufReader::with_capacity(16, Endless(100));
+        let mut buf = Vec::new();
+        let mut crossings = Vec::new();
+        let got = read_line_watched(&mut r, &mut buf, 40, &mut |p| crossings.push(p.len()));
+        assert!(got.is_err());
+        assert_eq!(crossings, [48], "once, as soon as the line is over");
+        assert_eq!(buf.len(), 1600, "the prefix kept to find an id");
+        let mut crossings = 0;
+        let mut r = io::BufReader::with_capacity(4, &b"0123456789\nabc\n"[..]);
+        let got = read_line_watched(&mut r, &mut buf, 10, &mut |_| crossings += 1);
+        assert_eq!(got.unwrap(), Some(Line::Complete));
+        assert_eq!(crossings, 0, "exactly max is not over");
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         move |item| {
             let event = match item {
                 ReadItem::Line(line) => Event::Client(jsonrpc::classify_bytes(line)),
+                // Answered (or dropped) once the line ends.
+                ReadItem::Overlong => return true,
                 ReadItem::TooLong { prefix, len } => Event::ClientTooLong { prefix, len },
                 ReadItem::Eof => Event::ClientEof,
             };

@@ -17,6 +17,9 @@ use crate::jsonrpc::{self, Line};
 pub enum ReadItem {
     /// A complete, non-blank line without its line ending.
     Line(Vec<u8>),
+    /// The line being read has just gone over the limit; the rest of it is
+    /// discarded and `TooLong` follows once it ends (if it ever does).
+    Overlong,
     /// A line longer than the limit; `prefix` holds its first bytes.
     TooLong { prefix: Vec<u8>, len: usize },
     /// End of stream (or a read error, logged).
@@ -37,7 +40,14 @@ where
             let mut reader = BufReader::with_capacity(64 * 1024, input);
             let mut buf = Vec::with_capacity(8 * 1024);
             loop {
-                match jsonrpc::read_line(&mut reader, &mut buf, max_line) {
+                let mut stop = false;
+                let read = jsonrpc::read_line_watched(&mut reader, &mut buf, max_line, &mut |_| {
+                    stop = !sink(ReadItem::Overlong);
+                });
+                if stop {
+                    return;
+                }
+                match read {
                     Ok(Some(Line::Complete)) => {
                         if jsonrpc::is_blank(&buf) {
                             continue;
@@ -139,6 +149,7 @@ mod tests {
         spawn_reader("test-reader", input, 5, move |item| {
             let s = match item {
                 ReadItem::Line(l) => String::from_utf8(l).unwrap(),
+                ReadItem::Overlong => "overlong".into(),
                 ReadItem::TooLong { len, .. } => format!("too long {len}"),
                 ReadItem::Eof => "eof".into(),
             };
@@ -147,7 +158,7 @@ mod tests {
         .join()
         .unwrap();
         let got: Vec<String> = rx.try_iter().collect();
-        assert_eq!(got, ["a", "too long 12", "c", "eof"]);
+        assert_eq!(got, ["a", "overlong", "too long 12", "c", "eof"]);
     }
 
     struct Failing;

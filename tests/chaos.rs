@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{alive, eventually, gone_within, read_json_lines, Builder, Session};
+use crate::util::{alive, eventually, gone_within, read_json_lines, status_kb, Builder, Session};
 
 const DEFAULT_SEED: u64 = 0x00c4_a05e_ed00_2025;
 const DEFAULT_CALLS: usize = 10_000;
@@ -311,16 +311,6 @@ struct Track {
     outcome: Option<Outcome>,
 }
 
-fn status_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Live processes whose environment holds `marker` (our servers carry the
 /// session's own MOCK_LOG path).
 fn processes_with_env(marker: &str) -> Vec<i32> {
@@ -446,7 +436,7 @@ fn chaos_run() {
         let msg = s.recv();
         received += 1;
         if received % 500 == 0 {
-            rss_samples.push(status_kb(proxy_pid, "VmRSS:"));
+            rss_samples.push(status_kb(proxy_pid, "VmRSS"));
         }
         let Some(id) = msg.get("id") else {
             notifications += 1;
@@ -488,8 +478,8 @@ fn chaos_run() {
         }
     }
     let elapsed = started.elapsed();
-    let peak_kb = status_kb(proxy_pid, "VmHWM:");
-    let end_kb = status_kb(proxy_pid, "VmRSS:");
+    let peak_kb = status_kb(proxy_pid, "VmHWM");
+    let end_kb = status_kb(proxy_pid, "VmRSS");
 
     s.close_stdin();
     let status = s.wait();

@@ -3,6 +3,7 @@
 
 mod util;
 
+mod bad_input;
 mod chaos;
 mod cli;
 mod lifecycle;
