@@ -31,6 +31,17 @@ pub enum Parsed {
     Batch(Vec<Parsed>),
 }
 
+impl Parsed {
+    /// Roughly how many bytes it holds.
+    pub fn size(&self) -> usize {
+        match self {
+            Parsed::Message(m) => m.text.len(),
+            Parsed::Invalid(i) => i.message.len(),
+            Parsed::Batch(items) => items.iter().map(Parsed::size).sum(),
+        }
+    }
+}
+
 /// A line that is not a usable JSON-RPC message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Invalid {

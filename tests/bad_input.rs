@@ -52,6 +52,7 @@ fn starts(s: &Session) -> u64 {
         .unwrap_or(0)
 }
 
+
 #[test]
 fn invalid_utf8_is_a_parse_error() {
     let mut s = Builder::wrap_mock().with_logs().start();
@@ -386,4 +387,55 @@ fn requests_beyond_max_in_flight_are_overloaded() {
         );
     }
     still_works(&mut s, "in flight");
+}
+
+#[test]
+fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
+    // 400 answers of 256 kB (100 MB) for a client that reads nothing. (No
+    // replay table: it would keep every result, which is its job.)
+    let calls = 400;
+    let bound_kb = 64 * 1024;
+    let mut s = proxy_with("max_message_bytes: 1048576\nidempotency_ttl: 0")
+        .unread_stdout()
+        .start();
+    let mut stdin = s.take_stdin();
+    let writer = thread::spawn(move || {
+        for i in 0..calls {
+            let line = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "echo", "arguments": {"mode": "huge", "bytes": 256 * 1024, "n": i}}});
+            if writeln!(stdin, "{line}").is_err() {
+                break;
+            }
+        }
+        stdin
+    });
+    // Wait until the proxy has taken in all it takes in: its memory stays
+    // flat for two seconds once every call has run (or it goes over).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut samples: Vec<u64> = Vec::new();
+    loop {
+        thread::sleep(Duration::from_millis(100));
+        let rss = s.memory_kb("VmRSS");
+        samples.push(rss);
+        let recent = &samples[samples.len().saturating_sub(20)..];
+        let flat = samples.len() >= 20 && recent.iter().max().unwrap() - recent[0] < 1024;
+        if rss > bound_kb || Instant::now() > deadline || (flat && s.executions("echo") == calls) {
+            break;
+        }
+    }
+    let stalled = samples.iter().max().copied().unwrap_or(0);
+    s.read_stdout();
+    let stdin = writer.join().unwrap();
+    s.give_stdin(stdin);
+    for _ in 0..calls {
+        let r = s.recv();
+        let text = r["result"]["content"][0]["text"].as_str().unwrap_or("");
+        assert_eq!(text.len(), 256 * 1024, "id {}", r["id"]);
+    }
+    let peak = s.memory_kb("VmHWM");
+    eprintln!("client not reading: proxy RSS up to {stalled} kB while stalled, peak {peak} kB");
+    assert!(
+        peak < bound_kb,
+        "the proxy's peak RSS was {peak} kB while holding answers for a client that did not read"
+    );
+    still_works(&mut s, "reading again");
 }
