@@ -317,7 +317,11 @@ impl Dispatcher {
             calls_by_token: HashMap::new(),
             tools: ToolsKnowledge::default(),
             cache: ResultCache::new(&cfg.cache),
-            dedup: DedupTable::new(cfg.idempotency_ttl, cfg.idempotency_max_entries),
+            dedup: DedupTable::new(
+                cfg.idempotency_ttl,
+                cfg.idempotency_max_entries,
+                cfg.idempotency_max_bytes,
+            ),
             breaker: Breaker::new(&cfg.circuit_breaker),
             budget: RetryBudget::new(&cfg.retry.budget),
             backoff: Backoff::from_config(&cfg.retry),

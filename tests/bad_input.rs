@@ -52,7 +52,6 @@ fn starts(s: &Session) -> u64 {
         .unwrap_or(0)
 }
 
-
 #[test]
 fn invalid_utf8_is_a_parse_error() {
     let mut s = Builder::wrap_mock().with_logs().start();
@@ -391,11 +390,11 @@ fn requests_beyond_max_in_flight_are_overloaded() {
 
 #[test]
 fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
-    // 400 answers of 256 kB (100 MB) for a client that reads nothing. (No
-    // replay table: it would keep every result, which is its job.)
+    // 400 answers of 256 kB (100 MB) for a client that reads nothing. The
+    // replay table keeps results too, within idempotency_max_bytes.
     let calls = 400;
     let bound_kb = 64 * 1024;
-    let mut s = proxy_with("max_message_bytes: 1048576\nidempotency_ttl: 0")
+    let mut s = proxy_with("max_message_bytes: 1048576\nidempotency_max_bytes: 8388608")
         .unread_stdout()
         .start();
     let mut stdin = s.take_stdin();
@@ -433,6 +432,15 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
     }
     let peak = s.memory_kb("VmHWM");
     eprintln!("client not reading: proxy RSS up to {stalled} kB while stalled, peak {peak} kB");
+    // The newest results are replayed, the oldest were evicted.
+    let again = |i: usize| json!({"mode": "huge", "bytes": 256 * 1024, "n": i});
+    s.call(json!("newest"), "echo", again(calls - 1));
+    let r = s.result(&json!("newest"));
+    assert_eq!(r["_meta"]["mcp-retry/source"], "dedup");
+    s.call(json!("oldest"), "echo", again(0));
+    let r = s.result(&json!("oldest"));
+    assert!(r.get("_meta").is_none(), "executed again");
+    assert_eq!(s.executions("echo"), calls + 1);
     assert!(
         peak < bound_kb,
         "the proxy's peak RSS was {peak} kB while holding answers for a client that did not read"
