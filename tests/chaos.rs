@@ -19,10 +19,12 @@
 //! `CHAOS_SEED` and `CHAOS_CALLS` override the seed and the number of calls;
 //! `CHAOS_KEEP=path` keeps the proxy's stderr (`path.stderr`) and the
 //! execution log (`path.exec.log`). The figures go to stderr, before the
-//! invariants are asserted (`cargo test chaos -- --nocapture` shows them).
+//! invariants are asserted, past the test harness's output capture, so they
+//! show in every run.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -704,10 +706,12 @@ fn chaos_run() {
         let _ = std::fs::copy(dir.join("exec.log"), path.with_extension("exec.log"));
     }
     f.line(format!("violations: {}", violations.len()));
-    eprint!("{}", f.out);
     for v in violations.iter().take(20) {
-        eprintln!("  {v}");
+        f.line(format!("  {v}"));
     }
+    // Straight to the process's stderr, past the test harness's capture:
+    // the figures show in every run, passing or not.
+    let _ = std::io::stderr().lock().write_all(f.out.as_bytes());
     assert!(
         violations.is_empty(),
         "{} invariant violation(s); first: {}\nproxy stderr (tail):\n{}",
