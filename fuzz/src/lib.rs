@@ -143,7 +143,11 @@ pub fn check_config(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let env = |name: &str| (name.len() % 2 == 0).then(|| format!("value-of-{name}"));
+    let env = |name: &str| {
+        name.len()
+            .is_multiple_of(2)
+            .then(|| format!("value-of-{name}"))
+    };
     for (file, format) in [
         ("fuzz.yaml", config::Format::Yaml),
         ("fuzz.json", config::Format::Json),
