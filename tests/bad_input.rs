@@ -425,19 +425,22 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
     s.read_stdout();
     let stdin = writer.join().unwrap();
     s.give_stdin(stdin);
+    // Answers come in the order the calls completed.
+    let mut order = Vec::new();
     for _ in 0..calls {
         let r = s.recv();
         let text = r["result"]["content"][0]["text"].as_str().unwrap_or("");
         assert_eq!(text.len(), 256 * 1024, "id {}", r["id"]);
+        order.push(r["id"].as_u64().unwrap() as usize);
     }
     let peak = s.memory_kb("VmHWM");
     eprintln!("client not reading: proxy RSS up to {stalled} kB while stalled, peak {peak} kB");
     // The newest results are replayed, the oldest were evicted.
     let again = |i: usize| json!({"mode": "huge", "bytes": 256 * 1024, "n": i});
-    s.call(json!("newest"), "echo", again(calls - 1));
+    s.call(json!("newest"), "echo", again(order[calls - 1]));
     let r = s.result(&json!("newest"));
     assert_eq!(r["_meta"]["mcp-retry/source"], "dedup");
-    s.call(json!("oldest"), "echo", again(0));
+    s.call(json!("oldest"), "echo", again(order[0]));
     let r = s.result(&json!("oldest"));
     assert!(r.get("_meta").is_none(), "executed again");
     assert_eq!(s.executions("echo"), calls + 1);
