@@ -419,7 +419,9 @@ impl Conversation<'_> {
                 }
                 Some(ServerEvent::Exited(info)) => exit = Some(info),
                 Some(ServerEvent::StdoutClosed) => closed = true,
-                Some(ServerEvent::Garbage | ServerEvent::WriteFailed { .. }) => {}
+                Some(
+                    ServerEvent::Garbage | ServerEvent::Overlong | ServerEvent::WriteFailed { .. },
+                ) => {}
                 // Every sender is gone: nothing more can arrive.
                 None => return self.gone(exit),
             }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
 use crate::config::ServerConfig;
@@ -78,7 +78,7 @@ pub enum Stderr {
 /// A running child. Dropping it kills its process group.
 pub struct Child {
     pid: u32,
-    stdin: Option<Sender<Vec<u8>>>,
+    stdin: Option<stdio::Outbox>,
     exited: Receiver<ExitInfo>,
     exit: Option<ExitInfo>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
@@ -141,7 +141,7 @@ where
     let stderr = child.stderr.take().expect("piped stderr");
 
     let ev = on_event.clone();
-    let (stdin_tx, _) = stdio::spawn_writer("child-stdin", stdin, move |f| {
+    let (stdin_tx, _) = stdio::spawn_writer("child-stdin", stdin, usize::MAX, move |f| {
         crate::debug!("writing to the server failed: {}", f.error);
         ev(ServerEvent::WriteFailed { unsent: f.unsent });
     });
@@ -159,6 +159,10 @@ where
                 }
                 parsed => ev(ServerEvent::Message(parsed)),
             },
+            ReadItem::Overlong => {
+                crate::debug!("the server is writing a line over max_message_bytes; dropping it");
+                ev(ServerEvent::Overlong);
+            }
             ReadItem::TooLong { len, .. } => {
                 crate::warn!(
                     "the server wrote a line of {len} bytes, over max_message_bytes; dropped"
@@ -259,7 +263,7 @@ impl Child {
     /// Queues a line for the child's stdin. False if stdin is already closed.
     pub fn send(&self, line: Vec<u8>) -> bool {
         match &self.stdin {
-            Some(tx) => tx.send(line).is_ok(),
+            Some(tx) => tx.send(line),
             None => false,
         }
     }

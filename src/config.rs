@@ -45,6 +45,8 @@ pub struct ServerConfig {
     pub idempotency_ttl: Duration,
     /// Bound on the idempotency table (default 10 000).
     pub idempotency_max_entries: usize,
+    /// Bound on the bytes of the results it keeps (default 64 MiB).
+    pub idempotency_max_bytes: usize,
     pub assume_idempotent: bool,
     /// Whether `readOnlyHint`/`idempotentHint` annotations make a tool safe (default true).
     pub trust_annotations: bool,
@@ -203,6 +205,7 @@ impl ServerConfig {
             },
             idempotency_ttl: Duration::from_secs(300),
             idempotency_max_entries: 10_000,
+            idempotency_max_bytes: 64 * 1024 * 1024,
             assume_idempotent: false,
             trust_annotations: true,
             tools: HashMap::new(),
@@ -263,6 +266,7 @@ const SERVER_KEYS: &[&str] = &[
     "circuit_breaker",
     "idempotency_ttl",
     "idempotency_max_entries",
+    "idempotency_max_bytes",
     "assume_idempotent",
     "trust_annotations",
     "tools",
@@ -717,6 +721,7 @@ struct Policy {
     success_threshold: Option<At<u64>>,
     idempotency_ttl: Option<At<Duration>>,
     idempotency_max_entries: Option<At<u64>>,
+    idempotency_max_bytes: Option<At<u64>>,
     assume_idempotent: Option<At<bool>>,
     trust_annotations: Option<At<bool>>,
     tools: HashMap<String, ToolConfig>,
@@ -752,6 +757,7 @@ impl Policy {
             success_threshold,
             idempotency_ttl,
             idempotency_max_entries,
+            idempotency_max_bytes,
             assume_idempotent,
             trust_annotations,
             max_message_bytes,
@@ -1023,6 +1029,9 @@ impl Walker<'_> {
             "idempotency_max_entries" => {
                 p.idempotency_max_entries = self.count(node, path, 0, usize_max())
             }
+            "idempotency_max_bytes" => {
+                p.idempotency_max_bytes = self.count(node, path, 0, usize_max())
+            }
             "assume_idempotent" => p.assume_idempotent = self.boolean(node, path),
             "trust_annotations" => p.trust_annotations = self.boolean(node, path),
             "tools" => self.tools(p, node, path),
@@ -1196,6 +1205,7 @@ impl Walker<'_> {
         );
         set(&mut s.idempotency_ttl, &p.idempotency_ttl);
         set_count(&mut s.idempotency_max_entries, &p.idempotency_max_entries);
+        set_count(&mut s.idempotency_max_bytes, &p.idempotency_max_bytes);
         set(&mut s.assume_idempotent, &p.assume_idempotent);
         set(&mut s.trust_annotations, &p.trust_annotations);
         s.tools = p.tools.clone();
@@ -1555,6 +1565,7 @@ mod tests {
         assert_eq!(a.circuit_breaker, b.circuit_breaker);
         assert_eq!(a.idempotency_ttl, b.idempotency_ttl);
         assert_eq!(a.idempotency_max_entries, b.idempotency_max_entries);
+        assert_eq!(a.idempotency_max_bytes, b.idempotency_max_bytes);
         assert_eq!(a.assume_idempotent, b.assume_idempotent);
         assert_eq!(a.trust_annotations, b.trust_annotations);
         assert_eq!(a.tools, b.tools);
@@ -1563,8 +1574,8 @@ mod tests {
     }
 
     const SERVER_KEY_LIST: &str = "command, args, env, cwd, call_timeout, retry, cache, \
-        circuit_breaker, idempotency_ttl, idempotency_max_entries, assume_idempotent, \
-        trust_annotations, tools, max_message_bytes, max_in_flight";
+        circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
+        assume_idempotent, trust_annotations, tools, max_message_bytes, max_in_flight";
 
     // Happy paths.
 
@@ -1613,6 +1624,7 @@ mod tests {
         );
         assert_eq!(s.idempotency_ttl, Duration::from_secs(300));
         assert_eq!(s.idempotency_max_entries, 10_000);
+        assert_eq!(s.idempotency_max_bytes, 67_108_864);
         assert!(!s.assume_idempotent);
         assert!(s.trust_annotations);
         assert!(s.tools.is_empty());
@@ -1652,6 +1664,7 @@ mod tests {
       success_threshold: 3
     idempotency_ttl: 60
     idempotency_max_entries: 7
+    idempotency_max_bytes: 100000
     assume_idempotent: true
     trust_annotations: false
     tools:
@@ -1724,6 +1737,7 @@ mod tests {
         );
         assert_eq!(s.idempotency_ttl, Duration::from_secs(60));
         assert_eq!(s.idempotency_max_entries, 7);
+        assert_eq!(s.idempotency_max_bytes, 100_000);
         assert!(s.assume_idempotent);
         assert!(!s.trust_annotations);
         assert_eq!(
@@ -2210,8 +2224,9 @@ servers:
         assert_eq!(
             yaml_err("defaults:\n  command: x\nservers: {}\n"),
             "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, retry, \
-             cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, assume_idempotent, \
-             trust_annotations, tools, max_message_bytes, max_in_flight)"
+             cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
+             idempotency_max_bytes, assume_idempotent, trust_annotations, tools, max_message_bytes, \
+             max_in_flight)"
         );
     }
 
@@ -2443,6 +2458,10 @@ servers:
             (
                 "idempotency_max_entries: [1]",
                 "servers.fs.idempotency_max_entries: expected a non-negative integer, got a list",
+            ),
+            (
+                "idempotency_max_bytes: -1",
+                "servers.fs.idempotency_max_bytes: expected a non-negative integer, got -1",
             ),
         ];
         for (input, expected) in cases {

@@ -13,6 +13,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -26,6 +27,7 @@ use crate::policy::budget::RetryBudget;
 use crate::policy::cache::ResultCache;
 use crate::policy::dedup::DedupTable;
 use crate::stats::Stats;
+use crate::stdio::{Backlog, Outbox};
 use crate::{debug, info, warn};
 
 mod calls;
@@ -51,6 +53,21 @@ pub enum Event {
     Server { generation: u64, event: ServerEvent },
     /// SIGTERM, SIGINT or SIGHUP.
     Signal(i32),
+}
+
+impl Event {
+    /// Roughly how many bytes it holds (what waits in the inbox).
+    pub fn size(&self) -> usize {
+        match self {
+            Event::Client(p) => p.size(),
+            Event::ClientTooLong { prefix, .. } => prefix.len(),
+            Event::Server {
+                event: ServerEvent::Message(p),
+                ..
+            } => p.size(),
+            _ => 0,
+        }
+    }
 }
 
 /// Opens a connection to the server; `events` is how the transport reports.
@@ -131,6 +148,9 @@ pub enum Timer {
     QueueExpired { seq: u64 },
     /// After the handshake: list the tools if nobody has.
     LearnTools,
+    /// Line number `line` over `max_message_bytes` of incarnation
+    /// `generation` must have ended by now.
+    OverlongLine { generation: u64, line: u64 },
 }
 
 /// How long after the handshake the proxy waits for the client to list the
@@ -225,7 +245,7 @@ pub enum Outcome {
 
 pub struct Dispatcher {
     cfg: ServerConfig,
-    to_client: Sender<Vec<u8>>,
+    to_client: Outbox,
     events: Sender<Event>,
     connect: Connector,
     link: Link,
@@ -263,12 +283,15 @@ pub struct Dispatcher {
     /// Where `--stats-file` documents go, and whether a flush is scheduled.
     stats_out: Option<Sender<String>>,
     stats_flush_pending: bool,
+    /// Counts the bytes of the events waiting in the inbox, for the readers
+    /// that feed it.
+    inbox_backlog: Option<Arc<Backlog>>,
 }
 
 impl Dispatcher {
     pub fn new(
         cfg: ServerConfig,
-        to_client: Sender<Vec<u8>>,
+        to_client: Outbox,
         events: Sender<Event>,
         connect: Connector,
     ) -> Dispatcher {
@@ -302,7 +325,11 @@ impl Dispatcher {
             calls_by_token: HashMap::new(),
             tools: ToolsKnowledge::default(),
             cache: ResultCache::new(&cfg.cache),
-            dedup: DedupTable::new(cfg.idempotency_ttl, cfg.idempotency_max_entries),
+            dedup: DedupTable::new(
+                cfg.idempotency_ttl,
+                cfg.idempotency_max_entries,
+                cfg.idempotency_max_bytes,
+            ),
             breaker: Breaker::new(&cfg.circuit_breaker),
             budget: RetryBudget::new(&cfg.retry.budget),
             backoff: Backoff::from_config(&cfg.retry),
@@ -310,6 +337,7 @@ impl Dispatcher {
             stats: Stats::default(),
             stats_out: None,
             stats_flush_pending: false,
+            inbox_backlog: None,
             cfg,
         }
     }
@@ -318,6 +346,12 @@ impl Dispatcher {
     /// counters change, and at exit.
     pub fn with_stats_output(mut self, out: Sender<String>) -> Dispatcher {
         self.stats_out = Some(out);
+        self
+    }
+
+    /// Takes `event.size()` off `backlog` for every event it receives.
+    pub fn with_inbox_backlog(mut self, backlog: Arc<Backlog>) -> Dispatcher {
+        self.inbox_backlog = Some(backlog);
         self
     }
 
@@ -342,6 +376,9 @@ impl Dispatcher {
                 },
             };
             let now = Instant::now();
+            if let (Some(e), Some(backlog)) = (&event, &self.inbox_backlog) {
+                backlog.remove(e.size());
+            }
             match event {
                 Some(e) => self.handle_event(e, now),
                 None => self.fire_timers(now),
@@ -454,6 +491,7 @@ impl Dispatcher {
                     self.fetch_tools(now);
                 }
             }
+            Timer::OverlongLine { generation, line } => self.overlong_line_due(generation, line),
             t @ (Timer::AttemptTimeout { .. }
             | Timer::RetryDue { .. }
             | Timer::CallDeadline { .. }) => self.on_call_timer(t, now),
@@ -919,6 +957,14 @@ impl Dispatcher {
                 "dropped a response from the server with an id the proxy never issued: {id}"
             );
         };
+        if matches!(
+            self.inflight.get(&down),
+            Some(Inflight::Attempt { .. } | Inflight::Client { .. })
+        ) {
+            if let Link::Up(c) = &mut self.link {
+                c.served = true;
+            }
+        }
         match self.inflight.get(&down) {
             Some(Inflight::Attempt { call }) => {
                 // Late answers of abandoned attempts still route to the call.
@@ -1052,7 +1098,7 @@ impl Dispatcher {
 
     fn send_client(&mut self, line: Vec<u8>) {
         // A failed send means the writer thread ended; `ClientGone` follows.
-        let _ = self.to_client.send(line);
+        self.to_client.send(line);
     }
 }
 

@@ -16,8 +16,12 @@ use crate::jsonrpc::Parsed;
 pub enum ServerEvent {
     /// A JSON-RPC message (or batch) from the server.
     Message(Parsed),
-    /// Something that is not JSON arrived (already logged).
+    /// Something that is not JSON arrived, or a line over
+    /// `max_message_bytes` ended (already logged).
     Garbage,
+    /// The server has started a line over `max_message_bytes`: nothing it
+    /// writes gets through until that line ends (`Garbage` then follows).
+    Overlong,
     /// The server will send nothing more (stdout closed).
     StdoutClosed,
     /// The server process ended.

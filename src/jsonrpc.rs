@@ -31,6 +31,17 @@ pub enum Parsed {
     Batch(Vec<Parsed>),
 }
 
+impl Parsed {
+    /// Roughly how many bytes it holds.
+    pub fn size(&self) -> usize {
+        match self {
+            Parsed::Message(m) => m.text.len(),
+            Parsed::Invalid(i) => i.message.len(),
+            Parsed::Batch(items) => items.iter().map(Parsed::size).sum(),
+        }
+    }
+}
+
 /// A line that is not a usable JSON-RPC message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Invalid {
@@ -150,6 +161,17 @@ impl Message {
 /// `max` bytes (the rest of it is consumed and discarded; the first
 /// [`TOO_LONG_PREFIX`] bytes stay in `buf`).
 pub fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<Option<Line>> {
+    read_line_watched(r, buf, max, &mut |_| {})
+}
+
+/// [`read_line`], calling `crossed` with the kept prefix as soon as the line
+/// exceeds `max` bytes, before its end is read (it may never come).
+pub fn read_line_watched(
+    r: &mut dyn BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+    crossed: &mut dyn FnMut(&[u8]),
+) -> io::Result<Option<Line>> {
     buf.clear();
     let mut total = 0usize;
     let mut saw_any = false;
@@ -177,8 +199,12 @@ pub fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> io::Resu
             let room = TOO_LONG_PREFIX - buf.len();
             buf.extend_from_slice(&data[..room.min(data.len())]);
         }
+        let was_within = total <= max;
         total += data.len();
         r.consume(used);
+        if was_within && total > max {
+            crossed(buf);
+        }
         if done {
             break;
         }
@@ -339,10 +365,15 @@ pub fn classify(text: String) -> Parsed {
 
 fn classify_batch(text: &str) -> Parsed {
     match serde_json::from_str::<Vec<&RawValue>>(text) {
+        // A batch inside a batch is invalid, and is not looked into: each
+        // level would recurse (100 000 nested arrays overflowed the stack).
         Ok(items) => Parsed::Batch(
             items
                 .into_iter()
-                .map(|v| classify(v.get().to_owned()))
+                .map(|v| match v.get().trim_start().starts_with('[') {
+                    true => invalid_request("invalid request: nested batch".into(), None, false),
+                    false => classify(v.get().to_owned()),
+                })
                 .collect(),
         ),
         Err(e) if e.is_syntax() || e.is_eof() => Parsed::Invalid(Invalid {
@@ -673,6 +704,35 @@ mod tests {
     }
 
     #[test]
+    fn deep_nesting_is_classified_without_recursion() {
+        let n = 100_000;
+        let arrays = format!("{}{}", "[".repeat(n), "]".repeat(n));
+        match classify(arrays) {
+            Parsed::Batch(items) => {
+                assert_eq!(items.len(), 1);
+                match &items[0] {
+                    Parsed::Invalid(i) => {
+                        assert_eq!(i.code, INVALID_REQUEST);
+                        assert!(i.message.contains("nested batch"), "{i:?}");
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        let unclosed = "[".repeat(n);
+        assert!(matches!(classify(unclosed), Parsed::Invalid(i) if i.code == PARSE_ERROR));
+        let params = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"x","params":{{"a":{}{}}}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        );
+        assert!(matches!(classify(params), Parsed::Message(m) if m.kind() == Kind::Request));
+        let objects = format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n));
+        assert!(matches!(classify(objects), Parsed::Invalid(i) if i.code == INVALID_REQUEST));
+    }
+
+    #[test]
     fn read_line_handles_crlf_blank_and_limits() {
         let input = b"{\"a\":1}\r\n\n0123456789abcdef\nlast";
         let mut r = io::BufReader::with_capacity(4, &input[..]);
@@ -697,6 +757,34 @@ mod tests {
         );
         assert_eq!(buf, b"last");
         assert_eq!(read_line(&mut r, &mut buf, 10).unwrap(), None);
+    }
+
+    #[test]
+    fn an_overlong_line_is_reported_before_it_ends() {
+        // A reader that never ends its line: `crossed` fires once, early.
+        struct Endless(usize);
+        impl io::Read for Endless {
+            fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+                if self.0 == 0 {
+                    return Err(io::Error::other("stop"));
+                }
+                self.0 -= 1;
+                out.fill(b'x');
+                Ok(out.len())
+            }
+        }
+        let mut r = io::BufReader::with_capacity(16, Endless(100));
+        let mut buf = Vec::new();
+        let mut crossings = Vec::new();
+        let got = read_line_watched(&mut r, &mut buf, 40, &mut |p| crossings.push(p.len()));
+        assert!(got.is_err());
+        assert_eq!(crossings, [48], "once, as soon as the line is over");
+        assert_eq!(buf.len(), 1600, "the prefix kept to find an id");
+        let mut crossings = 0;
+        let mut r = io::BufReader::with_capacity(4, &b"0123456789\nabc\n"[..]);
+        let got = read_line_watched(&mut r, &mut buf, 10, &mut |_| crossings += 1);
+        assert_eq!(got.unwrap(), Some(Line::Complete));
+        assert_eq!(crossings, 0, "exactly max is not over");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use std::io;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
@@ -19,21 +20,59 @@ use crate::child::{self, Stderr};
 use crate::cli::RunArgs;
 use crate::config::{self, ServerConfig};
 use crate::dispatcher::{Dispatcher, Event, Outcome};
-use crate::downstream::Downstream;
+use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc;
 use crate::stats;
-use crate::stdio::{self, ReadItem};
+use crate::stdio::{self, Backlog, ReadItem};
+
+/// Bytes waiting for a client that does not read before the proxy stops
+/// reading from the client and the server (one message may go over it).
+const CLIENT_BACKLOG: usize = 8 * 1024 * 1024;
+/// The same for messages read but not yet handled by the dispatcher.
+const INBOX_BACKLOG: usize = 8 * 1024 * 1024;
+
+/// What the readers wait for before they hand on what they read.
+#[derive(Clone)]
+struct Backlogs {
+    to_client: Arc<Backlog>,
+    inbox: Arc<Backlog>,
+}
+
+impl Backlogs {
+    /// Waits until the client and the dispatcher have caught up, then
+    /// sends `event` to the dispatcher; false if it is gone.
+    fn send(&self, events: &Sender<Event>, event: Event) -> bool {
+        self.to_client.wait_until_below_limit();
+        self.inbox.wait_until_below_limit();
+        let size = event.size();
+        self.inbox.add(size);
+        let sent = events.send(event).is_ok();
+        if !sent {
+            self.inbox.remove(size);
+        }
+        sent
+    }
+}
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let cfg = resolve(&args)?;
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<Event>();
 
     let gone = events_tx.clone();
-    let (to_client, writer) = stdio::spawn_writer("client-stdout", io::stdout(), move |_| {
-        let _ = gone.send(Event::ClientGone);
-    });
+    let (to_client, writer) =
+        stdio::spawn_writer("client-stdout", io::stdout(), CLIENT_BACKLOG, move |_| {
+            let _ = gone.send(Event::ClientGone);
+        });
+    // While the client does not read what it has been sent, or the
+    // dispatcher is behind, nothing more is read from the client or the
+    // server: memory stays bounded.
+    let backlogs = Backlogs {
+        to_client: to_client.backlog(),
+        inbox: Backlog::new(INBOX_BACKLOG),
+    };
 
     let tx = events_tx.clone();
+    let client_backlogs = backlogs.clone();
     // This thread blocks in read(2) on stdin and cannot be cancelled; it ends
     // with the process.
     stdio::spawn_reader(
@@ -43,25 +82,38 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         move |item| {
             let event = match item {
                 ReadItem::Line(line) => Event::Client(jsonrpc::classify_bytes(line)),
+                // Answered (or dropped) once the line ends.
+                ReadItem::Overlong => return true,
                 ReadItem::TooLong { prefix, len } => Event::ClientTooLong { prefix, len },
-                ReadItem::Eof => Event::ClientEof,
+                ReadItem::Eof => return tx.send(Event::ClientEof).is_ok(),
             };
-            tx.send(event).is_ok()
+            client_backlogs.send(&tx, event)
         },
     );
 
     spawn_signal_thread(events_tx.clone())?;
 
+    let server_backlogs = backlogs.clone();
     let connect = Box::new(
-        |cfg: &ServerConfig, generation: u64, events: Sender<Event>| {
+        move |cfg: &ServerConfig, generation: u64, events: Sender<Event>| {
+            let backlogs = server_backlogs.clone();
             child::spawn(cfg, Stderr::Copy, move |event| {
-                let _ = events.send(Event::Server { generation, event });
+                let event = Event::Server { generation, event };
+                match &event {
+                    Event::Server {
+                        event: ServerEvent::Message(_),
+                        ..
+                    } => backlogs.send(&events, event),
+                    // News of the process itself is never held back.
+                    _ => events.send(event).is_ok(),
+                };
             })
             .map(|c| Box::new(c) as Box<dyn Downstream>)
             .map_err(|e| e.to_string())
         },
     );
-    let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect);
+    let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
+        .with_inbox_backlog(backlogs.inbox.clone());
     let mut stats_writer = None;
     if let Some(path) = &args.stats_file {
         let (tx, handle) = stats::spawn_writer(path.clone());

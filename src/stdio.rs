@@ -7,9 +7,12 @@
 //! pipes. Knows framing only: nothing of MCP, ids or policy.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use parking_lot::{Condvar, Mutex};
 
 use crate::jsonrpc::{self, Line};
 
@@ -17,6 +20,9 @@ use crate::jsonrpc::{self, Line};
 pub enum ReadItem {
     /// A complete, non-blank line without its line ending.
     Line(Vec<u8>),
+    /// The line being read has just gone over the limit; the rest of it is
+    /// discarded and `TooLong` follows once it ends (if it ever does).
+    Overlong,
     /// A line longer than the limit; `prefix` holds its first bytes.
     TooLong { prefix: Vec<u8>, len: usize },
     /// End of stream (or a read error, logged).
@@ -37,12 +43,24 @@ where
             let mut reader = BufReader::with_capacity(64 * 1024, input);
             let mut buf = Vec::with_capacity(8 * 1024);
             loop {
-                match jsonrpc::read_line(&mut reader, &mut buf, max_line) {
+                let mut stop = false;
+                let read = jsonrpc::read_line_watched(&mut reader, &mut buf, max_line, &mut |_| {
+                    stop = !sink(ReadItem::Overlong);
+                });
+                if stop {
+                    return;
+                }
+                match read {
                     Ok(Some(Line::Complete)) => {
                         if jsonrpc::is_blank(&buf) {
                             continue;
                         }
-                        let line = std::mem::replace(&mut buf, Vec::with_capacity(8 * 1024));
+                        let mut line = std::mem::replace(&mut buf, Vec::with_capacity(8 * 1024));
+                        if line.capacity() > line.len() + line.len() / 4 + 8 * 1024 {
+                            // Lines wait in queues: do not keep what the
+                            // buffer's doubling left unused.
+                            line.shrink_to_fit();
+                        }
                         if !sink(ReadItem::Line(line)) {
                             return;
                         }
@@ -72,35 +90,147 @@ pub struct WriteFailure {
     pub unsent: Vec<Vec<u8>>,
 }
 
-/// Starts a named thread that writes every line received on the returned
-/// channel to `output`, flushing whenever the channel is momentarily empty.
+/// How many bytes wait for a consumer (a writer thread, the dispatcher).
+/// Threads that feed it more work (the readers whose lines end up there)
+/// wait while it is over its limit: a peer that stops reading, or a busy
+/// consumer, slows its sources down instead of making a queue grow without
+/// bound.
+pub struct Backlog {
+    bytes: Mutex<usize>,
+    drained: Condvar,
+    limit: usize,
+    /// The writer has ended: nothing will drain any more, nobody waits.
+    closed: AtomicBool,
+}
+
+impl Backlog {
+    pub fn new(limit: usize) -> Arc<Backlog> {
+        Arc::new(Backlog {
+            bytes: Mutex::new(0),
+            drained: Condvar::new(),
+            limit,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// `n` more bytes wait.
+    pub fn add(&self, n: usize) {
+        *self.bytes.lock() += n;
+    }
+
+    /// `n` bytes were taken care of.
+    pub fn remove(&self, n: usize) {
+        let mut bytes = self.bytes.lock();
+        *bytes = bytes.saturating_sub(n);
+        if *bytes <= self.limit {
+            self.drained.notify_all();
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _bytes = self.bytes.lock();
+        self.drained.notify_all();
+    }
+
+    /// Blocks while more than the limit waits to be written.
+    pub fn wait_until_below_limit(&self) {
+        let mut bytes = self.bytes.lock();
+        while *bytes > self.limit && !self.closed.load(Ordering::SeqCst) {
+            self.drained.wait(&mut bytes);
+        }
+    }
+
+    /// Bytes waiting now.
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        *self.bytes.lock()
+    }
+}
+
+/// The sending side of a writer thread.
+#[derive(Clone)]
+pub struct Outbox {
+    tx: Sender<Vec<u8>>,
+    backlog: Arc<Backlog>,
+}
+
+impl Outbox {
+    /// Queues a line; false if the writer has ended.
+    pub fn send(&self, line: Vec<u8>) -> bool {
+        let n = line.len();
+        self.backlog.add(n);
+        match self.tx.send(line) {
+            Ok(()) => true,
+            Err(_) => {
+                self.backlog.remove(n);
+                false
+            }
+        }
+    }
+
+    pub fn backlog(&self) -> Arc<Backlog> {
+        self.backlog.clone()
+    }
+
+    /// An outbox whose lines go to a channel, for in-process tests.
+    #[cfg(test)]
+    pub fn to_channel() -> (Outbox, Receiver<Vec<u8>>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        (
+            Outbox {
+                tx,
+                backlog: Backlog::new(usize::MAX),
+            },
+            rx,
+        )
+    }
+}
+
+/// Starts a named thread that writes every line sent to the returned
+/// [`Outbox`] to `output`, flushing whenever nothing else is waiting.
 /// It stops when every sender is dropped (closing `output`) or on a write
-/// error, which it reports through `on_error`.
-pub fn spawn_writer<W, F>(name: &str, output: W, on_error: F) -> (Sender<Vec<u8>>, JoinHandle<()>)
+/// error, which it reports through `on_error`. Its [`Backlog`] counts the
+/// bytes not yet written, against `limit`.
+pub fn spawn_writer<W, F>(
+    name: &str,
+    output: W,
+    limit: usize,
+    on_error: F,
+) -> (Outbox, JoinHandle<()>)
 where
     W: Write + Send + 'static,
     F: FnOnce(WriteFailure) + Send + 'static,
 {
     let (tx, rx) = crossbeam_channel::unbounded::<Vec<u8>>();
+    let backlog = Backlog::new(limit);
+    let drained = backlog.clone();
     let handle = thread::Builder::new()
         .name(name.to_owned())
         .spawn(move || {
-            if let Err(error) = write_loop(&rx, output) {
+            let result = write_loop(&rx, output, &drained);
+            drained.close();
+            if let Err(error) = result {
                 let unsent = rx.try_iter().collect();
                 on_error(WriteFailure { error, unsent });
             }
         })
         .expect("spawning a writer thread");
-    (tx, handle)
+    (Outbox { tx, backlog }, handle)
 }
 
-fn write_loop<W: Write>(rx: &Receiver<Vec<u8>>, output: W) -> io::Result<()> {
+fn write_loop<W: Write>(rx: &Receiver<Vec<u8>>, output: W, backlog: &Backlog) -> io::Result<()> {
     let mut out = BufWriter::with_capacity(64 * 1024, output);
+    let write = |out: &mut BufWriter<W>, line: Vec<u8>| {
+        let written = out.write_all(&line);
+        backlog.remove(line.len());
+        written
+    };
     while let Ok(line) = rx.recv() {
-        out.write_all(&line)?;
+        write(&mut out, line)?;
         loop {
             match rx.try_recv() {
-                Ok(line) => out.write_all(&line)?,
+                Ok(line) => write(&mut out, line)?,
                 Err(TryRecvError::Empty) => {
                     out.flush()?;
                     break;
@@ -139,6 +269,7 @@ mod tests {
         spawn_reader("test-reader", input, 5, move |item| {
             let s = match item {
                 ReadItem::Line(l) => String::from_utf8(l).unwrap(),
+                ReadItem::Overlong => "overlong".into(),
                 ReadItem::TooLong { len, .. } => format!("too long {len}"),
                 ReadItem::Eof => "eof".into(),
             };
@@ -147,7 +278,7 @@ mod tests {
         .join()
         .unwrap();
         let got: Vec<String> = rx.try_iter().collect();
-        assert_eq!(got, ["a", "too long 12", "c", "eof"]);
+        assert_eq!(got, ["a", "overlong", "too long 12", "c", "eof"]);
     }
 
     struct Failing;
@@ -163,15 +294,67 @@ mod tests {
     #[test]
     fn writer_reports_failure() {
         let (etx, erx) = crossbeam_channel::bounded(1);
-        let (tx, handle) = spawn_writer("test-writer", Failing, move |f| {
+        let (tx, handle) = spawn_writer("test-writer", Failing, usize::MAX, move |f| {
             etx.send(f.error.kind()).unwrap();
         });
-        tx.send(b"x\n".to_vec()).unwrap();
+        assert!(tx.send(b"x\n".to_vec()));
         assert_eq!(
             erx.recv_timeout(Duration::from_secs(5)).unwrap(),
             io::ErrorKind::BrokenPipe
         );
         drop(tx);
         handle.join().unwrap();
+    }
+
+    /// Writes only once `open` is set, like a peer that stops reading.
+    struct Gate(Arc<AtomicBool>, Arc<Mutex<Vec<u8>>>);
+    impl Write for Gate {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            while !self.0.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            self.1.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_backlog_holds_feeders_back_until_the_peer_reads() {
+        let open = Arc::new(AtomicBool::new(false));
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let (tx, handle) = spawn_writer(
+            "test-writer",
+            Gate(open.clone(), out.clone()),
+            100_000,
+            |_| {},
+        );
+        let backlog = tx.backlog();
+        // More than BufWriter's 64 kB and the limit: the writer is stuck.
+        for _ in 0..300 {
+            assert!(tx.send(vec![b'x'; 1000]));
+        }
+        assert!(backlog.queued() > 100_000);
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let waiter = backlog.clone();
+        std::thread::spawn(move || {
+            waiter.wait_until_below_limit();
+            let _ = done_tx.send(());
+        });
+        assert!(
+            done_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "it waits"
+        );
+        open.store(true, Ordering::SeqCst);
+        done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("released once drained");
+        drop(tx);
+        handle.join().unwrap();
+        assert_eq!(out.lock().len(), 300_000);
+        assert_eq!(backlog.queued(), 0);
+        backlog.wait_until_below_limit();
     }
 }

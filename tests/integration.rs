@@ -3,6 +3,8 @@
 
 mod util;
 
+mod bad_input;
+mod chaos;
 mod check;
 mod cli;
 mod lifecycle;

@@ -232,18 +232,6 @@ fn malformed_client_lines_get_errors_and_the_session_goes_on() {
 }
 
 #[test]
-fn invalid_utf8_gets_a_parse_error() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
-    // Written as raw bytes: a valid envelope with one invalid byte inside.
-    s.send_raw_bytes(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"x\":\"\xff\"}");
-    let e = s.recv();
-    assert_eq!(e["error"]["code"], json!(-32700), "{e}");
-    s.request(json!(2), "ping", json!({}));
-    s.result(&json!(2));
-}
-
-#[test]
 fn batches_are_answered_as_one_array_on_2025_03_26() {
     let mut s = Builder::wrap_mock().start();
     s.request(json!(0), "initialize", json!({"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
@@ -259,29 +247,6 @@ fn batches_are_answered_as_one_array_on_2025_03_26() {
     assert_eq!(by_id(json!("a"))["result"], json!({}));
     assert_eq!(by_id(json!("b"))["result"]["content"][0]["text"], "hi");
     assert_eq!(by_id(Value::Null)["error"]["code"], json!(-32600));
-}
-
-#[test]
-fn an_overlong_request_is_answered_and_the_session_goes_on() {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file(
-            "c.yaml",
-            "servers:\n  mock:\n    command: {mock}\n    max_message_bytes: 4096\n",
-        )
-        .start();
-    s.initialize();
-    let big = "x".repeat(10_000);
-    s.send_raw(&format!(
-        r#"{{"jsonrpc":"2.0","id":"big","method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{big}"}}}}}}"#
-    ));
-    let e = s.error(&json!("big"));
-    assert_eq!(e["code"], json!(-32600));
-    assert!(
-        e["message"].as_str().unwrap().contains("max_message_bytes"),
-        "{e}"
-    );
-    s.call(json!(2), "echo", json!({"text": "small"}));
-    assert_eq!(s.result(&json!(2))["content"][0]["text"], "small");
 }
 
 #[test]
@@ -354,7 +319,7 @@ fn an_attempt_does_not_time_out_while_the_client_answers_a_server_request() {
     let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
         .file(
             "c.yaml",
-            "servers:\n  m:\n    command: {mock}\n    call_timeout: 0.5\n    env:\n      MOCK_LOG: \"{dir}/exec.log\"\n",
+            "servers:\n  m:\n    command: {mock}\n    call_timeout: 1\n    env:\n      MOCK_LOG: \"{dir}/exec.log\"\n",
         )
         .start();
     s.initialize();
@@ -363,7 +328,7 @@ fn an_attempt_does_not_time_out_while_the_client_answers_a_server_request() {
         v["method"] == "sampling/createMessage"
     });
     // A person takes a while to approve the sampling request.
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(2500));
     s.send(json!({"jsonrpc": "2.0", "id": req["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "approved"}, "model": "m"}}));
     let r = s.result(&json!(1));
     assert!(

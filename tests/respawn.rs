@@ -101,6 +101,40 @@ fn an_unsafe_call_is_not_re_executed_after_a_crash() {
 }
 
 #[test]
+fn a_server_that_crashes_on_rare_calls_is_restarted_at_once_every_time() {
+    // Each incarnation answers a call before a poison call kills it: that is
+    // not a crash loop, so no restart waits (the backoff would otherwise
+    // reach 2 s at the fourth crash and refuse calls in the meantime).
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    let t = Instant::now();
+    for i in 0..6 {
+        let text = format!("fine {i}");
+        s.call(json!(format!("ok-{i}")), "echo", json!({"text": text}));
+        assert_eq!(
+            s.result(&json!(format!("ok-{i}")))["content"][0]["text"],
+            text.as_str()
+        );
+        s.call(
+            json!(format!("poison-{i}")),
+            "echo",
+            json!({"mode": "crash"}),
+        );
+        let e = s.error(&json!(format!("poison-{i}")));
+        assert_eq!(e["data"]["reason"], "server_exited", "{e}");
+    }
+    s.call(json!("last"), "echo", json!({"text": "still fine"}));
+    assert_eq!(s.result(&json!("last"))["content"][0]["text"], "still fine");
+    assert_eq!(starts(&s), 7);
+    assert!(
+        !s.stderr().contains("restarting the server in"),
+        "no restart was delayed: {}",
+        s.stderr()
+    );
+    assert!(t.elapsed() < Duration::from_secs(15));
+}
+
+#[test]
 fn read_requests_in_flight_are_sent_again() {
     let mut s = Builder::wrap_mock().with_logs().start();
     s.initialize();

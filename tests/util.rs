@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -68,6 +68,8 @@ pub struct Session {
     backlog: VecDeque<Value>,
     raw_backlog: VecDeque<String>,
     stderr: Arc<Mutex<String>>,
+    /// The proxy's stdout while nobody reads it (`Builder::unread_stdout`).
+    unread: Option<(ChildStdout, crossbeam_channel::Sender<String>)>,
     pub dir: TempDir,
 }
 
@@ -78,6 +80,7 @@ pub struct Builder {
     env: Vec<(String, String)>,
     program: String,
     dir: TempDir,
+    read_stdout: bool,
 }
 
 impl Builder {
@@ -92,6 +95,7 @@ impl Builder {
             env: vec![],
             program: PROXY.into(),
             dir: TempDir::new(),
+            read_stdout: true,
         }
     }
     /// The mock server itself, with no proxy in between.
@@ -101,6 +105,7 @@ impl Builder {
             env: vec![],
             program: MOCK.into(),
             dir: TempDir::new(),
+            read_stdout: true,
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Builder {
@@ -123,6 +128,12 @@ impl Builder {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+    /// Nobody reads the proxy's stdout until `Session::read_stdout`: a
+    /// client that stopped reading.
+    pub fn unread_stdout(mut self) -> Builder {
+        self.read_stdout = false;
+        self
+    }
     /// Sets MOCK_LOG, MOCK_RECV_LOG and MOCK_STATE_DIR inside the temp dir.
     pub fn with_logs(self) -> Builder {
         let d = self.dir.path().to_owned();
@@ -144,14 +155,12 @@ impl Builder {
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.program));
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = crossbeam_channel::unbounded();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let unread = if self.read_stdout {
+            spawn_line_reader(stdout, tx);
+            None
+        } else {
+            Some((stdout, tx))
+        };
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
         let err = child.stderr.take().unwrap();
@@ -170,14 +179,48 @@ impl Builder {
             backlog: VecDeque::new(),
             raw_backlog: VecDeque::new(),
             stderr,
+            unread,
             dir: self.dir,
         }
     }
 }
 
+fn spawn_line_reader(stdout: ChildStdout, tx: crossbeam_channel::Sender<String>) {
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+}
+
 impl Session {
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Starts reading the proxy's stdout (after `Builder::unread_stdout`).
+    pub fn read_stdout(&mut self) {
+        if let Some((stdout, tx)) = self.unread.take() {
+            spawn_line_reader(stdout, tx);
+        }
+    }
+
+    /// Takes the proxy's stdin, to write to it from another thread.
+    pub fn take_stdin(&mut self) -> ChildStdin {
+        self.stdin.take().expect("stdin open")
+    }
+
+    /// Gives back what `take_stdin` took.
+    pub fn give_stdin(&mut self, stdin: ChildStdin) {
+        self.stdin = Some(stdin);
+    }
+
+    /// A `kB` field of the proxy's `/proc/PID/status` (`VmRSS`, `VmHWM`).
+    pub fn memory_kb(&self, field: &str) -> u64 {
+        status_kb(self.pid(), field)
     }
 
     pub fn stderr(&self) -> String {
@@ -460,6 +503,18 @@ pub fn read_json_lines(path: &Path) -> Vec<Value> {
             .collect(),
         Err(_) => vec![],
     }
+}
+
+/// A `kB` field (`VmRSS`, `VmHWM`) of `/proc/PID/status`; 0 if unknown.
+pub fn status_kb(pid: u32, field: &str) -> u64 {
+    let prefix = format!("{field}:");
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// True while a process with this pid exists (and is not a zombie).

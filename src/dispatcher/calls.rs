@@ -603,6 +603,9 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
+        if call.retried {
+            self.stats_for(&call.tool).retried += 1;
+        }
         let waiters = match &call.dedup_key {
             Some(k) => self.dedup.complete(k, None, now),
             None => Vec::new(),

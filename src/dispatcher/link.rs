@@ -49,6 +49,14 @@ pub(super) struct Conn {
     pub(super) ready: bool,
     /// The server has sent at least one message.
     answered: bool,
+    /// The server has answered a client request or a call attempt (not just
+    /// the proxy's replay): it did useful work, so its crash is not part of
+    /// a crash loop.
+    pub(super) served: bool,
+    /// Lines over `max_message_bytes` the server has started, and whether
+    /// the last one is still being written.
+    overlong_lines: u64,
+    in_overlong: bool,
 }
 
 /// What a new incarnation must be told to continue the client's session.
@@ -116,6 +124,9 @@ impl Dispatcher {
                     exited: None,
                     ready: !replay,
                     answered: false,
+                    served: false,
+                    overlong_lines: 0,
+                    in_overlong: false,
                 }));
                 if replay {
                     self.replay_initialize(now);
@@ -335,6 +346,10 @@ impl Dispatcher {
 
     /// Something happened to the current incarnation.
     pub(super) fn on_link_event(&mut self, event: ServerEvent, now: Instant) {
+        if let (Link::Up(c), false) = (&mut self.link, matches!(event, ServerEvent::Overlong)) {
+            // Any other news from stdout means the overlong line has ended.
+            c.in_overlong = false;
+        }
         match event {
             ServerEvent::Message(parsed) => {
                 if let Link::Up(c) = &mut self.link {
@@ -343,6 +358,16 @@ impl Dispatcher {
                 self.on_server_parsed(parsed, now)
             }
             ServerEvent::Garbage => {}
+            ServerEvent::Overlong => {
+                let Link::Up(c) = &mut self.link else { return };
+                c.overlong_lines += 1;
+                c.in_overlong = true;
+                let (generation, line) = (self.generation, c.overlong_lines);
+                self.set_timer(
+                    now + self.cfg.call_timeout,
+                    Timer::OverlongLine { generation, line },
+                );
+            }
             ServerEvent::StdoutClosed => {
                 let Link::Up(c) = &mut self.link else { return };
                 c.stdout_closed = true;
@@ -415,7 +440,11 @@ impl Dispatcher {
         } else {
             crate::error!("{message}");
             let failed_start = !conn.ready || !conn.answered;
-            if now.saturating_duration_since(conn.started) >= STABLE_AFTER {
+            // The restart backoff is for servers that cannot get going. One
+            // that stayed up, or answered the client since it started, is
+            // restarted at once: otherwise a server that crashes on a rare
+            // call would be down for longer after every such call.
+            if conn.served || now.saturating_duration_since(conn.started) >= STABLE_AFTER {
                 self.restarts = 0;
             }
             // While requests are re-planned below, they wait for the restart.
@@ -555,6 +584,26 @@ impl Dispatcher {
     pub(super) fn restart_due(&mut self, seq: u64, now: Instant) {
         if seq == self.restart_seq && matches!(self.link, Link::Restarting { .. }) {
             self.start_server(now);
+        }
+    }
+
+    /// A line over `max_message_bytes` was still being written after
+    /// `call_timeout`: the server's output is unusable (every answer waits
+    /// behind a line that is dropped anyway), so it is stopped and, like
+    /// after a crash, started again.
+    pub(super) fn overlong_line_due(&mut self, generation: u64, line: u64) {
+        if generation != self.generation {
+            return;
+        }
+        let secs = self.cfg.call_timeout.as_secs_f64();
+        let max = self.cfg.max_message_bytes;
+        if let Link::Up(c) = &mut self.link {
+            if c.in_overlong && c.overlong_lines == line {
+                warn!(
+                    "the server has been writing one line over max_message_bytes ({max}) for {secs:.1}s; its output is unusable; stopping it"
+                );
+                c.server.kill();
+            }
         }
     }
 

@@ -11,6 +11,7 @@ use super::{Dispatcher, Event};
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc;
+use crate::stdio::Outbox;
 
 struct FakeServer {
     sent: Sender<Vec<u8>>,
@@ -40,7 +41,7 @@ struct Harness {
 
 impl Harness {
     fn new() -> Harness {
-        let (to_client, client) = crossbeam_channel::unbounded();
+        let (to_client, client) = Outbox::to_channel();
         let (events, _inbox) = crossbeam_channel::unbounded();
         let (sent, server) = crossbeam_channel::unbounded();
         let connect = Box::new(move |_: &ServerConfig, _: u64, _: Sender<Event>| {

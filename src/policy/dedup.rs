@@ -19,6 +19,9 @@
 //!   completed entries are evicted; in-flight entries are never evicted, and
 //!   the table may exceed the bound when all entries are in flight (those are
 //!   bounded by the proxy's in-flight limit).
+//! * The bound `max_bytes` counts the bytes of completed results; the oldest
+//!   are evicted to stay within it. A result larger than the bound is not
+//!   kept at all.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -73,6 +76,9 @@ enum Slot<W> {
 pub struct DedupTable<W> {
     ttl: Duration,
     max_entries: usize,
+    max_bytes: usize,
+    /// Bytes of the completed results held.
+    bytes: usize,
     slots: HashMap<Arc<str>, Slot<W>>,
     /// Completed entries, oldest completion first.
     completed: BTreeMap<u64, Arc<str>>,
@@ -83,10 +89,12 @@ pub struct DedupTable<W> {
 
 impl<W> DedupTable<W> {
     /// `ttl` zero: nothing is replayed (in-flight joining still works).
-    pub fn new(ttl: Duration, max_entries: usize) -> Self {
+    pub fn new(ttl: Duration, max_entries: usize, max_bytes: usize) -> Self {
         Self {
             ttl,
             max_entries,
+            max_bytes,
+            bytes: 0,
             slots: HashMap::new(),
             completed: BTreeMap::new(),
             next_seq: 0,
@@ -177,8 +185,10 @@ impl<W> DedupTable<W> {
         };
         self.purge_expired(now);
         if let Some(result) = store {
-            if !self.ttl.is_zero() && self.max_entries > 0 {
+            if !self.ttl.is_zero() && self.max_entries > 0 && result.len() <= self.max_bytes {
                 self.make_room(1);
+                self.make_room_for_bytes(result.len());
+                self.bytes += result.len();
                 let seq = self.next_seq;
                 self.next_seq += 1;
                 self.completed.insert(seq, Arc::clone(&key));
@@ -232,8 +242,9 @@ impl<W> DedupTable<W> {
 
     /// Removes `key` whatever its state.
     fn forget(&mut self, key: &str) {
-        if let Some(Slot::Done { seq, .. }) = self.slots.remove(key) {
+        if let Some(Slot::Done { seq, result, .. }) = self.slots.remove(key) {
             self.completed.remove(&seq);
+            self.bytes -= result.len();
         }
     }
 
@@ -241,11 +252,30 @@ impl<W> DedupTable<W> {
     /// left to evict).
     fn make_room(&mut self, extra: usize) {
         while self.slots.len() + extra > self.max_entries {
-            let Some((_, key)) = self.completed.pop_first() else {
+            if !self.evict_oldest() {
                 break;
-            };
-            self.slots.remove(&key);
+            }
         }
+    }
+
+    /// Evicts oldest completed entries until a result of `extra` bytes fits.
+    fn make_room_for_bytes(&mut self, extra: usize) {
+        while self.bytes + extra > self.max_bytes {
+            if !self.evict_oldest() {
+                break;
+            }
+        }
+    }
+
+    /// Drops the oldest completed entry; false if there is none.
+    fn evict_oldest(&mut self) -> bool {
+        let Some((_, key)) = self.completed.pop_first() else {
+            return false;
+        };
+        if let Some(Slot::Done { result, .. }) = self.slots.remove(&key) {
+            self.bytes -= result.len();
+        }
+        true
     }
 
     /// Drops completed entries whose TTL is over. They complete in order with
@@ -255,9 +285,7 @@ impl<W> DedupTable<W> {
             match self.slots.get(key) {
                 Some(Slot::Done { expires, .. }) if *expires > now => break,
                 _ => {
-                    if let Some((_, key)) = self.completed.pop_first() {
-                        self.slots.remove(&key);
-                    }
+                    self.evict_oldest();
                 }
             }
         }
@@ -275,7 +303,7 @@ mod tests {
     }
 
     fn table(max_entries: usize) -> DedupTable<u32> {
-        DedupTable::new(TTL, max_entries)
+        DedupTable::new(TTL, max_entries, usize::MAX)
     }
 
     /// Looks up and, on Execute, starts; returns the lookup.
@@ -419,7 +447,7 @@ mod tests {
     #[test]
     fn zero_ttl_never_replays() {
         let t0 = Instant::now();
-        let mut t: DedupTable<u32> = DedupTable::new(Duration::ZERO, 100);
+        let mut t: DedupTable<u32> = DedupTable::new(Duration::ZERO, 100, usize::MAX);
         call(&mut t, "k", 1, t0);
         assert_eq!(call(&mut t, "k", 2, t0), Lookup::Joined);
         assert_eq!(t.complete("k", Some("R".into()), t0), vec![2]);
@@ -443,6 +471,31 @@ mod tests {
         // ... which evicted "b"; "c" is still replayable.
         assert_eq!(call(&mut t, "c", 2, t0 + secs(5)), replay("C", 2));
         assert_eq!(call(&mut t, "b", 3, t0 + secs(5)), Lookup::Execute(3));
+    }
+
+    #[test]
+    fn the_byte_bound_evicts_oldest_results_first() {
+        let t0 = Instant::now();
+        let mut t: DedupTable<u32> = DedupTable::new(TTL, 100, 10);
+        for k in ["a", "b", "c"] {
+            call(&mut t, k, 0, t0);
+            t.complete(k, Some(k.repeat(4)), t0);
+        }
+        // 12 bytes do not fit in 10: "a" went when "c" came.
+        assert_eq!(t.bytes, 8);
+        assert_eq!(call(&mut t, "b", 1, t0), replay("bbbb", 1));
+        assert_eq!(call(&mut t, "a", 2, t0), Lookup::Execute(2));
+        // A result over the bound is not kept, and evicts nothing.
+        call(&mut t, "big", 0, t0);
+        t.complete("big", Some("x".repeat(11)), t0);
+        assert_eq!(call(&mut t, "big", 3, t0), Lookup::Execute(3));
+        assert_eq!(call(&mut t, "c", 4, t0), replay("cccc", 4));
+        // Re-executing a completed key gives its bytes back.
+        t.start("c".into(), t0);
+        assert_eq!(t.bytes, 4);
+        // Expiry too.
+        t.purge_expired(t0 + TTL + secs(1));
+        assert_eq!(t.bytes, 0);
     }
 
     #[test]
@@ -501,7 +554,7 @@ mod tests {
     #[test]
     fn replay_if_unchanged_stops_after_another_mutation() {
         let t0 = Instant::now();
-        let mut t: DedupTable<u32> = DedupTable::new(secs(60), 10);
+        let mut t: DedupTable<u32> = DedupTable::new(secs(60), 10, 1 << 20);
         // write A
         t.note_mutation();
         t.start("A".into(), t0);

@@ -120,6 +120,8 @@
 //! | `retry_after`      | `ms` (100), `key`, `fail_times` (1), `then` ("echo") | flaky whose failures are the error `{"code": -32000, "message": "rate limited: retry after MS ms", "data": {"retryAfterMs": MS}}` |
 //! | `notify`           | `method` ("notifications/tools/list_changed"), `params` | sends that notification (`params` omitted if absent), then echo answer |
 //! | `sleep_then_crash` | `ms` (100), `exit_code` (3)         | sleeps `ms` (NOT cancellable: still crashes after a `notifications/cancelled`), then exits with `exit_code`, no answer |
+//! | `raw`              | `line` (required string)            | writes `line` and `\n` to stdout exactly as given (any text: a response with an id nobody issued, deep nesting, half a message), then echo answer |
+//! | `endless`          | `chunk` (65536), `ms` (1)           | takes stdout for good and writes the start of this call's answer (`{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"`) followed by `chunk` `x` characters every `ms` ms, never a newline; NOT cancellable: it stops only when stdout fails, at stdin EOF or with the process. Every other output of the process waits behind it |
 //!
 //! `sample`, `roots`, `elicit`: the server sends a request with its own ids
 //! (integers from 0, one counter for all server→client requests of the process),
@@ -175,7 +177,7 @@
 //! On stdin EOF (unless `MOCK_IGNORE_EOF`) the process stops reading, lets the
 //! calls already received that answer at once (`echo`, `error`, `huge`, ...)
 //! send their answers, abandons the waiting ones (`slow`, `hang`, `progress`,
-//! client round trips, `sleep_then_crash`) without an answer, and exits with
+//! client round trips, `sleep_then_crash`, `endless`) without an answer, and exits with
 //! code 0.
 //!
 //! # `--fast`
@@ -1484,6 +1486,13 @@ enum Mode {
         ms: u64,
         exit_code: i32,
     },
+    Raw {
+        line: String,
+    },
+    Endless {
+        chunk: usize,
+        ms: u64,
+    },
 }
 
 impl Mode {
@@ -1544,6 +1553,19 @@ impl Mode {
             "sleep_then_crash" => Mode::SleepThenCrash {
                 ms: args.u64("ms", 100)?,
                 exit_code: args.exit_code()?,
+            },
+            "raw" => Mode::Raw {
+                line: args
+                    .str("line")?
+                    .ok_or_else(|| RpcError::invalid_params("mode `raw` needs a string `line`"))?
+                    .to_owned(),
+            },
+            "endless" => Mode::Endless {
+                chunk: usize::try_from(args.u64("chunk", 1 << 16)?)
+                    .ok()
+                    .filter(|&chunk| chunk > 0)
+                    .ok_or_else(|| RpcError::invalid_params("argument `chunk` must be positive"))?,
+                ms: args.u64("ms", 1)?,
             },
             other => return Err(RpcError::invalid_params(format!("unknown mode {other:?}"))),
         })
@@ -1716,6 +1738,11 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
             server.send_notification(&method, params.map(|params| params.to_string()).as_deref());
             echo(server, call)
         }
+        Mode::Raw { line } => {
+            server.send(&line);
+            echo(server, call)
+        }
+        Mode::Endless { chunk, ms } => endless(server, call, chunk, ms),
         Mode::SleepThenCrash { ms, exit_code } => {
             if !call.state.sleep_uncancellable(ms) {
                 return Outcome::Cancelled;
@@ -1788,6 +1815,27 @@ fn progress(server: &Server, call: &Call, steps: u64, ms: u64) -> Outcome {
         }
     }
     echo(server, call)
+}
+
+/// Writes one line that never ends, holding stdout so nothing else gets out.
+fn endless(server: &Server, call: &Call, chunk: usize, ms: u64) -> Outcome {
+    let mut out = lock(&server.stdout);
+    let start = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\"",
+        call.id
+    );
+    let filler = vec![b'x'; chunk];
+    let mut written = out.write_all(start.as_bytes());
+    while written.is_ok() {
+        written = out.write_all(&filler).and_then(|()| out.flush());
+        if !call.state.sleep_uncancellable(ms) {
+            break;
+        }
+    }
+    if let Err(err) = written {
+        eprintln!("mock: endless line stopped: {err}");
+    }
+    Outcome::Cancelled
 }
 
 /// Sends the client a request and answers with what it replied.

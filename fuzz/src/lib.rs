@@ -1,0 +1,168 @@
+//! Fuzzing checks for mcp-retry. The main crate is a binary, so the modules
+//! under test are compiled here from their source files, unchanged: they
+//! depend only on std, serde, serde_json, serde-saphyr and anyhow.
+//!
+//! Each `check_*` function must never panic on any input; the properties it
+//! asserts are the ones the proxy relies on.
+
+use std::io::{self, BufRead};
+use std::path::Path;
+
+#[allow(dead_code)]
+#[path = "../../src/jsonrpc.rs"]
+pub mod jsonrpc;
+
+#[allow(dead_code)]
+#[path = "../../src/config.rs"]
+pub mod config;
+
+use jsonrpc::{Kind, Line, Message, Parsed};
+
+/// Classification, id rewriting, the overlong-line id scan and framing.
+pub fn check_jsonrpc(data: &[u8]) {
+    match jsonrpc::classify_bytes(data.to_vec()) {
+        Parsed::Message(m) => check_message(&m),
+        Parsed::Invalid(i) => check_invalid(&i),
+        Parsed::Batch(items) => {
+            for item in &items {
+                match item {
+                    Parsed::Message(m) => check_message(m),
+                    Parsed::Invalid(i) => check_invalid(i),
+                    Parsed::Batch(_) => panic!("a batch inside a batch was looked into"),
+                }
+            }
+        }
+    }
+    if let Some(id) = jsonrpc::scan_request_id(data) {
+        assert!(jsonrpc::is_valid_id(&id), "scan_request_id found {id:?}");
+    }
+    // Framing, with the first byte choosing a small limit and buffer size
+    // so that lines cross both.
+    let (max, cap) = match data.first() {
+        Some(b) => (usize::from(b % 64), usize::from(b % 7) + 1),
+        None => (8, 3),
+    };
+    check_framing(data, max, cap);
+}
+
+fn check_invalid(i: &jsonrpc::Invalid) {
+    assert!(
+        i.code == jsonrpc::PARSE_ERROR || i.code == jsonrpc::INVALID_REQUEST,
+        "{i:?}"
+    );
+    assert!(!i.message.is_empty());
+    if let Some(id) = &i.id {
+        assert!(jsonrpc::is_valid_id(id), "{i:?}");
+    }
+}
+
+fn check_message(m: &Message) {
+    if m.kind() != Kind::Notification {
+        let id = m.id().expect("requests and responses have ids");
+        assert!(jsonrpc::is_valid_id(id) || id == "null", "id {id:?}");
+    }
+    // The line as is parses back to the same message.
+    let line = m.line();
+    let again = reparse(&line);
+    assert!(again == *m, "line() changed the message: {m:?}");
+    // A new id changes the id and nothing else.
+    for new_id in ["0", "18446744073709551615", "\"x\\\"y\""] {
+        let line = m.line_with_id(new_id);
+        let r = reparse(&line);
+        assert_eq!(r.kind(), m.kind());
+        if m.id().is_some() {
+            assert_eq!(r.id(), Some(new_id));
+        } else {
+            assert_eq!(r.id(), None);
+        }
+        assert_eq!(r.method(), m.method());
+        assert_eq!(r.params(), m.params());
+        assert_eq!(r.result(), m.result());
+        assert_eq!(r.error(), m.error());
+    }
+    if let Some(p) = m.params() {
+        let r = reparse(&m.line_with_params(p));
+        assert!(r == *m, "same params, same message");
+    }
+}
+
+fn reparse(line: &[u8]) -> Message {
+    assert_eq!(line.last(), Some(&b'\n'));
+    let text = String::from_utf8(line[..line.len() - 1].to_vec()).expect("still UTF-8");
+    match jsonrpc::classify(text.clone()) {
+        Parsed::Message(m) => m,
+        other => panic!("{text:?} no longer parses: {other:?}"),
+    }
+}
+
+/// `read_line` agrees with splitting on `\n` by hand.
+fn check_framing(data: &[u8], max: usize, cap: usize) {
+    let mut expected: Vec<Result<Vec<u8>, usize>> = Vec::new();
+    let mut parts: Vec<&[u8]> = data.split(|b| *b == b'\n').collect();
+    if data.last() == Some(&b'\n') || data.is_empty() {
+        parts.pop();
+    }
+    for part in parts {
+        if part.len() > max {
+            expected.push(Err(part.len()));
+        } else {
+            expected.push(Ok(part.strip_suffix(b"\r").unwrap_or(part).to_vec()));
+        }
+    }
+    let mut reader = io::BufReader::with_capacity(cap, data);
+    let mut buf = Vec::new();
+    let mut got = Vec::new();
+    loop {
+        let mut crossings = 0;
+        let read = jsonrpc::read_line_watched(&mut reader, &mut buf, max, &mut |prefix| {
+            crossings += 1;
+            assert!(prefix.len() <= max.max(jsonrpc::TOO_LONG_PREFIX) + cap);
+        })
+        .expect("reading a slice cannot fail");
+        match read {
+            None => break,
+            Some(Line::Complete) => {
+                assert_eq!(crossings, 0);
+                assert!(buf.len() <= max);
+                got.push(Ok(buf.clone()));
+            }
+            Some(Line::TooLong { len }) => {
+                assert_eq!(crossings, 1, "crossed once");
+                assert!(buf.len() <= jsonrpc::TOO_LONG_PREFIX.max(max) + cap);
+                got.push(Err(len));
+            }
+        }
+    }
+    assert_eq!(got, expected, "max {max}, buffer {cap}");
+    assert!(reader.fill_buf().map(|b| b.is_empty()).unwrap_or(false));
+}
+
+/// The config parser, YAML and JSON: an error or a config, never a panic;
+/// every error names the file.
+pub fn check_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let env = |name: &str| {
+        name.len()
+            .is_multiple_of(2)
+            .then(|| format!("value-of-{name}"))
+    };
+    for (file, format) in [
+        ("fuzz.yaml", config::Format::Yaml),
+        ("fuzz.json", config::Format::Json),
+    ] {
+        match config::parse(text, Path::new(file), format, &env) {
+            Ok(c) => {
+                for s in &c.servers {
+                    assert!(s.max_in_flight >= 1);
+                    assert!(s.max_message_bytes >= 1024);
+                }
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                assert!(msg.starts_with(file), "an error without the file: {msg}");
+            }
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! The bad-input catalogue: malformed, oversized, hostile or plainly wrong
+//! input from either side. Each case asserts a clear error (or a logged
+//! drop, where nobody can be answered), bounded memory where size is the
+//! attack, and a session that keeps working afterwards.
+
+use std::io::Write;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::util::{eventually, Builder, Session};
+
+/// A proxy with `settings` (YAML lines under the server) in front of the mock.
+fn proxy_with(settings: &str) -> Builder {
+    let mut config = String::from("servers:\n  mock:\n    command: {mock}\n");
+    for line in settings.lines() {
+        config.push_str("    ");
+        config.push_str(line);
+        config.push('\n');
+    }
+    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", &config)
+        .with_logs()
+}
+
+/// The session still relays: a ping and a call get their answers.
+fn still_works(s: &mut Session, tag: &str) {
+    s.request(json!(format!("ping-{tag}")), "ping", json!({}));
+    assert_eq!(s.result(&json!(format!("ping-{tag}"))), json!({}));
+    let text = format!("still working ({tag})");
+    s.call(json!(format!("call-{tag}")), "echo", json!({"text": text}));
+    assert_eq!(
+        s.result(&json!(format!("call-{tag}")))["content"][0]["text"],
+        text.as_str()
+    );
+}
+
+/// Every line the server received, as text.
+fn received(s: &Session) -> Vec<String> {
+    std::fs::read_to_string(s.dir.join("recv.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn starts(s: &Session) -> u64 {
+    std::fs::read_to_string(s.dir.join("starts"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn invalid_utf8_is_a_parse_error() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    let cases: [&[u8]; 6] = [
+        // A valid envelope with one bad byte in a string.
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"x\":\"\xff\"}",
+        // A lone continuation byte before anything else.
+        b"\x80{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"ping\"}",
+        // A multi-byte sequence cut short at the end of the line.
+        b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}\xe2\x82",
+        // An overlong encoding of '/'.
+        b"{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"\xc0\xafping\"}",
+        // A UTF-16 surrogate encoded as UTF-8.
+        b"{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"ping\",\"s\":\"\xed\xa0\x80\"}",
+        // Latin-1 text.
+        b"{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"caf\xe9\"}",
+    ];
+    for bytes in cases {
+        s.send_raw_bytes(bytes);
+        let e = s.recv();
+        assert_eq!(e["id"], Value::Null, "{e}");
+        assert_eq!(e["error"]["code"], json!(-32700), "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains("UTF-8"),
+            "{e}"
+        );
+    }
+    assert!(
+        !received(&s).iter().any(|l| l.contains("\"ping\"")),
+        "nothing invalid reached the server"
+    );
+    still_works(&mut s, "utf8");
+}
+
+#[test]
+fn a_100_mb_line_is_refused_in_bounded_memory() {
+    let mut s = proxy_with("max_message_bytes: 1048576").start();
+    s.initialize();
+    let mut stdin = s.take_stdin();
+    let writer = thread::spawn(move || {
+        let chunk = vec![b'x'; 64 * 1024];
+        // The id comes first: the proxy can answer.
+        stdin
+            .write_all(br#"{"jsonrpc":"2.0","id":"big","method":"tools/call","params":{"name":"echo","arguments":{"text":""#)
+            .unwrap();
+        for _ in 0..1600 {
+            stdin.write_all(&chunk).unwrap();
+        }
+        stdin.write_all(b"\"}}}\n").unwrap();
+        // The id comes last, after 2 MB: nobody can be answered.
+        stdin
+            .write_all(br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo","arguments":{"text":""#)
+            .unwrap();
+        for _ in 0..32 {
+            stdin.write_all(&chunk).unwrap();
+        }
+        stdin.write_all(b"\"}},\"id\":\"late\"}\n").unwrap();
+        stdin.flush().unwrap();
+        stdin
+    });
+    let started = Instant::now();
+    let e = s.error(&json!("big"));
+    assert_eq!(e["code"], json!(-32600), "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("104857") && message.contains("max_message_bytes (1048576)"),
+        "the size and the limit are named: {e}"
+    );
+    let stdin = writer.join().unwrap();
+    s.give_stdin(stdin);
+    eventually("the unanswerable line is logged", || {
+        s.stderr().contains("dropped a client message")
+    });
+    let peak = s.memory_kb("VmHWM");
+    assert!(
+        peak < 40 * 1024,
+        "the proxy's peak RSS was {peak} kB for a 100 MB line"
+    );
+    eprintln!(
+        "100 MB line: refused in {:.1}s, proxy peak RSS {peak} kB",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        !received(&s).iter().any(|l| l.len() > 1024 * 1024),
+        "nothing over the limit reached the server"
+    );
+    still_works(&mut s, "after 100 MB");
+    s.expect_none_where(Duration::from_millis(200), |v| v["id"] == "late");
+}
+
+#[test]
+fn deeply_nested_json_gets_a_clear_error() {
+    let n = 100_000;
+    let mut s = proxy_with("call_timeout: 0.5").start();
+    s.initialize();
+    s.request(json!("list"), "tools/list", json!({}));
+    s.result(&json!("list"));
+
+    // Never closed: not JSON.
+    s.send_raw(&"[".repeat(n));
+    let e = s.recv();
+    assert_eq!(
+        (&e["id"], &e["error"]["code"]),
+        (&Value::Null, &json!(-32700)),
+        "{e}"
+    );
+    // Closed: a batch of batches (and batches need protocol 2025-03-26).
+    s.send_raw(&format!("{}{}", "[".repeat(n), "]".repeat(n)));
+    let e = s.recv();
+    assert_eq!(
+        (&e["id"], &e["error"]["code"]),
+        (&Value::Null, &json!(-32600)),
+        "{e}"
+    );
+    // Nested objects: JSON, but not JSON-RPC.
+    s.send_raw(&format!("{}1{}", r#"{"a":"#.repeat(n), "}".repeat(n)));
+    let e = s.recv();
+    assert_eq!(
+        (&e["id"], &e["error"]["code"]),
+        (&Value::Null, &json!(-32600)),
+        "{e}"
+    );
+    still_works(&mut s, "client nesting");
+
+    // Deep arguments are the server's business: the proxy passes params on
+    // byte for byte. This server cannot parse them and never answers, so
+    // the call times out with the proxy's error.
+    let deep = format!("{}{}", "[".repeat(n), "]".repeat(n));
+    s.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":"deep","method":"tools/call","params":{{"name":"echo","arguments":{{"deep":{deep}}}}}}}"#
+    ));
+    let e = s.error(&json!("deep"));
+    assert_eq!(e["code"], json!(-31000), "{e}");
+    assert!(e["message"].as_str().unwrap().contains("timed out"), "{e}");
+    assert!(
+        received(&s).iter().any(|l| l.len() > 2 * n),
+        "the deep call was relayed"
+    );
+
+    // From the server: a deeply nested line is skipped, the call answered.
+    s.call(
+        json!("from-server"),
+        "echo",
+        json!({"mode": "raw", "line": deep, "text": "after deep"}),
+    );
+    assert_eq!(
+        s.result(&json!("from-server"))["content"][0]["text"],
+        "after deep"
+    );
+    assert!(s.stderr().contains("nested batch"), "{}", s.stderr());
+    still_works(&mut s, "server nesting");
+}
+
+#[test]
+fn ids_that_are_not_strings_or_integers_are_invalid_requests() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    for id in [
+        "null",
+        "1.5",
+        "-2.5e3",
+        "1e3",
+        "1.0",
+        "{}",
+        r#"{"a":1}"#,
+        "[]",
+        "[1]",
+        "true",
+    ] {
+        s.send_raw(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"a bad id"}}}}}}"#
+        ));
+        let e = s.recv();
+        assert_eq!(e["id"], Value::Null, "{id}: {e}");
+        assert_eq!(e["error"]["code"], json!(-32600), "{id}: {e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("an id must be a string or an integer"),
+            "{id}: {e}"
+        );
+    }
+    assert_eq!(s.executions("echo"), 0, "no bad id reached the server");
+    still_works(&mut s, "ids");
+}
+
+#[test]
+fn a_second_request_with_an_id_in_flight_is_refused() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    s.call(
+        json!(7),
+        "echo",
+        json!({"mode": "slow", "ms": 300, "text": "first"}),
+    );
+    s.call(json!(7), "echo", json!({"text": "second"}));
+    let first = s.response(&json!(7));
+    assert_eq!(first["error"]["code"], json!(-32600), "{first}");
+    assert!(
+        first["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already in flight"),
+        "{first}"
+    );
+    let second = s.response(&json!(7));
+    assert_eq!(second["result"]["content"][0]["text"], "first", "{second}");
+    assert_eq!(s.executions("echo"), 1, "the duplicate never ran");
+    // Once answered, the id is free again.
+    s.call(json!(7), "echo", json!({"text": "reused"}));
+    assert_eq!(s.result(&json!(7))["content"][0]["text"], "reused");
+}
+
+#[test]
+fn responses_with_ids_the_proxy_never_issued_are_dropped() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    s.call(json!("first"), "echo", json!({"text": "first"}));
+    s.result(&json!("first"));
+    let answered = s.log("exec.log")[0]["id"].clone();
+    let lines = [
+        json!({"jsonrpc": "2.0", "id": 999_999, "result": {"forged": true}}).to_string(),
+        json!({"jsonrpc": "2.0", "id": "zzz", "result": {"forged": true}}).to_string(),
+        json!({"jsonrpc": "2.0", "id": -1, "error": {"code": 1, "message": "forged"}}).to_string(),
+        json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "forged"}})
+            .to_string(),
+        // The id of a request that was answered already.
+        json!({"jsonrpc": "2.0", "id": answered, "result": {"forged": true}}).to_string(),
+    ];
+    for (i, line) in lines.iter().enumerate() {
+        let id = json!(format!("raw-{i}"));
+        s.call(
+            id.clone(),
+            "echo",
+            json!({"mode": "raw", "line": line, "text": format!("raw {i}")}),
+        );
+        let r = s.result(&id);
+        assert_eq!(r["content"][0]["text"], format!("raw {i}"), "{r}");
+    }
+    s.expect_none_where(Duration::from_millis(300), |v| {
+        v.to_string().contains("forged")
+    });
+    let stderr = s.stderr();
+    assert_eq!(
+        stderr.matches("an id the proxy never issued").count(),
+        4,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "answer to request {answered}, which was cancelled or abandoned"
+        )),
+        "{stderr}"
+    );
+    still_works(&mut s, "forged ids");
+}
+
+#[test]
+fn a_server_writing_an_endless_line_is_stopped_in_bounded_memory() {
+    let mut s = proxy_with("call_timeout: 0.5\nmax_message_bytes: 1048576").start();
+    s.initialize();
+    s.request(json!("list"), "tools/list", json!({}));
+    s.result(&json!("list"));
+    let started = Instant::now();
+    s.call(json!("endless"), "echo", json!({"mode": "endless"}));
+    eventually("the endless call runs", || s.executions("echo") == 1);
+    // Both wait behind the endless line.
+    s.call(json!("behind"), "ro_echo", json!({"text": "behind"}));
+    s.request(json!("ping"), "ping", json!({}));
+
+    let e = s.error(&json!("endless"));
+    assert_eq!(e["code"], json!(-31000), "{e}");
+    let reason = e["data"]["reason"].as_str().unwrap();
+    assert!(
+        ["not_retried_unsafe", "server_exited"].contains(&reason),
+        "{e}"
+    );
+    // The server is stopped and started again: the read-only call is
+    // retried there, the ping sent again.
+    assert_eq!(s.result(&json!("behind"))["content"][0]["text"], "behind");
+    assert_eq!(s.result(&json!("ping")), json!({}));
+    let took = started.elapsed();
+    let stderr = s.stderr();
+    assert!(
+        stderr.contains("one line over max_message_bytes (1048576) for 0.5s"),
+        "{stderr}"
+    );
+    assert_eq!(starts(&s), 2);
+    let peak = s.memory_kb("VmHWM");
+    eprintln!(
+        "endless line: server stopped after {:.1}s, proxy peak RSS {peak} kB",
+        took.as_secs_f64()
+    );
+    assert!(peak < 40 * 1024, "the proxy's peak RSS was {peak} kB");
+    still_works(&mut s, "endless");
+}
+
+#[test]
+fn requests_beyond_max_in_flight_are_overloaded() {
+    let mut s = proxy_with("max_in_flight: 4").start();
+    s.initialize();
+    for i in 0..4 {
+        s.call(
+            json!(format!("h{i}")),
+            "echo",
+            json!({"mode": "hang", "n": i}),
+        );
+    }
+    eventually("four calls hang", || s.executions("echo") == 4);
+    for i in 0..3 {
+        s.call(json!(format!("x{i}")), "echo", json!({"n": i}));
+        let e = s.error(&json!(format!("x{i}")));
+        assert_eq!(e["code"], json!(-31000), "{e}");
+        assert_eq!(e["data"]["reason"], "overloaded", "{e}");
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap()
+                .contains("max_in_flight is 4"),
+            "{e}"
+        );
+    }
+    s.request(json!("p"), "ping", json!({}));
+    assert_eq!(s.error(&json!("p"))["data"]["reason"], "overloaded");
+    assert_eq!(s.executions("echo"), 4, "nothing over the cap ran");
+    for i in 0..4 {
+        s.notify(
+            "notifications/cancelled",
+            json!({"requestId": format!("h{i}")}),
+        );
+    }
+    still_works(&mut s, "in flight");
+}
+
+#[test]
+fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
+    // 400 answers of 256 kB (100 MB) for a client that reads nothing. The
+    // replay table keeps results too, within idempotency_max_bytes.
+    let calls = 400;
+    let bound_kb = 64 * 1024;
+    let mut s = proxy_with("max_message_bytes: 1048576\nidempotency_max_bytes: 8388608")
+        .unread_stdout()
+        .start();
+    let mut stdin = s.take_stdin();
+    let writer = thread::spawn(move || {
+        for i in 0..calls {
+            let line = json!({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "echo", "arguments": {"mode": "huge", "bytes": 256 * 1024, "n": i, "_idempotency_key": format!("k{i}")}}});
+            if writeln!(stdin, "{line}").is_err() {
+                break;
+            }
+        }
+        stdin
+    });
+    // Wait until the proxy has taken in all it takes in: its memory stays
+    // flat for two seconds once every call has run (or it goes over).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut samples: Vec<u64> = Vec::new();
+    loop {
+        thread::sleep(Duration::from_millis(100));
+        let rss = s.memory_kb("VmRSS");
+        samples.push(rss);
+        let recent = &samples[samples.len().saturating_sub(20)..];
+        let flat = samples.len() >= 20 && recent.iter().max().unwrap() - recent[0] < 1024;
+        if rss > bound_kb || Instant::now() > deadline || (flat && s.executions("echo") == calls) {
+            break;
+        }
+    }
+    let stalled = samples.iter().max().copied().unwrap_or(0);
+    s.read_stdout();
+    let stdin = writer.join().unwrap();
+    s.give_stdin(stdin);
+    // Answers come in the order the calls completed.
+    let mut order = Vec::new();
+    for _ in 0..calls {
+        let r = s.recv();
+        let text = r["result"]["content"][0]["text"].as_str().unwrap_or("");
+        assert_eq!(text.len(), 256 * 1024, "id {}", r["id"]);
+        order.push(r["id"].as_u64().unwrap() as usize);
+    }
+    let peak = s.memory_kb("VmHWM");
+    eprintln!("client not reading: proxy RSS up to {stalled} kB while stalled, peak {peak} kB");
+    // The newest results are replayed, the oldest were evicted (each call
+    // has its own idempotency key, which replays whatever ran since).
+    let again = |i: usize| json!({"mode": "huge", "bytes": 256 * 1024, "n": i, "_idempotency_key": format!("k{i}")});
+    s.call(json!("newest"), "echo", again(order[calls - 1]));
+    let r = s.result(&json!("newest"));
+    assert_eq!(r["_meta"]["mcp-retry/source"], "dedup");
+    s.call(json!("oldest"), "echo", again(order[0]));
+    let r = s.result(&json!("oldest"));
+    assert!(r.get("_meta").is_none(), "executed again");
+    assert_eq!(s.executions("echo"), calls + 1);
+    assert!(
+        peak < bound_kb,
+        "the proxy's peak RSS was {peak} kB while holding answers for a client that did not read"
+    );
+    still_works(&mut s, "reading again");
+}
