@@ -1,6 +1,7 @@
 CARGO ?= cargo
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: build test lint demo install
+.PHONY: build test lint demo install bench
 
 build:
 	$(CARGO) build --release
@@ -18,3 +19,9 @@ demo:
 
 install:
 	$(CARGO) install --path . --bin mcp-retry
+
+# Measures mcp-retry against a direct connection and a byte relay (see
+# examples/bench.rs) and writes the results into BENCHMARKS.md.
+bench:
+	$(CARGO) build --release --bins --example bench
+	$(TARGET_DIR)/release/examples/bench --write BENCHMARKS.md
