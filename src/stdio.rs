@@ -35,14 +35,14 @@ where
         .name(thread_name.clone())
         .spawn(move || {
             let mut reader = BufReader::with_capacity(64 * 1024, input);
-            let mut buf = Vec::with_capacity(8 * 1024);
+            let mut buf = Vec::with_capacity(LINE_BUFFER);
             loop {
                 match jsonrpc::read_line(&mut reader, &mut buf, max_line) {
                     Ok(Some(Line::Complete)) => {
                         if jsonrpc::is_blank(&buf) {
                             continue;
                         }
-                        let line = std::mem::replace(&mut buf, Vec::with_capacity(8 * 1024));
+                        let line = take_line(&mut buf);
                         if !sink(ReadItem::Line(line)) {
                             return;
                         }
@@ -63,6 +63,25 @@ where
             sink(ReadItem::Eof);
         })
         .expect("spawning a reader thread")
+}
+
+/// The capacity a reader's line buffer starts with and returns to.
+const LINE_BUFFER: usize = 8 * 1024;
+
+/// Hands a line over without slack: a short line is copied out at its exact
+/// size and the buffer is kept for the next one; a long one is moved out
+/// (trimmed to its length) and the reader starts a fresh buffer. A line can
+/// live long (a call in flight keeps its request), so its capacity matters.
+fn take_line(buf: &mut Vec<u8>) -> Vec<u8> {
+    if buf.len() <= LINE_BUFFER {
+        let line = buf.as_slice().to_vec();
+        buf.clear();
+        line
+    } else {
+        let mut line = std::mem::replace(buf, Vec::with_capacity(LINE_BUFFER));
+        line.shrink_to_fit();
+        line
+    }
 }
 
 /// Lines the writer could not deliver when its stream failed.
@@ -148,6 +167,21 @@ mod tests {
         .unwrap();
         let got: Vec<String> = rx.try_iter().collect();
         assert_eq!(got, ["a", "too long 12", "c", "eof"]);
+    }
+
+    #[test]
+    fn lines_are_handed_over_without_slack() {
+        let mut buf = Vec::with_capacity(LINE_BUFFER);
+        buf.extend_from_slice(b"short");
+        let line = take_line(&mut buf);
+        assert_eq!((line.as_slice(), line.capacity()), (&b"short"[..], 5));
+        assert!(buf.is_empty() && buf.capacity() >= LINE_BUFFER);
+
+        buf.resize(LINE_BUFFER * 3 + 1, b'x');
+        let line = take_line(&mut buf);
+        assert_eq!(line.len(), LINE_BUFFER * 3 + 1);
+        assert_eq!(line.capacity(), line.len());
+        assert!(buf.is_empty() && buf.capacity() < LINE_BUFFER * 2);
     }
 
     struct Failing;
