@@ -165,7 +165,7 @@ pub fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> io::Resu
             break;
         }
         saw_any = true;
-        let (used, done) = match memchr(chunk) {
+        let (used, done) = match memchr::memchr(b'\n', chunk) {
             Some(i) => (i + 1, true),
             None => (chunk.len(), false),
         };
@@ -198,10 +198,6 @@ pub const TOO_LONG_PREFIX: usize = 64 * 1024;
 pub enum Line {
     Complete,
     TooLong { len: usize },
-}
-
-fn memchr(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
 }
 
 /// True for a line that is empty or only white space (skipped, never answered).
