@@ -12,13 +12,14 @@
 //! over channels; the server is reached only through [`Downstream`].
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent, SHUTDOWN_STEP};
+use crate::fasthash::FastMap;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
 use crate::policy::backoff::Backoff;
 use crate::policy::breaker::Breaker;
@@ -223,11 +224,11 @@ pub struct Dispatcher {
     link: Link,
     generation: u64,
     next_downstream_id: u64,
-    inflight: HashMap<u64, Inflight>,
-    client_requests: HashMap<String, ClientRequest>,
-    server_requests: HashMap<u64, ServerRequest>,
+    inflight: FastMap<u64, Inflight>,
+    client_requests: FastMap<String, ClientRequest>,
+    server_requests: FastMap<u64, ServerRequest>,
     next_server_request_id: u64,
-    batches: HashMap<u64, Batch>,
+    batches: FastMap<u64, Batch>,
     next_batch: u64,
     /// What a restarted server must be told.
     session: Session,
@@ -240,10 +241,10 @@ pub struct Dispatcher {
     timers: BinaryHeap<Reverse<TimerEntry>>,
     timer_seq: u64,
     phase: Phase,
-    calls: HashMap<u64, Call>,
+    calls: FastMap<u64, Call>,
     next_call: u64,
-    calls_by_key: HashMap<String, u64>,
-    calls_by_token: HashMap<String, u64>,
+    calls_by_key: FastMap<String, u64>,
+    calls_by_token: FastMap<String, u64>,
     tools: ToolsKnowledge,
     cache: ResultCache,
     dedup: DedupTable<String>,
@@ -274,11 +275,11 @@ impl Dispatcher {
             },
             generation: 0,
             next_downstream_id: 0,
-            inflight: HashMap::new(),
-            client_requests: HashMap::new(),
-            server_requests: HashMap::new(),
+            inflight: FastMap::default(),
+            client_requests: FastMap::default(),
+            server_requests: FastMap::default(),
             next_server_request_id: 0,
-            batches: HashMap::new(),
+            batches: FastMap::default(),
             next_batch: 0,
             session: Session::default(),
             queue: VecDeque::new(),
@@ -288,10 +289,10 @@ impl Dispatcher {
             timers: BinaryHeap::new(),
             timer_seq: 0,
             phase: Phase::Running,
-            calls: HashMap::new(),
+            calls: FastMap::default(),
             next_call: 0,
-            calls_by_key: HashMap::new(),
-            calls_by_token: HashMap::new(),
+            calls_by_key: FastMap::default(),
+            calls_by_token: FastMap::default(),
             tools: ToolsKnowledge::default(),
             cache: ResultCache::new(&cfg.cache),
             dedup: DedupTable::new(cfg.idempotency_ttl, cfg.idempotency_max_entries),

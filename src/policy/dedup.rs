@@ -19,11 +19,12 @@
 //!   the table may exceed the bound when all entries are in flight (those are
 //!   bounded by the proxy's in-flight limit).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::instant_add;
+use crate::fasthash::FastMap;
 
 /// What the caller should do with a call.
 #[derive(Debug, PartialEq, Eq)]
@@ -55,7 +56,7 @@ enum Slot<W> {
 pub struct DedupTable<W> {
     ttl: Duration,
     max_entries: usize,
-    slots: HashMap<Arc<str>, Slot<W>>,
+    slots: FastMap<Arc<str>, Slot<W>>,
     /// Completed entries, oldest completion first.
     completed: BTreeMap<u64, Arc<str>>,
     next_seq: u64,
@@ -67,7 +68,7 @@ impl<W> DedupTable<W> {
         Self {
             ttl,
             max_entries,
-            slots: HashMap::new(),
+            slots: FastMap::default(),
             completed: BTreeMap::new(),
             next_seq: 0,
         }
