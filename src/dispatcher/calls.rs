@@ -7,7 +7,10 @@
 //! descriptor: lines go out through the dispatcher's senders.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
+
+use memchr::memmem;
 
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::policy::breaker::{Admission, Transition};
@@ -1005,8 +1008,25 @@ fn key_text(v: &serde_json::value::RawValue) -> Option<String> {
 }
 
 /// Whether a result may be cached or replayed: not `isError`, not an
-/// `input_required` or task-creating result.
+/// `input_required` or task-creating result. `result` is valid JSON (the
+/// `result` of a parsed message).
 fn storable(result: &str) -> bool {
+    // Reading the members means parsing all of the result again, which costs
+    // as much as the line's first parse. A member name can only be written
+    // literally or with a `\u` escape, so when none of the three names
+    // occurs and there is no `\u`, no such member exists at any depth, and
+    // being an object is all that is left to check.
+    static NEEDLES: LazyLock<[memmem::Finder<'static>; 4]> = LazyLock::new(|| {
+        ["\\u", "\"isError\"", "\"resultType\"", "\"task\""].map(memmem::Finder::new)
+    });
+    if NEEDLES.iter().all(|n| n.find(result.as_bytes()).is_none()) {
+        return result.trim_start().starts_with('{');
+    }
+    storable_by_members(result)
+}
+
+/// [`storable`] by reading the result's members.
+fn storable_by_members(result: &str) -> bool {
     let Some(o) = RawObject::parse(result) else {
         return false;
     };
@@ -1128,6 +1148,38 @@ mod tests {
         assert!(!storable(r#"{"resultType":"input_required"}"#));
         assert!(storable(r#"{"resultType":"complete","content":[]}"#));
         assert!(!storable(r#"{"task":{"taskId":"t"}}"#));
+        // Escaped member names are names all the same.
+        assert!(!storable(r#"{"content":[],"is\u0045rror":true}"#));
+        assert!(!storable(r#"{"\u0074ask":{}}"#));
+        assert!(storable(r#"{"content":[{"type":"text","text":"\u00e9"}]}"#));
+        assert!(storable(
+            r#"{"content":[{"type":"text","text":"the \"task\" is done"}]}"#
+        ));
+        assert!(!storable(r#"[{"content":[]}]"#));
+        assert!(!storable(r#""text""#));
+        assert!(storable(r#"{"structuredContent":{"isError":true}}"#));
+    }
+
+    #[test]
+    fn storable_shortcut_agrees_with_reading_the_members() {
+        for r in [
+            r#"{}"#,
+            r#" {"content":[]}"#,
+            r#"{"content":[{"type":"text","text":"{\"seq\":1}"}],"structuredContent":{"arguments":{"seq":1},"pid":7}}"#,
+            r#"{"content":[],"isError":false}"#,
+            r#"{"content":[],"isError":true}"#,
+            r#"{"resultType":"complete"}"#,
+            r#"{"resultType":"input_required"}"#,
+            r#"{"task":null}"#,
+            r#"{"a":{"task":1}}"#,
+            r#"{"is\u0045rror":true}"#,
+            r#"{"x":"\\u0041"}"#,
+            r#"["isError"]"#,
+            r#"null"#,
+            r#"12"#,
+        ] {
+            assert_eq!(storable(r), storable_by_members(r), "{r}");
+        }
     }
 
     fn parsed(params: &str) -> ParsedCall {
