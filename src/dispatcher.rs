@@ -763,7 +763,7 @@ impl Dispatcher {
             Method::ReadOnly | Method::ToolsList | Method::Initialize
         )
         .then(|| m.clone());
-        let line = m.line_with_id(&down.to_string());
+        let line = m.into_line_with_id(&down.to_string());
         self.inflight.insert(
             down,
             Inflight::Client {
@@ -793,10 +793,13 @@ impl Dispatcher {
         }
         match self.route(now) {
             Route::Send => {
-                self.send_server(m.line());
+                self.send_server(m.into_line());
             }
             Route::Queue => {
-                if self.enqueue(Queued::Notification(m.line()), now).is_none() {
+                if self
+                    .enqueue(Queued::Notification(m.into_line()), now)
+                    .is_none()
+                {
                     debug!("dropped a client notification ({method}): too much is queued");
                 }
             }
@@ -852,7 +855,7 @@ impl Dispatcher {
         if req.generation != self.generation {
             return debug!("dropped the client's answer to a request of a server that has exited");
         }
-        let line = m.line_with_id(&req.server_id);
+        let line = m.into_line_with_id(&req.server_id);
         self.send_server(line);
     }
 
@@ -925,7 +928,7 @@ impl Dispatcher {
                     }
                     Method::ReadOnly | Method::Other => {}
                 }
-                let line = m.line_with_id(&client_id);
+                let line = m.into_line_with_id(&client_id);
                 self.answer(&client_id, line);
             }
             None => debug!(
@@ -968,7 +971,7 @@ impl Dispatcher {
                 server_id: m.id().expect("requests have ids").to_owned(),
             },
         );
-        self.send_client(m.line_with_id(&ours.to_string()));
+        self.send_client(m.into_line_with_id(&ours.to_string()));
     }
 
     fn on_server_notification(&mut self, m: Message, now: Instant) {
@@ -1000,7 +1003,7 @@ impl Dispatcher {
             let params = params_with(&params, "requestId", &ours.to_string());
             return self.send_client(m.line_with_params(&params));
         }
-        self.send_client(m.line());
+        self.send_client(m.into_line());
     }
 
     // ----- answering -----------------------------------------------------

@@ -112,6 +112,26 @@ impl Message {
         }
     }
 
+    /// [`Message::line_with_id`] made in the message's own buffer, which
+    /// spares a large message a copy into fresh memory. The buffer has room
+    /// for the newline when it comes from a reader thread.
+    pub fn into_line_with_id(self, new_id: &str) -> Vec<u8> {
+        let mut text = self.text;
+        if let Some(r) = self.id {
+            text.replace_range(r, new_id);
+        }
+        let mut out = text.into_bytes();
+        out.push(b'\n');
+        out
+    }
+
+    /// [`Message::line`] made in the message's own buffer.
+    pub fn into_line(self) -> Vec<u8> {
+        let mut out = self.text.into_bytes();
+        out.push(b'\n');
+        out
+    }
+
     /// The line with `params` replaced by `new_params` (raw JSON), newline included.
     pub fn line_with_params(&self, new_params: &str) -> Vec<u8> {
         match &self.params {
@@ -601,6 +621,13 @@ mod tests {
         let text = r#"{"jsonrpc":"2.0", "id" : "abc","method":"x","params":{"n":12345678901234567890,"f":1.0,"u":"\u00e9"},"extra":[1, 2]}"#;
         let m = msg(text);
         let out = String::from_utf8(m.line_with_id("42")).unwrap();
+        assert_eq!(m.clone().into_line_with_id("42"), out.as_bytes());
+        assert_eq!(m.clone().into_line(), m.line());
+        let longer = String::from_utf8(m.line_with_id("\"a-much-longer-id\"")).unwrap();
+        assert_eq!(
+            m.clone().into_line_with_id("\"a-much-longer-id\""),
+            longer.as_bytes()
+        );
         assert_eq!(
             out,
             r#"{"jsonrpc":"2.0", "id" : 42,"method":"x","params":{"n":12345678901234567890,"f":1.0,"u":"\u00e9"},"extra":[1, 2]}"#

@@ -68,18 +68,28 @@ where
 /// The capacity a reader's line buffer starts with and returns to.
 const LINE_BUFFER: usize = 8 * 1024;
 
-/// Hands a line over without slack: a short line is copied out at its exact
-/// size and the buffer is kept for the next one; a long one is moved out
-/// (trimmed to its length) and the reader starts a fresh buffer. A line can
-/// live long (a call in flight keeps its request), so its capacity matters.
+/// Room left after a line so that relaying it (a rewritten id, the newline)
+/// happens in place.
+const LINE_HEADROOM: usize = 32;
+
+/// Hands a line over without slack: a short line is copied out and the
+/// buffer is kept for the next one; a long one is moved out (trimmed) and the
+/// reader starts a fresh buffer. A line can live long (a call in flight keeps
+/// its request), so its capacity matters.
 fn take_line(buf: &mut Vec<u8>) -> Vec<u8> {
     if buf.len() <= LINE_BUFFER {
-        let line = buf.as_slice().to_vec();
+        let mut line = Vec::with_capacity(buf.len() + LINE_HEADROOM);
+        line.extend_from_slice(buf);
         buf.clear();
         line
     } else {
         let mut line = std::mem::replace(buf, Vec::with_capacity(LINE_BUFFER));
-        line.shrink_to_fit();
+        let wanted = line.len() + LINE_HEADROOM;
+        if line.capacity() < wanted {
+            line.reserve_exact(LINE_HEADROOM);
+        } else {
+            line.shrink_to(wanted);
+        }
         line
     }
 }
@@ -174,13 +184,15 @@ mod tests {
         let mut buf = Vec::with_capacity(LINE_BUFFER);
         buf.extend_from_slice(b"short");
         let line = take_line(&mut buf);
-        assert_eq!((line.as_slice(), line.capacity()), (&b"short"[..], 5));
+        assert_eq!(line, b"short");
+        assert_eq!(line.capacity(), 5 + LINE_HEADROOM);
         assert!(buf.is_empty() && buf.capacity() >= LINE_BUFFER);
 
         buf.resize(LINE_BUFFER * 3 + 1, b'x');
         let line = take_line(&mut buf);
         assert_eq!(line.len(), LINE_BUFFER * 3 + 1);
-        assert_eq!(line.capacity(), line.len());
+        assert!(line.capacity() >= line.len() + LINE_HEADROOM);
+        assert!(line.capacity() < line.len() * 2);
         assert!(buf.is_empty() && buf.capacity() < LINE_BUFFER * 2);
     }
 

@@ -378,7 +378,7 @@ impl Dispatcher {
             // A final error says nothing about health; free the trial.
             self.breaker.on_trial_abandoned();
         }
-        self.finish_with_server_answer(id, &m, now);
+        self.finish_with_server_answer(id, m, now);
     }
 
     /// An attempt failed; retry if allowed, else answer.
@@ -534,7 +534,7 @@ impl Dispatcher {
     }
 
     /// Ends a call with the server's final answer.
-    fn finish_with_server_answer(&mut self, id: u64, m: &Message, now: Instant) {
+    fn finish_with_server_answer(&mut self, id: u64, m: Message, now: Instant) {
         let Some(call) = self.remove_call(id) else {
             return;
         };
@@ -558,20 +558,20 @@ impl Dispatcher {
             Some(k) => self.dedup.complete(k, success.map(str::to_owned), now),
             None => Vec::new(),
         };
+        let shared = (!waiters.is_empty()).then(|| match (m.result(), m.error()) {
+            (Some(r), _) => Ok(with_source(r, Source::Dedup)),
+            (None, Some(e)) => Err(e.to_owned()),
+            (None, None) => Err(jsonrpc::error_object(
+                jsonrpc::INVALID_REQUEST,
+                "empty answer",
+                None,
+            )),
+        });
         if let Some(client) = &call.client {
-            let line = m.line_with_id(client);
+            let line = m.into_line_with_id(client);
             self.answer(client, line);
         }
-        if !waiters.is_empty() {
-            let shared = match (m.result(), m.error()) {
-                (Some(r), _) => Ok(with_source(r, Source::Dedup)),
-                (None, Some(e)) => Err(e.to_owned()),
-                (None, None) => Err(jsonrpc::error_object(
-                    jsonrpc::INVALID_REQUEST,
-                    "empty answer",
-                    None,
-                )),
-            };
+        if let Some(shared) = shared {
             for w in waiters {
                 let line = match &shared {
                     Ok(r) => jsonrpc::response_line(&w, r),
