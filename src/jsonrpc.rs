@@ -13,7 +13,7 @@ use std::fmt;
 use std::io::{self, BufRead};
 use std::ops::Range;
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -559,7 +559,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
-                while let Some(k) = map.next_key::<Cow<'de, str>>()? {
+                while let Some(k) = map.next_key_seed(Key)? {
                     let v: &'de RawValue = map.next_value()?;
                     out.push((k, v));
                 }
@@ -570,6 +570,34 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+/// A member name, borrowed from the text unless it has escapes. (Serde's own
+/// `Cow<str>` always allocates, which cost every parsed line an allocation
+/// per member.)
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
     }
 }
 
@@ -756,6 +784,8 @@ mod tests {
     #[test]
     fn raw_object_round_trips_values() {
         let mut o = RawObject::parse(r#"{"a": 1.0, "b":{"c" : [1,2]}, "k\"ey":"v"}"#).unwrap();
+        assert!(matches!(o.0[0].0, Cow::Borrowed("a")));
+        assert!(matches!(&o.0[2].0, Cow::Owned(k) if k == "k\"ey"));
         assert_eq!(o.remove("a").unwrap().get(), "1.0");
         assert_eq!(o.to_json(), r#"{"b":{"c" : [1,2]},"k\"ey":"v"}"#);
     }
