@@ -669,8 +669,8 @@ impl Dispatcher {
             warn!("{message}");
             return self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
-        let method = m.method().unwrap_or_default().into_owned();
-        let kind = match method.as_str() {
+        let method = m.method().unwrap_or_default();
+        let kind = match method.as_ref() {
             "initialize" => {
                 self.session.pending_init = m.params().map(str::to_owned);
                 Method::Initialize

@@ -159,7 +159,14 @@ impl Dispatcher {
         let dedup_key = match (&parsed.explicit_key, &canonical_args, parsed.no_store) {
             (_, _, true) => None,
             (Some(k), _, _) => Some(format!("key\0{k}")),
-            (None, Some(args), _) => Some(format!("call\0{tool}\0{args}")),
+            (None, Some(args), _) => {
+                let mut key = String::with_capacity(6 + tool.len() + args.len());
+                key.push_str("call\0");
+                key.push_str(&tool);
+                key.push('\0');
+                key.push_str(args);
+                Some(key)
+            }
             (None, None, _) => None,
         };
         if let Some(key) = &dedup_key {
@@ -184,7 +191,7 @@ impl Dispatcher {
                         jsonrpc::response_line(&waiter, &with_source(&result, Source::Dedup));
                     return self.answer(&waiter, line);
                 }
-                Lookup::Execute(_) => self.dedup.start(key.clone(), now),
+                Lookup::Execute(_) => self.dedup.start(key, now),
             }
         }
 

@@ -100,12 +100,12 @@ impl<W> DedupTable<W> {
 
     /// Marks `key` in flight (after [`Lookup::Execute`]), replacing a completed
     /// entry (a re-executed read-only call). Already in flight: no change.
-    pub fn start(&mut self, key: String, now: Instant) {
+    pub fn start(&mut self, key: &str, now: Instant) {
         self.purge_expired(now);
-        if let Some(Slot::InFlight { .. }) = self.slots.get(key.as_str()) {
+        if let Some(Slot::InFlight { .. }) = self.slots.get(key) {
             return;
         }
-        self.forget(&key);
+        self.forget(key);
         self.make_room(1);
         self.slots.insert(
             key.into(),
@@ -249,7 +249,7 @@ mod tests {
     fn call(t: &mut DedupTable<u32>, key: &str, waiter: u32, now: Instant) -> Lookup<u32> {
         let l = t.lookup_or_join(key, waiter, true, now);
         if let Lookup::Execute(_) = l {
-            t.start(key.to_string(), now);
+            t.start(key, now);
         }
         l
     }
@@ -312,7 +312,7 @@ mod tests {
         call(&mut t, "k", 1, t0);
         t.complete("k", Some("R".into()), t0);
         assert_eq!(t.lookup_or_join("k", 2, false, t0), Lookup::Execute(2));
-        t.start("k".into(), t0);
+        t.start("k", t0);
         assert!(t.in_flight("k"), "start replaces the completed entry");
         assert_eq!(t.len(), 1);
         assert_eq!(t.lookup_or_join("k", 3, false, t0), Lookup::Joined);
@@ -326,7 +326,7 @@ mod tests {
         let mut t = table(100);
         call(&mut t, "k", 1, t0);
         call(&mut t, "k", 2, t0);
-        t.start("k".into(), t0);
+        t.start("k", t0);
         assert_eq!(t.joiners("k"), 1);
     }
 
@@ -452,9 +452,9 @@ mod tests {
         call(&mut t, "live", 0, t0);
         assert_eq!(t.len(), 3);
         // "a" expires at 300 s, "b" at 400 s; the in-flight entry stays.
-        t.start("x".into(), t0 + secs(300));
+        t.start("x", t0 + secs(300));
         assert_eq!(t.len(), 3);
-        t.start("y".into(), t0 + secs(400));
+        t.start("y", t0 + secs(400));
         assert_eq!(t.len(), 3);
         assert!(t.in_flight("live") && t.in_flight("x") && t.in_flight("y"));
     }
