@@ -765,8 +765,9 @@ fn check(bins: &Bins, reps: usize) -> Result<Vec<Duration>, String> {
     for i in 1..=CHECK_SERVERS {
         let _ = write!(
             yaml,
-            "  slow{i}:\n    command: {:?}\n    env:\n      MOCK_START_DELAY_MS: \"{CHECK_DELAY_MS}\"\n",
-            bins.mock.display().to_string()
+            "  slow{i}:\n    command: {}\n    env:\n      MOCK_START_DELAY_MS: \"{CHECK_DELAY_MS}\"\n",
+            // A JSON string is a YAML double-quoted string.
+            serde_json::to_string(&bins.mock.display().to_string()).expect("a string")
         );
     }
     fs::write(&config, yaml).map_err(|e| format!("n/a ({e})"))?;
