@@ -130,6 +130,9 @@ pub enum Timer {
     QueueExpired { seq: u64 },
 }
 
+/// Below this many timers the heap is never pruned.
+const MIN_TIMERS_TO_PRUNE: usize = 1024;
+
 /// How often `--stats-file` is rewritten while counters change.
 const STATS_INTERVAL: Duration = Duration::from_secs(3);
 
@@ -240,6 +243,8 @@ pub struct Dispatcher {
     restart_seq: u64,
     timers: BinaryHeap<Reverse<TimerEntry>>,
     timer_seq: u64,
+    /// Timers left by the last pruning.
+    timers_kept: usize,
     phase: Phase,
     calls: FastMap<u64, Call>,
     next_call: u64,
@@ -288,6 +293,7 @@ impl Dispatcher {
             restart_seq: 0,
             timers: BinaryHeap::new(),
             timer_seq: 0,
+            timers_kept: 0,
             phase: Phase::Running,
             calls: FastMap::default(),
             next_call: 0,
@@ -389,12 +395,32 @@ impl Dispatcher {
     }
 
     fn set_timer(&mut self, at: Instant, timer: Timer) {
+        if self.timers.len() >= 2 * self.timers_kept.max(MIN_TIMERS_TO_PRUNE) {
+            self.prune_timers();
+        }
         self.timer_seq += 1;
         self.timers.push(Reverse(TimerEntry {
             at,
             seq: self.timer_seq,
             timer,
         }));
+    }
+
+    /// Drops the timeouts of attempts that are over (answered, abandoned, or
+    /// their call is gone): they could only fire as no-ops, since downstream
+    /// ids are never reused. Without this a busy session holds one heap entry
+    /// per call for `call_timeout` (600 000 entries at 10 000 calls/s), and an
+    /// idle proxy wakes for each a minute after a burst. Runs when the heap has
+    /// doubled since the last pruning, so it costs O(1) per timer set.
+    fn prune_timers(&mut self) {
+        let calls = &self.calls;
+        self.timers.retain(|Reverse(t)| match t.timer {
+            Timer::AttemptTimeout { call, down } => {
+                calls.get(&call).is_some_and(|c| c.attempt_is_live(down))
+            }
+            _ => true,
+        });
+        self.timers_kept = self.timers.len();
     }
 
     fn on_timer(&mut self, timer: Timer, now: Instant) {
@@ -1042,4 +1068,81 @@ fn params_with(params: &RawObject<'_>, key: &str, value: &str) -> String {
     }
     out.push('}');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::unbounded;
+
+    /// A server that only records the lines sent to it.
+    struct Recorder(Sender<Vec<u8>>);
+
+    impl Downstream for Recorder {
+        fn send(&mut self, line: Vec<u8>) -> bool {
+            self.0.send(line).is_ok()
+        }
+        fn close_input(&mut self) {}
+        fn terminate(&mut self) {}
+        fn kill(&mut self) {}
+        fn describe(&self) -> String {
+            "recorder".into()
+        }
+        fn diagnostics(&self) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    fn client(line: &str) -> Event {
+        Event::Client(jsonrpc::classify(line.to_owned()))
+    }
+
+    #[test]
+    fn answered_calls_do_not_pile_up_timers() {
+        let (to_server, at_server) = unbounded();
+        let (to_client, at_client) = unbounded();
+        let (events, _inbox) = unbounded();
+        let connect: Connector = Box::new(move |_, _, _| {
+            Ok(Box::new(Recorder(to_server.clone())) as Box<dyn Downstream>)
+        });
+        let cfg = ServerConfig::with_defaults("t", "t".into(), Vec::new());
+        let mut d = Dispatcher::new(cfg, to_client, events, connect);
+        let now = Instant::now();
+        d.start_server(now);
+        for i in 0..5000 {
+            d.handle_event(
+                client(&format!(
+                    r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"t","arguments":{{"i":{i}}}}}}}"#
+                )),
+                now,
+            );
+            let sent = match jsonrpc::classify_bytes(at_server.try_recv().unwrap()) {
+                Parsed::Message(m) => m,
+                other => panic!("{other:?}"),
+            };
+            let answer = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[]}}}}"#,
+                sent.id().unwrap()
+            );
+            d.handle_event(
+                Event::Server {
+                    generation: 1,
+                    event: ServerEvent::Message(jsonrpc::classify(answer)),
+                },
+                now,
+            );
+            let got = String::from_utf8(at_client.try_recv().unwrap()).unwrap();
+            assert_eq!(
+                got,
+                format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"result\":{{\"content\":[]}}}}\n")
+            );
+        }
+        // One attempt timeout was set per call; the answered ones are pruned.
+        assert!(
+            d.timers.len() <= 2 * MIN_TIMERS_TO_PRUNE,
+            "{}",
+            d.timers.len()
+        );
+        assert!(d.calls.is_empty());
+    }
 }

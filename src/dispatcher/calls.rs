@@ -102,6 +102,13 @@ pub struct Call {
     retried: bool,
 }
 
+impl Call {
+    /// Whether `down` is this call's attempt in flight (its timeout matters).
+    pub(super) fn attempt_is_live(&self, down: u64) -> bool {
+        self.live == Some(down)
+    }
+}
+
 /// What the dispatcher needs to know about the server's tools.
 #[derive(Debug, Default)]
 pub struct ToolsKnowledge {
