@@ -2,12 +2,16 @@
 //! the floor in one run on one machine (`make bench`).
 //!
 //! An MCP client loop drives the mock server's `--fast` mode (a minimal server
-//! that answers `tools/call` inline) three ways:
+//! that answers `tools/call` inline) four ways:
 //!
 //! * **direct** — the client talks to the server's pipes;
 //! * **relay** — through this binary in `relay` mode: two threads copying
 //!   bytes between the client and the child with `read`/`write`, no parsing.
 //!   The floor for any threaded stdio proxy;
+//! * **staged relay** — this binary in `staged` mode: mcp-retry's thread
+//!   layout (a reader thread per input, one dispatcher thread, a writer thread
+//!   per output, crossbeam channels between them) with no parsing, which
+//!   separates what the layout costs from what mcp-retry's work costs;
 //! * **mcp-retry** — `mcp-retry run -- SERVER` with the default config.
 //!
 //! It measures sequential round trips, pipelined throughput, 1 MB results,
@@ -16,8 +20,9 @@
 //! ratios to the relay) and, with `--write FILE`, replaces the results block of
 //! `FILE` (between `<!-- bench:begin -->` and `<!-- bench:end -->`).
 //!
-//! Usage: `bench [--reps N] [--quick] [--write FILE]`, or
-//! `bench relay -- COMMAND [ARGS...]`. The binaries are looked up next to the
+//! Usage: `bench [--reps N] [--quick] [--baseline MCP_RETRY] [--write FILE]`
+//! (`--baseline` measures another mcp-retry binary in the same rounds, for
+//! before/after figures), or `bench relay|staged -- COMMAND [ARGS...]`. The binaries are looked up next to the
 //! bench's own directory (`target/release/`), or taken from `MCP_RETRY_BIN`
 //! and `MOCK_BIN`. No timed assertions: the numbers are reported, and the
 //! targets are marked, never enforced.
@@ -69,6 +74,7 @@ fn main() {
         reps: 5,
         quick: false,
         write: None,
+        baseline: None,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -81,6 +87,13 @@ fn main() {
                     .unwrap_or_else(|| fail("--reps needs a positive integer"))
             }
             "--quick" => opts.quick = true,
+            "--baseline" => {
+                opts.baseline = Some(
+                    it.next()
+                        .map(PathBuf::from)
+                        .unwrap_or_else(|| fail("--baseline needs an mcp-retry binary")),
+                )
+            }
             "--write" => {
                 opts.write = Some(
                     it.next()
@@ -89,7 +102,7 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--write FILE] | bench relay -- COMMAND [ARGS...]");
+                println!("usage: bench [--reps N] [--quick] [--baseline MCP_RETRY] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
@@ -108,6 +121,8 @@ struct Options {
     /// Fewer calls, for trying the bench itself.
     quick: bool,
     write: Option<PathBuf>,
+    /// Another mcp-retry binary to measure in the same rounds.
+    baseline: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------------------------
@@ -277,10 +292,12 @@ enum Via {
     Relay,
     Staged,
     Proxy,
+    /// Another mcp-retry binary (`--baseline`), for before/after figures
+    /// taken in the same rounds.
+    Baseline,
 }
 
-const VIAS: [Via; 4] = [Via::Direct, Via::Relay, Via::Staged, Via::Proxy];
-/// The relay's index in `VIAS`.
+/// The relay's index in the list of targets.
 const RELAY: usize = 1;
 
 impl Via {
@@ -290,12 +307,14 @@ impl Via {
             Via::Relay => "relay",
             Via::Staged => "staged relay",
             Via::Proxy => "mcp-retry",
+            Via::Baseline => "baseline mcp-retry",
         }
     }
 }
 
 struct Bins {
     proxy: PathBuf,
+    baseline: Option<PathBuf>,
     mock: PathBuf,
     me: PathBuf,
 }
@@ -321,6 +340,7 @@ impl Bins {
         };
         Bins {
             proxy: pick("MCP_RETRY_BIN", "mcp-retry"),
+            baseline: None,
             mock: pick("MOCK_BIN", "mock-mcp-server"),
             me,
         }
@@ -336,14 +356,27 @@ impl Bins {
                 c.args([mode, "--", server[0]]);
                 c
             }
-            Via::Proxy => {
-                let mut c = Command::new(&self.proxy);
+            Via::Proxy | Via::Baseline => {
+                let bin = match (via, &self.baseline) {
+                    (Via::Baseline, Some(b)) => b,
+                    _ => &self.proxy,
+                };
+                let mut c = Command::new(bin);
                 c.args(["run", "--", server[0]]);
                 c
             }
         };
         c.args(&server[1..]);
         c
+    }
+
+    /// The targets of the hot-path workloads, the relay at [`RELAY`].
+    fn targets(&self) -> Vec<Via> {
+        let mut v = vec![Via::Direct, Via::Relay, Via::Staged, Via::Proxy];
+        if self.baseline.is_some() {
+            v.push(Via::Baseline);
+        }
+        v
     }
 
     fn fast_server(&self) -> Vec<&str> {
@@ -558,16 +591,22 @@ struct RepResult {
 /// the workload in `BLOCKS` interleaved blocks (the targets taking turns, in
 /// rotating order), so that load from elsewhere on the machine falls on all
 /// targets alike.
-fn hot_path(bins: &Bins, reps: usize, quick: bool) -> [RepResult; 4] {
+fn hot_path(bins: &Bins, reps: usize, quick: bool) -> Vec<RepResult> {
     let scale = if quick { 10 } else { 1 };
     let (seq_calls, pipe_calls, large_calls) = (
         SEQ_CALLS / scale,
         PIPE_CALLS / scale,
         LARGE_CALLS / scale.min(4),
     );
-    let mut out: [RepResult; 4] = Default::default();
+    let vias = bins.targets();
+    let n = vias.len();
+    let mut out = vec![RepResult::default(); n];
     let server = bins.fast_server();
-    let start_all = || VIAS.map(|via| Session::start(bins, via, &server));
+    let start_all = || -> Vec<Session> {
+        vias.iter()
+            .map(|&via| Session::start(bins, via, &server))
+            .collect()
+    };
     for rep in 0..reps {
         eprint!("bench: hot path, rep {} of {reps}:", rep + 1);
 
@@ -578,11 +617,11 @@ fn hot_path(bins: &Bins, reps: usize, quick: bool) -> [RepResult; 4] {
                 one_call(s);
             }
         }
-        let mut times: [Vec<Duration>; 4] = Default::default();
+        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); n];
         for block in 0..BLOCKS {
-            let mut round: [Vec<Duration>; 4] = Default::default();
-            for k in 0..VIAS.len() {
-                let i = (k + block + rep) % VIAS.len();
+            let mut round: Vec<Vec<Duration>> = vec![Vec::new(); n];
+            for k in 0..n {
+                let i = (k + block + rep) % n;
                 let n = seq_calls / BLOCKS;
                 round[i].extend((0..n).map(|_| one_call(&mut sessions[i])));
             }
@@ -607,12 +646,12 @@ fn hot_path(bins: &Bins, reps: usize, quick: bool) -> [RepResult; 4] {
 
         eprint!(", pipelined");
         let mut sessions = start_all();
-        let cpu_before = sessions.each_ref().map(|s| process_cpu(s.pid()));
-        let mut elapsed = [Duration::ZERO; 4];
+        let cpu_before: Vec<_> = sessions.iter().map(|s| process_cpu(s.pid())).collect();
+        let mut elapsed = vec![Duration::ZERO; n];
         for block in 0..BLOCKS {
-            let mut round = [Duration::ZERO; 4];
-            for k in 0..VIAS.len() {
-                let i = (k + block + rep) % VIAS.len();
+            let mut round = vec![Duration::ZERO; n];
+            for k in 0..n {
+                let i = (k + block + rep) % n;
                 let (t, _) = pipelined(&mut sessions[i], pipe_calls / BLOCKS, PIPE_WINDOW, |id| {
                     format!("{{\"seq\":{id}}}")
                 });
@@ -644,13 +683,13 @@ fn hot_path(bins: &Bins, reps: usize, quick: bool) -> [RepResult; 4] {
 
         eprint!(", large results");
         let mut sessions = start_all();
-        let mut elapsed = [Duration::ZERO; 4];
-        let mut bytes = [0usize; 4];
+        let mut elapsed = vec![Duration::ZERO; n];
+        let mut bytes = vec![0usize; n];
         let large_blocks = BLOCKS.min(large_calls / LARGE_WINDOW).max(1);
         for block in 0..large_blocks {
-            let mut round = [0.0f64; 4];
-            for k in 0..VIAS.len() {
-                let i = (k + block + rep) % VIAS.len();
+            let mut round = vec![0.0f64; n];
+            for k in 0..n {
+                let i = (k + block + rep) % n;
                 let (t, b) = pipelined(
                     &mut sessions[i],
                     large_calls / large_blocks,
@@ -1052,7 +1091,8 @@ fn machine() -> String {
 }
 
 fn run_all(opts: &Options) {
-    let bins = Bins::find();
+    let mut bins = Bins::find();
+    bins.baseline = opts.baseline.clone();
     let reps = opts.reps;
     let started = Instant::now();
 
@@ -1068,7 +1108,7 @@ fn run_all(opts: &Options) {
     let start_proxy = startup(&bins.proxy, &["--version"], STARTUP_RUNS);
     let start_true = startup(Path::new("/bin/true"), &[], STARTUP_RUNS);
 
-    let [d, r, st, p] = &hot;
+    let (d, r, st, p) = (&hot[0], &hot[RELAY], &hot[2], &hot[3]);
     let mut t = Table::new();
     let secs = |x: Option<Duration>| x.map(|x| x.as_secs_f64());
 
@@ -1233,6 +1273,41 @@ fn run_all(opts: &Options) {
         verdict(start_med.map(|d| d < Duration::from_millis(5))),
     ]);
 
+    let baseline_table = hot.get(4).zip(bins.baseline.as_ref()).map(|(b, path)| {
+        eprintln!("bench: memory of the baseline with {HELD_CALLS} calls held ...");
+        let mem_base = memory(&bins, Via::Baseline, HELD_CALLS);
+        let mut t = String::from(
+            "| measure | baseline | baseline / relay | mcp-retry | mcp-retry / relay |\n|---|--:|--:|--:|--:|\n",
+        );
+        let mut row = |what: &str, cells: [String; 4]| {
+            let _ = writeln!(t, "| {what} | {} |", cells.join(" | "));
+        };
+        let r2 = |x: Option<f64>| fmt_ratio(x);
+        row("sequential p50", [us(median_d(&b.p50)), r2(median_f(&b.p50_vs_relay)), us(p50[3]), r2(p50_ratio)]);
+        row("sequential p99", [us(median_d(&b.p99)), r2(median_f(&b.p99_vs_relay)), us(p99[3]), r2(p99_ratio)]);
+        row(
+            "pipelined calls/s",
+            [calls(median_f(&b.calls_per_s)), r2(median_f(&b.calls_vs_relay)), calls(tput[3]), r2(tput_ratio)],
+        );
+        row(
+            "pipelined CPU per call",
+            [us(median_d(&b.cpu_per_call)), String::new(), us(cpu[2]), String::new()],
+        );
+        row(
+            "1 MB results",
+            [mbs(median_f(&b.mb_per_s)), r2(median_f(&b.mb_vs_relay)), mbs(mbps[3]), r2(mbps_ratio)],
+        );
+        row(
+            "1 MB results, VmHWM",
+            [mb(median_u(&b.large_hwm_kb)), String::new(), hwm[2].clone(), String::new()],
+        );
+        row(
+            &format!("{HELD_CALLS} calls in flight, VmHWM"),
+            [mb(mem_base.held_hwm_kb), String::new(), mb(mem_proxy.held_hwm_kb), String::new()],
+        );
+        format!("\nBefore and after, in the same rounds (baseline: {}):\n\n{t}", path.display())
+    });
+
     let mut report = String::new();
     let _ = writeln!(report, "Machine:\n\n{}", machine());
     let _ = writeln!(
@@ -1242,6 +1317,9 @@ fn run_all(opts: &Options) {
         started.elapsed().as_secs_f64()
     );
     report.push_str(&t.0);
+    if let Some(b) = &baseline_table {
+        report.push_str(b);
+    }
     println!("{report}");
     if let Some(path) = &opts.write {
         match write_results(path, &report) {
