@@ -13,7 +13,7 @@ use std::fmt;
 use std::io::{self, BufRead};
 use std::ops::Range;
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -113,6 +113,26 @@ impl Message {
         self.splice(&self.id, new_id)
     }
 
+    /// [`Message::line_with_id`] made in the message's own buffer, which
+    /// spares a large message a copy into fresh memory. The buffer has room
+    /// for the newline when it comes from a reader thread.
+    pub fn into_line_with_id(self, new_id: &str) -> Vec<u8> {
+        let mut text = self.text;
+        if let Some(r) = self.id {
+            text.replace_range(r, new_id);
+        }
+        let mut out = text.into_bytes();
+        out.push(b'\n');
+        out
+    }
+
+    /// [`Message::line`] made in the message's own buffer.
+    pub fn into_line(self) -> Vec<u8> {
+        let mut out = self.text.into_bytes();
+        out.push(b'\n');
+        out
+    }
+
     /// The line with `params` replaced by `new_params` (raw JSON), newline included.
     pub fn line_with_params(&self, new_params: &str) -> Vec<u8> {
         self.splice(&self.params, new_params)
@@ -188,7 +208,7 @@ pub fn read_line_watched(
             break;
         }
         saw_any = true;
-        let (used, done) = match memchr(chunk) {
+        let (used, done) = match memchr::memchr(b'\n', chunk) {
             Some(i) => (i + 1, true),
             None => (chunk.len(), false),
         };
@@ -225,10 +245,6 @@ pub const TOO_LONG_PREFIX: usize = 64 * 1024;
 pub enum Line {
     Complete,
     TooLong { len: usize },
-}
-
-fn memchr(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
 }
 
 /// True for a line that is empty or only white space (skipped, never answered).
@@ -571,7 +587,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
-                while let Some(k) = map.next_key::<Cow<'de, str>>()? {
+                while let Some(k) = map.next_key_seed(Key)? {
                     let v: &'de RawValue = map.next_value()?;
                     out.push((k, v));
                 }
@@ -582,6 +598,34 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+/// A member name, borrowed from the text unless it has escapes. (Serde's own
+/// `Cow<str>` always allocates, which cost every parsed line an allocation
+/// per member.)
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v))
     }
 }
 
@@ -633,6 +677,13 @@ mod tests {
         let text = r#"{"jsonrpc":"2.0", "id" : "abc","method":"x","params":{"n":12345678901234567890,"f":1.0,"u":"\u00e9"},"extra":[1, 2]}"#;
         let m = msg(text);
         let out = String::from_utf8(m.line_with_id("42")).unwrap();
+        assert_eq!(m.clone().into_line_with_id("42"), out.as_bytes());
+        assert_eq!(m.clone().into_line(), m.line());
+        let longer = String::from_utf8(m.line_with_id("\"a-much-longer-id\"")).unwrap();
+        assert_eq!(
+            m.clone().into_line_with_id("\"a-much-longer-id\""),
+            longer.as_bytes()
+        );
         assert_eq!(
             out,
             r#"{"jsonrpc":"2.0", "id" : 42,"method":"x","params":{"n":12345678901234567890,"f":1.0,"u":"\u00e9"},"extra":[1, 2]}"#
@@ -818,6 +869,8 @@ mod tests {
     #[test]
     fn raw_object_round_trips_values() {
         let mut o = RawObject::parse(r#"{"a": 1.0, "b":{"c" : [1,2]}, "k\"ey":"v"}"#).unwrap();
+        assert!(matches!(o.0[0].0, Cow::Borrowed("a")));
+        assert!(matches!(&o.0[2].0, Cow::Owned(k) if k == "k\"ey"));
         assert_eq!(o.remove("a").unwrap().get(), "1.0");
         assert_eq!(o.to_json(), r#"{"b":{"c" : [1,2]},"k\"ey":"v"}"#);
     }

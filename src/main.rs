@@ -9,6 +9,7 @@ mod cli;
 mod config;
 mod dispatcher;
 mod downstream;
+mod fasthash;
 mod jsonrpc;
 mod log;
 mod policy;

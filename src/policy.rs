@@ -8,6 +8,7 @@
 //! processes, pipes, channels, JSON-RPC ids or logging; the dispatcher thread
 //! owns these values, feeds them events and acts on their answers.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use serde::de::Error as _;
@@ -66,7 +67,7 @@ enum Node<'a> {
     Scalar(&'a str),
     Array(Vec<Node<'a>>),
     /// (decoded key, value)
-    Object(Vec<(String, Node<'a>)>),
+    Object(Vec<(Cow<'a, str>, Node<'a>)>),
 }
 
 impl Node<'_> {
@@ -89,14 +90,26 @@ impl Node<'_> {
                     if i > 0 {
                         out.push(',');
                     }
-                    // Writing a `String` as JSON cannot fail.
-                    out.push_str(&serde_json::to_string(key).unwrap_or_default());
+                    write_key(key, out);
                     out.push(':');
                     value.write(out);
                 }
                 out.push('}');
             }
         }
+    }
+}
+
+/// Writes `key` as a JSON string the way serde_json does: only `"`, `\` and
+/// control characters are escaped, so a key without them is written as is.
+fn write_key(key: &str, out: &mut String) {
+    if key.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(key);
+        out.push('"');
+    } else {
+        // Writing a `str` as JSON cannot fail.
+        out.push_str(&serde_json::to_string(key).unwrap_or_default());
     }
 }
 
@@ -144,7 +157,11 @@ impl<'a> Scanner<'a> {
                 } else {
                     loop {
                         let key_text = self.string()?;
-                        let key: String = serde_json::from_str(key_text)?;
+                        let key = if key_text.contains('\\') {
+                            Cow::Owned(serde_json::from_str::<String>(key_text)?)
+                        } else {
+                            Cow::Borrowed(&key_text[1..key_text.len() - 1])
+                        };
                         self.expect(b':')?;
                         members.push((key, self.value(depth + 1)?));
                         match self.peek()? {
@@ -252,6 +269,27 @@ mod tests {
         );
         // Whitespace inside strings is content, not layout.
         assert_eq!(canon(r#"[ "a b ,]} " ]"#), r#"["a b ,]} "]"#);
+    }
+
+    #[test]
+    fn keys_are_written_as_serde_json_writes_them() {
+        for key in [
+            "a",
+            "",
+            "caf\u{e9}",
+            "日本",
+            "q\"",
+            "b\\s",
+            "tab\t",
+            "nl\n",
+            "\u{1}",
+            "\u{7f}",
+            "/",
+        ] {
+            let mut out = String::new();
+            write_key(key, &mut out);
+            assert_eq!(out, serde_json::to_string(key).unwrap(), "{key:?}");
+        }
     }
 
     #[test]

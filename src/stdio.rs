@@ -41,7 +41,7 @@ where
         .name(thread_name.clone())
         .spawn(move || {
             let mut reader = BufReader::with_capacity(64 * 1024, input);
-            let mut buf = Vec::with_capacity(8 * 1024);
+            let mut buf = Vec::with_capacity(LINE_BUFFER);
             loop {
                 let mut stop = false;
                 let read = jsonrpc::read_line_watched(&mut reader, &mut buf, max_line, &mut |_| {
@@ -55,12 +55,7 @@ where
                         if jsonrpc::is_blank(&buf) {
                             continue;
                         }
-                        let mut line = std::mem::replace(&mut buf, Vec::with_capacity(8 * 1024));
-                        if line.capacity() > line.len() + line.len() / 4 + 8 * 1024 {
-                            // Lines wait in queues: do not keep what the
-                            // buffer's doubling left unused.
-                            line.shrink_to_fit();
-                        }
+                        let line = take_line(&mut buf);
                         if !sink(ReadItem::Line(line)) {
                             return;
                         }
@@ -81,6 +76,35 @@ where
             sink(ReadItem::Eof);
         })
         .expect("spawning a reader thread")
+}
+
+/// The capacity a reader's line buffer starts with and returns to.
+const LINE_BUFFER: usize = 8 * 1024;
+
+/// Room left after a line so that relaying it (a rewritten id, the newline)
+/// happens in place.
+const LINE_HEADROOM: usize = 32;
+
+/// Hands a line over without slack: a short line is copied out and the
+/// buffer is kept for the next one; a long one is moved out (trimmed) and the
+/// reader starts a fresh buffer. A line can live long (a call in flight keeps
+/// its request), so its capacity matters.
+fn take_line(buf: &mut Vec<u8>) -> Vec<u8> {
+    if buf.len() <= LINE_BUFFER {
+        let mut line = Vec::with_capacity(buf.len() + LINE_HEADROOM);
+        line.extend_from_slice(buf);
+        buf.clear();
+        line
+    } else {
+        let mut line = std::mem::replace(buf, Vec::with_capacity(LINE_BUFFER));
+        let wanted = line.len() + LINE_HEADROOM;
+        if line.capacity() < wanted {
+            line.reserve_exact(LINE_HEADROOM);
+        } else {
+            line.shrink_to(wanted);
+        }
+        line
+    }
 }
 
 /// Lines the writer could not deliver when its stream failed.
@@ -279,6 +303,23 @@ mod tests {
         .unwrap();
         let got: Vec<String> = rx.try_iter().collect();
         assert_eq!(got, ["a", "overlong", "too long 12", "c", "eof"]);
+    }
+
+    #[test]
+    fn lines_are_handed_over_without_slack() {
+        let mut buf = Vec::with_capacity(LINE_BUFFER);
+        buf.extend_from_slice(b"short");
+        let line = take_line(&mut buf);
+        assert_eq!(line, b"short");
+        assert_eq!(line.capacity(), 5 + LINE_HEADROOM);
+        assert!(buf.is_empty() && buf.capacity() >= LINE_BUFFER);
+
+        buf.resize(LINE_BUFFER * 3 + 1, b'x');
+        let line = take_line(&mut buf);
+        assert_eq!(line.len(), LINE_BUFFER * 3 + 1);
+        assert!(line.capacity() >= line.len() + LINE_HEADROOM);
+        assert!(line.capacity() < line.len() * 2);
+        assert!(buf.is_empty() && buf.capacity() < LINE_BUFFER * 2);
     }
 
     struct Failing;

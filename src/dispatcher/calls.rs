@@ -7,7 +7,10 @@
 //! descriptor: lines go out through the dispatcher's senders.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
+
+use memchr::memmem;
 
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::policy::breaker::{Admission, Transition};
@@ -100,6 +103,13 @@ pub struct Call {
     retried: bool,
 }
 
+impl Call {
+    /// Whether `down` is this call's attempt in flight (its timeout matters).
+    pub(super) fn attempt_is_live(&self, down: u64) -> bool {
+        self.live == Some(down)
+    }
+}
+
 /// What the dispatcher needs to know about the server's tools.
 #[derive(Debug, Default)]
 pub struct ToolsKnowledge {
@@ -157,7 +167,14 @@ impl Dispatcher {
         let dedup_key = match (&parsed.explicit_key, &canonical_args, parsed.no_store) {
             (_, _, true) => None,
             (Some(k), _, _) => Some(format!("key\0{k}")),
-            (None, Some(args), _) => Some(format!("call\0{tool}\0{args}")),
+            (None, Some(args), _) => {
+                let mut key = String::with_capacity(6 + tool.len() + args.len());
+                key.push_str("call\0");
+                key.push_str(&tool);
+                key.push('\0');
+                key.push_str(args);
+                Some(key)
+            }
             (None, None, _) => None,
         };
         if let Some(key) = &dedup_key {
@@ -192,7 +209,7 @@ impl Dispatcher {
                     if !read_only {
                         self.dedup.note_mutation();
                     }
-                    self.dedup.start(key.clone(), now)
+                    self.dedup.start(key, now)
                 }
             }
         } else if !read_only {
@@ -382,7 +399,7 @@ impl Dispatcher {
             // A final error says nothing about health; free the trial.
             self.breaker.on_trial_abandoned();
         }
-        self.finish_with_server_answer(id, &m, now);
+        self.finish_with_server_answer(id, m, now);
     }
 
     /// An attempt failed; retry if allowed, else answer.
@@ -550,7 +567,7 @@ impl Dispatcher {
     }
 
     /// Ends a call with the server's final answer.
-    fn finish_with_server_answer(&mut self, id: u64, m: &Message, now: Instant) {
+    fn finish_with_server_answer(&mut self, id: u64, m: Message, now: Instant) {
         let Some(call) = self.remove_call(id) else {
             return;
         };
@@ -574,20 +591,20 @@ impl Dispatcher {
             Some(k) => self.dedup.complete(k, success.map(str::to_owned), now),
             None => Vec::new(),
         };
+        let shared = (!waiters.is_empty()).then(|| match (m.result(), m.error()) {
+            (Some(r), _) => Ok(with_source(r, Source::Dedup)),
+            (None, Some(e)) => Err(e.to_owned()),
+            (None, None) => Err(jsonrpc::error_object(
+                jsonrpc::INVALID_REQUEST,
+                "empty answer",
+                None,
+            )),
+        });
         if let Some(client) = &call.client {
-            let line = m.line_with_id(client);
+            let line = m.into_line_with_id(client);
             self.answer(client, line);
         }
-        if !waiters.is_empty() {
-            let shared = match (m.result(), m.error()) {
-                (Some(r), _) => Ok(with_source(r, Source::Dedup)),
-                (None, Some(e)) => Err(e.to_owned()),
-                (None, None) => Err(jsonrpc::error_object(
-                    jsonrpc::INVALID_REQUEST,
-                    "empty answer",
-                    None,
-                )),
-            };
+        if let Some(shared) = shared {
             for w in waiters {
                 let line = match &shared {
                     Ok(r) => jsonrpc::response_line(&w, r),
@@ -1040,8 +1057,25 @@ fn key_text(v: &serde_json::value::RawValue) -> Option<String> {
 }
 
 /// Whether a result may be cached or replayed: not `isError`, not an
-/// `input_required` or task-creating result.
+/// `input_required` or task-creating result. `result` is valid JSON (the
+/// `result` of a parsed message).
 fn storable(result: &str) -> bool {
+    // Reading the members means parsing all of the result again, which costs
+    // as much as the line's first parse. A member name can only be written
+    // literally or with a `\u` escape, so when none of the three names
+    // occurs and there is no `\u`, no such member exists at any depth, and
+    // being an object is all that is left to check.
+    static NEEDLES: LazyLock<[memmem::Finder<'static>; 4]> = LazyLock::new(|| {
+        ["\\u", "\"isError\"", "\"resultType\"", "\"task\""].map(memmem::Finder::new)
+    });
+    if NEEDLES.iter().all(|n| n.find(result.as_bytes()).is_none()) {
+        return result.trim_start().starts_with('{');
+    }
+    storable_by_members(result)
+}
+
+/// [`storable`] by reading the result's members.
+fn storable_by_members(result: &str) -> bool {
     let Some(o) = RawObject::parse(result) else {
         return false;
     };
@@ -1163,6 +1197,38 @@ mod tests {
         assert!(!storable(r#"{"resultType":"input_required"}"#));
         assert!(storable(r#"{"resultType":"complete","content":[]}"#));
         assert!(!storable(r#"{"task":{"taskId":"t"}}"#));
+        // Escaped member names are names all the same.
+        assert!(!storable(r#"{"content":[],"is\u0045rror":true}"#));
+        assert!(!storable(r#"{"\u0074ask":{}}"#));
+        assert!(storable(r#"{"content":[{"type":"text","text":"\u00e9"}]}"#));
+        assert!(storable(
+            r#"{"content":[{"type":"text","text":"the \"task\" is done"}]}"#
+        ));
+        assert!(!storable(r#"[{"content":[]}]"#));
+        assert!(!storable(r#""text""#));
+        assert!(storable(r#"{"structuredContent":{"isError":true}}"#));
+    }
+
+    #[test]
+    fn storable_shortcut_agrees_with_reading_the_members() {
+        for r in [
+            r#"{}"#,
+            r#" {"content":[]}"#,
+            r#"{"content":[{"type":"text","text":"{\"seq\":1}"}],"structuredContent":{"arguments":{"seq":1},"pid":7}}"#,
+            r#"{"content":[],"isError":false}"#,
+            r#"{"content":[],"isError":true}"#,
+            r#"{"resultType":"complete"}"#,
+            r#"{"resultType":"input_required"}"#,
+            r#"{"task":null}"#,
+            r#"{"a":{"task":1}}"#,
+            r#"{"is\u0045rror":true}"#,
+            r#"{"x":"\\u0041"}"#,
+            r#"["isError"]"#,
+            r#"null"#,
+            r#"12"#,
+        ] {
+            assert_eq!(storable(r), storable_by_members(r), "{r}");
+        }
     }
 
     fn parsed(params: &str) -> ParsedCall {

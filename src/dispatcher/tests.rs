@@ -213,3 +213,28 @@ fn an_idle_dispatcher_has_no_timers_after_the_handshake_settles() {
     assert!(h.d.timers.is_empty());
     h.nothing_sent();
 }
+
+#[test]
+fn answered_calls_do_not_pile_up_timers() {
+    let mut h = Harness::new();
+    for i in 0..5000 {
+        h.client_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/call","params":{{"name":"t","arguments":{{"i":{i}}}}}}}"#
+        ));
+        let down = id_of(&h.to_server());
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
+        ));
+        assert_eq!(
+            h.to_client(),
+            format!(r#"{{"jsonrpc":"2.0","id":{i},"result":{{"content":[]}}}}"#)
+        );
+    }
+    // One attempt timeout was set per call; the answered ones are pruned.
+    assert!(
+        h.d.timers.len() <= 2 * super::MIN_TIMERS_TO_PRUNE,
+        "{}",
+        h.d.timers.len()
+    );
+    assert!(h.d.calls.is_empty());
+}

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::instant_add;
 use crate::config::CacheConfig;
+use crate::fasthash::FastMap;
 
 #[derive(Debug)]
 struct Entry {
@@ -37,7 +38,7 @@ pub struct ResultCache {
     max_entries: usize,
     max_bytes: usize,
     stale_if_error: Duration,
-    entries: HashMap<Arc<str>, Entry>,
+    entries: FastMap<Arc<str>, Entry>,
     /// Least recently used first.
     recency: BTreeMap<u64, Arc<str>>,
     /// Soonest to die first.
@@ -55,7 +56,7 @@ impl ResultCache {
             max_entries: c.max_entries,
             max_bytes: c.max_bytes,
             stale_if_error: c.stale_if_error,
-            entries: HashMap::new(),
+            entries: FastMap::default(),
             recency: BTreeMap::new(),
             deaths: BTreeMap::new(),
             bytes: 0,

@@ -23,11 +23,12 @@
 //!   are evicted to stay within it. A result larger than the bound is not
 //!   kept at all.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::instant_add;
+use crate::fasthash::FastMap;
 
 /// When a completed result may be replayed to a new identical call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +80,7 @@ pub struct DedupTable<W> {
     max_bytes: usize,
     /// Bytes of the completed results held.
     bytes: usize,
-    slots: HashMap<Arc<str>, Slot<W>>,
+    slots: FastMap<Arc<str>, Slot<W>>,
     /// Completed entries, oldest completion first.
     completed: BTreeMap<u64, Arc<str>>,
     next_seq: u64,
@@ -95,7 +96,7 @@ impl<W> DedupTable<W> {
             max_entries,
             max_bytes,
             bytes: 0,
-            slots: HashMap::new(),
+            slots: FastMap::default(),
             completed: BTreeMap::new(),
             next_seq: 0,
             mutations: 0,
@@ -139,12 +140,12 @@ impl<W> DedupTable<W> {
 
     /// Marks `key` in flight (after [`Lookup::Execute`]), replacing a completed
     /// entry (a re-executed read-only call). Already in flight: no change.
-    pub fn start(&mut self, key: String, now: Instant) {
+    pub fn start(&mut self, key: &str, now: Instant) {
         self.purge_expired(now);
-        if let Some(Slot::InFlight { .. }) = self.slots.get(key.as_str()) {
+        if let Some(Slot::InFlight { .. }) = self.slots.get(key) {
             return;
         }
-        self.forget(&key);
+        self.forget(key);
         self.make_room(1);
         self.slots.insert(
             key.into(),
@@ -310,7 +311,7 @@ mod tests {
     fn call(t: &mut DedupTable<u32>, key: &str, waiter: u32, now: Instant) -> Lookup<u32> {
         let l = t.lookup_or_join(key, waiter, Replay::Always, now);
         if let Lookup::Execute(_) = l {
-            t.start(key.to_string(), now);
+            t.start(key, now);
         }
         l
     }
@@ -376,7 +377,7 @@ mod tests {
             t.lookup_or_join("k", 2, Replay::Never, t0),
             Lookup::Execute(2)
         );
-        t.start("k".into(), t0);
+        t.start("k", t0);
         assert!(t.in_flight("k"), "start replaces the completed entry");
         assert_eq!(t.len(), 1);
         assert_eq!(t.lookup_or_join("k", 3, Replay::Never, t0), Lookup::Joined);
@@ -390,7 +391,7 @@ mod tests {
         let mut t = table(100);
         call(&mut t, "k", 1, t0);
         call(&mut t, "k", 2, t0);
-        t.start("k".into(), t0);
+        t.start("k", t0);
         assert_eq!(t.joiners("k"), 1);
     }
 
@@ -491,7 +492,7 @@ mod tests {
         assert_eq!(call(&mut t, "big", 3, t0), Lookup::Execute(3));
         assert_eq!(call(&mut t, "c", 4, t0), replay("cccc", 4));
         // Re-executing a completed key gives its bytes back.
-        t.start("c".into(), t0);
+        t.start("c", t0);
         assert_eq!(t.bytes, 4);
         // Expiry too.
         t.purge_expired(t0 + TTL + secs(1));
@@ -544,9 +545,9 @@ mod tests {
         call(&mut t, "live", 0, t0);
         assert_eq!(t.len(), 3);
         // "a" expires at 300 s, "b" at 400 s; the in-flight entry stays.
-        t.start("x".into(), t0 + secs(300));
+        t.start("x", t0 + secs(300));
         assert_eq!(t.len(), 3);
-        t.start("y".into(), t0 + secs(400));
+        t.start("y", t0 + secs(400));
         assert_eq!(t.len(), 3);
         assert!(t.in_flight("live") && t.in_flight("x") && t.in_flight("y"));
     }
@@ -557,7 +558,7 @@ mod tests {
         let mut t: DedupTable<u32> = DedupTable::new(secs(60), 10, 1 << 20);
         // write A
         t.note_mutation();
-        t.start("A".into(), t0);
+        t.start("A", t0);
         t.complete("A", Some("RA".into()), t0);
         // write A again, nothing in between: replayed.
         assert_eq!(
@@ -569,7 +570,7 @@ mod tests {
         );
         // write B runs...
         t.note_mutation();
-        t.start("B".into(), t0);
+        t.start("B", t0);
         t.complete("B", Some("RB".into()), t0);
         // ...so write A runs again; B itself is still the latest.
         assert_eq!(

@@ -185,6 +185,9 @@
 //! The only command-line flag: a minimal server for benchmarks. It ignores every
 //! `MOCK_*` variable (no start-up effects, no log files) and answers `tools/call`
 //! inline with an echo answer, whatever the mode; other methods behave as above.
+//! One argument is honoured: an integer `bytes` makes TEXT exactly `bytes` `x`
+//! characters, as in `huge` (for large-result benchmarks); a `bytes` that is
+//! not a non-negative integer is ignored and the call is echoed as usual.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -1653,7 +1656,11 @@ fn handle_tools_call(server: &Arc<Server>, request: &Request) {
         Err(error) => return server.send_error(request.id, &error),
     };
     if server.config.fast {
-        return server.send_result(&call.id, &echo_answer(server, &call, echo_text(&call)));
+        let text = match call.args().get("bytes").and_then(Value::as_u64) {
+            Some(bytes) => "x".repeat(usize::try_from(bytes).unwrap_or(usize::MAX)),
+            None => echo_text(&call),
+        };
+        return server.send_result(&call.id, &echo_answer(server, &call, text));
     }
     server.log_execution(&call);
     match resolve(server, mode) {

@@ -1,0 +1,1348 @@
+//! `bench`: what mcp-retry costs in front of an MCP server, measured against
+//! the floor in one run on one machine (`make bench`).
+//!
+//! An MCP client loop drives the mock server's `--fast` mode (a minimal server
+//! that answers `tools/call` inline) four ways:
+//!
+//! * **direct** — the client talks to the server's pipes;
+//! * **relay** — through this binary in `relay` mode: two threads copying
+//!   bytes between the client and the child with `read`/`write`, no parsing.
+//!   The floor for any threaded stdio proxy;
+//! * **staged relay** — this binary in `staged` mode: mcp-retry's thread
+//!   layout (a reader thread per input, one dispatcher thread, a writer thread
+//!   per output, crossbeam channels between them) with no parsing, which
+//!   separates what the layout costs from what mcp-retry's work costs;
+//! * **mcp-retry** — `mcp-retry run -- SERVER` with the default config.
+//!
+//! It measures sequential round trips, pipelined throughput, 1 MB results,
+//! the proxy's RSS idle and with 1000 calls in flight, its CPU use while idle,
+//! `check` of four slow servers and start-up, prints a Markdown table (with
+//! ratios to the relay) and, with `--write FILE`, replaces the results block of
+//! `FILE` (between `<!-- bench:begin -->` and `<!-- bench:end -->`).
+//!
+//! Usage: `bench [--reps N] [--quick] [--baseline MCP_RETRY] [--write FILE]`
+//! (`--baseline` measures another mcp-retry binary in the same rounds, for
+//! before/after figures), or `bench relay|staged -- COMMAND [ARGS...]`. The binaries are looked up next to the
+//! bench's own directory (`target/release/`), or taken from `MCP_RETRY_BIN`
+//! and `MOCK_BIN`. No timed assertions: the numbers are reported, and the
+//! targets are marked, never enforced.
+
+// The bench's table is its output; stdout is not a protocol stream here.
+#![allow(clippy::print_stdout)]
+
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{self, Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const SEQ_CALLS: usize = 3000;
+const SEQ_WARMUP: usize = 200;
+const PIPE_CALLS: usize = 30_000;
+const PIPE_WINDOW: usize = 64;
+const LARGE_BYTES: usize = 1 << 20;
+const LARGE_CALLS: usize = 64;
+const LARGE_WINDOW: usize = 4;
+const HELD_CALLS: usize = 1000;
+const HELD_MS: u64 = 2500;
+const IDLE_SECS: u64 = 5;
+const CHECK_SERVERS: usize = 4;
+const CHECK_DELAY_MS: u64 = 1500;
+const STARTUP_RUNS: usize = 30;
+/// Interleaved blocks per workload and repetition.
+const BLOCKS: usize = 10;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(mode @ ("relay" | "staged")) = args.first().map(String::as_str) {
+        let cmd = match args.get(1).map(String::as_str) {
+            Some("--") => &args[2..],
+            _ => &args[1..],
+        };
+        if cmd.is_empty() {
+            fail(&format!("usage: bench {mode} -- COMMAND [ARGS...]"));
+        }
+        if mode == "relay" {
+            relay(cmd);
+        }
+        staged(cmd);
+    }
+    let mut opts = Options {
+        reps: 5,
+        quick: false,
+        write: None,
+        baseline: None,
+    };
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--reps" => {
+                opts.reps = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .unwrap_or_else(|| fail("--reps needs a positive integer"))
+            }
+            "--quick" => opts.quick = true,
+            "--baseline" => {
+                opts.baseline = Some(
+                    it.next()
+                        .map(PathBuf::from)
+                        .unwrap_or_else(|| fail("--baseline needs an mcp-retry binary")),
+                )
+            }
+            "--write" => {
+                opts.write = Some(
+                    it.next()
+                        .map(PathBuf::from)
+                        .unwrap_or_else(|| fail("--write needs a file")),
+                )
+            }
+            "-h" | "--help" => {
+                println!("usage: bench [--reps N] [--quick] [--baseline MCP_RETRY] [--write FILE]");
+                return;
+            }
+            other => fail(&format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    run_all(&opts);
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("bench: {message}");
+    process::exit(2)
+}
+
+struct Options {
+    reps: usize,
+    /// Fewer calls, for trying the bench itself.
+    quick: bool,
+    write: Option<PathBuf>,
+    /// Another mcp-retry binary to measure in the same rounds.
+    baseline: Option<PathBuf>,
+}
+
+// ---------------------------------------------------------------------------
+// The relay: the floor
+// ---------------------------------------------------------------------------
+
+/// Runs COMMAND with piped stdin/stdout and copies bytes both ways on two
+/// threads until the child's stdout ends; exits with the child's code.
+fn relay(cmd: &[String]) -> ! {
+    let mut child = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("relay: cannot start {:?}: {e}", cmd[0])));
+    let child_in = child.stdin.take().expect("piped");
+    let child_out = child.stdout.take().expect("piped");
+    // Unbuffered handles on our own fds: std's stdout is line-buffered and
+    // would hold back the bytes after the last newline of a chunk.
+    let stdin = File::from(io::stdin().as_fd().try_clone_to_owned().expect("dup stdin"));
+    let stdout = File::from(
+        io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .expect("dup stdout"),
+    );
+    thread::Builder::new()
+        .name("relay-up".into())
+        .spawn(move || copy_bytes(stdin, child_in))
+        .expect("spawning a thread");
+    let down = thread::Builder::new()
+        .name("relay-down".into())
+        .spawn(move || copy_bytes(child_out, stdout))
+        .expect("spawning a thread");
+    let _ = down.join();
+    let code = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
+    process::exit(code)
+}
+
+/// The staged relay: mcp-retry's thread layout without its work. A reader
+/// thread per input splits lines and sends them over a channel to one
+/// dispatcher thread, which sends each to the writer thread of the other
+/// side (flushing when its channel is momentarily empty). No parsing.
+fn staged(cmd: &[String]) -> ! {
+    use crossbeam_channel::{unbounded, Receiver, TryRecvError};
+    enum Ev {
+        Up(Vec<u8>),
+        Down(Vec<u8>),
+        UpEof,
+        DownEof,
+    }
+    fn reader(r: impl Read, tx: crossbeam_channel::Sender<Ev>, up: bool) {
+        let mut r = BufReader::with_capacity(64 * 1024, r);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match r.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = buf.clone();
+                    let ev = if up { Ev::Up(line) } else { Ev::Down(line) };
+                    if tx.send(ev).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = tx.send(if up { Ev::UpEof } else { Ev::DownEof });
+    }
+    fn writer(rx: Receiver<Vec<u8>>, w: impl Write) {
+        let mut w = BufWriter::with_capacity(64 * 1024, w);
+        while let Ok(line) = rx.recv() {
+            if w.write_all(&line).is_err() {
+                return;
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(line) => {
+                        if w.write_all(&line).is_err() {
+                            return;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => {
+                        if w.flush().is_err() {
+                            return;
+                        }
+                        break;
+                    }
+                    Err(TryRecvError::Disconnected) => {
+                        let _ = w.flush();
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    let mut child = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| fail(&format!("staged: cannot start {:?}: {e}", cmd[0])));
+    let child_in = child.stdin.take().expect("piped");
+    let child_out = child.stdout.take().expect("piped");
+    let stdin = File::from(io::stdin().as_fd().try_clone_to_owned().expect("dup stdin"));
+    let stdout = File::from(
+        io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .expect("dup stdout"),
+    );
+    let (ev_tx, ev_rx) = unbounded::<Ev>();
+    let (up_tx, up_rx) = unbounded::<Vec<u8>>();
+    let (down_tx, down_rx) = unbounded::<Vec<u8>>();
+    let tx = ev_tx.clone();
+    thread::spawn(move || reader(stdin, tx, true));
+    thread::spawn(move || reader(child_out, ev_tx, false));
+    let up_writer = thread::spawn(move || writer(up_rx, child_in));
+    let down_writer = thread::spawn(move || writer(down_rx, stdout));
+    let mut up_tx = Some(up_tx);
+    while let Ok(ev) = ev_rx.recv() {
+        match ev {
+            Ev::Up(line) => {
+                if let Some(tx) = &up_tx {
+                    let _ = tx.send(line);
+                }
+            }
+            Ev::Down(line) => {
+                let _ = down_tx.send(line);
+            }
+            // Closing the child's input lets it exit.
+            Ev::UpEof => up_tx = None,
+            Ev::DownEof => break,
+        }
+    }
+    drop((up_tx, down_tx));
+    let _ = up_writer.join();
+    let _ = down_writer.join();
+    let code = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
+    process::exit(code)
+}
+
+/// Copies until EOF or an error; dropping `w` then closes it.
+fn copy_bytes(mut r: impl Read, mut w: impl Write) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if w.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Targets and sessions
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Direct,
+    Relay,
+    Staged,
+    Proxy,
+    /// Another mcp-retry binary (`--baseline`), for before/after figures
+    /// taken in the same rounds.
+    Baseline,
+}
+
+/// The relay's index in the list of targets.
+const RELAY: usize = 1;
+
+impl Via {
+    fn name(self) -> &'static str {
+        match self {
+            Via::Direct => "direct",
+            Via::Relay => "relay",
+            Via::Staged => "staged relay",
+            Via::Proxy => "mcp-retry",
+            Via::Baseline => "baseline mcp-retry",
+        }
+    }
+}
+
+struct Bins {
+    proxy: PathBuf,
+    baseline: Option<PathBuf>,
+    mock: PathBuf,
+    me: PathBuf,
+}
+
+impl Bins {
+    fn find() -> Bins {
+        let me = std::env::current_exe().unwrap_or_else(|e| fail(&format!("current_exe: {e}")));
+        // target/<profile>/examples/bench → target/<profile>/
+        let dir = me
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let pick = |var: &str, name: &str| {
+            let p = std::env::var_os(var).map_or_else(|| dir.join(name), PathBuf::from);
+            if !p.is_file() {
+                fail(&format!(
+                    "{} not found (build it, or set {var})",
+                    p.display()
+                ));
+            }
+            p
+        };
+        Bins {
+            proxy: pick("MCP_RETRY_BIN", "mcp-retry"),
+            baseline: None,
+            mock: pick("MOCK_BIN", "mock-mcp-server"),
+            me,
+        }
+    }
+
+    /// The command that reaches `server` (program and arguments) via `via`.
+    fn command(&self, via: Via, server: &[&str]) -> Command {
+        let mut c = match via {
+            Via::Direct => Command::new(server[0]),
+            Via::Relay | Via::Staged => {
+                let mut c = Command::new(&self.me);
+                let mode = if via == Via::Relay { "relay" } else { "staged" };
+                c.args([mode, "--", server[0]]);
+                c
+            }
+            Via::Proxy | Via::Baseline => {
+                let bin = match (via, &self.baseline) {
+                    (Via::Baseline, Some(b)) => b,
+                    _ => &self.proxy,
+                };
+                let mut c = Command::new(bin);
+                c.args(["run", "--", server[0]]);
+                c
+            }
+        };
+        c.args(&server[1..]);
+        c
+    }
+
+    /// The targets of the hot-path workloads, the relay at [`RELAY`].
+    fn targets(&self) -> Vec<Via> {
+        let mut v = vec![Via::Direct, Via::Relay, Via::Staged, Via::Proxy];
+        if self.baseline.is_some() {
+            v.push(Via::Baseline);
+        }
+        v
+    }
+
+    fn fast_server(&self) -> Vec<&str> {
+        vec![self.mock.to_str().expect("utf-8 path"), "--fast"]
+    }
+
+    /// The mock in its scripted mode (for calls that must be held).
+    fn scripted_server(&self) -> Vec<&str> {
+        vec![self.mock.to_str().expect("utf-8 path")]
+    }
+}
+
+/// An MCP client session with one target, after the handshake.
+struct Session {
+    via: Via,
+    child: Child,
+    to: BufWriter<ChildStdin>,
+    from: BufReader<ChildStdout>,
+    next_id: u64,
+    line: Vec<u8>,
+}
+
+impl Session {
+    fn start(bins: &Bins, via: Via, server: &[&str]) -> Session {
+        let mut child = bins
+            .command(via, server)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .env_remove("MCP_RETRY_LOG")
+            .spawn()
+            .unwrap_or_else(|e| fail(&format!("cannot start the {} target: {e}", via.name())));
+        let mut s = Session {
+            via,
+            to: BufWriter::with_capacity(64 * 1024, child.stdin.take().expect("piped")),
+            from: BufReader::with_capacity(64 * 1024, child.stdout.take().expect("piped")),
+            child,
+            next_id: 1,
+            line: Vec::new(),
+        };
+        s.request(
+            "initialize",
+            r#"{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"mcp-retry-bench","version":"1"}}"#,
+        );
+        s.send(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n");
+        s.flush();
+        // Clients list tools after the handshake; the proxy learns annotations.
+        s.request("tools/list", "{}");
+        s
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn send(&mut self, line: &[u8]) {
+        if let Err(e) = self.to.write_all(line) {
+            fail(&format!("{}: write failed: {e}", self.via.name()));
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Err(e) = self.to.flush() {
+            fail(&format!("{}: write failed: {e}", self.via.name()));
+        }
+    }
+
+    /// Reads one response line into `self.line` and checks it is a result.
+    fn recv(&mut self) -> usize {
+        read_response(&mut self.from, &mut self.line, self.via)
+    }
+
+    /// One request, waited for.
+    fn request(&mut self, method: &str, params: &str) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{method}\",\"params\":{params}}}\n"
+        );
+        self.send(line.as_bytes());
+        self.flush();
+        self.recv();
+    }
+
+    /// Closes the client side and waits for the target to exit.
+    fn close(self) {
+        let Session {
+            mut child, to, via, ..
+        } = self;
+        drop(to);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(5)),
+                _ => {
+                    eprintln!("bench: the {} target did not exit; killing it", via.name());
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn read_response(from: &mut impl BufRead, line: &mut Vec<u8>, via: Via) -> usize {
+    line.clear();
+    match from.read_until(b'\n', line) {
+        Ok(0) => fail(&format!("{}: the target closed its output", via.name())),
+        Ok(n) => {
+            let head = &line[..line.len().min(64)];
+            if !head.windows(8).any(|w| w == b"\"result\"") {
+                let shown = String::from_utf8_lossy(&line[..line.len().min(300)]);
+                fail(&format!("{}: expected a result, got {shown}", via.name()));
+            }
+            n
+        }
+        Err(e) => fail(&format!("{}: read failed: {e}", via.name())),
+    }
+}
+
+fn call_line(id: u64, arguments: &str) -> Vec<u8> {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{arguments}}}}}\n"
+    )
+    .into_bytes()
+}
+
+// ---------------------------------------------------------------------------
+// Workloads
+// ---------------------------------------------------------------------------
+
+/// One `tools/call` with distinct arguments, waited for: its round trip.
+fn one_call(s: &mut Session) -> Duration {
+    let id = s.next_id;
+    s.next_id += 1;
+    let line = call_line(id, &format!("{{\"seq\":{id}}}"));
+    let t = Instant::now();
+    s.send(&line);
+    s.flush();
+    s.recv();
+    t.elapsed()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// `calls` calls with at most `window` in flight: (elapsed, bytes received).
+fn pipelined(
+    s: &mut Session,
+    calls: usize,
+    window: usize,
+    arguments: impl Fn(u64) -> String + Send + Sync,
+) -> (Duration, usize) {
+    let first = s.next_id;
+    s.next_id += calls as u64;
+    let (tokens_tx, tokens_rx) = crossbeam_channel::bounded::<()>(window);
+    for _ in 0..window {
+        tokens_tx.send(()).expect("room for the window");
+    }
+    let via = s.via;
+    let start = Instant::now();
+    let mut bytes = 0usize;
+    let (to, from, line) = (&mut s.to, &mut s.from, &mut s.line);
+    let arguments = &arguments;
+    thread::scope(|scope| {
+        scope.spawn(move || {
+            for i in 0..calls as u64 {
+                if tokens_rx.try_recv().is_err() {
+                    // Nothing more may go out yet: let the target see what has.
+                    let _ = to.flush();
+                    if tokens_rx.recv().is_err() {
+                        return;
+                    }
+                }
+                let id = first + i;
+                if to.write_all(&call_line(id, &arguments(id))).is_err() {
+                    return;
+                }
+            }
+            let _ = to.flush();
+        });
+        for _ in 0..calls {
+            bytes += read_response(from, line, via);
+            let _ = tokens_tx.try_send(());
+        }
+    });
+    (start.elapsed(), bytes)
+}
+
+#[derive(Default, Clone)]
+struct RepResult {
+    /// Per block: this target's figure over the relay's in the same round
+    /// (seconds for latency, rates for throughput).
+    p50_vs_relay: Vec<f64>,
+    p99_vs_relay: Vec<f64>,
+    calls_vs_relay: Vec<f64>,
+    mb_vs_relay: Vec<f64>,
+    p50: Vec<Duration>,
+    p99: Vec<Duration>,
+    calls_per_s: Vec<f64>,
+    cpu_per_call: Vec<Duration>,
+    mb_per_s: Vec<f64>,
+    large_hwm_kb: Vec<u64>,
+}
+
+/// Sequential calls, pipelined calls and large results, for every target.
+/// Each repetition opens one session per target for each workload and runs
+/// the workload in `BLOCKS` interleaved blocks (the targets taking turns, in
+/// rotating order), so that load from elsewhere on the machine falls on all
+/// targets alike.
+fn hot_path(bins: &Bins, reps: usize, quick: bool) -> Vec<RepResult> {
+    let scale = if quick { 10 } else { 1 };
+    let (seq_calls, pipe_calls, large_calls) = (
+        SEQ_CALLS / scale,
+        PIPE_CALLS / scale,
+        LARGE_CALLS / scale.min(4),
+    );
+    let vias = bins.targets();
+    let n = vias.len();
+    let mut out = vec![RepResult::default(); n];
+    let server = bins.fast_server();
+    let start_all = || -> Vec<Session> {
+        vias.iter()
+            .map(|&via| Session::start(bins, via, &server))
+            .collect()
+    };
+    for rep in 0..reps {
+        eprint!("bench: hot path, rep {} of {reps}:", rep + 1);
+
+        eprint!(" sequential");
+        let mut sessions = start_all();
+        for s in &mut sessions {
+            for _ in 0..SEQ_WARMUP {
+                one_call(s);
+            }
+        }
+        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); n];
+        for block in 0..BLOCKS {
+            let mut round: Vec<Vec<Duration>> = vec![Vec::new(); n];
+            for k in 0..n {
+                let i = (k + block + rep) % n;
+                let n = seq_calls / BLOCKS;
+                round[i].extend((0..n).map(|_| one_call(&mut sessions[i])));
+            }
+            for (i, r) in round.iter_mut().enumerate() {
+                r.sort();
+                times[i].extend_from_slice(r);
+            }
+            let relay = round[RELAY].clone();
+            for (i, r) in round.iter().enumerate() {
+                let vs =
+                    |p: f64| percentile(r, p).as_secs_f64() / percentile(&relay, p).as_secs_f64();
+                out[i].p50_vs_relay.push(vs(0.50));
+                out[i].p99_vs_relay.push(vs(0.99));
+            }
+        }
+        for (i, s) in sessions.into_iter().enumerate() {
+            s.close();
+            times[i].sort();
+            out[i].p50.push(percentile(&times[i], 0.50));
+            out[i].p99.push(percentile(&times[i], 0.99));
+        }
+
+        eprint!(", pipelined");
+        let mut sessions = start_all();
+        let cpu_before: Vec<_> = sessions.iter().map(|s| process_cpu(s.pid())).collect();
+        let mut elapsed = vec![Duration::ZERO; n];
+        for block in 0..BLOCKS {
+            let mut round = vec![Duration::ZERO; n];
+            for k in 0..n {
+                let i = (k + block + rep) % n;
+                let (t, _) = pipelined(&mut sessions[i], pipe_calls / BLOCKS, PIPE_WINDOW, |id| {
+                    format!("{{\"seq\":{id}}}")
+                });
+                round[i] = t;
+                elapsed[i] += t;
+            }
+            for (i, t) in round.iter().enumerate() {
+                // Same number of calls: the rate ratio is the inverse time ratio.
+                out[i]
+                    .calls_vs_relay
+                    .push(round[RELAY].as_secs_f64() / t.as_secs_f64());
+            }
+        }
+        for (i, s) in sessions.into_iter().enumerate() {
+            let calls = (pipe_calls / BLOCKS * BLOCKS) as f64;
+            out[i].calls_per_s.push(calls / elapsed[i].as_secs_f64());
+            if s.via != Via::Direct {
+                if let Some((before, after)) = cpu_before[i].zip(process_cpu(s.pid())) {
+                    out[i]
+                        .cpu_per_call
+                        .push(after.saturating_sub(before).div_f64(calls));
+                }
+                if std::env::var_os("BENCH_THREADS").is_some() {
+                    print_thread_times(&s, calls);
+                }
+            }
+            s.close();
+        }
+
+        eprint!(", large results");
+        let mut sessions = start_all();
+        let mut elapsed = vec![Duration::ZERO; n];
+        let mut bytes = vec![0usize; n];
+        let large_blocks = BLOCKS.min(large_calls / LARGE_WINDOW).max(1);
+        for block in 0..large_blocks {
+            let mut round = vec![0.0f64; n];
+            for k in 0..n {
+                let i = (k + block + rep) % n;
+                let (t, b) = pipelined(
+                    &mut sessions[i],
+                    large_calls / large_blocks,
+                    LARGE_WINDOW,
+                    |id| format!("{{\"seq\":{id},\"bytes\":{LARGE_BYTES}}}"),
+                );
+                round[i] = b as f64 / t.as_secs_f64();
+                elapsed[i] += t;
+                bytes[i] += b;
+            }
+            for (i, rate) in round.iter().enumerate() {
+                out[i].mb_vs_relay.push(rate / round[RELAY]);
+            }
+        }
+        for (i, s) in sessions.into_iter().enumerate() {
+            out[i]
+                .mb_per_s
+                .push(bytes[i] as f64 / 1e6 / elapsed[i].as_secs_f64());
+            if s.via != Via::Direct {
+                if let Some(kb) = proc_status_kb(s.pid(), "VmHWM") {
+                    out[i].large_hwm_kb.push(kb);
+                }
+            }
+            s.close();
+        }
+        eprintln!(" done");
+    }
+    out
+}
+
+/// With `BENCH_THREADS` set: each thread's share of the CPU per call.
+fn print_thread_times(s: &Session, calls: f64) {
+    for (name, t, switches) in thread_times(s.pid()) {
+        eprintln!(
+            "bench: {} thread {name}: {:.2} µs CPU and {:.2} context switches per call (whole session)",
+            s.via.name(),
+            t.as_secs_f64() * 1e6 / calls,
+            switches as f64 / calls
+        );
+    }
+}
+
+/// RSS of the proxying process idle and with calls held at the server.
+struct Memory {
+    idle_rss_kb: Option<u64>,
+    held_rss_kb: Option<u64>,
+    held_hwm_kb: Option<u64>,
+}
+
+fn memory(bins: &Bins, via: Via, held: usize) -> Memory {
+    let mut s = Session::start(bins, via, &bins.scripted_server());
+    thread::sleep(Duration::from_millis(200));
+    let idle_rss_kb = proc_status_kb(s.pid(), "VmRSS");
+    let first = s.next_id;
+    s.next_id += held as u64;
+    let sent = Instant::now();
+    for i in 0..held as u64 {
+        let id = first + i;
+        s.send(&call_line(
+            id,
+            &format!("{{\"mode\":\"slow\",\"ms\":{HELD_MS},\"seq\":{id}}}"),
+        ));
+    }
+    s.flush();
+    // Every call has reached the server (which holds them) well before the
+    // first answer is due.
+    thread::sleep(Duration::from_millis(HELD_MS / 2).saturating_sub(sent.elapsed()));
+    let held_rss_kb = proc_status_kb(s.pid(), "VmRSS");
+    for _ in 0..held {
+        s.recv();
+    }
+    let held_hwm_kb = proc_status_kb(s.pid(), "VmHWM");
+    s.close();
+    Memory {
+        idle_rss_kb,
+        held_rss_kb,
+        held_hwm_kb,
+    }
+}
+
+/// CPU use of an idle process over `IDLE_SECS`.
+struct Idle {
+    /// utime+stime from /proc/PID/stat (clock-tick resolution).
+    ticks: Option<Duration>,
+    /// Sum of the threads' run time from /proc/PID/task/*/schedstat (ns).
+    precise: Option<Duration>,
+    /// Context switches of all threads: each is a wake-up.
+    switches: Option<u64>,
+}
+
+/// Measures the relay and the proxy idle at the same time (after a few calls).
+fn idle(bins: &Bins) -> [Idle; 2] {
+    let server = bins.fast_server();
+    let mut sessions = [
+        Session::start(bins, Via::Relay, &server),
+        Session::start(bins, Via::Proxy, &server),
+    ];
+    for s in &mut sessions {
+        for _ in 0..10 {
+            one_call(s);
+        }
+    }
+    thread::sleep(Duration::from_millis(200));
+    let before: Vec<_> = sessions.iter().map(|s| idle_sample(s.pid())).collect();
+    thread::sleep(Duration::from_secs(IDLE_SECS));
+    let after: Vec<_> = sessions.iter().map(|s| idle_sample(s.pid())).collect();
+    for s in sessions {
+        s.close();
+    }
+    let diff = |i: usize| {
+        let (b, a) = (&before[i], &after[i]);
+        Idle {
+            ticks: a.0.zip(b.0).map(|(a, b)| a.saturating_sub(b)),
+            precise: a.1.zip(b.1).map(|(a, b)| a.saturating_sub(b)),
+            switches: a.2.zip(b.2).map(|(a, b)| a.saturating_sub(b)),
+        }
+    };
+    [diff(0), diff(1)]
+}
+
+fn idle_sample(pid: u32) -> (Option<Duration>, Option<Duration>, Option<u64>) {
+    (cpu_time(pid), sched_time(pid), context_switches(pid))
+}
+
+/// CPU time of a process, as precisely as /proc tells it.
+fn process_cpu(pid: u32) -> Option<Duration> {
+    sched_time(pid).or_else(|| cpu_time(pid))
+}
+
+/// `check` of four servers that each take 1.5 s to start: wall time, or why
+/// it could not be measured.
+fn check(bins: &Bins, reps: usize) -> Result<Vec<Duration>, String> {
+    let help = Command::new(&bins.proxy)
+        .args(["check", "--help"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !help.is_ok_and(|s| s.success()) {
+        return Err("n/a (check not built)".into());
+    }
+    let dir = std::env::temp_dir().join(format!("mcp-retry-bench-{}", process::id()));
+    fs::create_dir_all(&dir).map_err(|e| format!("n/a ({e})"))?;
+    let config = dir.join("check.yaml");
+    let mut yaml = String::from("servers:\n");
+    for i in 1..=CHECK_SERVERS {
+        let _ = write!(
+            yaml,
+            "  slow{i}:\n    command: {}\n    env:\n      MOCK_START_DELAY_MS: \"{CHECK_DELAY_MS}\"\n",
+            // A JSON string is a YAML double-quoted string.
+            serde_json::to_string(&bins.mock.display().to_string()).expect("a string")
+        );
+    }
+    fs::write(&config, yaml).map_err(|e| format!("n/a ({e})"))?;
+    let mut times = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        let out = Command::new(&bins.proxy)
+            .arg("check")
+            .arg("--config")
+            .arg(&config)
+            .env_remove("MCP_RETRY_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("n/a ({e})"))?;
+        let took = t.elapsed();
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let _ = fs::remove_dir_all(&dir);
+            if err.contains("not available") {
+                return Err("n/a (check not built)".into());
+            }
+            return Err(format!(
+                "failed ({}): {}",
+                out.status,
+                err.lines().last().unwrap_or("")
+            ));
+        }
+        times.push(took);
+    }
+    let _ = fs::remove_dir_all(&dir);
+    Ok(times)
+}
+
+/// Wall time of `program args` to exit, `runs` times, sorted.
+fn startup(program: &Path, args: &[&str], runs: usize) -> Vec<Duration> {
+    let mut times: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            let status = Command::new(program)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            let took = t.elapsed();
+            if !status.is_ok_and(|s| s.success()) {
+                fail(&format!("{} {args:?} failed", program.display()));
+            }
+            took
+        })
+        .collect();
+    times.sort();
+    times
+}
+
+// ---------------------------------------------------------------------------
+// /proc
+// ---------------------------------------------------------------------------
+
+fn proc_status_kb(pid: u32, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// utime + stime of the whole process (all threads).
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); `rest` starts at field 3.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    let hz = clock_ticks_per_second();
+    Some(Duration::from_nanos((utime + stime) * 1_000_000_000 / hz))
+}
+
+fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(hz).ok().filter(|h| *h > 0).unwrap_or(100)
+}
+
+fn tasks(pid: u32) -> Vec<PathBuf> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default()
+}
+
+/// Run time of every thread, from schedstat (nanoseconds).
+fn sched_time(pid: u32) -> Option<Duration> {
+    let mut total = 0u64;
+    for t in tasks(pid) {
+        let text = fs::read_to_string(t.join("schedstat")).ok()?;
+        total += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
+}
+
+/// Run time and context switches of each thread, by thread name.
+fn thread_times(pid: u32) -> Vec<(String, Duration, u64)> {
+    let mut out: Vec<(String, Duration, u64)> = Vec::new();
+    for t in tasks(pid) {
+        let name = fs::read_to_string(t.join("comm")).unwrap_or_default();
+        let ns = fs::read_to_string(t.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let switches = context_switches_of(&t).unwrap_or(0);
+        out.push((name.trim().to_owned(), Duration::from_nanos(ns), switches));
+    }
+    out.sort();
+    out
+}
+
+fn context_switches(pid: u32) -> Option<u64> {
+    let mut total = 0u64;
+    for t in tasks(pid) {
+        total += context_switches_of(&t)?;
+    }
+    Some(total)
+}
+
+fn context_switches_of(task: &Path) -> Option<u64> {
+    let text = fs::read_to_string(task.join("status")).ok()?;
+    let mut total = 0u64;
+    for l in text.lines() {
+        if let Some(v) = l
+            .strip_prefix("voluntary_ctxt_switches:")
+            .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+        {
+            total += v.trim().parse::<u64>().ok()?;
+        }
+    }
+    Some(total)
+}
+
+// ---------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------
+
+fn median_d(v: &[Duration]) -> Option<Duration> {
+    let mut v = v.to_vec();
+    v.sort();
+    v.get(v.len() / 2).copied()
+}
+
+fn median_f(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+fn median_u(v: &[u64]) -> Option<u64> {
+    let mut v = v.to_vec();
+    v.sort();
+    v.get(v.len() / 2).copied()
+}
+
+fn us(d: Option<Duration>) -> String {
+    d.map_or("n/a".into(), |d| format!("{:.1} µs", d.as_secs_f64() * 1e6))
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or("n/a".into(), |d| format!("{:.2} ms", d.as_secs_f64() * 1e3))
+}
+
+fn mb(kb: Option<u64>) -> String {
+    kb.map_or("n/a".into(), |kb| format!("{:.1} MB", kb as f64 / 1024.0))
+}
+
+fn verdict(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "yes",
+        Some(false) => "**no**",
+        None => "n/a",
+    }
+}
+
+fn ratio(proxy: Option<f64>, relay: Option<f64>) -> Option<f64> {
+    proxy
+        .zip(relay)
+        .filter(|(_, r)| *r > 0.0)
+        .map(|(p, r)| p / r)
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("n/a".into(), |r| format!("{r:.2}×"))
+}
+
+/// A Markdown table: measure, direct, relay, staged relay, mcp-retry,
+/// mcp-retry / relay, target, met.
+struct Table(String);
+
+impl Table {
+    fn new() -> Table {
+        let mut t = String::new();
+        t.push_str("| measure | direct | relay | staged relay | mcp-retry | mcp-retry / relay | target | met |\n");
+        t.push_str("|---|--:|--:|--:|--:|--:|---|:-:|\n");
+        Table(t)
+    }
+
+    fn row(&mut self, cells: [&str; 8]) {
+        let _ = writeln!(self.0, "| {} |", cells.join(" | "));
+    }
+}
+
+fn machine() -> String {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|x| x.1))
+        .map_or("unknown".into(), |m| m.trim().to_owned());
+    let logical = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count();
+    let usable = thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or("unknown".into(), |k| k.trim().to_owned());
+    let command_line = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let rustc = command_line(
+        &std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()),
+        &["--version"],
+    )
+    .unwrap_or_else(|| "unknown".into());
+    let commit = command_line("git", &["rev-parse", "--short", "HEAD"]).map(|c| {
+        let dirty = command_line("git", &["status", "--porcelain", "--untracked-files=no"])
+            .is_some_and(|s| !s.is_empty());
+        if dirty {
+            format!("{c} + uncommitted changes")
+        } else {
+            c
+        }
+    });
+    format!(
+        "- CPU: {model}, {logical} logical CPUs ({usable} usable)\n- kernel: Linux {kernel}\n- {rustc}, release profile\n- commit: {}\n",
+        commit.unwrap_or_else(|| "unknown".into())
+    )
+}
+
+fn run_all(opts: &Options) {
+    let mut bins = Bins::find();
+    bins.baseline = opts.baseline.clone();
+    let reps = opts.reps;
+    let started = Instant::now();
+
+    let hot = hot_path(&bins, reps, opts.quick);
+    eprintln!("bench: memory with {HELD_CALLS} calls held ...");
+    let mem_relay = memory(&bins, Via::Relay, HELD_CALLS);
+    let mem_proxy = memory(&bins, Via::Proxy, HELD_CALLS);
+    eprintln!("bench: idle CPU over {IDLE_SECS} s ...");
+    let [idle_relay, idle_proxy] = idle(&bins);
+    eprintln!("bench: check ...");
+    let check = check(&bins, 3);
+    eprintln!("bench: start-up ...");
+    let start_proxy = startup(&bins.proxy, &["--version"], STARTUP_RUNS);
+    let start_true = startup(Path::new("/bin/true"), &[], STARTUP_RUNS);
+
+    let (d, r, st, p) = (&hot[0], &hot[RELAY], &hot[2], &hot[3]);
+    let mut t = Table::new();
+    let secs = |x: Option<Duration>| x.map(|x| x.as_secs_f64());
+
+    let p50 = [&d.p50, &r.p50, &st.p50, &p.p50].map(|v| median_d(v));
+    let p50_ratio = median_f(&p.p50_vs_relay);
+    t.row([
+        &format!("sequential `tools/call`, p50 ({SEQ_CALLS} calls)"),
+        &us(p50[0]),
+        &us(p50[1]),
+        &us(p50[2]),
+        &us(p50[3]),
+        &fmt_ratio(p50_ratio),
+        "≤ 1.5×",
+        verdict(p50_ratio.map(|x| x <= 1.5)),
+    ]);
+    let p99 = [&d.p99, &r.p99, &st.p99, &p.p99].map(|v| median_d(v));
+    let p99_ratio = median_f(&p.p99_vs_relay);
+    t.row([
+        "sequential `tools/call`, p99",
+        &us(p99[0]),
+        &us(p99[1]),
+        &us(p99[2]),
+        &us(p99[3]),
+        &fmt_ratio(p99_ratio),
+        "",
+        "",
+    ]);
+    let tput = [d, r, st, p].map(|x| median_f(&x.calls_per_s));
+    let tput_ratio = median_f(&p.calls_vs_relay);
+    let calls = |x: Option<f64>| x.map_or("n/a".into(), |x| format!("{x:.0} calls/s"));
+    t.row([
+        &format!("pipelined, {PIPE_WINDOW} in flight ({PIPE_CALLS} calls)"),
+        &calls(tput[0]),
+        &calls(tput[1]),
+        &calls(tput[2]),
+        &calls(tput[3]),
+        &fmt_ratio(tput_ratio),
+        "≥ 0.7×",
+        verdict(tput_ratio.map(|x| x >= 0.7)),
+    ]);
+    let cpu = [r, st, p].map(|x| median_d(&x.cpu_per_call));
+    let cpu_ratio = ratio(secs(cpu[2]), secs(cpu[0]));
+    t.row([
+        "pipelined: CPU time of the relaying process per call",
+        "—",
+        &us(cpu[0]),
+        &us(cpu[1]),
+        &us(cpu[2]),
+        &fmt_ratio(cpu_ratio),
+        "",
+        "",
+    ]);
+    let mbps = [d, r, st, p].map(|x| median_f(&x.mb_per_s));
+    let mbps_ratio = median_f(&p.mb_vs_relay);
+    let mbs = |x: Option<f64>| x.map_or("n/a".into(), |x| format!("{x:.0} MB/s"));
+    t.row([
+        &format!("1 MB results, {LARGE_WINDOW} in flight ({LARGE_CALLS} calls)"),
+        &mbs(mbps[0]),
+        &mbs(mbps[1]),
+        &mbs(mbps[2]),
+        &mbs(mbps[3]),
+        &fmt_ratio(mbps_ratio),
+        "≥ 0.7×",
+        verdict(mbps_ratio.map(|x| x >= 0.7)),
+    ]);
+    let hwm = [r, st, p].map(|x| mb(median_u(&x.large_hwm_kb)));
+    t.row([
+        "1 MB results: peak RSS of the relaying process (VmHWM)",
+        "—",
+        &hwm[0],
+        &hwm[1],
+        &hwm[2],
+        "",
+        "",
+        "",
+    ]);
+    t.row([
+        "RSS idle (VmRSS)",
+        "—",
+        &mb(mem_relay.idle_rss_kb),
+        "—",
+        &mb(mem_proxy.idle_rss_kb),
+        "",
+        "",
+        "",
+    ]);
+    t.row([
+        &format!("RSS with {HELD_CALLS} calls in flight (VmRSS)"),
+        "—",
+        &mb(mem_relay.held_rss_kb),
+        "—",
+        &mb(mem_proxy.held_rss_kb),
+        "",
+        "",
+        "",
+    ]);
+    t.row([
+        &format!("peak RSS with {HELD_CALLS} calls in flight (VmHWM)"),
+        "—",
+        &mb(mem_relay.held_hwm_kb),
+        "—",
+        &mb(mem_proxy.held_hwm_kb),
+        "",
+        "< 10 MB",
+        verdict(mem_proxy.held_hwm_kb.map(|kb| kb < 10 * 1024)),
+    ]);
+    let idle_cpu = idle_proxy.precise.or(idle_proxy.ticks);
+    t.row([
+        &format!("idle CPU over {IDLE_SECS} s (schedstat; utime+stime)"),
+        "—",
+        &format!("{}; {}", ms(idle_relay.precise), ms(idle_relay.ticks)),
+        "—",
+        &format!("{}; {}", ms(idle_proxy.precise), ms(idle_proxy.ticks)),
+        "",
+        "< 10 ms",
+        verdict(idle_cpu.map(|c| c < Duration::from_millis(10))),
+    ]);
+    let sw = |x: Option<u64>| x.map_or("n/a".into(), |x| x.to_string());
+    t.row([
+        &format!("idle wake-ups over {IDLE_SECS} s (context switches)"),
+        "—",
+        &sw(idle_relay.switches),
+        "—",
+        &sw(idle_proxy.switches),
+        "",
+        "",
+        "",
+    ]);
+    let check_what = format!(
+        "`check`, {CHECK_SERVERS} servers taking {:.1} s to start",
+        CHECK_DELAY_MS as f64 / 1000.0
+    );
+    let (check_cell, check_met) = match &check {
+        Ok(times) => {
+            let m = median_d(times);
+            (
+                m.map_or("n/a".into(), |d| format!("{:.2} s", d.as_secs_f64())),
+                verdict(m.map(|d| d < Duration::from_secs(2))),
+            )
+        }
+        Err(why) => (why.clone(), "n/a"),
+    };
+    t.row([
+        &check_what,
+        "—",
+        "—",
+        "—",
+        &check_cell,
+        "",
+        "< 2 s",
+        check_met,
+    ]);
+    let start_med = median_d(&start_proxy);
+    t.row([
+        "start-up, `mcp-retry --version` (`/bin/true` under direct)",
+        &ms(median_d(&start_true)),
+        "—",
+        "—",
+        &ms(start_med),
+        "",
+        "< 5 ms",
+        verdict(start_med.map(|d| d < Duration::from_millis(5))),
+    ]);
+
+    let baseline_table = hot.get(4).zip(bins.baseline.as_ref()).map(|(b, path)| {
+        eprintln!("bench: memory of the baseline with {HELD_CALLS} calls held ...");
+        let mem_base = memory(&bins, Via::Baseline, HELD_CALLS);
+        let mut t = String::from(
+            "| measure | baseline | baseline / relay | mcp-retry | mcp-retry / relay |\n|---|--:|--:|--:|--:|\n",
+        );
+        let mut row = |what: &str, cells: [String; 4]| {
+            let _ = writeln!(t, "| {what} | {} |", cells.join(" | "));
+        };
+        let r2 = |x: Option<f64>| fmt_ratio(x);
+        row("sequential p50", [us(median_d(&b.p50)), r2(median_f(&b.p50_vs_relay)), us(p50[3]), r2(p50_ratio)]);
+        row("sequential p99", [us(median_d(&b.p99)), r2(median_f(&b.p99_vs_relay)), us(p99[3]), r2(p99_ratio)]);
+        row(
+            "pipelined calls/s",
+            [calls(median_f(&b.calls_per_s)), r2(median_f(&b.calls_vs_relay)), calls(tput[3]), r2(tput_ratio)],
+        );
+        row(
+            "pipelined CPU per call",
+            [us(median_d(&b.cpu_per_call)), String::new(), us(cpu[2]), String::new()],
+        );
+        row(
+            "1 MB results",
+            [mbs(median_f(&b.mb_per_s)), r2(median_f(&b.mb_vs_relay)), mbs(mbps[3]), r2(mbps_ratio)],
+        );
+        row(
+            "1 MB results, VmHWM",
+            [mb(median_u(&b.large_hwm_kb)), String::new(), hwm[2].clone(), String::new()],
+        );
+        row(
+            &format!("{HELD_CALLS} calls in flight, VmHWM"),
+            [mb(mem_base.held_hwm_kb), String::new(), mb(mem_proxy.held_hwm_kb), String::new()],
+        );
+        format!("\nBefore and after, in the same rounds (baseline: {}):\n\n{t}", path.display())
+    });
+
+    let mut report = String::new();
+    let _ = writeln!(report, "Machine:\n\n{}", machine());
+    let _ = writeln!(
+        report,
+        "Figures are medians of {reps} repetitions{}. Each repetition runs every workload in {BLOCKS} rounds, the four targets taking turns in rotating order; the ratio to the relay is the median over all rounds of mcp-retry's figure over the relay's in the same round, so load from elsewhere on the machine cancels out. Total bench time {:.0} s.\n",
+        if opts.quick { ", --quick (fewer calls than labelled)" } else { "" },
+        started.elapsed().as_secs_f64()
+    );
+    report.push_str(&t.0);
+    if let Some(b) = &baseline_table {
+        report.push_str(b);
+    }
+    println!("{report}");
+    if let Some(path) = &opts.write {
+        match write_results(path, &report) {
+            Ok(()) => eprintln!("bench: results written to {}", path.display()),
+            Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
+        }
+    }
+}
+
+const BEGIN: &str = "<!-- bench:begin -->";
+const END: &str = "<!-- bench:end -->";
+
+/// Replaces the block between the markers in `path` (or appends one).
+fn write_results(path: &Path, report: &str) -> io::Result<()> {
+    let old = match fs::read_to_string(path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => String::from("# Benchmarks\n"),
+        Err(e) => return Err(e),
+    };
+    let block = format!("{BEGIN}\n{report}{END}");
+    let new = match (old.find(BEGIN), old.find(END)) {
+        (Some(b), Some(e)) if b < e => format!("{}{block}{}", &old[..b], &old[e + END.len()..]),
+        _ => format!("{}\n## Latest results\n\n{block}\n", old.trim_end()),
+    };
+    fs::write(path, new)
+}
