@@ -326,6 +326,12 @@ impl Downstream for Child {
     fn send(&mut self, line: Vec<u8>) -> bool {
         Child::send(self, line)
     }
+    fn send_now(&mut self, line: Vec<u8>) -> bool {
+        match &self.stdin {
+            Some(tx) => tx.send_now(line),
+            None => false,
+        }
+    }
     fn close_input(&mut self) {
         self.stdin = None;
     }

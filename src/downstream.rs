@@ -34,6 +34,11 @@ pub enum ServerEvent {
 pub trait Downstream: Send {
     /// Queues one line (newline included). False if the transport is closed.
     fn send(&mut self, line: Vec<u8>) -> bool;
+    /// The same, for a caller with nothing else queued: the transport may
+    /// write at once, if that cannot block, instead of batching.
+    fn send_now(&mut self, line: Vec<u8>) -> bool {
+        self.send(line)
+    }
     /// Stops accepting input (stdio: closes the child's stdin).
     fn close_input(&mut self);
     /// Asks the server to stop (stdio: SIGTERM to its process group).

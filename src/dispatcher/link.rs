@@ -623,6 +623,7 @@ impl Dispatcher {
     /// Sends a line to the current incarnation; false if there is none.
     pub(super) fn send_server(&mut self, line: Vec<u8>) -> bool {
         match &mut self.link {
+            Link::Up(c) if self.eager => c.server.send_now(line),
             Link::Up(c) => c.server.send(line),
             _ => false,
         }
