@@ -301,97 +301,53 @@ fn an_error_the_server_marks_as_from_mcp_retry_is_final() {
 
 // ----- the safety gate ----------------------------------------------------
 
-#[test]
-fn config_idempotent_true_enables_retries_for_an_unannotated_tool() {
-    let mut s = start(
-        "
-        call_timeout: 1
-        retry:
-          base_delay: 0.05
-          jitter: 0
-        tools:
-          echo:
-            idempotent: true
-        ",
-    );
-    s.call(json!(1), "echo", json!({"mode": "flaky", "text": "ok"}));
-    assert_eq!(text(&s.result(&json!(1))), "ok");
-    assert_eq!(s.executions("echo"), 2);
-}
-
-#[test]
-fn config_read_only_true_enables_retries_for_an_unannotated_tool() {
-    let mut s = start(
-        "
-        call_timeout: 1
-        retry:
-          base_delay: 0.05
-          jitter: 0
-        tools:
-          echo:
-            read_only: true
-        ",
-    );
-    s.call(json!(1), "echo", json!({"mode": "flaky", "text": "ok"}));
-    assert_eq!(text(&s.result(&json!(1))), "ok");
-    assert_eq!(s.executions("echo"), 2);
-}
-
-#[test]
-fn assume_idempotent_enables_retries_for_an_unannotated_tool() {
-    let mut s = start(
-        "
-        call_timeout: 1
-        assume_idempotent: true
-        retry:
-          base_delay: 0.05
-          jitter: 0
-        ",
-    );
-    s.call(json!(1), "echo", json!({"mode": "flaky", "text": "ok"}));
-    assert_eq!(text(&s.result(&json!(1))), "ok");
-    assert_eq!(s.executions("echo"), 2);
-}
-
-#[test]
-fn config_idempotent_false_disables_retries_for_an_annotated_tool() {
-    let mut s = start(
-        "
-        call_timeout: 1
-        assume_idempotent: true
-        retry:
-          base_delay: 0.05
-          jitter: 0
-        tools:
-          idem_echo:
-            idempotent: false
-        ",
-    );
+/// How many times `tool` runs for one call that fails once with -32000,
+/// under these policy keys (the client has listed the tools).
+fn runs_after_one_transient_failure(policy: &str, tool: &str) -> usize {
+    let mut s = start(&format!(
+        "call_timeout: 1\nretry:\n  base_delay: 0.05\n  jitter: 0\n{}",
+        dedent(policy)
+    ));
     s.list_tools();
-    s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
-    assert_server_error(&s.error(&json!(1)), -32000, "flaky failure 1 of 1");
-    assert_executions_stay(&s, "idem_echo", 1, Duration::from_millis(300));
-}
-
-#[test]
-fn trust_annotations_false_disables_annotation_based_retries() {
-    let mut s = start(
-        "
-        call_timeout: 1
-        trust_annotations: false
-        retry:
-          base_delay: 0.05
-          jitter: 0
-        ",
-    );
-    s.list_tools();
-    for tool in ["idem_echo", "ro_echo"] {
-        s.call(json!(tool), tool, json!({"mode": "flaky"}));
-        assert_server_error(&s.error(&json!(tool)), -32000, "flaky failure 1 of 1");
+    s.call(json!(1), tool, json!({"mode": "flaky", "text": "ok"}));
+    let r = s.response(&json!(1));
+    let runs = s.executions(tool);
+    match runs {
+        1 => assert_server_error(&r["error"], -32000, "flaky failure 1 of 1"),
+        _ => assert_eq!(text(&r["result"]), "ok", "{r}"),
     }
-    thread::sleep(Duration::from_millis(300));
-    assert_eq!(s.executions("idem_echo"), 1);
-    assert_eq!(s.executions("ro_echo"), 1);
+    // Nothing more runs later.
+    assert_executions_stay(&s, tool, runs, Duration::from_millis(300));
+    runs
+}
+
+#[test]
+fn the_safety_gate_decides_from_config_annotations_and_operator_settings() {
+    let cases = [
+        // (policy, tool, runs): 2 = retried once, 1 = not retried.
+        ("", "echo", 1),
+        ("", "idem_echo", 2),
+        ("", "ro_echo", 2),
+        ("", "destructive_echo", 1),
+        ("tools:\n  echo:\n    idempotent: true\n", "echo", 2),
+        ("tools:\n  echo:\n    read_only: true\n", "echo", 2),
+        ("assume_idempotent: true\n", "echo", 2),
+        // idempotent: false overrides annotations and assume_idempotent.
+        (
+            "assume_idempotent: true\ntools:\n  idem_echo:\n    idempotent: false\n",
+            "idem_echo",
+            1,
+        ),
+        ("trust_annotations: false\n", "idem_echo", 1),
+        ("trust_annotations: false\n", "ro_echo", 1),
+    ];
+    for (policy, tool, runs) in cases {
+        assert_eq!(
+            runs_after_one_transient_failure(policy, tool),
+            runs,
+            "{tool} under {policy:?}"
+        );
+    }
 }
 
 #[test]
