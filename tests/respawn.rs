@@ -334,3 +334,28 @@ fn an_open_breaker_stops_restarts_until_a_request_comes_after_the_cooldown() {
     s.error(&json!(1));
     eventually("a restart after the request", || starts(&s) > n);
 }
+
+#[test]
+fn a_server_killed_between_calls_is_back_for_the_next_call() {
+    let pid_dir = crate::util::TempDir::new();
+    let pid_file = pid_dir.join("server.pid");
+    let mut s = Builder::wrap_mock()
+        .with_logs()
+        .env("MOCK_PID_FILE", &pid_file.display().to_string())
+        .start();
+    s.initialize();
+    s.call(json!(1), "unsafe_echo", json!({"text": "before"}));
+    s.result(&json!(1));
+    let first = crate::util::read_pid(&pid_file);
+    std::fs::remove_file(&pid_file).unwrap();
+    // SAFETY: kill(2) on the mock server's pid, which this test started.
+    unsafe {
+        libc::kill(first, libc::SIGKILL);
+    }
+    let second = crate::util::read_pid(&pid_file);
+    assert_ne!(first, second, "a new server was started");
+    s.call(json!(2), "unsafe_echo", json!({"text": "after"}));
+    assert_eq!(s.result(&json!(2))["content"][0]["text"], "after");
+    assert_eq!(initialize_params(&s).len(), 2, "the handshake was replayed");
+    assert_eq!(s.executions("unsafe_echo"), 2);
+}
