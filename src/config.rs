@@ -1042,96 +1042,99 @@ impl Walker<'_> {
         true
     }
 
-    fn retry(&mut self, p: &mut Policy, node: &Node, path: &str) {
+    /// Calls `each(self, key, value, key_path)` for every member of the
+    /// mapping at `path`; a member `each` does not know (it returns false)
+    /// is reported as an unknown key, with `keys` as the expected ones.
+    fn members(
+        &mut self,
+        node: &Node,
+        path: &str,
+        keys: &[&str],
+        mut each: impl FnMut(&mut Self, &str, &Node, &str) -> bool,
+    ) {
         let Some(items) = self.map(node, path) else {
             return;
         };
         for item in items {
             let key_path = join(path, &item.key);
-            let value = &item.value;
-            match item.key.as_str() {
-                "max_retries" => p.max_retries = self.count(value, &key_path, 0, 100),
-                "base_delay" => p.base_delay = self.duration(value, &key_path, Zero::Allowed),
-                "max_delay" => p.max_delay = self.duration(value, &key_path, Zero::Allowed),
-                "jitter" => p.jitter = self.fraction(value, &key_path),
-                "total_timeout" => {
-                    p.total_timeout = self.duration(value, &key_path, Zero::Rejected)
-                }
-                "transient_codes" => p.transient_codes = self.codes(value, &key_path),
-                "budget" => self.budget(p, value, &key_path),
-                _ => self.unknown(item, path, RETRY_KEYS),
+            if !each(self, &item.key, &item.value, &key_path) {
+                self.unknown(item, path, keys);
             }
         }
+    }
+
+    fn retry(&mut self, p: &mut Policy, node: &Node, path: &str) {
+        self.members(node, path, RETRY_KEYS, |this, key, value, key_path| {
+            match key {
+                "max_retries" => p.max_retries = this.count(value, key_path, 0, 100),
+                "base_delay" => p.base_delay = this.duration(value, key_path, Zero::Allowed),
+                "max_delay" => p.max_delay = this.duration(value, key_path, Zero::Allowed),
+                "jitter" => p.jitter = this.fraction(value, key_path),
+                "total_timeout" => p.total_timeout = this.duration(value, key_path, Zero::Rejected),
+                "transient_codes" => p.transient_codes = this.codes(value, key_path),
+                "budget" => this.budget(p, value, key_path),
+                _ => return false,
+            }
+            true
+        });
     }
 
     fn budget(&mut self, p: &mut Policy, node: &Node, path: &str) {
-        let Some(items) = self.map(node, path) else {
-            return;
-        };
-        for item in items {
-            let key_path = join(path, &item.key);
-            let value = &item.value;
-            match item.key.as_str() {
-                "window" => p.budget_window = self.duration(value, &key_path, Zero::Rejected),
+        self.members(node, path, BUDGET_KEYS, |this, key, value, key_path| {
+            match key {
+                "window" => p.budget_window = this.duration(value, key_path, Zero::Rejected),
                 "min_retries" => {
-                    p.budget_min_retries = self.count(value, &key_path, 0, u32::MAX.into())
+                    p.budget_min_retries = this.count(value, key_path, 0, u32::MAX.into())
                 }
-                "ratio" => p.budget_ratio = self.ratio(value, &key_path),
-                _ => self.unknown(item, path, BUDGET_KEYS),
+                "ratio" => p.budget_ratio = this.ratio(value, key_path),
+                _ => return false,
             }
-        }
+            true
+        });
     }
 
     fn cache(&mut self, p: &mut Policy, node: &Node, path: &str) {
-        let Some(items) = self.map(node, path) else {
-            return;
-        };
-        for item in items {
-            let key_path = join(path, &item.key);
-            let value = &item.value;
-            match item.key.as_str() {
+        self.members(node, path, CACHE_KEYS, |this, key, value, key_path| {
+            match key {
                 "default_ttl" => {
-                    p.cache_default_ttl = self.duration(value, &key_path, Zero::Allowed)
+                    p.cache_default_ttl = this.duration(value, key_path, Zero::Allowed)
                 }
                 "tools" => {
-                    let Some(tools) = self.map(value, &key_path) else {
-                        continue;
-                    };
-                    for tool in tools {
-                        let tool_path = join(&key_path, &tool.key);
-                        if let Some(ttl) = self.duration(&tool.value, &tool_path, Zero::Allowed) {
-                            p.cache_tools.insert(tool.key.clone(), ttl.value);
+                    if let Some(tools) = this.map(value, key_path) {
+                        for tool in tools {
+                            let tool_path = join(key_path, &tool.key);
+                            if let Some(ttl) = this.duration(&tool.value, &tool_path, Zero::Allowed)
+                            {
+                                p.cache_tools.insert(tool.key.clone(), ttl.value);
+                            }
                         }
                     }
                 }
-                "max_entries" => p.cache_max_entries = self.count(value, &key_path, 0, usize_max()),
-                "max_bytes" => p.cache_max_bytes = self.count(value, &key_path, 0, usize_max()),
+                "max_entries" => p.cache_max_entries = this.count(value, key_path, 0, usize_max()),
+                "max_bytes" => p.cache_max_bytes = this.count(value, key_path, 0, usize_max()),
                 "stale_if_error" => {
-                    p.cache_stale_if_error = self.duration(value, &key_path, Zero::Allowed)
+                    p.cache_stale_if_error = this.duration(value, key_path, Zero::Allowed)
                 }
-                _ => self.unknown(item, path, CACHE_KEYS),
+                _ => return false,
             }
-        }
+            true
+        });
     }
 
     fn breaker(&mut self, p: &mut Policy, node: &Node, path: &str) {
-        let Some(items) = self.map(node, path) else {
-            return;
-        };
-        for item in items {
-            let key_path = join(path, &item.key);
-            let value = &item.value;
-            match item.key.as_str() {
+        self.members(node, path, BREAKER_KEYS, |this, key, value, key_path| {
+            match key {
                 "failure_threshold" => {
-                    p.failure_threshold = self.count(value, &key_path, 1, u32::MAX.into())
+                    p.failure_threshold = this.count(value, key_path, 1, u32::MAX.into())
                 }
-                "cooldown_seconds" => p.cooldown = self.duration(value, &key_path, Zero::Allowed),
+                "cooldown_seconds" => p.cooldown = this.duration(value, key_path, Zero::Allowed),
                 "success_threshold" => {
-                    p.success_threshold = self.count(value, &key_path, 1, u32::MAX.into())
+                    p.success_threshold = this.count(value, key_path, 1, u32::MAX.into())
                 }
-                _ => self.unknown(item, path, BREAKER_KEYS),
+                _ => return false,
             }
-        }
+            true
+        });
     }
 
     fn tools(&mut self, p: &mut Policy, node: &Node, path: &str) {
@@ -1140,29 +1143,32 @@ impl Walker<'_> {
         };
         for tool in tools {
             let tool_path = join(path, &tool.key);
-            let Some(items) = self.map(&tool.value, &tool_path) else {
-                continue;
-            };
             let mut config = ToolConfig::default();
-            for item in items {
-                let key_path = join(&tool_path, &item.key);
-                let value = &item.value;
-                match item.key.as_str() {
-                    "idempotent" => {
-                        config.idempotent = self.boolean(value, &key_path).map(|b| b.value)
+            self.members(
+                &tool.value,
+                &tool_path,
+                TOOL_KEYS,
+                |this, key, value, key_path| {
+                    match key {
+                        "idempotent" => {
+                            config.idempotent = this.boolean(value, key_path).map(|b| b.value)
+                        }
+                        "read_only" => {
+                            config.read_only = this.boolean(value, key_path).map(|b| b.value)
+                        }
+                        "timeout" => {
+                            config.timeout = this
+                                .duration(value, key_path, Zero::Rejected)
+                                .map(|d| d.value)
+                        }
+                        _ => return false,
                     }
-                    "read_only" => {
-                        config.read_only = self.boolean(value, &key_path).map(|b| b.value)
-                    }
-                    "timeout" => {
-                        config.timeout = self
-                            .duration(value, &key_path, Zero::Rejected)
-                            .map(|d| d.value)
-                    }
-                    _ => self.unknown(item, &tool_path, TOOL_KEYS),
-                }
+                    true
+                },
+            );
+            if matches!(tool.value.val, Val::Map(_) | Val::Null) {
+                p.tools.insert(tool.key.clone(), config);
             }
-            p.tools.insert(tool.key.clone(), config);
         }
     }
 
