@@ -370,6 +370,7 @@ impl Dispatcher {
         self.start_server(Instant::now());
         loop {
             if let Some(outcome) = self.finished() {
+                self.answer_remaining();
                 info!("{}", self.stats.summary());
                 self.flush_stats();
                 return outcome;
@@ -397,6 +398,16 @@ impl Dispatcher {
                 Some(e) => self.handle_event(e, now),
                 None => self.fire_timers(now),
             }
+        }
+    }
+
+    /// The session ends: requests still waiting (a call in backoff, say)
+    /// get their one answer before the proxy exits.
+    fn answer_remaining(&mut self) {
+        let mut ids: Vec<String> = self.client_requests.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            self.answer_proxy_error(&id, Reason::ServerUnavailable, "mcp-retry is shutting down");
         }
     }
 

@@ -117,3 +117,24 @@ fn calls_in_flight_when_the_server_exits_get_exactly_one_answer() {
     }
     s.expect_none_where(Duration::from_millis(300), |v| v.get("id").is_some());
 }
+
+#[test]
+fn a_call_waiting_for_a_retry_at_eof_still_gets_its_answer() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file(
+            "c.yaml",
+            "servers:\n  m:\n    command: {mock}\n    retry:\n      base_delay: 5\n      jitter: 0\n",
+        )
+        .start();
+    s.initialize();
+    s.request(json!("t"), "tools/list", json!({}));
+    s.result(&json!("t"));
+    s.call(json!("r"), "idem_echo", json!({"mode": "flaky"}));
+    crate::util::eventually("the retry to be scheduled", || {
+        s.stderr().contains("retrying in")
+    });
+    s.close_stdin();
+    let e = s.error(&json!("r"));
+    assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
+    assert_eq!(s.wait().code(), Some(0));
+}
