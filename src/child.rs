@@ -346,6 +346,9 @@ impl Downstream for Child {
         self.description.clone()
     }
     fn diagnostics(&self) -> Vec<String> {
+        // Asked once the process is gone: give the stderr thread a moment to
+        // read the last lines (briefly: a descendant may hold the pipe open).
+        self.wait_stderr_closed(Duration::from_millis(100));
         self.stderr_tail()
     }
 }

@@ -48,6 +48,7 @@ pub trait Downstream: Send {
     /// For messages: `"cmd" (pid N)`.
     fn describe(&self) -> String;
     /// The server's last diagnostic lines (stdio: stderr), oldest first.
+    /// Asked when the server is gone; may wait a moment for the last ones.
     fn diagnostics(&self) -> Vec<String>;
 }
 
