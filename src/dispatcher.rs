@@ -950,7 +950,7 @@ impl Dispatcher {
         }
         if let Some(down) = req.downstream {
             self.inflight.remove(&down);
-            let params = params_with(&params, "requestId", &down.to_string());
+            let params = params.to_json_replacing("requestId", &down.to_string());
             let line = m.line_with_params(&params);
             self.send_server(line);
         }
@@ -1121,7 +1121,7 @@ impl Dispatcher {
                 return debug!("dropped the server's cancel for unknown request {server_id}");
             };
             self.server_requests.remove(&ours);
-            let params = params_with(&params, "requestId", &ours.to_string());
+            let params = params.to_json_replacing("requestId", &ours.to_string());
             return self.send_client(m.line_with_params(&params));
         }
         self.send_client(m.into_line());
@@ -1172,19 +1172,4 @@ fn spin_for_event(inbox: &Receiver<Event>) -> Option<Event> {
         }
         std::hint::spin_loop();
     }
-}
-
-/// `params` with member `key` replaced by raw JSON `value`.
-fn params_with(params: &RawObject<'_>, key: &str, value: &str) -> String {
-    let mut out = String::from("{");
-    for (i, (k, v)) in params.0.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&jsonrpc::json_string(k));
-        out.push(':');
-        out.push_str(if k == key { value } else { v.get() });
-    }
-    out.push('}');
-    out
 }

@@ -563,14 +563,37 @@ impl<'a> RawObject<'a> {
     }
     /// Writes the object back as compact JSON: keys re-escaped, values as they were.
     pub fn to_json(&self) -> String {
+        self.write(None)
+    }
+
+    /// The same with member `key`'s value replaced by raw JSON `value`.
+    pub fn to_json_replacing(&self, key: &str, value: &str) -> String {
+        self.write(Some((key, value)))
+    }
+
+    /// `{member,…}`: the object with `member` (a raw `"key":value` pair)
+    /// written first.
+    pub fn to_json_after(&self, member: &str) -> String {
+        let rest = self.to_json();
+        if rest == "{}" {
+            format!("{{{member}}}")
+        } else {
+            format!("{{{member},{}", &rest[1..])
+        }
+    }
+
+    fn write(&self, replace: Option<(&str, &str)>) -> String {
         let mut out = String::from("{");
         for (i, (k, v)) in self.0.iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
-            out.push_str(&serde_json::to_string(k.as_ref()).unwrap_or_default());
+            out.push_str(&json_string(k));
             out.push(':');
-            out.push_str(v.get());
+            match replace {
+                Some((key, value)) if k == key => out.push_str(value),
+                _ => out.push_str(v.get()),
+            }
         }
         out.push('}');
         out

@@ -1006,7 +1006,7 @@ impl ParsedCall {
                     explicit_key = key_text(k);
                 }
                 let new_args = args.to_json();
-                forward_params = Some(super::params_with(&params, "arguments", &new_args));
+                forward_params = Some(params.to_json_replacing("arguments", &new_args));
                 arguments = new_args;
             }
         }
@@ -1090,38 +1090,22 @@ fn storable_by_members(result: &str) -> bool {
     o.get("task").is_none()
 }
 
-/// `result` with `_meta["mcp-retry/source"]` set, nothing else changed.
+/// `result` with `_meta["mcp-retry/source"]` set (first in `_meta`),
+/// nothing else changed.
 pub fn with_source(result: &str, source: Source) -> String {
-    let Some(o) = RawObject::parse(result) else {
+    let Some(mut o) = RawObject::parse(result) else {
         return result.to_owned();
     };
     let marker = format!("\"mcp-retry/source\":\"{}\"", source.as_str());
-    match o.get("_meta").map(|m| m.get()) {
-        Some(meta) if meta.trim_start().starts_with('{') => {
-            let inner = meta.trim();
-            let body = inner[1..inner.len() - 1].trim();
-            let new_meta = match RawObject::parse(meta) {
-                Some(mut mo) => {
-                    mo.remove("mcp-retry/source");
-                    let rest = mo.to_json();
-                    if rest == "{}" {
-                        format!("{{{marker}}}")
-                    } else {
-                        format!("{{{marker},{}", &rest[1..])
-                    }
-                }
-                None if body.is_empty() => format!("{{{marker}}}"),
-                None => format!("{{{marker},{body}}}"),
-            };
-            super::params_with(&o, "_meta", &new_meta)
+    match o.get("_meta").and_then(|m| RawObject::parse(m.get())) {
+        Some(mut meta) => {
+            meta.remove("mcp-retry/source");
+            o.to_json_replacing("_meta", &meta.to_json_after(&marker))
         }
-        _ => {
-            let rest = o.to_json();
-            if rest == "{}" {
-                format!("{{\"_meta\":{{{marker}}}}}")
-            } else {
-                format!("{{\"_meta\":{{{marker}}},{}", &rest[1..])
-            }
+        None => {
+            // No `_meta`, or one that is not an object: a fresh one.
+            o.remove("_meta");
+            o.to_json_after(&format!("\"_meta\":{{{marker}}}"))
         }
     }
 }
@@ -1186,6 +1170,14 @@ mod tests {
         assert_eq!(
             with_source("{}", Source::Stale),
             r#"{"_meta":{"mcp-retry/source":"stale"}}"#
+        );
+        assert_eq!(
+            with_source(r#"{"_meta":null,"content":[]}"#, Source::Cache),
+            r#"{"_meta":{"mcp-retry/source":"cache"},"content":[]}"#
+        );
+        assert_eq!(
+            with_source(r#"{"_meta":{"mcp-retry/source":"old"}}"#, Source::Dedup),
+            r#"{"_meta":{"mcp-retry/source":"dedup"}}"#
         );
     }
 
