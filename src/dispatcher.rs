@@ -943,8 +943,7 @@ impl Dispatcher {
         }
         if let Some(call) = req.call {
             let reason = params
-                .get("reason")
-                .and_then(|r| serde_json::from_str::<String>(r.get()).ok())
+                .string("reason")
                 .unwrap_or_else(|| "cancelled by the client".into());
             return self.cancel_call_member(call, &request_id, &reason);
         }
@@ -1064,11 +1063,9 @@ impl Dispatcher {
             return;
         };
         self.session.init_params = self.session.pending_init.take();
-        if let Some(v) = result.get("protocolVersion") {
-            if let Ok(v) = serde_json::from_str::<String>(v.get()) {
-                debug!("negotiated protocol version {v}");
-                self.session.protocol_version = Some(v);
-            }
+        if let Some(v) = result.string("protocolVersion") {
+            debug!("negotiated protocol version {v}");
+            self.session.protocol_version = Some(v);
         }
         let tools = result
             .get("capabilities")

@@ -557,6 +557,10 @@ impl<'a> RawObject<'a> {
     pub fn get(&self, key: &str) -> Option<&'a RawValue> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
     }
+    /// Member `key` when it is a JSON string, unescaped.
+    pub fn string(&self, key: &str) -> Option<String> {
+        serde_json::from_str(self.get(key)?.get()).ok()
+    }
     pub fn remove(&mut self, key: &str) -> Option<&'a RawValue> {
         let i = self.0.iter().position(|(k, _)| k == key)?;
         Some(self.0.remove(i).1)

@@ -989,7 +989,7 @@ struct ParsedCall {
 impl ParsedCall {
     fn parse(m: &Message) -> Option<ParsedCall> {
         let params = RawObject::parse(m.params()?)?;
-        let name: String = serde_json::from_str(params.get("name")?.get()).ok()?;
+        let name = params.string("name")?;
         let mut explicit_key = None;
         let mut progress_token = None;
         if let Some(meta) = params.get("_meta").and_then(|v| RawObject::parse(v.get())) {

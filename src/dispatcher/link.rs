@@ -288,8 +288,7 @@ impl Dispatcher {
         let version = m
             .result()
             .and_then(RawObject::parse)
-            .and_then(|r| r.get("protocolVersion").map(|v| v.get().to_owned()))
-            .and_then(|v| serde_json::from_str::<String>(&v).ok());
+            .and_then(|r| r.string("protocolVersion"));
         let problem = match (&version, &self.session.protocol_version) {
             (None, _) => Some(format!(
                 "it answered the replayed initialize with {}",
