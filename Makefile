@@ -22,9 +22,12 @@ lint:
 	$(CARGO) fmt --check --manifest-path fuzz/Cargo.toml
 	$(CARGO) clippy --all-targets -- -D warnings
 
+# The `fast` profile (Cargo.toml): no LTO, parallel codegen, so a fresh
+# clone shows the demo in about a minute. `install`, `static`, `bench` and
+# `build` keep the fully optimised release profile.
 demo:
-	$(CARGO) build --release --bins
-	python3 examples/demo.py target/release/mcp-retry target/release/mock-mcp-server
+	$(CARGO) build --profile fast --bins
+	python3 examples/demo.py $(TARGET_DIR)/fast/mcp-retry $(TARGET_DIR)/fast/mock-mcp-server
 
 install:
 	$(CARGO) install --path . --bin mcp-retry
@@ -33,8 +36,8 @@ install:
 # tests/interop/run.py). The pinned packages are installed into
 # tests/interop/node_modules and tests/interop/.venv, never globally.
 interop: $(INTEROP)/node_modules/.installed $(INTEROP)/.venv/.installed
-	$(CARGO) build --release --bin mcp-retry
-	$(INTEROP)/.venv/bin/python $(INTEROP)/run.py --proxy target/release/mcp-retry
+	$(CARGO) build --profile fast --bin mcp-retry
+	$(INTEROP)/.venv/bin/python $(INTEROP)/run.py --proxy $(TARGET_DIR)/fast/mcp-retry
 
 $(INTEROP)/node_modules/.installed: $(INTEROP)/package.json $(INTEROP)/package-lock.json
 	cd $(INTEROP) && $(NPM) ci --no-audit --no-fund
