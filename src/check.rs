@@ -7,8 +7,10 @@
 //! and the report formats. Starting and stopping processes belongs to
 //! `child.rs` and reading the config to `config.rs`; this module knows
 //! nothing of the dispatcher, retries or any other policy. Our stdout is the
-//! report only: the servers' stderr is kept (never copied) and only its last
-//! line is quoted in a reason.
+//! report only: the servers' stderr is kept (never copied) and only its most
+//! telling line ([`redact::pick_line`]) is quoted in a reason. Everything a
+//! server said that reaches the report goes through its [`Redactor`] first:
+//! a SessionStart hook puts the report into the agent's context.
 
 use std::io::{self, Write};
 use std::process::ExitCode;
@@ -29,6 +31,7 @@ use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
 use crate::downstream::ServerEvent;
 use crate::jsonrpc::{self, Kind, Message, Parsed};
+use crate::redact::{self, Redactor};
 
 /// The protocol version offered in `initialize`.
 const LEGACY_VERSION: &str = "2025-11-25";
@@ -44,6 +47,8 @@ const END_GRACE: Duration = Duration::from_millis(500);
 const MAX_TOOL_PAGES: usize = 1000;
 /// The longest stderr line quoted in a reason, in characters.
 const MAX_REASON_LINE: usize = 300;
+/// The longest quote of a non-JSON stdout line, in characters.
+const MAX_NON_JSON_QUOTE: usize = 80;
 
 pub fn run(args: CheckArgs) -> Result<ExitCode> {
     let config = config::load(&args.config)?;
@@ -204,6 +209,7 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
         stop,
         deadline: started + timeout,
         next_id: 1,
+        redactor: Redactor::new(&cfg.env),
     };
     let outcome = talk(&mut conv, started, timeout);
     if matches!(stop.try_recv(), Err(TryRecvError::Disconnected)) {
@@ -291,7 +297,14 @@ fn handshake(
             Answer::Result(r) => Ok(Hello::from_result(&r, started.elapsed(), true)),
             _ => Err(format!("initialize failed: {refusal}")),
         },
-        Answer::TimedOut => Err(format!("no response within {}", seconds(timeout))),
+        Answer::TimedOut => Err(match conv.child.last_non_json() {
+            Some(line) => format!(
+                "wrote non-JSON to stdout: {} (no response within {})",
+                conv.quote(&line, MAX_NON_JSON_QUOTE),
+                seconds(timeout)
+            ),
+            None => format!("no response within {}", seconds(timeout)),
+        }),
         Answer::Gone(why) => Err(why),
         Answer::Stopped => Err("interrupted".into()),
     }
@@ -379,6 +392,8 @@ struct Conversation<'a> {
     stop: &'a Receiver<()>,
     deadline: Instant,
     next_id: u64,
+    /// Removes the server's `env:` values and credentials from what it said.
+    redactor: Redactor,
 }
 
 impl Conversation<'_> {
@@ -449,7 +464,7 @@ impl Conversation<'_> {
 
     fn take_message(&mut self, m: Message, id: &str) -> Option<Answer> {
         match m.kind() {
-            Kind::Response if m.id() == Some(id) => Some(answer_of(&m)),
+            Kind::Response if m.id() == Some(id) => Some(answer_of(&m, &self.redactor)),
             Kind::Request => {
                 self.answer_server_request(&m);
                 None
@@ -475,38 +490,39 @@ impl Conversation<'_> {
             None => "closed its stdout before answering".into(),
         };
         self.child.wait_stderr_closed(END_GRACE);
-        Answer::Gone(match last_line(&self.child.stderr_tail()) {
-            Some(line) => format!("{what}: {line}"),
-            None => what,
+        let tail = self.child.stderr_tail();
+        let line = redact::pick_line(&tail).map(|l| self.quote(l, MAX_REASON_LINE));
+        Answer::Gone(match line {
+            Some(line) if !line.is_empty() => format!("{what}: {line}"),
+            _ => what,
         })
+    }
+
+    /// Something the server wrote, fit for one line of the report:
+    /// redacted, then cleaned and shortened to `max` characters.
+    fn quote(&self, text: &str, max: usize) -> String {
+        clean_line(&self.redactor.redact(text), max)
     }
 }
 
-/// A response as an [`Answer`]: its result, or its error's message.
-fn answer_of(m: &Message) -> Answer {
+/// A response as an [`Answer`]: its result, or its error's message
+/// (redacted).
+fn answer_of(m: &Message, redactor: &Redactor) -> Answer {
     let parse = |raw: &str| serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
     if let Some(result) = m.result() {
         return Answer::Result(parse(result));
     }
     let error = m.error().map(parse).unwrap_or(Value::Null);
-    Answer::Error(match error["message"].as_str() {
-        Some(msg) if !msg.trim().is_empty() => clean_line(msg),
+    let text = match error["message"].as_str() {
+        Some(msg) if !msg.trim().is_empty() => msg.to_owned(),
         _ => format!("error {error}"),
-    })
-}
-
-/// The last non-blank line, made fit for one line of our report.
-fn last_line(lines: &[String]) -> Option<String> {
-    lines
-        .iter()
-        .rev()
-        .map(|l| clean_line(l))
-        .find(|l| !l.is_empty())
+    };
+    Answer::Error(clean_line(&redactor.redact(&text), MAX_REASON_LINE))
 }
 
 /// Drops terminal colour codes and control characters, trims, and
-/// shortens to [`MAX_REASON_LINE`] characters.
-fn clean_line(line: &str) -> String {
+/// shortens to `max` characters.
+fn clean_line(line: &str, max: usize) -> String {
     let mut out = String::with_capacity(line.len());
     let mut chars = line.chars().peekable();
     while let Some(c) = chars.next() {
@@ -525,10 +541,10 @@ fn clean_line(line: &str) -> String {
         }
     }
     let trimmed = out.trim();
-    if trimmed.chars().count() <= MAX_REASON_LINE {
+    if trimmed.chars().count() <= max {
         return trimmed.to_owned();
     }
-    let mut short: String = trimmed.chars().take(MAX_REASON_LINE - 1).collect();
+    let mut short: String = trimmed.chars().take(max - 1).collect();
     short.push('…');
     short
 }
@@ -764,15 +780,13 @@ mod tests {
     #[test]
     fn stderr_lines_are_cleaned_for_the_report() {
         assert_eq!(
-            clean_line("\u{1b}[31mError:\u{1b}[0m\tno token\r"),
+            clean_line("\u{1b}[31mError:\u{1b}[0m\tno token\r", 300),
             "Error: no token"
         );
         let long = "x".repeat(MAX_REASON_LINE + 10);
-        assert_eq!(clean_line(&long).chars().count(), MAX_REASON_LINE);
-        assert!(clean_line(&long).ends_with('…'));
-        let lines = ["first".to_owned(), "last".to_owned(), "  ".to_owned()];
-        assert_eq!(last_line(&lines).as_deref(), Some("last"));
-        assert_eq!(last_line(&[]), None);
+        let short = clean_line(&long, MAX_REASON_LINE);
+        assert_eq!(short.chars().count(), MAX_REASON_LINE);
+        assert!(short.ends_with('…'));
     }
 
     #[test]
@@ -800,17 +814,29 @@ mod tests {
     #[test]
     fn errors_become_their_message() {
         let m = |s: &str| Message::reparse(s.to_owned()).unwrap();
-        let Answer::Error(msg) = answer_of(&m(
-            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"unsupported protocol version"}}"#,
-        )) else {
+        let r = Redactor::new(&[("T".into(), "SECRET-ENV-456".into())]);
+        let Answer::Error(msg) = answer_of(
+            &m(
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"unsupported protocol version"}}"#,
+            ),
+            &r,
+        ) else {
             panic!("not an error")
         };
         assert_eq!(msg, "unsupported protocol version");
-        let Answer::Error(msg) = answer_of(&m(r#"{"jsonrpc":"2.0","id":1,"error":{"code":7}}"#))
+        let Answer::Error(msg) =
+            answer_of(&m(r#"{"jsonrpc":"2.0","id":1,"error":{"code":7}}"#), &r)
         else {
             panic!("not an error")
         };
         assert_eq!(msg, r#"error {"code":7}"#);
+        let Answer::Error(msg) = answer_of(
+            &m(r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"bad key SECRET-ENV-456"}}"#),
+            &r,
+        ) else {
+            panic!("not an error")
+        };
+        assert_eq!(msg, "bad key [redacted]");
     }
 
     #[test]
@@ -865,9 +891,52 @@ mod tests {
 
     /// Probes a `sh -c SCRIPT` server.
     fn probe_script(script: &str, timeout: Duration) -> Result<Up, String> {
-        let cfg = ServerConfig::with_defaults("t", "sh".into(), vec!["-c".into(), script.into()]);
+        probe_script_with_env(script, &[], timeout)
+    }
+
+    fn probe_script_with_env(
+        script: &str,
+        env: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<Up, String> {
+        let mut cfg =
+            ServerConfig::with_defaults("t", "sh".into(), vec!["-c".into(), script.into()]);
+        cfg.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let (_keep, stop) = crossbeam_channel::bounded::<()>(0);
         probe(&cfg, timeout, &stop)
+    }
+
+    #[test]
+    fn a_node_crash_is_quoted_by_its_error_line_without_secrets() {
+        let script = r#"read l
+echo '/app/index.js:3' >&2
+echo "Error: cannot log in as $LOGIN with TOKEN=$TOKEN" >&2
+echo '    at Object.<anonymous> (/app/index.js:3:7)' >&2
+echo >&2
+echo 'Node.js v20.11.0' >&2
+exit 1"#;
+        let env = [("TOKEN", "SECRET-ENV-456"), ("LOGIN", "alice-the-admin")];
+        let why = probe_script_with_env(script, &env, Duration::from_secs(10)).unwrap_err();
+        assert_eq!(
+            why,
+            "exited with status 1 before answering: Error: cannot log in as [redacted] with TOKEN=[redacted]"
+        );
+    }
+
+    #[test]
+    fn a_server_writing_non_json_says_so() {
+        let why = probe_script(
+            "echo 'Server running on stdio, key=abcdef'; sleep 30",
+            Duration::from_millis(500),
+        )
+        .unwrap_err();
+        assert_eq!(
+            why,
+            "wrote non-JSON to stdout: Server running on stdio, key=[redacted] (no response within 0.5s)"
+        );
     }
 
     #[test]

@@ -26,6 +26,8 @@ use crate::stdio::{self, ReadItem};
 
 /// How many of the child's last stderr lines are kept for messages.
 const STDERR_TAIL: usize = 20;
+/// How many bytes of the last non-JSON stdout line are kept for messages.
+const NON_JSON_HEAD: usize = 200;
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +87,11 @@ pub struct Child {
     /// Disconnected once the stderr thread has read everything.
     stderr_done: Receiver<()>,
     description: String,
+    /// Removes the server's `env:` values and credentials from what
+    /// [`Downstream::diagnostics`] quotes to the client.
+    redactor: crate::redact::Redactor,
+    /// The start of the last stdout line that was not JSON.
+    non_json: Arc<Mutex<Option<String>>>,
 }
 
 /// Why a child could not be started.
@@ -147,18 +154,33 @@ where
     });
 
     let ev = on_event.clone();
+    let non_json = Arc::new(Mutex::new(None));
+    let (non_json2, name) = (non_json.clone(), cfg.name.clone());
     stdio::spawn_reader("child-stdout", stdout, cfg.max_message_bytes, move |item| {
         match item {
-            ReadItem::Line(line) => match jsonrpc::classify_bytes(line) {
-                Parsed::Invalid(i) if i.code == jsonrpc::PARSE_ERROR => {
-                    crate::warn!(
-                        "the server wrote a line that is not JSON; skipped ({})",
-                        i.message
-                    );
-                    ev(ServerEvent::Garbage);
+            ReadItem::Line(line) => {
+                // The start of a line that cannot be JSON-RPC (a log line or
+                // banner), kept for `check`'s report.
+                let head = line
+                    .iter()
+                    .find(|b| !b.is_ascii_whitespace())
+                    .is_some_and(|b| !matches!(b, b'{' | b'['))
+                    .then(|| String::from_utf8_lossy(&line[..line.len().min(NON_JSON_HEAD)]));
+                let head = head.map(|h| h.into_owned());
+                match jsonrpc::classify_bytes(line) {
+                    Parsed::Invalid(i) if i.code == jsonrpc::PARSE_ERROR => {
+                        crate::warn!(
+                            "server {name:?} wrote a line to stdout that is not JSON; skipped ({})",
+                            i.message
+                        );
+                        if head.is_some() {
+                            *non_json2.lock() = head;
+                        }
+                        ev(ServerEvent::Garbage);
+                    }
+                    parsed => ev(ServerEvent::Message(parsed)),
                 }
-                parsed => ev(ServerEvent::Message(parsed)),
-            },
+            }
             ReadItem::Overlong => {
                 crate::debug!("the server is writing a line over max_message_bytes; dropping it");
                 ev(ServerEvent::Overlong);
@@ -221,6 +243,8 @@ where
         stderr_tail: tail,
         stderr_done,
         description: format!("\"{}\" (pid {pid})", cfg.command),
+        redactor: crate::redact::Redactor::new(&cfg.env),
+        non_json,
     })
 }
 
@@ -271,6 +295,11 @@ impl Child {
     /// The last lines the child wrote to stderr, oldest first.
     pub fn stderr_tail(&self) -> Vec<String> {
         self.stderr_tail.lock().iter().cloned().collect()
+    }
+
+    /// The start of the last stdout line that was not JSON (not redacted).
+    pub fn last_non_json(&self) -> Option<String> {
+        self.non_json.lock().clone()
     }
 
     /// Waits up to `timeout` for the child's stderr to reach end of file, so
@@ -349,7 +378,8 @@ impl Downstream for Child {
         // Asked once the process is gone: give the stderr thread a moment to
         // read the last lines (briefly: a descendant may hold the pipe open).
         self.wait_stderr_closed(Duration::from_millis(100));
-        self.stderr_tail()
+        let tail = self.stderr_tail();
+        tail.iter().map(|l| self.redactor.redact(l)).collect()
     }
 }
 

@@ -14,6 +14,7 @@ mod jsonrpc;
 mod log;
 mod policy;
 mod proxy;
+mod redact;
 mod stats;
 mod stdio;
 

@@ -428,3 +428,73 @@ fn no_process_outlives_the_check() {
         }
     }
 }
+
+#[test]
+fn secrets_in_a_dying_server_s_stderr_stay_out_of_the_report() {
+    let dir = TempDir::new();
+    // A shell server prints what its environment holds, as a server that
+    // logs its settings before dying would: `TOKEN=...`, and the bare value
+    // inside an error.
+    let config = r#"servers:
+  named:
+    command: sh
+    args: ["-c", "echo \"TOKEN=$TOKEN\" >&2; exit 1"]
+    env:
+      TOKEN: SECRET-ENV-456
+  bare:
+    command: sh
+    args: ["-c", "echo \"Error: login failed for $API\" >&2; echo 'Node.js v20.11.0' >&2; exit 1"]
+    env:
+      API: SECRET-ENV-456
+"#;
+    let ran = check(&dir, config, &["--timeout", "5"]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    assert!(!ran.stdout.contains("SECRET"), "{}", ran.stdout);
+    let lines = report(&ran);
+    assert_down(
+        &lines[0],
+        "named",
+        "exited with status 1 before answering: TOKEN=[redacted]",
+    );
+    assert_down(
+        &lines[1],
+        "bare",
+        "exited with status 1 before answering: Error: login failed for [redacted]",
+    );
+    let ran = check(&dir, config, &["--timeout", "5", "--json"]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    assert!(!ran.stdout.contains("SECRET"), "{}", ran.stdout);
+    let v: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(
+        v["servers"][0]["error"],
+        "exited with status 1 before answering: TOKEN=[redacted]"
+    );
+}
+
+#[test]
+fn a_server_writing_non_json_to_stdout_is_named_and_quoted() {
+    let dir = TempDir::new();
+    let ran = check(
+        &dir,
+        "servers:
+  chatty:
+    command: {mock}
+    env:
+      MOCK_WRITE_GARBAGE_AT_START: \"1\"
+      MOCK_NO_INIT_ANSWER: \"1\"
+",
+        &["--timeout", "0.5"],
+    );
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    assert_down(
+        &report(&ran)[0],
+        "chatty",
+        "wrote non-JSON to stdout: not json at start (no response within 0.5s)",
+    );
+    assert!(
+        ran.stderr
+            .contains("server \"chatty\" wrote a line to stdout that is not JSON"),
+        "{}",
+        ran.stderr
+    );
+}

@@ -112,3 +112,23 @@ fn env_expansion_reaches_the_server() {
     assert_eq!(tools["tools"][0]["name"], "from_env");
     assert_eq!(tools["tools"][1]["name"], "fallback");
 }
+
+#[test]
+fn a_dying_server_s_secrets_stay_out_of_the_client_s_error() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file(
+            "c.yaml",
+            "servers:\n  mock:\n    command: {mock}\n    env:\n      TOKEN: SECRET-ENV-456\n",
+        )
+        .start();
+    s.initialize();
+    s.call(
+        json!(1),
+        "unsafe_echo",
+        json!({"mode": "crash", "stderr_env": "TOKEN"}),
+    );
+    let error = s.error(&json!(1));
+    let text = error.to_string();
+    assert!(text.contains("[redacted]"), "{text}");
+    assert!(!text.contains("SECRET-ENV-456"), "{text}");
+}

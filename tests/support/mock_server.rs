@@ -109,7 +109,7 @@
 //! | `is_error`         | `text` ("mock tool error as asked") | result `{"content": [{"type": "text", "text": TEXT}], "isError": true}` |
 //! | `slow`             | `ms` (1000), `cancellable` (true)   | sleeps `ms`, then echo answer; cancellable unless `cancellable` is false (then it answers even after a `notifications/cancelled`) |
 //! | `hang`             |                                     | never answers; cancellable |
-//! | `crash`            | `exit_code` (3), `stderr` ("mock: crashing as asked") | prints `stderr` to stderr, exits with `exit_code`, no answer |
+//! | `crash`            | `exit_code` (3), `stderr` ("mock: crashing as asked"), `stderr_env` | prints `stderr` to stderr (with `stderr_env`, the variable of that name as `NAME=VALUE` instead), exits with `exit_code`, no answer |
 //! | `garbage`          | `text`                              | writes the line `this is not json` to stdout, then echo answer |
 //! | `huge`             | `bytes` (1048576)                   | echo answer whose TEXT is exactly `bytes` `x` characters |
 //! | `progress`         | `steps` (3), `ms` (50)              | for i in 1..=steps: sleep `ms`, then send `notifications/progress` `{"progressToken": T, "progress": i, "total": steps}`; then echo answer. T is `params._meta.progressToken` byte for byte; without a token it only sleeps. Cancellable |
@@ -1526,7 +1526,10 @@ impl Mode {
             "hang" => Mode::Hang,
             "crash" => Mode::Crash {
                 exit_code: args.exit_code()?,
-                stderr: args.str("stderr")?.map(String::from),
+                stderr: match args.str("stderr_env")? {
+                    Some(name) => Some(format!("{name}={}", env_string(name).unwrap_or_default())),
+                    None => args.str("stderr")?.map(String::from),
+                },
             },
             "garbage" => Mode::Garbage,
             "huge" => Mode::Huge {

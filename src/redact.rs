@@ -1,0 +1,472 @@
+//! What of a server's stderr may be shown to the client, and so to the model:
+//! secrets are replaced with `[redacted]`, and [`pick_line`] chooses the one
+//! line worth quoting from the last few.
+//!
+//! A server's last stderr line is quoted in the JSON-RPC error a client gets
+//! when the server dies, and in `check`'s report, which a SessionStart hook
+//! puts into the agent's context. [`Redactor`] removes the values of the
+//! server's configured `env:` entries (exact substrings) and anything that
+//! looks like a credential: `NAME=value` and `name: value` where the name
+//! sounds secret, `Bearer` tokens, and long base64 or hex runs. Pure: no I/O,
+//! no clock; it knows nothing of processes or the protocol.
+
+/// What a secret is replaced with.
+pub const REDACTED: &str = "[redacted]";
+
+/// `env:` values shorter than this are not treated as secrets: `1`, `true`
+/// or `dev` would blank out ordinary words.
+const MIN_SECRET_LEN: usize = 6;
+
+/// A run of base64/hex-like characters at least this long is redacted.
+const MIN_OPAQUE_RUN: usize = 32;
+
+/// A `Bearer` token shorter than this is an ordinary word ("Bearer token").
+const MIN_BEARER_LEN: usize = 8;
+
+/// Parts of a name that make its value a secret (compared in lowercase).
+const SECRET_NAMES: &[&str] = &[
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "key",
+    "auth",
+    "credential",
+    "bearer",
+    "cookie",
+    "session",
+];
+
+/// Removes secrets from lines a server wrote before they are shown to a
+/// client.
+#[derive(Debug, Clone, Default)]
+pub struct Redactor {
+    /// Exact strings to remove, longest first.
+    secrets: Vec<String>,
+}
+
+impl Redactor {
+    /// A redactor for a server started with these `env:` entries.
+    pub fn new(env: &[(String, String)]) -> Redactor {
+        let mut secrets: Vec<String> = env
+            .iter()
+            .map(|(_, v)| v.trim().to_owned())
+            .filter(|v| v.chars().count() >= MIN_SECRET_LEN)
+            .collect();
+        // Longest first, so that a value containing another goes whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.dedup();
+        Redactor { secrets }
+    }
+
+    /// `line` with every secret replaced by [`REDACTED`].
+    pub fn redact(&self, line: &str) -> String {
+        let mut out = line.to_owned();
+        for secret in &self.secrets {
+            if out.contains(secret.as_str()) {
+                out = out.replace(secret.as_str(), REDACTED);
+            }
+        }
+        let out = redact_named_values(&out);
+        let out = redact_bearer_tokens(&out);
+        redact_opaque_runs(&out)
+    }
+}
+
+/// Whether a name such as `GITHUB_TOKEN`, `api-key` or `Authorization`
+/// names a secret.
+fn is_secret_name(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    SECRET_NAMES.iter().any(|s| lower.contains(s))
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')
+}
+
+/// Replaces the byte ranges (sorted, not overlapping) of `s` with [`REDACTED`].
+fn replace_ranges(s: &str, ranges: &[(usize, usize)]) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut at = 0;
+    for &(start, end) in ranges {
+        out.push_str(&s[at..start]);
+        out.push_str(REDACTED);
+        at = end;
+    }
+    out.push_str(&s[at..]);
+    out
+}
+
+/// `TOKEN=abc`, `password: hunter2`, `"api_key": "abc"`, `?access_token=abc&`
+/// and `Authorization: Bearer abc`: the value goes.
+fn redact_named_values(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let sep = bytes[i];
+        if sep != b'=' && sep != b':' {
+            i += 1;
+            continue;
+        }
+        // The name: skip a closing quote and (for `:`) spaces backwards.
+        let mut end = i;
+        if sep == b':' {
+            while end > 0 && bytes[end - 1] == b' ' {
+                end -= 1;
+            }
+        }
+        if end > 0 && matches!(bytes[end - 1], b'"' | b'\'') {
+            end -= 1;
+        }
+        let name_start = s[..end]
+            .char_indices()
+            .rev()
+            .take_while(|&(_, c)| is_name_char(c))
+            .last()
+            .map_or(end, |(p, _)| p);
+        let name = &s[name_start..end];
+        if name.is_empty() || !is_secret_name(name) {
+            i += 1;
+            continue;
+        }
+        // The value: after spaces, an optional quote and an auth scheme.
+        let mut start = i + 1;
+        while start < bytes.len() && bytes[start] == b' ' {
+            start += 1;
+        }
+        let quote = match bytes.get(start) {
+            Some(&q @ (b'"' | b'\'')) => {
+                start += 1;
+                Some(q)
+            }
+            _ => None,
+        };
+        for scheme in ["bearer ", "basic ", "token "] {
+            let rest = &s[start..];
+            if rest.len() > scheme.len() && rest[..scheme.len()].eq_ignore_ascii_case(scheme) {
+                start += scheme.len();
+                while start < bytes.len() && bytes[start] == b' ' {
+                    start += 1;
+                }
+                break;
+            }
+        }
+        let value_end = match quote {
+            Some(q) => s[start..].find(q as char).map_or(s.len(), |p| start + p),
+            None => s[start..]
+                .find(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | '&' | '"' | '\''))
+                .map_or(s.len(), |p| start + p),
+        };
+        let value = &s[start..value_end];
+        if !value.is_empty() && value != REDACTED && !value.starts_with(REDACTED) {
+            ranges.push((start, value_end));
+        }
+        i = value_end.max(i + 1);
+    }
+    replace_ranges(s, &ranges)
+}
+
+/// `Bearer abc…` anywhere in a line: the token goes.
+fn redact_bearer_tokens(s: &str) -> String {
+    let lower = s.to_ascii_lowercase();
+    let mut ranges = Vec::new();
+    let mut from = 0;
+    while let Some(p) = lower[from..].find("bearer") {
+        let word_end = from + p + "bearer".len();
+        from = word_end;
+        let rest = &s[word_end..];
+        let spaces = rest.len() - rest.trim_start().len();
+        if spaces == 0 {
+            continue;
+        }
+        let start = word_end + spaces;
+        let end = s[start..]
+            .find(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | '"' | '\''))
+            .map_or(s.len(), |q| start + q);
+        let token = &s[start..end];
+        if token.len() >= MIN_BEARER_LEN && !token.starts_with(REDACTED) {
+            ranges.push((start, end));
+            from = end;
+        }
+    }
+    replace_ranges(s, &ranges)
+}
+
+fn is_opaque_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=' | b'_' | b'-')
+}
+
+/// Runs of at least [`MIN_OPAQUE_RUN`] base64 or hex characters that mix
+/// letters and digits (keys, tokens, hashes); paths are left alone.
+fn redact_opaque_runs(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut ranges = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if !is_opaque_char(bytes[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && is_opaque_char(bytes[i]) {
+            i += 1;
+        }
+        let run = &s[start..i];
+        // A path is not a secret: its pieces between slashes are judged
+        // alone.
+        let mut at = start;
+        for piece in run.split('/') {
+            let has_digit = piece.bytes().any(|b| b.is_ascii_digit());
+            let has_letter = piece.bytes().any(|b| b.is_ascii_alphabetic());
+            if piece.len() >= MIN_OPAQUE_RUN && has_digit && has_letter {
+                ranges.push((at, at + piece.len()));
+            }
+            at += piece.len() + 1;
+        }
+    }
+    replace_ranges(s, &ranges)
+}
+
+/// The most informative of a server's last stderr lines: the last one that
+/// reads like an error (`Error`, `error:`, `Exception`, `panicked`), else the
+/// last one that is not noise. Noise is blank lines, runtime banners
+/// (`Node.js v20.11.0`, `Python 3.12.1`), stack frames (`    at f (x.js:1:2)`,
+/// `  File "x.py", line 3, in f`), the source line and caret Node and Python
+/// print under a frame, and `Traceback (most recent call last):`.
+pub fn pick_line(lines: &[String]) -> Option<&str> {
+    let mut fallback = None;
+    let mut skip_source_line = false;
+    // Walk forwards so that a frame can mark the source line after it.
+    let mut candidates: Vec<&str> = Vec::new();
+    for line in lines {
+        let trimmed = line.trim();
+        if std::mem::take(&mut skip_source_line) && line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        if is_python_frame(trimmed) {
+            skip_source_line = true;
+            continue;
+        }
+        if is_noise(line, trimmed) {
+            continue;
+        }
+        candidates.push(trimmed);
+    }
+    for line in candidates.iter().rev() {
+        fallback.get_or_insert(*line);
+        if looks_like_an_error(line) {
+            return Some(line);
+        }
+    }
+    fallback
+}
+
+fn is_python_frame(trimmed: &str) -> bool {
+    trimmed.starts_with("File \"") && trimmed.contains("\", line ")
+}
+
+fn is_noise(line: &str, trimmed: &str) -> bool {
+    if trimmed.is_empty() {
+        return true;
+    }
+    // Carets and tildes under a source line.
+    if trimmed.chars().all(|c| matches!(c, '^' | '~' | ' ')) {
+        return true;
+    }
+    // A stack frame: indented `at …` (Node, Java), `#3 …` is left alone.
+    if line.starts_with(char::is_whitespace) && trimmed.starts_with("at ") {
+        return true;
+    }
+    if trimmed.starts_with("Traceback (most recent call last)") {
+        return true;
+    }
+    is_version_banner(trimmed)
+}
+
+/// `Node.js v20.11.0`, `Python 3.12.1`, `Deno 1.40.0`, `Bun v1.0.0`.
+fn is_version_banner(trimmed: &str) -> bool {
+    for runtime in ["Node.js ", "Python ", "Deno ", "Bun "] {
+        if let Some(rest) = trimmed.strip_prefix(runtime) {
+            let version = rest.strip_prefix('v').unwrap_or(rest);
+            return version
+                .split_whitespace()
+                .next()
+                .is_some_and(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+                && rest.split_whitespace().count() <= 2;
+        }
+    }
+    false
+}
+
+fn looks_like_an_error(line: &str) -> bool {
+    line.contains("Error")
+        || line.contains("ERROR")
+        || line.to_ascii_lowercase().contains("error:")
+        || line.contains("Exception")
+        || line.contains("panicked")
+        || line.starts_with("fatal")
+        || line.starts_with("FATAL")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Redactor {
+        Redactor::new(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    fn plain(line: &str) -> String {
+        Redactor::default().redact(line)
+    }
+
+    #[test]
+    fn env_values_are_removed_wherever_they_appear() {
+        let r = env(&[("TOKEN", "SECRET-ENV-456"), ("MODE", "dev"), ("X", "")]);
+        assert_eq!(
+            r.redact("connecting with SECRET-ENV-456 (SECRET-ENV-456)"),
+            "connecting with [redacted] ([redacted])"
+        );
+        // Short values are ordinary words.
+        assert_eq!(r.redact("dev mode"), "dev mode");
+        let r = env(&[("A", "abcdef"), ("B", "abcdefgh")]);
+        assert_eq!(r.redact("x abcdefgh y"), "x [redacted] y");
+    }
+
+    #[test]
+    fn secret_names_lose_their_values() {
+        assert_eq!(plain("TOKEN=SECRET-ENV-456"), "TOKEN=[redacted]");
+        assert_eq!(
+            plain("bad GITHUB_TOKEN=ghp_x1 in env"),
+            "bad GITHUB_TOKEN=[redacted] in env"
+        );
+        assert_eq!(plain("password: hunter2"), "password: [redacted]");
+        assert_eq!(plain("db_passwd=abc;x=1"), "db_passwd=[redacted];x=1");
+        assert_eq!(
+            plain(r#"{"api_key": "abc def", "user": "me"}"#),
+            r#"{"api_key": "[redacted]", "user": "me"}"#
+        );
+        assert_eq!(
+            plain("GET /x?access_token=abc123&page=2"),
+            "GET /x?access_token=[redacted]&page=2"
+        );
+        assert_eq!(
+            plain("Authorization: Bearer abc.def.ghi"),
+            "Authorization: Bearer [redacted]"
+        );
+        assert_eq!(plain("client_secret='s3'"), "client_secret='[redacted]'");
+        assert_eq!(plain("X-Api-Key: k"), "X-Api-Key: [redacted]");
+        assert_eq!(plain("credentials=a"), "credentials=[redacted]");
+    }
+
+    #[test]
+    fn ordinary_lines_are_left_alone() {
+        for line in [
+            "Error: GITHUB_TOKEN is not set",
+            "listening on http://localhost:8080/mcp",
+            "Error: Cannot find module '/home/u/proj/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js'",
+            "RuntimeError: boom",
+            "count=3 name=server",
+            "token:",
+            "Node.js v20.11.0",
+        ] {
+            assert_eq!(plain(line), line);
+        }
+    }
+
+    #[test]
+    fn bearer_tokens_anywhere() {
+        assert_eq!(
+            plain("sending Bearer eyJhbGciOiJIUzI1NiJ9 upstream"),
+            "sending Bearer [redacted] upstream"
+        );
+        assert_eq!(plain("missing bearer token"), "missing bearer token");
+    }
+
+    #[test]
+    fn long_opaque_runs() {
+        assert_eq!(
+            plain("using ghp_0123456789abcdefABCDEF0123456789abcd now"),
+            "using [redacted] now"
+        );
+        assert_eq!(
+            plain("commit 3f786850e387550fdab836ed7e6dc881de23001b"),
+            "commit [redacted]"
+        );
+        // Long words without digits, and short mixed ones, stay.
+        assert_eq!(
+            plain("ERR_SOMETHING_QUITE_LONG_BUT_HARMLESS_AT_ALL"),
+            "ERR_SOMETHING_QUITE_LONG_BUT_HARMLESS_AT_ALL"
+        );
+        assert_eq!(plain("v1.2.3 abc123"), "v1.2.3 abc123");
+        // A long key inside a path still goes; the path's words stay.
+        assert_eq!(
+            plain("/srv/keys/0123456789abcdef0123456789abcdef01/cert.pem"),
+            "/srv/keys/[redacted]/cert.pem"
+        );
+    }
+
+    #[test]
+    fn redaction_is_idempotent() {
+        let r = env(&[("TOKEN", "SECRET-ENV-456")]);
+        let once = r.redact("TOKEN=SECRET-ENV-456 Authorization: Bearer abcdefghijkl");
+        assert_eq!(r.redact(&once), once);
+        assert!(!once.contains("SECRET") && !once.contains("abcdefghijkl"));
+    }
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn node_crash_quotes_the_error_not_the_version() {
+        let tail = lines(
+            "/app/index.js:3\n\
+             throw new Error('GITHUB_TOKEN is not set');\n\
+             ^\n\
+             \n\
+             Error: GITHUB_TOKEN is not set\n    \
+             at Object.<anonymous> (/app/index.js:3:7)\n    \
+             at Module._compile (node:internal/modules/cjs/loader:1256:14)\n\
+             \n\
+             Node.js v20.11.0",
+        );
+        assert_eq!(pick_line(&tail), Some("Error: GITHUB_TOKEN is not set"));
+    }
+
+    #[test]
+    fn python_traceback_quotes_the_exception() {
+        let tail = lines(
+            "Traceback (most recent call last):\n  \
+             File \"/app/server.py\", line 9, in <module>\n    \
+             main()\n  \
+             File \"/app/server.py\", line 5, in main\n    \
+             raise RuntimeError(\"no database\")\n\
+             RuntimeError: no database\n",
+        );
+        assert_eq!(pick_line(&tail), Some("RuntimeError: no database"));
+    }
+
+    #[test]
+    fn without_an_error_line_the_last_meaningful_line() {
+        let tail = lines("starting\nlistening on stdio\n\n   \nPython 3.12.1\n");
+        assert_eq!(pick_line(&tail), Some("listening on stdio"));
+        assert_eq!(
+            pick_line(&lines("error: unknown flag --x\nusage: srv [opts]")),
+            Some("error: unknown flag --x")
+        );
+        assert_eq!(pick_line(&lines("\n  \nNode.js v20.1.0\n")), None);
+        assert_eq!(pick_line(&[]), None);
+        // A line that only starts like a banner is kept.
+        assert_eq!(
+            pick_line(&lines("Python 3 is required, found 2.7 on this system")),
+            Some("Python 3 is required, found 2.7 on this system")
+        );
+    }
+}
