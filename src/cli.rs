@@ -21,11 +21,12 @@ a circuit breaker and respawn) as a transparent stdio proxy
 Usage:
   mcp-retry run --config FILE [--server NAME]
   mcp-retry run [--config FILE] -- COMMAND [ARGS...]
-  mcp-retry check --config FILE [--server NAME]... [--timeout SECONDS] [--json]
+  mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--json]
 
 Commands:
   run      launch one MCP server and relay stdio to it (see `mcp-retry run --help`)
   check    probe every configured server in parallel (see `mcp-retry check --help`)
+  help     print this text, or `help run` / `help check` for a command's
 
 Options:
   --log-level LEVEL   error, warn, info or debug (default info; env MCP_RETRY_LOG)
@@ -58,7 +59,7 @@ Options:
 
 With `-- COMMAND`, the command is wrapped with the built-in defaults, or with
 the config's `defaults:` (or the settings of --server NAME) when --config is
-given.
+given. The `--` is required: everything after it is the command, untouched.
 
 Exit codes: 0 normal exit, 2 usage or configuration error.
 ";
@@ -68,12 +69,13 @@ mcp-retry check: start every configured server in parallel, send it
 `initialize`, and print one [UP]/[DOWN] line per server
 
 Usage:
-  mcp-retry check --config FILE [--server NAME]... [--timeout SECONDS] [--json]
+  mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--json]
 
 Options:
   -c, --config FILE     the same config files as `run`
   -s, --server NAME     check only this server (repeatable)
-  -t, --timeout SECS    how long each server has to answer (default 10)
+  -t, --timeout DUR     how long each server has to answer: seconds (2.5) or
+                        a duration like 250ms, 30s, 2m (default 10s)
   --json                print a JSON report instead of text
   --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
   --log-format FMT      text or json (default text)
@@ -142,7 +144,7 @@ where
                 return match name.as_str() {
                     "run" => parse_run(parser, global),
                     "check" => parse_check(parser, global),
-                    "help" => Ok((global, Command::Help(HELP))),
+                    "help" => parse_help(parser, global),
                     _ => bail!("unknown command '{name}' (expected run or check; see --help)"),
                 };
             }
@@ -150,6 +152,20 @@ where
         }
     }
     bail!("missing command (expected run or check; see --help)")
+}
+
+/// `help`, `help run`, `help check`.
+fn parse_help(mut p: lexopt::Parser, global: Global) -> Result<(Global, Command)> {
+    let text = match p.next()? {
+        None => HELP,
+        Some(Value(v)) => match v.string()?.as_str() {
+            "run" => RUN_HELP,
+            "check" => CHECK_HELP,
+            other => bail!("unknown command '{other}' (expected run or check; see --help)"),
+        },
+        Some(arg) => return Err(arg.unexpected()).context("invalid arguments for 'help'"),
+    };
+    Ok((global, Command::Help(text)))
 }
 
 /// Parses the value of `--log-level` or `--log-format` (accepted before and
@@ -161,7 +177,25 @@ fn log_option<T: std::str::FromStr<Err = String>>(flag: &str, value: OsString) -
 
 fn parse_run(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Command)> {
     let mut args = RunArgs::default();
-    while let Some(arg) = p.next()? {
+    loop {
+        // Everything after `--` belongs to the command, including arguments
+        // that look like our options.
+        if let Some(mut raw) = p.try_raw_args() {
+            if raw.peek().is_some_and(|a| a == "--") {
+                raw.next();
+                for rest in raw {
+                    let s = rest
+                        .into_string()
+                        .map_err(|a| anyhow!("command argument {a:?} is not valid UTF-8"))?;
+                    args.command.push(s);
+                }
+                if args.command.is_empty() {
+                    bail!("run: nothing after `--` (expected a command to run)");
+                }
+                break;
+            }
+        }
+        let Some(arg) = p.next()? else { break };
         match arg {
             Long("log-level") => global.log_level = Some(log_option("--log-level", p.value()?)?),
             Long("log-format") => global.log_format = Some(log_option("--log-format", p.value()?)?),
@@ -169,17 +203,11 @@ fn parse_run(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Comma
             Short('s') | Long("server") => args.server = Some(p.value()?.string()?),
             Long("stats-file") => args.stats_file = Some(p.value()?.into()),
             Short('h') | Long("help") => return Ok((global, Command::Help(RUN_HELP))),
-            Value(first) => {
-                // Everything from the command on belongs to the command,
-                // including arguments that look like our options.
-                args.command.push(first.string()?);
-                for rest in p.raw_args()? {
-                    let s = rest
-                        .into_string()
-                        .map_err(|a| anyhow!("command argument {a:?} is not valid UTF-8"))?;
-                    args.command.push(s);
-                }
-                break;
+            Value(stray) => {
+                // Without `--` a stray word would silently become the server
+                // command (`run -c F -s memory extra-arg` launching extra-arg).
+                let stray = stray.to_string_lossy().into_owned();
+                bail!("unexpected argument '{stray}' (did you mean `-- {stray}`?)");
             }
             _ => return Err(arg.unexpected()).context("invalid arguments for 'run'"),
         }
@@ -203,7 +231,7 @@ fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Com
             Short('s') | Long("server") => servers.push(p.value()?.string()?),
             Short('t') | Long("timeout") => {
                 let v = p.value()?.string()?;
-                timeout = parse_seconds(&v).with_context(|| format!("--timeout '{v}'"))?;
+                timeout = parse_timeout(&v).with_context(|| format!("--timeout '{v}'"))?;
             }
             Long("json") => json = true,
             Short('h') | Long("help") => return Ok((global, Command::Help(CHECK_HELP))),
@@ -222,14 +250,20 @@ fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Com
     ))
 }
 
-fn parse_seconds(s: &str) -> Result<Duration> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| anyhow!("expected a number of seconds"))?;
-    if !secs.is_finite() || secs <= 0.0 || secs > 86_400.0 {
-        bail!("expected a positive number of seconds (at most 86400)");
+/// Seconds (`2.5`) or a duration with a unit (`250ms`, `2m`), as in the
+/// config file; positive and at most a day.
+fn parse_timeout(s: &str) -> Result<Duration> {
+    let d = match s.trim().parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= 86_400.0 => {
+            Duration::from_secs_f64(secs)
+        }
+        Ok(_) => bail!("expected a positive duration (at most 24h)"),
+        Err(_) => crate::config::parse_duration(s).map_err(|e| anyhow!(e))?,
+    };
+    if d.is_zero() || d > Duration::from_secs(86_400) {
+        bail!("expected a positive duration (at most 24h)");
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -262,10 +296,22 @@ mod tests {
         let Command::Run(r) = c else { panic!() };
         assert_eq!(r.command, ["npx", "-y", "--config", "x", "--", "-h"]);
         assert_eq!(r.config, None);
-        let (_, c) = ok(&["run", "-c", "f.json", "python3", "server.py", "--port", "1"]);
+        let (_, c) = ok(&[
+            "run",
+            "-c",
+            "f.json",
+            "--",
+            "python3",
+            "server.py",
+            "--port",
+            "1",
+        ]);
         let Command::Run(r) = c else { panic!() };
         assert_eq!(r.command, ["python3", "server.py", "--port", "1"]);
         assert_eq!(r.config, Some("f.json".into()));
+        let (_, c) = ok(&["run", "--", "--", "x"]);
+        let Command::Run(r) = c else { panic!() };
+        assert_eq!(r.command, ["--", "x"]);
     }
 
     #[test]
@@ -292,7 +338,23 @@ mod tests {
         assert_eq!(ok(&["-V"]).1, Command::Version);
         assert_eq!(ok(&["run", "--help"]).1, Command::Help(RUN_HELP));
         assert_eq!(ok(&["check", "-h"]).1, Command::Help(CHECK_HELP));
+        assert_eq!(ok(&["help"]).1, Command::Help(HELP));
+        assert_eq!(ok(&["help", "run"]).1, Command::Help(RUN_HELP));
+        assert_eq!(ok(&["help", "check"]).1, Command::Help(CHECK_HELP));
+        assert!(err(&["help", "serve"]).contains("unknown command 'serve'"));
         assert!(HELP.contains("2  usage or configuration error"));
+    }
+
+    #[test]
+    fn check_timeout_takes_the_config_s_duration_syntax() {
+        let timeout = |v: &str| match ok(&["check", "-c", "c.yaml", "--timeout", v]).1 {
+            Command::Check(c) => c.timeout,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(timeout("250ms"), Duration::from_millis(250));
+        assert_eq!(timeout("2m"), Duration::from_secs(120));
+        assert_eq!(timeout("1.5s"), Duration::from_millis(1500));
+        assert_eq!(timeout("3"), Duration::from_secs(3));
     }
 
     #[test]
@@ -329,7 +391,16 @@ mod tests {
         assert!(err(&["run", "--bogus"]).contains("--bogus"));
         assert!(err(&["check"]).contains("check needs --config FILE"));
         assert!(err(&["check", "-c", "x", "--timeout", "-1"]).contains("--timeout '-1'"));
-        assert!(err(&["check", "-c", "x", "--timeout", "soon"]).contains("expected a number"));
+        assert!(err(&["check", "-c", "x", "--timeout", "soon"]).contains("expected a duration"));
+        assert!(err(&["check", "-c", "x", "--timeout", "0ms"]).contains("positive duration"));
+        assert!(err(&["check", "-c", "x", "--timeout", "2d"]).contains("unknown duration unit"));
+        assert!(err(&["check", "-c", "x", "--timeout", "25h"]).contains("at most 24h"));
+        assert_eq!(
+            err(&["run", "-c", "F", "-s", "memory", "extra-arg"]),
+            "unexpected argument 'extra-arg' (did you mean `-- extra-arg`?)"
+        );
+        assert!(err(&["run", "python3", "server.py"]).contains("`-- python3`"));
+        assert!(err(&["run", "--"]).contains("nothing after `--`"));
         assert!(err(&["run", "--config"]).contains("missing argument"));
     }
 }

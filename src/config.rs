@@ -1439,8 +1439,8 @@ fn nanos(n: f64) -> Option<Duration> {
         .then(|| Duration::from_nanos(n as u64))
 }
 
-/// Parses "250ms", "1.5s", "2m" or "1h".
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// Parses "250ms", "1.5s", "2m" or "1h" (also `check --timeout`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.starts_with('-') {
         return Err("expected a non-negative duration".to_string());

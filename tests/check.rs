@@ -483,7 +483,7 @@ fn a_server_writing_non_json_to_stdout_is_named_and_quoted() {
       MOCK_WRITE_GARBAGE_AT_START: \"1\"
       MOCK_NO_INIT_ANSWER: \"1\"
 ",
-        &["--timeout", "0.5"],
+        &["--timeout", "500ms"],
     );
     assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
     assert_down(

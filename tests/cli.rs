@@ -132,3 +132,37 @@ fn a_dying_server_s_secrets_stay_out_of_the_client_s_error() {
     assert!(text.contains("[redacted]"), "{text}");
     assert!(!text.contains("SECRET-ENV-456"), "{text}");
 }
+
+#[test]
+fn a_stray_argument_without_dashes_is_a_usage_error() {
+    let dir = TempDir::new();
+    let marker = dir.join("launched");
+    let path = dir.write("c.yaml", "servers:\n  memory:\n    command: /bin/true\n");
+    // Were `touch` run as the server, the marker would appear.
+    let (code, out, err) = run(&[
+        "run",
+        "-c",
+        path.to_str().unwrap(),
+        "-s",
+        "memory",
+        "touch",
+        marker.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty());
+    assert!(
+        err.contains("unexpected argument 'touch' (did you mean `-- touch`?)"),
+        "{err}"
+    );
+    assert!(!marker.exists());
+}
+
+#[test]
+fn help_names_a_command() {
+    let (code, out, _) = run(&["help", "run"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("mcp-retry run:"), "{out}");
+    let (code, out, _) = run(&["help", "check"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("mcp-retry check:"), "{out}");
+}
