@@ -80,10 +80,11 @@ pub fn run(args: CheckArgs) -> Result<ExitCode> {
 }
 
 /// The servers to probe, in config order: all of them, or those named
-/// (each name must exist; the error lists the available ones).
+/// (each name must exist; the error lists the available ones). A server
+/// that cannot start (an unset `${VAR}`) is selected: its probe reports why.
 fn select<'c>(config: &'c Config, names: &[String]) -> Result<Vec<&'c ServerConfig>> {
     for name in names {
-        config.select(Some(name))?;
+        config.find(name)?;
     }
     if config.servers.is_empty() {
         // Always an error here, worded with the config's notes.
@@ -197,6 +198,9 @@ impl Tools {
 
 /// Starts one server, talks to it, stops it.
 fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<Up, String> {
+    if let Some(problem) = &cfg.problem {
+        return Err(problem.reason.clone());
+    }
     let started = Instant::now();
     let (tx, events) = crossbeam_channel::unbounded();
     let child = child::spawn(cfg, Stderr::Keep, move |event| {

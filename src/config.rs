@@ -1,8 +1,13 @@
 //! Configuration: reads a YAML or JSON file into validated, typed values.
 //!
-//! Owns the file formats (our `servers:` schema and the `mcpServers:` files of
-//! Claude Desktop, Cursor and `.mcp.json`), `${VAR}` expansion, defaults and
-//! validation. Knows nothing of threads, channels or the protocol.
+//! Owns the file formats (our `servers:` schema, the `mcpServers:` files of
+//! Claude Desktop, Cursor and `.mcp.json`, and VS Code's `.vscode/mcp.json`),
+//! the keys other hosts define (ignored, or a "did you mean" error for a near
+//! miss of ours), `envFile` dotenv files, `${VAR}` expansion, defaults and
+//! validation. A server whose `${VAR}` is not set leaves the file valid but
+//! carries a [`ServerProblem`]: `run` refuses it, `check` reports it down.
+//! Reads no file but the config and its `envFile`s; knows nothing of threads,
+//! channels or the protocol.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -55,6 +60,18 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// Most client requests in flight before answering `overloaded` (default 10 000).
     pub max_in_flight: usize,
+    /// Why this server cannot be started although the file is valid (a
+    /// `${VAR}` that is not set): `run` refuses it, `check` reports it down.
+    pub problem: Option<ServerProblem>,
+}
+
+/// Why a server of a valid file cannot be started.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerProblem {
+    /// For `check`'s report: `GITHUB_TOKEN is not set (used in env.GITHUB_TOKEN)`.
+    pub reason: String,
+    /// For `run`: the full error, `file:line: key.path: reason` per problem.
+    pub error: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -155,6 +172,7 @@ pub fn parse(
         errors: Vec::new(),
         notes: Vec::new(),
         defaults_clean: true,
+        unresolved: Vec::new(),
     };
     let built = walker.config(&root);
     match built {
@@ -211,6 +229,7 @@ impl ServerConfig {
             tools: HashMap::new(),
             max_message_bytes: 64 * 1024 * 1024,
             max_in_flight: 10_000,
+            problem: None,
         }
     }
 }
@@ -228,18 +247,39 @@ impl Config {
             .join(", ");
         let Some(name) = name else {
             return match self.servers.as_slice() {
-                [one] => Ok(one),
-                [] if self.notes.is_empty() => bail!("the config {file} has no servers"),
-                [] => bail!(
-                    "the config {file} has no servers ({})",
-                    self.notes.join("; ")
-                ),
+                [one] => usable(one),
+                [] => {
+                    let skipped: Vec<&str> = self
+                        .notes
+                        .iter()
+                        .filter(|n| n.starts_with("skipped "))
+                        .map(String::as_str)
+                        .collect();
+                    if skipped.is_empty() {
+                        bail!("the config {file} has no servers")
+                    }
+                    bail!("the config {file} has no servers ({})", skipped.join("; "))
+                }
                 many => bail!(
                     "the config {file} has {} servers ({names}): choose one with --server NAME",
                     many.len()
                 ),
             };
         };
+        let found = self.find(name)?;
+        usable(found)
+    }
+
+    /// The server named `name`, usable or not (`check` reports the ones that
+    /// are not); the error lists the choices.
+    pub fn find(&self, name: &str) -> anyhow::Result<&ServerConfig> {
+        let file = self.path.display();
+        let names = self
+            .servers
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
         if let Some(found) = self.servers.iter().find(|s| s.name == name) {
             return Ok(found);
         }
@@ -254,12 +294,22 @@ impl Config {
     }
 }
 
-/// Keys of a server in the `servers:` schema, the first four naming the process.
+/// `server`, unless it has a problem (then the problem, as an error).
+fn usable(server: &ServerConfig) -> anyhow::Result<&ServerConfig> {
+    match &server.problem {
+        None => Ok(server),
+        Some(p) => Err(anyhow!("{}", p.error)),
+    }
+}
+
+/// Keys of a server in the `servers:` schema, the first six naming the process.
 const SERVER_KEYS: &[&str] = &[
     "command",
     "args",
     "env",
+    "envFile",
     "cwd",
+    "disabled",
     "call_timeout",
     "retry",
     "cache",
@@ -274,8 +324,40 @@ const SERVER_KEYS: &[&str] = &[
     "max_in_flight",
 ];
 /// Keys allowed in `defaults:`: everything but the process.
-const POLICY_KEYS: &[&str] = SERVER_KEYS.split_at(4).1;
+const POLICY_KEYS: &[&str] = SERVER_KEYS.split_at(6).1;
 const TOP_KEYS: &[&str] = &["servers", "defaults"];
+/// Keys hosts (Claude Code and Desktop, Cursor, VS Code, Cline, Roo, Windsurf,
+/// Gemini CLI) define for a server entry that mcp-retry does not act on: in
+/// an `mcpServers:` (or VS Code `servers:`) entry they are ignored silently.
+const HOST_KEYS: &[&str] = &[
+    "type",
+    "transportType",
+    "url",
+    "serverUrl",
+    "httpUrl",
+    "headers",
+    "timeout",
+    "networkTimeout",
+    "autoApprove",
+    "alwaysAllow",
+    "disabledTools",
+    "includeTools",
+    "excludeTools",
+    "trust",
+    "description",
+    "name",
+    "icon",
+    "watchPaths",
+    "oauth",
+    "authProviderType",
+    "dev",
+    "gallery",
+    "version",
+];
+/// The most a line may be (`max_message_bytes`): 1 GiB.
+const MAX_MESSAGE_BYTES_LIMIT: u64 = 1 << 30;
+/// The largest `envFile` read.
+const MAX_ENV_FILE_BYTES: u64 = 1 << 20;
 const RETRY_KEYS: &[&str] = &[
     "max_retries",
     "base_delay",
@@ -802,6 +884,53 @@ struct Walker<'a> {
     /// Whether `defaults:` had no problems; checks across keys are skipped
     /// otherwise, so that one mistake is not reported twice.
     defaults_clean: bool,
+    /// `${VAR}`s of the server being read that cannot be expanded.
+    unresolved: Vec<Unresolved>,
+}
+
+/// A `${...}` in a server entry that cannot be expanded here.
+struct Unresolved {
+    line: usize,
+    path: String,
+    missing: Missing,
+}
+
+enum Missing {
+    /// `${NAME}`: not set, no default.
+    Var(String),
+    /// `${input:ID}`: a VS Code input.
+    Input(String),
+}
+
+impl Unresolved {
+    /// `GITHUB_TOKEN is not set (used in env.GITHUB_TOKEN)`, the path
+    /// relative to the server at `server_path`.
+    fn reason(&self, server_path: &str) -> String {
+        let used = self
+            .path
+            .strip_prefix(server_path)
+            .map(|p| p.trim_start_matches('.'))
+            .unwrap_or(&self.path);
+        match &self.missing {
+            Missing::Var(name) => format!("{name} is not set (used in {used})"),
+            Missing::Input(id) => {
+                format!("${{input:{id}}} is a VS Code input, which only VS Code can ask for (used in {used})")
+            }
+        }
+    }
+
+    /// The message after `file:line: key.path: `.
+    fn message(&self) -> String {
+        match &self.missing {
+            Missing::Var(name) => format!(
+                "environment variable {name} is not set (use ${{{name}:-default}} to give a default)"
+            ),
+            Missing::Input(id) => format!(
+                "${{input:{id}}} refers to the VS Code input {id:?}, which only VS Code can prompt for: \
+                 put the value here, or use ${{VAR}} and set VAR"
+            ),
+        }
+    }
 }
 
 /// At most this many problems are listed.
@@ -836,7 +965,11 @@ impl Walker<'_> {
     }
 
     fn unknown(&mut self, entry: &Entry, path: &str, expected: &[&str]) {
-        let msg = format!("unknown key (expected one of: {})", expected.join(", "));
+        let list = expected.join(", ");
+        let msg = match did_you_mean(&entry.key, expected) {
+            Some(near) => format!("unknown key (did you mean {near}? expected one of: {list})"),
+            None => format!("unknown key (expected one of: {list})"),
+        };
         self.error(entry.line, &join(path, &entry.key), msg);
     }
 
@@ -862,13 +995,18 @@ impl Walker<'_> {
                 self.error(theirs.line, "mcpServers", msg);
                 None
             }
+            // Only `defaults:`, for `run --config F -- COMMAND`.
+            (None, None) if find("defaults").is_some() => self.ours(entries, None),
             (None, None) => {
                 let msg = "expected a servers: or mcpServers: mapping, found neither";
                 self.error(root.line, TOP, msg);
                 None
             }
-            (Some(servers), None) => self.ours(entries, servers),
-            (None, Some(servers)) => self.theirs(entries, servers),
+            (Some(servers), None) if is_vscode(entries, servers) => {
+                self.theirs(entries, servers, "servers")
+            }
+            (Some(servers), None) => self.ours(entries, Some(servers)),
+            (None, Some(servers)) => self.theirs(entries, servers, "mcpServers"),
         }
     }
 
@@ -876,7 +1014,7 @@ impl Walker<'_> {
     fn ours(
         &mut self,
         top: &[Entry],
-        servers: &Entry,
+        servers: Option<&Entry>,
     ) -> Option<(Vec<ServerConfig>, ServerConfig)> {
         let mut defaults = Policy::default();
         for entry in top {
@@ -902,6 +1040,9 @@ impl Walker<'_> {
             self.defaults_clean,
         );
         let mut result = Vec::new();
+        let Some(servers) = servers else {
+            return Some((result, resolved_defaults));
+        };
         for entry in self.server_entries(servers, "servers")? {
             let path = join("servers", &entry.key);
             let Some(items) = self.map(&entry.value, &path) else {
@@ -914,19 +1055,23 @@ impl Walker<'_> {
         Some((result, resolved_defaults))
     }
 
-    /// The `mcpServers:` schema of Claude Desktop, Cursor and `.mcp.json`.
+    /// The `mcpServers:` schema of Claude Desktop, Cursor and `.mcp.json`,
+    /// and VS Code's `servers:` (`top` is the section's name).
     fn theirs(
         &mut self,
         top: &[Entry],
         servers: &Entry,
+        section: &str,
     ) -> Option<(Vec<ServerConfig>, ServerConfig)> {
         if let Some(defaults) = top.iter().find(|e| e.key == "defaults") {
-            let msg = "not allowed with mcpServers (set the keys in each server, or use servers:)";
+            let msg = format!(
+                "not allowed with {section} in this form (set the keys in each server, or use our servers: schema)"
+            );
             self.error(defaults.line, "defaults", msg);
         }
         let mut result = Vec::new();
-        for entry in self.server_entries(servers, "mcpServers")? {
-            let path = join("mcpServers", &entry.key);
+        for entry in self.server_entries(servers, section)? {
+            let path = join(section, &entry.key);
             let Some(items) = self.map(&entry.value, &path) else {
                 continue;
             };
@@ -964,8 +1109,9 @@ impl Walker<'_> {
         Some(named)
     }
 
-    /// One server; `strict` rejects unknown keys (our schema) instead of ignoring
-    /// them (the keys other hosts define).
+    /// One server; `strict` rejects unknown keys (our schema). Otherwise (the
+    /// files of other hosts) the keys hosts define are ignored, a near miss of
+    /// a key we read is an error, and other unknown keys are noted.
     fn server(
         &mut self,
         entry: &Entry,
@@ -975,10 +1121,14 @@ impl Walker<'_> {
         defaults: &Policy,
     ) -> Option<ServerConfig> {
         let before = self.errors.len();
+        self.unresolved.clear();
         let mut command = None;
         let mut args = Vec::new();
-        let mut env = Vec::new();
+        let mut env: Vec<(String, String)> = Vec::new();
+        let mut file_env = Vec::new();
         let mut cwd = None;
+        let mut disabled = false;
+        let mut ignored = Vec::new();
         let mut policy = Policy::default();
         for item in items {
             let key_path = join(path, &item.key);
@@ -991,6 +1141,7 @@ impl Walker<'_> {
                 }
                 "args" => args = self.string_list(&item.value, &key_path).unwrap_or_default(),
                 "env" => env = self.env_map(&item.value, &key_path).unwrap_or_default(),
+                "envFile" => file_env = self.env_file(&item.value, &key_path).unwrap_or_default(),
                 "cwd" => {
                     let dir = self.expanded(&item.value, &key_path);
                     if matches!(&dir, Some(d) if d.is_empty()) {
@@ -999,12 +1150,30 @@ impl Walker<'_> {
                     // A relative directory is relative to the config file.
                     cwd = dir.map(|d| self.base_dir.join(d));
                 }
+                "disabled" => {
+                    disabled = self
+                        .boolean(&item.value, &key_path)
+                        .is_some_and(|b| b.value)
+                }
                 key => {
-                    if !self.policy_key(&mut policy, key, &item.value, &key_path) && strict {
+                    if self.policy_key(&mut policy, key, &item.value, &key_path) {
+                    } else if strict {
                         self.unknown(item, path, SERVER_KEYS);
+                    } else if HOST_KEYS.contains(&key) {
+                    } else if let Some(near) = did_you_mean(key, SERVER_KEYS) {
+                        let msg = format!("unknown key (did you mean {near}?)");
+                        self.error(item.line, &key_path, msg);
+                    } else {
+                        ignored.push(join("", key));
                     }
                 }
             }
+        }
+        if !ignored.is_empty() {
+            self.notes.push(format!(
+                "{path}: ignoring keys mcp-retry does not know: {}",
+                ignored.join(", ")
+            ));
         }
         let has_command = items.iter().any(|e| e.key == "command");
         if !has_command {
@@ -1013,9 +1182,64 @@ impl Walker<'_> {
         let clean = self.defaults_clean && self.errors.len() == before;
         let base = ServerConfig::with_defaults(&entry.key, command?, args);
         let mut server = self.resolve(base, &policy.over(defaults), clean);
-        server.env = env;
+        // The env file's values, under the explicit ones.
+        file_env.retain(|(k, _)| !env.iter().any(|(e, _)| e == k));
+        file_env.append(&mut env);
+        server.env = file_env;
         server.cwd = cwd;
+        if !self.unresolved.is_empty() {
+            let unresolved = std::mem::take(&mut self.unresolved);
+            server.problem = Some(ServerProblem {
+                reason: unresolved
+                    .iter()
+                    .map(|u| u.reason(path))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                error: unresolved
+                    .iter()
+                    .map(|u| format!("{}:{}: {}: {}", self.file, u.line, u.path, u.message()))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            });
+        }
+        if disabled {
+            self.notes.push(format!(
+                "skipped {}: it is disabled (disabled: true)",
+                entry.key
+            ));
+            return None;
+        }
         Some(server)
+    }
+
+    /// The variables of an `envFile` (relative to the config file).
+    fn env_file(&mut self, node: &Node, path: &str) -> Option<Vec<(String, String)>> {
+        let pending = self.unresolved.len();
+        let name = self.expanded(node, path)?;
+        if self.unresolved.len() > pending {
+            return None;
+        }
+        if name.trim().is_empty() {
+            self.error(node.line, path, "must not be empty");
+            return None;
+        }
+        let file = self.base_dir.join(&name);
+        let text = match read_env_file(&file) {
+            Ok(text) => text,
+            Err(e) => {
+                let msg = format!("cannot read env file {}: {e}", file.display());
+                self.error(node.line, path, msg);
+                return None;
+            }
+        };
+        match parse_env_file(&text) {
+            Ok(vars) => Some(vars),
+            Err((line, msg)) => {
+                let msg = format!("{}:{line}: {msg}", file.display());
+                self.error(node.line, path, msg);
+                None
+            }
+        }
     }
 
     /// Reads one policy key into `policy`; false when `key` is not a policy key.
@@ -1035,7 +1259,10 @@ impl Walker<'_> {
             "assume_idempotent" => p.assume_idempotent = self.boolean(node, path),
             "trust_annotations" => p.trust_annotations = self.boolean(node, path),
             "tools" => self.tools(p, node, path),
-            "max_message_bytes" => p.max_message_bytes = self.count(node, path, 1024, usize_max()),
+            "max_message_bytes" => {
+                let max = MAX_MESSAGE_BYTES_LIMIT.min(usize_max());
+                p.max_message_bytes = self.count(node, path, 1024, max)
+            }
             "max_in_flight" => p.max_in_flight = self.count(node, path, 1, usize_max()),
             _ => return false,
         }
@@ -1268,9 +1495,27 @@ impl Walker<'_> {
                 None
             }
             Ok(v) => Some(v),
-            Err(msg) => {
+            Err(ExpandError::Invalid(msg)) => {
                 self.error(node.line, path, msg);
                 None
+            }
+            // The file is fine; the server cannot start. Keep the text as
+            // written so that the other checks still run.
+            Err(ExpandError::Unset(name)) => {
+                self.unresolved.push(Unresolved {
+                    line: node.line,
+                    path: path.to_owned(),
+                    missing: Missing::Var(name),
+                });
+                Some(s.clone())
+            }
+            Err(ExpandError::Input(id)) => {
+                self.unresolved.push(Unresolved {
+                    line: node.line,
+                    path: path.to_owned(),
+                    missing: Missing::Input(id),
+                });
+                Some(s.clone())
             }
         }
     }
@@ -1330,6 +1575,8 @@ impl Walker<'_> {
             format!("expected a non-negative integer, got {i}")
         } else if i < i128::from(min) {
             format!("must be at least {min}, got {i}")
+        } else if i > i128::from(max) && max == MAX_MESSAGE_BYTES_LIMIT {
+            format!("must be at most {max} (1 GiB), got {i}")
         } else if i > i128::from(max) {
             format!("must be at most {max}, got {i}")
         } else {
@@ -1423,6 +1670,151 @@ impl Walker<'_> {
     }
 }
 
+/// Whether a `servers:` file is VS Code's `.vscode/mcp.json`: it has
+/// `inputs:`, or its entries say their `type`.
+fn is_vscode(top: &[Entry], servers: &Entry) -> bool {
+    top.iter().any(|e| e.key == "inputs")
+        || matches!(&servers.value.val, Val::Map(entries)
+            if entries.iter().any(|e| matches!(&e.value.val, Val::Map(items)
+                if items.iter().any(|i| i.key == "type"))))
+}
+
+/// The key of `known` that `key` is probably a typo of: the same but for
+/// case, `-` for `_`, or within a small edit distance (1 for keys of up to
+/// four letters, 2 for longer ones).
+fn did_you_mean<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+    let norm = |s: &str| s.to_ascii_lowercase().replace('-', "_");
+    let key = norm(key);
+    // Other names for the process keys, too far to be typos.
+    let alias = match key.as_str() {
+        "cmd" | "exec" | "executable" | "program" => "command",
+        "arguments" | "argv" => "args",
+        "environment" => "env",
+        "workdir" | "working_dir" | "working_directory" | "workingdirectory" => "cwd",
+        _ => "",
+    };
+    if let Some(k) = known.iter().find(|k| **k == alias) {
+        return Some(k);
+    }
+    known
+        .iter()
+        .map(|k| (*k, edit_distance(&key, &norm(k))))
+        .filter(|&(k, d)| d <= if k.len() <= 4 { 1 } else { 2 })
+        .min_by_key(|&(_, d)| d)
+        .map(|(k, _)| k)
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
+/// Reads an `envFile`: a regular file of at most [`MAX_ENV_FILE_BYTES`].
+fn read_env_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut text = String::new();
+    file.take(MAX_ENV_FILE_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_ENV_FILE_BYTES {
+        return Err(std::io::Error::other("larger than 1 MiB"));
+    }
+    Ok(text)
+}
+
+/// Parses a dotenv file: `KEY=VALUE` lines, `#` comments, an optional
+/// `export ` prefix, values optionally in `'single'` (literal) or
+/// `"double"` quotes (with `\n`, `\t`, `\"` and `\\` escapes), and ` #`
+/// comments after an unquoted value. Later lines win. The error is the
+/// line number and what is wrong.
+fn parse_env_file(text: &str) -> Result<Vec<(String, String)>, (usize, String)> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").map_or(line, str::trim_start);
+        let Some((key, value)) = line.split_once('=') else {
+            return Err((n, "expected KEY=VALUE".to_string()));
+        };
+        let key = key.trim();
+        if key.is_empty() || key.contains(|c: char| c.is_whitespace() || c == '\0') {
+            return Err((n, format!("invalid variable name {key:?}")));
+        }
+        let value = value.trim();
+        let value = if let Some(rest) = value.strip_prefix('"') {
+            let mut out = String::new();
+            let mut chars = rest.chars();
+            let mut closed = false;
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => {
+                        closed = true;
+                        break;
+                    }
+                    '\\' => match chars.next() {
+                        Some('n') => out.push('\n'),
+                        Some('t') => out.push('\t'),
+                        Some(other) => out.push(other),
+                        None => {}
+                    },
+                    c => out.push(c),
+                }
+            }
+            let after = chars.as_str().trim();
+            if !closed {
+                return Err((n, "unterminated \" quote".to_string()));
+            }
+            if !after.is_empty() && !after.starts_with('#') {
+                return Err((
+                    n,
+                    format!("unexpected text after the closing quote: {after:?}"),
+                ));
+            }
+            out
+        } else if let Some(rest) = value.strip_prefix('\'') {
+            let Some((inner, after)) = rest.split_once('\'') else {
+                return Err((n, "unterminated ' quote".to_string()));
+            };
+            let after = after.trim();
+            if !after.is_empty() && !after.starts_with('#') {
+                return Err((
+                    n,
+                    format!("unexpected text after the closing quote: {after:?}"),
+                ));
+            }
+            inner.to_string()
+        } else {
+            match value.find(" #") {
+                Some(p) => value[..p].trim_end().to_string(),
+                None => value.to_string(),
+            }
+        };
+        if value.contains('\0') {
+            return Err((n, "a value must not contain a NUL character".to_string()));
+        }
+        vars.retain(|(k, _)| k != key);
+        vars.push((key.to_string(), value));
+    }
+    Ok(vars)
+}
+
 fn usize_max() -> u64 {
     u64::try_from(usize::MAX).unwrap_or(u64::MAX)
 }
@@ -1468,18 +1860,34 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     nanos(number * per_unit).ok_or_else(|| "duration too large".to_string())
 }
 
+/// Why a string could not be expanded.
+#[derive(Debug, PartialEq)]
+enum ExpandError {
+    /// Malformed: the message.
+    Invalid(String),
+    /// `${NAME}` without a default, NAME not set.
+    Unset(String),
+    /// VS Code's `${input:ID}`, which only VS Code can prompt for.
+    Input(String),
+}
+
 /// Expands `${VAR}` and `${VAR:-default}` (the default also applies when VAR is
 /// empty); a `$` not followed by `{` is literal, and defaults are not expanded.
-fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+/// `${env:VAR}` (Cursor, VS Code) is `${VAR}`.
+fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ExpandError> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
         let Some(end) = after.find('}') else {
-            return Err(format!("unterminated ${{ in {s:?}"));
+            return Err(ExpandError::Invalid(format!("unterminated ${{ in {s:?}")));
         };
         let inner = &after[..end];
+        if let Some(id) = inner.strip_prefix("input:") {
+            return Err(ExpandError::Input(id.to_owned()));
+        }
+        let inner = inner.strip_prefix("env:").unwrap_or(inner);
         let (name, default) = match inner.split_once(":-") {
             Some((name, default)) => (name, Some(default)),
             None => (inner, None),
@@ -1489,17 +1897,15 @@ fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, Strin
             .enumerate()
             .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
         if name.is_empty() || !valid {
-            return Err(format!("invalid variable name {name:?} in {s:?}"));
+            return Err(ExpandError::Invalid(format!(
+                "invalid variable name {name:?} in {s:?}"
+            )));
         }
         match (env(name), default) {
             (Some(value), Some(default)) if value.is_empty() => out.push_str(default),
             (Some(value), _) => out.push_str(&value),
             (None, Some(default)) => out.push_str(default),
-            (None, None) => {
-                return Err(format!(
-                    "environment variable {name} is not set (use ${{{name}:-default}} to give a default)"
-                ))
-            }
+            (None, None) => return Err(ExpandError::Unset(name.to_owned())),
         }
         rest = &after[end + 1..];
     }
@@ -1579,7 +1985,8 @@ mod tests {
         assert_eq!(a.max_in_flight, b.max_in_flight);
     }
 
-    const SERVER_KEY_LIST: &str = "command, args, env, cwd, call_timeout, retry, cache, \
+    const SERVER_KEY_LIST: &str =
+        "command, args, env, envFile, cwd, disabled, call_timeout, retry, cache, \
         circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
         assume_idempotent, trust_annotations, tools, max_message_bytes, max_in_flight";
 
@@ -2043,8 +2450,10 @@ servers:
         assert_eq!(gh.env, [("GITHUB_TOKEN".to_string(), "ghp_x".to_string())]);
         assert_eq!(gh.call_timeout, Duration::from_secs(120));
         assert_eq!(gh.retry.max_retries, 2);
-        // Without the token the example names the missing variable.
-        let err = message(parse(text, path, Format::Yaml, &|_: &str| None));
+        // Without the token the example names the missing variable when
+        // the server is picked (the others still load).
+        let config = parse(text, path, Format::Yaml, &|_: &str| None).expect("still valid");
+        let err = config.select(Some("github")).unwrap_err().to_string();
         assert!(
             err.contains(
                 ": servers.github.env.GITHUB_TOKEN: environment variable GITHUB_TOKEN is not set"
@@ -2185,7 +2594,7 @@ servers:
     fn defaults_with_mcp_servers() {
         assert_eq!(
             yaml_err("mcpServers:\n  a: {command: x}\ndefaults:\n  call_timeout: 5\n"),
-            "/p/c.yaml:3: defaults: not allowed with mcpServers (set the keys in each server, or use servers:)"
+            "/p/c.yaml:3: defaults: not allowed with mcpServers in this form (set the keys in each server, or use our servers: schema)"
         );
     }
 
@@ -2220,7 +2629,7 @@ servers:
         assert_eq!(
             key_err("comand: y"),
             format!(
-                "/p/c.yaml:4: servers.fs.comand: unknown key (expected one of: {SERVER_KEY_LIST})"
+                "/p/c.yaml:4: servers.fs.comand: unknown key (did you mean command? expected one of: {SERVER_KEY_LIST})"
             )
         );
     }
@@ -2240,7 +2649,7 @@ servers:
     fn unknown_key_in_retry() {
         assert_eq!(
             key_err("retry:\n      max_retrys: 3"),
-            "/p/c.yaml:5: servers.fs.retry.max_retrys: unknown key (expected one of: max_retries, \
+            "/p/c.yaml:5: servers.fs.retry.max_retrys: unknown key (did you mean max_retries? expected one of: max_retries, \
              base_delay, max_delay, jitter, total_timeout, transient_codes, budget)"
         );
     }
@@ -2249,7 +2658,7 @@ servers:
     fn unknown_key_in_budget() {
         assert_eq!(
             key_err("retry:\n      budget: {windows: 3}"),
-            "/p/c.yaml:5: servers.fs.retry.budget.windows: unknown key (expected one of: window, min_retries, ratio)"
+            "/p/c.yaml:5: servers.fs.retry.budget.windows: unknown key (did you mean window? expected one of: window, min_retries, ratio)"
         );
     }
 
@@ -2275,7 +2684,7 @@ servers:
     fn unknown_key_in_tool() {
         assert_eq!(
             key_err("tools:\n      search:\n        readonly: true"),
-            "/p/c.yaml:6: servers.fs.tools.search.readonly: unknown key (expected one of: \
+            "/p/c.yaml:6: servers.fs.tools.search.readonly: unknown key (did you mean read_only? expected one of: \
              idempotent, read_only, timeout)"
         );
     }
@@ -2371,20 +2780,102 @@ servers:
         );
     }
 
+    /// The error `run` gives for a server whose `${VAR}` is not set.
+    fn unusable(text: &str) -> (String, String) {
+        let config = yaml(text).expect("the file itself is valid");
+        let server = &config.servers[0];
+        let problem = server.problem.clone().expect("a problem");
+        let err = config.select(Some(&server.name)).unwrap_err().to_string();
+        assert_eq!(err, problem.error);
+        (problem.reason, err)
+    }
+
     #[test]
     fn unset_variable() {
+        let key = |kv: &str| unusable(&format!("servers:\n  fs:\n    command: x\n    {kv}\n"));
         assert_eq!(
-            key_err("env:\n      GITHUB_TOKEN: ${GITHUB_TOKEN}"),
-            "/p/c.yaml:5: servers.fs.env.GITHUB_TOKEN: environment variable GITHUB_TOKEN is not \
-             set (use ${GITHUB_TOKEN:-default} to give a default)"
+            key("env:\n      GITHUB_TOKEN: ${GITHUB_TOKEN}"),
+            (
+                "GITHUB_TOKEN is not set (used in env.GITHUB_TOKEN)".into(),
+                "/p/c.yaml:5: servers.fs.env.GITHUB_TOKEN: environment variable GITHUB_TOKEN is not \
+                 set (use ${GITHUB_TOKEN:-default} to give a default)"
+                    .into()
+            )
         );
         assert_eq!(
-            key_err("args: [a, \"--dir=${DIR}\"]"),
+            key("args: [a, \"--dir=${DIR}\"]").1,
             "/p/c.yaml:4: servers.fs.args[1]: environment variable DIR is not set (use ${DIR:-default} to give a default)"
         );
+        let (reason, err) = unusable("mcpServers:\n  fs:\n    command: ${BIN}\n    cwd: ${D}\n");
         assert_eq!(
-            yaml_err("mcpServers:\n  fs:\n    command: ${BIN}\n"),
-            "/p/c.yaml:3: mcpServers.fs.command: environment variable BIN is not set (use ${BIN:-default} to give a default)"
+            reason,
+            "BIN is not set (used in command); D is not set (used in cwd)"
+        );
+        assert_eq!(
+            err,
+            "/p/c.yaml:3: mcpServers.fs.command: environment variable BIN is not set (use ${BIN:-default} to give a default)\n\
+             /p/c.yaml:4: mcpServers.fs.cwd: environment variable D is not set (use ${D:-default} to give a default)"
+        );
+    }
+
+    #[test]
+    fn an_unset_variable_spoils_only_its_server() {
+        let config = yaml(
+            "servers:\n  gh:\n    command: x\n    env: {T: \"${NOPE}\"}\n  fs:\n    command: y\n",
+        )
+        .unwrap();
+        assert!(config.servers[0].problem.is_some());
+        assert_eq!(config.servers[1].problem, None);
+        assert_eq!(config.select(Some("fs")).unwrap().command, "y");
+        assert_eq!(config.find("gh").unwrap().name, "gh");
+        // The only server of a file is refused the same way.
+        let one = yaml("servers:\n  gh:\n    command: ${NOPE}\n").unwrap();
+        assert!(message(one.select(None).map(|_| one.clone())).contains("NOPE is not set"));
+        // Other errors in the same server still make the file invalid.
+        assert!(
+            yaml_err("servers:\n  gh:\n    command: ${NOPE}\n    retry: 3\n")
+                .contains("servers.gh.retry: expected a mapping")
+        );
+    }
+
+    #[test]
+    fn cursor_env_prefix_and_vscode_inputs() {
+        let config = yaml("servers:\n  a:\n    command: ${env:HOME}/bin\n").unwrap();
+        assert_eq!(config.servers[0].command, "/home/u/bin");
+        let (reason, err) = unusable(
+            "servers:\n  gh:\n    type: stdio\n    command: x\n    env:\n      T: ${input:github-token}\n",
+        );
+        assert_eq!(
+            reason,
+            "${input:github-token} is a VS Code input, which only VS Code can ask for (used in env.T)"
+        );
+        assert!(
+            err.starts_with("/p/c.yaml:6: servers.gh.env.T: ${input:github-token} refers to the VS Code input \"github-token\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn vscode_mcp_json_loads() {
+        let text = r#"{
+  "inputs": [{"type": "promptString", "id": "token", "description": "Token", "password": true}],
+  "servers": {
+    "fs": {"type": "stdio", "command": "npx", "args": ["-y", "srv"], "env": {"A": "b"}, "dev": {"watch": "src/**"}},
+    "web": {"type": "http", "url": "https://example.com/mcp", "headers": {}}
+  }
+}"#;
+        let config = json(text).expect("valid");
+        assert_eq!(config.servers.len(), 1);
+        assert_eq!(config.servers[0].name, "fs");
+        assert_eq!(config.servers[0].args, ["-y", "srv"]);
+        assert_eq!(
+            config.notes,
+            ["skipped web: remote (url) servers are not supported yet"]
+        );
+        // A near miss in a VS Code entry is caught as in mcpServers.
+        assert!(
+            json_err(r#"{"servers": {"fs": {"type": "stdio", "command": "x", "arg": []}}}"#)
+                .contains("servers.fs.arg: unknown key (did you mean args?)")
         );
     }
 
@@ -2699,5 +3190,191 @@ servers:
             yaml_err("servers:\n  my.server:\n    command: x\n    retry: 1\n"),
             "/p/c.yaml:4: servers.\"my.server\".retry: expected a mapping, got 1"
         );
+    }
+
+    #[test]
+    fn near_misses_in_mcp_servers_are_errors_other_keys_are_noted() {
+        assert_eq!(
+            json_err(r#"{"mcpServers": {"fs": {"command": "x", "arg": ["a"]}}}"#),
+            "/p/c.json:1: mcpServers.fs.arg: unknown key (did you mean args?)"
+        );
+        assert_eq!(
+            yaml_err("mcpServers:\n  fs:\n    command: x\n    call_timout: 5\n"),
+            "/p/c.yaml:4: mcpServers.fs.call_timout: unknown key (did you mean call_timeout?)"
+        );
+        assert!(
+            yaml_err("mcpServers:\n  fs:\n    command: x\n    ENV: {}\n")
+                .contains("mcpServers.fs.ENV: unknown key (did you mean env?)")
+        );
+        let config = yaml(
+            "mcpServers:\n  fs:\n    command: x\n    colour: red\n    weird key: 1\n    \
+             type: stdio\n    timeout: 5000\n    disabled: false\n    autoApprove: []\n    \
+             alwaysAllow: []\n    transportType: stdio\n    description: d\n    dev: {}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.notes,
+            ["mcpServers.fs: ignoring keys mcp-retry does not know: colour, \"weird key\""]
+        );
+        // The notes do not pretend to explain an empty file.
+        let none = yaml("mcpServers: {}\n").unwrap();
+        assert_eq!(
+            message(none.select(None).map(|_| none.clone())),
+            "the config /p/c.yaml has no servers"
+        );
+    }
+
+    #[test]
+    fn typo_suggestions() {
+        assert_eq!(did_you_mean("arg", SERVER_KEYS), Some("args"));
+        assert_eq!(
+            did_you_mean("call_timout", SERVER_KEYS),
+            Some("call_timeout")
+        );
+        assert_eq!(
+            did_you_mean("call-timeout", SERVER_KEYS),
+            Some("call_timeout")
+        );
+        assert_eq!(did_you_mean("Command", SERVER_KEYS), Some("command"));
+        assert_eq!(did_you_mean("envfile", SERVER_KEYS), Some("envFile"));
+        assert_eq!(did_you_mean("colour", SERVER_KEYS), None);
+        assert_eq!(did_you_mean("cmd", SERVER_KEYS), Some("command"));
+        assert_eq!(did_you_mean("workingDirectory", SERVER_KEYS), Some("cwd"));
+        assert_eq!(did_you_mean("cmd", RETRY_KEYS), None);
+        assert_eq!(did_you_mean("timeout", SERVER_KEYS), None);
+        // Host keys are never near misses of ours.
+        for key in HOST_KEYS {
+            assert_eq!(did_you_mean(key, SERVER_KEYS), None, "{key}");
+        }
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
+    }
+
+    #[test]
+    fn disabled_servers_are_skipped() {
+        let config = json(
+            r#"{"mcpServers": {"off": {"command": "x", "disabled": true}, "on": {"command": "y", "disabled": false}}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.servers.len(), 1);
+        assert_eq!(config.select(None).unwrap().name, "on");
+        assert_eq!(
+            config.notes,
+            ["skipped off: it is disabled (disabled: true)"]
+        );
+        assert!(message(config.select(Some("off")).map(|_| config.clone()))
+            .contains("no usable server named \"off\" (skipped off: it is disabled"));
+        let ours = yaml("servers:\n  a:\n    command: x\n    disabled: true\n").unwrap();
+        assert!(ours.servers.is_empty());
+        assert_eq!(
+            key_err("disabled: yes"),
+            "/p/c.yaml:4: servers.fs.disabled: expected true or false, got \"yes\""
+        );
+    }
+
+    #[test]
+    fn a_file_with_only_defaults_is_valid() {
+        let config = yaml("defaults:\n  call_timeout: 7\n").unwrap();
+        assert!(config.servers.is_empty());
+        assert_eq!(config.defaults.call_timeout, Duration::from_secs(7));
+        assert!(message(config.select(None).map(|_| config.clone())).contains("has no servers"));
+        assert!(yaml_err("defaults:\n  bogus: 1\n").contains("defaults.bogus: unknown key"));
+    }
+
+    #[test]
+    fn max_message_bytes_is_at_most_a_gib() {
+        assert_eq!(
+            key_ok("max_message_bytes: 1073741824").max_message_bytes,
+            1 << 30
+        );
+        assert_eq!(
+            key_err("max_message_bytes: 1073741825"),
+            "/p/c.yaml:4: servers.fs.max_message_bytes: must be at most 1073741824 (1 GiB), got 1073741825"
+        );
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("mcp-retry-config-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn env_file_is_read_relative_to_the_config_under_explicit_env() {
+        let dir = temp_dir("envfile");
+        std::fs::write(
+            dir.join(".env"),
+            "# comment\nexport A=from-file\nB=\"quoted # not a comment\"\nC='single $x'\nD=plain # comment\n\nE=\n",
+        )
+        .unwrap();
+        let path = dir.join("mcp.json");
+        let text = r#"{"mcpServers": {"s": {"command": "x", "envFile": ".env", "env": {"A": "explicit", "Z": "z"}}}}"#;
+        let config = parse(text, &path, Format::Json, &env).unwrap();
+        let mut got = config.servers[0].env.clone();
+        got.sort();
+        let want: Vec<(String, String)> = [
+            ("A", "explicit"),
+            ("B", "quoted # not a comment"),
+            ("C", "single $x"),
+            ("D", "plain"),
+            ("E", ""),
+            ("Z", "z"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(got, want);
+        // A missing file is an error naming it.
+        let text = r#"{"mcpServers": {"s": {"command": "x", "envFile": "missing.env"}}}"#;
+        let err = parse(text, &path, Format::Json, &env)
+            .unwrap_err()
+            .to_string();
+        let missing = dir.join("missing.env");
+        assert!(
+            err.starts_with(&format!(
+                "{}:1: mcpServers.s.envFile: cannot read env file {}: ",
+                path.display(),
+                missing.display()
+            )),
+            "{err}"
+        );
+        // A malformed line names the env file's line.
+        std::fs::write(dir.join("bad.env"), "A=1\nnot a pair\n").unwrap();
+        let text = "servers:\n  s:\n    command: x\n    envFile: bad.env\n";
+        let err = parse(text, &dir.join("c.yaml"), Format::Yaml, &env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.ends_with("bad.env:2: expected KEY=VALUE"), "{err}");
+        // A directory is not read.
+        let text = "servers:\n  s:\n    command: x\n    envFile: .\n";
+        let err = parse(text, &dir.join("c.yaml"), Format::Yaml, &env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot read env file"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn dotenv_syntax() {
+        let ok = |t: &str| parse_env_file(t).unwrap();
+        assert_eq!(ok("A=1\nA=2\n"), [("A".to_string(), "2".to_string())]);
+        assert_eq!(
+            ok("A=\"a\\nb\\\"c\" # trailing\n"),
+            [("A".to_string(), "a\nb\"c".to_string())]
+        );
+        assert_eq!(ok("  K = v  \r\n"), [("K".to_string(), "v".to_string())]);
+        assert_eq!(ok("U=a#b\n"), [("U".to_string(), "a#b".to_string())]);
+        assert_eq!(
+            parse_env_file("A=\"open\n"),
+            Err((1, "unterminated \" quote".to_string()))
+        );
+        assert_eq!(parse_env_file("A='x' y\n").unwrap_err().0, 1);
+        assert_eq!(
+            parse_env_file("\n\nNOEQ\n").unwrap_err(),
+            (3, "expected KEY=VALUE".to_string())
+        );
+        assert_eq!(parse_env_file("=v\n").unwrap_err().0, 1);
     }
 }

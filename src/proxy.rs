@@ -149,6 +149,11 @@ fn resolve(args: &RunArgs) -> Result<ServerConfig> {
         Some(path) => Some(config::load(path)?),
         None => None,
     };
+    if let Some(cfg) = &loaded {
+        for note in &cfg.notes {
+            crate::warn!("{}: {note}", cfg.path.display());
+        }
+    }
     if args.command.is_empty() {
         let cfg = loaded.expect("cli requires --config without a command");
         return Ok(cfg.select(args.server.as_deref())?.clone());

@@ -498,3 +498,93 @@ fn a_server_writing_non_json_to_stdout_is_named_and_quoted() {
         ran.stderr
     );
 }
+
+#[test]
+fn an_unset_variable_is_that_server_s_down_line() {
+    let dir = TempDir::new();
+    let config = "servers:
+  fine:
+    command: {mock}
+  github:
+    command: {mock}
+    env:
+      GITHUB_TOKEN: ${MCP_RETRY_TEST_SURELY_UNSET}
+";
+    let ran = check(&dir, config, &[]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_up(&lines[0], "fine", OK_MOCK);
+    assert_down(
+        &lines[1],
+        "github",
+        "MCP_RETRY_TEST_SURELY_UNSET is not set (used in env.GITHUB_TOKEN)",
+    );
+    let ran = check(&dir, config, &["--json", "--server", "github"]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let v: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(v["servers"][0]["up"], false);
+    assert_eq!(
+        v["servers"][0]["error"],
+        "MCP_RETRY_TEST_SURELY_UNSET is not set (used in env.GITHUB_TOKEN)"
+    );
+    // `run` of that server is still a configuration error.
+    let out = Command::new(PROXY)
+        .args(["run", "--config"])
+        .arg(dir.join("c.yaml"))
+        .args(["--server", "github"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "c.yaml:7: servers.github.env.GITHUB_TOKEN: environment variable MCP_RETRY_TEST_SURELY_UNSET is not set"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn disabled_entries_and_unknown_keys_are_told_on_stderr() {
+    let dir = TempDir::new();
+    let text = format!(
+        r#"{{"mcpServers": {{
+            "off": {{"command": "/nonexistent/server", "disabled": true}},
+            "on": {{"command": "{MOCK}", "colour": "red", "type": "stdio", "autoApprove": []}}
+        }}}}"#
+    );
+    let path = dir.write("c.json", &text);
+    let out = Command::new(PROXY)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.starts_with("[UP  ] on "), "{stdout}");
+    assert!(stderr.contains("skipped off: it is disabled"), "{stderr}");
+    assert!(
+        stderr.contains("mcpServers.on: ignoring keys mcp-retry does not know: colour"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("autoApprove"), "{stderr}");
+    // A near miss of a key we read is an error.
+    let path = dir.write(
+        "typo.json",
+        &format!(r#"{{"mcpServers": {{"on": {{"command": "{MOCK}", "arg": []}}}}}}"#),
+    );
+    let out = Command::new(PROXY)
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("typo.json:1: mcpServers.on.arg: unknown key (did you mean args?)"),
+        "{stderr}"
+    );
+}

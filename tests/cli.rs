@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::util::{Builder, TempDir, PROXY};
+use crate::util::{Builder, TempDir, MOCK, PROXY};
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = std::process::Command::new(PROXY)
@@ -165,4 +165,97 @@ fn help_names_a_command() {
     let (code, out, _) = run(&["help", "check"]);
     assert_eq!(code, 0);
     assert!(out.starts_with("mcp-retry check:"), "{out}");
+}
+
+fn tool_names(s: &mut crate::util::Session) -> Vec<String> {
+    s.request(json!(1), "tools/list", json!({}));
+    s.result(&json!(1))["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn env_file_reaches_the_server_under_explicit_env() {
+    let b = Builder::proxy(&["run", "--config", "{dir}/.cursor/mcp.json"]);
+    std::fs::create_dir_all(b.dir().join(".cursor")).unwrap();
+    let mut s = b
+        .file(".cursor/.env", "# tools\nexport MOCK_TOOLS=\"from_file,b\"\nMOCK_TOOLS_VARIANT=file\n")
+        .file(
+            ".cursor/mcp.json",
+            r#"{"mcpServers": {"mock": {"command": "{mock}", "envFile": ".env", "env": {"MOCK_TOOLS_VARIANT": "explicit"}}}}"#,
+        )
+        .start();
+    s.initialize();
+    assert_eq!(tool_names(&mut s), ["from_file", "b", "variant_explicit"]);
+}
+
+#[test]
+fn a_missing_env_file_is_a_config_error() {
+    let dir = TempDir::new();
+    let path = dir.write(
+        "mcp.json",
+        r#"{"mcpServers": {"mock": {"command": "x", "envFile": "nope.env"}}}"#,
+    );
+    let (code, _, err) = run(&["run", "--config", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("mcpServers.mock.envFile: cannot read env file"),
+        "{err}"
+    );
+    assert!(err.contains("nope.env"), "{err}");
+}
+
+#[test]
+fn a_file_with_only_defaults_wraps_a_command() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/d.yaml", "--", MOCK])
+        .env("MOCK_TOOLS", "only_defaults")
+        .file("d.yaml", "defaults:\n  call_timeout: 5s\n")
+        .start();
+    s.initialize();
+    assert_eq!(tool_names(&mut s), ["only_defaults"]);
+}
+
+#[test]
+fn vscode_mcp_json_runs_its_stdio_server() {
+    let b = Builder::proxy(&[
+        "run",
+        "--config",
+        "{dir}/.vscode/mcp.json",
+        "--server",
+        "mock",
+    ]);
+    let config = b.dir().join(".vscode/mcp.json");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    let mut s = b
+        .file(
+            ".vscode/mcp.json",
+            r#"{
+  "inputs": [{"type": "promptString", "id": "api-key", "description": "API key", "password": true}],
+  "servers": {
+    "mock": {"type": "stdio", "command": "{mock}", "args": [], "env": {"MOCK_TOOLS": "vs_a"}},
+    "asks": {"type": "stdio", "command": "{mock}", "env": {"KEY": "${input:api-key}"}},
+    "remote": {"type": "http", "url": "https://example.invalid/mcp"}
+  }
+}"#,
+        )
+        .start();
+    s.initialize();
+    assert_eq!(tool_names(&mut s), ["vs_a"]);
+    let (code, _, err) = run(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--server",
+        "asks",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(
+            "servers.asks.env.KEY: ${input:api-key} refers to the VS Code input \"api-key\""
+        ),
+        "{err}"
+    );
 }
