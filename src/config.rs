@@ -1489,7 +1489,20 @@ impl Walker<'_> {
             self.error(node.line, path, msg);
             return None;
         };
-        match expand(s, self.env) {
+        // VS Code's own variables, when the environment does not set them.
+        let workspace = match self.base_dir.file_name() {
+            Some(d) if d == ".vscode" => self.base_dir.parent().unwrap_or(&self.base_dir),
+            _ => &self.base_dir,
+        };
+        let env = self.env;
+        let lookup = |name: &str| {
+            env(name).or_else(|| match name {
+                "workspaceFolder" => Some(workspace.display().to_string()),
+                "userHome" => env("HOME"),
+                _ => None,
+            })
+        };
+        match expand(s, &lookup) {
             Ok(v) if v.contains('\0') => {
                 self.error(node.line, path, "must not contain a NUL character");
                 None
@@ -2853,6 +2866,22 @@ servers:
             err.starts_with("/p/c.yaml:6: servers.gh.env.T: ${input:github-token} refers to the VS Code input \"github-token\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn vscode_variables() {
+        let text = r#"{"servers": {"s": {"type": "stdio", "command": "${userHome}/bin/s", "args": ["${workspaceFolder}/data"]}}}"#;
+        let config = parse(
+            text,
+            Path::new("/w/proj/.vscode/mcp.json"),
+            Format::Json,
+            &env,
+        )
+        .unwrap();
+        assert_eq!(config.servers[0].command, "/home/u/bin/s");
+        assert_eq!(config.servers[0].args, ["/w/proj/data"]);
+        let config = parse(text, Path::new("/w/proj/mcp.json"), Format::Json, &env).unwrap();
+        assert_eq!(config.servers[0].args, ["/w/proj/data"]);
     }
 
     #[test]

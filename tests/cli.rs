@@ -259,3 +259,24 @@ fn vscode_mcp_json_runs_its_stdio_server() {
         "{err}"
     );
 }
+
+#[test]
+fn run_warns_once_about_keys_it_ignores() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/mcp.json"])
+        .file(
+            "mcp.json",
+            r#"{"mcpServers": {"mock": {"command": "{mock}", "colour": "red", "shape": 1, "autoApprove": [], "type": "stdio"}}}"#,
+        )
+        .start();
+    s.initialize();
+    crate::util::eventually("the warning", || s.stderr().contains("ignoring keys"));
+    let stderr = s.stderr();
+    assert_eq!(
+        stderr
+            .matches("ignoring keys mcp-retry does not know: colour, shape")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("autoApprove"), "{stderr}");
+}
