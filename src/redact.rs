@@ -46,12 +46,23 @@ pub struct Redactor {
 }
 
 impl Redactor {
-    /// A redactor for a server started with these `env:` entries.
+    /// A redactor for a server started with these `env:` entries. Every
+    /// value of a secret-sounding name counts, and every other value that
+    /// could be a credential: one word (no spaces), not a number, not an
+    /// absolute path. Sentences (a message, a list of flags), numbers and
+    /// directories stay readable in the quoted line.
     pub fn new(env: &[(String, String)]) -> Redactor {
         let mut secrets: Vec<String> = env
             .iter()
-            .map(|(_, v)| v.trim().to_owned())
-            .filter(|v| v.chars().count() >= MIN_SECRET_LEN)
+            .map(|(k, v)| (k, v.trim()))
+            .filter(|(k, v)| {
+                v.chars().count() >= MIN_SECRET_LEN
+                    && (is_secret_name(k)
+                        || !(v.contains(char::is_whitespace)
+                            || v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+                            || v.starts_with('/')))
+            })
+            .map(|(_, v)| v.to_owned())
             .collect();
         // Longest first, so that a value containing another goes whole.
         secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
@@ -328,13 +339,32 @@ mod tests {
 
     #[test]
     fn env_values_are_removed_wherever_they_appear() {
-        let r = env(&[("TOKEN", "SECRET-ENV-456"), ("MODE", "dev"), ("X", "")]);
+        let r = env(&[
+            ("TOKEN", "SECRET-ENV-456"),
+            ("API", "postgres://u:pw@db/x"),
+            ("MODE", "dev"),
+            ("X", ""),
+            ("MESSAGE", "Error: not ready"),
+            ("DATA_DIR", "/srv/data"),
+            ("TIMEOUT_MS", "300000"),
+            ("PASSWORD", "has a space"),
+        ]);
         assert_eq!(
             r.redact("connecting with SECRET-ENV-456 (SECRET-ENV-456)"),
             "connecting with [redacted] ([redacted])"
         );
-        // Short values are ordinary words.
+        assert_eq!(
+            r.redact("cannot reach postgres://u:pw@db/x"),
+            "cannot reach [redacted]"
+        );
+        // Short values, sentences, numbers and directories stay readable,
+        // unless their name says they are secret.
         assert_eq!(r.redact("dev mode"), "dev mode");
+        assert_eq!(
+            r.redact("Error: not ready after 300000 ms in /srv/data"),
+            "Error: not ready after 300000 ms in /srv/data"
+        );
+        assert_eq!(r.redact("login has a space"), "login [redacted]");
         let r = env(&[("A", "abcdef"), ("B", "abcdefgh")]);
         assert_eq!(r.redact("x abcdefgh y"), "x [redacted] y");
     }
