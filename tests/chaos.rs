@@ -437,7 +437,7 @@ fn chaos_run() {
         }
         let msg = s.recv();
         received += 1;
-        if received % 500 == 0 {
+        if received.is_multiple_of(500) {
             rss_samples.push(status_kb(proxy_pid, "VmRSS"));
         }
         let Some(id) = msg.get("id") else {
