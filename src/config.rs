@@ -48,6 +48,9 @@ pub struct ServerConfig {
     /// Bound on the bytes of the results it keeps (default 64 MiB).
     pub idempotency_max_bytes: usize,
     pub assume_idempotent: bool,
+    /// Whether the server deduplicates `_meta.idempotencyKey` itself, so a
+    /// call carrying one is safe to retry (default false).
+    pub honors_idempotency_keys: bool,
     /// Whether `readOnlyHint`/`idempotentHint` annotations make a tool safe (default true).
     pub trust_annotations: bool,
     pub tools: HashMap<String, ToolConfig>,
@@ -114,6 +117,8 @@ pub struct ToolConfig {
     pub idempotent: Option<bool>,
     pub read_only: Option<bool>,
     pub timeout: Option<Duration>,
+    /// Overrides the server's `honors_idempotency_keys` for this tool.
+    pub honors_idempotency_keys: Option<bool>,
 }
 
 /// The syntax of a configuration file.
@@ -207,6 +212,7 @@ impl ServerConfig {
             idempotency_max_entries: 10_000,
             idempotency_max_bytes: 64 * 1024 * 1024,
             assume_idempotent: false,
+            honors_idempotency_keys: false,
             trust_annotations: true,
             tools: HashMap::new(),
             max_message_bytes: 64 * 1024 * 1024,
@@ -268,6 +274,7 @@ const SERVER_KEYS: &[&str] = &[
     "idempotency_max_entries",
     "idempotency_max_bytes",
     "assume_idempotent",
+    "honors_idempotency_keys",
     "trust_annotations",
     "tools",
     "max_message_bytes",
@@ -294,7 +301,12 @@ const CACHE_KEYS: &[&str] = &[
     "stale_if_error",
 ];
 const BREAKER_KEYS: &[&str] = &["failure_threshold", "cooldown_seconds", "success_threshold"];
-const TOOL_KEYS: &[&str] = &["idempotent", "read_only", "timeout"];
+const TOOL_KEYS: &[&str] = &[
+    "idempotent",
+    "read_only",
+    "timeout",
+    "honors_idempotency_keys",
+];
 
 /// A format-neutral document node with the line it starts on.
 #[derive(Debug, Clone)]
@@ -723,6 +735,7 @@ struct Policy {
     idempotency_max_entries: Option<At<u64>>,
     idempotency_max_bytes: Option<At<u64>>,
     assume_idempotent: Option<At<bool>>,
+    honors_idempotency_keys: Option<At<bool>>,
     trust_annotations: Option<At<bool>>,
     tools: HashMap<String, ToolConfig>,
     max_message_bytes: Option<At<u64>>,
@@ -759,6 +772,7 @@ impl Policy {
             idempotency_max_entries,
             idempotency_max_bytes,
             assume_idempotent,
+            honors_idempotency_keys,
             trust_annotations,
             max_message_bytes,
             max_in_flight,
@@ -771,6 +785,9 @@ impl Policy {
             tool.idempotent = tool.idempotent.or(base_tool.idempotent);
             tool.read_only = tool.read_only.or(base_tool.read_only);
             tool.timeout = tool.timeout.or(base_tool.timeout);
+            tool.honors_idempotency_keys = tool
+                .honors_idempotency_keys
+                .or(base_tool.honors_idempotency_keys);
         }
         self
     }
@@ -1033,6 +1050,7 @@ impl Walker<'_> {
                 p.idempotency_max_bytes = self.count(node, path, 0, usize_max())
             }
             "assume_idempotent" => p.assume_idempotent = self.boolean(node, path),
+            "honors_idempotency_keys" => p.honors_idempotency_keys = self.boolean(node, path),
             "trust_annotations" => p.trust_annotations = self.boolean(node, path),
             "tools" => self.tools(p, node, path),
             "max_message_bytes" => p.max_message_bytes = self.count(node, path, 1024, usize_max()),
@@ -1161,6 +1179,10 @@ impl Walker<'_> {
                                 .duration(value, key_path, Zero::Rejected)
                                 .map(|d| d.value)
                         }
+                        "honors_idempotency_keys" => {
+                            config.honors_idempotency_keys =
+                                this.boolean(value, key_path).map(|b| b.value)
+                        }
                         _ => return false,
                     }
                     true
@@ -1213,6 +1235,7 @@ impl Walker<'_> {
         set_count(&mut s.idempotency_max_entries, &p.idempotency_max_entries);
         set_count(&mut s.idempotency_max_bytes, &p.idempotency_max_bytes);
         set(&mut s.assume_idempotent, &p.assume_idempotent);
+        set(&mut s.honors_idempotency_keys, &p.honors_idempotency_keys);
         set(&mut s.trust_annotations, &p.trust_annotations);
         s.tools = p.tools.clone();
         set_count(&mut s.max_message_bytes, &p.max_message_bytes);
@@ -1581,7 +1604,7 @@ mod tests {
 
     const SERVER_KEY_LIST: &str = "command, args, env, cwd, call_timeout, retry, cache, \
         circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
-        assume_idempotent, trust_annotations, tools, max_message_bytes, max_in_flight";
+        assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight";
 
     // Happy paths.
 
@@ -1672,9 +1695,10 @@ mod tests {
     idempotency_max_entries: 7
     idempotency_max_bytes: 100000
     assume_idempotent: true
+    honors_idempotency_keys: true
     trust_annotations: false
     tools:
-      write_file: {idempotent: false, read_only: false, timeout: 90}
+      write_file: {idempotent: false, read_only: false, timeout: 90, honors_idempotency_keys: false}
       read_file: {read_only: true}
     max_message_bytes: 1024
     max_in_flight: 1
@@ -1745,6 +1769,7 @@ mod tests {
         assert_eq!(s.idempotency_max_entries, 7);
         assert_eq!(s.idempotency_max_bytes, 100_000);
         assert!(s.assume_idempotent);
+        assert!(s.honors_idempotency_keys);
         assert!(!s.trust_annotations);
         assert_eq!(
             s.tools,
@@ -1755,6 +1780,7 @@ mod tests {
                         idempotent: Some(false),
                         read_only: Some(false),
                         timeout: Some(Duration::from_secs(90)),
+                        honors_idempotency_keys: Some(false),
                     }
                 ),
                 (
@@ -1762,7 +1788,7 @@ mod tests {
                     ToolConfig {
                         idempotent: None,
                         read_only: Some(true),
-                        timeout: None,
+                        ..ToolConfig::default()
                     }
                 ),
             ])
@@ -1943,6 +1969,7 @@ servers:
                 idempotent: Some(true),
                 read_only: None,
                 timeout: Some(Duration::from_secs(7)),
+                honors_idempotency_keys: None,
             }
         );
         assert_eq!(x.tools["fetch"].read_only, Some(true));
@@ -2231,7 +2258,7 @@ servers:
             yaml_err("defaults:\n  command: x\nservers: {}\n"),
             "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, retry, \
              cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
-             idempotency_max_bytes, assume_idempotent, trust_annotations, tools, max_message_bytes, \
+             idempotency_max_bytes, assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, \
              max_in_flight)"
         );
     }
@@ -2276,7 +2303,7 @@ servers:
         assert_eq!(
             key_err("tools:\n      search:\n        readonly: true"),
             "/p/c.yaml:6: servers.fs.tools.search.readonly: unknown key (expected one of: \
-             idempotent, read_only, timeout)"
+             idempotent, read_only, timeout, honors_idempotency_keys)"
         );
     }
 
