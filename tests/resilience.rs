@@ -762,7 +762,13 @@ fn a_call_repeated_after_its_answer_was_delivered_runs_again() {
     let mut s = start(&format!("{FAST}\ntools:\n  writer: {{idempotent: false}}"));
     s.list_tools();
     let mut id = 0;
-    for tool in ["echo", "unsafe_echo", "idem_echo", "destructive_echo", "writer"] {
+    for tool in [
+        "echo",
+        "unsafe_echo",
+        "idem_echo",
+        "destructive_echo",
+        "writer",
+    ] {
         for _ in 0..3 {
             id += 1;
             s.call(json!(id), tool, json!({"text": "increment"}));
@@ -1037,7 +1043,11 @@ fn a_stale_entry_is_served_when_the_breaker_is_open() {
         Some("stale"),
         "an expired entry within stale_if_error beats circuit_open: {r}"
     );
-    assert_eq!(s.executions("ro_echo"), 2, "the fresh read and the failing one");
+    assert_eq!(
+        s.executions("ro_echo"),
+        2,
+        "the fresh read and the failing one"
+    );
 }
 
 // ----- circuit breaker ----------------------------------------------------
@@ -1376,7 +1386,11 @@ fn a_late_success_after_a_timeout_answers_the_next_identical_call_once() {
     s.call(json!(4), "unsafe_echo", args);
     let e = s.error(&json!(4));
     assert_proxy_error(&e, "not_retried_unsafe");
-    assert_eq!(s.executions("unsafe_echo"), 3, "the replay was handed out once");
+    assert_eq!(
+        s.executions("unsafe_echo"),
+        3,
+        "the replay was handed out once"
+    );
 }
 
 #[test]
@@ -1391,7 +1405,11 @@ fn a_late_success_after_the_client_cancelled_answers_the_next_identical_call_onc
     s.call(json!(2), "echo", args.clone());
     let r = s.result(&json!(2));
     assert_eq!(source_marker(&r), Some("dedup"), "{r}");
-    s.call(json!(3), "echo", json!({"mode": "slow", "ms": 1, "text": "sent"}));
+    s.call(
+        json!(3),
+        "echo",
+        json!({"mode": "slow", "ms": 1, "text": "sent"}),
+    );
     s.result(&json!(3));
     s.call(json!(4), "echo", args);
     assert_eq!(source_marker(&s.result(&json!(4))), None);
@@ -1420,9 +1438,7 @@ fn a_delivered_result_of_a_dead_server_is_never_replayed() {
 fn explicit_keys_are_scoped_to_the_tool_and_say_when_arguments_differ() {
     let mut s = start(FAST);
     s.list_tools();
-    let keyed = |tool: &str, text: &str| {
-        json!({"name": tool, "arguments": {"text": text}, "_meta": {"idempotencyKey": "op-9"}})
-    };
+    let keyed = |tool: &str, text: &str| json!({"name": tool, "arguments": {"text": text}, "_meta": {"idempotencyKey": "op-9"}});
     s.call_with(json!(1), keyed("echo", "create"));
     s.result(&json!(1));
     // The same key on another tool is another operation: it runs.
@@ -1444,4 +1460,216 @@ fn explicit_keys_are_scoped_to_the_tool_and_say_when_arguments_differ() {
         "{log}"
     );
     assert!(!log.contains("SECRET-VALUE"), "{log}");
+}
+
+// ----- annotations per incarnation ------------------------------------------
+
+#[test]
+fn a_call_that_crashes_the_server_before_the_tools_are_known_is_decided_by_the_next_one() {
+    // The first call right after the handshake crashes the server, so the
+    // proxy's own tools/list dies with it: the restarted server is asked,
+    // and idem_echo (idempotentHint: true) is retried on it.
+    let mut s = start(FAST);
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "how": "crash", "text": "second time"}),
+    );
+    let r = s.result(&json!(1));
+    assert_eq!(text(&r), "second time");
+    assert_eq!(s.executions("idem_echo"), 2);
+}
+
+#[test]
+fn a_tool_that_became_destructive_on_the_restarted_server_is_not_retried() {
+    let mut s = builder(FAST)
+        .file(
+            "annotations.json",
+            r#"{"flip": {"readOnlyHint": false, "idempotentHint": true}}"#,
+        )
+        .start();
+    s.initialize();
+    s.list_tools();
+    // The next incarnation (a new version, say) calls it destructive.
+    s.dir.write(
+        "annotations.json",
+        r#"{"flip": {"destructiveHint": true, "idempotentHint": false}}"#,
+    );
+    s.call(json!(1), "flip", json!({"mode": "flaky", "how": "crash"}));
+    let e = s.error(&json!(1));
+    assert_proxy_error(&e, "server_exited");
+    assert_eq!(e["data"]["outcome"], "unknown", "{e}");
+    assert_eq!(s.executions("flip"), 1);
+    assert!(
+        s.received("tools/list").len() >= 2,
+        "the restarted server was asked for its tools"
+    );
+}
+
+#[test]
+fn the_proxys_own_tool_list_times_out_with_call_timeout() {
+    // The list would come after 20 s; the call's total_timeout is 30 s. The
+    // decision (unknown = unsafe) comes when our tools/list times out.
+    let mut s = builder(
+        "
+        call_timeout: 0.4
+        retry:
+          base_delay: 0.05
+          total_timeout: 30
+        ",
+    )
+    .env("MOCK_TOOLS_LIST_DELAY_MS", "20000")
+    .start();
+    s.initialize();
+    s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
+    let Some(r) = s.response_within(&json!(1), Duration::from_secs(10)) else {
+        panic!("no answer within 10 s: the tool list was waited for until total_timeout");
+    };
+    assert_server_error(&r["error"], -32000, "flaky failure 1 of 1");
+    assert_eq!(s.executions("idem_echo"), 1);
+    assert!(
+        s.stderr().contains("did not answer the proxy's tools/list"),
+        "{}",
+        s.stderr()
+    );
+}
+
+// ----- time and progress -----------------------------------------------------
+
+#[test]
+fn a_server_ping_the_client_never_answers_pauses_nothing() {
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        retry:
+          max_retries: 0
+          total_timeout: 30
+        ",
+    );
+    s.list_tools();
+    s.call(
+        json!(1),
+        "echo",
+        json!({"mode": "raw", "line": r#"{"jsonrpc":"2.0","id":"srv-1","method":"ping"}"#}),
+    );
+    s.recv_where("the server's ping", |v| v["method"] == "ping");
+    s.result(&json!(1));
+    let started = Instant::now();
+    s.call(json!(2), "unsafe_echo", json!({"mode": "hang"}));
+    let e = s.error(&json!(2));
+    let took = started.elapsed();
+    let message = assert_proxy_error(&e, "not_retried_unsafe");
+    assert!(
+        took < Duration::from_secs(10),
+        "answered after {took:?}: the unanswered ping paused the attempt"
+    );
+    // The message gives the time it really took (about 300 ms).
+    assert!(message.contains("timed out after 3"), "{message}");
+    assert!(message.contains("ms"), "{message}");
+}
+
+#[test]
+fn an_unanswered_sampling_request_pauses_attempts_only_until_total_timeout() {
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        retry:
+          max_retries: 0
+          total_timeout: 1.5
+        ",
+    );
+    s.list_tools();
+    let started = Instant::now();
+    s.call(json!(1), "idem_echo", json!({"mode": "sample"}));
+    s.recv_where("the sampling request", |v| {
+        v["method"] == "sampling/createMessage"
+    });
+    let e = s.error(&json!(1));
+    let took = started.elapsed();
+    let message = assert_proxy_error(&e, "timeout");
+    assert!(
+        took >= Duration::from_millis(1400),
+        "timed out after {took:?}: the attempt clock did not pause"
+    );
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    assert!(message.contains("timed out after 1.5s"), "{message}");
+}
+
+#[test]
+fn progress_from_a_retry_keeps_it_alive_before_it_is_forwarded() {
+    // Attempt 1 reports progress 1..6, then hangs and times out; attempt 2
+    // reports 1..6 again over 600 ms (> call_timeout), then answers. Its
+    // progress is not forwarded (the client has seen 6) but keeps it alive.
+    let mut s = start(
+        "
+        call_timeout: 0.4
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        ",
+    );
+    s.list_tools();
+    s.call_with(
+        json!(1),
+        json!({"name": "idem_echo", "_meta": {"progressToken": "t"},
+            "arguments": {"mode": "flaky", "how": "progress_hang", "steps": 6, "ms": 100,
+                "then": "progress", "text": "done"}}),
+    );
+    let mut seen = Vec::new();
+    loop {
+        let v = s.recv();
+        if v.get("id") == Some(&json!(1)) {
+            assert_eq!(text(&v["result"]), "done", "{v}");
+            break;
+        }
+        if v["method"] == "notifications/progress" {
+            seen.push(v["params"]["progress"].as_f64().unwrap());
+        }
+    }
+    assert_eq!(s.executions("idem_echo"), 2);
+    assert_eq!(seen, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "forwarded once each");
+}
+
+// ----- the cache after a write ----------------------------------------------
+
+#[test]
+fn a_call_that_may_write_empties_the_cache() {
+    let mut s = start(
+        "
+        cache:
+          tools:
+            ro_echo: 60
+          stale_if_error: 60
+        ",
+    );
+    s.list_tools();
+    s.call(json!(1), "ro_echo", json!({"text": "file"}));
+    s.result(&json!(1));
+    s.call(json!(2), "ro_echo", json!({"text": "file"}));
+    assert_eq!(source_marker(&s.result(&json!(2))), Some("cache"));
+    // An edit: not known to be read-only.
+    s.call(json!(3), "echo", json!({"text": "edit"}));
+    s.result(&json!(3));
+    s.call(json!(4), "ro_echo", json!({"text": "file"}));
+    assert_eq!(source_marker(&s.result(&json!(4))), None);
+    assert_eq!(s.executions("ro_echo"), 2);
+    // A read that overlaps a write does not cache what it read.
+    s.call(
+        json!(5),
+        "ro_echo",
+        json!({"mode": "slow", "ms": 300, "text": "r"}),
+    );
+    eventually("the read reached the server", || {
+        s.executions("ro_echo") == 3
+    });
+    s.call(json!(6), "echo", json!({"text": "edit again"}));
+    s.result(&json!(6));
+    s.result(&json!(5));
+    s.call(
+        json!(7),
+        "ro_echo",
+        json!({"mode": "slow", "ms": 300, "text": "r"}),
+    );
+    assert_eq!(source_marker(&s.result(&json!(7))), None);
+    assert_eq!(s.executions("ro_echo"), 4);
 }

@@ -921,7 +921,7 @@ impl Dispatcher {
         };
         if call.client.as_deref() == Some(client_id) {
             call.client = None;
-        } else if let Some(k) = call.dedup_key.clone() {
+        } else if let Some(k) = call.dedup_key {
             self.dedup.remove_waiter(&k, |w| w == client_id);
         }
         if self.calls.get(&id).is_some_and(|c| c.client.is_none()) && self.dedup_waiters(id) == 0 {
