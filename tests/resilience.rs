@@ -1673,3 +1673,29 @@ fn a_call_that_may_write_empties_the_cache() {
     assert_eq!(source_marker(&s.result(&json!(7))), None);
     assert_eq!(s.executions("ro_echo"), 4);
 }
+
+#[test]
+fn a_server_that_cannot_start_is_reported_with_the_time_really_waited() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file(
+            "c.yaml",
+            "servers:\n  x:\n    command: /nonexistent/mcp-server\n",
+        )
+        .start();
+    let started = Instant::now();
+    s.request(
+        json!(1),
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let e = s.error(&json!(1));
+    let took = started.elapsed();
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(message.contains("/nonexistent/mcp-server"), "{message}");
+    assert!(message.contains("stopped waiting after"), "{message}");
+    assert!(
+        !message.contains("60s") && took < Duration::from_secs(30),
+        "{message} (after {took:?})"
+    );
+}
