@@ -301,6 +301,9 @@ pub struct Dispatcher {
     budget: RetryBudget,
     backoff: Backoff,
     rng: fastrand::Rng,
+    /// The time of the event or timer being handled: the dispatcher's only
+    /// clock (read by `run`, set by the caller of `handle_event`).
+    now: Instant,
     stats: Stats,
     /// Where `--stats-file` documents go, and whether a flush is scheduled.
     stats_out: Option<Sender<String>>,
@@ -364,6 +367,7 @@ impl Dispatcher {
             budget: RetryBudget::new(&cfg.retry.budget),
             backoff: Backoff::from_config(&cfg.retry),
             rng: fastrand::Rng::new(),
+            now: Instant::now(),
             stats: Stats::default(),
             stats_out: None,
             stats_flush_pending: false,
@@ -377,6 +381,13 @@ impl Dispatcher {
     /// counters change, and at exit.
     pub fn with_stats_output(mut self, out: Sender<String>) -> Dispatcher {
         self.stats_out = Some(out);
+        self
+    }
+
+    /// Seeds the randomness of backoff jitter (tests replay a schedule).
+    #[cfg(test)]
+    pub fn with_seed(mut self, seed: u64) -> Dispatcher {
+        self.rng = fastrand::Rng::with_seed(seed);
         self
     }
 
@@ -445,6 +456,7 @@ impl Dispatcher {
     }
 
     pub fn handle_event(&mut self, event: Event, now: Instant) {
+        self.now = now;
         match event {
             Event::Client(parsed) => self.on_client(parsed, None, now),
             Event::ClientTooLong { prefix, len } => self.on_client_too_long(&prefix, len),
@@ -469,6 +481,7 @@ impl Dispatcher {
     }
 
     fn fire_timers(&mut self, now: Instant) {
+        self.now = now;
         while let Some(Reverse(t)) = self.timers.peek() {
             if t.at > now {
                 break;
@@ -569,7 +582,7 @@ impl Dispatcher {
     fn stats_dirty(&mut self) {
         if self.stats_out.is_some() && !self.stats_flush_pending {
             self.stats_flush_pending = true;
-            self.set_timer(Instant::now() + STATS_INTERVAL, Timer::StatsFlush);
+            self.set_timer(self.now + STATS_INTERVAL, Timer::StatsFlush);
         }
     }
 
