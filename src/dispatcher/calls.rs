@@ -158,6 +158,12 @@ pub struct ToolsKnowledge {
 }
 
 impl ToolsKnowledge {
+    /// Tool entries of the listing being read.
+    #[cfg(test)]
+    pub fn pages_held(&self) -> usize {
+        self.pages.len()
+    }
+
     /// Our listing died with its server: ask the next incarnation for the
     /// whole list once it is ready.
     pub fn restart_fetch(&mut self) {

@@ -522,3 +522,21 @@ fn a_server_that_cannot_start_is_restarted_with_growing_delays_until_the_breaker
     assert_eq!(h.starts.lock().unwrap().len(), 6, "started again");
     assert!(h.try_to_server().is_some(), "the ping reached the server");
 }
+
+#[test]
+fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
+    let mut h = Harness::new();
+    for i in 0..2000 {
+        h.client_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/list","params":{{}}}}"#
+        ));
+        let line = h.to_server();
+        answer(
+            &mut h,
+            &line,
+            r#""result":{"tools":[{"name":"a","inputSchema":{}},{"name":"b","inputSchema":{}}],"nextCursor":"2"}"#,
+        );
+        h.to_client();
+    }
+    assert_eq!(h.d.tools.pages_held(), 2);
+}
