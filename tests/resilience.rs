@@ -1296,6 +1296,7 @@ fn the_stats_file_and_the_exit_summary_count_per_tool() {
     assert_eq!(stats["server"], "mock", "{stats}");
     let idem = &stats["tools"]["idem_echo"];
     assert_eq!(idem["calls"], 1, "{stats}");
+    assert_eq!(idem["attempts"], 2, "{stats}");
     assert_eq!(idem["retried"], 1, "{stats}");
     assert_eq!(idem["recovered"], 1, "{stats}");
     assert_eq!(idem["failed"], 0, "{stats}");
@@ -1305,7 +1306,8 @@ fn the_stats_file_and_the_exit_summary_count_per_tool() {
     assert_eq!(echo["failed"], 1, "{stats}");
     assert_eq!(stats["total"]["calls"], 4, "{stats}");
     assert!(
-        s.stderr().contains("summary: 4 call(s), 1 retried"),
+        s.stderr()
+            .contains("summary: 4 call(s), 4 attempt(s) sent, 1 call(s) retried"),
         "{}",
         s.stderr()
     );
@@ -1698,4 +1700,39 @@ fn a_server_that_cannot_start_is_reported_with_the_time_really_waited() {
         !message.contains("60s") && took < Duration::from_secs(30),
         "{message} (after {took:?})"
     );
+}
+
+#[test]
+fn json_log_lines_carry_server_tool_attempt_and_reason_as_fields() {
+    let mut s = builder_with_args(FAST, &["--log-format", "json"]).start();
+    s.initialize();
+    s.list_tools();
+    s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
+    s.result(&json!(1));
+    s.call(json!(2), "unsafe_echo", json!({"mode": "flaky"}));
+    s.error(&json!(2));
+    s.close_stdin();
+    s.wait();
+    let lines: Vec<Value> = s
+        .stderr()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let find = |what: &str| {
+        lines
+            .iter()
+            .find(|v| v["msg"].as_str().is_some_and(|m| m.contains(what)))
+            .unwrap_or_else(|| panic!("no line with {what:?} in {lines:?}"))
+            .clone()
+    };
+    let retry = find("retrying in");
+    assert_eq!(retry["server"], "mock", "{retry}");
+    assert_eq!(retry["tool"], "idem_echo", "{retry}");
+    assert_eq!(retry["attempt"], 1, "{retry}");
+    assert_eq!(retry["reason"], "transient_error", "{retry}");
+    let second = find("attempt 2");
+    assert_eq!(second["attempt"], 2, "{second}");
+    let refused = find("not retried");
+    assert_eq!(refused["tool"], "unsafe_echo", "{refused}");
+    assert_eq!(refused["reason"], "not_retried_unsafe", "{refused}");
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use memchr::memmem;
 
 use crate::jsonrpc::{self, Message, RawObject};
+use crate::log::Fields;
 use crate::policy::breaker::{Admission, BreakerState, Transition};
 use crate::policy::dedup::{fingerprint, Keep, Lookup};
 use crate::policy::gate::{self, GateInput, Safety};
@@ -59,6 +60,25 @@ pub enum Failure {
 impl Failure {
     fn ambiguous(&self) -> bool {
         !matches!(self, Failure::NeverSent(_))
+    }
+
+    /// For logs: `never_sent`, `timeout`, `server_exited`, `transient_error`.
+    fn kind(&self) -> &'static str {
+        match self {
+            Failure::NeverSent(_) => "never_sent",
+            Failure::Timeout(_) => "timeout",
+            Failure::Exited(_) => "server_exited",
+            Failure::Transient(_) => "transient_error",
+        }
+    }
+}
+
+/// The structured fields of a log line about attempt `attempt` of `tool`.
+fn fields<'a>(tool: &'a str, attempt: u32, reason: Option<&'a str>) -> Fields<'a> {
+    Fields {
+        tool: Some(tool),
+        attempt: Some(attempt),
+        reason,
     }
 }
 
@@ -425,6 +445,8 @@ impl Dispatcher {
             self.cache_invalidated(&tool, "may write");
         }
         let epoch = self.cache.epoch();
+        let tool = self.calls[&id].tool.clone();
+        self.stats_for(&tool).attempts += 1;
         let call = self.calls.get_mut(&id).expect("present");
         call.cache_epoch = epoch;
         call.attempts += 1;
@@ -438,6 +460,7 @@ impl Dispatcher {
         let line = call.request.line_with_id(&down.to_string());
         if call.attempts > 1 {
             info!(
+                fields: fields(&call.tool, call.attempts, None),
                 "tool \"{}\": attempt {} (downstream id {down})",
                 call.tool, call.attempts
             );
@@ -530,13 +553,15 @@ impl Dispatcher {
         }
         let call = self.calls.get_mut(&id).expect("present");
         let retries_done = call.attempts.saturating_sub(1);
+        let attempts = call.attempts;
+        let at_attempt = |reason: Reason| fields(&tool, attempts, Some(reason.as_str()));
         if retries_done >= cfg_retry.max_retries {
             let reason = if cfg_retry.max_retries == 0 && matches!(failure, Failure::Timeout(_)) {
                 Reason::Timeout
             } else {
                 Reason::RetriesExhausted
             };
-            warn!("{what}; giving up after {} attempt(s)", call.attempts);
+            warn!(fields: at_attempt(reason), "{what}; giving up after {attempts} attempt(s)");
             return self.give_up(id, reason, &failure, now);
         }
         let hint = match &failure {
@@ -549,7 +574,10 @@ impl Dispatcher {
             .max(hint.unwrap_or_default());
         let at = now + delay;
         if at >= call.deadline {
-            warn!("{what}; no retry: the next attempt would start after retry.total_timeout");
+            warn!(
+                fields: at_attempt(Reason::DeadlineExceeded),
+                "{what}; no retry: the next attempt would start after retry.total_timeout"
+            );
             return self.give_up(id, Reason::DeadlineExceeded, &failure, now);
         }
         if let BreakerState::Open { until } = self.breaker.state() {
@@ -557,6 +585,7 @@ impl Dispatcher {
                 // The retry would only be refused when it is due.
                 let retry_after = until.saturating_duration_since(now);
                 warn!(
+                    fields: at_attempt(Reason::CircuitOpen),
                     "{what}; no retry: the circuit breaker for \"{}\" is open for another {:.1}s",
                     self.cfg.name,
                     retry_after.as_secs_f64()
@@ -565,11 +594,15 @@ impl Dispatcher {
             }
         }
         if !self.budget.try_withdraw(now) {
-            warn!("{what}; no retry: the retry budget for this server is exhausted");
+            warn!(
+                fields: at_attempt(Reason::RetryBudgetExhausted),
+                "{what}; no retry: the retry budget for this server is exhausted"
+            );
             return self.give_up(id, Reason::RetryBudgetExhausted, &failure, now);
         }
         let call = self.calls.get_mut(&id).expect("present");
         info!(
+            fields: fields(&tool, attempts, Some(failure.kind())),
             "{what}; retrying in {:.2}s (retry {} of {})",
             delay.as_secs_f64(),
             retries_done + 1,
@@ -619,11 +652,14 @@ impl Dispatcher {
             self.fetch_tools(now);
             return false;
         }
-        warn!("{what}; not retried: the tool is not known to be idempotent");
         let reason = match failure {
             Failure::Exited(_) => Reason::ServerExited,
             _ => Reason::NotRetriedUnsafe,
         };
+        warn!(
+            fields: fields(&tool, call.attempts, Some(reason.as_str())),
+            "{what}; not retried: the tool is not known to be idempotent"
+        );
         self.give_up(id, reason, failure, now);
         false
     }
