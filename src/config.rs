@@ -53,6 +53,9 @@ pub struct ServerConfig {
     /// Bound on the bytes of the results it keeps (default 64 MiB).
     pub idempotency_max_bytes: usize,
     pub assume_idempotent: bool,
+    /// Whether the server deduplicates `_meta.idempotencyKey` itself, so a
+    /// call carrying one is safe to retry (default false).
+    pub honors_idempotency_keys: bool,
     /// Whether `readOnlyHint`/`idempotentHint` annotations make a tool safe (default true).
     pub trust_annotations: bool,
     pub tools: HashMap<String, ToolConfig>,
@@ -131,6 +134,8 @@ pub struct ToolConfig {
     pub idempotent: Option<bool>,
     pub read_only: Option<bool>,
     pub timeout: Option<Duration>,
+    /// Overrides the server's `honors_idempotency_keys` for this tool.
+    pub honors_idempotency_keys: Option<bool>,
 }
 
 /// The syntax of a configuration file.
@@ -225,6 +230,7 @@ impl ServerConfig {
             idempotency_max_entries: 10_000,
             idempotency_max_bytes: 64 * 1024 * 1024,
             assume_idempotent: false,
+            honors_idempotency_keys: false,
             trust_annotations: true,
             tools: HashMap::new(),
             max_message_bytes: 64 * 1024 * 1024,
@@ -318,6 +324,7 @@ const SERVER_KEYS: &[&str] = &[
     "idempotency_max_entries",
     "idempotency_max_bytes",
     "assume_idempotent",
+    "honors_idempotency_keys",
     "trust_annotations",
     "tools",
     "max_message_bytes",
@@ -376,7 +383,12 @@ const CACHE_KEYS: &[&str] = &[
     "stale_if_error",
 ];
 const BREAKER_KEYS: &[&str] = &["failure_threshold", "cooldown_seconds", "success_threshold"];
-const TOOL_KEYS: &[&str] = &["idempotent", "read_only", "timeout"];
+const TOOL_KEYS: &[&str] = &[
+    "idempotent",
+    "read_only",
+    "timeout",
+    "honors_idempotency_keys",
+];
 
 /// A format-neutral document node with the line it starts on.
 #[derive(Debug, Clone)]
@@ -805,6 +817,7 @@ struct Policy {
     idempotency_max_entries: Option<At<u64>>,
     idempotency_max_bytes: Option<At<u64>>,
     assume_idempotent: Option<At<bool>>,
+    honors_idempotency_keys: Option<At<bool>>,
     trust_annotations: Option<At<bool>>,
     tools: HashMap<String, ToolConfig>,
     max_message_bytes: Option<At<u64>>,
@@ -841,6 +854,7 @@ impl Policy {
             idempotency_max_entries,
             idempotency_max_bytes,
             assume_idempotent,
+            honors_idempotency_keys,
             trust_annotations,
             max_message_bytes,
             max_in_flight,
@@ -853,6 +867,9 @@ impl Policy {
             tool.idempotent = tool.idempotent.or(base_tool.idempotent);
             tool.read_only = tool.read_only.or(base_tool.read_only);
             tool.timeout = tool.timeout.or(base_tool.timeout);
+            tool.honors_idempotency_keys = tool
+                .honors_idempotency_keys
+                .or(base_tool.honors_idempotency_keys);
         }
         self
     }
@@ -1257,6 +1274,7 @@ impl Walker<'_> {
                 p.idempotency_max_bytes = self.count(node, path, 0, usize_max())
             }
             "assume_idempotent" => p.assume_idempotent = self.boolean(node, path),
+            "honors_idempotency_keys" => p.honors_idempotency_keys = self.boolean(node, path),
             "trust_annotations" => p.trust_annotations = self.boolean(node, path),
             "tools" => self.tools(p, node, path),
             "max_message_bytes" => {
@@ -1388,6 +1406,10 @@ impl Walker<'_> {
                                 .duration(value, key_path, Zero::Rejected)
                                 .map(|d| d.value)
                         }
+                        "honors_idempotency_keys" => {
+                            config.honors_idempotency_keys =
+                                this.boolean(value, key_path).map(|b| b.value)
+                        }
                         _ => return false,
                     }
                     true
@@ -1440,6 +1462,7 @@ impl Walker<'_> {
         set_count(&mut s.idempotency_max_entries, &p.idempotency_max_entries);
         set_count(&mut s.idempotency_max_bytes, &p.idempotency_max_bytes);
         set(&mut s.assume_idempotent, &p.assume_idempotent);
+        set(&mut s.honors_idempotency_keys, &p.honors_idempotency_keys);
         set(&mut s.trust_annotations, &p.trust_annotations);
         s.tools = p.tools.clone();
         set_count(&mut s.max_message_bytes, &p.max_message_bytes);
@@ -2001,7 +2024,7 @@ mod tests {
     const SERVER_KEY_LIST: &str =
         "command, args, env, envFile, cwd, disabled, call_timeout, retry, cache, \
         circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
-        assume_idempotent, trust_annotations, tools, max_message_bytes, max_in_flight";
+        assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight";
 
     // Happy paths.
 
@@ -2092,9 +2115,10 @@ mod tests {
     idempotency_max_entries: 7
     idempotency_max_bytes: 100000
     assume_idempotent: true
+    honors_idempotency_keys: true
     trust_annotations: false
     tools:
-      write_file: {idempotent: false, read_only: false, timeout: 90}
+      write_file: {idempotent: false, read_only: false, timeout: 90, honors_idempotency_keys: false}
       read_file: {read_only: true}
     max_message_bytes: 1024
     max_in_flight: 1
@@ -2165,6 +2189,7 @@ mod tests {
         assert_eq!(s.idempotency_max_entries, 7);
         assert_eq!(s.idempotency_max_bytes, 100_000);
         assert!(s.assume_idempotent);
+        assert!(s.honors_idempotency_keys);
         assert!(!s.trust_annotations);
         assert_eq!(
             s.tools,
@@ -2175,6 +2200,7 @@ mod tests {
                         idempotent: Some(false),
                         read_only: Some(false),
                         timeout: Some(Duration::from_secs(90)),
+                        honors_idempotency_keys: Some(false),
                     }
                 ),
                 (
@@ -2182,7 +2208,7 @@ mod tests {
                     ToolConfig {
                         idempotent: None,
                         read_only: Some(true),
-                        timeout: None,
+                        ..ToolConfig::default()
                     }
                 ),
             ])
@@ -2363,6 +2389,7 @@ servers:
                 idempotent: Some(true),
                 read_only: None,
                 timeout: Some(Duration::from_secs(7)),
+                honors_idempotency_keys: None,
             }
         );
         assert_eq!(x.tools["fetch"].read_only, Some(true));
@@ -2653,7 +2680,7 @@ servers:
             yaml_err("defaults:\n  command: x\nservers: {}\n"),
             "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, retry, \
              cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
-             idempotency_max_bytes, assume_idempotent, trust_annotations, tools, max_message_bytes, \
+             idempotency_max_bytes, assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, \
              max_in_flight)"
         );
     }
@@ -2698,7 +2725,7 @@ servers:
         assert_eq!(
             key_err("tools:\n      search:\n        readonly: true"),
             "/p/c.yaml:6: servers.fs.tools.search.readonly: unknown key (did you mean read_only? expected one of: \
-             idempotent, read_only, timeout)"
+             idempotent, read_only, timeout, honors_idempotency_keys)"
         );
     }
 

@@ -12,6 +12,7 @@
 //! over channels; the server is reached only through [`Downstream`].
 
 use std::cmp::Reverse;
+use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +37,7 @@ mod link;
 #[cfg(test)]
 mod tests;
 
-use calls::{Call, ToolsKnowledge};
+use calls::{Call, Late, ToolsKnowledge};
 use link::{Link, Queued, ReplayStep, Route, Session};
 
 /// Everything that can wake the dispatcher.
@@ -149,6 +150,8 @@ pub enum Timer {
     QueueExpired { seq: u64 },
     /// After the handshake: list the tools if nobody has.
     LearnTools,
+    /// The proxy's own `tools/list` request `down` must be answered by now.
+    ToolsListTimeout { down: u64 },
     /// Line number `line` over `max_message_bytes` of incarnation
     /// `generation` must have ended by now.
     OverlongLine { generation: u64, line: u64 },
@@ -186,6 +189,9 @@ enum Inflight {
     Attempt { call: u64 },
     /// The proxy's own `tools/list`, to learn annotations.
     ToolsList,
+    /// An attempt of a call that has ended without its success reaching
+    /// the client; a late success is kept for replay.
+    Late(Box<Late>),
 }
 
 /// Methods whose answers the dispatcher looks at.
@@ -193,7 +199,9 @@ enum Inflight {
 enum Method {
     Initialize,
     /// `tools/list`; `first` when it asks for the first page.
-    ToolsList,
+    ToolsList {
+        first: bool,
+    },
     /// A request that only reads: sent again after a restart.
     ReadOnly,
     Other,
@@ -214,10 +222,12 @@ struct ClientRequest {
 
 /// A request from the server to the client, waiting for the client's answer.
 #[derive(Debug)]
-struct ServerRequest {
+pub(super) struct ServerRequest {
     generation: u64,
     /// The server's own id, raw.
     server_id: String,
+    /// It waits for a person (sampling, elicitation): attempt clocks pause.
+    pauses: bool,
 }
 
 /// Collects the answers to a batch (2025-03-26) into one array.
@@ -257,13 +267,16 @@ pub struct Dispatcher {
     inflight: FastMap<u64, Inflight>,
     client_requests: FastMap<String, ClientRequest>,
     server_requests: FastMap<u64, ServerRequest>,
+    /// Open server requests that pause attempt clocks, and since when.
+    pausing: usize,
+    paused_since: Option<Instant>,
     next_server_request_id: u64,
     batches: FastMap<u64, Batch>,
     next_batch: u64,
     /// What a restarted server must be told.
     session: Session,
     /// Traffic waiting for a (re)starting server, with sequence numbers.
-    queue: VecDeque<(u64, Queued)>,
+    queue: VecDeque<(u64, Instant, Queued)>,
     queue_seq: u64,
     /// Consecutive restarts (for the restart backoff).
     restarts: u32,
@@ -275,15 +288,22 @@ pub struct Dispatcher {
     phase: Phase,
     calls: FastMap<u64, Call>,
     next_call: u64,
-    calls_by_key: FastMap<String, u64>,
+    calls_by_key: FastMap<u128, u64>,
     calls_by_token: FastMap<String, u64>,
     tools: ToolsKnowledge,
     cache: ResultCache,
-    dedup: DedupTable<String>,
+    dedup: DedupTable<u128, String>,
+    /// The secret keys of dedup fingerprints.
+    fingerprint_keys: RandomState,
+    /// Downstream ids whose late answers are awaited, oldest first.
+    late: VecDeque<u64>,
     breaker: Breaker,
     budget: RetryBudget,
     backoff: Backoff,
     rng: fastrand::Rng,
+    /// The time of the event or timer being handled: the dispatcher's only
+    /// clock (read by `run`, set by the caller of `handle_event`).
+    now: Instant,
     stats: Stats,
     /// Where `--stats-file` documents go, and whether a flush is scheduled.
     stats_out: Option<Sender<String>>,
@@ -316,6 +336,8 @@ impl Dispatcher {
             inflight: FastMap::default(),
             client_requests: FastMap::default(),
             server_requests: FastMap::default(),
+            pausing: 0,
+            paused_since: None,
             next_server_request_id: 0,
             batches: FastMap::default(),
             next_batch: 0,
@@ -339,10 +361,13 @@ impl Dispatcher {
                 cfg.idempotency_max_entries,
                 cfg.idempotency_max_bytes,
             ),
+            fingerprint_keys: RandomState::new(),
+            late: VecDeque::new(),
             breaker: Breaker::new(&cfg.circuit_breaker),
             budget: RetryBudget::new(&cfg.retry.budget),
             backoff: Backoff::from_config(&cfg.retry),
             rng: fastrand::Rng::new(),
+            now: Instant::now(),
             stats: Stats::default(),
             stats_out: None,
             stats_flush_pending: false,
@@ -356,6 +381,13 @@ impl Dispatcher {
     /// counters change, and at exit.
     pub fn with_stats_output(mut self, out: Sender<String>) -> Dispatcher {
         self.stats_out = Some(out);
+        self
+    }
+
+    /// Seeds the randomness of backoff jitter (tests replay a schedule).
+    #[cfg(test)]
+    pub fn with_seed(mut self, seed: u64) -> Dispatcher {
+        self.rng = fastrand::Rng::with_seed(seed);
         self
     }
 
@@ -424,6 +456,7 @@ impl Dispatcher {
     }
 
     pub fn handle_event(&mut self, event: Event, now: Instant) {
+        self.now = now;
         match event {
             Event::Client(parsed) => self.on_client(parsed, None, now),
             Event::ClientTooLong { prefix, len } => self.on_client_too_long(&prefix, len),
@@ -448,6 +481,7 @@ impl Dispatcher {
     }
 
     fn fire_timers(&mut self, now: Instant) {
+        self.now = now;
         while let Some(Reverse(t)) = self.timers.peek() {
             if t.at > now {
                 break;
@@ -522,7 +556,7 @@ impl Dispatcher {
                     matches!(
                         f,
                         Inflight::Client {
-                            method: Method::ToolsList,
+                            method: Method::ToolsList { .. },
                             ..
                         }
                     )
@@ -537,6 +571,7 @@ impl Dispatcher {
                 }
             }
             Timer::OverlongLine { generation, line } => self.overlong_line_due(generation, line),
+            Timer::ToolsListTimeout { down } => self.tools_list_timed_out(down, now),
             t @ (Timer::AttemptTimeout { .. }
             | Timer::RetryDue { .. }
             | Timer::CallDeadline { .. }) => self.on_call_timer(t, now),
@@ -547,7 +582,7 @@ impl Dispatcher {
     fn stats_dirty(&mut self) {
         if self.stats_out.is_some() && !self.stats_flush_pending {
             self.stats_flush_pending = true;
-            self.set_timer(Instant::now() + STATS_INTERVAL, Timer::StatsFlush);
+            self.set_timer(self.now + STATS_INTERVAL, Timer::StatsFlush);
         }
     }
 
@@ -578,8 +613,8 @@ impl Dispatcher {
         }
         self.phase = Phase::Stopping { signal };
         // Nothing queued will be sent any more.
-        let queued: Vec<(u64, Queued)> = self.queue.drain(..).collect();
-        for (_, item) in queued {
+        let queued: Vec<(u64, Instant, Queued)> = self.queue.drain(..).collect();
+        for (_, _, item) in queued {
             match item {
                 Queued::Request { client_id, .. } => self.answer_proxy_error(
                     &client_id,
@@ -608,7 +643,7 @@ impl Dispatcher {
             Parsed::Message(m) => match m.kind() {
                 Kind::Request => self.on_client_request(m, batch, now),
                 Kind::Notification => self.on_client_notification(m, now),
-                Kind::Response => self.on_client_response(m),
+                Kind::Response => self.on_client_response(m, now),
             },
             Parsed::Invalid(inv) => self.on_client_invalid(inv, batch),
             Parsed::Batch(items) => self.on_client_batch(items, now),
@@ -784,7 +819,12 @@ impl Dispatcher {
                 self.session.pending_init = m.params().map(str::to_owned);
                 Method::Initialize
             }
-            "tools/list" => Method::ToolsList,
+            "tools/list" => Method::ToolsList {
+                first: m
+                    .params()
+                    .and_then(RawObject::parse)
+                    .map_or(true, |p| p.get("cursor").is_none()),
+            },
             "tools/call" if self.phase == Phase::Running => {
                 return self.on_tools_call(m, client_id, now);
             }
@@ -869,7 +909,7 @@ impl Dispatcher {
         // again to a restarted server.
         let resend = matches!(
             kind,
-            Method::ReadOnly | Method::ToolsList | Method::Initialize
+            Method::ReadOnly | Method::ToolsList { .. } | Method::Initialize
         )
         .then(|| m.clone());
         let line = m.into_line_with_id(&down.to_string());
@@ -955,12 +995,12 @@ impl Dispatcher {
         }
     }
 
-    fn on_client_response(&mut self, m: Message) {
+    fn on_client_response(&mut self, m: Message, now: Instant) {
         let id = m.id().unwrap_or("null");
         let Some(ours) = id.parse::<u64>().ok() else {
             return warn!("dropped a response from the client with unknown id {id}");
         };
-        let Some(req) = self.server_requests.remove(&ours) else {
+        let Some(req) = self.close_server_request(ours, now) else {
             return warn!("dropped a response from the client with unknown id {id}");
         };
         if req.generation != self.generation {
@@ -976,7 +1016,7 @@ impl Dispatcher {
         match parsed {
             Parsed::Message(m) => match m.kind() {
                 Kind::Response => self.on_server_response(m, now),
-                Kind::Request => self.on_server_request(m),
+                Kind::Request => self.on_server_request(m, now),
                 Kind::Notification => self.on_server_notification(m, now),
             },
             Parsed::Invalid(inv) => {
@@ -1022,7 +1062,7 @@ impl Dispatcher {
             Some(Inflight::ToolsList) => {
                 self.inflight.remove(&down);
                 match m.result() {
-                    Some(r) => self.learn_tools(r, true, now),
+                    Some(r) => self.learn_tools(r, true, false, now),
                     None => self.tools_learned(false, now),
                 }
             }
@@ -1030,6 +1070,11 @@ impl Dispatcher {
                 let step = *step;
                 self.inflight.remove(&down);
                 self.on_replay_response(step, &m, now);
+            }
+            Some(Inflight::Late(_)) => {
+                if let Some(Inflight::Late(late)) = self.inflight.remove(&down) {
+                    self.on_late_answer(*late, &m, now);
+                }
             }
             Some(Inflight::Client { .. }) => {
                 let Some(Inflight::Client {
@@ -1040,9 +1085,9 @@ impl Dispatcher {
                 };
                 match method {
                     Method::Initialize => self.observe_initialize(&m),
-                    Method::ToolsList => {
+                    Method::ToolsList { first } => {
                         if let Some(r) = m.result() {
-                            self.learn_tools(r, false, now);
+                            self.learn_tools(r, false, first, now);
                         }
                     }
                     Method::ReadOnly | Method::Other => {}
@@ -1079,17 +1124,50 @@ impl Dispatcher {
             .unwrap_or(false);
     }
 
-    fn on_server_request(&mut self, m: Message) {
+    fn on_server_request(&mut self, m: Message, now: Instant) {
         self.next_server_request_id += 1;
         let ours = self.next_server_request_id;
+        // A person may be answering these: attempts do not time out
+        // meanwhile. `ping` and `roots/list` are answered by the client
+        // itself and pause nothing.
+        let pauses = matches!(
+            m.method().as_deref(),
+            Some("sampling/createMessage" | "elicitation/create")
+        );
+        if pauses {
+            if self.pausing == 0 {
+                self.paused_since = Some(now);
+            }
+            self.pausing += 1;
+        }
         self.server_requests.insert(
             ours,
             ServerRequest {
                 generation: self.generation,
                 server_id: m.id().expect("requests have ids").to_owned(),
+                pauses,
             },
         );
         self.send_client(m.into_line_with_id(&ours.to_string()));
+    }
+
+    /// Forgets a request of the server's (answered, withdrawn, or its
+    /// server gone); the last one that paused attempt clocks resumes them.
+    pub(super) fn close_server_request(
+        &mut self,
+        ours: u64,
+        now: Instant,
+    ) -> Option<ServerRequest> {
+        let req = self.server_requests.remove(&ours)?;
+        if req.pauses {
+            self.pausing -= 1;
+            if self.pausing == 0 {
+                if let Some(since) = self.paused_since.take() {
+                    self.resume_attempt_clocks(since, now);
+                }
+            }
+        }
+        Some(req)
     }
 
     fn on_server_notification(&mut self, m: Message, now: Instant) {
@@ -1117,7 +1195,7 @@ impl Dispatcher {
             let Some(ours) = ours else {
                 return debug!("dropped the server's cancel for unknown request {server_id}");
             };
-            self.server_requests.remove(&ours);
+            self.close_server_request(ours, now);
             let params = params.to_json_replacing("requestId", &ours.to_string());
             return self.send_client(m.line_with_params(&params));
         }

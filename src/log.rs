@@ -8,6 +8,7 @@
 use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -69,6 +70,22 @@ pub fn init(level: Level, format: Format) {
     FORMAT.store((format == Format::Json) as u8, Ordering::Relaxed);
 }
 
+/// The server this process proxies: every JSON line carries it as `server`.
+static SERVER: OnceLock<String> = OnceLock::new();
+
+pub fn set_server(name: &str) {
+    let _ = SERVER.set(name.to_owned());
+}
+
+/// Structured fields of a line, written as members in `--log-format json`
+/// (the text format has them in its message already).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Fields<'a> {
+    pub tool: Option<&'a str>,
+    pub attempt: Option<u32>,
+    pub reason: Option<&'a str>,
+}
+
 pub fn enabled(level: Level) -> bool {
     level as u8 <= LEVEL.load(Ordering::Relaxed)
 }
@@ -76,42 +93,96 @@ pub fn enabled(level: Level) -> bool {
 /// Writes one log line. Errors writing to stderr are ignored: there is
 /// nowhere left to report them.
 pub fn emit(level: Level, args: fmt::Arguments<'_>) {
+    emit_with(level, Fields::default(), args);
+}
+
+/// [`emit`] with structured fields.
+pub fn emit_with(level: Level, fields: Fields<'_>, args: fmt::Arguments<'_>) {
     let line = if FORMAT.load(Ordering::Relaxed) == 1 {
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        let msg = serde_json::to_string(&args.to_string()).unwrap_or_default();
-        format!(
-            "{{\"ts\":{ts:.3},\"level\":\"{}\",\"target\":\"mcp-retry\",\"msg\":{msg}}}\n",
-            level.as_str()
-        )
+        json_line(level, fields, SERVER.get().map(String::as_str), args)
     } else {
         format!("mcp-retry: {}: {args}\n", level.as_str())
     };
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+fn json_line(
+    level: Level,
+    fields: Fields<'_>,
+    server: Option<&str>,
+    args: fmt::Arguments<'_>,
+) -> String {
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let text = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut line = format!(
+        "{{\"ts\":{ts:.3},\"level\":\"{}\",\"target\":\"mcp-retry\"",
+        level.as_str()
+    );
+    if let Some(s) = server {
+        line.push_str(&format!(",\"server\":{}", text(s)));
+    }
+    if let Some(t) = fields.tool {
+        line.push_str(&format!(",\"tool\":{}", text(t)));
+    }
+    if let Some(a) = fields.attempt {
+        line.push_str(&format!(",\"attempt\":{a}"));
+    }
+    if let Some(r) = fields.reason {
+        line.push_str(&format!(",\"reason\":{}", text(r)));
+    }
+    line.push_str(&format!(",\"msg\":{}}}\n", text(&args.to_string())));
+    line
+}
+
+/// `error!("…")`, or `error!(fields: Fields { … }, "…")` for a line with
+/// structured fields (likewise `warn!`, `info!`, `debug!`).
 #[macro_export]
 macro_rules! error {
+    (fields: $f:expr, $($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Error) { $crate::log::emit_with($crate::log::Level::Error, $f, format_args!($($t)*)) } };
     ($($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Error) { $crate::log::emit($crate::log::Level::Error, format_args!($($t)*)) } };
 }
 #[macro_export]
 macro_rules! warn {
+    (fields: $f:expr, $($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Warn) { $crate::log::emit_with($crate::log::Level::Warn, $f, format_args!($($t)*)) } };
     ($($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Warn) { $crate::log::emit($crate::log::Level::Warn, format_args!($($t)*)) } };
 }
 #[macro_export]
 macro_rules! info {
+    (fields: $f:expr, $($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Info) { $crate::log::emit_with($crate::log::Level::Info, $f, format_args!($($t)*)) } };
     ($($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Info) { $crate::log::emit($crate::log::Level::Info, format_args!($($t)*)) } };
 }
 #[macro_export]
 macro_rules! debug {
+    (fields: $f:expr, $($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Debug) { $crate::log::emit_with($crate::log::Level::Debug, $f, format_args!($($t)*)) } };
     ($($t:tt)*) => { if $crate::log::enabled($crate::log::Level::Debug) { $crate::log::emit($crate::log::Level::Debug, format_args!($($t)*)) } };
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_lines_carry_the_fields_as_members() {
+        let fields = Fields {
+            tool: Some("pay \"x\""),
+            attempt: Some(2),
+            reason: Some("timeout"),
+        };
+        let line = json_line(Level::Warn, fields, Some("srv"), format_args!("m {}", 1));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["level"], "warn");
+        assert_eq!(v["server"], "srv");
+        assert_eq!(v["tool"], "pay \"x\"");
+        assert_eq!(v["attempt"], 2);
+        assert_eq!(v["reason"], "timeout");
+        assert_eq!(v["msg"], "m 1");
+        let bare = json_line(Level::Info, Fields::default(), None, format_args!("x"));
+        let v: serde_json::Value = serde_json::from_str(&bare).unwrap();
+        assert!(v.get("tool").is_none() && v.get("server").is_none(), "{v}");
+    }
 
     #[test]
     fn levels_parse_and_order() {

@@ -56,6 +56,7 @@ impl Backlogs {
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let cfg = resolve(&args)?;
+    crate::log::set_server(&cfg.name);
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<Event>();
 
     let gone = events_tx.clone();

@@ -16,6 +16,8 @@ use crossbeam_channel::Sender;
 pub struct ToolStats {
     /// Client calls received.
     pub calls: u64,
+    /// Attempts sent to the server (first attempts and retries).
+    pub attempts: u64,
     /// Calls that needed at least one retry.
     pub retried: u64,
     /// Retried calls that ended with a result.
@@ -29,6 +31,7 @@ pub struct ToolStats {
 impl ToolStats {
     fn add(&mut self, o: &ToolStats) {
         self.calls += o.calls;
+        self.attempts += o.attempts;
         self.retried += o.retried;
         self.recovered += o.recovered;
         self.failed += o.failed;
@@ -64,8 +67,8 @@ impl Stats {
     pub fn summary(&self) -> String {
         let t = self.total();
         format!(
-            "summary: {} call(s), {} retried, {} recovered by retry, {} failed, {} cache hit(s), {} dedup hit(s), {} breaker open(s)",
-            t.calls, t.retried, t.recovered, t.failed, t.cache_hits, t.dedup_hits, self.breaker_opens
+            "summary: {} call(s), {} attempt(s) sent, {} call(s) retried, {} recovered by retry, {} failed, {} cache hit(s), {} dedup hit(s), {} breaker open(s)",
+            t.calls, t.attempts, t.retried, t.recovered, t.failed, t.cache_hits, t.dedup_hits, self.breaker_opens
         )
     }
 
@@ -73,7 +76,7 @@ impl Stats {
     pub fn to_json(&self, server: &str) -> String {
         let counters = |s: &ToolStats| {
             serde_json::json!({
-                "calls": s.calls, "retried": s.retried, "recovered": s.recovered,
+                "calls": s.calls, "attempts": s.attempts, "retried": s.retried, "recovered": s.recovered,
                 "failed": s.failed, "cache_hits": s.cache_hits, "dedup_hits": s.dedup_hits,
             })
         };
@@ -125,6 +128,7 @@ mod tests {
     fn totals_summary_and_json() {
         let mut s = Stats::default();
         s.tool("a").calls = 2;
+        s.tool("a").attempts = 3;
         s.tool("a").retried = 1;
         s.tool("b").calls = 1;
         s.tool("b").cache_hits = 1;
@@ -132,11 +136,12 @@ mod tests {
         assert_eq!(s.total().calls, 3);
         assert_eq!(
             s.summary(),
-            "summary: 3 call(s), 1 retried, 0 recovered by retry, 0 failed, 1 cache hit(s), 0 dedup hit(s), 1 breaker open(s)"
+            "summary: 3 call(s), 3 attempt(s) sent, 1 call(s) retried, 0 recovered by retry, 0 failed, 1 cache hit(s), 0 dedup hit(s), 1 breaker open(s)"
         );
         let v: serde_json::Value = serde_json::from_str(&s.to_json("srv")).unwrap();
         assert_eq!(v["server"], "srv");
         assert_eq!(v["tools"]["a"]["retried"], 1);
+        assert_eq!(v["tools"]["a"]["attempts"], 3);
         assert_eq!(v["total"]["calls"], 3);
     }
 }

@@ -11,10 +11,17 @@
 //! crashes the server (which the proxy then restarts). Some calls are
 //! cancelled by the client a few requests after they were sent.
 //!
+//! Some calls carry an idempotency key of their own, as an argument
+//! (`_idempotency_key`) or in `_meta`; the server is not declared to honour
+//! keys. After the storm, a sample of calls whose success was delivered is
+//! sent again, identical: each must run again, not be replayed.
+//!
 //! Invariants: every request gets exactly one response, or none once the
 //! proxy has seen its cancel; every response belongs to its request; no
-//! unannotated or destructive call runs more than once; the proxy's memory
-//! stays bounded; no server process outlives the session.
+//! unannotated or destructive call runs more than once, whatever its key form
+//! (twice when the client repeated it); a repeated call after a delivered
+//! success executes again; the proxy's memory stays bounded; no server
+//! process outlives the session.
 //!
 //! `CHAOS_SEED` and `CHAOS_CALLS` override the seed and the number of calls;
 //! `CHAOS_KEEP=path` keeps the proxy's stderr (`path.stderr`) and the
@@ -41,6 +48,8 @@ const TRANSIENT_CODES: [i64; 4] = [-32000, -32001, -32003, -32603];
 const FINAL_CODE: i64 = -32050;
 /// Percent of calls the client cancels.
 const CANCEL_PERCENT: u32 = 3;
+/// Calls repeated after the storm.
+const REPEATS: usize = 200;
 /// Bound on the proxy's peak resident memory.
 const MAX_PROXY_RSS_KB: u64 = 64 * 1024;
 
@@ -140,11 +149,20 @@ impl Fault {
     }
 }
 
+/// How a call carries an idempotency key (unique to the call).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum KeyForm {
+    None,
+    Argument,
+    Meta,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Planned {
     n: u64,
     class: Class,
     fault: Fault,
+    key: KeyForm,
     /// Cancel the call after this many more requests were sent.
     cancel_after: Option<usize>,
 }
@@ -170,7 +188,19 @@ impl Planned {
         for (k, v) in extra.as_object().unwrap() {
             a[k] = v.clone();
         }
+        if self.key == KeyForm::Argument {
+            a["_idempotency_key"] = json!(format!("k{}", self.n));
+        }
         a
+    }
+
+    /// The `tools/call` params.
+    fn params(&self) -> Value {
+        let mut p = json!({"name": self.class.tool(), "arguments": self.arguments()});
+        if self.key == KeyForm::Meta {
+            p["_meta"] = json!({"idempotencyKey": format!("k{}", self.n)});
+        }
+        p
     }
 }
 
@@ -196,10 +226,16 @@ fn plan(seed: u64, calls: usize) -> Vec<Planned> {
                 _ => Fault::Crash,
             };
             let cancel_after = (rng.u32(0..100) < CANCEL_PERCENT).then(|| rng.usize(0..=16));
+            let key = match rng.u32(0..10) {
+                0 => KeyForm::Argument,
+                1 => KeyForm::Meta,
+                _ => KeyForm::None,
+            };
             Planned {
                 n,
                 class,
                 fault,
+                key,
                 cancel_after,
             }
         })
@@ -404,7 +440,7 @@ fn chaos_run() {
     loop {
         while outstanding < CONCURRENCY && next < calls {
             let p = &plan[next];
-            s.call(json!(p.n), p.class.tool(), p.arguments());
+            s.call_with(json!(p.n), p.params());
             sends += 1;
             outstanding += 1;
             if let Some(after) = p.cancel_after {
@@ -479,6 +515,28 @@ fn chaos_run() {
             Err(e) => violations.push(format!("call {i} ({:?}): {e}", plan[i])),
         }
     }
+    // The client got these answers and sends the same calls again: it means
+    // them, so each runs again.
+    let repeated: Vec<usize> = (0..calls)
+        .filter(|&i| {
+            let (p, t) = (&plan[i], &tracks[i]);
+            t.outcome == Some(Outcome::Result)
+                && !t.cancelled
+                && p.fault == Fault::None
+                && p.key == KeyForm::None
+        })
+        .take(REPEATS)
+        .collect();
+    for &i in &repeated {
+        let p = &plan[i];
+        let id = json!(format!("r{i}"));
+        s.call_with(id.clone(), p.params());
+        let msg = s.response(&id);
+        match judge(p, &msg) {
+            Ok(Outcome::Result) if msg["result"]["_meta"]["mcp-retry/source"].is_null() => {}
+            _ => violations.push(format!("repeated call {i} was not run again: {msg}")),
+        }
+    }
     let elapsed = started.elapsed();
     let peak_kb = status_kb(proxy_pid, "VmHWM");
     let end_kb = status_kb(proxy_pid, "VmRSS");
@@ -503,19 +561,28 @@ fn chaos_run() {
         }
         server_pids.insert(e["pid"].as_i64().unwrap());
     }
+    let repeated: HashSet<u64> = repeated.iter().map(|&i| plan[i].n).collect();
     for ((class, n), count) in &runs {
         let p = &plan[*n as usize];
+        let again = u32::from(repeated.contains(n));
         if p.class != *class {
             violations.push(format!("call {n} ran as {class:?}, planned {:?}", p.class));
         }
-        if !class.safe() && *count > 1 {
+        if !class.safe() && *count > 1 + again {
             violations.push(format!(
-                "{class:?} call {n} ({}) executed {count} times",
-                p.fault.name()
+                "{class:?} call {n} ({}, key {:?}) executed {count} times",
+                p.fault.name(),
+                p.key
             ));
         }
-        if *count as u64 > MAX_RETRIES + 1 {
+        if u64::from(*count) > MAX_RETRIES + 1 + u64::from(again) {
             violations.push(format!("call {n} executed {count} times"));
+        }
+    }
+    for n in &repeated {
+        let p = &plan[*n as usize];
+        if runs.get(&(p.class, *n)).copied().unwrap_or(0) < 2 {
+            violations.push(format!("repeated call {n} did not execute again"));
         }
     }
     for (i, t) in tracks.iter().enumerate() {
@@ -613,7 +680,7 @@ fn chaos_run() {
         .filter(|t| t.outcome == Some(Outcome::Proxy("retries_exhausted".into())))
         .count() as u64;
     let counter = |k: &str| stats["total"][k].as_u64().unwrap_or(u64::MAX);
-    if counter("calls") != calls as u64
+    if counter("calls") != (calls + repeated.len()) as u64
         || counter("failed") != errors
         || counter("recovered") > results
         || counter("retried") < counter("recovered") + exhausted
@@ -647,6 +714,13 @@ fn chaos_run() {
     ));
     f.line(format!(
         "client cancels: {cancels_sent} sent, {answered_despite_cancel} answered before the proxy read the cancel"
+    ));
+    let keyed = |form| plan.iter().filter(|p| p.key == form).count();
+    f.line(format!(
+        "idempotency keys: {} as an argument, {} in _meta; {} delivered calls repeated",
+        keyed(KeyForm::Argument),
+        keyed(KeyForm::Meta),
+        repeated.len()
     ));
     let total = &stats["total"];
     f.line(format!(

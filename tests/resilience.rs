@@ -429,23 +429,75 @@ fn the_proxy_reads_every_page_of_the_tool_list() {
 }
 
 #[test]
-fn an_explicit_key_makes_an_unannotated_tool_retryable_and_never_reaches_the_server() {
+fn an_argument_key_never_reaches_the_server_so_it_does_not_make_retries_safe() {
+    // The server cannot deduplicate a key it never sees: a failure after the
+    // call reached it stays ambiguous, and the unannotated tool runs once.
     let mut s = start(FAST);
+    s.list_tools();
     s.call(
         json!(1),
         "echo",
         json!({"mode": "flaky", "text": "paid", "_idempotency_key": "pay-1"}),
     );
-    assert_eq!(text(&s.result(&json!(1))), "paid");
+    assert_server_error(&s.error(&json!(1)), -32000, "flaky failure 1 of 1");
     let execs = s.execs_of("echo");
-    assert_eq!(execs.len(), 2, "{execs:?}");
-    for e in &execs {
-        assert!(
-            e["arguments"].get("_idempotency_key").is_none(),
-            "the key reached the server: {e}"
-        );
-        assert_eq!(e["arguments"]["text"], "paid");
+    assert_eq!(execs.len(), 1, "{execs:?}");
+    assert!(
+        execs[0]["arguments"].get("_idempotency_key").is_none(),
+        "the key reached the server: {}",
+        execs[0]
+    );
+    // A hung call with such a key is not retried either.
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        retry:
+          base_delay: 0.05
+        ",
+    );
+    s.list_tools();
+    s.call(
+        json!(2),
+        "echo",
+        json!({"mode": "hang", "_idempotency_key": "destroy-1"}),
+    );
+    assert_proxy_error(&s.error(&json!(2)), "not_retried_unsafe");
+    assert_eq!(s.executions("echo"), 1);
+}
+
+#[test]
+fn a_meta_key_makes_retries_safe_only_where_the_server_honours_keys() {
+    let params = json!({"name": "echo", "arguments": {"mode": "flaky", "text": "paid"},
+        "_meta": {"idempotencyKey": "pay-2"}});
+    // Not declared: the key is forwarded, but a failure is not retried.
+    let mut s = start(FAST);
+    s.list_tools();
+    s.call_with(json!(1), params.clone());
+    assert_server_error(&s.error(&json!(1)), -32000, "flaky failure 1 of 1");
+    assert_eq!(s.executions("echo"), 1);
+    // Declared for the server, or for the tool: retried, key forwarded.
+    for policy in [
+        "honors_idempotency_keys: true",
+        "tools:\n  echo: {honors_idempotency_keys: true}",
+    ] {
+        let mut s = start(&format!("{FAST}\n{policy}"));
+        s.list_tools();
+        s.call_with(json!(1), params.clone());
+        assert_eq!(text(&s.result(&json!(1))), "paid", "{policy}");
+        let execs = s.execs_of("echo");
+        assert_eq!(execs.len(), 2, "{policy}: {execs:?}");
+        for e in &execs {
+            assert_eq!(e["meta"]["idempotencyKey"], "pay-2", "{policy}: {e}");
+        }
     }
+    // Declared for the server, but not for this tool.
+    let mut s = start(&format!(
+        "{FAST}\nhonors_idempotency_keys: true\ntools:\n  echo: {{honors_idempotency_keys: false}}"
+    ));
+    s.list_tools();
+    s.call_with(json!(1), params);
+    s.error(&json!(1));
+    assert_eq!(s.executions("echo"), 1);
 }
 
 // ----- timeouts, cancels, late answers, progress -------------------------
@@ -702,25 +754,39 @@ fn the_retry_budget_limits_retries_per_server() {
 // ----- dedup --------------------------------------------------------------
 
 #[test]
-fn identical_sequential_side_effecting_calls_execute_once() {
-    let mut s = start(FAST);
+fn a_call_repeated_after_its_answer_was_delivered_runs_again() {
+    // A counter, a clock, a toggle, a writer: the client got the answer and
+    // sends the same call again because it means it. Unannotated, annotated
+    // `idempotentHint: false` (unsafe_echo), `idempotentHint: true`
+    // (idem_echo) and configured `idempotent: false` alike.
+    let mut s = start(&format!("{FAST}\ntools:\n  writer: {{idempotent: false}}"));
     s.list_tools();
-    s.call(json!(1), "echo", json!({"text": "charge 5"}));
-    let first = s.result(&json!(1));
-    assert_eq!(source_marker(&first), None, "{first}");
-    s.call(json!(2), "echo", json!({"text": "charge 5"}));
-    let second = s.result(&json!(2));
-    assert_eq!(source_marker(&second), Some("dedup"), "{second}");
-    assert_eq!(second["content"], first["content"]);
-    assert_eq!(s.executions("echo"), 1);
+    let mut id = 0;
+    for tool in [
+        "echo",
+        "unsafe_echo",
+        "idem_echo",
+        "destructive_echo",
+        "writer",
+    ] {
+        for _ in 0..3 {
+            id += 1;
+            s.call(json!(id), tool, json!({"text": "increment"}));
+            let r = s.result(&json!(id));
+            assert_eq!(source_marker(&r), None, "{tool}: {r}");
+        }
+        assert_eq!(s.executions(tool), 3, "{tool}");
+    }
 }
 
 #[test]
 fn argument_order_does_not_make_calls_different() {
+    // Identical calls in flight share one execution, whatever the order of
+    // their arguments' members.
     let mut s = start(FAST);
-    s.send_raw(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"a":1,"b":{"x":true,"y":[1,2]}}}}"#);
+    s.send_raw(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"mode":"slow","ms":300,"a":1,"b":{"x":true,"y":[1,2]}}}}"#);
+    s.send_raw(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"arguments":{ "b" : {"y":[1,2],"x":true}, "a":1, "ms":300, "mode":"slow" },"name":"echo"}}"#);
     s.result(&json!(1));
-    s.send_raw(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"arguments":{ "b" : {"y":[1,2],"x":true}, "a":1 },"name":"echo"}}"#);
     assert_eq!(source_marker(&s.result(&json!(2))), Some("dedup"));
     assert_eq!(s.executions("echo"), 1);
 }
@@ -775,12 +841,16 @@ fn dedup_replays_expire_after_idempotency_ttl() {
         idempotency_ttl: 0.4
         ",
     );
-    s.call(json!(1), "echo", json!({"text": "x"}));
+    let keyed = |id: u32| {
+        json!({"name": "echo", "arguments": {"text": format!("x{id}")},
+            "_meta": {"idempotencyKey": "op-1"}})
+    };
+    s.call_with(json!(1), keyed(1));
     s.result(&json!(1));
-    s.call(json!(2), "echo", json!({"text": "x"}));
+    s.call_with(json!(2), keyed(2));
     assert_eq!(source_marker(&s.result(&json!(2))), Some("dedup"));
     thread::sleep(Duration::from_millis(600));
-    s.call(json!(3), "echo", json!({"text": "x"}));
+    s.call_with(json!(3), keyed(3));
     assert_eq!(source_marker(&s.result(&json!(3))), None);
     assert_eq!(s.executions("echo"), 2);
 }
@@ -960,10 +1030,11 @@ fn a_stale_entry_is_served_when_the_breaker_is_open() {
     s.call(json!(1), "ro_echo", json!({"text": "fresh"}));
     s.result(&json!(1));
     thread::sleep(Duration::from_millis(500));
-    // One transient failure opens the breaker.
-    s.call(json!(2), "echo", json!({"mode": "error"}));
+    // One transient failure of a read opens the breaker (a call that may
+    // write would have emptied the cache).
+    s.call(json!(2), "ro_echo", json!({"mode": "error"}));
     s.error(&json!(2));
-    s.call(json!(3), "echo", json!({"text": "x"}));
+    s.call(json!(3), "ro_echo", json!({"text": "x"}));
     assert_proxy_error(&s.error(&json!(3)), "circuit_open");
     s.call(json!(4), "ro_echo", json!({"text": "fresh"}));
     let r = s.response(&json!(4));
@@ -972,7 +1043,11 @@ fn a_stale_entry_is_served_when_the_breaker_is_open() {
         Some("stale"),
         "an expired entry within stale_if_error beats circuit_open: {r}"
     );
-    assert_eq!(s.executions("ro_echo"), 1);
+    assert_eq!(
+        s.executions("ro_echo"),
+        2,
+        "the fresh read and the failing one"
+    );
 }
 
 // ----- circuit breaker ----------------------------------------------------
@@ -1073,29 +1148,51 @@ fn final_errors_and_is_error_results_do_not_open_the_breaker() {
 }
 
 #[test]
-fn an_open_breaker_stops_the_retries_of_a_call_which_gets_the_servers_last_error() {
+fn a_breaker_that_opens_answers_the_call_at_once_instead_of_scheduling_a_retry() {
+    // The second failure opens the breaker: the retry it would refuse is not
+    // scheduled (backoff would be 2 s); the client gets the breaker's error,
+    // with the server's last error in data, right away.
     let mut s = start(
         "
         retry:
           max_retries: 5
-          base_delay: 0.05
+          base_delay: 1
           jitter: 0
         circuit_breaker:
-          failure_threshold: 3
+          failure_threshold: 2
           cooldown_seconds: 30
         ",
     );
+    s.list_tools();
+    let started = Instant::now();
     s.call(
         json!(1),
         "idem_echo",
         json!({"mode": "flaky", "fail_times": 10}),
     );
     let e = s.error(&json!(1));
-    assert_executions_stay(&s, "idem_echo", 3, Duration::from_millis(300));
+    let took = started.elapsed();
+    assert_proxy_error(&e, "circuit_open");
+    assert_eq!(e["data"]["lastError"]["code"], -32000, "{e}");
+    assert!(
+        e["data"]["lastError"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("flaky failure 2 of 10")),
+        "{e}"
+    );
+    assert!(
+        took < Duration::from_millis(2500),
+        "answered after {took:?}: the refused retry was waited for"
+    );
+    assert_eq!(s.executions("idem_echo"), 2);
+    assert!(
+        s.stderr().contains("no retry: the circuit breaker"),
+        "{}",
+        s.stderr()
+    );
     s.call(json!(2), "idem_echo", json!({"text": "x"}));
     assert_proxy_error(&s.error(&json!(2)), "circuit_open");
-    // The last attempt got a JSON-RPC error from the server: that is the answer.
-    assert_server_error(&e, -32000, "flaky failure 3 of 10");
+    assert_eq!(s.executions("idem_echo"), 2);
 }
 
 #[test]
@@ -1181,9 +1278,11 @@ fn the_stats_file_and_the_exit_summary_count_per_tool() {
         json!({"mode": "flaky", "text": "ok"}),
     );
     s.result(&json!(1));
-    s.call(json!(2), "echo", json!({"text": "a"}));
+    let keyed = json!({"name": "echo", "arguments": {"text": "a"},
+        "_meta": {"idempotencyKey": "k"}});
+    s.call_with(json!(2), keyed.clone());
     s.result(&json!(2));
-    s.call(json!(3), "echo", json!({"text": "a"}));
+    s.call_with(json!(3), keyed);
     s.result(&json!(3));
     s.call(json!(4), "echo", json!({"mode": "error", "code": -32602}));
     s.error(&json!(4));
@@ -1197,6 +1296,7 @@ fn the_stats_file_and_the_exit_summary_count_per_tool() {
     assert_eq!(stats["server"], "mock", "{stats}");
     let idem = &stats["tools"]["idem_echo"];
     assert_eq!(idem["calls"], 1, "{stats}");
+    assert_eq!(idem["attempts"], 2, "{stats}");
     assert_eq!(idem["retried"], 1, "{stats}");
     assert_eq!(idem["recovered"], 1, "{stats}");
     assert_eq!(idem["failed"], 0, "{stats}");
@@ -1206,7 +1306,8 @@ fn the_stats_file_and_the_exit_summary_count_per_tool() {
     assert_eq!(echo["failed"], 1, "{stats}");
     assert_eq!(stats["total"]["calls"], 4, "{stats}");
     assert!(
-        s.stderr().contains("summary: 4 call(s), 1 retried"),
+        s.stderr()
+            .contains("summary: 4 call(s), 4 attempt(s) sent, 1 call(s) retried"),
         "{}",
         s.stderr()
     );
@@ -1262,22 +1363,376 @@ fn the_proxy_learns_annotations_after_the_handshake_by_itself() {
 }
 
 #[test]
-fn a_completed_call_is_not_replayed_after_another_mutating_call() {
-    // write A, write B, write A: the second A must run, or the state would
-    // end as B while the client was told A succeeded. write A twice in a row
-    // still runs once.
-    let mut s = start("");
+fn a_late_success_after_a_timeout_answers_the_next_identical_call_once() {
+    // The client was told "timed out, may or may not have run"; the success
+    // comes later. The same call sent again gets that success instead of
+    // running the write a second time; a third identical call runs.
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        ",
+    );
     s.list_tools();
-    for (id, text) in [(1, "A"), (2, "A"), (3, "B"), (4, "A")] {
-        s.call(json!(id), "unsafe_echo", json!({"text": text}));
-        s.result(&json!(id));
-    }
-    let runs = |t: &str| {
-        s.execs_of("unsafe_echo")
-            .iter()
-            .filter(|e| e["arguments"]["text"] == t)
-            .count()
+    let args = json!({"mode": "slow", "ms": 900, "cancellable": false, "text": "wrote"});
+    s.call(json!(1), "unsafe_echo", args.clone());
+    let e = s.error(&json!(1));
+    assert_proxy_error(&e, "not_retried_unsafe");
+    eventually("the late success", || s.stderr().contains("late success"));
+    s.call(json!(2), "unsafe_echo", args.clone());
+    let r = s.result(&json!(2));
+    assert_eq!(source_marker(&r), Some("dedup"), "{r}");
+    assert_eq!(text(&r), "wrote");
+    assert_eq!(s.executions("unsafe_echo"), 1);
+    s.call(json!(3), "unsafe_echo", json!({"text": "wrote"}));
+    s.result(&json!(3));
+    s.call(json!(4), "unsafe_echo", args);
+    let e = s.error(&json!(4));
+    assert_proxy_error(&e, "not_retried_unsafe");
+    assert_eq!(
+        s.executions("unsafe_echo"),
+        3,
+        "the replay was handed out once"
+    );
+}
+
+#[test]
+fn a_late_success_after_the_client_cancelled_answers_the_next_identical_call_once() {
+    let mut s = start(FAST);
+    s.list_tools();
+    let args = json!({"mode": "slow", "ms": 400, "cancellable": false, "text": "sent"});
+    s.call(json!("c"), "echo", args.clone());
+    eventually("the call reached the server", || s.executions("echo") == 1);
+    s.notify("notifications/cancelled", json!({"requestId": "c"}));
+    eventually("the late success", || s.stderr().contains("late success"));
+    s.call(json!(2), "echo", args.clone());
+    let r = s.result(&json!(2));
+    assert_eq!(source_marker(&r), Some("dedup"), "{r}");
+    s.call(
+        json!(3),
+        "echo",
+        json!({"mode": "slow", "ms": 1, "text": "sent"}),
+    );
+    s.result(&json!(3));
+    s.call(json!(4), "echo", args);
+    assert_eq!(source_marker(&s.result(&json!(4))), None);
+    assert_eq!(s.executions("echo"), 3);
+}
+
+#[test]
+fn a_delivered_result_of_a_dead_server_is_never_replayed() {
+    let mut s = start(FAST);
+    s.list_tools();
+    s.call(json!(1), "echo", json!({"text": "before"}));
+    let first = s.result(&json!(1));
+    s.call(json!(2), "crasher", json!({"mode": "crash"}));
+    s.error(&json!(2));
+    s.call(json!(3), "echo", json!({"text": "before"}));
+    let again = s.result(&json!(3));
+    assert_eq!(source_marker(&again), None, "{again}");
+    assert_ne!(
+        again["structuredContent"]["pid"], first["structuredContent"]["pid"],
+        "answered by the restarted server"
+    );
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn explicit_keys_are_scoped_to_the_tool_and_say_when_arguments_differ() {
+    let mut s = start(FAST);
+    s.list_tools();
+    let keyed = |tool: &str, text: &str| json!({"name": tool, "arguments": {"text": text}, "_meta": {"idempotencyKey": "op-9"}});
+    s.call_with(json!(1), keyed("echo", "create"));
+    s.result(&json!(1));
+    // The same key on another tool is another operation: it runs.
+    s.call_with(json!(2), keyed("unsafe_echo", "destroy"));
+    let r = s.result(&json!(2));
+    assert_eq!(source_marker(&r), None, "{r}");
+    assert_eq!(text(&r), "destroy");
+    assert_eq!(s.executions("unsafe_echo"), 1);
+    // The same key on the same tool is the same operation, whatever the
+    // arguments; the log names the tool and the key, not the values.
+    s.call_with(json!(3), keyed("echo", "SECRET-VALUE"));
+    let r = s.result(&json!(3));
+    assert_eq!(source_marker(&r), Some("dedup"), "{r}");
+    assert_eq!(text(&r), "create");
+    assert_eq!(s.executions("echo"), 1);
+    let log = s.stderr();
+    assert!(
+        log.contains("tool \"echo\": idempotency key \"op-9\" was reused with different arguments"),
+        "{log}"
+    );
+    assert!(!log.contains("SECRET-VALUE"), "{log}");
+}
+
+// ----- annotations per incarnation ------------------------------------------
+
+#[test]
+fn a_call_that_crashes_the_server_before_the_tools_are_known_is_decided_by_the_next_one() {
+    // The first call right after the handshake crashes the server, so the
+    // proxy's own tools/list dies with it: the restarted server is asked,
+    // and idem_echo (idempotentHint: true) is retried on it.
+    let mut s = start(FAST);
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "how": "crash", "text": "second time"}),
+    );
+    let r = s.result(&json!(1));
+    assert_eq!(text(&r), "second time");
+    assert_eq!(s.executions("idem_echo"), 2);
+}
+
+#[test]
+fn a_tool_that_became_destructive_on_the_restarted_server_is_not_retried() {
+    let mut s = builder(FAST)
+        .file(
+            "annotations.json",
+            r#"{"flip": {"readOnlyHint": false, "idempotentHint": true}}"#,
+        )
+        .start();
+    s.initialize();
+    s.list_tools();
+    // The next incarnation (a new version, say) calls it destructive.
+    s.dir.write(
+        "annotations.json",
+        r#"{"flip": {"destructiveHint": true, "idempotentHint": false}}"#,
+    );
+    s.call(json!(1), "flip", json!({"mode": "flaky", "how": "crash"}));
+    let e = s.error(&json!(1));
+    assert_proxy_error(&e, "server_exited");
+    assert_eq!(e["data"]["outcome"], "unknown", "{e}");
+    assert_eq!(s.executions("flip"), 1);
+    assert!(
+        s.received("tools/list").len() >= 2,
+        "the restarted server was asked for its tools"
+    );
+}
+
+#[test]
+fn the_proxys_own_tool_list_times_out_with_call_timeout() {
+    // The list would come after 20 s; the call's total_timeout is 30 s. The
+    // decision (unknown = unsafe) comes when our tools/list times out.
+    let mut s = builder(
+        "
+        call_timeout: 0.4
+        retry:
+          base_delay: 0.05
+          total_timeout: 30
+        ",
+    )
+    .env("MOCK_TOOLS_LIST_DELAY_MS", "20000")
+    .start();
+    s.initialize();
+    s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
+    let Some(r) = s.response_within(&json!(1), Duration::from_secs(10)) else {
+        panic!("no answer within 10 s: the tool list was waited for until total_timeout");
     };
-    assert_eq!(runs("A"), 2, "A, (A replayed), B, A again");
-    assert_eq!(runs("B"), 1);
+    assert_server_error(&r["error"], -32000, "flaky failure 1 of 1");
+    assert_eq!(s.executions("idem_echo"), 1);
+    assert!(
+        s.stderr().contains("did not answer the proxy's tools/list"),
+        "{}",
+        s.stderr()
+    );
+}
+
+// ----- time and progress -----------------------------------------------------
+
+#[test]
+fn a_server_ping_the_client_never_answers_pauses_nothing() {
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        retry:
+          max_retries: 0
+          total_timeout: 30
+        ",
+    );
+    s.list_tools();
+    s.call(
+        json!(1),
+        "echo",
+        json!({"mode": "raw", "line": r#"{"jsonrpc":"2.0","id":"srv-1","method":"ping"}"#}),
+    );
+    s.recv_where("the server's ping", |v| v["method"] == "ping");
+    s.result(&json!(1));
+    let started = Instant::now();
+    s.call(json!(2), "unsafe_echo", json!({"mode": "hang"}));
+    let e = s.error(&json!(2));
+    let took = started.elapsed();
+    let message = assert_proxy_error(&e, "not_retried_unsafe");
+    assert!(
+        took < Duration::from_secs(10),
+        "answered after {took:?}: the unanswered ping paused the attempt"
+    );
+    // The message gives the time it really took (about 300 ms).
+    assert!(message.contains("timed out after 3"), "{message}");
+    assert!(message.contains("ms"), "{message}");
+}
+
+#[test]
+fn an_unanswered_sampling_request_pauses_attempts_only_until_total_timeout() {
+    let mut s = start(
+        "
+        call_timeout: 0.3
+        retry:
+          max_retries: 0
+          total_timeout: 1.5
+        ",
+    );
+    s.list_tools();
+    let started = Instant::now();
+    s.call(json!(1), "idem_echo", json!({"mode": "sample"}));
+    s.recv_where("the sampling request", |v| {
+        v["method"] == "sampling/createMessage"
+    });
+    let e = s.error(&json!(1));
+    let took = started.elapsed();
+    let message = assert_proxy_error(&e, "timeout");
+    assert!(
+        took >= Duration::from_millis(1400),
+        "timed out after {took:?}: the attempt clock did not pause"
+    );
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    assert!(message.contains("timed out after 1.5s"), "{message}");
+}
+
+#[test]
+fn progress_from_a_retry_keeps_it_alive_before_it_is_forwarded() {
+    // Attempt 1 reports progress 1..6, then hangs and times out; attempt 2
+    // reports 1..6 again over 600 ms (> call_timeout), then answers. Its
+    // progress is not forwarded (the client has seen 6) but keeps it alive.
+    let mut s = start(
+        "
+        call_timeout: 0.4
+        retry:
+          base_delay: 0.05
+          jitter: 0
+        ",
+    );
+    s.list_tools();
+    s.call_with(
+        json!(1),
+        json!({"name": "idem_echo", "_meta": {"progressToken": "t"},
+            "arguments": {"mode": "flaky", "how": "progress_hang", "steps": 6, "ms": 100,
+                "then": "progress", "text": "done"}}),
+    );
+    let mut seen = Vec::new();
+    loop {
+        let v = s.recv();
+        if v.get("id") == Some(&json!(1)) {
+            assert_eq!(text(&v["result"]), "done", "{v}");
+            break;
+        }
+        if v["method"] == "notifications/progress" {
+            seen.push(v["params"]["progress"].as_f64().unwrap());
+        }
+    }
+    assert_eq!(s.executions("idem_echo"), 2);
+    assert_eq!(seen, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "forwarded once each");
+}
+
+// ----- the cache after a write ----------------------------------------------
+
+#[test]
+fn a_call_that_may_write_empties_the_cache() {
+    let mut s = start(
+        "
+        cache:
+          tools:
+            ro_echo: 60
+          stale_if_error: 60
+        ",
+    );
+    s.list_tools();
+    s.call(json!(1), "ro_echo", json!({"text": "file"}));
+    s.result(&json!(1));
+    s.call(json!(2), "ro_echo", json!({"text": "file"}));
+    assert_eq!(source_marker(&s.result(&json!(2))), Some("cache"));
+    // An edit: not known to be read-only.
+    s.call(json!(3), "echo", json!({"text": "edit"}));
+    s.result(&json!(3));
+    s.call(json!(4), "ro_echo", json!({"text": "file"}));
+    assert_eq!(source_marker(&s.result(&json!(4))), None);
+    assert_eq!(s.executions("ro_echo"), 2);
+    // A read that overlaps a write does not cache what it read.
+    s.call(
+        json!(5),
+        "ro_echo",
+        json!({"mode": "slow", "ms": 300, "text": "r"}),
+    );
+    eventually("the read reached the server", || {
+        s.executions("ro_echo") == 3
+    });
+    s.call(json!(6), "echo", json!({"text": "edit again"}));
+    s.result(&json!(6));
+    s.result(&json!(5));
+    s.call(
+        json!(7),
+        "ro_echo",
+        json!({"mode": "slow", "ms": 300, "text": "r"}),
+    );
+    assert_eq!(source_marker(&s.result(&json!(7))), None);
+    assert_eq!(s.executions("ro_echo"), 4);
+}
+
+#[test]
+fn a_server_that_cannot_start_is_reported_with_the_time_really_waited() {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file(
+            "c.yaml",
+            "servers:\n  x:\n    command: /nonexistent/mcp-server\n",
+        )
+        .start();
+    let started = Instant::now();
+    s.request(
+        json!(1),
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    let e = s.error(&json!(1));
+    let took = started.elapsed();
+    let message = e["message"].as_str().unwrap_or_default();
+    assert!(message.contains("/nonexistent/mcp-server"), "{message}");
+    assert!(message.contains("stopped waiting after"), "{message}");
+    assert!(
+        !message.contains("60s") && took < Duration::from_secs(30),
+        "{message} (after {took:?})"
+    );
+}
+
+#[test]
+fn json_log_lines_carry_server_tool_attempt_and_reason_as_fields() {
+    let mut s = builder_with_args(FAST, &["--log-format", "json"]).start();
+    s.initialize();
+    s.list_tools();
+    s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
+    s.result(&json!(1));
+    s.call(json!(2), "unsafe_echo", json!({"mode": "flaky"}));
+    s.error(&json!(2));
+    s.close_stdin();
+    s.wait();
+    let lines: Vec<Value> = s
+        .stderr()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let find = |what: &str| {
+        lines
+            .iter()
+            .find(|v| v["msg"].as_str().is_some_and(|m| m.contains(what)))
+            .unwrap_or_else(|| panic!("no line with {what:?} in {lines:?}"))
+            .clone()
+    };
+    let retry = find("retrying in");
+    assert_eq!(retry["server"], "mock", "{retry}");
+    assert_eq!(retry["tool"], "idem_echo", "{retry}");
+    assert_eq!(retry["attempt"], 1, "{retry}");
+    assert_eq!(retry["reason"], "transient_error", "{retry}");
+    let second = find("attempt 2");
+    assert_eq!(second["attempt"], 2, "{second}");
+    let refused = find("not retried");
+    assert_eq!(refused["tool"], "unsafe_echo", "{refused}");
+    assert_eq!(refused["reason"], "not_retried_unsafe", "{refused}");
 }

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use memchr::memmem;
 
 use crate::jsonrpc::{self, Message, RawObject};
-use crate::policy::breaker::{Admission, Transition};
-use crate::policy::dedup::{Lookup, Replay};
+use crate::log::Fields;
+use crate::policy::breaker::{Admission, BreakerState, Transition};
+use crate::policy::dedup::{fingerprint, Keep, Lookup};
 use crate::policy::gate::{self, GateInput, Safety};
 use crate::policy::progress::ProgressFilter;
 use crate::policy::{backoff, canonical_json};
@@ -60,6 +61,25 @@ impl Failure {
     fn ambiguous(&self) -> bool {
         !matches!(self, Failure::NeverSent(_))
     }
+
+    /// For logs: `never_sent`, `timeout`, `server_exited`, `transient_error`.
+    fn kind(&self) -> &'static str {
+        match self {
+            Failure::NeverSent(_) => "never_sent",
+            Failure::Timeout(_) => "timeout",
+            Failure::Exited(_) => "server_exited",
+            Failure::Transient(_) => "transient_error",
+        }
+    }
+}
+
+/// The structured fields of a log line about attempt `attempt` of `tool`.
+fn fields<'a>(tool: &'a str, attempt: u32, reason: Option<&'a str>) -> Fields<'a> {
+    Fields {
+        tool: Some(tool),
+        attempt: Some(attempt),
+        reason,
+    }
 }
 
 /// One client `tools/call` and everything done for it.
@@ -73,11 +93,22 @@ pub struct Call {
     /// its id is replaced for every attempt.
     request: Message,
     progress_token: Option<String>,
-    /// The dedup key (explicit key or fingerprint) when dedup applies.
-    dedup_key: Option<String>,
-    explicit_key: bool,
+    /// The dedup key (a fingerprint of the tool and its explicit key or its
+    /// arguments) when dedup applies, and the fingerprint of the arguments.
+    dedup_key: Option<u128>,
+    dedup_args: u128,
+    /// The client's idempotency key (either form), for messages.
+    explicit_key: Option<String>,
+    /// The key is in `_meta` and the server honours keys: the gate may
+    /// count it.
+    key_honored: bool,
+    /// The tool is known to only read (config or trusted annotation).
+    read_only: bool,
     /// The cache key when the tool is cached.
     cache_key: Option<String>,
+    /// The cache's epoch when the live (or last) attempt was sent: its
+    /// result is cached only if nothing that may write ran since.
+    cache_epoch: u64,
     /// Attempts started so far.
     attempts: u32,
     /// The live attempt's downstream id.
@@ -85,6 +116,8 @@ pub struct Call {
     /// Earlier attempts that were abandoned but may still answer.
     dead: Vec<u64>,
     attempt_timeout: Duration,
+    /// When the live (or last) attempt was sent.
+    attempt_started: Instant,
     attempt_deadline: Instant,
     /// Bound on all attempts and waits.
     deadline: Instant,
@@ -98,8 +131,9 @@ pub struct Call {
     trial: bool,
     /// Its next attempt waits in the queue for a restarting server.
     pub(super) queued: Option<u64>,
-    /// It already waited once for the tool list: unknown now means unsafe.
-    waited_for_tools: bool,
+    /// The server incarnation whose tool list it already waited for:
+    /// unknown after that means unsafe.
+    waited_for_tools: Option<u64>,
     retried: bool,
 }
 
@@ -108,6 +142,19 @@ impl Call {
     pub(super) fn attempt_is_live(&self, down: u64) -> bool {
         self.live == Some(down)
     }
+}
+
+/// Most attempts of ended calls whose late answers are still awaited.
+const LATE_LIMIT: usize = 4096;
+
+/// An attempt of a call that ended without its success reaching the client:
+/// where a late success goes in the idempotency table.
+#[derive(Debug)]
+pub struct Late {
+    key: u128,
+    args: u128,
+    keep: Keep,
+    tool: String,
 }
 
 /// What the dispatcher needs to know about the server's tools.
@@ -120,13 +167,29 @@ pub struct ToolsKnowledge {
     /// ready).
     pub fetching: bool,
     pub deferred: bool,
-    /// Canonical tool entries of the listing being read, page by page.
-    pages: Vec<String>,
-    /// The sorted canonical tool entries of the last complete listing.
-    pub fingerprint: Option<String>,
+    /// Fingerprints of the canonical tool entries of the listing being
+    /// read, page by page (16 bytes a tool, restarted by a first page).
+    pages: Vec<u128>,
+    /// The sorted entry fingerprints of the last complete listing.
+    pub fingerprint: Option<Vec<u128>>,
     /// The listing being fetched is the first after a restart: tell the
     /// client if it differs from the one before.
     pub compare_after_restart: bool,
+}
+
+impl ToolsKnowledge {
+    /// Tool entries of the listing being read.
+    #[cfg(test)]
+    pub fn pages_held(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Our listing died with its server: ask the next incarnation for the
+    /// whole list once it is ready.
+    pub fn restart_fetch(&mut self) {
+        self.deferred = true;
+        self.pages.clear();
+    }
 }
 
 impl Dispatcher {
@@ -138,15 +201,8 @@ impl Dispatcher {
         };
         let tool = parsed.name.clone();
         self.stats_for(&tool).calls += 1;
-        let tool_cfg = self.cfg.tools.get(&tool).cloned();
-        let gate_input = GateInput {
-            tool_config: tool_cfg.as_ref(),
-            annotations: self.tools.annotations.get(&tool),
-            has_explicit_key: parsed.explicit_key.is_some(),
-            assume_idempotent: self.cfg.assume_idempotent,
-            trust_annotations: self.cfg.trust_annotations,
-        };
-        let read_only = gate::is_read_only(&gate_input);
+        let key_honored = parsed.key_in_meta && self.honors_keys(&tool);
+        let read_only = gate::is_read_only(&self.gate_input(&tool, key_honored));
         let canonical_args = canonical_json(&parsed.arguments).ok();
 
         let cache_key = match (&canonical_args, parsed.no_store) {
@@ -163,68 +219,76 @@ impl Dispatcher {
                 return self.answer(&client_id, line);
             }
         }
-
-        let dedup_key = match (&parsed.explicit_key, &canonical_args, parsed.no_store) {
-            (_, _, true) => None,
-            (Some(k), _, _) => Some(format!("key\0{k}")),
-            (None, Some(args), _) => {
-                let mut key = String::with_capacity(6 + tool.len() + args.len());
-                key.push_str("call\0");
-                key.push_str(&tool);
-                key.push('\0');
-                key.push_str(args);
-                Some(key)
+        let (dedup_key, dedup_args) = match (&parsed.explicit_key, &canonical_args) {
+            _ if parsed.no_store => (None, 0),
+            (Some(k), args) => {
+                let fp_args = fingerprint(
+                    &self.fingerprint_keys,
+                    &["args", args.as_deref().unwrap_or(&parsed.arguments)],
+                );
+                (
+                    Some(fingerprint(&self.fingerprint_keys, &["key", &tool, k])),
+                    fp_args,
+                )
             }
-            (None, None, _) => None,
+            (None, Some(args)) => {
+                let fp = fingerprint(&self.fingerprint_keys, &["call", &tool, args]);
+                (Some(fp), fp)
+            }
+            (None, None) => (None, 0),
         };
-        if let Some(key) = &dedup_key {
-            let replay = if parsed.explicit_key.is_some() {
-                Replay::Always
-            } else if read_only {
-                Replay::Never
-            } else {
-                Replay::IfUnchanged
-            };
+        if let Some(key) = dedup_key {
+            // A keyless read runs again rather than replay an old answer; a
+            // keyless write only ever finds results its client never got.
+            let replay = parsed.explicit_key.is_some() || !read_only;
             match self
                 .dedup
-                .lookup_or_join(key, client_id.clone(), replay, now)
+                .lookup_or_join(&key, dedup_args, client_id.clone(), replay, now)
             {
-                Lookup::Joined => {
+                Lookup::Joined { same_args } => {
                     info!("tool \"{tool}\": joined an identical call in flight");
+                    self.note_key_reuse(&tool, parsed.explicit_key.as_deref(), same_args);
                     self.stats_for(&tool).dedup_hits += 1;
-                    let call = self.calls_by_key.get(key).copied();
+                    let call = self.calls_by_key.get(&key).copied();
                     if let Some(r) = self.client_requests.get_mut(&client_id) {
                         r.call = call;
                     }
                     return;
                 }
-                Lookup::Replay { result, waiter } => {
-                    info!("tool \"{tool}\": replayed a completed identical call");
+                Lookup::Replay {
+                    result,
+                    waiter,
+                    same_args,
+                } => {
+                    match &parsed.explicit_key {
+                        Some(k) => info!(
+                            "tool \"{tool}\": replayed the result of idempotency key {}",
+                            jsonrpc::json_string(k)
+                        ),
+                        None => info!(
+                            "tool \"{tool}\": replayed the result of an identical call whose answer the client never received"
+                        ),
+                    }
+                    self.note_key_reuse(&tool, parsed.explicit_key.as_deref(), same_args);
                     self.stats_for(&tool).dedup_hits += 1;
                     let line =
                         jsonrpc::response_line(&waiter, &with_source(&result, Source::Dedup));
                     return self.answer(&waiter, line);
                 }
-                Lookup::Execute(_) => {
-                    if !read_only {
-                        self.dedup.note_mutation();
-                    }
-                    self.dedup.start(key, now)
-                }
+                Lookup::Execute(_) => self.dedup.start(&key, dedup_args, now),
             }
-        } else if !read_only {
-            // Not deduplicated, but it may change what earlier calls did.
-            self.dedup.note_mutation();
         }
 
-        let timeout = tool_cfg
-            .as_ref()
+        let timeout = self
+            .cfg
+            .tools
+            .get(&tool)
             .and_then(|t| t.timeout)
             .unwrap_or(self.cfg.call_timeout);
         self.next_call += 1;
         let id = self.next_call;
-        if let Some(key) = &dedup_key {
-            self.calls_by_key.insert(key.clone(), id);
+        if let Some(key) = dedup_key {
+            self.calls_by_key.insert(key, id);
         }
         if let Some(token) = &parsed.progress_token {
             self.calls_by_token.insert(token.clone(), id);
@@ -244,12 +308,17 @@ impl Dispatcher {
                 request,
                 progress_token: parsed.progress_token,
                 dedup_key,
-                explicit_key: parsed.explicit_key.is_some(),
+                dedup_args,
+                explicit_key: parsed.explicit_key,
+                key_honored,
+                read_only,
                 cache_key,
+                cache_epoch: self.cache.epoch(),
                 attempts: 0,
                 live: None,
                 dead: Vec::new(),
                 attempt_timeout: timeout,
+                attempt_started: now,
                 attempt_deadline: now,
                 deadline: now + self.cfg.retry.total_timeout,
                 retry_at: None,
@@ -258,12 +327,55 @@ impl Dispatcher {
                 progress: ProgressFilter::new(),
                 trial: false,
                 queued: None,
-                waited_for_tools: false,
+                waited_for_tools: None,
                 retried: false,
             },
         );
         self.budget.record_first_attempt(now);
         self.start_attempt(id, now);
+    }
+
+    /// What the safety gate looks at for `tool`.
+    fn gate_input(&self, tool: &str, key_honored: bool) -> GateInput<'_> {
+        GateInput {
+            tool_config: self.cfg.tools.get(tool),
+            annotations: self.tools.annotations.get(tool),
+            key_honored,
+            assume_idempotent: self.cfg.assume_idempotent,
+            trust_annotations: self.cfg.trust_annotations,
+        }
+    }
+
+    /// `honors_idempotency_keys` for `tool`: its own setting, else the
+    /// server's.
+    fn honors_keys(&self, tool: &str) -> bool {
+        self.cfg
+            .tools
+            .get(tool)
+            .and_then(|t| t.honors_idempotency_keys)
+            .unwrap_or(self.cfg.honors_idempotency_keys)
+    }
+
+    /// Calls sharing an explicit key are one operation whatever their other
+    /// arguments; when those differ, say so (tool and key, never values).
+    fn note_key_reuse(&self, tool: &str, key: Option<&str>, same_args: bool) {
+        if let (Some(k), false) = (key, same_args) {
+            warn!(
+                "tool \"{tool}\": idempotency key {} was reused with different arguments; treated as the same operation",
+                jsonrpc::json_string(k)
+            );
+        }
+    }
+
+    /// Something that may write ran or may have run: cached results (stale
+    /// ones too) may no longer be true.
+    /// Even an empty cache starts a new epoch, so that a read in flight does
+    /// not store what it read before the write.
+    pub(super) fn cache_invalidated(&mut self, tool: &str, why: &str) {
+        if !self.cache.is_empty() {
+            debug!("tool \"{tool}\" {why}: the cache is cleared");
+        }
+        self.cache.clear();
     }
 
     /// Sends the next attempt of a call, if the breaker and the link allow.
@@ -325,20 +437,30 @@ impl Dispatcher {
                 return self.refuse_attempt(id, &error, now);
             }
         }
+        let down = self.next_id();
         let call = self.calls.get_mut(&id).expect("present");
+        if !call.read_only {
+            // It may change what cached reads returned.
+            let tool = call.tool.clone();
+            self.cache_invalidated(&tool, "may write");
+        }
+        let epoch = self.cache.epoch();
+        let tool = self.calls[&id].tool.clone();
+        self.stats_for(&tool).attempts += 1;
+        let call = self.calls.get_mut(&id).expect("present");
+        call.cache_epoch = epoch;
         call.attempts += 1;
         if call.attempts > 1 {
             call.retried = true;
         }
-        self.next_downstream_id += 1;
-        let down = self.next_downstream_id;
-        let call = self.calls.get_mut(&id).expect("present");
         call.live = Some(down);
+        call.attempt_started = now;
         call.attempt_deadline = (now + call.attempt_timeout).min(call.deadline);
         let at = call.attempt_deadline;
         let line = call.request.line_with_id(&down.to_string());
         if call.attempts > 1 {
             info!(
+                fields: fields(&call.tool, call.attempts, None),
                 "tool \"{}\": attempt {} (downstream id {down})",
                 call.tool, call.attempts
             );
@@ -426,56 +548,20 @@ impl Dispatcher {
         if call.client.is_none() && self.dedup_waiters(id) == 0 {
             return self.drop_call(id, "cancelled by the client");
         }
-        let reachable = self.link_ready() || self.link_restarting(now);
-        let call = self.calls.get_mut(&id).expect("present");
-        if failure.ambiguous() {
-            let tool_cfg = self.cfg.tools.get(&tool);
-            let input = GateInput {
-                tool_config: tool_cfg,
-                annotations: self.tools.annotations.get(&tool),
-                has_explicit_key: call.explicit_key,
-                assume_idempotent: self.cfg.assume_idempotent,
-                trust_annotations: self.cfg.trust_annotations,
-            };
-            match gate::classify_safety(&input) {
-                Safety::Safe(why) => debug!("tool \"{tool}\" is safe to retry ({})", why.as_str()),
-                Safety::Unsafe => {
-                    let config_decides = tool_cfg
-                        .is_some_and(|t| t.idempotent.is_some() || t.read_only == Some(true));
-                    let could_learn = self.cfg.trust_annotations
-                        && !config_decides
-                        && !self.tools.known
-                        && self.session.initialized
-                        && reachable;
-                    if could_learn && !call.waited_for_tools {
-                        // Do not guess: learn the annotations first.
-                        debug!(
-                            "tool \"{tool}\": waiting for the tool list before deciding on a retry"
-                        );
-                        call.parked = Some(failure);
-                        call.waited_for_tools = true;
-                        let deadline = call.deadline;
-                        self.set_timer(deadline, Timer::CallDeadline { call: id });
-                        return self.fetch_tools(now);
-                    }
-                    warn!("{what}; not retried: the tool is not known to be idempotent");
-                    let reason = match failure {
-                        Failure::Exited(_) => Reason::ServerExited,
-                        _ => Reason::NotRetriedUnsafe,
-                    };
-                    return self.give_up(id, reason, &failure, now);
-                }
-            }
+        if failure.ambiguous() && !self.safe_to_repeat(id, &failure, &what, now) {
+            return;
         }
         let call = self.calls.get_mut(&id).expect("present");
         let retries_done = call.attempts.saturating_sub(1);
+        let attempts = call.attempts;
+        let at_attempt = |reason: Reason| fields(&tool, attempts, Some(reason.as_str()));
         if retries_done >= cfg_retry.max_retries {
             let reason = if cfg_retry.max_retries == 0 && matches!(failure, Failure::Timeout(_)) {
                 Reason::Timeout
             } else {
                 Reason::RetriesExhausted
             };
-            warn!("{what}; giving up after {} attempt(s)", call.attempts);
+            warn!(fields: at_attempt(reason), "{what}; giving up after {attempts} attempt(s)");
             return self.give_up(id, reason, &failure, now);
         }
         let hint = match &failure {
@@ -488,14 +574,35 @@ impl Dispatcher {
             .max(hint.unwrap_or_default());
         let at = now + delay;
         if at >= call.deadline {
-            warn!("{what}; no retry: the next attempt would start after retry.total_timeout");
+            warn!(
+                fields: at_attempt(Reason::DeadlineExceeded),
+                "{what}; no retry: the next attempt would start after retry.total_timeout"
+            );
             return self.give_up(id, Reason::DeadlineExceeded, &failure, now);
         }
+        if let BreakerState::Open { until } = self.breaker.state() {
+            if *until > at {
+                // The retry would only be refused when it is due.
+                let retry_after = until.saturating_duration_since(now);
+                warn!(
+                    fields: at_attempt(Reason::CircuitOpen),
+                    "{what}; no retry: the circuit breaker for \"{}\" is open for another {:.1}s",
+                    self.cfg.name,
+                    retry_after.as_secs_f64()
+                );
+                return self.refuse_by_breaker(id, retry_after, now);
+            }
+        }
         if !self.budget.try_withdraw(now) {
-            warn!("{what}; no retry: the retry budget for this server is exhausted");
+            warn!(
+                fields: at_attempt(Reason::RetryBudgetExhausted),
+                "{what}; no retry: the retry budget for this server is exhausted"
+            );
             return self.give_up(id, Reason::RetryBudgetExhausted, &failure, now);
         }
+        let call = self.calls.get_mut(&id).expect("present");
         info!(
+            fields: fields(&tool, attempts, Some(failure.kind())),
             "{what}; retrying in {:.2}s (retry {} of {})",
             delay.as_secs_f64(),
             retries_done + 1,
@@ -503,6 +610,85 @@ impl Dispatcher {
         );
         call.retry_at = Some(at);
         self.set_timer(at, Timer::RetryDue { call: id });
+    }
+
+    /// After an ambiguous failure: whether the call may run again. When the
+    /// tool's annotations are unknown and can be learned (from the current
+    /// incarnation, or the next one after a crash), the call waits for them
+    /// within its deadline, once per incarnation, and false is returned;
+    /// when it is unsafe it is answered, and false is returned.
+    fn safe_to_repeat(&mut self, id: u64, failure: &Failure, what: &str, now: Instant) -> bool {
+        let Some(call) = self.calls.get(&id) else {
+            return false;
+        };
+        let tool = call.tool.clone();
+        match gate::classify_safety(&self.gate_input(&tool, call.key_honored)) {
+            Safety::Safe(why) => {
+                debug!("tool \"{tool}\" is safe to retry ({})", why.as_str());
+                return true;
+            }
+            Safety::Unsafe => {}
+        }
+        let config_decides = self
+            .cfg
+            .tools
+            .get(&tool)
+            .is_some_and(|t| t.idempotent.is_some() || t.read_only == Some(true));
+        let reachable = self.link_ready() || self.link_restarting(now);
+        let could_learn = self.cfg.trust_annotations
+            && !config_decides
+            && !self.tools.known
+            && self.session.initialized
+            && reachable;
+        let generation = self.generation_to_ask();
+        let call = self.calls.get_mut(&id).expect("present");
+        if could_learn && call.waited_for_tools != Some(generation) && call.deadline > now {
+            // Do not guess: learn the annotations first.
+            debug!("tool \"{tool}\": waiting for the tool list before deciding on a retry");
+            call.parked = Some(failure.clone());
+            call.waited_for_tools = Some(generation);
+            let deadline = call.deadline;
+            self.set_timer(deadline, Timer::CallDeadline { call: id });
+            self.fetch_tools(now);
+            return false;
+        }
+        let reason = match failure {
+            Failure::Exited(_) => Reason::ServerExited,
+            _ => Reason::NotRetriedUnsafe,
+        };
+        warn!(
+            fields: fields(&tool, call.attempts, Some(reason.as_str())),
+            "{what}; not retried: the tool is not known to be idempotent"
+        );
+        self.give_up(id, reason, failure, now);
+        false
+    }
+
+    /// Answers a call whose retry the open breaker would refuse: at once,
+    /// with the breaker's error (and the server's last error in `data`).
+    fn refuse_by_breaker(&mut self, id: u64, retry_after: Duration, now: Instant) {
+        let Some(call) = self.calls.get(&id) else {
+            return;
+        };
+        let message = format!(
+            "the circuit breaker for server \"{}\" is open after repeated failures; tool \"{}\" was not called again (retry in {:.1}s)",
+            self.cfg.name,
+            call.tool,
+            retry_after.as_secs_f64()
+        );
+        let mut extra = vec![
+            ("attempts", call.attempts.to_string()),
+            ("retryAfterMs", retry_after.as_millis().to_string()),
+        ];
+        match &call.last_failure {
+            Some(Failure::Transient(e)) => extra.push(("lastError", e.clone())),
+            Some(Failure::Exited(_) | Failure::Timeout(_)) => {
+                extra.push(("outcome", "\"unknown\"".to_owned()))
+            }
+            _ => {}
+        }
+        let error = proxy_error(Reason::CircuitOpen, &message, &extra);
+        self.refuse_attempt_with(id, &error, false, now);
     }
 
     /// Answers a call that will not be retried.
@@ -523,6 +709,18 @@ impl Dispatcher {
     /// available): an expired cached answer within `stale_if_error` first,
     /// then the server's own error from the last attempt, else `error`.
     pub(super) fn refuse_attempt(&mut self, id: u64, error: &str, now: Instant) {
+        self.refuse_attempt_with(id, error, true, now);
+    }
+
+    /// [`Dispatcher::refuse_attempt`]; the server's own last error replaces
+    /// `error` only if `server_error_first`.
+    fn refuse_attempt_with(
+        &mut self,
+        id: u64,
+        error: &str,
+        server_error_first: bool,
+        now: Instant,
+    ) {
         let Some(call) = self.calls.get(&id) else {
             return;
         };
@@ -537,14 +735,14 @@ impl Dispatcher {
             }
         }
         let error = match &call.last_failure {
-            Some(Failure::Transient(e)) => e.clone(),
+            Some(Failure::Transient(e)) if server_error_first => e.clone(),
             _ => error.to_owned(),
         };
         self.finish_failed(id, &error, now);
     }
 
     /// Ends a call with an error object (raw JSON) for every waiting client.
-    pub(super) fn finish_failed(&mut self, id: u64, error: &str, _now: Instant) {
+    pub(super) fn finish_failed(&mut self, id: u64, error: &str, now: Instant) {
         let Some(call) = self.remove_call(id) else {
             return;
         };
@@ -557,9 +755,10 @@ impl Dispatcher {
             self.breaker.on_trial_abandoned();
         }
         let waiters = match &call.dedup_key {
-            Some(k) => self.dedup.complete(k, None, Instant::now()),
+            Some(k) => self.dedup.complete(k, None, now),
             None => Vec::new(),
         };
+        self.keep_late_answers(&call);
         for client in call.client.iter().chain(waiters.iter()) {
             let line = jsonrpc::error_response_line(client, error);
             self.answer(client, line);
@@ -583,12 +782,23 @@ impl Dispatcher {
         } else {
             stats.failed += 1;
         }
-        if let (Some(key), Some(result)) = (&call.cache_key, success) {
+        // Not cached if something that may write ran since this attempt
+        // began: the result may predate that write.
+        let fresh = self.cache.epoch() == call.cache_epoch;
+        if !call.read_only {
+            self.cache_invalidated(&call.tool, "ran");
+        }
+        if let (Some(key), Some(result), true) = (&call.cache_key, success, fresh) {
             let ttl = self.cache.ttl_for(&call.tool);
             self.cache.insert(key.clone(), result.to_owned(), ttl, now);
         }
+        // The client gets this answer: only an explicit key replays it.
+        let store = match (&call.explicit_key, success) {
+            (Some(_), Some(r)) => Some((r.to_owned(), Keep::Always)),
+            _ => None,
+        };
         let waiters = match &call.dedup_key {
-            Some(k) => self.dedup.complete(k, success.map(str::to_owned), now),
+            Some(k) => self.dedup.complete(k, store, now),
             None => Vec::new(),
         };
         let shared = (!waiters.is_empty()).then(|| match (m.result(), m.error()) {
@@ -627,6 +837,7 @@ impl Dispatcher {
             Some(k) => self.dedup.complete(k, None, now),
             None => Vec::new(),
         };
+        self.keep_late_answers(&call);
         for client in call.client.iter().chain(waiters.iter()) {
             let line = jsonrpc::response_line(client, result);
             self.answer(client, line);
@@ -658,6 +869,65 @@ impl Dispatcher {
         Some(call)
     }
 
+    /// A call ended without its clients getting the server's success (they
+    /// got an error, a stale answer, or cancelled): its attempts that may
+    /// still answer are remembered, so that a late success can be handed to
+    /// the next identical call instead of running the tool again. Only for
+    /// calls that dedup applies to and that may write (or carry a key): a
+    /// read simply runs again. The oldest are forgotten past [`LATE_LIMIT`].
+    fn keep_late_answers(&mut self, call: &Call) {
+        if !call.read_only {
+            self.cache_invalidated(&call.tool, "may have run");
+        }
+        let Some(key) = call.dedup_key else { return };
+        if call.read_only && call.explicit_key.is_none() {
+            return;
+        }
+        let keep = match call.explicit_key {
+            Some(_) => Keep::Always,
+            None => Keep::Once,
+        };
+        for &down in call.live.iter().chain(&call.dead) {
+            self.inflight.insert(
+                down,
+                Inflight::Late(Box::new(Late {
+                    key,
+                    args: call.dedup_args,
+                    keep,
+                    tool: call.tool.clone(),
+                })),
+            );
+            self.late.push_back(down);
+        }
+        while self.late.len() > LATE_LIMIT {
+            if let Some(old) = self.late.pop_front() {
+                if let Some(Inflight::Late(_)) = self.inflight.get(&old) {
+                    self.inflight.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// An answer to an attempt whose call had already ended.
+    pub(super) fn on_late_answer(&mut self, late: Late, m: &Message, now: Instant) {
+        let Some(result) = m.result() else {
+            return debug!(
+                "dropped a late error for tool \"{}\", whose call had ended",
+                late.tool
+            );
+        };
+        self.cache_invalidated(&late.tool, "ran late");
+        if !storable(result) {
+            return;
+        }
+        info!(
+            "tool \"{}\": a late success arrived after the client got no answer from it; kept for an identical call",
+            late.tool
+        );
+        self.dedup
+            .store_late(late.key, late.args, result.to_owned(), late.keep, now);
+    }
+
     /// Stops a call nobody waits for any more: cancel downstream, no answer.
     fn drop_call(&mut self, id: u64, reason: &str) {
         let Some(call) = self.remove_call(id) else {
@@ -672,6 +942,7 @@ impl Dispatcher {
         if let Some(k) = &call.dedup_key {
             self.dedup.abandon(k);
         }
+        self.keep_late_answers(&call);
         debug!(
             "tool \"{}\": call dropped after the client cancelled",
             call.tool
@@ -681,8 +952,8 @@ impl Dispatcher {
     fn dedup_waiters(&self, id: u64) -> usize {
         self.calls
             .get(&id)
-            .and_then(|c| c.dedup_key.as_deref())
-            .map_or(0, |k| self.dedup.joiners(k))
+            .and_then(|c| c.dedup_key)
+            .map_or(0, |k| self.dedup.joiners(&k))
     }
 
     /// The client cancelled `client_id`, which belongs to call `id`.
@@ -692,7 +963,7 @@ impl Dispatcher {
         };
         if call.client.as_deref() == Some(client_id) {
             call.client = None;
-        } else if let Some(k) = call.dedup_key.clone() {
+        } else if let Some(k) = call.dedup_key {
             self.dedup.remove_waiter(&k, |w| w == client_id);
         }
         if self.calls.get(&id).is_some_and(|c| c.client.is_none()) && self.dedup_waiters(id) == 0 {
@@ -729,24 +1000,17 @@ impl Dispatcher {
                     let at = call.attempt_deadline;
                     return self.set_timer(at, Timer::AttemptTimeout { call: id, down });
                 }
-                let generation = self.generation;
-                let asking_client = self
-                    .server_requests
-                    .values()
-                    .any(|r| r.generation == generation);
-                if asking_client && call.deadline > now {
-                    // The server waits for the client (sampling, elicitation,
-                    // roots): a person may be answering. The attempt's clock
-                    // pauses; the call's total deadline still holds.
-                    call.attempt_deadline = (now + call.attempt_timeout).min(call.deadline);
-                    let at = call.attempt_deadline;
+                if self.paused_since.is_some() && call.deadline > now {
+                    // The server waits for a person (sampling, elicitation):
+                    // the attempt's clock is paused until that request is
+                    // answered (`resume_attempt_clocks`); the call's total
+                    // deadline still holds.
+                    let at = call.deadline;
                     return self.set_timer(at, Timer::AttemptTimeout { call: id, down });
                 }
                 call.live = None;
                 call.dead.push(down);
-                let took = call.attempt_timeout.min(
-                    now.saturating_duration_since(call.deadline - self.cfg.retry.total_timeout),
-                );
+                let took = now.saturating_duration_since(call.attempt_started);
                 self.cancel_downstream(down, "timed out (mcp-retry)");
                 self.on_attempt_failed(id, Failure::Timeout(took), now);
             }
@@ -767,6 +1031,22 @@ impl Dispatcher {
         }
     }
 
+    /// The last request of the server waiting for a person was answered
+    /// (or withdrawn): live attempts get back the time they spent paused
+    /// since `since`, within their calls' deadlines.
+    pub(super) fn resume_attempt_clocks(&mut self, since: Instant, now: Instant) {
+        let mut timers = Vec::new();
+        for (&id, call) in self.calls.iter_mut() {
+            let Some(down) = call.live else { continue };
+            let paused = now.saturating_duration_since(since.max(call.attempt_started));
+            call.attempt_deadline = (call.attempt_deadline + paused).min(call.deadline);
+            timers.push((call.attempt_deadline, id, down));
+        }
+        for (at, call, down) in timers {
+            self.set_timer(at, Timer::AttemptTimeout { call, down });
+        }
+    }
+
     /// A `notifications/progress` from the server for one of our calls.
     /// Returns false when the token is not a call's.
     pub(super) fn on_call_progress(&mut self, m: &Message, now: Instant) -> bool {
@@ -782,20 +1062,22 @@ impl Dispatcher {
         let Some(call) = self.calls.get_mut(&id) else {
             return false;
         };
-        if call.live.is_none() || call.client.is_none() {
+        if call.live.is_none() {
             return true;
         }
+        // Progress means the attempt is alive, whatever the value: a retry
+        // counts from 0 again and is not forwarded until it passes what the
+        // client has seen, but it must not time out meanwhile.
+        call.attempt_deadline = (now + call.attempt_timeout).min(call.deadline);
         let value = params
             .get("progress")
             .and_then(|p| p.get().parse::<f64>().ok());
         let Some(value) = value else {
             return true;
         };
-        if !call.progress.admit(value) {
-            return true;
+        if call.client.is_some() && call.progress.admit(value) {
+            self.send_client(m.line());
         }
-        call.attempt_deadline = (now + call.attempt_timeout).min(call.deadline);
-        self.send_client(m.line());
         true
     }
 
@@ -823,14 +1105,14 @@ impl Dispatcher {
     }
 
     /// Asks the server for its tool list (all pages) to learn annotations.
-    pub(super) fn fetch_tools(&mut self, _now: Instant) {
+    pub(super) fn fetch_tools(&mut self, now: Instant) {
         if self.tools.fetching {
             return;
         }
         self.tools.fetching = true;
         self.tools.pages.clear();
         if self.link_ready() {
-            self.request_tools_page(None);
+            self.request_tools_page(None, now);
         } else {
             // Asked once the restarted server is ready.
             self.tools.deferred = true;
@@ -838,40 +1120,70 @@ impl Dispatcher {
     }
 
     /// The server became ready: ask for the tool list if it was wanted.
-    pub(super) fn fetch_deferred_tools(&mut self) {
+    pub(super) fn fetch_deferred_tools(&mut self, now: Instant) {
         if std::mem::take(&mut self.tools.deferred) {
-            self.request_tools_page(None);
+            self.request_tools_page(None, now);
         }
     }
 
-    fn request_tools_page(&mut self, cursor: Option<&str>) {
-        self.next_downstream_id += 1;
-        let down = self.next_downstream_id;
+    /// Sends our own `tools/list` for one page; it gets `call_timeout` to
+    /// be answered, like an attempt.
+    fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
+        let down = self.next_id();
         let params = match cursor {
             Some(c) => format!("{{\"cursor\":{}}}", jsonrpc::json_string(c)),
             None => "{}".into(),
         };
         self.inflight.insert(down, Inflight::ToolsList);
-        if !self.send_server(jsonrpc::request_line(
+        if self.send_server(jsonrpc::request_line(
             &down.to_string(),
             "tools/list",
             Some(&params),
         )) {
+            self.set_timer(
+                now + self.cfg.call_timeout,
+                Timer::ToolsListTimeout { down },
+            );
+        } else {
             self.inflight.remove(&down);
-            self.tools_learned(false, Instant::now());
+            self.tools_learned(false, now);
+        }
+    }
+
+    /// Our own `tools/list` was not answered in time: the annotations stay
+    /// unknown, and calls waiting for them are decided now (unknown means
+    /// unsafe) rather than at their deadline.
+    pub(super) fn tools_list_timed_out(&mut self, down: u64, now: Instant) {
+        if let Some(Inflight::ToolsList) = self.inflight.get(&down) {
+            self.inflight.remove(&down);
+            warn!(
+                "the server did not answer the proxy's tools/list within {}; tool annotations stay unknown",
+                secs(self.cfg.call_timeout)
+            );
+            self.tools_learned(false, now);
         }
     }
 
     /// A `tools/list` page passed by (ours or the client's).
-    pub(super) fn learn_tools(&mut self, result: &str, ours: bool, now: Instant) {
+    /// `first` when the client asked for the first page: a listing starts
+    /// over (a client that reads only first pages keeps no more than one).
+    pub(super) fn learn_tools(&mut self, result: &str, ours: bool, first: bool, now: Instant) {
         match gate::parse_tools_list(result) {
             Ok(page) => {
                 for (name, a) in page.tools {
                     self.tools.annotations.insert(name, a);
                 }
-                self.tools.pages.extend(canonical_tools(result));
+                if first {
+                    self.tools.pages.clear();
+                }
+                let keys = &self.fingerprint_keys;
+                self.tools.pages.extend(
+                    canonical_tools(result)
+                        .iter()
+                        .map(|t| fingerprint(keys, &[t])),
+                );
                 match page.next_cursor {
-                    Some(c) if ours => self.request_tools_page(Some(&c)),
+                    Some(c) if ours => self.request_tools_page(Some(&c), now),
                     Some(_) => {}
                     None => {
                         self.listing_complete();
@@ -892,11 +1204,10 @@ impl Dispatcher {
     /// restart tell the client when the tools differ.
     fn listing_complete(&mut self) {
         let mut entries = std::mem::take(&mut self.tools.pages);
-        entries.sort();
-        let fingerprint = entries.join(",");
-        let before = self.tools.fingerprint.replace(fingerprint.clone());
+        entries.sort_unstable();
+        let before = self.tools.fingerprint.replace(entries.clone());
         if std::mem::take(&mut self.tools.compare_after_restart)
-            && before.is_some_and(|b| b != fingerprint)
+            && before.is_some_and(|b| b != entries)
         {
             info!("the restarted server offers different tools; telling the client");
             self.send_client(jsonrpc::notification_line(
@@ -979,6 +1290,8 @@ struct ParsedCall {
     /// Raw JSON of `arguments` (after removing `_idempotency_key`), `{}` if absent.
     arguments: String,
     explicit_key: Option<String>,
+    /// The key came from `_meta.idempotencyKey`, which reaches the server.
+    key_in_meta: bool,
     progress_token: Option<String>,
     /// Params to forward when `_idempotency_key` was removed.
     forward_params: Option<String>,
@@ -996,6 +1309,7 @@ impl ParsedCall {
             progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
             explicit_key = meta.get("idempotencyKey").and_then(key_text);
         }
+        let key_in_meta = explicit_key.is_some();
         let mut arguments = params
             .get("arguments")
             .map_or("{}".to_owned(), |a| a.get().to_owned());
@@ -1017,6 +1331,7 @@ impl ParsedCall {
             name,
             arguments,
             explicit_key,
+            key_in_meta,
             progress_token,
             forward_params,
             no_store,
@@ -1144,9 +1459,12 @@ fn give_up_message(tool: &str, reason: Reason, f: &Failure, attempts: u32) -> St
     }
 }
 
-fn secs(d: Duration) -> String {
+/// A duration for people: `250ms`, `2s`, `1.5s`.
+pub(super) fn secs(d: Duration) -> String {
     let s = d.as_secs_f64();
-    if s.fract() == 0.0 {
+    if s < 1.0 {
+        format!("{}ms", d.as_millis())
+    } else if s.fract() < 0.05 {
         format!("{s:.0}s")
     } else {
         format!("{s:.1}s")

@@ -132,7 +132,7 @@ impl Dispatcher {
                     self.replay_initialize(now);
                 } else {
                     self.flush_queue(now);
-                    self.fetch_deferred_tools();
+                    self.fetch_deferred_tools(now);
                 }
             }
             Err(message) => {
@@ -181,25 +181,36 @@ impl Dispatcher {
         }
         self.queue_seq += 1;
         let seq = self.queue_seq;
-        self.queue.push_back((seq, item));
+        self.queue.push_back((seq, now, item));
         self.set_timer(now + self.cfg.call_timeout, Timer::QueueExpired { seq });
         Some(seq)
     }
 
     pub(super) fn unqueue(&mut self, seq: u64) -> Option<Queued> {
-        let i = self.queue.iter().position(|(s, _)| *s == seq)?;
-        self.queue.remove(i).map(|(_, q)| q)
+        self.unqueue_timed(seq).map(|(_, q)| q)
     }
 
-    /// A queued item waited longer than `call_timeout`.
+    /// Takes item `seq` out of the queue, with when it was queued.
+    fn unqueue_timed(&mut self, seq: u64) -> Option<(Instant, Queued)> {
+        let i = self.queue.iter().position(|(s, ..)| *s == seq)?;
+        self.queue.remove(i).map(|(_, at, q)| (at, q))
+    }
+
+    /// A queued item waited `call_timeout` for the server.
     pub(super) fn queue_expired(&mut self, seq: u64, now: Instant) {
-        let Some(item) = self.unqueue(seq) else {
+        self.queue_give_up(seq, now, "gave up after waiting");
+    }
+
+    /// Answers queued item `seq` with the server's unavailability; the
+    /// message says how long it really waited.
+    fn queue_give_up(&mut self, seq: u64, now: Instant, what: &str) {
+        let Some((since, item)) = self.unqueue_timed(seq) else {
             return;
         };
         let message = format!(
-            "the MCP server is not available ({}); gave up after waiting {:.0}s for it",
+            "the MCP server is not available ({}); {what} {} for it",
             self.link_message(),
-            self.cfg.call_timeout.as_secs_f64()
+            super::calls::secs(now.saturating_duration_since(since))
         );
         match item {
             Queued::Request { client_id, .. } => {
@@ -224,8 +235,8 @@ impl Dispatcher {
 
     /// The server is ready: send what waited, in order.
     fn flush_queue(&mut self, now: Instant) {
-        let items: Vec<(u64, Queued)> = self.queue.drain(..).collect();
-        for (seq, item) in items {
+        let items: Vec<(u64, Instant, Queued)> = self.queue.drain(..).collect();
+        for (seq, _, item) in items {
             match item {
                 Queued::Request {
                     m,
@@ -334,7 +345,7 @@ impl Dispatcher {
         }
         info!("the restarted server is ready; the session continues");
         self.flush_queue(now);
-        self.fetch_deferred_tools();
+        self.fetch_deferred_tools(now);
         if self.session.tools_list_changed && !self.tools.fetching {
             self.tools.compare_after_restart = true;
             self.fetch_tools(now);
@@ -458,9 +469,18 @@ impl Dispatcher {
         }
         drop(conn);
 
+        // Annotations are per incarnation: the next one (perhaps a new
+        // version) is asked before a call is retried on the strength of them.
+        self.tools.annotations.clear();
+        self.tools.known = false;
+        self.late.clear();
+        if self.tools.fetching && !stopping {
+            // Our list died with the server: ask the next incarnation.
+            self.tools.restart_fetch();
+        }
         // Call attempts in flight failed ambiguously; the policies decide.
         self.calls_link_lost(&message, now);
-        if self.tools.fetching {
+        if self.tools.fetching && stopping {
             self.tools_learned(false, now);
         }
         // Other requests: reads are sent again, the rest answered.
@@ -487,7 +507,7 @@ impl Dispatcher {
         let mut open: Vec<u64> = self.server_requests.keys().copied().collect();
         open.sort();
         for id in open {
-            self.server_requests.remove(&id);
+            self.close_server_request(id, now);
             let params = format!("{{\"requestId\":{id},\"reason\":\"the MCP server exited\"}}");
             self.send_client(jsonrpc::notification_line(
                 "notifications/cancelled",
@@ -531,9 +551,9 @@ impl Dispatcher {
 
     /// Answers everything queued: the server will not be there soon.
     fn refuse_queue(&mut self, now: Instant) {
-        let seqs: Vec<u64> = self.queue.iter().map(|(s, _)| *s).collect();
+        let seqs: Vec<u64> = self.queue.iter().map(|(s, ..)| *s).collect();
         for seq in seqs {
-            self.queue_expired(seq, now);
+            self.queue_give_up(seq, now, "stopped waiting after");
         }
     }
 
@@ -634,6 +654,15 @@ impl Dispatcher {
             Link::Restarting { at, .. } => *at <= now + WAIT_FOR_RESTART,
             Link::Up(c) => !c.ready,
             _ => false,
+        }
+    }
+
+    /// The incarnation that would answer a request sent now (the next one
+    /// while restarting).
+    pub(super) fn generation_to_ask(&self) -> u64 {
+        match self.link {
+            Link::Up(_) => self.generation,
+            _ => self.generation + 1,
         }
     }
 

@@ -1,7 +1,12 @@
 //! In-process tests of the dispatcher: events go in through `handle_event`,
 //! and what it writes to the client and to a fake server comes out of
-//! channels. No threads, no processes.
+//! channels. No threads, no processes, and a fake clock: time moves only
+//! when a test moves it, so schedules (backoff, TTLs, cooldowns, restart
+//! backoff) are checked to the millisecond in no wall time.
 
+use std::cmp::Reverse;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -37,26 +42,84 @@ struct Harness {
     client: Receiver<Vec<u8>>,
     server: Receiver<Vec<u8>>,
     now: Instant,
+    /// When each start of the server was asked for (fake time).
+    starts: Arc<Mutex<Vec<Instant>>>,
+    /// Starts that fail, in order, before they succeed again.
+    failing_starts: Arc<Mutex<VecDeque<bool>>>,
+    /// The fake time the connector sees.
+    clock: Arc<Mutex<Instant>>,
 }
 
 impl Harness {
     fn new() -> Harness {
+        Harness::with(ServerConfig::with_defaults("t", "fake".into(), vec![]))
+    }
+
+    /// A dispatcher for `cfg`, with a seeded RNG and a fake clock.
+    fn with(cfg: ServerConfig) -> Harness {
         let (to_client, client) = Outbox::to_channel();
         let (events, _inbox) = crossbeam_channel::unbounded();
         let (sent, server) = crossbeam_channel::unbounded();
+        let now = Instant::now();
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let failing_starts: Arc<Mutex<VecDeque<bool>>> = Arc::default();
+        let clock = Arc::new(Mutex::new(now));
+        let (log, fail, at) = (starts.clone(), failing_starts.clone(), clock.clone());
         let connect = Box::new(move |_: &ServerConfig, _: u64, _: Sender<Event>| {
+            log.lock().unwrap().push(*at.lock().unwrap());
+            if fail.lock().unwrap().pop_front() == Some(true) {
+                return Err("cannot start \"fake\": no such file".to_string());
+            }
             Ok(Box::new(FakeServer { sent: sent.clone() }) as Box<dyn Downstream>)
         });
-        let cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
-        let mut d = Dispatcher::new(cfg, to_client, events, connect);
-        let now = Instant::now();
+        let mut d = Dispatcher::new(cfg, to_client, events, connect).with_seed(7);
         d.start_server(now);
         Harness {
             d,
             client,
             server,
             now,
+            starts,
+            failing_starts,
+            clock,
         }
+    }
+
+    /// Moves the fake clock to `at` and fires what is due.
+    fn at(&mut self, at: Instant) {
+        self.now = at;
+        *self.clock.lock().unwrap() = at;
+        self.d.fire_timers(at);
+    }
+
+    /// Moves the fake clock by `d` and fires what is due.
+    fn advance(&mut self, d: Duration) {
+        let at = self.now + d;
+        self.at(at);
+    }
+
+    /// When the earliest timer is due.
+    fn next_timer(&self) -> Instant {
+        let Reverse(t) = self.d.timers.peek().expect("a timer");
+        t.at
+    }
+
+    /// Moves the fake clock to the earliest timer and fires it.
+    fn fire_next_timer(&mut self) -> Instant {
+        let at = self.next_timer();
+        self.at(at);
+        at
+    }
+
+    fn try_to_server(&self) -> Option<String> {
+        let line = self.server.try_recv().ok()?;
+        Some(String::from_utf8(line).unwrap().trim_end().to_owned())
+    }
+
+    fn server_event(&mut self, event: ServerEvent) {
+        let generation = self.d.generation;
+        self.d
+            .handle_event(Event::Server { generation, event }, self.now);
     }
 
     fn client_sends(&mut self, line: &str) {
@@ -237,4 +300,243 @@ fn answered_calls_do_not_pile_up_timers() {
         h.d.timers.len()
     );
     assert!(h.d.calls.is_empty());
+}
+
+// ----- schedules on the fake clock -------------------------------------------
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Defaults with `tools.t.idempotent: true` and no jitter.
+fn config(edit: impl FnOnce(&mut ServerConfig)) -> ServerConfig {
+    let mut cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
+    cfg.retry.jitter = 0.0;
+    cfg.tools.insert(
+        "t".into(),
+        crate::config::ToolConfig {
+            idempotent: Some(true),
+            ..Default::default()
+        },
+    );
+    edit(&mut cfg);
+    cfg
+}
+
+fn call_line(id: u32, tool: &str, args: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+    )
+}
+
+/// The server answers the request `line` with `body` (`"result":…` or
+/// `"error":…`).
+fn answer(h: &mut Harness, line: &str, body: &str) {
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{},{body}}}"#,
+        id_of(line)
+    ));
+}
+
+const TRANSIENT: &str = r#""error":{"code":-32000,"message":"busy"}"#;
+const OK: &str = r#""result":{"content":[{"type":"text","text":"ok"}]}"#;
+
+#[test]
+fn retries_follow_the_backoff_schedule_exactly() {
+    let mut h = Harness::with(config(|c| {
+        c.retry.base_delay = SECOND;
+        c.retry.max_delay = 3 * SECOND;
+    }));
+    let t0 = h.now;
+    h.client_sends(&call_line(1, "t", "{}"));
+    let mut sent_at = vec![];
+    for _ in 0..4 {
+        let line = h.to_server();
+        sent_at.push(h.now - t0);
+        answer(&mut h, &line, TRANSIENT);
+        if h.d.calls.is_empty() {
+            break;
+        }
+        h.fire_next_timer();
+    }
+    // 1 s, then 2 s, then capped at 3 s.
+    assert_eq!(sent_at, [Duration::ZERO, SECOND, 3 * SECOND, 6 * SECOND]);
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["error"]["message"], "busy", "{e}");
+    h.nothing_sent();
+}
+
+#[test]
+fn a_retry_hint_longer_than_the_backoff_is_honoured() {
+    let mut h = Harness::with(config(|c| c.retry.base_delay = ms(100)));
+    h.client_sends(&call_line(1, "t", "{}"));
+    let line = h.to_server();
+    let t0 = h.now;
+    answer(
+        &mut h,
+        &line,
+        r#""error":{"code":-32000,"message":"slow down","data":{"retryAfterMs":2500}}"#,
+    );
+    assert_eq!(h.fire_next_timer() - t0, ms(2500));
+    let line = h.to_server();
+    answer(&mut h, &line, OK);
+    assert!(h.to_client().contains(r#""text":"ok""#));
+}
+
+#[test]
+fn the_breaker_refuses_until_its_cooldown_then_lets_one_trial_through() {
+    let mut h = Harness::with(config(|c| {
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 2;
+        c.circuit_breaker.cooldown = 30 * SECOND;
+    }));
+    for id in 1..=2 {
+        h.client_sends(&call_line(id, "t", &format!(r#"{{"n":{id}}}"#)));
+        let line = h.to_server();
+        answer(&mut h, &line, TRANSIENT);
+        h.to_client();
+    }
+    let opened = h.now;
+    h.client_sends(&call_line(3, "t", "{}"));
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["error"]["data"]["reason"], "circuit_open", "{e}");
+    assert_eq!(e["error"]["data"]["retryAfterMs"], 30_000, "{e}");
+    h.at(opened + 30 * SECOND - ms(1));
+    h.client_sends(&call_line(4, "t", "{}"));
+    assert!(h.to_client().contains("circuit_open"));
+    h.nothing_sent();
+    h.at(opened + 30 * SECOND);
+    h.client_sends(&call_line(5, "t", "{}"));
+    let trial = h.to_server();
+    // Only one trial while half-open.
+    h.client_sends(&call_line(6, "t", r#"{"other":1}"#));
+    assert!(h.to_client().contains("circuit_open"));
+    answer(&mut h, &trial, OK);
+    assert!(h.to_client().contains(r#""id":5"#));
+    // Closed again.
+    h.client_sends(&call_line(7, "t", "{}"));
+    h.to_server();
+}
+
+#[test]
+fn an_explicit_key_replays_until_idempotency_ttl_then_runs_again() {
+    let mut h = Harness::with(config(|c| c.idempotency_ttl = 300 * SECOND));
+    let keyed = |id: u32| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"u","arguments":{{}},"_meta":{{"idempotencyKey":"k"}}}}}}"#
+        )
+    };
+    h.client_sends(&keyed(1));
+    let line = h.to_server();
+    answer(&mut h, &line, OK);
+    h.to_client();
+    let done = h.now;
+    h.at(done + 300 * SECOND - ms(1));
+    h.client_sends(&keyed(2));
+    assert!(h.to_client().contains(r#""mcp-retry/source":"dedup""#));
+    h.at(done + 300 * SECOND);
+    h.client_sends(&keyed(3));
+    h.to_server();
+}
+
+#[test]
+fn a_cached_read_is_fresh_until_its_ttl_and_a_write_empties_the_cache() {
+    let mut h = Harness::with(config(|c| {
+        c.tools.insert(
+            "read".into(),
+            crate::config::ToolConfig {
+                read_only: Some(true),
+                ..Default::default()
+            },
+        );
+        c.cache.tools.insert("read".into(), 10 * SECOND);
+    }));
+    h.client_sends(&call_line(1, "read", "{}"));
+    let line = h.to_server();
+    answer(&mut h, &line, OK);
+    h.to_client();
+    let stored = h.now;
+    h.at(stored + 10 * SECOND - ms(1));
+    h.client_sends(&call_line(2, "read", "{}"));
+    assert!(h.to_client().contains(r#""mcp-retry/source":"cache""#));
+    h.at(stored + 10 * SECOND);
+    h.client_sends(&call_line(3, "read", "{}"));
+    let line = h.to_server();
+    answer(&mut h, &line, OK);
+    h.to_client();
+    // A write in flight while a read runs: the read's answer is not kept.
+    h.client_sends(&call_line(4, "read", r#"{"x":1}"#));
+    let read = h.to_server();
+    h.client_sends(&call_line(5, "write", "{}"));
+    let write = h.to_server();
+    answer(&mut h, &read, OK);
+    h.to_client();
+    answer(&mut h, &write, OK);
+    h.to_client();
+    h.client_sends(&call_line(6, "read", r#"{"x":1}"#));
+    h.to_server();
+    // And the write emptied what was cached before it.
+    h.client_sends(&call_line(7, "read", "{}"));
+    h.to_server();
+}
+
+#[test]
+fn a_server_that_cannot_start_is_restarted_with_growing_delays_until_the_breaker_opens() {
+    let mut h = Harness::with(config(|c| {
+        c.circuit_breaker.failure_threshold = 5;
+        c.circuit_breaker.cooldown = 30 * SECOND;
+    }));
+    let t0 = h.now;
+    // The first incarnation exits before answering anything, and the next
+    // four starts fail: five failed starts open the breaker.
+    h.failing_starts.lock().unwrap().extend([true; 4]);
+    h.server_event(ServerEvent::StdoutClosed);
+    h.server_event(ServerEvent::Exited(crate::child::ExitInfo {
+        code: Some(1),
+        signal: None,
+    }));
+    while !matches!(h.d.link, super::Link::Dormant { .. }) {
+        h.fire_next_timer();
+    }
+    let starts: Vec<Duration> = h.starts.lock().unwrap().iter().map(|t| *t - t0).collect();
+    assert_eq!(starts.len(), 5, "{starts:?}");
+    assert_eq!(starts[1], Duration::ZERO, "the first restart is at once");
+    // Then 0.5 s, 1 s, 2 s, each ± 20 %.
+    let gaps: Vec<f64> = starts
+        .windows(2)
+        .skip(1)
+        .map(|w| (w[1] - w[0]).as_secs_f64())
+        .collect();
+    for (gap, expected) in gaps.iter().zip([0.5, 1.0, 2.0]) {
+        assert!((gap - expected).abs() <= expected * 0.2 + 1e-9, "{gaps:?}");
+    }
+    // Dormant: a request is refused at once and nothing restarts it until
+    // the cooldown is over.
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+    assert!(h.to_client().contains("server_unavailable"));
+    assert_eq!(h.starts.lock().unwrap().len(), 5);
+    h.advance(30 * SECOND);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
+    assert_eq!(h.starts.lock().unwrap().len(), 6, "started again");
+    assert!(h.try_to_server().is_some(), "the ping reached the server");
+}
+
+#[test]
+fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
+    let mut h = Harness::new();
+    for i in 0..2000 {
+        h.client_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"tools/list","params":{{}}}}"#
+        ));
+        let line = h.to_server();
+        answer(
+            &mut h,
+            &line,
+            r#""result":{"tools":[{"name":"a","inputSchema":{}},{"name":"b","inputSchema":{}}],"nextCursor":"2"}"#,
+        );
+        h.to_client();
+    }
+    assert_eq!(h.d.tools.pages_held(), 2);
 }

@@ -10,6 +10,10 @@
 //! stale; it is kept (for [`ResultCache::get_stale`]) while
 //! `now < t + ttl + stale_if_error`, then purged. Capacity evicts the least
 //! recently used entries (fresh or stale) first.
+//!
+//! [`ResultCache::clear`] empties it (stale entries too) and starts a new
+//! epoch, so a caller can tell whether a clear happened while it computed a
+//! value (a read that overlapped a write) and then not store it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -46,6 +50,8 @@ pub struct ResultCache {
     /// Sum of key and value lengths of all entries.
     bytes: usize,
     clock: u64,
+    /// Clears so far.
+    epoch: u64,
 }
 
 impl ResultCache {
@@ -58,6 +64,7 @@ impl ResultCache {
             stale_if_error: c.stale_if_error,
             entries: FastMap::default(),
             recency: BTreeMap::new(),
+            epoch: 0,
             deaths: BTreeMap::new(),
             bytes: 0,
             clock: 0,
@@ -124,7 +131,14 @@ impl ResultCache {
         );
     }
 
+    /// Changes at every [`ResultCache::clear`].
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Forgets every entry, stale ones included, and starts a new epoch.
     pub fn clear(&mut self) {
+        self.epoch += 1;
         self.entries.clear();
         self.recency.clear();
         self.deaths.clear();
@@ -137,7 +151,6 @@ impl ResultCache {
         self.entries.len()
     }
 
-    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -223,6 +236,19 @@ mod tests {
 
     fn get_stale(c: &mut ResultCache, key: &str, now: Instant) -> Option<String> {
         c.get_stale(key, now).map(str::to_string)
+    }
+
+    #[test]
+    fn clear_forgets_stale_entries_and_starts_an_epoch() {
+        let t0 = Instant::now();
+        let mut c = ResultCache::new(&config(10, 1 << 20, secs(60)));
+        let before = c.epoch();
+        put(&mut c, "k", "old", secs(1), t0);
+        assert_eq!(c.epoch(), before, "inserts do not change the epoch");
+        c.clear();
+        assert_ne!(c.epoch(), before);
+        assert_eq!(get_stale(&mut c, "k", t0 + secs(2)), None);
+        assert!(c.is_empty());
     }
 
     #[test]

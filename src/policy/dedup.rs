@@ -1,47 +1,68 @@
 //! Idempotency table: runs concurrent identical calls once and replays
-//! completed successes.
+//! completed successes the rules allow.
 //!
 //! Owns the in-flight executions and the waiters joined to them, the
-//! completed successful results kept for `ttl`, and the bound on entries. It
-//! must not know how keys are made (explicit idempotency keys and argument
-//! fingerprints are both just strings), what a waiter is (`W` is the
-//! dispatcher's handle for a client request), whether a tool is read-only (the
-//! caller says so with a [`Replay`] rule), or the clock (`now` is a
-//! parameter).
+//! completed successful results kept for `ttl`, and the bounds on entries and
+//! bytes. It must not know how keys are made (the dispatcher hashes explicit
+//! idempotency keys and argument fingerprints into fixed-size keys), what a
+//! waiter is (`W` is the dispatcher's handle for a client request), whether
+//! a tool is read-only, or the clock (`now` is a parameter).
 //!
 //! Semantics:
 //! * A key is either in flight (with its joined waiters; the originator is
 //!   tracked by the caller, not here) or completed (a successful result,
 //!   replayable until `completed_at + ttl`).
-//! * Failures are never stored: [`DedupTable::complete`] with `None` forgets
-//!   the key, so the next identical call executes afresh.
+//! * What is stored decides what is replayed. A result is stored either for
+//!   every later identical call ([`Keep::Always`]: an explicit idempotency key
+//!   names one operation) or for the next one only ([`Keep::Once`]: a result
+//!   the client never received, handed over once and then forgotten).
+//!   Failures, and results the client already got for keyless calls, are not
+//!   stored at all: [`DedupTable::complete`] with `None` forgets the key.
+//! * Each entry remembers a fingerprint of its arguments (`args`), so the
+//!   caller can tell when calls sharing an explicit key differ otherwise.
 //! * The bound `max_entries` counts both kinds. When full, the oldest
 //!   completed entries are evicted; in-flight entries are never evicted, and
 //!   the table may exceed the bound when all entries are in flight (those are
 //!   bounded by the proxy's in-flight limit).
-//! * The bound `max_bytes` counts the bytes of completed results; the oldest
-//!   are evicted to stay within it. A result larger than the bound is not
-//!   kept at all.
+//! * The bound `max_bytes` counts the bytes of completed results plus
+//!   [`ENTRY_BYTES`] for each entry's key and bookkeeping; the oldest are
+//!   evicted to stay within it. A result larger than the bound is not kept.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use super::instant_add;
 use crate::fasthash::FastMap;
 
-/// When a completed result may be replayed to a new identical call.
+/// What each completed entry costs beyond its result text (key, slot,
+/// order index), counted in `max_bytes`.
+pub const ENTRY_BYTES: usize = 64;
+
+/// A 128-bit fingerprint of `parts` (their boundaries included): two
+/// domain-separated hashes under the caller's secret SipHash keys (a std
+/// `RandomState`), so keys stay 16 bytes whatever the arguments' size and
+/// cannot be made to collide by someone who does not know the keys.
+pub fn fingerprint(keys: &impl BuildHasher, parts: &[&str]) -> u128 {
+    let half = |domain: u8| {
+        let mut h = keys.build_hasher();
+        h.write_u8(domain);
+        for p in parts {
+            h.write_usize(p.len());
+            h.write(p.as_bytes());
+        }
+        h.finish()
+    };
+    (u128::from(half(1)) << 64) | u128::from(half(2))
+}
+
+/// How a completed result may be replayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Replay {
-    /// Never: the call runs again (read-only tools: repeating a read is
-    /// harmless, replaying it would serve stale data).
-    Never,
-    /// Within the TTL (an explicit idempotency key names one operation).
+pub enum Keep {
+    /// To every identical call within the TTL (an explicit key).
     Always,
-    /// Within the TTL, and only if no other mutating execution started since
-    /// this one did ([`DedupTable::note_mutation`]): "write A, write A" runs
-    /// once, "write A, write B, write A" runs A again.
-    IfUnchanged,
+    /// To the next identical call only (a result the client never got).
+    Once,
 }
 
 /// What the caller should do with a call.
@@ -52,43 +73,46 @@ pub enum Lookup<W> {
     Execute(W),
     /// An identical execution is in flight: the waiter was added to it and
     /// comes back from [`DedupTable::complete`] or [`DedupTable::abandon`].
-    Joined,
+    /// `same_args` is false when that execution's arguments differ.
+    Joined { same_args: bool },
     /// A completed success within its TTL: answer the waiter with `result`
     /// (raw JSON text).
-    Replay { result: String, waiter: W },
+    Replay {
+        result: String,
+        waiter: W,
+        same_args: bool,
+    },
 }
 
 #[derive(Debug)]
 enum Slot<W> {
     InFlight {
         waiters: Vec<W>,
-        /// The mutation count when it started.
-        stamp: u64,
+        args: u128,
     },
     Done {
         result: String,
         expires: Instant,
         seq: u64,
-        stamp: u64,
+        keep: Keep,
+        args: u128,
     },
 }
 
 #[derive(Debug)]
-pub struct DedupTable<W> {
+pub struct DedupTable<K, W> {
     ttl: Duration,
     max_entries: usize,
     max_bytes: usize,
-    /// Bytes of the completed results held.
+    /// Bytes of the completed entries held (results plus [`ENTRY_BYTES`]).
     bytes: usize,
-    slots: FastMap<Arc<str>, Slot<W>>,
+    slots: FastMap<K, Slot<W>>,
     /// Completed entries, oldest completion first.
-    completed: BTreeMap<u64, Arc<str>>,
+    completed: BTreeMap<u64, K>,
     next_seq: u64,
-    /// Mutating executions started so far.
-    mutations: u64,
 }
 
-impl<W> DedupTable<W> {
+impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
     /// `ttl` zero: nothing is replayed (in-flight joining still works).
     pub fn new(ttl: Duration, max_entries: usize, max_bytes: usize) -> Self {
         Self {
@@ -99,48 +123,46 @@ impl<W> DedupTable<W> {
             slots: FastMap::default(),
             completed: BTreeMap::new(),
             next_seq: 0,
-            mutations: 0,
         }
     }
 
-    /// A call that may change the server's state is about to execute.
-    pub fn note_mutation(&mut self) {
-        self.mutations += 1;
-    }
-
     /// Joins an in-flight execution of `key`, or replays its completed result
-    /// when `replay` allows, or hands the waiter back to execute. Expired
-    /// entries are dropped.
+    /// when `replay` allows (a [`Keep::Once`] result is then forgotten), or
+    /// hands the waiter back to execute. Expired entries are dropped. `args`
+    /// is the fingerprint of this call's arguments, compared with the entry's.
     pub fn lookup_or_join(
         &mut self,
-        key: &str,
+        key: &K,
+        args: u128,
         waiter: W,
-        replay: Replay,
+        replay: bool,
         now: Instant,
     ) -> Lookup<W> {
         self.purge_expired(now);
-        let mutations = self.mutations;
-        match self.slots.get_mut(key) {
-            Some(Slot::InFlight { waiters, .. }) => {
+        let (same_args, keep) = match self.slots.get_mut(key) {
+            Some(Slot::InFlight { waiters, args: a }) => {
                 waiters.push(waiter);
-                Lookup::Joined
+                return Lookup::Joined {
+                    same_args: *a == args,
+                };
             }
-            Some(Slot::Done { result, stamp, .. })
-                if replay == Replay::Always
-                    || (replay == Replay::IfUnchanged && *stamp == mutations) =>
-            {
-                Lookup::Replay {
-                    result: result.clone(),
-                    waiter,
-                }
-            }
-            _ => Lookup::Execute(waiter),
+            Some(Slot::Done { args: a, keep, .. }) if replay => (*a == args, *keep),
+            _ => return Lookup::Execute(waiter),
+        };
+        let result = match (keep, self.slots.get(key)) {
+            (Keep::Always, Some(Slot::Done { result, .. })) => result.clone(),
+            _ => self.forget(key).unwrap_or_default(),
+        };
+        Lookup::Replay {
+            result,
+            waiter,
+            same_args,
         }
     }
 
     /// Marks `key` in flight (after [`Lookup::Execute`]), replacing a completed
-    /// entry (a re-executed read-only call). Already in flight: no change.
-    pub fn start(&mut self, key: &str, now: Instant) {
+    /// entry. Already in flight: no change.
+    pub fn start(&mut self, key: &K, args: u128, now: Instant) {
         self.purge_expired(now);
         if let Some(Slot::InFlight { .. }) = self.slots.get(key) {
             return;
@@ -148,16 +170,16 @@ impl<W> DedupTable<W> {
         self.forget(key);
         self.make_room(1);
         self.slots.insert(
-            key.into(),
+            key.clone(),
             Slot::InFlight {
                 waiters: Vec::new(),
-                stamp: self.mutations,
+                args,
             },
         );
     }
 
     /// Waiters joined to the in-flight execution of `key` (0 if none).
-    pub fn joiners(&self, key: &str) -> usize {
+    pub fn joiners(&self, key: &K) -> usize {
         match self.slots.get(key) {
             Some(Slot::InFlight { waiters, .. }) => waiters.len(),
             _ => 0,
@@ -166,7 +188,7 @@ impl<W> DedupTable<W> {
 
     /// Removes and returns the first joined waiter matching `pred` (its client
     /// cancelled). The execution stays in flight.
-    pub fn remove_waiter(&mut self, key: &str, pred: impl Fn(&W) -> bool) -> Option<W> {
+    pub fn remove_waiter(&mut self, key: &K, pred: impl Fn(&W) -> bool) -> Option<W> {
         match self.slots.get_mut(key) {
             Some(Slot::InFlight { waiters, .. }) => {
                 let i = waiters.iter().position(pred)?;
@@ -177,40 +199,59 @@ impl<W> DedupTable<W> {
     }
 
     /// The in-flight execution of `key` finished: returns its joined waiters
-    /// (in join order) to answer. `store` is the result to keep for replay
-    /// until `now + ttl`; `None` (failures, or results not to be replayed)
-    /// forgets the key. Not in flight: returns nothing and stores nothing.
-    pub fn complete(&mut self, key: &str, store: Option<String>, now: Instant) -> Vec<W> {
-        let Some((key, Slot::InFlight { waiters, stamp })) = self.take_in_flight(key) else {
+    /// (in join order) to answer. `store` is the result to keep until
+    /// `now + ttl` and how it may be replayed; `None` (failures, results the
+    /// client got for a keyless call) forgets the key. Not in flight: returns
+    /// nothing and stores nothing.
+    pub fn complete(&mut self, key: &K, store: Option<(String, Keep)>, now: Instant) -> Vec<W> {
+        let Some((key, Slot::InFlight { waiters, args })) = self.take_in_flight(key) else {
             return Vec::new();
         };
-        self.purge_expired(now);
-        if let Some(result) = store {
-            if !self.ttl.is_zero() && self.max_entries > 0 && result.len() <= self.max_bytes {
-                self.make_room(1);
-                self.make_room_for_bytes(result.len());
-                self.bytes += result.len();
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                self.completed.insert(seq, Arc::clone(&key));
-                self.slots.insert(
-                    key,
-                    Slot::Done {
-                        result,
-                        expires: instant_add(now, self.ttl),
-                        seq,
-                        stamp,
-                    },
-                );
-            }
+        if let Some((result, keep)) = store {
+            self.store(key, args, result, keep, now);
         }
         waiters
+    }
+
+    /// A success arrived for an execution that had already ended (the client
+    /// got an error or cancelled): keep it to replay, unless an identical
+    /// execution is in flight again (its own answer will do).
+    pub fn store_late(&mut self, key: K, args: u128, result: String, keep: Keep, now: Instant) {
+        if let Some(Slot::InFlight { .. }) = self.slots.get(&key) {
+            return;
+        }
+        self.forget(&key);
+        self.store(key, args, result, keep, now);
+    }
+
+    fn store(&mut self, key: K, args: u128, result: String, keep: Keep, now: Instant) {
+        self.purge_expired(now);
+        let size = result.len() + ENTRY_BYTES;
+        if self.ttl.is_zero() || self.max_entries == 0 || size > self.max_bytes {
+            return;
+        }
+        self.make_room(1);
+        self.make_room_for_bytes(size);
+        self.bytes += size;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.completed.insert(seq, key.clone());
+        self.slots.insert(
+            key,
+            Slot::Done {
+                result,
+                expires: instant_add(now, self.ttl),
+                seq,
+                keep,
+                args,
+            },
+        );
     }
 
     /// The execution of `key` ended without an outcome (e.g. its originator
     /// cancelled and nobody else wanted it): forgets it and returns its joined
     /// waiters, whom the caller may re-dispatch. Not in flight: nothing.
-    pub fn abandon(&mut self, key: &str) -> Vec<W> {
+    pub fn abandon(&mut self, key: &K) -> Vec<W> {
         match self.take_in_flight(key) {
             Some((_, Slot::InFlight { waiters, .. })) => waiters,
             _ => Vec::new(),
@@ -230,22 +271,26 @@ impl<W> DedupTable<W> {
 
     /// Whether `key` is in flight.
     #[cfg(test)]
-    pub fn in_flight(&self, key: &str) -> bool {
+    pub fn in_flight(&self, key: &K) -> bool {
         matches!(self.slots.get(key), Some(Slot::InFlight { .. }))
     }
 
-    fn take_in_flight(&mut self, key: &str) -> Option<(Arc<str>, Slot<W>)> {
+    fn take_in_flight(&mut self, key: &K) -> Option<(K, Slot<W>)> {
         match self.slots.get(key) {
             Some(Slot::InFlight { .. }) => self.slots.remove_entry(key),
             _ => None,
         }
     }
 
-    /// Removes `key` whatever its state.
-    fn forget(&mut self, key: &str) {
-        if let Some(Slot::Done { seq, result, .. }) = self.slots.remove(key) {
-            self.completed.remove(&seq);
-            self.bytes -= result.len();
+    /// Removes `key` whatever its state; returns a completed result.
+    fn forget(&mut self, key: &K) -> Option<String> {
+        match self.slots.remove(key)? {
+            Slot::Done { seq, result, .. } => {
+                self.completed.remove(&seq);
+                self.bytes -= result.len() + ENTRY_BYTES;
+                Some(result)
+            }
+            Slot::InFlight { .. } => None,
         }
     }
 
@@ -259,7 +304,7 @@ impl<W> DedupTable<W> {
         }
     }
 
-    /// Evicts oldest completed entries until a result of `extra` bytes fits.
+    /// Evicts oldest completed entries until an entry of `extra` bytes fits.
     fn make_room_for_bytes(&mut self, extra: usize) {
         while self.bytes + extra > self.max_bytes {
             if !self.evict_oldest() {
@@ -274,7 +319,7 @@ impl<W> DedupTable<W> {
             return false;
         };
         if let Some(Slot::Done { result, .. }) = self.slots.remove(&key) {
-            self.bytes -= result.len();
+            self.bytes -= result.len() + ENTRY_BYTES;
         }
         true
     }
@@ -298,20 +343,23 @@ mod tests {
     use super::*;
 
     const TTL: Duration = Duration::from_secs(300);
+    const ARGS: u128 = 7;
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
     }
 
-    fn table(max_entries: usize) -> DedupTable<u32> {
+    type Table = DedupTable<&'static str, u32>;
+
+    fn table(max_entries: usize) -> Table {
         DedupTable::new(TTL, max_entries, usize::MAX)
     }
 
-    /// Looks up and, on Execute, starts; returns the lookup.
-    fn call(t: &mut DedupTable<u32>, key: &str, waiter: u32, now: Instant) -> Lookup<u32> {
-        let l = t.lookup_or_join(key, waiter, Replay::Always, now);
+    /// Looks up (replay allowed) and, on Execute, starts; returns the lookup.
+    fn call(t: &mut Table, key: &'static str, waiter: u32, now: Instant) -> Lookup<u32> {
+        let l = t.lookup_or_join(&key, ARGS, waiter, true, now);
         if let Lookup::Execute(_) = l {
-            t.start(key, now);
+            t.start(&key, ARGS, now);
         }
         l
     }
@@ -320,7 +368,27 @@ mod tests {
         Lookup::Replay {
             result: result.to_string(),
             waiter,
+            same_args: true,
         }
+    }
+
+    const JOINED: Lookup<u32> = Lookup::Joined { same_args: true };
+
+    fn always(r: &str) -> Option<(String, Keep)> {
+        Some((r.to_string(), Keep::Always))
+    }
+
+    #[test]
+    fn fingerprints_separate_parts_and_keys() {
+        let keys = std::collections::hash_map::RandomState::new();
+        let fp = |parts: &[&str]| fingerprint(&keys, parts);
+        assert_eq!(fp(&["call", "t", "{}"]), fp(&["call", "t", "{}"]));
+        assert_ne!(fp(&["call", "ab", "c"]), fp(&["call", "a", "bc"]));
+        assert_ne!(fp(&["key", "t", "k"]), fp(&["call", "t", "k"]));
+        let other = std::collections::hash_map::RandomState::new();
+        assert_ne!(fp(&["x"]), fingerprint(&other, &["x"]));
+        let f = fp(&["x"]);
+        assert_ne!(f >> 64, f & u128::from(u64::MAX), "two different halves");
     }
 
     #[test]
@@ -328,24 +396,24 @@ mod tests {
         let t0 = Instant::now();
         let mut t = table(100);
         assert_eq!(call(&mut t, "k", 1, t0), Lookup::Execute(1));
-        assert!(t.in_flight("k"));
-        assert_eq!(call(&mut t, "k", 2, t0), Lookup::Joined);
-        assert_eq!(call(&mut t, "k", 3, t0 + secs(1)), Lookup::Joined);
-        assert_eq!(t.joiners("k"), 2);
+        assert!(t.in_flight(&"k"));
+        assert_eq!(call(&mut t, "k", 2, t0), JOINED);
+        assert_eq!(call(&mut t, "k", 3, t0 + secs(1)), JOINED);
+        assert_eq!(t.joiners(&"k"), 2);
         // A different key is independent.
         assert_eq!(call(&mut t, "other", 4, t0), Lookup::Execute(4));
-        assert_eq!(t.complete("k", Some("R".into()), t0 + secs(2)), vec![2, 3]);
-        assert!(!t.in_flight("k"));
-        assert_eq!(t.joiners("k"), 0);
+        assert_eq!(t.complete(&"k", always("R"), t0 + secs(2)), vec![2, 3]);
+        assert!(!t.in_flight(&"k"));
+        assert_eq!(t.joiners(&"k"), 0);
     }
 
     #[test]
-    fn completed_success_is_replayed_until_the_ttl() {
+    fn a_result_kept_always_is_replayed_until_the_ttl() {
         let t0 = Instant::now();
         let mut t = table(100);
         call(&mut t, "k", 1, t0);
         let done = t0 + secs(1);
-        assert!(t.complete("k", Some("R".into()), done).is_empty());
+        assert!(t.complete(&"k", always("R"), done).is_empty());
         assert_eq!(call(&mut t, "k", 2, done), replay("R", 2));
         assert_eq!(
             call(&mut t, "k", 3, done + TTL - Duration::from_millis(1)),
@@ -353,36 +421,95 @@ mod tests {
         );
         // At completion + TTL it has expired: execute again.
         assert_eq!(call(&mut t, "k", 4, done + TTL), Lookup::Execute(4));
-        assert!(t.in_flight("k"));
+        assert!(t.in_flight(&"k"));
     }
 
     #[test]
-    fn failures_are_not_stored() {
+    fn a_result_kept_once_is_replayed_once_then_executes() {
         let t0 = Instant::now();
         let mut t = table(100);
         call(&mut t, "k", 1, t0);
-        call(&mut t, "k", 2, t0);
-        assert_eq!(t.complete("k", None, t0), vec![2]);
+        t.complete(&"k", Some(("R".into(), Keep::Once)), t0);
+        assert_eq!(t.bytes, 1 + ENTRY_BYTES);
+        assert_eq!(call(&mut t, "k", 2, t0), replay("R", 2));
+        assert_eq!(t.bytes, 0, "handed over and forgotten");
+        assert_eq!(call(&mut t, "k", 3, t0), Lookup::Execute(3));
+    }
+
+    #[test]
+    fn a_delivered_keyless_result_is_not_kept() {
+        let t0 = Instant::now();
+        let mut t = table(100);
+        call(&mut t, "k", 1, t0);
+        assert_eq!(call(&mut t, "k", 2, t0), JOINED);
+        assert_eq!(t.complete(&"k", None, t0), vec![2]);
         assert!(t.is_empty());
         assert_eq!(call(&mut t, "k", 3, t0), Lookup::Execute(3));
     }
 
     #[test]
-    fn replay_never_skips_completed_but_still_joins() {
+    fn a_late_result_is_kept_unless_an_identical_call_runs_again() {
         let t0 = Instant::now();
         let mut t = table(100);
         call(&mut t, "k", 1, t0);
-        t.complete("k", Some("R".into()), t0);
+        // The client got an error; the execution is forgotten...
+        t.complete(&"k", None, t0);
+        // ...and its success arrives later.
+        t.store_late("k", ARGS, "late".into(), Keep::Once, t0 + secs(1));
+        assert_eq!(call(&mut t, "k", 2, t0 + secs(2)), replay("late", 2));
+        // While an identical call is in flight, a late answer is not kept.
+        assert_eq!(call(&mut t, "k", 3, t0 + secs(2)), Lookup::Execute(3));
+        t.store_late("k", ARGS, "other".into(), Keep::Once, t0 + secs(3));
+        assert!(t.in_flight(&"k"));
+        assert_eq!(t.complete(&"k", None, t0 + secs(4)), Vec::<u32>::new());
+        assert!(t.is_empty());
+        // A late result replaces an older completed one.
+        t.store_late("k", ARGS, "a".into(), Keep::Always, t0 + secs(5));
+        t.store_late("k", ARGS, "bb".into(), Keep::Always, t0 + secs(6));
+        assert_eq!(t.bytes, 2 + ENTRY_BYTES);
+        assert_eq!(call(&mut t, "k", 4, t0 + secs(7)), replay("bb", 4));
+    }
+
+    #[test]
+    fn replay_false_skips_completed_but_still_joins() {
+        let t0 = Instant::now();
+        let mut t = table(100);
+        call(&mut t, "k", 1, t0);
+        t.complete(&"k", always("R"), t0);
         assert_eq!(
-            t.lookup_or_join("k", 2, Replay::Never, t0),
+            t.lookup_or_join(&"k", ARGS, 2, false, t0),
             Lookup::Execute(2)
         );
-        t.start("k", t0);
-        assert!(t.in_flight("k"), "start replaces the completed entry");
+        t.start(&"k", ARGS, t0);
+        assert!(t.in_flight(&"k"), "start replaces the completed entry");
         assert_eq!(t.len(), 1);
-        assert_eq!(t.lookup_or_join("k", 3, Replay::Never, t0), Lookup::Joined);
-        assert_eq!(t.complete("k", Some("R2".into()), t0 + secs(1)), vec![3]);
+        assert_eq!(t.lookup_or_join(&"k", ARGS, 3, false, t0), JOINED);
+        assert_eq!(t.complete(&"k", always("R2"), t0 + secs(1)), vec![3]);
         assert_eq!(call(&mut t, "k", 4, t0 + secs(1)), replay("R2", 4));
+    }
+
+    #[test]
+    fn different_arguments_under_one_key_are_reported() {
+        let t0 = Instant::now();
+        let mut t = table(100);
+        t.start(&"k", 1, t0);
+        assert_eq!(
+            t.lookup_or_join(&"k", 2, 9, true, t0),
+            Lookup::Joined { same_args: false }
+        );
+        assert_eq!(
+            t.lookup_or_join(&"k", 1, 10, true, t0),
+            Lookup::Joined { same_args: true }
+        );
+        t.complete(&"k", always("R"), t0);
+        assert_eq!(
+            t.lookup_or_join(&"k", 2, 11, true, t0),
+            Lookup::Replay {
+                result: "R".into(),
+                waiter: 11,
+                same_args: false
+            }
+        );
     }
 
     #[test]
@@ -391,8 +518,8 @@ mod tests {
         let mut t = table(100);
         call(&mut t, "k", 1, t0);
         call(&mut t, "k", 2, t0);
-        t.start("k", t0);
-        assert_eq!(t.joiners("k"), 1);
+        t.start(&"k", ARGS, t0);
+        assert_eq!(t.joiners(&"k"), 1);
     }
 
     #[test]
@@ -402,14 +529,14 @@ mod tests {
         call(&mut t, "k", 1, t0);
         call(&mut t, "k", 2, t0);
         call(&mut t, "k", 3, t0);
-        assert_eq!(t.remove_waiter("k", |w| *w == 2), Some(2));
-        assert_eq!(t.remove_waiter("k", |w| *w == 2), None);
-        assert_eq!(t.remove_waiter("nope", |_| true), None);
-        assert_eq!(t.joiners("k"), 1);
-        assert!(t.in_flight("k"));
-        assert_eq!(t.complete("k", Some("R".into()), t0), vec![3]);
+        assert_eq!(t.remove_waiter(&"k", |w| *w == 2), Some(2));
+        assert_eq!(t.remove_waiter(&"k", |w| *w == 2), None);
+        assert_eq!(t.remove_waiter(&"nope", |_| true), None);
+        assert_eq!(t.joiners(&"k"), 1);
+        assert!(t.in_flight(&"k"));
+        assert_eq!(t.complete(&"k", always("R"), t0), vec![3]);
         assert_eq!(
-            t.remove_waiter("k", |_| true),
+            t.remove_waiter(&"k", |_| true),
             None,
             "completed: no waiters"
         );
@@ -422,13 +549,13 @@ mod tests {
         call(&mut t, "k", 1, t0);
         call(&mut t, "k", 2, t0);
         call(&mut t, "k", 3, t0);
-        assert_eq!(t.abandon("k"), vec![2, 3]);
+        assert_eq!(t.abandon(&"k"), vec![2, 3]);
         assert!(t.is_empty());
         assert_eq!(call(&mut t, "k", 2, t0), Lookup::Execute(2));
         // Abandoning a completed or unknown key does nothing.
-        t.complete("k", Some("R".into()), t0);
-        assert!(t.abandon("k").is_empty());
-        assert!(t.abandon("nope").is_empty());
+        t.complete(&"k", always("R"), t0);
+        assert!(t.abandon(&"k").is_empty());
+        assert!(t.abandon(&"nope").is_empty());
         assert_eq!(call(&mut t, "k", 5, t0), replay("R", 5));
     }
 
@@ -436,22 +563,24 @@ mod tests {
     fn complete_of_an_unknown_key_stores_nothing() {
         let t0 = Instant::now();
         let mut t = table(100);
-        assert!(t.complete("k", Some("R".into()), t0).is_empty());
+        assert!(t.complete(&"k", always("R"), t0).is_empty());
         assert!(t.is_empty());
         // Completing twice: the second is ignored and does not replace.
         call(&mut t, "k", 1, t0);
-        t.complete("k", Some("R".into()), t0);
-        assert!(t.complete("k", Some("X".into()), t0).is_empty());
+        t.complete(&"k", always("R"), t0);
+        assert!(t.complete(&"k", always("X"), t0).is_empty());
         assert_eq!(call(&mut t, "k", 2, t0), replay("R", 2));
     }
 
     #[test]
     fn zero_ttl_never_replays() {
         let t0 = Instant::now();
-        let mut t: DedupTable<u32> = DedupTable::new(Duration::ZERO, 100, usize::MAX);
+        let mut t: Table = DedupTable::new(Duration::ZERO, 100, usize::MAX);
         call(&mut t, "k", 1, t0);
-        assert_eq!(call(&mut t, "k", 2, t0), Lookup::Joined);
-        assert_eq!(t.complete("k", Some("R".into()), t0), vec![2]);
+        assert_eq!(call(&mut t, "k", 2, t0), JOINED);
+        assert_eq!(t.complete(&"k", always("R"), t0), vec![2]);
+        assert!(t.is_empty());
+        t.store_late("k", ARGS, "late".into(), Keep::Once, t0);
         assert!(t.is_empty());
         assert_eq!(call(&mut t, "k", 3, t0), Lookup::Execute(3));
     }
@@ -462,7 +591,7 @@ mod tests {
         let mut t = table(3);
         for (i, k) in ["a", "b", "c"].into_iter().enumerate() {
             call(&mut t, k, 0, t0);
-            t.complete(k, Some(k.to_uppercase()), t0 + secs(i as u64));
+            t.complete(&k, always(&k.to_uppercase()), t0 + secs(i as u64));
         }
         assert_eq!(t.len(), 3);
         // A new execution evicts "a", the oldest completion.
@@ -475,28 +604,42 @@ mod tests {
     }
 
     #[test]
-    fn the_byte_bound_evicts_oldest_results_first() {
+    fn the_byte_bound_counts_results_and_entries() {
         let t0 = Instant::now();
-        let mut t: DedupTable<u32> = DedupTable::new(TTL, 100, 10);
+        let mut t: Table = DedupTable::new(TTL, 100, 2 * ENTRY_BYTES + 10);
         for k in ["a", "b", "c"] {
             call(&mut t, k, 0, t0);
-            t.complete(k, Some(k.repeat(4)), t0);
+            t.complete(&k, always(&k.repeat(4)), t0);
         }
-        // 12 bytes do not fit in 10: "a" went when "c" came.
-        assert_eq!(t.bytes, 8);
+        // Three entries of 4 bytes do not fit: "a" went when "c" came.
+        assert_eq!(t.bytes, 2 * (4 + ENTRY_BYTES));
         assert_eq!(call(&mut t, "b", 1, t0), replay("bbbb", 1));
         assert_eq!(call(&mut t, "a", 2, t0), Lookup::Execute(2));
-        // A result over the bound is not kept, and evicts nothing.
+        // An entry over the bound is not kept, and evicts nothing.
         call(&mut t, "big", 0, t0);
-        t.complete("big", Some("x".repeat(11)), t0);
+        t.complete(&"big", always(&"x".repeat(ENTRY_BYTES + 11)), t0);
         assert_eq!(call(&mut t, "big", 3, t0), Lookup::Execute(3));
         assert_eq!(call(&mut t, "c", 4, t0), replay("cccc", 4));
         // Re-executing a completed key gives its bytes back.
-        t.start("c", t0);
-        assert_eq!(t.bytes, 4);
+        t.start(&"c", ARGS, t0);
+        assert_eq!(t.bytes, 4 + ENTRY_BYTES);
         // Expiry too.
         t.purge_expired(t0 + TTL + secs(1));
         assert_eq!(t.bytes, 0);
+    }
+
+    #[test]
+    fn many_empty_results_are_bounded_by_bytes() {
+        // Small results still cost their entries: 1 000 of them do not fit
+        // in 10 entries' worth of bytes.
+        let t0 = Instant::now();
+        let mut t: DedupTable<u32, u32> = DedupTable::new(TTL, usize::MAX, 10 * ENTRY_BYTES);
+        for k in 0..1000 {
+            t.start(&k, 0, t0);
+            t.complete(&k, Some((String::new(), Keep::Always)), t0);
+        }
+        assert_eq!(t.len(), 10);
+        assert_eq!(t.bytes, 10 * ENTRY_BYTES);
     }
 
     #[test]
@@ -509,17 +652,17 @@ mod tests {
         // Full of in-flight entries: a third still starts, beyond the bound.
         call(&mut t, "c", 3, t0);
         assert_eq!(t.len(), 3);
-        assert!(t.in_flight("a") && t.in_flight("b") && t.in_flight("c"));
-        assert_eq!(t.joiners("a"), 1);
+        assert!(t.in_flight(&"a") && t.in_flight(&"b") && t.in_flight(&"c"));
+        assert_eq!(t.joiners(&"a"), 1);
         // Completing "a" while over the bound: it can only fit by evicting
         // completed entries, and there are none, so it is still stored.
-        assert_eq!(t.complete("a", Some("A".into()), t0), vec![10]);
+        assert_eq!(t.complete(&"a", always("A"), t0), vec![10]);
         assert_eq!(t.len(), 3);
         // The next start evicts completed "a", never "b" or "c".
         call(&mut t, "d", 4, t0);
-        assert!(t.in_flight("b") && t.in_flight("c") && t.in_flight("d"));
+        assert!(t.in_flight(&"b") && t.in_flight(&"c") && t.in_flight(&"d"));
         assert_eq!(
-            t.lookup_or_join("a", 5, Replay::Always, t0),
+            t.lookup_or_join(&"a", ARGS, 5, true, t0),
             Lookup::Execute(5)
         );
     }
@@ -529,8 +672,8 @@ mod tests {
         let t0 = Instant::now();
         let mut t = table(0);
         call(&mut t, "k", 1, t0);
-        assert_eq!(call(&mut t, "k", 2, t0), Lookup::Joined);
-        assert_eq!(t.complete("k", Some("R".into()), t0), vec![2]);
+        assert_eq!(call(&mut t, "k", 2, t0), JOINED);
+        assert_eq!(t.complete(&"k", always("R"), t0), vec![2]);
         assert!(t.is_empty());
     }
 
@@ -540,57 +683,15 @@ mod tests {
         let mut t = table(100);
         for (i, k) in ["a", "b"].into_iter().enumerate() {
             call(&mut t, k, 0, t0);
-            t.complete(k, Some("R".into()), t0 + secs(i as u64 * 100));
+            t.complete(&k, always("R"), t0 + secs(i as u64 * 100));
         }
         call(&mut t, "live", 0, t0);
         assert_eq!(t.len(), 3);
         // "a" expires at 300 s, "b" at 400 s; the in-flight entry stays.
-        t.start("x", t0 + secs(300));
+        t.start(&"x", ARGS, t0 + secs(300));
         assert_eq!(t.len(), 3);
-        t.start("y", t0 + secs(400));
+        t.start(&"y", ARGS, t0 + secs(400));
         assert_eq!(t.len(), 3);
-        assert!(t.in_flight("live") && t.in_flight("x") && t.in_flight("y"));
-    }
-
-    #[test]
-    fn replay_if_unchanged_stops_after_another_mutation() {
-        let t0 = Instant::now();
-        let mut t: DedupTable<u32> = DedupTable::new(secs(60), 10, 1 << 20);
-        // write A
-        t.note_mutation();
-        t.start("A", t0);
-        t.complete("A", Some("RA".into()), t0);
-        // write A again, nothing in between: replayed.
-        assert_eq!(
-            t.lookup_or_join("A", 1, Replay::IfUnchanged, t0),
-            Lookup::Replay {
-                result: "RA".into(),
-                waiter: 1
-            }
-        );
-        // write B runs...
-        t.note_mutation();
-        t.start("B", t0);
-        t.complete("B", Some("RB".into()), t0);
-        // ...so write A runs again; B itself is still the latest.
-        assert_eq!(
-            t.lookup_or_join("A", 2, Replay::IfUnchanged, t0),
-            Lookup::Execute(2)
-        );
-        assert_eq!(
-            t.lookup_or_join("B", 3, Replay::IfUnchanged, t0),
-            Lookup::Replay {
-                result: "RB".into(),
-                waiter: 3
-            }
-        );
-        // An explicit key names one operation whatever ran since.
-        assert_eq!(
-            t.lookup_or_join("A", 4, Replay::Always, t0),
-            Lookup::Replay {
-                result: "RA".into(),
-                waiter: 4
-            }
-        );
+        assert!(t.in_flight(&"live") && t.in_flight(&"x") && t.in_flight(&"y"));
     }
 }

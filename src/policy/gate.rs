@@ -94,7 +94,8 @@ pub enum SafeBecause {
     ReadOnlyHint,
     /// Trusted `idempotentHint: true`.
     IdempotentHint,
-    /// The client supplied an idempotency key.
+    /// The client sent `_meta.idempotencyKey` and the server is declared to
+    /// honour such keys (`honors_idempotency_keys`).
     IdempotencyKey,
     /// `assume_idempotent: true`.
     AssumeIdempotent,
@@ -107,7 +108,7 @@ impl SafeBecause {
             SafeBecause::ConfigReadOnly => "tools.<name>.read_only",
             SafeBecause::ReadOnlyHint => "readOnlyHint",
             SafeBecause::IdempotentHint => "idempotentHint",
-            SafeBecause::IdempotencyKey => "idempotency key",
+            SafeBecause::IdempotencyKey => "idempotency key honoured by the server",
             SafeBecause::AssumeIdempotent => "assume_idempotent",
         }
     }
@@ -126,7 +127,10 @@ pub struct GateInput<'a> {
     pub tool_config: Option<&'a ToolConfig>,
     /// The tool's annotations from the last `tools/list`, if seen.
     pub annotations: Option<&'a Annotations>,
-    pub has_explicit_key: bool,
+    /// The call carries `_meta.idempotencyKey` and the server (or this
+    /// tool) is declared to honour it. A key the proxy strips
+    /// (`arguments._idempotency_key`) never counts: the server cannot see it.
+    pub key_honored: bool,
     pub assume_idempotent: bool,
     pub trust_annotations: bool,
 }
@@ -156,7 +160,7 @@ impl GateInput<'_> {
 /// 4. Trusted `readOnlyHint: true` → Safe, unless `tools.NAME.read_only: false`
 ///    (the operator's word beats the server's).
 /// 5. Trusted `idempotentHint: true` → Safe.
-/// 6. An explicit idempotency key → Safe.
+/// 6. `_meta.idempotencyKey` and a server declared to honour keys → Safe.
 /// 7. `assume_idempotent` → Safe.
 /// 8. Otherwise Unsafe.
 ///
@@ -177,7 +181,7 @@ pub fn classify_safety(i: &GateInput) -> Safety {
     }
     if hints.idempotent == Some(true) {
         Safety::Safe(SafeBecause::IdempotentHint)
-    } else if i.has_explicit_key {
+    } else if i.key_honored {
         Safety::Safe(SafeBecause::IdempotencyKey)
     } else if i.assume_idempotent {
         Safety::Safe(SafeBecause::AssumeIdempotent)
@@ -244,7 +248,7 @@ mod tests {
         ToolConfig {
             idempotent,
             read_only,
-            timeout: None,
+            ..ToolConfig::default()
         }
     }
 
@@ -381,7 +385,7 @@ mod tests {
             let input = GateInput {
                 tool_config,
                 annotations,
-                has_explicit_key: key,
+                key_honored: key,
                 assume_idempotent: assume,
                 trust_annotations: trust,
             };
@@ -392,7 +396,10 @@ mod tests {
     #[test]
     fn reasons_have_names() {
         assert_eq!(SafeBecause::ReadOnlyHint.as_str(), "readOnlyHint");
-        assert_eq!(SafeBecause::IdempotencyKey.as_str(), "idempotency key");
+        assert_eq!(
+            SafeBecause::IdempotencyKey.as_str(),
+            "idempotency key honoured by the server"
+        );
         assert_eq!(SafeBecause::AssumeIdempotent.as_str(), "assume_idempotent");
         assert_eq!(
             SafeBecause::ConfigIdempotent.as_str(),

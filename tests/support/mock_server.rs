@@ -62,7 +62,10 @@
 //! and `echo`, in that order, unless `MOCK_TOOLS=a,b,c` (comma separated, blanks
 //! dropped) replaces the names. `MOCK_TOOLS_VARIANT=V` appends a tool
 //! `variant_V`, so that a restarted server can report a different list; so does
-//! a file `tools_variant` holding V in `MOCK_STATE_DIR`, read at every start. Every
+//! a file `tools_variant` holding V in `MOCK_STATE_DIR`, read at every start.
+//! A file `annotations.json` there (an object: tool name → annotations object,
+//! or `null` for none), also read at every start, overrides the annotations of
+//! the tools it names and adds those not listed yet. Every
 //! tool has `"inputSchema": {"type": "object"}` and annotations chosen by its
 //! name prefix:
 //!
@@ -138,7 +141,8 @@
 //! `flaky`: each execution increments a counter for `key` (shared with
 //! `retry_after`); executions 1..=`fail_times` fail, later ones run the mode
 //! `then` (with the same arguments; `then` may not be `flaky`/`retry_after`).
-//! A failure is, per `how`: `"error"` → the JSON-RPC error `code`/`message`
+//! A failure is, per `how`: `"progress_hang"` → like `progress` (`steps`,
+//! `ms`) but never answering; `"error"` → the JSON-RPC error `code`/`message`
 //! (default "flaky failure N of FAIL_TIMES (key KEY)")/`data`; `"crash"` → exit
 //! with `exit_code` without answering; `"hang"` → like `hang`. Counters live in
 //! memory, or with `MOCK_STATE_DIR` in the file `count-KEY` there (KEY with
@@ -277,6 +281,8 @@ struct Config {
     state_dir: Option<PathBuf>,
     call_log: Option<PathBuf>,
     recv_log: Option<PathBuf>,
+    /// `annotations.json` in the state dir, read at start.
+    annotations: Map<String, Value>,
 }
 
 impl Config {
@@ -297,6 +303,7 @@ impl Config {
             state_dir: None,
             call_log: None,
             recv_log: None,
+            annotations: Map::new(),
         }
     }
 
@@ -319,6 +326,16 @@ impl Config {
         if let Some(variant) = variant_file.and_then(|f| std::fs::read_to_string(f).ok()) {
             tools.push(format!("variant_{}", variant.trim()));
         }
+        // Annotations chosen while the proxy runs, read at each start.
+        let annotations: Map<String, Value> = env_string("MOCK_STATE_DIR")
+            .and_then(|d| std::fs::read_to_string(PathBuf::from(d).join("annotations.json")).ok())
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        for name in annotations.keys() {
+            if !tools.contains(name) {
+                tools.push(name.clone());
+            }
+        }
         Config {
             fast: false,
             protocol_version: env_string("MOCK_PROTOCOL_VERSION"),
@@ -336,6 +353,7 @@ impl Config {
             state_dir: env_string("MOCK_STATE_DIR").map(PathBuf::from),
             call_log: env_string("MOCK_LOG").map(PathBuf::from),
             recv_log: env_string("MOCK_RECV_LOG").map(PathBuf::from),
+            annotations,
         }
     }
 }
@@ -1186,7 +1204,7 @@ fn tool_annotations(name: &str) -> Option<Value> {
     }
 }
 
-fn tool_descriptor(name: &str) -> Value {
+fn tool_descriptor(config: &Config, name: &str) -> Value {
     let mut tool = Map::new();
     tool.insert("name".into(), name.into());
     tool.insert(
@@ -1194,7 +1212,12 @@ fn tool_descriptor(name: &str) -> Value {
         format!("mock tool {name}; the `mode` argument picks the behaviour").into(),
     );
     tool.insert("inputSchema".into(), json!({"type": "object"}));
-    if let Some(annotations) = tool_annotations(name) {
+    let annotations = match config.annotations.get(name) {
+        Some(Value::Null) => None,
+        Some(chosen) => Some(chosen.clone()),
+        None => tool_annotations(name),
+    };
+    if let Some(annotations) = annotations {
         tool.insert("annotations".into(), annotations);
     }
     Value::Object(tool)
@@ -1204,7 +1227,7 @@ fn tools_list(config: &Config, params: Option<&Value>) -> Result<Value, RpcError
     let tools: Vec<Value> = config
         .tools
         .iter()
-        .map(|name| tool_descriptor(name))
+        .map(|name| tool_descriptor(config, name))
         .collect();
     let Some(page_size) = config.tools_page_size else {
         return Ok(json!({"tools": tools}));
@@ -1448,6 +1471,10 @@ enum Failure {
         exit_code: i32,
     },
     Hang,
+    ProgressHang {
+        steps: u64,
+        ms: u64,
+    },
 }
 
 struct Flaky {
@@ -1476,6 +1503,11 @@ enum Mode {
         bytes: usize,
     },
     Progress {
+        steps: u64,
+        ms: u64,
+    },
+    /// `progress` that never answers (a flaky failure).
+    ProgressHang {
         steps: u64,
         ms: u64,
     },
@@ -1599,6 +1631,10 @@ impl Flaky {
                     exit_code: args.exit_code()?,
                 },
                 "hang" => Failure::Hang,
+                "progress_hang" => Failure::ProgressHang {
+                    steps: args.u64("steps", 3)?,
+                    ms: args.u64("ms", 50)?,
+                },
                 other => return Err(RpcError::invalid_params(format!("unknown `how` {other:?}"))),
             }
         };
@@ -1642,6 +1678,7 @@ fn resolve(server: &Server, mode: Mode) -> Mode {
             stderr: Some(format!("mock: crashing: {what}")),
         },
         Failure::Hang => Mode::Hang,
+        Failure::ProgressHang { steps, ms } => Mode::ProgressHang { steps, ms },
     }
 }
 
@@ -1741,7 +1778,16 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
             echo(server, call)
         }
         Mode::Huge { bytes } => Outcome::Result(echo_answer(server, call, "x".repeat(bytes))),
-        Mode::Progress { steps, ms } => progress(server, call, steps, ms),
+        Mode::Progress { steps, ms } => match send_progress(server, call, steps, ms) {
+            true => echo(server, call),
+            false => Outcome::Cancelled,
+        },
+        Mode::ProgressHang { steps, ms } => {
+            if send_progress(server, call, steps, ms) {
+                call.state.wait_stopped();
+            }
+            Outcome::Cancelled
+        }
         Mode::AskClient(kind) => ask_client(server, call, kind),
         mode @ Mode::Flaky(_) => execute(server, call, resolve(server, mode)),
         Mode::Notify { method, params } => {
@@ -1808,11 +1854,12 @@ fn echo(server: &Server, call: &Call) -> Outcome {
     Outcome::Result(echo_answer(server, call, echo_text(call)))
 }
 
-fn progress(server: &Server, call: &Call, steps: u64, ms: u64) -> Outcome {
+/// Sends progress 1..=`steps`, `ms` apart; false if cancelled meanwhile.
+fn send_progress(server: &Server, call: &Call, steps: u64, ms: u64) -> bool {
     let total = steps.to_string();
     for step in 1..=steps {
         if !call.state.sleep(ms) {
-            return Outcome::Cancelled;
+            return false;
         }
         if let Some(token) = &call.progress_token {
             let progress = step.to_string();
@@ -1824,7 +1871,7 @@ fn progress(server: &Server, call: &Call, steps: u64, ms: u64) -> Outcome {
             server.send_notification("notifications/progress", Some(&params));
         }
     }
-    echo(server, call)
+    true
 }
 
 /// Writes one line that never ends, holding stdout so nothing else gets out.
