@@ -47,7 +47,8 @@ pub trait Downstream: Send {
     fn kill(&mut self);
     /// For messages: `"cmd" (pid N)`.
     fn describe(&self) -> String;
-    /// The server's last diagnostic lines (stdio: stderr), oldest first.
+    /// The server's last diagnostic lines (stdio: stderr), oldest first,
+    /// redacted (`redact::Redactor`): they are quoted to the client.
     /// Asked when the server is gone; may wait a moment for the last ones.
     fn diagnostics(&self) -> Vec<String>;
 }
