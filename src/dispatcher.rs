@@ -823,7 +823,7 @@ impl Dispatcher {
                 first: m
                     .params()
                     .and_then(RawObject::parse)
-                    .map_or(true, |p| p.get("cursor").is_none()),
+                    .is_none_or(|p| p.get("cursor").is_none()),
             },
             "tools/call" if self.phase == Phase::Running => {
                 return self.on_tools_call(m, client_id, now);

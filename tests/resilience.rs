@@ -1736,3 +1736,21 @@ fn json_log_lines_carry_server_tool_attempt_and_reason_as_fields() {
     assert_eq!(refused["tool"], "unsafe_echo", "{refused}");
     assert_eq!(refused["reason"], "not_retried_unsafe", "{refused}");
 }
+
+#[test]
+fn a_crashed_servers_most_telling_stderr_line_is_quoted() {
+    let mut s = start(FAST);
+    s.list_tools();
+    s.call(
+        json!(1),
+        "unsafe_echo",
+        json!({"mode": "crash", "stderr":
+            "Error: ENOENT: no such file '/data/db.json'\n    at open (node:fs:1:2)\n\nNode.js v20.11.0"}),
+    );
+    let e = s.error(&json!(1));
+    let message = assert_proxy_error(&e, "server_exited");
+    assert!(
+        message.contains("its stderr said: Error: ENOENT: no such file '/data/db.json'"),
+        "{message}"
+    );
+}

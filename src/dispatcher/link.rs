@@ -437,8 +437,8 @@ impl Dispatcher {
         let mut message = format!("the MCP server {} {how}", conn.server.describe());
         if !stopping {
             let tail = conn.server.diagnostics();
-            if let Some(last) = tail.iter().rev().find(|l| !l.trim().is_empty()) {
-                message.push_str(&format!("; its last stderr line: {}", last.trim()));
+            if let Some(line) = crate::redact::pick_line(&tail) {
+                message.push_str(&format!("; its stderr said: {}", line.trim()));
             }
         }
         if stopping {
