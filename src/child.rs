@@ -2,10 +2,13 @@
 //! process is started), its I/O threads, and a guard that stops it.
 //!
 //! The child runs in its own process group, so an `npx → node` tree is
-//! signalled as one; on Linux it also gets a parent-death signal, so even a
-//! SIGKILLed proxy leaves no server behind. Dropping a [`Child`] kills the
-//! group. Events (lines, stdout EOF, exit, write failure) go to a callback.
-//! Knows nothing of MCP semantics, ids or policy.
+//! signalled as one. Two layers make sure a proxy that dies, even by
+//! SIGKILL, leaves nothing of the group behind: each child has a watchdog
+//! process (`watchdog.rs`) that stops the group once the proxy is gone, on
+//! every Unix; and on Linux the child also gets a parent-death signal.
+//! Dropping a [`Child`] kills the group. Events (lines, stdout EOF, exit,
+//! write failure) go to a callback. Knows nothing of MCP semantics, ids or
+//! policy.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -23,9 +26,18 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc::{self, Parsed};
 use crate::stdio::{self, ReadItem};
+use crate::watchdog::Guard;
 
 /// How many of the child's last stderr lines are kept for messages.
 const STDERR_TAIL: usize = 20;
+
+/// Held while a watchdog's socket pair is created and while any process is
+/// forked. Where std cannot create a descriptor close-on-exec atomically
+/// (macOS), a fork on another thread (`check` starts servers in parallel)
+/// could otherwise inherit a watchdog's write end before it is marked, and
+/// that watchdog would wait for an unrelated server as well. Spawns are
+/// rare; they take turns.
+static SPAWNING: Mutex<()> = Mutex::new(());
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +97,9 @@ pub struct Child {
     /// Disconnected once the stderr thread has read everything.
     stderr_done: Receiver<()>,
     description: String,
+    /// Declared last: fields drop after `Drop::drop`, so the watchdog is let
+    /// go only once the child itself has been stopped.
+    _watchdog: Guard,
 }
 
 /// Why a child could not be started.
@@ -116,6 +131,8 @@ where
             )));
         }
     }
+    let cannot_start =
+        |why: String| SpawnError(format!("cannot start \"{}\"{cwd_note}: {why}", cfg.command));
     let mut cmd = Command::new(&cfg.command);
     cmd.args(&cfg.args)
         .envs(cfg.env.iter().map(|(k, v)| (k, v)))
@@ -127,13 +144,18 @@ where
         cmd.current_dir(dir);
     }
     set_parent_death_signal(&mut cmd);
-    let mut child = cmd.spawn().map_err(|e| {
-        SpawnError(format!(
-            "cannot start \"{}\"{cwd_note}: {}",
-            cfg.command,
-            describe_io_error(&cfg.command, &e)
-        ))
-    })?;
+    let spawning = SPAWNING.lock();
+    let guard =
+        Guard::start().map_err(|e| cannot_start(format!("cannot start its watchdog: {e}")))?;
+    // SAFETY: the hook only makes async-signal-safe calls, and `guard`
+    // outlives the spawn.
+    unsafe {
+        cmd.pre_exec(guard.announce());
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| cannot_start(describe_io_error(&cfg.command, &e)))?;
+    drop(spawning);
     let pid = child.id();
     let on_event = Arc::new(on_event);
     let stdin = child.stdin.take().expect("piped stdin");
@@ -221,6 +243,7 @@ where
         stderr_tail: tail,
         stderr_done,
         description: format!("\"{}\" (pid {pid})", cfg.command),
+        _watchdog: guard,
     })
 }
 
