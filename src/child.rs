@@ -199,30 +199,25 @@ where
     let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
     let tail2 = tail.clone();
     let (stderr_done_tx, stderr_done) = crossbeam_channel::bounded::<()>(0);
-    thread::Builder::new()
-        .name("child-stderr".into())
-        .spawn(move || {
-            let _done = stderr_done_tx;
-            stdio::lossy_lines(stderr, |line| {
-                if stderr_mode == Stderr::Copy {
-                    let mut err = std::io::stderr().lock();
-                    let _ = err.write_all(line.as_bytes());
-                    let _ = err.write_all(b"\n");
-                }
-                let mut t = tail2.lock();
-                if t.len() == STDERR_TAIL {
-                    t.pop_front();
-                }
-                t.push_back(line);
-            })
+    let started = start_thread("child-stderr", move || {
+        let _done = stderr_done_tx;
+        stdio::lossy_lines(stderr, |line| {
+            if stderr_mode == Stderr::Copy {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(line.as_bytes());
+                let _ = err.write_all(b"\n");
+            }
+            let mut t = tail2.lock();
+            if t.len() == STDERR_TAIL {
+                t.pop_front();
+            }
+            t.push_back(line);
         })
-        .expect("spawning the stderr thread");
-
-    let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
-    let ev = on_event;
-    thread::Builder::new()
-        .name("child-wait".into())
-        .spawn(move || {
+    })
+    .and_then(|()| {
+        let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
+        let ev = on_event;
+        start_thread("child-wait", move || {
             let info = match child.wait() {
                 Ok(s) => ExitInfo::from(s),
                 Err(_) => ExitInfo {
@@ -233,7 +228,17 @@ where
             let _ = exit_tx.send(info);
             ev(ServerEvent::Exited(info));
         })
-        .expect("spawning the wait thread");
+        .map(|()| exit_rx)
+    });
+    let exit_rx = match started {
+        Ok(rx) => rx,
+        Err(e) => {
+            // Nobody reaps the child but us, and it has not been sent a
+            // single line: there is nothing for a grace period to save.
+            abandon(pid);
+            return Err(cannot_start(format!("cannot start a thread: {e}")));
+        }
+    };
 
     Ok(Child {
         pid,
@@ -245,6 +250,32 @@ where
         description: format!("\"{}\" (pid {pid})", cfg.command),
         _watchdog: guard,
     })
+}
+
+/// Starts a named thread; an error (the system is out of threads or
+/// memory) fails the start of the child instead of the whole proxy.
+fn start_thread<F>(name: &str, f: F) -> std::io::Result<()>
+where
+    F: FnOnce() + Send + 'static,
+{
+    #[cfg(test)]
+    if tests::FAIL_THREAD.with(|t| t.get()) == Some(name) {
+        return Err(std::io::Error::other("injected failure"));
+    }
+    thread::Builder::new().name(name.into()).spawn(f).map(drop)
+}
+
+/// Kills the group of a child that could not be wired up, and reaps it.
+fn abandon(pid: u32) {
+    let pid = pid as libc::pid_t;
+    // SAFETY: killpg and waitpid on our own child, which nobody else waits
+    // for (its waiter thread never started).
+    unsafe {
+        libc::killpg(pid, libc::SIGKILL);
+        while libc::waitpid(pid, std::ptr::null_mut(), 0) == -1
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {}
+    }
 }
 
 /// The reason a spawn failed, in the words of the OS. The PATH hint is only
@@ -389,7 +420,48 @@ impl Drop for Child {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
     use std::time::Instant;
+
+    thread_local! {
+        /// The name of a thread `start_thread` fails to start on this
+        /// (test) thread.
+        pub(super) static FAIL_THREAD: Cell<Option<&'static str>> = const { Cell::new(None) };
+    }
+
+    #[test]
+    fn a_thread_that_cannot_start_fails_the_start_not_the_proxy() {
+        for name in ["child-stderr", "child-wait"] {
+            FAIL_THREAD.with(|t| t.set(Some(name)));
+            let result = spawn(&cfg("sleep", &["300"]), Stderr::Keep, |_| {});
+            FAIL_THREAD.with(|t| t.set(None));
+            let err = result.err().expect("the start should fail");
+            assert_eq!(
+                err.0, "cannot start \"sleep\": cannot start a thread: injected failure",
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_abandoned_child_is_killed_and_reaped() {
+        let child = Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // As when its waiter thread could not start: nobody else waits.
+        drop(child);
+        abandon(pid);
+        // SAFETY: signal 0 only checks. A zombie would still answer.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        assert_eq!(r, -1, "pid {pid} is still there");
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ESRCH)
+        );
+    }
 
     fn cfg(command: &str, args: &[&str]) -> ServerConfig {
         ServerConfig::with_defaults(
