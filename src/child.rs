@@ -6,9 +6,9 @@
 //! SIGKILL, leaves nothing of the group behind: each child has a watchdog
 //! process (`watchdog.rs`) that stops the group once the proxy is gone, on
 //! every Unix; and on Linux the child also gets a parent-death signal.
-//! Dropping a [`Child`] kills the group. Events (lines, stdout EOF, exit,
-//! write failure) go to a callback. Knows nothing of MCP semantics, ids or
-//! policy.
+//! Dropping a [`Child`] stops it (SIGTERM, a grace, SIGKILL) and leaves the
+//! rest of its group to the watchdog. Events (lines, stdout EOF, exit, write
+//! failure) go to a callback. Knows nothing of MCP semantics, ids or policy.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -26,10 +26,19 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc::{self, Parsed};
 use crate::stdio::{self, ReadItem};
-use crate::watchdog::Guard;
+use crate::watchdog::{self, Guard};
 
 /// How many of the child's last stderr lines are kept for messages.
 const STDERR_TAIL: usize = 20;
+
+/// How long dropping a running [`Child`] waits between SIGTERM and SIGKILL.
+/// Short, because a drop may happen on the dispatcher's thread; only a
+/// server still running at that point costs it.
+const DROP_GRACE: Duration = Duration::from_secs(1);
+
+/// How long to wait for the exit once SIGKILL is sent (a process in
+/// uninterruptible sleep takes its time).
+const KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// Held while a watchdog's socket pair is created and while any process is
 /// forked. Where std cannot create a descriptor close-on-exec atomically
@@ -87,7 +96,9 @@ pub enum Stderr {
     Keep,
 }
 
-/// A running child. Dropping it kills its process group.
+/// A running child. Dropping it stops the child (SIGTERM, up to
+/// [`DROP_GRACE`], SIGKILL) and lets its watchdog stop what is left of the
+/// group.
 pub struct Child {
     pid: u32,
     stdin: Option<stdio::Outbox>,
@@ -344,9 +355,15 @@ impl Child {
         self.exit
     }
 
+    /// Whether the child has exited (its waiter has seen it).
+    fn has_exited(&mut self) -> bool {
+        self.wait_exit(Duration::ZERO).is_some()
+    }
+
     /// The MCP stdio shutdown: close stdin, wait `grace`, SIGTERM the
-    /// process group, wait `grace`, SIGKILL it. Whatever is left of the group
-    /// afterwards is killed too.
+    /// process group, wait `grace`, SIGKILL it. What is left of the group
+    /// once the child has exited (descendants that outlived it) gets the
+    /// same: SIGTERM, up to `grace`, SIGKILL.
     pub fn shutdown(&mut self, grace: Duration) -> ExitInfo {
         self.stdin = None;
         let info = self
@@ -363,15 +380,20 @@ impl Child {
                 code: None,
                 signal: Some(libc::SIGKILL),
             });
-        self.signal_group(libc::SIGKILL);
+        watchdog::stop_group(self.pgid(), grace);
         info
+    }
+
+    /// The child's process group id: its pid (`process_group(0)`).
+    fn pgid(&self) -> libc::pid_t {
+        self.pid as libc::pid_t
     }
 
     fn signal_group(&self, sig: i32) {
         // SAFETY: killpg has no memory-safety preconditions. The group id is
         // the child's pid (process_group(0)); ESRCH when it is gone is fine.
         unsafe {
-            libc::killpg(self.pid as libc::pid_t, sig);
+            libc::killpg(self.pgid(), sig);
         }
     }
 }
@@ -408,11 +430,24 @@ impl Downstream for Child {
 }
 
 impl Drop for Child {
+    /// A child still running gets SIGTERM and up to [`DROP_GRACE`] before
+    /// SIGKILL; the wait is bounded, and a child that has exited already
+    /// (how the dispatcher drops one) costs none. Then the watchdog is let
+    /// go (the `_watchdog` field drops after this body): it gives what is
+    /// left of the group SIGTERM, up to [`watchdog::GRACE`], SIGKILL, off
+    /// this thread.
+    ///
+    /// The wait matters on Linux: the parent-death signal (SIGKILL) is tied
+    /// to the thread that spawned the child, which may end right after the
+    /// drop (a `check` probe thread), cutting the grace short.
     fn drop(&mut self) {
         self.stdin = None;
-        self.signal_group(libc::SIGKILL);
-        if self.exit.is_none() {
-            self.wait_exit(Duration::from_secs(2));
+        if !self.has_exited() {
+            self.signal_group(libc::SIGTERM);
+            if self.wait_exit(DROP_GRACE).is_none() {
+                self.signal_group(libc::SIGKILL);
+                self.wait_exit(KILL_WAIT);
+            }
         }
     }
 }
@@ -421,6 +456,7 @@ impl Drop for Child {
 mod tests {
     use super::*;
     use std::cell::Cell;
+    use std::path::PathBuf;
     use std::time::Instant;
 
     thread_local! {
@@ -428,6 +464,47 @@ mod tests {
         /// (test) thread.
         pub(super) static FAIL_THREAD: Cell<Option<&'static str>> = const { Cell::new(None) };
     }
+
+    /// A path in the temp dir for this test, removed first.
+    fn temp_path(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("mcp-retry-child-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    /// Waits for an event matching `pred`.
+    fn wait_for(rx: &Receiver<ServerEvent>, pred: impl Fn(&ServerEvent) -> bool) -> ServerEvent {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let e = rx.recv_deadline(deadline).expect("no such event in time");
+            if pred(&e) {
+                return e;
+            }
+        }
+    }
+
+    fn is_message(e: &ServerEvent) -> bool {
+        matches!(e, ServerEvent::Message(_))
+    }
+
+    fn exit_of(rx: &Receiver<ServerEvent>) -> ExitInfo {
+        match wait_for(rx, |e| matches!(e, ServerEvent::Exited(_))) {
+            ServerEvent::Exited(info) => info,
+            _ => unreachable!(),
+        }
+    }
+
+    fn spawn_sh(script: &str) -> (Child, Receiver<ServerEvent>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let child = spawn(&cfg("sh", &["-c", script]), Stderr::Keep, move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+        (child, rx)
+    }
+
+    /// One line of JSON on stdout: the script is past its setup.
+    const READY: &str = r#"echo '{"jsonrpc":"2.0","method":"ready"}'"#;
 
     #[test]
     fn a_thread_that_cannot_start_fails_the_start_not_the_proxy() {
@@ -461,6 +538,45 @@ mod tests {
             std::io::Error::last_os_error().raw_os_error(),
             Some(libc::ESRCH)
         );
+    }
+
+    #[test]
+    fn dropping_a_running_child_sends_sigterm_first() {
+        let (child, rx) = spawn_sh(&format!("{READY}; exec sleep 300"));
+        wait_for(&rx, is_message);
+        drop(child);
+        assert_eq!(exit_of(&rx).signal, Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn dropping_a_child_that_ignores_sigterm_kills_it_after_the_grace() {
+        let (child, rx) = spawn_sh(&format!("trap '' TERM; {READY}; exec sleep 300"));
+        wait_for(&rx, is_message);
+        let started = Instant::now();
+        drop(child);
+        let took = started.elapsed();
+        assert_eq!(exit_of(&rx).signal, Some(libc::SIGKILL));
+        assert!(took >= DROP_GRACE, "killed after {took:?}");
+    }
+
+    #[test]
+    fn shutdown_gives_descendants_left_behind_sigterm_first() {
+        let marker = temp_path("leftover-term");
+        // The child exits at end of input; its background subshell stays,
+        // and says so when SIGTERM reaches it.
+        let script = format!(
+            "(trap 'echo term > {m}; exit 0' TERM; {READY}; while :; do sleep 1; done) & read x; exit 0",
+            m = marker.display()
+        );
+        let (mut child, rx) = spawn_sh(&script);
+        wait_for(&rx, is_message);
+        let pgid = child.pgid();
+        let info = child.shutdown(Duration::from_secs(10));
+        assert_eq!(info.code, Some(0), "it exits on end of input");
+        assert!(!watchdog::group_exists(pgid), "the group outlived shutdown");
+        let said = std::fs::read_to_string(&marker).unwrap_or_default();
+        let _ = std::fs::remove_file(&marker);
+        assert_eq!(said.trim(), "term", "the leftover was not sent SIGTERM");
     }
 
     fn cfg(command: &str, args: &[&str]) -> ServerConfig {
