@@ -78,6 +78,9 @@ impl Guard {
                 .stdin(Stdio::from(OwnedFd::from(read)))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
+                // Nothing of the host's environment (tokens, say) is kept
+                // alive in it; it needs none.
+                .env_clear()
                 .current_dir("/")
                 // Its own group: a signal to the proxy's group (Ctrl-C, a host
                 // killing the group it started) does not reach it.
