@@ -243,10 +243,12 @@ fn a_sigkilled_proxy_leaves_nothing_of_the_servers_group() {
 #[test]
 fn what_ignores_sigterm_gets_the_grace_then_sigkill() {
     let marker = "{dir}/got-term";
-    // Its stderr is not the dead proxy's pipe: the shell reports the
+    // It waits in the `wait` builtin, which a trapped signal interrupts at
+    // once (a foreground `sleep` would hold the trap back until it ends).
+    // Its stderr is not the dead proxy's pipe: the shell may report the
     // `sleep` that SIGTERM ends there, and SIGPIPE would end it too soon.
     let stubborn = format!(
-        "(trap 'echo term >> {marker}' TERM; echo up > {{dir}}/up; while :; do sleep 1; done) 2>/dev/null"
+        "(trap 'echo term >> {marker}' TERM; while :; do sleep 300 & echo up > {{dir}}/up; wait; done) 2>/dev/null"
     );
     let mut s = Builder::proxy(&["run", "--", "sh", "-c", &forking_server(&stubborn)]).start();
     s.initialize();
