@@ -217,8 +217,9 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
     };
     let outcome = talk(&mut conv, started, timeout);
     if matches!(stop.try_recv(), Err(TryRecvError::Disconnected)) {
-        // Interrupted: no time for a graceful stop. Dropping the child
-        // kills its process group.
+        // Interrupted: no time for the whole stop sequence. Dropping the
+        // child gives it SIGTERM and a second before SIGKILL; its watchdog
+        // does the same for what is left of its group.
         return outcome;
     }
     conv.child.shutdown(SHUTDOWN_STEP);

@@ -2,10 +2,13 @@
 //! process is started), its I/O threads, and a guard that stops it.
 //!
 //! The child runs in its own process group, so an `npx → node` tree is
-//! signalled as one; on Linux it also gets a parent-death signal, so even a
-//! SIGKILLed proxy leaves no server behind. Dropping a [`Child`] kills the
-//! group. Events (lines, stdout EOF, exit, write failure) go to a callback.
-//! Knows nothing of MCP semantics, ids or policy.
+//! signalled as one. Two layers make sure a proxy that dies, even by
+//! SIGKILL, leaves nothing of the group behind: each child has a watchdog
+//! process (`watchdog.rs`) that stops the group once the proxy is gone, on
+//! every Unix; and on Linux the child also gets a parent-death signal.
+//! Dropping a [`Child`] stops it (SIGTERM, a grace, SIGKILL) and leaves the
+//! rest of its group to the watchdog. Events (lines, stdout EOF, exit, write
+//! failure) go to a callback. Knows nothing of MCP semantics, ids or policy.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -23,11 +26,29 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc::{self, Parsed};
 use crate::stdio::{self, ReadItem};
+use crate::watchdog::{self, Guard};
 
 /// How many of the child's last stderr lines are kept for messages.
 const STDERR_TAIL: usize = 20;
 /// How many bytes of the last non-JSON stdout line are kept for messages.
 const NON_JSON_HEAD: usize = 200;
+
+/// How long dropping a running [`Child`] waits between SIGTERM and SIGKILL.
+/// Short, because a drop may happen on the dispatcher's thread; only a
+/// server still running at that point costs it.
+const DROP_GRACE: Duration = Duration::from_secs(1);
+
+/// How long to wait for the exit once SIGKILL is sent (a process in
+/// uninterruptible sleep takes its time).
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// Held while a watchdog's socket pair is created and while any process is
+/// forked. Where std cannot create a descriptor close-on-exec atomically
+/// (macOS), a fork on another thread (`check` starts servers in parallel)
+/// could otherwise inherit a watchdog's write end before it is marked, and
+/// that watchdog would wait for an unrelated server as well. Spawns are
+/// rare; they take turns.
+static SPAWNING: Mutex<()> = Mutex::new(());
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +98,9 @@ pub enum Stderr {
     Keep,
 }
 
-/// A running child. Dropping it kills its process group.
+/// A running child. Dropping it stops the child (SIGTERM, up to
+/// [`DROP_GRACE`], SIGKILL) and lets its watchdog stop what is left of the
+/// group.
 pub struct Child {
     pid: u32,
     stdin: Option<stdio::Outbox>,
@@ -92,6 +115,9 @@ pub struct Child {
     redactor: crate::redact::Redactor,
     /// The start of the last stdout line that was not JSON.
     non_json: Arc<Mutex<Option<String>>>,
+    /// Declared last: fields drop after `Drop::drop`, so the watchdog is let
+    /// go only once the child itself has been stopped.
+    _watchdog: Guard,
 }
 
 /// Why a child could not be started.
@@ -123,6 +149,8 @@ where
             )));
         }
     }
+    let cannot_start =
+        |why: String| SpawnError(format!("cannot start \"{}\"{cwd_note}: {why}", cfg.command));
     let mut cmd = Command::new(&cfg.command);
     cmd.args(&cfg.args)
         .envs(cfg.env.iter().map(|(k, v)| (k, v)))
@@ -134,13 +162,18 @@ where
         cmd.current_dir(dir);
     }
     set_parent_death_signal(&mut cmd);
-    let mut child = cmd.spawn().map_err(|e| {
-        SpawnError(format!(
-            "cannot start \"{}\"{cwd_note}: {}",
-            cfg.command,
-            describe_io_error(&cfg.command, &e)
-        ))
-    })?;
+    let spawning = SPAWNING.lock();
+    let guard =
+        Guard::start().map_err(|e| cannot_start(format!("cannot start its watchdog: {e}")))?;
+    // SAFETY: the hook only makes async-signal-safe calls, and `guard`
+    // outlives the spawn.
+    unsafe {
+        cmd.pre_exec(guard.announce());
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| cannot_start(describe_io_error(&cfg.command, &e)))?;
+    drop(spawning);
     let pid = child.id();
     let on_event = Arc::new(on_event);
     let stdin = child.stdin.take().expect("piped stdin");
@@ -199,30 +232,25 @@ where
     let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
     let tail2 = tail.clone();
     let (stderr_done_tx, stderr_done) = crossbeam_channel::bounded::<()>(0);
-    thread::Builder::new()
-        .name("child-stderr".into())
-        .spawn(move || {
-            let _done = stderr_done_tx;
-            stdio::lossy_lines(stderr, |line| {
-                if stderr_mode == Stderr::Copy {
-                    let mut err = std::io::stderr().lock();
-                    let _ = err.write_all(line.as_bytes());
-                    let _ = err.write_all(b"\n");
-                }
-                let mut t = tail2.lock();
-                if t.len() == STDERR_TAIL {
-                    t.pop_front();
-                }
-                t.push_back(line);
-            })
+    let started = start_thread("child-stderr", move || {
+        let _done = stderr_done_tx;
+        stdio::lossy_lines(stderr, |line| {
+            if stderr_mode == Stderr::Copy {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(line.as_bytes());
+                let _ = err.write_all(b"\n");
+            }
+            let mut t = tail2.lock();
+            if t.len() == STDERR_TAIL {
+                t.pop_front();
+            }
+            t.push_back(line);
         })
-        .expect("spawning the stderr thread");
-
-    let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
-    let ev = on_event;
-    thread::Builder::new()
-        .name("child-wait".into())
-        .spawn(move || {
+    })
+    .and_then(|()| {
+        let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
+        let ev = on_event;
+        start_thread("child-wait", move || {
             let info = match child.wait() {
                 Ok(s) => ExitInfo::from(s),
                 Err(_) => ExitInfo {
@@ -233,7 +261,17 @@ where
             let _ = exit_tx.send(info);
             ev(ServerEvent::Exited(info));
         })
-        .expect("spawning the wait thread");
+        .map(|()| exit_rx)
+    });
+    let exit_rx = match started {
+        Ok(rx) => rx,
+        Err(e) => {
+            // Nobody reaps the child but us, and it has not been sent a
+            // single line: there is nothing for a grace period to save.
+            abandon(pid);
+            return Err(cannot_start(format!("cannot start a thread: {e}")));
+        }
+    };
 
     Ok(Child {
         pid,
@@ -245,7 +283,34 @@ where
         description: format!("\"{}\" (pid {pid})", cfg.command),
         redactor: crate::redact::Redactor::new(&cfg.env),
         non_json,
+        _watchdog: guard,
     })
+}
+
+/// Starts a named thread; an error (the system is out of threads or
+/// memory) fails the start of the child instead of the whole proxy.
+fn start_thread<F>(name: &str, f: F) -> std::io::Result<()>
+where
+    F: FnOnce() + Send + 'static,
+{
+    #[cfg(test)]
+    if tests::FAIL_THREAD.with(|t| t.get()) == Some(name) {
+        return Err(std::io::Error::other("injected failure"));
+    }
+    thread::Builder::new().name(name.into()).spawn(f).map(drop)
+}
+
+/// Kills the group of a child that could not be wired up, and reaps it.
+fn abandon(pid: u32) {
+    let pid = pid as libc::pid_t;
+    // SAFETY: killpg and waitpid on our own child, which nobody else waits
+    // for (its waiter thread never started).
+    unsafe {
+        libc::killpg(pid, libc::SIGKILL);
+        while libc::waitpid(pid, std::ptr::null_mut(), 0) == -1
+            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {}
+    }
 }
 
 /// The reason a spawn failed, in the words of the OS. The PATH hint is only
@@ -319,9 +384,15 @@ impl Child {
         self.exit
     }
 
+    /// Whether the child has exited (its waiter has seen it).
+    fn has_exited(&mut self) -> bool {
+        self.wait_exit(Duration::ZERO).is_some()
+    }
+
     /// The MCP stdio shutdown: close stdin, wait `grace`, SIGTERM the
-    /// process group, wait `grace`, SIGKILL it. Whatever is left of the group
-    /// afterwards is killed too.
+    /// process group, wait `grace`, SIGKILL it. What is left of the group
+    /// once the child has exited (descendants that outlived it) gets the
+    /// same: SIGTERM, up to `grace`, SIGKILL.
     pub fn shutdown(&mut self, grace: Duration) -> ExitInfo {
         self.stdin = None;
         let info = self
@@ -338,15 +409,20 @@ impl Child {
                 code: None,
                 signal: Some(libc::SIGKILL),
             });
-        self.signal_group(libc::SIGKILL);
+        watchdog::stop_group(self.pgid(), grace);
         info
+    }
+
+    /// The child's process group id: its pid (`process_group(0)`).
+    fn pgid(&self) -> libc::pid_t {
+        self.pid as libc::pid_t
     }
 
     fn signal_group(&self, sig: i32) {
         // SAFETY: killpg has no memory-safety preconditions. The group id is
         // the child's pid (process_group(0)); ESRCH when it is gone is fine.
         unsafe {
-            libc::killpg(self.pid as libc::pid_t, sig);
+            libc::killpg(self.pgid(), sig);
         }
     }
 }
@@ -384,11 +460,24 @@ impl Downstream for Child {
 }
 
 impl Drop for Child {
+    /// A child still running gets SIGTERM and up to [`DROP_GRACE`] before
+    /// SIGKILL; the wait is bounded, and a child that has exited already
+    /// (how the dispatcher drops one) costs none. Then the watchdog is let
+    /// go (the `_watchdog` field drops after this body): it gives what is
+    /// left of the group SIGTERM, up to [`watchdog::GRACE`], SIGKILL, off
+    /// this thread.
+    ///
+    /// The wait matters on Linux: the parent-death signal (SIGKILL) is tied
+    /// to the thread that spawned the child, which may end right after the
+    /// drop (a `check` probe thread), cutting the grace short.
     fn drop(&mut self) {
         self.stdin = None;
-        self.signal_group(libc::SIGKILL);
-        if self.exit.is_none() {
-            self.wait_exit(Duration::from_secs(2));
+        if !self.has_exited() {
+            self.signal_group(libc::SIGTERM);
+            if self.wait_exit(DROP_GRACE).is_none() {
+                self.signal_group(libc::SIGKILL);
+                self.wait_exit(KILL_WAIT);
+            }
         }
     }
 }
@@ -396,7 +485,129 @@ impl Drop for Child {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+    use std::path::PathBuf;
     use std::time::Instant;
+
+    thread_local! {
+        /// The name of a thread `start_thread` fails to start on this
+        /// (test) thread.
+        pub(super) static FAIL_THREAD: Cell<Option<&'static str>> = const { Cell::new(None) };
+    }
+
+    /// A path in the temp dir for this test, removed first.
+    fn temp_path(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("mcp-retry-child-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    /// Waits for an event matching `pred`.
+    fn wait_for(rx: &Receiver<ServerEvent>, pred: impl Fn(&ServerEvent) -> bool) -> ServerEvent {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let e = rx.recv_deadline(deadline).expect("no such event in time");
+            if pred(&e) {
+                return e;
+            }
+        }
+    }
+
+    fn is_message(e: &ServerEvent) -> bool {
+        matches!(e, ServerEvent::Message(_))
+    }
+
+    fn exit_of(rx: &Receiver<ServerEvent>) -> ExitInfo {
+        match wait_for(rx, |e| matches!(e, ServerEvent::Exited(_))) {
+            ServerEvent::Exited(info) => info,
+            _ => unreachable!(),
+        }
+    }
+
+    fn spawn_sh(script: &str) -> (Child, Receiver<ServerEvent>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let child = spawn(&cfg("sh", &["-c", script]), Stderr::Keep, move |e| {
+            let _ = tx.send(e);
+        })
+        .unwrap();
+        (child, rx)
+    }
+
+    /// One line of JSON on stdout: the script is past its setup.
+    const READY: &str = r#"echo '{"jsonrpc":"2.0","method":"ready"}'"#;
+
+    #[test]
+    fn a_thread_that_cannot_start_fails_the_start_not_the_proxy() {
+        for name in ["child-stderr", "child-wait"] {
+            FAIL_THREAD.with(|t| t.set(Some(name)));
+            let result = spawn(&cfg("sleep", &["300"]), Stderr::Keep, |_| {});
+            FAIL_THREAD.with(|t| t.set(None));
+            let err = result.err().expect("the start should fail");
+            assert_eq!(
+                err.0, "cannot start \"sleep\": cannot start a thread: injected failure",
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_abandoned_child_is_killed_and_reaped() {
+        let child = Command::new("sleep")
+            .arg("300")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // As when its waiter thread could not start: nobody else waits.
+        drop(child);
+        abandon(pid);
+        // SAFETY: signal 0 only checks. A zombie would still answer.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        assert_eq!(r, -1, "pid {pid} is still there");
+        assert_eq!(
+            std::io::Error::last_os_error().raw_os_error(),
+            Some(libc::ESRCH)
+        );
+    }
+
+    #[test]
+    fn dropping_a_running_child_sends_sigterm_first() {
+        let (child, rx) = spawn_sh(&format!("{READY}; exec sleep 300"));
+        wait_for(&rx, is_message);
+        drop(child);
+        assert_eq!(exit_of(&rx).signal, Some(libc::SIGTERM));
+    }
+
+    #[test]
+    fn dropping_a_child_that_ignores_sigterm_kills_it_after_the_grace() {
+        let (child, rx) = spawn_sh(&format!("trap '' TERM; {READY}; exec sleep 300"));
+        wait_for(&rx, is_message);
+        let started = Instant::now();
+        drop(child);
+        let took = started.elapsed();
+        assert_eq!(exit_of(&rx).signal, Some(libc::SIGKILL));
+        assert!(took >= DROP_GRACE, "killed after {took:?}");
+    }
+
+    #[test]
+    fn shutdown_gives_descendants_left_behind_sigterm_first() {
+        let marker = temp_path("leftover-term");
+        // The child exits at end of input; its background subshell stays,
+        // and says so when SIGTERM reaches it.
+        let script = format!(
+            "(trap 'echo term > {m}; exit 0' TERM; {READY}; while :; do sleep 1; done) & read x; exit 0",
+            m = marker.display()
+        );
+        let (mut child, rx) = spawn_sh(&script);
+        wait_for(&rx, is_message);
+        let pgid = child.pgid();
+        let info = child.shutdown(Duration::from_secs(10));
+        assert_eq!(info.code, Some(0), "it exits on end of input");
+        assert!(!watchdog::group_exists(pgid), "the group outlived shutdown");
+        let said = std::fs::read_to_string(&marker).unwrap_or_default();
+        let _ = std::fs::remove_file(&marker);
+        assert_eq!(said.trim(), "term", "the leftover was not sent SIGTERM");
+    }
 
     fn cfg(command: &str, args: &[&str]) -> ServerConfig {
         ServerConfig::with_defaults(

@@ -91,6 +91,9 @@ pub enum Command {
     Version,
     Run(RunArgs),
     Check(CheckArgs),
+    /// The hidden `__watchdog` subcommand (`watchdog.rs`): not in the help,
+    /// only ever started by the proxy itself.
+    Watchdog,
 }
 
 #[derive(Debug, Default, PartialEq)]
@@ -145,6 +148,10 @@ where
                     "run" => parse_run(parser, global),
                     "check" => parse_check(parser, global),
                     "help" => parse_help(parser, global),
+                    crate::watchdog::SUBCOMMAND => match parser.next()? {
+                        None => Ok((global, Command::Watchdog)),
+                        Some(arg) => Err(arg.unexpected().into()),
+                    },
                     _ => bail!("unknown command '{name}' (expected run or check; see --help)"),
                 };
             }
@@ -380,6 +387,17 @@ mod tests {
                 json: true,
             })
         );
+    }
+
+    #[test]
+    fn the_watchdog_subcommand_is_hidden() {
+        assert_eq!(ok(&["__watchdog"]).1, Command::Watchdog);
+        assert!(err(&["__watchdog", "7"]).contains("unexpected argument"));
+        for text in [HELP, RUN_HELP, CHECK_HELP] {
+            assert!(!text.contains("watchdog"), "{text}");
+        }
+        // The unknown-command message does not mention it either.
+        assert!(!err(&["serve"]).contains("watchdog"));
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod proxy;
 mod redact;
 mod stats;
 mod stdio;
+mod watchdog;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -40,6 +41,10 @@ fn main() -> ExitCode {
 
 fn run() -> Result<ExitCode> {
     let (global, command) = cli::parse()?;
+    if command == Command::Watchdog {
+        // Before anything that reads the environment or could fail.
+        return Ok(watchdog::run());
+    }
     let level = match global.log_level {
         Some(l) => l,
         None => match std::env::var("MCP_RETRY_LOG") {
@@ -61,6 +66,7 @@ fn run() -> Result<ExitCode> {
         }
         Command::Run(args) => proxy::run(args),
         Command::Check(args) => check::run(args),
+        Command::Watchdog => unreachable!("handled above"),
     }
 }
 

@@ -1,11 +1,12 @@
-//! Lifecycle: shutdown on EOF and signals, no processes left behind, a server
-//! that cannot start, and a server that exits.
+//! Lifecycle: shutdown on EOF and signals, no processes left behind (the
+//! server's whole process group, through the watchdog, even when mcp-retry
+//! is SIGKILLed), a server that cannot start, and a server that exits.
 
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::util::{gone_within, read_pid, Builder};
+use crate::util::{alive, eventually, gone_within, read_pid, Builder, MOCK, WAIT};
 
 #[test]
 fn stdin_eof_stops_the_server_and_exits_zero() {
@@ -137,4 +138,233 @@ fn a_call_waiting_for_a_retry_at_eof_still_gets_its_answer() {
     let e = s.error(&json!("r"));
     assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
     assert_eq!(s.wait().code(), Some(0));
+}
+
+/// The live (not zombie) processes whose process group is `pgid`, from
+/// /proc. A zombie has exited; only its reaping (by init, once its parent is
+/// gone) is left.
+fn live_group_members(pgid: i32) -> Vec<i32> {
+    let mut members = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After the command name: state, ppid, pgrp, ...
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if fields.len() > 2 && fields[2] == pgid.to_string() && !matches!(fields[0], "Z" | "X") {
+            members.push(pid);
+        }
+    }
+    members
+}
+
+/// Whether `cond` holds within `d` (polled; true as soon as it does).
+fn within(d: Duration, cond: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + d;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cond()
+}
+
+/// The live processes whose parent is `ppid` and whose command line holds
+/// `needle`.
+fn children_matching(ppid: u32, needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if fields.len() > 1
+            && fields[1] == ppid.to_string()
+            && alive(pid)
+            && String::from_utf8_lossy(&cmdline).contains(needle)
+        {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// `sh` as the server: it writes its pid (its process group id) to
+/// `{dir}/server.pid`, leaves `extra` running in the background, and becomes
+/// the mock server.
+fn forking_server(extra: &str) -> String {
+    format!("echo $$ > {{dir}}/server.pid; {extra} & exec {MOCK}")
+}
+
+#[test]
+fn a_sigkilled_proxy_leaves_nothing_of_the_servers_group() {
+    let mut s = Builder::proxy(&["run", "--", "sh", "-c", &forking_server("sleep 300")]).start();
+    s.initialize();
+    let pgid = read_pid(&s.dir.join("server.pid"));
+    assert!(
+        within(WAIT, || live_group_members(pgid).len() >= 2),
+        "the server and its sleep never ran together: {:?}",
+        live_group_members(pgid)
+    );
+    s.signal(libc::SIGKILL);
+    s.wait();
+    // The parent-death signal only reaches the server itself; its child is
+    // the watchdog's to stop.
+    assert!(
+        within(Duration::from_secs(2), || live_group_members(pgid)
+            .is_empty()),
+        "left behind in group {pgid}: {:?}",
+        live_group_members(pgid)
+    );
+}
+
+#[test]
+fn what_ignores_sigterm_gets_the_grace_then_sigkill() {
+    let marker = "{dir}/got-term";
+    // It waits in the `wait` builtin, which a trapped signal interrupts at
+    // once (a foreground `sleep` would hold the trap back until it ends).
+    // Its stderr is not the dead proxy's pipe: the shell may report the
+    // `sleep` that SIGTERM ends there, and SIGPIPE would end it too soon.
+    let stubborn = format!(
+        "(trap 'echo term >> {marker}' TERM; while :; do sleep 300 & echo up > {{dir}}/up; wait; done) 2>/dev/null"
+    );
+    let mut s = Builder::proxy(&["run", "--", "sh", "-c", &forking_server(&stubborn)]).start();
+    s.initialize();
+    let pgid = read_pid(&s.dir.join("server.pid"));
+    let up = s.dir.join("up");
+    eventually("the stubborn child to be up", || up.exists());
+    s.signal(libc::SIGKILL);
+    s.wait();
+    assert!(
+        within(Duration::from_secs(5), || live_group_members(pgid)
+            .is_empty()),
+        "left behind in group {pgid}: {:?}",
+        live_group_members(pgid)
+    );
+    let said = std::fs::read_to_string(s.dir.join("got-term")).unwrap_or_default();
+    assert_eq!(said.trim(), "term", "SIGTERM did not come first");
+}
+
+#[test]
+fn the_watchdog_holds_none_of_the_clients_pipes_and_has_its_own_group() {
+    let mut s = Builder::wrap_mock().start();
+    s.initialize();
+    let watchdogs = children_matching(s.pid(), "__watchdog");
+    assert_eq!(watchdogs.len(), 1, "one watchdog per server: {watchdogs:?}");
+    let w = watchdogs[0];
+    let fd_target = |pid: i32, fd: &str| {
+        std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    };
+    let client_pipes: Vec<String> = ["0", "1", "2"]
+        .iter()
+        .map(|fd| fd_target(s.pid() as i32, fd))
+        .collect();
+    assert!(
+        client_pipes.iter().all(|p| p.starts_with("pipe:")),
+        "{client_pipes:?}"
+    );
+    for entry in std::fs::read_dir(format!("/proc/{w}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        let fd = entry.file_name().to_string_lossy().into_owned();
+        let target = fd_target(w, &fd);
+        assert!(
+            !client_pipes.contains(&target),
+            "the watchdog holds the client's {target} as fd {fd}"
+        );
+    }
+    assert_eq!(fd_target(w, "1"), "/dev/null");
+    assert_eq!(fd_target(w, "2"), "/dev/null");
+    let stat = std::fs::read_to_string(format!("/proc/{w}/stat")).unwrap();
+    let pgrp = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        pgrp,
+        w.to_string(),
+        "the watchdog leads its own process group"
+    );
+
+    // A normal exit ends it too.
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0));
+    assert!(gone_within(w, WAIT), "watchdog {w} outlived the proxy");
+}
+
+#[test]
+fn a_restarted_server_gets_a_new_watchdog_and_the_old_one_ends() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    let first = children_matching(s.pid(), "__watchdog");
+    assert_eq!(first.len(), 1, "{first:?}");
+    s.request(json!("list"), "tools/list", json!({}));
+    s.result(&json!("list"));
+    s.call(
+        json!(1),
+        "idem_echo",
+        json!({"mode": "flaky", "how": "crash", "fail_times": 1, "text": "done"}),
+    );
+    assert_eq!(s.result(&json!(1))["content"][0]["text"], "done");
+    assert!(
+        gone_within(first[0], WAIT),
+        "the first watchdog is still there"
+    );
+    let now = children_matching(s.pid(), "__watchdog");
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, first);
+}
+
+#[test]
+fn a_sigkilled_check_leaves_nothing_of_the_servers_group() {
+    let server = forking_server("sleep 300");
+    let mut s = Builder::proxy(&["check", "--config", "{dir}/c.yaml", "--timeout", "60"])
+        .file(
+            "c.yaml",
+            &format!("servers:\n  m:\n    command: sh\n    args: ['-c', '{server}']\n"),
+        )
+        .env("MOCK_NO_INIT_ANSWER", "1")
+        .start();
+    let pgid = read_pid(&s.dir.join("server.pid"));
+    assert!(
+        within(WAIT, || live_group_members(pgid).len() >= 2),
+        "the server and its sleep never ran together"
+    );
+    s.signal(libc::SIGKILL);
+    s.wait();
+    assert!(
+        within(Duration::from_secs(2), || live_group_members(pgid)
+            .is_empty()),
+        "left behind in group {pgid}: {:?}",
+        live_group_members(pgid)
+    );
 }
