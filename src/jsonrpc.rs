@@ -9,6 +9,7 @@
 //! Knows nothing of threads, processes, MCP methods or policy.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
 use std::io::{self, BufRead};
 use std::ops::Range;
@@ -289,6 +290,9 @@ pub fn classify(text: String) -> Parsed {
             )
         }
     };
+    if let Some(name) = raw.duplicate() {
+        return duplicate_in_envelope(&raw, name);
+    }
     let base = text.as_ptr() as usize;
     let span = |v: &RawValue| {
         let s = v.get();
@@ -377,6 +381,28 @@ pub fn classify(text: String) -> Parsed {
         result,
         error,
     })
+}
+
+/// An envelope that repeats a member: the peer may read either value (or
+/// refuse the line), so the message is refused. It is answered under its id
+/// only when every `id` member holds the same one.
+fn duplicate_in_envelope(raw: &RawObject<'_>, name: &str) -> Parsed {
+    let mut ids = raw
+        .0
+        .iter()
+        .filter(|(k, _)| k == "id")
+        .map(|(_, v)| v.get());
+    let first = ids.next();
+    let id = first
+        .filter(|f| is_valid_id(f) && ids.all(|other| other == *f))
+        .map(str::to_owned);
+    let has = |key: &str| raw.get(key).is_some();
+    let is_response = !has("method") && (has("result") || has("error"));
+    invalid_request(
+        format!("invalid request: duplicate member {}", json_string(name)),
+        id,
+        is_response,
+    )
 }
 
 fn classify_batch(text: &str) -> Parsed {
@@ -547,12 +573,30 @@ pub fn notification_line(method: &str, params: Option<&str>) -> Vec<u8> {
 
 /// A JSON object read as an ordered list of raw members. Used to look at (and
 /// rebuild) envelopes and params without touching the values' text.
+///
+/// JSON leaves repeated member names to the reader: most parsers keep the
+/// last, some the first, some refuse. Parsing notes the first name that
+/// repeats ([`RawObject::duplicate`]), so that a caller can refuse an object
+/// that its peer might read differently. [`RawObject::get`] returns the first.
 #[derive(Debug, Default)]
-pub struct RawObject<'a>(pub Vec<(Cow<'a, str>, &'a RawValue)>);
+pub struct RawObject<'a>(
+    pub Vec<(Cow<'a, str>, &'a RawValue)>,
+    /// The first member name (unescaped) that repeats an earlier one.
+    Option<Cow<'a, str>>,
+);
+
+/// Up to this many members, a repeated name is looked for by comparing with
+/// each earlier one; beyond, with a set of the names.
+const DUPLICATE_SCAN: usize = 16;
 
 impl<'a> RawObject<'a> {
     pub fn parse(text: &'a str) -> Option<RawObject<'a>> {
         serde_json::from_str(text).ok()
+    }
+    /// The first member name that occurs twice (names compare unescaped:
+    /// `"n\u0061me"` repeats `"name"`), as the object was parsed.
+    pub fn duplicate(&self) -> Option<&str> {
+        self.1.as_deref()
     }
     pub fn get(&self, key: &str) -> Option<&'a RawValue> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
@@ -613,12 +657,27 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
+                let mut out: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::new();
+                let mut duplicate = None;
+                let mut names: Option<HashSet<Cow<'de, str>>> = None;
                 while let Some(k) = map.next_key_seed(Key)? {
                     let v: &'de RawValue = map.next_value()?;
+                    if duplicate.is_none() {
+                        let repeated = if out.len() < DUPLICATE_SCAN {
+                            out.iter().any(|(name, _)| *name == k)
+                        } else {
+                            let names = names.get_or_insert_with(|| {
+                                out.iter().map(|(name, _)| name.clone()).collect()
+                            });
+                            !names.insert(k.clone())
+                        };
+                        if repeated {
+                            duplicate = Some(k.clone());
+                        }
+                    }
                     out.push((k, v));
                 }
-                Ok(RawObject(out))
+                Ok(RawObject(out, duplicate))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
                 Err(de::Error::invalid_type(de::Unexpected::Seq, &self))
@@ -891,6 +950,77 @@ mod tests {
             String::from_utf8(notification_line("n", Some("{\"a\":1}"))).unwrap(),
             "{\"jsonrpc\":\"2.0\",\"method\":\"n\",\"params\":{\"a\":1}}\n"
         );
+    }
+
+    #[test]
+    fn raw_object_notes_the_first_repeated_name() {
+        let o = RawObject::parse(r#"{"name":"ro","arguments":{},"name":"destroy"}"#).unwrap();
+        assert_eq!(o.duplicate(), Some("name"));
+        assert_eq!(
+            o.string("name").as_deref(),
+            Some("ro"),
+            "get reads the first"
+        );
+        let o = RawObject::parse(r#"{"name":"a","n\u0061me":"b"}"#).unwrap();
+        assert_eq!(o.duplicate(), Some("name"), "names compare unescaped");
+        let o = RawObject::parse(r#"{"a":1,"b":2,"b":3,"a":4}"#).unwrap();
+        assert_eq!(o.duplicate(), Some("b"), "the first name to repeat");
+        let o = RawObject::parse(r#"{"a":{"x":1,"x":2},"A":1,"a\u0000":2}"#).unwrap();
+        assert_eq!(
+            o.duplicate(),
+            None,
+            "nested objects and near names are not repeats"
+        );
+        assert_eq!(RawObject::parse("{}").unwrap().duplicate(), None);
+        // Past the linear scan, a set of the names takes over.
+        for n in [DUPLICATE_SCAN - 1, DUPLICATE_SCAN, DUPLICATE_SCAN + 1, 500] {
+            let members: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
+            let unique = format!("{{{}}}", members.join(","));
+            assert_eq!(RawObject::parse(&unique).unwrap().duplicate(), None, "{n}");
+            for (early, late) in [(0, n), (n - 1, n), (n / 2, n + 3)] {
+                let mut m = members.clone();
+                m.push(format!("\"x\":0"));
+                m.insert(late.min(m.len()), format!("\"k{early}\":true"));
+                let text = format!("{{{}}}", m.join(","));
+                let expected = format!("k{early}");
+                assert_eq!(
+                    RawObject::parse(&text).unwrap().duplicate(),
+                    Some(expected.as_str()),
+                    "{n} {early} {late}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_envelope_with_a_repeated_member_is_invalid() {
+        let i = invalid(r#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call"}"#);
+        assert_eq!(i.code, INVALID_REQUEST);
+        assert_eq!(i.message, r#"invalid request: duplicate member "method""#);
+        assert_eq!((i.id.as_deref(), i.is_response), (Some("1"), false));
+        // Two different ids: nobody knows which request this was.
+        let i = invalid(r#"{"jsonrpc":"2.0","id":1,"method":"ping","id":2}"#);
+        assert_eq!((i.id, i.message.contains(r#""id""#)), (None, true));
+        let i = invalid(r#"{"jsonrpc":"2.0","id":"a","method":"ping","\u0069d":"a"}"#);
+        assert_eq!(
+            i.id.as_deref(),
+            Some(r#""a""#),
+            "the same id twice is still that id"
+        );
+        let i = invalid(r#"{"jsonrpc":"2.0","id":1.5,"method":"ping","id":1.5}"#);
+        assert_eq!(i.id, None);
+        let i = invalid(r#"{"jsonrpc":"2.0","id":3,"result":{},"result":{"x":1}}"#);
+        assert_eq!((i.id.as_deref(), i.is_response), (Some("3"), true));
+        let i = invalid(r#"{"jsonrpc":"2.0","jsonrpc":"2.0","method":"n"}"#);
+        assert_eq!((i.id, i.is_response), (None, false));
+        let i = invalid(r#"{"jsonrpc":"2.0","id":4,"method":"x","params":{},"params":[]}"#);
+        assert_eq!(i.id.as_deref(), Some("4"));
+        // Unknown members too: one rule for the whole envelope.
+        let i = invalid(r#"{"jsonrpc":"2.0","id":5,"method":"x","extra":1,"extra":2}"#);
+        assert!(i.message.ends_with(r#"duplicate member "extra""#), "{i:?}");
+        // Repeats inside params are not the envelope's business.
+        let m = msg(r#"{"jsonrpc":"2.0","id":6,"method":"x","params":{"a":1,"a":2}}"#);
+        assert_eq!(m.kind(), Kind::Request);
     }
 
     #[test]
