@@ -748,18 +748,13 @@ impl Dispatcher {
     fn on_client_request(&mut self, m: Message, batch: Option<u64>, now: Instant) {
         let client_id = m.id().expect("requests have ids").to_owned();
         if self.client_requests.contains_key(&client_id) {
-            warn!("answered a client request whose id {client_id} is already in flight");
-            let line = jsonrpc::error_line(
-                Some(&client_id),
-                jsonrpc::INVALID_REQUEST,
-                &format!("invalid request: a request with id {client_id} is already in flight"),
-                None,
-            );
-            match batch {
-                Some(b) => self.batch_answer(b, line),
-                None => self.send_client(line),
-            }
-            return;
+            let message =
+                format!("invalid request: a request with id {client_id} is already in flight");
+            return self.refuse_invalid(&client_id, &message, batch);
+        }
+        let method = m.method().unwrap_or_default();
+        if let Some(message) = repeated_param(&method, m.params()) {
+            return self.refuse_invalid(&client_id, &message, batch);
         }
         self.client_requests.insert(
             client_id.clone(),
@@ -778,7 +773,6 @@ impl Dispatcher {
             warn!("{message}");
             return self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
-        let method = m.method().unwrap_or_default();
         let kind = match method.as_ref() {
             "initialize" => {
                 self.session.pending_init = m.params().map(str::to_owned);
@@ -806,6 +800,17 @@ impl Dispatcher {
             _ => Method::Other,
         };
         self.relay_request(m, client_id, kind, now);
+    }
+
+    /// Answers a client request that is not forwarded with -32600 (it was
+    /// never counted in `client_requests`).
+    fn refuse_invalid(&mut self, client_id: &str, message: &str, batch: Option<u64>) {
+        warn!("answered a client request {client_id}: {message}");
+        let line = jsonrpc::error_line(Some(client_id), jsonrpc::INVALID_REQUEST, message, None);
+        match batch {
+            Some(b) => self.batch_answer(b, line),
+            None => self.send_client(line),
+        }
     }
 
     /// Remembers active subscriptions, to replay them to a restarted server.
@@ -1149,6 +1154,37 @@ impl Dispatcher {
             self.to_client.send(line);
         }
     }
+}
+
+/// Why a client request must not be forwarded because a member name repeats
+/// in `params`, `params._meta` or, for `tools/call` and `prompts/get`,
+/// `params.arguments`. The proxy reads the first `name` of a call, the server
+/// most likely the last: with `"name":"ro","name":"destroy"` the proxy would
+/// retry a read-only call that runs `destroy`, and calls with repeated
+/// argument keys would share dedup and cache entries with calls the server
+/// reads differently. Whatever the proxy cannot read as the server will, it
+/// refuses.
+fn repeated_param(method: &str, params: Option<&str>) -> Option<String> {
+    let params = RawObject::parse(params?)?;
+    let mut repeated = params.duplicate().map(|name| (name.to_owned(), "params"));
+    let nested: &[(&str, &str)] = match method {
+        "tools/call" | "prompts/get" => {
+            &[("_meta", "params._meta"), ("arguments", "params.arguments")]
+        }
+        _ => &[("_meta", "params._meta")],
+    };
+    for (key, path) in nested {
+        if repeated.is_some() {
+            break;
+        }
+        let inner = params.get(key).and_then(|v| RawObject::parse(v.get()));
+        repeated = inner.and_then(|o| o.duplicate().map(|name| (name.to_owned(), *path)));
+    }
+    let (name, path) = repeated?;
+    Some(format!(
+        "invalid request: duplicate member {} in {path}",
+        jsonrpc::json_string(&name)
+    ))
 }
 
 /// How long the dispatcher keeps looking for the next event before it

@@ -241,6 +241,81 @@ fn ids_that_are_not_strings_or_integers_are_invalid_requests() {
 }
 
 #[test]
+fn repeated_member_names_are_refused_and_nothing_runs() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    s.list_tools();
+    // The mock, like most JSON parsers, keeps the last of two members with
+    // one name; the proxy refuses what it might read differently.
+    let cases = [
+        (
+            "name",
+            r#"{"jsonrpc":"2.0","id":"dup-name","method":"tools/call","params":{"name":"ro_echo","arguments":{"text":"x"},"name":"destructive_echo"}}"#,
+            r#"duplicate member "name" in params"#,
+        ),
+        (
+            "escaped",
+            r#"{"jsonrpc":"2.0","id":"dup-escaped","method":"tools/call","params":{"name":"ro_echo","n\u0061me":"destructive_echo"}}"#,
+            r#"duplicate member "name" in params"#,
+        ),
+        (
+            "arguments",
+            r#"{"jsonrpc":"2.0","id":"dup-args","method":"tools/call","params":{"name":"idem_echo","arguments":{"text":"a","mode":"echo","text":"b"}}}"#,
+            r#"duplicate member "text" in params.arguments"#,
+        ),
+        (
+            "meta",
+            r#"{"jsonrpc":"2.0","id":"dup-meta","method":"tools/call","params":{"name":"idem_echo","arguments":{},"_meta":{"idempotencyKey":"k1","idempotencyKey":"k2"}}}"#,
+            r#"duplicate member "idempotencyKey" in params._meta"#,
+        ),
+        (
+            "other method",
+            r#"{"jsonrpc":"2.0","id":"dup-read","method":"resources/read","params":{"uri":"mock://a","uri":"mock://b"}}"#,
+            r#"duplicate member "uri" in params"#,
+        ),
+        (
+            "other method's meta",
+            r#"{"jsonrpc":"2.0","id":"dup-read-meta","method":"resources/read","params":{"uri":"mock://a","_meta":{"a":1,"a":1}}}"#,
+            r#"duplicate member "a" in params._meta"#,
+        ),
+        (
+            "prompt arguments",
+            r#"{"jsonrpc":"2.0","id":"dup-prompt","method":"prompts/get","params":{"name":"greeting","arguments":{"who":"a","who":"b"}}}"#,
+            r#"duplicate member "who" in params.arguments"#,
+        ),
+        (
+            "envelope",
+            r#"{"jsonrpc":"2.0","id":"dup-env","method":"ping","params":{},"method":"tools/call","params":{"name":"destructive_echo"}}"#,
+            r#"duplicate member "method""#,
+        ),
+    ];
+    for (what, line, expected) in cases {
+        s.send_raw(line);
+        let id: Value = serde_json::from_str::<Value>(line).unwrap()["id"].clone();
+        let e = s.error(&id);
+        assert_eq!(e["code"], json!(-32600), "{what}: {e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(message.ends_with(expected), "{what}: {message}");
+    }
+    // The same member twice in different objects is fine.
+    s.send_raw(
+        r#"{"jsonrpc":"2.0","id":"nested","method":"tools/call","params":{"name":"ro_echo","arguments":{"name":"a","text":"fine","_meta":{}},"_meta":{"name":"b"}}}"#,
+    );
+    assert_eq!(s.result(&json!("nested"))["content"][0]["text"], "fine");
+    still_works(&mut s, "repeated members");
+    // The session went on, and none of the refused requests reached the
+    // server (the later ones did, so it has read everything before them).
+    assert_eq!(s.executions("destructive_echo"), 0);
+    assert_eq!(s.executions("idem_echo"), 0);
+    assert_eq!(s.executions("ro_echo"), 1, "only the call with no repeats");
+    let refused: Vec<String> = received(&s)
+        .into_iter()
+        .filter(|l| l.contains("dup-") || l.contains("mock://b"))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
+}
+
+#[test]
 fn a_second_request_with_an_id_in_flight_is_refused() {
     let mut s = Builder::wrap_mock().with_logs().start();
     s.initialize();
