@@ -979,7 +979,7 @@ mod tests {
             assert_eq!(RawObject::parse(&unique).unwrap().duplicate(), None, "{n}");
             for (early, late) in [(0, n), (n - 1, n), (n / 2, n + 3)] {
                 let mut m = members.clone();
-                m.push(format!("\"x\":0"));
+                m.push("\"x\":0".to_owned());
                 m.insert(late.min(m.len()), format!("\"k{early}\":true"));
                 let text = format!("{{{}}}", m.join(","));
                 let expected = format!("k{early}");
