@@ -452,11 +452,34 @@ pub fn is_valid_id(raw: &str) -> bool {
 /// Returns the raw id when it is a valid id and the line has a `"method"`
 /// member before the prefix ends or after the id.
 pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
+    let top = scan_top_level(prefix)?;
+    top.method.then_some(top.id?)
+}
+
+/// The id of the response an overlong line begins, when `prefix` shows a
+/// valid top-level `"id"` and a top-level `"result"` or `"error"` member
+/// (which no request or notification has) and no `"method"`. An id after
+/// the prefix is not found (a streaming scan of the whole line would).
+pub fn scan_response_id(prefix: &[u8]) -> Option<String> {
+    let top = scan_top_level(prefix)?;
+    (!top.method && top.result_or_error).then_some(top.id?)
+}
+
+/// What the beginning of a line shows of its top-level members.
+struct TopLevel {
+    id: Option<String>,
+    method: bool,
+    result_or_error: bool,
+}
+
+fn scan_top_level(prefix: &[u8]) -> Option<TopLevel> {
     let mut depth = 0usize;
     let mut i = 0usize;
     let mut key_start: Option<usize> = None;
     let mut found_id = None;
     let mut has_method = false;
+    let mut result_or_error = false;
+    let mut ids = 0usize;
     while i < prefix.len() {
         let c = prefix[i];
         if c == b'"' {
@@ -488,7 +511,11 @@ pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
                     if key == b"\"method\"" {
                         has_method = true;
                     }
+                    if key == b"\"result\"" || key == b"\"error\"" {
+                        result_or_error = true;
+                    }
                     if key == b"\"id\"" {
+                        ids += 1;
                         let rest = &prefix[i + 1..];
                         let rest = std::str::from_utf8(rest).ok().or_else(|| {
                             let valid = std::str::from_utf8(rest).err()?.valid_up_to();
@@ -508,11 +535,12 @@ pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
         }
         i += 1;
     }
-    if has_method {
-        found_id
-    } else {
-        None
-    }
+    Some(TopLevel {
+        // Two ids: which one the peer reads is anybody's guess.
+        id: found_id.filter(|_| ids == 1),
+        method: has_method,
+        result_or_error,
+    })
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` plus newline.
@@ -934,6 +962,27 @@ mod tests {
         assert_eq!(scan_request_id(p), None);
         let p = br#"{"jsonrpc":"2.0","params":{"id":5},"method":"x","#;
         assert_eq!(scan_request_id(p), None);
+    }
+
+    #[test]
+    fn scan_finds_the_id_of_an_overlong_response() {
+        let p = br#"{"jsonrpc":"2.0","id":12,"result":{"id":5,"content":[{"text":"xxxx"#;
+        assert_eq!(scan_response_id(p).as_deref(), Some("12"));
+        assert_eq!(scan_request_id(p), None);
+        let p = br#"{"error":{"code":1,"message":"xx"},"id":"r-1","jsonrpc":"2.0","data":"#;
+        assert_eq!(scan_response_id(p).as_deref(), Some("\"r-1\""));
+        // No result or error yet: it may be a request from the server.
+        let p = br#"{"jsonrpc":"2.0","id":3,"params":{"result":"xxxx"#;
+        assert_eq!(scan_response_id(p), None);
+        let p = br#"{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","result":"#;
+        assert_eq!(scan_response_id(p), None);
+        // The id comes after the prefix: not found.
+        let p = br#"{"jsonrpc":"2.0","result":{"content":[{"text":"xxxx"#;
+        assert_eq!(scan_response_id(p), None);
+        let p = br#"{"jsonrpc":"2.0","result":{"id":4},"id":1.5,"x":"#;
+        assert_eq!(scan_response_id(p), None);
+        let p = br#"{"jsonrpc":"2.0","id":1,"id":2,"result":{"x":"#;
+        assert_eq!(scan_response_id(p), None);
     }
 
     #[test]

@@ -36,6 +36,13 @@ pub fn check_jsonrpc(data: &[u8]) {
     if let Some(id) = jsonrpc::scan_request_id(data) {
         assert!(jsonrpc::is_valid_id(&id), "scan_request_id found {id:?}");
     }
+    if let Some(id) = jsonrpc::scan_response_id(data) {
+        assert!(jsonrpc::is_valid_id(&id), "scan_response_id found {id:?}");
+        assert!(
+            jsonrpc::scan_request_id(data).is_none(),
+            "a line is a request or a response, not both"
+        );
+    }
     // Framing, with the first byte choosing a small limit and buffer size
     // so that lines cross both.
     let (max, cap) = match data.first() {
