@@ -91,6 +91,10 @@ pub enum Reason {
     NotRetriedUnsafe,
     RetryBudgetExhausted,
     DeadlineExceeded,
+    /// The server's answer was over `max_message_bytes`.
+    ResponseTooLarge,
+    /// The server's answer was not a valid JSON-RPC response.
+    InvalidResponse,
 }
 
 impl Reason {
@@ -105,6 +109,8 @@ impl Reason {
             Reason::NotRetriedUnsafe => "not_retried_unsafe",
             Reason::RetryBudgetExhausted => "retry_budget_exhausted",
             Reason::DeadlineExceeded => "deadline_exceeded",
+            Reason::ResponseTooLarge => "response_too_large",
+            Reason::InvalidResponse => "invalid_response",
         }
     }
 }
@@ -988,7 +994,14 @@ impl Dispatcher {
                 warn!(
                     "the server sent an invalid message; skipped ({})",
                     inv.message
-                )
+                );
+                if let (true, Some(id)) = (inv.is_response, &inv.id) {
+                    let message = format!(
+                        "the MCP server's answer is not a valid JSON-RPC response ({}) and was dropped",
+                        inv.message
+                    );
+                    self.on_dropped_response(id, Reason::InvalidResponse, &message, now);
+                }
             }
             Parsed::Batch(items) => {
                 for item in items {
@@ -1058,6 +1071,66 @@ impl Dispatcher {
             None => debug!(
                 "dropped the server's answer to request {down}, which was cancelled or abandoned"
             ),
+        }
+    }
+
+    /// The server answered downstream request `id` (raw), but the answer
+    /// cannot be relayed (too large, invalid). The request still gets its
+    /// one answer, now: an error saying why. The server did answer, so this
+    /// is final; a call attempt is not retried (its tool ran).
+    fn on_dropped_response(&mut self, id: &str, reason: Reason, message: &str, now: Instant) {
+        let Some(down) = id
+            .parse::<u64>()
+            .ok()
+            .filter(|d| *d <= self.next_downstream_id)
+        else {
+            return debug!("the dropped answer had an id the proxy never issued: {id}");
+        };
+        match self.inflight.get(&down) {
+            Some(Inflight::Client { .. }) => {
+                let Some(Inflight::Client { client_id, .. }) = self.inflight.remove(&down) else {
+                    unreachable!("matched above")
+                };
+                if let Link::Up(c) = &mut self.link {
+                    c.served = true;
+                }
+                warn!("answered client request {client_id} with an error: {message}");
+                self.answer_proxy_error(&client_id, reason, message);
+            }
+            Some(Inflight::Attempt { call }) => {
+                let call = *call;
+                self.inflight.remove(&down);
+                if !self
+                    .calls
+                    .get(&call)
+                    .is_some_and(|c| c.attempt_is_live(down))
+                {
+                    // An abandoned attempt's answer; the live one may still
+                    // bring a real one.
+                    return debug!("dropped the unusable answer of an abandoned attempt");
+                }
+                if let Link::Up(c) = &mut self.link {
+                    c.served = true;
+                }
+                let tool = self.calls.get(&call).map(|c| c.tool.clone());
+                warn!("tool \"{}\": {message}", tool.unwrap_or_default());
+                self.finish_failed(call, &proxy_error(reason, message, &[]), now);
+            }
+            Some(Inflight::ToolsList) => {
+                self.inflight.remove(&down);
+                self.tools_learned(false, now);
+            }
+            Some(Inflight::Replay(step)) => {
+                let step = *step;
+                self.inflight.remove(&down);
+                if step == ReplayStep::Initialize {
+                    warn!("the restarted server is not usable: {message}; stopping it");
+                    if let Link::Up(c) = &mut self.link {
+                        c.server.kill();
+                    }
+                }
+            }
+            None => debug!("dropped an unusable answer to request {down}, which nobody waits for"),
         }
     }
 

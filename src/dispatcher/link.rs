@@ -357,6 +357,15 @@ impl Dispatcher {
                 self.on_server_parsed(parsed, now)
             }
             ServerEvent::Garbage => {}
+            ServerEvent::TooLong { response_id, len } => {
+                if let Some(id) = response_id {
+                    let max = self.cfg.max_message_bytes;
+                    let message = format!(
+                        "the MCP server's answer of {len} bytes exceeds max_message_bytes ({max}) and was dropped"
+                    );
+                    self.on_dropped_response(&id, Reason::ResponseTooLarge, &message, now);
+                }
+            }
             ServerEvent::Overlong => {
                 let Link::Up(c) = &mut self.link else { return };
                 c.overlong_lines += 1;

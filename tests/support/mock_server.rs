@@ -120,7 +120,7 @@
 //! | `retry_after`      | `ms` (100), `key`, `fail_times` (1), `then` ("echo") | flaky whose failures are the error `{"code": -32000, "message": "rate limited: retry after MS ms", "data": {"retryAfterMs": MS}}` |
 //! | `notify`           | `method` ("notifications/tools/list_changed"), `params` | sends that notification (`params` omitted if absent), then echo answer |
 //! | `sleep_then_crash` | `ms` (100), `exit_code` (3)         | sleeps `ms` (NOT cancellable: still crashes after a `notifications/cancelled`), then exits with `exit_code`, no answer |
-//! | `raw`              | `line` (required string)            | writes `line` and `\n` to stdout exactly as given (any text: a response with an id nobody issued, deep nesting, half a message), then echo answer |
+//! | `raw`              | `line` (required string), `pad` (0) | writes `line` and `\n` to stdout exactly as given (any text: a response with an id nobody issued, deep nesting, half a message), then echo answer; with `pad` > 0 every `{pad}` in `line` is first replaced by `pad` `x` characters (a long line from a short request) |
 //! | `endless`          | `chunk` (65536), `ms` (1)           | takes stdout for good and writes the start of this call's answer (`{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"`) followed by `chunk` `x` characters every `ms` ms, never a newline; NOT cancellable: it stops only when stdout fails, at stdin EOF or with the process. Every other output of the process waits behind it |
 //!
 //! `sample`, `roots`, `elicit`: the server sends a request with its own ids
@@ -1557,12 +1557,18 @@ impl Mode {
                 ms: args.u64("ms", 100)?,
                 exit_code: args.exit_code()?,
             },
-            "raw" => Mode::Raw {
-                line: args
+            "raw" => {
+                let line = args
                     .str("line")?
-                    .ok_or_else(|| RpcError::invalid_params("mode `raw` needs a string `line`"))?
-                    .to_owned(),
-            },
+                    .ok_or_else(|| RpcError::invalid_params("mode `raw` needs a string `line`"))?;
+                let pad = usize::try_from(args.u64("pad", 0)?)
+                    .map_err(|_| RpcError::invalid_params("argument `pad` is too large"))?;
+                let line = match pad {
+                    0 => line.to_owned(),
+                    n => line.replace("{pad}", &"x".repeat(n)),
+                };
+                Mode::Raw { line }
+            }
             "endless" => Mode::Endless {
                 chunk: usize::try_from(args.u64("chunk", 1 << 16)?)
                     .ok()
