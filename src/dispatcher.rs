@@ -131,8 +131,11 @@ pub fn proxy_error(reason: Reason, message: &str, extra: &[(&str, String)]) -> S
 /// A deadline and the reason it exists.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Timer {
-    /// A stopped link's grace period after `Exited` for its stdout to drain.
-    LinkDrained { generation: u64 },
+    /// The server of incarnation `generation` exited a while ago and its
+    /// stdout is still open: kill what is left of its process group.
+    KillOrphans { generation: u64 },
+    /// Is the exited server's stdout still open and idle (not held back)?
+    ExitedIdle { generation: u64 },
     /// Shutdown: the server had `SHUTDOWN_STEP` to exit after its input closed.
     ShutdownTerminate,
     /// Shutdown: the server had `SHUTDOWN_STEP` to exit after SIGTERM.
@@ -494,11 +497,8 @@ impl Dispatcher {
 
     fn on_timer(&mut self, timer: Timer, now: Instant) {
         match timer {
-            Timer::LinkDrained { generation } => {
-                if generation == self.generation {
-                    self.link_lost(now);
-                }
-            }
+            Timer::KillOrphans { generation } => self.kill_orphans(generation),
+            Timer::ExitedIdle { generation } => self.exited_idle_due(generation, now),
             Timer::ShutdownTerminate => {
                 if let Link::Up(c) = &mut self.link {
                     debug!("the server did not exit after its input closed; sending SIGTERM");
