@@ -998,7 +998,7 @@ impl Dispatcher {
                 if let (true, Some(id)) = (inv.is_response, &inv.id) {
                     let message = format!(
                         "the MCP server's answer is not a valid JSON-RPC response ({}) and was dropped",
-                        inv.message
+                        inv.message.trim_start_matches("invalid request: ")
                     );
                     self.on_dropped_response(id, Reason::InvalidResponse, &message, now);
                 }

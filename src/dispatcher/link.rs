@@ -657,7 +657,7 @@ impl Dispatcher {
             return self.set_timer(due, Timer::ExitedIdle { generation });
         }
         warn!(
-            "the server exited, and its stdout has been open and silent for {}s since: something outside its process group holds it; giving up on it",
+            "the server exited, but its stdout has stayed open with nothing to read for {}s: something outside its process group holds it; giving up on it",
             EXITED_IDLE.as_secs()
         );
         self.link_lost(now);
