@@ -1238,26 +1238,16 @@ impl Dispatcher {
 /// reads differently. Whatever the proxy cannot read as the server will, it
 /// refuses.
 fn repeated_param(method: &str, params: Option<&str>) -> Option<String> {
-    let params = RawObject::parse(params?)?;
-    let mut repeated = params.duplicate().map(|name| (name.to_owned(), "params"));
-    let nested: &[(&str, &str)] = match method {
-        "tools/call" | "prompts/get" => {
-            &[("_meta", "params._meta"), ("arguments", "params.arguments")]
-        }
-        _ => &[("_meta", "params._meta")],
+    let nested: &[&str] = match method {
+        "tools/call" | "prompts/get" => &["_meta", "arguments"],
+        _ => &["_meta"],
     };
-    for (key, path) in nested {
-        if repeated.is_some() {
-            break;
-        }
-        let inner = params.get(key).and_then(|v| RawObject::parse(v.get()));
-        repeated = inner.and_then(|o| o.duplicate().map(|name| (name.to_owned(), *path)));
-    }
-    let (name, path) = repeated?;
-    Some(format!(
-        "invalid request: duplicate member {} in {path}",
-        jsonrpc::json_string(&name)
-    ))
+    let repeated = jsonrpc::repeated_member(params?, nested)?;
+    let name = jsonrpc::json_string(&repeated.name);
+    Some(match repeated.within {
+        None => format!("invalid request: duplicate member {name} in params"),
+        Some(within) => format!("invalid request: duplicate member {name} in params.{within}"),
+    })
 }
 
 /// How long the dispatcher keeps looking for the next event before it

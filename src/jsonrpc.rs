@@ -617,6 +617,138 @@ pub struct RawObject<'a>(
 /// each earlier one; beyond, with a set of the names.
 const DUPLICATE_SCAN: usize = 16;
 
+/// The member names of one object seen so far, to notice a repeat. Names
+/// without escapes are borrowed from the text: the common case allocates
+/// nothing.
+struct SeenNames<'de> {
+    few: [Option<Cow<'de, str>>; DUPLICATE_SCAN],
+    len: usize,
+    many: Option<HashSet<Cow<'de, str>>>,
+}
+
+impl Default for SeenNames<'_> {
+    fn default() -> Self {
+        SeenNames {
+            few: [const { None }; DUPLICATE_SCAN],
+            len: 0,
+            many: None,
+        }
+    }
+}
+
+impl<'de> SeenNames<'de> {
+    /// Whether `name` was seen before; remembers it.
+    // A `Cow`, not a `&str`: cloning it keeps a borrowed name borrowed.
+    #[allow(clippy::ptr_arg)]
+    fn repeats(&mut self, name: &Cow<'de, str>) -> bool {
+        if self.len < DUPLICATE_SCAN {
+            if self.few[..self.len].iter().flatten().any(|n| n == name) {
+                return true;
+            }
+            self.few[self.len] = Some(name.clone());
+            self.len += 1;
+            return false;
+        }
+        let few = &mut self.few;
+        let many = self
+            .many
+            .get_or_insert_with(|| few.iter_mut().filter_map(Option::take).collect());
+        !many.insert(name.clone())
+    }
+}
+
+/// Where a name repeats: in the object itself (`within: None`) or in its
+/// member `within`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Repeated<'n> {
+    pub within: Option<&'n str>,
+    pub name: String,
+}
+
+/// The first member name that repeats in the JSON object `text` or, one
+/// level down, in the members named in `nested` that are objects. One pass
+/// over the text, which allocates nothing unless a name has escapes: the
+/// same check as [`RawObject::duplicate`] without building the members.
+/// `None` also when `text` is not an object.
+pub fn repeated_member<'n>(text: &str, nested: &'n [&'n str]) -> Option<Repeated<'n>> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    FindRepeat { nested }.deserialize(&mut de).ok().flatten()
+}
+
+/// [`repeated_member`] as a serde seed: any value, looked into when it is
+/// an object.
+struct FindRepeat<'n> {
+    nested: &'n [&'n str],
+}
+
+impl<'de, 'n> DeserializeSeed<'de> for FindRepeat<'n> {
+    type Value = Option<Repeated<'n>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, 'n> Visitor<'de> for FindRepeat<'n> {
+    type Value = Option<Repeated<'n>>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = SeenNames::default();
+        let mut found = None;
+        while let Some(k) = map.next_key_seed(Key)? {
+            if found.is_some() {
+                map.next_value::<de::IgnoredAny>()?;
+                continue;
+            }
+            if seen.repeats(&k) {
+                found = Some(Repeated {
+                    within: None,
+                    name: k.into_owned(),
+                });
+                map.next_value::<de::IgnoredAny>()?;
+                continue;
+            }
+            match self.nested.iter().find(|n| **n == k) {
+                Some(within) => {
+                    found = map
+                        .next_value_seed(FindRepeat { nested: &[] })?
+                        .map(|r| Repeated {
+                            within: Some(*within),
+                            name: r.name,
+                        });
+                }
+                None => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(found)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
 impl<'a> RawObject<'a> {
     pub fn parse(text: &'a str) -> Option<RawObject<'a>> {
         serde_json::from_str(text).ok()
@@ -687,21 +819,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut out: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::new();
                 let mut duplicate = None;
-                let mut names: Option<HashSet<Cow<'de, str>>> = None;
+                let mut seen = SeenNames::default();
                 while let Some(k) = map.next_key_seed(Key)? {
                     let v: &'de RawValue = map.next_value()?;
-                    if duplicate.is_none() {
-                        let repeated = if out.len() < DUPLICATE_SCAN {
-                            out.iter().any(|(name, _)| *name == k)
-                        } else {
-                            let names = names.get_or_insert_with(|| {
-                                out.iter().map(|(name, _)| name.clone()).collect()
-                            });
-                            !names.insert(k.clone())
-                        };
-                        if repeated {
-                            duplicate = Some(k.clone());
-                        }
+                    if duplicate.is_none() && seen.repeats(&k) {
+                        duplicate = Some(k.clone());
                     }
                     out.push((k, v));
                 }
@@ -1037,6 +1159,69 @@ mod tests {
                     Some(expected.as_str()),
                     "{n} {early} {late}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn repeated_member_agrees_with_raw_object_in_one_pass() {
+        let nested: &[&str] = &["_meta", "arguments"];
+        let found = |text: &str| {
+            repeated_member(text, nested).map(|r| (r.within.map(str::to_owned), r.name))
+        };
+        let top = |name: &str| Some((None, name.to_owned()));
+        let inner = |within: &str, name: &str| Some((Some(within.to_owned()), name.to_owned()));
+        assert_eq!(
+            found(r#"{"name":"ro","arguments":{},"name":"x"}"#),
+            top("name")
+        );
+        assert_eq!(found(r#"{"name":"ro","n\u0061me":"x"}"#), top("name"));
+        assert_eq!(
+            found(r#"{"arguments":{"a":1,"b":[1,{"a":2}],"a":3}}"#),
+            inner("arguments", "a")
+        );
+        assert_eq!(
+            found(r#"{"_meta":{"k":1,"\u006b":2},"name":"n"}"#),
+            inner("_meta", "k")
+        );
+        // Only one level down, only in the named members, only objects.
+        assert_eq!(
+            found(r#"{"arguments":{"x":{"a":1,"a":2}},"other":{"b":1,"b":2}}"#),
+            None
+        );
+        assert_eq!(
+            found(r#"{"arguments":[{"a":1,"a":2}],"_meta":"s","x":null}"#),
+            None
+        );
+        assert_eq!(
+            found(r#"{"name":{"a":1,"a":2},"n":true,"f":1.5,"i":-1}"#),
+            None
+        );
+        // The first repeat in the text wins.
+        assert_eq!(
+            found(r#"{"arguments":{"a":1,"a":2},"x":1,"x":2}"#),
+            inner("arguments", "a")
+        );
+        assert_eq!(
+            found(r#"{"x":1,"x":2,"arguments":{"a":1,"a":2}}"#),
+            top("x")
+        );
+        // Not an object, or not JSON.
+        assert_eq!(found("[1,2]"), None);
+        assert_eq!(found("{\"a\":"), None);
+        // Past the linear scan, and the same answers as RawObject.
+        for n in [DUPLICATE_SCAN - 1, DUPLICATE_SCAN, DUPLICATE_SCAN + 1, 300] {
+            let members: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
+            for extra in ["\"x\":0".to_owned(), format!("\"k{}\":0", n / 2)] {
+                let text = format!("{{{},{extra}}}", members.join(","));
+                let raw = RawObject::parse(&text).unwrap();
+                let expected = raw.duplicate().map(|d| (None, d.to_owned()));
+                assert_eq!(found(&text), expected, "{n} {extra}");
+                let args = format!("{{\"arguments\":{text}}}");
+                let expected = raw
+                    .duplicate()
+                    .map(|d| (Some("arguments".to_owned()), d.to_owned()));
+                assert_eq!(found(&args), expected, "{n} {extra} nested");
             }
         }
     }

@@ -90,6 +90,10 @@ fn check_message(m: &Message) {
     if let Some(p) = m.params() {
         let r = reparse(&m.line_with_params(p));
         assert!(r == *m, "same params, same message");
+        // The one-pass check and RawObject find the same repeated name.
+        let scanned = jsonrpc::repeated_member(p, &[]).map(|r| r.name);
+        let parsed = jsonrpc::RawObject::parse(p).and_then(|o| o.duplicate().map(str::to_owned));
+        assert_eq!(scanned, parsed, "repeated names in {p}");
     }
 }
 
