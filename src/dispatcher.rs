@@ -940,6 +940,12 @@ impl Dispatcher {
         else {
             return debug!("dropped a cancel without a requestId");
         };
+        if let Some(name) = params.duplicate() {
+            // Which request it cancels depends on who reads it: none is
+            // safer (an answer the client no longer wants) than the wrong
+            // one (a request that never gets an answer).
+            return warn!("dropped a cancel whose params repeat the member {name:?}");
+        }
         let Some(req) = self.client_requests.remove(&request_id) else {
             return debug!("dropped a cancel for unknown or finished request {request_id}");
         };

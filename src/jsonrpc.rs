@@ -6,6 +6,11 @@
 //! byte for byte; only the `id` is ever rewritten. Messages the proxy makes
 //! itself are built with [`response_line`], [`error_line`] and friends.
 //!
+//! JSON leaves a repeated member name to the reader, and readers disagree
+//! (last, first, error). A message whose envelope repeats a member is
+//! therefore [`Parsed::Invalid`]; [`RawObject::duplicate`] and
+//! [`repeated_member`] let callers apply the same rule further in.
+//!
 //! Knows nothing of threads, processes, MCP methods or policy.
 
 use std::borrow::Cow;

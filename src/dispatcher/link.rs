@@ -1,4 +1,5 @@
-//! The server link: starting the server, noticing that it is gone,
+//! The server link: starting the server, noticing that it is gone (its
+//! stdout read to the end, not merely its process exited),
 //! restarting it with backoff, replaying the client's handshake to a new
 //! incarnation, and queueing traffic while it is not ready.
 //!

@@ -333,3 +333,19 @@ fn answers_the_proxy_cannot_relay_answer_their_request_with_an_error() {
     });
     h.nothing_sent();
 }
+
+#[test]
+fn a_cancel_with_a_repeated_member_cancels_nothing() {
+    let mut h = Harness::new();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"x"}}"#);
+    let one = id_of(&h.to_server());
+    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"y"}}"#);
+    let two = id_of(&h.to_server());
+    h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"requestId":2}}"#);
+    h.nothing_sent();
+    // Both requests are still answered.
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{one},"result":{{}}}}"#));
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{two},"result":{{}}}}"#));
+    assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
+}
