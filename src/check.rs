@@ -440,7 +440,10 @@ impl Conversation<'_> {
                 Some(ServerEvent::Exited(info)) => exit = Some(info),
                 Some(ServerEvent::StdoutClosed) => closed = true,
                 Some(
-                    ServerEvent::Garbage | ServerEvent::Overlong | ServerEvent::WriteFailed { .. },
+                    ServerEvent::Garbage
+                    | ServerEvent::Overlong
+                    | ServerEvent::TooLong { .. }
+                    | ServerEvent::WriteFailed { .. },
                 ) => {}
                 // Every sender is gone: nothing more can arrive.
                 None => return self.gone(exit),

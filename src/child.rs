@@ -218,11 +218,12 @@ where
                 crate::debug!("the server is writing a line over max_message_bytes; dropping it");
                 ev(ServerEvent::Overlong);
             }
-            ReadItem::TooLong { len, .. } => {
+            ReadItem::TooLong { prefix, len } => {
                 crate::warn!(
                     "the server wrote a line of {len} bytes, over max_message_bytes; dropped"
                 );
-                ev(ServerEvent::Garbage);
+                let response_id = jsonrpc::scan_response_id(&prefix);
+                ev(ServerEvent::TooLong { response_id, len });
             }
             ReadItem::Eof => ev(ServerEvent::StdoutClosed),
         }

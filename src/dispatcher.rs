@@ -92,6 +92,10 @@ pub enum Reason {
     NotRetriedUnsafe,
     RetryBudgetExhausted,
     DeadlineExceeded,
+    /// The server's answer was over `max_message_bytes`.
+    ResponseTooLarge,
+    /// The server's answer was not a valid JSON-RPC response.
+    InvalidResponse,
 }
 
 impl Reason {
@@ -106,6 +110,8 @@ impl Reason {
             Reason::NotRetriedUnsafe => "not_retried_unsafe",
             Reason::RetryBudgetExhausted => "retry_budget_exhausted",
             Reason::DeadlineExceeded => "deadline_exceeded",
+            Reason::ResponseTooLarge => "response_too_large",
+            Reason::InvalidResponse => "invalid_response",
         }
     }
 }
@@ -126,8 +132,11 @@ pub fn proxy_error(reason: Reason, message: &str, extra: &[(&str, String)]) -> S
 /// A deadline and the reason it exists.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Timer {
-    /// A stopped link's grace period after `Exited` for its stdout to drain.
-    LinkDrained { generation: u64 },
+    /// The server of incarnation `generation` exited a while ago and its
+    /// stdout is still open: kill what is left of its process group.
+    KillOrphans { generation: u64 },
+    /// Is the exited server's stdout still open and idle (not held back)?
+    ExitedIdle { generation: u64 },
     /// Shutdown: the server had `SHUTDOWN_STEP` to exit after its input closed.
     ShutdownTerminate,
     /// Shutdown: the server had `SHUTDOWN_STEP` to exit after SIGTERM.
@@ -522,11 +531,8 @@ impl Dispatcher {
 
     fn on_timer(&mut self, timer: Timer, now: Instant) {
         match timer {
-            Timer::LinkDrained { generation } => {
-                if generation == self.generation {
-                    self.link_lost(now);
-                }
-            }
+            Timer::KillOrphans { generation } => self.kill_orphans(generation),
+            Timer::ExitedIdle { generation } => self.exited_idle_due(generation, now),
             Timer::ShutdownTerminate => {
                 if let Link::Up(c) = &mut self.link {
                     debug!("the server did not exit after its input closed; sending SIGTERM");
@@ -783,18 +789,13 @@ impl Dispatcher {
     fn on_client_request(&mut self, m: Message, batch: Option<u64>, now: Instant) {
         let client_id = m.id().expect("requests have ids").to_owned();
         if self.client_requests.contains_key(&client_id) {
-            warn!("answered a client request whose id {client_id} is already in flight");
-            let line = jsonrpc::error_line(
-                Some(&client_id),
-                jsonrpc::INVALID_REQUEST,
-                &format!("invalid request: a request with id {client_id} is already in flight"),
-                None,
-            );
-            match batch {
-                Some(b) => self.batch_answer(b, line),
-                None => self.send_client(line),
-            }
-            return;
+            let message =
+                format!("invalid request: a request with id {client_id} is already in flight");
+            return self.refuse_invalid(&client_id, &message, batch);
+        }
+        let method = m.method().unwrap_or_default();
+        if let Some(message) = repeated_param(&method, m.params()) {
+            return self.refuse_invalid(&client_id, &message, batch);
         }
         self.client_requests.insert(
             client_id.clone(),
@@ -813,7 +814,6 @@ impl Dispatcher {
             warn!("{message}");
             return self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
-        let method = m.method().unwrap_or_default();
         let kind = match method.as_ref() {
             "initialize" => {
                 self.session.pending_init = m.params().map(str::to_owned);
@@ -846,6 +846,17 @@ impl Dispatcher {
             _ => Method::Other,
         };
         self.relay_request(m, client_id, kind, now);
+    }
+
+    /// Answers a client request that is not forwarded with -32600 (it was
+    /// never counted in `client_requests`).
+    fn refuse_invalid(&mut self, client_id: &str, message: &str, batch: Option<u64>) {
+        warn!("answered a client request {client_id}: {message}");
+        let line = jsonrpc::error_line(Some(client_id), jsonrpc::INVALID_REQUEST, message, None);
+        match batch {
+            Some(b) => self.batch_answer(b, line),
+            None => self.send_client(line),
+        }
     }
 
     /// Remembers active subscriptions, to replay them to a restarted server.
@@ -969,6 +980,12 @@ impl Dispatcher {
         else {
             return debug!("dropped a cancel without a requestId");
         };
+        if let Some(name) = params.duplicate() {
+            // Which request it cancels depends on who reads it: none is
+            // safer (an answer the client no longer wants) than the wrong
+            // one (a request that never gets an answer).
+            return warn!("dropped a cancel whose params repeat the member {name:?}");
+        }
         let Some(req) = self.client_requests.remove(&request_id) else {
             return debug!("dropped a cancel for unknown or finished request {request_id}");
         };
@@ -1023,7 +1040,14 @@ impl Dispatcher {
                 warn!(
                     "the server sent an invalid message; skipped ({})",
                     inv.message
-                )
+                );
+                if let (true, Some(id)) = (inv.is_response, &inv.id) {
+                    let message = format!(
+                        "the MCP server's answer is not a valid JSON-RPC response ({}) and was dropped",
+                        inv.message.trim_start_matches("invalid request: ")
+                    );
+                    self.on_dropped_response(id, Reason::InvalidResponse, &message, now);
+                }
             }
             Parsed::Batch(items) => {
                 for item in items {
@@ -1098,6 +1122,74 @@ impl Dispatcher {
             None => debug!(
                 "dropped the server's answer to request {down}, which was cancelled or abandoned"
             ),
+        }
+    }
+
+    /// The server answered downstream request `id` (raw), but the answer
+    /// cannot be relayed (too large, invalid). The request still gets its
+    /// one answer, now: an error saying why. The server did answer, so this
+    /// is final; a call attempt is not retried (its tool ran).
+    fn on_dropped_response(&mut self, id: &str, reason: Reason, message: &str, now: Instant) {
+        let Some(down) = id
+            .parse::<u64>()
+            .ok()
+            .filter(|d| *d <= self.next_downstream_id)
+        else {
+            return debug!("the dropped answer had an id the proxy never issued: {id}");
+        };
+        match self.inflight.get(&down) {
+            Some(Inflight::Client { .. }) => {
+                let Some(Inflight::Client { client_id, .. }) = self.inflight.remove(&down) else {
+                    unreachable!("matched above")
+                };
+                if let Link::Up(c) = &mut self.link {
+                    c.served = true;
+                }
+                warn!("answered client request {client_id} with an error: {message}");
+                self.answer_proxy_error(&client_id, reason, message);
+            }
+            Some(Inflight::Attempt { call }) => {
+                let call = *call;
+                self.inflight.remove(&down);
+                if !self
+                    .calls
+                    .get(&call)
+                    .is_some_and(|c| c.attempt_is_live(down))
+                {
+                    // An abandoned attempt's answer; the live one may still
+                    // bring a real one.
+                    return debug!("dropped the unusable answer of an abandoned attempt");
+                }
+                if let Link::Up(c) = &mut self.link {
+                    c.served = true;
+                }
+                // This attempt has answered: nothing more is awaited of it.
+                let tool = self.calls.get_mut(&call).map(|c| {
+                    c.live = None;
+                    c.tool.clone()
+                });
+                warn!("tool \"{}\": {message}", tool.unwrap_or_default());
+                self.finish_failed(call, &proxy_error(reason, message, &[]), now);
+            }
+            Some(Inflight::ToolsList) => {
+                self.inflight.remove(&down);
+                self.tools_learned(false, now);
+            }
+            Some(Inflight::Replay(step)) => {
+                let step = *step;
+                self.inflight.remove(&down);
+                if step == ReplayStep::Initialize {
+                    warn!("the restarted server is not usable: {message}; stopping it");
+                    if let Link::Up(c) = &mut self.link {
+                        c.server.kill();
+                    }
+                }
+            }
+            Some(Inflight::Late(_)) => {
+                // A late answer nobody waits for: nothing to keep.
+                self.inflight.remove(&down);
+            }
+            None => debug!("dropped an unusable answer to request {down}, which nobody waits for"),
         }
     }
 
@@ -1227,6 +1319,27 @@ impl Dispatcher {
             self.to_client.send(line);
         }
     }
+}
+
+/// Why a client request must not be forwarded because a member name repeats
+/// in `params`, `params._meta` or, for `tools/call` and `prompts/get`,
+/// `params.arguments`. The proxy reads the first `name` of a call, the server
+/// most likely the last: with `"name":"ro","name":"destroy"` the proxy would
+/// retry a read-only call that runs `destroy`, and calls with repeated
+/// argument keys would share dedup and cache entries with calls the server
+/// reads differently. Whatever the proxy cannot read as the server will, it
+/// refuses.
+fn repeated_param(method: &str, params: Option<&str>) -> Option<String> {
+    let nested: &[&str] = match method {
+        "tools/call" | "prompts/get" => &["_meta", "arguments"],
+        _ => &["_meta"],
+    };
+    let repeated = jsonrpc::repeated_member(params?, nested)?;
+    let name = jsonrpc::json_string(&repeated.name);
+    Some(match repeated.within {
+        None => format!("invalid request: duplicate member {name} in params"),
+        Some(within) => format!("invalid request: duplicate member {name} in params.{within}"),
+    })
 }
 
 /// How long the dispatcher keeps looking for the next event before it

@@ -16,12 +16,18 @@ use crate::jsonrpc::Parsed;
 pub enum ServerEvent {
     /// A JSON-RPC message (or batch) from the server.
     Message(Parsed),
-    /// Something that is not JSON arrived, or a line over
-    /// `max_message_bytes` ended (already logged).
+    /// Something that is not JSON arrived (already logged).
     Garbage,
     /// The server has started a line over `max_message_bytes`: nothing it
-    /// writes gets through until that line ends (`Garbage` then follows).
+    /// writes gets through until that line ends (`TooLong` then follows).
     Overlong,
+    /// A line over `max_message_bytes` ended and was dropped (already
+    /// logged). `response_id` is the raw id of the response it was, when
+    /// the line could be read far enough to know.
+    TooLong {
+        response_id: Option<String>,
+        len: usize,
+    },
     /// The server will send nothing more (stdout closed).
     StdoutClosed,
     /// The server process ended.

@@ -6,9 +6,15 @@
 //! byte for byte; only the `id` is ever rewritten. Messages the proxy makes
 //! itself are built with [`response_line`], [`error_line`] and friends.
 //!
+//! JSON leaves a repeated member name to the reader, and readers disagree
+//! (last, first, error). A message whose envelope repeats a member is
+//! therefore [`Parsed::Invalid`]; [`RawObject::duplicate`] and
+//! [`repeated_member`] let callers apply the same rule further in.
+//!
 //! Knows nothing of threads, processes, MCP methods or policy.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
 use std::io::{self, BufRead};
 use std::ops::Range;
@@ -289,6 +295,9 @@ pub fn classify(text: String) -> Parsed {
             )
         }
     };
+    if let Some(name) = raw.duplicate() {
+        return duplicate_in_envelope(&raw, name);
+    }
     let base = text.as_ptr() as usize;
     let span = |v: &RawValue| {
         let s = v.get();
@@ -379,6 +388,28 @@ pub fn classify(text: String) -> Parsed {
     })
 }
 
+/// An envelope that repeats a member: the peer may read either value (or
+/// refuse the line), so the message is refused. It is answered under its id
+/// only when every `id` member holds the same one.
+fn duplicate_in_envelope(raw: &RawObject<'_>, name: &str) -> Parsed {
+    let mut ids = raw
+        .0
+        .iter()
+        .filter(|(k, _)| k == "id")
+        .map(|(_, v)| v.get());
+    let first = ids.next();
+    let id = first
+        .filter(|f| is_valid_id(f) && ids.all(|other| other == *f))
+        .map(str::to_owned);
+    let has = |key: &str| raw.get(key).is_some();
+    let is_response = !has("method") && (has("result") || has("error"));
+    invalid_request(
+        format!("invalid request: duplicate member {}", json_string(name)),
+        id,
+        is_response,
+    )
+}
+
 fn classify_batch(text: &str) -> Parsed {
     match serde_json::from_str::<Vec<&RawValue>>(text) {
         // A batch inside a batch is invalid, and is not looked into: each
@@ -426,11 +457,34 @@ pub fn is_valid_id(raw: &str) -> bool {
 /// Returns the raw id when it is a valid id and the line has a `"method"`
 /// member before the prefix ends or after the id.
 pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
+    let top = scan_top_level(prefix)?;
+    top.method.then_some(top.id?)
+}
+
+/// The id of the response an overlong line begins, when `prefix` shows a
+/// valid top-level `"id"` and a top-level `"result"` or `"error"` member
+/// (which no request or notification has) and no `"method"`. An id after
+/// the prefix is not found (a streaming scan of the whole line would).
+pub fn scan_response_id(prefix: &[u8]) -> Option<String> {
+    let top = scan_top_level(prefix)?;
+    (!top.method && top.result_or_error).then_some(top.id?)
+}
+
+/// What the beginning of a line shows of its top-level members.
+struct TopLevel {
+    id: Option<String>,
+    method: bool,
+    result_or_error: bool,
+}
+
+fn scan_top_level(prefix: &[u8]) -> Option<TopLevel> {
     let mut depth = 0usize;
     let mut i = 0usize;
     let mut key_start: Option<usize> = None;
     let mut found_id = None;
     let mut has_method = false;
+    let mut result_or_error = false;
+    let mut ids = 0usize;
     while i < prefix.len() {
         let c = prefix[i];
         if c == b'"' {
@@ -462,7 +516,11 @@ pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
                     if key == b"\"method\"" {
                         has_method = true;
                     }
+                    if key == b"\"result\"" || key == b"\"error\"" {
+                        result_or_error = true;
+                    }
                     if key == b"\"id\"" {
+                        ids += 1;
                         let rest = &prefix[i + 1..];
                         let rest = std::str::from_utf8(rest).ok().or_else(|| {
                             let valid = std::str::from_utf8(rest).err()?.valid_up_to();
@@ -482,11 +540,12 @@ pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
         }
         i += 1;
     }
-    if has_method {
-        found_id
-    } else {
-        None
-    }
+    Some(TopLevel {
+        // Two ids: which one the peer reads is anybody's guess.
+        id: found_id.filter(|_| ids == 1),
+        method: has_method,
+        result_or_error,
+    })
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` plus newline.
@@ -547,12 +606,162 @@ pub fn notification_line(method: &str, params: Option<&str>) -> Vec<u8> {
 
 /// A JSON object read as an ordered list of raw members. Used to look at (and
 /// rebuild) envelopes and params without touching the values' text.
+///
+/// JSON leaves repeated member names to the reader: most parsers keep the
+/// last, some the first, some refuse. Parsing notes the first name that
+/// repeats ([`RawObject::duplicate`]), so that a caller can refuse an object
+/// that its peer might read differently. [`RawObject::get`] returns the first.
 #[derive(Debug, Default)]
-pub struct RawObject<'a>(pub Vec<(Cow<'a, str>, &'a RawValue)>);
+pub struct RawObject<'a>(
+    pub Vec<(Cow<'a, str>, &'a RawValue)>,
+    /// The first member name (unescaped) that repeats an earlier one.
+    Option<Cow<'a, str>>,
+);
+
+/// Up to this many members, a repeated name is looked for by comparing with
+/// each earlier one; beyond, with a set of the names.
+const DUPLICATE_SCAN: usize = 16;
+
+/// The member names of one object seen so far, to notice a repeat. Names
+/// without escapes are borrowed from the text: the common case allocates
+/// nothing.
+struct SeenNames<'de> {
+    few: [Option<Cow<'de, str>>; DUPLICATE_SCAN],
+    len: usize,
+    many: Option<HashSet<Cow<'de, str>>>,
+}
+
+impl Default for SeenNames<'_> {
+    fn default() -> Self {
+        SeenNames {
+            few: [const { None }; DUPLICATE_SCAN],
+            len: 0,
+            many: None,
+        }
+    }
+}
+
+impl<'de> SeenNames<'de> {
+    /// Whether `name` was seen before; remembers it.
+    // A `Cow`, not a `&str`: cloning it keeps a borrowed name borrowed.
+    #[allow(clippy::ptr_arg)]
+    fn repeats(&mut self, name: &Cow<'de, str>) -> bool {
+        if self.len < DUPLICATE_SCAN {
+            if self.few[..self.len].iter().flatten().any(|n| n == name) {
+                return true;
+            }
+            self.few[self.len] = Some(name.clone());
+            self.len += 1;
+            return false;
+        }
+        let few = &mut self.few;
+        let many = self
+            .many
+            .get_or_insert_with(|| few.iter_mut().filter_map(Option::take).collect());
+        !many.insert(name.clone())
+    }
+}
+
+/// Where a name repeats: in the object itself (`within: None`) or in its
+/// member `within`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Repeated<'n> {
+    pub within: Option<&'n str>,
+    pub name: String,
+}
+
+/// The first member name that repeats in the JSON object `text` or, one
+/// level down, in the members named in `nested` that are objects. One pass
+/// over the text, which allocates nothing unless a name has escapes: the
+/// same check as [`RawObject::duplicate`] without building the members.
+/// `None` also when `text` is not an object.
+pub fn repeated_member<'n>(text: &str, nested: &'n [&'n str]) -> Option<Repeated<'n>> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    FindRepeat { nested }.deserialize(&mut de).ok().flatten()
+}
+
+/// [`repeated_member`] as a serde seed: any value, looked into when it is
+/// an object.
+struct FindRepeat<'n> {
+    nested: &'n [&'n str],
+}
+
+impl<'de, 'n> DeserializeSeed<'de> for FindRepeat<'n> {
+    type Value = Option<Repeated<'n>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, 'n> Visitor<'de> for FindRepeat<'n> {
+    type Value = Option<Repeated<'n>>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = SeenNames::default();
+        let mut found = None;
+        while let Some(k) = map.next_key_seed(Key)? {
+            if found.is_some() {
+                map.next_value::<de::IgnoredAny>()?;
+                continue;
+            }
+            if seen.repeats(&k) {
+                found = Some(Repeated {
+                    within: None,
+                    name: k.into_owned(),
+                });
+                map.next_value::<de::IgnoredAny>()?;
+                continue;
+            }
+            match self.nested.iter().find(|n| **n == k) {
+                Some(within) => {
+                    found = map
+                        .next_value_seed(FindRepeat { nested: &[] })?
+                        .map(|r| Repeated {
+                            within: Some(*within),
+                            name: r.name,
+                        });
+                }
+                None => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(found)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
 
 impl<'a> RawObject<'a> {
     pub fn parse(text: &'a str) -> Option<RawObject<'a>> {
         serde_json::from_str(text).ok()
+    }
+    /// The first member name that occurs twice (names compare unescaped:
+    /// `"n\u0061me"` repeats `"name"`), as the object was parsed.
+    pub fn duplicate(&self) -> Option<&str> {
+        self.1.as_deref()
     }
     pub fn get(&self, key: &str) -> Option<&'a RawValue> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
@@ -613,12 +822,17 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::new();
+                let mut out: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::new();
+                let mut duplicate = None;
+                let mut seen = SeenNames::default();
                 while let Some(k) = map.next_key_seed(Key)? {
                     let v: &'de RawValue = map.next_value()?;
+                    if duplicate.is_none() && seen.repeats(&k) {
+                        duplicate = Some(k.clone());
+                    }
                     out.push((k, v));
                 }
-                Ok(RawObject(out))
+                Ok(RawObject(out, duplicate))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
                 Err(de::Error::invalid_type(de::Unexpected::Seq, &self))
@@ -878,6 +1092,27 @@ mod tests {
     }
 
     #[test]
+    fn scan_finds_the_id_of_an_overlong_response() {
+        let p = br#"{"jsonrpc":"2.0","id":12,"result":{"id":5,"content":[{"text":"xxxx"#;
+        assert_eq!(scan_response_id(p).as_deref(), Some("12"));
+        assert_eq!(scan_request_id(p), None);
+        let p = br#"{"error":{"code":1,"message":"xx"},"id":"r-1","jsonrpc":"2.0","data":"#;
+        assert_eq!(scan_response_id(p).as_deref(), Some("\"r-1\""));
+        // No result or error yet: it may be a request from the server.
+        let p = br#"{"jsonrpc":"2.0","id":3,"params":{"result":"xxxx"#;
+        assert_eq!(scan_response_id(p), None);
+        let p = br#"{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","result":"#;
+        assert_eq!(scan_response_id(p), None);
+        // The id comes after the prefix: not found.
+        let p = br#"{"jsonrpc":"2.0","result":{"content":[{"text":"xxxx"#;
+        assert_eq!(scan_response_id(p), None);
+        let p = br#"{"jsonrpc":"2.0","result":{"id":4},"id":1.5,"x":"#;
+        assert_eq!(scan_response_id(p), None);
+        let p = br#"{"jsonrpc":"2.0","id":1,"id":2,"result":{"x":"#;
+        assert_eq!(scan_response_id(p), None);
+    }
+
+    #[test]
     fn builders_make_exact_lines() {
         assert_eq!(
             String::from_utf8(error_line(None, PARSE_ERROR, "parse error", None)).unwrap(),
@@ -891,6 +1126,140 @@ mod tests {
             String::from_utf8(notification_line("n", Some("{\"a\":1}"))).unwrap(),
             "{\"jsonrpc\":\"2.0\",\"method\":\"n\",\"params\":{\"a\":1}}\n"
         );
+    }
+
+    #[test]
+    fn raw_object_notes_the_first_repeated_name() {
+        let o = RawObject::parse(r#"{"name":"ro","arguments":{},"name":"destroy"}"#).unwrap();
+        assert_eq!(o.duplicate(), Some("name"));
+        assert_eq!(
+            o.string("name").as_deref(),
+            Some("ro"),
+            "get reads the first"
+        );
+        let o = RawObject::parse(r#"{"name":"a","n\u0061me":"b"}"#).unwrap();
+        assert_eq!(o.duplicate(), Some("name"), "names compare unescaped");
+        let o = RawObject::parse(r#"{"a":1,"b":2,"b":3,"a":4}"#).unwrap();
+        assert_eq!(o.duplicate(), Some("b"), "the first name to repeat");
+        let o = RawObject::parse(r#"{"a":{"x":1,"x":2},"A":1,"a\u0000":2}"#).unwrap();
+        assert_eq!(
+            o.duplicate(),
+            None,
+            "nested objects and near names are not repeats"
+        );
+        assert_eq!(RawObject::parse("{}").unwrap().duplicate(), None);
+        // Past the linear scan, a set of the names takes over.
+        for n in [DUPLICATE_SCAN - 1, DUPLICATE_SCAN, DUPLICATE_SCAN + 1, 500] {
+            let members: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
+            let unique = format!("{{{}}}", members.join(","));
+            assert_eq!(RawObject::parse(&unique).unwrap().duplicate(), None, "{n}");
+            for (early, late) in [(0, n), (n - 1, n), (n / 2, n + 3)] {
+                let mut m = members.clone();
+                m.push("\"x\":0".to_owned());
+                m.insert(late.min(m.len()), format!("\"k{early}\":true"));
+                let text = format!("{{{}}}", m.join(","));
+                let expected = format!("k{early}");
+                assert_eq!(
+                    RawObject::parse(&text).unwrap().duplicate(),
+                    Some(expected.as_str()),
+                    "{n} {early} {late}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn repeated_member_agrees_with_raw_object_in_one_pass() {
+        let nested: &[&str] = &["_meta", "arguments"];
+        let found = |text: &str| {
+            repeated_member(text, nested).map(|r| (r.within.map(str::to_owned), r.name))
+        };
+        let top = |name: &str| Some((None, name.to_owned()));
+        let inner = |within: &str, name: &str| Some((Some(within.to_owned()), name.to_owned()));
+        assert_eq!(
+            found(r#"{"name":"ro","arguments":{},"name":"x"}"#),
+            top("name")
+        );
+        assert_eq!(found(r#"{"name":"ro","n\u0061me":"x"}"#), top("name"));
+        assert_eq!(
+            found(r#"{"arguments":{"a":1,"b":[1,{"a":2}],"a":3}}"#),
+            inner("arguments", "a")
+        );
+        assert_eq!(
+            found(r#"{"_meta":{"k":1,"\u006b":2},"name":"n"}"#),
+            inner("_meta", "k")
+        );
+        // Only one level down, only in the named members, only objects.
+        assert_eq!(
+            found(r#"{"arguments":{"x":{"a":1,"a":2}},"other":{"b":1,"b":2}}"#),
+            None
+        );
+        assert_eq!(
+            found(r#"{"arguments":[{"a":1,"a":2}],"_meta":"s","x":null}"#),
+            None
+        );
+        assert_eq!(
+            found(r#"{"name":{"a":1,"a":2},"n":true,"f":1.5,"i":-1}"#),
+            None
+        );
+        // The first repeat in the text wins.
+        assert_eq!(
+            found(r#"{"arguments":{"a":1,"a":2},"x":1,"x":2}"#),
+            inner("arguments", "a")
+        );
+        assert_eq!(
+            found(r#"{"x":1,"x":2,"arguments":{"a":1,"a":2}}"#),
+            top("x")
+        );
+        // Not an object, or not JSON.
+        assert_eq!(found("[1,2]"), None);
+        assert_eq!(found("{\"a\":"), None);
+        // Past the linear scan, and the same answers as RawObject.
+        for n in [DUPLICATE_SCAN - 1, DUPLICATE_SCAN, DUPLICATE_SCAN + 1, 300] {
+            let members: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
+            for extra in ["\"x\":0".to_owned(), format!("\"k{}\":0", n / 2)] {
+                let text = format!("{{{},{extra}}}", members.join(","));
+                let raw = RawObject::parse(&text).unwrap();
+                let expected = raw.duplicate().map(|d| (None, d.to_owned()));
+                assert_eq!(found(&text), expected, "{n} {extra}");
+                let args = format!("{{\"arguments\":{text}}}");
+                let expected = raw
+                    .duplicate()
+                    .map(|d| (Some("arguments".to_owned()), d.to_owned()));
+                assert_eq!(found(&args), expected, "{n} {extra} nested");
+            }
+        }
+    }
+
+    #[test]
+    fn an_envelope_with_a_repeated_member_is_invalid() {
+        let i = invalid(r#"{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call"}"#);
+        assert_eq!(i.code, INVALID_REQUEST);
+        assert_eq!(i.message, r#"invalid request: duplicate member "method""#);
+        assert_eq!((i.id.as_deref(), i.is_response), (Some("1"), false));
+        // Two different ids: nobody knows which request this was.
+        let i = invalid(r#"{"jsonrpc":"2.0","id":1,"method":"ping","id":2}"#);
+        assert_eq!((i.id, i.message.contains(r#""id""#)), (None, true));
+        let i = invalid(r#"{"jsonrpc":"2.0","id":"a","method":"ping","\u0069d":"a"}"#);
+        assert_eq!(
+            i.id.as_deref(),
+            Some(r#""a""#),
+            "the same id twice is still that id"
+        );
+        let i = invalid(r#"{"jsonrpc":"2.0","id":1.5,"method":"ping","id":1.5}"#);
+        assert_eq!(i.id, None);
+        let i = invalid(r#"{"jsonrpc":"2.0","id":3,"result":{},"result":{"x":1}}"#);
+        assert_eq!((i.id.as_deref(), i.is_response), (Some("3"), true));
+        let i = invalid(r#"{"jsonrpc":"2.0","jsonrpc":"2.0","method":"n"}"#);
+        assert_eq!((i.id, i.is_response), (None, false));
+        let i = invalid(r#"{"jsonrpc":"2.0","id":4,"method":"x","params":{},"params":[]}"#);
+        assert_eq!(i.id.as_deref(), Some("4"));
+        // Unknown members too: one rule for the whole envelope.
+        let i = invalid(r#"{"jsonrpc":"2.0","id":5,"method":"x","extra":1,"extra":2}"#);
+        assert!(i.message.ends_with(r#"duplicate member "extra""#), "{i:?}");
+        // Repeats inside params are not the envelope's business.
+        let m = msg(r#"{"jsonrpc":"2.0","id":6,"method":"x","params":{"a":1,"a":2}}"#);
+        assert_eq!(m.kind(), Kind::Request);
     }
 
     #[test]

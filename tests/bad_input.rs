@@ -241,6 +241,81 @@ fn ids_that_are_not_strings_or_integers_are_invalid_requests() {
 }
 
 #[test]
+fn repeated_member_names_are_refused_and_nothing_runs() {
+    let mut s = Builder::wrap_mock().with_logs().start();
+    s.initialize();
+    s.list_tools();
+    // The mock, like most JSON parsers, keeps the last of two members with
+    // one name; the proxy refuses what it might read differently.
+    let cases = [
+        (
+            "name",
+            r#"{"jsonrpc":"2.0","id":"dup-name","method":"tools/call","params":{"name":"ro_echo","arguments":{"text":"x"},"name":"destructive_echo"}}"#,
+            r#"duplicate member "name" in params"#,
+        ),
+        (
+            "escaped",
+            r#"{"jsonrpc":"2.0","id":"dup-escaped","method":"tools/call","params":{"name":"ro_echo","n\u0061me":"destructive_echo"}}"#,
+            r#"duplicate member "name" in params"#,
+        ),
+        (
+            "arguments",
+            r#"{"jsonrpc":"2.0","id":"dup-args","method":"tools/call","params":{"name":"idem_echo","arguments":{"text":"a","mode":"echo","text":"b"}}}"#,
+            r#"duplicate member "text" in params.arguments"#,
+        ),
+        (
+            "meta",
+            r#"{"jsonrpc":"2.0","id":"dup-meta","method":"tools/call","params":{"name":"idem_echo","arguments":{},"_meta":{"idempotencyKey":"k1","idempotencyKey":"k2"}}}"#,
+            r#"duplicate member "idempotencyKey" in params._meta"#,
+        ),
+        (
+            "other method",
+            r#"{"jsonrpc":"2.0","id":"dup-read","method":"resources/read","params":{"uri":"mock://a","uri":"mock://b"}}"#,
+            r#"duplicate member "uri" in params"#,
+        ),
+        (
+            "other method's meta",
+            r#"{"jsonrpc":"2.0","id":"dup-read-meta","method":"resources/read","params":{"uri":"mock://a","_meta":{"a":1,"a":1}}}"#,
+            r#"duplicate member "a" in params._meta"#,
+        ),
+        (
+            "prompt arguments",
+            r#"{"jsonrpc":"2.0","id":"dup-prompt","method":"prompts/get","params":{"name":"greeting","arguments":{"who":"a","who":"b"}}}"#,
+            r#"duplicate member "who" in params.arguments"#,
+        ),
+        (
+            "envelope",
+            r#"{"jsonrpc":"2.0","id":"dup-env","method":"ping","params":{},"method":"tools/call","params":{"name":"destructive_echo"}}"#,
+            r#"duplicate member "method""#,
+        ),
+    ];
+    for (what, line, expected) in cases {
+        s.send_raw(line);
+        let id: Value = serde_json::from_str::<Value>(line).unwrap()["id"].clone();
+        let e = s.error(&id);
+        assert_eq!(e["code"], json!(-32600), "{what}: {e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(message.ends_with(expected), "{what}: {message}");
+    }
+    // The same member twice in different objects is fine.
+    s.send_raw(
+        r#"{"jsonrpc":"2.0","id":"nested","method":"tools/call","params":{"name":"ro_echo","arguments":{"name":"a","text":"fine","_meta":{}},"_meta":{"name":"b"}}}"#,
+    );
+    assert_eq!(s.result(&json!("nested"))["content"][0]["text"], "fine");
+    still_works(&mut s, "repeated members");
+    // The session went on, and none of the refused requests reached the
+    // server (the later ones did, so it has read everything before them).
+    assert_eq!(s.executions("destructive_echo"), 0);
+    assert_eq!(s.executions("idem_echo"), 0);
+    assert_eq!(s.executions("ro_echo"), 1, "only the call with no repeats");
+    let refused: Vec<String> = received(&s)
+        .into_iter()
+        .filter(|l| l.contains("dup-") || l.contains("mock://b"))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
+}
+
+#[test]
 fn a_second_request_with_an_id_in_flight_is_refused() {
     let mut s = Builder::wrap_mock().with_logs().start();
     s.initialize();
@@ -450,4 +525,133 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
         "the proxy's peak RSS was {peak} kB while holding answers for a client that did not read"
     );
     still_works(&mut s, "reading again");
+}
+
+/// The downstream id under which the server received the request whose line
+/// contains `tag`.
+fn downstream_id(s: &Session, tag: &str) -> Value {
+    eventually(&format!("the server to receive {tag}"), || {
+        received(s).iter().any(|l| l.contains(tag))
+    });
+    let line = received(s).into_iter().find(|l| l.contains(tag)).unwrap();
+    serde_json::from_str::<Value>(&line).unwrap()["id"].clone()
+}
+
+/// A proxy error with this `data.reason`.
+fn assert_proxy_error(e: &Value, reason: &str) {
+    assert_eq!(e["code"], json!(-31000), "{e}");
+    assert_eq!(e["data"]["source"], "mcp-retry", "{e}");
+    assert_eq!(e["data"]["reason"], reason, "{e}");
+}
+
+/// After the server's real answer to `down` came and was dropped, nothing
+/// more reaches the client for `id`: it got exactly one answer.
+fn no_second_answer(s: &mut Session, id: &Value, down: &Value, tag: &str) {
+    let dropped = format!("dropped the server's answer to request {down}");
+    eventually("the late answer to be dropped", || {
+        s.stderr().contains(&dropped)
+    });
+    // Anything relayed before the ping's answer has reached us by now.
+    still_works(s, tag);
+    s.expect_none_where(Duration::from_millis(100), |v| v.get("id") == Some(id));
+}
+
+#[test]
+fn a_request_whose_answer_is_not_valid_json_rpc_gets_an_error() {
+    let mut s = Builder::wrap_mock()
+        .with_logs()
+        .env("MOCK_TOOLS_LIST_DELAY_MS", "1500")
+        .start();
+    s.initialize();
+    let id = json!("list");
+    s.request(
+        id.clone(),
+        "tools/list",
+        json!({"_meta": {"tag": "list-1"}}),
+    );
+    let down = downstream_id(&s, "list-1");
+    // An answer with both a result and an error, before the real one.
+    let line = format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"result":{{"tools":[]}},"error":{{"code":-32000,"message":"both"}}}}"#
+    );
+    s.call(
+        json!("raw"),
+        "echo",
+        json!({"mode": "raw", "line": line, "text": "sent"}),
+    );
+    let e = s.error(&id);
+    assert_proxy_error(&e, "invalid_response");
+    assert_eq!(s.result(&json!("raw"))["content"][0]["text"], "sent");
+    no_second_answer(&mut s, &id, &down, "invalid answer");
+}
+
+#[test]
+fn a_request_whose_answer_is_over_max_message_bytes_gets_an_error() {
+    let mut s = proxy_with("max_message_bytes: 65536")
+        .env("MOCK_TOOLS_LIST_DELAY_MS", "1500")
+        .start();
+    s.initialize();
+    let id = json!("list");
+    s.request(
+        id.clone(),
+        "tools/list",
+        json!({"_meta": {"tag": "list-2"}}),
+    );
+    let down = downstream_id(&s, "list-2");
+    let line = format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{"tools":[],"x":"{{pad}}"}}}}"#);
+    let args = json!({"mode": "raw", "line": line, "pad": 100_000, "text": "sent"});
+    s.call(json!("raw"), "echo", args);
+    let e = s.error(&id);
+    assert_proxy_error(&e, "response_too_large");
+    assert!(
+        e["message"].as_str().unwrap().contains("max_message_bytes"),
+        "{e}"
+    );
+    assert_eq!(s.result(&json!("raw"))["content"][0]["text"], "sent");
+    no_second_answer(&mut s, &id, &down, "overlong answer");
+}
+
+#[test]
+fn a_call_whose_answer_is_over_max_message_bytes_fails_at_once_and_runs_once() {
+    // An idempotent tool, which a timeout would retry: the answer came,
+    // so the tool ran, and it is not run again.
+    let mut s = proxy_with("max_message_bytes: 65536\ncall_timeout: 60s").start();
+    s.initialize();
+    s.list_tools();
+    let id = json!("huge");
+    s.call(
+        id.clone(),
+        "idem_echo",
+        json!({"mode": "huge", "bytes": 100_000}),
+    );
+    let e = s
+        .response_within(&id, Duration::from_secs(20))
+        .expect("an answer well before call_timeout");
+    assert_proxy_error(&e["error"], "response_too_large");
+    still_works(&mut s, "huge call");
+    assert_eq!(s.executions("idem_echo"), 1);
+}
+
+#[test]
+fn a_call_whose_answer_is_not_valid_json_rpc_fails_at_once_and_runs_once() {
+    let mut s = proxy_with("call_timeout: 60s").start();
+    s.initialize();
+    s.list_tools();
+    let id = json!("slow");
+    let args = json!({"mode": "slow", "ms": 1500, "text": "call-tag-1"});
+    s.call(id.clone(), "idem_echo", args);
+    let down = downstream_id(&s, "call-tag-1");
+    let line = format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"result":{{}},"error":{{"code":1,"message":"m"}}}}"#
+    );
+    s.call(
+        json!("raw"),
+        "echo",
+        json!({"mode": "raw", "line": line, "text": "sent"}),
+    );
+    let e = s.error(&id);
+    assert_proxy_error(&e, "invalid_response");
+    assert_eq!(s.result(&json!("raw"))["content"][0]["text"], "sent");
+    no_second_answer(&mut s, &id, &down, "invalid call answer");
+    assert_eq!(s.executions("idem_echo"), 1);
 }

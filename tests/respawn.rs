@@ -362,3 +362,133 @@ fn a_server_killed_between_calls_is_back_for_the_next_call() {
     assert_eq!(initialize_params(&s).len(), 2, "the handshake was replayed");
     assert_eq!(s.executions("unsafe_echo"), 2);
 }
+
+/// Bytes of notifications the `flood` call writes before its answer: more
+/// than the proxy holds for a client that does not read (8 MiB waiting for
+/// it, plus the pipe to the client and the writer's batch), so the answer
+/// waits in the server's stdout pipe, and less than that plus the pipe the
+/// mock asks for (`FLOOD_PIPE`), so the server can write it all and exit.
+const FLOOD_BYTES: u64 = 9_000_000;
+const FLOOD_PIPE: u64 = 1 << 20;
+
+#[test]
+fn an_answer_written_before_the_server_exits_reaches_a_client_that_reads_late() {
+    let b = Builder::wrap_mock().with_logs().unread_stdout();
+    let pid_file = b.dir().join("mock.pid");
+    let mut s = b
+        .env("MOCK_PID_FILE", &pid_file.display().to_string())
+        .start();
+    // The handshake and the tool list (so that idem_echo is known to be
+    // safe to retry); their answers wait, unread, with the rest.
+    s.request(
+        json!(0),
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    s.notify("notifications/initialized", json!({}));
+    s.request(json!("list"), "tools/list", json!({}));
+    let pid = crate::util::read_pid(&pid_file);
+    s.call(
+        json!("flood"),
+        "idem_echo",
+        json!({"mode": "flood", "bytes": FLOOD_BYTES, "pipe": FLOOD_PIPE, "text": "the real answer"}),
+    );
+    // The server writes everything, its answer last, and exits while the
+    // client reads nothing.
+    assert!(
+        crate::util::gone_within(pid, crate::util::WAIT),
+        "the mock could not write its flood and exit; stderr:\n{}",
+        s.stderr()
+    );
+    // The client goes on not reading for a while (the behaviour under
+    // test: the proxy used to give up on the server 500 ms after its exit).
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !s.stderr().contains("exited with status 0"),
+        "the proxy gave up on the server before reading its stdout:\n{}",
+        s.stderr()
+    );
+    s.read_stdout();
+    let r = s.result(&json!("flood"));
+    assert_eq!(r["content"][0]["text"], "the real answer", "{r}");
+    assert!(crate::util::source_marker(&r).is_none(), "{r}");
+    // Only now, with the pipe read to its end, is the server gone: the
+    // session goes on with a new one, and the tool ran once.
+    eventually("the server's exit to be noticed", || {
+        s.stderr().contains("exited with status 0")
+    });
+    s.call(json!("after"), "echo", json!({"text": "after"}));
+    assert_eq!(s.result(&json!("after"))["content"][0]["text"], "after");
+    assert_eq!(s.executions("idem_echo"), 1);
+    assert_eq!(starts(&s), 2, "the server was started again once");
+}
+
+/// The pids of the processes the mock started to hold its stdout open.
+fn holders(s: &Session) -> Vec<i32> {
+    std::fs::read_to_string(s.dir.join("holders.pid"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Kills the stdout holders of a session (those in its `holders.pid` at the
+/// time) when the test ends, however it ends.
+struct KillHolders(std::path::PathBuf);
+
+impl Drop for KillHolders {
+    fn drop(&mut self) {
+        let pids = std::fs::read_to_string(&self.0).unwrap_or_default();
+        for pid in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            // SAFETY: plain kill(2) of a `sleep` the mock started for this test.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_descendant_holding_the_exited_servers_stdout_is_stopped() {
+    let mut s = Builder::wrap_mock()
+        .with_logs()
+        .env("MOCK_ORPHAN_STDOUT", "group")
+        .start();
+    s.initialize();
+    eventually("the stdout holder to start", || !holders(&s).is_empty());
+    let _cleanup = KillHolders(s.dir.join("holders.pid"));
+    let holder = holders(&s)[0];
+    s.call(json!("crash"), "unsafe_echo", json!({"mode": "crash"}));
+    let e = s.error(&json!("crash"));
+    assert_eq!(e["data"]["reason"], "server_exited", "{e}");
+    // The server's process group was stopped, so its stdout ended: the link
+    // did not have to be given up as idle.
+    assert!(crate::util::gone_within(holder, crate::util::WAIT));
+    assert!(!s.stderr().contains("giving up on it"), "{}", s.stderr());
+    s.call(json!("after"), "echo", json!({"text": "after"}));
+    assert_eq!(s.result(&json!("after"))["content"][0]["text"], "after");
+}
+
+#[test]
+fn a_detached_descendant_holding_stdout_does_not_hold_the_link_forever() {
+    let mut s = Builder::wrap_mock()
+        .with_logs()
+        .env("MOCK_ORPHAN_STDOUT", "setsid")
+        .start();
+    s.initialize();
+    eventually("the stdout holder to start", || !holders(&s).is_empty());
+    let _cleanup = KillHolders(s.dir.join("holders.pid"));
+    s.call(json!("crash"), "unsafe_echo", json!({"mode": "crash"}));
+    // Out of reach of the group's signals, the holder keeps stdout open; once
+    // it has been silent for a while (10 s) the server is given up on.
+    let e = s.error(&json!("crash"));
+    assert_eq!(e["data"]["reason"], "server_exited", "{e}");
+    assert!(
+        s.stderr()
+            .contains("something outside its process group holds it"),
+        "{}",
+        s.stderr()
+    );
+    s.call(json!("after"), "echo", json!({"text": "after"}));
+    assert_eq!(s.result(&json!("after"))["content"][0]["text"], "after");
+}

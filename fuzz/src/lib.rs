@@ -36,6 +36,13 @@ pub fn check_jsonrpc(data: &[u8]) {
     if let Some(id) = jsonrpc::scan_request_id(data) {
         assert!(jsonrpc::is_valid_id(&id), "scan_request_id found {id:?}");
     }
+    if let Some(id) = jsonrpc::scan_response_id(data) {
+        assert!(jsonrpc::is_valid_id(&id), "scan_response_id found {id:?}");
+        assert!(
+            jsonrpc::scan_request_id(data).is_none(),
+            "a line is a request or a response, not both"
+        );
+    }
     // Framing, with the first byte choosing a small limit and buffer size
     // so that lines cross both.
     let (max, cap) = match data.first() {
@@ -83,6 +90,10 @@ fn check_message(m: &Message) {
     if let Some(p) = m.params() {
         let r = reparse(&m.line_with_params(p));
         assert!(r == *m, "same params, same message");
+        // The one-pass check and RawObject find the same repeated name.
+        let scanned = jsonrpc::repeated_member(p, &[]).map(|r| r.name);
+        let parsed = jsonrpc::RawObject::parse(p).and_then(|o| o.duplicate().map(str::to_owned));
+        assert_eq!(scanned, parsed, "repeated names in {p}");
     }
 }
 

@@ -112,7 +112,7 @@ pub struct Call {
     /// Attempts started so far.
     attempts: u32,
     /// The live attempt's downstream id.
-    live: Option<u64>,
+    pub(super) live: Option<u64>,
     /// Earlier attempts that were abandoned but may still answer.
     dead: Vec<u64>,
     attempt_timeout: Duration,

@@ -1,4 +1,5 @@
-//! The server link: starting the server, noticing that it is gone,
+//! The server link: starting the server, noticing that it is gone (its
+//! stdout read to the end, not merely its process exited),
 //! restarting it with backoff, replaying the client's handshake to a new
 //! incarnation, and queueing traffic while it is not ready.
 //!
@@ -25,6 +26,13 @@ pub(super) const QUEUE_LIMIT: usize = 1000;
 /// Requests wait for a restart due within this long; later ones are
 /// answered at once (a crash loop fails fast instead of hanging).
 const WAIT_FOR_RESTART: Duration = Duration::from_secs(1);
+/// After the server process exited, its process group gets SIGTERM, and
+/// SIGKILL this much later, so that no descendant keeps its stdout open.
+const ORPHANS_GRACE: Duration = Duration::from_secs(2);
+/// An exited server's stdout that has delivered nothing for this long while
+/// nothing held its reader back is given up on: something outside the
+/// process group (a descendant that called `setsid`) holds it open.
+const EXITED_IDLE: Duration = Duration::from_secs(10);
 
 /// The state of the server link.
 pub(super) enum Link {
@@ -57,6 +65,10 @@ pub(super) struct Conn {
     /// the last one is still being written.
     overlong_lines: u64,
     in_overlong: bool,
+    /// When stdout last delivered something, or its reader was last seen
+    /// held back by a slow client: how long an exited server's stdout has
+    /// really been idle.
+    stdout_active: Instant,
 }
 
 /// What a new incarnation must be told to continue the client's session.
@@ -127,6 +139,7 @@ impl Dispatcher {
                     served: false,
                     overlong_lines: 0,
                     in_overlong: false,
+                    stdout_active: now,
                 }));
                 if replay {
                     self.replay_initialize(now);
@@ -159,7 +172,9 @@ impl Dispatcher {
             self.start_server(now);
         }
         match &self.link {
-            Link::Up(c) if c.ready => Route::Send,
+            Link::Up(c) if c.ready && c.exited.is_none() => Route::Send,
+            // Starting, or exited with its last answers still being read:
+            // a new incarnation follows.
             Link::Up(_) => Route::Queue,
             Link::Restarting { at, .. } if *at <= now + WAIT_FOR_RESTART => Route::Queue,
             Link::Restarting { message, at } => Route::Refuse(
@@ -360,6 +375,16 @@ impl Dispatcher {
             // Any other news from stdout means the overlong line has ended.
             c.in_overlong = false;
         }
+        let from_stdout = matches!(
+            event,
+            ServerEvent::Message(_)
+                | ServerEvent::Garbage
+                | ServerEvent::Overlong
+                | ServerEvent::TooLong { .. }
+        );
+        if let (Link::Up(c), true) = (&mut self.link, from_stdout) {
+            c.stdout_active = now;
+        }
         match event {
             ServerEvent::Message(parsed) => {
                 if let Link::Up(c) = &mut self.link {
@@ -368,6 +393,15 @@ impl Dispatcher {
                 self.on_server_parsed(parsed, now)
             }
             ServerEvent::Garbage => {}
+            ServerEvent::TooLong { response_id, len } => {
+                if let Some(id) = response_id {
+                    let max = self.cfg.max_message_bytes;
+                    let message = format!(
+                        "the MCP server's answer of {len} bytes exceeds max_message_bytes ({max}) and was dropped"
+                    );
+                    self.on_dropped_response(&id, Reason::ResponseTooLarge, &message, now);
+                }
+            }
             ServerEvent::Overlong => {
                 let Link::Up(c) = &mut self.link else { return };
                 c.overlong_lines += 1;
@@ -393,15 +427,18 @@ impl Dispatcher {
                 let Link::Up(c) = &mut self.link else { return };
                 c.exited = Some(info);
                 if c.stdout_closed {
-                    self.link_lost(now);
-                } else {
-                    // Let the reader deliver what is still in the pipe.
-                    let generation = self.generation;
-                    self.set_timer(
-                        now + Duration::from_millis(500),
-                        Timer::LinkDrained { generation },
-                    );
+                    return self.link_lost(now);
                 }
+                // The server is gone, but what it wrote may still be in the
+                // pipe (behind a client that reads slowly, say): the link
+                // ends when its stdout has been read to the end. Whatever
+                // is left of its process group may hold stdout open; it is
+                // stopped, which loses nothing already written.
+                c.server.terminate();
+                c.stdout_active = now;
+                let generation = self.generation;
+                self.set_timer(now + ORPHANS_GRACE, Timer::KillOrphans { generation });
+                self.set_timer(now + EXITED_IDLE, Timer::ExitedIdle { generation });
             }
             ServerEvent::WriteFailed { unsent } => {
                 warn!(
@@ -606,6 +643,47 @@ impl Dispatcher {
         }
     }
 
+    /// The server exited `ORPHANS_GRACE` ago and its stdout is still open:
+    /// SIGKILL for what is left of its process group.
+    pub(super) fn kill_orphans(&mut self, generation: u64) {
+        if generation != self.generation {
+            return;
+        }
+        if let Link::Up(c) = &mut self.link {
+            if !c.stdout_closed {
+                debug!("the server exited but its stdout is still open; killing its process group");
+                c.server.kill();
+            }
+        }
+    }
+
+    /// Checks an exited server's stdout for `EXITED_IDLE` of real idleness.
+    /// A reader held back by the client (its output, or the dispatcher's
+    /// inbox, over the limit) is busy, not idle, however long that takes.
+    pub(super) fn exited_idle_due(&mut self, generation: u64, now: Instant) {
+        if generation != self.generation {
+            return;
+        }
+        let held_back = self.to_client.backlog().holds_back()
+            || self.inbox_backlog.as_ref().is_some_and(|b| b.holds_back());
+        let Link::Up(c) = &mut self.link else { return };
+        if c.stdout_closed {
+            return;
+        }
+        if held_back {
+            c.stdout_active = now;
+        }
+        let due = c.stdout_active + EXITED_IDLE;
+        if due > now {
+            return self.set_timer(due, Timer::ExitedIdle { generation });
+        }
+        warn!(
+            "the server exited, but its stdout has stayed open with nothing to read for {}s: something outside its process group holds it; giving up on it",
+            EXITED_IDLE.as_secs()
+        );
+        self.link_lost(now);
+    }
+
     /// A line over `max_message_bytes` was still being written after
     /// `call_timeout`: the server's output is unusable (every answer waits
     /// behind a line that is dropped anyway), so it is stopped and, like
@@ -652,7 +730,7 @@ impl Dispatcher {
     pub(super) fn link_restarting(&self, now: Instant) -> bool {
         match &self.link {
             Link::Restarting { at, .. } => *at <= now + WAIT_FOR_RESTART,
-            Link::Up(c) => !c.ready,
+            Link::Up(c) => !c.ready || c.exited.is_some(),
             _ => false,
         }
     }
@@ -668,6 +746,6 @@ impl Dispatcher {
 
     /// Whether the link can carry the proxy's own requests now.
     pub(super) fn link_ready(&self) -> bool {
-        matches!(&self.link, Link::Up(c) if c.ready)
+        matches!(&self.link, Link::Up(c) if c.ready && c.exited.is_none())
     }
 }

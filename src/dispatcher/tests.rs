@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use serde_json::{json, Value};
 
 use super::{Dispatcher, Event};
+use crate::child::ExitInfo;
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc;
@@ -116,19 +117,16 @@ impl Harness {
         Some(String::from_utf8(line).unwrap().trim_end().to_owned())
     }
 
-    fn server_event(&mut self, event: ServerEvent) {
-        let generation = self.d.generation;
-        self.d
-            .handle_event(Event::Server { generation, event }, self.now);
-    }
-
     fn client_sends(&mut self, line: &str) {
         let parsed = jsonrpc::classify(line.to_owned());
         self.d.handle_event(Event::Client(parsed), self.now);
     }
 
     fn server_sends(&mut self, line: &str) {
-        let event = ServerEvent::Message(jsonrpc::classify(line.to_owned()));
+        self.server_event(ServerEvent::Message(jsonrpc::classify(line.to_owned())));
+    }
+
+    fn server_event(&mut self, event: ServerEvent) {
         let generation = self.d.generation;
         self.d
             .handle_event(Event::Server { generation, event }, self.now);
@@ -539,4 +537,105 @@ fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
         h.to_client();
     }
     assert_eq!(h.d.tools.pages_held(), 2);
+}
+
+const EXIT_0: ExitInfo = ExitInfo {
+    code: Some(0),
+    signal: None,
+};
+
+#[test]
+fn an_exited_server_is_gone_only_when_its_stdout_ends() {
+    let mut h = Harness::new();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
+    let down = id_of(&h.to_server());
+    h.server_event(ServerEvent::Exited(EXIT_0));
+    // Its answer is still in the pipe; the reader is busy, time passes.
+    h.advance(Duration::from_secs(5));
+    // What arrives meanwhile waits for the next server.
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"b","method":"resources/read","params":{"uri":"y"}}"#);
+    h.nothing_sent();
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"result":{{"n":1}}}}"#
+    ));
+    assert_eq!(
+        h.to_client(),
+        r#"{"jsonrpc":"2.0","id":"a","result":{"n":1}}"#
+    );
+    h.server_event(ServerEvent::StdoutClosed);
+    h.advance(Duration::ZERO);
+    let line = h.to_server();
+    assert!(line.contains(r#""uri":"y""#), "{line}");
+    h.nothing_sent();
+}
+
+#[test]
+fn an_exited_servers_stdout_that_stays_open_and_idle_is_given_up() {
+    let mut h = Harness::new();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
+    h.to_server();
+    h.server_event(ServerEvent::Exited(EXIT_0));
+    h.advance(Duration::from_secs(6));
+    // Something arrives: the idle clock starts again.
+    h.server_sends(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#);
+    h.to_client();
+    h.advance(Duration::from_secs(6));
+    h.nothing_sent();
+    let generation = h.d.generation;
+    h.advance(Duration::from_secs(5));
+    // Given up on: the read is sent again to a new server.
+    assert_eq!(h.d.generation, generation + 1);
+    let line = h.to_server();
+    assert!(line.contains(r#""uri":"x""#), "{line}");
+}
+
+#[test]
+fn answers_the_proxy_cannot_relay_answer_their_request_with_an_error() {
+    let mut h = Harness::new();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
+    let a = id_of(&h.to_server());
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"b","method":"prompts/list"}"#);
+    let b = id_of(&h.to_server());
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{a},"result":{{}},"error":{{"code":1,"message":"m"}}}}"#
+    ));
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["id"], "a");
+    assert_eq!(e["error"]["code"], json!(-31000));
+    assert_eq!(e["error"]["data"]["reason"], "invalid_response");
+    h.server_event(ServerEvent::TooLong {
+        response_id: Some(b.to_string()),
+        len: 1 << 30,
+    });
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["id"], "b");
+    assert_eq!(e["error"]["data"]["reason"], "response_too_large");
+    // The real answers, if they came after all, are not relayed again; an
+    // overlong line that is not a known response answers nobody.
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{a},"result":{{}}}}"#));
+    h.server_event(ServerEvent::TooLong {
+        response_id: Some("77".into()),
+        len: 1 << 30,
+    });
+    h.server_event(ServerEvent::TooLong {
+        response_id: None,
+        len: 1 << 30,
+    });
+    h.nothing_sent();
+}
+
+#[test]
+fn a_cancel_with_a_repeated_member_cancels_nothing() {
+    let mut h = Harness::new();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"x"}}"#);
+    let one = id_of(&h.to_server());
+    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"y"}}"#);
+    let two = id_of(&h.to_server());
+    h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"requestId":2}}"#);
+    h.nothing_sent();
+    // Both requests are still answered.
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{one},"result":{{}}}}"#));
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{two},"result":{{}}}}"#));
+    assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
 }

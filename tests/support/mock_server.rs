@@ -123,7 +123,8 @@
 //! | `retry_after`      | `ms` (100), `key`, `fail_times` (1), `then` ("echo") | flaky whose failures are the error `{"code": -32000, "message": "rate limited: retry after MS ms", "data": {"retryAfterMs": MS}}` |
 //! | `notify`           | `method` ("notifications/tools/list_changed"), `params` | sends that notification (`params` omitted if absent), then echo answer |
 //! | `sleep_then_crash` | `ms` (100), `exit_code` (3)         | sleeps `ms` (NOT cancellable: still crashes after a `notifications/cancelled`), then exits with `exit_code`, no answer |
-//! | `raw`              | `line` (required string)            | writes `line` and `\n` to stdout exactly as given (any text: a response with an id nobody issued, deep nesting, half a message), then echo answer |
+//! | `raw`              | `line` (required string), `pad` (0) | writes `line` and `\n` to stdout exactly as given (any text: a response with an id nobody issued, deep nesting, half a message), then echo answer; with `pad` > 0 every `{pad}` in `line` is first replaced by `pad` `x` characters (a long line from a short request) |
+//! | `flood`            | `bytes` (1048576), `pipe`           | with `pipe` > 0, first asks for a stdout pipe of `pipe` bytes (`F_SETPIPE_SZ`; a failure is only logged); then writes `notifications/message` lines of about 1 KB (`{"level": "info", "data": "xxx…"}`) until at least `bytes` bytes are written, then the echo answer, then exits with code 0. Runs inline, like `crash`: no later line is handled |
 //! | `endless`          | `chunk` (65536), `ms` (1)           | takes stdout for good and writes the start of this call's answer (`{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"`) followed by `chunk` `x` characters every `ms` ms, never a newline; NOT cancellable: it stops only when stdout fails, at stdin EOF or with the process. Every other output of the process waits behind it |
 //!
 //! `sample`, `roots`, `elicit`: the server sends a request with its own ids
@@ -173,6 +174,13 @@
 //! 9. `MOCK_WRITE_GARBAGE_AT_START=1`: writes the line `not json at start` to
 //!    stdout.
 //! 10. `MOCK_START_DELAY_MS=ms`: sleeps before reading stdin.
+//!
+//! (Between 7 and 8: `MOCK_ORPHAN_STDOUT=group` spawns `sleep 60` in the same
+//! process group with stdin and stderr on /dev/null but sharing stdout, so that
+//! stdout stays open after the mock exits; `MOCK_ORPHAN_STDOUT=setsid` does the
+//! same in a new session, out of reach of signals to the group. Each start
+//! does it; `mock: stdout holder pid N` goes to stderr and, with
+//! `MOCK_STATE_DIR`, N is appended as a line to `dir/holders.pid`.)
 //!
 //! Then: `MOCK_NO_INIT_ANSWER=1` never answers `initialize`;
 //! `MOCK_CRASH_ON_INIT=1` exits with code 5 when `initialize` arrives;
@@ -416,6 +424,10 @@ fn run_startup(config: &Config) {
     if env_flag("MOCK_GRANDCHILD") {
         spawn_grandchild(config.state_dir.as_deref());
     }
+    match std::env::var("MOCK_ORPHAN_STDOUT").as_deref() {
+        Ok("") | Err(_) => {}
+        Ok(how) => spawn_stdout_holder(how == "setsid", config.state_dir.as_deref()),
+    }
     for line in 1..=env_u64("MOCK_STDERR_LINES").unwrap_or(0) {
         eprintln!("mock stderr line {line}");
     }
@@ -464,6 +476,43 @@ fn spawn_grandchild(state_dir: Option<&Path>) {
             thread::spawn(move || child.wait());
         }
         Err(err) => eprintln!("mock: cannot spawn grandchild: {err}"),
+    }
+}
+
+/// Spawns `sleep 60` sharing our stdout, which it keeps open after we exit:
+/// in our process group, or with `setsid` in a session of its own.
+fn spawn_stdout_holder(setsid: bool, state_dir: Option<&Path>) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new("sleep");
+    cmd.arg("60").stdin(Stdio::null()).stderr(Stdio::null());
+    if setsid {
+        // SAFETY: setsid is async-signal-safe, all `pre_exec` requires.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    match cmd.spawn() {
+        Ok(mut child) => {
+            let pid = child.id();
+            eprintln!("mock: stdout holder pid {pid}");
+            if let Some(dir) = state_dir {
+                let appended = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.join("holders.pid"))
+                    .and_then(|mut f| writeln!(f, "{pid}"));
+                if let Err(err) = appended {
+                    eprintln!("mock: cannot record the holder's pid: {err}");
+                }
+            }
+            thread::spawn(move || child.wait());
+        }
+        Err(err) => eprintln!("mock: cannot spawn a stdout holder: {err}"),
     }
 }
 
@@ -1528,6 +1577,10 @@ enum Mode {
         chunk: usize,
         ms: u64,
     },
+    Flood {
+        bytes: usize,
+        pipe: Option<usize>,
+    },
 }
 
 impl Mode {
@@ -1564,6 +1617,18 @@ impl Mode {
                 },
             },
             "garbage" => Mode::Garbage,
+            "flood" => {
+                Mode::Flood {
+                    bytes: usize::try_from(args.u64("bytes", 1 << 20)?)
+                        .map_err(|_| RpcError::invalid_params("argument `bytes` is too large"))?,
+                    pipe: match args.u64("pipe", 0)? {
+                        0 => None,
+                        n => Some(usize::try_from(n).map_err(|_| {
+                            RpcError::invalid_params("argument `pipe` is too large")
+                        })?),
+                    },
+                }
+            }
             "huge" => Mode::Huge {
                 bytes: usize::try_from(args.u64("bytes", 1 << 20)?)
                     .map_err(|_| RpcError::invalid_params("argument `bytes` is too large"))?,
@@ -1592,12 +1657,18 @@ impl Mode {
                 ms: args.u64("ms", 100)?,
                 exit_code: args.exit_code()?,
             },
-            "raw" => Mode::Raw {
-                line: args
+            "raw" => {
+                let line = args
                     .str("line")?
-                    .ok_or_else(|| RpcError::invalid_params("mode `raw` needs a string `line`"))?
-                    .to_owned(),
-            },
+                    .ok_or_else(|| RpcError::invalid_params("mode `raw` needs a string `line`"))?;
+                let pad = usize::try_from(args.u64("pad", 0)?)
+                    .map_err(|_| RpcError::invalid_params("argument `pad` is too large"))?;
+                let line = match pad {
+                    0 => line.to_owned(),
+                    n => line.replace("{pad}", &"x".repeat(n)),
+                };
+                Mode::Raw { line }
+            }
             "endless" => Mode::Endless {
                 chunk: usize::try_from(args.u64("chunk", 1 << 16)?)
                     .ok()
@@ -1705,6 +1776,7 @@ fn handle_tools_call(server: &Arc<Server>, request: &Request) {
     server.log_execution(&call);
     match resolve(server, mode) {
         Mode::Crash { exit_code, stderr } => crash(server, exit_code, stderr.as_deref()),
+        Mode::Flood { bytes, pipe } => flood(server, &call, bytes, pipe),
         mode => spawn_call(server, call, mode),
     }
 }
@@ -1799,6 +1871,7 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
             echo(server, call)
         }
         Mode::Endless { chunk, ms } => endless(server, call, chunk, ms),
+        Mode::Flood { bytes, pipe } => flood(server, call, bytes, pipe),
         Mode::SleepThenCrash { ms, exit_code } => {
             if !call.state.sleep_uncancellable(ms) {
                 return Outcome::Cancelled;
@@ -1824,6 +1897,35 @@ fn finish(server: &Server, call: &Call, outcome: Outcome) {
         }
         Outcome::Cancelled => eprintln!("mock: not answering cancelled request {}", call.id),
     }
+}
+
+/// The `flood` mode: notifications, the answer, exit.
+fn flood(server: &Server, call: &Call, bytes: usize, pipe: Option<usize>) -> ! {
+    if let Some(size) = pipe {
+        let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+        // SAFETY: fcntl on our own stdout with an integer argument.
+        if unsafe { libc::fcntl(1, libc::F_SETPIPE_SZ, size) } < 0 {
+            eprintln!(
+                "mock: cannot resize the stdout pipe: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+    let data = "x".repeat(1000);
+    let params = json_object(&[("level", "\"info\""), ("data", &json_string(&data))]);
+    let line = json_object(&[
+        ("jsonrpc", "\"2.0\""),
+        ("method", "\"notifications/message\""),
+        ("params", &params),
+    ]);
+    let mut written = 0;
+    while written < bytes {
+        server.send(&line);
+        written += line.len() + 1;
+    }
+    server.send_result(&call.id, &echo_answer(server, call, echo_text(call)));
+    eprintln!("mock: flooded {written} bytes and answered; exiting");
+    server.exit(0)
 }
 
 fn crash(server: &Server, exit_code: i32, stderr: Option<&str>) -> ! {
