@@ -22,10 +22,14 @@ use parking_lot::Mutex;
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc::{self, Parsed};
-use crate::stdio::{self, ReadItem};
+use crate::stdio::{self, Backlog, ReadItem};
 
 /// How many of the child's last stderr lines are kept for messages.
 const STDERR_TAIL: usize = 20;
+
+/// Bytes waiting for a server that does not read its stdin before the
+/// proxy stops reading from the client (see [`Child::stdin_backlog`]).
+pub const STDIN_BACKLOG: usize = 8 * 1024 * 1024;
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +83,7 @@ pub enum Stderr {
 pub struct Child {
     pid: u32,
     stdin: Option<stdio::Outbox>,
+    stdin_backlog: Arc<Backlog>,
     exited: Receiver<ExitInfo>,
     exit: Option<ExitInfo>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
@@ -141,7 +146,7 @@ where
     let stderr = child.stderr.take().expect("piped stderr");
 
     let ev = on_event.clone();
-    let (stdin_tx, _) = stdio::spawn_writer("child-stdin", stdin, usize::MAX, move |f| {
+    let (stdin_tx, _) = stdio::spawn_writer("child-stdin", stdin, STDIN_BACKLOG, move |f| {
         crate::debug!("writing to the server failed: {}", f.error);
         ev(ServerEvent::WriteFailed { unsent: f.unsent });
     });
@@ -215,6 +220,7 @@ where
 
     Ok(Child {
         pid,
+        stdin_backlog: stdin_tx.backlog(),
         stdin: Some(stdin_tx),
         exited: exit_rx,
         exit: None,
@@ -268,6 +274,23 @@ impl Child {
         }
     }
 
+    /// Counts the bytes queued for the child's stdin and not yet written,
+    /// against [`STDIN_BACKLOG`]: a server that stops reading fills it, and
+    /// whoever feeds it (the client's reader) waits on it. It is closed,
+    /// releasing any waiter, once the child's input is closed or the child
+    /// is killed or dropped: what is still queued then will never be
+    /// written, and goes when the writer thread meets the closed pipe.
+    pub fn stdin_backlog(&self) -> Arc<Backlog> {
+        self.stdin_backlog.clone()
+    }
+
+    /// Stops writing to the child: what is queued is still written (the
+    /// writer ends once it has), but nobody waits for it any more.
+    fn close_stdin(&mut self) {
+        self.stdin = None;
+        self.stdin_backlog.close();
+    }
+
     /// The last lines the child wrote to stderr, oldest first.
     pub fn stderr_tail(&self) -> Vec<String> {
         self.stderr_tail.lock().iter().cloned().collect()
@@ -294,7 +317,7 @@ impl Child {
     /// process group, wait `grace`, SIGKILL it. Whatever is left of the group
     /// afterwards is killed too.
     pub fn shutdown(&mut self, grace: Duration) -> ExitInfo {
-        self.stdin = None;
+        self.close_stdin();
         let info = self
             .wait_exit(grace)
             .or_else(|| {
@@ -333,13 +356,13 @@ impl Downstream for Child {
         }
     }
     fn close_input(&mut self) {
-        self.stdin = None;
+        self.close_stdin();
     }
     fn terminate(&mut self) {
         self.signal_group(libc::SIGTERM);
     }
     fn kill(&mut self) {
-        self.stdin = None;
+        self.close_stdin();
         self.signal_group(libc::SIGKILL);
     }
     fn describe(&self) -> String {
@@ -355,7 +378,7 @@ impl Downstream for Child {
 
 impl Drop for Child {
     fn drop(&mut self) {
-        self.stdin = None;
+        self.close_stdin();
         self.signal_group(libc::SIGKILL);
         if self.exit.is_none() {
             self.wait_exit(Duration::from_secs(2));

@@ -157,7 +157,9 @@ impl Backlog {
         }
     }
 
-    fn close(&self) {
+    /// Nothing will drain any more (the writer has ended, or its stream is
+    /// being abandoned): whoever waits, and whoever comes to wait, goes on.
+    pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         let _bytes = self.bytes.lock();
         self.drained.notify_all();

@@ -3,7 +3,10 @@
 //! drop, where nobody can be answered), bounded memory where size is the
 //! attack, and a session that keeps working afterwards.
 
+use std::collections::HashMap;
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -450,4 +453,100 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
         "the proxy's peak RSS was {peak} kB while holding answers for a client that did not read"
     );
     still_works(&mut s, "reading again");
+}
+
+/// The proxy's answer to a call that timed out.
+fn timed_out(r: &Value) -> bool {
+    r["error"]["code"] == -31000
+        && r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("timed out"))
+}
+
+/// A `tools/call` of `echo` answering "ok", padded with `pad` bytes.
+fn padded_call(id: usize, pad: usize) -> String {
+    let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "ok", "n": id, "pad": "p".repeat(pad)}}});
+    format!("{line}\n")
+}
+
+#[test]
+fn a_server_that_stops_reading_pauses_the_client_and_loses_nothing() {
+    // 40 calls of 1 MiB for a server that reads nothing: the proxy takes
+    // in what fits its 8 MiB queue to the server, then stops reading the
+    // client. The calls it read time out; once the server is replaced,
+    // the rest go through. Every call gets exactly one answer.
+    let limit = 2 * 1024 * 1024;
+    let calls = 40;
+    let b = proxy_with(&format!(
+        "max_message_bytes: {limit}\ncall_timeout: 1\ncircuit_breaker:\n  failure_threshold: 1000"
+    ));
+    let pid_file = b.dir().join("mock.pid");
+    let mut s = b
+        .env("MOCK_PID_FILE", &pid_file.display().to_string())
+        .start();
+    s.initialize();
+    // Known annotations: a timed-out call is answered, not retried.
+    s.list_tools();
+    s.call(json!("deaf"), "echo", json!({"mode": "deaf"}));
+    s.result(&json!("deaf"));
+    let mut stdin = s.take_stdin();
+    let written = Arc::new(AtomicUsize::new(0));
+    let counter = written.clone();
+    let writer = thread::spawn(move || {
+        for i in 0..calls {
+            stdin
+                .write_all(padded_call(i, 1024 * 1024).as_bytes())
+                .unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+        stdin
+    });
+    let mut answers: HashMap<u64, Value> = HashMap::new();
+    let first = s.recv_where("a call timing out", |v| v.get("id").is_some());
+    assert!(timed_out(&first), "{first}");
+    answers.insert(first["id"].as_u64().unwrap(), first);
+    // A second after the first calls went to the server, the client's
+    // writer is still blocked: 40 MiB cannot fit in what the proxy holds.
+    let taken = written.load(Ordering::SeqCst);
+    assert!(
+        taken < calls / 2,
+        "the proxy went on reading the client: {taken} calls of 1 MiB written"
+    );
+    let peak = s.memory_kb("VmHWM");
+    let pid = crate::util::read_pid(&pid_file);
+    // SAFETY: kill(2) on the mock server's pid.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    // The next server reads: every call is answered, once.
+    while answers.len() < calls {
+        let r = s.recv_where("an answer to a padded call", |v| v.get("id").is_some());
+        let id = r["id"].as_u64().unwrap_or_else(|| panic!("unexpected {r}"));
+        assert!(id < calls as u64, "unexpected {r}");
+        let ok = r["result"]["content"][0]["text"] == "ok";
+        assert!(
+            ok || r["error"]["code"] == -31000,
+            "call {id}: neither a result nor the proxy's error: {r}"
+        );
+        assert!(answers.insert(id, r).is_none(), "call {id} answered twice");
+    }
+    let stdin = writer.join().unwrap();
+    s.give_stdin(stdin);
+    let timed_out = answers.values().filter(|r| timed_out(r)).count();
+    assert!(
+        answers.values().any(|r| r["result"]["content"][0]["text"] == "ok"),
+        "some calls ran on the new server"
+    );
+    eprintln!(
+        "server not reading: {timed_out} of {calls} calls timed out, proxy peak RSS {peak} kB \
+         while it did not read, {} kB after",
+        s.memory_kb("VmHWM")
+    );
+    let bound_kb = (64 * 1024 * 1024 + 2 * limit) / 1024;
+    assert!(
+        peak < bound_kb as u64,
+        "the proxy's peak RSS was {peak} kB with a server that did not read"
+    );
+    s.expect_silence(Duration::from_millis(200));
+    still_works(&mut s, "server reading again");
 }

@@ -121,6 +121,7 @@
 //! | `notify`           | `method` ("notifications/tools/list_changed"), `params` | sends that notification (`params` omitted if absent), then echo answer |
 //! | `sleep_then_crash` | `ms` (100), `exit_code` (3)         | sleeps `ms` (NOT cancellable: still crashes after a `notifications/cancelled`), then exits with `exit_code`, no answer |
 //! | `raw`              | `line` (required string)            | writes `line` and `\n` to stdout exactly as given (any text: a response with an id nobody issued, deep nesting, half a message), then echo answer |
+//! | `deaf`             | `ms` (none)                         | echo answer, then the process stops reading stdin: the next line is read `ms` ms later, or never without `ms` (stdin EOF goes unnoticed too). Runs inline, so no later line is read before. For a server whose stdin fills up |
 //! | `endless`          | `chunk` (65536), `ms` (1)           | takes stdout for good and writes the start of this call's answer (`{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"`) followed by `chunk` `x` characters every `ms` ms, never a newline; NOT cancellable: it stops only when stdout fails, at stdin EOF or with the process. Every other output of the process waits behind it |
 //!
 //! `sample`, `roots`, `elicit`: the server sends a request with its own ids
@@ -1496,6 +1497,9 @@ enum Mode {
         chunk: usize,
         ms: u64,
     },
+    Deaf {
+        ms: Option<u64>,
+    },
 }
 
 impl Mode {
@@ -1569,6 +1573,9 @@ impl Mode {
                     .filter(|&chunk| chunk > 0)
                     .ok_or_else(|| RpcError::invalid_params("argument `chunk` must be positive"))?,
                 ms: args.u64("ms", 1)?,
+            },
+            "deaf" => Mode::Deaf {
+                ms: args.typed("ms", "a non-negative integer", Value::as_u64)?,
             },
             other => return Err(RpcError::invalid_params(format!("unknown mode {other:?}"))),
         })
@@ -1665,6 +1672,18 @@ fn handle_tools_call(server: &Arc<Server>, request: &Request) {
     server.log_execution(&call);
     match resolve(server, mode) {
         Mode::Crash { exit_code, stderr } => crash(server, exit_code, stderr.as_deref()),
+        Mode::Deaf { ms } => {
+            // On the thread that reads stdin: nothing more is read meanwhile.
+            server.send_result(&call.id, &echo_answer(server, &call, echo_text(&call)));
+            eprintln!("mock: not reading stdin as asked");
+            match ms {
+                Some(ms) => thread::sleep(Duration::from_millis(ms)),
+                None => loop {
+                    thread::park();
+                },
+            }
+            eprintln!("mock: reading stdin again");
+        }
         mode => spawn_call(server, call, mode),
     }
 }
@@ -1750,6 +1769,8 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
             echo(server, call)
         }
         Mode::Endless { chunk, ms } => endless(server, call, chunk, ms),
+        // Handled where stdin is read (`handle_tools_call`); never gets here.
+        Mode::Deaf { .. } => echo(server, call),
         Mode::SleepThenCrash { ms, exit_code } => {
             if !call.state.sleep_uncancellable(ms) {
                 return Outcome::Cancelled;
