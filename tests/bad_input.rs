@@ -463,9 +463,11 @@ fn timed_out(r: &Value) -> bool {
             .is_some_and(|m| m.contains("timed out"))
 }
 
-/// A `tools/call` of `echo` answering "ok", padded with `pad` bytes.
+/// A `tools/call` of `echo` answering "ok", padded with `pad` bytes. Its
+/// own idempotency key keeps the arguments out of the dedup table (which
+/// would otherwise hold copies of them as keys while the call runs).
 fn padded_call(id: usize, pad: usize) -> String {
-    let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "ok", "n": id, "pad": "p".repeat(pad)}}});
+    let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "ok", "n": id, "pad": "p".repeat(pad)}, "_meta": {"idempotencyKey": format!("k{id}")}}});
     format!("{line}\n")
 }
 
@@ -478,7 +480,7 @@ fn a_server_that_stops_reading_pauses_the_client_and_loses_nothing() {
     let limit = 2 * 1024 * 1024;
     let calls = 40;
     let b = proxy_with(&format!(
-        "max_message_bytes: {limit}\ncall_timeout: 1\ncircuit_breaker:\n  failure_threshold: 1000"
+        "max_message_bytes: {limit}\ncall_timeout: 1\nretry:\n  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 1000"
     ));
     let pid_file = b.dir().join("mock.pid");
     let mut s = b
@@ -505,12 +507,23 @@ fn a_server_that_stops_reading_pauses_the_client_and_loses_nothing() {
     let first = s.recv_where("a call timing out", |v| v.get("id").is_some());
     assert!(timed_out(&first), "{first}");
     answers.insert(first["id"].as_u64().unwrap(), first);
-    // A second after the first calls went to the server, the client's
-    // writer is still blocked: 40 MiB cannot fit in what the proxy holds.
+    // Every call the proxy took in times out a second after it was sent;
+    // once no answer has come for three seconds, it has taken in no more.
+    for r in s.recv_until_quiet(Duration::from_secs(3)) {
+        assert!(timed_out(&r), "{r}");
+        answers.insert(r["id"].as_u64().unwrap(), r);
+    }
+    // The client's writer is still blocked: the proxy stopped reading (40
+    // MiB fit neither in its queue nor in the pipes).
     let taken = written.load(Ordering::SeqCst);
     assert!(
         taken < calls / 2,
         "the proxy went on reading the client: {taken} calls of 1 MiB written"
+    );
+    assert!(
+        answers.len() <= taken,
+        "{} answers for {taken} calls",
+        answers.len()
     );
     let peak = s.memory_kb("VmHWM");
     let pid = crate::util::read_pid(&pid_file);
@@ -534,7 +547,9 @@ fn a_server_that_stops_reading_pauses_the_client_and_loses_nothing() {
     s.give_stdin(stdin);
     let timed_out = answers.values().filter(|r| timed_out(r)).count();
     assert!(
-        answers.values().any(|r| r["result"]["content"][0]["text"] == "ok"),
+        answers
+            .values()
+            .any(|r| r["result"]["content"][0]["text"] == "ok"),
         "some calls ran on the new server"
     );
     eprintln!(
