@@ -44,8 +44,9 @@ use link::{Link, Queued, ReplayStep, Route, Session};
 pub enum Event {
     /// A classified line from the client.
     Client(Parsed),
-    /// A client line over `max_message_bytes`.
-    ClientTooLong { prefix: Vec<u8>, len: usize },
+    /// A client line over `max_message_bytes`, and the id of the request it
+    /// was, if the reader found one.
+    ClientTooLong { id: Option<String>, len: usize },
     /// The client closed our stdin.
     ClientEof,
     /// Writing to the client failed: nobody is listening any more.
@@ -61,7 +62,7 @@ impl Event {
     pub fn size(&self) -> usize {
         match self {
             Event::Client(p) => p.size(),
-            Event::ClientTooLong { prefix, .. } => prefix.len(),
+            Event::ClientTooLong { id, .. } => id.as_ref().map_or(0, String::len),
             Event::Server {
                 event: ServerEvent::Message(p),
                 ..
@@ -426,7 +427,7 @@ impl Dispatcher {
     pub fn handle_event(&mut self, event: Event, now: Instant) {
         match event {
             Event::Client(parsed) => self.on_client(parsed, None, now),
-            Event::ClientTooLong { prefix, len } => self.on_client_too_long(&prefix, len),
+            Event::ClientTooLong { id, len } => self.on_client_too_long(id, len),
             Event::ClientEof => {
                 debug!("the client closed its input; stopping the server");
                 self.begin_shutdown(None, now);
@@ -634,12 +635,12 @@ impl Dispatcher {
         }
     }
 
-    fn on_client_too_long(&mut self, prefix: &[u8], len: usize) {
+    fn on_client_too_long(&mut self, id: Option<String>, len: usize) {
         let max = self.cfg.max_message_bytes;
         let message = format!(
             "message of {len} bytes exceeds max_message_bytes ({max}) and was not forwarded"
         );
-        match jsonrpc::scan_request_id(prefix) {
+        match id {
             Some(id) if !self.client_requests.contains_key(&id) => {
                 warn!("answered a client request: {message}");
                 self.send_client(jsonrpc::error_line(

@@ -116,7 +116,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                 ReadItem::Line(line) => Event::Client(jsonrpc::classify_bytes(line)),
                 // Answered (or dropped) once the line ends.
                 ReadItem::Overlong => return true,
-                ReadItem::TooLong { prefix, len } => Event::ClientTooLong { prefix, len },
+                ReadItem::TooLong { id, len } => Event::ClientTooLong { id, len },
                 ReadItem::Eof => return tx.send(Event::ClientEof).is_ok(),
             };
             client_backlogs.send_from_client(&tx, event)

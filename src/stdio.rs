@@ -24,8 +24,9 @@ pub enum ReadItem {
     /// The line being read has just gone over the limit; the rest of it is
     /// discarded and `TooLong` follows once it ends (if it ever does).
     Overlong,
-    /// A line longer than the limit; `prefix` holds its first bytes.
-    TooLong { prefix: Vec<u8>, len: usize },
+    /// A line longer than the limit, and the id of the request it was, if
+    /// that could be found (see `jsonrpc::IdScanner`).
+    TooLong { id: Option<String>, len: usize },
     /// End of stream (or a read error, logged).
     Eof,
 }
@@ -61,9 +62,8 @@ where
                             return;
                         }
                     }
-                    Ok(Some(Line::TooLong { len })) => {
-                        let prefix = std::mem::take(&mut buf);
-                        if !sink(ReadItem::TooLong { prefix, len }) {
+                    Ok(Some(Line::TooLong { len, id })) => {
+                        if !sink(ReadItem::TooLong { id, len }) {
                             return;
                         }
                     }

@@ -105,14 +105,22 @@ fn a_100_mb_line_is_refused_in_bounded_memory() {
             stdin.write_all(&chunk).unwrap();
         }
         stdin.write_all(b"\"}}}\n").unwrap();
-        // The id comes last, after 2 MB: nobody can be answered.
+        // The id comes last, after 2 MB of params that mention other ids.
         stdin
-            .write_all(br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo","arguments":{"text":""#)
+            .write_all(br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo","arguments":{"id":"inner","note":"\",\"id\":\"fake\"","text":""#)
             .unwrap();
         for _ in 0..32 {
             stdin.write_all(&chunk).unwrap();
         }
         stdin.write_all(b"\"}},\"id\":\"late\"}\n").unwrap();
+        // No id at all: nobody can be answered.
+        stdin
+            .write_all(br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":""#)
+            .unwrap();
+        for _ in 0..32 {
+            stdin.write_all(&chunk).unwrap();
+        }
+        stdin.write_all(b"\"}}\n").unwrap();
         stdin.flush().unwrap();
         stdin
     });
@@ -123,6 +131,13 @@ fn a_100_mb_line_is_refused_in_bounded_memory() {
     assert!(
         message.contains("104857") && message.contains("max_message_bytes (1048576)"),
         "the size and the limit are named: {e}"
+    );
+    // The id after the params was found as the line streamed past.
+    let e = s.error(&json!("late"));
+    assert_eq!(e["code"], json!(-32600), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("2097"),
+        "the size is named: {e}"
     );
     let stdin = writer.join().unwrap();
     s.give_stdin(stdin);
