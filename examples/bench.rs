@@ -935,7 +935,18 @@ impl PressureClient {
     fn finish(mut self, outcome: String) -> Pressure {
         let pid = self.child.id();
         let peak_kb = proc_status_kb(pid, "VmHWM");
-        thread::sleep(Duration::from_millis(500));
+        // The load is over once the proxy is idle (late answers to calls
+        // that timed out may still be arriving): no CPU used for 300 ms.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut cpu = process_cpu(pid);
+        loop {
+            thread::sleep(Duration::from_millis(300));
+            let now = process_cpu(pid);
+            if now == cpu || Instant::now() > deadline {
+                break;
+            }
+            cpu = now;
+        }
         let after_kb = proc_status_kb(pid, "VmRSS");
         drop(self.stdin);
         let _ = self.child.kill();

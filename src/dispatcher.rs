@@ -28,7 +28,7 @@ use crate::policy::budget::RetryBudget;
 use crate::policy::cache::ResultCache;
 use crate::policy::dedup::DedupTable;
 use crate::stats::Stats;
-use crate::stdio::{Backlog, Outbox};
+use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
 mod calls;
@@ -295,6 +295,8 @@ pub struct Dispatcher {
     /// Counts the bytes of the events waiting in the inbox, for the readers
     /// that feed it.
     inbox_backlog: Option<Arc<Backlog>>,
+    /// Bytes of messages handled since free memory was last given back.
+    handled_bytes: usize,
 }
 
 impl Dispatcher {
@@ -349,6 +351,7 @@ impl Dispatcher {
             stats_flush_pending: false,
             eager: false,
             inbox_backlog: None,
+            handled_bytes: 0,
             cfg,
         }
     }
@@ -378,21 +381,28 @@ impl Dispatcher {
             }
             let event = match spin_for_event(&inbox) {
                 Some(e) => Some(e),
-                None => match self.timers.peek() {
-                    Some(Reverse(t)) => match inbox.recv_deadline(t.at) {
-                        Ok(e) => Some(e),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => return Outcome::ClientClosed,
-                    },
-                    None => match inbox.recv() {
-                        Ok(e) => Some(e),
-                        Err(_) => return Outcome::ClientClosed,
-                    },
-                },
+                None => {
+                    self.release_memory_if_due();
+                    match self.timers.peek() {
+                        Some(Reverse(t)) => match inbox.recv_deadline(t.at) {
+                            Ok(e) => Some(e),
+                            Err(RecvTimeoutError::Timeout) => None,
+                            Err(RecvTimeoutError::Disconnected) => return Outcome::ClientClosed,
+                        },
+                        None => match inbox.recv() {
+                            Ok(e) => Some(e),
+                            Err(_) => return Outcome::ClientClosed,
+                        },
+                    }
+                }
             };
             let now = Instant::now();
-            if let (Some(e), Some(backlog)) = (&event, &self.inbox_backlog) {
-                backlog.remove(e.size());
+            if let Some(e) = &event {
+                let size = e.size();
+                self.handled_bytes += size;
+                if let Some(backlog) = &self.inbox_backlog {
+                    backlog.remove(size);
+                }
             }
             self.eager = inbox.is_empty();
             match event {
@@ -1159,6 +1169,17 @@ impl Dispatcher {
 const SPIN: Duration = Duration::from_micros(15);
 
 /// The next event if one arrives within [`SPIN`].
+impl Dispatcher {
+    /// About to sleep after `RELEASE_AFTER` bytes of messages: gives the
+    /// memory they left free back to the system.
+    fn release_memory_if_due(&mut self) {
+        if self.handled_bytes >= stdio::RELEASE_AFTER {
+            self.handled_bytes = 0;
+            stdio::release_free_memory();
+        }
+    }
+}
+
 fn spin_for_event(inbox: &Receiver<Event>) -> Option<Event> {
     let start = Instant::now();
     loop {

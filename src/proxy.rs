@@ -86,7 +86,6 @@ impl Backlogs {
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let cfg = resolve(&args)?;
-    return_large_buffers();
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<Event>();
 
     let gone = events_tx.clone();
@@ -174,25 +173,6 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         Outcome::ClientClosed => ExitCode::SUCCESS,
         Outcome::Signalled(sig) => ExitCode::from(128u8.saturating_add(sig as u8)),
     })
-}
-
-/// Makes every buffer over 128 KiB its own mapping, returned to the system
-/// when freed.
-///
-/// glibc's malloc does that by default, but raises the threshold (up to
-/// 32 MiB) whenever such a block is freed; after the first large message,
-/// buffers of a MiB or so come from the heap, where memory freed among
-/// live blocks stays with the process: a burst of 1 MiB messages left
-/// 50-70 MB behind. With the threshold fixed, what a burst took goes back
-/// once its messages are gone, at the price of a page fault per 4 KiB of
-/// each large buffer. (musl returns large blocks by itself.)
-fn return_large_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets a malloc parameter; called before any
-    // thread of ours is started.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
 }
 
 /// The server to launch: from the config, the wrapped command, or both.
