@@ -1051,6 +1051,31 @@ mod tests {
         assert_eq!(crossings, 0, "exactly max is not over");
     }
 
+    #[test]
+    fn an_overlong_line_frees_the_buffer_it_grew() {
+        let mut line = br#"{"jsonrpc":"2.0","method":"m","params":{"a":""#.to_vec();
+        line.resize(3 << 20, b'x');
+        line.extend_from_slice(br#""},"id":"after"}"#);
+        line.push(b'\n');
+        line.extend_from_slice(b"next\n");
+        let mut r = io::BufReader::with_capacity(64 * 1024, &line[..]);
+        let mut buf = Vec::new();
+        let got = read_line(&mut r, &mut buf, 2 << 20).unwrap();
+        assert_eq!(
+            got,
+            Some(Line::TooLong {
+                len: line.len() - 6,
+                id: Some("\"after\"".into())
+            })
+        );
+        assert_eq!(buf.capacity(), 0, "a buffer grown past 1 MiB is freed");
+        assert_eq!(
+            read_line(&mut r, &mut buf, 2 << 20).unwrap(),
+            Some(Line::Complete)
+        );
+        assert_eq!(buf, b"next");
+    }
+
     /// The id the scanner finds in `line`, fed whole and in chunks of
     /// every size from 1 to 17 bytes (which must agree).
     fn scanned(line: &[u8]) -> Option<String> {

@@ -4,7 +4,10 @@
 //! Each thread is named, owns exactly one file descriptor and talks to the
 //! rest of the program only through a channel or a callback. The client's
 //! stdin/stdout use these directly; `child.rs` uses them for the server's
-//! pipes. Knows framing only: nothing of MCP, ids or policy.
+//! pipes. A [`Backlog`] counts what waits for a writer, and the threads that
+//! feed it wait on it. Idle threads that have moved many bytes give free
+//! memory back to the system ([`release_free_memory`]). Knows framing only:
+//! nothing of MCP, ids or policy.
 
 use std::io::{self, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
