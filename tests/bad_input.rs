@@ -580,3 +580,50 @@ fn a_server_that_stops_reading_pauses_the_client_and_loses_nothing() {
     s.expect_silence(Duration::from_millis(200));
     still_works(&mut s, "server reading again");
 }
+
+#[test]
+fn notifications_for_a_server_that_pauses_reading_all_arrive_in_order() {
+    // 20 MiB of notifications while the server reads nothing for 2 s: the
+    // proxy holds 8 MiB of them and stops reading the client; once the
+    // server reads again, every one reaches it, in order, then the ping.
+    let count = 20;
+    let mut s = proxy_with("max_message_bytes: 2097152").start();
+    s.initialize();
+    s.list_tools();
+    s.call(json!("deaf"), "echo", json!({"mode": "deaf", "ms": 2000}));
+    s.result(&json!("deaf"));
+    let mut stdin = s.take_stdin();
+    let writer = thread::spawn(move || {
+        let pad = "n".repeat(1024 * 1024);
+        for i in 0..count {
+            let line = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": format!("{i} {pad}")}});
+            writeln!(stdin, "{line}").unwrap();
+        }
+        stdin
+    });
+    let stdin = writer.join().unwrap();
+    s.give_stdin(stdin);
+    s.request(json!("after"), "ping", json!({}));
+    assert_eq!(s.result(&json!("after")), json!({}));
+    let seen: Vec<String> = received(&s)
+        .into_iter()
+        .filter_map(|l| {
+            let v: Value = serde_json::from_str(&l).ok()?;
+            match v["method"].as_str()? {
+                "notifications/message" => {
+                    let data = v["params"]["data"].as_str()?;
+                    Some(data.split(' ').next()?.to_owned())
+                }
+                "ping" => Some("ping".into()),
+                _ => None,
+            }
+        })
+        .collect();
+    let mut expected: Vec<String> = (0..count).map(|i| i.to_string()).collect();
+    expected.push("ping".into());
+    assert_eq!(
+        seen, expected,
+        "every notification, in order, then the ping"
+    );
+    still_works(&mut s, "after the pause");
+}
