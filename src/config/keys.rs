@@ -606,7 +606,7 @@ mod tests {
                 .match_indices('.')
                 .map(|(i, _)| &key.path[..i])
                 .collect();
-            for p in open.drain(..).collect::<Vec<_>>() {
+            for p in std::mem::take(&mut open) {
                 if parents.contains(&p) {
                     open.push(p);
                 } else {
