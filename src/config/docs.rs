@@ -362,6 +362,10 @@ pub fn schema() -> Json {
             },
         },
         "additionalProperties": false,
+        "not": {
+            "description": "servers: and mcpServers: cannot be combined.",
+            "required": ["servers", "mcpServers"],
+        },
         "$defs": {
             "duration": {
                 "description": "Seconds, or a string with a unit: \"250ms\", \"1.5s\", \"2m\", \"1h\".",
@@ -574,6 +578,7 @@ mod tests {
                 "maximum",
                 "exclusiveMinimum",
                 "pattern",
+                "not",
             ];
             assert!(
                 known.contains(&keyword.as_str()),
@@ -614,6 +619,13 @@ mod tests {
                 || bound("exclusiveMinimum").is_some_and(|m| n <= m)
             {
                 errors.push(format!("{at}: {n} out of range"));
+            }
+        }
+        if let Some(not) = obj.get("not") {
+            let mut e = Vec::new();
+            validate(root, not, value, at, &mut e);
+            if e.is_empty() {
+                errors.push(format!("{at}: matches not"));
             }
         }
         if let Some(options) = obj.get("anyOf").and_then(Json::as_array) {
@@ -726,6 +738,8 @@ mod tests {
             let errors = errors_of(&value);
             assert!(errors.iter().any(|e| e == expected), "{value}: {errors:?}");
         }
+        let both = json!({"servers": {}, "mcpServers": {}});
+        assert_eq!(errors_of(&both), ["$: matches not"]);
         // Host files keep their own keys.
         let host = json!({"mcpServers": {"a": {"command": "x", "type": "stdio", "retry": {"max_retries": 2}}}});
         assert_eq!(errors_of(&host), Vec::<String>::new());
