@@ -181,6 +181,7 @@ fn parse_help(mut p: lexopt::Parser, global: Global) -> Result<(Global, Command)
         Some(Value(v)) => match v.string()?.as_str() {
             "run" => RUN_HELP,
             "check" => CHECK_HELP,
+            "schema" => HELP,
             other => bail!("unknown command '{other}' (expected run or check; see --help)"),
         },
         Some(arg) => return Err(arg.unexpected()).context("invalid arguments for 'help'"),
@@ -406,6 +407,7 @@ mod tests {
     fn schema_takes_no_arguments() {
         assert_eq!(ok(&["schema"]).1, Command::Schema);
         assert_eq!(ok(&["schema", "--help"]).1, Command::Help(HELP));
+        assert_eq!(ok(&["help", "schema"]).1, Command::Help(HELP));
         assert!(err(&["schema", "x"]).contains("invalid arguments for 'schema'"));
         assert!(HELP.contains("mcp-retry schema"));
     }
