@@ -8,6 +8,12 @@
 //! carries a [`ServerProblem`]: `run` refuses it, `check` reports it down.
 //! Reads no file but the config and its `envFile`s; knows nothing of threads,
 //! channels or the protocol.
+//!
+//! The keys themselves are spelled once, in the tables of `config/keys.rs`:
+//! this file reads, merges and applies policy keys through them without
+//! naming one (but for the `base_delay`/`max_delay` check). `config/docs.rs`
+//! makes the JSON Schema, the README's key table and the example's
+//! `defaults:` from the same tables.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -1739,18 +1745,9 @@ mod tests {
 
     /// Checks that every policy value of `a` equals that of `b`.
     fn assert_same_policy(a: &ServerConfig, b: &ServerConfig) {
-        assert_eq!(a.call_timeout, b.call_timeout);
-        assert_eq!(a.retry, b.retry);
-        assert_eq!(a.cache, b.cache);
-        assert_eq!(a.circuit_breaker, b.circuit_breaker);
-        assert_eq!(a.idempotency_ttl, b.idempotency_ttl);
-        assert_eq!(a.idempotency_max_entries, b.idempotency_max_entries);
-        assert_eq!(a.idempotency_max_bytes, b.idempotency_max_bytes);
-        assert_eq!(a.assume_idempotent, b.assume_idempotent);
-        assert_eq!(a.trust_annotations, b.trust_annotations);
-        assert_eq!(a.tools, b.tools);
-        assert_eq!(a.max_message_bytes, b.max_message_bytes);
-        assert_eq!(a.max_in_flight, b.max_in_flight);
+        for key in keys::POLICY_KEYS {
+            assert_eq!((key.get)(a), (key.get)(b), "{}", key.path);
+        }
     }
 
     const SERVER_KEY_LIST: &str =
