@@ -22,10 +22,12 @@ Usage:
   mcp-retry run --config FILE [--server NAME]
   mcp-retry run [--config FILE] -- COMMAND [ARGS...]
   mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--json]
+  mcp-retry schema
 
 Commands:
   run      launch one MCP server and relay stdio to it (see `mcp-retry run --help`)
   check    probe every configured server in parallel (see `mcp-retry check --help`)
+  schema   print the JSON Schema of the config file (for editors)
   help     print this text, or `help run` / `help check` for a command's
 
 Options:
@@ -91,6 +93,8 @@ pub enum Command {
     Version,
     Run(RunArgs),
     Check(CheckArgs),
+    /// Print the config file's JSON Schema on stdout.
+    Schema,
     /// The hidden `__watchdog` subcommand (`watchdog.rs`): not in the help,
     /// only ever started by the proxy itself.
     Watchdog,
@@ -148,17 +152,26 @@ where
                     "run" => parse_run(parser, global),
                     "check" => parse_check(parser, global),
                     "help" => parse_help(parser, global),
+                    "schema" => match parser.next()? {
+                        None => Ok((global, Command::Schema)),
+                        Some(Short('h') | Long("help")) => Ok((global, Command::Help(HELP))),
+                        Some(arg) => {
+                            Err(arg.unexpected()).context("invalid arguments for 'schema'")
+                        }
+                    },
                     crate::watchdog::SUBCOMMAND => match parser.next()? {
                         None => Ok((global, Command::Watchdog)),
                         Some(arg) => Err(arg.unexpected().into()),
                     },
-                    _ => bail!("unknown command '{name}' (expected run or check; see --help)"),
+                    _ => bail!(
+                        "unknown command '{name}' (expected run, check or schema; see --help)"
+                    ),
                 };
             }
             _ => return Err(arg.unexpected().into()),
         }
     }
-    bail!("missing command (expected run or check; see --help)")
+    bail!("missing command (expected run, check or schema; see --help)")
 }
 
 /// `help`, `help run`, `help check`.
@@ -168,6 +181,7 @@ fn parse_help(mut p: lexopt::Parser, global: Global) -> Result<(Global, Command)
         Some(Value(v)) => match v.string()?.as_str() {
             "run" => RUN_HELP,
             "check" => CHECK_HELP,
+            "schema" => HELP,
             other => bail!("unknown command '{other}' (expected run or check; see --help)"),
         },
         Some(arg) => return Err(arg.unexpected()).context("invalid arguments for 'help'"),
@@ -387,6 +401,15 @@ mod tests {
                 json: true,
             })
         );
+    }
+
+    #[test]
+    fn schema_takes_no_arguments() {
+        assert_eq!(ok(&["schema"]).1, Command::Schema);
+        assert_eq!(ok(&["schema", "--help"]).1, Command::Help(HELP));
+        assert_eq!(ok(&["help", "schema"]).1, Command::Help(HELP));
+        assert!(err(&["schema", "x"]).contains("invalid arguments for 'schema'"));
+        assert!(HELP.contains("mcp-retry schema"));
     }
 
     #[test]
