@@ -41,6 +41,26 @@ pub const MAX_JSON_DEPTH: usize = 128;
 /// Err on invalid JSON, trailing characters, or nesting deeper than
 /// [`MAX_JSON_DEPTH`].
 pub fn canonical_json(raw: &str) -> Result<String, serde_json::Error> {
+    let mut out = String::with_capacity(raw.len());
+    canonical_json_to(raw, &mut out)?;
+    Ok(out)
+}
+
+/// Where canonical JSON text goes, piece by piece: a `String`, or a hash
+/// that never holds the text (a fingerprint of megabytes of arguments costs
+/// no copy of them).
+pub trait Sink {
+    fn put(&mut self, s: &str);
+}
+
+impl Sink for String {
+    fn put(&mut self, s: &str) {
+        self.push_str(s);
+    }
+}
+
+/// [`canonical_json`], written to `out`. On error `out` may hold a part.
+pub fn canonical_json_to(raw: &str, out: &mut impl Sink) -> Result<(), serde_json::Error> {
     // serde_json validates the syntax (without converting numbers, so `1e400`
     // is accepted); the scanner below may then assume well-formed input.
     serde_json::from_str::<IgnoredAny>(raw)?;
@@ -50,9 +70,8 @@ pub fn canonical_json(raw: &str) -> Result<String, serde_json::Error> {
         pos: 0,
     };
     let node = scanner.value(0)?;
-    let mut out = String::with_capacity(raw.len());
-    node.write(&mut out);
-    Ok(out)
+    node.write(out);
+    Ok(())
 }
 
 /// `now + d`, saturating at a far future instead of panicking on overflow.
@@ -71,30 +90,30 @@ enum Node<'a> {
 }
 
 impl Node<'_> {
-    fn write(&self, out: &mut String) {
+    fn write(&self, out: &mut impl Sink) {
         match self {
-            Node::Scalar(text) => out.push_str(text),
+            Node::Scalar(text) => out.put(text),
             Node::Array(items) => {
-                out.push('[');
+                out.put("[");
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
-                        out.push(',');
+                        out.put(",");
                     }
                     item.write(out);
                 }
-                out.push(']');
+                out.put("]");
             }
             Node::Object(members) => {
-                out.push('{');
+                out.put("{");
                 for (i, (key, value)) in members.iter().enumerate() {
                     if i > 0 {
-                        out.push(',');
+                        out.put(",");
                     }
                     write_key(key, out);
-                    out.push(':');
+                    out.put(":");
                     value.write(out);
                 }
-                out.push('}');
+                out.put("}");
             }
         }
     }
@@ -102,14 +121,14 @@ impl Node<'_> {
 
 /// Writes `key` as a JSON string the way serde_json does: only `"`, `\` and
 /// control characters are escaped, so a key without them is written as is.
-fn write_key(key: &str, out: &mut String) {
+fn write_key(key: &str, out: &mut impl Sink) {
     if key.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-        out.push('"');
-        out.push_str(key);
-        out.push('"');
+        out.put("\"");
+        out.put(key);
+        out.put("\"");
     } else {
         // Writing a `str` as JSON cannot fail.
-        out.push_str(&serde_json::to_string(key).unwrap_or_default());
+        out.put(&serde_json::to_string(key).unwrap_or_default());
     }
 }
 

@@ -6,6 +6,7 @@
 //! them and owns the per-call state ([`Call`]). It never touches a file
 //! descriptor: lines go out through the dispatcher's senders.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use memchr::memmem;
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::log::Fields;
 use crate::policy::breaker::{Admission, BreakerState, Transition};
-use crate::policy::dedup::{fingerprint, Keep, Lookup};
+use crate::policy::dedup::{fingerprint, fingerprint_json, Keep, Lookup};
 use crate::policy::gate::{self, GateInput, Safety};
 use crate::policy::progress::ProgressFilter;
 use crate::policy::{backoff, canonical_json};
@@ -203,11 +204,13 @@ impl Dispatcher {
         self.stats_for(&tool).calls += 1;
         let key_honored = parsed.key_in_meta && self.honors_keys(&tool);
         let read_only = gate::is_read_only(&self.gate_input(&tool, key_honored));
-        let canonical_args = canonical_json(&parsed.arguments).ok();
-
-        let cache_key = match (&canonical_args, parsed.no_store) {
-            (Some(args), false) if !self.cache.ttl_for(&tool).is_zero() => {
-                Some(format!("{tool}\0{args}"))
+        // One fingerprint of the arguments (in canonical form, never copied)
+        // serves the cache, dedup, and the check that calls sharing a key
+        // agree.
+        let args_fp = fingerprint_json(&self.fingerprint_keys, &["args"], &parsed.arguments).ok();
+        let cache_key = match (args_fp, parsed.no_store) {
+            (Some(fp), false) if !self.cache.ttl_for(&tool).is_zero() => {
+                Some(format!("{tool}\0{fp:032x}"))
             }
             _ => None,
         };
@@ -219,22 +222,17 @@ impl Dispatcher {
                 return self.answer(&client_id, line);
             }
         }
-        let (dedup_key, dedup_args) = match (&parsed.explicit_key, &canonical_args) {
+        let keys = &self.fingerprint_keys;
+        let (dedup_key, dedup_args) = match (&parsed.explicit_key, args_fp) {
             _ if parsed.no_store => (None, 0),
-            (Some(k), args) => {
-                let fp_args = fingerprint(
-                    &self.fingerprint_keys,
-                    &["args", args.as_deref().unwrap_or(&parsed.arguments)],
-                );
-                (
-                    Some(fingerprint(&self.fingerprint_keys, &["key", &tool, k])),
-                    fp_args,
-                )
-            }
-            (None, Some(args)) => {
-                let fp = fingerprint(&self.fingerprint_keys, &["call", &tool, args]);
-                (Some(fp), fp)
-            }
+            (Some(k), fp) => (
+                Some(fingerprint(keys, &["key", &tool, k])),
+                fp.unwrap_or_default(),
+            ),
+            (None, Some(fp)) => (
+                Some(fingerprint(keys, &["call", &tool, &format!("{fp:032x}")])),
+                fp,
+            ),
             (None, None) => (None, 0),
         };
         if let Some(key) = dedup_key {
@@ -279,6 +277,13 @@ impl Dispatcher {
             }
         }
 
+        // Done with the borrowed arguments: the message is the call's now.
+        let ParsedCall {
+            explicit_key,
+            progress_token,
+            forward_params,
+            ..
+        } = parsed;
         let timeout = self
             .cfg
             .tools
@@ -290,13 +295,13 @@ impl Dispatcher {
         if let Some(key) = dedup_key {
             self.calls_by_key.insert(key, id);
         }
-        if let Some(token) = &parsed.progress_token {
+        if let Some(token) = &progress_token {
             self.calls_by_token.insert(token.clone(), id);
         }
         if let Some(r) = self.client_requests.get_mut(&client_id) {
             r.call = Some(id);
         }
-        let request = match &parsed.forward_params {
+        let request = match &forward_params {
             Some(p) => m.with_params(p).unwrap_or(m),
             None => m,
         };
@@ -306,10 +311,10 @@ impl Dispatcher {
                 client: Some(client_id),
                 tool,
                 request,
-                progress_token: parsed.progress_token,
+                progress_token,
                 dedup_key,
                 dedup_args,
-                explicit_key: parsed.explicit_key,
+                explicit_key,
                 key_honored,
                 read_only,
                 cache_key,
@@ -1285,10 +1290,10 @@ impl Dispatcher {
 }
 
 /// The parts of a `tools/call` the policies look at.
-struct ParsedCall {
+struct ParsedCall<'a> {
     name: String,
     /// Raw JSON of `arguments` (after removing `_idempotency_key`), `{}` if absent.
-    arguments: String,
+    arguments: Cow<'a, str>,
     explicit_key: Option<String>,
     /// The key came from `_meta.idempotencyKey`, which reaches the server.
     key_in_meta: bool,
@@ -1299,8 +1304,8 @@ struct ParsedCall {
     no_store: bool,
 }
 
-impl ParsedCall {
-    fn parse(m: &Message) -> Option<ParsedCall> {
+impl<'a> ParsedCall<'a> {
+    fn parse(m: &'a Message) -> Option<ParsedCall<'a>> {
         let params = RawObject::parse(m.params()?)?;
         let name = params.string("name")?;
         let mut explicit_key = None;
@@ -1310,9 +1315,8 @@ impl ParsedCall {
             explicit_key = meta.get("idempotencyKey").and_then(key_text);
         }
         let key_in_meta = explicit_key.is_some();
-        let mut arguments = params
-            .get("arguments")
-            .map_or("{}".to_owned(), |a| a.get().to_owned());
+        // Borrowed from the message: megabytes of arguments are not copied.
+        let mut arguments = Cow::Borrowed(params.get("arguments").map_or("{}", |a| a.get()));
         let mut forward_params = None;
         if let Some(mut args) = RawObject::parse(&arguments) {
             if let Some(k) = args.remove("_idempotency_key") {
@@ -1321,7 +1325,7 @@ impl ParsedCall {
                 }
                 let new_args = args.to_json();
                 forward_params = Some(params.to_json_replacing("arguments", &new_args));
-                arguments = new_args;
+                arguments = Cow::Owned(new_args);
             }
         }
         let no_store = ["task", "inputResponses", "requestState"]
@@ -1541,12 +1545,28 @@ mod tests {
         }
     }
 
-    fn parsed(params: &str) -> ParsedCall {
+    /// The parts of a call that outlive its message, as the tests read them.
+    struct Parts {
+        arguments: String,
+        explicit_key: Option<String>,
+        progress_token: Option<String>,
+        forward_params: Option<String>,
+        no_store: bool,
+    }
+
+    fn parsed(params: &str) -> Parts {
         let m = Message::reparse(format!(
             r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#
         ))
         .unwrap();
-        ParsedCall::parse(&m).unwrap()
+        let p = ParsedCall::parse(&m).unwrap();
+        Parts {
+            arguments: p.arguments.into_owned(),
+            explicit_key: p.explicit_key,
+            progress_token: p.progress_token,
+            forward_params: p.forward_params,
+            no_store: p.no_store,
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::{Duration, Instant};
 
-use super::instant_add;
+use super::{canonical_json_to, instant_add, Sink};
 use crate::fasthash::FastMap;
 
 /// What each completed entry costs beyond its result text (key, slot,
@@ -54,6 +54,36 @@ pub fn fingerprint(keys: &impl BuildHasher, parts: &[&str]) -> u128 {
         h.finish()
     };
     (u128::from(half(1)) << 64) | u128::from(half(2))
+}
+
+/// [`fingerprint`] of `parts` followed by the canonical JSON text of `json`
+/// (see `canonical_json`: member order and white space do not count),
+/// computed without building that text, so megabytes of arguments cost no
+/// copy. Err when `json` is not valid JSON or nests too deep.
+pub fn fingerprint_json(
+    keys: &impl BuildHasher,
+    parts: &[&str],
+    json: &str,
+) -> Result<u128, serde_json::Error> {
+    struct Halves<H>(H, H);
+    impl<H: Hasher> Sink for Halves<H> {
+        fn put(&mut self, s: &str) {
+            self.0.write(s.as_bytes());
+            self.1.write(s.as_bytes());
+        }
+    }
+    let start = |domain: u8| {
+        let mut h = keys.build_hasher();
+        h.write_u8(domain);
+        for p in parts {
+            h.write_usize(p.len());
+            h.write(p.as_bytes());
+        }
+        h
+    };
+    let mut halves = Halves(start(1), start(2));
+    canonical_json_to(json, &mut halves)?;
+    Ok((u128::from(halves.0.finish()) << 64) | u128::from(halves.1.finish()))
 }
 
 /// How a completed result may be replayed.
@@ -389,6 +419,24 @@ mod tests {
         assert_ne!(fp(&["x"]), fingerprint(&other, &["x"]));
         let f = fp(&["x"]);
         assert_ne!(f >> 64, f & u128::from(u64::MAX), "two different halves");
+    }
+
+    #[test]
+    fn json_fingerprints_ignore_member_order_and_white_space_only() {
+        let keys = std::collections::hash_map::RandomState::new();
+        let fp = |json: &str| fingerprint_json(&keys, &["call", "t"], json).unwrap();
+        assert_eq!(
+            fp(r#"{"a":1,"b":{"x":true,"y":[1,2]}}"#),
+            fp(r#"{ "b" : {"y":[1,2],"x":true}, "a":1 }"#)
+        );
+        assert_ne!(fp(r#"{"a":1}"#), fp(r#"{"a":2}"#));
+        assert_ne!(fp(r#"{"a":1.0}"#), fp(r#"{"a":1}"#), "numbers as written");
+        assert_ne!(
+            fp("{}"),
+            fingerprint_json(&keys, &["call", "u"], "{}").unwrap(),
+            "the parts count"
+        );
+        assert!(fingerprint_json(&keys, &[], "{").is_err());
     }
 
     #[test]
