@@ -29,11 +29,13 @@ use crate::policy::budget::RetryBudget;
 use crate::policy::cache::ResultCache;
 use crate::policy::dedup::DedupTable;
 use crate::stats::Stats;
+use crate::status::Publisher;
 use crate::stdio::{Backlog, Outbox};
 use crate::{debug, info, warn};
 
 mod calls;
 mod link;
+mod publish;
 #[cfg(test)]
 mod tests;
 
@@ -151,6 +153,8 @@ pub enum Timer {
     CallDeadline { call: u64 },
     /// Time to write the stats file.
     StatsFlush,
+    /// Time to hand the status snapshot to its writer.
+    StatusPublish,
     /// Start the server again (valid for the newest `seq` only).
     Restart { seq: u64 },
     /// The replayed `initialize` of incarnation `generation` must be answered.
@@ -317,6 +321,8 @@ pub struct Dispatcher {
     /// Where `--stats-file` documents go, and whether a flush is scheduled.
     stats_out: Option<Sender<String>>,
     stats_flush_pending: bool,
+    /// What `mcp-retry status` is told, if anything (`publish.rs`).
+    status: Option<Publisher>,
     /// Nothing else waits in the inbox: lines may be written at once
     /// rather than handed to the writer threads (see `Outbox::send_now`).
     eager: bool,
@@ -380,6 +386,7 @@ impl Dispatcher {
             stats: Stats::default(),
             stats_out: None,
             stats_flush_pending: false,
+            status: None,
             eager: false,
             inbox_backlog: None,
             cfg,
@@ -409,6 +416,7 @@ impl Dispatcher {
     /// Starts the server and handles events until the session ends.
     pub fn run(mut self, inbox: Receiver<Event>) -> Outcome {
         self.start_server(Instant::now());
+        self.status_check();
         loop {
             if let Some(outcome) = self.finished() {
                 self.answer_remaining();
@@ -487,6 +495,7 @@ impl Dispatcher {
                 self.begin_shutdown(Some(sig), now);
             }
         }
+        self.status_check();
     }
 
     fn fire_timers(&mut self, now: Instant) {
@@ -498,6 +507,7 @@ impl Dispatcher {
             let Reverse(t) = self.timers.pop().expect("peeked");
             self.on_timer(t.timer, now);
         }
+        self.status_check();
     }
 
     fn set_timer(&mut self, at: Instant, timer: Timer) {
@@ -554,6 +564,7 @@ impl Dispatcher {
                 }
             }
             Timer::StatsFlush => self.flush_stats(),
+            Timer::StatusPublish => self.publish_status(now),
             Timer::Restart { seq } => self.restart_due(seq, now),
             Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),
             Timer::QueueExpired { seq } => self.queue_expired(seq, now),
@@ -586,6 +597,7 @@ impl Dispatcher {
 
     /// Counters changed: schedule a stats flush if a file is wanted.
     fn stats_dirty(&mut self) {
+        self.status_dirty();
         if self.stats_out.is_some() && !self.stats_flush_pending {
             self.stats_flush_pending = true;
             self.set_timer(self.now + STATS_INTERVAL, Timer::StatsFlush);

@@ -118,6 +118,8 @@ pub struct Call {
     attempt_timeout: Duration,
     /// When the live (or last) attempt was sent.
     attempt_started: Instant,
+    /// When the client's request arrived (for `status`' latencies).
+    started: Instant,
     attempt_deadline: Instant,
     /// Bound on all attempts and waits.
     deadline: Instant,
@@ -141,6 +143,12 @@ impl Call {
     /// Whether `down` is this call's attempt in flight (its timeout matters).
     pub(super) fn attempt_is_live(&self, down: u64) -> bool {
         self.live == Some(down)
+    }
+
+    /// How long the call took, if the server was asked at all (a call
+    /// refused before any attempt says nothing of the server's latency).
+    fn took(&self, now: Instant) -> Option<Duration> {
+        (self.attempts > 0).then(|| now.saturating_duration_since(self.started))
     }
 }
 
@@ -319,6 +327,7 @@ impl Dispatcher {
                 dead: Vec::new(),
                 attempt_timeout: timeout,
                 attempt_started: now,
+                started: now,
                 attempt_deadline: now,
                 deadline: now + self.cfg.retry.total_timeout,
                 retry_at: None,
@@ -746,6 +755,7 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
+        self.note_call_end(&call.tool, call.took(now), Some(error));
         let stats = self.stats_for(&call.tool);
         stats.failed += 1;
         if call.retried {
@@ -770,6 +780,7 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
+        self.note_call_end(&call.tool, call.took(now), m.error());
         let stats = self.stats_for(&call.tool);
         if call.retried {
             stats.retried += 1;
@@ -830,6 +841,7 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
+        self.note_call_end(&call.tool, call.took(now), None);
         if call.retried {
             self.stats_for(&call.tool).retried += 1;
         }
