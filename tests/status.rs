@@ -176,12 +176,20 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
     stale["server"] = json!("ghost");
     let stale_file = dir.join(format!("{dead_pid}.json"));
     std::fs::write(&stale_file, stale.to_string()).unwrap();
+    // And one whose pid is alive but started later than the proxy that
+    // wrote it: the pid was reused (this test's own pid stands in for it).
+    stale["pid"] = json!(std::process::id());
+    stale["pid_start"] = json!(1);
+    stale["server"] = json!("reused");
+    let reused_file = dir.join(format!("{}.json", std::process::id()));
+    std::fs::write(&reused_file, stale.to_string()).unwrap();
 
     // --json: the worst first, the stale file pruned.
     let docs = status_json(&dir);
     let servers: Vec<&str> = docs.iter().map(|d| d["server"].as_str().unwrap()).collect();
     assert_eq!(servers, ["alpha", "beta"]);
     assert!(!stale_file.exists(), "the dead pid's file is pruned");
+    assert!(!reused_file.exists(), "the reused pid's file is pruned");
     let (a, b) = (&docs[0], &docs[1]);
     assert_eq!(a["pid"], alpha.pid());
     assert_eq!(a["transport"], "stdio");
