@@ -19,12 +19,10 @@ use anyhow::{bail, Context, Result};
 use super::{Document, ToolDoc, VERSION};
 use crate::cli::{StatusArgs, StatusFormat};
 
-/// One live proxy: its document as parsed and as read (for `--json`,
-/// which keeps members this version does not know).
+/// One live proxy's document.
 #[derive(Debug, Clone)]
 pub struct Live {
     pub doc: Document,
-    pub raw: serde_json::Value,
 }
 
 pub fn run(args: StatusArgs) -> Result<ExitCode> {
@@ -149,13 +147,11 @@ pub fn collect(dir: &Path) -> Result<Vec<Live>> {
             // Removed by its proxy meanwhile.
             Err(_) => continue,
         };
-        let parsed = serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|raw| {
-                let doc = serde_json::from_value::<Document>(raw.clone()).ok()?;
-                Some(Live { doc, raw })
-            });
-        let Some(l) = parsed.filter(|l| l.doc.version == VERSION) else {
+        let parsed = serde_json::from_str::<Document>(&text).ok();
+        let Some(l) = parsed
+            .filter(|d| d.version == VERSION)
+            .map(|doc| Live { doc })
+        else {
             crate::warn!(
                 "skipped {}: not a status document of this version",
                 path.display()
@@ -348,9 +344,9 @@ pub fn table(live: &[Live], now: u64, dir: &Path) -> String {
     out
 }
 
-/// The documents as read, as one JSON array.
+/// The documents, as one JSON array.
 pub fn json(live: &[Live]) -> String {
-    let docs: Vec<&serde_json::Value> = live.iter().map(|l| &l.raw).collect();
+    let docs: Vec<&Document> = live.iter().map(|l| &l.doc).collect();
     let mut s = serde_json::to_string_pretty(&docs).unwrap_or_else(|_| "[]".into());
     s.push('\n');
     s
@@ -605,8 +601,7 @@ mod tests {
     }
 
     fn live(d: Document) -> Live {
-        let raw = serde_json::to_value(&d).unwrap();
-        Live { doc: d, raw }
+        Live { doc: d }
     }
 
     #[test]
