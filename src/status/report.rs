@@ -401,9 +401,12 @@ impl Family {
 /// Reads one counter of a tool.
 type Counter = fn(&ToolDoc) -> u64;
 
-/// Seconds from milliseconds, for Prometheus.
-fn secs(ms: f64) -> f64 {
-    ms / 1000.0
+/// Seconds from milliseconds, for Prometheus: to the microsecond, without
+/// the noise of binary fractions (`0.000288`, not `0.00028799999999999995`).
+pub fn secs(ms: f64) -> String {
+    let s = format!("{:.6}", ms / 1000.0);
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    s.to_owned()
 }
 
 /// The same figures as the table, in the Prometheus text exposition format
@@ -762,6 +765,15 @@ mod tests {
                 assert!(line.starts_with(family), "{line} outside {family}");
             }
         }
+    }
+
+    #[test]
+    fn seconds_are_printed_without_float_noise() {
+        assert_eq!(secs(0.288), "0.000288");
+        assert_eq!(secs(61.44), "0.06144");
+        assert_eq!(secs(1_796_139_043_840.0), "1796139043.84");
+        assert_eq!(secs(2000.0), "2");
+        assert_eq!(secs(0.0), "0");
     }
 
     #[test]
