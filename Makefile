@@ -9,7 +9,7 @@ FUZZ_TARGETS := jsonrpc config
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 STATIC_TARGET ?= x86_64-unknown-linux-musl
 
-.PHONY: build test lint demo install interop fuzz fuzz-replay bench static
+.PHONY: build test lint docs demo install interop fuzz fuzz-replay bench static
 
 build:
 	$(CARGO) build --release
@@ -21,6 +21,12 @@ lint:
 	$(CARGO) fmt --check
 	$(CARGO) fmt --check --manifest-path fuzz/Cargo.toml
 	$(CARGO) clippy --all-targets -- -D warnings
+
+# Regenerates README.md's config key table and the `defaults:` part of
+# examples/mcp-retry.yaml from the key table in src/config/keys.rs. The test
+# that otherwise fails when they are out of date writes them instead.
+docs:
+	MCP_RETRY_WRITE_DOCS=1 $(CARGO) test --quiet --bin mcp-retry config::docs::tests::readme_and_example_are_up_to_date
 
 # The `fast` profile (Cargo.toml): no LTO, parallel codegen, so a fresh
 # clone shows the demo in about a minute. `install`, `static`, `bench` and

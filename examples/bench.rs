@@ -75,6 +75,7 @@ fn main() {
         quick: false,
         write: None,
         baseline: None,
+        pressure_only: false,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -87,6 +88,7 @@ fn main() {
                     .unwrap_or_else(|| fail("--reps needs a positive integer"))
             }
             "--quick" => opts.quick = true,
+            "--pressure-only" => opts.pressure_only = true,
             "--baseline" => {
                 opts.baseline = Some(
                     it.next()
@@ -102,7 +104,7 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--baseline MCP_RETRY] [--write FILE]");
+                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--baseline MCP_RETRY] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
@@ -123,6 +125,8 @@ struct Options {
     write: Option<PathBuf>,
     /// Another mcp-retry binary to measure in the same rounds.
     baseline: Option<PathBuf>,
+    /// Only the memory scenarios under pressure (printed, never written).
+    pressure_only: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -770,6 +774,335 @@ fn memory(bins: &Bins, via: Via, held: usize) -> Memory {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Memory under pressure
+// ---------------------------------------------------------------------------
+
+/// How long the mock's `deaf` mode stops reading in the pressure scenarios.
+const DEAF_MS: u64 = 3000;
+/// The pressure scenarios' line size and `max_message_bytes`.
+const PRESSURE_LINE: usize = 1 << 20;
+const PRESSURE_LIMIT: usize = 2 << 20;
+const PRESSURE_NOTIFICATIONS: usize = 400;
+const PRESSURE_CALLS: usize = 300;
+/// The large request, and `max_message_bytes` for it.
+const BIG_REQUEST: usize = 60 << 20;
+const BIG_LIMIT: usize = 64 << 20;
+
+/// One memory scenario's figures for one binary.
+#[derive(Default)]
+struct Pressure {
+    /// VmHWM once the load has ended.
+    peak_kb: Option<u64>,
+    /// VmRSS half a second after the load ended.
+    after_kb: Option<u64>,
+    /// What the client saw (answers by kind).
+    outcome: String,
+}
+
+/// A client of `via` whose stdin is written by a thread (the proxy may stop
+/// reading it), and whose stdout is read by another that reports each
+/// answer: true for a result, false for an error.
+struct PressureClient {
+    child: Child,
+    answers: crossbeam_channel::Receiver<bool>,
+    /// The client's stdin once written, kept open until the end.
+    stdin: crossbeam_channel::Receiver<BufWriter<ChildStdin>>,
+}
+
+impl PressureClient {
+    /// Starts `via` in front of the scripted mock with `config` (YAML lines
+    /// of mcp-retry's server keys), does the handshake and lists the tools,
+    /// then makes the server deaf (`deaf`: for that many ms, or for good
+    /// with 0) and hands the lines `load` yields to a writer thread.
+    fn start(
+        bins: &Bins,
+        via: Via,
+        config: &str,
+        deaf: Option<u64>,
+        load: impl Iterator<Item = Vec<u8>> + Send + 'static,
+    ) -> PressureClient {
+        let dir = std::env::temp_dir().join(format!("mcp-retry-bench-{}", process::id()));
+        let _ = fs::create_dir_all(&dir);
+        let cfg = dir.join("pressure.yaml");
+        let settings: String = config.lines().map(|l| format!("    {l}\n")).collect();
+        let text = format!(
+            "servers:\n  mock:\n    command: {}\n{settings}",
+            bins.mock.display()
+        );
+        fs::write(&cfg, text)
+            .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", cfg.display())));
+        let mut cmd = bins.command(via, &bins.scripted_server());
+        if matches!(via, Via::Proxy | Via::Baseline) {
+            // `run --config FILE`: its one server is the mock.
+            let program = cmd.get_program().to_owned();
+            cmd = Command::new(program);
+            cmd.args(["run", "--config"]).arg(&cfg);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .env_remove("MCP_RETRY_LOG")
+            .spawn()
+            .unwrap_or_else(|e| fail(&format!("cannot start the {} target: {e}", via.name())));
+        let mut to = BufWriter::with_capacity(64 * 1024, child.stdin.take().expect("piped"));
+        let mut from = BufReader::with_capacity(64 * 1024, child.stdout.take().expect("piped"));
+        let (answers_tx, answers) = crossbeam_channel::unbounded();
+        thread::spawn(move || {
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match from.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                let head = &line[..line.len().min(200)];
+                let has = |s: &[u8]| head.windows(s.len()).any(|w| w == s);
+                if has(b"\"id\"")
+                    && !has(b"\"method\"")
+                    && answers_tx.send(has(b"\"result\"")).is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let mut handshake = vec![
+            br#"{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"mcp-retry-bench","version":"1"}}}"#.to_vec(),
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_vec(),
+            br#"{"jsonrpc":"2.0","id":"list","method":"tools/list"}"#.to_vec(),
+        ];
+        if let Some(ms) = deaf {
+            let ms = if ms == 0 {
+                String::new()
+            } else {
+                format!(",\"ms\":{ms}")
+            };
+            handshake.push(format!(r#"{{"jsonrpc":"2.0","id":"deaf","method":"tools/call","params":{{"name":"echo","arguments":{{"mode":"deaf"{ms}}}}}}}"#).into_bytes());
+        }
+        for l in &handshake {
+            let _ = to.write_all(l);
+            let _ = to.write_all(b"\n");
+        }
+        let _ = to.flush();
+        let (stdin_tx, stdin) = crossbeam_channel::bounded(1);
+        let c = PressureClient {
+            child,
+            answers,
+            stdin,
+        };
+        c.wait_for(handshake.len() - 1);
+        thread::spawn(move || {
+            for l in load {
+                if to.write_all(&l).is_err() {
+                    return;
+                }
+            }
+            let _ = to.flush();
+            let _ = stdin_tx.send(to);
+        });
+        c
+    }
+
+    /// Waits for `n` answers; returns (results, errors).
+    fn wait_for(&self, n: usize) -> (usize, usize) {
+        let (mut ok, mut err) = (0, 0);
+        while ok + err < n {
+            match self.answers.recv_timeout(Duration::from_secs(120)) {
+                Ok(true) => ok += 1,
+                Ok(false) => err += 1,
+                Err(_) => fail("pressure: the target stopped answering"),
+            }
+        }
+        (ok, err)
+    }
+
+    /// Waits for answers until none has come for `quiet`; returns
+    /// (results, errors).
+    fn until_quiet(&self, quiet: Duration) -> (usize, usize) {
+        let (mut ok, mut err) = (0, 0);
+        while let Ok(result) = self.answers.recv_timeout(quiet) {
+            if result {
+                ok += 1;
+            } else {
+                err += 1;
+            }
+        }
+        (ok, err)
+    }
+
+    /// The figures, once the load is over; stops the target.
+    fn finish(mut self, outcome: String) -> Pressure {
+        let pid = self.child.id();
+        let peak_kb = proc_status_kb(pid, "VmHWM");
+        // The load is over once the proxy is idle (late answers to calls
+        // that timed out may still be arriving): no CPU used for 300 ms.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut cpu = process_cpu(pid);
+        loop {
+            thread::sleep(Duration::from_millis(300));
+            let now = process_cpu(pid);
+            if now == cpu || Instant::now() > deadline {
+                break;
+            }
+            cpu = now;
+        }
+        let after_kb = proc_status_kb(pid, "VmRSS");
+        drop(self.stdin);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Pressure {
+            peak_kb,
+            after_kb,
+            outcome,
+        }
+    }
+}
+
+fn padding(n: usize) -> String {
+    "p".repeat(n)
+}
+
+/// The server stops reading; the client sends 1 MiB notifications, then a
+/// ping, which is answered once the server reads again.
+fn pressure_notifications(bins: &Bins, via: Via) -> Pressure {
+    let pad = padding(PRESSURE_LINE);
+    let load = (0..PRESSURE_NOTIFICATIONS)
+        .map(move |i| {
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"level\":\"info\",\"data\":\"{i} {pad}\"}}}}\n"
+            )
+            .into_bytes()
+        })
+        .chain(std::iter::once(
+            b"{\"jsonrpc\":\"2.0\",\"id\":\"ping\",\"method\":\"ping\"}\n".to_vec(),
+        ));
+    let config = format!("max_message_bytes: {PRESSURE_LIMIT}");
+    let c = PressureClient::start(bins, via, &config, Some(DEAF_MS), load);
+    c.wait_for(1);
+    c.finish(format!("{PRESSURE_NOTIFICATIONS} notifications relayed"))
+}
+
+/// The server stops reading for good; the client sends 1 MiB calls with a
+/// 1 s timeout. Those the proxy read time out; the load ends when no more
+/// answers come (the rest wait in the client's pipe, unread). With `keyed`,
+/// each call has its own idempotency key (and is not retried), which keeps
+/// its arguments out of the dedup table's keys.
+fn pressure_calls(bins: &Bins, via: Via, keyed: bool) -> Pressure {
+    let pad = padding(PRESSURE_LINE);
+    let load = (0..PRESSURE_CALLS).map(move |i| {
+        let meta = if keyed {
+            format!(",\"_meta\":{{\"idempotencyKey\":\"k{i}\"}}")
+        } else {
+            String::new()
+        };
+        format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"text\":\"ok\",\"n\":{i},\"pad\":\"{pad}\"}}{meta}}}}}\n"
+        )
+        .into_bytes()
+    });
+    // The replay table may keep 4 MiB of results (64 MiB by default, which
+    // would be what is left after the load).
+    let config = format!("max_message_bytes: {PRESSURE_LIMIT}\ncall_timeout: 1\nidempotency_max_bytes: 4194304\nretry:\n  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 100000");
+    let c = PressureClient::start(bins, via, &config, Some(0), load);
+    let (ok, err) = c.until_quiet(Duration::from_secs(3));
+    let deaf_peak_kb = proc_status_kb(c.child.id(), "VmHWM");
+    // The load ends with the server: killed, it is restarted, and the rest
+    // of the calls run on the new one.
+    let Some(server) = children(c.child.id()).into_iter().next() else {
+        return c.finish(format!("{ok} results, {err} timeouts; no server to stop"));
+    };
+    // SAFETY: kill(2) on the proxy's child.
+    unsafe {
+        libc::kill(server as libc::pid_t, libc::SIGKILL);
+    }
+    let (later_ok, later_err) = c.wait_for(PRESSURE_CALLS - ok - err);
+    let mut p = c.finish(format!(
+        "{err} timeouts while the server did not read, then {later_ok} results and {later_err} errors from a new server (peak overall {})",
+        "{peak}"
+    ));
+    p.outcome = p.outcome.replace("{peak}", &mb(p.peak_kb));
+    p.peak_kb = deaf_peak_kb;
+    p
+}
+
+/// The pids of a process's children (started by any of its threads).
+fn children(pid: u32) -> Vec<u32> {
+    tasks(pid)
+        .iter()
+        .flat_map(|t| {
+            fs::read_to_string(t.join("children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// One notification of 60 MiB, then a ping.
+fn pressure_big_notification(bins: &Bins, via: Via) -> Pressure {
+    let line = format!(
+        "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"level\":\"info\",\"data\":\"{}\"}}}}\n{{\"jsonrpc\":\"2.0\",\"id\":\"ping\",\"method\":\"ping\"}}\n",
+        padding(BIG_REQUEST)
+    )
+    .into_bytes();
+    let config = format!("max_message_bytes: {BIG_LIMIT}");
+    let c = PressureClient::start(bins, via, &config, None, std::iter::once(line));
+    c.wait_for(1);
+    c.finish("relayed".into())
+}
+
+/// One request of 60 MiB (answered small).
+fn pressure_big_request(bins: &Bins, via: Via) -> Pressure {
+    let line = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":\"big\",\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"mode\":\"is_error\",\"pad\":\"{}\"}}}}}}\n",
+        padding(BIG_REQUEST)
+    )
+    .into_bytes();
+    let config = format!("max_message_bytes: {BIG_LIMIT}");
+    let c = PressureClient::start(bins, via, &config, None, std::iter::once(line));
+    let (ok, _) = c.wait_for(1);
+    c.finish(if ok == 1 {
+        "answered".into()
+    } else {
+        "refused".into()
+    })
+}
+
+/// The memory scenarios for one target: (what, max_message_bytes, figures).
+fn pressure(bins: &Bins, via: Via) -> Vec<(String, usize, Pressure)> {
+    vec![
+        (
+            format!("server not reading, {PRESSURE_NOTIFICATIONS} notifications of 1 MiB"),
+            PRESSURE_LIMIT,
+            pressure_notifications(bins, via),
+        ),
+        (
+            format!("server not reading, {PRESSURE_CALLS} calls of 1 MiB, 1 s timeout"),
+            PRESSURE_LIMIT,
+            pressure_calls(bins, via, false),
+        ),
+        (
+            format!(
+                "server not reading, {PRESSURE_CALLS} calls of 1 MiB, 1 s timeout, each with an idempotency key"
+            ),
+            PRESSURE_LIMIT,
+            pressure_calls(bins, via, true),
+        ),
+        (
+            format!("one `tools/call` of {} MiB", BIG_REQUEST >> 20),
+            BIG_LIMIT,
+            pressure_big_request(bins, via),
+        ),
+        (
+            format!("one notification of {} MiB", BIG_REQUEST >> 20),
+            BIG_LIMIT,
+            pressure_big_notification(bins, via),
+        ),
+    ]
+}
+
 /// CPU use of an idle process over `IDLE_SECS`.
 struct Idle {
     /// utime+stime from /proc/PID/stat (clock-tick resolution).
@@ -1090,16 +1423,71 @@ fn machine() -> String {
     )
 }
 
+/// The memory scenarios as a Markdown table, mcp-retry (and the baseline)
+/// against the target.
+fn pressure_table(bins: &Bins) -> String {
+    eprintln!("bench: memory under pressure ...");
+    let proxy = pressure(bins, Via::Proxy);
+    let base = bins.baseline.as_ref().map(|_| {
+        eprintln!("bench: memory under pressure, baseline ...");
+        pressure(bins, Via::Baseline)
+    });
+    let mut t = String::from(
+        "| scenario | max_message_bytes | peak RSS (VmHWM; for the calls, while the server did not read) | RSS after the load (VmRSS) | outcome | target: peak < 64 MiB + 2 × max, after < 16 MB | met |",
+    );
+    if base.is_some() {
+        t.push_str(" baseline peak | baseline after | baseline outcome |");
+    }
+    t.push_str("\n|---|--:|--:|--:|---|---|:-:|");
+    if base.is_some() {
+        t.push_str("--:|--:|---|");
+    }
+    t.push('\n');
+    for (i, (what, limit, p)) in proxy.iter().enumerate() {
+        let bound_kb = ((64 << 20) + 2 * limit) as u64 / 1024;
+        let met = p
+            .peak_kb
+            .zip(p.after_kb)
+            .map(|(peak, after)| peak < bound_kb && after < 16 * 1024);
+        let _ = write!(
+            t,
+            "| {what} | {} MiB | {} | {} | {} | < {} MB, < 16 MB | {} |",
+            limit >> 20,
+            mb(p.peak_kb),
+            mb(p.after_kb),
+            p.outcome,
+            bound_kb / 1024,
+            verdict(met)
+        );
+        if let Some(b) = base.as_ref().map(|b| &b[i].2) {
+            let _ = write!(
+                t,
+                " {} | {} | {} |",
+                mb(b.peak_kb),
+                mb(b.after_kb),
+                b.outcome
+            );
+        }
+        t.push('\n');
+    }
+    t
+}
+
 fn run_all(opts: &Options) {
     let mut bins = Bins::find();
     bins.baseline = opts.baseline.clone();
     let reps = opts.reps;
     let started = Instant::now();
+    if opts.pressure_only {
+        println!("{}", pressure_table(&bins));
+        return;
+    }
 
     let hot = hot_path(&bins, reps, opts.quick);
     eprintln!("bench: memory with {HELD_CALLS} calls held ...");
     let mem_relay = memory(&bins, Via::Relay, HELD_CALLS);
     let mem_proxy = memory(&bins, Via::Proxy, HELD_CALLS);
+    let pressure = pressure_table(&bins);
     eprintln!("bench: idle CPU over {IDLE_SECS} s ...");
     let [idle_relay, idle_proxy] = idle(&bins);
     eprintln!("bench: check ...");
@@ -1317,6 +1705,11 @@ fn run_all(opts: &Options) {
         started.elapsed().as_secs_f64()
     );
     report.push_str(&t.0);
+    let _ = write!(
+        report,
+        "\nMemory under pressure (each scenario in a fresh process; the mock's `deaf` mode stops reading its stdin for {:.0} s):\n\n{pressure}",
+        DEAF_MS as f64 / 1000.0
+    );
     if let Some(b) = &baseline_table {
         report.push_str(b);
     }

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc::{self, Parsed};
-use crate::stdio::{self, ReadItem};
+use crate::stdio::{self, Backlog, ReadItem};
 use crate::watchdog::{self, Guard};
 
 /// How many of the child's last stderr lines are kept for messages.
@@ -49,6 +49,10 @@ const KILL_WAIT: Duration = Duration::from_secs(2);
 /// that watchdog would wait for an unrelated server as well. Spawns are
 /// rare; they take turns.
 static SPAWNING: Mutex<()> = Mutex::new(());
+
+/// Bytes waiting for a server that does not read its stdin before the
+/// proxy stops reading from the client (see [`Child::stdin_backlog`]).
+pub const STDIN_BACKLOG: usize = 8 * 1024 * 1024;
 
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +108,7 @@ pub enum Stderr {
 pub struct Child {
     pid: u32,
     stdin: Option<stdio::Outbox>,
+    stdin_backlog: Arc<Backlog>,
     exited: Receiver<ExitInfo>,
     exit: Option<ExitInfo>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
@@ -181,7 +186,7 @@ where
     let stderr = child.stderr.take().expect("piped stderr");
 
     let ev = on_event.clone();
-    let (stdin_tx, _) = stdio::spawn_writer("child-stdin", stdin, usize::MAX, move |f| {
+    let (stdin_tx, _) = stdio::spawn_writer("child-stdin", stdin, STDIN_BACKLOG, move |f| {
         crate::debug!("writing to the server failed: {}", f.error);
         ev(ServerEvent::WriteFailed { unsent: f.unsent });
     });
@@ -218,11 +223,12 @@ where
                 crate::debug!("the server is writing a line over max_message_bytes; dropping it");
                 ev(ServerEvent::Overlong);
             }
-            ReadItem::TooLong { prefix, len } => {
+            ReadItem::TooLong {
+                response_id, len, ..
+            } => {
                 crate::warn!(
                     "the server wrote a line of {len} bytes, over max_message_bytes; dropped"
                 );
-                let response_id = jsonrpc::scan_response_id(&prefix);
                 ev(ServerEvent::TooLong { response_id, len });
             }
             ReadItem::Eof => ev(ServerEvent::StdoutClosed),
@@ -276,6 +282,7 @@ where
 
     Ok(Child {
         pid,
+        stdin_backlog: stdin_tx.backlog(),
         stdin: Some(stdin_tx),
         exited: exit_rx,
         exit: None,
@@ -358,6 +365,23 @@ impl Child {
         }
     }
 
+    /// Counts the bytes queued for the child's stdin and not yet written,
+    /// against [`STDIN_BACKLOG`]: a server that stops reading fills it, and
+    /// whoever feeds it (the client's reader) waits on it. It is closed,
+    /// releasing any waiter, once the child's input is closed or the child
+    /// is killed or dropped: what is still queued then will never be
+    /// written, and goes when the writer thread meets the closed pipe.
+    pub fn stdin_backlog(&self) -> Arc<Backlog> {
+        self.stdin_backlog.clone()
+    }
+
+    /// Stops writing to the child: what is queued is still written (the
+    /// writer ends once it has), but nobody waits for it any more.
+    fn close_stdin(&mut self) {
+        self.stdin = None;
+        self.stdin_backlog.close();
+    }
+
     /// The last lines the child wrote to stderr, oldest first.
     pub fn stderr_tail(&self) -> Vec<String> {
         self.stderr_tail.lock().iter().cloned().collect()
@@ -395,7 +419,7 @@ impl Child {
     /// once the child has exited (descendants that outlived it) gets the
     /// same: SIGTERM, up to `grace`, SIGKILL.
     pub fn shutdown(&mut self, grace: Duration) -> ExitInfo {
-        self.stdin = None;
+        self.close_stdin();
         let info = self
             .wait_exit(grace)
             .or_else(|| {
@@ -439,13 +463,13 @@ impl Downstream for Child {
         }
     }
     fn close_input(&mut self) {
-        self.stdin = None;
+        self.close_stdin();
     }
     fn terminate(&mut self) {
         self.signal_group(libc::SIGTERM);
     }
     fn kill(&mut self) {
-        self.stdin = None;
+        self.close_stdin();
         self.signal_group(libc::SIGKILL);
     }
     fn describe(&self) -> String {
@@ -472,7 +496,7 @@ impl Drop for Child {
     /// to the thread that spawned the child, which may end right after the
     /// drop (a `check` probe thread), cutting the grace short.
     fn drop(&mut self) {
-        self.stdin = None;
+        self.close_stdin();
         if !self.has_exited() {
             self.signal_group(libc::SIGTERM);
             if self.wait_exit(DROP_GRACE).is_none() {

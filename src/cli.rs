@@ -23,11 +23,13 @@ Usage:
   mcp-retry run [--config FILE] -- COMMAND [ARGS...]
   mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--json]
   mcp-retry status [--json | --prometheus] [--watch [SECONDS]]
+  mcp-retry schema
 
 Commands:
   run      launch one MCP server and relay stdio to it (see `mcp-retry run --help`)
   check    probe every configured server in parallel (see `mcp-retry check --help`)
   status   show the proxies running now (see `mcp-retry status --help`)
+  schema   print the JSON Schema of the config file (for editors)
   help     print this text, or `help run` / `help check` / `help status`
 
 Options:
@@ -117,6 +119,8 @@ pub enum Command {
     Run(RunArgs),
     Check(CheckArgs),
     Status(StatusArgs),
+    /// Print the config file's JSON Schema on stdout.
+    Schema,
     /// The hidden `__watchdog` subcommand (`watchdog.rs`): not in the help,
     /// only ever started by the proxy itself.
     Watchdog,
@@ -192,19 +196,26 @@ where
                     "check" => parse_check(parser, global),
                     "status" => parse_status(parser, global),
                     "help" => parse_help(parser, global),
+                    "schema" => match parser.next()? {
+                        None => Ok((global, Command::Schema)),
+                        Some(Short('h') | Long("help")) => Ok((global, Command::Help(HELP))),
+                        Some(arg) => {
+                            Err(arg.unexpected()).context("invalid arguments for 'schema'")
+                        }
+                    },
                     crate::watchdog::SUBCOMMAND => match parser.next()? {
                         None => Ok((global, Command::Watchdog)),
                         Some(arg) => Err(arg.unexpected().into()),
                     },
                     _ => bail!(
-                        "unknown command '{name}' (expected run, check or status; see --help)"
+                        "unknown command '{name}' (expected run, check, status or schema; see --help)"
                     ),
                 };
             }
             _ => return Err(arg.unexpected().into()),
         }
     }
-    bail!("missing command (expected run, check or status; see --help)")
+    bail!("missing command (expected run, check, status or schema; see --help)")
 }
 
 /// `help`, `help run`, `help check`.
@@ -215,6 +226,7 @@ fn parse_help(mut p: lexopt::Parser, global: Global) -> Result<(Global, Command)
             "run" => RUN_HELP,
             "check" => CHECK_HELP,
             "status" => STATUS_HELP,
+            "schema" => HELP,
             other => {
                 bail!("unknown command '{other}' (expected run, check or status; see --help)")
             }
@@ -513,6 +525,15 @@ mod tests {
         assert!(err(&["status", "--watch", "0"]).contains("between 0.1 and 86400"));
         assert!(err(&["status", "extra"]).contains("invalid arguments for 'status'"));
         assert!(err(&["status", "--json", "5"]).contains("invalid arguments for 'status'"));
+    }
+
+    #[test]
+    fn schema_takes_no_arguments() {
+        assert_eq!(ok(&["schema"]).1, Command::Schema);
+        assert_eq!(ok(&["schema", "--help"]).1, Command::Help(HELP));
+        assert_eq!(ok(&["help", "schema"]).1, Command::Help(HELP));
+        assert!(err(&["schema", "x"]).contains("invalid arguments for 'schema'"));
+        assert!(HELP.contains("mcp-retry schema"));
     }
 
     #[test]

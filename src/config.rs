@@ -8,6 +8,12 @@
 //! carries a [`ServerProblem`]: `run` refuses it, `check` reports it down.
 //! Reads no file but the config and its `envFile`s; knows nothing of threads,
 //! channels or the protocol.
+//!
+//! The keys themselves are spelled once, in the tables of `config/keys.rs`:
+//! this file reads, merges and applies policy keys through them without
+//! naming one (but for the `base_delay`/`max_delay` check). `config/docs.rs`
+//! makes the JSON Schema, the README's key table and the example's
+//! `defaults:` from the same tables.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -18,6 +24,17 @@ use anyhow::{anyhow, bail};
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_saphyr::{Localizer, MessageFormatter, Spanned};
+
+// `#[path]`, so that fuzz/src/lib.rs, which compiles this file through its
+// own `#[path]`, finds them too.
+#[path = "config/docs.rs"]
+mod docs;
+#[path = "config/keys.rs"]
+mod keys;
+
+pub use docs::schema_text;
+
+use keys::{At, Kind, Policy, Value, Zero, MAX_MESSAGE_BYTES_LIMIT};
 
 /// A loaded configuration file.
 #[derive(Debug, Clone)]
@@ -32,8 +49,10 @@ pub struct Config {
     pub notes: Vec<String>,
 }
 
-/// Everything about one downstream server.
-#[derive(Debug, Clone)]
+/// Everything about one downstream server. The policy fields are set
+/// through the key table (`config/keys.rs`); `Default` zeroes them all,
+/// which is not a usable configuration: [`ServerConfig::with_defaults`] is.
+#[derive(Debug, Clone, Default)]
 pub struct ServerConfig {
     pub name: String,
     pub command: String,
@@ -77,7 +96,7 @@ pub struct ServerProblem {
     pub error: String,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RetryConfig {
     /// Retries after the first attempt (default 3).
     pub max_retries: u32,
@@ -95,7 +114,7 @@ pub struct RetryConfig {
 }
 
 /// Retry budget: in any `window`, retries ≤ max(`min_retries`, `ratio` × first attempts).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct BudgetConfig {
     /// Default 10 s.
     pub window: Duration,
@@ -105,7 +124,7 @@ pub struct BudgetConfig {
     pub ratio: f64,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CacheConfig {
     /// 0 = off (default).
     pub default_ttl: Duration,
@@ -119,7 +138,7 @@ pub struct CacheConfig {
     pub stale_if_error: Duration,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct BreakerConfig {
     /// Consecutive failed attempts that open the breaker (default 5).
     pub failure_threshold: u32,
@@ -194,49 +213,14 @@ pub fn parse(
 impl ServerConfig {
     /// Built-in defaults for a wrapped command (`mcp-retry run -- CMD ARGS`).
     pub fn with_defaults(name: &str, command: String, args: Vec<String>) -> ServerConfig {
-        ServerConfig {
+        let mut server = ServerConfig {
             name: name.to_string(),
             command,
             args,
-            env: Vec::new(),
-            cwd: None,
-            call_timeout: Duration::from_secs(60),
-            retry: RetryConfig {
-                max_retries: 3,
-                base_delay: Duration::from_millis(500),
-                max_delay: Duration::from_secs(20),
-                jitter: 0.2,
-                total_timeout: Duration::from_secs(120),
-                transient_codes: vec![-32000, -32001, -32003, -32603],
-                budget: BudgetConfig {
-                    window: Duration::from_secs(10),
-                    min_retries: 10,
-                    ratio: 0.2,
-                },
-            },
-            cache: CacheConfig {
-                default_ttl: Duration::ZERO,
-                tools: HashMap::new(),
-                max_entries: 1000,
-                max_bytes: 64 * 1024 * 1024,
-                stale_if_error: Duration::ZERO,
-            },
-            circuit_breaker: BreakerConfig {
-                failure_threshold: 5,
-                cooldown: Duration::from_secs(30),
-                success_threshold: 1,
-            },
-            idempotency_ttl: Duration::from_secs(300),
-            idempotency_max_entries: 10_000,
-            idempotency_max_bytes: 64 * 1024 * 1024,
-            assume_idempotent: false,
-            honors_idempotency_keys: false,
-            trust_annotations: true,
-            tools: HashMap::new(),
-            max_message_bytes: 64 * 1024 * 1024,
-            max_in_flight: 10_000,
-            problem: None,
-        }
+            ..ServerConfig::default()
+        };
+        keys::apply_defaults(&mut server);
+        server
     }
 }
 
@@ -308,30 +292,6 @@ fn usable(server: &ServerConfig) -> anyhow::Result<&ServerConfig> {
     }
 }
 
-/// Keys of a server in the `servers:` schema, the first six naming the process.
-const SERVER_KEYS: &[&str] = &[
-    "command",
-    "args",
-    "env",
-    "envFile",
-    "cwd",
-    "disabled",
-    "call_timeout",
-    "retry",
-    "cache",
-    "circuit_breaker",
-    "idempotency_ttl",
-    "idempotency_max_entries",
-    "idempotency_max_bytes",
-    "assume_idempotent",
-    "honors_idempotency_keys",
-    "trust_annotations",
-    "tools",
-    "max_message_bytes",
-    "max_in_flight",
-];
-/// Keys allowed in `defaults:`: everything but the process.
-const POLICY_KEYS: &[&str] = SERVER_KEYS.split_at(6).1;
 const TOP_KEYS: &[&str] = &["servers", "defaults"];
 /// Keys hosts (Claude Code and Desktop, Cursor, VS Code, Cline, Roo, Windsurf,
 /// Gemini CLI) define for a server entry that mcp-retry does not act on: in
@@ -361,35 +321,8 @@ const HOST_KEYS: &[&str] = &[
     "gallery",
     "version",
 ];
-/// The most a line may be (`max_message_bytes`): 1 GiB.
-const MAX_MESSAGE_BYTES_LIMIT: u64 = 1 << 30;
 /// The largest `envFile` read.
 const MAX_ENV_FILE_BYTES: u64 = 1 << 20;
-const RETRY_KEYS: &[&str] = &[
-    "max_retries",
-    "base_delay",
-    "max_delay",
-    "jitter",
-    "total_timeout",
-    "transient_codes",
-    "budget",
-];
-const BUDGET_KEYS: &[&str] = &["window", "min_retries", "ratio"];
-const CACHE_KEYS: &[&str] = &[
-    "default_ttl",
-    "tools",
-    "max_entries",
-    "max_bytes",
-    "stale_if_error",
-];
-const BREAKER_KEYS: &[&str] = &["failure_threshold", "cooldown_seconds", "success_threshold"];
-const TOOL_KEYS: &[&str] = &[
-    "idempotent",
-    "read_only",
-    "timeout",
-    "honors_idempotency_keys",
-];
-
 /// A format-neutral document node with the line it starts on.
 #[derive(Debug, Clone)]
 struct Node {
@@ -783,98 +716,6 @@ fn index(path: &str, i: usize) -> String {
     format!("{path}[{i}]")
 }
 
-/// A value set in the file, with where it was set (for cross-key checks).
-#[derive(Debug, Clone)]
-struct At<T> {
-    value: T,
-    line: usize,
-    path: String,
-}
-
-/// The policy keys of one section (`defaults:` or a server) before merging; `None`
-/// means "not set here".
-#[derive(Debug, Clone, Default)]
-struct Policy {
-    call_timeout: Option<At<Duration>>,
-    max_retries: Option<At<u64>>,
-    base_delay: Option<At<Duration>>,
-    max_delay: Option<At<Duration>>,
-    jitter: Option<At<f64>>,
-    total_timeout: Option<At<Duration>>,
-    transient_codes: Option<At<Vec<i64>>>,
-    budget_window: Option<At<Duration>>,
-    budget_min_retries: Option<At<u64>>,
-    budget_ratio: Option<At<f64>>,
-    cache_default_ttl: Option<At<Duration>>,
-    cache_tools: HashMap<String, Duration>,
-    cache_max_entries: Option<At<u64>>,
-    cache_max_bytes: Option<At<u64>>,
-    cache_stale_if_error: Option<At<Duration>>,
-    failure_threshold: Option<At<u64>>,
-    cooldown: Option<At<Duration>>,
-    success_threshold: Option<At<u64>>,
-    idempotency_ttl: Option<At<Duration>>,
-    idempotency_max_entries: Option<At<u64>>,
-    idempotency_max_bytes: Option<At<u64>>,
-    assume_idempotent: Option<At<bool>>,
-    honors_idempotency_keys: Option<At<bool>>,
-    trust_annotations: Option<At<bool>>,
-    tools: HashMap<String, ToolConfig>,
-    max_message_bytes: Option<At<u64>>,
-    max_in_flight: Option<At<u64>>,
-}
-
-impl Policy {
-    /// `self` over `base`, leaf by leaf; tool entries merge field by field.
-    fn over(mut self, base: &Policy) -> Policy {
-        macro_rules! inherit {
-            ($($field:ident),* $(,)?) => {
-                $( if self.$field.is_none() { self.$field = base.$field.clone(); } )*
-            };
-        }
-        inherit!(
-            call_timeout,
-            max_retries,
-            base_delay,
-            max_delay,
-            jitter,
-            total_timeout,
-            transient_codes,
-            budget_window,
-            budget_min_retries,
-            budget_ratio,
-            cache_default_ttl,
-            cache_max_entries,
-            cache_max_bytes,
-            cache_stale_if_error,
-            failure_threshold,
-            cooldown,
-            success_threshold,
-            idempotency_ttl,
-            idempotency_max_entries,
-            idempotency_max_bytes,
-            assume_idempotent,
-            honors_idempotency_keys,
-            trust_annotations,
-            max_message_bytes,
-            max_in_flight,
-        );
-        for (name, ttl) in &base.cache_tools {
-            self.cache_tools.entry(name.clone()).or_insert(*ttl);
-        }
-        for (name, base_tool) in &base.tools {
-            let tool = self.tools.entry(name.clone()).or_default();
-            tool.idempotent = tool.idempotent.or(base_tool.idempotent);
-            tool.read_only = tool.read_only.or(base_tool.read_only);
-            tool.timeout = tool.timeout.or(base_tool.timeout);
-            tool.honors_idempotency_keys = tool
-                .honors_idempotency_keys
-                .or(base_tool.honors_idempotency_keys);
-        }
-        self
-    }
-}
-
 /// Records where a value was set.
 fn at<T>(value: T, node: &Node, path: &str) -> Option<At<T>> {
     Some(At {
@@ -882,13 +723,6 @@ fn at<T>(value: T, node: &Node, path: &str) -> Option<At<T>> {
         line: node.line,
         path: path.to_string(),
     })
-}
-
-/// Whether a duration may be zero.
-#[derive(Clone, Copy, PartialEq)]
-enum Zero {
-    Allowed,
-    Rejected,
 }
 
 /// Walks the document tree, collecting every problem it finds.
@@ -1041,8 +875,8 @@ impl Walker<'_> {
                     if let Some(items) = self.map(&entry.value, "defaults") {
                         for item in items {
                             let path = join("defaults", &item.key);
-                            if !self.policy_key(&mut defaults, &item.key, &item.value, &path) {
-                                self.unknown(item, "defaults", POLICY_KEYS);
+                            if !self.policy_key(&mut defaults, "", &item.key, &item.value, &path) {
+                                self.unknown(item, "defaults", &keys::children(""));
                             }
                         }
                     }
@@ -1173,11 +1007,11 @@ impl Walker<'_> {
                         .is_some_and(|b| b.value)
                 }
                 key => {
-                    if self.policy_key(&mut policy, key, &item.value, &key_path) {
+                    if self.policy_key(&mut policy, "", key, &item.value, &key_path) {
                     } else if strict {
-                        self.unknown(item, path, SERVER_KEYS);
+                        self.unknown(item, path, &keys::server_keys());
                     } else if HOST_KEYS.contains(&key) {
-                    } else if let Some(near) = did_you_mean(key, SERVER_KEYS) {
+                    } else if let Some(near) = did_you_mean(key, &keys::server_keys()) {
                         let msg = format!("unknown key (did you mean {near}?)");
                         self.error(item.line, &key_path, msg);
                     } else {
@@ -1259,32 +1093,95 @@ impl Walker<'_> {
         }
     }
 
-    /// Reads one policy key into `policy`; false when `key` is not a policy key.
-    fn policy_key(&mut self, p: &mut Policy, key: &str, node: &Node, path: &str) -> bool {
-        match key {
-            "call_timeout" => p.call_timeout = self.duration(node, path, Zero::Rejected),
-            "retry" => self.retry(p, node, path),
-            "cache" => self.cache(p, node, path),
-            "circuit_breaker" => self.breaker(p, node, path),
-            "idempotency_ttl" => p.idempotency_ttl = self.duration(node, path, Zero::Allowed),
-            "idempotency_max_entries" => {
-                p.idempotency_max_entries = self.count(node, path, 0, usize_max())
+    /// Reads the policy key or section `key` of the section `prefix` (`""`
+    /// at the top of a server entry or `defaults:`) into `p`; false when
+    /// the table has no such key.
+    fn policy_key(
+        &mut self,
+        p: &mut Policy,
+        prefix: &str,
+        key: &str,
+        node: &Node,
+        path: &str,
+    ) -> bool {
+        if key.contains('.') {
+            return false;
+        }
+        let full = if prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        if let Some(spec) = keys::policy_key(&full) {
+            if let Some(value) = self.read(spec.kind, node, path) {
+                p.set(spec, value);
             }
-            "idempotency_max_bytes" => {
-                p.idempotency_max_bytes = self.count(node, path, 0, usize_max())
-            }
-            "assume_idempotent" => p.assume_idempotent = self.boolean(node, path),
-            "honors_idempotency_keys" => p.honors_idempotency_keys = self.boolean(node, path),
-            "trust_annotations" => p.trust_annotations = self.boolean(node, path),
-            "tools" => self.tools(p, node, path),
-            "max_message_bytes" => {
-                let max = MAX_MESSAGE_BYTES_LIMIT.min(usize_max());
-                p.max_message_bytes = self.count(node, path, 1024, max)
-            }
-            "max_in_flight" => p.max_in_flight = self.count(node, path, 1, usize_max()),
-            _ => return false,
+        } else if keys::is_section(&full) {
+            let expected = keys::children(&full);
+            self.members(node, path, &expected, |this, key, value, key_path| {
+                this.policy_key(p, &full, key, value, key_path)
+            });
+        } else {
+            return false;
         }
         true
+    }
+
+    /// Reads a value of `kind`.
+    fn read(&mut self, kind: Kind, node: &Node, path: &str) -> Option<At<Value>> {
+        fn wrap<T>(at: Option<At<T>>, f: impl FnOnce(T) -> Value) -> Option<At<Value>> {
+            at.map(|a| At {
+                value: f(a.value),
+                line: a.line,
+                path: a.path,
+            })
+        }
+        match kind {
+            Kind::Duration(zero) => wrap(self.duration(node, path, zero), Value::Duration),
+            Kind::Count { min, max } => wrap(self.count(node, path, min, max), Value::Count),
+            Kind::Bool => wrap(self.boolean(node, path), Value::Bool),
+            Kind::Fraction => wrap(self.fraction(node, path), Value::Number),
+            Kind::Ratio => wrap(self.ratio(node, path), Value::Number),
+            Kind::Codes => wrap(self.codes(node, path), Value::Codes),
+            Kind::Durations => {
+                let items = self.map(node, path)?;
+                let mut ttls = HashMap::new();
+                for item in items {
+                    let item_path = join(path, &item.key);
+                    if let Some(ttl) = self.duration(&item.value, &item_path, Zero::Allowed) {
+                        ttls.insert(item.key.clone(), ttl.value);
+                    }
+                }
+                at(Value::Durations(ttls), node, path)
+            }
+            Kind::Tools => {
+                let tools = self.map(node, path)?;
+                let mut out = HashMap::new();
+                for tool in tools {
+                    let tool_path = join(path, &tool.key);
+                    let mut config = ToolConfig::default();
+                    let expected = keys::tool_keys();
+                    self.members(
+                        &tool.value,
+                        &tool_path,
+                        &expected,
+                        |this, key, value, key_path| {
+                            let Some(spec) = keys::TOOL_KEYS.iter().find(|k| k.path == key) else {
+                                return false;
+                            };
+                            if let Some(v) = this.read(spec.kind, value, key_path) {
+                                (spec.set)(&mut config, &v.value);
+                            }
+                            true
+                        },
+                    );
+                    if matches!(tool.value.val, Val::Map(_) | Val::Null) {
+                        out.insert(tool.key.clone(), config);
+                    }
+                }
+                at(Value::Tools(out), node, path)
+            }
+        }
     }
 
     /// Calls `each(self, key, value, key_path)` for every member of the
@@ -1308,180 +1205,25 @@ impl Walker<'_> {
         }
     }
 
-    fn retry(&mut self, p: &mut Policy, node: &Node, path: &str) {
-        self.members(node, path, RETRY_KEYS, |this, key, value, key_path| {
-            match key {
-                "max_retries" => p.max_retries = this.count(value, key_path, 0, 100),
-                "base_delay" => p.base_delay = this.duration(value, key_path, Zero::Allowed),
-                "max_delay" => p.max_delay = this.duration(value, key_path, Zero::Allowed),
-                "jitter" => p.jitter = this.fraction(value, key_path),
-                "total_timeout" => p.total_timeout = this.duration(value, key_path, Zero::Rejected),
-                "transient_codes" => p.transient_codes = this.codes(value, key_path),
-                "budget" => this.budget(p, value, key_path),
-                _ => return false,
-            }
-            true
-        });
-    }
-
-    fn budget(&mut self, p: &mut Policy, node: &Node, path: &str) {
-        self.members(node, path, BUDGET_KEYS, |this, key, value, key_path| {
-            match key {
-                "window" => p.budget_window = this.duration(value, key_path, Zero::Rejected),
-                "min_retries" => {
-                    p.budget_min_retries = this.count(value, key_path, 0, u32::MAX.into())
-                }
-                "ratio" => p.budget_ratio = this.ratio(value, key_path),
-                _ => return false,
-            }
-            true
-        });
-    }
-
-    fn cache(&mut self, p: &mut Policy, node: &Node, path: &str) {
-        self.members(node, path, CACHE_KEYS, |this, key, value, key_path| {
-            match key {
-                "default_ttl" => {
-                    p.cache_default_ttl = this.duration(value, key_path, Zero::Allowed)
-                }
-                "tools" => {
-                    if let Some(tools) = this.map(value, key_path) {
-                        for tool in tools {
-                            let tool_path = join(key_path, &tool.key);
-                            if let Some(ttl) = this.duration(&tool.value, &tool_path, Zero::Allowed)
-                            {
-                                p.cache_tools.insert(tool.key.clone(), ttl.value);
-                            }
-                        }
-                    }
-                }
-                "max_entries" => p.cache_max_entries = this.count(value, key_path, 0, usize_max()),
-                "max_bytes" => p.cache_max_bytes = this.count(value, key_path, 0, usize_max()),
-                "stale_if_error" => {
-                    p.cache_stale_if_error = this.duration(value, key_path, Zero::Allowed)
-                }
-                _ => return false,
-            }
-            true
-        });
-    }
-
-    fn breaker(&mut self, p: &mut Policy, node: &Node, path: &str) {
-        self.members(node, path, BREAKER_KEYS, |this, key, value, key_path| {
-            match key {
-                "failure_threshold" => {
-                    p.failure_threshold = this.count(value, key_path, 1, u32::MAX.into())
-                }
-                "cooldown_seconds" => p.cooldown = this.duration(value, key_path, Zero::Allowed),
-                "success_threshold" => {
-                    p.success_threshold = this.count(value, key_path, 1, u32::MAX.into())
-                }
-                _ => return false,
-            }
-            true
-        });
-    }
-
-    fn tools(&mut self, p: &mut Policy, node: &Node, path: &str) {
-        let Some(tools) = self.map(node, path) else {
-            return;
-        };
-        for tool in tools {
-            let tool_path = join(path, &tool.key);
-            let mut config = ToolConfig::default();
-            self.members(
-                &tool.value,
-                &tool_path,
-                TOOL_KEYS,
-                |this, key, value, key_path| {
-                    match key {
-                        "idempotent" => {
-                            config.idempotent = this.boolean(value, key_path).map(|b| b.value)
-                        }
-                        "read_only" => {
-                            config.read_only = this.boolean(value, key_path).map(|b| b.value)
-                        }
-                        "timeout" => {
-                            config.timeout = this
-                                .duration(value, key_path, Zero::Rejected)
-                                .map(|d| d.value)
-                        }
-                        "honors_idempotency_keys" => {
-                            config.honors_idempotency_keys =
-                                this.boolean(value, key_path).map(|b| b.value)
-                        }
-                        _ => return false,
-                    }
-                    true
-                },
-            );
-            if matches!(tool.value.val, Val::Map(_) | Val::Null) {
-                p.tools.insert(tool.key.clone(), config);
-            }
-        }
-    }
-
     /// Applies a merged policy to `server` and checks the keys that depend on each
     /// other (only when `check`, so that one mistake is not reported twice).
     fn resolve(&mut self, mut s: ServerConfig, p: &Policy, check: bool) -> ServerConfig {
-        fn set<T: Clone>(target: &mut T, value: &Option<At<T>>) {
-            if let Some(at) = value {
-                *target = at.value.clone();
-            }
-        }
-        fn set_count<T: TryFrom<u64>>(target: &mut T, value: &Option<At<u64>>) {
-            if let Some(converted) = value.as_ref().and_then(|at| T::try_from(at.value).ok()) {
-                *target = converted;
-            }
-        }
-        set(&mut s.call_timeout, &p.call_timeout);
-        set_count(&mut s.retry.max_retries, &p.max_retries);
-        set(&mut s.retry.base_delay, &p.base_delay);
-        set(&mut s.retry.max_delay, &p.max_delay);
-        set(&mut s.retry.jitter, &p.jitter);
-        set(&mut s.retry.total_timeout, &p.total_timeout);
-        set(&mut s.retry.transient_codes, &p.transient_codes);
-        set(&mut s.retry.budget.window, &p.budget_window);
-        set_count(&mut s.retry.budget.min_retries, &p.budget_min_retries);
-        set(&mut s.retry.budget.ratio, &p.budget_ratio);
-        set(&mut s.cache.default_ttl, &p.cache_default_ttl);
-        s.cache.tools = p.cache_tools.clone();
-        set_count(&mut s.cache.max_entries, &p.cache_max_entries);
-        set_count(&mut s.cache.max_bytes, &p.cache_max_bytes);
-        set(&mut s.cache.stale_if_error, &p.cache_stale_if_error);
-        set_count(
-            &mut s.circuit_breaker.failure_threshold,
-            &p.failure_threshold,
-        );
-        set(&mut s.circuit_breaker.cooldown, &p.cooldown);
-        set_count(
-            &mut s.circuit_breaker.success_threshold,
-            &p.success_threshold,
-        );
-        set(&mut s.idempotency_ttl, &p.idempotency_ttl);
-        set_count(&mut s.idempotency_max_entries, &p.idempotency_max_entries);
-        set_count(&mut s.idempotency_max_bytes, &p.idempotency_max_bytes);
-        set(&mut s.assume_idempotent, &p.assume_idempotent);
-        set(&mut s.honors_idempotency_keys, &p.honors_idempotency_keys);
-        set(&mut s.trust_annotations, &p.trust_annotations);
-        s.tools = p.tools.clone();
-        set_count(&mut s.max_message_bytes, &p.max_message_bytes);
-        set_count(&mut s.max_in_flight, &p.max_in_flight);
-
+        p.apply(&mut s);
         let (base, max) = (s.retry.base_delay, s.retry.max_delay);
         if check && max < base {
             // Blame the key set closest to the server: a server's key over a
             // `defaults:` key, and max_delay when both are equally close.
-            let from_defaults = |at: &At<Duration>| at.path.starts_with("defaults.");
-            let blame_max = match (&p.max_delay, &p.base_delay) {
+            let from_defaults = |at: &At<Value>| at.path.starts_with("defaults.");
+            let (max_at, base_at) = (p.get("retry.max_delay"), p.get("retry.base_delay"));
+            let blame_max = match (max_at, base_at) {
                 (Some(m), Some(b)) => !from_defaults(m) || from_defaults(b),
                 (Some(_), None) => true,
                 _ => false,
             };
-            if let (true, Some(m)) = (blame_max, &p.max_delay) {
+            if let (true, Some(m)) = (blame_max, max_at) {
                 let msg = format!("must be at least base_delay ({base:?}), got {max:?}");
                 self.error(m.line, &m.path, msg);
-            } else if let Some(b) = &p.base_delay {
+            } else if let Some(b) = base_at {
                 let msg = format!("must not exceed max_delay ({max:?}), got {base:?}");
                 self.error(b.line, &b.path, msg);
             }
@@ -1851,10 +1593,6 @@ fn parse_env_file(text: &str) -> Result<Vec<(String, String)>, (usize, String)> 
     Ok(vars)
 }
 
-fn usize_max() -> u64 {
-    u64::try_from(usize::MAX).unwrap_or(u64::MAX)
-}
-
 const DURATION_EXPECTED: &str =
     "expected a duration (seconds, or a string like \"250ms\", \"1.5s\", \"2m\", \"1h\")";
 
@@ -2007,18 +1745,9 @@ mod tests {
 
     /// Checks that every policy value of `a` equals that of `b`.
     fn assert_same_policy(a: &ServerConfig, b: &ServerConfig) {
-        assert_eq!(a.call_timeout, b.call_timeout);
-        assert_eq!(a.retry, b.retry);
-        assert_eq!(a.cache, b.cache);
-        assert_eq!(a.circuit_breaker, b.circuit_breaker);
-        assert_eq!(a.idempotency_ttl, b.idempotency_ttl);
-        assert_eq!(a.idempotency_max_entries, b.idempotency_max_entries);
-        assert_eq!(a.idempotency_max_bytes, b.idempotency_max_bytes);
-        assert_eq!(a.assume_idempotent, b.assume_idempotent);
-        assert_eq!(a.trust_annotations, b.trust_annotations);
-        assert_eq!(a.tools, b.tools);
-        assert_eq!(a.max_message_bytes, b.max_message_bytes);
-        assert_eq!(a.max_in_flight, b.max_in_flight);
+        for key in keys::POLICY_KEYS {
+            assert_eq!((key.get)(a), (key.get)(b), "{}", key.path);
+        }
     }
 
     const SERVER_KEY_LIST: &str =
@@ -3282,25 +3011,34 @@ servers:
 
     #[test]
     fn typo_suggestions() {
-        assert_eq!(did_you_mean("arg", SERVER_KEYS), Some("args"));
+        assert_eq!(did_you_mean("arg", &keys::server_keys()), Some("args"));
         assert_eq!(
-            did_you_mean("call_timout", SERVER_KEYS),
+            did_you_mean("call_timout", &keys::server_keys()),
             Some("call_timeout")
         );
         assert_eq!(
-            did_you_mean("call-timeout", SERVER_KEYS),
+            did_you_mean("call-timeout", &keys::server_keys()),
             Some("call_timeout")
         );
-        assert_eq!(did_you_mean("Command", SERVER_KEYS), Some("command"));
-        assert_eq!(did_you_mean("envfile", SERVER_KEYS), Some("envFile"));
-        assert_eq!(did_you_mean("colour", SERVER_KEYS), None);
-        assert_eq!(did_you_mean("cmd", SERVER_KEYS), Some("command"));
-        assert_eq!(did_you_mean("workingDirectory", SERVER_KEYS), Some("cwd"));
-        assert_eq!(did_you_mean("cmd", RETRY_KEYS), None);
-        assert_eq!(did_you_mean("timeout", SERVER_KEYS), None);
+        assert_eq!(
+            did_you_mean("Command", &keys::server_keys()),
+            Some("command")
+        );
+        assert_eq!(
+            did_you_mean("envfile", &keys::server_keys()),
+            Some("envFile")
+        );
+        assert_eq!(did_you_mean("colour", &keys::server_keys()), None);
+        assert_eq!(did_you_mean("cmd", &keys::server_keys()), Some("command"));
+        assert_eq!(
+            did_you_mean("workingDirectory", &keys::server_keys()),
+            Some("cwd")
+        );
+        assert_eq!(did_you_mean("cmd", &keys::children("retry")), None);
+        assert_eq!(did_you_mean("timeout", &keys::server_keys()), None);
         // Host keys are never near misses of ours.
         for key in HOST_KEYS {
-            assert_eq!(did_you_mean(key, SERVER_KEYS), None, "{key}");
+            assert_eq!(did_you_mean(key, &keys::server_keys()), None, "{key}");
         }
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("", "abc"), 3);

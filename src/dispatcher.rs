@@ -30,7 +30,7 @@ use crate::policy::cache::ResultCache;
 use crate::policy::dedup::DedupTable;
 use crate::stats::Stats;
 use crate::status::Publisher;
-use crate::stdio::{Backlog, Outbox};
+use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
 mod calls;
@@ -47,8 +47,9 @@ use link::{Link, Queued, ReplayStep, Route, Session};
 pub enum Event {
     /// A classified line from the client.
     Client(Parsed),
-    /// A client line over `max_message_bytes`.
-    ClientTooLong { prefix: Vec<u8>, len: usize },
+    /// A client line over `max_message_bytes`, and the id of the request it
+    /// was, if the reader found one.
+    ClientTooLong { id: Option<String>, len: usize },
     /// The client closed our stdin.
     ClientEof,
     /// Writing to the client failed: nobody is listening any more.
@@ -64,7 +65,7 @@ impl Event {
     pub fn size(&self) -> usize {
         match self {
             Event::Client(p) => p.size(),
-            Event::ClientTooLong { prefix, .. } => prefix.len(),
+            Event::ClientTooLong { id, .. } => id.as_ref().map_or(0, String::len),
             Event::Server {
                 event: ServerEvent::Message(p),
                 ..
@@ -329,6 +330,8 @@ pub struct Dispatcher {
     /// Counts the bytes of the events waiting in the inbox, for the readers
     /// that feed it.
     inbox_backlog: Option<Arc<Backlog>>,
+    /// Bytes of messages handled since free memory was last given back.
+    handled_bytes: usize,
 }
 
 impl Dispatcher {
@@ -389,6 +392,7 @@ impl Dispatcher {
             status: None,
             eager: false,
             inbox_backlog: None,
+            handled_bytes: 0,
             cfg,
         }
     }
@@ -426,21 +430,28 @@ impl Dispatcher {
             }
             let event = match spin_for_event(&inbox) {
                 Some(e) => Some(e),
-                None => match self.timers.peek() {
-                    Some(Reverse(t)) => match inbox.recv_deadline(t.at) {
-                        Ok(e) => Some(e),
-                        Err(RecvTimeoutError::Timeout) => None,
-                        Err(RecvTimeoutError::Disconnected) => return Outcome::ClientClosed,
-                    },
-                    None => match inbox.recv() {
-                        Ok(e) => Some(e),
-                        Err(_) => return Outcome::ClientClosed,
-                    },
-                },
+                None => {
+                    self.release_memory_if_due();
+                    match self.timers.peek() {
+                        Some(Reverse(t)) => match inbox.recv_deadline(t.at) {
+                            Ok(e) => Some(e),
+                            Err(RecvTimeoutError::Timeout) => None,
+                            Err(RecvTimeoutError::Disconnected) => return Outcome::ClientClosed,
+                        },
+                        None => match inbox.recv() {
+                            Ok(e) => Some(e),
+                            Err(_) => return Outcome::ClientClosed,
+                        },
+                    }
+                }
             };
             let now = Instant::now();
-            if let (Some(e), Some(backlog)) = (&event, &self.inbox_backlog) {
-                backlog.remove(e.size());
+            if let Some(e) = &event {
+                let size = e.size();
+                self.handled_bytes += size;
+                if let Some(backlog) = &self.inbox_backlog {
+                    backlog.remove(size);
+                }
             }
             self.eager = inbox.is_empty();
             match event {
@@ -476,7 +487,7 @@ impl Dispatcher {
         self.now = now;
         match event {
             Event::Client(parsed) => self.on_client(parsed, None, now),
-            Event::ClientTooLong { prefix, len } => self.on_client_too_long(&prefix, len),
+            Event::ClientTooLong { id, len } => self.on_client_too_long(id, len),
             Event::ClientEof => {
                 debug!("the client closed its input; stopping the server");
                 self.begin_shutdown(None, now);
@@ -687,12 +698,12 @@ impl Dispatcher {
         }
     }
 
-    fn on_client_too_long(&mut self, prefix: &[u8], len: usize) {
+    fn on_client_too_long(&mut self, id: Option<String>, len: usize) {
         let max = self.cfg.max_message_bytes;
         let message = format!(
             "message of {len} bytes exceeds max_message_bytes ({max}) and was not forwarded"
         );
-        match jsonrpc::scan_request_id(prefix) {
+        match id {
             Some(id) if !self.client_requests.contains_key(&id) => {
                 warn!("answered a client request: {message}");
                 self.send_client(jsonrpc::error_line(
@@ -1361,6 +1372,17 @@ fn repeated_param(method: &str, params: Option<&str>) -> Option<String> {
 const SPIN: Duration = Duration::from_micros(15);
 
 /// The next event if one arrives within [`SPIN`].
+impl Dispatcher {
+    /// About to sleep after `RELEASE_AFTER` bytes of messages: gives the
+    /// memory they left free back to the system.
+    fn release_memory_if_due(&mut self) {
+        if self.handled_bytes >= stdio::RELEASE_AFTER {
+            self.handled_bytes = 0;
+            stdio::release_free_memory();
+        }
+    }
+}
+
 fn spin_for_event(inbox: &Receiver<Event>) -> Option<Event> {
     let start = Instant::now();
     loop {

@@ -184,14 +184,16 @@ impl Message {
 
 /// Reads one line into `buf` (cleared first), without its `\n` or `\r\n`.
 /// Returns `Ok(None)` at EOF, `Ok(Some(Line::TooLong))` when the line exceeds
-/// `max` bytes (the rest of it is consumed and discarded; the first
-/// [`TOO_LONG_PREFIX`] bytes stay in `buf`).
+/// `max` bytes: the rest of it is consumed and looked through for its id
+/// ([`IdScanner`]) but not kept, and `buf` is left empty (and given back to
+/// the allocator if it grew past [`KEEP_BUFFER`]).
 pub fn read_line(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> io::Result<Option<Line>> {
     read_line_watched(r, buf, max, &mut |_| {})
 }
 
-/// [`read_line`], calling `crossed` with the kept prefix as soon as the line
-/// exceeds `max` bytes, before its end is read (it may never come).
+/// [`read_line`], calling `crossed` with what was read of the line so far
+/// as soon as the line exceeds `max` bytes, before its end is read (it may
+/// never come).
 pub fn read_line_watched(
     r: &mut dyn BufRead,
     buf: &mut Vec<u8>,
@@ -201,6 +203,7 @@ pub fn read_line_watched(
     buf.clear();
     let mut total = 0usize;
     let mut saw_any = false;
+    let mut overlong: Option<IdScanner> = None;
     loop {
         let chunk = match r.fill_buf() {
             Ok(c) => c,
@@ -219,24 +222,33 @@ pub fn read_line_watched(
             None => (chunk.len(), false),
         };
         let data = &chunk[..if done { used - 1 } else { used }];
-        if total + data.len() <= max {
-            buf.extend_from_slice(data);
-        } else if buf.len() < TOO_LONG_PREFIX {
-            let room = TOO_LONG_PREFIX - buf.len();
-            buf.extend_from_slice(&data[..room.min(data.len())]);
+        match &mut overlong {
+            Some(scan) => scan.feed(data),
+            None if total + data.len() <= max => buf.extend_from_slice(data),
+            None => {
+                let mut scan = IdScanner::new();
+                scan.feed(buf);
+                scan.feed(data);
+                crossed(buf);
+                buf.clear();
+                if buf.capacity() > KEEP_BUFFER {
+                    *buf = Vec::new();
+                }
+                overlong = Some(scan);
+            }
         }
-        let was_within = total <= max;
         total += data.len();
         r.consume(used);
-        if was_within && total > max {
-            crossed(buf);
-        }
         if done {
             break;
         }
     }
-    if total > max {
-        return Ok(Some(Line::TooLong { len: total }));
+    if let Some(scan) = overlong {
+        return Ok(Some(Line::TooLong {
+            len: total,
+            request_id: scan.request_id(),
+            response_id: scan.response_id(),
+        }));
     }
     if buf.last() == Some(&b'\r') {
         buf.pop();
@@ -244,13 +256,20 @@ pub fn read_line_watched(
     Ok(Some(Line::Complete))
 }
 
-/// How much of an overlong line is kept to find its id.
-pub const TOO_LONG_PREFIX: usize = 64 * 1024;
+/// A line buffer that grew past this for an overlong line is freed.
+pub const KEEP_BUFFER: usize = 1 << 20;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Line {
     Complete,
-    TooLong { len: usize },
+    /// A line over the limit, and its id if it could be found: the id to
+    /// answer it with when it is a request, or the request it answers when
+    /// it is a response.
+    TooLong {
+        len: usize,
+        request_id: Option<String>,
+        response_id: Option<String>,
+    },
 }
 
 /// True for a line that is empty or only white space (skipped, never answered).
@@ -453,99 +472,265 @@ pub fn is_valid_id(raw: &str) -> bool {
     }
 }
 
-/// Looks for a top-level `"id"` in the beginning of an overlong line.
-/// Returns the raw id when it is a valid id and the line has a `"method"`
-/// member before the prefix ends or after the id.
-pub fn scan_request_id(prefix: &[u8]) -> Option<String> {
-    let top = scan_top_level(prefix)?;
-    top.method.then_some(top.id?)
+/// The longest `id` an overlong line can be answered with.
+pub const MAX_SCANNED_ID: usize = 1024;
+
+/// Finds the top-level `"id"` of a line too long to keep, as it streams
+/// past, in constant memory: fed the line in chunks of any size, it tracks
+/// nesting, strings and escapes, and keeps the raw text of the top-level
+/// `"id"` member (a string, number or literal of at most [`MAX_SCANNED_ID`]
+/// bytes), how many there were (two make the id unknown, as a repeated
+/// envelope member makes a message invalid), and whether the object has a
+/// top-level `"method"`, `"result"` or `"error"`. It validates nothing
+/// else: the line is not parsed, only looked through for the id to answer.
+#[derive(Debug, Default)]
+pub struct IdScanner {
+    at: Scan,
+    /// Inside a string (of any kind).
+    in_string: bool,
+    /// The byte after a backslash in a string is skipped.
+    escaped: bool,
+    /// Nesting inside a top-level member's value.
+    depth: usize,
+    /// The member name being read (raw, as written; `None` once it cannot
+    /// be `id` or `method` any more).
+    key: Option<([u8; 6], usize)>,
+    /// Which member the value being read belongs to.
+    member: Member,
+    /// The raw id being read, while it is short enough.
+    value: Vec<u8>,
+    value_ok: bool,
+    /// The last complete top-level id (`None` if the last one was unusable).
+    id: Option<Vec<u8>>,
+    /// Top-level `"id"` members seen.
+    ids: u32,
+    has_method: bool,
+    /// A top-level `"result"` or `"error"` member was seen.
+    has_outcome: bool,
 }
 
-/// The id of the response an overlong line begins, when `prefix` shows a
-/// valid top-level `"id"` and a top-level `"result"` or `"error"` member
-/// (which no request or notification has) and no `"method"`. An id after
-/// the prefix is not found (a streaming scan of the whole line would).
-pub fn scan_response_id(prefix: &[u8]) -> Option<String> {
-    let top = scan_top_level(prefix)?;
-    (!top.method && top.result_or_error).then_some(top.id?)
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Scan {
+    /// Before the top-level `{`.
+    #[default]
+    Start,
+    /// Expecting a member name (or `}`).
+    Key,
+    /// After a member name, expecting `:`.
+    Colon,
+    /// Expecting a member's value.
+    Value,
+    /// In a string value at the top level.
+    StringValue,
+    /// In a number or literal at the top level.
+    Scalar,
+    /// In an object or array value.
+    Nested,
+    /// After a value, expecting `,` or `}`.
+    AfterValue,
+    /// The object ended, or the line is not an object: nothing more to see.
+    Done,
 }
 
-/// What the beginning of a line shows of its top-level members.
-struct TopLevel {
-    id: Option<String>,
-    method: bool,
-    result_or_error: bool,
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Member {
+    #[default]
+    Other,
+    Id,
+    Method,
+    Outcome,
 }
 
-fn scan_top_level(prefix: &[u8]) -> Option<TopLevel> {
-    let mut depth = 0usize;
-    let mut i = 0usize;
-    let mut key_start: Option<usize> = None;
-    let mut found_id = None;
-    let mut has_method = false;
-    let mut result_or_error = false;
-    let mut ids = 0usize;
-    while i < prefix.len() {
-        let c = prefix[i];
-        if c == b'"' {
-            let start = i;
-            i += 1;
-            while i < prefix.len() && prefix[i] != b'"' {
-                if prefix[i] == b'\\' {
-                    i += 1;
-                }
-                i += 1;
-            }
-            if i >= prefix.len() {
-                break;
-            }
-            if depth == 1 {
-                key_start = Some(start);
-            }
-            i += 1;
-            continue;
-        }
-        match c {
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => depth = depth.saturating_sub(1),
-            b':' if depth == 1 => {
-                if let Some(s) = key_start.take() {
-                    let key = &prefix[s..];
-                    let end = key[1..].iter().position(|&b| b == b'"')? + 2;
-                    let key = &key[..end];
-                    if key == b"\"method\"" {
-                        has_method = true;
-                    }
-                    if key == b"\"result\"" || key == b"\"error\"" {
-                        result_or_error = true;
-                    }
-                    if key == b"\"id\"" {
-                        ids += 1;
-                        let rest = &prefix[i + 1..];
-                        let rest = std::str::from_utf8(rest).ok().or_else(|| {
-                            let valid = std::str::from_utf8(rest).err()?.valid_up_to();
-                            std::str::from_utf8(&rest[..valid]).ok()
-                        })?;
-                        let mut de = serde_json::Deserializer::from_str(rest.trim_start());
-                        if let Ok(v) = <&RawValue>::deserialize(&mut de) {
-                            if is_valid_id(v.get()) {
-                                found_id = Some(v.get().to_owned());
-                            }
-                        }
-                    }
-                }
-            }
-            b',' if depth == 1 => key_start = None,
-            _ => {}
-        }
-        i += 1;
+impl IdScanner {
+    pub fn new() -> IdScanner {
+        IdScanner::default()
     }
-    Some(TopLevel {
-        // Two ids: which one the peer reads is anybody's guess.
-        id: found_id.filter(|_| ids == 1),
-        method: has_method,
-        result_or_error,
-    })
+
+    /// Looks through the next bytes of the line.
+    pub fn feed(&mut self, mut data: &[u8]) {
+        while let Some((&b, rest)) = data.split_first() {
+            if self.at == Scan::Done {
+                return;
+            }
+            // Strings nobody needs are skipped to their next quote or
+            // backslash: a huge argument costs a memchr, not a state step
+            // per byte.
+            if self.in_string && !self.escaped && !self.keeps_string() {
+                match memchr::memchr2(b'"', b'\\', data) {
+                    Some(i) => data = &data[i..],
+                    None => return,
+                }
+                let (&b, rest) = data.split_first().expect("found");
+                self.string_byte(b);
+                data = rest;
+                continue;
+            }
+            data = rest;
+            if self.in_string {
+                self.string_byte(b);
+            } else {
+                self.byte(b);
+            }
+        }
+    }
+
+    /// The id to answer the line with: the raw top-level id, when it is a
+    /// valid request id and the object has a top-level `"method"`.
+    pub fn request_id(&self) -> Option<String> {
+        self.has_method.then(|| self.valid_id()).flatten()
+    }
+
+    /// The id of the response the line is: the raw top-level id when the
+    /// object has a `"result"` or `"error"` and no `"method"` (so a huge
+    /// request of the server's is never taken for an answer).
+    pub fn response_id(&self) -> Option<String> {
+        (self.has_outcome && !self.has_method)
+            .then(|| self.valid_id())
+            .flatten()
+    }
+
+    fn valid_id(&self) -> Option<String> {
+        if self.ids != 1 {
+            return None;
+        }
+        let id = std::str::from_utf8(self.id.as_deref()?).ok()?;
+        is_valid_id(id).then(|| id.to_owned())
+    }
+
+    /// Whether the current string's bytes are kept (a member name, or the
+    /// id's value).
+    fn keeps_string(&self) -> bool {
+        match self.at {
+            Scan::Key => self.key.is_some(),
+            Scan::StringValue => self.member == Member::Id && self.value_ok,
+            _ => false,
+        }
+    }
+
+    fn string_byte(&mut self, b: u8) {
+        let closes = !self.escaped && b == b'"';
+        self.escaped = !self.escaped && b == b'\\';
+        match self.at {
+            Scan::Key if closes => {
+                self.in_string = false;
+                self.member = match self.key {
+                    Some((k, 2)) if &k[..2] == b"id" => Member::Id,
+                    Some((k, 6)) if &k[..6] == b"method" => Member::Method,
+                    Some((k, 6)) if &k[..6] == b"result" => Member::Outcome,
+                    Some((k, 5)) if &k[..5] == b"error" => Member::Outcome,
+                    _ => Member::Other,
+                };
+                self.at = Scan::Colon;
+            }
+            Scan::Key => {
+                // An escaped name is never taken for `id` or `method`.
+                self.key = match self.key {
+                    Some((mut k, n)) if n < k.len() && b != b'\\' => {
+                        k[n] = b;
+                        Some((k, n + 1))
+                    }
+                    _ => None,
+                };
+            }
+            Scan::StringValue => {
+                self.keep(b);
+                if closes {
+                    self.in_string = false;
+                    self.end_value();
+                }
+            }
+            _ => {
+                if closes {
+                    self.in_string = false;
+                }
+            }
+        }
+    }
+
+    fn byte(&mut self, b: u8) {
+        let space = matches!(b, b' ' | b'\t' | b'\r' | b'\n');
+        match self.at {
+            Scan::Start if space => {}
+            Scan::Start if b == b'{' => self.at = Scan::Key,
+            Scan::Key | Scan::AfterValue if space => {}
+            Scan::Key if b == b'"' => {
+                self.in_string = true;
+                self.key = Some(([0; 6], 0));
+            }
+            Scan::AfterValue if b == b',' => self.at = Scan::Key,
+            Scan::Key | Scan::AfterValue if b == b'}' => self.at = Scan::Done,
+            Scan::Colon if space => {}
+            Scan::Colon if b == b':' => self.at = Scan::Value,
+            Scan::Value if space => {}
+            // Not a value: the line is not JSON.
+            Scan::Value if matches!(b, b',' | b':' | b'}' | b']') => self.at = Scan::Done,
+            Scan::Value => {
+                match self.member {
+                    Member::Method => self.has_method = true,
+                    Member::Outcome => self.has_outcome = true,
+                    Member::Id => self.ids += 1,
+                    Member::Other => {}
+                }
+                self.value.clear();
+                self.value_ok = true;
+                match b {
+                    b'"' => {
+                        self.in_string = true;
+                        self.at = Scan::StringValue;
+                        self.keep(b);
+                    }
+                    b'{' | b'[' => {
+                        self.depth = 1;
+                        self.value_ok = false;
+                        self.at = Scan::Nested;
+                    }
+                    _ => {
+                        self.at = Scan::Scalar;
+                        self.keep(b);
+                    }
+                }
+            }
+            Scan::Scalar if space || b == b',' || b == b'}' => {
+                self.end_value();
+                self.byte(b);
+            }
+            Scan::Scalar => self.keep(b),
+            Scan::Nested => match b {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => {
+                    self.depth -= 1;
+                    if self.depth == 0 {
+                        self.end_value();
+                    }
+                }
+                _ => {}
+            },
+            // Not an object, or not JSON: no id to find.
+            _ => self.at = Scan::Done,
+        }
+    }
+
+    /// Keeps a byte of the id's value while it is short enough.
+    fn keep(&mut self, b: u8) {
+        if self.member != Member::Id || !self.value_ok {
+            return;
+        }
+        if self.value.len() == MAX_SCANNED_ID {
+            self.value_ok = false;
+            self.value = Vec::new();
+        } else {
+            self.value.push(b);
+        }
+    }
+
+    /// A top-level value ended.
+    fn end_value(&mut self) {
+        if self.member == Member::Id {
+            self.id = self.value_ok.then(|| std::mem::take(&mut self.value));
+        }
+        self.at = Scan::AfterValue;
+    }
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` plus newline.
@@ -1041,7 +1226,11 @@ mod tests {
         assert!(is_blank(&buf));
         assert_eq!(
             read_line(&mut r, &mut buf, 10).unwrap(),
-            Some(Line::TooLong { len: 16 })
+            Some(Line::TooLong {
+                len: 16,
+                request_id: None,
+                response_id: None
+            })
         );
         assert_eq!(
             read_line(&mut r, &mut buf, 10).unwrap(),
@@ -1070,8 +1259,8 @@ mod tests {
         let mut crossings = Vec::new();
         let got = read_line_watched(&mut r, &mut buf, 40, &mut |p| crossings.push(p.len()));
         assert!(got.is_err());
-        assert_eq!(crossings, [48], "once, as soon as the line is over");
-        assert_eq!(buf.len(), 1600, "the prefix kept to find an id");
+        assert_eq!(crossings, [32], "once, as soon as the line is over");
+        assert!(buf.is_empty(), "nothing of an overlong line is kept");
         let mut crossings = 0;
         let mut r = io::BufReader::with_capacity(4, &b"0123456789\nabc\n"[..]);
         let got = read_line_watched(&mut r, &mut buf, 10, &mut |_| crossings += 1);
@@ -1080,36 +1269,152 @@ mod tests {
     }
 
     #[test]
-    fn scan_finds_the_id_of_an_overlong_request() {
-        let p = br#"{"jsonrpc":"2.0","id":"big-1","method":"tools/call","params":{"arguments":{"id":5,"text":"xxxx"#;
-        assert_eq!(scan_request_id(p).as_deref(), Some("\"big-1\""));
-        let p = br#"{"jsonrpc":"2.0","method":"tools/call","id":17,"params":{"x":"#;
-        assert_eq!(scan_request_id(p).as_deref(), Some("17"));
-        let p = br#"{"jsonrpc":"2.0","result":{"id":5,"text":"xxxx"#;
-        assert_eq!(scan_request_id(p), None);
-        let p = br#"{"jsonrpc":"2.0","params":{"id":5},"method":"x","#;
-        assert_eq!(scan_request_id(p), None);
+    fn an_overlong_line_frees_the_buffer_it_grew() {
+        let mut line = br#"{"jsonrpc":"2.0","method":"m","params":{"a":""#.to_vec();
+        line.resize(3 << 20, b'x');
+        line.extend_from_slice(br#""},"id":"after"}"#);
+        line.push(b'\n');
+        line.extend_from_slice(b"next\n");
+        let mut r = io::BufReader::with_capacity(64 * 1024, &line[..]);
+        let mut buf = Vec::new();
+        let got = read_line(&mut r, &mut buf, 2 << 20).unwrap();
+        assert_eq!(
+            got,
+            Some(Line::TooLong {
+                len: line.len() - 6,
+                request_id: Some("\"after\"".into()),
+                response_id: None
+            })
+        );
+        assert_eq!(buf.capacity(), 0, "a buffer grown past 1 MiB is freed");
+        assert_eq!(
+            read_line(&mut r, &mut buf, 2 << 20).unwrap(),
+            Some(Line::Complete)
+        );
+        assert_eq!(buf, b"next");
+    }
+
+    /// The id the scanner finds in `line`, fed whole and in chunks of
+    /// every size from 1 to 17 bytes (which must agree).
+    fn scanned(line: &[u8]) -> Option<String> {
+        let mut whole = IdScanner::new();
+        whole.feed(line);
+        let found = whole.request_id();
+        for size in 1..=17 {
+            let mut s = IdScanner::new();
+            for chunk in line.chunks(size) {
+                s.feed(chunk);
+            }
+            assert_eq!(s.request_id(), found, "chunks of {size}");
+        }
+        found
     }
 
     #[test]
-    fn scan_finds_the_id_of_an_overlong_response() {
-        let p = br#"{"jsonrpc":"2.0","id":12,"result":{"id":5,"content":[{"text":"xxxx"#;
-        assert_eq!(scan_response_id(p).as_deref(), Some("12"));
-        assert_eq!(scan_request_id(p), None);
-        let p = br#"{"error":{"code":1,"message":"xx"},"id":"r-1","jsonrpc":"2.0","data":"#;
-        assert_eq!(scan_response_id(p).as_deref(), Some("\"r-1\""));
-        // No result or error yet: it may be a request from the server.
-        let p = br#"{"jsonrpc":"2.0","id":3,"params":{"result":"xxxx"#;
-        assert_eq!(scan_response_id(p), None);
-        let p = br#"{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","result":"#;
-        assert_eq!(scan_response_id(p), None);
-        // The id comes after the prefix: not found.
-        let p = br#"{"jsonrpc":"2.0","result":{"content":[{"text":"xxxx"#;
-        assert_eq!(scan_response_id(p), None);
-        let p = br#"{"jsonrpc":"2.0","result":{"id":4},"id":1.5,"x":"#;
-        assert_eq!(scan_response_id(p), None);
-        let p = br#"{"jsonrpc":"2.0","id":1,"id":2,"result":{"x":"#;
-        assert_eq!(scan_response_id(p), None);
+    fn the_scanner_finds_the_top_level_id_before_or_after_huge_params() {
+        let huge = "x".repeat(200_000);
+        let before = format!(
+            r#"{{"jsonrpc":"2.0","id":"big-1","method":"tools/call","params":{{"arguments":{{"id":5,"text":"{huge}"}}}}}}"#
+        );
+        assert_eq!(scanned(before.as_bytes()).as_deref(), Some("\"big-1\""));
+        let after = format!(
+            r#"{{"jsonrpc":"2.0","method":"tools/call","params":{{"arguments":{{"id":5,"text":"{huge}"}}}}, "id" : 17 }}"#
+        );
+        assert_eq!(scanned(after.as_bytes()).as_deref(), Some("17"));
+        // Cut short (a line that never ended): what was seen counts.
+        assert_eq!(
+            scanned(br#"{"id":-3,"method":"x","params":{"a":"xxxx"#).as_deref(),
+            Some("-3")
+        );
+    }
+
+    #[test]
+    fn the_scanner_is_not_fooled_by_strings_and_nested_ids() {
+        // "id" inside strings, escaped quotes, nested objects and arrays.
+        let line = br#"{"jsonrpc":"2.0","params":{"id":5,"a":[{"id":6}],"s":"\",\"id\":7,\""},"note":"\"id\":8","method":"m","id":"r\"1"}"#;
+        assert_eq!(scanned(line).as_deref(), Some(r#""r\"1""#));
+        // Only nested ids: nothing to answer with.
+        let line = br#"{"jsonrpc":"2.0","method":"m","params":{"id":5,"x":{"id":"y"}}}"#;
+        assert_eq!(scanned(line), None);
+        // A backslash before the closing quote of a value.
+        let line = br#"{"method":"m","a":"\\","id":9}"#;
+        assert_eq!(scanned(line).as_deref(), Some("9"));
+        // An escaped member name is not taken for "id".
+        let line = br#"{"method":"m","\u0069d":9}"#;
+        assert_eq!(scanned(line), None);
+    }
+
+    #[test]
+    fn the_scanner_answers_only_requests_with_valid_short_ids() {
+        // A response (no method), a notification, an id that is not valid.
+        assert_eq!(
+            scanned(br#"{"jsonrpc":"2.0","result":{"id":5},"id":5}"#),
+            None
+        );
+        assert_eq!(
+            scanned(br#"{"jsonrpc":"2.0","method":"m","params":{}}"#),
+            None
+        );
+        for id in ["null", "1.5", "true", "{\"a\":1}", "[1]"] {
+            let line = format!(r#"{{"method":"m","id":{id}}}"#);
+            assert_eq!(scanned(line.as_bytes()), None, "{id}");
+        }
+        // The method may come after the id.
+        assert_eq!(
+            scanned(br#"{"id":"a","params":[],"method":"m"}"#).as_deref(),
+            Some("\"a\"")
+        );
+        // The longest id kept, and one byte more.
+        let longest = format!("\"{}\"", "i".repeat(MAX_SCANNED_ID - 2));
+        let line = format!(r#"{{"method":"m","id":{longest}}}"#);
+        assert_eq!(scanned(line.as_bytes()), Some(longest));
+        let line = format!(
+            r#"{{"method":"m","id":"{}"}}"#,
+            "i".repeat(MAX_SCANNED_ID - 1)
+        );
+        assert_eq!(scanned(line.as_bytes()), None);
+        // Two ids: which one the peer reads is anybody's guess (a message
+        // that repeats an envelope member is refused).
+        assert_eq!(scanned(br#"{"id":1,"method":"m","id":2}"#), None);
+        // Not an object, not JSON.
+        assert_eq!(scanned(br#"[{"id":1,"method":"m"}]"#), None);
+        assert_eq!(scanned(b"id: 1, method: m"), None);
+        assert_eq!(scanned(br#"{"method":"m","id":}"#), None);
+    }
+
+    #[test]
+    fn the_scanner_finds_the_id_of_an_overlong_response() {
+        let response = |line: &[u8]| {
+            let mut scan = IdScanner::new();
+            scan.feed(line);
+            (scan.response_id(), scan.request_id())
+        };
+        let (r, q) =
+            response(br#"{"jsonrpc":"2.0","id":12,"result":{"id":5,"content":[{"text":"xxxx"}]}}"#);
+        assert_eq!((r.as_deref(), q), (Some("12"), None));
+        let (r, _) = response(br#"{"error":{"code":1,"message":"xx"},"id":"r-1","jsonrpc":"2.0"}"#);
+        assert_eq!(r.as_deref(), Some("\"r-1\""));
+        // The id after a huge result is found too.
+        let (r, _) =
+            response(br#"{"jsonrpc":"2.0","result":{"content":[{"text":"xxxx"}]},"id":7}"#);
+        assert_eq!(r.as_deref(), Some("7"));
+        // No result or error: it may be a request from the server.
+        assert_eq!(
+            response(br#"{"jsonrpc":"2.0","id":3,"params":{"result":"x"}}"#).0,
+            None
+        );
+        let (r, q) =
+            response(br#"{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","result":1}"#);
+        assert_eq!((r, q.as_deref()), (None, Some("3")));
+        // Not a valid id, or two of them.
+        assert_eq!(
+            response(br#"{"jsonrpc":"2.0","result":{"id":4},"id":1.5}"#).0,
+            None
+        );
+        assert_eq!(
+            response(br#"{"jsonrpc":"2.0","id":1,"id":2,"result":{}}"#).0,
+            None
+        );
     }
 
     #[test]

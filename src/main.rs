@@ -65,6 +65,11 @@ fn run() -> Result<ExitCode> {
             writeln!(std::io::stdout(), "mcp-retry {}", env!("CARGO_PKG_VERSION"))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Schema => {
+            // stdout carries the schema and nothing else.
+            std::io::stdout().write_all(config::schema_text().as_bytes())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run(args) => proxy::run(args),
         Command::Check(args) => check::run(args),
         Command::Status(args) => status::report::run(args),

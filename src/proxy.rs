@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use crossbeam_channel::Sender;
+use parking_lot::Mutex;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -28,6 +29,8 @@ use crate::stdio::{self, Backlog, ReadItem};
 
 /// Bytes waiting for a client that does not read before the proxy stops
 /// reading from the client and the server (one message may go over it).
+/// The server's stdin has the same limit (`child::STDIN_BACKLOG`), past
+/// which the proxy stops reading from the client.
 const CLIENT_BACKLOG: usize = 8 * 1024 * 1024;
 /// The same for messages read but not yet handled by the dispatcher.
 const INBOX_BACKLOG: usize = 8 * 1024 * 1024;
@@ -37,6 +40,8 @@ const INBOX_BACKLOG: usize = 8 * 1024 * 1024;
 struct Backlogs {
     to_client: Arc<Backlog>,
     inbox: Arc<Backlog>,
+    /// The current server's stdin (each incarnation has its own writer).
+    to_server: Arc<Mutex<Arc<Backlog>>>,
 }
 
 impl Backlogs {
@@ -52,6 +57,31 @@ impl Backlogs {
             self.inbox.remove(size);
         }
         sent
+    }
+
+    /// [`Backlogs::send`] for what the client sent, which also waits for
+    /// the server to read what it has been sent: a server that stops
+    /// reading its stdin stops the proxy reading the client, rather than
+    /// making the queue to the server grow. Requests already read keep
+    /// their deadlines and are answered as ever (by a timeout, say).
+    fn send_from_client(&self, events: &Sender<Event>, event: Event) -> bool {
+        loop {
+            let current = self.to_server.lock().clone();
+            current.wait_until_below_limit();
+            // A new incarnation replaced the one waited for: its writer
+            // starts empty, but look again.
+            if Arc::ptr_eq(&current, &self.to_server.lock()) {
+                break;
+            }
+        }
+        self.send(events, event)
+    }
+
+    /// A new incarnation writes through `backlog`. The previous one is
+    /// released: nobody waits for a server that is gone.
+    fn new_server(&self, backlog: Arc<Backlog>) {
+        let old = std::mem::replace(&mut *self.to_server.lock(), backlog);
+        old.close();
     }
 }
 
@@ -72,6 +102,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let backlogs = Backlogs {
         to_client: to_client.backlog(),
         inbox: Backlog::new(INBOX_BACKLOG),
+        to_server: Arc::new(Mutex::new(Backlog::new(child::STDIN_BACKLOG))),
     };
 
     let tx = events_tx.clone();
@@ -87,10 +118,14 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                 ReadItem::Line(line) => Event::Client(jsonrpc::classify_bytes(line)),
                 // Answered (or dropped) once the line ends.
                 ReadItem::Overlong => return true,
-                ReadItem::TooLong { prefix, len } => Event::ClientTooLong { prefix, len },
+                ReadItem::TooLong {
+                    request_id: id,
+                    len,
+                    ..
+                } => Event::ClientTooLong { id, len },
                 ReadItem::Eof => return tx.send(Event::ClientEof).is_ok(),
             };
-            client_backlogs.send(&tx, event)
+            client_backlogs.send_from_client(&tx, event)
         },
     );
 
@@ -100,7 +135,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let connect = Box::new(
         move |cfg: &ServerConfig, generation: u64, events: Sender<Event>| {
             let backlogs = server_backlogs.clone();
-            child::spawn(cfg, Stderr::Copy, move |event| {
+            let spawned = child::spawn(cfg, Stderr::Copy, move |event| {
                 let event = Event::Server { generation, event };
                 match &event {
                     Event::Server {
@@ -110,9 +145,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                     // News of the process itself is never held back.
                     _ => events.send(event).is_ok(),
                 };
-            })
-            .map(|c| Box::new(c) as Box<dyn Downstream>)
-            .map_err(|e| e.to_string())
+            });
+            let child = spawned.map_err(|e| e.to_string())?;
+            server_backlogs.new_server(child.stdin_backlog());
+            Ok(Box::new(child) as Box<dyn Downstream>)
         },
     );
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
@@ -233,4 +269,37 @@ fn spawn_signal_thread(events: Sender<Event>) -> Result<()> {
         })
         .context("starting the signal thread")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_server_releases_a_client_reader_held_back_by_the_old_one() {
+        let (events, inbox) = crossbeam_channel::unbounded();
+        let stuck = Backlog::new(10);
+        stuck.add(11);
+        let backlogs = Backlogs {
+            to_client: Backlog::new(10),
+            inbox: Backlog::new(usize::MAX),
+            to_server: Arc::new(Mutex::new(stuck.clone())),
+        };
+        let reader = backlogs.clone();
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        thread::spawn(move || {
+            let sent = reader.send_from_client(&events, Event::ClientEof);
+            let _ = done_tx.send(sent);
+        });
+        assert!(
+            done_rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "held back while the server's backlog is over its limit"
+        );
+        assert!(inbox.is_empty());
+        backlogs.new_server(Backlog::new(10));
+        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(true));
+        assert!(matches!(inbox.try_recv(), Ok(Event::ClientEof)));
+        // The old one is closed: nobody waits on it any more.
+        stuck.wait_until_below_limit();
+    }
 }

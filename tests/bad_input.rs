@@ -3,7 +3,10 @@
 //! drop, where nobody can be answered), bounded memory where size is the
 //! attack, and a session that keeps working afterwards.
 
+use std::collections::HashMap;
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -102,14 +105,22 @@ fn a_100_mb_line_is_refused_in_bounded_memory() {
             stdin.write_all(&chunk).unwrap();
         }
         stdin.write_all(b"\"}}}\n").unwrap();
-        // The id comes last, after 2 MB: nobody can be answered.
+        // The id comes last, after 2 MB of params that mention other ids.
         stdin
-            .write_all(br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo","arguments":{"text":""#)
+            .write_all(br#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo","arguments":{"id":"inner","note":"\",\"id\":\"fake\"","text":""#)
             .unwrap();
         for _ in 0..32 {
             stdin.write_all(&chunk).unwrap();
         }
         stdin.write_all(b"\"}},\"id\":\"late\"}\n").unwrap();
+        // No id at all: nobody can be answered.
+        stdin
+            .write_all(br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":""#)
+            .unwrap();
+        for _ in 0..32 {
+            stdin.write_all(&chunk).unwrap();
+        }
+        stdin.write_all(b"\"}}\n").unwrap();
         stdin.flush().unwrap();
         stdin
     });
@@ -120,6 +131,13 @@ fn a_100_mb_line_is_refused_in_bounded_memory() {
     assert!(
         message.contains("104857") && message.contains("max_message_bytes (1048576)"),
         "the size and the limit are named: {e}"
+    );
+    // The id after the params was found as the line streamed past.
+    let e = s.error(&json!("late"));
+    assert_eq!(e["code"], json!(-32600), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("2097"),
+        "the size is named: {e}"
     );
     let stdin = writer.join().unwrap();
     s.give_stdin(stdin);
@@ -654,4 +672,162 @@ fn a_call_whose_answer_is_not_valid_json_rpc_fails_at_once_and_runs_once() {
     assert_eq!(s.result(&json!("raw"))["content"][0]["text"], "sent");
     no_second_answer(&mut s, &id, &down, "invalid call answer");
     assert_eq!(s.executions("idem_echo"), 1);
+}
+
+/// The proxy's answer to a call that timed out.
+fn timed_out(r: &Value) -> bool {
+    r["error"]["code"] == -31000
+        && r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("timed out"))
+}
+
+/// A `tools/call` of `echo` answering "ok", padded with `pad` bytes. Its
+/// own idempotency key keeps the arguments out of the dedup table (which
+/// would otherwise hold copies of them as keys while the call runs).
+fn padded_call(id: usize, pad: usize) -> String {
+    let line = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "ok", "n": id, "pad": "p".repeat(pad)}, "_meta": {"idempotencyKey": format!("k{id}")}}});
+    format!("{line}\n")
+}
+
+#[test]
+fn a_server_that_stops_reading_pauses_the_client_and_loses_nothing() {
+    // 40 calls of 1 MiB for a server that reads nothing: the proxy takes
+    // in what fits its 8 MiB queue to the server, then stops reading the
+    // client. The calls it read time out; once the server is replaced,
+    // the rest go through. Every call gets exactly one answer.
+    let limit = 2 * 1024 * 1024;
+    let calls = 40;
+    let b = proxy_with(&format!(
+        "max_message_bytes: {limit}\ncall_timeout: 1\nretry:\n  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 1000"
+    ));
+    let pid_file = b.dir().join("mock.pid");
+    let mut s = b
+        .env("MOCK_PID_FILE", &pid_file.display().to_string())
+        .start();
+    s.initialize();
+    // Known annotations: a timed-out call is answered, not retried.
+    s.list_tools();
+    s.call(json!("deaf"), "echo", json!({"mode": "deaf"}));
+    s.result(&json!("deaf"));
+    let mut stdin = s.take_stdin();
+    let written = Arc::new(AtomicUsize::new(0));
+    let counter = written.clone();
+    let writer = thread::spawn(move || {
+        for i in 0..calls {
+            stdin
+                .write_all(padded_call(i, 1024 * 1024).as_bytes())
+                .unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+        stdin
+    });
+    let mut answers: HashMap<u64, Value> = HashMap::new();
+    let first = s.recv_where("a call timing out", |v| v.get("id").is_some());
+    assert!(timed_out(&first), "{first}");
+    answers.insert(first["id"].as_u64().unwrap(), first);
+    // Every call the proxy took in times out a second after it was sent;
+    // once no answer has come for three seconds, it has taken in no more.
+    for r in s.recv_until_quiet(Duration::from_secs(3)) {
+        assert!(timed_out(&r), "{r}");
+        answers.insert(r["id"].as_u64().unwrap(), r);
+    }
+    // The client's writer is still blocked: the proxy stopped reading (40
+    // MiB fit neither in its queue nor in the pipes).
+    let taken = written.load(Ordering::SeqCst);
+    assert!(
+        taken < calls / 2,
+        "the proxy went on reading the client: {taken} calls of 1 MiB written"
+    );
+    assert!(
+        answers.len() <= taken,
+        "{} answers for {taken} calls",
+        answers.len()
+    );
+    let peak = s.memory_kb("VmHWM");
+    let pid = crate::util::read_pid(&pid_file);
+    // SAFETY: kill(2) on the mock server's pid.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    // The next server reads: every call is answered, once.
+    while answers.len() < calls {
+        let r = s.recv_where("an answer to a padded call", |v| v.get("id").is_some());
+        let id = r["id"].as_u64().unwrap_or_else(|| panic!("unexpected {r}"));
+        assert!(id < calls as u64, "unexpected {r}");
+        let ok = r["result"]["content"][0]["text"] == "ok";
+        assert!(
+            ok || r["error"]["code"] == -31000,
+            "call {id}: neither a result nor the proxy's error: {r}"
+        );
+        assert!(answers.insert(id, r).is_none(), "call {id} answered twice");
+    }
+    let stdin = writer.join().unwrap();
+    s.give_stdin(stdin);
+    let timed_out = answers.values().filter(|r| timed_out(r)).count();
+    assert!(
+        answers
+            .values()
+            .any(|r| r["result"]["content"][0]["text"] == "ok"),
+        "some calls ran on the new server"
+    );
+    eprintln!(
+        "server not reading: {timed_out} of {calls} calls timed out, proxy peak RSS {peak} kB \
+         while it did not read, {} kB after",
+        s.memory_kb("VmHWM")
+    );
+    let bound_kb = (64 * 1024 * 1024 + 2 * limit) / 1024;
+    assert!(
+        peak < bound_kb as u64,
+        "the proxy's peak RSS was {peak} kB with a server that did not read"
+    );
+    s.expect_silence(Duration::from_millis(200));
+    still_works(&mut s, "server reading again");
+}
+
+#[test]
+fn notifications_for_a_server_that_pauses_reading_all_arrive_in_order() {
+    // 20 MiB of notifications while the server reads nothing for 2 s: the
+    // proxy holds 8 MiB of them and stops reading the client; once the
+    // server reads again, every one reaches it, in order, then the ping.
+    let count = 20;
+    let mut s = proxy_with("max_message_bytes: 2097152").start();
+    s.initialize();
+    s.list_tools();
+    s.call(json!("deaf"), "echo", json!({"mode": "deaf", "ms": 2000}));
+    s.result(&json!("deaf"));
+    let mut stdin = s.take_stdin();
+    let writer = thread::spawn(move || {
+        let pad = "n".repeat(1024 * 1024);
+        for i in 0..count {
+            let line = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": format!("{i} {pad}")}});
+            writeln!(stdin, "{line}").unwrap();
+        }
+        stdin
+    });
+    let stdin = writer.join().unwrap();
+    s.give_stdin(stdin);
+    s.request(json!("after"), "ping", json!({}));
+    assert_eq!(s.result(&json!("after")), json!({}));
+    let seen: Vec<String> = received(&s)
+        .into_iter()
+        .filter_map(|l| {
+            let v: Value = serde_json::from_str(&l).ok()?;
+            match v["method"].as_str()? {
+                "notifications/message" => {
+                    let data = v["params"]["data"].as_str()?;
+                    Some(data.split(' ').next()?.to_owned())
+                }
+                "ping" => Some("ping".into()),
+                _ => None,
+            }
+        })
+        .collect();
+    let mut expected: Vec<String> = (0..count).map(|i| i.to_string()).collect();
+    expected.push("ping".into());
+    assert_eq!(
+        seen, expected,
+        "every notification, in order, then the ping"
+    );
+    still_works(&mut s, "after the pause");
 }

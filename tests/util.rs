@@ -573,3 +573,18 @@ pub fn source_marker(result: &Value) -> Option<&str> {
         .and_then(|m| m.get("mcp-retry/source"))
         .and_then(Value::as_str)
 }
+
+impl Session {
+    /// The messages that arrive until none has for `quiet` (after those
+    /// already kept for later).
+    pub fn recv_until_quiet(&mut self, quiet: Duration) -> Vec<Value> {
+        let mut got: Vec<Value> = self.backlog.drain(..).collect();
+        while let Some(line) = self.next_line(Instant::now() + quiet) {
+            got.push(
+                serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}")),
+            );
+        }
+        got
+    }
+}

@@ -20,8 +20,16 @@ use jsonrpc::{Kind, Line, Message, Parsed};
 
 /// Classification, id rewriting, the overlong-line id scan and framing.
 pub fn check_jsonrpc(data: &[u8]) {
+    let scanned = check_scan(data);
     match jsonrpc::classify_bytes(data.to_vec()) {
-        Parsed::Message(m) => check_message(&m),
+        Parsed::Message(m) => {
+            // A request whose member names have no escapes is answered with
+            // the id it would have been relayed with, were it too long.
+            if m.kind() == Kind::Request && !data.contains(&b'\\') && !data.contains(&b'\n') {
+                assert_eq!(scanned.as_deref(), m.id(), "the scanner missed the id");
+            }
+            check_message(&m)
+        }
         Parsed::Invalid(i) => check_invalid(&i),
         Parsed::Batch(items) => {
             for item in &items {
@@ -33,16 +41,6 @@ pub fn check_jsonrpc(data: &[u8]) {
             }
         }
     }
-    if let Some(id) = jsonrpc::scan_request_id(data) {
-        assert!(jsonrpc::is_valid_id(&id), "scan_request_id found {id:?}");
-    }
-    if let Some(id) = jsonrpc::scan_response_id(data) {
-        assert!(jsonrpc::is_valid_id(&id), "scan_response_id found {id:?}");
-        assert!(
-            jsonrpc::scan_request_id(data).is_none(),
-            "a line is a request or a response, not both"
-        );
-    }
     // Framing, with the first byte choosing a small limit and buffer size
     // so that lines cross both.
     let (max, cap) = match data.first() {
@@ -50,6 +48,32 @@ pub fn check_jsonrpc(data: &[u8]) {
         None => (8, 3),
     };
     check_framing(data, max, cap);
+}
+
+/// The overlong-line id scanner: fed whole or in chunks of any size, it
+/// finds the same id, and only a valid one.
+fn check_scan(data: &[u8]) -> Option<String> {
+    let mut whole = jsonrpc::IdScanner::new();
+    whole.feed(data);
+    let found = whole.request_id();
+    let answers = whole.response_id();
+    for id in found.iter().chain(&answers) {
+        assert!(jsonrpc::is_valid_id(id), "the scanner found {id:?}");
+        assert!(id.len() <= jsonrpc::MAX_SCANNED_ID);
+    }
+    assert!(
+        found.is_none() || answers.is_none(),
+        "a line is a request or a response, not both"
+    );
+    for size in [1, 2, 3, 7, 64] {
+        let mut s = jsonrpc::IdScanner::new();
+        for chunk in data.chunks(size) {
+            s.feed(chunk);
+        }
+        assert_eq!(s.request_id(), found, "fed in chunks of {size}");
+        assert_eq!(s.response_id(), answers, "fed in chunks of {size}");
+    }
+    found
 }
 
 fn check_invalid(i: &jsonrpc::Invalid) {
@@ -127,7 +151,7 @@ fn check_framing(data: &[u8], max: usize, cap: usize) {
         let mut crossings = 0;
         let read = jsonrpc::read_line_watched(&mut reader, &mut buf, max, &mut |prefix| {
             crossings += 1;
-            assert!(prefix.len() <= max.max(jsonrpc::TOO_LONG_PREFIX) + cap);
+            assert!(prefix.len() <= max);
         })
         .expect("reading a slice cannot fail");
         match read {
@@ -137,9 +161,16 @@ fn check_framing(data: &[u8], max: usize, cap: usize) {
                 assert!(buf.len() <= max);
                 got.push(Ok(buf.clone()));
             }
-            Some(Line::TooLong { len }) => {
+            Some(Line::TooLong {
+                len,
+                request_id,
+                response_id,
+            }) => {
                 assert_eq!(crossings, 1, "crossed once");
-                assert!(buf.len() <= jsonrpc::TOO_LONG_PREFIX.max(max) + cap);
+                assert!(buf.is_empty(), "nothing of an overlong line is kept");
+                for id in request_id.iter().chain(&response_id) {
+                    assert!(jsonrpc::is_valid_id(id), "{id:?}");
+                }
                 got.push(Err(len));
             }
         }

@@ -125,6 +125,7 @@
 //! | `sleep_then_crash` | `ms` (100), `exit_code` (3)         | sleeps `ms` (NOT cancellable: still crashes after a `notifications/cancelled`), then exits with `exit_code`, no answer |
 //! | `raw`              | `line` (required string), `pad` (0) | writes `line` and `\n` to stdout exactly as given (any text: a response with an id nobody issued, deep nesting, half a message), then echo answer; with `pad` > 0 every `{pad}` in `line` is first replaced by `pad` `x` characters (a long line from a short request) |
 //! | `flood`            | `bytes` (1048576), `pipe`           | with `pipe` > 0, first asks for a stdout pipe of `pipe` bytes (`F_SETPIPE_SZ`; a failure is only logged); then writes `notifications/message` lines of about 1 KB (`{"level": "info", "data": "xxx…"}`) until at least `bytes` bytes are written, then the echo answer, then exits with code 0. Runs inline, like `crash`: no later line is handled |
+//! | `deaf`             | `ms` (none)                         | echo answer, then the process stops reading stdin: the next line is read `ms` ms later, or never without `ms` (stdin EOF goes unnoticed too). Runs inline, so no later line is read before. For a server whose stdin fills up |
 //! | `endless`          | `chunk` (65536), `ms` (1)           | takes stdout for good and writes the start of this call's answer (`{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"`) followed by `chunk` `x` characters every `ms` ms, never a newline; NOT cancellable: it stops only when stdout fails, at stdin EOF or with the process. Every other output of the process waits behind it |
 //!
 //! `sample`, `roots`, `elicit`: the server sends a request with its own ids
@@ -1581,6 +1582,9 @@ enum Mode {
         bytes: usize,
         pipe: Option<usize>,
     },
+    Deaf {
+        ms: Option<u64>,
+    },
 }
 
 impl Mode {
@@ -1675,6 +1679,9 @@ impl Mode {
                     .filter(|&chunk| chunk > 0)
                     .ok_or_else(|| RpcError::invalid_params("argument `chunk` must be positive"))?,
                 ms: args.u64("ms", 1)?,
+            },
+            "deaf" => Mode::Deaf {
+                ms: args.typed("ms", "a non-negative integer", Value::as_u64)?,
             },
             other => return Err(RpcError::invalid_params(format!("unknown mode {other:?}"))),
         })
@@ -1777,6 +1784,18 @@ fn handle_tools_call(server: &Arc<Server>, request: &Request) {
     match resolve(server, mode) {
         Mode::Crash { exit_code, stderr } => crash(server, exit_code, stderr.as_deref()),
         Mode::Flood { bytes, pipe } => flood(server, &call, bytes, pipe),
+        Mode::Deaf { ms } => {
+            // On the thread that reads stdin: nothing more is read meanwhile.
+            server.send_result(&call.id, &echo_answer(server, &call, echo_text(&call)));
+            eprintln!("mock: not reading stdin as asked");
+            match ms {
+                Some(ms) => thread::sleep(Duration::from_millis(ms)),
+                None => loop {
+                    thread::park();
+                },
+            }
+            eprintln!("mock: reading stdin again");
+        }
         mode => spawn_call(server, call, mode),
     }
 }
@@ -1872,6 +1891,8 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
         }
         Mode::Endless { chunk, ms } => endless(server, call, chunk, ms),
         Mode::Flood { bytes, pipe } => flood(server, call, bytes, pipe),
+        // Handled where stdin is read (`handle_tools_call`); never gets here.
+        Mode::Deaf { .. } => echo(server, call),
         Mode::SleepThenCrash { ms, exit_code } => {
             if !call.state.sleep_uncancellable(ms) {
                 return Outcome::Cancelled;
