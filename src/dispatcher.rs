@@ -9,7 +9,9 @@
 //! `recv_deadline`, so an idle proxy uses no CPU.
 //!
 //! Never touches a file descriptor: I/O threads deliver events and take lines
-//! over channels; the server is reached only through [`Downstream`].
+//! over channels; the server is reached only through [`Downstream`]. What
+//! `mcp-retry status` shows is handed to its writer thread by `publish.rs`,
+//! after changes only.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
