@@ -22,13 +22,15 @@ Usage:
   mcp-retry run --config FILE [--server NAME]
   mcp-retry run [--config FILE] -- COMMAND [ARGS...]
   mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--json]
+  mcp-retry status [--json | --prometheus] [--watch [SECONDS]]
   mcp-retry schema
 
 Commands:
   run      launch one MCP server and relay stdio to it (see `mcp-retry run --help`)
   check    probe every configured server in parallel (see `mcp-retry check --help`)
+  status   show the proxies running now (see `mcp-retry status --help`)
   schema   print the JSON Schema of the config file (for editors)
-  help     print this text, or `help run` / `help check` for a command's
+  help     print this text, or `help run` / `help check` / `help status`
 
 Options:
   --log-level LEVEL   error, warn, info or debug (default info; env MCP_RETRY_LOG)
@@ -38,7 +40,7 @@ Options:
 
 Exit codes:
   0  normal exit
-  1  `check` found a server down
+  1  `check` found a server down; `status` found a breaker open or a server down
   2  usage or configuration error
 ";
 
@@ -63,6 +65,8 @@ With `-- COMMAND`, the command is wrapped with the built-in defaults, or with
 the config's `defaults:` (or the settings of --server NAME) when --config is
 given. The `--` is required: everything after it is the command, untouched.
 
+Every run publishes its state for `mcp-retry status` (see `status --help`).
+
 Exit codes: 0 normal exit, 2 usage or configuration error.
 ";
 
@@ -86,6 +90,27 @@ Options:
 Exit codes: 0 every server is up, 1 a server is down, 2 usage or configuration error.
 ";
 
+pub const STATUS_HELP: &str = "\
+mcp-retry status: list the proxies this user runs now (every `mcp-retry run`
+publishes its state), one line per server, the worst first
+
+Usage:
+  mcp-retry status [--json | --prometheus] [--watch [SECONDS]] [--dir DIR]
+
+Options:
+  --json                print the proxies' documents as a JSON array
+  --prometheus          print the figures in the Prometheus text format (for
+                        node_exporter's textfile collector)
+  -w, --watch [SECS]    redraw every SECS seconds (default 2) until Ctrl-C
+  --dir DIR             the runtime directory (default $MCP_RETRY_RUNTIME_DIR,
+                        else $XDG_RUNTIME_DIR/mcp-retry, else /tmp/mcp-retry-UID)
+  --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
+  -h, --help            print help
+
+Exit codes: 0 all is well, 1 a circuit breaker is open or a server is down
+(or dormant), 2 usage error or an unusable runtime directory.
+";
+
 #[derive(Debug, PartialEq)]
 pub enum Command {
     /// Print this text on stdout and exit 0.
@@ -93,6 +118,7 @@ pub enum Command {
     Version,
     Run(RunArgs),
     Check(CheckArgs),
+    Status(StatusArgs),
     /// Print the config file's JSON Schema on stdout.
     Schema,
     /// The hidden `__watchdog` subcommand (`watchdog.rs`): not in the help,
@@ -123,6 +149,23 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StatusFormat {
+    #[default]
+    Table,
+    Json,
+    Prometheus,
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct StatusArgs {
+    pub format: StatusFormat,
+    /// Redraw this often (`--watch`).
+    pub watch: Option<Duration>,
+    /// The runtime directory (`--dir`), else the default.
+    pub dir: Option<PathBuf>,
+}
+
 /// Parses the process's arguments.
 pub fn parse() -> Result<(Global, Command)> {
     parse_from(std::env::args_os().skip(1))
@@ -151,6 +194,7 @@ where
                 return match name.as_str() {
                     "run" => parse_run(parser, global),
                     "check" => parse_check(parser, global),
+                    "status" => parse_status(parser, global),
                     "help" => parse_help(parser, global),
                     "schema" => match parser.next()? {
                         None => Ok((global, Command::Schema)),
@@ -164,14 +208,14 @@ where
                         Some(arg) => Err(arg.unexpected().into()),
                     },
                     _ => bail!(
-                        "unknown command '{name}' (expected run, check or schema; see --help)"
+                        "unknown command '{name}' (expected run, check, status or schema; see --help)"
                     ),
                 };
             }
             _ => return Err(arg.unexpected().into()),
         }
     }
-    bail!("missing command (expected run, check or schema; see --help)")
+    bail!("missing command (expected run, check, status or schema; see --help)")
 }
 
 /// `help`, `help run`, `help check`.
@@ -181,8 +225,11 @@ fn parse_help(mut p: lexopt::Parser, global: Global) -> Result<(Global, Command)
         Some(Value(v)) => match v.string()?.as_str() {
             "run" => RUN_HELP,
             "check" => CHECK_HELP,
+            "status" => STATUS_HELP,
             "schema" => HELP,
-            other => bail!("unknown command '{other}' (expected run or check; see --help)"),
+            other => {
+                bail!("unknown command '{other}' (expected run, check or status; see --help)")
+            }
         },
         Some(arg) => return Err(arg.unexpected()).context("invalid arguments for 'help'"),
     };
@@ -269,6 +316,51 @@ fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Com
             json,
         }),
     ))
+}
+
+fn parse_status(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Command)> {
+    let mut args = StatusArgs::default();
+    let mut formats = Vec::new();
+    // `--watch` takes an optional value: `--watch=5`, or `--watch 5` (the
+    // command takes no other words).
+    let mut watch_value_allowed = false;
+    while let Some(arg) = p.next()? {
+        let after_watch = std::mem::take(&mut watch_value_allowed);
+        match arg {
+            Long("log-level") => global.log_level = Some(log_option("--log-level", p.value()?)?),
+            Long("log-format") => global.log_format = Some(log_option("--log-format", p.value()?)?),
+            Long("json") => formats.push(("--json", StatusFormat::Json)),
+            Long("prometheus") => formats.push(("--prometheus", StatusFormat::Prometheus)),
+            Long("dir") => args.dir = Some(p.value()?.into()),
+            Short('w') | Long("watch") => {
+                args.watch = Some(match p.optional_value() {
+                    Some(v) => watch_interval(&v.string()?)?,
+                    None => {
+                        watch_value_allowed = true;
+                        Duration::from_secs(2)
+                    }
+                });
+            }
+            Value(v) if after_watch => args.watch = Some(watch_interval(&v.string()?)?),
+            Short('h') | Long("help") => return Ok((global, Command::Help(STATUS_HELP))),
+            _ => return Err(arg.unexpected()).context("invalid arguments for 'status'"),
+        }
+    }
+    match formats.as_slice() {
+        [] => {}
+        [(_, f)] => args.format = *f,
+        [(a, _), (b, _), ..] => bail!("status: {a} and {b} cannot be combined"),
+    }
+    Ok((global, Command::Status(args)))
+}
+
+/// `--watch` seconds: at least 0.1, at most a day.
+fn watch_interval(v: &str) -> Result<Duration> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(crate::status::report::interval)
+        .with_context(|| format!("--watch '{v}': expected seconds between 0.1 and 86400"))
 }
 
 /// Seconds (`2.5`) or a duration with a unit (`250ms`, `2m`), as in the
@@ -404,6 +496,38 @@ mod tests {
     }
 
     #[test]
+    fn status_options() {
+        let status = |args: &[&str]| match ok(args).1 {
+            Command::Status(s) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(status(&["status"]), StatusArgs::default());
+        let s = status(&["status", "--json", "--dir", "/r", "--watch"]);
+        assert_eq!(s.format, StatusFormat::Json);
+        assert_eq!(s.dir, Some("/r".into()));
+        assert_eq!(s.watch, Some(Duration::from_secs(2)));
+        assert_eq!(
+            status(&["status", "--watch", "0.5"]).watch,
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            status(&["status", "-w=3"]).watch,
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            status(&["status", "--watch", "5", "--prometheus"]).format,
+            StatusFormat::Prometheus
+        );
+        assert_eq!(ok(&["help", "status"]).1, Command::Help(STATUS_HELP));
+        assert_eq!(ok(&["status", "-h"]).1, Command::Help(STATUS_HELP));
+        assert!(err(&["status", "--json", "--prometheus"]).contains("cannot be combined"));
+        assert!(err(&["status", "--watch", "soon"]).contains("--watch 'soon'"));
+        assert!(err(&["status", "--watch", "0"]).contains("between 0.1 and 86400"));
+        assert!(err(&["status", "extra"]).contains("invalid arguments for 'status'"));
+        assert!(err(&["status", "--json", "5"]).contains("invalid arguments for 'status'"));
+    }
+
+    #[test]
     fn schema_takes_no_arguments() {
         assert_eq!(ok(&["schema"]).1, Command::Schema);
         assert_eq!(ok(&["schema", "--help"]).1, Command::Help(HELP));
@@ -416,7 +540,7 @@ mod tests {
     fn the_watchdog_subcommand_is_hidden() {
         assert_eq!(ok(&["__watchdog"]).1, Command::Watchdog);
         assert!(err(&["__watchdog", "7"]).contains("unexpected argument"));
-        for text in [HELP, RUN_HELP, CHECK_HELP] {
+        for text in [HELP, RUN_HELP, CHECK_HELP, STATUS_HELP] {
             assert!(!text.contains("watchdog"), "{text}");
         }
         // The unknown-command message does not mention it either.

@@ -9,7 +9,9 @@
 //! `recv_deadline`, so an idle proxy uses no CPU.
 //!
 //! Never touches a file descriptor: I/O threads deliver events and take lines
-//! over channels; the server is reached only through [`Downstream`].
+//! over channels; the server is reached only through [`Downstream`]. What
+//! `mcp-retry status` shows is handed to its writer thread by `publish.rs`,
+//! after changes only.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
@@ -29,11 +31,13 @@ use crate::policy::budget::RetryBudget;
 use crate::policy::cache::ResultCache;
 use crate::policy::dedup::DedupTable;
 use crate::stats::Stats;
+use crate::status::Publisher;
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
 mod calls;
 mod link;
+mod publish;
 #[cfg(test)]
 mod tests;
 
@@ -152,6 +156,8 @@ pub enum Timer {
     CallDeadline { call: u64 },
     /// Time to write the stats file.
     StatsFlush,
+    /// Time to hand the status snapshot to its writer.
+    StatusPublish,
     /// Start the server again (valid for the newest `seq` only).
     Restart { seq: u64 },
     /// The replayed `initialize` of incarnation `generation` must be answered.
@@ -318,6 +324,8 @@ pub struct Dispatcher {
     /// Where `--stats-file` documents go, and whether a flush is scheduled.
     stats_out: Option<Sender<String>>,
     stats_flush_pending: bool,
+    /// What `mcp-retry status` is told, if anything (`publish.rs`).
+    status: Option<Publisher>,
     /// Nothing else waits in the inbox: lines may be written at once
     /// rather than handed to the writer threads (see `Outbox::send_now`).
     eager: bool,
@@ -383,6 +391,7 @@ impl Dispatcher {
             stats: Stats::default(),
             stats_out: None,
             stats_flush_pending: false,
+            status: None,
             eager: false,
             inbox_backlog: None,
             handled_bytes: 0,
@@ -413,6 +422,7 @@ impl Dispatcher {
     /// Starts the server and handles events until the session ends.
     pub fn run(mut self, inbox: Receiver<Event>) -> Outcome {
         self.start_server(Instant::now());
+        self.status_check();
         loop {
             if let Some(outcome) = self.finished() {
                 self.answer_remaining();
@@ -498,6 +508,7 @@ impl Dispatcher {
                 self.begin_shutdown(Some(sig), now);
             }
         }
+        self.status_check();
     }
 
     fn fire_timers(&mut self, now: Instant) {
@@ -509,6 +520,7 @@ impl Dispatcher {
             let Reverse(t) = self.timers.pop().expect("peeked");
             self.on_timer(t.timer, now);
         }
+        self.status_check();
     }
 
     fn set_timer(&mut self, at: Instant, timer: Timer) {
@@ -565,6 +577,7 @@ impl Dispatcher {
                 }
             }
             Timer::StatsFlush => self.flush_stats(),
+            Timer::StatusPublish => self.publish_status(now),
             Timer::Restart { seq } => self.restart_due(seq, now),
             Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),
             Timer::QueueExpired { seq } => self.queue_expired(seq, now),
@@ -597,6 +610,7 @@ impl Dispatcher {
 
     /// Counters changed: schedule a stats flush if a file is wanted.
     fn stats_dirty(&mut self) {
+        self.status_dirty();
         if self.stats_out.is_some() && !self.stats_flush_pending {
             self.stats_flush_pending = true;
             self.set_timer(self.now + STATS_INTERVAL, Timer::StatsFlush);

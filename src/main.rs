@@ -16,6 +16,7 @@ mod policy;
 mod proxy;
 mod redact;
 mod stats;
+mod status;
 mod stdio;
 mod watchdog;
 
@@ -71,6 +72,7 @@ fn run() -> Result<ExitCode> {
         }
         Command::Run(args) => proxy::run(args),
         Command::Check(args) => check::run(args),
+        Command::Status(args) => status::report::run(args),
         Command::Watchdog => unreachable!("handled above"),
     }
 }

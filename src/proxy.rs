@@ -24,6 +24,7 @@ use crate::dispatcher::{Dispatcher, Event, Outcome};
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc;
 use crate::stats;
+use crate::status;
 use crate::stdio::{self, Backlog, ReadItem};
 
 /// Bytes waiting for a client that does not read before the proxy stops
@@ -87,6 +88,7 @@ impl Backlogs {
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let cfg = resolve(&args)?;
     crate::log::set_server(&cfg.name);
+    let status_writer = start_status_writer(&args, &cfg);
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<Event>();
 
     let gone = events_tx.clone();
@@ -157,6 +159,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         dispatcher = dispatcher.with_stats_output(tx);
         stats_writer = Some(handle);
     }
+    let mut status_handle = None;
+    if let Some((tx, handle)) = status_writer {
+        dispatcher = dispatcher.with_status_output(tx);
+        status_handle = Some(handle);
+    }
     let outcome = thread::Builder::new()
         .name("dispatcher".into())
         .spawn(move || dispatcher.run(events_rx))
@@ -174,10 +181,44 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(h) = stats_writer {
         let _ = h.join();
     }
+    // It removes our status file.
+    if let Some(h) = status_handle {
+        let _ = h.join();
+    }
     Ok(match outcome {
         Outcome::ClientClosed => ExitCode::SUCCESS,
         Outcome::Signalled(sig) => ExitCode::from(128u8.saturating_add(sig as u8)),
     })
+}
+
+/// The `status-writer` thread, unless the runtime directory cannot be
+/// used (said once; the proxy runs on without publishing).
+fn start_status_writer(
+    args: &RunArgs,
+    cfg: &ServerConfig,
+) -> Option<(Sender<status::Snapshot>, thread::JoinHandle<()>)> {
+    let dir = status::runtime_dir(None);
+    if let Err(why) = status::prepare_dir(&dir) {
+        crate::warn!("not publishing this proxy's status (`mcp-retry status` will not list it): runtime directory {why}");
+        return None;
+    }
+    let identity = status::Identity {
+        server: cfg.name.clone(),
+        config: args
+            .config
+            .as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
+        command: cfg.command.clone(),
+        args: cfg.args.clone(),
+        env: cfg.env.clone(),
+    };
+    match status::spawn_writer(dir, identity) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            crate::warn!("not publishing this proxy's status: cannot start its writer thread: {e}");
+            None
+        }
+    }
 }
 
 /// The server to launch: from the config, the wrapped command, or both.

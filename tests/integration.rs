@@ -11,3 +11,4 @@ mod lifecycle;
 mod relay;
 mod resilience;
 mod respawn;
+mod status;

@@ -146,6 +146,9 @@ impl Builder {
         let args: Vec<String> = self.args.iter().map(|a| a.replace("{dir}", &dir)).collect();
         let mut child = Command::new(&self.program)
             .args(&args)
+            // What `run` publishes for `status` stays in the session's
+            // temp dir (unless the test chooses a directory).
+            .env("MCP_RETRY_RUNTIME_DIR", self.dir.join("runtime"))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("MCP_RETRY_LOG", "debug")
             .stdin(Stdio::piped())

@@ -119,6 +119,8 @@ pub struct Call {
     attempt_timeout: Duration,
     /// When the live (or last) attempt was sent.
     attempt_started: Instant,
+    /// When the client's request arrived (for `status`' latencies).
+    started: Instant,
     attempt_deadline: Instant,
     /// Bound on all attempts and waits.
     deadline: Instant,
@@ -142,6 +144,12 @@ impl Call {
     /// Whether `down` is this call's attempt in flight (its timeout matters).
     pub(super) fn attempt_is_live(&self, down: u64) -> bool {
         self.live == Some(down)
+    }
+
+    /// How long the call took, if the server was asked at all (a call
+    /// refused before any attempt says nothing of the server's latency).
+    fn took(&self, now: Instant) -> Option<Duration> {
+        (self.attempts > 0).then(|| now.saturating_duration_since(self.started))
     }
 }
 
@@ -324,6 +332,7 @@ impl Dispatcher {
                 dead: Vec::new(),
                 attempt_timeout: timeout,
                 attempt_started: now,
+                started: now,
                 attempt_deadline: now,
                 deadline: now + self.cfg.retry.total_timeout,
                 retry_at: None,
@@ -751,6 +760,7 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
+        self.note_call_end(&call.tool, call.took(now), Some(error));
         let stats = self.stats_for(&call.tool);
         stats.failed += 1;
         if call.retried {
@@ -775,6 +785,7 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
+        self.note_call_end(&call.tool, call.took(now), m.error());
         let stats = self.stats_for(&call.tool);
         if call.retried {
             stats.retried += 1;
@@ -835,6 +846,7 @@ impl Dispatcher {
         let Some(call) = self.remove_call(id) else {
             return;
         };
+        self.note_call_end(&call.tool, call.took(now), None);
         if call.retried {
             self.stats_for(&call.tool).retried += 1;
         }

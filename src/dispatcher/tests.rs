@@ -639,3 +639,72 @@ fn a_cancel_with_a_repeated_member_cancels_nothing() {
     assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
     assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
 }
+
+// ----- status publishing -----------------------------------------------------
+
+fn status_timers(h: &Harness) -> Vec<Instant> {
+    h.d.timers
+        .iter()
+        .filter(|Reverse(t)| t.timer == super::Timer::StatusPublish)
+        .map(|Reverse(t)| t.at)
+        .collect()
+}
+
+#[test]
+fn status_is_published_after_a_change_at_most_once_a_second_and_never_while_idle() {
+    let (tx, published) = crossbeam_channel::unbounded();
+    let mut h = Harness::with(config(|_| {}));
+    h.d.status = Some(crate::status::Publisher::new(tx));
+    let t0 = h.now;
+    // The first state goes out at once.
+    h.d.now = t0;
+    h.d.status_check();
+    assert_eq!(status_timers(&h), [t0]);
+    h.at(t0);
+    let first = published.try_recv().expect("the first snapshot");
+    assert_eq!(first.headline.link, crate::status::LinkState::Up);
+    assert!(first.tools.is_empty());
+    assert!(h.d.timers.is_empty(), "nothing scheduled once published");
+
+    // A call 100 ms later, answered 250 ms after it arrived: one write, a
+    // second after the last one.
+    h.advance(ms(100));
+    h.client_sends(&call_line(1, "t", "{}"));
+    let attempt = h.to_server();
+    assert_eq!(status_timers(&h), [t0 + SECOND]);
+    h.advance(ms(250));
+    answer(&mut h, &attempt, OK);
+    h.to_client();
+    assert_eq!(
+        status_timers(&h),
+        [t0 + SECOND],
+        "still one write scheduled"
+    );
+    h.advance(ms(500));
+    assert!(
+        published.try_recv().is_err(),
+        "not before a second has passed"
+    );
+    h.at(t0 + SECOND);
+    let snap = published.try_recv().expect("the snapshot after the call");
+    let t = &snap.tools["t"];
+    assert_eq!((t.counters.calls, t.latency_count), (1, 1));
+    // 250 ms falls in the bucket 229.376..262.144 ms.
+    assert_eq!(t.p50, Some(Duration::from_micros(245_760)));
+    assert_eq!(snap.headline.in_flight, 0);
+    assert!(status_timers(&h).is_empty());
+
+    // Idle: the only timer left is the answered attempt's stale timeout,
+    // which changes nothing and publishes nothing.
+    for _ in 0..10 {
+        if h.d.timers.is_empty() {
+            break;
+        }
+        h.fire_next_timer();
+    }
+    assert!(
+        published.try_recv().is_err(),
+        "an idle proxy publishes nothing"
+    );
+    assert!(h.d.timers.is_empty());
+}

@@ -1,0 +1,700 @@
+//! What every `run` publishes about itself for `mcp-retry status`: one
+//! small JSON file per proxy in a per-user runtime directory, written
+//! atomically by the `status-writer` thread and removed at exit.
+//!
+//! The dispatcher owns the live figures ([`Publisher`]: per-tool latency
+//! histograms, failures by reason, the last error) and, at most once a
+//! second and only after something changed, hands a [`Snapshot`] to the
+//! writer thread. The writer turns it into a [`Document`] (wall-clock
+//! times, redacted messages) and does the file I/O, so a call never waits
+//! for a disk. An idle proxy publishes nothing and never wakes up for it.
+//!
+//! The directory is `$MCP_RETRY_RUNTIME_DIR`, else
+//! `$XDG_RUNTIME_DIR/mcp-retry`, else `mcp-retry-<uid>` in the temporary
+//! directory. It must be a directory of ours with mode 0700 (created so
+//! when missing); otherwise nothing is published (or read). Files are 0600.
+//! The `status` command itself is `status/report.rs`.
+
+pub mod histogram;
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::Sender;
+use serde::{Deserialize, Serialize};
+
+use crate::redact::Redactor;
+use crate::stats::ToolStats;
+use histogram::Histogram;
+
+/// The environment variable that overrides the runtime directory.
+pub const DIR_ENV: &str = "MCP_RETRY_RUNTIME_DIR";
+/// The format of [`Document`]; readers skip other versions.
+pub const VERSION: u32 = 1;
+/// The least time between two writes of the file.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest error message kept (characters), before redaction.
+const MAX_MESSAGE: usize = 300;
+/// Most tools published (those with the most calls); totals count all.
+const MAX_TOOLS: usize = 200;
+
+// ----- the directory ----------------------------------------------------------
+
+/// The runtime directory: `explicit` (`status --dir`), else
+/// [`DIR_ENV`], else `$XDG_RUNTIME_DIR/mcp-retry`, else the temporary
+/// directory's `mcp-retry-<uid>`.
+pub fn runtime_dir(explicit: Option<&Path>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.to_owned();
+    }
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(p) = var(DIR_ENV) {
+        return p.into();
+    }
+    if let Some(p) = var("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        if p.is_absolute() {
+            return p.join("mcp-retry");
+        }
+    }
+    std::env::temp_dir().join(format!("mcp-retry-{}", uid()))
+}
+
+fn uid() -> u32 {
+    // SAFETY: getuid(2) has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// Why `dir` must not be used: it is not a real directory owned by us with
+/// mode 0700 (a link, someone else's, or open to others).
+pub fn check_dir(dir: &Path) -> Result<(), String> {
+    let meta = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    judge_dir(&meta_facts(&meta), uid()).map_err(|why| format!("{}: {why}", dir.display()))
+}
+
+/// What [`judge_dir`] looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirFacts {
+    pub is_dir: bool,
+    pub is_symlink: bool,
+    pub owner: u32,
+    pub mode: u32,
+}
+
+fn meta_facts(meta: &fs::Metadata) -> DirFacts {
+    DirFacts {
+        is_dir: meta.is_dir(),
+        is_symlink: meta.file_type().is_symlink(),
+        owner: meta.uid(),
+        mode: meta.mode() & 0o7777,
+    }
+}
+
+/// The rule of [`check_dir`], pure.
+pub fn judge_dir(f: &DirFacts, me: u32) -> Result<(), String> {
+    if f.is_symlink {
+        return Err("is a symbolic link, not a directory".into());
+    }
+    if !f.is_dir {
+        return Err("is not a directory".into());
+    }
+    if f.owner != me {
+        return Err(format!("is owned by uid {}, not by us (uid {me})", f.owner));
+    }
+    if f.mode & 0o777 != 0o700 {
+        return Err(format!("has mode {:04o}, not 0700", f.mode & 0o777));
+    }
+    Ok(())
+}
+
+/// Creates `dir` (mode 0700) if it is missing, then [`check_dir`].
+pub fn prepare_dir(dir: &Path) -> Result<(), String> {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+    }
+    check_dir(dir)
+}
+
+// ----- the document -------------------------------------------------------------
+
+/// The file one proxy publishes (`<pid>.json`). Times are milliseconds
+/// since the UNIX epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Document {
+    pub version: u32,
+    pub server: String,
+    /// The config file, absolute; `None` for a wrapped command alone.
+    pub config: Option<String>,
+    pub pid: u32,
+    /// The process's start time in clock ticks after boot (Linux
+    /// `/proc/PID/stat` field 22), to tell a reused pid.
+    pub pid_start: Option<u64>,
+    pub transport: String,
+    /// The command and its arguments (redacted; never the environment).
+    pub target: Vec<String>,
+    pub started_at_ms: u64,
+    pub updated_at_ms: u64,
+    pub restarts: u64,
+    pub link: LinkDoc,
+    pub breaker: BreakerDoc,
+    pub in_flight: u64,
+    pub total: ToolDoc,
+    pub tools: BTreeMap<String, ToolDoc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkDoc {
+    /// `up`, `starting`, `restarting`, `dormant` or `down`.
+    pub state: String,
+    /// When a restart is due (`restarting`).
+    pub until_ms: Option<u64>,
+    /// Why it is not up (redacted).
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakerDoc {
+    /// `closed`, `open` or `half-open`.
+    pub state: String,
+    /// When an open breaker's cooldown ends.
+    pub until_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolDoc {
+    pub calls: u64,
+    pub attempts: u64,
+    pub retried: u64,
+    pub recovered: u64,
+    pub failed: u64,
+    pub failed_by_reason: BTreeMap<String, u64>,
+    pub cache_hits: u64,
+    pub dedup_hits: u64,
+    /// Calls the server handled (not cache or dedup hits) that ended.
+    pub latency_count: u64,
+    pub latency_sum_ms: f64,
+    pub p50_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
+    pub last_error: Option<ErrorDoc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorDoc {
+    pub message: String,
+    pub at_ms: u64,
+}
+
+// ----- what the dispatcher keeps and sends -----------------------------------------
+
+/// The state of the server link, as published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    Up,
+    /// The first start, or a restarted server replaying the handshake.
+    Starting,
+    Restarting,
+    Dormant,
+    Down,
+}
+
+impl LinkState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkState::Up => "up",
+            LinkState::Starting => "starting",
+            LinkState::Restarting => "restarting",
+            LinkState::Dormant => "dormant",
+            LinkState::Down => "down",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerShown {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerShown {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerShown::Closed => "closed",
+            BreakerShown::Open => "open",
+            BreakerShown::HalfOpen => "half-open",
+        }
+    }
+}
+
+/// What decides whether the file is out of date, besides the counters.
+/// Cheap to build and compare after every event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Headline {
+    pub link: LinkState,
+    pub link_until: Option<Instant>,
+    pub breaker: BreakerShown,
+    pub breaker_until: Option<Instant>,
+    pub restarts: u64,
+    pub in_flight: u64,
+}
+
+/// One tool's figures at the time of a snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSnapshot {
+    pub counters: ToolStats,
+    pub failed_by_reason: BTreeMap<&'static str, u64>,
+    pub latency_count: u64,
+    pub latency_sum: Duration,
+    pub p50: Option<Duration>,
+    pub p95: Option<Duration>,
+    pub last_error: Option<(String, Instant)>,
+}
+
+/// Everything the writer needs, taken by the dispatcher at `taken`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub taken: Instant,
+    pub headline: Headline,
+    pub link_message: Option<String>,
+    pub total: ToolSnapshot,
+    pub tools: BTreeMap<String, ToolSnapshot>,
+}
+
+/// What the dispatcher keeps for one tool beyond `Stats`' counters.
+#[derive(Debug, Default, Clone)]
+struct ToolHealth {
+    latency: Histogram,
+    failed_by_reason: BTreeMap<&'static str, u64>,
+    last_error: Option<(String, Instant)>,
+}
+
+impl ToolHealth {
+    fn snapshot(&self, counters: ToolStats) -> ToolSnapshot {
+        ToolSnapshot {
+            counters,
+            failed_by_reason: self.failed_by_reason.clone(),
+            latency_count: self.latency.count(),
+            latency_sum: self.latency.sum(),
+            p50: self.latency.quantile(0.5),
+            p95: self.latency.quantile(0.95),
+            last_error: self.last_error.clone(),
+        }
+    }
+}
+
+/// The dispatcher's side of publishing: where snapshots go, when the last
+/// one went, whether one is scheduled, and the figures `Stats` lacks.
+#[derive(Debug)]
+pub struct Publisher {
+    out: Sender<Snapshot>,
+    /// A publish timer is set.
+    pub pending: bool,
+    pub last_sent: Option<Instant>,
+    /// The headline of the last check, to notice changes.
+    pub last_headline: Option<Headline>,
+    tools: BTreeMap<String, ToolHealth>,
+    total: ToolHealth,
+}
+
+impl Publisher {
+    pub fn new(out: Sender<Snapshot>) -> Publisher {
+        Publisher {
+            out,
+            pending: false,
+            last_sent: None,
+            last_headline: None,
+            tools: BTreeMap::new(),
+            total: ToolHealth::default(),
+        }
+    }
+
+    /// When the next publish may happen, if one is wanted at `now`.
+    pub fn due(&self, now: Instant) -> Instant {
+        match self.last_sent {
+            Some(last) => (last + MIN_INTERVAL).max(now),
+            None => now,
+        }
+    }
+
+    /// A call of `tool` ended after `took` (`None`: the server was never
+    /// asked, no latency); `failure` is its reason and message when it
+    /// failed.
+    pub fn call_ended(
+        &mut self,
+        tool: &str,
+        took: Option<Duration>,
+        failure: Option<(&'static str, &str)>,
+        now: Instant,
+    ) {
+        if !self.tools.contains_key(tool) {
+            self.tools.insert(tool.to_owned(), ToolHealth::default());
+        }
+        let health = self.tools.get_mut(tool).expect("inserted");
+        for h in [health, &mut self.total] {
+            if let Some(took) = took {
+                h.latency.record(took);
+            }
+            if let Some((reason, message)) = failure {
+                *h.failed_by_reason.entry(reason).or_default() += 1;
+                h.last_error = Some((truncate(message, MAX_MESSAGE), now));
+            }
+        }
+    }
+
+    /// Hands a snapshot to the writer; false if the writer is gone.
+    pub fn send(
+        &mut self,
+        headline: Headline,
+        link_message: Option<String>,
+        stats: &crate::stats::Stats,
+        now: Instant,
+    ) -> bool {
+        self.pending = false;
+        self.last_sent = Some(now);
+        let mut names: Vec<(&String, &ToolStats)> = stats.tools.iter().collect();
+        if names.len() > MAX_TOOLS {
+            names.sort_by(|a, b| b.1.calls.cmp(&a.1.calls).then(a.0.cmp(b.0)));
+            names.truncate(MAX_TOOLS);
+        }
+        let empty = ToolHealth::default();
+        let tools = names
+            .into_iter()
+            .map(|(name, counters)| {
+                let health = self.tools.get(name).unwrap_or(&empty);
+                (name.clone(), health.snapshot(*counters))
+            })
+            .collect();
+        let snapshot = Snapshot {
+            taken: now,
+            headline,
+            link_message,
+            total: self.total.snapshot(stats.total()),
+            tools,
+        };
+        self.out.send(snapshot).is_ok()
+    }
+}
+
+/// The first `max` characters of `s`.
+fn truncate(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+// ----- the writer ----------------------------------------------------------------
+
+/// What does not change during a session.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub server: String,
+    pub config: Option<PathBuf>,
+    pub command: String,
+    pub args: Vec<String>,
+    /// Builds the redactor of messages and arguments.
+    pub env: Vec<(String, String)>,
+}
+
+/// Milliseconds since the UNIX epoch of `at`, knowing that `now_i` is
+/// `now_s`.
+fn wall_ms(at: Instant, now_i: Instant, now_s: SystemTime) -> u64 {
+    let t = if at >= now_i {
+        now_s + (at - now_i)
+    } else {
+        now_s - (now_i - at)
+    };
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn ms_f64(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1_000_000.0).round() / 1000.0
+}
+
+/// Builds the document for `snap`, taken at `now_i`, which is `now_s`.
+fn document(
+    id: &Identity,
+    pid_start: Option<u64>,
+    started_at_ms: u64,
+    snap: &Snapshot,
+    redactor: &Redactor,
+    now_s: SystemTime,
+    now_i: Instant,
+) -> Document {
+    let wall = |at: Instant| wall_ms(at, now_i, now_s);
+    let tool = |t: &ToolSnapshot| ToolDoc {
+        calls: t.counters.calls,
+        attempts: t.counters.attempts,
+        retried: t.counters.retried,
+        recovered: t.counters.recovered,
+        failed: t.counters.failed,
+        failed_by_reason: t
+            .failed_by_reason
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), *v))
+            .collect(),
+        cache_hits: t.counters.cache_hits,
+        dedup_hits: t.counters.dedup_hits,
+        latency_count: t.latency_count,
+        latency_sum_ms: ms_f64(t.latency_sum),
+        p50_ms: t.p50.map(ms_f64),
+        p95_ms: t.p95.map(ms_f64),
+        last_error: t.last_error.as_ref().map(|(m, at)| ErrorDoc {
+            message: redactor.redact(m),
+            at_ms: wall(*at),
+        }),
+    };
+    let h = &snap.headline;
+    Document {
+        version: VERSION,
+        server: id.server.clone(),
+        config: id.config.as_ref().map(|p| p.display().to_string()),
+        pid: std::process::id(),
+        pid_start,
+        transport: "stdio".into(),
+        target: std::iter::once(&id.command)
+            .chain(&id.args)
+            .map(|a| redactor.redact(a))
+            .collect(),
+        started_at_ms,
+        updated_at_ms: wall(now_i),
+        restarts: h.restarts,
+        link: LinkDoc {
+            state: h.link.as_str().into(),
+            until_ms: h.link_until.map(wall),
+            message: snap.link_message.as_deref().map(|m| redactor.redact(m)),
+        },
+        breaker: BreakerDoc {
+            state: h.breaker.as_str().into(),
+            until_ms: h.breaker_until.map(wall),
+        },
+        in_flight: h.in_flight,
+        total: tool(&snap.total),
+        tools: snap
+            .tools
+            .iter()
+            .map(|(k, v)| (k.clone(), tool(v)))
+            .collect(),
+    }
+}
+
+/// Writes `text` to `path` through a temporary file (mode 0600) renamed
+/// over it.
+fn write_atomically(path: &Path, tmp: &Path, text: &[u8]) -> io::Result<()> {
+    let _ = fs::remove_file(tmp);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)?;
+    // The mode asked for went through the umask; make sure of 0600.
+    f.set_permissions(fs::Permissions::from_mode(0o600))?;
+    f.write_all(text)?;
+    drop(f);
+    fs::rename(tmp, path)
+}
+
+/// This process's start time in clock ticks after boot (Linux).
+pub fn own_start_ticks() -> Option<u64> {
+    start_ticks(std::process::id())
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks
+/// after boot. `None` where there is no `/proc`.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_ticks(&stat)
+}
+
+/// Field 22 of a `/proc/PID/stat` line (the command name, field 2, may
+/// hold spaces and parentheses: fields are counted after its last `)`).
+pub fn parse_start_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Starts the `status-writer` thread: it writes each snapshot it gets to
+/// `dir/<pid>.json` (the newest only, when several wait), and removes the
+/// file when the channel closes. A failure to write is logged once as a
+/// warning, later ones at debug level.
+pub fn spawn_writer(dir: PathBuf, id: Identity) -> io::Result<(Sender<Snapshot>, JoinHandle<()>)> {
+    let (tx, rx) = crossbeam_channel::unbounded::<Snapshot>();
+    let started_at = SystemTime::now();
+    let pid = std::process::id();
+    let handle = thread::Builder::new()
+        .name("status-writer".into())
+        .spawn(move || {
+            let path = dir.join(format!("{pid}.json"));
+            let tmp = dir.join(format!(".{pid}.json.tmp"));
+            let redactor = Redactor::new(&id.env);
+            let pid_start = own_start_ticks();
+            let started_at_ms = started_at
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let mut warned = false;
+            while let Ok(mut snap) = rx.recv() {
+                while let Ok(newer) = rx.try_recv() {
+                    snap = newer;
+                }
+                let (now_s, now_i) = (SystemTime::now(), Instant::now());
+                let doc = document(&id, pid_start, started_at_ms, &snap, &redactor, now_s, now_i);
+                let mut text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
+                text.push(b'\n');
+                if let Err(e) = write_atomically(&path, &tmp, &text) {
+                    if warned {
+                        crate::debug!("cannot write the status file {}: {e}", path.display());
+                    } else {
+                        warned = true;
+                        crate::warn!(
+                            "cannot write the status file {}: {e} (`mcp-retry status` will not list this proxy)",
+                            path.display()
+                        );
+                    }
+                }
+            }
+            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(&path);
+        })?;
+    Ok((tx, handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_private_directory_of_ours_is_used() {
+        let dir = |mode, owner| DirFacts {
+            is_dir: true,
+            is_symlink: false,
+            owner,
+            mode,
+        };
+        assert_eq!(judge_dir(&dir(0o700, 7), 7), Ok(()));
+        assert!(judge_dir(&dir(0o755, 7), 7)
+            .unwrap_err()
+            .contains("mode 0755"));
+        assert!(judge_dir(&dir(0o770, 7), 7)
+            .unwrap_err()
+            .contains("not 0700"));
+        assert!(judge_dir(&dir(0o700, 0), 7)
+            .unwrap_err()
+            .contains("owned by uid 0"));
+        let link = DirFacts {
+            is_symlink: true,
+            ..dir(0o777, 7)
+        };
+        assert!(judge_dir(&link, 7).unwrap_err().contains("symbolic link"));
+        let file = DirFacts {
+            is_dir: false,
+            ..dir(0o600, 7)
+        };
+        assert!(judge_dir(&file, 7).unwrap_err().contains("not a directory"));
+    }
+
+    #[test]
+    fn start_ticks_are_field_22_even_with_parentheses_in_the_name() {
+        let stat = "4242 (odd) name)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_ticks(stat), Some(987654));
+        assert_eq!(parse_start_ticks("garbage"), None);
+        if cfg!(target_os = "linux") {
+            assert!(own_start_ticks().is_some());
+        }
+    }
+
+    #[test]
+    fn wall_clock_times_follow_the_instant_they_stand_for() {
+        let now_i = Instant::now();
+        let now_s = UNIX_EPOCH + Duration::from_secs(1_000);
+        assert_eq!(wall_ms(now_i, now_i, now_s), 1_000_000);
+        assert_eq!(
+            wall_ms(now_i + Duration::from_millis(1500), now_i, now_s),
+            1_001_500
+        );
+        assert_eq!(
+            wall_ms(now_i - Duration::from_millis(250), now_i, now_s),
+            999_750
+        );
+    }
+
+    #[test]
+    fn documents_redact_messages_and_arguments() {
+        let now_i = Instant::now();
+        let now_s = UNIX_EPOCH + Duration::from_secs(2_000);
+        let id = Identity {
+            server: "gh".into(),
+            config: Some("/etc/c.yaml".into()),
+            command: "gh-server".into(),
+            args: vec!["--token".into(), "s3cr3t-value".into()],
+            env: vec![("GITHUB_TOKEN".into(), "s3cr3t-value".into())],
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let mut p = Publisher::new(tx);
+        let mut stats = crate::stats::Stats::default();
+        stats.tool("a").calls = 2;
+        stats.tool("a").failed = 1;
+        p.call_ended("a", Some(Duration::from_millis(10)), None, now_i);
+        p.call_ended("a", None, Some(("circuit_open", "no")), now_i);
+        p.call_ended(
+            "a",
+            Some(Duration::from_millis(30)),
+            Some(("timeout", "bad s3cr3t-value here")),
+            now_i,
+        );
+        let headline = Headline {
+            link: LinkState::Restarting,
+            link_until: Some(now_i + Duration::from_secs(2)),
+            breaker: BreakerShown::Open,
+            breaker_until: Some(now_i + Duration::from_secs(60)),
+            restarts: 3,
+            in_flight: 1,
+        };
+        assert!(p.send(headline, Some("exited: s3cr3t-value".into()), &stats, now_i));
+        assert_eq!(p.due(now_i), now_i + MIN_INTERVAL);
+        let snap = rx.try_recv().unwrap();
+        let doc = document(
+            &id,
+            Some(5),
+            1_999_000,
+            &snap,
+            &Redactor::new(&id.env),
+            now_s,
+            now_i,
+        );
+        let text = serde_json::to_string(&doc).unwrap();
+        assert!(!text.contains("s3cr3t"), "{text}");
+        assert_eq!(doc.target, ["gh-server", "--token", "[redacted]"]);
+        assert_eq!(doc.link.state, "restarting");
+        assert_eq!(doc.link.until_ms, Some(2_002_000));
+        assert_eq!(doc.breaker.until_ms, Some(2_060_000));
+        let a = &doc.tools["a"];
+        assert_eq!((a.calls, a.failed, a.latency_count), (2, 1, 2));
+        assert_eq!(a.failed_by_reason["timeout"], 1);
+        assert_eq!(a.failed_by_reason["circuit_open"], 1);
+        assert_eq!(
+            a.last_error.as_ref().unwrap().message,
+            "bad [redacted] here"
+        );
+        assert_eq!(doc.total.latency_count, 2);
+        let back: Document = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, doc);
+    }
+
+    #[test]
+    fn long_messages_are_cut_at_a_character_boundary() {
+        assert_eq!(truncate("héllo", 2), "hé…");
+        assert_eq!(truncate("hé", 2), "hé");
+    }
+}

@@ -1,0 +1,495 @@
+//! `mcp-retry status` through the real binary: proxies publish into a
+//! runtime directory of each test's own (`MCP_RETRY_RUNTIME_DIR`), and
+//! `status --dir` reads it as a table, JSON and Prometheus text.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+
+use crate::util::{eventually, Builder, Session, TempDir, PROXY, WAIT};
+
+/// A runtime directory for one test, created by the first proxy.
+struct Runtime {
+    root: TempDir,
+}
+
+impl Runtime {
+    fn new() -> Runtime {
+        Runtime {
+            root: TempDir::new(),
+        }
+    }
+    fn dir(&self) -> PathBuf {
+        self.root.join("run")
+    }
+    fn file_of(&self, s: &Session) -> PathBuf {
+        self.dir().join(format!("{}.json", s.pid()))
+    }
+}
+
+/// `mcp-retry run` of server `name` (the mock, with `extra` config lines),
+/// publishing into `dir`, after the handshake.
+fn proxy(dir: &Path, name: &str, extra: &str) -> Session {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file(
+            "c.yaml",
+            &format!("servers:\n  {name}:\n    command: {{mock}}\n{extra}"),
+        )
+        .env("MCP_RETRY_RUNTIME_DIR", &dir.display().to_string())
+        .start();
+    s.initialize();
+    s
+}
+
+struct Output {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn status(dir: &Path, args: &[&str]) -> Output {
+    let out = Command::new(PROXY)
+        .arg("status")
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    Output {
+        code: out.status.code().expect("an exit code"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    }
+}
+
+fn status_json(dir: &Path) -> Vec<Value> {
+    let out = status(dir, &["--json"]);
+    serde_json::from_str::<Vec<Value>>(&out.stdout)
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}\n{}", out.stdout, out.stderr))
+}
+
+/// Polls `status --json` until `ready` holds for the documents.
+fn wait_for(dir: &Path, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let docs = status_json(dir);
+        if ready(&docs) {
+            return docs;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; status --json: {docs:#?}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn doc<'a>(docs: &'a [Value], server: &str) -> Option<&'a Value> {
+    docs.iter().find(|d| d["server"] == server)
+}
+
+/// The cell of column `name` in a table line: numbers are aligned to the
+/// right of their heading, words to its left.
+fn cell<'a>(header: &str, line: &'a str, name: &str) -> &'a str {
+    let at = header
+        .find(name)
+        .unwrap_or_else(|| panic!("no {name} in {header}"));
+    let right = matches!(
+        name,
+        "PID" | "UPTIME" | "RESTARTS" | "CALLS" | "RETRIED" | "RECOVERED" | "FAILED" | "P95"
+    );
+    if right {
+        line[..at + name.len()]
+            .split_whitespace()
+            .last()
+            .unwrap_or("")
+    } else {
+        line[at..].split("  ").next().unwrap_or("").trim()
+    }
+}
+
+/// `name{labels} value` lines of Prometheus text, by series.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').expect("series and value");
+        let value = match value {
+            "NaN" => f64::NAN,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
+        };
+        assert!(
+            out.insert(series.to_owned(), value).is_none(),
+            "{series} twice"
+        );
+    }
+    out
+}
+
+#[test]
+fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_breaker() {
+    let rt = Runtime::new();
+    let dir = rt.dir();
+    let mut alpha = proxy(
+        &dir,
+        "alpha",
+        "    circuit_breaker: {failure_threshold: 1, cooldown_seconds: 60}\n",
+    );
+    let mut beta = proxy(&dir, "beta", "");
+
+    // alpha: one failure opens its breaker; the next call fails fast.
+    alpha.call(json!(1), "echo", json!({"mode": "error"}));
+    alpha.error(&json!(1));
+    alpha.call(json!(2), "echo", json!({"text": "refused"}));
+    assert_eq!(alpha.error(&json!(2))["data"]["reason"], "circuit_open");
+    // beta: a success and a final error that quotes a secret.
+    beta.call(json!(1), "echo", json!({"text": "hi"}));
+    beta.result(&json!(1));
+    beta.call(
+        json!(2),
+        "echo",
+        json!({"mode": "error", "code": -32602, "message": "bad input: API_TOKEN=abcdef0123456789"}),
+    );
+    beta.error(&json!(2));
+
+    let docs = wait_for(&dir, "both proxies' calls", |docs| {
+        let done = |server, calls| {
+            doc(docs, server).is_some_and(|d| {
+                d["total"]["calls"] == calls
+                    && d["total"]["failed"].as_u64() == Some(calls)
+                    && d["in_flight"] == 0
+            })
+        };
+        done("alpha", 2)
+            && doc(docs, "beta")
+                .is_some_and(|d| d["total"]["failed"] == 1 && d["total"]["latency_count"] == 2)
+    });
+    // A file claiming a pid that does not exist, otherwise valid.
+    let mut stale = doc(&docs, "alpha").unwrap().clone();
+    let dead_pid = 2_147_483_646u32;
+    stale["pid"] = json!(dead_pid);
+    stale["server"] = json!("ghost");
+    let stale_file = dir.join(format!("{dead_pid}.json"));
+    std::fs::write(&stale_file, stale.to_string()).unwrap();
+    // And one whose pid is alive but started later than the proxy that
+    // wrote it: the pid was reused (this test's own pid stands in for it).
+    stale["pid"] = json!(std::process::id());
+    stale["pid_start"] = json!(1);
+    stale["server"] = json!("reused");
+    let reused_file = dir.join(format!("{}.json", std::process::id()));
+    std::fs::write(&reused_file, stale.to_string()).unwrap();
+
+    // --json: the worst first, the stale file pruned.
+    let docs = status_json(&dir);
+    let servers: Vec<&str> = docs.iter().map(|d| d["server"].as_str().unwrap()).collect();
+    assert_eq!(servers, ["alpha", "beta"]);
+    assert!(!stale_file.exists(), "the dead pid's file is pruned");
+    assert!(!reused_file.exists(), "the reused pid's file is pruned");
+    let (a, b) = (&docs[0], &docs[1]);
+    assert_eq!(a["pid"], alpha.pid());
+    assert_eq!(a["transport"], "stdio");
+    assert!(a["config"].as_str().unwrap().ends_with("c.yaml"), "{a}");
+    assert!(
+        a["target"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("mock-mcp-server"),
+        "{a}"
+    );
+    assert_eq!(a["breaker"]["state"], "open");
+    let until = a["breaker"]["until_ms"].as_u64().unwrap();
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(until > now_ms && until <= now_ms + 60_000, "{a}");
+    assert_eq!(a["link"]["state"], "up");
+    let echo = &a["tools"]["echo"];
+    assert_eq!(
+        echo["failed_by_reason"],
+        json!({"server_error": 1, "circuit_open": 1})
+    );
+    assert_eq!(
+        echo["latency_count"], 1,
+        "the refused call never reached the server"
+    );
+    assert!(
+        echo["last_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("circuit breaker"),
+        "{echo}"
+    );
+    assert_eq!(b["breaker"]["state"], "closed");
+    assert_eq!(b["tools"]["echo"]["calls"], 2);
+    assert!(b["tools"]["echo"]["p95_ms"].as_f64().unwrap() > 0.0, "{b}");
+    let last = b["tools"]["echo"]["last_error"]["message"]
+        .as_str()
+        .unwrap();
+    assert!(
+        last.contains("bad input") && last.contains("[redacted]"),
+        "{last}"
+    );
+    assert!(!last.contains("abcdef0123456789"), "{last}");
+
+    // The table: one line per server, the open breaker first, exit 1.
+    let out = status(&dir, &[]);
+    assert_eq!(out.code, 1, "an open breaker: {}{}", out.stdout, out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", out.stdout);
+    let header = lines[0];
+    for col in [
+        "SERVER",
+        "PID",
+        "STATE",
+        "BREAKER",
+        "UPTIME",
+        "CALLS",
+        "RETRIED",
+        "RECOVERED",
+        "FAILED",
+        "P95",
+        "LAST ERROR",
+    ] {
+        assert!(header.contains(col), "{header}");
+    }
+    let (la, lb) = (lines[1], lines[2]);
+    assert_eq!(cell(header, la, "SERVER"), "alpha");
+    assert_eq!(cell(header, la, "PID"), alpha.pid().to_string());
+    assert_eq!(cell(header, la, "STATE"), "up");
+    assert!(cell(header, la, "BREAKER").starts_with("open "), "{la}");
+    assert_eq!(cell(header, la, "CALLS"), "2");
+    assert_eq!(cell(header, la, "FAILED"), "2");
+    assert!(
+        cell(header, la, "LAST ERROR").starts_with("echo: the circuit breaker"),
+        "{la}"
+    );
+    assert_eq!(cell(header, lb, "SERVER"), "beta");
+    assert_eq!(cell(header, lb, "BREAKER"), "closed");
+    assert_eq!(cell(header, lb, "CALLS"), "2");
+    assert_eq!(cell(header, lb, "FAILED"), "1");
+    assert_ne!(cell(header, lb, "P95"), "-");
+    assert!(
+        cell(header, lb, "LAST ERROR").contains("[redacted]"),
+        "{lb}"
+    );
+
+    // Prometheus: the same figures, each family once.
+    let out = status(&dir, &["--prometheus"]);
+    assert_eq!(out.code, 1);
+    let s = samples(&out.stdout);
+    let (pa, pb) = (alpha.pid(), beta.pid());
+    let get = |series: String| {
+        *s.get(&series)
+            .unwrap_or_else(|| panic!("no {series}:\n{}", out.stdout))
+    };
+    assert_eq!(
+        get(format!(
+            r#"mcp_retry_breaker_open{{server="alpha",pid="{pa}"}}"#
+        )),
+        1.0
+    );
+    assert_eq!(
+        get(format!(
+            r#"mcp_retry_breaker_open{{server="beta",pid="{pb}"}}"#
+        )),
+        0.0
+    );
+    assert_eq!(
+        get(format!(r#"mcp_retry_up{{server="beta",pid="{pb}"}}"#)),
+        1.0
+    );
+    assert_eq!(
+        get(format!(
+            r#"mcp_retry_calls_total{{server="beta",pid="{pb}",tool="echo"}}"#
+        )),
+        2.0
+    );
+    assert_eq!(
+        get(format!(
+            r#"mcp_retry_failed_total{{server="alpha",pid="{pa}",tool="echo",reason="circuit_open"}}"#
+        )),
+        1.0
+    );
+    assert_eq!(
+        get(format!(
+            r#"mcp_retry_call_duration_seconds_count{{server="beta",pid="{pb}",tool="echo"}}"#
+        )),
+        2.0
+    );
+    let types: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("# TYPE "))
+        .collect();
+    let helps = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("# HELP "))
+        .count();
+    assert_eq!(types.len(), helps);
+    let mut names: Vec<&str> = types.iter().map(|l| l.split(' ').nth(2).unwrap()).collect();
+    names.dedup();
+    assert_eq!(names.len(), types.len(), "a family twice: {types:?}");
+
+    // alpha exits: its file goes, and without an open breaker status says 0.
+    let alpha_file = rt.file_of(&alpha);
+    assert!(alpha_file.exists());
+    alpha.close_stdin();
+    assert!(alpha.wait().success());
+    assert!(!alpha_file.exists(), "the file is removed at exit");
+    let out = status(&dir, &[]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert_eq!(out.stdout.lines().count(), 2, "{}", out.stdout);
+    assert!(out.stdout.lines().nth(1).unwrap().starts_with("beta "));
+    beta.close_stdin();
+    assert!(beta.wait().success());
+    assert_eq!(status_json(&dir), Vec::<Value>::new());
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
+    let rt = Runtime::new();
+    let mut s = proxy(&rt.dir(), "gamma", "");
+    s.call(json!(1), "echo", json!({"text": "once"}));
+    s.result(&json!(1));
+    let file = rt.file_of(&s);
+    let read =
+        || -> Option<Value> { serde_json::from_str(&std::fs::read_to_string(&file).ok()?).ok() };
+    // The final state: the call counted, measured, and no longer in flight.
+    eventually("the call in the status file", || {
+        read().is_some_and(|d| {
+            d["total"]["calls"] == 1 && d["total"]["latency_count"] == 1 && d["in_flight"] == 0
+        })
+    });
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&rt.dir()), 0o700);
+    assert_eq!(mode(&file), 0o600);
+
+    // Idle: at most one write a second was allowed while it was busy; now
+    // nothing changes, so nothing is written for three times as long.
+    let stamp = || {
+        let m = std::fs::metadata(&file).unwrap();
+        (m.modified().unwrap(), m.ino())
+    };
+    use std::os::unix::fs::MetadataExt;
+    let before = stamp();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert_eq!(stamp(), before, "the file was rewritten while idle");
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+
+    s.close_stdin();
+    assert!(s.wait().success());
+    assert!(!file.exists(), "the file is removed at exit");
+    assert!(rt.dir().is_dir(), "the directory stays");
+}
+
+#[test]
+fn a_runtime_directory_open_to_others_is_refused_and_the_proxy_runs_on() {
+    let root = TempDir::new();
+    let dir = root.join("shared");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut s = proxy(&dir, "delta", "");
+    s.call(json!(1), "echo", json!({"text": "still works"}));
+    s.result(&json!(1));
+    let stderr = s.stderr();
+    assert_eq!(
+        stderr.matches("not publishing this proxy's status").count(),
+        1,
+        "said once: {stderr}"
+    );
+    assert!(stderr.contains("has mode 0755, not 0700"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing published"
+    );
+
+    let out = status(&dir, &[]);
+    assert_eq!(out.code, 2, "{}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains("refusing to read the runtime directory"),
+        "{}",
+        out.stderr
+    );
+    s.close_stdin();
+    assert!(s.wait().success());
+}
+
+#[test]
+fn status_with_nothing_running_usage_errors_and_watch() {
+    let rt = Runtime::new();
+    let out = status(&rt.dir(), &[]);
+    assert_eq!(out.code, 0);
+    assert!(
+        out.stdout.starts_with("no mcp-retry proxy is running"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(status(&rt.dir(), &["--json"]).stdout.trim(), "[]");
+    for args in [
+        &["--json", "--prometheus"][..],
+        &["--watch", "soon"],
+        &["--bogus"],
+    ] {
+        let out = status(&rt.dir(), args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stdout.is_empty());
+    }
+
+    // --watch redraws without ANSI codes when stdout is not a terminal; the
+    // directory comes from the environment this time.
+    let mut s = proxy(&rt.dir(), "epsilon", "");
+    s.call(json!(1), "echo", json!({}));
+    s.result(&json!(1));
+    eventually("the status file", || rt.file_of(&s).exists());
+    let mut watch = Command::new(PROXY)
+        .args(["status", "--watch", "0.2"])
+        .env("MCP_RETRY_RUNTIME_DIR", rt.dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let stdout = watch.stdout.take().unwrap();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + WAIT;
+    let mut seen = Vec::new();
+    while seen
+        .iter()
+        .filter(|l: &&String| l.starts_with("SERVER"))
+        .count()
+        < 2
+    {
+        match rx.recv_deadline(deadline) {
+            Ok(line) => seen.push(line),
+            Err(_) => panic!("no second redraw; got {seen:?}"),
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen.iter().all(|l| !l.contains('\x1b')), "{seen:?}");
+    assert!(seen.iter().any(|l| l.starts_with("epsilon ")), "{seen:?}");
+    s.close_stdin();
+    assert!(s.wait().success());
+}
