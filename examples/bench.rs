@@ -804,6 +804,8 @@ struct Pressure {
 /// reading it), and whose stdout is read by another that reports each
 /// answer: true for a result, false for an error.
 struct PressureClient {
+    /// Which target it drives (for messages).
+    target: &'static str,
     child: Child,
     answers: crossbeam_channel::Receiver<bool>,
     /// The client's stdin once written, kept open until the end.
@@ -887,6 +889,7 @@ impl PressureClient {
         let _ = to.flush();
         let (stdin_tx, stdin) = crossbeam_channel::bounded(1);
         let c = PressureClient {
+            target: via.name(),
             child,
             answers,
             stdin,
@@ -911,7 +914,11 @@ impl PressureClient {
             match self.answers.recv_timeout(Duration::from_secs(120)) {
                 Ok(true) => ok += 1,
                 Ok(false) => err += 1,
-                Err(_) => fail("pressure: the target stopped answering"),
+                Err(_) => fail(&format!(
+                    "pressure: {} stopped answering after {} answer(s)",
+                    self.target,
+                    ok + err
+                )),
             }
         }
         (ok, err)
@@ -1009,7 +1016,11 @@ fn pressure_calls(bins: &Bins, via: Via, keyed: bool) -> Pressure {
     let deaf_peak_kb = proc_status_kb(c.child.id(), "VmHWM");
     // The load ends with the server: killed, it is restarted, and the rest
     // of the calls run on the new one.
-    let Some(server) = children(c.child.id()).into_iter().next() else {
+    // The proxy's children are the server and its watchdog.
+    let Some(server) = children(c.child.id())
+        .into_iter()
+        .find(|pid| !is_watchdog(*pid))
+    else {
         return c.finish(format!("{ok} results, {err} timeouts; no server to stop"));
     };
     // SAFETY: kill(2) on the proxy's child.
@@ -1024,6 +1035,13 @@ fn pressure_calls(bins: &Bins, via: Via, keyed: bool) -> Pressure {
     p.outcome = p.outcome.replace("{peak}", &mb(p.peak_kb));
     p.peak_kb = deaf_peak_kb;
     p
+}
+
+/// Whether `pid` is an mcp-retry watchdog (`mcp-retry __watchdog`).
+fn is_watchdog(pid: u32) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| c.split(|b| *b == 0).any(|arg| arg == b"__watchdog"))
+        .unwrap_or(false)
 }
 
 /// The pids of a process's children (started by any of its threads).
