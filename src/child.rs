@@ -186,15 +186,22 @@ where
     let stderr = child.stderr.take().expect("piped stderr");
 
     let ev = on_event.clone();
-    let (stdin_tx, _) = stdio::spawn_writer("child-stdin", stdin, STDIN_BACKLOG, move |f| {
+    let writer = stdio::spawn_writer("child-stdin", stdin, STDIN_BACKLOG, move |f| {
         crate::debug!("writing to the server failed: {}", f.error);
         ev(ServerEvent::WriteFailed { unsent: f.unsent });
     });
+    let stdin_tx = match writer {
+        Ok((tx, _)) => tx,
+        Err(e) => {
+            abandon(pid);
+            return Err(cannot_start(format!("cannot start a thread: {e}")));
+        }
+    };
 
     let ev = on_event.clone();
     let non_json = Arc::new(Mutex::new(None));
     let (non_json2, name) = (non_json.clone(), cfg.name.clone());
-    stdio::spawn_reader("child-stdout", stdout, cfg.max_message_bytes, move |item| {
+    let reader = stdio::spawn_reader("child-stdout", stdout, cfg.max_message_bytes, move |item| {
         match item {
             ReadItem::Line(line) => {
                 // The start of a line that cannot be JSON-RPC (a log line or
@@ -235,6 +242,10 @@ where
         }
         true
     });
+    if let Err(e) = reader {
+        abandon(pid);
+        return Err(cannot_start(format!("cannot start a thread: {e}")));
+    }
 
     let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
     let tail2 = tail.clone();

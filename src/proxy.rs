@@ -95,7 +95,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let (to_client, writer) =
         stdio::spawn_writer("client-stdout", io::stdout(), CLIENT_BACKLOG, move |_| {
             let _ = gone.send(Event::ClientGone);
-        });
+        })
+        .context("cannot start the client-stdout thread")?;
     // While the client does not read what it has been sent, or the
     // dispatcher is behind, nothing more is read from the client or the
     // server: memory stays bounded.
@@ -127,7 +128,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             };
             client_backlogs.send_from_client(&tx, event)
         },
-    );
+    )
+    .context("cannot start the client-stdin thread")?;
 
     spawn_signal_thread(events_tx.clone())?;
 

@@ -40,8 +40,15 @@ pub enum ReadItem {
 }
 
 /// Starts a named thread reading lines from `input` until EOF, handing each
-/// to `sink`. The thread stops early when `sink` returns false.
-pub fn spawn_reader<R, F>(name: &str, input: R, max_line: usize, mut sink: F) -> JoinHandle<()>
+/// to `sink`. The thread stops early when `sink` returns false. An error
+/// (no thread could be started) is the caller's to handle: a server whose
+/// reader cannot start is a failed start, not the end of the proxy.
+pub fn spawn_reader<R, F>(
+    name: &str,
+    input: R,
+    max_line: usize,
+    mut sink: F,
+) -> io::Result<JoinHandle<()>>
 where
     R: Read + Send + 'static,
     F: FnMut(ReadItem) -> bool + Send + 'static,
@@ -92,7 +99,6 @@ where
             }
             sink(ReadItem::Eof);
         })
-        .expect("spawning a reader thread")
 }
 
 /// The capacity a reader's line buffer starts with and returns to.
@@ -332,7 +338,7 @@ pub fn spawn_writer<W, F>(
     output: W,
     limit: usize,
     on_error: F,
-) -> (Outbox, JoinHandle<()>)
+) -> io::Result<(Outbox, JoinHandle<()>)>
 where
     W: Write + AsRawFd + Send + 'static,
     F: FnOnce(WriteFailure) + Send + 'static,
@@ -347,7 +353,7 @@ fn start_writer<F>(
     fd: Option<RawFd>,
     limit: usize,
     on_error: F,
-) -> (Outbox, JoinHandle<()>)
+) -> io::Result<(Outbox, JoinHandle<()>)>
 where
     F: FnOnce(WriteFailure) + Send + 'static,
 {
@@ -368,16 +374,15 @@ where
                 let unsent = rx.try_iter().collect();
                 on_error(WriteFailure { error, unsent });
             }
-        })
-        .expect("spawning a writer thread");
-    (
+        })?;
+    Ok((
         Outbox {
             tx,
             backlog,
             sink: Some(sink),
         },
         handle,
-    )
+    ))
 }
 
 /// Writes what arrives on `rx`, a batch at a time: the sink's lock is held
@@ -487,6 +492,7 @@ mod tests {
             };
             tx.send(s).is_ok()
         })
+        .unwrap()
         .join()
         .unwrap();
         let got: Vec<String> = rx.try_iter().collect();
@@ -531,7 +537,8 @@ mod tests {
             move |f| {
                 etx.send(f.error.kind()).unwrap();
             },
-        );
+        )
+        .unwrap();
         assert!(tx.send(b"x\n".to_vec()));
         assert_eq!(
             erx.recv_timeout(Duration::from_secs(5)).unwrap(),
@@ -566,7 +573,8 @@ mod tests {
             None,
             100_000,
             |_| {},
-        );
+        )
+        .unwrap();
         let backlog = tx.backlog();
         // More than BufWriter's 64 kB and the limit: the writer is stuck.
         for _ in 0..300 {
@@ -597,7 +605,7 @@ mod tests {
     #[test]
     fn inline_and_queued_writes_keep_their_order() {
         let (reader, writer) = std::io::pipe().unwrap();
-        let (outbox, handle) = spawn_writer("test-writer", writer, usize::MAX, |_| {});
+        let (outbox, handle) = spawn_writer("test-writer", writer, usize::MAX, |_| {}).unwrap();
         let lines: Vec<Vec<u8>> = (0..5000)
             .map(|i| {
                 // Mostly short lines (written inline when the writer is
