@@ -260,8 +260,10 @@ fn a_crash_loop_backs_off_and_fails_fast() {
         .start();
     std::thread::sleep(Duration::from_secs(3));
     let n = starts(&s);
-    // 0, 0, 0.5, 1, 2 s: about five starts in three seconds, not hundreds.
-    assert!((3..=6).contains(&n), "{n} starts in 3 s");
+    // 0, 0, 0.5, 1, 2 s: about five starts in three seconds, not hundreds
+    // (fewer on a loaded machine, where each start takes longer; the exact
+    // schedule is checked on a fake clock in the dispatcher's tests).
+    assert!((2..=6).contains(&n), "{n} starts in 3 s");
     let t = Instant::now();
     s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
     let e = s.error(&json!(0));
