@@ -26,10 +26,9 @@ use serde_json::{json, Value};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::child::{self, Child, ExitInfo, Stderr};
 use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
-use crate::downstream::ServerEvent;
+use crate::downstream::{self, Diagnostics, Downstream, Gone, ServerEvent};
 use crate::jsonrpc::{self, Kind, Message, Parsed};
 use crate::redact::{self, Redactor};
 
@@ -40,9 +39,9 @@ const MODERN_VERSION: &str = "2026-07-28";
 /// Each step of the stop (close stdin, SIGTERM, SIGKILL). Shorter than
 /// `run`'s: nobody is waiting for these servers to save anything.
 const SHUTDOWN_STEP: Duration = Duration::from_secs(1);
-/// How long to wait, once a server has exited or closed its stdout, for the
-/// rest of its output and its exit status.
-const END_GRACE: Duration = Duration::from_millis(500);
+/// How long a stopped server may take to be gone: the stop's two steps, and
+/// a margin for what is left of its group (the transport's business).
+const STOP_WAIT: Duration = Duration::from_secs(5);
 /// A bound on `nextCursor` pages, against a server that never stops paging.
 const MAX_TOOL_PAGES: usize = 1000;
 /// The longest stderr line quoted in a reason, in characters.
@@ -203,13 +202,18 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
     }
     let started = Instant::now();
     let (tx, events) = crossbeam_channel::unbounded();
-    let child = child::spawn(cfg, Stderr::Keep, move |event| {
-        let _ = tx.send(event);
-    })
-    .map_err(|e| e.0)?;
+    let server = downstream::connect(
+        cfg,
+        Diagnostics::Keep,
+        Box::new(move |event| {
+            let _ = tx.send(event);
+        }),
+    )?;
     let mut conv = Conversation {
-        child,
+        server,
         events,
+        non_json: None,
+        ended: false,
         stop,
         deadline: started + timeout,
         next_id: 1,
@@ -218,11 +222,11 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
     let outcome = talk(&mut conv, started, timeout);
     if matches!(stop.try_recv(), Err(TryRecvError::Disconnected)) {
         // Interrupted: no time for the whole stop sequence. Dropping the
-        // child gives it SIGTERM and a second before SIGKILL; its watchdog
-        // does the same for what is left of its group.
+        // server stops it quickly (stdio: SIGTERM and a second before
+        // SIGKILL; its watchdog does the same for what is left of its group).
         return outcome;
     }
-    conv.child.shutdown(SHUTDOWN_STEP);
+    conv.stop();
     outcome
 }
 
@@ -302,10 +306,10 @@ fn handshake(
             Answer::Result(r) => Ok(Hello::from_result(&r, started.elapsed(), true)),
             _ => Err(format!("initialize failed: {refusal}")),
         },
-        Answer::TimedOut => Err(match conv.child.last_non_json() {
+        Answer::TimedOut => Err(match &conv.non_json {
             Some(line) => format!(
                 "wrote non-JSON to stdout: {} (no response within {})",
-                conv.quote(&line, MAX_NON_JSON_QUOTE),
+                conv.quote(line, MAX_NON_JSON_QUOTE),
                 seconds(timeout)
             ),
             None => format!("no response within {}", seconds(timeout)),
@@ -383,17 +387,20 @@ enum Answer {
     Error(String),
     /// The deadline passed first.
     TimedOut,
-    /// The server exited or closed its stdout first (why, with its last
-    /// stderr line).
+    /// The server went away first (why, with its most telling stderr line).
     Gone(String),
     /// We were told to stop.
     Stopped,
 }
 
-/// One server's side of the probe: its process, its events, the deadline.
+/// One server's side of the probe: its connection, its events, the deadline.
 struct Conversation<'a> {
-    child: Child,
+    server: Box<dyn Downstream>,
     events: Receiver<ServerEvent>,
+    /// The start of the last stdout line that was not JSON (not redacted).
+    non_json: Option<String>,
+    /// The server has been reported gone.
+    ended: bool,
     stop: &'a Receiver<()>,
     deadline: Instant,
     next_id: u64,
@@ -403,33 +410,38 @@ struct Conversation<'a> {
 
 impl Conversation<'_> {
     fn notify(&mut self, method: &str) {
-        self.child.send(jsonrpc::notification_line(method, None));
+        self.server.send(jsonrpc::notification_line(method, None));
+    }
+
+    /// Stops the server and waits (a bounded while) until it is gone.
+    fn stop(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.server.shutdown(SHUTDOWN_STEP);
+        let deadline = Instant::now() + 2 * SHUTDOWN_STEP + STOP_WAIT;
+        while let Ok(event) = self.events.recv_deadline(deadline) {
+            if let ServerEvent::Gone(_) = event {
+                return;
+            }
+        }
     }
 
     /// Sends a request and waits for its answer until the deadline.
     fn request(&mut self, method: &str, params: &str) -> Answer {
         let id = self.next_id.to_string();
         self.next_id += 1;
-        self.child
+        self.server
             .send(jsonrpc::request_line(&id, method, Some(params)));
         self.wait_for(&id)
     }
 
     fn wait_for(&mut self, id: &str) -> Answer {
-        let mut exit: Option<ExitInfo> = None;
-        let mut closed = false;
-        let mut ended: Option<Instant> = None;
         loop {
-            let until = ended.map_or(self.deadline, |t| t + END_GRACE);
             let event = crossbeam_channel::select! {
                 recv(self.events) -> e => e.ok(),
                 recv(self.stop) -> _ => return Answer::Stopped,
-                recv(crossbeam_channel::at(until)) -> _ => {
-                    return match ended {
-                        Some(_) => self.gone(exit),
-                        None => Answer::TimedOut,
-                    };
-                }
+                recv(crossbeam_channel::at(self.deadline)) -> _ => return Answer::TimedOut,
             };
             match event {
                 Some(ServerEvent::Message(parsed)) => {
@@ -437,22 +449,26 @@ impl Conversation<'_> {
                         return answer;
                     }
                 }
-                Some(ServerEvent::Exited(info)) => exit = Some(info),
-                Some(ServerEvent::StdoutClosed) => closed = true,
+                Some(ServerEvent::Garbage { head: Some(head) }) => self.non_json = Some(head),
+                // Gone comes after everything the server sent.
+                Some(ServerEvent::Gone(gone)) => {
+                    self.ended = true;
+                    return self.gone(&gone);
+                }
                 Some(
-                    ServerEvent::Garbage
+                    ServerEvent::Garbage { head: None }
                     | ServerEvent::Overlong
                     | ServerEvent::TooLong { .. }
-                    | ServerEvent::WriteFailed { .. },
+                    | ServerEvent::Unsent { .. }
+                    | ServerEvent::Draining,
                 ) => {}
                 // Every sender is gone: nothing more can arrive.
-                None => return self.gone(exit),
-            }
-            if exit.is_some() && closed {
-                return self.gone(exit);
-            }
-            if exit.is_some() || closed {
-                ended.get_or_insert_with(Instant::now);
+                None => {
+                    return self.gone(&Gone {
+                        how: "stopped".into(),
+                        may_have_received: true,
+                    })
+                }
             }
         }
     }
@@ -488,17 +504,14 @@ impl Conversation<'_> {
         } else {
             jsonrpc::error_line(Some(id), -32601, "Method not found", None)
         };
-        self.child.send(line);
+        self.server.send(line);
     }
 
-    /// Why the server cannot answer any more, with its last stderr line.
-    fn gone(&self, exit: Option<ExitInfo>) -> Answer {
-        let what = match exit {
-            Some(info) => format!("{info} before answering"),
-            None => "closed its stdout before answering".into(),
-        };
-        self.child.wait_stderr_closed(END_GRACE);
-        let tail = self.child.stderr_tail();
+    /// Why the server cannot answer any more, with its most telling
+    /// diagnostic line (already redacted by the transport).
+    fn gone(&self, gone: &Gone) -> Answer {
+        let what = format!("{} before answering", gone.how);
+        let tail = self.server.diagnostics();
         let line = redact::pick_line(&tail).map(|l| self.quote(l, MAX_REASON_LINE));
         Answer::Gone(match line {
             Some(line) if !line.is_empty() => format!("{what}: {line}"),

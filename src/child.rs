@@ -7,26 +7,33 @@
 //! process (`watchdog.rs`) that stops the group once the proxy is gone, on
 //! every Unix; and on Linux the child also gets a parent-death signal.
 //! Dropping a [`Child`] stops it (SIGTERM, a grace, SIGKILL) and leaves the
-//! rest of its group to the watchdog. Events (lines, stdout EOF, exit, write
-//! failure) go to a callback. Knows nothing of MCP semantics, ids or policy.
+//! rest of its group to the watchdog.
+//!
+//! Events (messages, garbage, unsent lines) go to a callback, and once the
+//! server is gone, [`ServerEvent::Gone`]: only when its process has exited
+//! *and* its stdout has been read to the end, however long a slow client
+//! takes to take what is in the pipe (see [`Life`]). The stop sequence
+//! (close stdin, SIGTERM, SIGKILL) runs here too, on a thread of its own.
+//! Knows nothing of MCP semantics, ids or policy.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::Write;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
 use crate::config::ServerConfig;
-use crate::downstream::{Downstream, ServerEvent};
+use crate::downstream::{Diagnostics, Downstream, Gone, OnEvent, ServerEvent};
 use crate::jsonrpc::{self, Parsed};
 use crate::stdio::{self, Backlog, ReadItem};
-use crate::watchdog::{self, Guard};
+use crate::watchdog::Guard;
 
 /// How many of the child's last stderr lines are kept for messages.
 const STDERR_TAIL: usize = 20;
@@ -49,6 +56,21 @@ const KILL_WAIT: Duration = Duration::from_secs(2);
 /// that watchdog would wait for an unrelated server as well. Spawns are
 /// rare; they take turns.
 static SPAWNING: Mutex<()> = Mutex::new(());
+
+/// After the server process exited, what is left of its process group gets
+/// SIGTERM at once and SIGKILL this long after, if its stdout is still open
+/// then: a descendant that holds the pipe would otherwise keep the server
+/// from ever being gone. Killing writers loses nothing already in the pipe.
+const ORPHANS_GRACE: Duration = Duration::from_secs(2);
+
+/// An exited server's stdout that has delivered nothing for this long, while
+/// its reader was not held back by a slow consumer, is given up on: only a
+/// process outside the group (one that called `setsid`) can hold it open.
+const EXITED_IDLE: Duration = Duration::from_secs(10);
+
+/// A server whose stdout ended and whose process has not exited this much
+/// later closed its stdout on purpose (and can never answer again).
+const EXIT_AFTER_EOF: Duration = Duration::from_millis(500);
 
 /// Bytes waiting for a server that does not read its stdin before the
 /// proxy stops reading from the client (see [`Child::stdin_backlog`]).
@@ -93,15 +115,6 @@ fn signal_name(s: i32) -> &'static str {
     }
 }
 
-/// How to treat the child's stderr.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Stderr {
-    /// Copy every line to our stderr (and keep the tail).
-    Copy,
-    /// Only keep the tail (for `check`, whose output must stay readable).
-    Keep,
-}
-
 /// A running child. Dropping it stops the child (SIGTERM, up to
 /// [`DROP_GRACE`], SIGKILL) and lets its watchdog stop what is left of the
 /// group.
@@ -109,8 +122,9 @@ pub struct Child {
     pid: u32,
     stdin: Option<stdio::Outbox>,
     stdin_backlog: Arc<Backlog>,
-    exited: Receiver<ExitInfo>,
-    exit: Option<ExitInfo>,
+    /// Disconnected once the process has exited (any number of waiters).
+    exited: Receiver<()>,
+    life: Arc<Life>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     /// Disconnected once the stderr thread has read everything.
     stderr_done: Receiver<()>,
@@ -118,8 +132,6 @@ pub struct Child {
     /// Removes the server's `env:` values and credentials from what
     /// [`Downstream::diagnostics`] quotes to the client.
     redactor: crate::redact::Redactor,
-    /// The start of the last stdout line that was not JSON.
-    non_json: Arc<Mutex<Option<String>>>,
     /// Declared last: fields drop after `Drop::drop`, so the watchdog is let
     /// go only once the child itself has been stopped.
     _watchdog: Guard,
@@ -135,12 +147,127 @@ impl fmt::Display for SpawnError {
     }
 }
 
+/// What the child's threads share to tell when the server is gone: it is
+/// once the process has exited and its stdout has ended (or, after the exit,
+/// stayed idle for [`EXITED_IDLE`] without being held back); `Gone` is
+/// reported exactly once, by whichever thread sees the second of these.
+pub struct Life {
+    state: Mutex<LifeState>,
+    on_event: OnEvent,
+    started: Instant,
+    /// When the stdout reader last handed something on (ms since `started`).
+    last_item: AtomicU64,
+    /// The reader is inside the callback (held back by a slow consumer).
+    delivering: AtomicBool,
+}
+
+#[derive(Default)]
+struct LifeState {
+    exit: Option<ExitInfo>,
+    eof: bool,
+    /// Its stdout ended while it kept running: it was stopped for that.
+    closed_first: bool,
+    gone: bool,
+}
+
+impl LifeState {
+    /// How it went, for people.
+    fn how(&self, info: ExitInfo) -> String {
+        if self.closed_first {
+            "closed its stdout".into()
+        } else {
+            info.to_string()
+        }
+    }
+}
+
+impl Life {
+    fn new(on_event: OnEvent) -> Life {
+        Life {
+            state: Mutex::new(LifeState::default()),
+            on_event,
+            started: Instant::now(),
+            last_item: AtomicU64::new(0),
+            delivering: AtomicBool::new(false),
+        }
+    }
+
+    /// Hands `event` on, unless the server has already been reported gone.
+    fn deliver(&self, event: ServerEvent) -> bool {
+        if self.state.lock().gone {
+            return false;
+        }
+        self.delivering.store(true, Ordering::SeqCst);
+        (self.on_event)(event);
+        self.delivering.store(false, Ordering::SeqCst);
+        self.last_item
+            .store(self.started.elapsed().as_millis() as u64, Ordering::SeqCst);
+        true
+    }
+
+    /// Stdout ended; `still_running` if the process kept running a while
+    /// after that (it is then stopped, and said to have closed its stdout).
+    fn stdout_ended(&self, still_running: bool) {
+        let mut st = self.state.lock();
+        st.eof = true;
+        st.closed_first = still_running;
+        if let Some(info) = st.exit {
+            let how = st.how(info);
+            self.report_gone(&mut st, how);
+        }
+    }
+
+    /// The process exited. True if its stdout is still open (then
+    /// `Draining` is reported: under the lock, so that `Gone` cannot
+    /// overtake it). A server that closed its stdout first was stopped for
+    /// it, and is said to have done that rather than to have been killed.
+    fn exited(&self, info: ExitInfo) -> bool {
+        let mut st = self.state.lock();
+        st.exit = Some(info);
+        if st.eof {
+            let how = st.how(info);
+            self.report_gone(&mut st, how);
+            return false;
+        }
+        if st.gone {
+            return false;
+        }
+        (self.on_event)(ServerEvent::Draining);
+        true
+    }
+
+    fn give_up(&self, how: String) {
+        let mut st = self.state.lock();
+        self.report_gone(&mut st, how);
+    }
+
+    fn report_gone(&self, st: &mut LifeState, how: String) {
+        if !std::mem::replace(&mut st.gone, true) {
+            (self.on_event)(ServerEvent::Gone(Gone {
+                how,
+                may_have_received: true,
+            }));
+        }
+    }
+
+    /// How long the reader has handed nothing on, or zero while it is
+    /// held back inside the callback.
+    fn idle(&self) -> Duration {
+        if self.delivering.load(Ordering::SeqCst) {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_millis(self.last_item.load(Ordering::SeqCst));
+        self.started.elapsed().saturating_sub(last)
+    }
+}
+
 /// Starts the server described by `cfg`. `on_event` is called from the
-/// child's threads; `max_line` bounds a stdout line.
-pub fn spawn<F>(cfg: &ServerConfig, stderr_mode: Stderr, on_event: F) -> Result<Child, SpawnError>
-where
-    F: Fn(ServerEvent) + Send + Sync + 'static,
-{
+/// child's threads.
+pub fn spawn(
+    cfg: &ServerConfig,
+    diagnostics: Diagnostics,
+    on_event: OnEvent,
+) -> Result<Child, SpawnError> {
     let cwd_note = match &cfg.cwd {
         Some(d) => format!(" in {}", d.display()),
         None => String::new(),
@@ -180,15 +307,17 @@ where
         .map_err(|e| cannot_start(describe_io_error(&cfg.command, &e)))?;
     drop(spawning);
     let pid = child.id();
-    let on_event = Arc::new(on_event);
+    let life = Arc::new(Life::new(on_event));
     let stdin = child.stdin.take().expect("piped stdin");
     let stdout = child.stdout.take().expect("piped stdout");
     let stderr = child.stderr.take().expect("piped stderr");
 
-    let ev = on_event.clone();
+    let ev = life.clone();
     let writer = stdio::spawn_writer("child-stdin", stdin, STDIN_BACKLOG, move |f| {
         crate::debug!("writing to the server failed: {}", f.error);
-        ev(ServerEvent::WriteFailed { unsent: f.unsent });
+        ev.deliver(ServerEvent::Unsent { lines: f.unsent });
+        // It cannot be told anything any more: it is of no use.
+        signal_group(pid, libc::SIGKILL);
     });
     let stdin_tx = match writer {
         Ok((tx, _)) => tx,
@@ -198,10 +327,15 @@ where
         }
     };
 
-    let ev = on_event.clone();
-    let non_json = Arc::new(Mutex::new(None));
-    let (non_json2, name) = (non_json.clone(), cfg.name.clone());
+    let ev = life.clone();
+    let name = cfg.name.clone();
+    // Disconnects when the reader thread ends (its closure is dropped).
+    let (stdout_open, stdout_ended) = crossbeam_channel::bounded::<()>(0);
+    // Disconnects once the process has exited.
+    let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
+    let exit_seen = exit_rx.clone();
     let reader = stdio::spawn_reader("child-stdout", stdout, cfg.max_message_bytes, move |item| {
+        let _open = &stdout_open;
         match item {
             ReadItem::Line(line) => {
                 // The start of a line that cannot be JSON-RPC (a log line or
@@ -218,17 +352,14 @@ where
                             "server {name:?} wrote a line to stdout that is not JSON; skipped ({})",
                             i.message
                         );
-                        if head.is_some() {
-                            *non_json2.lock() = head;
-                        }
-                        ev(ServerEvent::Garbage);
+                        ev.deliver(ServerEvent::Garbage { head })
                     }
-                    parsed => ev(ServerEvent::Message(parsed)),
+                    parsed => ev.deliver(ServerEvent::Message(parsed)),
                 }
             }
             ReadItem::Overlong => {
                 crate::debug!("the server is writing a line over max_message_bytes; dropping it");
-                ev(ServerEvent::Overlong);
+                ev.deliver(ServerEvent::Overlong)
             }
             ReadItem::TooLong {
                 response_id, len, ..
@@ -236,11 +367,21 @@ where
                 crate::warn!(
                     "the server wrote a line of {len} bytes, over max_message_bytes; dropped"
                 );
-                ev(ServerEvent::TooLong { response_id, len });
+                ev.deliver(ServerEvent::TooLong { response_id, len })
             }
-            ReadItem::Eof => ev(ServerEvent::StdoutClosed),
+            ReadItem::Eof => {
+                // A process usually closes its stdout by exiting: its exit
+                // follows at once. One still running can never answer
+                // again: it is stopped (the exit then reports it gone).
+                let running = !disconnected_within(&exit_seen, EXIT_AFTER_EOF);
+                if running {
+                    crate::warn!("server {name:?} closed its stdout; stopping it");
+                    signal_group(pid, libc::SIGKILL);
+                }
+                ev.stdout_ended(running);
+                false
+            }
         }
-        true
     });
     if let Err(e) = reader {
         abandon(pid);
@@ -253,7 +394,7 @@ where
     let started = start_thread("child-stderr", move || {
         let _done = stderr_done_tx;
         stdio::lossy_lines(stderr, |line| {
-            if stderr_mode == Stderr::Copy {
+            if diagnostics == Diagnostics::Copy {
                 let mut err = std::io::stderr().lock();
                 let _ = err.write_all(line.as_bytes());
                 let _ = err.write_all(b"\n");
@@ -266,8 +407,7 @@ where
         })
     })
     .and_then(|()| {
-        let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
-        let ev = on_event;
+        let ev = life.clone();
         start_thread("child-wait", move || {
             let info = match child.wait() {
                 Ok(s) => ExitInfo::from(s),
@@ -276,8 +416,10 @@ where
                     signal: None,
                 },
             };
-            let _ = exit_tx.send(info);
-            ev(ServerEvent::Exited(info));
+            drop(exit_tx);
+            if ev.exited(info) {
+                drain(&ev, pid, info, &stdout_ended);
+            }
         })
         .map(|()| exit_rx)
     });
@@ -296,14 +438,57 @@ where
         stdin_backlog: stdin_tx.backlog(),
         stdin: Some(stdin_tx),
         exited: exit_rx,
-        exit: None,
+        life,
         stderr_tail: tail,
         stderr_done,
         description: format!("\"{}\" (pid {pid})", cfg.command),
         redactor: crate::redact::Redactor::new(&cfg.env),
-        non_json,
         _watchdog: guard,
     })
+}
+
+/// The process has exited, but its stdout is still open: what is left of
+/// its group may hold it, or a slow consumer may still be taking what is in
+/// the pipe. The group gets SIGTERM, and SIGKILL after [`ORPHANS_GRACE`];
+/// then the reader is waited for for as long as it keeps delivering, and
+/// given up on after [`EXITED_IDLE`] of real idleness (a process outside
+/// the group holds the pipe).
+fn drain(life: &Life, pid: u32, info: ExitInfo, stdout_ended: &Receiver<()>) {
+    signal_group(pid, libc::SIGTERM);
+    if disconnected_within(stdout_ended, ORPHANS_GRACE) {
+        return;
+    }
+    crate::debug!("the server exited but its stdout is still open; killing its process group");
+    signal_group(pid, libc::SIGKILL);
+    loop {
+        let idle = life.idle();
+        if idle >= EXITED_IDLE {
+            crate::warn!(
+                "the server exited, but its stdout has stayed open with nothing to read for {}s: something outside its process group holds it; giving up on it",
+                EXITED_IDLE.as_secs()
+            );
+            return life.give_up(format!(
+                "{info} (its stdout was held open by something outside its process group)"
+            ));
+        }
+        if disconnected_within(stdout_ended, EXITED_IDLE - idle) {
+            return;
+        }
+    }
+}
+
+/// Waits up to `d` for every sender of `rx` to be gone.
+fn disconnected_within(rx: &Receiver<()>, d: Duration) -> bool {
+    matches!(rx.recv_timeout(d), Err(RecvTimeoutError::Disconnected))
+}
+
+/// Sends `sig` to the process group `pid` leads (`process_group(0)`).
+fn signal_group(pid: u32, sig: i32) {
+    // SAFETY: killpg has no memory-safety preconditions; ESRCH when the
+    // group is gone is fine.
+    unsafe {
+        libc::killpg(pid as libc::pid_t, sig);
+    }
 }
 
 /// Starts a named thread; an error (the system is out of threads or
@@ -398,68 +583,50 @@ impl Child {
         self.stderr_tail.lock().iter().cloned().collect()
     }
 
-    /// The start of the last stdout line that was not JSON (not redacted).
-    pub fn last_non_json(&self) -> Option<String> {
-        self.non_json.lock().clone()
-    }
-
     /// Waits up to `timeout` for the child's stderr to reach end of file, so
     /// that [`Child::stderr_tail`] holds all it wrote. False on timeout (a
     /// descendant may still hold the pipe open).
     pub fn wait_stderr_closed(&self, timeout: Duration) -> bool {
-        matches!(
-            self.stderr_done.recv_timeout(timeout),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected)
-        )
+        disconnected_within(&self.stderr_done, timeout)
     }
 
-    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitInfo> {
-        if self.exit.is_none() {
-            self.exit = self.exited.recv_timeout(timeout).ok();
-        }
-        self.exit
-    }
-
-    /// Whether the child has exited (its waiter has seen it).
-    fn has_exited(&mut self) -> bool {
-        self.wait_exit(Duration::ZERO).is_some()
-    }
-
-    /// The MCP stdio shutdown: close stdin, wait `grace`, SIGTERM the
-    /// process group, wait `grace`, SIGKILL it. What is left of the group
-    /// once the child has exited (descendants that outlived it) gets the
-    /// same: SIGTERM, up to `grace`, SIGKILL.
-    pub fn shutdown(&mut self, grace: Duration) -> ExitInfo {
-        self.close_stdin();
-        let info = self
-            .wait_exit(grace)
-            .or_else(|| {
-                self.signal_group(libc::SIGTERM);
-                self.wait_exit(grace)
-            })
-            .or_else(|| {
-                self.signal_group(libc::SIGKILL);
-                self.wait_exit(Duration::from_secs(5))
-            })
-            .unwrap_or(ExitInfo {
-                code: None,
-                signal: Some(libc::SIGKILL),
-            });
-        watchdog::stop_group(self.pgid(), grace);
-        info
+    /// Waits up to `timeout` for the process to exit; true once it has.
+    fn wait_exit(&self, timeout: Duration) -> bool {
+        disconnected_within(&self.exited, timeout)
     }
 
     /// The child's process group id: its pid (`process_group(0)`).
+    #[cfg(test)]
     fn pgid(&self) -> libc::pid_t {
         self.pid as libc::pid_t
     }
 
     fn signal_group(&self, sig: i32) {
-        // SAFETY: killpg has no memory-safety preconditions. The group id is
-        // the child's pid (process_group(0)); ESRCH when it is gone is fine.
-        unsafe {
-            libc::killpg(self.pgid(), sig);
+        signal_group(self.pid, sig);
+    }
+}
+
+/// The MCP stdio shutdown, on a thread of its own so that nobody waits for
+/// it: (stdin already closed) wait `step`, SIGTERM the process group, wait
+/// `step`, SIGKILL it. What is left of the group after the exit is the
+/// drain's (SIGTERM, SIGKILL) and, at last, the watchdog's.
+fn stop_later(pid: u32, exited: Receiver<()>, step: Duration) {
+    let stop = move || {
+        if disconnected_within(&exited, step) {
+            return;
         }
+        crate::debug!("the server did not exit after its input closed; sending SIGTERM");
+        signal_group(pid, libc::SIGTERM);
+        if disconnected_within(&exited, step) {
+            return;
+        }
+        crate::warn!("the server ignored SIGTERM; killing it");
+        signal_group(pid, libc::SIGKILL);
+    };
+    if let Err(e) = thread::Builder::new().name("child-stop".into()).spawn(stop) {
+        // No thread to wait on: skip to the end.
+        crate::debug!("cannot start a thread to stop the server ({e}); killing it");
+        signal_group(pid, libc::SIGKILL);
     }
 }
 
@@ -473,15 +640,16 @@ impl Downstream for Child {
             None => false,
         }
     }
-    fn close_input(&mut self) {
+    fn shutdown(&mut self, step: Duration) {
         self.close_stdin();
-    }
-    fn terminate(&mut self) {
-        self.signal_group(libc::SIGTERM);
+        stop_later(self.pid, self.exited.clone(), step);
     }
     fn kill(&mut self) {
         self.close_stdin();
         self.signal_group(libc::SIGKILL);
+    }
+    fn input_backlog(&self) -> Option<Arc<Backlog>> {
+        Some(self.stdin_backlog())
     }
     fn describe(&self) -> String {
         self.description.clone()
@@ -508,9 +676,11 @@ impl Drop for Child {
     /// drop (a `check` probe thread), cutting the grace short.
     fn drop(&mut self) {
         self.close_stdin();
-        if !self.has_exited() {
+        // Whatever it still sends is nobody's business any more.
+        self.life.state.lock().gone = true;
+        if !self.wait_exit(Duration::ZERO) {
             self.signal_group(libc::SIGTERM);
-            if self.wait_exit(DROP_GRACE).is_none() {
+            if !self.wait_exit(DROP_GRACE) {
                 self.signal_group(libc::SIGKILL);
                 self.wait_exit(KILL_WAIT);
             }
@@ -523,7 +693,6 @@ mod tests {
     use super::*;
     use std::cell::Cell;
     use std::path::PathBuf;
-    use std::time::Instant;
 
     thread_local! {
         /// The name of a thread `start_thread` fails to start on this
@@ -553,19 +722,29 @@ mod tests {
         matches!(e, ServerEvent::Message(_))
     }
 
-    fn exit_of(rx: &Receiver<ServerEvent>) -> ExitInfo {
-        match wait_for(rx, |e| matches!(e, ServerEvent::Exited(_))) {
-            ServerEvent::Exited(info) => info,
+    /// How the server went, once it is reported gone.
+    fn gone_of(rx: &Receiver<ServerEvent>) -> String {
+        match wait_for(rx, |e| matches!(e, ServerEvent::Gone(_))) {
+            ServerEvent::Gone(g) => g.how,
             _ => unreachable!(),
         }
     }
 
-    fn spawn_sh(script: &str) -> (Child, Receiver<ServerEvent>) {
+    fn events() -> (OnEvent, Receiver<ServerEvent>) {
         let (tx, rx) = crossbeam_channel::unbounded();
-        let child = spawn(&cfg("sh", &["-c", script]), Stderr::Keep, move |e| {
+        let on_event: OnEvent = Box::new(move |e| {
             let _ = tx.send(e);
-        })
-        .unwrap();
+        });
+        (on_event, rx)
+    }
+
+    fn ignore() -> OnEvent {
+        Box::new(|_| {})
+    }
+
+    fn spawn_sh(script: &str) -> (Child, Receiver<ServerEvent>) {
+        let (on_event, rx) = events();
+        let child = spawn(&cfg("sh", &["-c", script]), Diagnostics::Keep, on_event).unwrap();
         (child, rx)
     }
 
@@ -576,7 +755,7 @@ mod tests {
     fn a_thread_that_cannot_start_fails_the_start_not_the_proxy() {
         for name in ["child-stderr", "child-wait"] {
             FAIL_THREAD.with(|t| t.set(Some(name)));
-            let result = spawn(&cfg("sleep", &["300"]), Stderr::Keep, |_| {});
+            let result = spawn(&cfg("sleep", &["300"]), Diagnostics::Keep, ignore());
             FAIL_THREAD.with(|t| t.set(None));
             let err = result.err().expect("the start should fail");
             assert_eq!(
@@ -608,41 +787,129 @@ mod tests {
 
     #[test]
     fn dropping_a_running_child_sends_sigterm_first() {
-        let (child, rx) = spawn_sh(&format!("{READY}; exec sleep 300"));
+        let marker = temp_path("drop-term");
+        let (child, rx) = spawn_sh(&format!(
+            // The `wait` builtin lets a trap run at once (a foreground
+            // command would delay it until that command ends).
+            "trap 'echo term > {m}; exit 7' TERM; {READY}; sleep 300 & wait",
+            m = marker.display()
+        ));
         wait_for(&rx, is_message);
         drop(child);
-        assert_eq!(exit_of(&rx).signal, Some(libc::SIGTERM));
+        let said = std::fs::read_to_string(&marker).unwrap_or_default();
+        let _ = std::fs::remove_file(&marker);
+        assert_eq!(said.trim(), "term", "it was not sent SIGTERM first");
     }
 
     #[test]
     fn dropping_a_child_that_ignores_sigterm_kills_it_after_the_grace() {
         let (child, rx) = spawn_sh(&format!("trap '' TERM; {READY}; exec sleep 300"));
         wait_for(&rx, is_message);
+        let pgid = child.pgid();
         let started = Instant::now();
         drop(child);
         let took = started.elapsed();
-        assert_eq!(exit_of(&rx).signal, Some(libc::SIGKILL));
         assert!(took >= DROP_GRACE, "killed after {took:?}");
+        assert!(
+            !crate::watchdog::group_exists(pgid) || took < DROP_GRACE + KILL_WAIT + DROP_GRACE,
+            "still there"
+        );
     }
 
     #[test]
-    fn shutdown_gives_descendants_left_behind_sigterm_first() {
+    fn shutdown_closes_input_then_escalates_to_sigterm() {
+        let (mut child, rx) = spawn_sh(&format!("trap 'exit 9' TERM; {READY}; sleep 300 & wait"));
+        wait_for(&rx, is_message);
+        let started = Instant::now();
+        child.shutdown(Duration::from_millis(300));
+        assert_eq!(gone_of(&rx), "exited with status 9");
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "SIGTERM waited a step"
+        );
+    }
+
+    #[test]
+    fn shutdown_of_a_child_that_reads_to_eof_needs_no_signal() {
+        let (mut child, rx) = spawn_sh(&format!("{READY}; read x; exit 0"));
+        wait_for(&rx, is_message);
+        child.shutdown(Duration::from_secs(10));
+        assert_eq!(gone_of(&rx), "exited with status 0");
+    }
+
+    #[test]
+    fn descendants_holding_stdout_after_the_exit_get_sigterm_then_the_server_is_gone() {
         let marker = temp_path("leftover-term");
-        // The child exits at end of input; its background subshell stays,
-        // and says so when SIGTERM reaches it.
+        // The child exits at end of input; its background subshell keeps
+        // stdout open, and says so when SIGTERM reaches it.
         let script = format!(
-            "(trap 'echo term > {m}; exit 0' TERM; {READY}; while :; do sleep 1; done) & read x; exit 0",
+            "(trap 'echo term > {m}; exit 0' TERM; {READY}; sleep 300 & wait) & read x; exit 0",
             m = marker.display()
         );
         let (mut child, rx) = spawn_sh(&script);
         wait_for(&rx, is_message);
         let pgid = child.pgid();
-        let info = child.shutdown(Duration::from_secs(10));
-        assert_eq!(info.code, Some(0), "it exits on end of input");
-        assert!(!watchdog::group_exists(pgid), "the group outlived shutdown");
+        child.shutdown(Duration::from_secs(10));
+        assert!(
+            matches!(
+                wait_for(&rx, |e| matches!(
+                    e,
+                    ServerEvent::Draining | ServerEvent::Gone(_)
+                )),
+                ServerEvent::Draining
+            ),
+            "exited with stdout still open: draining first"
+        );
+        assert_eq!(gone_of(&rx), "exited with status 0");
         let said = std::fs::read_to_string(&marker).unwrap_or_default();
         let _ = std::fs::remove_file(&marker);
         assert_eq!(said.trim(), "term", "the leftover was not sent SIGTERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while crate::watchdog::group_exists(pgid) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !crate::watchdog::group_exists(pgid),
+            "the group outlived it"
+        );
+    }
+
+    #[test]
+    fn what_an_exited_server_wrote_is_all_delivered_before_it_is_gone() {
+        // 200 lines, then exit; the consumer is slow: every line still comes
+        // before Gone.
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let on_event: OnEvent = Box::new(move |e| {
+            if matches!(e, ServerEvent::Message(_)) {
+                thread::sleep(Duration::from_millis(2));
+            }
+            let _ = tx.send(e);
+        });
+        let script = r#"i=0; while [ $i -lt 200 ]; do echo '{"jsonrpc":"2.0","method":"n"}'; i=$((i+1)); done; exit 4"#;
+        let _child = spawn(&cfg("sh", &["-c", script]), Diagnostics::Keep, on_event).unwrap();
+        let mut messages = 0;
+        loop {
+            match rx.recv_timeout(Duration::from_secs(20)).expect("an event") {
+                ServerEvent::Message(_) => messages += 1,
+                ServerEvent::Gone(g) => {
+                    assert_eq!(g.how, "exited with status 4");
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(messages, 200);
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "nothing after Gone"
+        );
+    }
+
+    #[test]
+    fn a_server_that_closes_its_stdout_is_stopped_and_gone() {
+        let (_child, rx) = spawn_sh(&format!("{READY}; exec >&-; exec sleep 300"));
+        wait_for(&rx, is_message);
+        assert_eq!(gone_of(&rx), "closed its stdout");
     }
 
     fn cfg(command: &str, args: &[&str]) -> ServerConfig {
@@ -655,9 +922,13 @@ mod tests {
 
     #[test]
     fn missing_command_names_it() {
-        let err = spawn(&cfg("/nonexistent/server", &[]), Stderr::Keep, |_| {})
-            .err()
-            .unwrap();
+        let err = spawn(
+            &cfg("/nonexistent/server", &[]),
+            Diagnostics::Keep,
+            ignore(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(
             err.0,
             "cannot start \"/nonexistent/server\": No such file or directory"
@@ -666,9 +937,13 @@ mod tests {
 
     #[test]
     fn a_bare_name_missing_from_path_gets_a_hint() {
-        let err = spawn(&cfg("mcp-retry-no-such-server", &[]), Stderr::Keep, |_| {})
-            .err()
-            .unwrap();
+        let err = spawn(
+            &cfg("mcp-retry-no-such-server", &[]),
+            Diagnostics::Keep,
+            ignore(),
+        )
+        .err()
+        .unwrap();
         assert_eq!(
             err.0,
             "cannot start \"mcp-retry-no-such-server\": No such file or directory \
@@ -680,7 +955,7 @@ mod tests {
     fn missing_cwd_is_named() {
         let mut c = cfg("true", &[]);
         c.cwd = Some("/nonexistent/dir".into());
-        let err = spawn(&c, Stderr::Keep, |_| {}).err().unwrap();
+        let err = spawn(&c, Diagnostics::Keep, ignore()).err().unwrap();
         assert!(
             err.0
                 .contains("working directory /nonexistent/dir does not exist"),
@@ -689,45 +964,22 @@ mod tests {
     }
 
     #[test]
-    fn relays_lines_and_reports_exit() {
-        let (tx, rx) = crossbeam_channel::unbounded();
+    fn relays_lines_and_reports_gone() {
+        let (on_event, rx) = events();
         let child = spawn(
             &cfg("sh", &["-c", "read l; echo \"$l\"; echo oops >&2; exit 3"]),
-            Stderr::Keep,
-            move |e| {
-                let _ = tx.send(e);
-            },
+            Diagnostics::Keep,
+            on_event,
         )
         .unwrap();
         assert!(child.send(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n".to_vec()));
-        let mut saw_message = false;
-        let mut exit = None;
-        let mut closed = false;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while exit.is_none() || !closed {
-            match rx.recv_deadline(deadline).unwrap() {
-                ServerEvent::Message(Parsed::Message(m)) => {
-                    saw_message = m.method().as_deref() == Some("x")
-                }
-                ServerEvent::Exited(i) => exit = Some(i),
-                ServerEvent::StdoutClosed => closed = true,
-                _ => {}
+        match wait_for(&rx, is_message) {
+            ServerEvent::Message(Parsed::Message(m)) => {
+                assert_eq!(m.method().as_deref(), Some("x"))
             }
+            e => panic!("{e:?}"),
         }
-        assert!(saw_message);
-        assert_eq!(exit.unwrap().code, Some(3));
-        assert_eq!(exit.unwrap().to_string(), "exited with status 3");
-        // The stderr thread may still be draining.
-        assert!(child.wait_stderr_closed(Duration::from_secs(5)));
-        assert_eq!(child.stderr_tail(), ["oops"]);
-    }
-
-    #[test]
-    fn shutdown_escalates_to_sigterm_for_a_child_ignoring_eof() {
-        let mut child = spawn(&cfg("sleep", &["30"]), Stderr::Keep, |_| {}).unwrap();
-        let started = Instant::now();
-        let info = child.shutdown(Duration::from_millis(200));
-        assert_eq!(info.signal, Some(libc::SIGTERM));
-        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(gone_of(&rx), "exited with status 3");
+        assert_eq!(child.diagnostics(), ["oops"]);
     }
 }

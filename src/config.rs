@@ -55,6 +55,9 @@ pub struct Config {
 #[derive(Debug, Clone, Default)]
 pub struct ServerConfig {
     pub name: String,
+    /// How the server is reached; `command`, `args`, `env` and `cwd` say
+    /// how a stdio server is started.
+    pub transport: Transport,
     pub command: String,
     pub args: Vec<String>,
     /// Merged over the inherited environment.
@@ -208,6 +211,14 @@ pub fn parse(
         }),
         _ => Err(walker.into_error()),
     }
+}
+
+/// How a server is reached (`downstream::connect` picks the transport).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// A child process speaking newline-delimited JSON-RPC on its stdio.
+    #[default]
+    Stdio,
 }
 
 impl ServerConfig {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::config::ServerConfig;
-use crate::downstream::{Downstream, ServerEvent, SHUTDOWN_STEP};
+use crate::downstream::{Downstream, Gone, ServerEvent, SHUTDOWN_STEP};
 use crate::fasthash::FastMap;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
 use crate::policy::backoff::Backoff;
@@ -137,16 +137,9 @@ pub fn proxy_error(reason: Reason, message: &str, extra: &[(&str, String)]) -> S
 /// A deadline and the reason it exists.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Timer {
-    /// The server of incarnation `generation` exited a while ago and its
-    /// stdout is still open: kill what is left of its process group.
-    KillOrphans { generation: u64 },
-    /// Is the exited server's stdout still open and idle (not held back)?
-    ExitedIdle { generation: u64 },
-    /// Shutdown: the server had `SHUTDOWN_STEP` to exit after its input closed.
-    ShutdownTerminate,
-    /// Shutdown: the server had `SHUTDOWN_STEP` to exit after SIGTERM.
-    ShutdownKill,
-    /// Shutdown: give up waiting for the server.
+    /// Shutdown: the transport's stop sequence should be over by now; a
+    /// backstop, so that the proxy exits even if the server is never
+    /// reported gone.
     ShutdownGiveUp,
     /// A call's attempt runs out of time (unless progress moved it).
     AttemptTimeout { call: u64, down: u64 },
@@ -172,6 +165,11 @@ pub enum Timer {
     /// `generation` must have ended by now.
     OverlongLine { generation: u64, line: u64 },
 }
+
+/// How long after its stop sequence a server may take to be reported gone
+/// (what is left of its group, its last output) before the proxy exits
+/// without it.
+const SHUTDOWN_BACKSTOP: Duration = Duration::from_secs(3);
 
 /// How long after the handshake the proxy waits for the client to list the
 /// tools before it asks the server itself.
@@ -554,26 +552,14 @@ impl Dispatcher {
 
     fn on_timer(&mut self, timer: Timer, now: Instant) {
         match timer {
-            Timer::KillOrphans { generation } => self.kill_orphans(generation),
-            Timer::ExitedIdle { generation } => self.exited_idle_due(generation, now),
-            Timer::ShutdownTerminate => {
-                if let Link::Up(c) = &mut self.link {
-                    debug!("the server did not exit after its input closed; sending SIGTERM");
-                    c.server.terminate();
-                    let step = self.shutdown_step();
-                    self.set_timer(now + step, Timer::ShutdownKill);
-                }
-            }
-            Timer::ShutdownKill => {
-                if let Link::Up(c) = &mut self.link {
-                    warn!("the server ignored SIGTERM; killing it");
-                    c.server.kill();
-                    self.set_timer(now + Duration::from_secs(2), Timer::ShutdownGiveUp);
-                }
-            }
             Timer::ShutdownGiveUp => {
                 if matches!(self.link, Link::Up(_)) {
-                    self.link_lost(now);
+                    warn!("the server was not reported gone after its stop sequence; leaving it");
+                    let gone = Gone {
+                        how: "did not stop in time".into(),
+                        may_have_received: true,
+                    };
+                    self.link_lost(gone, now);
                 }
             }
             Timer::StatsFlush => self.flush_stats(),
@@ -660,10 +646,10 @@ impl Dispatcher {
                 Queued::Notification(_) => {}
             }
         }
+        let step = self.shutdown_step();
         if let Link::Up(c) = &mut self.link {
-            c.server.close_input();
-            let step = self.shutdown_step();
-            self.set_timer(now + step, Timer::ShutdownTerminate);
+            c.server.shutdown(step);
+            self.set_timer(now + 2 * step + SHUTDOWN_BACKSTOP, Timer::ShutdownGiveUp);
         }
     }
 

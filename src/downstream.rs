@@ -1,23 +1,32 @@
 //! The dispatcher's view of "the server": a small boundary that a transport
-//! implements. Today the only transport is a stdio child process
-//! (`child.rs`); a Streamable HTTP transport slots in beside it.
+//! implements, and the one place a transport is chosen ([`connect`]).
+//! Today the only transport is a stdio child process (`child.rs`); a
+//! Streamable HTTP transport slots in beside it.
 //!
 //! A transport accepts outgoing lines and reports what happens to it as
-//! [`ServerEvent`]s through a callback. Knows nothing of MCP methods, ids or
-//! policy; the dispatcher knows nothing of processes or sockets.
+//! [`ServerEvent`]s through a callback: messages, garbage, lines it could
+//! not send, and, once, that the server is [`Gone`] — only after everything
+//! the server sent has been delivered. How a server is stopped (close its
+//! input, ask it, force it) is the transport's business too. Knows nothing
+//! of MCP methods, ids or policy; the dispatcher knows nothing of processes
+//! or sockets.
 
 use std::time::Duration;
 
-use crate::child::ExitInfo;
+use std::sync::Arc;
+
+use crate::config::{ServerConfig, Transport};
 use crate::jsonrpc::Parsed;
+use crate::stdio::Backlog;
 
 /// What a transport reports.
 #[derive(Debug)]
 pub enum ServerEvent {
     /// A JSON-RPC message (or batch) from the server.
     Message(Parsed),
-    /// Something that is not JSON arrived (already logged).
-    Garbage,
+    /// Something that is not JSON arrived (already logged). `head` is the
+    /// start of it, when there was something to show (not redacted).
+    Garbage { head: Option<String> },
     /// The server has started a line over `max_message_bytes`: nothing it
     /// writes gets through until that line ends (`TooLong` then follows).
     Overlong,
@@ -28,12 +37,27 @@ pub enum ServerEvent {
         response_id: Option<String>,
         len: usize,
     },
-    /// The server will send nothing more (stdout closed).
-    StdoutClosed,
-    /// The server process ended.
-    Exited(ExitInfo),
-    /// Sending failed; these lines were never handed to the server.
-    WriteFailed { unsent: Vec<Vec<u8>> },
+    /// These lines were never handed to the server (its input failed): the
+    /// requests among them cannot have reached it.
+    Unsent { lines: Vec<Vec<u8>> },
+    /// The server takes no more input, but what it sent is still being
+    /// delivered (stdio: the process exited with output left in the pipe);
+    /// `Gone` follows. New traffic should wait for the next server.
+    Draining,
+    /// The server is gone, for good; reported once, after every message it
+    /// sent has been reported.
+    Gone(Gone),
+}
+
+/// How a server went away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gone {
+    /// For people, after the server's description: `exited with status 3`.
+    pub how: String,
+    /// Whether requests sent to it may have reached it (and so may have
+    /// run). False only when the transport knows that nothing it was given
+    /// was delivered.
+    pub may_have_received: bool,
 }
 
 /// One live connection to the server.
@@ -45,12 +69,19 @@ pub trait Downstream: Send {
     fn send_now(&mut self, line: Vec<u8>) -> bool {
         self.send(line)
     }
-    /// Stops accepting input (stdio: closes the child's stdin).
-    fn close_input(&mut self);
-    /// Asks the server to stop (stdio: SIGTERM to its process group).
-    fn terminate(&mut self);
-    /// Stops it now (stdio: SIGKILL to its process group).
+    /// Stops the server gracefully, without blocking: its input is closed,
+    /// then after `step` it is asked to stop, then after another `step`
+    /// forced (stdio: close stdin, SIGTERM, SIGKILL). [`ServerEvent::Gone`]
+    /// follows.
+    fn shutdown(&mut self, step: Duration);
+    /// Stops it now (stdio: SIGKILL to its process group); `Gone` follows.
     fn kill(&mut self);
+    /// Counts the bytes queued for the server and not yet taken by it;
+    /// whoever feeds it (the client's reader) waits while it is over its
+    /// limit. Closed when the transport stops taking input.
+    fn input_backlog(&self) -> Option<Arc<Backlog>> {
+        None
+    }
     /// For messages: `"cmd" (pid N)`.
     fn describe(&self) -> String;
     /// The server's last diagnostic lines (stdio: stderr), oldest first,
@@ -59,6 +90,33 @@ pub trait Downstream: Send {
     fn diagnostics(&self) -> Vec<String>;
 }
 
-/// How long a graceful stop waits at each step (close input, then terminate,
-/// then kill), as the MCP SDKs do.
+/// How a transport's events reach their consumer (called from the
+/// transport's own threads).
+pub type OnEvent = Box<dyn Fn(ServerEvent) + Send + Sync>;
+
+/// How a server's diagnostics are treated (stdio: its stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Diagnostics {
+    /// Copied to our stderr as they come (and the tail kept).
+    Copy,
+    /// Only the tail kept (for `check`, whose output must stay readable).
+    Keep,
+}
+
+/// Connects to the server `cfg` describes, with the transport it names.
+/// The error says why, for people.
+pub fn connect(
+    cfg: &ServerConfig,
+    diagnostics: Diagnostics,
+    on_event: OnEvent,
+) -> Result<Box<dyn Downstream>, String> {
+    match cfg.transport {
+        Transport::Stdio => crate::child::spawn(cfg, diagnostics, on_event)
+            .map(|c| Box::new(c) as Box<dyn Downstream>)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// How long a graceful stop waits at each step (close input, then
+/// terminate, then kill), as the MCP SDKs do.
 pub const SHUTDOWN_STEP: Duration = Duration::from_secs(2);

@@ -17,11 +17,11 @@ use parking_lot::Mutex;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
-use crate::child::{self, Stderr};
+use crate::child;
 use crate::cli::RunArgs;
 use crate::config::{self, ServerConfig};
 use crate::dispatcher::{Dispatcher, Event, Outcome};
-use crate::downstream::{Downstream, ServerEvent};
+use crate::downstream::{self, Diagnostics, ServerEvent};
 use crate::jsonrpc;
 use crate::stats;
 use crate::status;
@@ -137,20 +137,22 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let connect = Box::new(
         move |cfg: &ServerConfig, generation: u64, events: Sender<Event>| {
             let backlogs = server_backlogs.clone();
-            let spawned = child::spawn(cfg, Stderr::Copy, move |event| {
+            let on_event = Box::new(move |event| {
                 let event = Event::Server { generation, event };
                 match &event {
                     Event::Server {
                         event: ServerEvent::Message(_),
                         ..
                     } => backlogs.send(&events, event),
-                    // News of the process itself is never held back.
+                    // News of the link itself is never held back.
                     _ => events.send(event).is_ok(),
                 };
             });
-            let child = spawned.map_err(|e| e.to_string())?;
-            server_backlogs.new_server(child.stdin_backlog());
-            Ok(Box::new(child) as Box<dyn Downstream>)
+            let server = downstream::connect(cfg, Diagnostics::Copy, on_event)?;
+            if let Some(backlog) = server.input_backlog() {
+                server_backlogs.new_server(backlog);
+            }
+            Ok(server)
         },
     );
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)

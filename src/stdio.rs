@@ -187,11 +187,6 @@ impl Backlog {
         self.drained.notify_all();
     }
 
-    /// More than the limit waits: the threads that feed it are held back.
-    pub fn holds_back(&self) -> bool {
-        *self.bytes.lock() > self.limit
-    }
-
     /// Blocks while more than the limit waits to be written.
     pub fn wait_until_below_limit(&self) {
         let mut bytes = self.bytes.lock();

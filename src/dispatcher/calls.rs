@@ -47,7 +47,7 @@ impl Source {
 
 /// Why an attempt failed.
 #[derive(Debug, Clone)]
-pub enum Failure {
+pub(super) enum Failure {
     /// The request never reached a live server: always safe to retry.
     NeverSent(String),
     /// The attempt timed out after this long (ambiguous).
@@ -1099,7 +1099,9 @@ impl Dispatcher {
     }
 
     /// Every call attempt in flight on a lost link failed.
-    pub(super) fn calls_link_lost(&mut self, message: &str, now: Instant) {
+    /// `may_have_received` false: the transport knows none of them reached
+    /// the server, so they fail as never sent.
+    pub(super) fn calls_link_lost(&mut self, message: &str, may_have_received: bool, now: Instant) {
         let mut ids: Vec<u64> = self
             .calls
             .iter()
@@ -1116,7 +1118,11 @@ impl Dispatcher {
             }
             if let Some(live) = call.live.take() {
                 self.inflight.remove(&live);
-                self.on_attempt_failed(id, Failure::Exited(message.to_owned()), now);
+                let failure = match may_have_received {
+                    true => Failure::Exited(message.to_owned()),
+                    false => Failure::NeverSent(message.to_owned()),
+                };
+                self.on_attempt_failed(id, failure, now);
             }
         }
     }

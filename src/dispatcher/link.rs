@@ -1,7 +1,7 @@
-//! The server link: starting the server, noticing that it is gone (its
-//! stdout read to the end, not merely its process exited),
-//! restarting it with backoff, replaying the client's handshake to a new
-//! incarnation, and queueing traffic while it is not ready.
+//! The server link: starting the server, learning that it is gone (the
+//! transport says so once, after everything the server sent), restarting
+//! it with backoff, replaying the client's handshake to a new incarnation,
+//! and queueing traffic while it is not ready.
 //!
 //! Owns [`Link`], [`Session`] (what must be replayed) and the queue of
 //! requests waiting for the server. Talks to the server only through
@@ -10,8 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::child::ExitInfo;
-use crate::downstream::{Downstream, ServerEvent};
+use crate::downstream::{Downstream, Gone, ServerEvent};
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::policy::backoff::Backoff;
 use crate::policy::breaker::BreakerState;
@@ -26,13 +25,6 @@ pub(super) const QUEUE_LIMIT: usize = 1000;
 /// Requests wait for a restart due within this long; later ones are
 /// answered at once (a crash loop fails fast instead of hanging).
 const WAIT_FOR_RESTART: Duration = Duration::from_secs(1);
-/// After the server process exited, its process group gets SIGTERM, and
-/// SIGKILL this much later, so that no descendant keeps its stdout open.
-const ORPHANS_GRACE: Duration = Duration::from_secs(2);
-/// An exited server's stdout that has delivered nothing for this long while
-/// nothing held its reader back is given up on: something outside the
-/// process group (a descendant that called `setsid`) holds it open.
-const EXITED_IDLE: Duration = Duration::from_secs(10);
 
 /// The state of the server link.
 pub(super) enum Link {
@@ -51,8 +43,9 @@ pub(super) enum Link {
 pub(super) struct Conn {
     pub(super) server: Box<dyn Downstream>,
     started: Instant,
-    stdout_closed: bool,
-    exited: Option<ExitInfo>,
+    /// It takes no more input (its process exited, or its input failed);
+    /// what it sent is still being delivered, and `Gone` follows.
+    draining: bool,
     /// The handshake is replayed (or there was none to replay): traffic flows.
     pub(super) ready: bool,
     /// The server has sent at least one message.
@@ -65,10 +58,6 @@ pub(super) struct Conn {
     /// the last one is still being written.
     overlong_lines: u64,
     in_overlong: bool,
-    /// When stdout last delivered something, or its reader was last seen
-    /// held back by a slow client: how long an exited server's stdout has
-    /// really been idle.
-    stdout_active: Instant,
 }
 
 /// What a new incarnation must be told to continue the client's session.
@@ -132,14 +121,12 @@ impl Dispatcher {
                 self.link = Link::Up(Box::new(Conn {
                     server,
                     started: now,
-                    stdout_closed: false,
-                    exited: None,
+                    draining: false,
                     ready: !replay,
                     answered: false,
                     served: false,
                     overlong_lines: 0,
                     in_overlong: false,
-                    stdout_active: now,
                 }));
                 if replay {
                     self.replay_initialize(now);
@@ -172,7 +159,7 @@ impl Dispatcher {
             self.start_server(now);
         }
         match &self.link {
-            Link::Up(c) if c.ready && c.exited.is_none() => Route::Send,
+            Link::Up(c) if c.ready && !c.draining => Route::Send,
             // Starting, or exited with its last answers still being read:
             // a new incarnation follows.
             Link::Up(_) => Route::Queue,
@@ -371,19 +358,13 @@ impl Dispatcher {
 
     /// Something happened to the current incarnation.
     pub(super) fn on_link_event(&mut self, event: ServerEvent, now: Instant) {
-        if let (Link::Up(c), false) = (&mut self.link, matches!(event, ServerEvent::Overlong)) {
-            // Any other news from stdout means the overlong line has ended.
-            c.in_overlong = false;
-        }
-        let from_stdout = matches!(
+        let from_output = matches!(
             event,
-            ServerEvent::Message(_)
-                | ServerEvent::Garbage
-                | ServerEvent::Overlong
-                | ServerEvent::TooLong { .. }
+            ServerEvent::Message(_) | ServerEvent::Garbage { .. } | ServerEvent::TooLong { .. }
         );
-        if let (Link::Up(c), true) = (&mut self.link, from_stdout) {
-            c.stdout_active = now;
+        if let (Link::Up(c), true) = (&mut self.link, from_output) {
+            // Any other news from its output means the overlong line ended.
+            c.in_overlong = false;
         }
         match event {
             ServerEvent::Message(parsed) => {
@@ -392,7 +373,7 @@ impl Dispatcher {
                 }
                 self.on_server_parsed(parsed, now)
             }
-            ServerEvent::Garbage => {}
+            ServerEvent::Garbage { .. } => {}
             ServerEvent::TooLong { response_id, len } => {
                 if let Some(id) = response_id {
                     let max = self.cfg.max_message_bytes;
@@ -412,49 +393,67 @@ impl Dispatcher {
                     Timer::OverlongLine { generation, line },
                 );
             }
-            ServerEvent::StdoutClosed => {
-                let Link::Up(c) = &mut self.link else { return };
-                c.stdout_closed = true;
-                if c.exited.is_some() {
-                    self.link_lost(now);
-                } else if self.phase == Phase::Running {
-                    // It will never answer again; make sure it is gone.
-                    warn!("the server closed its stdout; stopping it");
-                    c.server.kill();
-                }
-            }
-            ServerEvent::Exited(info) => {
-                let Link::Up(c) = &mut self.link else { return };
-                c.exited = Some(info);
-                if c.stdout_closed {
-                    return self.link_lost(now);
-                }
-                // The server is gone, but what it wrote may still be in the
-                // pipe (behind a client that reads slowly, say): the link
-                // ends when its stdout has been read to the end. Whatever
-                // is left of its process group may hold stdout open; it is
-                // stopped, which loses nothing already written.
-                c.server.terminate();
-                c.stdout_active = now;
-                let generation = self.generation;
-                self.set_timer(now + ORPHANS_GRACE, Timer::KillOrphans { generation });
-                self.set_timer(now + EXITED_IDLE, Timer::ExitedIdle { generation });
-            }
-            ServerEvent::WriteFailed { unsent } => {
-                warn!(
-                    "writing to the server failed ({} message(s) not delivered); stopping it",
-                    unsent.len()
-                );
+            ServerEvent::Unsent { lines } => self.on_unsent(lines, now),
+            ServerEvent::Draining => {
+                // New traffic waits for the next incarnation; what the old
+                // one sent is still read.
                 if let Link::Up(c) = &mut self.link {
-                    c.server.kill();
+                    c.draining = true;
                 }
+            }
+            ServerEvent::Gone(gone) => self.link_lost(gone, now),
+        }
+    }
+
+    /// Lines the server was never given (its input failed): the requests
+    /// among them cannot have reached it. Call attempts fail as never sent
+    /// (always safe to retry); client requests wait for the next server.
+    fn on_unsent(&mut self, lines: Vec<Vec<u8>>, now: Instant) {
+        warn!(
+            "writing to the server failed ({} message(s) not delivered); it is being stopped",
+            lines.len()
+        );
+        if let Link::Up(c) = &mut self.link {
+            c.draining = true;
+        }
+        for line in lines {
+            let Ok(text) = String::from_utf8(line) else {
+                continue;
+            };
+            let Some(m) = Message::reparse(text.trim_end().to_owned()) else {
+                continue;
+            };
+            let Some(down) = m.id().and_then(|id| id.parse::<u64>().ok()) else {
+                continue;
+            };
+            match self.inflight.remove(&down) {
+                Some(Inflight::Attempt { call }) => {
+                    let live = self.calls.get(&call).is_some_and(|c| c.live == Some(down));
+                    if live {
+                        if let Some(c) = self.calls.get_mut(&call) {
+                            c.live = None;
+                        }
+                        let why = "the server could not be written to".to_owned();
+                        self.on_attempt_failed(call, super::calls::Failure::NeverSent(why), now);
+                    }
+                }
+                Some(Inflight::Client {
+                    client_id, method, ..
+                }) => {
+                    debug!("a request never reached the server; it waits for the next one");
+                    self.requeue_request(m, client_id, method, now);
+                }
+                // The proxy's own requests are made again for the next
+                // incarnation (the handshake replay, the tool list).
+                Some(Inflight::ToolsList) => self.tools.restart_fetch(),
+                Some(_) | None => {}
             }
         }
     }
 
     /// The current incarnation is gone: answer or re-plan everything that
     /// waited on it, then restart it unless the session is ending.
-    pub(super) fn link_lost(&mut self, now: Instant) {
+    pub(super) fn link_lost(&mut self, gone: Gone, now: Instant) {
         let old = std::mem::replace(
             &mut self.link,
             Link::Down {
@@ -466,10 +465,7 @@ impl Dispatcher {
             self.link = old;
             return;
         };
-        let how = match conn.exited {
-            Some(info) => info.to_string(),
-            None => "stopped".into(),
-        };
+        let how = gone.how;
         let stopping = matches!(self.phase, Phase::Stopping { .. });
         let mut message = format!("the MCP server {} {how}", conn.server.describe());
         if !stopping {
@@ -516,7 +512,7 @@ impl Dispatcher {
             self.tools.restart_fetch();
         }
         // Call attempts in flight failed ambiguously; the policies decide.
-        self.calls_link_lost(&message, now);
+        self.calls_link_lost(&message, gone.may_have_received, now);
         if self.tools.fetching && stopping {
             self.tools_learned(false, now);
         }
@@ -643,47 +639,6 @@ impl Dispatcher {
         }
     }
 
-    /// The server exited `ORPHANS_GRACE` ago and its stdout is still open:
-    /// SIGKILL for what is left of its process group.
-    pub(super) fn kill_orphans(&mut self, generation: u64) {
-        if generation != self.generation {
-            return;
-        }
-        if let Link::Up(c) = &mut self.link {
-            if !c.stdout_closed {
-                debug!("the server exited but its stdout is still open; killing its process group");
-                c.server.kill();
-            }
-        }
-    }
-
-    /// Checks an exited server's stdout for `EXITED_IDLE` of real idleness.
-    /// A reader held back by the client (its output, or the dispatcher's
-    /// inbox, over the limit) is busy, not idle, however long that takes.
-    pub(super) fn exited_idle_due(&mut self, generation: u64, now: Instant) {
-        if generation != self.generation {
-            return;
-        }
-        let held_back = self.to_client.backlog().holds_back()
-            || self.inbox_backlog.as_ref().is_some_and(|b| b.holds_back());
-        let Link::Up(c) = &mut self.link else { return };
-        if c.stdout_closed {
-            return;
-        }
-        if held_back {
-            c.stdout_active = now;
-        }
-        let due = c.stdout_active + EXITED_IDLE;
-        if due > now {
-            return self.set_timer(due, Timer::ExitedIdle { generation });
-        }
-        warn!(
-            "the server exited, but its stdout has stayed open with nothing to read for {}s: something outside its process group holds it; giving up on it",
-            EXITED_IDLE.as_secs()
-        );
-        self.link_lost(now);
-    }
-
     /// A line over `max_message_bytes` was still being written after
     /// `call_timeout`: the server's output is unusable (every answer waits
     /// behind a line that is dropped anyway), so it is stopped and, like
@@ -730,7 +685,7 @@ impl Dispatcher {
     pub(super) fn link_restarting(&self, now: Instant) -> bool {
         match &self.link {
             Link::Restarting { at, .. } => *at <= now + WAIT_FOR_RESTART,
-            Link::Up(c) => !c.ready || c.exited.is_some(),
+            Link::Up(c) => !c.ready || c.draining,
             _ => false,
         }
     }
@@ -746,6 +701,6 @@ impl Dispatcher {
 
     /// Whether the link can carry the proxy's own requests now.
     pub(super) fn link_ready(&self) -> bool {
-        matches!(&self.link, Link::Up(c) if c.ready && c.exited.is_none())
+        matches!(&self.link, Link::Up(c) if c.ready && !c.draining)
     }
 }

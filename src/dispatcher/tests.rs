@@ -13,7 +13,6 @@ use crossbeam_channel::{Receiver, Sender};
 use serde_json::{json, Value};
 
 use super::{Dispatcher, Event};
-use crate::child::ExitInfo;
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc;
@@ -27,8 +26,7 @@ impl Downstream for FakeServer {
     fn send(&mut self, line: Vec<u8>) -> bool {
         self.sent.send(line).is_ok()
     }
-    fn close_input(&mut self) {}
-    fn terminate(&mut self) {}
+    fn shutdown(&mut self, _step: Duration) {}
     fn kill(&mut self) {}
     fn describe(&self) -> String {
         "fake".into()
@@ -490,11 +488,7 @@ fn a_server_that_cannot_start_is_restarted_with_growing_delays_until_the_breaker
     // The first incarnation exits before answering anything, and the next
     // four starts fail: five failed starts open the breaker.
     h.failing_starts.lock().unwrap().extend([true; 4]);
-    h.server_event(ServerEvent::StdoutClosed);
-    h.server_event(ServerEvent::Exited(crate::child::ExitInfo {
-        code: Some(1),
-        signal: None,
-    }));
+    h.server_event(gone("exited with status 1"));
     while !matches!(h.d.link, super::Link::Dormant { .. }) {
         h.fire_next_timer();
     }
@@ -539,18 +533,20 @@ fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
     assert_eq!(h.d.tools.pages_held(), 2);
 }
 
-const EXIT_0: ExitInfo = ExitInfo {
-    code: Some(0),
-    signal: None,
-};
+fn gone(how: &str) -> ServerEvent {
+    ServerEvent::Gone(crate::downstream::Gone {
+        how: how.into(),
+        may_have_received: true,
+    })
+}
 
 #[test]
-fn an_exited_server_is_gone_only_when_its_stdout_ends() {
+fn a_draining_server_is_read_to_the_end_while_new_traffic_waits() {
     let mut h = Harness::new();
     h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
     let down = id_of(&h.to_server());
-    h.server_event(ServerEvent::Exited(EXIT_0));
-    // Its answer is still in the pipe; the reader is busy, time passes.
+    // Its process exited; its answer is still in the pipe.
+    h.server_event(ServerEvent::Draining);
     h.advance(Duration::from_secs(5));
     // What arrives meanwhile waits for the next server.
     h.client_sends(r#"{"jsonrpc":"2.0","id":"b","method":"resources/read","params":{"uri":"y"}}"#);
@@ -562,31 +558,46 @@ fn an_exited_server_is_gone_only_when_its_stdout_ends() {
         h.to_client(),
         r#"{"jsonrpc":"2.0","id":"a","result":{"n":1}}"#
     );
-    h.server_event(ServerEvent::StdoutClosed);
+    let generation = h.d.generation;
+    h.server_event(gone("exited with status 0"));
     h.advance(Duration::ZERO);
+    assert_eq!(h.d.generation, generation + 1, "started again");
     let line = h.to_server();
     assert!(line.contains(r#""uri":"y""#), "{line}");
     h.nothing_sent();
 }
 
 #[test]
-fn an_exited_servers_stdout_that_stays_open_and_idle_is_given_up() {
-    let mut h = Harness::new();
-    h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
-    h.to_server();
-    h.server_event(ServerEvent::Exited(EXIT_0));
-    h.advance(Duration::from_secs(6));
-    // Something arrives: the idle clock starts again.
-    h.server_sends(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#);
-    h.to_client();
-    h.advance(Duration::from_secs(6));
+fn lines_the_server_never_got_are_never_sent_not_ambiguous() {
+    // An unannotated tool is never retried after an ambiguous failure; one
+    // whose request never left is, on the next server. A plain request
+    // that never left waits for the next server too.
+    let mut h = Harness::with(config(|c| c.retry.base_delay = ms(10)));
+    h.client_sends(&call_line(1, "unsafe", "{}"));
+    let call = h.to_server();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"w","method":"tools/list"}"#);
+    let list = h.to_server();
+    h.server_event(ServerEvent::Unsent {
+        lines: vec![
+            format!("{call}\n").into_bytes(),
+            format!("{list}\n").into_bytes(),
+        ],
+    });
     h.nothing_sent();
-    let generation = h.d.generation;
-    h.advance(Duration::from_secs(5));
-    // Given up on: the read is sent again to a new server.
-    assert_eq!(h.d.generation, generation + 1);
-    let line = h.to_server();
-    assert!(line.contains(r#""uri":"x""#), "{line}");
+    h.server_event(gone("was killed by signal 9 (SIGKILL)"));
+    while h.d.calls.values().any(|c| c.live.is_none()) {
+        h.fire_next_timer();
+    }
+    let mut sent = vec![h.to_server(), h.to_server()];
+    sent.sort();
+    assert!(
+        sent.iter().any(|l| l.contains(r#""name":"unsafe""#)),
+        "{sent:?}"
+    );
+    assert!(
+        sent.iter().any(|l| l.contains(r#""method":"tools/list""#)),
+        "{sent:?}"
+    );
 }
 
 #[test]
