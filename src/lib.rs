@@ -1,0 +1,54 @@
+//! mcp-retry: a transparent stdio proxy that makes MCP servers reliable.
+//!
+//! The library holds everything the `mcp-retry` binary does: one module per
+//! mode (`proxy` for `run`, `check`, `status::report`), the parts they are
+//! made of, and the pure policies. `src/main.rs` only parses the command line
+//! into a mode and maps its result to an exit code. The modules are public
+//! where something outside the crate needs them: the binary, the fuzz crate
+//! (`jsonrpc`, `config`) and the integration tests; they are not a stable API.
+//! See ARCHITECTURE.md for the map.
+
+pub mod check;
+mod child;
+pub mod cli;
+pub mod config;
+mod dispatcher;
+mod downstream;
+mod fasthash;
+pub mod jsonrpc;
+pub mod log;
+mod policy;
+pub mod proxy;
+mod redact;
+mod stats;
+pub mod status;
+mod stdio;
+pub mod watchdog;
+
+#[cfg(test)]
+mod tests {
+    /// Every source file opens with a `//!` paragraph saying what it owns.
+    #[test]
+    fn every_source_file_has_a_module_doc() {
+        let mut missing = Vec::new();
+        let mut stack = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src"
+        ))];
+        stack.push(concat!(env!("CARGO_MANIFEST_DIR"), "/tests").into());
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    if !text.trim_start().starts_with("//!") {
+                        missing.push(path.display().to_string());
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "files without a //! doc: {missing:?}");
+    }
+}
