@@ -25,11 +25,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_saphyr::{Localizer, MessageFormatter, Spanned};
 
-// `#[path]`, so that fuzz/src/lib.rs, which compiles this file through its
-// own `#[path]`, finds them too.
-#[path = "config/docs.rs"]
 mod docs;
-#[path = "config/keys.rs"]
 mod keys;
 
 pub use docs::schema_text;

@@ -35,7 +35,9 @@ mod tests {
             env!("CARGO_MANIFEST_DIR"),
             "/src"
         ))];
-        stack.push(concat!(env!("CARGO_MANIFEST_DIR"), "/tests").into());
+        for dir in ["tests", "examples", "fuzz/src", "fuzz/fuzz_targets"] {
+            stack.push(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir));
+        }
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).unwrap() {
                 let path = entry.unwrap().path();
