@@ -15,6 +15,8 @@
 //! makes the JSON Schema, the README's key table and the example's
 //! `defaults:` from the same tables.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,8 @@
 //! [`ServerEvent`]s through a callback. Knows nothing of MCP methods, ids or
 //! policy; the dispatcher knows nothing of processes or sockets.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use crate::child::ExitInfo;

@@ -10,6 +10,8 @@
 //! (tool annotations) keep the default hasher. Only speed depends on the hash:
 //! nothing iterates these maps in an order that matters.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 

@@ -2,6 +2,8 @@
 //! library (`src/lib.rs`) implements, and maps its result to an exit code.
 //! Holds no logic of its own.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::process::ExitCode;
 

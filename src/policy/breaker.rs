@@ -19,6 +19,8 @@
 //!   (reaching it closes, else the next trial may go). Non-trial outcomes are
 //!   ignored.
 
+#![forbid(unsafe_code)]
+
 use std::time::{Duration, Instant};
 
 use super::instant_add;
