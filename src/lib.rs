@@ -4,8 +4,9 @@
 //! mode (`proxy` for `run`, `check`, `status::report`), the parts they are
 //! made of, and the pure policies. `src/main.rs` only parses the command line
 //! into a mode and maps its result to an exit code. The modules are public
-//! where something outside the crate needs them: the binary, the fuzz crate
-//! (`jsonrpc`, `config`) and the integration tests; they are not a stable API.
+//! where something outside the crate needs them: the binary and the fuzz
+//! crate (`jsonrpc`, `config`); the integration tests and the bench drive
+//! the built binaries. Public is not a stable API: the command line is.
 //! See ARCHITECTURE.md for the map.
 
 pub mod check;

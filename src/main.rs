@@ -1,6 +1,6 @@
 //! The `mcp-retry` binary: parses the command line, calls the mode the
 //! library (`src/lib.rs`) implements, and maps its result to an exit code.
-//! Holds no logic of its own.
+//! Besides choosing the log level, it holds no logic of its own.
 
 #![forbid(unsafe_code)]
 
