@@ -26,7 +26,7 @@ lint:
 # examples/mcp-retry.yaml from the key table in src/config/keys.rs. The test
 # that otherwise fails when they are out of date writes them instead.
 docs:
-	MCP_RETRY_WRITE_DOCS=1 $(CARGO) test --quiet --bin mcp-retry config::docs::tests::readme_and_example_are_up_to_date
+	MCP_RETRY_WRITE_DOCS=1 $(CARGO) test --quiet --lib config::docs::tests::readme_and_example_are_up_to_date
 
 # The `fast` profile (Cargo.toml): no LTO, parallel codegen, so a fresh
 # clone shows the demo in about a minute. `install`, `static`, `bench` and

@@ -12,6 +12,8 @@
 //! server said that reaches the report goes through its [`Redactor`] first:
 //! a SessionStart hook puts the report into the agent's context.
 
+#![forbid(unsafe_code)]
+
 use std::io::{self, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};

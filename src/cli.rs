@@ -5,6 +5,8 @@
 //! any file, so tests call [`parse_from`] with plain lists. Knows nothing of
 //! config contents, threads or the protocol.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;

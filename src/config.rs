@@ -15,6 +15,8 @@
 //! makes the JSON Schema, the README's key table and the example's
 //! `defaults:` from the same tables.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -25,11 +27,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_saphyr::{Localizer, MessageFormatter, Spanned};
 
-// `#[path]`, so that fuzz/src/lib.rs, which compiles this file through its
-// own `#[path]`, finds them too.
-#[path = "config/docs.rs"]
 mod docs;
-#[path = "config/keys.rs"]
 mod keys;
 
 pub use docs::schema_text;

@@ -13,6 +13,8 @@
 //! `mcp-retry status` shows is handed to its writer thread by `publish.rs`,
 //! after changes only.
 
+#![forbid(unsafe_code)]
+
 use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, VecDeque};

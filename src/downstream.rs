@@ -11,6 +11,8 @@
 //! of MCP methods, ids or policy; the dispatcher knows nothing of processes
 //! or sockets.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use std::sync::Arc;

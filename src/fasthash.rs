@@ -1,80 +1,23 @@
-//! A fast hasher for the maps the proxy touches on every call: those keyed by
+//! The hasher for the maps the proxy touches on every call: those keyed by
 //! its own downstream ids and by what the client sends (request ids, call
-//! fingerprints, idempotency keys).
+//! fingerprints, idempotency keys, cache keys).
 //!
 //! std's default SipHash resists collision flooding by whoever chooses the
 //! keys. Here the keys come from the proxy itself or from the client that
 //! launched it, and SipHash was a fifth of the dispatcher's work per
-//! `tools/call`. This is a multiply-and-add hash in the style of rustc's
-//! FxHash, eight bytes at a time. Maps keyed by names the server chooses
-//! (tool annotations) keep the default hasher. Only speed depends on the hash:
-//! nothing iterates these maps in an order that matters.
+//! `tools/call`. [`FastMap`] uses rustc-hash's `FxHasher` instead (the hash
+//! rustc uses: a multiply-and-add per word, a folded-multiply hash for byte
+//! strings). Maps keyed by names the server chooses (tool annotations) keep
+//! the default hasher. Only speed depends on the hash: nothing iterates
+//! these maps in an order that matters.
+
+#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// A `HashMap` with [`FastHasher`]; make one with `FastMap::default()`.
-pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
-
-/// See the module documentation.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct FastHasher {
-    hash: u64,
-}
-
-/// An odd constant with well-spread bits (the one rustc-hash 2 uses).
-const K: u64 = 0xf135_7aea_2e62_a9c5;
-
-impl FastHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.hash = self.hash.wrapping_add(word).wrapping_mul(K);
-    }
-}
-
-impl Hasher for FastHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        self.add(bytes.len() as u64);
-        let mut words = bytes.chunks_exact(8);
-        for w in &mut words {
-            self.add(u64::from_le_bytes(w.try_into().expect("eight bytes")));
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut last = [0u8; 8];
-            last[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(last));
-        }
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(u64::from(i));
-    }
-
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        // The multiply leaves the best-mixed bits at the top; hashbrown takes
-        // its bucket index from the bottom.
-        self.hash.rotate_left(26)
-    }
-}
+/// A `HashMap` with rustc-hash's `FxHasher`; make one with
+/// `FastMap::default()`.
+pub type FastMap<K, V> = HashMap<K, V, rustc_hash::FxBuildHasher>;
 
 #[cfg(test)]
 mod tests {
@@ -82,7 +25,7 @@ mod tests {
     use std::hash::BuildHasher;
 
     fn hash<T: std::hash::Hash + ?Sized>(v: &T) -> u64 {
-        BuildHasherDefault::<FastHasher>::default().hash_one(v)
+        rustc_hash::FxBuildHasher.hash_one(v)
     }
 
     #[test]

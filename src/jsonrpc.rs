@@ -13,6 +13,8 @@
 //!
 //! Knows nothing of threads, processes, MCP methods or policy.
 
+#![forbid(unsafe_code)]
+
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;

@@ -5,6 +5,8 @@
 //! is copied by `child.rs`). stdout is never touched here: it carries protocol
 //! bytes only. Knows nothing of the protocol or of policies.
 
+#![forbid(unsafe_code)]
+
 use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -1,31 +1,16 @@
-//! mcp-retry: a transparent stdio proxy that makes MCP servers reliable.
-//!
-//! `main` only maps the result of [`run`] to an exit code; each mode lives in
-//! its own module. See ARCHITECTURE.md for the map.
+//! The `mcp-retry` binary: parses the command line, calls the mode the
+//! library (`src/lib.rs`) implements, and maps its result to an exit code.
+//! Besides choosing the log level, it holds no logic of its own.
 
-mod check;
-mod child;
-mod cli;
-mod config;
-mod dispatcher;
-mod downstream;
-mod fasthash;
-mod jsonrpc;
-mod log;
-mod policy;
-mod proxy;
-mod redact;
-mod stats;
-mod status;
-mod stdio;
-mod watchdog;
+#![forbid(unsafe_code)]
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Result;
 
-use crate::cli::Command;
+use mcp_retry::cli::{self, Command};
+use mcp_retry::{check, config, log, proxy, status, watchdog};
 
 fn main() -> ExitCode {
     match run() {
@@ -34,7 +19,7 @@ fn main() -> ExitCode {
             if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
             }
-            crate::error!("{err:#}");
+            mcp_retry::error!("{err:#}");
             ExitCode::from(2)
         }
     }
@@ -82,32 +67,4 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
         e.downcast_ref::<std::io::Error>()
             .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
     })
-}
-
-#[cfg(test)]
-mod tests {
-    /// Every source file opens with a `//!` paragraph saying what it owns.
-    #[test]
-    fn every_source_file_has_a_module_doc() {
-        let mut missing = Vec::new();
-        let mut stack = vec![std::path::PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/src"
-        ))];
-        stack.push(concat!(env!("CARGO_MANIFEST_DIR"), "/tests").into());
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    stack.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    if !text.trim_start().starts_with("//!") {
-                        missing.push(path.display().to_string());
-                    }
-                }
-            }
-        }
-        assert!(missing.is_empty(), "files without a //! doc: {missing:?}");
-    }
 }

@@ -8,6 +8,8 @@
 //! processes, pipes, channels, JSON-RPC ids or logging; the dispatcher thread
 //! owns these values, feeds them events and acts on their answers.
 
+#![forbid(unsafe_code)]
+
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 

@@ -10,6 +10,8 @@
 //! sounds secret, `Bearer` tokens, and long base64 or hex runs. Pure: no I/O,
 //! no clock; it knows nothing of processes or the protocol.
 
+#![forbid(unsafe_code)]
+
 /// What a secret is replaced with.
 pub const REDACTED: &str = "[redacted]";
 

@@ -5,6 +5,8 @@
 //! by the `stats-writer` thread ([`spawn_writer`]), atomically (a temporary
 //! file renamed over the target), so the dispatcher never does file I/O.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::thread::{self, JoinHandle};

@@ -506,6 +506,22 @@ fn write_atomically(path: &Path, tmp: &Path, text: &[u8]) -> io::Result<()> {
     fs::rename(tmp, path)
 }
 
+/// Whether process `pid` exists (zombies included), for pruning the
+/// documents of dead proxies. A pid that cannot name one process (0, or
+/// over `pid_t::MAX`) does not.
+pub fn process_exists(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the
+    // process exists. The pid is positive, so it names one process.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// This process's start time in clock ticks after boot (Linux).
 pub fn own_start_ticks() -> Option<u64> {
     start_ticks(std::process::id())

@@ -101,8 +101,8 @@ impl Guard {
     pub fn announce(&self) -> impl FnMut() -> io::Result<()> + Send + Sync + 'static {
         let fd: RawFd = self.announce.as_raw_fd();
         move || {
-            // SAFETY: only async-signal-safe calls (getpid, sigaction,
-            // write), on a stack buffer; `fd` is open in the forked child
+            // SAFETY: only async-signal-safe calls (getpid through
+            // `process::id`, sigaction, write), on a stack buffer; `fd` is open in the forked child
             // because the guard outlives the spawn.
             unsafe { announce_pid(fd) }
         }
@@ -116,8 +116,8 @@ impl Guard {
 /// Runs between fork and exec: `fd` must be open.
 unsafe fn announce_pid(fd: RawFd) -> io::Result<()> {
     let mut buf = [0u8; 24];
-    // SAFETY: getpid cannot fail.
-    let pid = unsafe { libc::getpid() };
+    // getpid: async-signal-safe, cannot fail, allocates nothing.
+    let pid = std::process::id();
     let len = format_pid(pid, &mut buf);
     // SAFETY: sigaction with valid pointers to zeroed/filled structs.
     unsafe {
@@ -137,9 +137,9 @@ unsafe fn announce_pid(fd: RawFd) -> io::Result<()> {
 }
 
 /// `pid` in decimal plus a newline, without allocating; returns the length.
-fn format_pid(pid: libc::pid_t, buf: &mut [u8; 24]) -> usize {
+fn format_pid(pid: u32, buf: &mut [u8; 24]) -> usize {
     let mut digits = [0u8; 20];
-    let mut n = pid.unsigned_abs();
+    let mut n = pid;
     let mut i = digits.len();
     loop {
         i -= 1;
@@ -278,8 +278,8 @@ mod tests {
         assert_eq!(&buf[..n], b"4194304\n");
         let n = format_pid(7, &mut buf);
         assert_eq!(&buf[..n], b"7\n");
-        let n = format_pid(libc::pid_t::MAX, &mut buf);
-        assert_eq!(&buf[..n], format!("{}\n", libc::pid_t::MAX).as_bytes());
+        let n = format_pid(u32::MAX, &mut buf);
+        assert_eq!(&buf[..n], format!("{}\n", u32::MAX).as_bytes());
     }
 
     #[test]

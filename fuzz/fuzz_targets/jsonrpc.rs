@@ -1,3 +1,8 @@
+//! libFuzzer target `jsonrpc` (`make fuzz`, nightly): line framing, message
+//! classification, id rewriting and the overlong-line id scan
+//! (`mcp_retry_fuzz::check_jsonrpc`). The checks live in the fuzz crate's
+//! library, so that `replay` runs the same ones on stable.
+
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,6 +1,7 @@
-//! Fuzzing checks for mcp-retry. The main crate is a binary, so the modules
-//! under test are compiled here from their source files, unchanged: they
-//! depend only on std, serde, serde_json, serde-saphyr and anyhow.
+//! Fuzzing checks for mcp-retry's line framing, message classification and
+//! config parser, over the main crate's library (`mcp_retry::jsonrpc`,
+//! `mcp_retry::config`). Knows nothing of libFuzzer: the fuzz targets and the
+//! `replay` binary call the same functions.
 //!
 //! Each `check_*` function must never panic on any input; the properties it
 //! asserts are the ones the proxy relies on.
@@ -8,15 +9,8 @@
 use std::io::{self, BufRead};
 use std::path::Path;
 
-#[allow(dead_code)]
-#[path = "../../src/jsonrpc.rs"]
-pub mod jsonrpc;
-
-#[allow(dead_code)]
-#[path = "../../src/config.rs"]
-pub mod config;
-
-use jsonrpc::{Kind, Line, Message, Parsed};
+use mcp_retry::config;
+use mcp_retry::jsonrpc::{self, Kind, Line, Message, Parsed};
 
 /// Classification, id rewriting, the overlong-line id scan and framing.
 pub fn check_jsonrpc(data: &[u8]) {

@@ -6,6 +6,8 @@
 //! compare what they make with the committed README.md and example file,
 //! and write them instead when `MCP_RETRY_WRITE_DOCS` is set (`make docs`).
 
+#![forbid(unsafe_code)]
+
 use serde_json::{json, Map, Value as Json};
 
 use super::keys::{Def, Kind, ProcessKind, Zero, PROCESS_KEYS, SECTIONS, TOOL_KEYS};

@@ -12,6 +12,8 @@
 //! generated from them (`docs.rs`). Adding a policy key is one entry here
 //! plus the field that uses it. Knows nothing of files or the node tree.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 

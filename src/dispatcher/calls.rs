@@ -6,6 +6,8 @@
 //! them and owns the per-call state ([`Call`]). It never touches a file
 //! descriptor: lines go out through the dispatcher's senders.
 
+#![forbid(unsafe_code)]
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::LazyLock;

@@ -7,6 +7,8 @@
 //! requests waiting for the server. Talks to the server only through
 //! [`Downstream`]; knows nothing of processes.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

@@ -8,6 +8,8 @@
 //! Nothing here sets a timer otherwise: an idle proxy never wakes up to
 //! publish. Builds no JSON and does no I/O (see `status.rs`).
 
+#![forbid(unsafe_code)]
+
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;

@@ -4,6 +4,8 @@
 //! when a test moves it, so schedules (backoff, TTLs, cooldowns, restart
 //! backoff) are checked to the millisecond in no wall time.
 
+#![forbid(unsafe_code)]
+
 use std::cmp::Reverse;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -6,6 +6,8 @@
 //! the clock or sleep: it only computes durations, with randomness drawn from
 //! the caller's seeded `fastrand::Rng`.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use serde::Deserialize;

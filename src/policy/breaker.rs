@@ -3,7 +3,8 @@
 //! Owns the Closed → Open → HalfOpen → Closed state machine, the cooldown and
 //! the single half-open trial. It must not know what counts as a failure (the
 //! caller reports outcomes), nor anything of requests, timers or clocks: the
-//! caller passes `now` and asks [`Breaker::next_deadline`] when to look again.
+//! caller passes `now`, and reads when the cooldown ends from
+//! [`Breaker::state`] (`BreakerState::Open { until }`) when it needs to.
 //!
 //! Outcomes carry `was_trial` (the caller remembers which attempt it was
 //! admitted as): attempts admitted as [`Admission::Allowed`] may still be in
@@ -18,6 +19,8 @@
 //!   fresh `cooldown`; a trial success counts toward `success_threshold`
 //!   (reaching it closes, else the next trial may go). Non-trial outcomes are
 //!   ignored.
+
+#![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 

@@ -6,6 +6,8 @@
 //! (backoff and the gate decide), and it never reads the clock: every event
 //! carries the caller's `now`.
 
+#![forbid(unsafe_code)]
+
 use std::time::Instant;
 
 use crate::config::BudgetConfig;

@@ -15,6 +15,8 @@
 //! epoch, so a caller can tell whether a clear happened while it computed a
 //! value (a read that overlapped a write) and then not store it.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

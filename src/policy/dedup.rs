@@ -28,6 +28,8 @@
 //!   [`ENTRY_BYTES`] for each entry's key and bookkeeping; the oldest are
 //!   evicted to stay within it. A result larger than the bound is not kept.
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::{Duration, Instant};

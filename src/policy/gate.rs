@@ -7,6 +7,8 @@
 //! JSON-RPC errors. It must not know of retries, timers or the dispatcher:
 //! these are pure functions of their inputs.
 
+#![forbid(unsafe_code)]
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 

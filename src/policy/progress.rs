@@ -6,6 +6,8 @@
 //! know of tokens, attempts or messages: one filter per client call, fed the
 //! numbers.
 
+#![forbid(unsafe_code)]
+
 /// Lets through only values greater than every value let through before.
 #[derive(Debug, Clone, Default)]
 pub struct ProgressFilter {

@@ -5,6 +5,8 @@
 //! Pure data: no clock, no I/O. A quantile is the middle of the bucket it
 //! falls in, within about 13% of the true value.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 /// Values below this many microseconds get a bucket each.

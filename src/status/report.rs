@@ -7,6 +7,8 @@
 //! breaker is open or a server is down (or dormant), else 0. Reads and
 //! removes files only in the runtime directory; prints on stdout.
 
+#![forbid(unsafe_code)]
+
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{IsTerminal, Write};
@@ -84,24 +86,8 @@ pub fn is_live(claimed: Option<u64>, probe: Probe) -> bool {
 }
 
 fn probe(pid: u32) -> Probe {
-    let Ok(pid_t) = libc::pid_t::try_from(pid) else {
-        return Probe {
-            exists: false,
-            start: None,
-        };
-    };
-    if pid_t <= 0 {
-        return Probe {
-            exists: false,
-            start: None,
-        };
-    }
-    // SAFETY: kill(2) with signal 0 sends nothing; it only checks that the
-    // process exists. The pid is positive, so it names one process.
-    let rc = unsafe { libc::kill(pid_t, 0) };
-    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
     Probe {
-        exists,
+        exists: super::process_exists(pid),
         start: super::start_ticks(pid),
     }
 }
