@@ -532,9 +532,9 @@ fn describe_io_error(command: &str, e: &std::io::Error) -> String {
 
 #[cfg(target_os = "linux")]
 fn set_parent_death_signal(cmd: &mut Command) {
-    // SAFETY: getpid, prctl, getppid and _exit are async-signal-safe, which
-    // is all `pre_exec` requires.
-    let parent = unsafe { libc::getpid() };
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: prctl, getppid and _exit are async-signal-safe, which is all
+    // `pre_exec` requires.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
