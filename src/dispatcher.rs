@@ -40,6 +40,7 @@ mod link;
 mod publish;
 #[cfg(test)]
 mod tests;
+mod trace;
 
 use calls::{Call, Late, ToolsKnowledge};
 use link::{Link, Queued, ReplayStep, Route, Session};
@@ -171,6 +172,8 @@ pub enum Timer {
     /// Line number `line` over `max_message_bytes` of incarnation
     /// `generation` must have ended by now.
     OverlongLine { generation: u64, line: u64 },
+    /// Time to hand the OpenTelemetry counters to the exporter.
+    OtelFlush,
 }
 
 /// How long after the handshake the proxy waits for the client to list the
@@ -334,6 +337,10 @@ pub struct Dispatcher {
     inbox_backlog: Option<Arc<Backlog>>,
     /// Bytes of messages handled since free memory was last given back.
     handled_bytes: usize,
+    /// OpenTelemetry export, when on (`trace.rs`), and whether a metrics
+    /// flush is scheduled.
+    otel: Option<crate::otel::Tracer>,
+    otel_flush_pending: bool,
 }
 
 impl Dispatcher {
@@ -395,6 +402,8 @@ impl Dispatcher {
             eager: false,
             inbox_backlog: None,
             handled_bytes: 0,
+            otel: None,
+            otel_flush_pending: false,
             cfg,
         }
     }
@@ -428,6 +437,7 @@ impl Dispatcher {
                 self.answer_remaining();
                 info!("{}", self.stats.summary());
                 self.flush_stats();
+                self.otel_finish(Instant::now());
                 return outcome;
             }
             let event = match spin_for_event(&inbox) {
@@ -509,6 +519,7 @@ impl Dispatcher {
             }
         }
         self.status_check();
+        self.otel_schedule();
     }
 
     fn fire_timers(&mut self, now: Instant) {
@@ -521,6 +532,7 @@ impl Dispatcher {
             self.on_timer(t.timer, now);
         }
         self.status_check();
+        self.otel_schedule();
     }
 
     fn set_timer(&mut self, at: Instant, timer: Timer) {
@@ -577,6 +589,7 @@ impl Dispatcher {
                 }
             }
             Timer::StatsFlush => self.flush_stats(),
+            Timer::OtelFlush => self.otel_flush(now),
             Timer::StatusPublish => self.publish_status(now),
             Timer::Restart { seq } => self.restart_due(seq, now),
             Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),

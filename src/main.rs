@@ -12,6 +12,7 @@ mod downstream;
 mod fasthash;
 mod jsonrpc;
 mod log;
+mod otel;
 mod policy;
 mod proxy;
 mod redact;

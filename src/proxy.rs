@@ -23,6 +23,7 @@ use crate::config::{self, ServerConfig};
 use crate::dispatcher::{Dispatcher, Event, Outcome};
 use crate::downstream::{Downstream, ServerEvent};
 use crate::jsonrpc;
+use crate::otel;
 use crate::stats;
 use crate::status;
 use crate::stdio::{self, Backlog, ReadItem};
@@ -161,6 +162,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         dispatcher = dispatcher.with_stats_output(tx);
         stats_writer = Some(handle);
     }
+    let exporter = match start_otel()? {
+        Some((handle, exporter)) => {
+            dispatcher = dispatcher.with_otel(handle);
+            Some(exporter)
+        }
+        None => None,
+    };
     let mut status_handle = None;
     if let Some((tx, handle)) = status_writer {
         dispatcher = dispatcher.with_status_output(tx);
@@ -183,6 +191,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(h) = stats_writer {
         let _ = h.join();
     }
+    // The dispatcher let go of its handle: what is queued gets 1 s.
+    if let Some(exporter) = exporter {
+        let dropped = exporter.finish(Duration::from_secs(1));
+        if dropped > 0 {
+            crate::info!("OpenTelemetry: {dropped} span(s) or snapshot(s) were dropped");
+        }
+    }
     // It removes our status file.
     if let Some(h) = status_handle {
         let _ = h.join();
@@ -191,6 +206,27 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         Outcome::ClientClosed => ExitCode::SUCCESS,
         Outcome::Signalled(sig) => ExitCode::from(128u8.saturating_add(sig as u8)),
     })
+}
+
+/// The `otel-export` thread, when the `OTEL_*` variables ask for export.
+/// A bad endpoint is an error; a malformed header entry is only said
+/// (never with its value).
+fn start_otel() -> Result<Option<(otel::Handle, otel::Exporter)>> {
+    let (settings, notes) =
+        otel::Settings::from_env(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    for note in notes {
+        crate::warn!("OpenTelemetry: {note}");
+    }
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    for (what, url) in [("traces", &settings.traces), ("metrics", &settings.metrics)] {
+        if let Some(url) = url {
+            crate::debug!("OpenTelemetry: exporting {what} to {url}");
+        }
+    }
+    let started = otel::Exporter::start(settings).context("cannot start the otel-export thread")?;
+    Ok(Some(started))
 }
 
 /// The `status-writer` thread, unless the runtime directory cannot be

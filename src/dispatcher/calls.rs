@@ -15,6 +15,7 @@ use memchr::memmem;
 
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::log::Fields;
+use crate::otel::{self, CallEnd};
 use crate::policy::breaker::{Admission, BreakerState, Transition};
 use crate::policy::dedup::{fingerprint, fingerprint_json, Keep, Lookup};
 use crate::policy::gate::{self, GateInput, Safety};
@@ -226,6 +227,7 @@ impl Dispatcher {
             if let Some(result) = self.cache.get(key, now).map(str::to_owned) {
                 info!("tool \"{tool}\": answered from the cache");
                 self.stats_for(&tool).cache_hits += 1;
+                self.traced(|t| t.answered_by_proxy(&tool, &client_id, m.params(), "cache", now));
                 let line = jsonrpc::response_line(&client_id, &with_source(&result, Source::Cache));
                 return self.answer(&client_id, line);
             }
@@ -256,6 +258,7 @@ impl Dispatcher {
                     self.note_key_reuse(&tool, parsed.explicit_key.as_deref(), same_args);
                     self.stats_for(&tool).dedup_hits += 1;
                     let call = self.calls_by_key.get(&key).copied();
+                    self.traced(|t| t.joined(call, &tool, now));
                     if let Some(r) = self.client_requests.get_mut(&client_id) {
                         r.call = call;
                     }
@@ -277,6 +280,7 @@ impl Dispatcher {
                     }
                     self.note_key_reuse(&tool, parsed.explicit_key.as_deref(), same_args);
                     self.stats_for(&tool).dedup_hits += 1;
+                    self.traced(|t| t.answered_by_proxy(&tool, &waiter, m.params(), "dedup", now));
                     let line =
                         jsonrpc::response_line(&waiter, &with_source(&result, Source::Dedup));
                     return self.answer(&waiter, line);
@@ -313,6 +317,7 @@ impl Dispatcher {
             Some(p) => m.with_params(p).unwrap_or(m),
             None => m,
         };
+        self.traced(|t| t.call_started(id, &tool, &client_id, request.params(), now));
         self.calls.insert(
             id,
             Call {
@@ -421,6 +426,11 @@ impl Dispatcher {
                         ("retryAfterMs", ms),
                     ],
                 );
+                let refused = vec![(
+                    "mcp_retry.retry_after_ms",
+                    (retry_after.as_millis() as i64).into(),
+                )];
+                self.traced(|t| t.call_event(id, "mcp_retry.breaker_refused", refused, now));
                 return self.refuse_attempt(id, &error, now);
             }
             Admission::Trial => call.trial = true,
@@ -479,6 +489,10 @@ impl Dispatcher {
                 call.tool, call.attempts
             );
         }
+        let line = match self.traced(|t| t.attempt_started(id, down, now)).flatten() {
+            Some(tp) => traced_line(&self.calls[&id].request, down, &tp).unwrap_or(line),
+            None => line,
+        };
         self.inflight.insert(down, Inflight::Attempt { call: id });
         self.set_timer(at, Timer::AttemptTimeout { call: id, down });
         if !self.send_server(line) {
@@ -535,6 +549,8 @@ impl Dispatcher {
             // A final error says nothing about health; free the trial.
             self.breaker.on_trial_abandoned();
         }
+        let failure = m.error().map(|_| "server_error");
+        self.traced(|t| t.attempt_ended(id, failure, now));
         self.finish_with_server_answer(id, m, now);
     }
 
@@ -545,6 +561,7 @@ impl Dispatcher {
         };
         let trial = call.trial;
         call.trial = false;
+        self.traced(|t| t.attempt_ended(id, Some(failure.kind()), now));
         let t = self.breaker.on_failure(trial, now);
         self.log_transition(t);
         self.decide(id, failure, now);
@@ -624,6 +641,11 @@ impl Dispatcher {
         );
         call.retry_at = Some(at);
         self.set_timer(at, Timer::RetryDue { call: id });
+        let backoff = vec![
+            ("mcp_retry.delay_ms", (delay.as_millis() as i64).into()),
+            ("mcp_retry.retry", i64::from(retries_done + 1).into()),
+        ];
+        self.traced(|t| t.call_event(id, "mcp_retry.backoff", backoff, now));
     }
 
     /// After an ambiguous failure: whether the call may run again. When the
@@ -702,6 +724,11 @@ impl Dispatcher {
             _ => {}
         }
         let error = proxy_error(Reason::CircuitOpen, &message, &extra);
+        let refused = vec![(
+            "mcp_retry.retry_after_ms",
+            (retry_after.as_millis() as i64).into(),
+        )];
+        self.traced(|t| t.call_event(id, "mcp_retry.breaker_refused", refused, now));
         self.refuse_attempt_with(id, &error, false, now);
     }
 
@@ -761,6 +788,14 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), Some(error));
+        let reason =
+            RawObject::parse(error).map_or("server_error", |e| super::publish::failure_reason(&e));
+        let end = CallEnd {
+            outcome: "failed",
+            reason: Some(reason),
+            source: None,
+        };
+        self.traced(|t| t.call_ended(id, end, now));
         let stats = self.stats_for(&call.tool);
         stats.failed += 1;
         if call.retried {
@@ -786,6 +821,19 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), m.error());
+        let end = match m.error() {
+            Some(_) => CallEnd {
+                outcome: "error",
+                reason: Some("server_error"),
+                source: None,
+            },
+            None => CallEnd {
+                outcome: "ok",
+                reason: None,
+                source: None,
+            },
+        };
+        self.traced(|t| t.call_ended(id, end, now));
         let stats = self.stats_for(&call.tool);
         if call.retried {
             stats.retried += 1;
@@ -847,6 +895,12 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), None);
+        let end = CallEnd {
+            outcome: "ok",
+            reason: None,
+            source: Some("stale"),
+        };
+        self.traced(|t| t.call_ended(id, end, now));
         if call.retried {
             self.stats_for(&call.tool).retried += 1;
         }
@@ -953,6 +1007,13 @@ impl Dispatcher {
         if let Some(live) = call.live {
             self.cancel_downstream(live, reason);
         }
+        let end = CallEnd {
+            outcome: "cancelled",
+            reason: None,
+            source: None,
+        };
+        let now = self.now;
+        self.traced(|t| t.call_ended(id, end, now));
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
@@ -1028,6 +1089,9 @@ impl Dispatcher {
                 call.live = None;
                 call.dead.push(down);
                 let took = now.saturating_duration_since(call.attempt_started);
+                self.traced(|t| {
+                    t.attempt_event(id, "mcp_retry.cancelled_downstream", Vec::new(), now)
+                });
                 self.cancel_downstream(down, "timed out (mcp-retry)");
                 self.on_attempt_failed(id, Failure::Timeout(took), now);
             }
@@ -1272,6 +1336,13 @@ impl Dispatcher {
 
     pub(super) fn log_transition(&mut self, t: Option<Transition>) {
         let Some(t) = t else { return };
+        let name = match t {
+            Transition::Opened => "opened",
+            Transition::HalfOpened => "half_opened",
+            Transition::Closed => "closed",
+            Transition::Reopened => "reopened",
+        };
+        self.traced(|tracer| tracer.breaker(name));
         let name = &self.cfg.name;
         match t {
             Transition::Opened => {
@@ -1419,6 +1490,17 @@ fn storable_by_members(result: &str) -> bool {
         return false;
     }
     o.get("task").is_none()
+}
+
+/// The attempt line of `request` with id `down` and its own `traceparent`
+/// in `params._meta` (export on only; `None` if params is not an object).
+fn traced_line(request: &Message, down: u64, traceparent: &str) -> Option<Vec<u8>> {
+    let params = otel::with_traceparent(request.params()?, traceparent)?;
+    Some(
+        request
+            .with_params(&params)?
+            .line_with_id(&down.to_string()),
+    )
 }
 
 /// `result` with `_meta["mcp-retry/source"]` set (first in `_meta`),

@@ -1,0 +1,47 @@
+//! The dispatcher's side of OpenTelemetry export: holds the [`Tracer`],
+//! schedules the metrics flush after a change (never while idle), and ends
+//! what is open at exit. The hooks themselves sit in `calls.rs` and
+//! `link.rs` as one-line calls of [`Dispatcher::traced`].
+
+use std::time::Instant;
+
+use crate::otel::{self, Handle, Tracer};
+
+use super::{Dispatcher, Timer};
+
+impl Dispatcher {
+    /// Exports spans and metrics through `handle`.
+    pub fn with_otel(mut self, handle: Handle) -> Dispatcher {
+        self.otel = Some(Tracer::new(&self.cfg.name, handle, self.now));
+        self
+    }
+
+    /// Runs `f` on the tracer when export is on.
+    pub(super) fn traced<R>(&mut self, f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
+        self.otel.as_mut().map(f)
+    }
+
+    /// After an event or timers: counters changed and no flush is due yet,
+    /// so one is scheduled [`otel::METRICS_INTERVAL`] from now.
+    pub(super) fn otel_schedule(&mut self) {
+        if !self.otel_flush_pending && self.otel.as_ref().is_some_and(Tracer::metrics_changed) {
+            self.otel_flush_pending = true;
+            let at = self.now + otel::METRICS_INTERVAL;
+            self.set_timer(at, Timer::OtelFlush);
+        }
+    }
+
+    pub(super) fn otel_flush(&mut self, now: Instant) {
+        self.otel_flush_pending = false;
+        if let Some(t) = &mut self.otel {
+            t.flush_metrics(now);
+        }
+    }
+
+    /// The session ends: open spans and the last counters go out.
+    pub(super) fn otel_finish(&mut self, now: Instant) {
+        if let Some(t) = &mut self.otel {
+            t.finish(now);
+        }
+    }
+}
