@@ -1,3 +1,7 @@
+//! Unit tests of OpenTelemetry export: the OTEL_* variables, W3C
+//! traceparent, the `_meta` rewrite, the tracer's span tree and counters,
+//! and the OTLP/JSON encoding.
+
 use std::collections::HashMap;
 
 use serde_json::Value as Json;
