@@ -28,6 +28,8 @@ use crate::jsonrpc::RawObject;
 mod export;
 mod json;
 
+#[cfg(test)]
+pub(crate) use export::Item;
 pub use export::{Exporter, Handle};
 
 /// What to export and where (from the environment).

@@ -276,6 +276,51 @@ fn an_idle_dispatcher_has_no_timers_after_the_handshake_settles() {
 }
 
 #[test]
+fn with_export_on_counters_are_flushed_once_after_a_change_and_idle_stays_idle() {
+    let mut h = Harness::new();
+    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
+    h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
+    assert!(h.d.timers.is_empty());
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
+    let sent: Value = serde_json::from_str(&h.to_server()).unwrap();
+    let traceparent = sent["params"]["_meta"]["traceparent"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let down = &sent["id"];
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
+    ));
+    h.to_client();
+    let spans: Vec<crate::otel::Span> = exported
+        .try_iter()
+        .filter_map(|i| match i {
+            crate::otel::Item::Span(s) => Some(s),
+            crate::otel::Item::Metrics(_) => None,
+        })
+        .collect();
+    assert_eq!(spans.len(), 2);
+    assert_eq!(spans[0].ctx.traceparent(), traceparent);
+    let flushes = |h: &Harness| {
+        h.d.timers
+            .iter()
+            .filter(|Reverse(t)| t.timer == super::Timer::OtelFlush)
+            .count()
+    };
+    assert_eq!(flushes(&h), 1);
+    // Nothing happens for 10 s but the flush, and then nothing at all.
+    while !h.d.timers.is_empty() {
+        h.fire_next_timer();
+    }
+    let metrics = exported
+        .try_iter()
+        .filter(|i| matches!(i, crate::otel::Item::Metrics(_)));
+    assert_eq!(metrics.count(), 1);
+    assert_eq!(flushes(&h), 0);
+}
+
+#[test]
 fn answered_calls_do_not_pile_up_timers() {
     let mut h = Harness::new();
     for i in 0..5000 {

@@ -26,7 +26,7 @@ const BATCH: usize = 512;
 /// Bound on each phase of a request and on all of it.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub(super) enum Item {
+pub(crate) enum Item {
     Span(Span),
     Metrics(String),
 }
@@ -85,7 +85,7 @@ impl Handle {
 
     /// A handle whose queue the test reads (both signals on).
     #[cfg(test)]
-    pub(super) fn for_test(resource: Vec<(String, String)>) -> (Handle, Receiver<Item>) {
+    pub(crate) fn for_test(resource: Vec<(String, String)>) -> (Handle, Receiver<Item>) {
         let (tx, rx) = crossbeam_channel::bounded(QUEUE_ITEMS);
         let handle = Handle {
             tx,
