@@ -549,7 +549,12 @@ impl Dispatcher {
             // A final error says nothing about health; free the trial.
             self.breaker.on_trial_abandoned();
         }
-        let failure = m.error().map(|_| "server_error");
+        // A late answer from an abandoned attempt ends the live one.
+        let failure = match m.error() {
+            _ if !is_live => Some("superseded"),
+            Some(_) => Some("server_error"),
+            None => None,
+        };
         self.traced(|t| t.attempt_ended(id, failure, now));
         self.finish_with_server_answer(id, m, now);
     }

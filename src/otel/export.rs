@@ -97,8 +97,10 @@ impl Handle {
         (handle, rx)
     }
 
+    /// Sends `span` if traces are exported and it is sampled (a client
+    /// whose `traceparent` says "not sampled" decides for its calls).
     pub fn send_span(&self, span: Span) {
-        if self.traces {
+        if self.traces && span.ctx.sampled {
             self.send(Item::Span(span));
         }
     }

@@ -329,3 +329,27 @@ fn spans_encode_as_otlp_json() {
     assert_eq!(get("mcp_retry.attempts").unwrap()["intValue"], "0");
     assert_eq!(get("mcp.method.name").unwrap()["stringValue"], "tools/call");
 }
+
+#[test]
+fn a_client_context_that_is_not_sampled_exports_no_spans_but_still_propagates() {
+    let (mut t, rx) = tracer();
+    let t0 = Instant::now();
+    let params =
+        r#"{"_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}}"#;
+    t.call_started(1, "x", "1", Some(params), t0);
+    let tp = t.attempt_started(1, 1, t0).unwrap();
+    assert!(
+        tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && tp.ends_with("-00"),
+        "{tp}"
+    );
+    t.attempt_ended(1, None, t0);
+    let end = CallEnd {
+        outcome: "ok",
+        reason: None,
+        source: None,
+    };
+    t.call_ended(1, end, t0);
+    assert!(spans(&rx).is_empty());
+    // The counters still count it.
+    assert_eq!(t.metrics.calls["x"], 1);
+}
