@@ -229,20 +229,28 @@ impl SpanContext {
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
 }
 
 /// An attribute value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     Str(String),
+    /// A constant (no allocation per span).
+    Static(&'static str),
     Int(i64),
     Bool(bool),
 }
 
-impl From<&str> for Value {
-    fn from(s: &str) -> Value {
-        Value::Str(s.to_owned())
+impl From<&'static str> for Value {
+    fn from(s: &'static str) -> Value {
+        Value::Static(s)
     }
 }
 impl From<String> for Value {
@@ -302,6 +310,7 @@ impl Span {
                         + 48
                         + match v {
                             Value::Str(s) => s.len(),
+                            Value::Static(_) => 0,
                             _ => 8,
                         }
                 })
@@ -475,10 +484,10 @@ impl Tracer {
             attrs: vec![
                 ("mcp.method.name", "tools/call".into()),
                 ("gen_ai.operation.name", "execute_tool".into()),
-                ("gen_ai.tool.name", tool.into()),
-                ("jsonrpc.request.id", client_id.into()),
+                ("gen_ai.tool.name", tool.to_owned().into()),
+                ("jsonrpc.request.id", client_id.to_owned().into()),
                 ("network.transport", "pipe".into()),
-                ("mcp_retry.server", self.server.as_str().into()),
+                ("mcp_retry.server", self.server.clone().into()),
             ],
             events: Vec::new(),
             error: None,
@@ -569,7 +578,7 @@ impl Tracer {
             attrs: vec![
                 ("mcp.method.name", "tools/call".into()),
                 ("gen_ai.operation.name", "execute_tool".into()),
-                ("gen_ai.tool.name", c.tool.as_str().into()),
+                ("gen_ai.tool.name", c.tool.clone().into()),
                 ("jsonrpc.request.id", down.to_string().into()),
                 ("mcp_retry.attempt", i64::from(c.attempts).into()),
             ],
@@ -666,8 +675,8 @@ impl Tracer {
             s.attrs.push(("mcp_retry.source", src.into()));
         }
         if let Some(reason) = end.reason {
-            s.attrs.push(("mcp_retry.reason", reason.into()));
-            s.attrs.push(("error.type", reason.into()));
+            s.attrs.push(("mcp_retry.reason", reason.to_owned().into()));
+            s.attrs.push(("error.type", reason.to_owned().into()));
             s.error = Some(reason.to_owned());
         } else if end.outcome == "cancelled" {
             s.attrs.push(("error.type", "cancelled".into()));
@@ -728,6 +737,9 @@ fn unix_nanos(t: SystemTime) -> u64 {
 
 /// The client's trace context from a request's `params._meta.traceparent`.
 fn client_context(params: &str) -> Option<SpanContext> {
+    if !params.contains("traceparent") {
+        return None;
+    }
     let meta = RawObject::parse(RawObject::parse(params)?.get("_meta")?.get())?;
     SpanContext::parse(&meta.string("traceparent")?)
 }

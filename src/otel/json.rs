@@ -11,6 +11,7 @@ const SCOPE: &str = "mcp-retry";
 fn any_value(v: &Value) -> Json {
     match v {
         Value::Str(s) => json!({ "stringValue": s }),
+        Value::Static(s) => json!({ "stringValue": s }),
         Value::Int(n) => json!({ "intValue": n.to_string() }),
         Value::Bool(b) => json!({ "boolValue": b }),
     }
@@ -38,46 +39,102 @@ fn scope() -> Json {
     json!({ "name": SCOPE, "version": env!("CARGO_PKG_VERSION") })
 }
 
-fn span(s: &Span) -> Json {
-    let mut o = json!({
-        "traceId": hex(&s.ctx.trace_id),
-        "spanId": hex(&s.ctx.span_id),
-        "name": s.name,
-        "kind": s.kind as u8,
-        "startTimeUnixNano": s.start.to_string(),
-        "endTimeUnixNano": s.end.to_string(),
-        "attributes": attributes(&s.attrs),
-        "events": s.events.iter().map(|e| json!({
-            "timeUnixNano": e.time.to_string(),
-            "name": e.name,
-            "attributes": attributes(&e.attrs),
-        })).collect::<Vec<_>>(),
-        "status": match &s.error {
-            Some(m) => json!({ "code": 2, "message": m }),
-            None => json!({}),
-        },
-        "flags": 256 | u32::from(s.ctx.sampled),
-    });
-    if let Some(p) = &s.parent {
-        // The parent may live in another process (the client's span).
-        o["parentSpanId"] = json!(hex(p));
-        o["flags"] = json!(256 | 512 | u32::from(s.ctx.sampled));
+/// Appends `s` as a JSON string.
+fn push_string(out: &mut String, s: &str) {
+    out.push_str(&crate::jsonrpc::json_string(s));
+}
+
+/// Appends `[{"key":…,"value":{…}},…]`.
+fn push_attributes(out: &mut String, attrs: &Attrs) {
+    out.push('[');
+    for (i, (k, v)) in attrs.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"key\":");
+        push_string(out, k);
+        out.push_str(",\"value\":");
+        match v {
+            Value::Str(s) => {
+                out.push_str("{\"stringValue\":");
+                push_string(out, s);
+            }
+            Value::Static(s) => {
+                out.push_str("{\"stringValue\":");
+                push_string(out, s);
+            }
+            Value::Int(n) => out.push_str(&format!("{{\"intValue\":\"{n}\"")),
+            Value::Bool(b) => out.push_str(&format!("{{\"boolValue\":{b}")),
+        }
+        out.push_str("}}");
     }
-    o
+    out.push(']');
+}
+
+/// Appends one span (written by hand: the exporter encodes thousands a
+/// second under load, and a `serde_json::Value` tree costs several times
+/// more).
+fn push_span(out: &mut String, s: &Span) {
+    out.push_str("{\"traceId\":\"");
+    out.push_str(&hex(&s.ctx.trace_id));
+    out.push_str("\",\"spanId\":\"");
+    out.push_str(&hex(&s.ctx.span_id));
+    out.push('"');
+    // The W3C flags, and the OTLP bits saying whether the parent is known
+    // to be in another process (a client's span: yes).
+    let mut flags = 256 | u32::from(s.ctx.sampled);
+    if let Some(p) = &s.parent {
+        out.push_str(",\"parentSpanId\":\"");
+        out.push_str(&hex(p));
+        out.push('"');
+        flags |= 512;
+    }
+    out.push_str(&format!(",\"flags\":{flags},\"name\":"));
+    push_string(out, &s.name);
+    out.push_str(&format!(
+        ",\"kind\":{},\"startTimeUnixNano\":\"{}\",\"endTimeUnixNano\":\"{}\",\"attributes\":",
+        s.kind as u8, s.start, s.end
+    ));
+    push_attributes(out, &s.attrs);
+    out.push_str(",\"events\":[");
+    for (i, e) in s.events.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!("{{\"timeUnixNano\":\"{}\",\"name\":", e.time));
+        push_string(out, e.name);
+        out.push_str(",\"attributes\":");
+        push_attributes(out, &e.attrs);
+        out.push('}');
+    }
+    out.push_str("],\"status\":");
+    match &s.error {
+        Some(m) => {
+            out.push_str("{\"code\":2,\"message\":");
+            push_string(out, m);
+            out.push('}');
+        }
+        None => out.push_str("{}"),
+    }
+    out.push('}');
 }
 
 /// An `ExportTraceServiceRequest`.
 pub fn traces(resource: &[(String, String)], spans: &[Span]) -> String {
-    json!({
-        "resourceSpans": [{
-            "resource": { "attributes": string_attributes(resource) },
-            "scopeSpans": [{
-                "scope": scope(),
-                "spans": spans.iter().map(span).collect::<Vec<_>>(),
-            }],
-        }],
-    })
-    .to_string()
+    let mut out = String::with_capacity(512 + 1024 * spans.len());
+    out.push_str("{\"resourceSpans\":[{\"resource\":{\"attributes\":");
+    out.push_str(&string_attributes(resource).to_string());
+    out.push_str("},\"scopeSpans\":[{\"scope\":");
+    out.push_str(&scope().to_string());
+    out.push_str(",\"spans\":[");
+    for (i, s) in spans.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        push_span(&mut out, s);
+    }
+    out.push_str("]}]}]}");
+    out
 }
 
 /// A monotonic cumulative sum metric.
@@ -139,8 +196,8 @@ pub fn metrics(
             .map(|(tool, n)| {
                 (
                     vec![
-                        ("mcp_retry.server", server.into()),
-                        ("gen_ai.tool.name", tool.as_str().into()),
+                        ("mcp_retry.server", server.to_owned().into()),
+                        ("gen_ai.tool.name", tool.clone().into()),
                     ],
                     *n,
                 )
@@ -195,9 +252,9 @@ pub fn metrics(
         .map(|((tool, reason), n)| {
             (
                 vec![
-                    ("mcp_retry.server", server.into()),
-                    ("gen_ai.tool.name", tool.as_str().into()),
-                    ("error.type", reason.as_str().into()),
+                    ("mcp_retry.server", server.to_owned().into()),
+                    ("gen_ai.tool.name", tool.clone().into()),
+                    ("error.type", reason.clone().into()),
                 ],
                 *n,
             )
@@ -217,7 +274,7 @@ pub fn metrics(
         .map(|(t, n)| {
             (
                 vec![
-                    ("mcp_retry.server", server.into()),
+                    ("mcp_retry.server", server.to_owned().into()),
                     ("mcp_retry.breaker.transition", (*t).into()),
                 ],
                 *n,
@@ -236,7 +293,10 @@ pub fn metrics(
         "mcp_retry.restarts",
         "{restart}",
         "times the server was started again",
-        vec![(vec![("mcp_retry.server", server.into())], m.restarts)],
+        vec![(
+            vec![("mcp_retry.server", server.to_owned().into())],
+            m.restarts,
+        )],
         start,
         now,
     ));
@@ -246,8 +306,8 @@ pub fn metrics(
         .map(|(tool, h)| {
             (
                 vec![
-                    ("mcp_retry.server", server.into()),
-                    ("gen_ai.tool.name", tool.as_str().into()),
+                    ("mcp_retry.server", server.to_owned().into()),
+                    ("gen_ai.tool.name", tool.clone().into()),
                 ],
                 h,
             )
