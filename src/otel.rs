@@ -77,12 +77,12 @@ impl Settings {
                 Some("https") if cfg!(feature = "tls") => {}
                 Some("https") => {
                     return Err(format!(
-                        "OpenTelemetry endpoint {url}: this build has no TLS (cargo feature `tls`); use an http:// endpoint"
+                        "endpoint {url}: this build has no TLS (cargo feature `tls`); use an http:// endpoint"
                     ))
                 }
                 _ => {
                     return Err(format!(
-                        "OpenTelemetry endpoint {url}: expected an http:// or https:// URL"
+                        "endpoint {url}: expected an http:// or https:// URL"
                     ))
                 }
             }

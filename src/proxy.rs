@@ -209,11 +209,16 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 }
 
 /// The `otel-export` thread, when the `OTEL_*` variables ask for export.
-/// A bad endpoint is an error; a malformed header entry is only said
-/// (never with its value).
+/// Telemetry never stops the proxy: a bad endpoint turns export off, said
+/// once; a malformed header entry is skipped, said without its value.
 fn start_otel() -> Result<Option<(otel::Handle, otel::Exporter)>> {
-    let (settings, notes) =
-        otel::Settings::from_env(|k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    let (settings, notes) = match otel::Settings::from_env(|k| std::env::var(k).ok()) {
+        Ok(read) => read,
+        Err(e) => {
+            crate::warn!("OpenTelemetry export is off: {e}");
+            return Ok(None);
+        }
+    };
     for note in notes {
         crate::warn!("OpenTelemetry: {note}");
     }
@@ -225,8 +230,13 @@ fn start_otel() -> Result<Option<(otel::Handle, otel::Exporter)>> {
             crate::debug!("OpenTelemetry: exporting {what} to {url}");
         }
     }
-    let started = otel::Exporter::start(settings).context("cannot start the otel-export thread")?;
-    Ok(Some(started))
+    match otel::Exporter::start(settings) {
+        Ok(started) => Ok(Some(started)),
+        Err(e) => {
+            crate::warn!("OpenTelemetry export is off: cannot start its thread: {e}");
+            Ok(None)
+        }
+    }
 }
 
 /// The `status-writer` thread, unless the runtime directory cannot be

@@ -364,3 +364,19 @@ fn dead_collector(endpoint: &str) {
     assert!(s.wait().success());
     assert_eq!(warned(&s), 1, "{}", s.stderr());
 }
+
+#[test]
+fn a_bad_endpoint_turns_export_off_and_the_proxy_runs_on() {
+    let mut s = builder("", Some("collector:4317")).start();
+    s.initialize();
+    s.call(json!(1), "echo", json!({"text": "hi"}));
+    assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
+    let exec = &s.execs_of("echo")[0];
+    assert_eq!(exec["meta"], Value::Null, "{exec}");
+    assert!(
+        s.stderr()
+            .contains("OpenTelemetry export is off: endpoint collector:4317"),
+        "{}",
+        s.stderr()
+    );
+}

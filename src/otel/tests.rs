@@ -224,7 +224,10 @@ fn a_call_span_parents_its_attempts_and_honours_the_client_s_context() {
     assert_eq!(attr(a1, "error.type"), Some(&"timeout".into()));
     assert_eq!(a1.events[0].name, "mcp_retry.cancelled_downstream");
     assert_eq!(attr(a2, "error.type"), None);
-    assert_eq!(attr(a2, "jsonrpc.request.id"), Some(&Value::Str("11".into())));
+    assert_eq!(
+        attr(a2, "jsonrpc.request.id"),
+        Some(&Value::Str("11".into()))
+    );
 }
 
 #[test]
