@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::config::OtelConfig;
 use crate::fasthash::FastMap;
 use crate::jsonrpc::RawObject;
 
@@ -46,19 +47,22 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Reads the standard variables through `var`. `Ok(None)`: export is off
-    /// (no endpoint, or `OTEL_SDK_DISABLED=true`). Problems that only
-    /// degrade export (a malformed header entry) are returned as notes,
-    /// which never contain a header value.
-    pub fn from_env(
+    /// Reads the standard variables through `var`, over the config's
+    /// `otel:` section (each variable that is set wins). `Ok(None)`: export
+    /// is off (no endpoint, or `OTEL_SDK_DISABLED=true`). Problems that
+    /// only degrade export (a malformed header entry) are returned as
+    /// notes, which never contain a header value.
+    pub fn read(
         var: impl Fn(&str) -> Option<String>,
+        config: &OtelConfig,
     ) -> Result<(Option<Settings>, Vec<String>), String> {
         let var = |k: &str| var(k).filter(|v| !v.trim().is_empty());
         let mut notes = Vec::new();
         if var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
             return Ok((None, notes));
         }
-        let base = var("OTEL_EXPORTER_OTLP_ENDPOINT");
+        let base = var("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .or_else(|| Some(config.endpoint.clone()).filter(|e| !e.trim().is_empty()));
         let signal = |specific: &str, path: &str| {
             var(specific).map(|v| v.trim().to_owned()).or_else(|| {
                 base.as_ref()
@@ -87,10 +91,13 @@ impl Settings {
                 }
             }
         }
-        let headers = match var("OTEL_EXPORTER_OTLP_HEADERS") {
-            Some(h) => parse_pairs(&h, "OTEL_EXPORTER_OTLP_HEADERS", &mut notes),
-            None => Vec::new(),
-        };
+        let mut headers = config.headers.clone();
+        if let Some(h) = var("OTEL_EXPORTER_OTLP_HEADERS") {
+            for (k, v) in parse_pairs(&h, "OTEL_EXPORTER_OTLP_HEADERS", &mut notes) {
+                headers.retain(|(name, _)| !name.eq_ignore_ascii_case(&k));
+                headers.push((k, v));
+            }
+        }
         let mut resource = match var("OTEL_RESOURCE_ATTRIBUTES") {
             Some(r) => parse_pairs(&r, "OTEL_RESOURCE_ATTRIBUTES", &mut notes),
             None => Vec::new(),
@@ -102,7 +109,13 @@ impl Settings {
                 resource.retain(|(k, _)| k != "service.name");
                 resource.insert(0, ("service.name".into(), name));
             }
-            None if !from_attrs => resource.insert(0, ("service.name".into(), "mcp-retry".into())),
+            None if !from_attrs => {
+                let name = match config.service_name.trim() {
+                    "" => "mcp-retry",
+                    name => name,
+                };
+                resource.insert(0, ("service.name".into(), name.into()));
+            }
             None => {}
         }
         if !resource.iter().any(|(k, _)| k == "service.version") {

@@ -154,6 +154,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             Ok(Box::new(child) as Box<dyn Downstream>)
         },
     );
+    let otel = start_otel(&cfg)?;
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
         .with_inbox_backlog(backlogs.inbox.clone());
     let mut stats_writer = None;
@@ -162,7 +163,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         dispatcher = dispatcher.with_stats_output(tx);
         stats_writer = Some(handle);
     }
-    let exporter = match start_otel()? {
+    let exporter = match otel {
         Some((handle, exporter)) => {
             dispatcher = dispatcher.with_otel(handle);
             Some(exporter)
@@ -211,8 +212,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 /// The `otel-export` thread, when the `OTEL_*` variables ask for export.
 /// Telemetry never stops the proxy: a bad endpoint turns export off, said
 /// once; a malformed header entry is skipped, said without its value.
-fn start_otel() -> Result<Option<(otel::Handle, otel::Exporter)>> {
-    let (settings, notes) = match otel::Settings::from_env(|k| std::env::var(k).ok()) {
+fn start_otel(cfg: &ServerConfig) -> Result<Option<(otel::Handle, otel::Exporter)>> {
+    let (settings, notes) = match otel::Settings::read(|k| std::env::var(k).ok(), &cfg.otel) {
         Ok(read) => read,
         Err(e) => {
             crate::warn!("OpenTelemetry export is off: {e}");

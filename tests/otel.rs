@@ -380,3 +380,25 @@ fn a_bad_endpoint_turns_export_off_and_the_proxy_runs_on() {
         s.stderr()
     );
 }
+
+#[test]
+fn the_otel_config_section_turns_export_on_with_its_headers() {
+    let collector = Collector::start();
+    let policy = format!(
+        "otel:\n  endpoint: {}\n  headers:\n    x-api-key: key-from-config\n  service_name: from-config",
+        collector.endpoint()
+    );
+    let mut s = builder(&policy, None).start();
+    s.initialize();
+    s.call(json!(1), "echo", json!({"text": "hi"}));
+    s.result(&json!(1));
+    eventually("two spans", || collector.spans().len() >= 2);
+    let posts = collector.posts();
+    assert!(posts.iter().all(|p| p
+        .headers
+        .contains(&("x-api-key".into(), "key-from-config".into()))));
+    let resource = &posts[0].body["resourceSpans"][0]["resource"]["attributes"];
+    assert_eq!(resource[0]["key"], "service.name");
+    assert_eq!(resource[0]["value"]["stringValue"], "from-config");
+    assert!(!s.stderr().contains("key-from-config"), "{}", s.stderr());
+}

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use serde_json::Value as Json;
 
 use super::*;
+use crate::config::OtelConfig;
 
 fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let map: HashMap<String, String> = pairs
@@ -18,29 +19,38 @@ fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
 
 #[test]
 fn export_is_off_without_an_endpoint_or_when_disabled() {
-    assert_eq!(Settings::from_env(env(&[])).unwrap().0, None);
+    assert_eq!(
+        Settings::read(env(&[]), &OtelConfig::default()).unwrap().0,
+        None
+    );
     let disabled = env(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
         ("OTEL_SDK_DISABLED", "TRUE"),
     ]);
-    assert_eq!(Settings::from_env(disabled).unwrap().0, None);
+    assert_eq!(
+        Settings::read(disabled, &OtelConfig::default()).unwrap().0,
+        None
+    );
 }
 
 #[test]
 fn endpoints_headers_and_resource_come_from_the_standard_variables() {
-    let (s, notes) = Settings::from_env(env(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
-        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:9/custom"),
-        (
-            "OTEL_EXPORTER_OTLP_HEADERS",
-            "Authorization=Bearer%20s3cret, x-tenant = a%2Cb ,broken,=novalue",
-        ),
-        (
-            "OTEL_RESOURCE_ATTRIBUTES",
-            "deployment.environment=dev,service.name=ignored",
-        ),
-        ("OTEL_SERVICE_NAME", "my-proxy"),
-    ]))
+    let (s, notes) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:9/custom"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "Authorization=Bearer%20s3cret, x-tenant = a%2Cb ,broken,=novalue",
+            ),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=dev,service.name=ignored",
+            ),
+            ("OTEL_SERVICE_NAME", "my-proxy"),
+        ]),
+        &OtelConfig::default(),
+    )
     .unwrap();
     let s = s.unwrap();
     assert_eq!(s.traces.as_deref(), Some("http://collector:4318/v1/traces"));
@@ -63,10 +73,13 @@ fn endpoints_headers_and_resource_come_from_the_standard_variables() {
 
 #[test]
 fn a_bad_header_value_is_noted_by_its_key_only() {
-    let (_, notes) = Settings::from_env(env(&[
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-        ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret%zz"),
-    ]))
+    let (_, notes) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret%zz"),
+        ]),
+        &OtelConfig::default(),
+    )
     .unwrap();
     assert_eq!(notes.len(), 1);
     assert!(
@@ -77,8 +90,11 @@ fn a_bad_header_value_is_noted_by_its_key_only() {
 
 #[test]
 fn the_service_name_defaults_to_mcp_retry() {
-    let (s, _) =
-        Settings::from_env(env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c/t")])).unwrap();
+    let (s, _) = Settings::read(
+        env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c/t")]),
+        &OtelConfig::default(),
+    )
+    .unwrap();
     let s = s.unwrap();
     assert_eq!(s.traces.as_deref(), Some("http://c/t"));
     assert_eq!(s.metrics, None);
@@ -87,7 +103,11 @@ fn the_service_name_defaults_to_mcp_retry() {
 
 #[test]
 fn an_endpoint_that_is_not_http_is_an_error() {
-    assert!(Settings::from_env(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")])).is_err());
+    assert!(Settings::read(
+        env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")]),
+        &OtelConfig::default()
+    )
+    .is_err());
 }
 
 #[test]
@@ -355,4 +375,48 @@ fn a_client_context_that_is_not_sampled_exports_no_spans_but_still_propagates() 
     assert!(spans(&rx).is_empty());
     // The counters still count it.
     assert_eq!(t.metrics.calls["x"], 1);
+}
+
+#[test]
+fn the_config_section_is_used_and_each_variable_set_wins_over_it() {
+    let config = OtelConfig {
+        endpoint: "http://from-config:4318".into(),
+        headers: vec![
+            ("Authorization".into(), "a".into()),
+            ("x-team".into(), "t".into()),
+        ],
+        service_name: "from-config".into(),
+    };
+    let (s, _) = Settings::read(env(&[]), &config).unwrap();
+    let s = s.unwrap();
+    assert_eq!(
+        s.traces.as_deref(),
+        Some("http://from-config:4318/v1/traces")
+    );
+    assert_eq!(s.headers, config.headers);
+    assert_eq!(s.resource[0], ("service.name".into(), "from-config".into()));
+    let (s, _) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://from-env:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=b"),
+            ("OTEL_SERVICE_NAME", "from-env"),
+        ]),
+        &config,
+    )
+    .unwrap();
+    let s = s.unwrap();
+    assert_eq!(
+        s.metrics.as_deref(),
+        Some("http://from-env:4318/v1/metrics")
+    );
+    assert_eq!(
+        s.headers,
+        vec![
+            ("x-team".to_owned(), "t".to_owned()),
+            ("authorization".to_owned(), "b".to_owned())
+        ]
+    );
+    assert_eq!(s.resource[0], ("service.name".into(), "from-env".into()));
+    let disabled = env(&[("OTEL_SDK_DISABLED", "true")]);
+    assert_eq!(Settings::read(disabled, &config).unwrap().0, None);
 }
