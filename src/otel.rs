@@ -352,6 +352,44 @@ pub struct CallEnd<'a> {
     pub source: Option<&'static str>,
 }
 
+impl CallEnd<'_> {
+    /// The server's final answer: a result, or its error.
+    pub fn answered(error: bool) -> CallEnd<'static> {
+        CallEnd {
+            outcome: if error { "error" } else { "ok" },
+            reason: error.then_some("server_error"),
+            source: None,
+        }
+    }
+
+    /// The proxy's error, for `reason`.
+    pub fn failed(reason: &str) -> CallEnd<'_> {
+        CallEnd {
+            outcome: "failed",
+            reason: Some(reason),
+            source: None,
+        }
+    }
+
+    /// A stale cached result instead of an error.
+    pub fn stale() -> CallEnd<'static> {
+        CallEnd {
+            outcome: "ok",
+            reason: None,
+            source: Some("stale"),
+        }
+    }
+
+    /// Every client waiting for it cancelled.
+    pub fn cancelled() -> CallEnd<'static> {
+        CallEnd {
+            outcome: "cancelled",
+            reason: None,
+            source: None,
+        }
+    }
+}
+
 /// A call in progress: its span, and its live attempt's.
 #[derive(Debug)]
 struct CallTrace {

@@ -426,11 +426,7 @@ impl Dispatcher {
                         ("retryAfterMs", ms),
                     ],
                 );
-                let refused = vec![(
-                    "mcp_retry.retry_after_ms",
-                    (retry_after.as_millis() as i64).into(),
-                )];
-                self.traced(|t| t.call_event(id, "mcp_retry.breaker_refused", refused, now));
+                self.trace_refused(id, retry_after, now);
                 return self.refuse_attempt(id, &error, now);
             }
             Admission::Trial => call.trial = true,
@@ -646,11 +642,7 @@ impl Dispatcher {
         );
         call.retry_at = Some(at);
         self.set_timer(at, Timer::RetryDue { call: id });
-        let backoff = vec![
-            ("mcp_retry.delay_ms", (delay.as_millis() as i64).into()),
-            ("mcp_retry.retry", i64::from(retries_done + 1).into()),
-        ];
-        self.traced(|t| t.call_event(id, "mcp_retry.backoff", backoff, now));
+        self.trace_backoff(id, delay, retries_done + 1, now);
     }
 
     /// After an ambiguous failure: whether the call may run again. When the
@@ -729,11 +721,7 @@ impl Dispatcher {
             _ => {}
         }
         let error = proxy_error(Reason::CircuitOpen, &message, &extra);
-        let refused = vec![(
-            "mcp_retry.retry_after_ms",
-            (retry_after.as_millis() as i64).into(),
-        )];
-        self.traced(|t| t.call_event(id, "mcp_retry.breaker_refused", refused, now));
+        self.trace_refused(id, retry_after, now);
         self.refuse_attempt_with(id, &error, false, now);
     }
 
@@ -793,14 +781,7 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), Some(error));
-        let reason =
-            RawObject::parse(error).map_or("server_error", |e| super::publish::failure_reason(&e));
-        let end = CallEnd {
-            outcome: "failed",
-            reason: Some(reason),
-            source: None,
-        };
-        self.traced(|t| t.call_ended(id, end, now));
+        self.trace_failed(id, error, now);
         let stats = self.stats_for(&call.tool);
         stats.failed += 1;
         if call.retried {
@@ -826,18 +807,7 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), m.error());
-        let end = match m.error() {
-            Some(_) => CallEnd {
-                outcome: "error",
-                reason: Some("server_error"),
-                source: None,
-            },
-            None => CallEnd {
-                outcome: "ok",
-                reason: None,
-                source: None,
-            },
-        };
+        let end = CallEnd::answered(m.error().is_some());
         self.traced(|t| t.call_ended(id, end, now));
         let stats = self.stats_for(&call.tool);
         if call.retried {
@@ -900,12 +870,7 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), None);
-        let end = CallEnd {
-            outcome: "ok",
-            reason: None,
-            source: Some("stale"),
-        };
-        self.traced(|t| t.call_ended(id, end, now));
+        self.traced(|t| t.call_ended(id, CallEnd::stale(), now));
         if call.retried {
             self.stats_for(&call.tool).retried += 1;
         }
@@ -1012,13 +977,8 @@ impl Dispatcher {
         if let Some(live) = call.live {
             self.cancel_downstream(live, reason);
         }
-        let end = CallEnd {
-            outcome: "cancelled",
-            reason: None,
-            source: None,
-        };
         let now = self.now;
-        self.traced(|t| t.call_ended(id, end, now));
+        self.traced(|t| t.call_ended(id, CallEnd::cancelled(), now));
         if call.trial {
             self.breaker.on_trial_abandoned();
         }

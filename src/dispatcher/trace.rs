@@ -3,11 +3,12 @@
 //! what is open at exit. The hooks themselves sit in `calls.rs` and
 //! `link.rs` as one-line calls of [`Dispatcher::traced`].
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::otel::{self, Handle, Tracer};
+use crate::jsonrpc::RawObject;
+use crate::otel::{self, CallEnd, Handle, Tracer};
 
-use super::{Dispatcher, Timer};
+use super::{publish, Dispatcher, Timer};
 
 impl Dispatcher {
     /// Exports spans and metrics through `handle`.
@@ -19,6 +20,32 @@ impl Dispatcher {
     /// Runs `f` on the tracer when export is on.
     pub(super) fn traced<R>(&mut self, f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
         self.otel.as_mut().map(f)
+    }
+
+    /// Call `call` ends with the proxy's `error` (its reason from `data`).
+    pub(super) fn trace_failed(&mut self, call: u64, error: &str, now: Instant) {
+        if let Some(t) = &mut self.otel {
+            let reason =
+                RawObject::parse(error).map_or("server_error", |e| publish::failure_reason(&e));
+            t.call_ended(call, CallEnd::failed(reason), now);
+        }
+    }
+
+    /// The open breaker refused call `call` an attempt.
+    pub(super) fn trace_refused(&mut self, call: u64, retry_after: Duration, now: Instant) {
+        let ms = i64::try_from(retry_after.as_millis()).unwrap_or(i64::MAX);
+        let attrs = vec![("mcp_retry.retry_after_ms", ms.into())];
+        self.traced(|t| t.call_event(call, "mcp_retry.breaker_refused", attrs, now));
+    }
+
+    /// Call `call` waits `delay` before retry number `retry`.
+    pub(super) fn trace_backoff(&mut self, call: u64, delay: Duration, retry: u32, now: Instant) {
+        let ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        let attrs = vec![
+            ("mcp_retry.delay_ms", ms.into()),
+            ("mcp_retry.retry", i64::from(retry).into()),
+        ];
+        self.traced(|t| t.call_event(call, "mcp_retry.backoff", attrs, now));
     }
 
     /// After an event or timers: counters changed and no flush is due yet,
