@@ -81,12 +81,14 @@ impl Settings {
                 Some("https") if cfg!(feature = "tls") => {}
                 Some("https") => {
                     return Err(format!(
-                        "endpoint {url}: this build has no TLS (cargo feature `tls`); use an http:// endpoint"
+                        "endpoint {}: this build has no TLS (cargo feature `tls`); use an http:// endpoint",
+                        shown_url(url)
                     ))
                 }
                 _ => {
                     return Err(format!(
-                        "endpoint {url}: expected an http:// or https:// URL"
+                        "endpoint {}: expected an http:// or https:// URL",
+                        shown_url(url)
                     ))
                 }
             }
@@ -133,6 +135,18 @@ impl Settings {
             }),
             notes,
         ))
+    }
+}
+
+/// `url` as logs may show it: without a `user:password@` part.
+pub fn shown_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let host_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..host_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_owned(),
     }
 }
 

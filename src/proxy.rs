@@ -228,7 +228,10 @@ fn start_otel(cfg: &ServerConfig) -> Result<Option<(otel::Handle, otel::Exporter
     };
     for (what, url) in [("traces", &settings.traces), ("metrics", &settings.metrics)] {
         if let Some(url) = url {
-            crate::debug!("OpenTelemetry: exporting {what} to {url}");
+            crate::debug!(
+                "OpenTelemetry: exporting {what} to {}",
+                otel::shown_url(url)
+            );
         }
     }
     match otel::Exporter::start(settings) {

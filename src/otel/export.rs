@@ -212,6 +212,9 @@ fn post(
         }
         // The error names the URL, the status or the I/O failure, never a
         // header's value.
-        Err(e) => shared.dropped(items, &format!("exporting to {url} failed ({e})")),
+        Err(e) => {
+            let url = super::shown_url(url);
+            shared.dropped(items, &format!("exporting to {url} failed ({e})"));
+        }
     }
 }

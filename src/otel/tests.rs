@@ -420,3 +420,13 @@ fn the_config_section_is_used_and_each_variable_set_wins_over_it() {
     let disabled = env(&[("OTEL_SDK_DISABLED", "true")]);
     assert_eq!(Settings::read(disabled, &config).unwrap().0, None);
 }
+
+#[test]
+fn urls_are_logged_without_credentials() {
+    assert_eq!(
+        shown_url("http://u:p@c:4318/v1/traces"),
+        "http://c:4318/v1/traces"
+    );
+    assert_eq!(shown_url("https://c/x?a=b@c"), "https://c/x?a=b@c");
+    assert_eq!(shown_url("c:4318"), "c:4318");
+}
