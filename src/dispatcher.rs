@@ -237,6 +237,8 @@ struct ClientRequest {
     call: Option<u64>,
     /// Its place in the queue while the server restarts.
     queued: Option<u64>,
+    /// For its span should it fail (export on, not `tools/call`).
+    trace: Option<Box<crate::otel::RequestTrace>>,
 }
 
 /// A request from the server to the client, waiting for the client's answer.
@@ -842,6 +844,10 @@ impl Dispatcher {
                 batch,
                 call: None,
                 queued: None,
+                trace: self
+                    .otel
+                    .as_mut()
+                    .and_then(|t| t.request_started(&method, m.params(), now)),
             },
         );
         if self.client_requests.len() > self.cfg.max_in_flight {
@@ -1336,7 +1342,14 @@ impl Dispatcher {
 
     /// Delivers the answer to a client request and forgets the request.
     fn answer(&mut self, client_id: &str, line: Vec<u8>) {
-        match self.client_requests.remove(client_id) {
+        let request = self.client_requests.remove(client_id);
+        if let (Some(t), Some(r)) = (
+            &mut self.otel,
+            request.as_ref().and_then(|r| r.trace.as_ref()),
+        ) {
+            t.request_answered(r, client_id, &line, self.now);
+        }
+        match request {
             Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
             Some(_) => self.send_client(line),
             None => debug!("dropped an answer for request {client_id}, which the client cancelled"),

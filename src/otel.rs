@@ -404,6 +404,15 @@ impl CallEnd<'_> {
     }
 }
 
+/// A client request other than `tools/call` while it waits: it gets a
+/// span only if it fails.
+#[derive(Debug)]
+pub struct RequestTrace {
+    method: String,
+    start: Instant,
+    parent: Option<SpanContext>,
+}
+
 /// A call in progress: its span, and its live attempt's.
 #[derive(Debug)]
 struct CallTrace {
@@ -748,6 +757,81 @@ impl Tracer {
             s.error = Some("cancelled".into());
         }
         self.handle.send_span(c.span);
+    }
+
+    /// A client request arrived: what its span needs, should it fail
+    /// (`tools/call` has its own spans).
+    pub fn request_started(
+        &mut self,
+        method: &str,
+        params: Option<&str>,
+        now: Instant,
+    ) -> Option<Box<RequestTrace>> {
+        (method != "tools/call").then(|| {
+            Box::new(RequestTrace {
+                method: method.to_owned(),
+                start: now,
+                parent: params.and_then(client_context),
+            })
+        })
+    }
+
+    /// Request `client_id` is answered with `line`: an error gets a span.
+    pub fn request_answered(
+        &mut self,
+        r: &RequestTrace,
+        client_id: &str,
+        line: &[u8],
+        now: Instant,
+    ) {
+        let Some(error) = std::str::from_utf8(line)
+            .ok()
+            .and_then(RawObject::parse)
+            .and_then(|o| o.get("error"))
+            .and_then(|e| RawObject::parse(e.get()))
+        else {
+            return;
+        };
+        let code = error.get("code").map(|c| c.get().to_owned());
+        let data = error.get("data").and_then(|d| RawObject::parse(d.get()));
+        let ours = data
+            .as_ref()
+            .and_then(|d| d.string("source"))
+            .is_some_and(|s| s == "mcp-retry");
+        let error_type = match (ours, data.as_ref().and_then(|d| d.string("reason"))) {
+            (true, Some(reason)) => reason,
+            _ => code.clone().unwrap_or_else(|| "error".into()),
+        };
+        let ctx = SpanContext {
+            trace_id: match r.parent {
+                Some(p) => p.trace_id,
+                None => self.new_trace_id(),
+            },
+            span_id: self.new_span_id(),
+            sampled: r.parent.is_none_or(|p| p.sampled),
+        };
+        let mut attrs: Attrs = vec![
+            ("mcp.method.name", r.method.clone().into()),
+            ("jsonrpc.request.id", client_id.to_owned().into()),
+            ("network.transport", "pipe".into()),
+            ("mcp_retry.server", self.server.clone().into()),
+            ("error.type", error_type.clone().into()),
+        ];
+        if let Some(code) = code {
+            attrs.push(("rpc.jsonrpc.error_code", code.into()));
+        }
+        let span = Span {
+            ctx,
+            parent: r.parent.map(|p| p.span_id),
+            name: r.method.clone(),
+            kind: SpanKind::Server,
+            start: self.time(r.start),
+            end: self.time(now),
+            attrs,
+            events: Vec::new(),
+            error: Some(error_type),
+        };
+        self.handle.send_span(span);
     }
 
     /// Counters changed since the last snapshot.

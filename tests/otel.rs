@@ -402,3 +402,39 @@ fn the_otel_config_section_turns_export_on_with_its_headers() {
     assert_eq!(resource[0]["value"]["stringValue"], "from-config");
     assert!(!s.stderr().contains("key-from-config"), "{}", s.stderr());
 }
+
+#[test]
+fn other_requests_get_a_span_only_when_they_fail() {
+    let collector = Collector::start();
+    let mut s = builder("", Some(&collector.endpoint())).start();
+    s.initialize();
+    s.request(json!(1), "ping", json!({}));
+    s.result(&json!(1));
+    // No `uri`: the mock answers -32602.
+    s.request(
+        json!(2),
+        "resources/read",
+        json!({"_meta": {"traceparent": format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")}}),
+    );
+    s.error(&json!(2));
+    s.call(json!(3), "echo", json!({"text": "hi"}));
+    s.result(&json!(3));
+    // The call's two spans come after the failed request's.
+    eventually("three spans", || collector.spans().len() >= 3);
+    let spans = collector.spans();
+    let failed: Vec<&Value> = spans
+        .iter()
+        .filter(|sp| sp["name"] != "tools/call echo")
+        .collect();
+    assert_eq!(failed.len(), 1, "{spans:?}");
+    let span = failed[0];
+    assert_eq!(span["name"], "resources/read");
+    assert_eq!(span["traceId"], CLIENT_TRACE);
+    assert_eq!(span["parentSpanId"], CLIENT_SPAN);
+    assert_eq!(
+        attr(span, "mcp.method.name")["stringValue"],
+        "resources/read"
+    );
+    assert_eq!(attr(span, "error.type")["stringValue"], "-32602");
+    assert_eq!(span["status"]["code"], 2);
+}
