@@ -166,7 +166,7 @@ const CLIENT_SPAN: &str = "b7ad6b7169203331";
 fn a_timed_out_cancelled_retried_call_is_one_span_tree_under_the_client_s_trace() {
     let collector = Collector::start();
     let mut s = builder(
-        "call_timeout: 0.3\nretry:\n  max_retries: 2\n  base_delay: 0.05\n  jitter: 0",
+        "call_timeout: 1\nretry:\n  max_retries: 2\n  base_delay: 0.05\n  jitter: 0",
         Some(&collector.endpoint()),
     )
     .env(
