@@ -321,6 +321,50 @@ fn with_export_on_counters_are_flushed_once_after_a_change_and_idle_stays_idle()
 }
 
 #[test]
+fn with_export_on_a_call_that_survives_a_crash_has_the_respawn_and_backoff_in_its_span() {
+    let mut cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
+    cfg.assume_idempotent = true;
+    let mut h = Harness::with(cfg);
+    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
+    h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
+    h.to_server();
+    h.server_event(ServerEvent::Exited(EXIT_0));
+    h.server_event(ServerEvent::StdoutClosed);
+    let second = loop {
+        if let Some(line) = h.try_to_server() {
+            break line;
+        }
+        h.fire_next_timer();
+    };
+    let down = id_of(&second);
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
+    ));
+    h.to_client();
+    let spans: Vec<crate::otel::Span> = exported
+        .try_iter()
+        .filter_map(|i| match i {
+            crate::otel::Item::Span(s) => Some(s),
+            crate::otel::Item::Metrics(_) => None,
+        })
+        .collect();
+    assert_eq!(spans.len(), 3, "{spans:?}");
+    let failure = |s: &crate::otel::Span| {
+        s.attrs
+            .iter()
+            .find(|(k, _)| *k == "error.type")
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(failure(&spans[0]), Some("server_exited".into()));
+    assert_eq!(failure(&spans[1]), None);
+    let events: Vec<&str> = spans[2].events.iter().map(|e| e.name).collect();
+    assert!(events.contains(&"mcp_retry.backoff"), "{events:?}");
+    assert!(events.contains(&"mcp_retry.respawn"), "{events:?}");
+}
+
+#[test]
 fn answered_calls_do_not_pile_up_timers() {
     let mut h = Harness::new();
     for i in 0..5000 {
