@@ -834,6 +834,12 @@ impl Tracer {
         self.handle.send_span(span);
     }
 
+    /// The counters so far.
+    #[cfg(test)]
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Counters changed since the last snapshot.
     pub fn metrics_changed(&self) -> bool {
         self.changed

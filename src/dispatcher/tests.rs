@@ -365,6 +365,44 @@ fn with_export_on_a_call_that_survives_a_crash_has_the_respawn_and_backoff_in_it
 }
 
 #[test]
+fn with_export_on_a_breaker_refusal_is_an_event_and_a_transition_is_counted() {
+    let mut cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
+    cfg.circuit_breaker.failure_threshold = 1;
+    cfg.assume_idempotent = true;
+    let mut h = Harness::with(cfg);
+    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
+    h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
+    let down = id_of(&h.to_server());
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"error":{{"code":-32000,"message":"busy"}}}}"#
+    ));
+    let answer: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(
+        answer["error"]["data"]["reason"], "circuit_open",
+        "{answer}"
+    );
+    let span = exported
+        .try_iter()
+        .filter_map(|i| match i {
+            crate::otel::Item::Span(s) if s.kind == crate::otel::SpanKind::Server => Some(s),
+            _ => None,
+        })
+        .next()
+        .expect("the call's span");
+    let events: Vec<&str> = span.events.iter().map(|e| e.name).collect();
+    assert_eq!(events, ["mcp_retry.breaker_refused"]);
+    let reason = span.attrs.iter().find(|(k, _)| *k == "error.type");
+    assert_eq!(
+        reason.map(|(_, v)| v.clone()),
+        Some("circuit_open".to_owned().into())
+    );
+    let tracer = h.d.otel.as_ref().unwrap();
+    assert_eq!(tracer.metrics().breaker.get("opened"), Some(&1));
+}
+
+#[test]
 fn answered_calls_do_not_pile_up_timers() {
     let mut h = Harness::new();
     for i in 0..5000 {
