@@ -83,6 +83,8 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// Most client requests in flight before answering `overloaded` (default 10 000).
     pub max_in_flight: usize,
+    /// OpenTelemetry export (the `OTEL_*` variables win).
+    pub otel: OtelConfig,
     /// Why this server cannot be started although the file is valid (a
     /// `${VAR}` that is not set): `run` refuses it, `check` reports it down.
     pub problem: Option<ServerProblem>,
@@ -95,6 +97,16 @@ pub struct ServerProblem {
     pub reason: String,
     /// For `run`: the full error, `file:line: key.path: reason` per problem.
     pub error: String,
+}
+
+/// The `otel:` section.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OtelConfig {
+    /// The collector's base URL; empty: no export.
+    pub endpoint: String,
+    /// Request headers (values never logged).
+    pub headers: Vec<(String, String)>,
+    pub service_name: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -1190,6 +1202,14 @@ impl Walker<'_> {
                 }
                 at(Value::Tools(out), node, path)
             }
+            Kind::Text => {
+                let text = self.expanded(node, path)?;
+                at(Value::Text(text), node, path)
+            }
+            Kind::TextMap => {
+                let map = self.env_map(node, path)?;
+                at(Value::TextMap(map), node, path)
+            }
         }
     }
 
@@ -1762,7 +1782,7 @@ mod tests {
     const SERVER_KEY_LIST: &str =
         "command, args, env, envFile, cwd, disabled, call_timeout, retry, cache, \
         circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
-        assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight";
+        assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight, otel";
 
     // Happy paths.
 
@@ -2413,13 +2433,36 @@ servers:
     }
 
     #[test]
+    fn the_otel_section_is_read_with_variables_expanded_and_merged_over_defaults() {
+        let text =
+            "defaults:\n  otel:\n    endpoint: http://c:4318\n    headers:\n      a: \"1\"\n\
+                    servers:\n  fs:\n    command: x\n    otel:\n      headers:\n        \
+                    authorization: Bearer ${TOKEN}\n      service_name: fs-proxy\n";
+        let config = yaml(text).unwrap();
+        let otel = &config.servers[0].otel;
+        assert_eq!(otel.endpoint, "http://c:4318");
+        assert_eq!(otel.service_name, "fs-proxy");
+        assert_eq!(
+            otel.headers,
+            [("authorization".to_owned(), "Bearer t0k".to_owned())]
+        );
+        let plain = ServerConfig::with_defaults("s", "x".into(), vec![]);
+        assert_eq!(plain.otel.endpoint, "");
+        assert_eq!(plain.otel.service_name, "mcp-retry");
+        assert_eq!(
+            key_err("otel:\n      endpoint: 4318"),
+            "/p/c.yaml:5: servers.fs.otel.endpoint: expected a string, got 4318 (put it in quotes)"
+        );
+    }
+
+    #[test]
     fn unknown_key_in_defaults() {
         assert_eq!(
             yaml_err("defaults:\n  command: x\nservers: {}\n"),
             "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, retry, \
              cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
              idempotency_max_bytes, assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, \
-             max_in_flight)"
+             max_in_flight, otel)"
         );
     }
 

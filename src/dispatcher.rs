@@ -42,6 +42,7 @@ mod link;
 mod publish;
 #[cfg(test)]
 mod tests;
+mod trace;
 
 use calls::{Call, Late, ToolsKnowledge};
 use link::{Link, Queued, ReplayStep, Route, Session};
@@ -166,6 +167,8 @@ pub enum Timer {
     /// Line number `line` over `max_message_bytes` of incarnation
     /// `generation` must have ended by now.
     OverlongLine { generation: u64, line: u64 },
+    /// Time to hand the OpenTelemetry counters to the exporter.
+    OtelFlush,
 }
 
 /// How long after its stop sequence a server may take to be reported gone
@@ -234,6 +237,8 @@ struct ClientRequest {
     call: Option<u64>,
     /// Its place in the queue while the server restarts.
     queued: Option<u64>,
+    /// For its span should it fail (export on, not `tools/call`).
+    trace: Option<Box<crate::otel::RequestTrace>>,
 }
 
 /// A request from the server to the client, waiting for the client's answer.
@@ -334,6 +339,10 @@ pub struct Dispatcher {
     inbox_backlog: Option<Arc<Backlog>>,
     /// Bytes of messages handled since free memory was last given back.
     handled_bytes: usize,
+    /// OpenTelemetry export, when on (`trace.rs`), and whether a metrics
+    /// flush is scheduled.
+    otel: Option<crate::otel::Tracer>,
+    otel_flush_pending: bool,
 }
 
 impl Dispatcher {
@@ -395,6 +404,8 @@ impl Dispatcher {
             eager: false,
             inbox_backlog: None,
             handled_bytes: 0,
+            otel: None,
+            otel_flush_pending: false,
             cfg,
         }
     }
@@ -428,6 +439,7 @@ impl Dispatcher {
                 self.answer_remaining();
                 info!("{}", self.stats.summary());
                 self.flush_stats();
+                self.otel_finish(Instant::now());
                 return outcome;
             }
             let event = match spin_for_event(&inbox) {
@@ -509,6 +521,7 @@ impl Dispatcher {
             }
         }
         self.status_check();
+        self.otel_schedule();
     }
 
     fn fire_timers(&mut self, now: Instant) {
@@ -521,6 +534,7 @@ impl Dispatcher {
             self.on_timer(t.timer, now);
         }
         self.status_check();
+        self.otel_schedule();
     }
 
     fn set_timer(&mut self, at: Instant, timer: Timer) {
@@ -565,6 +579,7 @@ impl Dispatcher {
                 }
             }
             Timer::StatsFlush => self.flush_stats(),
+            Timer::OtelFlush => self.otel_flush(now),
             Timer::StatusPublish => self.publish_status(now),
             Timer::Restart { seq } => self.restart_due(seq, now),
             Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),
@@ -817,6 +832,10 @@ impl Dispatcher {
                 batch,
                 call: None,
                 queued: None,
+                trace: self
+                    .otel
+                    .as_mut()
+                    .and_then(|t| t.request_started(&method, m.params(), now)),
             },
         );
         if self.client_requests.len() > self.cfg.max_in_flight {
@@ -1311,7 +1330,14 @@ impl Dispatcher {
 
     /// Delivers the answer to a client request and forgets the request.
     fn answer(&mut self, client_id: &str, line: Vec<u8>) {
-        match self.client_requests.remove(client_id) {
+        let request = self.client_requests.remove(client_id);
+        if let (Some(t), Some(r)) = (
+            &mut self.otel,
+            request.as_ref().and_then(|r| r.trace.as_ref()),
+        ) {
+            t.request_answered(r, client_id, &line, self.now);
+        }
+        match request {
             Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
             Some(_) => self.send_client(line),
             None => debug!("dropped an answer for request {client_id}, which the client cancelled"),

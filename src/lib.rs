@@ -18,6 +18,7 @@ mod downstream;
 mod fasthash;
 pub mod jsonrpc;
 pub mod log;
+mod otel;
 mod policy;
 pub mod proxy;
 mod redact;

@@ -23,6 +23,7 @@ use crate::config::{self, ServerConfig};
 use crate::dispatcher::{Dispatcher, Event, Outcome};
 use crate::downstream::{self, Diagnostics, ServerEvent};
 use crate::jsonrpc;
+use crate::otel;
 use crate::stats;
 use crate::status;
 use crate::stdio::{self, Backlog, ReadItem};
@@ -155,6 +156,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             Ok(server)
         },
     );
+    let otel = start_otel(&cfg)?;
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
         .with_inbox_backlog(backlogs.inbox.clone());
     let mut stats_writer = None;
@@ -163,6 +165,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         dispatcher = dispatcher.with_stats_output(tx);
         stats_writer = Some(handle);
     }
+    let exporter = match otel {
+        Some((handle, exporter)) => {
+            dispatcher = dispatcher.with_otel(handle);
+            Some(exporter)
+        }
+        None => None,
+    };
     let mut status_handle = None;
     if let Some((tx, handle)) = status_writer {
         dispatcher = dispatcher.with_status_output(tx);
@@ -185,6 +194,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(h) = stats_writer {
         let _ = h.join();
     }
+    // The dispatcher let go of its handle: what is queued gets 1 s.
+    if let Some(exporter) = exporter {
+        let dropped = exporter.finish(Duration::from_secs(1));
+        if dropped > 0 {
+            crate::info!("OpenTelemetry: {dropped} span(s) or snapshot(s) were dropped");
+        }
+    }
     // It removes our status file.
     if let Some(h) = status_handle {
         let _ = h.join();
@@ -193,6 +209,40 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         Outcome::ClientClosed => ExitCode::SUCCESS,
         Outcome::Signalled(sig) => ExitCode::from(128u8.saturating_add(sig as u8)),
     })
+}
+
+/// The `otel-export` thread, when the `OTEL_*` variables ask for export.
+/// Telemetry never stops the proxy: a bad endpoint turns export off, said
+/// once; a malformed header entry is skipped, said without its value.
+fn start_otel(cfg: &ServerConfig) -> Result<Option<(otel::Handle, otel::Exporter)>> {
+    let (settings, notes) = match otel::Settings::read(|k| std::env::var(k).ok(), &cfg.otel) {
+        Ok(read) => read,
+        Err(e) => {
+            crate::warn!("OpenTelemetry export is off: {e}");
+            return Ok(None);
+        }
+    };
+    for note in notes {
+        crate::warn!("OpenTelemetry: {note}");
+    }
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    for (what, url) in [("traces", &settings.traces), ("metrics", &settings.metrics)] {
+        if let Some(url) = url {
+            crate::debug!(
+                "OpenTelemetry: exporting {what} to {}",
+                otel::shown_url(url)
+            );
+        }
+    }
+    match otel::Exporter::start(settings) {
+        Ok(started) => Ok(Some(started)),
+        Err(e) => {
+            crate::warn!("OpenTelemetry export is off: cannot start its thread: {e}");
+            Ok(None)
+        }
+    }
 }
 
 /// The `status-writer` thread, unless the runtime directory cannot be

@@ -8,6 +8,7 @@ mod chaos;
 mod check;
 mod cli;
 mod lifecycle;
+mod otel;
 mod relay;
 mod resilience;
 mod respawn;

@@ -93,6 +93,7 @@ defaults:
                 format!("[{}]", codes.join(", "))
             }
             Def::Empty => "{}".to_string(),
+            Def::Text(s) => serde_json::to_string(s).unwrap_or_default(),
             Def::Unset => "~".to_string(),
         }
     }
@@ -178,6 +179,8 @@ defaults:
             Kind::Codes => "list of integers".to_string(),
             Kind::Durations => "tool name → duration".to_string(),
             Kind::Tools => "tool name → mapping".to_string(),
+            Kind::Text => "string".to_string(),
+            Kind::TextMap => "name → string".to_string(),
         }
     }
 
@@ -242,6 +245,7 @@ fn json_default(def: Def) -> Option<Json> {
         Def::Bool(b) => json!(b),
         Def::Codes(codes) => json!(codes),
         Def::Empty => json!({}),
+        Def::Text(s) => json!(s),
         Def::Unset => return None,
     })
 }
@@ -263,6 +267,11 @@ fn kind_schema(kind: Kind) -> Json {
         Kind::Tools => json!({
             "type": "object",
             "additionalProperties": {"$ref": "#/$defs/tool"},
+        }),
+        Kind::Text => json!({"type": "string"}),
+        Kind::TextMap => json!({
+            "type": "object",
+            "additionalProperties": {"type": "string"},
         }),
     }
 }

@@ -54,6 +54,10 @@ pub(super) enum Kind {
     Durations,
     /// Tool name → the keys of [`TOOL_KEYS`].
     Tools,
+    /// A string (`${VAR}` expanded).
+    Text,
+    /// Name → string (`${VAR}` expanded), such as request headers.
+    TextMap,
 }
 
 /// A key's default, as it is documented.
@@ -69,6 +73,8 @@ pub(super) enum Def {
     Codes(&'static [i64]),
     /// An empty mapping.
     Empty,
+    /// A string.
+    Text(&'static str),
     /// No default: unset means "decided elsewhere" (the keys of a tool).
     Unset,
 }
@@ -83,6 +89,8 @@ pub(super) enum Value {
     Codes(Vec<i64>),
     Durations(HashMap<String, Duration>),
     Tools(HashMap<String, ToolConfig>),
+    Text(String),
+    TextMap(Vec<(String, String)>),
 }
 
 /// One key of a table, and the field of `S` it sets.
@@ -219,6 +227,30 @@ impl Field for HashMap<String, ToolConfig> {
     }
 }
 
+impl Field for String {
+    fn from_value(v: &Value) -> Option<Self> {
+        match v {
+            Value::Text(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+    fn to_value(&self) -> Option<Value> {
+        Some(Value::Text(self.clone()))
+    }
+}
+
+impl Field for Vec<(String, String)> {
+    fn from_value(v: &Value) -> Option<Self> {
+        match v {
+            Value::TextMap(m) => Some(m.clone()),
+            _ => None,
+        }
+    }
+    fn to_value(&self) -> Option<Value> {
+        Some(Value::TextMap(self.clone()))
+    }
+}
+
 /// An optional field: unset until the file sets it.
 impl<T: Field> Field for Option<T> {
     fn from_value(v: &Value) -> Option<Self> {
@@ -310,6 +342,11 @@ pub(super) static SECTIONS: &[(&str, &str)] = &[
         "circuit_breaker",
         "Fails calls fast while the server keeps failing.",
     ),
+    (
+        "otel",
+        "OpenTelemetry export (OTLP/HTTP, JSON) of a span per tools/call and of counters. \
+         The standard OTEL_* variables, when set, win over these keys.",
+    ),
 ];
 
 /// The policy keys of a server entry or `defaults:`, in file order: a
@@ -394,6 +431,15 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
          1073741824 = 1 GiB).";
     "max_in_flight" => max_in_flight, Kind::Count { min: 1, max: USIZE_MAX }, Def::Int(10_000),
         "Most client requests in flight before new ones are answered `overloaded`.";
+    "otel.endpoint" => otel.endpoint, Kind::Text, Def::Text(""),
+        "The collector's OTLP/HTTP base URL (`http://…` or `https://…`); traces go to \
+         `/v1/traces` under it, metrics to `/v1/metrics`. Empty: no export \
+         (unless OTEL_EXPORTER_OTLP_ENDPOINT is set).";
+    "otel.headers" => otel.headers, Kind::TextMap, Def::Empty,
+        "Request headers for the collector by name, such as an API key (use `${VAR}`); \
+         their values are never logged.";
+    "otel.service_name" => otel.service_name, Kind::Text, Def::Text("mcp-retry"),
+        "The `service.name` resource attribute.";
 };
 
 /// The keys of one entry of `tools:`; unset keys fall back to the tool's
@@ -475,6 +521,8 @@ impl Def {
             (Def::Number(x), _) => Value::Number(x),
             (Def::Codes(c), _) => Value::Codes(c.to_vec()),
             (Def::Empty, Kind::Tools) => Value::Tools(HashMap::new()),
+            (Def::Empty, Kind::TextMap) => Value::TextMap(Vec::new()),
+            (Def::Text(s), _) => Value::Text(s.to_owned()),
             (Def::Empty, _) => Value::Durations(HashMap::new()),
             (Def::Unset, _) => return None,
         })

@@ -17,6 +17,7 @@ use memchr::memmem;
 
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::log::Fields;
+use crate::otel::{self, CallEnd};
 use crate::policy::breaker::{Admission, BreakerState, Transition};
 use crate::policy::dedup::{fingerprint, fingerprint_json, Keep, Lookup};
 use crate::policy::gate::{self, GateInput, Safety};
@@ -228,6 +229,7 @@ impl Dispatcher {
             if let Some(result) = self.cache.get(key, now).map(str::to_owned) {
                 info!("tool \"{tool}\": answered from the cache");
                 self.stats_for(&tool).cache_hits += 1;
+                self.traced(|t| t.answered_by_proxy(&tool, &client_id, m.params(), "cache", now));
                 let line = jsonrpc::response_line(&client_id, &with_source(&result, Source::Cache));
                 return self.answer(&client_id, line);
             }
@@ -258,6 +260,7 @@ impl Dispatcher {
                     self.note_key_reuse(&tool, parsed.explicit_key.as_deref(), same_args);
                     self.stats_for(&tool).dedup_hits += 1;
                     let call = self.calls_by_key.get(&key).copied();
+                    self.traced(|t| t.joined(call, &tool, now));
                     if let Some(r) = self.client_requests.get_mut(&client_id) {
                         r.call = call;
                     }
@@ -279,6 +282,7 @@ impl Dispatcher {
                     }
                     self.note_key_reuse(&tool, parsed.explicit_key.as_deref(), same_args);
                     self.stats_for(&tool).dedup_hits += 1;
+                    self.traced(|t| t.answered_by_proxy(&tool, &waiter, m.params(), "dedup", now));
                     let line =
                         jsonrpc::response_line(&waiter, &with_source(&result, Source::Dedup));
                     return self.answer(&waiter, line);
@@ -315,6 +319,7 @@ impl Dispatcher {
             Some(p) => m.with_params(p).unwrap_or(m),
             None => m,
         };
+        self.traced(|t| t.call_started(id, &tool, &client_id, request.params(), now));
         self.calls.insert(
             id,
             Call {
@@ -423,6 +428,7 @@ impl Dispatcher {
                         ("retryAfterMs", ms),
                     ],
                 );
+                self.trace_refused(id, retry_after, now);
                 return self.refuse_attempt(id, &error, now);
             }
             Admission::Trial => call.trial = true,
@@ -481,6 +487,10 @@ impl Dispatcher {
                 call.tool, call.attempts
             );
         }
+        let line = match self.traced(|t| t.attempt_started(id, down, now)).flatten() {
+            Some(tp) => traced_line(&self.calls[&id].request, down, &tp).unwrap_or(line),
+            None => line,
+        };
         self.inflight.insert(down, Inflight::Attempt { call: id });
         self.set_timer(at, Timer::AttemptTimeout { call: id, down });
         if !self.send_server(line) {
@@ -537,6 +547,13 @@ impl Dispatcher {
             // A final error says nothing about health; free the trial.
             self.breaker.on_trial_abandoned();
         }
+        // A late answer from an abandoned attempt ends the live one.
+        let failure = match m.error() {
+            _ if !is_live => Some("superseded"),
+            Some(_) => Some("server_error"),
+            None => None,
+        };
+        self.traced(|t| t.attempt_ended(id, failure, now));
         self.finish_with_server_answer(id, m, now);
     }
 
@@ -547,6 +564,7 @@ impl Dispatcher {
         };
         let trial = call.trial;
         call.trial = false;
+        self.traced(|t| t.attempt_ended(id, Some(failure.kind()), now));
         let t = self.breaker.on_failure(trial, now);
         self.log_transition(t);
         self.decide(id, failure, now);
@@ -626,6 +644,7 @@ impl Dispatcher {
         );
         call.retry_at = Some(at);
         self.set_timer(at, Timer::RetryDue { call: id });
+        self.trace_backoff(id, delay, retries_done + 1, now);
     }
 
     /// After an ambiguous failure: whether the call may run again. When the
@@ -704,6 +723,7 @@ impl Dispatcher {
             _ => {}
         }
         let error = proxy_error(Reason::CircuitOpen, &message, &extra);
+        self.trace_refused(id, retry_after, now);
         self.refuse_attempt_with(id, &error, false, now);
     }
 
@@ -763,6 +783,7 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), Some(error));
+        self.trace_failed(id, error, now);
         let stats = self.stats_for(&call.tool);
         stats.failed += 1;
         if call.retried {
@@ -788,6 +809,8 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), m.error());
+        let end = CallEnd::answered(m.error().is_some());
+        self.traced(|t| t.call_ended(id, end, now));
         let stats = self.stats_for(&call.tool);
         if call.retried {
             stats.retried += 1;
@@ -849,6 +872,7 @@ impl Dispatcher {
             return;
         };
         self.note_call_end(&call.tool, call.took(now), None);
+        self.traced(|t| t.call_ended(id, CallEnd::stale(), now));
         if call.retried {
             self.stats_for(&call.tool).retried += 1;
         }
@@ -955,6 +979,8 @@ impl Dispatcher {
         if let Some(live) = call.live {
             self.cancel_downstream(live, reason);
         }
+        let now = self.now;
+        self.traced(|t| t.call_ended(id, CallEnd::cancelled(), now));
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
@@ -1030,6 +1056,9 @@ impl Dispatcher {
                 call.live = None;
                 call.dead.push(down);
                 let took = now.saturating_duration_since(call.attempt_started);
+                self.traced(|t| {
+                    t.attempt_event(id, "mcp_retry.cancelled_downstream", Vec::new(), now)
+                });
                 self.cancel_downstream(down, "timed out (mcp-retry)");
                 self.on_attempt_failed(id, Failure::Timeout(took), now);
             }
@@ -1280,6 +1309,13 @@ impl Dispatcher {
 
     pub(super) fn log_transition(&mut self, t: Option<Transition>) {
         let Some(t) = t else { return };
+        let name = match t {
+            Transition::Opened => "opened",
+            Transition::HalfOpened => "half_opened",
+            Transition::Closed => "closed",
+            Transition::Reopened => "reopened",
+        };
+        self.traced(|tracer| tracer.breaker(name));
         let name = &self.cfg.name;
         match t {
             Transition::Opened => {
@@ -1427,6 +1463,17 @@ fn storable_by_members(result: &str) -> bool {
         return false;
     }
     o.get("task").is_none()
+}
+
+/// The attempt line of `request` with id `down` and its own `traceparent`
+/// in `params._meta` (export on only; `None` if params is not an object).
+fn traced_line(request: &Message, down: u64, traceparent: &str) -> Option<Vec<u8>> {
+    let params = otel::with_traceparent(request.params()?, traceparent)?;
+    Some(
+        request
+            .with_params(&params)?
+            .line_with_id(&down.to_string()),
+    )
 }
 
 /// `result` with `_meta["mcp-retry/source"]` set (first in `_meta`),

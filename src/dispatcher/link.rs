@@ -637,6 +637,7 @@ impl Dispatcher {
     /// The restart timer fired.
     pub(super) fn restart_due(&mut self, seq: u64, now: Instant) {
         if seq == self.restart_seq && matches!(self.link, Link::Restarting { .. }) {
+            self.traced(|t| t.respawned(now));
             self.start_server(now);
         }
     }

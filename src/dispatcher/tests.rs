@@ -276,6 +276,132 @@ fn an_idle_dispatcher_has_no_timers_after_the_handshake_settles() {
 }
 
 #[test]
+fn with_export_on_counters_are_flushed_once_after_a_change_and_idle_stays_idle() {
+    let mut h = Harness::new();
+    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
+    h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
+    assert!(h.d.timers.is_empty());
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
+    let sent: Value = serde_json::from_str(&h.to_server()).unwrap();
+    let traceparent = sent["params"]["_meta"]["traceparent"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let down = &sent["id"];
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
+    ));
+    h.to_client();
+    let spans: Vec<crate::otel::Span> = exported
+        .try_iter()
+        .filter_map(|i| match i {
+            crate::otel::Item::Span(s) => Some(s),
+            crate::otel::Item::Metrics(_) => None,
+        })
+        .collect();
+    assert_eq!(spans.len(), 2);
+    assert_eq!(spans[0].ctx.traceparent(), traceparent);
+    let flushes = |h: &Harness| {
+        h.d.timers
+            .iter()
+            .filter(|Reverse(t)| t.timer == super::Timer::OtelFlush)
+            .count()
+    };
+    assert_eq!(flushes(&h), 1);
+    // Nothing happens for 10 s but the flush, and then nothing at all.
+    while !h.d.timers.is_empty() {
+        h.fire_next_timer();
+    }
+    let metrics = exported
+        .try_iter()
+        .filter(|i| matches!(i, crate::otel::Item::Metrics(_)));
+    assert_eq!(metrics.count(), 1);
+    assert_eq!(flushes(&h), 0);
+}
+
+#[test]
+fn with_export_on_a_call_that_survives_a_crash_has_the_respawn_and_backoff_in_its_span() {
+    let mut cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
+    cfg.assume_idempotent = true;
+    let mut h = Harness::with(cfg);
+    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
+    h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
+    h.to_server();
+    h.server_event(gone("exited with status 0"));
+    let second = loop {
+        if let Some(line) = h.try_to_server() {
+            break line;
+        }
+        h.fire_next_timer();
+    };
+    let down = id_of(&second);
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
+    ));
+    h.to_client();
+    let spans: Vec<crate::otel::Span> = exported
+        .try_iter()
+        .filter_map(|i| match i {
+            crate::otel::Item::Span(s) => Some(s),
+            crate::otel::Item::Metrics(_) => None,
+        })
+        .collect();
+    assert_eq!(spans.len(), 3, "{spans:?}");
+    let failure = |s: &crate::otel::Span| {
+        s.attrs
+            .iter()
+            .find(|(k, _)| *k == "error.type")
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(failure(&spans[0]), Some("server_exited".into()));
+    assert_eq!(failure(&spans[1]), None);
+    let events: Vec<&str> = spans[2].events.iter().map(|e| e.name).collect();
+    assert!(events.contains(&"mcp_retry.backoff"), "{events:?}");
+    assert!(events.contains(&"mcp_retry.respawn"), "{events:?}");
+}
+
+#[test]
+fn with_export_on_a_breaker_refusal_is_an_event_and_a_transition_is_counted() {
+    let mut cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
+    cfg.circuit_breaker.failure_threshold = 1;
+    cfg.assume_idempotent = true;
+    let mut h = Harness::with(cfg);
+    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
+    h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
+    let down = id_of(&h.to_server());
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"error":{{"code":-32000,"message":"busy"}}}}"#
+    ));
+    let answer: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(
+        answer["error"]["data"]["reason"], "circuit_open",
+        "{answer}"
+    );
+    let span = exported
+        .try_iter()
+        .filter_map(|i| match i {
+            crate::otel::Item::Span(s) if s.kind == crate::otel::SpanKind::Server => Some(s),
+            _ => None,
+        })
+        .next()
+        .expect("the call's span");
+    let events: Vec<&str> = span.events.iter().map(|e| e.name).collect();
+    assert_eq!(events, ["mcp_retry.breaker_refused"]);
+    let reason = span.attrs.iter().find(|(k, _)| *k == "error.type");
+    assert_eq!(
+        reason.map(|(_, v)| v.clone()),
+        Some("circuit_open".to_owned().into())
+    );
+    let tracer = h.d.otel.as_ref().unwrap();
+    assert_eq!(tracer.metrics().breaker.get("opened"), Some(&1));
+}
+
+#[test]
 fn answered_calls_do_not_pile_up_timers() {
     let mut h = Harness::new();
     for i in 0..5000 {

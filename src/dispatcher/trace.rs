@@ -1,0 +1,76 @@
+//! The dispatcher's side of OpenTelemetry export: holds the [`Tracer`],
+//! schedules the metrics flush after a change (never while idle), and ends
+//! what is open at exit. The hooks themselves sit in `calls.rs` and
+//! `link.rs` as one-line calls of [`Dispatcher::traced`].
+
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crate::jsonrpc::RawObject;
+use crate::otel::{self, CallEnd, Handle, Tracer};
+
+use super::{publish, Dispatcher, Timer};
+
+impl Dispatcher {
+    /// Exports spans and metrics through `handle`.
+    pub fn with_otel(mut self, handle: Handle) -> Dispatcher {
+        self.otel = Some(Tracer::new(&self.cfg.name, handle, self.now));
+        self
+    }
+
+    /// Runs `f` on the tracer when export is on.
+    pub(super) fn traced<R>(&mut self, f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
+        self.otel.as_mut().map(f)
+    }
+
+    /// Call `call` ends with the proxy's `error` (its reason from `data`).
+    pub(super) fn trace_failed(&mut self, call: u64, error: &str, now: Instant) {
+        if let Some(t) = &mut self.otel {
+            let reason =
+                RawObject::parse(error).map_or("server_error", |e| publish::failure_reason(&e));
+            t.call_ended(call, CallEnd::failed(reason), now);
+        }
+    }
+
+    /// The open breaker refused call `call` an attempt.
+    pub(super) fn trace_refused(&mut self, call: u64, retry_after: Duration, now: Instant) {
+        let ms = i64::try_from(retry_after.as_millis()).unwrap_or(i64::MAX);
+        let attrs = vec![("mcp_retry.retry_after_ms", ms.into())];
+        self.traced(|t| t.call_event(call, "mcp_retry.breaker_refused", attrs, now));
+    }
+
+    /// Call `call` waits `delay` before retry number `retry`.
+    pub(super) fn trace_backoff(&mut self, call: u64, delay: Duration, retry: u32, now: Instant) {
+        let ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        let attrs = vec![
+            ("mcp_retry.delay_ms", ms.into()),
+            ("mcp_retry.retry", i64::from(retry).into()),
+        ];
+        self.traced(|t| t.call_event(call, "mcp_retry.backoff", attrs, now));
+    }
+
+    /// After an event or timers: counters changed and no flush is due yet,
+    /// so one is scheduled [`otel::METRICS_INTERVAL`] from now.
+    pub(super) fn otel_schedule(&mut self) {
+        if !self.otel_flush_pending && self.otel.as_ref().is_some_and(Tracer::metrics_changed) {
+            self.otel_flush_pending = true;
+            let at = self.now + otel::METRICS_INTERVAL;
+            self.set_timer(at, Timer::OtelFlush);
+        }
+    }
+
+    pub(super) fn otel_flush(&mut self, now: Instant) {
+        self.otel_flush_pending = false;
+        if let Some(t) = &mut self.otel {
+            t.flush_metrics(now);
+        }
+    }
+
+    /// The session ends: open spans and the last counters go out.
+    pub(super) fn otel_finish(&mut self, now: Instant) {
+        if let Some(t) = &mut self.otel {
+            t.finish(now);
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! Unit tests of OpenTelemetry export: the OTEL_* variables, W3C
+//! traceparent, the `_meta` rewrite, the tracer's span tree and counters,
+//! and the OTLP/JSON encoding.
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+
+use serde_json::Value as Json;
+
+use super::*;
+use crate::config::OtelConfig;
+
+fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).cloned()
+}
+
+#[test]
+fn export_is_off_without_an_endpoint_or_when_disabled() {
+    assert_eq!(
+        Settings::read(env(&[]), &OtelConfig::default()).unwrap().0,
+        None
+    );
+    let disabled = env(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+        ("OTEL_SDK_DISABLED", "TRUE"),
+    ]);
+    assert_eq!(
+        Settings::read(disabled, &OtelConfig::default()).unwrap().0,
+        None
+    );
+}
+
+#[test]
+fn endpoints_headers_and_resource_come_from_the_standard_variables() {
+    let (s, notes) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:9/custom"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "Authorization=Bearer%20s3cret, x-tenant = a%2Cb ,broken,=novalue",
+            ),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=dev,service.name=ignored",
+            ),
+            ("OTEL_SERVICE_NAME", "my-proxy"),
+        ]),
+        &OtelConfig::default(),
+    )
+    .unwrap();
+    let s = s.unwrap();
+    assert_eq!(s.traces.as_deref(), Some("http://collector:4318/v1/traces"));
+    assert_eq!(s.metrics.as_deref(), Some("http://m:9/custom"));
+    assert_eq!(
+        s.headers,
+        vec![
+            ("Authorization".to_owned(), "Bearer s3cret".to_owned()),
+            ("x-tenant".to_owned(), "a,b".to_owned()),
+        ]
+    );
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes.iter().all(|n| !n.contains("s3cret")), "{notes:?}");
+    assert_eq!(s.resource[0], ("service.name".into(), "my-proxy".into()));
+    assert!(s
+        .resource
+        .contains(&("deployment.environment".into(), "dev".into())));
+    assert!(!s.resource.iter().any(|(_, v)| v == "ignored"));
+}
+
+#[test]
+fn a_bad_header_value_is_noted_by_its_key_only() {
+    let (_, notes) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret%zz"),
+        ]),
+        &OtelConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(notes.len(), 1);
+    assert!(
+        notes[0].contains("api-key") && !notes[0].contains("secret"),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn the_service_name_defaults_to_mcp_retry() {
+    let (s, _) = Settings::read(
+        env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c/t")]),
+        &OtelConfig::default(),
+    )
+    .unwrap();
+    let s = s.unwrap();
+    assert_eq!(s.traces.as_deref(), Some("http://c/t"));
+    assert_eq!(s.metrics, None);
+    assert_eq!(s.resource[0], ("service.name".into(), "mcp-retry".into()));
+}
+
+#[test]
+fn an_endpoint_that_is_not_http_is_an_error() {
+    assert!(Settings::read(
+        env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317")]),
+        &OtelConfig::default()
+    )
+    .is_err());
+}
+
+#[test]
+fn traceparent_round_trips_and_bad_ones_are_refused() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let c = SpanContext::parse(tp).unwrap();
+    assert_eq!(hex(&c.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(hex(&c.span_id), "00f067aa0ba902b7");
+    assert!(c.sampled);
+    assert_eq!(c.traceparent(), tp);
+    let unsampled =
+        SpanContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").unwrap();
+    assert!(!unsampled.sampled);
+    // A later version may carry more fields.
+    assert!(
+        SpanContext::parse("01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra")
+            .is_some()
+    );
+    for bad in [
+        "",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01",
+        "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    ] {
+        assert_eq!(SpanContext::parse(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn the_traceparent_replaces_the_client_s_and_meta_is_added_when_absent() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    assert_eq!(
+        with_traceparent(r#"{"name":"t","arguments":{"a":1}}"#, tp).unwrap(),
+        format!(r#"{{"_meta":{{"traceparent":"{tp}"}},"name":"t","arguments":{{"a":1}}}}"#)
+    );
+    assert_eq!(
+        with_traceparent(
+            r#"{"name":"t","_meta":{"progressToken":7,"traceparent":"old","tracestate":"k=v"}}"#,
+            tp
+        )
+        .unwrap(),
+        format!(
+            r#"{{"name":"t","_meta":{{"traceparent":"{tp}","progressToken":7,"tracestate":"k=v"}}}}"#
+        )
+    );
+    assert_eq!(with_traceparent("[1]", tp), None);
+}
+
+#[test]
+fn percent_decoding() {
+    assert_eq!(percent_decode("a%20b%2c+c").as_deref(), Some("a b,+c"));
+    assert_eq!(percent_decode("%e2%82%ac").as_deref(), Some("€"));
+    assert_eq!(percent_decode("%2"), None);
+    assert_eq!(percent_decode("%ff"), None);
+}
+
+/// A tracer whose exporter is a channel the test reads.
+fn tracer() -> (Tracer, crossbeam_channel::Receiver<export::Item>) {
+    let (handle, rx) = Handle::for_test(vec![("service.name".into(), "mcp-retry".into())]);
+    (Tracer::new("srv", handle, Instant::now()).with_seed(7), rx)
+}
+
+fn spans(rx: &crossbeam_channel::Receiver<export::Item>) -> Vec<Span> {
+    rx.try_iter()
+        .filter_map(|i| match i {
+            export::Item::Span(s) => Some(s),
+            _ => None,
+        })
+        .collect()
+}
+
+fn attr<'a>(s: &'a Span, key: &str) -> Option<&'a Value> {
+    s.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+}
+
+#[test]
+fn a_call_span_parents_its_attempts_and_honours_the_client_s_context() {
+    let (mut t, rx) = tracer();
+    let t0 = Instant::now();
+    let params = r#"{"name":"x","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}"#;
+    t.call_started(1, "x", "\"c1\"", Some(params), t0);
+    let tp1 = t.attempt_started(1, 10, t0).unwrap();
+    t.attempt_event(
+        1,
+        "mcp_retry.cancelled_downstream",
+        Vec::new(),
+        t0 + Duration::from_millis(300),
+    );
+    t.attempt_ended(1, Some("timeout"), t0 + Duration::from_millis(300));
+    t.call_event(
+        1,
+        "mcp_retry.backoff",
+        vec![("mcp_retry.delay_ms", 50.into())],
+        t0,
+    );
+    let tp2 = t
+        .attempt_started(1, 11, t0 + Duration::from_millis(350))
+        .unwrap();
+    t.attempt_ended(1, None, t0 + Duration::from_millis(400));
+    let end = CallEnd {
+        outcome: "ok",
+        reason: None,
+        source: None,
+    };
+    t.call_ended(1, end, t0 + Duration::from_millis(400));
+    let s = spans(&rx);
+    assert_eq!(s.len(), 3);
+    let (a1, a2, call) = (&s[0], &s[1], &s[2]);
+    assert_eq!(hex(&call.ctx.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        call.parent.map(|p| hex(&p)).as_deref(),
+        Some("00f067aa0ba902b7")
+    );
+    assert_eq!(call.kind, SpanKind::Server);
+    assert_eq!(call.name, "tools/call x");
+    assert_eq!(attr(call, "mcp_retry.attempts"), Some(&Value::Int(2)));
+    assert_eq!(
+        attr(call, "gen_ai.operation.name"),
+        Some(&"execute_tool".into())
+    );
+    assert_eq!(call.events[0].name, "mcp_retry.backoff");
+    assert_eq!(call.end - call.start, 400_000_000);
+    for (a, tp) in [(a1, &tp1), (a2, &tp2)] {
+        assert_eq!(a.ctx.trace_id, call.ctx.trace_id);
+        assert_eq!(a.parent, Some(call.ctx.span_id));
+        assert_eq!(a.kind, SpanKind::Client);
+        assert_eq!(&a.ctx.traceparent(), tp);
+    }
+    assert_ne!(a1.ctx.span_id, a2.ctx.span_id);
+    assert_eq!(attr(a1, "error.type"), Some(&"timeout".into()));
+    assert_eq!(a1.events[0].name, "mcp_retry.cancelled_downstream");
+    assert_eq!(attr(a2, "error.type"), None);
+    assert_eq!(
+        attr(a2, "jsonrpc.request.id"),
+        Some(&Value::Str("11".into()))
+    );
+}
+
+#[test]
+fn metrics_count_calls_retries_failures_and_latency() {
+    let (mut t, rx) = tracer();
+    let t0 = Instant::now();
+    assert!(!t.metrics_changed());
+    t.call_started(1, "x", "1", None, t0);
+    t.attempt_started(1, 1, t0);
+    t.attempt_ended(1, Some("timeout"), t0);
+    t.attempt_started(1, 2, t0);
+    let end = CallEnd {
+        outcome: "failed",
+        reason: Some("retries_exhausted"),
+        source: None,
+    };
+    t.call_ended(1, end, t0 + Duration::from_millis(30));
+    t.answered_by_proxy("x", "2", None, "cache", t0);
+    t.breaker("opened");
+    t.respawned(t0);
+    assert!(t.metrics_changed());
+    t.flush_metrics(t0);
+    assert!(!t.metrics_changed());
+    let body = rx
+        .try_iter()
+        .find_map(|i| match i {
+            export::Item::Metrics(m) => Some(m),
+            _ => None,
+        })
+        .unwrap();
+    let v: Json = serde_json::from_str(&body).unwrap();
+    let metrics = v["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+        .as_array()
+        .unwrap();
+    let point = |name: &str| -> Json {
+        metrics
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {body}"))
+            .clone()
+    };
+    let int = |name: &str| point(name)["sum"]["dataPoints"][0]["asInt"].clone();
+    assert_eq!(int("mcp_retry.calls"), "2");
+    assert_eq!(int("mcp_retry.attempts"), "2");
+    assert_eq!(int("mcp_retry.retries"), "1");
+    assert_eq!(int("mcp_retry.cache.hits"), "1");
+    assert_eq!(int("mcp_retry.restarts"), "1");
+    assert_eq!(int("mcp_retry.breaker.transitions"), "1");
+    let failures = point("mcp_retry.failures");
+    assert_eq!(failures["sum"]["aggregationTemporality"], 2);
+    let attrs = &failures["sum"]["dataPoints"][0]["attributes"];
+    assert!(attrs
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a["key"] == "error.type" && a["value"]["stringValue"] == "retries_exhausted"));
+    let h = &point("mcp_retry.call.duration")["histogram"]["dataPoints"][0];
+    assert_eq!(h["count"], "1");
+    // 30 ms lands in the (0.025, 0.05] bucket.
+    assert_eq!(h["bucketCounts"][3], "1");
+    assert!(!metrics.iter().any(|m| m["name"] == "mcp_retry.dedup.hits"));
+}
+
+#[test]
+fn spans_encode_as_otlp_json() {
+    let (mut t, rx) = tracer();
+    let t0 = Instant::now();
+    t.call_started(1, "x", "1", None, t0);
+    let end = CallEnd {
+        outcome: "failed",
+        reason: Some("circuit_open"),
+        source: None,
+    };
+    t.call_ended(1, end, t0);
+    let s = spans(&rx);
+    let body = json::traces(&[("service.name".into(), "mcp-retry".into())], &s);
+    let v: Json = serde_json::from_str(&body).unwrap();
+    let rs = &v["resourceSpans"][0];
+    assert_eq!(rs["resource"]["attributes"][0]["key"], "service.name");
+    let span = &rs["scopeSpans"][0]["spans"][0];
+    assert_eq!(span["traceId"].as_str().unwrap().len(), 32);
+    assert_eq!(span["spanId"].as_str().unwrap().len(), 16);
+    assert!(span.get("parentSpanId").is_none());
+    assert_eq!(span["kind"], 2);
+    assert_eq!(span["status"]["code"], 2);
+    assert!(
+        span["startTimeUnixNano"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 1_600_000_000_000_000_000
+    );
+    let attrs = span["attributes"].as_array().unwrap();
+    let get = |k: &str| {
+        attrs
+            .iter()
+            .find(|a| a["key"] == k)
+            .map(|a| a["value"].clone())
+    };
+    assert_eq!(get("error.type").unwrap()["stringValue"], "circuit_open");
+    assert_eq!(get("mcp_retry.attempts").unwrap()["intValue"], "0");
+    assert_eq!(get("mcp.method.name").unwrap()["stringValue"], "tools/call");
+}
+
+#[test]
+fn a_client_context_that_is_not_sampled_exports_no_spans_but_still_propagates() {
+    let (mut t, rx) = tracer();
+    let t0 = Instant::now();
+    let params =
+        r#"{"_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}}"#;
+    t.call_started(1, "x", "1", Some(params), t0);
+    let tp = t.attempt_started(1, 1, t0).unwrap();
+    assert!(
+        tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && tp.ends_with("-00"),
+        "{tp}"
+    );
+    t.attempt_ended(1, None, t0);
+    let end = CallEnd {
+        outcome: "ok",
+        reason: None,
+        source: None,
+    };
+    t.call_ended(1, end, t0);
+    assert!(spans(&rx).is_empty());
+    // The counters still count it.
+    assert_eq!(t.metrics.calls["x"], 1);
+}
+
+#[test]
+fn the_config_section_is_used_and_each_variable_set_wins_over_it() {
+    let config = OtelConfig {
+        endpoint: "http://from-config:4318".into(),
+        headers: vec![
+            ("Authorization".into(), "a".into()),
+            ("x-team".into(), "t".into()),
+        ],
+        service_name: "from-config".into(),
+    };
+    let (s, _) = Settings::read(env(&[]), &config).unwrap();
+    let s = s.unwrap();
+    assert_eq!(
+        s.traces.as_deref(),
+        Some("http://from-config:4318/v1/traces")
+    );
+    assert_eq!(s.headers, config.headers);
+    assert_eq!(s.resource[0], ("service.name".into(), "from-config".into()));
+    let (s, _) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://from-env:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=b"),
+            ("OTEL_SERVICE_NAME", "from-env"),
+        ]),
+        &config,
+    )
+    .unwrap();
+    let s = s.unwrap();
+    assert_eq!(
+        s.metrics.as_deref(),
+        Some("http://from-env:4318/v1/metrics")
+    );
+    assert_eq!(
+        s.headers,
+        vec![
+            ("x-team".to_owned(), "t".to_owned()),
+            ("authorization".to_owned(), "b".to_owned())
+        ]
+    );
+    assert_eq!(s.resource[0], ("service.name".into(), "from-env".into()));
+    let disabled = env(&[("OTEL_SDK_DISABLED", "true")]);
+    assert_eq!(Settings::read(disabled, &config).unwrap().0, None);
+}
+
+#[test]
+fn urls_are_logged_without_credentials() {
+    assert_eq!(
+        shown_url("http://u:p@c:4318/v1/traces"),
+        "http://c:4318/v1/traces"
+    );
+    assert_eq!(shown_url("https://c/x?a=b@c"), "https://c/x?a=b@c");
+    assert_eq!(shown_url("c:4318"), "c:4318");
+}
