@@ -8,6 +8,8 @@ FUZZ_TARGETS := jsonrpc config
 
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 STATIC_TARGET ?= x86_64-unknown-linux-musl
+# 5 MiB: about 3.9 MiB with TLS, under 3 MiB without.
+STATIC_MAX_BYTES ?= 5242880
 
 .PHONY: build test lint docs demo install interop fuzz fuzz-replay bench static
 
@@ -82,13 +84,18 @@ bench:
 
 # A statically linked release binary: musl when that target is (or can be)
 # installed, else glibc with crt-static. Checks that it is static, runs with
-# an empty environment and stays under 3 MB; prints its path and size.
+# an empty environment and stays under STATIC_MAX_BYTES; prints its path and
+# size. TLS (rustls and ring, for https:// remote servers and collectors)
+# takes it past 3 MB; a build with `--no-default-features` leaves it out.
 static:
 	@set -e; \
 	if rustup target list --installed 2>/dev/null | grep -qx '$(STATIC_TARGET)' \
 	    || rustup target add '$(STATIC_TARGET)'; then \
 	  target='$(STATIC_TARGET)'; \
-	  $(CARGO) build --release --bin mcp-retry --target "$$target"; \
+	  command -v musl-gcc >/dev/null || { \
+	    echo "make static: installing musl-tools (ring, for TLS, compiles C for musl)" >&2; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq musl-tools >/dev/null; }; \
+	  CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release --bin mcp-retry --target "$$target"; \
 	else \
 	  echo "make static: $(STATIC_TARGET) is not available; using glibc with crt-static" >&2; \
 	  target=x86_64-unknown-linux-gnu; \
@@ -102,5 +109,5 @@ static:
 	fi || { echo "make static: $$bin is not statically linked" >&2; exit 1; }; \
 	env -i "$$bin" --version >/dev/null; \
 	size=$$(wc -c < "$$bin"); \
-	if [ "$$size" -ge 3145728 ]; then echo "make static: $$bin is $$size bytes, over 3 MB" >&2; exit 1; fi; \
+	if [ "$$size" -ge $(STATIC_MAX_BYTES) ]; then echo "make static: $$bin is $$size bytes, over $(STATIC_MAX_BYTES)" >&2; exit 1; fi; \
 	echo "$$bin: $$size bytes ($$(awk "BEGIN { printf \"%.1f\", $$size / 1048576 }") MiB), statically linked"
