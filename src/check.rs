@@ -460,6 +460,7 @@ impl Conversation<'_> {
                     | ServerEvent::Overlong
                     | ServerEvent::TooLong { .. }
                     | ServerEvent::Unsent { .. }
+                    | ServerEvent::Refused { .. }
                     | ServerEvent::Draining,
                 ) => {}
                 // Every sender is gone: nothing more can arrive.

@@ -1308,7 +1308,7 @@ impl Dispatcher {
     // ----- answering -----------------------------------------------------
 
     /// Delivers the answer to a client request and forgets the request.
-    fn answer(&mut self, client_id: &str, line: Vec<u8>) {
+    pub(super) fn answer(&mut self, client_id: &str, line: Vec<u8>) {
         match self.client_requests.remove(client_id) {
             Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
             Some(_) => self.send_client(line),

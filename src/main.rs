@@ -10,6 +10,7 @@ mod config;
 mod dispatcher;
 mod downstream;
 mod fasthash;
+mod http;
 mod jsonrpc;
 mod log;
 mod policy;

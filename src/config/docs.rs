@@ -389,7 +389,7 @@ pub fn schema() -> Json {
             "server": {
                 "type": "object",
                 "properties": server.clone(),
-                "required": ["command"],
+                "anyOf": [{"required": ["command"]}, {"required": ["url"]}],
                 "additionalProperties": false,
             },
             "hostServer": {
@@ -702,7 +702,7 @@ mod tests {
             ),
             (
                 json!({"servers": {"a": {"args": []}}}),
-                "$.servers.a: missing command",
+                "$.servers.a: matches none of anyOf",
             ),
             (json!({"colour": 1}), "$.colour: not allowed"),
             (

@@ -56,11 +56,14 @@ pub(super) enum Failure {
     Exited(String),
     /// The server answered a transient JSON-RPC error (raw error object).
     Transient(String),
+    /// The server refused the request without running it (HTTP 429): safe
+    /// to retry, not before the hint.
+    Refused(String, Option<Duration>),
 }
 
 impl Failure {
     fn ambiguous(&self) -> bool {
-        !matches!(self, Failure::NeverSent(_))
+        !matches!(self, Failure::NeverSent(_) | Failure::Refused(..))
     }
 
     /// For logs: `never_sent`, `timeout`, `server_exited`, `transient_error`.
@@ -70,6 +73,7 @@ impl Failure {
             Failure::Timeout(_) => "timeout",
             Failure::Exited(_) => "server_exited",
             Failure::Transient(_) => "transient_error",
+            Failure::Refused(..) => "refused",
         }
     }
 }
@@ -580,6 +584,7 @@ impl Dispatcher {
         }
         let hint = match &failure {
             Failure::Transient(e) => backoff::retry_after_hint(e),
+            Failure::Refused(_, hint) => *hint,
             _ => None,
         };
         let delay = self
@@ -1450,6 +1455,7 @@ pub fn with_source(result: &str, source: Source) -> String {
 fn describe_failure(tool: &str, f: &Failure) -> String {
     match f {
         Failure::NeverSent(why) => format!("tool \"{tool}\" could not be sent ({why})"),
+        Failure::Refused(why, _) => format!("tool \"{tool}\" was refused ({why})"),
         Failure::Timeout(d) => format!("tool \"{tool}\" timed out after {}", secs(*d)),
         Failure::Exited(why) => format!("tool \"{tool}\" lost its server before answering ({why})"),
         Failure::Transient(e) => {
