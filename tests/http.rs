@@ -1,0 +1,213 @@
+//! Remote servers (Streamable HTTP) through `run --url` and `url:` configs,
+//! against the scripted loopback server of `http_server.rs`: JSON and SSE
+//! answers, the session and version headers, and every failure class the
+//! safety gate cares about, counted by what the server really executed.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::http_server::{Fault, Server};
+use crate::util::{Builder, Session};
+
+const CANARY: &str = "CANARY-7f3a9c-secret";
+
+/// A config for `server` with fast retries and a canary Authorization header.
+fn config(server: &Server) -> String {
+    format!(
+        "servers:\n  remote:\n    url: {}\n    headers:\n      Authorization: Bearer ${{TOKEN}}\n    call_timeout: 5\n    retry:\n      base_delay: 0.05\n      max_delay: 0.2\n      jitter: 0\n",
+        server.url()
+    )
+}
+
+fn start(server: &Server) -> Session {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", &config(server))
+        .env("TOKEN", CANARY)
+        .env("NO_PROXY", "127.0.0.1")
+        .start();
+    s.initialize();
+    s
+}
+
+fn text_of(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or("")
+}
+
+#[test]
+fn calls_go_through_with_the_session_headers_and_progress_before_the_result() {
+    let server = Server::start();
+    let mut s = start(&server);
+    let tools = s.list_tools();
+    assert_eq!(tools["tools"].as_array().map(Vec::len), Some(2), "{tools}");
+    s.call_with(
+        json!(1),
+        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p1"}}),
+    );
+    let first = s.recv();
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+    server.with(|st| {
+        assert_eq!(st.bad_headers, 0);
+        assert_eq!(st.initializes, 1);
+        assert!(st
+            .authorizations
+            .iter()
+            .all(|a| a == &format!("Bearer {CANARY}")));
+        assert!(!st.authorizations.is_empty());
+    });
+    // Client EOF: the session is ended with DELETE.
+    s.close_stdin();
+    assert!(s.wait().success());
+    server.with(|st| assert_eq!(st.deleted, ["s1"]));
+}
+
+#[test]
+fn an_unsafe_tool_facing_a_cut_connection_ran_once_and_is_unknown() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::RunThenCut);
+    s.call(json!(1), "write", json!({}));
+    let error = s.error(&json!(1));
+    assert_eq!(error["data"]["outcome"], "unknown", "{error}");
+    assert_eq!(server.executions("write"), 1);
+}
+
+#[test]
+fn a_safe_tool_facing_a_cut_connection_is_retried() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::RunThenCut);
+    s.call(json!(1), "read", json!({}));
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "read done");
+    assert_eq!(server.executions("read"), 2);
+    // The connection was lost: the session was started again.
+    server.with(|st| assert_eq!(st.initializes, 2));
+}
+
+#[test]
+fn a_refused_connection_is_retried_for_any_tool() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.close();
+    s.call(json!(1), "write", json!({}));
+    // The proxy tried and found the port closed before it is opened again.
+    crate::util::eventually("the proxy to find the port closed", || {
+        s.stderr().contains("could not be reached")
+    });
+    server.reopen();
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+}
+
+#[test]
+fn too_many_requests_is_honoured_and_retried_for_an_unsafe_tool() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::Status(429, Some("1"), "slow down"));
+    s.call(json!(1), "write", json!({}));
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+    let gap = server.with(|st| st.calls_at[1] - st.calls_at[0]);
+    assert!(gap >= Duration::from_millis(950), "retried after {gap:?}");
+}
+
+#[test]
+fn service_unavailable_with_retry_after_is_retried_for_an_unsafe_tool() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::Status(503, Some("0"), "shedding load"));
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+}
+
+#[test]
+fn a_bad_gateway_is_retried_for_a_safe_tool_only() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::Status(502, None, "upstream down"));
+    s.call(json!(1), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "read done");
+    server.fault(Fault::Status(502, None, "upstream down"));
+    s.call(json!(2), "write", json!({}));
+    let error = s.error(&json!(2));
+    let message = error["message"].as_str().unwrap_or("");
+    assert!(message.contains("502 Bad Gateway"), "{error}");
+    assert!(message.contains("upstream down"), "{error}");
+    assert_eq!(server.executions("write"), 0);
+    server.with(|st| assert_eq!(st.calls_at.len(), 3));
+}
+
+#[test]
+fn a_lost_session_is_started_again_transparently() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::LoseSession);
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+    server.with(|st| {
+        assert_eq!(st.initializes, 2);
+        assert_eq!(st.bad_headers, 0);
+    });
+}
+
+#[test]
+fn an_unauthorized_answer_names_the_status_and_never_the_header() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    // A server that quotes the token back.
+    server.fault(Fault::Status(
+        401,
+        None,
+        "bad token Bearer CANARY-7f3a9c-secret",
+    ));
+    s.call(json!(1), "write", json!({}));
+    let error = s.error(&json!(1));
+    let text = error.to_string();
+    assert!(text.contains("401 Unauthorized"), "{text}");
+    assert!(!text.contains(CANARY), "{text}");
+    assert_eq!(server.executions("write"), 0);
+    // Nor in the log (debug level), nor in what `status` shows.
+    let out = std::process::Command::new(crate::util::PROXY)
+        .args(["status", "--json", "--dir"])
+        .arg(s.dir.join("runtime"))
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(status.contains("127.0.0.1"), "{status}");
+    assert!(!status.contains(CANARY), "{status}");
+    s.close_stdin();
+    s.wait();
+    assert!(!s.stderr().contains(CANARY), "{}", s.stderr());
+}
+
+#[test]
+fn run_url_with_a_header_reaches_the_server() {
+    let server = Server::start();
+    let header = format!("Authorization: Bearer {CANARY}");
+    let mut s = Builder::proxy(&["run", "--url", &server.url(), "--header", &header])
+        .env("NO_PROXY", "127.0.0.1")
+        .start();
+    s.initialize();
+    s.call(json!(1), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "read done");
+    server.with(|st| assert_eq!(st.authorizations[0], format!("Bearer {CANARY}")));
+    s.close_stdin();
+    s.wait();
+    assert!(!s.stderr().contains(CANARY), "{}", s.stderr());
+}
