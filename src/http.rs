@@ -34,7 +34,7 @@ mod classify;
 pub mod sse;
 
 use std::io::Read;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,7 +127,8 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         helper_headers: Mutex::new(None),
         session: Mutex::new(SessionState::default()),
         on_event,
-        life: Mutex::new(Life::default()),
+        closed: AtomicBool::new(false),
+        gone: Mutex::new(false),
         requests: AtomicUsize::new(0),
         max_message_bytes: cfg.max_message_bytes,
         recv_response: cfg.call_timeout + Duration::from_secs(5),
@@ -197,7 +198,11 @@ struct Shared {
     helper_headers: Mutex<Option<Vec<(String, String)>>>,
     session: Mutex<SessionState>,
     on_event: OnEvent,
-    life: Mutex<Life>,
+    /// No more lines are taken (shutdown, kill, drop, or gone).
+    closed: AtomicBool,
+    /// `Gone` was reported. Held while an event is reported, which may
+    /// block (the client is behind): the dispatcher's thread never takes it.
+    gone: Mutex<bool>,
     /// Requests (not notifications) being posted.
     requests: AtomicUsize,
     max_message_bytes: usize,
@@ -213,12 +218,6 @@ struct SessionState {
     get_started: bool,
 }
 
-#[derive(Default)]
-struct Life {
-    closed: bool,
-    gone: bool,
-}
-
 /// One message being posted.
 struct Post<'a> {
     line: &'a [u8],
@@ -230,7 +229,7 @@ struct Post<'a> {
 
 impl Downstream for Http {
     fn send(&mut self, line: Vec<u8>) -> bool {
-        if self.shared.life.lock().closed {
+        if self.shared.is_closed() {
             return false;
         }
         match &self.jobs {
@@ -241,21 +240,12 @@ impl Downstream for Http {
 
     fn shutdown(&mut self, step: Duration) {
         self.close();
-        let shared = self.shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("http-close".into())
-            .spawn(move || {
-                shared.delete_session(step);
-                shared.gone("was closed", true);
-            });
-        if spawned.is_err() {
-            self.shared.gone("was closed", true);
-        }
+        self.finish(Some(step), "was closed");
     }
 
     fn kill(&mut self) {
         self.close();
-        self.shared.gone("was disconnected", true);
+        self.finish(None, "was disconnected");
     }
 
     fn describe(&self) -> String {
@@ -268,8 +258,28 @@ impl Downstream for Http {
 }
 
 impl Http {
+    /// Reports `Gone` (after ending the session within `delete`, if given)
+    /// from a thread of its own: a transport thread reporting a message may
+    /// hold the lock `Gone` needs while the client is behind, and the
+    /// caller is the dispatcher, which must not wait for that.
+    fn finish(&self, delete: Option<Duration>, how: &'static str) {
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("http-close".into())
+            .spawn(move || {
+                if let Some(step) = delete {
+                    shared.delete_session(step);
+                }
+                shared.gone(how, true);
+            });
+        if let Err(e) = spawned {
+            crate::warn!("cannot start a thread to close {}: {e}", self.shown);
+            self.shared.gone(how, true);
+        }
+    }
+
     fn close(&mut self) {
-        self.shared.life.lock().closed = true;
+        self.shared.closed.store(true, Ordering::SeqCst);
         self.jobs = None;
         self.stop = None;
     }
@@ -284,20 +294,20 @@ impl Drop for Http {
 impl Shared {
     /// Reports an event unless the connection was already reported gone.
     fn emit(&self, event: ServerEvent) {
-        let life = self.life.lock();
-        if !life.gone {
+        let gone = self.gone.lock();
+        if !*gone {
             (self.on_event)(event);
         }
     }
 
     /// Reports `Gone`, once; nothing is reported after it.
     fn gone(&self, how: &str, may_have_received: bool) {
-        let mut life = self.life.lock();
-        if life.gone {
+        let mut gone = self.gone.lock();
+        if *gone {
             return;
         }
-        life.gone = true;
-        life.closed = true;
+        *gone = true;
+        self.closed.store(true, Ordering::SeqCst);
         (self.on_event)(ServerEvent::Gone(Gone {
             how: how.to_owned(),
             may_have_received,
@@ -305,7 +315,7 @@ impl Shared {
     }
 
     fn is_closed(&self) -> bool {
-        self.life.lock().closed
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// The configured headers, then those of `headers_helper` (run the

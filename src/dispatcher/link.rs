@@ -415,7 +415,7 @@ impl Dispatcher {
     /// (always safe to retry); client requests wait for the next server.
     fn on_unsent(&mut self, lines: Vec<Vec<u8>>, now: Instant) {
         warn!(
-            "writing to the server failed ({} message(s) not delivered); it is being stopped",
+            "{} message(s) never reached the server; its connection is being closed",
             lines.len()
         );
         if let Link::Up(c) = &mut self.link {
