@@ -1110,6 +1110,10 @@ impl Walker<'_> {
             server.headers = remote.headers;
             server.headers_helper = remote.headers_helper;
             server.ca_file = remote.ca_file;
+            // The helper runs where the config file is, unless `cwd` says.
+            if server.cwd.is_none() && !self.base_dir.as_os_str().is_empty() {
+                server.cwd = Some(self.base_dir.clone());
+            }
         }
         if !self.unresolved.is_empty() {
             let unresolved = std::mem::take(&mut self.unresolved);

@@ -211,3 +211,73 @@ fn run_url_with_a_header_reaches_the_server() {
     s.wait();
     assert!(!s.stderr().contains(CANARY), "{}", s.stderr());
 }
+
+#[test]
+fn the_server_stream_reaches_the_client() {
+    let server = Server::start();
+    let mut s = start(&server);
+    crate::util::eventually("the proxy to open the server's stream", || {
+        server.with(|st| !st.streams.is_empty())
+    });
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
+        "params": {"level": "info", "data": "from the GET stream"}});
+    server.push(&note);
+    let got = s.recv_where("the pushed notification", |m| {
+        m["method"] == "notifications/message"
+    });
+    assert_eq!(got["params"]["data"], "from the GET stream");
+}
+
+#[test]
+fn headers_helper_runs_again_after_401_and_the_call_is_sent_once_more() {
+    let server = Server::start();
+    let helper = "n=$(cat \"$DIR/n\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$DIR/n\"\n\
+                  printf '{\"Authorization\": \"Bearer tok-%s\"}' $n\n";
+    let text = format!(
+        "servers:\n  remote:\n    url: {}\n    env:\n      DIR: \"{{dir}}\"\n    headers_helper: sh helper.sh\n",
+        server.url()
+    );
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", &text)
+        .file("helper.sh", helper)
+        .env("NO_PROXY", "127.0.0.1")
+        .start();
+    s.initialize();
+    server.fault(Fault::Status(401, None, "token expired"));
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+    let runs = std::fs::read_to_string(s.dir.join("n")).unwrap();
+    assert_eq!(runs.trim(), "2");
+    server.with(|st| {
+        assert_eq!(
+            st.authorizations.first().map(String::as_str),
+            Some("Bearer tok-1")
+        );
+        assert_eq!(
+            st.authorizations.last().map(String::as_str),
+            Some("Bearer tok-2")
+        );
+    });
+}
+
+#[test]
+fn check_probes_a_remote_server() {
+    let server = Server::start();
+    let dir = crate::util::TempDir::new();
+    let path = dir.write("c.yaml", &config(&server));
+    let out = std::process::Command::new(crate::util::PROXY)
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("TOKEN", CANARY)
+        .env("NO_PROXY", "127.0.0.1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with("[UP  ] remote "), "{stdout}");
+    assert!(stdout.contains("2 tools"), "{stdout}");
+    assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY));
+    server.with(|st| assert_eq!(st.deleted, ["s1"]));
+}

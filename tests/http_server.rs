@@ -46,6 +46,8 @@ pub struct State {
     pub bad_headers: usize,
     /// Accepting connections; false: the port is closed.
     listening: bool,
+    /// The open GET streams of the current session.
+    pub streams: Vec<TcpStream>,
 }
 
 pub struct Server {
@@ -108,6 +110,14 @@ impl Server {
 
     pub fn with<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         f(&self.state.0.lock().unwrap())
+    }
+
+    /// Sends `message` on every open GET stream.
+    pub fn push(&self, message: &Value) {
+        let event = format!("id: g1\ndata: {message}\n\n");
+        for mut stream in &self.state.0.lock().unwrap().streams {
+            stream.write_all(event.as_bytes()).unwrap();
+        }
     }
 
     pub fn executions(&self, tool: &str) -> usize {
@@ -195,6 +205,15 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
             return respond(&stream, 200, &[], "");
         }
         "POST" => {}
+        "GET" if s.session.is_some() && req.header("mcp-session-id") == s.session.as_deref() => {
+            let head =
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+            let mut w = &stream;
+            if w.write_all(head.as_bytes()).is_ok() {
+                s.streams.push(stream);
+            }
+            return;
+        }
         _ => return respond(&stream, 405, &[], ""),
     }
     let msg: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);

@@ -308,7 +308,8 @@ pub(super) static PROCESS_KEYS: &[ProcessKey] = &[
         kind: ProcessKind::String,
         default: Def::Unset,
         doc: "A shell command that prints a JSON object of headers for a remote server, run at \
-              the start and once more after a 401 or 403 (within 10 s); its headers win over `headers`.",
+              the start and once more after a 401 or 403 (within 10 s), in the config file's \
+              directory (or `cwd`), with `env`; its headers win over `headers`.",
     },
     ProcessKey {
         name: "ca_file",
