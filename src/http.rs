@@ -23,12 +23,14 @@
 //! naming the status. Header values are secrets: they never appear in a
 //! message, and the server's text is scrubbed of them.
 //!
-//! Bounds: a POST waits at most `call_timeout` + 5 s for its answer's
+//! Closing the connection (`shutdown` after its DELETE, `kill`, or
+//! dropping it) shuts the agent down, which interrupts every request in
+//! flight: a blocked reader, the GET stream's included, returns at once.
+//! Otherwise a POST waits at most `call_timeout` + 5 s for its answer's
 //! headers and `retry.total_timeout` + 5 s for its body, so a stuck server
-//! holds a pool thread no longer than that. The GET stream's thread is not
-//! interrupted when the connection is closed: it ends when the server ends
-//! the stream, or with the process. Knows no policy and no MCP method but
-//! `initialize` and `notifications/initialized`.
+//! holds a pool thread no longer than that (a cancelled call's stream is
+//! read until the server ends it, within that bound). Knows no policy and
+//! no MCP method but `initialize` and `notifications/initialized`.
 
 mod classify;
 pub mod sse;
@@ -270,10 +272,12 @@ impl Http {
                 if let Some(step) = delete {
                     shared.delete_session(step);
                 }
+                shared.agent.clone().shutdown();
                 shared.gone(how, true);
             });
         if let Err(e) = spawned {
             crate::warn!("cannot start a thread to close {}: {e}", self.shown);
+            self.shared.agent.clone().shutdown();
             self.shared.gone(how, true);
         }
     }
@@ -286,8 +290,12 @@ impl Http {
 }
 
 impl Drop for Http {
+    /// Interrupts every request still in flight: their readers return at
+    /// once (the dispatcher drops a connection after `Gone`, when what it
+    /// was waiting for is already decided).
     fn drop(&mut self) {
         self.close();
+        self.shared.agent.clone().shutdown();
     }
 }
 

@@ -21,8 +21,12 @@ fn config(server: &Server) -> String {
 }
 
 fn start(server: &Server) -> Session {
+    start_with(&config(server))
+}
+
+fn start_with(config: &str) -> Session {
     let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &config(server))
+        .file("c.yaml", config)
         .env("TOKEN", CANARY)
         .env("NO_PROXY", "127.0.0.1")
         .start();
@@ -280,4 +284,27 @@ fn check_probes_a_remote_server() {
     assert!(stdout.contains("2 tools"), "{stdout}");
     assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY));
     server.with(|st| assert_eq!(st.deleted, ["s1"]));
+}
+
+#[test]
+fn a_lost_connection_interrupts_the_other_requests_in_flight() {
+    // With call_timeout 60 s, only closing the connection frees a request
+    // the server never answers within the test's 20 s.
+    let server = Server::start();
+    let config = config(&server).replace("call_timeout: 5", "call_timeout: 60");
+    let mut s = start_with(&config);
+    s.list_tools();
+    server.fault(Fault::Hang);
+    s.call(json!(1), "write", json!({}));
+    crate::util::eventually("the first call to arrive", || {
+        server.with(|st| st.calls_at.len() == 1)
+    });
+    server.fault(Fault::RunThenCut);
+    s.call(json!(2), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(2))), "read done");
+    let error = s.error(&json!(1));
+    assert_eq!(error["data"]["outcome"], "unknown", "{error}");
+    crate::util::eventually("the hanging request to be closed", || {
+        server.with(|st| st.hung_closed == 1)
+    });
 }

@@ -27,6 +27,9 @@ pub enum Fault {
     Status(u16, Option<&'static str>, &'static str),
     /// Forgets the session and answers 404, without running the tool.
     LoseSession,
+    /// Never answers; counts in `hung_closed` when the client closes the
+    /// connection.
+    Hang,
 }
 
 #[derive(Default)]
@@ -44,6 +47,8 @@ pub struct State {
     pub deleted: Vec<String>,
     /// Requests refused because the session or version header was wrong.
     pub bad_headers: usize,
+    /// Connections of `Fault::Hang` the client closed.
+    pub hung_closed: usize,
     /// Accepting connections; false: the port is closed.
     listening: bool,
     /// The open GET streams of the current session.
@@ -291,6 +296,12 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
                         headers.push(("Retry-After", ra.to_owned()));
                     }
                     respond(&stream, status, &headers, &error_body(message));
+                }
+                Some(Fault::Hang) => {
+                    drop(s);
+                    let mut byte = [0u8; 1];
+                    let _ = (&stream).read(&mut byte);
+                    lock.lock().unwrap().hung_closed += 1;
                 }
                 Some(Fault::LoseSession) => {
                     s.session = None;
