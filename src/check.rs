@@ -450,6 +450,11 @@ impl Conversation<'_> {
                     }
                 }
                 Some(ServerEvent::Garbage { head: Some(head) }) => self.non_json = Some(head),
+                // A remote server refused our request (HTTP 429): a probe
+                // does not wait and try again.
+                Some(ServerEvent::Refused { why, .. }) => {
+                    return Answer::Error(clean_line(&why, MAX_REASON_LINE))
+                }
                 // Gone comes after everything the server sent.
                 Some(ServerEvent::Gone(gone)) => {
                     self.ended = true;
@@ -460,7 +465,6 @@ impl Conversation<'_> {
                     | ServerEvent::Overlong
                     | ServerEvent::TooLong { .. }
                     | ServerEvent::Unsent { .. }
-                    | ServerEvent::Refused { .. }
                     | ServerEvent::Draining,
                 ) => {}
                 // Every sender is gone: nothing more can arrive.

@@ -11,6 +11,13 @@
 //! the server's own stream open (405: the server has none), re-opening it
 //! with backoff. Ids are left alone: the dispatcher already owns them.
 //!
+//! An answer stream that breaks, or ends without the response, after
+//! events with ids is resumed with GET and `Last-Event-ID` (up to 3 times,
+//! after the stream's `retry`, at most 5 s): a server with an event store
+//! replays what followed, and the call is not run again. Events already
+//! seen in the session and responses to other requests are dropped from a
+//! replay. Only when that fails is the failure classified.
+//!
 //! Failures are classified by `classify.rs` and become the boundary's
 //! events: a request that cannot have left (DNS, refused, TLS) is `Unsent`
 //! and the connection `Gone` (nothing received), so the dispatcher resends
@@ -35,6 +42,7 @@
 mod classify;
 pub mod sse;
 
+use std::collections::{HashSet, VecDeque};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -62,6 +70,12 @@ const GET_RETRY_FIRST: Duration = Duration::from_secs(1);
 const GET_RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long `headers_helper` may run.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts to resume a request's broken answer stream.
+const RESUMES: usize = 3;
+/// The longest `retry` a resumption waits for.
+const RESUME_WAIT_MAX: Duration = Duration::from_secs(5);
+/// Event ids remembered to drop replayed events.
+const SEEN_IDS: usize = 4096;
 /// A final error for an HTTP status other than the transient ones.
 const REJECTED_CODE: i64 = -32600;
 /// The error for 500/502/503/504, one of the default transient codes.
@@ -128,6 +142,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         helper_cwd: cfg.cwd.clone(),
         helper_headers: Mutex::new(None),
         session: Mutex::new(SessionState::default()),
+        seen: Mutex::new((HashSet::new(), VecDeque::new())),
         on_event,
         closed: AtomicBool::new(false),
         gone: Mutex::new(false),
@@ -199,6 +214,8 @@ struct Shared {
     /// What `headers_helper` printed last; `None` before its first run.
     helper_headers: Mutex<Option<Vec<(String, String)>>>,
     session: Mutex<SessionState>,
+    /// Event ids seen in this session, for dropping replays.
+    seen: Mutex<(HashSet<String>, VecDeque<String>)>,
     on_event: OnEvent,
     /// No more lines are taken (shutdown, kill, drop, or gone).
     closed: AtomicBool,
@@ -211,6 +228,13 @@ struct Shared {
     recv_response: Duration,
     recv_body: Duration,
     stopped: Receiver<()>,
+}
+
+/// Where a request's answer stream is: its last event id and `retry`.
+#[derive(Default)]
+struct Cursor {
+    last_id: Option<String>,
+    retry: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -476,8 +500,14 @@ impl Shared {
         };
         let delivered = if is_sse {
             let reader = resp.into_body().into_reader();
-            match self.read_stream(reader, Some(request_id), post.initialize) {
-                Ok(found) => found,
+            let mut cursor = Cursor::default();
+            match self.read_stream(reader, request_id, post.initialize, &mut cursor, false) {
+                Ok(true) => true,
+                // Ended or broken after events with ids: the server may
+                // replay the rest (and the response) to a GET.
+                Ok(false) if self.resume(request_id, post.initialize, &mut cursor) => true,
+                Ok(false) => false,
+                Err(_) if self.resume(request_id, post.initialize, &mut cursor) => true,
                 Err(e) => {
                     let why = format!("the answer's stream broke ({})", self.scrub(&e.to_string()));
                     return self.failed(post, Class::Broken, &why, None);
@@ -511,13 +541,17 @@ impl Shared {
         }
     }
 
-    /// Reads an SSE stream, reporting its messages. With `until`, stops
-    /// after the response of that id and says whether it came.
+    /// Reads the SSE answer of a request, reporting its messages, until
+    /// the response with id `until`; says whether it came. `resumed`: the
+    /// stream replays events (`Last-Event-ID`), so those already seen and
+    /// responses to other requests are dropped.
     fn read_stream(
         &self,
         mut reader: impl Read,
-        until: Option<&str>,
+        until: &str,
         initialize: bool,
+        cursor: &mut Cursor,
+        resumed: bool,
     ) -> std::io::Result<bool> {
         let mut parser = sse::Parser::new(self.max_message_bytes);
         let mut buf = vec![0u8; 16 * 1024];
@@ -528,10 +562,18 @@ impl Shared {
                 return Ok(false);
             }
             parser.feed(&buf[..n], &mut items);
+            if let Some(id) = parser.last_id() {
+                cursor.last_id = Some(id.to_owned());
+            }
+            cursor.retry = parser.retry().or(cursor.retry);
             for item in items.drain(..) {
                 match item {
                     sse::Item::Event(e) if e.kind == "message" => {
-                        if self.deliver(e.data, until, initialize) {
+                        let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
+                        if resumed && (!fresh || is_other_response(&e.data, until)) {
+                            continue;
+                        }
+                        if self.deliver(e.data, Some(until), initialize) {
                             return Ok(true);
                         }
                     }
@@ -548,10 +590,80 @@ impl Shared {
                     }
                 }
             }
-            if self.is_closed() && until.is_none() {
-                return Ok(false);
+        }
+    }
+
+    /// Resumes the broken or ended answer stream of request `until` with
+    /// GET and `Last-Event-ID`, up to [`RESUMES`] times, waiting the
+    /// stream's `retry` first; says whether the response came.
+    fn resume(&self, until: &str, initialize: bool, cursor: &mut Cursor) -> bool {
+        for _ in 0..RESUMES {
+            let Some(last_id) = cursor.last_id.clone() else {
+                return false;
+            };
+            let wait = cursor.retry.unwrap_or_default().min(RESUME_WAIT_MAX);
+            if !matches!(
+                self.stopped.recv_timeout(wait),
+                Err(RecvTimeoutError::Timeout)
+            ) {
+                return false;
+            }
+            let (session, version) = {
+                let s = self.session.lock();
+                (s.id.clone(), s.protocol_version.clone())
+            };
+            let Some(session) = session else {
+                return false;
+            };
+            let mut req = self
+                .agent
+                .get(&self.url)
+                .header("Accept", "text/event-stream")
+                .header("Mcp-Session-Id", &session)
+                .header("Last-Event-ID", &last_id);
+            if let Some(v) = &version {
+                req = req.header("MCP-Protocol-Version", v);
+            }
+            for (name, value) in self.headers(false) {
+                req = req.header(name, value);
+            }
+            crate::debug!("resuming the answer to request {until} from {}", self.shown);
+            let result = req
+                .config()
+                .timeout_recv_response(Some(self.recv_response))
+                .timeout_recv_body(Some(self.recv_body))
+                .build()
+                .call();
+            match result {
+                Ok(resp) if resp.status().is_success() => {
+                    let reader = resp.into_body().into_reader();
+                    if let Ok(true) = self.read_stream(reader, until, initialize, cursor, true) {
+                        return true;
+                    }
+                }
+                // No resumption here (405, a lost session, …).
+                Ok(_) => return false,
+                Err(_) => {}
             }
         }
+        false
+    }
+
+    /// Whether the event id `id` is new to this session (remembered, up to
+    /// [`SEEN_IDS`] of them).
+    fn first_sight(&self, id: &str) -> bool {
+        let mut seen = self.seen.lock();
+        if seen.0.contains(id) {
+            return false;
+        }
+        seen.0.insert(id.to_owned());
+        seen.1.push_back(id.to_owned());
+        if seen.1.len() > SEEN_IDS {
+            if let Some(old) = seen.1.pop_front() {
+                seen.0.remove(&old);
+            }
+        }
+        true
     }
 
     /// Reports one message; true if it is the response with id `until`.
@@ -608,7 +720,10 @@ impl Shared {
                 };
                 match &post.request_id {
                     Some(id) => {
-                        let message = format!("the MCP server {} answered {why}", self.shown);
+                        let message = match status {
+                            Some(_) => format!("the MCP server {} answered {why}", self.shown),
+                            None => format!("the MCP server {}: {why}", self.shown),
+                        };
                         let data = status.map(|s| format!("{{\"httpStatus\":{s}}}"));
                         let line = jsonrpc::error_line(Some(id), code, &message, data.as_deref());
                         let line = String::from_utf8_lossy(&line).trim_end().to_owned();
@@ -758,12 +873,21 @@ impl Shared {
             parser.feed(&buf[..n], &mut items);
             for item in items.drain(..) {
                 if let sse::Item::Event(e) = item {
-                    if e.kind == "message" {
+                    let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
+                    if e.kind == "message" && fresh {
                         self.deliver(e.data, None, false);
                     }
                 }
             }
         }
+    }
+}
+
+/// Whether `text` is a response to a request other than `id`.
+fn is_other_response(text: &str, id: &str) -> bool {
+    match Message::reparse(text.to_owned()) {
+        Some(m) => m.method().is_none() && m.id().is_some_and(|i| i != id),
+        None => false,
     }
 }
 

@@ -308,3 +308,28 @@ fn a_lost_connection_interrupts_the_other_requests_in_flight() {
         server.with(|st| st.hung_closed == 1)
     });
 }
+
+#[test]
+fn a_cut_answer_stream_with_event_ids_is_resumed_not_run_again() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::RunThenCutAfterProgress);
+    s.call_with(
+        json!(1),
+        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p1"}}),
+    );
+    let progress = s.recv();
+    assert_eq!(progress["method"], "notifications/progress", "{progress}");
+    // The replay repeats the progress: it is not shown twice.
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+    server.with(|st| {
+        assert_eq!(st.resumed_from, ["e1"]);
+        assert_eq!(st.initializes, 1);
+    });
+    s.expect_none_where(Duration::from_millis(200), |m| {
+        m["method"] == "notifications/progress"
+    });
+}

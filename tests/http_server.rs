@@ -30,6 +30,10 @@ pub enum Fault {
     /// Never answers; counts in `hung_closed` when the client closes the
     /// connection.
     Hang,
+    /// Runs the tool, sends a progress event with an id, then closes the
+    /// stream; a GET with that id as `Last-Event-ID` replays the progress
+    /// and then the result.
+    RunThenCutAfterProgress,
 }
 
 #[derive(Default)]
@@ -49,6 +53,10 @@ pub struct State {
     pub bad_headers: usize,
     /// Connections of `Fault::Hang` the client closed.
     pub hung_closed: usize,
+    /// The stream a `Last-Event-ID` of `e1` replays.
+    replay: Option<String>,
+    /// `Last-Event-ID`s received.
+    pub resumed_from: Vec<String>,
     /// Accepting connections; false: the port is closed.
     listening: bool,
     /// The open GET streams of the current session.
@@ -210,6 +218,20 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
             return respond(&stream, 200, &[], "");
         }
         "POST" => {}
+        "GET" if req.header("last-event-id").is_some() => {
+            let from = req.header("last-event-id").unwrap_or("").to_owned();
+            s.resumed_from.push(from.clone());
+            cv.notify_all();
+            return match (&s.replay, from.as_str()) {
+                (Some(replay), "e1") => respond(
+                    &stream,
+                    200,
+                    &[("Content-Type", "text/event-stream".into())],
+                    replay,
+                ),
+                _ => respond(&stream, 404, &[], ""),
+            };
+        }
         "GET" if s.session.is_some() && req.header("mcp-session-id") == s.session.as_deref() => {
             let head =
                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
@@ -296,6 +318,23 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
                         headers.push(("Retry-After", ra.to_owned()));
                     }
                     respond(&stream, status, &headers, &error_body(message));
+                }
+                Some(Fault::RunThenCutAfterProgress) => {
+                    s.executions.push(tool.clone());
+                    let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                        "params": {"progressToken": msg["params"]["_meta"]["progressToken"], "progress": 1}});
+                    let result = json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "content": [{"type": "text", "text": format!("{tool} done")}]}});
+                    s.replay = Some(format!(
+                        "retry: 10\nid: e1\ndata: {progress}\n\nid: e2\ndata: {result}\n\n"
+                    ));
+                    cv.notify_all();
+                    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+                    let body =
+                        format!("id: prime\ndata:\n\nretry: 10\nid: e1\ndata: {progress}\n\n");
+                    let mut w = &stream;
+                    let _ = w.write_all(format!("{head}{body}").as_bytes());
+                    let _ = stream.shutdown(Shutdown::Both);
                 }
                 Some(Fault::Hang) => {
                     drop(s);
