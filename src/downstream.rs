@@ -37,8 +37,10 @@ pub enum ServerEvent {
         response_id: Option<String>,
         len: usize,
     },
-    /// These lines were never handed to the server (its input failed): the
-    /// requests among them cannot have reached it.
+    /// These lines were never handed to the server (stdio: its input
+    /// failed; HTTP: no connection could be made, or the server no longer
+    /// knew the session): the requests among them cannot have run. `Gone`
+    /// follows.
     Unsent { lines: Vec<Vec<u8>> },
     /// The server refused these lines without acting on them (HTTP 429, or
     /// 503 with `Retry-After`): the requests among them did not run and may

@@ -375,13 +375,17 @@ impl Shared {
         out
     }
 
-    /// `text` with every header value in it replaced.
+    /// `text` with every header value in it replaced, and every word of
+    /// one that could be a secret on its own (the token of `Bearer TOKEN`).
     fn scrub(&self, text: &str) -> String {
         let mut text = text.to_owned();
         let helper = self.helper_headers.lock().clone().unwrap_or_default();
         for (_, value) in self.headers.iter().chain(helper.iter()) {
-            if value.len() >= 4 {
-                text = text.replace(value.as_str(), "[redacted]");
+            let words = value.split_whitespace().filter(|w| w.len() >= 8);
+            for secret in std::iter::once(value.as_str()).chain(words) {
+                if secret.len() >= 4 {
+                    text = text.replace(secret, "[redacted]");
+                }
             }
         }
         text
@@ -917,20 +921,27 @@ fn server_message(body: &str) -> Option<String> {
     Some(line.chars().take(200).collect())
 }
 
-/// Runs `headers_helper` with `sh -c`, within 10 s, and reads the JSON
-/// object of headers it prints. The error never quotes its output.
+/// Runs `headers_helper` with `sh -c` (`cmd /C` on Windows), within 10 s,
+/// and reads the JSON object of headers it prints. The error never quotes
+/// its output.
 fn run_helper(
     helper: &str,
     env: &[(String, String)],
     cwd: &Option<std::path::PathBuf>,
 ) -> Result<Vec<(String, String)>, String> {
     use std::process::{Command, Stdio};
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
+    let (shell, flag) = if cfg!(windows) {
+        ("cmd", "/C")
+    } else {
+        ("sh", "-c")
+    };
+    let mut cmd = Command::new(shell);
+    cmd.arg(flag)
         .arg(helper)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        // What it says on stderr could hold the secret it prints: dropped.
+        .stderr(Stdio::null())
         .envs(env.iter().map(|(k, v)| (k, v)));
     if let Some(dir) = cwd {
         cmd.current_dir(dir);

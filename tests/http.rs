@@ -174,12 +174,8 @@ fn an_unauthorized_answer_names_the_status_and_never_the_header() {
     let server = Server::start();
     let mut s = start(&server);
     s.list_tools();
-    // A server that quotes the token back.
-    server.fault(Fault::Status(
-        401,
-        None,
-        "bad token Bearer CANARY-7f3a9c-secret",
-    ));
+    // A server that quotes the token back, without its "Bearer ".
+    server.fault(Fault::Status(401, None, "bad token CANARY-7f3a9c-secret"));
     s.call(json!(1), "write", json!({}));
     let error = s.error(&json!(1));
     let text = error.to_string();
