@@ -101,10 +101,18 @@ fn a_refused_connection_is_retried_for_any_tool() {
     s.list_tools();
     server.close();
     s.call(json!(1), "write", json!({}));
-    // The proxy tried and found the port closed before it is opened again.
-    crate::util::eventually("the proxy to find the port closed", || {
-        s.stderr().contains("could not be reached")
-    });
+    // The proxy tried and found the port closed before it is opened again,
+    // soon: it waits about half a second before it tries again, and a
+    // client request gives up on a server that keeps failing after a few
+    // such tries (its restart backoff), so the check is tight.
+    let deadline = std::time::Instant::now() + crate::util::WAIT;
+    while !s.stderr().contains("could not be reached") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy never tried"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     server.reopen();
     let result = s.result(&json!(1));
     assert_eq!(text_of(&result), "write done");
@@ -182,13 +190,20 @@ fn an_unauthorized_answer_names_the_status_and_never_the_header() {
     assert!(text.contains("401 Unauthorized"), "{text}");
     assert!(!text.contains(CANARY), "{text}");
     assert_eq!(server.executions("write"), 0);
-    // Nor in the log (debug level), nor in what `status` shows.
-    let out = std::process::Command::new(crate::util::PROXY)
-        .args(["status", "--json", "--dir"])
-        .arg(s.dir.join("runtime"))
-        .output()
-        .unwrap();
-    let status = String::from_utf8_lossy(&out.stdout);
+    // Nor in the log (debug level), nor in what `status` shows once it has
+    // published the failure (its last error quotes the server).
+    let status = || {
+        let out = std::process::Command::new(crate::util::PROXY)
+            .args(["status", "--json", "--dir"])
+            .arg(s.dir.join("runtime"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    crate::util::eventually("status to publish the failure", || {
+        status().contains("401 Unauthorized")
+    });
+    let status = status();
     assert!(status.contains("127.0.0.1"), "{status}");
     assert!(!status.contains(CANARY), "{status}");
     s.close_stdin();

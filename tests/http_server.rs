@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
@@ -66,6 +66,8 @@ pub struct State {
 pub struct Server {
     pub port: u16,
     state: Arc<(Mutex<State>, Condvar)>,
+    /// The thread accepting connections; it owns the listener.
+    acceptor: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
 impl Server {
@@ -73,7 +75,11 @@ impl Server {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new((Mutex::new(State::default()), Condvar::new()));
-        let server = Server { port, state };
+        let server = Server {
+            port,
+            state,
+            acceptor: Mutex::new(None),
+        };
         server.listen(listener);
         server
     }
@@ -85,7 +91,7 @@ impl Server {
     fn listen(&self, listener: TcpListener) {
         self.state.0.lock().unwrap().listening = true;
         let state = self.state.clone();
-        thread::spawn(move || {
+        let acceptor = thread::spawn(move || {
             for stream in listener.incoming() {
                 if !state.0.lock().unwrap().listening {
                     return;
@@ -95,26 +101,24 @@ impl Server {
                 thread::spawn(move || handle(stream, &state));
             }
         });
+        *self.acceptor.lock().unwrap() = Some(acceptor);
     }
 
-    /// Closes the port: connections are refused until [`Server::reopen`].
+    /// Closes the port: when this returns, connections are refused until
+    /// [`Server::reopen`].
     pub fn close(&self) {
         self.state.0.lock().unwrap().listening = false;
-        // Wakes the accept loop, which then drops the listener.
+        // Wakes the accept loop, which then returns and drops the listener.
         let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(acceptor) = self.acceptor.lock().unwrap().take() {
+            acceptor.join().unwrap();
+        }
     }
 
     /// Listens on the same port again.
     pub fn reopen(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match TcpListener::bind(("127.0.0.1", self.port)) {
-                Ok(l) => return self.listen(l),
-                Err(e) if Instant::now() > deadline => panic!("rebinding: {e}"),
-                // The old listener is dropped by its thread, just after close.
-                Err(_) => thread::yield_now(),
-            }
-        }
+        let listener = TcpListener::bind(("127.0.0.1", self.port)).expect("rebinding the port");
+        self.listen(listener);
     }
 
     pub fn fault(&self, f: Fault) {
