@@ -452,6 +452,11 @@ impl Conversation<'_> {
                     }
                 }
                 Some(ServerEvent::Garbage { head: Some(head) }) => self.non_json = Some(head),
+                // A remote server refused our request (HTTP 429): a probe
+                // does not wait and try again.
+                Some(ServerEvent::Refused { why, .. }) => {
+                    return Answer::Error(clean_line(&why, MAX_REASON_LINE))
+                }
                 // Gone comes after everything the server sent.
                 Some(ServerEvent::Gone(gone)) => {
                     self.ended = true;

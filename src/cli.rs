@@ -53,11 +53,15 @@ newline-delimited JSON-RPC between it and this process's stdin/stdout
 Usage:
   mcp-retry run --config FILE [--server NAME]
   mcp-retry run [--config FILE [--server NAME]] -- COMMAND [ARGS...]
+  mcp-retry run [--config FILE [--server NAME]] --url URL [--header 'Name: value']...
 
 Options:
   -c, --config FILE     YAML (.yaml/.yml) or JSON (.json) config with `servers:`
                         or `mcpServers:`
   -s, --server NAME     the server to run (optional when the config has one)
+  --url URL             a remote MCP server (Streamable HTTP), instead of a command
+  --header 'N: V'       an HTTP header for --url (repeatable; `${VAR}` is not
+                        expanded here: let the shell do it)
   --stats-file PATH     write per-tool counters as JSON every few seconds and at exit
   --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
   --log-format FMT      text or json (default text)
@@ -66,6 +70,8 @@ Options:
 With `-- COMMAND`, the command is wrapped with the built-in defaults, or with
 the config's `defaults:` (or the settings of --server NAME) when --config is
 given. The `--` is required: everything after it is the command, untouched.
+--url works the same way. Legacy HTTP+SSE servers and servers that need an
+OAuth login: run them through mcp-remote (`-- npx -y mcp-remote URL`).
 
 Every run publishes its state for `mcp-retry status` (see `status --help`).
 
@@ -140,6 +146,10 @@ pub struct RunArgs {
     pub server: Option<String>,
     /// The wrapped command and its arguments (empty when the config names it).
     pub command: Vec<String>,
+    /// A remote server's endpoint (`--url`), instead of a command.
+    pub url: Option<String>,
+    /// `--header` values, split at the first colon. Secrets: never shown.
+    pub headers: Vec<(String, String)>,
     pub stats_file: Option<PathBuf>,
 }
 
@@ -272,6 +282,13 @@ fn parse_run(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Comma
             Short('c') | Long("config") => args.config = Some(p.value()?.into()),
             Short('s') | Long("server") => args.server = Some(p.value()?.string()?),
             Long("stats-file") => args.stats_file = Some(p.value()?.into()),
+            Long("url") => args.url = Some(p.value()?.string()?),
+            Long("header") => {
+                let text = p.value()?.string()?;
+                let header =
+                    crate::http::split_header(&text).map_err(|e| anyhow!("--header: {e}"))?;
+                args.headers.push(header);
+            }
             Short('h') | Long("help") => return Ok((global, Command::Help(RUN_HELP))),
             Value(stray) => {
                 // Without `--` a stray word would silently become the server
@@ -282,8 +299,19 @@ fn parse_run(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Comma
             _ => return Err(arg.unexpected()).context("invalid arguments for 'run'"),
         }
     }
-    if args.config.is_none() && args.command.is_empty() {
-        bail!("run needs --config FILE or a command after `--` (see `mcp-retry run --help`)");
+    if args.url.is_some() && !args.command.is_empty() {
+        bail!("run: --url and a command after `--` exclude each other");
+    }
+    if !args.headers.is_empty() && args.url.is_none() {
+        bail!("run: --header needs --url");
+    }
+    if let Some(url) = &args.url {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("run: --url: expected an http:// or https:// URL");
+        }
+    }
+    if args.config.is_none() && args.command.is_empty() && args.url.is_none() {
+        bail!("run needs --config FILE, --url URL or a command after `--` (see `mcp-retry run --help`)");
     }
     Ok((global, Command::Run(args)))
 }
@@ -403,6 +431,40 @@ mod tests {
                 ..RunArgs::default()
             })
         );
+    }
+
+    #[test]
+    fn run_with_a_url_and_headers() {
+        let (_, c) = ok(&[
+            "run",
+            "--url",
+            "https://h/mcp",
+            "--header",
+            "Authorization: Bearer a:b",
+            "--header",
+            "X-K:v",
+        ]);
+        let Command::Run(r) = c else { panic!() };
+        assert_eq!(r.url.as_deref(), Some("https://h/mcp"));
+        assert_eq!(
+            r.headers,
+            [
+                ("Authorization".to_owned(), "Bearer a:b".to_owned()),
+                ("X-K".to_owned(), "v".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn run_url_errors_never_quote_header_values() {
+        let e = err(&["run", "--url", "http://h", "--header", "no-colon-secret"]);
+        assert!(e.contains("--header") && !e.contains("secret"), "{e}");
+        let e = err(&["run", "--header", "A: b"]);
+        assert!(e.contains("--header needs --url"), "{e}");
+        let e = err(&["run", "--url", "http://h", "--", "x"]);
+        assert!(e.contains("exclude each other"), "{e}");
+        let e = err(&["run", "--url", "ftp://h"]);
+        assert!(e.contains("http://"), "{e}");
     }
 
     #[test]
@@ -553,7 +615,7 @@ mod tests {
     fn usage_errors_are_clear() {
         assert!(err(&[]).contains("missing command"));
         assert!(err(&["serve"]).contains("unknown command 'serve'"));
-        assert!(err(&["run"]).contains("run needs --config FILE or a command"));
+        assert!(err(&["run"]).contains("run needs --config FILE, --url URL or a command"));
         assert!(err(&["run", "--bogus"]).contains("invalid arguments for 'run'"));
         assert!(err(&["run", "--bogus"]).contains("--bogus"));
         assert!(err(&["check"]).contains("check needs --config FILE"));

@@ -61,6 +61,14 @@ pub struct ServerConfig {
     /// Merged over the inherited environment.
     pub env: Vec<(String, String)>,
     pub cwd: Option<PathBuf>,
+    /// A remote server's endpoint (`Transport::Http`).
+    pub url: String,
+    /// Headers for a remote server. Their values are secrets: never logged.
+    pub headers: Vec<(String, String)>,
+    /// A shell command printing a JSON object of headers (`Transport::Http`).
+    pub headers_helper: Option<String>,
+    /// Roots for a remote server's certificate, instead of the bundled ones.
+    pub ca_file: Option<PathBuf>,
     /// Per attempt of a `tools/call` (default 60 s).
     pub call_timeout: Duration,
     pub retry: RetryConfig,
@@ -88,6 +96,29 @@ pub struct ServerConfig {
     /// Why this server cannot be started although the file is valid (a
     /// `${VAR}` that is not set): `run` refuses it, `check` reports it down.
     pub problem: Option<ServerProblem>,
+}
+
+/// Whether a header name and value can be sent; the reason never quotes
+/// the value.
+pub fn check_header(name: &str, value: &str) -> Result<(), String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if name.is_empty() || !name.chars().all(token) {
+        return Err(format!("invalid header name {name:?}"));
+    }
+    if value.chars().any(|c| c == '\r' || c == '\n' || c == '\0') {
+        return Err("a header value must not contain line breaks".into());
+    }
+    Ok(())
+}
+
+/// The keys of a remote server entry, as read.
+#[derive(Default)]
+struct Remote {
+    url: Option<String>,
+    kind: Option<(usize, String)>,
+    headers: Vec<(String, String)>,
+    headers_helper: Option<String>,
+    ca_file: Option<PathBuf>,
 }
 
 /// Why a server of a valid file cannot be started.
@@ -229,6 +260,8 @@ pub enum Transport {
     /// A child process speaking newline-delimited JSON-RPC on its stdio.
     #[default]
     Stdio,
+    /// A remote server's Streamable HTTP endpoint (`url`).
+    Http,
 }
 
 impl ServerConfig {
@@ -318,12 +351,9 @@ const TOP_KEYS: &[&str] = &["servers", "defaults"];
 /// Gemini CLI) define for a server entry that mcp-retry does not act on: in
 /// an `mcpServers:` (or VS Code `servers:`) entry they are ignored silently.
 const HOST_KEYS: &[&str] = &[
-    "type",
     "transportType",
-    "url",
     "serverUrl",
     "httpUrl",
-    "headers",
     "timeout",
     "networkTimeout",
     "autoApprove",
@@ -947,14 +977,6 @@ impl Walker<'_> {
             let Some(items) = self.map(&entry.value, &path) else {
                 continue;
             };
-            let has = |key: &str| items.iter().any(|e| e.key == key);
-            if !has("command") && has("url") {
-                self.notes.push(format!(
-                    "skipped {}: remote (url) servers are not supported yet",
-                    entry.key
-                ));
-                continue;
-            }
             if let Some(server) = self.server(entry, items, &path, false, &Policy::default()) {
                 result.push(server);
             }
@@ -1000,6 +1022,7 @@ impl Walker<'_> {
         let mut file_env = Vec::new();
         let mut cwd = None;
         let mut disabled = false;
+        let mut remote = Remote::default();
         let mut ignored = Vec::new();
         let mut policy = Policy::default();
         for item in items {
@@ -1021,6 +1044,9 @@ impl Walker<'_> {
                     }
                     // A relative directory is relative to the config file.
                     cwd = dir.map(|d| self.base_dir.join(d));
+                }
+                "url" | "type" | "headers" | "headers_helper" | "ca_file" => {
+                    self.remote_key(&mut remote, item, &key_path)
                 }
                 "disabled" => {
                     disabled = self
@@ -1048,17 +1074,57 @@ impl Walker<'_> {
             ));
         }
         let has_command = items.iter().any(|e| e.key == "command");
-        if !has_command {
+        let has_url = items.iter().any(|e| e.key == "url");
+        // A host's entry with both runs the command (the url is the host's).
+        let is_remote = has_url && (strict || !has_command);
+        if has_command && has_url && strict {
+            self.error(entry.line, path, "command and url exclude each other");
+        }
+        if let Some((line, t)) = &remote.kind {
+            match (t.as_str(), is_remote) {
+                ("http" | "streamable-http" | "streamableHttp", true) | ("stdio", false) => {}
+                ("http" | "streamable-http" | "streamableHttp", false) => {
+                    self.error(*line, &join(path, "type"), "http needs url, not command")
+                }
+                ("stdio", true) => {
+                    self.error(*line, &join(path, "type"), "stdio needs command, not url")
+                }
+                ("sse", _) => self.error(
+                    *line,
+                    &join(path, "type"),
+                    "legacy HTTP+SSE servers are not supported; run them through mcp-remote: \
+                     mcp-retry run -- npx -y mcp-remote URL",
+                ),
+                (other, _) => self.error(
+                    *line,
+                    &join(path, "type"),
+                    format!("unknown transport {other:?} (expected stdio or http)"),
+                ),
+            }
+        }
+        if !has_command && !has_url {
             self.error(entry.line, path, "missing required key command");
         }
         let clean = self.defaults_clean && self.errors.len() == before;
-        let base = ServerConfig::with_defaults(&entry.key, command?, args);
+        let command = if is_remote { String::new() } else { command? };
+        let base = ServerConfig::with_defaults(&entry.key, command, args);
         let mut server = self.resolve(base, &policy.over(defaults), clean);
         // The env file's values, under the explicit ones.
         file_env.retain(|(k, _)| !env.iter().any(|(e, _)| e == k));
         file_env.append(&mut env);
         server.env = file_env;
         server.cwd = cwd;
+        if is_remote {
+            server.transport = Transport::Http;
+            server.url = remote.url?;
+            server.headers = remote.headers;
+            server.headers_helper = remote.headers_helper;
+            server.ca_file = remote.ca_file;
+            // The helper runs where the config file is, unless `cwd` says.
+            if server.cwd.is_none() && !self.base_dir.as_os_str().is_empty() {
+                server.cwd = Some(self.base_dir.clone());
+            }
+        }
         if !self.unresolved.is_empty() {
             let unresolved = std::mem::take(&mut self.unresolved);
             server.problem = Some(ServerProblem {
@@ -1082,6 +1148,56 @@ impl Walker<'_> {
             return None;
         }
         Some(server)
+    }
+
+    /// One of the keys of a remote server (`url`, `type`, `headers`,
+    /// `headers_helper`, `ca_file`).
+    fn remote_key(&mut self, remote: &mut Remote, item: &Entry, path: &str) {
+        let node = &item.value;
+        match item.key.as_str() {
+            "url" => {
+                let Some(url) = self.expanded(node, path) else {
+                    return;
+                };
+                let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+                if !scheme_ok {
+                    self.error(node.line, path, "expected an http:// or https:// URL");
+                } else if url.chars().any(char::is_whitespace) {
+                    self.error(node.line, path, "a URL must not contain spaces");
+                }
+                remote.url = Some(url);
+            }
+            "type" => {
+                if let Some(t) = self.expanded(node, path) {
+                    remote.kind = Some((node.line, t));
+                }
+            }
+            "headers" => {
+                let Some(headers) = self.env_map(node, path) else {
+                    return;
+                };
+                for (name, value) in &headers {
+                    if let Err(why) = check_header(name, value) {
+                        self.error(node.line, &join(path, name), why);
+                    }
+                }
+                remote.headers = headers;
+            }
+            "headers_helper" => {
+                let helper = self.expanded(node, path);
+                if matches!(&helper, Some(h) if h.trim().is_empty()) {
+                    self.error(node.line, path, "must not be empty");
+                }
+                remote.headers_helper = helper;
+            }
+            _ => {
+                let file = self.expanded(node, path);
+                if matches!(&file, Some(f) if f.is_empty()) {
+                    self.error(node.line, path, "must not be empty");
+                }
+                remote.ca_file = file.map(|f| self.base_dir.join(f));
+            }
+        }
     }
 
     /// The variables of an `envFile` (relative to the config file).
@@ -1780,7 +1896,7 @@ mod tests {
     }
 
     const SERVER_KEY_LIST: &str =
-        "command, args, env, envFile, cwd, disabled, call_timeout, retry, cache, \
+        "command, args, env, envFile, cwd, url, type, headers, headers_helper, ca_file, disabled, call_timeout, retry, cache, \
         circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
         assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight, otel";
 
@@ -2044,7 +2160,7 @@ mod tests {
   }
 }"#;
         let config = json(text).expect("valid config");
-        assert_eq!(config.servers.len(), 1);
+        assert_eq!(config.servers.len(), 2);
         let s = &config.servers[0];
         assert_eq!(s.name, "fs");
         assert_eq!(
@@ -2054,10 +2170,9 @@ mod tests {
         assert_eq!(s.env, [("DEBUG".to_string(), "0".to_string())]);
         assert_eq!(s.retry.max_retries, 1);
         assert_eq!(s.call_timeout, Duration::from_secs(10));
-        assert_eq!(
-            config.notes,
-            ["skipped remote: remote (url) servers are not supported yet"]
-        );
+        assert_eq!(config.servers[1].transport, Transport::Http);
+        assert_eq!(config.servers[1].url, "https://example.com/mcp");
+        assert!(config.notes.is_empty());
         assert_same_policy(
             &config.defaults,
             &ServerConfig::with_defaults("x", String::new(), Vec::new()),
@@ -2072,21 +2187,69 @@ mod tests {
     }
 
     #[test]
-    fn url_entries_are_skipped_with_a_note() {
-        let config = json(r#"{"mcpServers": {"r": {"url": "https://x"}}}"#).expect("valid");
-        assert!(config.servers.is_empty());
+    fn url_entries_are_remote_servers() {
+        let text = r#"{"mcpServers": {"r": {"type": "http", "url": "https://x/mcp",
+            "headers": {"Authorization": "Bearer ${TOKEN}", "X-D": "${NOPE:-d}"}}}}"#;
+        let config = json(text).expect("valid");
+        let s = config.select(Some("r")).expect("usable");
+        assert_eq!(s.transport, Transport::Http);
+        assert_eq!(s.url, "https://x/mcp");
+        assert_eq!(s.command, "");
         assert_eq!(
-            config.notes,
-            ["skipped r: remote (url) servers are not supported yet"]
+            s.headers,
+            [
+                ("Authorization".to_owned(), "Bearer t0k".to_owned()),
+                ("X-D".to_owned(), "d".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn remote_keys_in_our_schema() {
+        let text = "servers:\n  r:\n    url: http://127.0.0.1:9/mcp\n    headers_helper: ./tok.sh\n    ca_file: ca.pem\n    call_timeout: 5\n";
+        let config = yaml(text).expect("valid");
+        let s = &config.servers[0];
+        assert_eq!(s.transport, Transport::Http);
+        assert_eq!(s.headers_helper.as_deref(), Some("./tok.sh"));
+        assert_eq!(s.ca_file.as_deref(), Some(Path::new("/p/ca.pem")));
+        assert_eq!(s.call_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn an_unset_header_variable_is_a_problem_that_names_only_the_variable() {
+        let text =
+            r#"{"mcpServers": {"r": {"url": "https://x", "headers": {"A": "${SECRET_X}"}}}}"#;
+        let config = json(text).expect("valid");
+        let p = config.servers[0].problem.as_ref().expect("a problem");
+        assert!(p.reason.contains("SECRET_X"), "{}", p.reason);
+    }
+
+    #[test]
+    fn legacy_sse_servers_are_refused_with_a_way_out() {
+        let e = json_err(r#"{"mcpServers": {"r": {"type": "sse", "url": "https://x/sse"}}}"#);
+        assert!(
+            e.contains("mcpServers.r.type: legacy HTTP+SSE servers are not supported"),
+            "{e}"
+        );
+        assert!(e.contains("mcp-retry run -- npx -y mcp-remote URL"), "{e}");
+    }
+
+    #[test]
+    fn remote_server_errors() {
+        assert_eq!(
+            yaml_err("servers:\n  r:\n    url: ftp://x\n"),
+            "/p/c.yaml:3: servers.r.url: expected an http:// or https:// URL"
         );
         assert_eq!(
-            message(config.select(None).map(|_| config.clone())),
-            "the config /p/c.json has no servers (skipped r: remote (url) servers are not supported yet)"
+            yaml_err("servers:\n  r:\n    url: http://x\n    command: y\n"),
+            "/p/c.yaml:2: servers.r: command and url exclude each other"
         );
         assert_eq!(
-            message(config.select(Some("r")).map(|_| config.clone())),
-            "the config /p/c.json has no usable server named \"r\" (skipped r: remote (url) servers are not supported yet)"
+            yaml_err("servers:\n  r:\n    url: http://x\n    type: stdio\n"),
+            "/p/c.yaml:4: servers.r.type: stdio needs command, not url"
         );
+        let e = yaml_err("servers:\n  r:\n    url: http://x\n    headers: {\"bad name\": v}\n");
+        assert!(e.contains("invalid header name \"bad name\""), "{e}");
     }
 
     #[test]
@@ -2702,13 +2865,11 @@ servers:
   }
 }"#;
         let config = json(text).expect("valid");
-        assert_eq!(config.servers.len(), 1);
+        assert_eq!(config.servers.len(), 2);
         assert_eq!(config.servers[0].name, "fs");
         assert_eq!(config.servers[0].args, ["-y", "srv"]);
-        assert_eq!(
-            config.notes,
-            ["skipped web: remote (url) servers are not supported yet"]
-        );
+        assert_eq!(config.servers[1].transport, Transport::Http);
+        assert!(config.notes.is_empty());
         // A near miss in a VS Code entry is caught as in mcpServers.
         assert!(
             json_err(r#"{"servers": {"fs": {"type": "stdio", "command": "x", "arg": []}}}"#)

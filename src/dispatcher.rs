@@ -1329,7 +1329,7 @@ impl Dispatcher {
     // ----- answering -----------------------------------------------------
 
     /// Delivers the answer to a client request and forgets the request.
-    fn answer(&mut self, client_id: &str, line: Vec<u8>) {
+    pub(super) fn answer(&mut self, client_id: &str, line: Vec<u8>) {
         let request = self.client_requests.remove(client_id);
         if let (Some(t), Some(r)) = (
             &mut self.otel,

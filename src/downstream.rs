@@ -1,7 +1,7 @@
 //! The dispatcher's view of "the server": a small boundary that a transport
 //! implements, and the one place a transport is chosen ([`connect`]).
-//! Today the only transport is a stdio child process (`child.rs`); a
-//! Streamable HTTP transport slots in beside it.
+//! The transports are a stdio child process (`child.rs`) and a remote
+//! Streamable HTTP server (`http.rs`).
 //!
 //! A transport accepts outgoing lines and reports what happens to it as
 //! [`ServerEvent`]s through a callback: messages, garbage, lines it could
@@ -39,9 +39,20 @@ pub enum ServerEvent {
         response_id: Option<String>,
         len: usize,
     },
-    /// These lines were never handed to the server (its input failed): the
-    /// requests among them cannot have reached it.
+    /// These lines were never handed to the server (stdio: its input
+    /// failed; HTTP: no connection could be made, or the server no longer
+    /// knew the session): the requests among them cannot have run. `Gone`
+    /// follows.
     Unsent { lines: Vec<Vec<u8>> },
+    /// The server refused these lines without acting on them (HTTP 429, or
+    /// 503 with `Retry-After`): the requests among them did not run and may
+    /// be sent again, not before `retry_after` when there is one. The
+    /// connection stays up.
+    Refused {
+        lines: Vec<Vec<u8>>,
+        why: String,
+        retry_after: Option<Duration>,
+    },
     /// The server takes no more input, but what it sent is still being
     /// delivered (stdio: the process exited with output left in the pipe);
     /// `Gone` follows. New traffic should wait for the next server.
@@ -116,6 +127,9 @@ pub fn connect(
         Transport::Stdio => crate::child::spawn(cfg, diagnostics, on_event)
             .map(|c| Box::new(c) as Box<dyn Downstream>)
             .map_err(|e| e.to_string()),
+        Transport::Http => {
+            crate::http::connect(cfg, on_event).map(|c| Box::new(c) as Box<dyn Downstream>)
+        }
     }
 }
 

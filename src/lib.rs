@@ -16,6 +16,7 @@ pub mod config;
 mod dispatcher;
 mod downstream;
 mod fasthash;
+pub mod http;
 pub mod jsonrpc;
 pub mod log;
 mod otel;

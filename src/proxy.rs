@@ -262,7 +262,10 @@ fn start_status_writer(
             .config
             .as_ref()
             .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
-        command: cfg.command.clone(),
+        command: match cfg.transport {
+            config::Transport::Stdio => cfg.command.clone(),
+            config::Transport::Http => crate::http::display_url(&cfg.url),
+        },
         args: cfg.args.clone(),
         env: cfg.env.clone(),
     };
@@ -285,6 +288,23 @@ fn resolve(args: &RunArgs) -> Result<ServerConfig> {
         for note in &cfg.notes {
             crate::warn!("{}: {note}", cfg.path.display());
         }
+    }
+    if let Some(url) = &args.url {
+        let mut server = match (&loaded, &args.server) {
+            (Some(cfg), Some(name)) => cfg.select(Some(name))?.clone(),
+            (Some(cfg), None) => cfg.defaults.clone(),
+            (None, Some(_)) => anyhow::bail!("--server needs --config"),
+            (None, None) => ServerConfig::with_defaults("remote", String::new(), Vec::new()),
+        };
+        if server.name.is_empty() || server.name == "default" {
+            server.name = "remote".into();
+        }
+        server.transport = config::Transport::Http;
+        server.command = String::new();
+        server.args = Vec::new();
+        server.url = url.clone();
+        server.headers = args.headers.clone();
+        return Ok(server);
     }
     if args.command.is_empty() {
         let cfg = loaded.expect("cli requires --config without a command");

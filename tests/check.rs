@@ -354,7 +354,7 @@ fn skipped_entries_are_noted_on_stderr_only() {
     let dir = TempDir::new();
     let text = format!(
         r#"{{"mcpServers": {{
-            "remote": {{"url": "https://example.invalid/mcp"}},
+            "remote": {{"url": "http://127.0.0.1:9/mcp", "disabled": true}},
             "local": {{"command": "{MOCK}"}}
         }}}}"#
     );

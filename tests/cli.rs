@@ -41,7 +41,7 @@ fn usage_errors_exit_2() {
     let (code, _, err) = run(&["run"]);
     assert_eq!(code, 2);
     assert!(
-        err.contains("run needs --config FILE or a command"),
+        err.contains("run needs --config FILE, --url URL or a command"),
         "{err}"
     );
 }

@@ -7,6 +7,8 @@ mod bad_input;
 mod chaos;
 mod check;
 mod cli;
+mod http;
+mod http_server;
 mod lifecycle;
 mod otel;
 mod relay;

@@ -10,6 +10,7 @@ use std::io::{self, BufRead};
 use std::path::Path;
 
 use mcp_retry::config;
+use mcp_retry::http::sse;
 use mcp_retry::jsonrpc::{self, Kind, Line, Message, Parsed};
 
 /// Classification, id rewriting, the overlong-line id scan and framing.
@@ -198,6 +199,43 @@ pub fn check_config(data: &[u8]) {
             Err(e) => {
                 let msg = format!("{e:#}");
                 assert!(msg.starts_with(file), "an error without the file: {msg}");
+            }
+        }
+    }
+}
+
+/// The SSE parser: the same events whatever the chunking (each byte on its
+/// own, or the first byte of the input choosing a split point), no event
+/// over the limit, and ids and data without line breaks of the wire.
+pub fn check_sse(data: &[u8]) {
+    const MAX: usize = 256;
+    let whole = {
+        let mut p = sse::Parser::new(MAX);
+        let mut out = Vec::new();
+        p.feed(data, &mut out);
+        (out, p.last_id().map(str::to_owned), p.retry())
+    };
+    let split = data.first().map_or(0, |b| *b as usize % (data.len() + 1));
+    for chunks in [
+        data.chunks(1).collect::<Vec<_>>(),
+        vec![&data[..split], &data[split..]],
+    ] {
+        let mut p = sse::Parser::new(MAX);
+        let mut out = Vec::new();
+        for c in chunks {
+            p.feed(c, &mut out);
+        }
+        assert_eq!(out, whole.0, "chunking changed the events");
+        assert_eq!(p.last_id().map(str::to_owned), whole.1);
+        assert_eq!(p.retry(), whole.2);
+    }
+    for item in &whole.0 {
+        if let sse::Item::Event(e) = item {
+            assert!(e.data.len() <= MAX, "an event over the limit");
+            assert!(!e.data.is_empty(), "an empty event was dispatched");
+            assert!(!e.data.contains('\r'), "a CR inside data");
+            if let Some(id) = &e.id {
+                assert!(!id.contains(['\r', '\n', '\0']), "a line break in an id");
             }
         }
     }

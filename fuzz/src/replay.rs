@@ -1,5 +1,5 @@
 //! Runs every file in the given directories (or files) through the fuzzing
-//! checks, without libFuzzer: `replay jsonrpc DIR...` or `replay config DIR...`.
+//! checks, without libFuzzer: `replay jsonrpc DIR...`, `replay config DIR...` or `replay sse DIR...`.
 //! Used by CI on the stable toolchain to replay the seeds.
 
 use std::path::{Path, PathBuf};
@@ -11,8 +11,9 @@ fn main() -> ExitCode {
     let check: fn(&[u8]) = match target.as_str() {
         "jsonrpc" => mcp_retry_fuzz::check_jsonrpc,
         "config" => mcp_retry_fuzz::check_config,
+        "sse" => mcp_retry_fuzz::check_sse,
         _ => {
-            eprintln!("usage: replay jsonrpc|config DIR_OR_FILE...");
+            eprintln!("usage: replay jsonrpc|config|sse DIR_OR_FILE...");
             return ExitCode::from(2);
         }
     };

@@ -400,7 +400,7 @@ pub fn schema() -> Json {
             "server": {
                 "type": "object",
                 "properties": server.clone(),
-                "required": ["command"],
+                "anyOf": [{"required": ["command"]}, {"required": ["url"]}],
                 "additionalProperties": false,
             },
             "hostServer": {
@@ -713,7 +713,7 @@ mod tests {
             ),
             (
                 json!({"servers": {"a": {"args": []}}}),
-                "$.servers.a: missing command",
+                "$.servers.a: matches none of anyOf",
             ),
             (json!({"colour": 1}), "$.colour: not allowed"),
             (

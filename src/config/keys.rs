@@ -289,7 +289,7 @@ pub(super) static PROCESS_KEYS: &[ProcessKey] = &[
         name: "command",
         kind: ProcessKind::String,
         default: Def::Unset,
-        doc: "The program to start (required).",
+        doc: "The program to start (required, unless `url` is given).",
     },
     ProcessKey {
         name: "args",
@@ -316,6 +316,41 @@ pub(super) static PROCESS_KEYS: &[ProcessKey] = &[
         kind: ProcessKind::String,
         default: Def::Unset,
         doc: "Working directory of the server (default: that of mcp-retry), relative to the config file.",
+    },
+    ProcessKey {
+        name: "url",
+        kind: ProcessKind::String,
+        default: Def::Unset,
+        doc: "A remote server's Streamable HTTP endpoint (`https://host/mcp`), instead of `command`.",
+    },
+    ProcessKey {
+        name: "type",
+        kind: ProcessKind::String,
+        default: Def::Unset,
+        doc: "`stdio` (with `command`) or `http` (with `url`); optional. `sse` (legacy HTTP+SSE) \
+              is not supported: run `mcp-remote` as the command instead.",
+    },
+    ProcessKey {
+        name: "headers",
+        kind: ProcessKind::StringMap,
+        default: Def::Unset,
+        doc: "HTTP headers sent to a remote server (`${VAR}` expanded). Their values are never \
+              logged or quoted back.",
+    },
+    ProcessKey {
+        name: "headers_helper",
+        kind: ProcessKind::String,
+        default: Def::Unset,
+        doc: "A shell command that prints a JSON object of headers for a remote server, run at \
+              the start and once more after a 401 or 403 (within 10 s), in the config file's \
+              directory (or `cwd`), with `env`; its headers win over `headers`.",
+    },
+    ProcessKey {
+        name: "ca_file",
+        kind: ProcessKind::String,
+        default: Def::Unset,
+        doc: "PEM file of the certificate authorities a remote server's certificate must chain \
+              to, instead of the bundled roots; relative to the config file.",
     },
     ProcessKey {
         name: "disabled",
@@ -702,13 +737,18 @@ mod tests {
         assert!(!is_section("retry.max_retries"));
         assert!(!is_section("ret"));
         assert_eq!(
-            server_keys()[..7],
+            server_keys()[..12],
             [
                 "command",
                 "args",
                 "env",
                 "envFile",
                 "cwd",
+                "url",
+                "type",
+                "headers",
+                "headers_helper",
+                "ca_file",
                 "disabled",
                 "call_timeout"
             ]

@@ -59,11 +59,14 @@ pub(super) enum Failure {
     Exited(String),
     /// The server answered a transient JSON-RPC error (raw error object).
     Transient(String),
+    /// The server refused the request without running it (HTTP 429): safe
+    /// to retry, not before the hint.
+    Refused(String, Option<Duration>),
 }
 
 impl Failure {
     fn ambiguous(&self) -> bool {
-        !matches!(self, Failure::NeverSent(_))
+        !matches!(self, Failure::NeverSent(_) | Failure::Refused(..))
     }
 
     /// For logs: `never_sent`, `timeout`, `server_exited`, `transient_error`.
@@ -73,6 +76,7 @@ impl Failure {
             Failure::Timeout(_) => "timeout",
             Failure::Exited(_) => "server_exited",
             Failure::Transient(_) => "transient_error",
+            Failure::Refused(..) => "refused",
         }
     }
 }
@@ -600,6 +604,7 @@ impl Dispatcher {
         }
         let hint = match &failure {
             Failure::Transient(e) => backoff::retry_after_hint(e),
+            Failure::Refused(_, hint) => *hint,
             _ => None,
         };
         let delay = self
@@ -1499,6 +1504,7 @@ pub fn with_source(result: &str, source: Source) -> String {
 fn describe_failure(tool: &str, f: &Failure) -> String {
     match f {
         Failure::NeverSent(why) => format!("tool \"{tool}\" could not be sent ({why})"),
+        Failure::Refused(why, _) => format!("tool \"{tool}\" was refused ({why})"),
         Failure::Timeout(d) => format!("tool \"{tool}\" timed out after {}", secs(*d)),
         Failure::Exited(why) => format!("tool \"{tool}\" lost its server before answering ({why})"),
         Failure::Transient(e) => {

@@ -396,6 +396,11 @@ impl Dispatcher {
                 );
             }
             ServerEvent::Unsent { lines } => self.on_unsent(lines, now),
+            ServerEvent::Refused {
+                lines,
+                why,
+                retry_after,
+            } => self.on_refused(lines, &why, retry_after, now),
             ServerEvent::Draining => {
                 // New traffic waits for the next incarnation; what the old
                 // one sent is still read.
@@ -412,7 +417,7 @@ impl Dispatcher {
     /// (always safe to retry); client requests wait for the next server.
     fn on_unsent(&mut self, lines: Vec<Vec<u8>>, now: Instant) {
         warn!(
-            "writing to the server failed ({} message(s) not delivered); it is being stopped",
+            "{} message(s) never reached the server; its connection is being closed",
             lines.len()
         );
         if let Link::Up(c) = &mut self.link {
@@ -447,6 +452,52 @@ impl Dispatcher {
                 }
                 // The proxy's own requests are made again for the next
                 // incarnation (the handshake replay, the tool list).
+                Some(Inflight::ToolsList) => self.tools.restart_fetch(),
+                Some(_) | None => {}
+            }
+        }
+    }
+
+    /// Lines the server refused without acting on them (it is still up):
+    /// call attempts fail as refused (retried after the hint, whatever the
+    /// tool), client requests are answered with the refusal and the hint.
+    fn on_refused(
+        &mut self,
+        lines: Vec<Vec<u8>>,
+        why: &str,
+        retry_after: Option<Duration>,
+        now: Instant,
+    ) {
+        for line in lines {
+            let Ok(text) = String::from_utf8(line) else {
+                continue;
+            };
+            let Some(m) = Message::reparse(text.trim_end().to_owned()) else {
+                continue;
+            };
+            let Some(down) = m.id().and_then(|id| id.parse::<u64>().ok()) else {
+                continue;
+            };
+            match self.inflight.remove(&down) {
+                Some(Inflight::Attempt { call }) => {
+                    let live = self.calls.get(&call).is_some_and(|c| c.live == Some(down));
+                    if live {
+                        if let Some(c) = self.calls.get_mut(&call) {
+                            c.live = None;
+                        }
+                        let failure = super::calls::Failure::Refused(why.to_owned(), retry_after);
+                        self.on_attempt_failed(call, failure, now);
+                    }
+                }
+                Some(Inflight::Client { client_id, .. }) => {
+                    let data = retry_after
+                        .map(|d| format!("{{\"retryAfterMs\":{}}}", d.as_millis()))
+                        .unwrap_or_else(|| "{}".into());
+                    let message = format!("the MCP server refused the request ({why})");
+                    let error = jsonrpc::error_object(-32000, &message, Some(&data));
+                    let line = jsonrpc::error_response_line(&client_id, &error);
+                    self.answer(&client_id, line);
+                }
                 Some(Inflight::ToolsList) => self.tools.restart_fetch(),
                 Some(_) | None => {}
             }

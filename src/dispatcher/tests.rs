@@ -847,3 +847,37 @@ fn status_is_published_after_a_change_at_most_once_a_second_and_never_while_idle
     );
     assert!(h.d.timers.is_empty());
 }
+
+#[test]
+fn refused_lines_are_retried_after_the_hint_whatever_the_tool() {
+    // HTTP 429: the server did not run the call, so even an unannotated
+    // tool is sent again, not before the hint; a plain request is answered
+    // with the hint for its client.
+    let mut h = Harness::with(config(|c| c.retry.base_delay = ms(10)));
+    h.client_sends(&call_line(1, "unsafe", "{}"));
+    let call = h.to_server();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"w","method":"prompts/list"}"#);
+    let list = h.to_server();
+    let refused_at = h.now;
+    h.server_event(ServerEvent::Refused {
+        lines: vec![
+            format!("{call}\n").into_bytes(),
+            format!("{list}\n").into_bytes(),
+        ],
+        why: "429 Too Many Requests".into(),
+        retry_after: Some(Duration::from_secs(2)),
+    });
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["id"], "w");
+    assert_eq!(e["error"]["data"]["retryAfterMs"], json!(2000));
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("429 Too Many Requests"));
+    h.nothing_sent();
+    let due = h.fire_next_timer();
+    assert!(due >= refused_at + Duration::from_secs(2), "{due:?}");
+    let again = h.to_server();
+    assert!(again.contains(r#""name":"unsafe""#), "{again}");
+    assert_ne!(id_of(&again), id_of(&call));
+}

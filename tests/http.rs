@@ -1,0 +1,346 @@
+//! Remote servers (Streamable HTTP) through `run --url` and `url:` configs,
+//! against the scripted loopback server of `http_server.rs`: JSON and SSE
+//! answers, the session and version headers, and every failure class the
+//! safety gate cares about, counted by what the server really executed.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::http_server::{Fault, Server};
+use crate::util::{Builder, Session};
+
+const CANARY: &str = "CANARY-7f3a9c-secret";
+
+/// A config for `server` with fast retries and a canary Authorization header.
+fn config(server: &Server) -> String {
+    format!(
+        "servers:\n  remote:\n    url: {}\n    headers:\n      Authorization: Bearer ${{TOKEN}}\n    call_timeout: 5\n    retry:\n      base_delay: 0.05\n      max_delay: 0.2\n      jitter: 0\n",
+        server.url()
+    )
+}
+
+fn start(server: &Server) -> Session {
+    start_with(&config(server))
+}
+
+fn start_with(config: &str) -> Session {
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", config)
+        .env("TOKEN", CANARY)
+        .env("NO_PROXY", "127.0.0.1")
+        .start();
+    s.initialize();
+    s
+}
+
+fn text_of(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or("")
+}
+
+#[test]
+fn calls_go_through_with_the_session_headers_and_progress_before_the_result() {
+    let server = Server::start();
+    let mut s = start(&server);
+    let tools = s.list_tools();
+    assert_eq!(tools["tools"].as_array().map(Vec::len), Some(2), "{tools}");
+    s.call_with(
+        json!(1),
+        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p1"}}),
+    );
+    let first = s.recv();
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+    server.with(|st| {
+        assert_eq!(st.bad_headers, 0);
+        assert_eq!(st.initializes, 1);
+        assert!(st
+            .authorizations
+            .iter()
+            .all(|a| a == &format!("Bearer {CANARY}")));
+        assert!(!st.authorizations.is_empty());
+    });
+    // Client EOF: the session is ended with DELETE.
+    s.close_stdin();
+    assert!(s.wait().success());
+    server.with(|st| assert_eq!(st.deleted, ["s1"]));
+}
+
+#[test]
+fn an_unsafe_tool_facing_a_cut_connection_ran_once_and_is_unknown() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::RunThenCut);
+    s.call(json!(1), "write", json!({}));
+    let error = s.error(&json!(1));
+    assert_eq!(error["data"]["outcome"], "unknown", "{error}");
+    assert_eq!(server.executions("write"), 1);
+}
+
+#[test]
+fn a_safe_tool_facing_a_cut_connection_is_retried() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::RunThenCut);
+    s.call(json!(1), "read", json!({}));
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "read done");
+    assert_eq!(server.executions("read"), 2);
+    // The connection was lost: the session was started again.
+    server.with(|st| assert_eq!(st.initializes, 2));
+}
+
+#[test]
+fn a_refused_connection_is_retried_for_any_tool() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.close();
+    s.call(json!(1), "write", json!({}));
+    // The proxy tried and found the port closed before it is opened again,
+    // soon: it waits about half a second before it tries again, and a
+    // client request gives up on a server that keeps failing after a few
+    // such tries (its restart backoff), so the check is tight.
+    let deadline = std::time::Instant::now() + crate::util::WAIT;
+    while !s.stderr().contains("could not be reached") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy never tried"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    server.reopen();
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+}
+
+#[test]
+fn too_many_requests_is_honoured_and_retried_for_an_unsafe_tool() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::Status(429, Some("1"), "slow down"));
+    s.call(json!(1), "write", json!({}));
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+    let gap = server.with(|st| st.calls_at[1] - st.calls_at[0]);
+    assert!(gap >= Duration::from_millis(950), "retried after {gap:?}");
+}
+
+#[test]
+fn service_unavailable_with_retry_after_is_retried_for_an_unsafe_tool() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::Status(503, Some("0"), "shedding load"));
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+}
+
+#[test]
+fn a_bad_gateway_is_retried_for_a_safe_tool_only() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::Status(502, None, "upstream down"));
+    s.call(json!(1), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "read done");
+    server.fault(Fault::Status(502, None, "upstream down"));
+    s.call(json!(2), "write", json!({}));
+    let error = s.error(&json!(2));
+    let message = error["message"].as_str().unwrap_or("");
+    assert!(message.contains("502 Bad Gateway"), "{error}");
+    assert!(message.contains("upstream down"), "{error}");
+    assert_eq!(server.executions("write"), 0);
+    server.with(|st| assert_eq!(st.calls_at.len(), 3));
+}
+
+#[test]
+fn a_lost_session_is_started_again_transparently() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::LoseSession);
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+    server.with(|st| {
+        assert_eq!(st.initializes, 2);
+        assert_eq!(st.bad_headers, 0);
+    });
+}
+
+#[test]
+fn an_unauthorized_answer_names_the_status_and_never_the_header() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    // A server that quotes the token back, without its "Bearer ".
+    server.fault(Fault::Status(401, None, "bad token CANARY-7f3a9c-secret"));
+    s.call(json!(1), "write", json!({}));
+    let error = s.error(&json!(1));
+    let text = error.to_string();
+    assert!(text.contains("401 Unauthorized"), "{text}");
+    assert!(!text.contains(CANARY), "{text}");
+    assert_eq!(server.executions("write"), 0);
+    // Nor in the log (debug level), nor in what `status` shows once it has
+    // published the failure (its last error quotes the server).
+    let status = || {
+        let out = std::process::Command::new(crate::util::PROXY)
+            .args(["status", "--json", "--dir"])
+            .arg(s.dir.join("runtime"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    crate::util::eventually("status to publish the failure", || {
+        status().contains("401 Unauthorized")
+    });
+    let status = status();
+    assert!(status.contains("127.0.0.1"), "{status}");
+    assert!(!status.contains(CANARY), "{status}");
+    s.close_stdin();
+    s.wait();
+    assert!(!s.stderr().contains(CANARY), "{}", s.stderr());
+}
+
+#[test]
+fn run_url_with_a_header_reaches_the_server() {
+    let server = Server::start();
+    let header = format!("Authorization: Bearer {CANARY}");
+    let mut s = Builder::proxy(&["run", "--url", &server.url(), "--header", &header])
+        .env("NO_PROXY", "127.0.0.1")
+        .start();
+    s.initialize();
+    s.call(json!(1), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "read done");
+    server.with(|st| assert_eq!(st.authorizations[0], format!("Bearer {CANARY}")));
+    s.close_stdin();
+    s.wait();
+    assert!(!s.stderr().contains(CANARY), "{}", s.stderr());
+}
+
+#[test]
+fn the_server_stream_reaches_the_client() {
+    let server = Server::start();
+    let mut s = start(&server);
+    crate::util::eventually("the proxy to open the server's stream", || {
+        server.with(|st| !st.streams.is_empty())
+    });
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
+        "params": {"level": "info", "data": "from the GET stream"}});
+    server.push(&note);
+    let got = s.recv_where("the pushed notification", |m| {
+        m["method"] == "notifications/message"
+    });
+    assert_eq!(got["params"]["data"], "from the GET stream");
+}
+
+#[test]
+fn headers_helper_runs_again_after_401_and_the_call_is_sent_once_more() {
+    let server = Server::start();
+    let helper = "n=$(cat \"$DIR/n\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$DIR/n\"\n\
+                  printf '{\"Authorization\": \"Bearer tok-%s\"}' $n\n";
+    let text = format!(
+        "servers:\n  remote:\n    url: {}\n    env:\n      DIR: \"{{dir}}\"\n    headers_helper: sh helper.sh\n",
+        server.url()
+    );
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", &text)
+        .file("helper.sh", helper)
+        .env("NO_PROXY", "127.0.0.1")
+        .start();
+    s.initialize();
+    server.fault(Fault::Status(401, None, "token expired"));
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+    let runs = std::fs::read_to_string(s.dir.join("n")).unwrap();
+    assert_eq!(runs.trim(), "2");
+    server.with(|st| {
+        assert_eq!(
+            st.authorizations.first().map(String::as_str),
+            Some("Bearer tok-1")
+        );
+        assert_eq!(
+            st.authorizations.last().map(String::as_str),
+            Some("Bearer tok-2")
+        );
+    });
+}
+
+#[test]
+fn check_probes_a_remote_server() {
+    let server = Server::start();
+    let dir = crate::util::TempDir::new();
+    let path = dir.write("c.yaml", &config(&server));
+    let out = std::process::Command::new(crate::util::PROXY)
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("TOKEN", CANARY)
+        .env("NO_PROXY", "127.0.0.1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with("[UP  ] remote "), "{stdout}");
+    assert!(stdout.contains("2 tools"), "{stdout}");
+    assert!(!stdout.contains(CANARY) && !stderr.contains(CANARY));
+    server.with(|st| assert_eq!(st.deleted, ["s1"]));
+}
+
+#[test]
+fn a_lost_connection_interrupts_the_other_requests_in_flight() {
+    // With call_timeout 60 s, only closing the connection frees a request
+    // the server never answers within the test's 20 s.
+    let server = Server::start();
+    let config = config(&server).replace("call_timeout: 5", "call_timeout: 60");
+    let mut s = start_with(&config);
+    s.list_tools();
+    server.fault(Fault::Hang);
+    s.call(json!(1), "write", json!({}));
+    crate::util::eventually("the first call to arrive", || {
+        server.with(|st| st.calls_at.len() == 1)
+    });
+    server.fault(Fault::RunThenCut);
+    s.call(json!(2), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(2))), "read done");
+    let error = s.error(&json!(1));
+    assert_eq!(error["data"]["outcome"], "unknown", "{error}");
+    crate::util::eventually("the hanging request to be closed", || {
+        server.with(|st| st.hung_closed == 1)
+    });
+}
+
+#[test]
+fn a_cut_answer_stream_with_event_ids_is_resumed_not_run_again() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::RunThenCutAfterProgress);
+    s.call_with(
+        json!(1),
+        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p1"}}),
+    );
+    let progress = s.recv();
+    assert_eq!(progress["method"], "notifications/progress", "{progress}");
+    // The replay repeats the progress: it is not shown twice.
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+    server.with(|st| {
+        assert_eq!(st.resumed_from, ["e1"]);
+        assert_eq!(st.initializes, 1);
+    });
+    s.expect_none_where(Duration::from_millis(200), |m| {
+        m["method"] == "notifications/progress"
+    });
+}

@@ -1,0 +1,390 @@
+//! A scripted Streamable HTTP MCP server for the tests, on 127.0.0.1 only:
+//! std `TcpListener`, one thread per connection, just enough HTTP/1.1
+//! (`Content-Length` bodies, `Connection: close` on every answer) and SSE.
+//!
+//! It keeps a session (`Mcp-Session-Id`, checked with the negotiated
+//! `MCP-Protocol-Version` on every later request), two tools (`read`,
+//! annotated read-only, and `write`, not annotated), counts what it
+//! executed and plays [`Fault`]s, one per `tools/call`, in order. Knows
+//! nothing of mcp-retry.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+/// What the server does with one `tools/call`.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    /// Runs the tool, then closes the connection without answering.
+    RunThenCut,
+    /// Answers this status (without running the tool); `Retry-After` if
+    /// given; the body is a JSON-RPC error with this message.
+    Status(u16, Option<&'static str>, &'static str),
+    /// Forgets the session and answers 404, without running the tool.
+    LoseSession,
+    /// Never answers; counts in `hung_closed` when the client closes the
+    /// connection.
+    Hang,
+    /// Runs the tool, sends a progress event with an id, then closes the
+    /// stream; a GET with that id as `Last-Event-ID` replays the progress
+    /// and then the result.
+    RunThenCutAfterProgress,
+}
+
+#[derive(Default)]
+pub struct State {
+    pub initializes: usize,
+    session: Option<String>,
+    version: Option<String>,
+    pub executions: Vec<String>,
+    /// When each `tools/call` POST arrived.
+    pub calls_at: Vec<Instant>,
+    pub faults: VecDeque<Fault>,
+    /// Every value of the Authorization header received.
+    pub authorizations: Vec<String>,
+    /// Session ids sent with DELETE.
+    pub deleted: Vec<String>,
+    /// Requests refused because the session or version header was wrong.
+    pub bad_headers: usize,
+    /// Connections of `Fault::Hang` the client closed.
+    pub hung_closed: usize,
+    /// The stream a `Last-Event-ID` of `e1` replays.
+    replay: Option<String>,
+    /// `Last-Event-ID`s received.
+    pub resumed_from: Vec<String>,
+    /// Accepting connections; false: the port is closed.
+    listening: bool,
+    /// The open GET streams of the current session.
+    pub streams: Vec<TcpStream>,
+}
+
+pub struct Server {
+    pub port: u16,
+    state: Arc<(Mutex<State>, Condvar)>,
+    /// The thread accepting connections; it owns the listener.
+    acceptor: Mutex<Option<thread::JoinHandle<()>>>,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new((Mutex::new(State::default()), Condvar::new()));
+        let server = Server {
+            port,
+            state,
+            acceptor: Mutex::new(None),
+        };
+        server.listen(listener);
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    fn listen(&self, listener: TcpListener) {
+        self.state.0.lock().unwrap().listening = true;
+        let state = self.state.clone();
+        let acceptor = thread::spawn(move || {
+            for stream in listener.incoming() {
+                if !state.0.lock().unwrap().listening {
+                    return;
+                }
+                let Ok(stream) = stream else { continue };
+                let state = state.clone();
+                thread::spawn(move || handle(stream, &state));
+            }
+        });
+        *self.acceptor.lock().unwrap() = Some(acceptor);
+    }
+
+    /// Closes the port: when this returns, connections are refused until
+    /// [`Server::reopen`].
+    pub fn close(&self) {
+        self.state.0.lock().unwrap().listening = false;
+        // Wakes the accept loop, which then returns and drops the listener.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(acceptor) = self.acceptor.lock().unwrap().take() {
+            acceptor.join().unwrap();
+        }
+    }
+
+    /// Listens on the same port again.
+    pub fn reopen(&self) {
+        let listener = TcpListener::bind(("127.0.0.1", self.port)).expect("rebinding the port");
+        self.listen(listener);
+    }
+
+    pub fn fault(&self, f: Fault) {
+        self.state.0.lock().unwrap().faults.push_back(f);
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&State) -> T) -> T {
+        f(&self.state.0.lock().unwrap())
+    }
+
+    /// Sends `message` on every open GET stream.
+    pub fn push(&self, message: &Value) {
+        let event = format!("id: g1\ndata: {message}\n\n");
+        for mut stream in &self.state.0.lock().unwrap().streams {
+            stream.write_all(event.as_bytes()).unwrap();
+        }
+    }
+
+    pub fn executions(&self, tool: &str) -> usize {
+        self.with(|s| s.executions.iter().filter(|t| *t == tool).count())
+    }
+}
+
+struct Request {
+    method: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn read_request(stream: &TcpStream) -> Option<Request> {
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    r.read_line(&mut line).ok()?;
+    let method = line.split(' ').next()?.to_owned();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        r.read_line(&mut h).ok()?;
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        let (n, v) = h.split_once(':')?;
+        headers.push((n.trim().to_owned(), v.trim().to_owned()));
+    }
+    let len: usize = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .map_or(0, |(_, v)| v.parse().unwrap_or(0));
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).ok()?;
+    Some(Request {
+        method,
+        headers,
+        body,
+    })
+}
+
+fn respond(mut stream: &TcpStream, status: u16, headers: &[(&str, String)], body: &str) {
+    let mut out = format!(
+        "HTTP/1.1 {status} X\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        out.push_str(&format!("{n}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    out.push_str(body);
+    let _ = stream.write_all(out.as_bytes());
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+fn error_body(message: &str) -> String {
+    json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32000, "message": message}}).to_string()
+}
+
+fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
+    let Some(req) = read_request(&stream) else {
+        return;
+    };
+    let (lock, cv) = &**state;
+    let mut s = lock.lock().unwrap();
+    if let Some(auth) = req.header("authorization") {
+        s.authorizations.push(auth.to_owned());
+    }
+    cv.notify_all();
+    match req.method.as_str() {
+        "DELETE" => {
+            let id = req.header("mcp-session-id").unwrap_or("").to_owned();
+            s.deleted.push(id);
+            cv.notify_all();
+            return respond(&stream, 200, &[], "");
+        }
+        "POST" => {}
+        "GET" if req.header("last-event-id").is_some() => {
+            let from = req.header("last-event-id").unwrap_or("").to_owned();
+            s.resumed_from.push(from.clone());
+            cv.notify_all();
+            return match (&s.replay, from.as_str()) {
+                (Some(replay), "e1") => respond(
+                    &stream,
+                    200,
+                    &[("Content-Type", "text/event-stream".into())],
+                    replay,
+                ),
+                _ => respond(&stream, 404, &[], ""),
+            };
+        }
+        "GET" if s.session.is_some() && req.header("mcp-session-id") == s.session.as_deref() => {
+            let head =
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+            let mut w = &stream;
+            if w.write_all(head.as_bytes()).is_ok() {
+                s.streams.push(stream);
+            }
+            return;
+        }
+        _ => return respond(&stream, 405, &[], ""),
+    }
+    let msg: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+    let method = msg["method"].as_str().unwrap_or("").to_owned();
+    let id = msg["id"].clone();
+    if method == "initialize" {
+        s.initializes += 1;
+        let session = format!("s{}", s.initializes);
+        s.session = Some(session.clone());
+        let version = msg["params"]["protocolVersion"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        s.version = Some(version.clone());
+        cv.notify_all();
+        let result = json!({"jsonrpc": "2.0", "id": id, "result": {
+            "protocolVersion": version, "capabilities": {"tools": {}},
+            "serverInfo": {"name": "http-test", "version": "1"}}});
+        return respond(
+            &stream,
+            200,
+            &[
+                ("Content-Type", "application/json".into()),
+                ("Mcp-Session-Id", session),
+            ],
+            &result.to_string(),
+        );
+    }
+    let session_ok = req.header("mcp-session-id").is_some()
+        && req.header("mcp-session-id") == s.session.as_deref();
+    if !session_ok && req.header("mcp-session-id").is_some() {
+        return respond(&stream, 404, &[], &error_body("Session not found"));
+    }
+    if !session_ok || req.header("mcp-protocol-version") != s.version.as_deref() {
+        s.bad_headers += 1;
+        return respond(
+            &stream,
+            400,
+            &[],
+            &error_body("Bad Request: missing session or version"),
+        );
+    }
+    if id.is_null() || msg.get("method").is_none() {
+        // A notification or a response.
+        return respond(&stream, 202, &[], "");
+    }
+    match method.as_str() {
+        "tools/list" => {
+            let tools = json!([
+                {"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}},
+                {"name": "write", "inputSchema": {"type": "object"}}
+            ]);
+            let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"tools": tools}});
+            respond(
+                &stream,
+                200,
+                &[("Content-Type", "application/json".into())],
+                &answer.to_string(),
+            )
+        }
+        "tools/call" => {
+            s.calls_at.push(Instant::now());
+            let tool = msg["params"]["name"].as_str().unwrap_or("").to_owned();
+            let fault = s.faults.pop_front();
+            cv.notify_all();
+            match fault {
+                Some(Fault::RunThenCut) => {
+                    s.executions.push(tool);
+                    cv.notify_all();
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
+                Some(Fault::Status(status, retry_after, message)) => {
+                    let mut headers = vec![("Content-Type", "application/json".to_owned())];
+                    if let Some(ra) = retry_after {
+                        headers.push(("Retry-After", ra.to_owned()));
+                    }
+                    respond(&stream, status, &headers, &error_body(message));
+                }
+                Some(Fault::RunThenCutAfterProgress) => {
+                    s.executions.push(tool.clone());
+                    let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                        "params": {"progressToken": msg["params"]["_meta"]["progressToken"], "progress": 1}});
+                    let result = json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "content": [{"type": "text", "text": format!("{tool} done")}]}});
+                    s.replay = Some(format!(
+                        "retry: 10\nid: e1\ndata: {progress}\n\nid: e2\ndata: {result}\n\n"
+                    ));
+                    cv.notify_all();
+                    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+                    let body =
+                        format!("id: prime\ndata:\n\nretry: 10\nid: e1\ndata: {progress}\n\n");
+                    let mut w = &stream;
+                    let _ = w.write_all(format!("{head}{body}").as_bytes());
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
+                Some(Fault::Hang) => {
+                    drop(s);
+                    let mut byte = [0u8; 1];
+                    let _ = (&stream).read(&mut byte);
+                    lock.lock().unwrap().hung_closed += 1;
+                }
+                Some(Fault::LoseSession) => {
+                    s.session = None;
+                    respond(&stream, 404, &[], &error_body("Session not found"));
+                }
+                None => {
+                    s.executions.push(tool.clone());
+                    cv.notify_all();
+                    drop(s);
+                    // Answered as SSE: progress first (when asked for), then
+                    // the result, as a server streaming a call does.
+                    let mut body = String::new();
+                    body.push_str(": keep-alive\r\n\r\nid: prime\r\ndata:\r\n\r\n");
+                    if let Some(token) = msg["params"]["_meta"]["progressToken"].as_str() {
+                        let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                            "params": {"progressToken": token, "progress": 1}});
+                        body.push_str(&format!(
+                            "event: message\r\nid: e1\r\ndata: {progress}\r\n\r\n"
+                        ));
+                    }
+                    let result = json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "content": [{"type": "text", "text": format!("{tool} done")}]}});
+                    body.push_str(&format!("id: e2\ndata: {result}\n\n"));
+                    respond(
+                        &stream,
+                        200,
+                        &[("Content-Type", "text/event-stream".into())],
+                        &body,
+                    )
+                }
+            }
+        }
+        _ => {
+            let answer = json!({"jsonrpc": "2.0", "id": id, "result": {}});
+            respond(
+                &stream,
+                200,
+                &[("Content-Type", "application/json".into())],
+                &answer.to_string(),
+            )
+        }
+    }
+}
