@@ -19,12 +19,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
 use serde_json::{json, Value};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
 use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
@@ -103,18 +101,12 @@ fn watch_signals() -> Result<(Receiver<()>, Arc<AtomicI32>)> {
     let (tx, rx) = crossbeam_channel::bounded::<()>(0);
     let caught = Arc::new(AtomicI32::new(0));
     let seen = caught.clone();
-    let mut signals =
-        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
-    thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut tx: Option<Sender<()>> = Some(tx);
-            for sig in signals.forever() {
-                seen.store(sig, Ordering::SeqCst);
-                drop(tx.take());
-            }
-        })
-        .context("starting the signal thread")?;
+    let mut tx: Option<Sender<()>> = Some(tx);
+    crate::proxy::signals::watch(move |sig| {
+        seen.store(sig, Ordering::SeqCst);
+        drop(tx.take());
+        true
+    })?;
     Ok((rx, caught))
 }
 

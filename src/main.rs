@@ -18,6 +18,7 @@ mod redact;
 mod stats;
 mod status;
 mod stdio;
+#[cfg(unix)]
 mod watchdog;
 
 use std::io::Write;
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<ExitCode> {
     let (global, command) = cli::parse()?;
+    #[cfg(unix)]
     if command == Command::Watchdog {
         // Before anything that reads the environment or could fail.
         return Ok(watchdog::run());
@@ -73,6 +75,7 @@ fn run() -> Result<ExitCode> {
         Command::Run(args) => proxy::run(args),
         Command::Check(args) => check::run(args),
         Command::Status(args) => status::report::run(args),
+        #[cfg(unix)]
         Command::Watchdog => unreachable!("handled above"),
     }
 }

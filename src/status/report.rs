@@ -83,6 +83,32 @@ pub fn is_live(claimed: Option<u64>, probe: Probe) -> bool {
     }
 }
 
+#[cfg(windows)]
+fn probe(pid: u32) -> Probe {
+    use windows_sys::Win32::Foundation::{CloseHandle, STILL_ACTIVE};
+    use windows_sys::Win32::System::Threading::{
+        GetExitCodeProcess, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
+    };
+    // SAFETY: OpenProcess returns null for a pid that names no process; the
+    // handle is closed once.
+    let exists = unsafe {
+        let handle = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, 0, pid);
+        if handle.is_null() {
+            false
+        } else {
+            let mut code = 0u32;
+            let ok = GetExitCodeProcess(handle, &mut code) != 0;
+            CloseHandle(handle);
+            ok && code == STILL_ACTIVE as u32
+        }
+    };
+    Probe {
+        exists,
+        start: None,
+    }
+}
+
+#[cfg(unix)]
 fn probe(pid: u32) -> Probe {
     let Ok(pid_t) = libc::pid_t::try_from(pid) else {
         return Probe {

@@ -446,6 +446,12 @@ fn run_startup(config: &Config) {
     }
 }
 
+#[cfg(windows)]
+fn ignore_sigterm() {
+    // Windows has no SIGTERM: the proxy stops a server by killing its job.
+}
+
+#[cfg(unix)]
 fn ignore_sigterm() {
     // SAFETY: installing SIG_IGN has no handler code to run and is
     // async-signal-safe; nothing else in this program touches SIGTERM.
@@ -483,10 +489,15 @@ fn spawn_grandchild(state_dir: Option<&Path>) {
 /// Spawns `sleep 60` sharing our stdout, which it keeps open after we exit:
 /// in our process group, or with `setsid` in a session of its own.
 fn spawn_stdout_holder(setsid: bool, state_dir: Option<&Path>) {
-    use std::os::unix::process::CommandExt;
     let mut cmd = Command::new("sleep");
     cmd.arg("60").stdin(Stdio::null()).stderr(Stdio::null());
+    #[cfg(windows)]
     if setsid {
+        eprintln!("mock: no setsid on Windows");
+    }
+    #[cfg(unix)]
+    if setsid {
+        use std::os::unix::process::CommandExt;
         // SAFETY: setsid is async-signal-safe, all `pre_exec` requires.
         unsafe {
             cmd.pre_exec(|| {
@@ -1922,6 +1933,11 @@ fn finish(server: &Server, call: &Call, outcome: Outcome) {
 
 /// The `flood` mode: notifications, the answer, exit.
 fn flood(server: &Server, call: &Call, bytes: usize, pipe: Option<usize>) -> ! {
+    #[cfg(not(target_os = "linux"))]
+    if pipe.is_some() {
+        eprintln!("mock: pipes are resized on Linux only");
+    }
+    #[cfg(target_os = "linux")]
     if let Some(size) = pipe {
         let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
         // SAFETY: fcntl on our own stdout with an integer argument.
