@@ -903,10 +903,12 @@ mod tests {
     }
 
     /// Probes a `sh -c SCRIPT` server.
+    #[cfg(unix)]
     fn probe_script(script: &str, timeout: Duration) -> Result<Up, String> {
         probe_script_with_env(script, &[], timeout)
     }
 
+    #[cfg(unix)]
     fn probe_script_with_env(
         script: &str,
         env: &[(&str, &str)],
@@ -922,6 +924,7 @@ mod tests {
         probe(&cfg, timeout, &stop)
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn a_node_crash_is_quoted_by_its_error_line_without_secrets() {
         let script = r#"read l
@@ -939,6 +942,7 @@ exit 1"#;
         );
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn a_server_writing_non_json_says_so() {
         let why = probe_script(
@@ -952,6 +956,7 @@ exit 1"#;
         );
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn an_answer_written_just_before_exiting_counts() {
         let up = probe_script(
@@ -963,6 +968,7 @@ exit 1"#;
         assert_eq!(up.tools, Tools::Count(0), "no tools capability");
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn the_server_s_own_requests_are_answered() {
         let script = r#"read l
@@ -981,6 +987,7 @@ read l"#;
         assert_eq!(up.tools, Tools::Count(3));
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn a_server_that_closes_its_stdout_is_down_with_its_last_words() {
         let why = probe_script(
@@ -991,6 +998,7 @@ read l"#;
         assert_eq!(why, "closed its stdout before answering: fatal: no config");
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn tools_list_gets_what_is_left_of_the_deadline() {
         let started = Instant::now();

@@ -4,11 +4,20 @@
 mod util;
 
 mod bad_input;
+// Unix only: kills and counts processes through /proc.
+#[cfg(unix)]
 mod chaos;
 mod check;
 mod cli;
+// Unix only: signals to the proxy, /proc, process groups and the watchdog.
+#[cfg(unix)]
 mod lifecycle;
 mod relay;
 mod resilience;
 mod respawn;
+// Unix only: file modes and owners of the status directory, /proc start times.
+#[cfg(unix)]
 mod status;
+// Windows only: PATHEXT lookup, .cmd argument quoting, job objects.
+#[cfg(windows)]
+mod windows;

@@ -57,8 +57,10 @@ mod tests {
     use std::collections::HashSet;
 
     fn find_among(command: &str, path: &str, pathext: &str, files: &[&str]) -> Option<String> {
-        let files: HashSet<PathBuf> = files.iter().map(PathBuf::from).collect();
-        find(command, path, pathext, &|p| files.contains(p)).map(|p| p.display().to_string())
+        // Written with `/`; `Path::join` uses `\\` on Windows.
+        let slashed = |p: &Path| p.display().to_string().replace('\\', "/");
+        let files: HashSet<String> = files.iter().map(|f| f.replace('\\', "/")).collect();
+        find(command, path, pathext, &|p| files.contains(&slashed(p))).map(|p| slashed(&p))
     }
 
     #[test]
@@ -101,7 +103,7 @@ mod tests {
         );
         assert_eq!(
             find_among(r"C:\x\run", "bin", DEFAULT_PATHEXT, &[r"C:\x\run.bat"]).as_deref(),
-            Some(r"C:\x\run.bat")
+            Some("C:/x/run.bat")
         );
     }
 
