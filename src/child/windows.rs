@@ -7,8 +7,8 @@
 //! parent-death signal do on Unix. Windows has no SIGTERM: stopping the
 //! server is closing its stdin, waiting, and `TerminateJobObject`.
 //!
-//! The server is assigned to the job right after `CreateProcess` returns:
-//! a process it starts in the microseconds before that is not in the job.
+//! The server is created suspended, put in the job, and only then resumed:
+//! it cannot start a process outside the job.
 
 use std::io;
 use std::os::windows::io::AsRawHandle;
@@ -18,12 +18,17 @@ use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 
 use windows_sys::Win32::Foundation::{CloseHandle, HANDLE};
+use windows_sys::Win32::System::Diagnostics::ToolHelp::{
+    CreateToolhelp32Snapshot, Thread32First, Thread32Next, TH32CS_SNAPTHREAD, THREADENTRY32,
+};
 use windows_sys::Win32::System::JobObjects::{
     AssignProcessToJobObject, CreateJobObjectW, JobObjectExtendedLimitInformation,
     SetInformationJobObject, TerminateJobObject, JOBOBJECT_EXTENDED_LIMIT_INFORMATION,
     JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE,
 };
-use windows_sys::Win32::System::Threading::CREATE_NO_WINDOW;
+use windows_sys::Win32::System::Threading::{
+    OpenThread, ResumeThread, CREATE_NO_WINDOW, CREATE_SUSPENDED, THREAD_SUSPEND_RESUME,
+};
 
 use super::pathext;
 use super::ExitInfo;
@@ -93,15 +98,17 @@ pub struct Prepared {
     job: Job,
 }
 
-/// Gives the server no console window and creates its job.
+/// Gives the server no console window, has it created suspended (see
+/// [`Prepared::attach`]) and creates its job.
 pub fn prepare(cmd: &mut Command) -> Result<Prepared, String> {
-    cmd.creation_flags(CREATE_NO_WINDOW);
+    cmd.creation_flags(CREATE_NO_WINDOW | CREATE_SUSPENDED);
     let job = Job::new().map_err(|e| format!("cannot create its job object: {e}"))?;
     Ok(Prepared { job })
 }
 
 impl Prepared {
-    /// Puts the spawned server in its job.
+    /// Puts the spawned (suspended) server in its job, then lets it run.
+    /// On an error the caller kills it.
     pub fn attach(self, child: &std::process::Child) -> Result<(Group, Keeper), String> {
         let process = child.as_raw_handle() as HANDLE;
         // SAFETY: both handles are valid for the call.
@@ -109,8 +116,54 @@ impl Prepared {
             let e = io::Error::last_os_error();
             return Err(format!("cannot put it in a job object: {e}"));
         }
+        resume(child.id()).map_err(|e| format!("cannot resume it: {e}"))?;
         let group = Group(Arc::new(self.job));
         Ok((group.clone(), group))
+    }
+}
+
+/// Resumes the threads of the suspended process `pid` (one: its main
+/// thread; std gives no handle to it, so it is found by a snapshot).
+fn resume(pid: u32) -> io::Result<()> {
+    // SAFETY: a snapshot of all threads; closed once below.
+    let snapshot = unsafe { CreateToolhelp32Snapshot(TH32CS_SNAPTHREAD, 0) };
+    if snapshot.is_null() || snapshot as isize == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a plain-data struct; dwSize tells the API its version.
+    let mut entry: THREADENTRY32 = unsafe { std::mem::zeroed() };
+    entry.dwSize = std::mem::size_of::<THREADENTRY32>() as u32;
+    let mut resumed = 0;
+    let mut error = None;
+    // SAFETY: `entry` is valid and sized; the snapshot handle is open.
+    let mut more = unsafe { Thread32First(snapshot, &mut entry) } != 0;
+    while more {
+        if entry.th32OwnerProcessID == pid {
+            // SAFETY: a thread id from the snapshot; the handle is closed
+            // once.
+            unsafe {
+                let thread = OpenThread(THREAD_SUSPEND_RESUME, 0, entry.th32ThreadID);
+                if thread.is_null() || ResumeThread(thread) == u32::MAX {
+                    error = Some(io::Error::last_os_error());
+                } else {
+                    resumed += 1;
+                }
+                if !thread.is_null() {
+                    CloseHandle(thread);
+                }
+            }
+        }
+        // SAFETY: as for Thread32First.
+        more = unsafe { Thread32Next(snapshot, &mut entry) } != 0;
+    }
+    // SAFETY: the snapshot handle is ours and closed once.
+    unsafe {
+        CloseHandle(snapshot);
+    }
+    match (resumed, error) {
+        (0, Some(e)) => Err(e),
+        (0, None) => Err(io::Error::other("no thread of the process was found")),
+        _ => Ok(()),
     }
 }
 
