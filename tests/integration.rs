@@ -9,8 +9,6 @@ mod bad_input;
 mod chaos;
 mod check;
 mod cli;
-// Unix only: signals to the proxy, /proc, process groups and the watchdog.
-#[cfg(unix)]
 mod lifecycle;
 mod relay;
 mod resilience;
