@@ -275,7 +275,10 @@ pub fn spawn(
     }
     let cannot_start =
         |why: String| SpawnError(format!("cannot start \"{}\"{cwd_note}: {why}", cfg.command));
-    let mut cmd = Command::new(sys::resolve(&cfg.command, &cfg.env));
+    // On Windows the file PATHEXT found (`npx` → `C:\…\npx.cmd`); on Unix
+    // the command as given.
+    let program = sys::resolve(&cfg.command, &cfg.env);
+    let mut cmd = Command::new(&program);
     cmd.args(&cfg.args)
         .envs(cfg.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
@@ -434,7 +437,7 @@ pub fn spawn(
         life,
         stderr_tail: tail,
         stderr_done,
-        description: format!("\"{}\" (pid {pid})", cfg.command),
+        description: format!("\"{}\" (pid {pid})", program.display()),
         redactor: crate::redact::Redactor::new(&cfg.env),
         _keeper: keeper,
     })

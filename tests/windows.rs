@@ -36,6 +36,12 @@ fn shim_round_trip(args: &[&str]) -> Value {
     s.initialize();
     s.call(json!(1), "echo", json!({"text": "via the shim"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "via the shim");
+    // The log names the file that was found.
+    assert!(
+        s.stderr().contains("bin\\server.cmd\" (pid "),
+        "{}",
+        s.stderr()
+    );
     s.close_stdin();
     assert!(s.wait().success());
     serde_json::from_str(&std::fs::read_to_string(&args_file).unwrap()).unwrap()
