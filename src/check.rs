@@ -21,12 +21,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
 use serde_json::{json, Value};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
 use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
@@ -105,18 +103,12 @@ fn watch_signals() -> Result<(Receiver<()>, Arc<AtomicI32>)> {
     let (tx, rx) = crossbeam_channel::bounded::<()>(0);
     let caught = Arc::new(AtomicI32::new(0));
     let seen = caught.clone();
-    let mut signals =
-        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
-    thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            let mut tx: Option<Sender<()>> = Some(tx);
-            for sig in signals.forever() {
-                seen.store(sig, Ordering::SeqCst);
-                drop(tx.take());
-            }
-        })
-        .context("starting the signal thread")?;
+    let mut tx: Option<Sender<()>> = Some(tx);
+    crate::proxy::signals::watch(move |sig| {
+        seen.store(sig, Ordering::SeqCst);
+        drop(tx.take());
+        true
+    })?;
     Ok((rx, caught))
 }
 
@@ -918,10 +910,12 @@ mod tests {
     }
 
     /// Probes a `sh -c SCRIPT` server.
+    #[cfg(unix)]
     fn probe_script(script: &str, timeout: Duration) -> Result<Up, String> {
         probe_script_with_env(script, &[], timeout)
     }
 
+    #[cfg(unix)]
     fn probe_script_with_env(
         script: &str,
         env: &[(&str, &str)],
@@ -937,6 +931,7 @@ mod tests {
         probe(&cfg, timeout, &stop)
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn a_node_crash_is_quoted_by_its_error_line_without_secrets() {
         let script = r#"read l
@@ -954,6 +949,7 @@ exit 1"#;
         );
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn a_server_writing_non_json_says_so() {
         let why = probe_script(
@@ -967,6 +963,7 @@ exit 1"#;
         );
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn an_answer_written_just_before_exiting_counts() {
         let up = probe_script(
@@ -978,6 +975,7 @@ exit 1"#;
         assert_eq!(up.tools, Tools::Count(0), "no tools capability");
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn the_server_s_own_requests_are_answered() {
         let script = r#"read l
@@ -996,6 +994,7 @@ read l"#;
         assert_eq!(up.tools, Tools::Count(3));
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn a_server_that_closes_its_stdout_is_down_with_its_last_words() {
         let why = probe_script(
@@ -1006,6 +1005,7 @@ read l"#;
         assert_eq!(why, "closed its stdout before answering: fatal: no config");
     }
 
+    #[cfg(unix)] // Drives `sh` scripts.
     #[test]
     fn tools_list_gets_what_is_left_of_the_deadline() {
         let started = Instant::now();

@@ -15,11 +15,14 @@
 //! takes to take what is in the pipe (see [`Life`]). The stop sequence
 //! (close stdin, SIGTERM, SIGKILL) runs here too, on a thread of its own.
 //! Knows nothing of MCP semantics, ids or policy.
+//!
+//! What differs by platform is in `child/unix.rs` and `child/windows.rs`
+//! (a job object instead of the process group and watchdog, no SIGTERM,
+//! PATHEXT lookup): both offer the same `prepare`, `attach` and `Group`.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::Write;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,7 +36,19 @@ use crate::config::ServerConfig;
 use crate::downstream::{Diagnostics, Downstream, Gone, OnEvent, ServerEvent};
 use crate::jsonrpc::{self, Parsed};
 use crate::stdio::{self, Backlog, ReadItem};
-use crate::watchdog::Guard;
+
+#[cfg(any(windows, test))]
+mod pathext;
+#[cfg(unix)]
+mod unix;
+#[cfg(unix)]
+use unix as sys;
+#[cfg(windows)]
+mod windows;
+#[cfg(windows)]
+use windows as sys;
+
+use sys::Group;
 
 /// How many of the child's last stderr lines are kept for messages.
 const STDERR_TAIL: usize = 20;
@@ -48,14 +63,6 @@ const DROP_GRACE: Duration = Duration::from_secs(1);
 /// How long to wait for the exit once SIGKILL is sent (a process in
 /// uninterruptible sleep takes its time).
 const KILL_WAIT: Duration = Duration::from_secs(2);
-
-/// Held while a watchdog's socket pair is created and while any process is
-/// forked. Where std cannot create a descriptor close-on-exec atomically
-/// (macOS), a fork on another thread (`check` starts servers in parallel)
-/// could otherwise inherit a watchdog's write end before it is marked, and
-/// that watchdog would wait for an unrelated server as well. Spawns are
-/// rare; they take turns.
-static SPAWNING: Mutex<()> = Mutex::new(());
 
 /// After the server process exited, what is left of its process group gets
 /// SIGTERM at once and SIGKILL this long after, if its stdout is still open
@@ -85,10 +92,7 @@ pub struct ExitInfo {
 
 impl From<ExitStatus> for ExitInfo {
     fn from(s: ExitStatus) -> ExitInfo {
-        ExitInfo {
-            code: s.code(),
-            signal: s.signal(),
-        }
+        sys::exit_info(s)
     }
 }
 
@@ -96,22 +100,9 @@ impl fmt::Display for ExitInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.code, self.signal) {
             (Some(c), _) => write!(f, "exited with status {c}"),
-            (None, Some(s)) => write!(f, "was killed by signal {s} ({})", signal_name(s)),
+            (None, Some(s)) => write!(f, "was killed by signal {s} ({})", sys::signal_name(s)),
             (None, None) => f.write_str("exited"),
         }
-    }
-}
-
-fn signal_name(s: i32) -> &'static str {
-    match s {
-        libc::SIGTERM => "SIGTERM",
-        libc::SIGKILL => "SIGKILL",
-        libc::SIGINT => "SIGINT",
-        libc::SIGHUP => "SIGHUP",
-        libc::SIGSEGV => "SIGSEGV",
-        libc::SIGABRT => "SIGABRT",
-        libc::SIGPIPE => "SIGPIPE",
-        _ => "signal",
     }
 }
 
@@ -119,7 +110,7 @@ fn signal_name(s: i32) -> &'static str {
 /// [`DROP_GRACE`], SIGKILL) and lets its watchdog stop what is left of the
 /// group.
 pub struct Child {
-    pid: u32,
+    group: Group,
     stdin: Option<stdio::Outbox>,
     stdin_backlog: Arc<Backlog>,
     /// Disconnected once the process has exited (any number of waiters).
@@ -132,9 +123,10 @@ pub struct Child {
     /// Removes the server's `env:` values and credentials from what
     /// [`Downstream::diagnostics`] quotes to the client.
     redactor: crate::redact::Redactor,
-    /// Declared last: fields drop after `Drop::drop`, so the watchdog is let
-    /// go only once the child itself has been stopped.
-    _watchdog: Guard,
+    /// Declared last: fields drop after `Drop::drop`, so the watchdog (Unix)
+    /// or the job (Windows) is let go only once the child itself has been
+    /// stopped.
+    _keeper: sys::Keeper,
 }
 
 /// Why a child could not be started.
@@ -283,46 +275,48 @@ pub fn spawn(
     }
     let cannot_start =
         |why: String| SpawnError(format!("cannot start \"{}\"{cwd_note}: {why}", cfg.command));
-    let mut cmd = Command::new(&cfg.command);
+    // On Windows the file PATHEXT found (`npx` → `C:\…\npx.cmd`); on Unix
+    // the command as given.
+    let program = sys::resolve(&cfg.command, &cfg.env);
+    let mut cmd = Command::new(&program);
     cmd.args(&cfg.args)
         .envs(cfg.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .stderr(Stdio::piped());
     if let Some(dir) = &cfg.cwd {
         cmd.current_dir(dir);
     }
-    set_parent_death_signal(&mut cmd);
-    let spawning = SPAWNING.lock();
-    let guard =
-        Guard::start().map_err(|e| cannot_start(format!("cannot start its watchdog: {e}")))?;
-    // SAFETY: the hook only makes async-signal-safe calls, and `guard`
-    // outlives the spawn.
-    unsafe {
-        cmd.pre_exec(guard.announce());
-    }
+    let prepared = sys::prepare(&mut cmd).map_err(cannot_start)?;
     let mut child = cmd
         .spawn()
         .map_err(|e| cannot_start(describe_io_error(&cfg.command, &e)))?;
-    drop(spawning);
     let pid = child.id();
+    let (group, keeper) = match prepared.attach(&child) {
+        Ok(attached) => attached,
+        Err(why) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(cannot_start(why));
+        }
+    };
     let life = Arc::new(Life::new(on_event));
     let stdin = child.stdin.take().expect("piped stdin");
     let stdout = child.stdout.take().expect("piped stdout");
     let stderr = child.stderr.take().expect("piped stderr");
 
     let ev = life.clone();
+    let g = group.clone();
     let writer = stdio::spawn_writer("child-stdin", stdin, STDIN_BACKLOG, move |f| {
         crate::debug!("writing to the server failed: {}", f.error);
         ev.deliver(ServerEvent::Unsent { lines: f.unsent });
         // It cannot be told anything any more: it is of no use.
-        signal_group(pid, libc::SIGKILL);
+        g.kill();
     });
     let stdin_tx = match writer {
         Ok((tx, _)) => tx,
         Err(e) => {
-            abandon(pid);
+            group.abandon();
             return Err(cannot_start(format!("cannot start a thread: {e}")));
         }
     };
@@ -334,6 +328,7 @@ pub fn spawn(
     // Disconnects once the process has exited.
     let (exit_tx, exit_rx) = crossbeam_channel::bounded::<()>(0);
     let exit_seen = exit_rx.clone();
+    let g = group.clone();
     let reader = stdio::spawn_reader("child-stdout", stdout, cfg.max_message_bytes, move |item| {
         let _open = &stdout_open;
         match item {
@@ -376,7 +371,7 @@ pub fn spawn(
                 let running = !disconnected_within(&exit_seen, EXIT_AFTER_EOF);
                 if running {
                     crate::warn!("server {name:?} closed its stdout; stopping it");
-                    signal_group(pid, libc::SIGKILL);
+                    g.kill();
                 }
                 ev.stdout_ended(running);
                 false
@@ -384,7 +379,7 @@ pub fn spawn(
         }
     });
     if let Err(e) = reader {
-        abandon(pid);
+        group.abandon();
         return Err(cannot_start(format!("cannot start a thread: {e}")));
     }
 
@@ -408,6 +403,7 @@ pub fn spawn(
     })
     .and_then(|()| {
         let ev = life.clone();
+        let g = group.clone();
         start_thread("child-wait", move || {
             let info = match child.wait() {
                 Ok(s) => ExitInfo::from(s),
@@ -418,7 +414,7 @@ pub fn spawn(
             };
             drop(exit_tx);
             if ev.exited(info) {
-                drain(&ev, pid, info, &stdout_ended);
+                drain(&ev, &g, info, &stdout_ended);
             }
         })
         .map(|()| exit_rx)
@@ -428,22 +424,22 @@ pub fn spawn(
         Err(e) => {
             // Nobody reaps the child but us, and it has not been sent a
             // single line: there is nothing for a grace period to save.
-            abandon(pid);
+            group.abandon();
             return Err(cannot_start(format!("cannot start a thread: {e}")));
         }
     };
 
     Ok(Child {
-        pid,
+        group,
         stdin_backlog: stdin_tx.backlog(),
         stdin: Some(stdin_tx),
         exited: exit_rx,
         life,
         stderr_tail: tail,
         stderr_done,
-        description: format!("\"{}\" (pid {pid})", cfg.command),
+        description: format!("\"{}\" (pid {pid})", program.display()),
         redactor: crate::redact::Redactor::new(&cfg.env),
-        _watchdog: guard,
+        _keeper: keeper,
     })
 }
 
@@ -453,13 +449,13 @@ pub fn spawn(
 /// then the reader is waited for for as long as it keeps delivering, and
 /// given up on after [`EXITED_IDLE`] of real idleness (a process outside
 /// the group holds the pipe).
-fn drain(life: &Life, pid: u32, info: ExitInfo, stdout_ended: &Receiver<()>) {
-    signal_group(pid, libc::SIGTERM);
+fn drain(life: &Life, group: &Group, info: ExitInfo, stdout_ended: &Receiver<()>) {
+    group.terminate();
     if disconnected_within(stdout_ended, ORPHANS_GRACE) {
         return;
     }
     crate::debug!("the server exited but its stdout is still open; killing its process group");
-    signal_group(pid, libc::SIGKILL);
+    group.kill();
     loop {
         let idle = life.idle();
         if idle >= EXITED_IDLE {
@@ -482,46 +478,26 @@ fn disconnected_within(rx: &Receiver<()>, d: Duration) -> bool {
     matches!(rx.recv_timeout(d), Err(RecvTimeoutError::Disconnected))
 }
 
-/// Sends `sig` to the process group `pid` leads (`process_group(0)`).
-fn signal_group(pid: u32, sig: i32) {
-    // SAFETY: killpg has no memory-safety preconditions; ESRCH when the
-    // group is gone is fine.
-    unsafe {
-        libc::killpg(pid as libc::pid_t, sig);
-    }
-}
-
 /// Starts a named thread; an error (the system is out of threads or
 /// memory) fails the start of the child instead of the whole proxy.
 fn start_thread<F>(name: &str, f: F) -> std::io::Result<()>
 where
     F: FnOnce() + Send + 'static,
 {
-    #[cfg(test)]
+    #[cfg(all(test, unix))]
     if tests::FAIL_THREAD.with(|t| t.get()) == Some(name) {
         return Err(std::io::Error::other("injected failure"));
     }
     thread::Builder::new().name(name.into()).spawn(f).map(drop)
 }
 
-/// Kills the group of a child that could not be wired up, and reaps it.
-fn abandon(pid: u32) {
-    let pid = pid as libc::pid_t;
-    // SAFETY: killpg and waitpid on our own child, which nobody else waits
-    // for (its waiter thread never started).
-    unsafe {
-        libc::killpg(pid, libc::SIGKILL);
-        while libc::waitpid(pid, std::ptr::null_mut(), 0) == -1
-            && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-        {}
-    }
-}
-
 /// The reason a spawn failed, in the words of the OS. The PATH hint is only
 /// given for a bare command name, the only kind looked up on PATH.
 fn describe_io_error(command: &str, e: &std::io::Error) -> String {
     match e.kind() {
-        std::io::ErrorKind::NotFound if command.contains('/') => "No such file or directory".into(),
+        std::io::ErrorKind::NotFound if command.contains(std::path::is_separator) => {
+            "No such file or directory".into()
+        }
         std::io::ErrorKind::NotFound => {
             "No such file or directory (is it installed and on PATH?)".into()
         }
@@ -529,28 +505,6 @@ fn describe_io_error(command: &str, e: &std::io::Error) -> String {
         _ => e.to_string(),
     }
 }
-
-#[cfg(target_os = "linux")]
-fn set_parent_death_signal(cmd: &mut Command) {
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: prctl, getppid and _exit are async-signal-safe, which is all
-    // `pre_exec` requires.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died between fork and prctl.
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn set_parent_death_signal(_: &mut Command) {}
 
 impl Child {
     /// Queues a line for the child's stdin. False if stdin is already closed.
@@ -596,13 +550,9 @@ impl Child {
     }
 
     /// The child's process group id: its pid (`process_group(0)`).
-    #[cfg(test)]
+    #[cfg(all(test, unix))]
     fn pgid(&self) -> libc::pid_t {
-        self.pid as libc::pid_t
-    }
-
-    fn signal_group(&self, sig: i32) {
-        signal_group(self.pid, sig);
+        self.group.pgid()
     }
 }
 
@@ -610,23 +560,24 @@ impl Child {
 /// it: (stdin already closed) wait `step`, SIGTERM the process group, wait
 /// `step`, SIGKILL it. What is left of the group after the exit is the
 /// drain's (SIGTERM, SIGKILL) and, at last, the watchdog's.
-fn stop_later(pid: u32, exited: Receiver<()>, step: Duration) {
+fn stop_later(group: Group, exited: Receiver<()>, step: Duration) {
+    let g = group.clone();
     let stop = move || {
         if disconnected_within(&exited, step) {
             return;
         }
         crate::debug!("the server did not exit after its input closed; sending SIGTERM");
-        signal_group(pid, libc::SIGTERM);
+        group.terminate();
         if disconnected_within(&exited, step) {
             return;
         }
         crate::warn!("the server ignored SIGTERM; killing it");
-        signal_group(pid, libc::SIGKILL);
+        group.kill();
     };
     if let Err(e) = thread::Builder::new().name("child-stop".into()).spawn(stop) {
         // No thread to wait on: skip to the end.
         crate::debug!("cannot start a thread to stop the server ({e}); killing it");
-        signal_group(pid, libc::SIGKILL);
+        g.kill();
     }
 }
 
@@ -642,11 +593,11 @@ impl Downstream for Child {
     }
     fn shutdown(&mut self, step: Duration) {
         self.close_stdin();
-        stop_later(self.pid, self.exited.clone(), step);
+        stop_later(self.group.clone(), self.exited.clone(), step);
     }
     fn kill(&mut self) {
         self.close_stdin();
-        self.signal_group(libc::SIGKILL);
+        self.group.kill();
     }
     fn input_backlog(&self) -> Option<Arc<Backlog>> {
         Some(self.stdin_backlog())
@@ -679,19 +630,22 @@ impl Drop for Child {
         // Whatever it still sends is nobody's business any more.
         self.life.state.lock().gone = true;
         if !self.wait_exit(Duration::ZERO) {
-            self.signal_group(libc::SIGTERM);
+            self.group.terminate();
             if !self.wait_exit(DROP_GRACE) {
-                self.signal_group(libc::SIGKILL);
+                self.group.kill();
                 self.wait_exit(KILL_WAIT);
             }
         }
     }
 }
 
-#[cfg(test)]
+// These tests drive `sh` scripts and look at process groups and signals:
+// Unix only. On Windows the integration tests cover the stdio transport.
+#[cfg(all(test, unix))]
 mod tests {
     use super::*;
     use std::cell::Cell;
+    use std::os::unix::process::CommandExt;
     use std::path::PathBuf;
 
     thread_local! {
@@ -775,7 +729,7 @@ mod tests {
         let pid = child.id();
         // As when its waiter thread could not start: nobody else waits.
         drop(child);
-        abandon(pid);
+        unix::Group { pid }.abandon();
         // SAFETY: signal 0 only checks. A zombie would still answer.
         let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
         assert_eq!(r, -1, "pid {pid} is still there");

@@ -131,6 +131,7 @@ pub enum Command {
     Schema,
     /// The hidden `__watchdog` subcommand (`watchdog.rs`): not in the help,
     /// only ever started by the proxy itself.
+    #[cfg(unix)]
     Watchdog,
 }
 
@@ -215,6 +216,7 @@ where
                             Err(arg.unexpected()).context("invalid arguments for 'schema'")
                         }
                     },
+                    #[cfg(unix)]
                     crate::watchdog::SUBCOMMAND => match parser.next()? {
                         None => Ok((global, Command::Watchdog)),
                         Some(arg) => Err(arg.unexpected().into()),
@@ -600,6 +602,7 @@ mod tests {
         assert!(HELP.contains("mcp-retry schema"));
     }
 
+    #[cfg(unix)] // The watchdog is Unix-only; Windows has job objects.
     #[test]
     fn the_watchdog_subcommand_is_hidden() {
         assert_eq!(ok(&["__watchdog"]).1, Command::Watchdog);

@@ -26,6 +26,7 @@ mod redact;
 mod stats;
 pub mod status;
 mod stdio;
+#[cfg(unix)]
 pub mod watchdog;
 
 #[cfg(test)]
@@ -68,6 +69,9 @@ mod tests {
         "status.rs",
         "stdio.rs",
         "watchdog.rs",
+        "child/unix.rs",
+        "child/windows.rs",
+        "proxy/signals.rs",
     ];
 
     #[test]

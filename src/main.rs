@@ -10,7 +10,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use mcp_retry::cli::{self, Command};
-use mcp_retry::{check, config, log, proxy, status, watchdog};
+#[cfg(unix)]
+use mcp_retry::watchdog;
+use mcp_retry::{check, config, log, proxy, status};
 
 fn main() -> ExitCode {
     match run() {
@@ -27,6 +29,7 @@ fn main() -> ExitCode {
 
 fn run() -> Result<ExitCode> {
     let (global, command) = cli::parse()?;
+    #[cfg(unix)]
     if command == Command::Watchdog {
         // Before anything that reads the environment or could fail.
         return Ok(watchdog::run());
@@ -58,6 +61,7 @@ fn run() -> Result<ExitCode> {
         Command::Run(args) => proxy::run(args),
         Command::Check(args) => check::run(args),
         Command::Status(args) => status::report::run(args),
+        #[cfg(unix)]
         Command::Watchdog => unreachable!("handled above"),
     }
 }

@@ -14,8 +14,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-use signal_hook::iterator::Signals;
 
 use crate::child;
 use crate::cli::RunArgs;
@@ -27,6 +25,8 @@ use crate::otel;
 use crate::stats;
 use crate::status;
 use crate::stdio::{self, Backlog, ReadItem};
+
+pub mod signals;
 
 /// Bytes waiting for a client that does not read before the proxy stops
 /// reading from the client and the server (one message may go over it).
@@ -330,19 +330,7 @@ fn resolve(args: &RunArgs) -> Result<ServerConfig> {
 }
 
 fn spawn_signal_thread(events: Sender<Event>) -> Result<()> {
-    let mut signals =
-        Signals::new([SIGTERM, SIGINT, SIGHUP]).context("installing signal handlers")?;
-    thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                if events.send(Event::Signal(sig)).is_err() {
-                    return;
-                }
-            }
-        })
-        .context("starting the signal thread")?;
-    Ok(())
+    signals::watch(move |sig| events.send(Event::Signal(sig)).is_ok())
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod report;
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
+#[cfg(unix)]
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::thread::{self, JoinHandle};
@@ -65,9 +66,18 @@ pub fn runtime_dir(explicit: Option<&Path>) -> PathBuf {
     std::env::temp_dir().join(format!("mcp-retry-{}", uid()))
 }
 
+#[cfg(unix)]
 fn uid() -> u32 {
     // SAFETY: getuid(2) has no preconditions and cannot fail.
     unsafe { libc::getuid() }
+}
+
+/// Windows: the temporary directory is the user's own (under the profile,
+/// which its ACL keeps to the user), so no uid is needed to tell users'
+/// directories apart, nor a mode to check; 0 stands for "us".
+#[cfg(windows)]
+fn uid() -> u32 {
+    0
 }
 
 /// Why `dir` must not be used: it is not a real directory owned by us with
@@ -86,12 +96,25 @@ pub struct DirFacts {
     pub mode: u32,
 }
 
+#[cfg(unix)]
 fn meta_facts(meta: &fs::Metadata) -> DirFacts {
     DirFacts {
         is_dir: meta.is_dir(),
         is_symlink: meta.file_type().is_symlink(),
         owner: meta.uid(),
         mode: meta.mode() & 0o7777,
+    }
+}
+
+/// Windows: ownership and access are ACLs, left to the profile's (see
+/// [`uid`]); only the kind of file is checked.
+#[cfg(windows)]
+fn meta_facts(meta: &fs::Metadata) -> DirFacts {
+    DirFacts {
+        is_dir: meta.is_dir(),
+        is_symlink: meta.file_type().is_symlink(),
+        owner: uid(),
+        mode: 0o700,
     }
 }
 
@@ -114,11 +137,11 @@ pub fn judge_dir(f: &DirFacts, me: u32) -> Result<(), String> {
 
 /// Creates `dir` (mode 0700) if it is missing, then [`check_dir`].
 pub fn prepare_dir(dir: &Path) -> Result<(), String> {
-    match fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-    {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    builder.mode(0o700);
+    match builder.create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
@@ -494,21 +517,45 @@ fn document(
 /// over it.
 fn write_atomically(path: &Path, tmp: &Path, text: &[u8]) -> io::Result<()> {
     let _ = fs::remove_file(tmp);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(tmp)?;
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let mut f = options.open(tmp)?;
     // The mode asked for went through the umask; make sure of 0600.
+    #[cfg(unix)]
     f.set_permissions(fs::Permissions::from_mode(0o600))?;
     f.write_all(text)?;
     drop(f);
     fs::rename(tmp, path)
 }
 
+/// Whether process `pid` is still running, for pruning the documents of
+/// dead proxies (Windows: it has not exited).
+#[cfg(windows)]
+pub fn process_exists(pid: u32) -> bool {
+    use windows_sys::Win32::Foundation::{CloseHandle, STILL_ACTIVE};
+    use windows_sys::Win32::System::Threading::{
+        GetExitCodeProcess, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
+    };
+    // SAFETY: OpenProcess returns null for a pid that names no process; the
+    // handle is closed once.
+    unsafe {
+        let handle = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, 0, pid);
+        if handle.is_null() {
+            return false;
+        }
+        let mut code = 0u32;
+        let ok = GetExitCodeProcess(handle, &mut code) != 0;
+        CloseHandle(handle);
+        ok && code == STILL_ACTIVE as u32
+    }
+}
+
 /// Whether process `pid` exists (zombies included), for pruning the
 /// documents of dead proxies. A pid that cannot name one process (0, or
 /// over `pid_t::MAX`) does not.
+#[cfg(unix)]
 pub fn process_exists(pid: u32) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return false;

@@ -746,10 +746,7 @@ fn a_server_that_stops_reading_pauses_the_client_and_loses_nothing() {
     );
     let peak = s.memory_kb("VmHWM");
     let pid = crate::util::read_pid(&pid_file);
-    // SAFETY: kill(2) on the mock server's pid.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
+    crate::util::kill_pid(pid);
     // The next server reads: every call is answered, once.
     while answers.len() < calls {
         let r = s.recv_where("an answer to a padded call", |v| v.get("id").is_some());

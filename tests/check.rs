@@ -30,7 +30,7 @@ impl Ran {
 fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
     let text = config
         .replace("{mock}", MOCK)
-        .replace("{dir}", &dir.path().display().to_string());
+        .replace("{dir}", &crate::util::path_text(dir.path()));
     let path = dir.write("c.yaml", &text);
     let started = Instant::now();
     let mut child = Command::new(PROXY)
@@ -406,8 +406,8 @@ fn no_process_outlives_the_check() {
         format!(
             "  {name}:\n    command: {{mock}}\n    env:\n      MOCK_GRANDCHILD: \"1\"\n      \
              MOCK_STATE_DIR: \"{}\"\n      MOCK_PID_FILE: \"{}\"\n{extra}",
-            state.display(),
-            state.join("server.pid").display()
+            crate::util::path_text(&state),
+            crate::util::path_text(&state.join("server.pid"))
         )
     };
     let config = format!(
@@ -429,6 +429,7 @@ fn no_process_outlives_the_check() {
     }
 }
 
+#[cfg(unix)] // Its servers are `sh` scripts.
 #[test]
 fn secrets_in_a_dying_server_s_stderr_stay_out_of_the_report() {
     let dir = TempDir::new();

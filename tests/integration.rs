@@ -4,6 +4,8 @@
 mod util;
 
 mod bad_input;
+// Unix only: kills and counts processes through /proc.
+#[cfg(unix)]
 mod chaos;
 mod check;
 mod cli;
@@ -14,4 +16,9 @@ mod otel;
 mod relay;
 mod resilience;
 mod respawn;
+// Unix only: file modes and owners of the status directory, /proc start times.
+#[cfg(unix)]
 mod status;
+// Windows only: PATHEXT lookup, .cmd argument quoting, job objects.
+#[cfg(windows)]
+mod windows;

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::util::{alive, eventually, gone_within, read_pid, Builder, MOCK, WAIT};
+#[cfg(unix)]
+use crate::util::{alive, eventually, MOCK, WAIT};
+use crate::util::{gone_within, read_pid, Builder};
 
 #[test]
 fn stdin_eof_stops_the_server_and_exits_zero() {
@@ -42,6 +44,7 @@ fn a_server_ignoring_eof_is_terminated_then_killed() {
     assert!(s.stderr().contains("killing it"), "{}", s.stderr());
 }
 
+#[cfg(unix)] // Signals to the proxy (Windows: console events, see proxy/signals.rs).
 #[test]
 fn sigterm_stops_the_server_and_its_group() {
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
@@ -70,7 +73,8 @@ fn a_sigkilled_proxy_leaves_no_server_behind() {
         .start();
     s.initialize();
     let server = read_pid(&pid_file);
-    s.signal(libc::SIGKILL);
+    // SIGKILL; on Windows TerminateProcess, as End Task does.
+    crate::util::kill_pid(s.pid() as i32);
     s.wait();
     assert!(
         gone_within(server, Duration::from_secs(5)),
@@ -140,9 +144,13 @@ fn a_call_waiting_for_a_retry_at_eof_still_gets_its_answer() {
     assert_eq!(s.wait().code(), Some(0));
 }
 
+// From here on Unix only: `sh` servers, /proc, process groups and the
+// watchdog.
+
 /// The live (not zombie) processes whose process group is `pgid`, from
 /// /proc. A zombie has exited; only its reaping (by init, once its parent is
 /// gone) is left.
+#[cfg(unix)]
 fn live_group_members(pgid: i32) -> Vec<i32> {
     let mut members = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -167,6 +175,7 @@ fn live_group_members(pgid: i32) -> Vec<i32> {
 }
 
 /// Whether `cond` holds within `d` (polled; true as soon as it does).
+#[cfg(unix)]
 fn within(d: Duration, cond: impl Fn() -> bool) -> bool {
     let deadline = Instant::now() + d;
     while Instant::now() < deadline {
@@ -180,6 +189,7 @@ fn within(d: Duration, cond: impl Fn() -> bool) -> bool {
 
 /// The live processes whose parent is `ppid` and whose command line holds
 /// `needle`.
+#[cfg(unix)]
 fn children_matching(ppid: u32, needle: &str) -> Vec<i32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -214,10 +224,12 @@ fn children_matching(ppid: u32, needle: &str) -> Vec<i32> {
 /// `sh` as the server: it writes its pid (its process group id) to
 /// `{dir}/server.pid`, leaves `extra` running in the background, and becomes
 /// the mock server.
+#[cfg(unix)]
 fn forking_server(extra: &str) -> String {
     format!("echo $$ > {{dir}}/server.pid; {extra} & exec {MOCK}")
 }
 
+#[cfg(unix)]
 #[test]
 fn a_sigkilled_proxy_leaves_nothing_of_the_servers_group() {
     let mut s = Builder::proxy(&["run", "--", "sh", "-c", &forking_server("sleep 300")]).start();
@@ -240,6 +252,7 @@ fn a_sigkilled_proxy_leaves_nothing_of_the_servers_group() {
     );
 }
 
+#[cfg(unix)]
 #[test]
 fn what_ignores_sigterm_gets_the_grace_then_sigkill() {
     let marker = "{dir}/got-term";
@@ -267,6 +280,7 @@ fn what_ignores_sigterm_gets_the_grace_then_sigkill() {
     assert_eq!(said.trim(), "term", "SIGTERM did not come first");
 }
 
+#[cfg(unix)]
 #[test]
 fn the_watchdog_holds_none_of_the_clients_pipes_and_has_its_own_group() {
     let mut s = Builder::wrap_mock().start();
@@ -321,6 +335,7 @@ fn the_watchdog_holds_none_of_the_clients_pipes_and_has_its_own_group() {
     assert!(gone_within(w, WAIT), "watchdog {w} outlived the proxy");
 }
 
+#[cfg(unix)]
 #[test]
 fn a_restarted_server_gets_a_new_watchdog_and_the_old_one_ends() {
     let mut s = Builder::wrap_mock().with_logs().start();
@@ -344,6 +359,7 @@ fn a_restarted_server_gets_a_new_watchdog_and_the_old_one_ends() {
     assert_ne!(now, first);
 }
 
+#[cfg(unix)]
 #[test]
 fn a_sigkilled_check_leaves_nothing_of_the_servers_group() {
     let server = forking_server("sleep 300");

@@ -353,10 +353,7 @@ fn a_server_killed_between_calls_is_back_for_the_next_call() {
     s.result(&json!(1));
     let first = crate::util::read_pid(&pid_file);
     std::fs::remove_file(&pid_file).unwrap();
-    // SAFETY: kill(2) on the mock server's pid, which this test started.
-    unsafe {
-        libc::kill(first, libc::SIGKILL);
-    }
+    crate::util::kill_pid(first);
     let second = crate::util::read_pid(&pid_file);
     assert_ne!(first, second, "a new server was started");
     s.call(json!(2), "unsafe_echo", json!({"text": "after"}));
@@ -370,9 +367,14 @@ fn a_server_killed_between_calls_is_back_for_the_next_call() {
 /// it, plus the pipe to the client and the writer's batch), so the answer
 /// waits in the server's stdout pipe, and less than that plus the pipe the
 /// mock asks for (`FLOOD_PIPE`), so the server can write it all and exit.
+#[cfg(target_os = "linux")]
 const FLOOD_BYTES: u64 = 9_000_000;
+#[cfg(target_os = "linux")]
 const FLOOD_PIPE: u64 = 1 << 20;
 
+// Linux only: the mock needs a 1 MiB stdout pipe (F_SETPIPE_SZ) to write
+// its flood and exit while nobody reads.
+#[cfg(target_os = "linux")]
 #[test]
 fn an_answer_written_before_the_server_exits_reaches_a_client_that_reads_late() {
     let b = Builder::wrap_mock().with_logs().unread_stdout();
@@ -442,10 +444,7 @@ impl Drop for KillHolders {
     fn drop(&mut self) {
         let pids = std::fs::read_to_string(&self.0).unwrap_or_default();
         for pid in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            // SAFETY: plain kill(2) of a `sleep` the mock started for this test.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
+            crate::util::kill_pid(pid);
         }
     }
 }
@@ -471,6 +470,9 @@ fn a_descendant_holding_the_exited_servers_stdout_is_stopped() {
     assert_eq!(s.result(&json!("after"))["content"][0]["text"], "after");
 }
 
+// Unix only: `setsid` takes the holder out of the server's process group;
+// on Windows nothing the server starts leaves its job.
+#[cfg(unix)]
 #[test]
 fn a_detached_descendant_holding_stdout_does_not_hold_the_link_forever() {
     let mut s = Builder::wrap_mock()

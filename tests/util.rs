@@ -120,7 +120,7 @@ impl Builder {
     /// replaced by that dir, `{mock}` by the mock's path.
     pub fn file(self, name: &str, text: &str) -> Builder {
         let text = text
-            .replace("{dir}", &self.dir.path().display().to_string())
+            .replace("{dir}", &path_text(self.dir.path()))
             .replace("{mock}", MOCK);
         self.dir.write(name, &text);
         self
@@ -142,7 +142,7 @@ impl Builder {
             .env("MOCK_STATE_DIR", &d.display().to_string())
     }
     pub fn start(self) -> Session {
-        let dir = self.dir.path().display().to_string();
+        let dir = path_text(self.dir.path());
         let args: Vec<String> = self.args.iter().map(|a| a.replace("{dir}", &dir)).collect();
         let mut child = Command::new(&self.program)
             .args(&args)
@@ -440,6 +440,7 @@ impl Session {
         }
     }
 
+    #[cfg(unix)]
     pub fn signal(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child's pid.
         unsafe {
@@ -508,6 +509,36 @@ pub fn read_json_lines(path: &Path) -> Vec<Value> {
     }
 }
 
+/// A path as text for configs and arguments: with `/` on Windows too, which
+/// Windows takes as well, so that it can stand in a double-quoted YAML
+/// string (where `\` starts an escape).
+pub fn path_text(p: &Path) -> String {
+    p.display().to_string().replace('\\', "/")
+}
+
+/// Kills the process `pid` at once (SIGKILL; TerminateProcess on Windows).
+pub fn kill_pid(pid: i32) {
+    #[cfg(unix)]
+    // SAFETY: plain kill(2) of a process the test started.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    #[cfg(windows)]
+    // SAFETY: OpenProcess returns null for a pid that names no process; the
+    // handle is closed once.
+    unsafe {
+        use windows_sys::Win32::Foundation::CloseHandle;
+        use windows_sys::Win32::System::Threading::{
+            OpenProcess, TerminateProcess, PROCESS_TERMINATE,
+        };
+        let handle = OpenProcess(PROCESS_TERMINATE, 0, pid as u32);
+        if !handle.is_null() {
+            TerminateProcess(handle, 1);
+            CloseHandle(handle);
+        }
+    }
+}
+
 /// A `kB` field (`VmRSS`, `VmHWM`) of `/proc/PID/status`; 0 if unknown.
 pub fn status_kb(pid: u32, field: &str) -> u64 {
     let prefix = format!("{field}:");
@@ -520,7 +551,29 @@ pub fn status_kb(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// True while a process with this pid exists.
+#[cfg(windows)]
+pub fn alive(pid: i32) -> bool {
+    use windows_sys::Win32::Foundation::{CloseHandle, STILL_ACTIVE};
+    use windows_sys::Win32::System::Threading::{
+        GetExitCodeProcess, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
+    };
+    // SAFETY: OpenProcess returns null for a pid that names no process; the
+    // handle is closed once.
+    unsafe {
+        let handle = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, 0, pid as u32);
+        if handle.is_null() {
+            return false;
+        }
+        let mut code = 0u32;
+        let ok = GetExitCodeProcess(handle, &mut code) != 0;
+        CloseHandle(handle);
+        ok && code == STILL_ACTIVE as u32
+    }
+}
+
 /// True while a process with this pid exists (and is not a zombie).
+#[cfg(unix)]
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {

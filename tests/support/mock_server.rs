@@ -159,7 +159,8 @@
 //! 1. stderr gets `mock: started pid N`.
 //! 2. `MOCK_STATE_DIR=dir` (created if missing): the counter file `dir/starts` is
 //!    incremented on every start.
-//! 3. `MOCK_PID_FILE=path`: own pid written there.
+//! 3. `MOCK_PID_FILE=path`: own pid written there; `MOCK_ARGS_FILE=path`:
+//!    its arguments (after the program name) as a JSON array of strings.
 //! 4. `MOCK_CRASH_AT_START=CODE`: print `MOCK_CRASH_MESSAGE` (default `mock:
 //!    crashing at start as asked`) to stderr and exit with CODE.
 //! 5. `MOCK_CRASH_STARTS=N` (needs `MOCK_STATE_DIR`): while `starts` <= N, exit
@@ -167,7 +168,8 @@
 //! 6. `MOCK_IGNORE_EOF=1`: SIGTERM is ignored (only SIGKILL stops the process),
 //!    and stdin EOF does not end the process, which keeps running (in-flight calls
 //!    still answer) until killed.
-//! 7. `MOCK_GRANDCHILD=1`: spawns `sleep 300` (same process group, stdio on
+//! 7. `MOCK_GRANDCHILD=1`: spawns `sleep 300` (on Windows, the mock itself with
+//!    `MOCK_SLEEP_ONLY_SECONDS=300`; same process group, stdio on
 //!    /dev/null), prints `mock: grandchild pid N` to stderr and, with
 //!    `MOCK_STATE_DIR`, writes N to `dir/grandchild.pid`.
 //! 8. `MOCK_STDERR_LINES=N`: prints `mock stderr line 1` .. `mock stderr line N`
@@ -236,6 +238,11 @@ const CRASH_ON_INIT_EXIT_CODE: i32 = 5;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 fn main() {
+    if let Some(secs) = env_u64(SLEEP_ENV) {
+        // A descendant for process-tree tests (Windows has no `sleep`).
+        thread::sleep(Duration::from_secs(secs));
+        return;
+    }
     let fast = parse_cli();
     eprintln!("mock: started pid {}", process::id());
     let config = if fast {
@@ -403,6 +410,10 @@ fn run_startup(config: &Config) {
     if let Some(path) = env_string("MOCK_PID_FILE") {
         write_file(Path::new(&path), &process::id().to_string());
     }
+    if let Some(path) = env_string("MOCK_ARGS_FILE") {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        write_file(Path::new(&path), &json!(args).to_string());
+    }
     if let Some(code) = env_string("MOCK_CRASH_AT_START") {
         let message =
             env_string("MOCK_CRASH_MESSAGE").unwrap_or_else(|| DEFAULT_CRASH_MESSAGE.into());
@@ -446,6 +457,12 @@ fn run_startup(config: &Config) {
     }
 }
 
+#[cfg(windows)]
+fn ignore_sigterm() {
+    // Windows has no SIGTERM: the proxy stops a server by killing its job.
+}
+
+#[cfg(unix)]
 fn ignore_sigterm() {
     // SAFETY: installing SIG_IGN has no handler code to run and is
     // async-signal-safe; nothing else in this program touches SIGTERM.
@@ -458,10 +475,27 @@ fn ignore_sigterm() {
     }
 }
 
-/// Spawns `sleep 300` in our process group, for process-group cleanup tests.
+/// Set to N, the mock only sleeps N seconds: what [`sleep_command`] runs.
+const SLEEP_ENV: &str = "MOCK_SLEEP_ONLY_SECONDS";
+
+/// `sleep SECS`: the Unix command, or on Windows this program told to do
+/// nothing else.
+fn sleep_command(secs: u64) -> Command {
+    if cfg!(windows) {
+        let mut cmd = Command::new(std::env::current_exe().expect("own path"));
+        cmd.env(SLEEP_ENV, secs.to_string());
+        cmd
+    } else {
+        let mut cmd = Command::new("sleep");
+        cmd.arg(secs.to_string());
+        cmd
+    }
+}
+
+/// Spawns `sleep 300` in our process group (our job on Windows), for
+/// process-tree cleanup tests.
 fn spawn_grandchild(state_dir: Option<&Path>) {
-    let spawned = Command::new("sleep")
-        .arg("300")
+    let spawned = sleep_command(300)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -483,10 +517,15 @@ fn spawn_grandchild(state_dir: Option<&Path>) {
 /// Spawns `sleep 60` sharing our stdout, which it keeps open after we exit:
 /// in our process group, or with `setsid` in a session of its own.
 fn spawn_stdout_holder(setsid: bool, state_dir: Option<&Path>) {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new("sleep");
-    cmd.arg("60").stdin(Stdio::null()).stderr(Stdio::null());
+    let mut cmd = sleep_command(60);
+    cmd.stdin(Stdio::null()).stderr(Stdio::null());
+    #[cfg(windows)]
     if setsid {
+        eprintln!("mock: no setsid on Windows");
+    }
+    #[cfg(unix)]
+    if setsid {
+        use std::os::unix::process::CommandExt;
         // SAFETY: setsid is async-signal-safe, all `pre_exec` requires.
         unsafe {
             cmd.pre_exec(|| {
@@ -1922,6 +1961,11 @@ fn finish(server: &Server, call: &Call, outcome: Outcome) {
 
 /// The `flood` mode: notifications, the answer, exit.
 fn flood(server: &Server, call: &Call, bytes: usize, pipe: Option<usize>) -> ! {
+    #[cfg(not(target_os = "linux"))]
+    if pipe.is_some() {
+        eprintln!("mock: pipes are resized on Linux only");
+    }
+    #[cfg(target_os = "linux")]
     if let Some(size) = pipe {
         let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
         // SAFETY: fcntl on our own stdout with an integer argument.
