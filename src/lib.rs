@@ -82,7 +82,13 @@ mod tests {
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).unwrap() {
                 let path = entry.unwrap().path();
-                let name = path.strip_prefix(&src).unwrap().display().to_string();
+                // Forward slashes on every platform, as in the list.
+                let name = path
+                    .strip_prefix(&src)
+                    .unwrap()
+                    .display()
+                    .to_string()
+                    .replace('\\', "/");
                 if path.is_dir() {
                     stack.push(path);
                 } else if path.extension().is_some_and(|e| e == "rs")
