@@ -75,10 +75,15 @@ print("mcp-retry demo: a client talks to a flaky MCP server through mcp-retry")
 show("1. retry: idem_echo (annotated idempotent) fails twice with -32000, then works",
      call("idem_echo", mode="flaky", fail_times=2, text="hello"), "idem_echo")
 
-first = call("unsafe_echo", text="send the invoice")
-second = call("unsafe_echo", text="send the invoice")
-show("2. dedup: the same side-effecting call sent twice (first: " + outcome(first) + ")",
-     second, "unsafe_echo")
+def keyed_call(tool, key, **arguments):
+    return request("tools/call", {"name": tool, "arguments": arguments,
+                                  "_meta": {"idempotencyKey": key}})
+
+
+first = keyed_call("unsafe_echo", "invoice-42", text="send the invoice")
+second = keyed_call("unsafe_echo", "invoice-42", text="send the invoice")
+show("2. dedup: a side-effecting call sent twice with one idempotency key (first: "
+     + outcome(first) + ")", second, "unsafe_echo")
 
 call("ro_echo", text="look something up")
 show("3. cache: a read-only lookup asked twice (ro_echo is cached for 30 s)",
