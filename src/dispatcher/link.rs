@@ -18,6 +18,7 @@ use crate::policy::backoff::Backoff;
 use crate::policy::breaker::BreakerState;
 use crate::{debug, info, warn};
 
+use super::calls::Failure;
 use super::{Dispatcher, Inflight, Method, Phase, Reason, Timer};
 
 /// A child that stays up this long resets the restart backoff.
@@ -424,25 +425,13 @@ impl Dispatcher {
             c.draining = true;
         }
         for line in lines {
-            let Ok(text) = String::from_utf8(line) else {
-                continue;
-            };
-            let Some(m) = Message::reparse(text.trim_end().to_owned()) else {
-                continue;
-            };
-            let Some(down) = m.id().and_then(|id| id.parse::<u64>().ok()) else {
+            let Some((m, down)) = own_request(line) else {
                 continue;
             };
             match self.inflight.remove(&down) {
                 Some(Inflight::Attempt { call }) => {
-                    let live = self.calls.get(&call).is_some_and(|c| c.live == Some(down));
-                    if live {
-                        if let Some(c) = self.calls.get_mut(&call) {
-                            c.live = None;
-                        }
-                        let why = "the server could not be written to".to_owned();
-                        self.on_attempt_failed(call, super::calls::Failure::NeverSent(why), now);
-                    }
+                    let why = "the server could not be written to".to_owned();
+                    self.live_attempt_failed(call, down, Failure::NeverSent(why), now);
                 }
                 Some(Inflight::Client {
                     client_id, method, ..
@@ -469,25 +458,13 @@ impl Dispatcher {
         now: Instant,
     ) {
         for line in lines {
-            let Ok(text) = String::from_utf8(line) else {
-                continue;
-            };
-            let Some(m) = Message::reparse(text.trim_end().to_owned()) else {
-                continue;
-            };
-            let Some(down) = m.id().and_then(|id| id.parse::<u64>().ok()) else {
+            let Some((_, down)) = own_request(line) else {
                 continue;
             };
             match self.inflight.remove(&down) {
                 Some(Inflight::Attempt { call }) => {
-                    let live = self.calls.get(&call).is_some_and(|c| c.live == Some(down));
-                    if live {
-                        if let Some(c) = self.calls.get_mut(&call) {
-                            c.live = None;
-                        }
-                        let failure = super::calls::Failure::Refused(why.to_owned(), retry_after);
-                        self.on_attempt_failed(call, failure, now);
-                    }
+                    let failure = Failure::Refused(why.to_owned(), retry_after);
+                    self.live_attempt_failed(call, down, failure, now);
                 }
                 Some(Inflight::Client { client_id, .. }) => {
                     let data = retry_after
@@ -502,6 +479,17 @@ impl Dispatcher {
                 Some(_) | None => {}
             }
         }
+    }
+
+    /// Attempt `down` of call `id` failed without an answer: if it is the
+    /// call's live attempt, the policies decide what follows (an abandoned
+    /// one changes nothing).
+    fn live_attempt_failed(&mut self, id: u64, down: u64, failure: Failure, now: Instant) {
+        match self.calls.get_mut(&id) {
+            Some(c) if c.live == Some(down) => c.live = None,
+            _ => return,
+        }
+        self.on_attempt_failed(id, failure, now);
     }
 
     /// The current incarnation is gone: answer or re-plan everything that
@@ -757,4 +745,13 @@ impl Dispatcher {
     pub(super) fn link_ready(&self) -> bool {
         matches!(&self.link, Link::Up(c) if c.ready && !c.draining)
     }
+}
+
+/// One of the proxy's own lines to the server, read back: the message and
+/// its downstream id (`None` for a notification or anything not ours).
+fn own_request(line: Vec<u8>) -> Option<(Message, u64)> {
+    let text = String::from_utf8(line).ok()?;
+    let m = Message::reparse(text.trim_end().to_owned())?;
+    let down = m.id()?.parse::<u64>().ok()?;
+    Some((m, down))
 }
