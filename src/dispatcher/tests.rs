@@ -275,6 +275,17 @@ fn an_idle_dispatcher_has_no_timers_after_the_handshake_settles() {
     h.nothing_sent();
 }
 
+/// The spans exported so far (metrics skipped).
+fn spans_in(exported: &Receiver<crate::otel::Item>) -> Vec<crate::otel::Span> {
+    exported
+        .try_iter()
+        .filter_map(|i| match i {
+            crate::otel::Item::Span(s) => Some(s),
+            crate::otel::Item::Metrics(_) => None,
+        })
+        .collect()
+}
+
 #[test]
 fn with_export_on_counters_are_flushed_once_after_a_change_and_idle_stays_idle() {
     let mut h = Harness::new();
@@ -293,13 +304,7 @@ fn with_export_on_counters_are_flushed_once_after_a_change_and_idle_stays_idle()
         r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
     ));
     h.to_client();
-    let spans: Vec<crate::otel::Span> = exported
-        .try_iter()
-        .filter_map(|i| match i {
-            crate::otel::Item::Span(s) => Some(s),
-            crate::otel::Item::Metrics(_) => None,
-        })
-        .collect();
+    let spans = spans_in(&exported);
     assert_eq!(spans.len(), 2);
     assert_eq!(spans[0].ctx.traceparent(), traceparent);
     let flushes = |h: &Harness| {
@@ -342,13 +347,7 @@ fn with_export_on_a_call_that_survives_a_crash_has_the_respawn_and_backoff_in_it
         r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
     ));
     h.to_client();
-    let spans: Vec<crate::otel::Span> = exported
-        .try_iter()
-        .filter_map(|i| match i {
-            crate::otel::Item::Span(s) => Some(s),
-            crate::otel::Item::Metrics(_) => None,
-        })
-        .collect();
+    let spans = spans_in(&exported);
     assert_eq!(spans.len(), 3, "{spans:?}");
     let failure = |s: &crate::otel::Span| {
         s.attrs
