@@ -197,33 +197,20 @@ defaults:
     pub(super) fn readme_table() -> String {
         let mut out =
             String::from("| key | type | default | meaning |\n| --- | --- | --- | --- |\n");
-        let cell = |s: &str| s.replace('|', "\\|");
+        let mut row = |name: &str, kind: &str, default: Def, doc: &str| {
+            let doc = doc.replace('|', "\\|");
+            let default = readme_default(default);
+            out.push_str(&format!("| `{name}` | {kind} | {default} | {doc} |\n"));
+        };
         for key in PROCESS_KEYS {
-            out.push_str(&format!(
-                "| `{}` | {} | {} | {} |\n",
-                key.name,
-                process_kind(key.kind),
-                readme_default(key.default),
-                cell(key.doc)
-            ));
+            row(key.name, process_kind(key.kind), key.default, key.doc);
         }
         for key in POLICY_KEYS {
-            out.push_str(&format!(
-                "| `{}` | {} | {} | {} |\n",
-                key.path,
-                readme_kind(key.kind),
-                readme_default(key.default),
-                cell(key.doc)
-            ));
+            row(key.path, &readme_kind(key.kind), key.default, key.doc);
         }
         for key in TOOL_KEYS {
-            out.push_str(&format!(
-                "| `tools.NAME.{}` | {} | {} | {} |\n",
-                key.path,
-                readme_kind(key.kind),
-                readme_default(key.default),
-                cell(key.doc)
-            ));
+            let name = format!("tools.NAME.{}", key.path);
+            row(&name, &readme_kind(key.kind), key.default, key.doc);
         }
         out
     }
