@@ -1,6 +1,8 @@
-//! The Streamable HTTP transport (MCP 2025-03-26 to 2025-11-25): a remote
-//! server at `url:` reached with blocking HTTP/1.1 (ureq), behind the same
-//! [`Downstream`] boundary as a stdio child.
+//! The Streamable HTTP transport: a remote server at `url:` reached with
+//! blocking HTTP/1.1 (ureq), behind the same [`Downstream`] boundary as a
+//! stdio child, in both eras of the protocol: the sessions of 2025-03-26 to
+//! 2025-11-25, and the sessionless requests of 2026-07-28, told apart per
+//! message (a 2026-07-28 request names its version in `_meta`).
 //!
 //! Each line the dispatcher sends becomes one POST, made by one of a small
 //! pool of `http-post` threads. A JSON answer or the events of an SSE
@@ -11,53 +13,73 @@
 //! the server's own stream open (405: the server has none), re-opening it
 //! with backoff. Ids are left alone: the dispatcher already owns them.
 //!
-//! An answer stream that breaks, or ends without the response, after
-//! events with ids is resumed with GET and `Last-Event-ID` (up to 3 times,
-//! after the stream's `retry`, at most 5 s): a server with an event store
-//! replays what followed, and the call is not run again. Events already
-//! seen in the session and responses to other requests are dropped from a
-//! replay. Only when that fails is the failure classified.
+//! 2026-07-28 requests carry no session but the headers their body
+//! implies (`modern.rs`): `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`
+//! and `Mcp-Param-*` from the tools' `x-mcp-header` annotations, learned
+//! from the `tools/list` answers passing by (tools with invalid annotations
+//! are left out of those). A `HeaderMismatch` answer to a `tools/call` has
+//! the tools read again (by a request of our own) and the call sent once
+//! more. Their streams are never resumed, and a broken one answers its own
+//! request with an error (the gate decides) rather than ending the
+//! connection: there is no session to lose.
+//!
+//! An answer stream (2025 era) that breaks, or ends without the response,
+//! after events with ids is resumed with GET and `Last-Event-ID` (up to 3
+//! times, after the stream's `retry`, at most 5 s): a server with an event
+//! store replays what followed, and the call is not run again. Events
+//! already seen in the session and responses to other requests are dropped
+//! from a replay. Only when that fails is the failure classified.
 //!
 //! Failures are classified by `classify.rs` and become the boundary's
-//! events: a request that cannot have left (DNS, refused, TLS) is `Unsent`
-//! and the connection `Gone` (nothing received), so the dispatcher resends
-//! it after reconnecting; a connection that broke after sending is `Gone`
-//! with `may_have_received` (the safety gate decides); a lost session is
-//! `Unsent` plus `Gone`, so the link re-initializes and the message goes
-//! again; 429 and 503 with `Retry-After` are `Refused` (not run, retried
-//! after the hint); 500/502/503/504 answer the request with a transient
-//! error (it may have run); other statuses answer it with a final error
-//! naming the status. Header values are secrets: they never appear in a
-//! message, and the server's text is scrubbed of them.
+//! events: a request that cannot have left (DNS, refused, TLS, its body not
+//! completely written) is `Unsent` and the connection `Gone` (nothing
+//! received), so the dispatcher resends it after reconnecting; a connection
+//! that broke after sending is `Gone` with `may_have_received` (the safety
+//! gate decides); a lost session is `Unsent` plus `Gone`, so the link
+//! re-initializes and the message goes again; 429 and 503 with
+//! `Retry-After` are `Refused` (not run, retried after the hint);
+//! 500/502/503/504 answer the request with a transient error (it may have
+//! run); other statuses answer it with a final error naming the status
+//! (2026-07-28: the server's own JSON-RPC error, when it sent one). Header
+//! values are secrets: they never appear in a message, and the server's
+//! text is scrubbed of them.
 //!
-//! Closing the connection (`shutdown` after its DELETE, `kill`, or
-//! dropping it) shuts the agent down, which interrupts every request in
-//! flight: a blocked reader, the GET stream's included, returns at once.
-//! Otherwise a POST waits at most `call_timeout` + 5 s for its answer's
-//! headers and `retry.total_timeout` + 5 s for its body, so a stuck server
-//! holds a pool thread no longer than that (a cancelled call's stream is
-//! read until the server ends it, within that bound). Knows no policy and
-//! no MCP method but `initialize` and `notifications/initialized`.
+//! A cancel closes the cancelled request's stream: in the 2025 era after
+//! posting `notifications/cancelled`, in 2026-07-28 instead of it (closing
+//! is the cancel there). Our connector (`conn.rs`) shuts that one socket
+//! down, so the reader returns at once; a request not posted yet is not
+//! posted at all. Closing the connection (`shutdown` after its DELETE,
+//! `kill`, or dropping it) shuts the agent down, which interrupts every
+//! request in flight, the GET stream's included. Otherwise a POST waits at
+//! most `call_timeout` + 5 s for its answer's headers and
+//! `retry.total_timeout` + 5 s for its body (`subscriptions/listen`: no
+//! limit), so a stuck server holds a pool thread no longer than that. Knows
+//! no policy; of MCP, only what the transport itself must act on:
+//! `initialize`, `notifications/initialized`, `notifications/cancelled`,
+//! `tools/list` and `tools/call` in 2026-07-28.
 
 #![forbid(unsafe_code)]
 
 mod classify;
+mod conn;
+mod modern;
 pub mod sse;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::config::{check_header, ServerConfig};
 use crate::downstream::{Downstream, Gone, OnEvent, ServerEvent};
-use crate::jsonrpc::{self, Message};
+use crate::jsonrpc::{self, Message, RawObject};
 
 use classify::Class;
+use conn::Exchange;
 
 /// Threads making POSTs: calls in flight at once beyond this wait their turn.
 const POOL: usize = 8;
@@ -78,6 +100,10 @@ const RESUMES: usize = 3;
 const RESUME_WAIT_MAX: Duration = Duration::from_secs(5);
 /// Event ids remembered to drop replayed events.
 const SEEN_IDS: usize = 4096;
+/// Cancels remembered for requests not posted yet.
+const EARLY_CANCELS: usize = 1024;
+/// Most pages of `tools/list` read after a header mismatch.
+const RELIST_PAGES: usize = 100;
 /// A final error for an HTTP status other than the transient ones.
 const REJECTED_CODE: i64 = -32600;
 /// The error for 500/502/503/504, one of the default transient codes.
@@ -131,7 +157,11 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
             file.display()
         ));
     }
-    let agent: ureq::Agent = config.build().into();
+    let agent = ureq::Agent::with_parts(
+        config.build(),
+        conn::Connector::new(),
+        ureq::unversioned::resolver::DefaultResolver::default(),
+    );
     let (jobs, rx) = crossbeam_channel::unbounded::<Vec<u8>>();
     let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
     let shared = Arc::new(Shared {
@@ -145,6 +175,9 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         helper_headers: Mutex::new(None),
         session: Mutex::new(SessionState::default()),
         seen: Mutex::new((HashSet::new(), VecDeque::new())),
+        exchanges: Mutex::new(Exchanges::default()),
+        tool_headers: Mutex::new(HashMap::new()),
+        own_requests: AtomicUsize::new(0),
         on_event,
         closed: AtomicBool::new(false),
         gone: Mutex::new(false),
@@ -195,7 +228,8 @@ fn tls_config(file: &std::path::Path) -> Result<ureq::tls::TlsConfig, String> {
         .build())
 }
 
-/// A connection to a remote server: one MCP session.
+/// A connection to a remote server: one MCP session (2025 era), or the
+/// sessionless requests of the 2026-07-28 era.
 pub struct Http {
     shared: Arc<Shared>,
     /// The POST threads' queue; dropped when the connection closes.
@@ -218,6 +252,13 @@ struct Shared {
     session: Mutex<SessionState>,
     /// Event ids seen in this session, for dropping replays.
     seen: Mutex<(HashSet<String>, VecDeque<String>)>,
+    /// The requests being posted, by raw id, for cancelling them.
+    exchanges: Mutex<Exchanges>,
+    /// 2026-07-28: the `x-mcp-header` annotations of each tool, as the
+    /// server listed them last.
+    tool_headers: Mutex<HashMap<String, modern::HeaderMap>>,
+    /// Numbers our own requests (`tools/list` after a header mismatch).
+    own_requests: AtomicUsize,
     on_event: OnEvent,
     /// No more lines are taken (shutdown, kill, drop, or gone).
     closed: AtomicBool,
@@ -244,21 +285,91 @@ struct SessionState {
     id: Option<String>,
     protocol_version: Option<String>,
     get_started: bool,
+    /// The 2026-07-28 version the client's requests name, once one did.
+    modern: Option<String>,
+}
+
+/// The requests in flight, and cancels that came before their request.
+#[derive(Default)]
+struct Exchanges {
+    live: HashMap<String, Live>,
+    early: HashSet<String>,
+    early_order: VecDeque<String>,
+}
+
+struct Live {
+    exchange: Arc<Exchange>,
+    modern: bool,
+}
+
+impl Exchanges {
+    /// Remembers (a bounded number of) cancels for requests not being
+    /// posted yet: such a request is then not sent at all.
+    fn cancel_early(&mut self, id: &str) {
+        if self.early.insert(id.to_owned()) {
+            self.early_order.push_back(id.to_owned());
+            if self.early_order.len() > EARLY_CANCELS {
+                if let Some(old) = self.early_order.pop_front() {
+                    self.early.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 /// One message being posted.
 struct Post<'a> {
     line: &'a [u8],
+    msg: Option<Message>,
+    method: Option<String>,
     /// The raw id of a request (None for a notification or a response).
     request_id: Option<String>,
+    /// The 2026-07-28 version it is sent under (none: the 2025 era).
+    modern: Option<String>,
+    /// A `notifications/cancelled`: the raw id of the request it cancels.
+    cancels: Option<String>,
+    exchange: Arc<Exchange>,
+}
+
+impl Post<'_> {
+    fn is(&self, method: &str) -> bool {
+        self.method.as_deref() == Some(method)
+    }
+
+    fn params(&self) -> Option<&str> {
+        self.msg.as_ref().and_then(Message::params)
+    }
+
+    /// What its answer is read until, and how.
+    fn until(&self) -> Option<Until<'_>> {
+        Some(Until {
+            id: self.request_id.as_deref()?,
+            initialize: self.is("initialize"),
+            screen_tools: self.modern.is_some() && self.is("tools/list"),
+        })
+    }
+}
+
+/// The response an answer stream is read until.
+struct Until<'a> {
+    /// Its raw id.
+    id: &'a str,
+    /// It answers `initialize`: it names the protocol version.
     initialize: bool,
-    initialized: bool,
+    /// It answers a 2026-07-28 `tools/list`: tools with invalid
+    /// `x-mcp-header` annotations are dropped, the others' learned.
+    screen_tools: bool,
 }
 
 impl Downstream for Http {
     fn send(&mut self, line: Vec<u8>) -> bool {
         if self.shared.is_closed() {
             return false;
+        }
+        if let Some(target) = cancel_target(&line) {
+            if !self.shared.cancel(&target) {
+                return true;
+            }
         }
         match &self.jobs {
             Some(jobs) => jobs.send(line).is_ok(),
@@ -377,6 +488,72 @@ impl Shared {
         out
     }
 
+    /// `req` with the protocol's `headers`, then the configured ones (and
+    /// `headers_helper`'s, run again when `refresh`).
+    fn headed<B>(
+        &self,
+        mut req: ureq::RequestBuilder<B>,
+        headers: Vec<(String, String)>,
+        refresh: bool,
+    ) -> ureq::RequestBuilder<B> {
+        for (name, value) in headers.into_iter().chain(self.headers(refresh)) {
+            req = req.header(name, value);
+        }
+        req
+    }
+
+    /// The 2025-era session headers: the session id and the negotiated
+    /// version, once `initialize` set them.
+    fn session_headers(&self) -> Vec<(String, String)> {
+        let s = self.session.lock();
+        let mut out = Vec::new();
+        if let Some(id) = &s.id {
+            out.push(("Mcp-Session-Id".to_owned(), id.clone()));
+        }
+        if let Some(v) = &s.protocol_version {
+            out.push(("MCP-Protocol-Version".to_owned(), v.clone()));
+        }
+        out
+    }
+
+    /// The headers a 2026-07-28 POST mirrors from its body: version,
+    /// method, name and, for a `tools/call`, the arguments its tool's
+    /// `x-mcp-header` annotations name.
+    fn modern_headers(&self, post: &Post, version: &str) -> Vec<(String, String)> {
+        let method = post.method.as_deref().unwrap_or_default();
+        let params = post.params();
+        let mut out = modern::standard_headers(version, method, params);
+        if method == "tools/call" {
+            let p = params.and_then(RawObject::parse);
+            let name = p.as_ref().and_then(|p| p.string("name"));
+            let map = name.and_then(|n| self.tool_headers.lock().get(&n).cloned());
+            if let Some(map) = map.filter(|m| !m.is_empty()) {
+                let arguments = p
+                    .as_ref()
+                    .and_then(|p| p.get("arguments"))
+                    .and_then(|a| serde_json::from_str(a.get()).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                out.extend(modern::param_headers(&map, &arguments));
+            }
+        }
+        out
+    }
+
+    /// Learns the tools of a screened `tools/list` page.
+    fn learn_tools(&self, screened: &modern::Screened) {
+        let mut known = self.tool_headers.lock();
+        for (name, map) in &screened.tools {
+            known.insert(name.clone(), map.clone());
+        }
+        for (name, why) in &screened.dropped {
+            known.remove(name);
+            crate::warn!(
+                "{} lists tool {name:?} with an invalid x-mcp-header ({why}); left out of tools/list",
+                self.shown
+            );
+        }
+    }
+
     /// `text` with every header value in it replaced, and every word of
     /// one that could be a secret on its own (the token of `Bearer TOKEN`).
     fn scrub(&self, text: &str) -> String {
@@ -393,70 +570,131 @@ impl Shared {
         text
     }
 
+    /// A cancel for request `id` is to be sent; says whether to POST it.
+    /// 2026-07-28: closing the request's stream is the cancel, done here,
+    /// and nothing is posted. 2025 era: the cancel is posted, and the
+    /// stream closed after that (`post`). A request not being posted yet
+    /// is not sent at all.
+    fn cancel(&self, id: &str) -> bool {
+        let mut ex = self.exchanges.lock();
+        if let Some(live) = ex.live.get(id) {
+            if live.modern {
+                live.exchange.close();
+                return false;
+            }
+            return true;
+        }
+        ex.cancel_early(id);
+        drop(ex);
+        self.session.lock().modern.is_none()
+    }
+
+    /// Closes the stream of request `id`, if it is still being read.
+    fn close_exchange(&self, id: &str) {
+        if let Some(live) = self.exchanges.lock().live.get(id) {
+            live.exchange.close();
+        }
+    }
+
     /// Posts one line and reports what came of it.
     fn post(self: &Arc<Shared>, line: Vec<u8>) {
         if self.is_closed() {
             return;
         }
         let text = String::from_utf8_lossy(&line).trim_end().to_owned();
-        let m = Message::reparse(text);
-        let method = m.as_ref().and_then(|m| m.method().map(|s| s.into_owned()));
-        let request_id = m
+        let msg = Message::reparse(text);
+        let method = msg
+            .as_ref()
+            .and_then(|m| m.method().map(|s| s.into_owned()));
+        let request_id = msg
             .as_ref()
             .filter(|_| method.is_some())
             .and_then(|m| m.id().map(str::to_owned));
+        let params = msg.as_ref().and_then(Message::params);
+        let modern = {
+            let mut s = self.session.lock();
+            match modern::meta_version(params) {
+                Some(v) => {
+                    s.modern = Some(v.clone());
+                    Some(v)
+                }
+                // A notification of a 2026-07-28 client names no version.
+                None if request_id.is_none() && s.id.is_none() => s.modern.clone(),
+                None => None,
+            }
+        };
+        let cancels = (method.as_deref() == Some("notifications/cancelled"))
+            .then(|| params.and_then(RawObject::parse))
+            .flatten()
+            .and_then(|p| p.get("requestId").map(|r| r.get().to_owned()));
         let post = Post {
             line: &line,
-            initialize: method.as_deref() == Some("initialize"),
-            initialized: method.as_deref() == Some("notifications/initialized"),
+            method,
             request_id,
+            modern,
+            cancels,
+            msg,
+            exchange: Exchange::new(),
         };
-        let counted = post.request_id.is_some();
-        if counted {
+        if let Some(id) = &post.request_id {
+            let mut ex = self.exchanges.lock();
+            if ex.early.remove(id) {
+                crate::debug!("request {id} was cancelled before it was sent");
+                return;
+            }
+            let live = Live {
+                exchange: post.exchange.clone(),
+                modern: post.modern.is_some(),
+            };
+            ex.live.insert(id.clone(), live);
             self.requests.fetch_add(1, Ordering::SeqCst);
         }
-        self.post_counted(&post);
-        if counted {
+        post.exchange.run(|| self.post_counted(&post));
+        if let Some(id) = &post.request_id {
+            self.exchanges.lock().live.remove(id);
             self.requests.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Some(target) = &post.cancels {
+            // 2025 era: the cancel was posted; the stream goes too.
+            self.close_exchange(target);
         }
     }
 
     fn post_counted(self: &Arc<Shared>, post: &Post) {
         let mut refreshed = false;
+        let mut relisted = false;
         loop {
-            let (session, version) = if post.initialize {
-                self.session.lock().id = None;
-                (None, None)
-            } else {
-                let s = self.session.lock();
-                (s.id.clone(), s.protocol_version.clone())
+            let headers = match &post.modern {
+                Some(version) => self.modern_headers(post, version),
+                None if post.is("initialize") => {
+                    self.session.lock().id = None;
+                    Vec::new()
+                }
+                None => self.session_headers(),
             };
-            let mut req = self
+            let sent_session = headers.iter().any(|(n, _)| n == "Mcp-Session-Id");
+            let req = self
                 .agent
                 .post(&self.url)
                 .header("Accept", "application/json, text/event-stream")
                 .header("Content-Type", "application/json");
-            if let Some(id) = &session {
-                req = req.header("Mcp-Session-Id", id);
-            }
-            if let Some(v) = &version {
-                req = req.header("MCP-Protocol-Version", v);
-            }
-            for (name, value) in self.headers(refreshed) {
-                req = req.header(name, value);
-            }
+            let req = self.headed(req, headers, refreshed);
+            // A `subscriptions/listen` stream stays open as long as it is
+            // wanted: no deadline for its body.
+            let recv_body = (!post.is("subscriptions/listen")).then_some(self.recv_body);
+            post.exchange.begin_request(post.line.len());
             let result = req
                 .config()
                 .timeout_recv_response(Some(self.recv_response))
-                .timeout_recv_body(Some(self.recv_body))
+                .timeout_recv_body(recv_body)
                 .build()
                 .send(post.line);
             let resp = match result {
                 Ok(resp) => resp,
                 Err(e) => {
-                    let class = classify::of_error(&e);
+                    let class = classify::of_error(&e, post.exchange.request_written());
                     let why = self.scrub(&e.to_string());
-                    return self.failed(post, class, &why, None);
+                    return self.failed(post, class, &why, None, "");
                 }
             };
             let status = resp.status().as_u16();
@@ -470,8 +708,14 @@ impl Shared {
                 .limit(ERROR_BODY_LIMIT)
                 .read_to_string()
                 .unwrap_or_default();
-            let class =
-                classify::of_status(status, retry_after.as_deref(), session.is_some(), &body);
+            let answer = classify::Answer {
+                status,
+                retry_after: retry_after.as_deref(),
+                sent_session,
+                body: &body,
+                modern: post.modern.is_some(),
+            };
+            let class = classify::of_status(&answer, SystemTime::now());
             if class == Class::Unauthorized && self.helper.is_some() && !refreshed {
                 crate::info!(
                     "{} answered {}; running headers_helper again",
@@ -481,61 +725,73 @@ impl Shared {
                 refreshed = true;
                 continue;
             }
+            if class == Class::HeaderMismatch && post.is("tools/call") && !relisted {
+                relisted = true;
+                crate::info!(
+                    "{} answered a header mismatch; reading its tools again",
+                    self.shown
+                );
+                if self.relist_tools(post) {
+                    continue;
+                }
+            }
             let why = match server_message(&body) {
                 Some(msg) => format!("{}: {}", classify::status_line(status), self.scrub(&msg)),
                 None => classify::status_line(status),
             };
-            return self.failed(post, class, &why, Some(status));
+            return self.failed(post, class, &why, Some(status), &body);
         }
     }
 
     /// A 2xx answer to `post`.
     fn answered(self: &Arc<Shared>, post: &Post, resp: ureq::http::Response<ureq::Body>) {
-        if post.initialize {
+        if post.is("initialize") {
             self.session.lock().id = header(&resp, "mcp-session-id");
         }
         let kind = header(&resp, "content-type").unwrap_or_default();
         let is_sse = kind.to_ascii_lowercase().starts_with("text/event-stream");
         let is_json = kind.to_ascii_lowercase().starts_with("application/json");
-        if post.initialized {
+        if post.is("notifications/initialized") {
             self.start_get_stream();
         }
-        let Some(request_id) = &post.request_id else {
+        let Some(until) = post.until() else {
             // A notification or a response: 202, nothing to read.
             return;
         };
+        // 2026-07-28 streams cannot be resumed.
+        let resumable = post.modern.is_none();
         let delivered = if is_sse {
             let reader = resp.into_body().into_reader();
             let mut cursor = Cursor::default();
-            match self.read_stream(reader, request_id, post.initialize, &mut cursor, false) {
+            match self.read_stream(reader, &until, &mut cursor, false) {
                 Ok(true) => true,
                 // Ended or broken after events with ids: the server may
                 // replay the rest (and the response) to a GET.
-                Ok(false) if self.resume(request_id, post.initialize, &mut cursor) => true,
+                Ok(false) if resumable && self.resume(&until, &mut cursor, &post.exchange) => true,
                 Ok(false) => false,
-                Err(_) if self.resume(request_id, post.initialize, &mut cursor) => true,
+                Err(_) if resumable && self.resume(&until, &mut cursor, &post.exchange) => true,
                 Err(e) => {
                     let why = format!("the answer's stream broke ({})", self.scrub(&e.to_string()));
-                    return self.failed(post, Class::Broken, &why, None);
+                    return self.failed(post, Class::Broken, &why, None, "");
                 }
             }
         } else if is_json {
             let limit = self.max_message_bytes as u64;
             match resp.into_body().with_config().limit(limit).read_to_string() {
                 Ok(text) => {
-                    self.deliver(text, Some(request_id), post.initialize);
+                    self.deliver(text, Some(&until));
                     true
                 }
                 Err(ureq::Error::BodyExceedsLimit(n)) => {
                     self.emit(ServerEvent::TooLong {
-                        response_id: Some(request_id.clone()),
+                        response_id: Some(until.id.to_owned()),
                         len: n as usize,
                     });
                     true
                 }
                 Err(e) => {
                     let why = format!("the answer broke ({})", self.scrub(&e.to_string()));
-                    return self.failed(post, Class::Broken, &why, None);
+                    return self.failed(post, Class::Broken, &why, None, "");
                 }
             }
         } else {
@@ -543,44 +799,58 @@ impl Shared {
         };
         if !delivered {
             let why = "the server's answer ended without a response to the request";
-            self.failed(post, Class::ServerError, why, None);
+            self.failed(post, Class::ServerError, why, None, "");
         }
     }
 
-    /// Reads the SSE answer of a request, reporting its messages, until
-    /// the response with id `until`; says whether it came. `resumed`: the
-    /// stream replays events (`Last-Event-ID`), so those already seen and
-    /// responses to other requests are dropped.
-    fn read_stream(
+    /// Reads an event stream, handing each batch of items to `on` (with
+    /// the parser, for its last id and `retry`) until `on` returns a value
+    /// (returned) or the stream ends (`None`).
+    fn read_events<T>(
         &self,
         mut reader: impl Read,
-        until: &str,
-        initialize: bool,
-        cursor: &mut Cursor,
-        resumed: bool,
-    ) -> std::io::Result<bool> {
+        mut on: impl FnMut(&sse::Parser, std::vec::Drain<'_, sse::Item>) -> Option<T>,
+    ) -> std::io::Result<Option<T>> {
         let mut parser = sse::Parser::new(self.max_message_bytes);
         let mut buf = vec![0u8; 16 * 1024];
         let mut items = Vec::new();
         loop {
             let n = reader.read(&mut buf)?;
             if n == 0 {
-                return Ok(false);
+                return Ok(None);
             }
             parser.feed(&buf[..n], &mut items);
+            if let Some(done) = on(&parser, items.drain(..)) {
+                return Ok(Some(done));
+            }
+        }
+    }
+
+    /// Reads the SSE answer of a request, reporting its messages, until
+    /// the response `until`; says whether it came. `resumed`: the stream
+    /// replays events (`Last-Event-ID`), so those already seen and
+    /// responses to other requests are dropped.
+    fn read_stream(
+        &self,
+        reader: impl Read,
+        until: &Until,
+        cursor: &mut Cursor,
+        resumed: bool,
+    ) -> std::io::Result<bool> {
+        let answered = self.read_events(reader, |parser, items| {
             if let Some(id) = parser.last_id() {
                 cursor.last_id = Some(id.to_owned());
             }
             cursor.retry = parser.retry().or(cursor.retry);
-            for item in items.drain(..) {
+            for item in items {
                 match item {
                     sse::Item::Event(e) if e.kind == "message" => {
                         let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
-                        if resumed && (!fresh || is_other_response(&e.data, until)) {
+                        if resumed && (!fresh || is_other_response(&e.data, until.id)) {
                             continue;
                         }
-                        if self.deliver(e.data, Some(until), initialize) {
-                            return Ok(true);
+                        if self.deliver(e.data, Some(until)) {
+                            return Some(());
                         }
                     }
                     sse::Item::Event(_) => {}
@@ -596,13 +866,16 @@ impl Shared {
                     }
                 }
             }
-        }
+            None
+        })?;
+        Ok(answered.is_some())
     }
 
     /// Resumes the broken or ended answer stream of request `until` with
     /// GET and `Last-Event-ID`, up to [`RESUMES`] times, waiting the
-    /// stream's `retry` first; says whether the response came.
-    fn resume(&self, until: &str, initialize: bool, cursor: &mut Cursor) -> bool {
+    /// stream's `retry` first; says whether the response came. Not once
+    /// the request's exchange is closed (cancelled).
+    fn resume(&self, until: &Until, cursor: &mut Cursor, exchange: &Exchange) -> bool {
         for _ in 0..RESUMES {
             let Some(last_id) = cursor.last_id.clone() else {
                 return false;
@@ -611,29 +884,23 @@ impl Shared {
             if !matches!(
                 self.stopped.recv_timeout(wait),
                 Err(RecvTimeoutError::Timeout)
-            ) {
+            ) || exchange.is_closed()
+            {
                 return false;
             }
-            let (session, version) = {
-                let s = self.session.lock();
-                (s.id.clone(), s.protocol_version.clone())
-            };
-            let Some(session) = session else {
+            let mut headers = self.session_headers();
+            if !headers.iter().any(|(n, _)| n == "Mcp-Session-Id") {
                 return false;
-            };
-            let mut req = self
-                .agent
-                .get(&self.url)
-                .header("Accept", "text/event-stream")
-                .header("Mcp-Session-Id", &session)
-                .header("Last-Event-ID", &last_id);
-            if let Some(v) = &version {
-                req = req.header("MCP-Protocol-Version", v);
             }
-            for (name, value) in self.headers(false) {
-                req = req.header(name, value);
-            }
-            crate::debug!("resuming the answer to request {until} from {}", self.shown);
+            headers.push(("Accept".to_owned(), "text/event-stream".to_owned()));
+            headers.push(("Last-Event-ID".to_owned(), last_id));
+            let req = self.headed(self.agent.get(&self.url), headers, false);
+            crate::debug!(
+                "resuming the answer to request {} from {}",
+                until.id,
+                self.shown
+            );
+            exchange.begin_request(0);
             let result = req
                 .config()
                 .timeout_recv_response(Some(self.recv_response))
@@ -643,7 +910,7 @@ impl Shared {
             match result {
                 Ok(resp) if resp.status().is_success() => {
                     let reader = resp.into_body().into_reader();
-                    if let Ok(true) = self.read_stream(reader, until, initialize, cursor, true) {
+                    if let Ok(true) = self.read_stream(reader, until, cursor, true) {
                         return true;
                     }
                 }
@@ -653,6 +920,87 @@ impl Shared {
             }
         }
         false
+    }
+
+    /// 2026-07-28, after a header mismatch: reads every page of the
+    /// server's `tools/list` (with the envelope of the `post` that was
+    /// refused) and learns the tools' `x-mcp-header` annotations. Says
+    /// whether that worked. Nothing of it reaches the client.
+    fn relist_tools(&self, post: &Post) -> bool {
+        let (Some(version), Some(envelope)) =
+            (&post.modern, post.params().and_then(modern::envelope))
+        else {
+            return false;
+        };
+        let mut cursor: Option<String> = None;
+        for _ in 0..RELIST_PAGES {
+            let n = self.own_requests.fetch_add(1, Ordering::SeqCst) + 1;
+            let id = format!("\"mcp-retry-tools-{n}\"");
+            let params = match &cursor {
+                Some(c) => format!("{{\"cursor\":{c},\"_meta\":{envelope}}}"),
+                None => format!("{{\"_meta\":{envelope}}}"),
+            };
+            let line = jsonrpc::request_line(&id, "tools/list", Some(&params));
+            let headers = modern::standard_headers(version, "tools/list", Some(&params));
+            let Some(answer) = self.own_request(&line, &id, headers, &post.exchange) else {
+                return false;
+            };
+            let Some(result) = answer.result().and_then(RawObject::parse) else {
+                return false;
+            };
+            self.learn_tools(&modern::screen_tools(answer.result().unwrap_or_default()));
+            cursor = result
+                .get("nextCursor")
+                .filter(|c| c.get().starts_with('"'))
+                .map(|c| c.get().to_owned());
+            if cursor.is_none() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Posts a request of our own and reads its response (JSON or SSE),
+    /// reporting nothing.
+    fn own_request(
+        &self,
+        line: &[u8],
+        id: &str,
+        headers: Vec<(String, String)>,
+        exchange: &Exchange,
+    ) -> Option<Message> {
+        let req = self
+            .agent
+            .post(&self.url)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json");
+        exchange.begin_request(line.len());
+        let resp = self
+            .headed(req, headers, false)
+            .config()
+            .timeout_recv_response(Some(self.recv_response))
+            .timeout_recv_body(Some(self.recv_body))
+            .build()
+            .send(line)
+            .ok()
+            .filter(|r| r.status().is_success())?;
+        let kind = header(&resp, "content-type").unwrap_or_default();
+        let is_answer = |m: &Message| m.id() == Some(id) && m.method().is_none();
+        if kind.to_ascii_lowercase().starts_with("text/event-stream") {
+            let reader = resp.into_body().into_reader();
+            self.read_events(reader, |_, items| {
+                items.into_iter().find_map(|item| match item {
+                    sse::Item::Event(e) => Message::reparse(e.data).filter(is_answer),
+                    sse::Item::TooLong => None,
+                })
+            })
+            .ok()
+            .flatten()
+        } else {
+            let limit = self.max_message_bytes as u64;
+            let text = resp.into_body().with_config().limit(limit).read_to_string();
+            Message::reparse(text.ok()?).filter(is_answer)
+        }
     }
 
     /// Whether the event id `id` is new to this session (remembered, up to
@@ -672,17 +1020,23 @@ impl Shared {
         true
     }
 
-    /// Reports one message; true if it is the response with id `until`.
-    fn deliver(&self, text: String, until: Option<&str>, initialize: bool) -> bool {
+    /// Reports one message; true if it is the response `until` waits for.
+    fn deliver(&self, text: String, until: Option<&Until>) -> bool {
         match jsonrpc::classify(text) {
             jsonrpc::Parsed::Message(m) => {
-                let is_answer = until.is_some_and(|id| m.id() == Some(id) && m.method().is_none());
-                if is_answer && initialize {
-                    self.session.lock().protocol_version =
-                        protocol_version(&String::from_utf8_lossy(&m.line()));
+                let answer = until.filter(|u| m.id() == Some(u.id) && m.method().is_none());
+                let mut m = m;
+                if let Some(u) = answer {
+                    if u.initialize {
+                        self.session.lock().protocol_version =
+                            protocol_version(&String::from_utf8_lossy(&m.line()));
+                    }
+                    if u.screen_tools {
+                        m = self.screened(m);
+                    }
                 }
                 self.emit(ServerEvent::Message(jsonrpc::Parsed::Message(m)));
-                is_answer
+                answer.is_some()
             }
             jsonrpc::Parsed::Invalid(i) if i.code == jsonrpc::PARSE_ERROR => {
                 crate::warn!("{} sent something that is not JSON; skipped", self.shown);
@@ -696,8 +1050,32 @@ impl Shared {
         }
     }
 
-    /// A POST that did not get its answer.
-    fn failed(&self, post: &Post, class: Class, why: &str, status: Option<u16>) {
+    /// A 2026-07-28 `tools/list` response with the tools whose
+    /// `x-mcp-header` annotations are invalid left out (the others'
+    /// annotations are learned).
+    fn screened(&self, m: Message) -> Message {
+        let Some(result) = m.result() else {
+            return m;
+        };
+        let screened = modern::screen_tools(result);
+        self.learn_tools(&screened);
+        let (Some(result), Some(id)) = (&screened.result, m.id()) else {
+            return m;
+        };
+        let line = jsonrpc::response_line(id, result);
+        let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+        Message::reparse(text).unwrap_or(m)
+    }
+
+    /// A POST that did not get its answer. `body`: the answer's, if any.
+    fn failed(&self, post: &Post, class: Class, why: &str, status: Option<u16>, body: &str) {
+        if post.exchange.is_closed() {
+            // Cancelled: its stream was closed on purpose.
+            return crate::debug!(
+                "{}: the stream of a cancelled request was closed",
+                self.shown
+            );
+        }
         let others = self.requests.load(Ordering::SeqCst) > usize::from(post.request_id.is_some());
         match class {
             Class::NeverSent => {
@@ -706,6 +1084,9 @@ impl Shared {
                 });
                 self.gone(&format!("could not be reached ({why})"), others);
             }
+            // 2026-07-28 has no session: a broken stream loses that one
+            // request (it may have run), not the connection.
+            Class::Broken if post.modern.is_some() => self.answer_error(post, why, status, true),
             Class::Broken => self.gone(&format!("broke the connection ({why})"), true),
             Class::SessionLost => {
                 self.session.lock().id = None;
@@ -719,26 +1100,49 @@ impl Shared {
                 why: format!("the server answered {why}"),
                 retry_after,
             }),
-            Class::ServerError | Class::Unauthorized | Class::Rejected => {
-                let code = match class {
-                    Class::ServerError => SERVER_ERROR_CODE,
-                    _ => REJECTED_CODE,
-                };
-                match &post.request_id {
-                    Some(id) => {
-                        let message = match status {
-                            Some(_) => format!("the MCP server {} answered {why}", self.shown),
-                            None => format!("the MCP server {}: {why}", self.shown),
-                        };
-                        let data = status.map(|s| format!("{{\"httpStatus\":{s}}}"));
-                        let line = jsonrpc::error_line(Some(id), code, &message, data.as_deref());
-                        let line = String::from_utf8_lossy(&line).trim_end().to_owned();
-                        self.deliver(line, None, false);
+            Class::Answered | Class::HeaderMismatch => {
+                let error =
+                    RawObject::parse(body).and_then(|b| b.get("error").map(|e| e.get().to_owned()));
+                match (&post.request_id, error) {
+                    (Some(id), Some(error)) => {
+                        let line = jsonrpc::error_response_line(id, &error);
+                        self.deliver(String::from_utf8_lossy(&line).trim_end().to_owned(), None);
                     }
-                    None => crate::warn!("{} refused a notification: {why}", self.shown),
+                    _ => self.answer_error(post, why, status, false),
                 }
             }
+            Class::ServerError => self.answer_error(post, why, status, true),
+            Class::Unauthorized | Class::Rejected => self.answer_error(post, why, status, false),
         }
+    }
+
+    /// Answers the request `post` with an error of ours naming what
+    /// happened (a notification is only logged). `ran`: it may have run (a
+    /// transient code, `data.outcome: "unknown"`); else it did not (a final
+    /// code).
+    fn answer_error(&self, post: &Post, why: &str, status: Option<u16>, ran: bool) {
+        let Some(id) = &post.request_id else {
+            return crate::warn!("{} refused a notification: {why}", self.shown);
+        };
+        let message = match status {
+            Some(_) => format!("the MCP server {} answered {why}", self.shown),
+            None => format!("the MCP server {}: {why}", self.shown),
+        };
+        let mut data = Vec::new();
+        if let Some(s) = status {
+            data.push(format!("\"httpStatus\":{s}"));
+        }
+        if ran {
+            data.push("\"outcome\":\"unknown\"".to_owned());
+        }
+        let data = (!data.is_empty()).then(|| format!("{{{}}}", data.join(",")));
+        let code = if ran {
+            SERVER_ERROR_CODE
+        } else {
+            REJECTED_CODE
+        };
+        let line = jsonrpc::error_line(Some(id), code, &message, data.as_deref());
+        self.deliver(String::from_utf8_lossy(&line).trim_end().to_owned(), None);
     }
 
     /// Starts the thread that keeps the server's own stream open.
@@ -767,10 +1171,8 @@ impl Shared {
         let Some(id) = self.session.lock().id.clone() else {
             return;
         };
-        let mut req = self.agent.delete(&self.url).header("Mcp-Session-Id", &id);
-        for (name, value) in self.headers(false) {
-            req = req.header(name, value);
-        }
+        let headers = vec![("Mcp-Session-Id".to_owned(), id)];
+        let req = self.headed(self.agent.delete(&self.url), headers, false);
         let result = req.config().timeout_global(Some(step)).build().call();
         if let Err(e) = result {
             crate::debug!(
@@ -787,26 +1189,12 @@ impl Shared {
         let mut delay = GET_RETRY_FIRST;
         let mut last_id: Option<String> = None;
         while !self.is_closed() {
-            let (session, version) = {
-                let s = self.session.lock();
-                (s.id.clone(), s.protocol_version.clone())
-            };
-            let mut req = self
-                .agent
-                .get(&self.url)
-                .header("Accept", "text/event-stream");
-            if let Some(id) = &session {
-                req = req.header("Mcp-Session-Id", id);
-            }
-            if let Some(v) = &version {
-                req = req.header("MCP-Protocol-Version", v);
-            }
+            let mut headers = self.session_headers();
+            headers.push(("Accept".to_owned(), "text/event-stream".to_owned()));
             if let Some(id) = &last_id {
-                req = req.header("Last-Event-ID", id);
+                headers.push(("Last-Event-ID".to_owned(), id.clone()));
             }
-            for (name, value) in self.headers(false) {
-                req = req.header(name, value);
-            }
+            let req = self.headed(self.agent.get(&self.url), headers, false);
             let mut wait = delay;
             match req.call() {
                 Ok(resp) if resp.status().as_u16() == 405 => {
@@ -860,33 +1248,45 @@ impl Shared {
 
     fn read_get_stream(
         &self,
-        mut reader: impl Read,
+        reader: impl Read,
         last_id: &mut Option<String>,
         retry: &mut Option<Duration>,
     ) -> std::io::Result<()> {
-        let mut parser = sse::Parser::new(self.max_message_bytes);
-        let mut buf = vec![0u8; 16 * 1024];
-        let mut items = Vec::new();
-        loop {
-            let n = reader.read(&mut buf)?;
+        self.read_events(reader, |parser, items| {
             *retry = parser.retry();
             if let Some(id) = parser.last_id() {
                 *last_id = Some(id.to_owned());
             }
-            if n == 0 || self.is_closed() {
-                return Ok(());
+            if self.is_closed() {
+                return Some(());
             }
-            parser.feed(&buf[..n], &mut items);
-            for item in items.drain(..) {
+            for item in items {
                 if let sse::Item::Event(e) = item {
                     let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
                     if e.kind == "message" && fresh {
-                        self.deliver(e.data, None, false);
+                        self.deliver(e.data, None);
                     }
                 }
             }
-        }
+            None
+        })?;
+        Ok(())
     }
+}
+
+/// The raw `requestId` of a `notifications/cancelled` line (cancels are
+/// small: a long line is not looked into).
+fn cancel_target(line: &[u8]) -> Option<String> {
+    const NEEDLE: &[u8] = b"notifications/cancelled";
+    if line.len() > 4096 || !line.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+        return None;
+    }
+    let m = Message::reparse(String::from_utf8_lossy(line).trim_end().to_owned())?;
+    if m.id().is_some() || m.method().as_deref() != Some("notifications/cancelled") {
+        return None;
+    }
+    let params = RawObject::parse(m.params()?)?;
+    Some(params.get("requestId")?.get().to_owned())
 }
 
 /// Whether `text` is a response to a request other than `id`.

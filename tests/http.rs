@@ -120,6 +120,25 @@ fn a_refused_connection_is_retried_for_any_tool() {
 }
 
 #[test]
+fn a_request_whose_body_could_not_be_written_is_resent_for_an_unsafe_tool() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    // Bigger than what the socket buffers take: the server resets the
+    // connection while the proxy is still writing the body.
+    server.fault(Fault::DropBeforeBody);
+    let blob = "x".repeat(16 << 20);
+    s.call(json!(1), "write", json!({ "blob": blob }));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+    server.with(|st| {
+        assert_eq!(st.dropped_bodies, 1);
+        // The connection was lost: a new session carried the call.
+        assert_eq!(st.initializes, 2);
+    });
+}
+
+#[test]
 fn too_many_requests_is_honoured_and_retried_for_an_unsafe_tool() {
     let server = Server::start();
     let mut s = start(&server);
@@ -158,6 +177,7 @@ fn a_bad_gateway_is_retried_for_a_safe_tool_only() {
     let message = error["message"].as_str().unwrap_or("");
     assert!(message.contains("502 Bad Gateway"), "{error}");
     assert!(message.contains("upstream down"), "{error}");
+    assert_eq!(error["data"]["outcome"], "unknown", "{error}");
     assert_eq!(server.executions("write"), 0);
     server.with(|st| assert_eq!(st.calls_at.len(), 3));
 }
@@ -344,5 +364,201 @@ fn a_cut_answer_stream_with_event_ids_is_resumed_not_run_again() {
     });
     s.expect_none_where(Duration::from_millis(200), |m| {
         m["method"] == "notifications/progress"
+    });
+}
+
+#[test]
+fn a_cancelled_call_is_cancelled_then_its_stream_closed() {
+    // With call_timeout 60 s, only the cancel frees the request within the
+    // test's 20 s.
+    let server = Server::start();
+    let config = config(&server).replace("call_timeout: 5", "call_timeout: 60");
+    let mut s = start_with(&config);
+    s.list_tools();
+    server.fault(Fault::Hang);
+    s.call(json!(1), "write", json!({}));
+    crate::util::eventually("the call to arrive", || {
+        server.with(|st| st.calls_at.len() == 1)
+    });
+    s.notify(
+        "notifications/cancelled",
+        json!({"requestId": 1, "reason": "changed my mind"}),
+    );
+    crate::util::eventually("the call's stream to be closed", || {
+        server.with(|st| st.hung_closed == 1)
+    });
+    server.with(|st| {
+        // 2025 era: the cancel is posted first, naming the id the server
+        // knows the call by; then the stream is closed.
+        assert_eq!(st.events, ["cancelled", "hung closed"]);
+        assert_eq!(st.notified[1]["params"]["requestId"], st.call_ids[0]);
+        assert_eq!(st.notified[1]["params"]["reason"], "changed my mind");
+    });
+    // No answer for the cancelled call; the session goes on.
+    s.call(json!(2), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(2))), "read done");
+    s.expect_none_where(Duration::from_millis(200), |m| m["id"] == 1);
+    server.with(|st| assert_eq!(st.initializes, 1));
+}
+
+const MODERN: &str = "2026-07-28";
+
+/// The `_meta` of a 2026-07-28 request.
+fn envelope() -> Value {
+    json!({"io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"}})
+}
+
+/// A proxy for `server` whose client speaks 2026-07-28: no `initialize`.
+fn start_modern(server: &Server, call_timeout: u32) -> Session {
+    let config =
+        config(server).replace("call_timeout: 5", &format!("call_timeout: {call_timeout}"));
+    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", &config)
+        .env("TOKEN", CANARY)
+        .env("NO_PROXY", "127.0.0.1")
+        .start()
+}
+
+fn modern_call(s: &mut Session, id: Value, tool: &str, arguments: Value) {
+    s.call_with(
+        id,
+        json!({"name": tool, "arguments": arguments, "_meta": envelope()}),
+    );
+}
+
+/// The value of header `name` in a recorded POST.
+fn header_of<'a>(post: &'a (Vec<(String, String)>, Value), name: &str) -> Option<&'a str> {
+    post.0
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn modern_requests_carry_their_headers_and_no_session() {
+    let server = Server::start();
+    let mut s = start_modern(&server, 5);
+    s.request(json!(1), "tools/list", json!({"_meta": envelope()}));
+    let tools = s.result(&json!(1));
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    // `broken`'s x-mcp-header is on a number: it is left out.
+    assert_eq!(names, ["read", "write", "locate"]);
+    modern_call(&mut s, json!(2), "locate", json!({"region": "Zürich"}));
+    assert_eq!(text_of(&s.result(&json!(2))), "locate done");
+    modern_call(&mut s, json!(3), "locate", json!({"region": "eu-west-1"}));
+    assert_eq!(text_of(&s.result(&json!(3))), "locate done");
+    // The server's own answer to a method it lacks comes through as it is.
+    s.request(json!(4), "ping", json!({"_meta": envelope()}));
+    let error = s.error(&json!(4));
+    assert_eq!(error["code"], -32601, "{error}");
+    assert_eq!(error["message"], "Method not found", "{error}");
+    s.close_stdin();
+    assert!(s.wait().success());
+    server.with(|st| {
+        assert_eq!(st.mismatches, 0);
+        assert_eq!(st.initializes, 0);
+        let list = &st.modern_posts[0];
+        assert_eq!(header_of(list, "MCP-Protocol-Version"), Some(MODERN));
+        assert_eq!(header_of(list, "Mcp-Method"), Some("tools/list"));
+        assert_eq!(header_of(list, "Mcp-Name"), None);
+        let call = &st.modern_posts[1];
+        assert_eq!(header_of(call, "Mcp-Method"), Some("tools/call"));
+        assert_eq!(header_of(call, "Mcp-Name"), Some("locate"));
+        // Not plain ASCII: the base64 sentinel.
+        assert_eq!(
+            header_of(call, "Mcp-Param-Region"),
+            Some("=?base64?WsO8cmljaA==?=")
+        );
+        let call = &st.modern_posts[2];
+        assert_eq!(header_of(call, "Mcp-Param-Region"), Some("eu-west-1"));
+        assert!(st
+            .modern_posts
+            .iter()
+            .all(|p| header_of(p, "Mcp-Session-Id").is_none()
+                && header_of(p, "Last-Event-ID").is_none()));
+        // No session: no GET stream, no DELETE at the end.
+        assert!(st.streams.is_empty());
+        assert!(st.deleted.is_empty());
+    });
+}
+
+#[test]
+fn a_header_mismatch_reads_the_tools_again_and_resends_once() {
+    let server = Server::start();
+    let mut s = start_modern(&server, 5);
+    // The proxy has not seen the tools yet: its first POST lacks the
+    // Mcp-Param-Region header and is refused.
+    modern_call(&mut s, json!(1), "locate", json!({"region": "eu-west-1"}));
+    assert_eq!(text_of(&s.result(&json!(1))), "locate done");
+    assert_eq!(server.executions("locate"), 1);
+    server.with(|st| {
+        assert_eq!(st.mismatches, 1);
+        let methods: Vec<&str> = st
+            .modern_posts
+            .iter()
+            .map(|p| p.1["method"].as_str().unwrap())
+            .collect();
+        assert_eq!(methods, ["tools/call", "tools/list", "tools/call"]);
+        // The proxy's own tools/list, on the client's behalf.
+        let list = &st.modern_posts[1].1;
+        assert!(list["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("mcp-retry-")));
+        assert_eq!(list["params"]["_meta"], envelope());
+        let again = &st.modern_posts[2];
+        assert_eq!(header_of(again, "Mcp-Param-Region"), Some("eu-west-1"));
+        assert_eq!(again.1["id"], st.modern_posts[0].1["id"]);
+    });
+    // Nothing of the proxy's own listing reaches the client.
+    s.expect_none_where(Duration::from_millis(200), |m| m.get("result").is_some());
+}
+
+#[test]
+fn a_modern_cancel_closes_the_stream_and_posts_nothing() {
+    let server = Server::start();
+    let mut s = start_modern(&server, 60);
+    server.fault(Fault::Hang);
+    modern_call(&mut s, json!(1), "write", json!({}));
+    crate::util::eventually("the call to arrive", || {
+        server.with(|st| st.calls_at.len() == 1)
+    });
+    s.notify("notifications/cancelled", json!({"requestId": 1}));
+    crate::util::eventually("the call's stream to be closed", || {
+        server.with(|st| st.hung_closed == 1)
+    });
+    modern_call(&mut s, json!(2), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(2))), "read done");
+    s.expect_none_where(Duration::from_millis(200), |m| m["id"] == 1);
+    // Closing the stream was the cancel: nothing was posted for it.
+    server.with(|st| assert!(st.notified.is_empty(), "{:?}", st.notified));
+}
+
+#[test]
+fn a_cut_modern_stream_is_never_resumed() {
+    let server = Server::start();
+    let mut s = start_modern(&server, 5);
+    s.request(json!(1), "tools/list", json!({"_meta": envelope()}));
+    s.result(&json!(1));
+    // Unsafe: it may have run; no second execution, the outcome unknown.
+    server.fault(Fault::RunThenCutAfterProgress);
+    modern_call(&mut s, json!(2), "write", json!({}));
+    let error = s.error(&json!(2));
+    assert_eq!(error["data"]["outcome"], "unknown", "{error}");
+    assert_eq!(server.executions("write"), 1);
+    // Safe: sent again, under a new id.
+    server.fault(Fault::RunThenCutAfterProgress);
+    modern_call(&mut s, json!(3), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(3))), "read done");
+    assert_eq!(server.executions("read"), 2);
+    server.with(|st| {
+        assert!(st.resumed_from.is_empty(), "{:?}", st.resumed_from);
+        assert_ne!(st.call_ids[1], st.call_ids[2]);
     });
 }

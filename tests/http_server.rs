@@ -5,8 +5,13 @@
 //! It keeps a session (`Mcp-Session-Id`, checked with the negotiated
 //! `MCP-Protocol-Version` on every later request), two tools (`read`,
 //! annotated read-only, and `write`, not annotated), counts what it
-//! executed and plays [`Fault`]s, one per `tools/call`, in order. Knows
-//! nothing of mcp-retry.
+//! executed and plays [`Fault`]s, one per `tools/call`, in order. A request
+//! naming its protocol version in `_meta` is served the 2026-07-28 way: no
+//! session, its `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and
+//! `Mcp-Param-Region` headers checked against the body (400 -32020 when
+//! they differ), two more tools (`locate`, whose `region` argument is
+//! marked `x-mcp-header: Region`, and `broken`, whose annotation is
+//! invalid) and 404 -32601 for `ping`. Knows nothing of mcp-retry.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -34,6 +39,10 @@ pub enum Fault {
     /// stream; a GET with that id as `Last-Event-ID` replays the progress
     /// and then the result.
     RunThenCutAfterProgress,
+    /// For a POST with a body over 1 MB: reads its head only, then closes
+    /// the connection (a reset, as the body is left unread), so the client
+    /// cannot write it all.
+    DropBeforeBody,
 }
 
 #[derive(Default)]
@@ -42,8 +51,9 @@ pub struct State {
     session: Option<String>,
     version: Option<String>,
     pub executions: Vec<String>,
-    /// When each `tools/call` POST arrived.
+    /// When each `tools/call` POST arrived, and its id.
     pub calls_at: Vec<Instant>,
+    pub call_ids: Vec<Value>,
     pub faults: VecDeque<Fault>,
     /// Every value of the Authorization header received.
     pub authorizations: Vec<String>,
@@ -61,6 +71,18 @@ pub struct State {
     listening: bool,
     /// The open GET streams of the current session.
     pub streams: Vec<TcpStream>,
+    /// Notifications POSTed to it (method and params).
+    pub notified: Vec<Value>,
+    /// What happened, in order, where order matters ("cancelled": a
+    /// `notifications/cancelled` arrived; "hung closed": the client closed
+    /// the connection of a `Fault::Hang`).
+    pub events: Vec<&'static str>,
+    /// Every 2026-07-28 POST: its headers and body.
+    pub modern_posts: Vec<(Vec<(String, String)>, Value)>,
+    /// 2026-07-28 POSTs refused with -32020.
+    pub mismatches: usize,
+    /// Requests dropped by `Fault::DropBeforeBody`.
+    pub dropped_bodies: usize,
 }
 
 pub struct Server {
@@ -157,7 +179,9 @@ impl Request {
     }
 }
 
-fn read_request(stream: &TcpStream) -> Option<Request> {
+/// Reads a request; `None` when the connection ends first, or when a
+/// `Fault::DropBeforeBody` takes it (its body left unread).
+fn read_request(stream: &TcpStream, state: &(Mutex<State>, Condvar)) -> Option<Request> {
     let mut r = BufReader::new(stream);
     let mut line = String::new();
     r.read_line(&mut line).ok()?;
@@ -177,6 +201,15 @@ fn read_request(stream: &TcpStream) -> Option<Request> {
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
         .map_or(0, |(_, v)| v.parse().unwrap_or(0));
+    if len > 1_000_000 {
+        let mut s = state.0.lock().unwrap();
+        if matches!(s.faults.front(), Some(Fault::DropBeforeBody)) {
+            s.faults.pop_front();
+            s.dropped_bodies += 1;
+            state.1.notify_all();
+            return None;
+        }
+    }
     let mut body = vec![0; len];
     r.read_exact(&mut body).ok()?;
     Some(Request {
@@ -205,7 +238,7 @@ fn error_body(message: &str) -> String {
 }
 
 fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
-    let Some(req) = read_request(&stream) else {
+    let Some(req) = read_request(&stream, state) else {
         return;
     };
     let (lock, cv) = &**state;
@@ -250,6 +283,17 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
     let msg: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     let method = msg["method"].as_str().unwrap_or("").to_owned();
     let id = msg["id"].clone();
+    if let Some(version) = msg["params"]["_meta"][MODERN_KEY].as_str() {
+        s.modern_posts.push((req.headers.clone(), msg.clone()));
+        cv.notify_all();
+        if let Err(why) = modern_headers_match(&req, &msg, version) {
+            s.mismatches += 1;
+            let body = json!({"jsonrpc": "2.0", "id": id,
+                "error": {"code": -32020, "message": why}});
+            return respond(&stream, 400, &[], &body.to_string());
+        }
+        return serve(stream, lock, cv, s, &msg, true);
+    }
     if method == "initialize" {
         s.initializes += 1;
         let session = format!("s{}", s.initializes);
@@ -287,16 +331,85 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
             &error_body("Bad Request: missing session or version"),
         );
     }
+    serve(stream, lock, cv, s, &msg, false)
+}
+
+/// The `_meta` member of a 2026-07-28 request naming its version.
+pub const MODERN_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+
+/// Whether a 2026-07-28 request's headers say what its body says.
+fn modern_headers_match(req: &Request, msg: &Value, version: &str) -> Result<(), String> {
+    let want = |name: &str, value: Option<&str>| {
+        if req.header(name) == value {
+            Ok(())
+        } else {
+            Err(format!(
+                "{name} is {:?}, expected {value:?}",
+                req.header(name)
+            ))
+        }
+    };
+    want("mcp-session-id", None)?;
+    want("mcp-protocol-version", Some(version))?;
+    want("mcp-method", msg["method"].as_str())?;
+    if msg["method"] == "tools/call" {
+        want("mcp-name", msg["params"]["name"].as_str())?;
+        if msg["params"]["name"] == "locate" {
+            let region = &msg["params"]["arguments"]["region"];
+            if region.is_null() != req.header("mcp-param-region").is_none() {
+                return Err("Mcp-Param-Region does not match the region argument".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Serves a request or notification whose headers were accepted.
+fn serve(
+    stream: TcpStream,
+    lock: &Mutex<State>,
+    cv: &Condvar,
+    mut s: std::sync::MutexGuard<'_, State>,
+    msg: &Value,
+    modern: bool,
+) {
+    let method = msg["method"].as_str().unwrap_or("").to_owned();
+    let id = msg["id"].clone();
     if id.is_null() || msg.get("method").is_none() {
         // A notification or a response.
+        if msg.get("method").is_some() {
+            s.notified
+                .push(json!({"method": method, "params": msg["params"]}));
+            if method == "notifications/cancelled" {
+                s.events.push("cancelled");
+            }
+            cv.notify_all();
+        }
         return respond(&stream, 202, &[], "");
     }
     match method.as_str() {
+        "ping" if modern => {
+            let body = json!({"jsonrpc": "2.0", "id": id,
+                "error": {"code": -32601, "message": "Method not found", "data": "ping"}});
+            respond(
+                &stream,
+                404,
+                &[("Content-Type", "application/json".into())],
+                &body.to_string(),
+            )
+        }
         "tools/list" => {
-            let tools = json!([
+            let mut tools = json!([
                 {"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}},
                 {"name": "write", "inputSchema": {"type": "object"}}
             ]);
+            if modern {
+                let more = tools.as_array_mut().unwrap();
+                more.push(json!({"name": "locate", "inputSchema": {"type": "object",
+                    "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}}));
+                more.push(json!({"name": "broken", "inputSchema": {"type": "object",
+                    "properties": {"x": {"type": "number", "x-mcp-header": "X"}}}}));
+            }
             let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"tools": tools}});
             respond(
                 &stream,
@@ -307,6 +420,7 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
         }
         "tools/call" => {
             s.calls_at.push(Instant::now());
+            s.call_ids.push(id.clone());
             let tool = msg["params"]["name"].as_str().unwrap_or("").to_owned();
             let fault = s.faults.pop_front();
             cv.notify_all();
@@ -344,13 +458,17 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
                     drop(s);
                     let mut byte = [0u8; 1];
                     let _ = (&stream).read(&mut byte);
-                    lock.lock().unwrap().hung_closed += 1;
+                    let mut s = lock.lock().unwrap();
+                    s.hung_closed += 1;
+                    s.events.push("hung closed");
+                    cv.notify_all();
                 }
                 Some(Fault::LoseSession) => {
                     s.session = None;
                     respond(&stream, 404, &[], &error_body("Session not found"));
                 }
-                None => {
+                // DropBeforeBody applies to big requests only (read_request).
+                None | Some(Fault::DropBeforeBody) => {
                     s.executions.push(tool.clone());
                     cv.notify_all();
                     drop(s);

@@ -1,13 +1,19 @@
 //! What an HTTP failure means for the retry gate: pure functions from a
-//! failed request (a `ureq` error, or a status with its `Retry-After` and
-//! body) to a [`Class`], one table row per case. The transport turns a
-//! class into [`ServerEvent`](crate::downstream::ServerEvent)s. Knows no
-//! threads and no sockets.
+//! failed request (a `ureq` error and whether the request was completely
+//! written, or a status with its `Retry-After` and body) to a [`Class`],
+//! one table row per case, and `Retry-After` read as delay-seconds or an
+//! HTTP-date. The transport turns a class into
+//! [`ServerEvent`](crate::downstream::ServerEvent)s. Knows no threads, no
+//! sockets and no clock (`now` is a parameter).
 
 #![forbid(unsafe_code)]
 
 use std::io::ErrorKind;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// JSON-RPC `HeaderMismatch` (2026-07-28): the request's headers do not
+/// match its body.
+pub const HEADER_MISMATCH: i64 = -32020;
 
 /// How a failed POST is handled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,13 +34,25 @@ pub enum Class {
     SessionLost,
     /// 401 or 403: new headers from `headers_helper` may help, once.
     Unauthorized,
+    /// 2026-07-28: 400 `HeaderMismatch` (-32020); the tool's `x-mcp-header`
+    /// annotations may have changed: read `tools/list` again, resend once.
+    HeaderMismatch,
+    /// 2026-07-28: a 4xx whose body is a JSON-RPC error (unsupported
+    /// version, unknown method, bad params): the server's answer to the
+    /// request, passed on as it is.
+    Answered,
     /// Any other status: a final answer.
     Rejected,
 }
 
-/// The class of a request that got no HTTP answer.
-pub fn of_error(e: &ureq::Error) -> Class {
+/// The class of a request that got no HTTP answer. `written`: the whole
+/// request, body included, went out before the error.
+pub fn of_error(e: &ureq::Error, written: bool) -> Class {
     use ureq::Timeout as T;
+    if !written {
+        // A server acts on a message only once it has all of it.
+        return Class::NeverSent;
+    }
     match e {
         ureq::Error::HostNotFound
         | ureq::Error::BadUri(_)
@@ -50,33 +68,101 @@ pub fn of_error(e: &ureq::Error) -> Class {
     }
 }
 
-/// The class of a non-2xx answer. `retry_after` is the header as sent,
-/// `sent_session` whether the request named a session, `body` the start of
-/// the answer's body.
-pub fn of_status(status: u16, retry_after: Option<&str>, sent_session: bool, body: &str) -> Class {
+/// A non-2xx answer to a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Answer<'a> {
+    pub status: u16,
+    /// The `Retry-After` header as sent.
+    pub retry_after: Option<&'a str>,
+    /// The request named a session.
+    pub sent_session: bool,
+    /// The start of the answer's body.
+    pub body: &'a str,
+    /// The request was a 2026-07-28 one (no session, `_meta` version).
+    pub modern: bool,
+}
+
+/// The class of a non-2xx answer; `now` dates a `Retry-After` HTTP-date.
+pub fn of_status(a: &Answer, now: SystemTime) -> Class {
     let session_message = {
-        let b = body.to_ascii_lowercase();
+        let b = a.body.to_ascii_lowercase();
         b.contains("session") && (b.contains("not found") || b.contains("no valid"))
     };
-    match status {
-        429 => Class::Refused(retry_after.and_then(retry_after_delay)),
-        503 if retry_after.is_some() => Class::Refused(retry_after.and_then(retry_after_delay)),
+    let hint = || a.retry_after.and_then(|v| retry_after_delay(v, now));
+    let modern_error = a.modern && (400..500).contains(&a.status);
+    match a.status {
+        429 => Class::Refused(hint()),
+        503 if a.retry_after.is_some() => Class::Refused(hint()),
         500 | 502 | 503 | 504 => Class::ServerError,
-        404 if sent_session => Class::SessionLost,
-        400 if sent_session && session_message => Class::SessionLost,
         401 | 403 => Class::Unauthorized,
+        _ if modern_error => match json_rpc_error_code(a.body) {
+            Some(HEADER_MISMATCH) if a.status == 400 => Class::HeaderMismatch,
+            Some(_) => Class::Answered,
+            None => Class::Rejected,
+        },
+        404 if a.sent_session => Class::SessionLost,
+        400 if a.sent_session && session_message => Class::SessionLost,
         _ => Class::Rejected,
     }
 }
 
-/// `Retry-After` as delay-seconds. An HTTP-date gives `None` (the
-/// ordinary backoff applies).
-pub fn retry_after_delay(value: &str) -> Option<Duration> {
+/// `error.code` of a body that is a JSON-RPC error response.
+pub fn json_rpc_error_code(body: &str) -> Option<i64> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v.get("error")?.get("code")?.as_i64()
+}
+
+/// `Retry-After` (RFC 9110 §10.2.3): delay-seconds, or an HTTP-date, which
+/// is that long after `now` (zero once past). `None` if it is neither.
+pub fn retry_after_delay(value: &str, now: SystemTime) -> Option<Duration> {
     let v = value.trim();
-    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return v.parse::<u64>().ok().map(Duration::from_secs);
+    }
+    let at = UNIX_EPOCH + Duration::from_secs(http_date(v)?);
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// An HTTP-date (RFC 9110 §5.6.7) as seconds since the Unix epoch: the
+/// IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT`, and the obsolete forms a
+/// recipient must also accept, RFC 850 `Sunday, 06-Nov-94 08:49:37 GMT` and
+/// asctime `Sun Nov  6 08:49:37 1994`.
+pub fn http_date(text: &str) -> Option<u64> {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let (day, month, year, time) = match words.as_slice() {
+        // IMF-fixdate: the weekday with a comma, then day month year time GMT.
+        [wd, d, m, y, t, "GMT"] if wd.ends_with(',') => (*d, *m, y.parse::<u64>().ok()?, *t),
+        // RFC 850: `Sunday, 06-Nov-94 08:49:37 GMT`.
+        [wd, dmy, t, "GMT"] if wd.ends_with(',') => {
+            let mut parts = dmy.split('-');
+            let (d, m, y) = (parts.next()?, parts.next()?, parts.next()?);
+            let yy: u64 = y.parse().ok().filter(|_| y.len() == 2)?;
+            (d, m, if yy < 70 { 2000 + yy } else { 1900 + yy }, *t)
+        }
+        // asctime: `Sun Nov  6 08:49:37 1994`.
+        [_, m, d, t, y] => (*d, *m, y.parse::<u64>().ok()?, *t),
+        _ => return None,
+    };
+    let month = MONTHS.iter().position(|m| *m == month)? as u64 + 1;
+    let day: u64 = day.parse().ok().filter(|d| (1..=31).contains(d))?;
+    let mut hms = time.split(':').map(|p| p.parse::<u64>().ok());
+    let (h, mi, s) = (hms.next()??, hms.next()??, hms.next()??);
+    if hms.next().is_some() || h > 23 || mi > 59 || s > 60 || year < 1970 {
         return None;
     }
-    v.parse::<u64>().ok().map(Duration::from_secs)
+    // Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+    // days_from_civil, for years from 1970 on).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    Some(days * 86_400 + h * 3600 + mi * 60 + s)
 }
 
 /// The reason phrase of a status, for messages: `401 Unauthorized`.
@@ -110,11 +196,56 @@ mod tests {
         ureq::Error::Io(io::Error::new(kind, "x"))
     }
 
+    /// 2015-10-21 07:28:00 UTC.
+    const DATE: &str = "Wed, 21 Oct 2015 07:28:00 GMT";
+    const DATE_SECS: u64 = 1_445_412_480;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    /// A legacy answer to a request that named a session.
+    fn legacy(status: u16, retry_after: Option<&str>, body: &str) -> Class {
+        let a = Answer {
+            status,
+            retry_after,
+            sent_session: true,
+            body,
+            modern: false,
+        };
+        of_status(&a, at(DATE_SECS))
+    }
+
+    fn sessionless(status: u16, body: &str) -> Class {
+        let a = Answer {
+            status,
+            retry_after: None,
+            sent_session: false,
+            body,
+            modern: false,
+        };
+        of_status(&a, at(DATE_SECS))
+    }
+
+    fn modern(status: u16, body: &str) -> Class {
+        let a = Answer {
+            status,
+            retry_after: None,
+            sent_session: false,
+            body,
+            modern: true,
+        };
+        of_status(&a, at(DATE_SECS))
+    }
+
     #[test]
     fn dns_failure_is_never_sent() {
-        assert_eq!(of_error(&ureq::Error::HostNotFound), Class::NeverSent);
         assert_eq!(
-            of_error(&ureq::Error::Timeout(ureq::Timeout::Resolve)),
+            of_error(&ureq::Error::HostNotFound, false),
+            Class::NeverSent
+        );
+        assert_eq!(
+            of_error(&ureq::Error::Timeout(ureq::Timeout::Resolve), false),
             Class::NeverSent
         );
     }
@@ -122,27 +253,50 @@ mod tests {
     #[test]
     fn refused_connection_is_never_sent() {
         assert_eq!(
-            of_error(&io_err(ErrorKind::ConnectionRefused)),
+            of_error(&io_err(ErrorKind::ConnectionRefused), false),
             Class::NeverSent
         );
-        assert_eq!(of_error(&ureq::Error::ConnectionFailed), Class::NeverSent);
+        assert_eq!(
+            of_error(&ureq::Error::ConnectionFailed, false),
+            Class::NeverSent
+        );
     }
 
     #[test]
     fn connect_timeout_is_never_sent() {
         let e = ureq::Error::Timeout(ureq::Timeout::Connect);
-        assert_eq!(of_error(&e), Class::NeverSent);
+        assert_eq!(of_error(&e, false), Class::NeverSent);
     }
 
     #[test]
     fn tls_handshake_failure_is_never_sent() {
-        assert_eq!(of_error(&ureq::Error::Tls("bad cert")), Class::NeverSent);
-        assert_eq!(of_error(&io_err(ErrorKind::InvalidData)), Class::NeverSent);
+        assert_eq!(
+            of_error(&ureq::Error::Tls("bad cert"), false),
+            Class::NeverSent
+        );
+        assert_eq!(
+            of_error(&io_err(ErrorKind::InvalidData), true),
+            Class::NeverSent
+        );
     }
 
     #[test]
     fn bad_url_is_never_sent() {
-        assert_eq!(of_error(&ureq::Error::BadUri("x".into())), Class::NeverSent);
+        assert_eq!(
+            of_error(&ureq::Error::BadUri("x".into()), false),
+            Class::NeverSent
+        );
+    }
+
+    #[test]
+    fn a_request_not_completely_written_is_never_sent() {
+        for e in [
+            io_err(ErrorKind::ConnectionReset),
+            io_err(ErrorKind::BrokenPipe),
+            ureq::Error::Timeout(ureq::Timeout::SendBody),
+        ] {
+            assert_eq!(of_error(&e, false), Class::NeverSent, "{e}");
+        }
     }
 
     #[test]
@@ -152,71 +306,158 @@ mod tests {
             ErrorKind::UnexpectedEof,
             ErrorKind::BrokenPipe,
         ] {
-            assert_eq!(of_error(&io_err(kind)), Class::Broken, "{kind:?}");
+            assert_eq!(of_error(&io_err(kind), true), Class::Broken, "{kind:?}");
         }
     }
 
     #[test]
     fn response_timeout_is_broken() {
         for t in [ureq::Timeout::RecvResponse, ureq::Timeout::RecvBody] {
-            assert_eq!(of_error(&ureq::Error::Timeout(t)), Class::Broken);
+            assert_eq!(of_error(&ureq::Error::Timeout(t), true), Class::Broken);
         }
     }
 
     #[test]
     fn server_errors_may_have_run() {
         for status in [500, 502, 504] {
-            assert_eq!(of_status(status, None, true, ""), Class::ServerError);
-            assert_eq!(of_status(status, Some("1"), true, ""), Class::ServerError);
+            assert_eq!(legacy(status, None, ""), Class::ServerError);
+            assert_eq!(legacy(status, Some("1"), ""), Class::ServerError);
+            assert_eq!(modern(status, "{}"), Class::ServerError);
         }
     }
 
     #[test]
     fn service_unavailable_without_retry_after_may_have_run() {
-        assert_eq!(of_status(503, None, true, ""), Class::ServerError);
+        assert_eq!(legacy(503, None, ""), Class::ServerError);
     }
 
     #[test]
     fn service_unavailable_with_retry_after_was_refused() {
         let d = Some(Duration::from_secs(2));
-        assert_eq!(of_status(503, Some("2"), true, ""), Class::Refused(d));
-        let date = "Wed, 21 Oct 2015 07:28:00 GMT";
-        assert_eq!(of_status(503, Some(date), true, ""), Class::Refused(None));
+        assert_eq!(legacy(503, Some("2"), ""), Class::Refused(d));
+        assert_eq!(legacy(503, Some("soon"), ""), Class::Refused(None));
     }
 
     #[test]
     fn too_many_requests_was_refused() {
         let d = Some(Duration::from_secs(3));
-        assert_eq!(of_status(429, Some(" 3 "), true, ""), Class::Refused(d));
-        assert_eq!(of_status(429, None, true, ""), Class::Refused(None));
+        assert_eq!(legacy(429, Some(" 3 "), ""), Class::Refused(d));
+        assert_eq!(legacy(429, None, ""), Class::Refused(None));
+    }
+
+    #[test]
+    fn retry_after_as_an_http_date_is_the_time_until_then() {
+        let d = Some(Duration::from_secs(90));
+        let then = "Wed, 21 Oct 2015 07:29:30 GMT";
+        assert_eq!(legacy(429, Some(then), ""), Class::Refused(d));
+        assert_eq!(legacy(503, Some(then), ""), Class::Refused(d));
+        // A date already past: retry now.
+        let past = Some(Duration::ZERO);
+        assert_eq!(
+            legacy(429, Some("Wed, 21 Oct 2015 07:27:00 GMT"), ""),
+            Class::Refused(past)
+        );
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_the_three_date_forms() {
+        let now = at(DATE_SECS - 10);
+        let ten = Some(Duration::from_secs(10));
+        assert_eq!(retry_after_delay("10", now), ten);
+        assert_eq!(retry_after_delay(DATE, now), ten);
+        assert_eq!(
+            retry_after_delay("Wednesday, 21-Oct-15 07:28:00 GMT", now),
+            ten
+        );
+        assert_eq!(retry_after_delay("Wed Oct 21 07:28:00 2015", now), ten);
+        for bad in ["", "-1", "1.5", "soon", "Wed, 21 Oct 2015 07:28:00 UTC"] {
+            assert_eq!(retry_after_delay(bad, now), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn http_dates_are_seconds_since_the_epoch() {
+        assert_eq!(http_date(DATE), Some(DATE_SECS));
+        assert_eq!(http_date("Thu, 01 Jan 1970 00:00:00 GMT"), Some(0));
+        assert_eq!(
+            http_date("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(784_111_777)
+        );
+        assert_eq!(
+            http_date("Sunday, 06-Nov-94 08:49:37 GMT"),
+            Some(784_111_777)
+        );
+        assert_eq!(http_date("Sun Nov  6 08:49:37 1994"), Some(784_111_777));
+        // A leap day, and the end of a leap year.
+        assert_eq!(
+            http_date("Thu, 29 Feb 2024 12:00:00 GMT"),
+            Some(1_709_208_000)
+        );
+        assert_eq!(
+            http_date("Tue, 31 Dec 2024 23:59:59 GMT"),
+            Some(1_735_689_599)
+        );
+        for bad in [
+            "Sun, 06 Foo 1994 08:49:37 GMT",
+            "Sun, 32 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 24:00:00 GMT",
+            "Sun, 06 Nov 1994 08:49 GMT",
+            "Sun, 06 Nov 1969 08:49:37 GMT",
+            "06 Nov 1994 08:49:37 GMT",
+        ] {
+            assert_eq!(http_date(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
     fn not_found_with_our_session_is_a_lost_session() {
-        assert_eq!(of_status(404, None, true, "{}"), Class::SessionLost);
-        assert_eq!(of_status(404, None, false, "{}"), Class::Rejected);
+        assert_eq!(legacy(404, None, "{}"), Class::SessionLost);
+        assert_eq!(sessionless(404, "{}"), Class::Rejected);
     }
 
     #[test]
     fn bad_request_naming_the_session_is_a_lost_session() {
         let body =
             r#"{"error":{"code":-32000,"message":"Bad Request: No valid session ID provided"}}"#;
-        assert_eq!(of_status(400, None, true, body), Class::SessionLost);
-        assert_eq!(of_status(400, None, false, body), Class::Rejected);
+        assert_eq!(legacy(400, None, body), Class::SessionLost);
+        assert_eq!(sessionless(400, body), Class::Rejected);
         let other = r#"{"error":{"message":"Unsupported protocol version"}}"#;
-        assert_eq!(of_status(400, None, true, other), Class::Rejected);
+        assert_eq!(legacy(400, None, other), Class::Rejected);
     }
 
     #[test]
     fn unauthorized_and_forbidden_ask_for_new_headers() {
-        assert_eq!(of_status(401, None, true, ""), Class::Unauthorized);
-        assert_eq!(of_status(403, None, false, ""), Class::Unauthorized);
+        assert_eq!(legacy(401, None, ""), Class::Unauthorized);
+        assert_eq!(sessionless(403, ""), Class::Unauthorized);
+        let body = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32001,"message":"no"}}"#;
+        assert_eq!(modern(401, body), Class::Unauthorized);
+    }
+
+    #[test]
+    fn a_modern_header_mismatch_reads_the_tools_again() {
+        let body = r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32020,"message":"Mcp-Param-Region header is missing"}}"#;
+        assert_eq!(modern(400, body), Class::HeaderMismatch);
+        // Only in the 2026-07-28 era, and only on a 400.
+        assert_eq!(sessionless(400, body), Class::Rejected);
+        assert_eq!(modern(404, body), Class::Answered);
+    }
+
+    #[test]
+    fn a_modern_json_rpc_error_is_the_answer() {
+        let unknown =
+            r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32601,"message":"Method not found"}}"#;
+        assert_eq!(modern(404, unknown), Class::Answered);
+        let version = r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32022,"message":"Unsupported protocol version","data":{"supported":["2026-07-28"]}}}"#;
+        assert_eq!(modern(400, version), Class::Answered);
+        // Not a JSON-RPC error: the status decides.
+        assert_eq!(modern(404, "Not Found"), Class::Rejected);
+        assert_eq!(modern(400, r#"{"error":"x"}"#), Class::Rejected);
     }
 
     #[test]
     fn other_client_errors_are_final() {
         for status in [400, 405, 406, 413, 415, 422] {
-            assert_eq!(of_status(status, None, true, ""), Class::Rejected);
+            assert_eq!(legacy(status, None, ""), Class::Rejected);
         }
     }
 

@@ -1,0 +1,486 @@
+//! The 2026-07-28 ("modern") era over Streamable HTTP, as pure functions:
+//! which messages are modern (`_meta` names the protocol version), the
+//! headers a POST mirrors from its body (`MCP-Protocol-Version`,
+//! `Mcp-Method`, `Mcp-Name`, and `Mcp-Param-*` from the arguments a tool's
+//! `inputSchema` marks with `x-mcp-header`), the `=?base64?…?=` sentinel for
+//! values that are not plain header-safe ASCII, and the screening of a
+//! `tools/list` result: a tool with an invalid `x-mcp-header` is dropped
+//! (the spec's MUST), the others' annotations are learned. Knows no
+//! threads, no sockets and no policy.
+
+#![forbid(unsafe_code)]
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::jsonrpc::RawObject;
+
+/// The `_meta` member naming a modern request's protocol version.
+pub const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+/// Prefix of the `_meta` members every modern request carries.
+const ENVELOPE_PREFIX: &str = "io.modelcontextprotocol/";
+const X_MCP_HEADER: &str = "x-mcp-header";
+
+/// Where a tool's arguments go as headers: the path of `properties` keys
+/// to each annotated argument, and its header token (`Mcp-Param-{token}`).
+pub type HeaderMap = Vec<(Vec<String>, String)>;
+
+/// The protocol version `params._meta` names: the message is a 2026-07-28
+/// (or later) one.
+pub fn meta_version(params: Option<&str>) -> Option<String> {
+    let meta = RawObject::parse(RawObject::parse(params?)?.get("_meta")?.get())?;
+    meta.string(VERSION_KEY)
+}
+
+/// The `io.modelcontextprotocol/*` members of `params._meta` (version,
+/// client capabilities, client info), as a JSON object: what a request of
+/// our own on the client's behalf carries.
+pub fn envelope(params: &str) -> Option<String> {
+    let meta = RawObject::parse(RawObject::parse(params)?.get("_meta")?.get())?;
+    let mut kept = RawObject::default();
+    kept.0 = meta
+        .0
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENVELOPE_PREFIX))
+        .collect();
+    Some(kept.to_json())
+}
+
+/// The headers a modern POST of `method` carries besides `Mcp-Param-*`:
+/// `MCP-Protocol-Version`, `Mcp-Method`, and `Mcp-Name` for the methods
+/// that name something (`tools/call`, `prompts/get`: `params.name`;
+/// `resources/read`: `params.uri`).
+pub fn standard_headers(
+    version: &str,
+    method: &str,
+    params: Option<&str>,
+) -> Vec<(String, String)> {
+    let mut out = vec![
+        ("MCP-Protocol-Version".to_owned(), version.to_owned()),
+        ("Mcp-Method".to_owned(), method.to_owned()),
+    ];
+    let key = match method {
+        "tools/call" | "prompts/get" => "name",
+        "resources/read" => "uri",
+        _ => return out,
+    };
+    if let Some(name) = params
+        .and_then(RawObject::parse)
+        .and_then(|p| p.string(key))
+    {
+        out.push(("Mcp-Name".to_owned(), encode_value(&name)));
+    }
+    out
+}
+
+/// The `Mcp-Param-*` headers of a `tools/call` with `arguments`, for a
+/// tool whose annotations are `map`: one per annotated argument that has
+/// a string, integer or boolean value (none when it is absent or null).
+pub fn param_headers(map: &HeaderMap, arguments: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (path, token) in map {
+        let mut value = arguments;
+        for key in path {
+            match value.get(key) {
+                Some(v) => value = v,
+                None => {
+                    value = &Value::Null;
+                    break;
+                }
+            }
+        }
+        let text = match value {
+            Value::String(s) => s.clone(),
+            Value::Bool(b) => b.to_string(),
+            Value::Number(n) => n.to_string(),
+            _ => continue,
+        };
+        out.push((format!("Mcp-Param-{token}"), encode_value(&text)));
+    }
+    out
+}
+
+/// `value` as a header value: as it is when it is printable ASCII without
+/// leading or trailing whitespace, else (and when it looks like the
+/// sentinel itself) `=?base64?{base64 of its UTF-8}?=`.
+pub fn encode_value(value: &str) -> String {
+    let plain = value.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        && value.trim() == value
+        && !(value.starts_with("=?base64?") && value.ends_with("?="));
+    if plain {
+        value.to_owned()
+    } else {
+        format!("=?base64?{}?=", base64(value.as_bytes()))
+    }
+}
+
+/// Standard base64 (RFC 4648 §4), padded.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The `x-mcp-header` annotations of an `inputSchema`, or why they make
+/// the tool invalid: an annotation must be a non-empty token (RFC 9110
+/// §5.6.2), unique (ignoring case), on a string, integer or boolean
+/// property reached from the root through `properties` only.
+pub fn header_map(schema: &Value) -> Result<HeaderMap, String> {
+    // Keywords whose values are schemas: entering one leaves the chain of
+    // `properties` (as do `$defs` and friends). Data keywords (`default`,
+    // `const`, `enum`, `examples`) and `$ref` are not schemas: not entered.
+    const ONE: &[&str] = &[
+        "items",
+        "contains",
+        "unevaluatedItems",
+        "additionalProperties",
+        "propertyNames",
+        "unevaluatedProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contentSchema",
+    ];
+    const LIST: &[&str] = &["allOf", "anyOf", "oneOf", "prefixItems"];
+    const MAP: &[&str] = &[
+        "patternProperties",
+        "dependentSchemas",
+        "$defs",
+        "definitions",
+    ];
+    let mut map = HeaderMap::new();
+    let mut stack: Vec<(Option<Vec<String>>, &Value)> = vec![(Some(Vec::new()), schema)];
+    while let Some((path, node)) = stack.pop() {
+        let Some(obj) = node.as_object() else {
+            continue;
+        };
+        if let Some(token) = obj.get(X_MCP_HEADER) {
+            let Some(path) = path.clone().filter(|p| !p.is_empty()) else {
+                return Err(format!(
+                    "{X_MCP_HEADER} is on a schema not reached through properties alone"
+                ));
+            };
+            let at = path.join(".");
+            let Some(token) = token.as_str() else {
+                return Err(format!("property {at:?}: {X_MCP_HEADER} is not a string"));
+            };
+            if !is_token(token) {
+                return Err(format!(
+                    "property {at:?}: {X_MCP_HEADER} {token:?} is not a header name"
+                ));
+            }
+            if !matches!(
+                obj.get("type").and_then(Value::as_str),
+                Some("string" | "integer" | "boolean")
+            ) {
+                return Err(format!(
+                    "property {at:?}: {X_MCP_HEADER} is only allowed on string, integer or boolean properties"
+                ));
+            }
+            if map.iter().any(|(_, t)| t.eq_ignore_ascii_case(token)) {
+                return Err(format!(
+                    "property {at:?}: {X_MCP_HEADER} {token:?} is used twice"
+                ));
+            }
+            map.push((path, token.to_owned()));
+        }
+        for (keyword, value) in obj {
+            if keyword == "properties" {
+                for (name, sub) in value.as_object().into_iter().flatten() {
+                    let sub_path = path.clone().map(|mut p| {
+                        p.push(name.clone());
+                        p
+                    });
+                    stack.push((sub_path, sub));
+                }
+            } else if ONE.contains(&keyword.as_str()) {
+                stack.push((None, value));
+            } else if LIST.contains(&keyword.as_str()) {
+                stack.extend(value.as_array().into_iter().flatten().map(|v| (None, v)));
+            } else if MAP.contains(&keyword.as_str()) {
+                stack.extend(
+                    value
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(_, v)| (None, v)),
+                );
+            }
+        }
+    }
+    Ok(map)
+}
+
+/// An HTTP field-name token (RFC 9110 §5.6.2).
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// A `tools/list` result screened for the 2026-07-28 rules.
+#[derive(Debug, Default, PartialEq)]
+pub struct Screened {
+    /// The result without the invalid tools, when some were dropped.
+    pub result: Option<String>,
+    /// The annotations of each valid tool (an empty map when it has none).
+    pub tools: Vec<(String, HeaderMap)>,
+    /// The tools dropped, with the reason.
+    pub dropped: Vec<(String, String)>,
+}
+
+/// Screens the raw `result` of a `tools/list`: tools whose `x-mcp-header`
+/// annotations are invalid are dropped, the others' are learned. The
+/// result's other bytes are left as they were.
+pub fn screen_tools(result: &str) -> Screened {
+    let mut out = Screened::default();
+    let Some(obj) = RawObject::parse(result) else {
+        return out;
+    };
+    let Some(tools) = obj
+        .get("tools")
+        .and_then(|t| serde_json::from_str::<Vec<&RawValue>>(t.get()).ok())
+    else {
+        return out;
+    };
+    let mut kept = Vec::with_capacity(tools.len());
+    for raw in tools {
+        let tool: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+        let name = tool["name"].as_str().unwrap_or_default().to_owned();
+        match header_map(&tool["inputSchema"]) {
+            Ok(map) => {
+                out.tools.push((name, map));
+                kept.push(raw.get());
+            }
+            Err(why) => out.dropped.push((name, why)),
+        }
+    }
+    if !out.dropped.is_empty() {
+        let tools = format!("[{}]", kept.join(","));
+        out.result = Some(obj.to_json_replacing("tools", &tools));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_modern_message_names_its_version_in_meta() {
+        let p = r#"{"name":"t","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#;
+        assert_eq!(meta_version(Some(p)).as_deref(), Some("2026-07-28"));
+        assert_eq!(meta_version(Some(r#"{"_meta":{"progressToken":1}}"#)), None);
+        assert_eq!(meta_version(Some(r#"{"name":"t"}"#)), None);
+        assert_eq!(meta_version(None), None);
+    }
+
+    #[test]
+    fn the_envelope_keeps_the_protocol_members_of_meta() {
+        let p = r#"{"_meta":{"progressToken":7,"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"a":1}}}"#;
+        assert_eq!(
+            envelope(p).as_deref(),
+            Some(
+                r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"a":1}}"#
+            )
+        );
+    }
+
+    #[test]
+    fn standard_headers_mirror_method_and_name() {
+        let v = "2026-07-28";
+        assert_eq!(
+            standard_headers(v, "tools/call", Some(r#"{"name":"get_weather"}"#)),
+            h(&[
+                ("MCP-Protocol-Version", v),
+                ("Mcp-Method", "tools/call"),
+                ("Mcp-Name", "get_weather")
+            ])
+        );
+        assert_eq!(
+            standard_headers(v, "resources/read", Some(r#"{"uri":"file:///a b"}"#)),
+            h(&[
+                ("MCP-Protocol-Version", v),
+                ("Mcp-Method", "resources/read"),
+                ("Mcp-Name", "file:///a b")
+            ])
+        );
+        assert_eq!(
+            standard_headers(v, "prompts/get", Some(r#"{"name":"café"}"#))[2],
+            ("Mcp-Name".to_owned(), "=?base64?Y2Fmw6k=?=".to_owned())
+        );
+        assert_eq!(
+            standard_headers(v, "tools/list", Some("{}")),
+            h(&[("MCP-Protocol-Version", v), ("Mcp-Method", "tools/list")])
+        );
+    }
+
+    #[test]
+    fn values_that_are_not_plain_ascii_use_the_base64_sentinel() {
+        // The spec's examples.
+        assert_eq!(encode_value("us-west1"), "us-west1");
+        assert_eq!(
+            encode_value("Hello, 世界"),
+            "=?base64?SGVsbG8sIOS4lueVjA==?="
+        );
+        assert_eq!(encode_value(" padded "), "=?base64?IHBhZGRlZCA=?=");
+        assert_eq!(encode_value("line1\nline2"), "=?base64?bGluZTEKbGluZTI=?=");
+        assert_eq!(
+            encode_value("=?base64?literal?="),
+            "=?base64?PT9iYXNlNjQ/bGl0ZXJhbD89?="
+        );
+        assert_eq!(encode_value("tab\there"), "=?base64?dGFiCWhlcmU=?=");
+        assert_eq!(encode_value(""), "");
+    }
+
+    #[test]
+    fn base64_pads_every_length() {
+        for (input, out) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(input.as_bytes()), out, "{input}");
+        }
+        assert_eq!(base64(&[0xff, 0xfe, 0xfd]), "//79");
+    }
+
+    fn schema_with(region: Value) -> Value {
+        json!({"type": "object", "properties": {"region": region, "query": {"type": "string"}}})
+    }
+
+    #[test]
+    fn annotated_arguments_become_param_headers() {
+        let schema = json!({"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "n": {"type": "integer", "x-mcp-header": "N"},
+            "dry": {"type": "boolean", "x-mcp-header": "Dry-Run"},
+            "opts": {"type": "object", "properties": {"zone": {"type": "string", "x-mcp-header": "Zone"}}},
+            "query": {"type": "string"}}});
+        let map = header_map(&schema).unwrap();
+        assert_eq!(map.len(), 4);
+        let args = json!({"region": "Zürich", "n": -7, "dry": false,
+            "opts": {"zone": "b"}, "query": "SELECT 1"});
+        let mut got = param_headers(&map, &args);
+        got.sort();
+        assert_eq!(
+            got,
+            h(&[
+                ("Mcp-Param-Dry-Run", "false"),
+                ("Mcp-Param-N", "-7"),
+                ("Mcp-Param-Region", "=?base64?WsO8cmljaA==?="),
+                ("Mcp-Param-Zone", "b"),
+            ])
+        );
+        // Absent or null: no header.
+        let got = param_headers(&map, &json!({"region": null, "opts": {}}));
+        assert_eq!(got, h(&[]));
+        let got = param_headers(&map, &json!({"opts": "not an object"}));
+        assert_eq!(got, h(&[]));
+    }
+
+    #[test]
+    fn invalid_annotations_are_refused_with_a_reason() {
+        for (bad, why) in [
+            (
+                schema_with(json!({"type": "number", "x-mcp-header": "R"})),
+                "only allowed",
+            ),
+            (
+                schema_with(json!({"type": "string", "x-mcp-header": "has space"})),
+                "not a header name",
+            ),
+            (
+                schema_with(json!({"type": "string", "x-mcp-header": ""})),
+                "not a header name",
+            ),
+            (
+                schema_with(json!({"type": "string", "x-mcp-header": 7})),
+                "not a string",
+            ),
+            (schema_with(json!({"x-mcp-header": "R"})), "only allowed"),
+            (
+                json!({"type": "object", "properties": {
+                    "a": {"type": "string", "x-mcp-header": "Same"},
+                    "b": {"type": "string", "x-mcp-header": "same"}}}),
+                "used twice",
+            ),
+            (
+                json!({"type": "object", "properties": {"list": {"type": "array",
+                    "items": {"type": "string", "x-mcp-header": "Item"}}}}),
+                "not reached",
+            ),
+            (
+                json!({"type": "object", "anyOf": [{"properties": {
+                    "a": {"type": "string", "x-mcp-header": "A"}}}]}),
+                "not reached",
+            ),
+            (
+                json!({"type": "object", "x-mcp-header": "Root"}),
+                "not reached",
+            ),
+        ] {
+            let err = header_map(&bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+        // Data keywords are not schemas: an annotation-looking default is fine.
+        let ok = json!({"type": "object", "properties": {"a": {"type": "object",
+            "default": {"x-mcp-header": "No"}}}});
+        assert_eq!(header_map(&ok), Ok(Vec::new()));
+        assert_eq!(header_map(&Value::Null), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn tools_with_invalid_annotations_are_dropped_from_the_list() {
+        let result = r#"{"tools":[{"name":"good","inputSchema":{"type":"object","properties":{"r":{"type":"string","x-mcp-header":"R"}}}},{"name":"bad","inputSchema":{"type":"object","properties":{"x":{"type":"number","x-mcp-header":"X"}}}},{"name":"plain",  "inputSchema":{"type":"object"}}],"nextCursor":"2"}"#;
+        let s = screen_tools(result);
+        assert_eq!(
+            s.result.as_deref(),
+            Some(
+                r#"{"tools":[{"name":"good","inputSchema":{"type":"object","properties":{"r":{"type":"string","x-mcp-header":"R"}}}},{"name":"plain",  "inputSchema":{"type":"object"}}],"nextCursor":"2"}"#
+            )
+        );
+        assert_eq!(s.dropped.len(), 1);
+        assert_eq!(s.dropped[0].0, "bad");
+        assert_eq!(
+            s.tools,
+            vec![
+                (
+                    "good".to_owned(),
+                    vec![(vec!["r".to_owned()], "R".to_owned())]
+                ),
+                ("plain".to_owned(), Vec::new()),
+            ]
+        );
+        // Nothing dropped: the result is left alone.
+        let fine = r#"{"tools":[{"name":"plain","inputSchema":{}}]}"#;
+        assert_eq!(screen_tools(fine).result, None);
+        assert_eq!(screen_tools("not json"), Screened::default());
+    }
+}
