@@ -178,6 +178,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         exchanges: Mutex::new(Exchanges::default()),
         tool_headers: Mutex::new(HashMap::new()),
         own_requests: AtomicUsize::new(0),
+        warned_tools: Mutex::new(HashSet::new()),
         on_event,
         closed: AtomicBool::new(false),
         gone: Mutex::new(false),
@@ -259,6 +260,8 @@ struct Shared {
     tool_headers: Mutex<HashMap<String, modern::HeaderMap>>,
     /// Numbers our own requests (`tools/list` after a header mismatch).
     own_requests: AtomicUsize,
+    /// Tools whose invalid `x-mcp-header` was warned about.
+    warned_tools: Mutex<HashSet<String>>,
     on_event: OnEvent,
     /// No more lines are taken (shutdown, kill, drop, or gone).
     closed: AtomicBool,
@@ -547,10 +550,15 @@ impl Shared {
         }
         for (name, why) in &screened.dropped {
             known.remove(name);
-            crate::warn!(
+            let what = format!(
                 "{} lists tool {name:?} with an invalid x-mcp-header ({why}); left out of tools/list",
                 self.shown
             );
+            if self.warned_tools.lock().insert(name.clone()) {
+                crate::warn!("{what}");
+            } else {
+                crate::debug!("{what}");
+            }
         }
     }
 
