@@ -1,9 +1,12 @@
 """The interop scenarios, driven by the official Python SDK client (`mcp`).
 
     py_client.py SCENARIO MODE OUT_JSON -- COMMAND [ARGS...]
+    py_client.py SCENARIO MODE OUT_JSON -- http://HOST:PORT/PATH
 
 Launches COMMAND as a stdio MCP server (run.py makes COMMAND either the server
-itself or `mcp-retry run -- server`), runs SCENARIO through an `mcp.Client`
+itself, `mcp-retry run -- server` or `mcp-retry run --config` naming a remote
+server), or connects to the URL with the SDK's own Streamable HTTP client,
+and runs SCENARIO through an `mcp.Client`
 connected with `mode=MODE` ("auto": probe `server/discover`, fall back to
 `initialize`; "legacy": `initialize` only), and writes what the client saw to
 OUT_JSON: `{"steps": [{"name", "value"}...], "cancelled": [...]}`. Each value
@@ -360,11 +363,41 @@ async def python_server(run: Run, c: Client) -> None:
     await run.step("ping at the end", c.send_ping, expect="error" if modern else "result")
 
 
+async def python_http(run: Run, c: Client) -> None:
+    """The Python SDK server over Streamable HTTP (py_http_server.py), in
+    whichever era was negotiated, with the steps that matter over HTTP."""
+    # In 2026-07-28 the server wants an Mcp-Param-Region header for this call,
+    # which no one can send before reading the tool's schema: the first POST
+    # is refused with -32020, the tools are read, the call is sent again.
+    await run.step("tools/call locate before tools/list", lambda: c.call_tool("locate", {"region": "eu-west-1"}))
+    await python_server(run, c)
+    # Not plain ASCII: in 2026-07-28 the header carries it base64-encoded.
+    await run.step("tools/call locate (non-ASCII region)", lambda: c.call_tool("locate", {"region": "Zürich ☃"}))
+    # Through mcp-retry, a fault proxy cuts this call's stream after its
+    # first progress event (run.py checks what followed from the server's
+    # execution log); the client must see the same as directly.
+    progress: list[Any] = []
+
+    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+        progress.append({"progress": p, "total": total, "message": message})
+
+    await run.step(
+        "tools/call count (its stream cut through mcp-retry)",
+        lambda: c.call_tool("count", CUT_ARGUMENTS, progress_callback=on_progress),
+    )
+    run.record("progress notifications of the cut count", progress, ok=len(progress) == 4)
+
+
+# The arguments of the call whose stream the fault proxy cuts (run.py finds
+# the call by its `delay`).
+CUT_ARGUMENTS = {"steps": 4, "delay": 0.25}
+
 SCENARIOS = {
     "everything": everything,
     "filesystem": filesystem,
     "memory": memory,
     "python-server": python_server,
+    "python-http": python_http,
 }
 
 
@@ -373,9 +406,12 @@ async def main() -> None:
     assert sys.argv[4] == "--"
     command = sys.argv[5:]
     run = Run()
-    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    if command[0].startswith("http://"):
+        server: StdioServerParameters | str = command[0]
+    else:
+        server = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
     client = Client(
-        params,
+        server,
         mode=mode,
         cache=None,  # no client-side response cache: every call goes to the wire
         sampling_callback=run.sampling,

@@ -5,8 +5,9 @@ through the proxy, compared.
 
 For every scenario (a client, a server, a protocol era) the same client
 script runs twice against a fresh server: once launching the server directly
-and once launching `mcp-retry run -- SERVER`. Both runs are recorded at two
-levels and compared check by check:
+and once launching `mcp-retry run -- SERVER` (or, for a remote server,
+`mcp-retry run --url` or `--config`). Both runs are recorded at two levels
+and compared check by check:
 
 * what the client SDK returned for every step (results, errors, progress,
   the server's requests to the client) — written by py_client.py or
@@ -57,11 +58,21 @@ class Scenario:
     # Proxied run only: this command serves Streamable HTTP on $PORT (on
     # 127.0.0.1) and mcp-retry reaches it with --url.
     http: Callable[[str], list[str]] | None = None
+    # The Python SDK server over Streamable HTTP (py_http_server.py), with an
+    # event store (True) or without (False). Both runs start it on a free
+    # port: the direct run's client connects to it with the SDK's own
+    # Streamable HTTP client; the proxied run's launches `mcp-retry run
+    # --config` naming a fault proxy (fault_proxy.py) in front of it, which
+    # cuts the stream of one call (CUT_CALL).
+    py_http: bool | None = None
 
     @property
     def label(self) -> str:
         era = {"auto": "server/discover, else initialize", "legacy": "initialize"}[self.mode]
         sdk = "python-sdk" if self.client == "python" else "typescript-sdk"
+        if self.py_http is not None:
+            store = "with an event store" if self.py_http else "without an event store"
+            return f"{sdk} [{era}] x {self.server} over Streamable HTTP, {store}"
         via = " over Streamable HTTP" if self.http else ""
         return f"{sdk} [{era}] x {self.server}{via}"
 
@@ -101,7 +112,18 @@ def scenarios() -> list[Scenario]:
         "server-everything"
     )[1:] + ["streamableHttp"]
     out.append(Scenario("typescript", "everything", "legacy", "server-everything", everything, http=everything_http))
+    # The Python SDK client against the Python SDK server over Streamable
+    # HTTP, in both eras ("auto" adopts 2026-07-28: the server answers
+    # server/discover), with and without an event store.
+    for mode in ("legacy", "auto"):
+        for store in (True, False):
+            out.append(Scenario("python", "python-http", mode, "python-sdk server", lambda _run: [], py_http=store))
     return out
+
+
+# The call whose stream the fault proxy cuts after its first progress event
+# (py_client.py's CUT_ARGUMENTS): `|`-separated parts of its request body.
+CUT_CALL = '"count"|"delay":0.25'
 
 
 def free_port() -> int:
@@ -110,25 +132,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_http_server(command: list[str], run_dir: str) -> tuple[subprocess.Popen, str]:
-    """Starts an HTTP MCP server on a free loopback port; returns it and
-    its URL once it accepts connections."""
-    port = free_port()
-    log = open(os.path.join(run_dir, "http-server.log"), "w", encoding="utf-8")
-    proc = subprocess.Popen(command, cwd=run_dir, env=dict(os.environ, PORT=str(port)),
+def start_listening(command: list[str], port: int, run_dir: str, log_name: str,
+                    env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Starts a server that listens on 127.0.0.1:`port`; returns it once it
+    accepts connections."""
+    log = open(os.path.join(run_dir, log_name), "w", encoding="utf-8")
+    proc = subprocess.Popen(command, cwd=run_dir, env=dict(os.environ, **(env or {})),
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     log.close()  # the server has its own copy
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, f"http://127.0.0.1:{port}/mcp"
+            return proc
         except OSError:
             if proc.poll() is not None:
                 break
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError(f"the HTTP server did not listen on 127.0.0.1:{port}")
+    raise RuntimeError(f"{command[0]} did not listen on 127.0.0.1:{port} (see {log_name})")
+
+
+def start_python_http(sc: Scenario, kind: str, run_dir: str, servers: list[subprocess.Popen]) -> list[str]:
+    """Starts py_http_server.py (and, for the proxied run, the fault proxy
+    in front of it and a config naming the proxy); returns what the client
+    connects to: the server's URL, or the mcp-retry command."""
+    port = free_port()
+    command = [PYTHON, os.path.join(HERE, "py_http_server.py"), str(port), os.path.join(run_dir, "executions.jsonl")]
+    servers.append(start_listening(command + (["--event-store"] if sc.py_http else []), port, run_dir, "http-server.log"))
+    if kind == "direct":
+        return [f"http://127.0.0.1:{port}/mcp"]
+    front = free_port()
+    fault = [PYTHON, os.path.join(HERE, "fault_proxy.py"), str(front), str(port),
+             os.path.join(run_dir, "fault-proxy.jsonl"), "--cut-after-progress", CUT_CALL]
+    servers.append(start_listening(fault, front, run_dir, "fault-proxy.log"))
+    config = os.path.join(run_dir, "mcp-retry.yaml")
+    with open(config, "w", encoding="utf-8") as f:
+        f.write(f"servers:\n  remote:\n    url: http://127.0.0.1:{front}/mcp\n")
+    return ["run", "--config", config]
 
 
 # ---------------------------------------------------------------- running
@@ -143,6 +184,8 @@ class RunResult:
     cancelled: list[dict[str, Any]] = field(default_factory=list)
     client_wire: list[dict[str, Any]] = field(default_factory=list)  # {"dir", "line"}
     server_wire: list[dict[str, Any]] = field(default_factory=list)
+    executions: list[dict[str, Any]] = field(default_factory=list)  # py_http_server.py's log
+    faults: list[dict[str, Any]] = field(default_factory=list)  # fault_proxy.py's log
     stderr: str = ""
     failure: str | None = None  # the run itself broke
 
@@ -155,15 +198,20 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 
 
 def run_once(sc: Scenario, kind: str, proxy: str, base: str) -> RunResult:
-    via = "-http" if sc.http else ""
+    via = "-http" if sc.http else {None: "", True: "-event-store", False: "-no-event-store"}[sc.py_http]
     run_dir = os.path.join(base, f"{sc.client}-{sc.mode}-{sc.script}{via}-{kind}")
     os.makedirs(os.path.join(run_dir, "root"))
     result = RunResult(kind, run_dir)
     tap = [PYTHON, os.path.join(HERE, "tap.py")]
     server = sc.command(run_dir)
-    http_server = None
-    if kind == "proxied" and sc.http:
-        http_server, url = start_http_server(sc.http(run_dir), run_dir)
+    servers: list[subprocess.Popen] = []
+    if sc.py_http is not None:
+        target = start_python_http(sc, kind, run_dir, servers)
+        launched = target if kind == "direct" else tap + [os.path.join(run_dir, "client-wire.jsonl"), "--", proxy] + target
+    elif kind == "proxied" and sc.http:
+        port = free_port()
+        servers.append(start_listening(sc.http(run_dir), port, run_dir, "http-server.log", {"PORT": str(port)}))
+        url = f"http://127.0.0.1:{port}/mcp"
         launched = tap + [os.path.join(run_dir, "client-wire.jsonl"), "--", proxy, "run", "--url", url]
     elif kind == "direct":
         launched = tap + [os.path.join(run_dir, "client-wire.jsonl"), "--"] + server
@@ -192,9 +240,9 @@ def run_once(sc: Scenario, kind: str, proxy: str, base: str) -> RunResult:
         except subprocess.TimeoutExpired:
             result.failure = f"the client did not finish within {RUN_TIMEOUT}s"
         finally:
-            if http_server is not None:
-                http_server.terminate()
-                http_server.wait(10)
+            for proc in servers:
+                proc.terminate()
+                proc.wait(10)
         err.seek(0)
         result.stderr = err.read()
     if result.failure is None and result.exit_code != 0:
@@ -207,6 +255,8 @@ def run_once(sc: Scenario, kind: str, proxy: str, base: str) -> RunResult:
         result.failure = "the client wrote no results"
     result.client_wire = read_jsonl(os.path.join(run_dir, "client-wire.jsonl"))
     result.server_wire = read_jsonl(os.path.join(run_dir, "server-wire.jsonl")) if kind == "proxied" else result.client_wire
+    result.executions = read_jsonl(os.path.join(run_dir, "executions.jsonl"))
+    result.faults = read_jsonl(os.path.join(run_dir, "fault-proxy.jsonl"))
     return result
 
 
@@ -239,6 +289,16 @@ def run_once(sc: Scenario, kind: str, proxy: str, base: str) -> RunResult:
 #    server drop what it has no stream for). They are left out of both runs.
 #    The tap between mcp-retry and the server does not exist either: the
 #    checks that read the server's side of the wire are left out.
+# 7. Python SDK client against the Python SDK server over Streamable HTTP:
+#    the progress tokens in "notifications received" are renumbered in the
+#    order they appear. The SDK uses its request ids as tokens, and the two
+#    runs number their requests differently on purpose: in 2026-07-28,
+#    directly, the client's first `locate` is refused (-32020), and the
+#    client re-reads tools/list and resends it under new ids; through
+#    mcp-retry, mcp-retry does that itself and the client sees one call.
+#    The direct run has no stdio wire (its client speaks HTTP): the wire is
+#    checked on the proxied side alone (one answer per request, under its
+#    id), and the server's execution log is compared instead.
 
 TIME_RE = re.compile(r"created at \d{1,2}:\d{2}:\d{2}(?:\s?[AP]M)?")
 OUR_META = "mcp-retry/source"
@@ -348,7 +408,22 @@ def without_setup_notes(value: Any) -> Any:
     return value
 
 
-def compare_steps(direct: RunResult, proxied: RunResult, http: bool) -> list[Check]:
+def renumbered_tokens(value: Any) -> Any:
+    """Normalizer 7, for a list of notifications."""
+    if not isinstance(value, list):
+        return value
+    tokens: dict[str, str] = {}
+    out = []
+    for v in value:
+        params = v.get("params") if isinstance(v, dict) else None
+        if isinstance(params, dict) and "progressToken" in params:
+            token = tokens.setdefault(json.dumps(params["progressToken"]), f"$TOKEN{len(tokens) + 1}")
+            v = dict(v, params=dict(params, progressToken=token))
+        out.append(v)
+    return out
+
+
+def compare_steps(direct: RunResult, proxied: RunResult, http: bool, tokens: bool = False) -> list[Check]:
     checks = []
     d_steps = {s["name"]: s for s in direct.steps}
     p_steps = {s["name"]: s for s in proxied.steps}
@@ -360,6 +435,8 @@ def compare_steps(direct: RunResult, proxied: RunResult, http: bool) -> list[Che
         dv, pv = normalize(d["value"], direct.dir), normalize(p["value"], proxied.dir)
         if http and name == "notifications received":
             dv, pv = without_setup_notes(dv), without_setup_notes(pv)
+        if tokens and name == "notifications received":
+            dv, pv = renumbered_tokens(dv), renumbered_tokens(pv)
         if not d["ok"]:
             checks.append(Check(name, False, "the direct run did not do what the scenario expects "
                                              "(the suite or the server changed):\n" + "\n".join(pretty_lines(dv)[:40])))
@@ -443,6 +520,19 @@ def handshake(kinds: dict[str, list[tuple[str, Any]]]) -> str:
     return ", ".join(steps) or "no handshake"
 
 
+def not_answered_once(kinds: dict[str, list[tuple[str, Any]]]) -> list[str]:
+    """The client requests (but those it cancelled) that did not get
+    exactly one answer, each as a line for the report."""
+    answered: dict[str, int] = {}
+    for _l, m in kinds["responses_to_client"]:
+        answered[render(m.get("id"))] = answered.get(render(m.get("id")), 0) + 1
+    requested = {render(m.get("id")) for _l, m in kinds["client_requests"]}
+    cancelled = {render(n.get("params").get("requestId")) for _l, n in kinds["from_client_notifications"]
+                 if n.get("method") == "notifications/cancelled"}
+    return [f"id {rid}: {answered.get(rid, 0)} answers through the proxy (want exactly one)"
+            for rid in sorted(requested - cancelled) if answered.get(rid, 0) != 1]
+
+
 def wire_checks(direct: RunResult, proxied: RunResult, http: bool) -> list[Check]:
     checks = []
     kd, kp = classify(direct.client_wire), classify(proxied.client_wire)
@@ -473,12 +563,7 @@ def wire_checks(direct: RunResult, proxied: RunResult, http: bool) -> list[Check
         a, b = ad.get(rid, []), ap.get(rid, [])
         if len(a) != len(b) or not all(same(x, y) for x, y in zip(a, b)):
             problems.append(f"id {rid}:\n  direct:  {[x for x, _ in a]}\n  proxied: {[y for y, _ in b]}")
-    requested = {render(m.get("id")) for _l, m in kp["client_requests"]}
-    cancelled = {render(n.get("params").get("requestId")) for _l, n in kp["from_client_notifications"]
-                 if n.get("method") == "notifications/cancelled"}
-    for rid in sorted(requested - cancelled):
-        if len(ap.get(rid, [])) != 1:
-            problems.append(f"id {rid}: {len(ap.get(rid, []))} answers through the proxy (want exactly one)")
+    problems += not_answered_once(kp)
     checks.append(Check("wire: every answer to the client is byte-identical, under the client's own id",
                         not problems, "\n".join(problems[:10])))
 
@@ -581,8 +666,65 @@ def cancel_checks(direct: RunResult, proxied: RunResult, http: bool) -> list[Che
     return checks
 
 
-def proxy_log_check(proxied: RunResult) -> Check:
-    bad = [l for l in proxied.stderr.splitlines() if l.startswith(("mcp-retry: warn", "mcp-retry: error"))]
+def python_http_checks(sc: Scenario, direct: RunResult, proxied: RunResult) -> list[Check]:
+    """The Python SDK server over Streamable HTTP: the proxied wire, what
+    the server executed in each run, and what the fault proxy saw."""
+    checks = []
+    kinds = classify(proxied.client_wire)
+    problems = not_answered_once(kinds)
+    checks.append(Check("wire: every request got exactly one answer through mcp-retry, under the client's own id",
+                        not problems, "\n".join(problems[:10])))
+    checks.append(Check("wire: every line is a JSON-RPC message", not kinds["garbage"],
+                        "\n".join(line for line, _ in kinds["garbage"][:5])))
+
+    def runs(r: RunResult) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in r.executions:
+            key = json.dumps(e, sort_keys=True, ensure_ascii=False)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    cut = json.dumps({"tool": "count", "arguments": {"steps": 4, "delay": 0.25}}, sort_keys=True)
+    resumable = sc.mode == "legacy" and bool(sc.py_http)
+    want = dict(runs(direct))
+    if resumable:
+        name = "the server ran every tool as often as directly: the cut call once (resumed from the event store)"
+    else:
+        # Nothing to resume from (no event ids; 2026-07-28 streams are not
+        # resumable): count is read-only, so mcp-retry sent it again.
+        want[cut] = 2
+        name = "the server ran every tool as often as directly, the cut call twice (safe, sent again)"
+    got = runs(proxied)
+    checks.append(Check(name, got == want, "" if got == want else diff(want, got)))
+
+    cuts = [f for f in proxied.faults if f["cut"]]
+    checks.append(Check("the fault proxy cut the call's stream", len(cuts) == 1, json.dumps(proxied.faults)[:2000]))
+    resumed = [f for f in proxied.faults if f["last_event_id"] is not None]
+    if resumable:
+        checks.append(Check("mcp-retry resumed the cut stream with GET and Last-Event-ID",
+                            any(f["method"] == "GET" for f in resumed), json.dumps(proxied.faults)[:2000]))
+    else:
+        why = "2026-07-28 streams are not resumable" if sc.mode == "auto" else "no event ids to resume from"
+        checks.append(Check(f"mcp-retry sent no Last-Event-ID ({why})", not resumed, json.dumps(resumed)[:2000]))
+    return checks
+
+
+def expected_warnings(sc: Scenario) -> tuple[str, ...]:
+    """What mcp-retry must log in the Python-over-HTTP scenarios, each for
+    a reason: the spec asks a client to warn when it leaves out a tool with
+    an invalid x-mcp-header (py_http_server.py's `misdeclared`, 2026-07-28);
+    and in the 2025 era without an event store, the cut stream cannot be
+    resumed, so the session is lost (mcp-retry starts a new one)."""
+    if sc.mode == "auto":
+        return ("with an invalid x-mcp-header",)
+    if not sc.py_http:
+        return ("broke the connection (the answer's stream broke",)
+    return ()
+
+
+def proxy_log_check(proxied: RunResult, expected: tuple[str, ...] = ()) -> Check:
+    bad = [l for l in proxied.stderr.splitlines() if l.startswith(("mcp-retry: warn", "mcp-retry: error"))
+           and not any(e in l for e in expected)]
     return Check("mcp-retry logged no warning or error", not bad, "\n".join(bad[:10]))
 
 
@@ -612,11 +754,16 @@ def main() -> int:
             if r.failure:
                 tail = "\n".join(r.stderr.splitlines()[-25:])
                 checks.append(Check(f"the {r.kind} run completed", False, f"{r.failure}; stderr ends:\n{tail}"))
-        http = sc.http is not None
-        checks += compare_steps(direct, proxied, http)
-        checks += wire_checks(direct, proxied, http)
-        checks += cancel_checks(direct, proxied, http)
-        checks.append(proxy_log_check(proxied))
+        if sc.py_http is not None:
+            checks += compare_steps(direct, proxied, False, tokens=True)
+            checks += python_http_checks(sc, direct, proxied)
+            checks.append(proxy_log_check(proxied, expected_warnings(sc)))
+        else:
+            http = sc.http is not None
+            checks += compare_steps(direct, proxied, http)
+            checks += wire_checks(direct, proxied, http)
+            checks += cancel_checks(direct, proxied, http)
+            checks.append(proxy_log_check(proxied))
         for c in checks:
             print(f"{'PASS' if c.ok else 'FAIL'}  {sc.label}: {c.name}")
             if not c.ok and c.detail:
