@@ -25,11 +25,7 @@ fn start(server: &Server) -> Session {
 }
 
 fn start_with(config: &str) -> Session {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", config)
-        .env("TOKEN", CANARY)
-        .env("NO_PROXY", "127.0.0.1")
-        .start();
+    let mut s = start_modern(config);
     s.initialize();
     s
 }
@@ -319,19 +315,28 @@ fn check_probes_a_remote_server() {
     server.with(|st| assert_eq!(st.deleted, ["s1"]));
 }
 
-#[test]
-fn a_lost_connection_interrupts_the_other_requests_in_flight() {
-    // With call_timeout 60 s, only closing the connection frees a request
-    // the server never answers within the test's 20 s.
-    let server = Server::start();
-    let config = config(&server).replace("call_timeout: 5", "call_timeout: 60");
-    let mut s = start_with(&config);
-    s.list_tools();
+/// A config for `server` whose calls may take 60 s: a call the server never
+/// answers is freed within the test's 20 s only by closing its connection.
+fn patient_config(server: &Server) -> String {
+    config(server).replace("call_timeout: 5", "call_timeout: 60")
+}
+
+/// Has `send` make a call that the server never answers, and waits until
+/// the server got it.
+fn hanging_call(server: &Server, s: &mut Session, send: impl FnOnce(&mut Session)) {
     server.fault(Fault::Hang);
-    s.call(json!(1), "write", json!({}));
-    crate::util::eventually("the first call to arrive", || {
+    send(s);
+    crate::util::eventually("the hanging call to arrive", || {
         server.with(|st| st.calls_at.len() == 1)
     });
+}
+
+#[test]
+fn a_lost_connection_interrupts_the_other_requests_in_flight() {
+    let server = Server::start();
+    let mut s = start_with(&patient_config(&server));
+    s.list_tools();
+    hanging_call(&server, &mut s, |s| s.call(json!(1), "write", json!({})));
     server.fault(Fault::RunThenCut);
     s.call(json!(2), "read", json!({}));
     assert_eq!(text_of(&s.result(&json!(2))), "read done");
@@ -369,17 +374,10 @@ fn a_cut_answer_stream_with_event_ids_is_resumed_not_run_again() {
 
 #[test]
 fn a_cancelled_call_is_cancelled_then_its_stream_closed() {
-    // With call_timeout 60 s, only the cancel frees the request within the
-    // test's 20 s.
     let server = Server::start();
-    let config = config(&server).replace("call_timeout: 5", "call_timeout: 60");
-    let mut s = start_with(&config);
+    let mut s = start_with(&patient_config(&server));
     s.list_tools();
-    server.fault(Fault::Hang);
-    s.call(json!(1), "write", json!({}));
-    crate::util::eventually("the call to arrive", || {
-        server.with(|st| st.calls_at.len() == 1)
-    });
+    hanging_call(&server, &mut s, |s| s.call(json!(1), "write", json!({})));
     s.notify(
         "notifications/cancelled",
         json!({"requestId": 1, "reason": "changed my mind"}),
@@ -410,12 +408,11 @@ fn envelope() -> Value {
         "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"}})
 }
 
-/// A proxy for `server` whose client speaks 2026-07-28: no `initialize`.
-fn start_modern(server: &Server, call_timeout: u32) -> Session {
-    let config =
-        config(server).replace("call_timeout: 5", &format!("call_timeout: {call_timeout}"));
+/// A proxy with `config`, its client not started: a 2026-07-28 client
+/// sends no `initialize`.
+fn start_modern(config: &str) -> Session {
     Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &config)
+        .file("c.yaml", config)
         .env("TOKEN", CANARY)
         .env("NO_PROXY", "127.0.0.1")
         .start()
@@ -439,7 +436,7 @@ fn header_of<'a>(post: &'a (Vec<(String, String)>, Value), name: &str) -> Option
 #[test]
 fn modern_requests_carry_their_headers_and_no_session() {
     let server = Server::start();
-    let mut s = start_modern(&server, 5);
+    let mut s = start_modern(&config(&server));
     s.request(json!(1), "tools/list", json!({"_meta": envelope()}));
     let tools = s.result(&json!(1));
     let names: Vec<&str> = tools["tools"]
@@ -492,7 +489,7 @@ fn modern_requests_carry_their_headers_and_no_session() {
 #[test]
 fn a_header_mismatch_reads_the_tools_again_and_resends_once() {
     let server = Server::start();
-    let mut s = start_modern(&server, 5);
+    let mut s = start_modern(&config(&server));
     // The proxy has not seen the tools yet: its first POST lacks the
     // Mcp-Param-Region header and is refused.
     modern_call(&mut s, json!(1), "locate", json!({"region": "eu-west-1"}));
@@ -523,11 +520,9 @@ fn a_header_mismatch_reads_the_tools_again_and_resends_once() {
 #[test]
 fn a_modern_cancel_closes_the_stream_and_posts_nothing() {
     let server = Server::start();
-    let mut s = start_modern(&server, 60);
-    server.fault(Fault::Hang);
-    modern_call(&mut s, json!(1), "write", json!({}));
-    crate::util::eventually("the call to arrive", || {
-        server.with(|st| st.calls_at.len() == 1)
+    let mut s = start_modern(&patient_config(&server));
+    hanging_call(&server, &mut s, |s| {
+        modern_call(s, json!(1), "write", json!({}))
     });
     s.notify("notifications/cancelled", json!({"requestId": 1}));
     crate::util::eventually("the call's stream to be closed", || {
@@ -543,7 +538,7 @@ fn a_modern_cancel_closes_the_stream_and_posts_nothing() {
 #[test]
 fn a_cut_modern_stream_is_never_resumed() {
     let server = Server::start();
-    let mut s = start_modern(&server, 5);
+    let mut s = start_modern(&config(&server));
     s.request(json!(1), "tools/list", json!({"_meta": envelope()}));
     s.result(&json!(1));
     // Unsafe: it may have run; no second execution, the outcome unknown.

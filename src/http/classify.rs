@@ -204,38 +204,35 @@ mod tests {
         UNIX_EPOCH + Duration::from_secs(secs)
     }
 
-    /// A legacy answer to a request that named a session.
-    fn legacy(status: u16, retry_after: Option<&str>, body: &str) -> Class {
+    fn class_of(
+        status: u16,
+        retry_after: Option<&str>,
+        session: bool,
+        body: &str,
+        modern: bool,
+    ) -> Class {
         let a = Answer {
             status,
             retry_after,
-            sent_session: true,
+            sent_session: session,
             body,
-            modern: false,
+            modern,
         };
         of_status(&a, at(DATE_SECS))
+    }
+
+    /// A 2025-era answer to a request that named a session.
+    fn legacy(status: u16, retry_after: Option<&str>, body: &str) -> Class {
+        class_of(status, retry_after, true, body, false)
     }
 
     fn sessionless(status: u16, body: &str) -> Class {
-        let a = Answer {
-            status,
-            retry_after: None,
-            sent_session: false,
-            body,
-            modern: false,
-        };
-        of_status(&a, at(DATE_SECS))
+        class_of(status, None, false, body, false)
     }
 
+    /// A 2026-07-28 answer.
     fn modern(status: u16, body: &str) -> Class {
-        let a = Answer {
-            status,
-            retry_after: None,
-            sent_session: false,
-            body,
-            modern: true,
-        };
-        of_status(&a, at(DATE_SECS))
+        class_of(status, None, false, body, true)
     }
 
     #[test]
