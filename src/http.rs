@@ -1109,8 +1109,11 @@ impl Shared {
                 retry_after,
             }),
             Class::Answered | Class::HeaderMismatch => {
-                let error =
-                    RawObject::parse(body).and_then(|b| b.get("error").map(|e| e.get().to_owned()));
+                // The server's own error, scrubbed of header values as any
+                // text of its (still JSON: else ours instead).
+                let error = RawObject::parse(body)
+                    .and_then(|b| b.get("error").map(|e| self.scrub(e.get())))
+                    .filter(|e| serde_json::from_str::<&serde_json::value::RawValue>(e).is_ok());
                 match (&post.request_id, error) {
                     (Some(id), Some(error)) => {
                         let line = jsonrpc::error_response_line(id, &error);

@@ -456,6 +456,15 @@ fn modern_requests_carry_their_headers_and_no_session() {
     let error = s.error(&json!(4));
     assert_eq!(error["code"], -32601, "{error}");
     assert_eq!(error["message"], "Method not found", "{error}");
+    // Its text is scrubbed of header values, as any of its text.
+    s.request(
+        json!(5),
+        "prompts/get",
+        json!({"name": "p", "_meta": envelope()}),
+    );
+    let error = s.error(&json!(5));
+    assert_eq!(error["code"], -32602, "{error}");
+    assert_eq!(error["message"], "no prompt for [redacted]", "{error}");
     s.close_stdin();
     assert!(s.wait().success());
     server.with(|st| {

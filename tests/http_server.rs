@@ -11,7 +11,8 @@
 //! `Mcp-Param-Region` headers checked against the body (400 -32020 when
 //! they differ), two more tools (`locate`, whose `region` argument is
 //! marked `x-mcp-header: Region`, and `broken`, whose annotation is
-//! invalid) and 404 -32601 for `ping`. Knows nothing of mcp-retry.
+//! invalid), 404 -32601 for `ping` and, for `prompts/get`, a 400 -32602
+//! quoting the `Authorization` header. Knows nothing of mcp-retry.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -290,6 +291,13 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
             s.mismatches += 1;
             let body = json!({"jsonrpc": "2.0", "id": id,
                 "error": {"code": -32020, "message": why}});
+            return respond(&stream, 400, &[], &body.to_string());
+        }
+        if method == "prompts/get" {
+            // A server quoting a header back in its error.
+            let auth = req.header("authorization").unwrap_or("");
+            let body = json!({"jsonrpc": "2.0", "id": id,
+                "error": {"code": -32602, "message": format!("no prompt for {auth}")}});
             return respond(&stream, 400, &[], &body.to_string());
         }
         return serve(stream, lock, cv, s, &msg, true);
