@@ -240,7 +240,7 @@ pub fn parse(
         errors: Vec::new(),
         notes: Vec::new(),
         defaults_clean: true,
-        unresolved: Vec::new(),
+        unusable: Vec::new(),
     };
     let built = walker.config(&root);
     match built {
@@ -352,8 +352,6 @@ const TOP_KEYS: &[&str] = &["servers", "defaults"];
 /// an `mcpServers:` (or VS Code `servers:`) entry they are ignored silently.
 const HOST_KEYS: &[&str] = &[
     "transportType",
-    "serverUrl",
-    "httpUrl",
     "timeout",
     "networkTimeout",
     "autoApprove",
@@ -372,6 +370,25 @@ const HOST_KEYS: &[&str] = &[
     "gallery",
     "version",
 ];
+/// Other hosts' spellings of keys we read, accepted in their files (an
+/// `mcpServers:` or VS Code `servers:` entry) but not in our `servers:`
+/// schema: Claude Code's `headersHelper`, and the Streamable HTTP endpoint as
+/// Gemini CLI (`httpUrl`) and Windsurf (`serverUrl`) spell it.
+const HOST_SPELLINGS: &[(&str, &str)] = &[
+    ("headersHelper", "headers_helper"),
+    ("httpUrl", "url"),
+    ("serverUrl", "url"),
+];
+
+/// The key `key` stands for: ours, or (in the hosts' files) the key one of
+/// [`HOST_SPELLINGS`] spells another way.
+fn spelled(key: &str, strict: bool) -> &str {
+    match HOST_SPELLINGS.iter().find(|(theirs, _)| *theirs == key) {
+        Some((_, ours)) if !strict => ours,
+        _ => key,
+    }
+}
+
 /// The largest `envFile` read.
 const MAX_ENV_FILE_BYTES: u64 = 1 << 20;
 /// A format-neutral document node with the line it starts on.
@@ -786,25 +803,32 @@ struct Walker<'a> {
     /// Whether `defaults:` had no problems; checks across keys are skipped
     /// otherwise, so that one mistake is not reported twice.
     defaults_clean: bool,
-    /// `${VAR}`s of the server being read that cannot be expanded.
-    unresolved: Vec<Unresolved>,
+    /// What keeps the server being read (not the file) from starting here.
+    unusable: Vec<Unusable>,
 }
 
-/// A `${...}` in a server entry that cannot be expanded here.
-struct Unresolved {
+/// Something in a server entry that keeps that server from starting here,
+/// while the file stays valid: a `${...}` that cannot be expanded, or a
+/// transport mcp-retry does not speak.
+struct Unusable {
     line: usize,
     path: String,
-    missing: Missing,
+    why: Why,
 }
 
-enum Missing {
+enum Why {
     /// `${NAME}`: not set, no default.
     Var(String),
     /// `${input:ID}`: a VS Code input.
     Input(String),
+    /// `type: sse`: legacy HTTP+SSE.
+    LegacySse,
 }
 
-impl Unresolved {
+/// How a legacy HTTP+SSE server can be run instead.
+const SSE_WAY_OUT: &str = "run it through mcp-remote: mcp-retry run -- npx -y mcp-remote URL";
+
+impl Unusable {
     /// `GITHUB_TOKEN is not set (used in env.GITHUB_TOKEN)`, the path
     /// relative to the server at `server_path`.
     fn reason(&self, server_path: &str) -> String {
@@ -813,24 +837,30 @@ impl Unresolved {
             .strip_prefix(server_path)
             .map(|p| p.trim_start_matches('.'))
             .unwrap_or(&self.path);
-        match &self.missing {
-            Missing::Var(name) => format!("{name} is not set (used in {used})"),
-            Missing::Input(id) => {
+        match &self.why {
+            Why::Var(name) => format!("{name} is not set (used in {used})"),
+            Why::Input(id) => {
                 format!("${{input:{id}}} is a VS Code input, which only VS Code can ask for (used in {used})")
+            }
+            Why::LegacySse => {
+                format!("legacy HTTP+SSE (type: sse) is not supported; {SSE_WAY_OUT}")
             }
         }
     }
 
     /// The message after `file:line: key.path: `.
     fn message(&self) -> String {
-        match &self.missing {
-            Missing::Var(name) => format!(
+        match &self.why {
+            Why::Var(name) => format!(
                 "environment variable {name} is not set (use ${{{name}:-default}} to give a default)"
             ),
-            Missing::Input(id) => format!(
+            Why::Input(id) => format!(
                 "${{input:{id}}} refers to the VS Code input {id:?}, which only VS Code can prompt for: \
                  put the value here, or use ${{VAR}} and set VAR"
             ),
+            Why::LegacySse => {
+                format!("legacy HTTP+SSE servers are not supported; {SSE_WAY_OUT}")
+            }
         }
     }
 }
@@ -1015,7 +1045,7 @@ impl Walker<'_> {
         defaults: &Policy,
     ) -> Option<ServerConfig> {
         let before = self.errors.len();
-        self.unresolved.clear();
+        self.unusable.clear();
         let mut command = None;
         let mut args = Vec::new();
         let mut env: Vec<(String, String)> = Vec::new();
@@ -1025,9 +1055,11 @@ impl Walker<'_> {
         let mut remote = Remote::default();
         let mut ignored = Vec::new();
         let mut policy = Policy::default();
+        // The remote keys read so far, as spelled (`httpUrl` for `url`).
+        let mut remote_seen: Vec<(&str, &str)> = Vec::new();
         for item in items {
             let key_path = join(path, &item.key);
-            match item.key.as_str() {
+            match spelled(&item.key, strict) {
                 "command" => {
                     command = self.expanded(&item.value, &key_path);
                     if matches!(&command, Some(c) if c.trim().is_empty()) {
@@ -1045,8 +1077,14 @@ impl Walker<'_> {
                     // A relative directory is relative to the config file.
                     cwd = dir.map(|d| self.base_dir.join(d));
                 }
-                "url" | "type" | "headers" | "headers_helper" | "ca_file" => {
-                    self.remote_key(&mut remote, item, &key_path)
+                key @ ("url" | "type" | "headers" | "headers_helper" | "ca_file") => {
+                    if let Some((_, first)) = remote_seen.iter().find(|(k, _)| *k == key) {
+                        let msg = format!("another spelling of {first}: give one of them");
+                        self.error(item.line, &key_path, msg);
+                    } else {
+                        remote_seen.push((key, &item.key));
+                        self.remote_key(&mut remote, key, item, &key_path);
+                    }
                 }
                 "disabled" => {
                     disabled = self
@@ -1074,7 +1112,7 @@ impl Walker<'_> {
             ));
         }
         let has_command = items.iter().any(|e| e.key == "command");
-        let has_url = items.iter().any(|e| e.key == "url");
+        let has_url = items.iter().any(|e| spelled(&e.key, strict) == "url");
         // A host's entry with both runs the command (the url is the host's).
         let is_remote = has_url && (strict || !has_command);
         if has_command && has_url && strict {
@@ -1089,12 +1127,12 @@ impl Walker<'_> {
                 ("stdio", true) => {
                     self.error(*line, &join(path, "type"), "stdio needs command, not url")
                 }
-                ("sse", _) => self.error(
-                    *line,
-                    &join(path, "type"),
-                    "legacy HTTP+SSE servers are not supported; run them through mcp-remote: \
-                     mcp-retry run -- npx -y mcp-remote URL",
-                ),
+                // The file stays usable; this server cannot run.
+                ("sse", _) => self.unusable.push(Unusable {
+                    line: *line,
+                    path: join(path, "type"),
+                    why: Why::LegacySse,
+                }),
                 (other, _) => self.error(
                     *line,
                     &join(path, "type"),
@@ -1125,15 +1163,15 @@ impl Walker<'_> {
                 server.cwd = Some(self.base_dir.clone());
             }
         }
-        if !self.unresolved.is_empty() {
-            let unresolved = std::mem::take(&mut self.unresolved);
+        if !self.unusable.is_empty() {
+            let unusable = std::mem::take(&mut self.unusable);
             server.problem = Some(ServerProblem {
-                reason: unresolved
+                reason: unusable
                     .iter()
                     .map(|u| u.reason(path))
                     .collect::<Vec<_>>()
                     .join("; "),
-                error: unresolved
+                error: unusable
                     .iter()
                     .map(|u| format!("{}:{}: {}: {}", self.file, u.line, u.path, u.message()))
                     .collect::<Vec<_>>()
@@ -1150,11 +1188,11 @@ impl Walker<'_> {
         Some(server)
     }
 
-    /// One of the keys of a remote server (`url`, `type`, `headers`,
-    /// `headers_helper`, `ca_file`).
-    fn remote_key(&mut self, remote: &mut Remote, item: &Entry, path: &str) {
+    /// One of the keys of a remote server (`key`: `url`, `type`, `headers`,
+    /// `headers_helper`, `ca_file`, however `item` spells it).
+    fn remote_key(&mut self, remote: &mut Remote, key: &str, item: &Entry, path: &str) {
         let node = &item.value;
-        match item.key.as_str() {
+        match key {
             "url" => {
                 let Some(url) = self.expanded(node, path) else {
                     return;
@@ -1202,9 +1240,9 @@ impl Walker<'_> {
 
     /// The variables of an `envFile` (relative to the config file).
     fn env_file(&mut self, node: &Node, path: &str) -> Option<Vec<(String, String)>> {
-        let pending = self.unresolved.len();
+        let pending = self.unusable.len();
         let name = self.expanded(node, path)?;
-        if self.unresolved.len() > pending {
+        if self.unusable.len() > pending {
             return None;
         }
         if name.trim().is_empty() {
@@ -1425,18 +1463,18 @@ impl Walker<'_> {
             // The file is fine; the server cannot start. Keep the text as
             // written so that the other checks still run.
             Err(ExpandError::Unset(name)) => {
-                self.unresolved.push(Unresolved {
+                self.unusable.push(Unusable {
                     line: node.line,
                     path: path.to_owned(),
-                    missing: Missing::Var(name),
+                    why: Why::Var(name),
                 });
                 Some(s.clone())
             }
             Err(ExpandError::Input(id)) => {
-                self.unresolved.push(Unresolved {
+                self.unusable.push(Unusable {
                     line: node.line,
                     path: path.to_owned(),
-                    missing: Missing::Input(id),
+                    why: Why::Input(id),
                 });
                 Some(s.clone())
             }
@@ -1614,6 +1652,8 @@ fn did_you_mean<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
         "arguments" | "argv" => "args",
         "environment" => "env",
         "workdir" | "working_dir" | "working_directory" | "workingdirectory" => "cwd",
+        // Other hosts' spellings (`HOST_SPELLINGS`), in our schema.
+        "httpurl" | "serverurl" => "url",
         _ => "",
     };
     if let Some(k) = known.iter().find(|k| **k == alias) {
@@ -2225,13 +2265,104 @@ mod tests {
     }
 
     #[test]
-    fn legacy_sse_servers_are_refused_with_a_way_out() {
-        let e = json_err(r#"{"mcpServers": {"r": {"type": "sse", "url": "https://x/sse"}}}"#);
-        assert!(
-            e.contains("mcpServers.r.type: legacy HTTP+SSE servers are not supported"),
-            "{e}"
+    fn a_legacy_sse_server_is_refused_with_a_way_out_and_spoils_only_itself() {
+        let text = r#"{"mcpServers": {
+            "r": {"type": "sse", "url": "https://x/sse"},
+            "fs": {"command": "y"}}}"#;
+        let config = json(text).expect("the file itself is valid");
+        let problem = config.servers[0].problem.clone().expect("a problem");
+        assert_eq!(
+            problem.reason,
+            "legacy HTTP+SSE (type: sse) is not supported; run it through mcp-remote: \
+             mcp-retry run -- npx -y mcp-remote URL"
         );
-        assert!(e.contains("mcp-retry run -- npx -y mcp-remote URL"), "{e}");
+        assert_eq!(
+            message(config.select(Some("r")).map(|_| config.clone())),
+            "/p/c.json:2: mcpServers.r.type: legacy HTTP+SSE servers are not supported; \
+             run it through mcp-remote: mcp-retry run -- npx -y mcp-remote URL"
+        );
+        assert_eq!(config.servers[1].problem, None);
+        assert_eq!(config.select(Some("fs")).unwrap().command, "y");
+        // With an unset variable too, both are said; in our schema the same.
+        let (reason, _) = unusable("servers:\n  r:\n    url: https://x/${P}\n    type: sse\n");
+        assert_eq!(
+            reason,
+            "P is not set (used in url); legacy HTTP+SSE (type: sse) is not supported; \
+             run it through mcp-remote: mcp-retry run -- npx -y mcp-remote URL"
+        );
+    }
+
+    #[test]
+    fn hosts_spell_headers_helper_and_url_their_own_way() {
+        let text = r#"{"mcpServers": {
+            "cc": {"type": "http", "url": "https://x/mcp", "headersHelper": "./tok.sh"},
+            "gemini": {"httpUrl": "https://g/mcp", "headers": {"A": "b"}},
+            "windsurf": {"serverUrl": "https://w/mcp", "headers_helper": "./w.sh"}}}"#;
+        let config = json(text).expect("valid");
+        assert!(config.notes.is_empty(), "{:?}", config.notes);
+        let s = |i: usize| &config.servers[i];
+        assert_eq!(s(0).transport, Transport::Http);
+        assert_eq!(s(0).headers_helper.as_deref(), Some("./tok.sh"));
+        assert_eq!(
+            (s(1).transport, s(1).url.as_str()),
+            (Transport::Http, "https://g/mcp")
+        );
+        assert_eq!(
+            (s(2).transport, s(2).url.as_str()),
+            (Transport::Http, "https://w/mcp")
+        );
+        assert_eq!(s(2).headers_helper.as_deref(), Some("./w.sh"));
+        // VS Code's files are hosts' files too.
+        let vscode =
+            r#"{"servers": {"r": {"type": "http", "url": "https://x", "headersHelper": "h"}}}"#;
+        assert_eq!(
+            json(vscode).unwrap().servers[0].headers_helper.as_deref(),
+            Some("h")
+        );
+        // Their spellings are checked as ours are.
+        assert_eq!(
+            json_err(r#"{"mcpServers": {"g": {"httpUrl": "ftp://g"}}}"#),
+            "/p/c.json:1: mcpServers.g.httpUrl: expected an http:// or https:// URL"
+        );
+        assert_eq!(
+            json_err(r#"{"mcpServers": {"g": {"httpUrl": "https://g", "headersHelper": " "}}}"#),
+            "/p/c.json:1: mcpServers.g.headersHelper: must not be empty"
+        );
+        // Two spellings of one key in one entry.
+        assert_eq!(
+            yaml_err("mcpServers:\n  g:\n    url: https://a\n    httpUrl: https://b\n"),
+            "/p/c.yaml:4: mcpServers.g.httpUrl: another spelling of url: give one of them"
+        );
+        assert_eq!(
+            yaml_err("mcpServers:\n  g:\n    url: https://a\n    headersHelper: a\n    headers_helper: b\n"),
+            "/p/c.yaml:5: mcpServers.g.headers_helper: another spelling of headersHelper: give one of them"
+        );
+        // A command still wins over a URL, however spelled.
+        let both = json(r#"{"mcpServers": {"g": {"command": "c", "httpUrl": "https://g"}}}"#);
+        assert_eq!(both.unwrap().servers[0].transport, Transport::Stdio);
+    }
+
+    #[test]
+    fn our_schema_spells_them_one_way() {
+        let err = |key: &str| {
+            yaml_err(&format!(
+                "servers:\n  r:\n    url: https://x\n    {key}: v\n"
+            ))
+        };
+        assert!(
+            err("headersHelper").starts_with(
+                "/p/c.yaml:4: servers.r.headersHelper: unknown key (did you mean headers_helper?"
+            ),
+            "{}",
+            err("headersHelper")
+        );
+        assert!(
+            err("httpUrl")
+                .starts_with("/p/c.yaml:4: servers.r.httpUrl: unknown key (did you mean url?"),
+            "{}",
+            err("httpUrl")
+        );
+        assert!(err("serverUrl").contains("servers.r.serverUrl: unknown key (did you mean url?"));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{gone_within, read_pid, TempDir, MOCK, PROXY, WAIT};
+use crate::util::{gone_within, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
 
 /// What one `mcp-retry check` run did.
 struct Ran {
@@ -588,4 +588,54 @@ fn disabled_entries_and_unknown_keys_are_told_on_stderr() {
         stderr.contains("typo.json:1: mcpServers.on.arg: unknown key (did you mean args?)"),
         "{stderr}"
     );
+}
+
+const SSE_REASON: &str = "legacy HTTP+SSE (type: sse) is not supported; run it through \
+                          mcp-remote: mcp-retry run -- npx -y mcp-remote URL";
+
+#[test]
+fn a_legacy_sse_entry_is_down_and_the_others_still_run() {
+    let dir = TempDir::new();
+    let config = "mcpServers:
+  fine:
+    command: {mock}
+  legacy:
+    type: sse
+    url: http://127.0.0.1:9/sse
+";
+    let ran = check(&dir, config, &[]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(lines.len(), 2, "{}", ran.stdout);
+    assert_up(&lines[0], "fine", OK_MOCK);
+    assert_down(&lines[1], "legacy", SSE_REASON);
+    let ran = check(&dir, config, &["--json", "--server", "legacy"]);
+    let v: Value = serde_json::from_str(&ran.stdout).unwrap();
+    assert_eq!(
+        (&v["servers"][0]["up"], &v["servers"][0]["error"]),
+        (&json!(false), &json!(SSE_REASON))
+    );
+    // `run` of that server is refused, naming the way out.
+    let out = Command::new(PROXY)
+        .args(["run", "--config"])
+        .arg(dir.join("c.yaml"))
+        .args(["--server", "legacy"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "c.yaml:5: mcpServers.legacy.type: legacy HTTP+SSE servers are not supported; \
+             run it through mcp-remote: mcp-retry run -- npx -y mcp-remote URL"
+        ),
+        "{stderr}"
+    );
+    // The file's other server runs.
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml", "--server", "fine"])
+        .file("c.yaml", config)
+        .start();
+    s.initialize();
+    assert_eq!(s.list_tools()["tools"].as_array().map(Vec::len), Some(5));
 }

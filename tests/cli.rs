@@ -280,3 +280,36 @@ fn run_warns_once_about_keys_it_ignores() {
     );
     assert!(!stderr.contains("autoApprove"), "{stderr}");
 }
+
+// The helper is a sh command (Windows runs helpers with cmd /C).
+#[cfg(unix)]
+#[test]
+fn other_hosts_spellings_reach_a_remote_server() {
+    let server = crate::http_server::Server::start();
+    let config = format!(
+        r#"{{"mcpServers": {{
+            "legacy": {{"type": "sse", "url": "http://127.0.0.1:9/sse"}},
+            "gemini": {{"httpUrl": "{}", "headersHelper": "printf '{{\"Authorization\": \"Bearer from-helper\"}}'"}}
+        }}}}"#,
+        server.url()
+    );
+    let mut s = Builder::proxy(&[
+        "run",
+        "--config",
+        "{dir}/settings.json",
+        "--server",
+        "gemini",
+    ])
+    .file("settings.json", &config)
+    .env("NO_PROXY", "127.0.0.1")
+    .start();
+    s.initialize();
+    s.call(json!(1), "read", json!({}));
+    assert_eq!(
+        s.result(&json!(1))["content"][0]["text"],
+        "read done",
+        "{}",
+        s.stderr()
+    );
+    server.with(|st| assert_eq!(st.authorizations[0], "Bearer from-helper"));
+}

@@ -47,11 +47,13 @@ mod text {
 # A file in the Claude Desktop / Cursor / .mcp.json shape (a top-level
 # `mcpServers:` mapping), or VS Code's .vscode/mcp.json (`servers:` entries
 # with a `type`, and `inputs:`), is accepted as well; it takes the same keys
-# per server but no `defaults:` section. Keys other hosts define there (type,
-# timeout, autoApprove, alwaysAllow, transportType, description, url, ...)
-# are ignored; a key one edit away from one of ours (`arg`, `call_timout`) is
-# an error; any other unknown key is ignored with one warning. VS Code's
-# ${input:NAME} prompts cannot be answered here: such a server is refused.
+# per server but no `defaults:` section, and other hosts' spellings of three
+# (headersHelper for headers_helper; httpUrl and serverUrl for url). Keys
+# other hosts define there (timeout, autoApprove, alwaysAllow, transportType,
+# description, ...) are ignored; a key one edit away from one of ours (`arg`,
+# `call_timout`) is an error; any other unknown key is ignored with one
+# warning. VS Code's ${input:NAME} prompts cannot be answered here, and
+# legacy HTTP+SSE (type: sse) is not spoken: such a server is refused.
 #
 # A file with only `defaults:` is valid: `run --config F -- COMMAND`.
 
@@ -327,6 +329,13 @@ fn process_properties() -> Map<String, Json> {
 pub fn schema() -> Json {
     let mut server = process_properties();
     server.extend(policy_properties(""));
+    // The hosts' files also take other hosts' spellings of a few keys.
+    let mut host_server = server.clone();
+    for (theirs, ours) in super::HOST_SPELLINGS {
+        let mut schema = server[*ours].clone();
+        schema["description"] = json!(format!("Another host's spelling of `{ours}`."));
+        host_server.insert(theirs.to_string(), schema);
+    }
     let mut tool = Map::new();
     for key in TOOL_KEYS {
         tool.insert(
@@ -392,7 +401,7 @@ pub fn schema() -> Json {
             },
             "hostServer": {
                 "type": "object",
-                "properties": server,
+                "properties": host_server,
             },
             "tool": {
                 "type": ["object", "null"],

@@ -321,14 +321,17 @@ pub(super) static PROCESS_KEYS: &[ProcessKey] = &[
         name: "url",
         kind: ProcessKind::String,
         default: Def::Unset,
-        doc: "A remote server's Streamable HTTP endpoint (`https://host/mcp`), instead of `command`.",
+        doc: "A remote server's Streamable HTTP endpoint (`https://host/mcp`), instead of \
+              `command`. In the hosts' files also spelled `httpUrl` (Gemini CLI) or `serverUrl` \
+              (Windsurf).",
     },
     ProcessKey {
         name: "type",
         kind: ProcessKind::String,
         default: Def::Unset,
         doc: "`stdio` (with `command`) or `http` (with `url`); optional. `sse` (legacy HTTP+SSE) \
-              is not supported: run `mcp-remote` as the command instead.",
+              is not supported: `run` refuses that server and `check` reports it down (run \
+              `mcp-remote` as its command instead); the file's other servers still run.",
     },
     ProcessKey {
         name: "headers",
@@ -343,7 +346,8 @@ pub(super) static PROCESS_KEYS: &[ProcessKey] = &[
         default: Def::Unset,
         doc: "A shell command that prints a JSON object of headers for a remote server, run at \
               the start and once more after a 401 or 403 (within 10 s), in the config file's \
-              directory (or `cwd`), with `env`; its headers win over `headers`.",
+              directory (or `cwd`), with `env`; its headers win over `headers`. In the hosts' \
+              files also spelled `headersHelper` (Claude Code).",
     },
     ProcessKey {
         name: "ca_file",
