@@ -1,14 +1,20 @@
 //! `mcp-retry check` through the real binary: the report lines and their
 //! alignment, each reason a server is down, the JSON report, `--server`,
-//! parallel probing and that no process outlives the check.
+//! parallel probing and that no process outlives the check; remote servers
+//! too (the loopback server of `http_server.rs`, a closed port, and a small
+//! server of its own here that answers 401).
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::http_server::Server;
 use crate::util::{gone_within, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
 
 /// What one `mcp-retry check` run did.
@@ -38,6 +44,7 @@ fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
         .arg("--config")
         .arg(&path)
         .args(args)
+        .env("NO_PROXY", "127.0.0.1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -638,4 +645,178 @@ fn a_legacy_sse_entry_is_down_and_the_others_still_run() {
         .start();
     s.initialize();
     assert_eq!(s.list_tools()["tools"].as_array().map(Vec::len), Some(5));
+}
+
+#[test]
+fn json_report_of_a_remote_server() {
+    let server = Server::start();
+    let dir = TempDir::new();
+    let config = format!("servers:\n  remote:\n    url: {}\n", server.url());
+    let ran = check(&dir, &config, &["--json"]);
+    assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+    let mut v: Value =
+        serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
+    let latency = v["servers"][0]["latency_ms"].take();
+    assert!(latency.as_f64().is_some_and(|ms| ms > 0.0), "{latency}");
+    assert_eq!(
+        v,
+        json!({"servers": [
+            {"name": "remote", "up": true, "latency_ms": null, "error": null,
+             "protocol_version": "2025-11-25", "server_name": "http-test",
+             "server_version": "1", "tools": 2},
+        ]})
+    );
+    // The session it opened was ended.
+    server.with(|st| assert_eq!(st.deleted, ["s1"]));
+}
+
+/// A free loopback port nobody listens on.
+fn closed_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A loopback server that answers every request `401 Unauthorized`, with a
+/// JSON-RPC error quoting the request's `Authorization` and `X-Tenant`
+/// headers back; it stops when dropped.
+struct Unauthorized {
+    port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl Unauthorized {
+    fn start() -> Unauthorized {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Ok(stream) = stream {
+                    answer_401(stream);
+                }
+            }
+        });
+        Unauthorized { port, stop }
+    }
+}
+
+impl Drop for Unauthorized {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// Reads one request (its body too, so that closing is not a reset) and
+/// answers it 401.
+fn answer_401(stream: TcpStream) {
+    let mut r = BufReader::new(&stream);
+    let (mut length, mut auth, mut tenant) = (0, String::new(), String::new());
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => length = value.trim().parse().unwrap_or(0),
+                "authorization" => auth = value.trim().to_owned(),
+                "x-tenant" => tenant = value.trim().to_owned(),
+                _ => {}
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    if r.read_exact(&mut body).is_err() {
+        return;
+    }
+    let answer = json!({"jsonrpc": "2.0", "id": null,
+        "error": {"code": -32001, "message": format!("no access for {auth} as {tenant}")}})
+    .to_string();
+    let mut w = &stream;
+    let _ = write!(
+        w,
+        "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+}
+
+#[test]
+fn remote_servers_down_say_why_without_their_headers() {
+    const CANARY: &str = "CANARY-check-5d1e";
+    let refusing = closed_port();
+    let unauthorized = Unauthorized::start();
+    let dir = TempDir::new();
+    let config = format!(
+        "servers:
+  refused:
+    url: http://127.0.0.1:{refusing}/mcp
+    headers:
+      Authorization: Bearer {CANARY}
+  unauthorized:
+    url: http://127.0.0.1:{}/mcp
+    headers:
+      Authorization: Bearer {CANARY}
+      X-Tenant: {CANARY}
+",
+        unauthorized.port
+    );
+    let ran = check(&dir, &config, &["--timeout", "2"]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(lines.len(), 2, "{}", ran.stdout);
+    assert_eq!(
+        (lines[0].status.as_str(), lines[0].name.as_str()),
+        ("[DOWN]", "refused")
+    );
+    assert!(
+        lines[0].detail.starts_with("could not be reached ("),
+        "{:?}",
+        lines[0]
+    );
+    #[cfg(unix)]
+    assert!(
+        lines[0].detail.contains("Connection refused"),
+        "{:?}",
+        lines[0]
+    );
+    assert_eq!(
+        (lines[1].status.as_str(), lines[1].name.as_str()),
+        ("[DOWN]", "unauthorized")
+    );
+    assert!(
+        lines[1].detail.contains("401 Unauthorized"),
+        "{:?}",
+        lines[1]
+    );
+    // The server's message, without the header values it quoted.
+    assert!(
+        lines[1]
+            .detail
+            .contains(" access for [redacted] as [redacted]"),
+        "{:?}",
+        lines[1]
+    );
+    let ran_json = check(&dir, &config, &["--timeout", "2", "--json"]);
+    let v: Value = serde_json::from_str(&ran_json.stdout).unwrap();
+    assert_eq!(v["servers"][0]["up"], false);
+    assert_eq!(v["servers"][0]["error"], json!(lines[0].detail), "{v}");
+    assert!(
+        v["servers"][1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("401 Unauthorized"),
+        "{v}"
+    );
+    for text in [&ran.stdout, &ran.stderr, &ran_json.stdout, &ran_json.stderr] {
+        assert!(!text.contains(CANARY), "{text}");
+    }
 }

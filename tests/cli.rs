@@ -281,6 +281,48 @@ fn run_warns_once_about_keys_it_ignores() {
     assert!(!stderr.contains("autoApprove"), "{stderr}");
 }
 
+#[test]
+fn a_header_canary_stays_out_of_the_stats_file() {
+    const CANARY: &str = "CANARY-stats-91c2";
+    let server = crate::http_server::Server::start();
+    let config = format!(
+        "mcpServers:\n  remote:\n    type: http\n    url: {}\n    headers:\n      Authorization: Bearer ${{TOKEN}}\n",
+        server.url()
+    );
+    let mut s = Builder::proxy(&[
+        "run",
+        "--config",
+        "{dir}/c.yaml",
+        "--stats-file",
+        "{dir}/stats.json",
+    ])
+    .file("c.yaml", &config)
+    .env("TOKEN", CANARY)
+    .env("NO_PROXY", "127.0.0.1")
+    .start();
+    s.initialize();
+    s.call(json!(1), "read", json!({}));
+    s.result(&json!(1));
+    // A server that quotes the token back in its refusal.
+    server.fault(crate::http_server::Fault::Status(
+        401,
+        None,
+        "bad token CANARY-stats-91c2",
+    ));
+    s.call(json!(2), "write", json!({}));
+    assert!(s.error(&json!(2)).to_string().contains("401 Unauthorized"));
+    server.with(|st| assert_eq!(st.authorizations[0], format!("Bearer {CANARY}")));
+    s.close_stdin();
+    s.wait();
+    let stats = std::fs::read_to_string(s.dir.join("stats.json")).expect("the stats file");
+    let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(v["server"], "remote", "{stats}");
+    assert_eq!(v["tools"]["read"]["calls"], 1, "{stats}");
+    assert_eq!(v["tools"]["write"]["failed"], 1, "{stats}");
+    assert!(!stats.contains(CANARY), "{stats}");
+    assert!(!s.stderr().contains(CANARY), "{}", s.stderr());
+}
+
 // The helper is a sh command (Windows runs helpers with cmd /C).
 #[cfg(unix)]
 #[test]
