@@ -263,6 +263,16 @@ fn a_modern_only_server_is_up_through_server_discover() {
     assert_eq!(v["servers"][0]["tools"], 5);
 }
 
+/// The `--json` report, its first server's latency (which must be
+/// positive) set to null.
+fn json_with_first_latency_nulled(ran: &Ran) -> Value {
+    let mut v: Value =
+        serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
+    let latency = v["servers"][0]["latency_ms"].take();
+    assert!(latency.as_f64().is_some_and(|ms| ms > 0.0), "{latency}");
+    v
+}
+
 #[test]
 fn json_report_parses_and_matches() {
     let dir = TempDir::new();
@@ -282,12 +292,8 @@ fn json_report_parses_and_matches() {
         &["--json"],
     );
     assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
-    let mut v: Value =
-        serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
-    let latency = v["servers"][0]["latency_ms"].take();
-    assert!(latency.as_f64().is_some_and(|ms| ms > 0.0), "{latency}");
     assert_eq!(
-        v,
+        json_with_first_latency_nulled(&ran),
         json!({"servers": [
             {"name": "up", "up": true, "latency_ms": null, "error": null,
              "protocol_version": "2025-06-18", "server_name": "mock-mcp-server",
@@ -507,6 +513,21 @@ fn a_server_writing_non_json_to_stdout_is_named_and_quoted() {
     );
 }
 
+/// `mcp-retry run --config c.yaml --server NAME` in `dir`, which must fail
+/// as a configuration error (exit 2); its stderr.
+fn run_refused(dir: &TempDir, name: &str) -> String {
+    let out = Command::new(PROXY)
+        .args(["run", "--config"])
+        .arg(dir.join("c.yaml"))
+        .args(["--server", name])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
 #[test]
 fn an_unset_variable_is_that_server_s_down_line() {
     let dir = TempDir::new();
@@ -536,15 +557,7 @@ fn an_unset_variable_is_that_server_s_down_line() {
         "MCP_RETRY_TEST_SURELY_UNSET is not set (used in env.GITHUB_TOKEN)"
     );
     // `run` of that server is still a configuration error.
-    let out = Command::new(PROXY)
-        .args(["run", "--config"])
-        .arg(dir.join("c.yaml"))
-        .args(["--server", "github"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = run_refused(&dir, "github");
     assert!(
         stderr.contains(
             "c.yaml:7: servers.github.env.GITHUB_TOKEN: environment variable MCP_RETRY_TEST_SURELY_UNSET is not set"
@@ -623,15 +636,7 @@ fn a_legacy_sse_entry_is_down_and_the_others_still_run() {
         (&json!(false), &json!(SSE_REASON))
     );
     // `run` of that server is refused, naming the way out.
-    let out = Command::new(PROXY)
-        .args(["run", "--config"])
-        .arg(dir.join("c.yaml"))
-        .args(["--server", "legacy"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = run_refused(&dir, "legacy");
     assert!(
         stderr.contains(
             "c.yaml:5: mcpServers.legacy.type: legacy HTTP+SSE servers are not supported; \
@@ -654,12 +659,8 @@ fn json_report_of_a_remote_server() {
     let config = format!("servers:\n  remote:\n    url: {}\n", server.url());
     let ran = check(&dir, &config, &["--json"]);
     assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
-    let mut v: Value =
-        serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
-    let latency = v["servers"][0]["latency_ms"].take();
-    assert!(latency.as_f64().is_some_and(|ms| ms > 0.0), "{latency}");
     assert_eq!(
-        v,
+        json_with_first_latency_nulled(&ran),
         json!({"servers": [
             {"name": "remote", "up": true, "latency_ms": null, "error": null,
              "protocol_version": "2025-11-25", "server_name": "http-test",
