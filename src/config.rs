@@ -3,9 +3,11 @@
 //! Owns the file formats (our `servers:` schema, the `mcpServers:` files of
 //! Claude Desktop, Cursor and `.mcp.json`, and VS Code's `.vscode/mcp.json`),
 //! the keys other hosts define (ignored, or a "did you mean" error for a near
-//! miss of ours), `envFile` dotenv files, `${VAR}` expansion, defaults and
-//! validation. A server whose `${VAR}` is not set leaves the file valid but
-//! carries a [`ServerProblem`]: `run` refuses it, `check` reports it down.
+//! miss of ours) and their spellings of ours (`headersHelper`, `httpUrl`),
+//! `envFile` dotenv files, `${VAR}` expansion, defaults and validation. A
+//! server whose `${VAR}` is not set, or whose `type` is `sse`, leaves the
+//! file valid but carries a [`ServerProblem`]: `run` refuses it, `check`
+//! reports it down.
 //! Reads no file but the config and its `envFile`s; knows nothing of threads,
 //! channels or the protocol.
 //!
