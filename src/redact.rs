@@ -39,6 +39,16 @@ const SECRET_NAMES: &[&str] = &[
     "session",
 ];
 
+/// Names that contain a secret-sounding part but say how a request fared,
+/// as in `401 Unauthorized: token expired`: what follows is a message.
+const STATUS_WORDS: &[&str] = &[
+    "unauthorized",
+    "unauthenticated",
+    "authenticated",
+    "authorized",
+    "authentication",
+];
+
 /// Removes secrets from lines a server wrote before they are shown to a
 /// client.
 #[derive(Debug, Clone, Default)]
@@ -90,7 +100,7 @@ impl Redactor {
 /// names a secret.
 fn is_secret_name(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    SECRET_NAMES.iter().any(|s| lower.contains(s))
+    !STATUS_WORDS.contains(&lower.as_str()) && SECRET_NAMES.iter().any(|s| lower.contains(s))
 }
 
 fn is_name_char(c: char) -> bool {
@@ -407,6 +417,8 @@ mod tests {
             "count=3 name=server",
             "token:",
             "Node.js v20.11.0",
+            "401 Unauthorized: no access for this user",
+            "authentication: failed twice",
         ] {
             assert_eq!(plain(line), line);
         }

@@ -802,7 +802,7 @@ fn remote_servers_down_say_why_without_their_headers() {
     assert!(
         lines[1]
             .detail
-            .contains(" access for [redacted] as [redacted]"),
+            .contains("401 Unauthorized: no access for [redacted] as [redacted]"),
         "{:?}",
         lines[1]
     );
