@@ -490,6 +490,8 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
     let mut s = proxy_with("max_message_bytes: 1048576\nidempotency_max_bytes: 8388608")
         .unread_stdout()
         .start();
+    eventually("the server to start", || s.stderr().contains("(pid "));
+    s.note_memory_base();
     let mut stdin = s.take_stdin();
     let writer = thread::spawn(move || {
         for i in 0..calls {

@@ -70,6 +70,8 @@ pub struct Session {
     stderr: Arc<Mutex<String>>,
     /// The proxy's stdout while nobody reads it (`Builder::unread_stdout`).
     unread: Option<(ChildStdout, crossbeam_channel::Sender<String>)>,
+    /// What `memory_kb` leaves out (see there); 0 on Unix.
+    memory_base_kb: u64,
     pub dir: TempDir,
 }
 
@@ -183,6 +185,7 @@ impl Builder {
             raw_backlog: VecDeque::new(),
             stderr,
             unread,
+            memory_base_kb: 0,
             dir: self.dir,
         }
     }
@@ -222,8 +225,12 @@ impl Session {
     }
 
     /// A `kB` field of the proxy's `/proc/PID/status` (`VmRSS`, `VmHWM`).
+    /// The proxy's `VmRSS` or `VmHWM` in kB. On Windows, what it holds
+    /// beyond its working set at `initialize`: there that includes the
+    /// loaded system DLLs (about 90 MB under Wine), which are not ours to
+    /// bound.
     pub fn memory_kb(&self, field: &str) -> u64 {
-        status_kb(self.pid(), field)
+        status_kb(self.pid(), field).saturating_sub(self.memory_base_kb)
     }
 
     pub fn stderr(&self) -> String {
@@ -288,7 +295,18 @@ impl Session {
         );
         let r = self.response(&json!(0));
         self.notify("notifications/initialized", json!({}));
+        if self.memory_base_kb == 0 {
+            self.note_memory_base();
+        }
         r
+    }
+
+    /// On Windows, takes the proxy's working set now as what `memory_kb`
+    /// leaves out (`initialize` does this); nothing on Unix.
+    pub fn note_memory_base(&mut self) {
+        if cfg!(windows) {
+            self.memory_base_kb = status_kb(self.pid(), "VmRSS");
+        }
     }
 
     fn next_line(&mut self, deadline: Instant) -> Option<String> {
@@ -540,6 +558,7 @@ pub fn kill_pid(pid: i32) {
 }
 
 /// A `kB` field (`VmRSS`, `VmHWM`) of `/proc/PID/status`; 0 if unknown.
+#[cfg(unix)]
 pub fn status_kb(pid: u32, field: &str) -> u64 {
     let prefix = format!("{field}:");
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -549,6 +568,43 @@ pub fn status_kb(pid: u32, field: &str) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// The Windows counterparts of `VmRSS` and `VmHWM` in kB: the process's
+/// working set and its peak (a Windows pid names no `/proc` entry, not even
+/// under Wine); 0 if unknown.
+#[cfg(windows)]
+pub fn status_kb(pid: u32, field: &str) -> u64 {
+    use windows_sys::Win32::Foundation::CloseHandle;
+    use windows_sys::Win32::System::ProcessStatus::{
+        K32GetProcessMemoryInfo, PROCESS_MEMORY_COUNTERS,
+    };
+    use windows_sys::Win32::System::Threading::{
+        OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION, PROCESS_VM_READ,
+    };
+    // SAFETY: OpenProcess returns null for a pid that names no process; the
+    // counters are a plain struct of the size passed; the handle is closed
+    // once.
+    let counters = unsafe {
+        let handle = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION | PROCESS_VM_READ, 0, pid);
+        if handle.is_null() {
+            return 0;
+        }
+        let mut counters: PROCESS_MEMORY_COUNTERS = std::mem::zeroed();
+        let size = std::mem::size_of::<PROCESS_MEMORY_COUNTERS>() as u32;
+        let ok = K32GetProcessMemoryInfo(handle, &mut counters, size) != 0;
+        CloseHandle(handle);
+        if !ok {
+            return 0;
+        }
+        counters
+    };
+    let bytes = match field {
+        "VmRSS" => counters.WorkingSetSize,
+        "VmHWM" => counters.PeakWorkingSetSize,
+        _ => return 0,
+    };
+    bytes as u64 / 1024
 }
 
 /// True while a process with this pid exists.
