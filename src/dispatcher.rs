@@ -4,7 +4,8 @@
 //! It routes every message between the client and the server, rewriting ids
 //! so each side sees only its own, answers malformed input, and drives the
 //! lifecycle of the server link (start, shutdown). `tools/call` requests are
-//! handed to `calls.rs`, which applies the policies. Deadlines are data: a
+//! handed to [`Calls`] (`calls.rs`), which applies the policies and returns
+//! actions that `actions.rs` carries out. Deadlines are data: a
 //! min-heap of [`Timer`]s, and the loop sleeps on the earliest one with
 //! `recv_deadline`, so an idle proxy uses no CPU.
 //!
@@ -16,7 +17,6 @@
 #![forbid(unsafe_code)]
 
 use std::cmp::Reverse;
-use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,16 +27,11 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, ServerEvent, SHUTDOWN_STEP};
 use crate::fasthash::FastMap;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
-use crate::policy::backoff::Backoff;
-use crate::policy::breaker::Breaker;
-use crate::policy::budget::RetryBudget;
-use crate::policy::cache::ResultCache;
-use crate::policy::dedup::DedupTable;
-use crate::stats::Stats;
 use crate::status::Publisher;
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
+mod actions;
 mod calls;
 mod link;
 mod publish;
@@ -44,7 +39,7 @@ mod publish;
 mod tests;
 mod trace;
 
-use calls::{Call, Late, ToolsKnowledge};
+use calls::{Action, CallTimer, Calls, Owner};
 use link::{Link, Queued, ReplayStep, Route, Session};
 
 /// Everything that can wake the dispatcher.
@@ -144,12 +139,8 @@ pub enum Timer {
     /// backstop, so that the proxy exits even if the server is never
     /// reported gone.
     ShutdownGiveUp,
-    /// A call's attempt runs out of time (unless progress moved it).
-    AttemptTimeout { call: u64, down: u64 },
-    /// A call's backoff is over.
-    RetryDue { call: u64 },
-    /// A call waiting for annotations must decide now.
-    CallDeadline { call: u64 },
+    /// A deadline of a `tools/call` (`calls.rs`).
+    Call(CallTimer),
     /// Time to write the stats file.
     StatsFlush,
     /// Time to hand the status snapshot to its writer.
@@ -192,7 +183,8 @@ struct TimerEntry {
     timer: Timer,
 }
 
-/// What a downstream id stands for.
+/// What a downstream id stands for, unless it is a call's (those are
+/// [`Calls`]'s).
 #[derive(Debug)]
 enum Inflight {
     /// A client request relayed as is; `resend` keeps read-only requests,
@@ -204,13 +196,8 @@ enum Inflight {
     },
     /// The proxy's replay of the session to a new incarnation.
     Replay(ReplayStep),
-    /// An attempt of a `tools/call`.
-    Attempt { call: u64 },
     /// The proxy's own `tools/list`, to learn annotations.
     ToolsList,
-    /// An attempt of a call that has ended without its success reaching
-    /// the client; a late success is kept for replay.
-    Late(Box<Late>),
 }
 
 /// Methods whose answers the dispatcher looks at.
@@ -278,7 +265,7 @@ pub enum Outcome {
 }
 
 pub struct Dispatcher {
-    cfg: ServerConfig,
+    cfg: Arc<ServerConfig>,
     to_client: Outbox,
     events: Sender<Event>,
     connect: Connector,
@@ -307,25 +294,15 @@ pub struct Dispatcher {
     /// Timers left by the last pruning.
     timers_kept: usize,
     phase: Phase,
-    calls: FastMap<u64, Call>,
-    next_call: u64,
-    calls_by_key: FastMap<u128, u64>,
-    calls_by_token: FastMap<String, u64>,
-    tools: ToolsKnowledge,
-    cache: ResultCache,
-    dedup: DedupTable<u128, String>,
-    /// The secret keys of dedup fingerprints.
-    fingerprint_keys: RandomState,
-    /// Downstream ids whose late answers are awaited, oldest first.
-    late: VecDeque<u64>,
-    breaker: Breaker,
-    budget: RetryBudget,
-    backoff: Backoff,
+    /// Every `tools/call` in flight, with the policies.
+    calls: Calls,
+    /// The actions the calls return, a buffer kept between events.
+    actions: Vec<Action>,
+    /// For the restart backoff's jitter.
     rng: fastrand::Rng,
     /// The time of the event or timer being handled: the dispatcher's only
     /// clock (read by `run`, set by the caller of `handle_event`).
     now: Instant,
-    stats: Stats,
     /// Where `--stats-file` documents go, and whether a flush is scheduled.
     stats_out: Option<Sender<String>>,
     stats_flush_pending: bool,
@@ -352,6 +329,7 @@ impl Dispatcher {
         events: Sender<Event>,
         connect: Connector,
     ) -> Dispatcher {
+        let cfg = Arc::new(cfg);
         Dispatcher {
             to_client,
             events,
@@ -379,25 +357,10 @@ impl Dispatcher {
             timer_seq: 0,
             timers_kept: 0,
             phase: Phase::Running,
-            calls: FastMap::default(),
-            next_call: 0,
-            calls_by_key: FastMap::default(),
-            calls_by_token: FastMap::default(),
-            tools: ToolsKnowledge::default(),
-            cache: ResultCache::new(&cfg.cache),
-            dedup: DedupTable::new(
-                cfg.idempotency_ttl,
-                cfg.idempotency_max_entries,
-                cfg.idempotency_max_bytes,
-            ),
-            fingerprint_keys: RandomState::new(),
-            late: VecDeque::new(),
-            breaker: Breaker::new(&cfg.circuit_breaker),
-            budget: RetryBudget::new(&cfg.retry.budget),
-            backoff: Backoff::from_config(&cfg.retry),
+            calls: Calls::new(cfg.clone()),
+            actions: Vec::new(),
             rng: fastrand::Rng::new(),
             now: Instant::now(),
-            stats: Stats::default(),
             stats_out: None,
             stats_flush_pending: false,
             status: None,
@@ -421,6 +384,7 @@ impl Dispatcher {
     #[cfg(test)]
     pub fn with_seed(mut self, seed: u64) -> Dispatcher {
         self.rng = fastrand::Rng::with_seed(seed);
+        self.calls = self.calls.with_seed(seed);
         self
     }
 
@@ -437,7 +401,7 @@ impl Dispatcher {
         loop {
             if let Some(outcome) = self.finished() {
                 self.answer_remaining();
-                info!("{}", self.stats.summary());
+                info!("{}", self.calls.stats().summary());
                 self.flush_stats();
                 self.otel_finish(Instant::now());
                 return outcome;
@@ -558,8 +522,8 @@ impl Dispatcher {
     fn prune_timers(&mut self) {
         let calls = &self.calls;
         self.timers.retain(|Reverse(t)| match t.timer {
-            Timer::AttemptTimeout { call, down } => {
-                calls.get(&call).is_some_and(|c| c.attempt_is_live(down))
+            Timer::Call(CallTimer::AttemptTimeout { call, down }) => {
+                calls.attempt_is_live(call, down)
             }
             _ => true,
         });
@@ -595,19 +559,20 @@ impl Dispatcher {
                     )
                 });
                 if self.session.has_tools
-                    && !self.tools.known
-                    && !self.tools.fetching
+                    && self.calls.tools_unknown()
                     && !client_listing
                     && self.link_ready()
                 {
-                    self.fetch_tools(now);
+                    self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
                 }
             }
             Timer::OverlongLine { generation, line } => self.overlong_line_due(generation, line),
             Timer::ToolsListTimeout { down } => self.tools_list_timed_out(down, now),
-            t @ (Timer::AttemptTimeout { .. }
-            | Timer::RetryDue { .. }
-            | Timer::CallDeadline { .. }) => self.on_call_timer(t, now),
+            Timer::Call(t) => {
+                if let Some(due) = self.with_calls(now, |c, ctx, out| c.on_timer(t, ctx, out)) {
+                    self.start_attempt(due, now);
+                }
+            }
         }
     }
 
@@ -623,7 +588,7 @@ impl Dispatcher {
     fn flush_stats(&mut self) {
         self.stats_flush_pending = false;
         if let Some(out) = &self.stats_out {
-            let _ = out.send(self.stats.to_json(&self.cfg.name));
+            let _ = out.send(self.calls.stats().to_json(&self.cfg.name));
         }
     }
 
@@ -658,7 +623,7 @@ impl Dispatcher {
                 Queued::Call(id) => {
                     let e =
                         proxy_error(Reason::ServerUnavailable, "mcp-retry is shutting down", &[]);
-                    self.finish_failed(id, &e, now);
+                    self.with_calls(now, |c, ctx, out| c.fail(id, &e, ctx, out));
                 }
                 Queued::Notification(_) => {}
             }
@@ -978,7 +943,7 @@ impl Dispatcher {
     fn on_client_notification(&mut self, m: Message, now: Instant) {
         let method = m.method().unwrap_or_default().into_owned();
         if method == "notifications/cancelled" {
-            return self.on_client_cancel(&m);
+            return self.on_client_cancel(&m, now);
         }
         if method == "notifications/initialized" {
             self.session.initialized = true;
@@ -1004,7 +969,7 @@ impl Dispatcher {
         }
     }
 
-    fn on_client_cancel(&mut self, m: &Message) {
+    fn on_client_cancel(&mut self, m: &Message, now: Instant) {
         let Some((request_id, params)) = m
             .params()
             .and_then(RawObject::parse)
@@ -1034,7 +999,9 @@ impl Dispatcher {
             let reason = params
                 .string("reason")
                 .unwrap_or_else(|| "cancelled by the client".into());
-            return self.cancel_call_member(call, &request_id, &reason);
+            return self.with_calls(now, |c, ctx, out| {
+                c.cancel_member(call, &request_id, &reason, ctx, out)
+            });
         }
         if let Some(down) = req.downstream {
             self.inflight.remove(&down);
@@ -1100,50 +1067,18 @@ impl Dispatcher {
                 "dropped a response from the server with an id the proxy never issued: {id}"
             );
         };
-        if matches!(
-            self.inflight.get(&down),
-            Some(Inflight::Attempt { .. } | Inflight::Client { .. })
-        ) {
-            if let Link::Up(c) = &mut self.link {
-                c.served = true;
-            }
-        }
-        match self.inflight.get(&down) {
-            Some(Inflight::Attempt { call }) => {
-                // Late answers of abandoned attempts still route to the call.
-                let call = *call;
-                self.inflight.remove(&down);
-                self.on_attempt_response(call, down, m, now);
-            }
-            Some(Inflight::ToolsList) => {
-                self.inflight.remove(&down);
-                match m.result() {
-                    Some(r) => self.learn_tools(r, true, false, now),
-                    None => self.tools_learned(false, now),
-                }
-            }
-            Some(Inflight::Replay(step)) => {
-                let step = *step;
-                self.inflight.remove(&down);
-                self.on_replay_response(step, &m, now);
-            }
-            Some(Inflight::Late(_)) => {
-                if let Some(Inflight::Late(late)) = self.inflight.remove(&down) {
-                    self.on_late_answer(*late, &m, now);
-                }
-            }
-            Some(Inflight::Client { .. }) => {
-                let Some(Inflight::Client {
-                    client_id, method, ..
-                }) = self.inflight.remove(&down)
-                else {
-                    unreachable!("matched above")
-                };
+        match self.inflight.remove(&down) {
+            Some(Inflight::Client {
+                client_id, method, ..
+            }) => {
+                self.served();
                 match method {
                     Method::Initialize => self.observe_initialize(&m),
                     Method::ToolsList { first } => {
                         if let Some(r) = m.result() {
-                            self.learn_tools(r, false, first, now);
+                            self.with_calls(now, |c, ctx, out| {
+                                c.learn_tools(r, false, first, ctx, out)
+                            });
                         }
                     }
                     Method::ReadOnly | Method::Other => {}
@@ -1151,9 +1086,27 @@ impl Dispatcher {
                 let line = m.into_line_with_id(&client_id);
                 self.answer(&client_id, line);
             }
-            None => debug!(
-                "dropped the server's answer to request {down}, which was cancelled or abandoned"
-            ),
+            Some(Inflight::ToolsList) => self.with_calls(now, |c, ctx, out| match m.result() {
+                Some(r) => c.learn_tools(r, true, false, ctx, out),
+                None => c.tools_learned(false, ctx, out),
+            }),
+            Some(Inflight::Replay(step)) => self.on_replay_response(step, &m, now),
+            // Late answers of abandoned attempts still route to their call.
+            None => match self.with_calls(now, |c, ctx, out| c.on_answer(down, m, ctx, out)) {
+                Owner::Served => self.served(),
+                Owner::Known => {}
+                Owner::Unknown => debug!(
+                    "dropped the server's answer to request {down}, which was cancelled or abandoned"
+                ),
+            },
+        }
+    }
+
+    /// The current incarnation answered a client request or a call attempt:
+    /// it did useful work.
+    fn served(&mut self) {
+        if let Link::Up(c) = &mut self.link {
+            c.served = true;
         }
     }
 
@@ -1169,47 +1122,16 @@ impl Dispatcher {
         else {
             return debug!("the dropped answer had an id the proxy never issued: {id}");
         };
-        match self.inflight.get(&down) {
-            Some(Inflight::Client { .. }) => {
-                let Some(Inflight::Client { client_id, .. }) = self.inflight.remove(&down) else {
-                    unreachable!("matched above")
-                };
-                if let Link::Up(c) = &mut self.link {
-                    c.served = true;
-                }
+        match self.inflight.remove(&down) {
+            Some(Inflight::Client { client_id, .. }) => {
+                self.served();
                 warn!("answered client request {client_id} with an error: {message}");
                 self.answer_proxy_error(&client_id, reason, message);
             }
-            Some(Inflight::Attempt { call }) => {
-                let call = *call;
-                self.inflight.remove(&down);
-                if !self
-                    .calls
-                    .get(&call)
-                    .is_some_and(|c| c.attempt_is_live(down))
-                {
-                    // An abandoned attempt's answer; the live one may still
-                    // bring a real one.
-                    return debug!("dropped the unusable answer of an abandoned attempt");
-                }
-                if let Link::Up(c) = &mut self.link {
-                    c.served = true;
-                }
-                // This attempt has answered: nothing more is awaited of it.
-                let tool = self.calls.get_mut(&call).map(|c| {
-                    c.live = None;
-                    c.tool.clone()
-                });
-                warn!("tool \"{}\": {message}", tool.unwrap_or_default());
-                self.finish_failed(call, &proxy_error(reason, message, &[]), now);
-            }
             Some(Inflight::ToolsList) => {
-                self.inflight.remove(&down);
-                self.tools_learned(false, now);
+                self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
             }
             Some(Inflight::Replay(step)) => {
-                let step = *step;
-                self.inflight.remove(&down);
                 if step == ReplayStep::Initialize {
                     warn!("the restarted server is not usable: {message}; stopping it");
                     if let Link::Up(c) = &mut self.link {
@@ -1217,11 +1139,18 @@ impl Dispatcher {
                     }
                 }
             }
-            Some(Inflight::Late(_)) => {
-                // A late answer nobody waits for: nothing to keep.
-                self.inflight.remove(&down);
+            None => {
+                let owner = self.with_calls(now, |c, ctx, out| {
+                    c.on_unusable_answer(down, reason, message, ctx, out)
+                });
+                match owner {
+                    Owner::Served => self.served(),
+                    Owner::Known => {}
+                    Owner::Unknown => debug!(
+                        "dropped an unusable answer to request {down}, which nobody waits for"
+                    ),
+                }
             }
-            None => debug!("dropped an unusable answer to request {down}, which nobody waits for"),
         }
     }
 
@@ -1287,7 +1216,7 @@ impl Dispatcher {
             self.pausing -= 1;
             if self.pausing == 0 {
                 if let Some(since) = self.paused_since.take() {
-                    self.resume_attempt_clocks(since, now);
+                    self.with_calls(now, |c, ctx, out| c.resume_clocks(since, ctx, out));
                 }
             }
         }
@@ -1296,11 +1225,13 @@ impl Dispatcher {
 
     fn on_server_notification(&mut self, m: Message, now: Instant) {
         let method = m.method().unwrap_or_default();
-        if method == "notifications/progress" && self.on_call_progress(&m, now) {
+        if method == "notifications/progress"
+            && self.with_calls(now, |c, ctx, out| c.on_progress(&m, ctx, out))
+        {
             return;
         }
         if method == "notifications/tools/list_changed" {
-            self.tools_changed();
+            self.calls.tools_changed();
         }
         if method == "notifications/cancelled" {
             // The server withdraws one of its own requests to the client.

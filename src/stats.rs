@@ -1,9 +1,10 @@
 //! Counters of what the proxy did for `tools/call`, per tool: the summary
 //! line logged at exit and the JSON written by `--stats-file`.
 //!
-//! The counters are plain data owned by the dispatcher. The file is written
-//! by the `stats-writer` thread ([`spawn_writer`]), atomically (a temporary
-//! file renamed over the target), so the dispatcher never does file I/O.
+//! The counters are plain data kept by the dispatcher's calls. The file is
+//! written by the `stats-writer` thread ([`spawn_writer`]), atomically (a
+//! temporary file renamed over the target), so the dispatcher never does
+//! file I/O.
 
 #![forbid(unsafe_code)]
 

@@ -115,8 +115,7 @@ impl Dispatcher {
     pub(super) fn start_server(&mut self, now: Instant) {
         self.generation += 1;
         let generation = self.generation;
-        // A new incarnation: everything cached describes the old one.
-        self.cache.clear();
+        self.calls.new_incarnation();
         match (self.connect)(&self.cfg, generation, self.events.clone()) {
             Ok(server) => {
                 info!("started {}", server.describe());
@@ -149,7 +148,7 @@ impl Dispatcher {
     /// server whose breaker cooldown is over.
     pub(super) fn route(&mut self, now: Instant) -> Route {
         if let Link::Dormant { message } = &self.link {
-            if let BreakerState::Open { until } = self.breaker.state() {
+            if let BreakerState::Open { until } = self.calls.breaker_state() {
                 if *until > now {
                     let m = format!(
                         "{message}; not restarting it for another {:.1}s (circuit breaker open)",
@@ -223,7 +222,7 @@ impl Dispatcher {
             }
             Queued::Call(id) => {
                 let error = super::proxy_error(Reason::ServerUnavailable, &message, &[]);
-                self.refuse_attempt(id, &error, now);
+                self.with_calls(now, |c, ctx, out| c.refuse_attempt(id, &error, ctx, out));
             }
             Queued::Notification(_) => debug!("dropped a queued notification"),
         }
@@ -260,8 +259,7 @@ impl Dispatcher {
                     }
                 }
                 Queued::Call(id) => {
-                    if let Some(call) = self.calls.get_mut(&id) {
-                        call.queued = None;
+                    if self.calls.unqueued(id) {
                         self.start_attempt(id, now);
                     }
                 }
@@ -351,11 +349,10 @@ impl Dispatcher {
         info!("the restarted server is ready; the session continues");
         self.flush_queue(now);
         self.fetch_deferred_tools(now);
-        if self.session.tools_list_changed && !self.tools.fetching {
-            self.tools.compare_after_restart = true;
-            self.fetch_tools(now);
-        } else if self.session.tools_list_changed {
-            self.tools.compare_after_restart = true;
+        if self.session.tools_list_changed {
+            self.with_calls(now, |c, ctx, out| {
+                c.compare_tools_after_restart(ctx.link, out)
+            });
         }
     }
 
@@ -429,10 +426,6 @@ impl Dispatcher {
                 continue;
             };
             match self.inflight.remove(&down) {
-                Some(Inflight::Attempt { call }) => {
-                    let why = "the server could not be written to".to_owned();
-                    self.live_attempt_failed(call, down, Failure::NeverSent(why), now);
-                }
                 Some(Inflight::Client {
                     client_id, method, ..
                 }) => {
@@ -441,8 +434,13 @@ impl Dispatcher {
                 }
                 // The proxy's own requests are made again for the next
                 // incarnation (the handshake replay, the tool list).
-                Some(Inflight::ToolsList) => self.tools.restart_fetch(),
-                Some(_) | None => {}
+                Some(Inflight::ToolsList) => self.calls.restart_tools_fetch(),
+                Some(Inflight::Replay(_)) => {}
+                None => {
+                    let why = "the server could not be written to".to_owned();
+                    let failure = Failure::NeverSent(why);
+                    self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
+                }
             }
         }
     }
@@ -462,10 +460,6 @@ impl Dispatcher {
                 continue;
             };
             match self.inflight.remove(&down) {
-                Some(Inflight::Attempt { call }) => {
-                    let failure = Failure::Refused(why.to_owned(), retry_after);
-                    self.live_attempt_failed(call, down, failure, now);
-                }
                 Some(Inflight::Client { client_id, .. }) => {
                     let data = retry_after
                         .map(|d| format!("{{\"retryAfterMs\":{}}}", d.as_millis()))
@@ -475,21 +469,14 @@ impl Dispatcher {
                     let line = jsonrpc::error_response_line(&client_id, &error);
                     self.answer(&client_id, line);
                 }
-                Some(Inflight::ToolsList) => self.tools.restart_fetch(),
-                Some(_) | None => {}
+                Some(Inflight::ToolsList) => self.calls.restart_tools_fetch(),
+                Some(Inflight::Replay(_)) => {}
+                None => {
+                    let failure = Failure::Refused(why.to_owned(), retry_after);
+                    self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
+                }
             }
         }
-    }
-
-    /// Attempt `down` of call `id` failed without an answer: if it is the
-    /// call's live attempt, the policies decide what follows (an abandoned
-    /// one changes nothing).
-    fn live_attempt_failed(&mut self, id: u64, down: u64, failure: Failure, now: Instant) {
-        match self.calls.get_mut(&id) {
-            Some(c) if c.live == Some(down) => c.live = None,
-            _ => return,
-        }
-        self.on_attempt_failed(id, failure, now);
     }
 
     /// The current incarnation is gone: answer or re-plan everything that
@@ -537,26 +524,16 @@ impl Dispatcher {
                 at: now,
             };
             if failed_start {
-                let t = self.breaker.on_failure(false, now);
-                self.log_transition(t);
+                self.with_calls(now, |c, ctx, out| c.server_failed(ctx, out));
             }
         }
         drop(conn);
 
-        // Annotations are per incarnation: the next one (perhaps a new
-        // version) is asked before a call is retried on the strength of them.
-        self.tools.annotations.clear();
-        self.tools.known = false;
-        self.late.clear();
-        if self.tools.fetching && !stopping {
-            // Our list died with the server: ask the next incarnation.
-            self.tools.restart_fetch();
-        }
-        // Call attempts in flight failed ambiguously; the policies decide.
-        self.calls_link_lost(&message, gone.may_have_received, now);
-        if self.tools.fetching && stopping {
-            self.tools_learned(false, now);
-        }
+        // Call attempts in flight failed; the policies decide.
+        let may_have_received = gone.may_have_received;
+        self.with_calls(now, |c, ctx, out| {
+            c.on_link_lost(&message, may_have_received, stopping, ctx, out)
+        });
         // Other requests: reads are sent again, the rest answered.
         let mut lost: Vec<(u64, Inflight)> = self.inflight.drain().collect();
         lost.sort_by_key(|(down, _)| *down);
@@ -617,8 +594,7 @@ impl Dispatcher {
 
     /// A start that did not get as far as a working server.
     fn failed_start(&mut self, message: String, now: Instant) {
-        let t = self.breaker.on_failure(false, now);
-        self.log_transition(t);
+        self.with_calls(now, |c, ctx, out| c.server_failed(ctx, out));
         self.link = Link::Restarting { message, at: now };
         self.schedule_restart(now);
     }
@@ -635,7 +611,7 @@ impl Dispatcher {
     /// delays; not at all while the breaker is open.
     fn schedule_restart(&mut self, now: Instant) {
         let message = self.link_message();
-        if let BreakerState::Open { until } = self.breaker.state() {
+        if let BreakerState::Open { until } = self.calls.breaker_state() {
             if *until > now {
                 warn!(
                     "not restarting the server while the circuit breaker is open; the first request after {:.0}s will",
@@ -643,9 +619,7 @@ impl Dispatcher {
                 );
                 self.link = Link::Dormant { message };
                 self.refuse_queue(now);
-                if self.tools.deferred {
-                    self.tools_learned(false, now);
-                }
+                self.give_up_deferred_tools(now);
                 return;
             }
         }
@@ -667,9 +641,7 @@ impl Dispatcher {
         if delay > WAIT_FOR_RESTART {
             // Too long to keep requests waiting.
             self.refuse_queue(now);
-            if self.tools.deferred {
-                self.tools_learned(false, now);
-            }
+            self.give_up_deferred_tools(now);
         }
     }
 

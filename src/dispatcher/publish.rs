@@ -73,7 +73,7 @@ impl Dispatcher {
             Link::Dormant { .. } => (LinkState::Dormant, None),
             Link::Down { .. } => (LinkState::Down, None),
         };
-        let (breaker, breaker_until) = match self.breaker.state() {
+        let (breaker, breaker_until) = match self.calls.breaker_state() {
             BreakerState::Closed => (BreakerShown::Closed, None),
             BreakerState::Open { until } => (BreakerShown::Open, Some(*until)),
             BreakerState::HalfOpen { .. } => (BreakerShown::HalfOpen, None),
@@ -129,7 +129,7 @@ impl Dispatcher {
         };
         let publisher = self.status.as_mut().expect("checked");
         publisher.last_headline = Some(headline);
-        if !publisher.send(headline, message, &self.stats, now) {
+        if !publisher.send(headline, message, self.calls.stats(), now) {
             crate::debug!("the status writer is gone; no more status updates");
             self.status = None;
         }

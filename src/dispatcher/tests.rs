@@ -657,7 +657,7 @@ fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
         );
         h.to_client();
     }
-    assert_eq!(h.d.tools.pages_held(), 2);
+    assert_eq!(h.d.calls.tool_pages_held(), 2);
 }
 
 fn gone(how: &str) -> ServerEvent {
@@ -712,7 +712,7 @@ fn lines_the_server_never_got_are_never_sent_not_ambiguous() {
     });
     h.nothing_sent();
     h.server_event(gone("was killed by signal 9 (SIGKILL)"));
-    while h.d.calls.values().any(|c| c.live.is_none()) {
+    while h.d.calls.any_between_attempts() {
         h.fire_next_timer();
     }
     let mut sent = vec![h.to_server(), h.to_server()];

@@ -1,0 +1,243 @@
+//! The dispatcher's side of [`Calls`]: it runs a method of the calls with
+//! the time and its view of the server link, then carries out the
+//! [`Action`]s the calls pushed, in order (answers through `answer`, lines
+//! to the server and the client, timers, the queue, the tracer). It also
+//! does for the calls what needs the link: routing and sending an attempt
+//! (under a downstream id from `next_id`), and the proxy's own `tools/list`.
+//!
+//! The action list is one buffer reused from event to event, so the hot
+//! path allocates nothing for it.
+
+#![forbid(unsafe_code)]
+
+use std::time::Instant;
+
+use crate::jsonrpc::{self, Message};
+use crate::warn;
+
+use super::calls::{Action, Arrival, Calls, Ctx, LinkView, Trace};
+use super::link::{Queued, Route};
+use super::{proxy_error, Dispatcher, Inflight, Method, Reason, Timer};
+
+impl Dispatcher {
+    /// Runs `f` on the calls at `now`, then carries out what it pushed.
+    pub(super) fn with_calls<R>(
+        &mut self,
+        now: Instant,
+        f: impl FnOnce(&mut Calls, Ctx, &mut Vec<Action>) -> R,
+    ) -> R {
+        let ctx = Ctx {
+            now,
+            link: self.link_view(now),
+            tracing: self.otel.is_some(),
+        };
+        // Nested runs (an action that reports back) start with an empty
+        // buffer; the largest one is kept.
+        let mut out = std::mem::take(&mut self.actions);
+        let r = f(&mut self.calls, ctx, &mut out);
+        for action in out.drain(..) {
+            self.carry_out(action, now);
+        }
+        if out.capacity() > self.actions.capacity() {
+            self.actions = out;
+        }
+        if self.calls.take_stats_changed() {
+            self.stats_dirty();
+        }
+        r
+    }
+
+    /// What the calls must know of the link now.
+    fn link_view(&self, now: Instant) -> LinkView {
+        let ready = self.link_ready();
+        LinkView {
+            ready,
+            reachable: ready || self.link_restarting(now),
+            initialized: self.session.initialized,
+            generation: self.generation_to_ask(),
+            paused: self.paused_since.is_some(),
+        }
+    }
+
+    fn carry_out(&mut self, action: Action, now: Instant) {
+        match action {
+            Action::Answer { client, line } => self.answer(&client, line),
+            Action::Attempt { call, down, line } => self.send_attempt(call, down, line, now),
+            Action::Cancel { down, reason } => self.cancel_downstream(down, &reason),
+            Action::Notify(line) => self.send_client(line),
+            Action::Timer(at, timer) => self.set_timer(at, Timer::Call(timer)),
+            Action::Unqueue(seq) => {
+                self.unqueue(seq);
+            }
+            Action::ListTools { cursor } => self.request_tools_page(cursor.as_deref(), now),
+            Action::Ended { tool, took, error } => {
+                self.note_call_end(&tool, took, error.as_deref())
+            }
+            Action::Trace(t) => self.trace(*t, now),
+        }
+    }
+
+    /// A client `tools/call` (while the session runs).
+    pub(super) fn on_tools_call(&mut self, m: Message, client_id: String, now: Instant) {
+        let arrival = self.with_calls(now, |c, ctx, out| c.arrive(m, &client_id, ctx, out));
+        let call = match arrival {
+            Arrival::Relay(m) => return self.relay_request(m, client_id, Method::Other, now),
+            Arrival::Answered => return,
+            Arrival::Joined(call) => call,
+            Arrival::Started(call) => Some(call),
+        };
+        if let Some(r) = self.client_requests.get_mut(&client_id) {
+            r.call = call;
+        }
+        if let Arrival::Started(id) = arrival {
+            self.start_attempt(id, now);
+        }
+    }
+
+    /// Sends the next attempt of call `id`, if the breaker and the link
+    /// allow: queued while the server restarts, refused when it cannot be
+    /// reached.
+    pub(super) fn start_attempt(&mut self, id: u64, now: Instant) {
+        if !self.with_calls(now, |c, ctx, out| c.admit(id, ctx, out)) {
+            return;
+        }
+        match self.route(now) {
+            Route::Send => {
+                let down = self.next_id();
+                self.with_calls(now, |c, ctx, out| c.send(id, down, ctx, out));
+            }
+            Route::Queue => match self.enqueue(Queued::Call(id), now) {
+                Some(seq) => self.calls.queued(id, seq),
+                None => {
+                    let message = "the MCP server is restarting and too many requests are waiting";
+                    let error = proxy_error(Reason::ServerUnavailable, message, &[]);
+                    self.with_calls(now, |c, ctx, out| c.fail(id, &error, ctx, out));
+                }
+            },
+            Route::Refuse(reason, message) => {
+                self.with_calls(now, |c, ctx, out| {
+                    c.refused_by_link(id, reason, &message, ctx, out)
+                });
+            }
+        }
+    }
+
+    /// Sends attempt `down` of call `id` (with its own `traceparent` when
+    /// export is on); a line the server cannot be given fails the attempt
+    /// as never sent.
+    fn send_attempt(&mut self, id: u64, down: u64, line: Vec<u8>, now: Instant) {
+        let line = match self.traced(|t| t.attempt_started(id, down, now)).flatten() {
+            Some(tp) => self
+                .calls
+                .line_with_traceparent(id, down, &tp)
+                .unwrap_or(line),
+            None => line,
+        };
+        if !self.send_server(line) {
+            self.with_calls(now, |c, ctx, out| c.attempt_unsent(id, down, ctx, out));
+        }
+    }
+
+    /// Sends the server a cancel for one of our downstream ids.
+    fn cancel_downstream(&mut self, down: u64, reason: &str) {
+        let params = format!(
+            "{{\"requestId\":{down},\"reason\":{}}}",
+            jsonrpc::json_string(reason)
+        );
+        self.send_server(jsonrpc::notification_line(
+            "notifications/cancelled",
+            Some(&params),
+        ));
+    }
+
+    /// Sends our own `tools/list` for one page; it gets `call_timeout` to
+    /// be answered, like an attempt.
+    pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
+        let down = self.next_id();
+        let params = match cursor {
+            Some(c) => format!("{{\"cursor\":{}}}", jsonrpc::json_string(c)),
+            None => "{}".into(),
+        };
+        self.inflight.insert(down, Inflight::ToolsList);
+        let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
+        if self.send_server(line) {
+            let at = now + self.cfg.call_timeout;
+            self.set_timer(at, Timer::ToolsListTimeout { down });
+        } else {
+            self.inflight.remove(&down);
+            self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
+        }
+    }
+
+    /// Our own `tools/list` was not answered in time: the annotations stay
+    /// unknown, and calls waiting for them are decided now (unknown means
+    /// unsafe) rather than at their deadline.
+    pub(super) fn tools_list_timed_out(&mut self, down: u64, now: Instant) {
+        if let Some(Inflight::ToolsList) = self.inflight.get(&down) {
+            self.inflight.remove(&down);
+            warn!(
+                "the server did not answer the proxy's tools/list within {}; tool annotations stay unknown",
+                super::calls::secs(self.cfg.call_timeout)
+            );
+            self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
+        }
+    }
+
+    /// The server became ready: ask for the tool list if it was wanted.
+    pub(super) fn fetch_deferred_tools(&mut self, now: Instant) {
+        if self.calls.take_deferred_fetch() {
+            self.request_tools_page(None, now);
+        }
+    }
+
+    /// The tool list waits for a server that will not be there soon: the
+    /// calls waiting for it decide without.
+    pub(super) fn give_up_deferred_tools(&mut self, now: Instant) {
+        if self.calls.tools_deferred() {
+            self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
+        }
+    }
+
+    /// Tells the tracer about the calls.
+    fn trace(&mut self, t: Trace, now: Instant) {
+        match t {
+            Trace::CallStarted { call } => {
+                if let (Some(tracer), Some((tool, client, params))) =
+                    (&mut self.otel, self.calls.started(call))
+                {
+                    tracer.call_started(call, tool, client, params, now);
+                }
+            }
+            Trace::AnsweredByProxy {
+                tool,
+                client,
+                request,
+                source,
+            } => {
+                let params = request.params();
+                self.traced(|t| t.answered_by_proxy(&tool, &client, params, source, now));
+            }
+            Trace::Joined { call, tool } => {
+                self.traced(|t| t.joined(call, &tool, now));
+            }
+            Trace::AttemptEnded { call, failure } => {
+                self.traced(|t| t.attempt_ended(call, failure, now));
+            }
+            Trace::CancelledDownstream { call } => {
+                let name = "mcp_retry.cancelled_downstream";
+                self.traced(|t| t.attempt_event(call, name, Vec::new(), now));
+            }
+            Trace::CallEnded { call, end } => {
+                self.traced(|t| t.call_ended(call, end, now));
+            }
+            Trace::CallFailed { call, error } => self.trace_failed(call, &error, now),
+            Trace::BreakerRefused { call, retry_after } => {
+                self.trace_refused(call, retry_after, now)
+            }
+            Trace::Backoff { call, delay, retry } => self.trace_backoff(call, delay, retry, now),
+            Trace::Breaker(name) => {
+                self.traced(|t| t.breaker(name));
+            }
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! A client's `tools/call` arrives: it is read once (tool, keys, argument
+//! fingerprint, safety), answered from the cache or the idempotency table
+//! when they hold its answer, joined to an identical call in flight, or
+//! made a new [`Call`] whose first attempt the dispatcher starts.
+
+#![forbid(unsafe_code)]
+
+use crate::jsonrpc::{self, Message};
+use crate::policy::dedup::{fingerprint, fingerprint_json, Lookup};
+use crate::policy::gate;
+use crate::policy::progress::ProgressFilter;
+use crate::{info, warn};
+
+use super::call::{Call, ParsedCall};
+use super::text::{with_source, Source};
+use super::{trace, Action, Arrival, Calls, Ctx, Trace};
+
+/// What a call's arrival establishes, read once from its request.
+struct Arriving {
+    tool: String,
+    explicit_key: Option<String>,
+    /// The key is in `_meta` and the server honours keys.
+    key_honored: bool,
+    read_only: bool,
+    progress_token: Option<String>,
+    /// Params to forward when `_idempotency_key` was removed.
+    forward_params: Option<String>,
+    cache_key: Option<String>,
+    dedup_key: Option<u128>,
+    dedup_args: u128,
+}
+
+impl Calls {
+    /// A client `tools/call`: the cache, then the idempotency table, then a
+    /// new call.
+    pub(in crate::dispatcher) fn arrive(
+        &mut self,
+        m: Message,
+        client_id: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> Arrival {
+        let Some(parsed) = ParsedCall::parse(&m) else {
+            // Not ours to judge: let the server answer the malformed call.
+            return Arrival::Relay(m);
+        };
+        let new = self.read_call(parsed);
+        self.counters.tool(&new.tool).calls += 1;
+        if let Some(result) = self.cached(&new, ctx) {
+            info!("tool \"{}\": answered from the cache", new.tool);
+            self.counters.tool(&new.tool).cache_hits += 1;
+            let client = client_id.to_owned();
+            return answered_at_once(m, new.tool, client, &result, Source::Cache, ctx, out);
+        }
+        let Some(key) = new.dedup_key else {
+            return Arrival::Started(self.open(m, new, client_id.to_owned(), ctx, out));
+        };
+        // A keyless read runs again rather than replay an old answer; a
+        // keyless write only ever finds results its client never got.
+        let replay = new.explicit_key.is_some() || !new.read_only;
+        let waiter = client_id.to_owned();
+        match self
+            .dedup
+            .lookup_or_join(&key, new.dedup_args, waiter, replay, ctx.now)
+        {
+            Lookup::Joined { same_args } => {
+                info!("tool \"{}\": joined an identical call in flight", new.tool);
+                self.deduplicated(&new, same_args);
+                let call = self.by_key.get(&key).copied();
+                trace(ctx, out, || Trace::Joined {
+                    call,
+                    tool: new.tool.clone(),
+                });
+                Arrival::Joined(call)
+            }
+            Lookup::Replay {
+                result,
+                waiter,
+                same_args,
+            } => {
+                match &new.explicit_key {
+                    Some(k) => info!(
+                        "tool \"{}\": replayed the result of idempotency key {}",
+                        new.tool,
+                        jsonrpc::json_string(k)
+                    ),
+                    None => info!(
+                        "tool \"{}\": replayed the result of an identical call whose answer the client never received",
+                        new.tool
+                    ),
+                }
+                self.deduplicated(&new, same_args);
+                answered_at_once(m, new.tool, waiter, &result, Source::Dedup, ctx, out)
+            }
+            Lookup::Execute(client) => {
+                self.dedup.start(&key, new.dedup_args, ctx.now);
+                Arrival::Started(self.open(m, new, client, ctx, out))
+            }
+        }
+    }
+
+    /// Reads what the policies need of a call, once: its safety, and one
+    /// fingerprint of the arguments (in canonical form, never copied) for
+    /// the cache, dedup, and the check that calls sharing a key agree.
+    fn read_call(&self, parsed: ParsedCall<'_>) -> Arriving {
+        let tool = parsed.name;
+        let key_honored = parsed.key_in_meta && self.honors_keys(&tool);
+        let read_only = gate::is_read_only(&self.gate_input(&tool, key_honored));
+        let keys = &self.fingerprint_keys;
+        let args_fp = fingerprint_json(keys, &["args"], &parsed.arguments).ok();
+        let cache_key = match (args_fp, parsed.no_store) {
+            (Some(fp), false) if !self.cache.ttl_for(&tool).is_zero() => {
+                Some(format!("{tool}\0{fp:032x}"))
+            }
+            _ => None,
+        };
+        let (dedup_key, dedup_args) = match (&parsed.explicit_key, args_fp) {
+            _ if parsed.no_store => (None, 0),
+            (Some(k), fp) => (
+                Some(fingerprint(keys, &["key", &tool, k])),
+                fp.unwrap_or_default(),
+            ),
+            (None, Some(fp)) => (
+                Some(fingerprint(keys, &["call", &tool, &format!("{fp:032x}")])),
+                fp,
+            ),
+            (None, None) => (None, 0),
+        };
+        Arriving {
+            tool,
+            explicit_key: parsed.explicit_key,
+            key_honored,
+            read_only,
+            progress_token: parsed.progress_token,
+            forward_params: parsed.forward_params,
+            cache_key,
+            dedup_key,
+            dedup_args,
+        }
+    }
+
+    /// `honors_idempotency_keys` for `tool`: its own setting, else the
+    /// server's.
+    fn honors_keys(&self, tool: &str) -> bool {
+        self.cfg
+            .tools
+            .get(tool)
+            .and_then(|t| t.honors_idempotency_keys)
+            .unwrap_or(self.cfg.honors_idempotency_keys)
+    }
+
+    /// A fresh cached result for the call, if it is cached.
+    fn cached(&mut self, new: &Arriving, ctx: Ctx) -> Option<String> {
+        let key = new.cache_key.as_ref()?;
+        self.cache.get(key, ctx.now).map(str::to_owned)
+    }
+
+    /// The call was answered or joined by the idempotency table. Calls
+    /// sharing an explicit key are one operation whatever their other
+    /// arguments; when those differ, say so (tool and key, never values).
+    fn deduplicated(&mut self, new: &Arriving, same_args: bool) {
+        if let (Some(k), false) = (&new.explicit_key, same_args) {
+            warn!(
+                "tool \"{}\": idempotency key {} was reused with different arguments; treated as the same operation",
+                new.tool,
+                jsonrpc::json_string(k)
+            );
+        }
+        self.counters.tool(&new.tool).dedup_hits += 1;
+    }
+
+    /// Makes the arriving call a [`Call`] of `client`, indexed by its dedup
+    /// key and progress token; it counts as a first attempt for the budget.
+    fn open(
+        &mut self,
+        m: Message,
+        new: Arriving,
+        client: String,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> u64 {
+        let timeout = self
+            .cfg
+            .tools
+            .get(&new.tool)
+            .and_then(|t| t.timeout)
+            .unwrap_or(self.cfg.call_timeout);
+        self.next_call += 1;
+        let id = self.next_call;
+        if let Some(key) = new.dedup_key {
+            self.by_key.insert(key, id);
+        }
+        if let Some(token) = &new.progress_token {
+            self.by_token.insert(token.clone(), id);
+        }
+        let request = match &new.forward_params {
+            Some(p) => m.with_params(p).unwrap_or(m),
+            None => m,
+        };
+        let now = ctx.now;
+        self.calls.insert(
+            id,
+            Call {
+                client: Some(client),
+                tool: new.tool,
+                request,
+                progress_token: new.progress_token,
+                dedup_key: new.dedup_key,
+                dedup_args: new.dedup_args,
+                explicit_key: new.explicit_key,
+                key_honored: new.key_honored,
+                read_only: new.read_only,
+                cache_key: new.cache_key,
+                cache_epoch: self.cache.epoch(),
+                attempts: 0,
+                live: None,
+                dead: Vec::new(),
+                attempt_timeout: timeout,
+                attempt_started: now,
+                started: now,
+                attempt_deadline: now,
+                deadline: now + self.cfg.retry.total_timeout,
+                retry_at: None,
+                parked: None,
+                last_failure: None,
+                progress: ProgressFilter::new(),
+                trial: false,
+                queued: None,
+                waited_for_tools: None,
+                retried: false,
+            },
+        );
+        trace(ctx, out, || Trace::CallStarted { call: id });
+        self.budget.record_first_attempt(now);
+        id
+    }
+}
+
+/// Answers `client` at once with `result` the proxy holds.
+fn answered_at_once(
+    request: Message,
+    tool: String,
+    client: String,
+    result: &str,
+    source: Source,
+    ctx: Ctx,
+    out: &mut Vec<Action>,
+) -> Arrival {
+    let line = jsonrpc::response_line(&client, &with_source(result, source));
+    trace(ctx, out, || Trace::AnsweredByProxy {
+        tool,
+        client: client.clone(),
+        request,
+        source: source.as_str(),
+    });
+    out.push(Action::Answer { client, line });
+    Arrival::Answered
+}

@@ -1,0 +1,322 @@
+//! The attempts of a call: admission by the breaker, sending (the
+//! dispatcher routes and sends; the call records it), the answer, and the
+//! ways an attempt fails (a transient error, a timeout, a line never
+//! delivered), with progress keeping an attempt alive.
+
+#![forbid(unsafe_code)]
+
+use std::time::Instant;
+
+use crate::dispatcher::{proxy_error, Reason};
+use crate::jsonrpc::{Message, RawObject};
+use crate::policy::breaker::Admission;
+use crate::policy::gate;
+use crate::{debug, info};
+
+use super::call::Failure;
+use super::text::fields;
+use super::{trace, Action, CallTimer, Calls, Ctx, Downstream, Trace};
+
+impl Calls {
+    /// Call `id` is due for an attempt: whether one may be made now. Not if
+    /// the call is gone, waits in the queue, or the open breaker refuses it
+    /// (the call is then answered).
+    pub(in crate::dispatcher) fn admit(
+        &mut self,
+        id: u64,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return false;
+        };
+        call.retry_at = None;
+        if call.queued.is_some() {
+            return false;
+        }
+        let (admission, transition) = self.breaker.admit(ctx.now);
+        match admission {
+            Admission::Trial => call.trial = true,
+            Admission::Allowed => call.trial = false,
+            Admission::Rejected { .. } => {}
+        }
+        self.log_transition(transition, ctx, out);
+        match admission {
+            Admission::Rejected { retry_after } => {
+                self.refuse_by_breaker(id, retry_after, false, ctx, out);
+                false
+            }
+            Admission::Trial | Admission::Allowed => true,
+        }
+    }
+
+    /// The admitted attempt of call `id` goes to the server as downstream
+    /// request `down`: its timeout is set and its line pushed.
+    pub(in crate::dispatcher) fn send(
+        &mut self,
+        id: u64,
+        down: u64,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        if !call.read_only {
+            // It may change what cached reads returned.
+            super::invalidate(&mut self.cache, &call.tool, "may write");
+        }
+        self.counters.tool(&call.tool).attempts += 1;
+        call.cache_epoch = self.cache.epoch();
+        call.attempts += 1;
+        if call.attempts > 1 {
+            call.retried = true;
+            info!(
+                fields: fields(&call.tool, call.attempts, None),
+                "tool \"{}\": attempt {} (downstream id {down})",
+                call.tool, call.attempts
+            );
+        }
+        call.live = Some(down);
+        call.attempt_started = ctx.now;
+        call.attempt_deadline = (ctx.now + call.attempt_timeout).min(call.deadline);
+        let line = call.request.line_with_id(&down.to_string());
+        let timer = CallTimer::AttemptTimeout { call: id, down };
+        out.push(Action::Timer(call.attempt_deadline, timer));
+        self.downstream.insert(down, Downstream::Attempt(id));
+        out.push(Action::Attempt {
+            call: id,
+            down,
+            line,
+        });
+    }
+
+    /// The server could not be given attempt `down` of call `id` (there is
+    /// none): it was never sent.
+    pub(in crate::dispatcher) fn attempt_unsent(
+        &mut self,
+        id: u64,
+        down: u64,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        self.downstream.remove(&down);
+        if let Some(call) = self.calls.get_mut(&id) {
+            call.live = None;
+        }
+        let failure = Failure::NeverSent("the server is not running".into());
+        self.attempt_failed(id, failure, ctx, out);
+    }
+
+    /// The next attempt of call `id` waits in the link's queue as item
+    /// `seq`.
+    pub(in crate::dispatcher) fn queued(&mut self, id: u64, seq: u64) {
+        if let Some(call) = self.calls.get_mut(&id) {
+            call.queued = Some(seq);
+        }
+    }
+
+    /// The link takes call `id`'s attempt out of its queue: whether the call
+    /// still wants it.
+    pub(in crate::dispatcher) fn unqueued(&mut self, id: u64) -> bool {
+        match self.calls.get_mut(&id) {
+            Some(call) => {
+                call.queued = None;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The link refuses call `id`'s next attempt (`reason`, `message`).
+    pub(in crate::dispatcher) fn refused_by_link(
+        &mut self,
+        id: u64,
+        reason: Reason,
+        message: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let attempts = self.calls.get(&id).map_or(0, |c| c.attempts);
+        let error = proxy_error(reason, message, &[("attempts", attempts.to_string())]);
+        self.refuse_attempt(id, &error, ctx, out);
+    }
+
+    /// The server answered attempt `down` of call `id` (live, or abandoned
+    /// but still able to answer).
+    pub(super) fn attempt_answered(
+        &mut self,
+        id: u64,
+        down: u64,
+        m: Message,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let is_live = call.live == Some(down);
+        let transient = m
+            .error()
+            .is_some_and(|e| gate::is_transient_error(e, &self.cfg.retry.transient_codes));
+        if !is_live {
+            // A late answer from an abandoned attempt: the first valid answer
+            // wins while the call is still unanswered.
+            call.dead.retain(|d| *d != down);
+            if transient {
+                return debug!("dropped a late transient error for tool \"{}\"", call.tool);
+            }
+            info!(
+                "tool \"{}\": using a late answer from an abandoned attempt",
+                call.tool
+            );
+            if let Some(live) = call.live.take() {
+                let reason = "superseded by an earlier attempt's answer".into();
+                out.push(Action::Cancel { down: live, reason });
+            }
+        }
+        if transient {
+            call.live = None;
+            let error = m.error().unwrap_or_default().to_owned();
+            return self.attempt_failed(id, Failure::Transient(error), ctx, out);
+        }
+        // A final answer: a result (isError or not) or a final error.
+        let trial = call.trial;
+        if m.result().is_some() {
+            let t = self.breaker.on_success(trial, ctx.now);
+            self.log_transition(t, ctx, out);
+        } else if trial {
+            // A final error says nothing about health; free the trial.
+            self.breaker.on_trial_abandoned();
+        }
+        // A late answer from an abandoned attempt ends the live one.
+        let failure = match m.error() {
+            _ if !is_live => Some("superseded"),
+            Some(_) => Some("server_error"),
+            None => None,
+        };
+        trace(ctx, out, || Trace::AttemptEnded { call: id, failure });
+        self.finish_with_server_answer(id, m, ctx, out);
+    }
+
+    /// An attempt of call `id` failed; retry if allowed, else answer.
+    pub(super) fn attempt_failed(
+        &mut self,
+        id: u64,
+        failure: Failure,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let trial = std::mem::take(&mut call.trial);
+        let kind = failure.kind();
+        trace(ctx, out, || Trace::AttemptEnded {
+            call: id,
+            failure: Some(kind),
+        });
+        let t = self.breaker.on_failure(trial, ctx.now);
+        self.log_transition(t, ctx, out);
+        self.decide(id, failure, ctx, out);
+    }
+
+    /// A call timer fired. Returns the call whose retry is due: its attempt
+    /// is for the dispatcher to start (see [`Calls::admit`]).
+    pub(in crate::dispatcher) fn on_timer(
+        &mut self,
+        timer: CallTimer,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> Option<u64> {
+        match timer {
+            CallTimer::AttemptTimeout { call, down } => {
+                self.attempt_timed_out(call, down, ctx, out)
+            }
+            CallTimer::RetryDue { call } => {
+                let due = |retry_at: Option<Instant>| retry_at.is_some_and(|t| t <= ctx.now);
+                return self
+                    .calls
+                    .get(&call)
+                    .is_some_and(|c| due(c.retry_at) && c.live.is_none())
+                    .then_some(call);
+            }
+            CallTimer::CallDeadline { call } => {
+                if let Some(failure) = self.calls.get_mut(&call).and_then(|c| c.parked.take()) {
+                    self.decide(call, failure, ctx, out);
+                }
+            }
+        }
+        None
+    }
+
+    /// Attempt `down` of call `id` may have run out of time.
+    fn attempt_timed_out(&mut self, id: u64, down: u64, ctx: Ctx, out: &mut Vec<Action>) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        if call.live != Some(down) {
+            return;
+        }
+        let timer = CallTimer::AttemptTimeout { call: id, down };
+        if call.attempt_deadline > ctx.now {
+            // Progress moved the deadline.
+            return out.push(Action::Timer(call.attempt_deadline, timer));
+        }
+        if ctx.link.paused && call.deadline > ctx.now {
+            // The server waits for a person (sampling, elicitation): the
+            // attempt's clock is paused until that request is answered
+            // (`resume_clocks`); the call's total deadline still holds.
+            return out.push(Action::Timer(call.deadline, timer));
+        }
+        call.live = None;
+        call.dead.push(down);
+        let took = ctx.now.saturating_duration_since(call.attempt_started);
+        trace(ctx, out, || Trace::CancelledDownstream { call: id });
+        let reason = "timed out (mcp-retry)".into();
+        out.push(Action::Cancel { down, reason });
+        self.attempt_failed(id, Failure::Timeout(took), ctx, out);
+    }
+
+    /// A `notifications/progress` from the server: if its token is a
+    /// call's, it keeps the live attempt alive and is forwarded when it
+    /// passes what the client has seen. False when the token is not a
+    /// call's.
+    pub(in crate::dispatcher) fn on_progress(
+        &mut self,
+        m: &Message,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        let Some(params) = m.params().and_then(RawObject::parse) else {
+            return false;
+        };
+        let Some(token) = params.get("progressToken").map(|t| t.get()) else {
+            return false;
+        };
+        let Some(call) = self
+            .by_token
+            .get(token)
+            .and_then(|id| self.calls.get_mut(id))
+        else {
+            return false;
+        };
+        if call.live.is_none() {
+            return true;
+        }
+        // Progress means the attempt is alive, whatever the value: a retry
+        // counts from 0 again and is not forwarded until it passes what the
+        // client has seen, but it must not time out meanwhile.
+        call.attempt_deadline = (ctx.now + call.attempt_timeout).min(call.deadline);
+        let value = params
+            .get("progress")
+            .and_then(|p| p.get().parse::<f64>().ok());
+        let Some(value) = value else {
+            return true;
+        };
+        if call.client.is_some() && call.progress.admit(value) {
+            out.push(Action::Notify(m.line()));
+        }
+        true
+    }
+}

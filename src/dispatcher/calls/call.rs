@@ -1,0 +1,252 @@
+//! One `tools/call` as the calls see it: the parts of the client's request
+//! the policies read ([`ParsedCall`]), the state of a call in flight
+//! ([`Call`]), why an attempt failed ([`Failure`]), and where a late answer
+//! of an ended call goes ([`Late`]).
+//!
+//! Plain data and the parsing of a request's params; no decisions.
+
+#![forbid(unsafe_code)]
+
+use std::borrow::Cow;
+use std::time::{Duration, Instant};
+
+use crate::jsonrpc::{Message, RawObject};
+use crate::policy::dedup::Keep;
+use crate::policy::progress::ProgressFilter;
+
+/// Why an attempt failed.
+#[derive(Debug, Clone)]
+pub(in crate::dispatcher) enum Failure {
+    /// The request never reached a live server: always safe to retry.
+    NeverSent(String),
+    /// The attempt timed out after this long (ambiguous).
+    Timeout(Duration),
+    /// The server went away before answering (ambiguous).
+    Exited(String),
+    /// The server answered a transient JSON-RPC error (raw error object).
+    Transient(String),
+    /// The server refused the request without running it (HTTP 429): safe
+    /// to retry, not before the hint.
+    Refused(String, Option<Duration>),
+}
+
+impl Failure {
+    pub(super) fn ambiguous(&self) -> bool {
+        !matches!(self, Failure::NeverSent(_) | Failure::Refused(..))
+    }
+
+    /// For logs: `never_sent`, `timeout`, `server_exited`, `transient_error`.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Failure::NeverSent(_) => "never_sent",
+            Failure::Timeout(_) => "timeout",
+            Failure::Exited(_) => "server_exited",
+            Failure::Transient(_) => "transient_error",
+            Failure::Refused(..) => "refused",
+        }
+    }
+}
+
+/// One client `tools/call` and everything done for it.
+#[derive(Debug)]
+pub(super) struct Call {
+    /// The client request that started it; `None` once that client cancelled
+    /// while joined requests still wait.
+    pub client: Option<String>,
+    pub tool: String,
+    /// The request as forwarded (the argument idempotency key removed);
+    /// its id is replaced for every attempt.
+    pub request: Message,
+    pub progress_token: Option<String>,
+    /// The dedup key (a fingerprint of the tool and its explicit key or its
+    /// arguments) when dedup applies, and the fingerprint of the arguments.
+    pub dedup_key: Option<u128>,
+    pub dedup_args: u128,
+    /// The client's idempotency key (either form), for messages.
+    pub explicit_key: Option<String>,
+    /// The key is in `_meta` and the server honours keys: the gate may
+    /// count it.
+    pub key_honored: bool,
+    /// The tool is known to only read (config or trusted annotation).
+    pub read_only: bool,
+    /// The cache key when the tool is cached.
+    pub cache_key: Option<String>,
+    /// The cache's epoch when the live (or last) attempt was sent: its
+    /// result is cached only if nothing that may write ran since.
+    pub cache_epoch: u64,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// The live attempt's downstream id.
+    pub live: Option<u64>,
+    /// Earlier attempts that were abandoned but may still answer.
+    pub dead: Vec<u64>,
+    pub attempt_timeout: Duration,
+    /// When the live (or last) attempt was sent.
+    pub attempt_started: Instant,
+    /// When the client's request arrived (for `status`' latencies).
+    pub started: Instant,
+    pub attempt_deadline: Instant,
+    /// Bound on all attempts and waits.
+    pub deadline: Instant,
+    /// A retry is scheduled for this time.
+    pub retry_at: Option<Instant>,
+    /// Waiting for the tool's annotations before deciding on a retry.
+    pub parked: Option<Failure>,
+    pub last_failure: Option<Failure>,
+    pub progress: ProgressFilter,
+    /// This call holds the breaker's half-open trial.
+    pub trial: bool,
+    /// Its next attempt waits in the link's queue (this sequence number)
+    /// for a restarting server.
+    pub queued: Option<u64>,
+    /// The server incarnation whose tool list it already waited for:
+    /// unknown after that means unsafe.
+    pub waited_for_tools: Option<u64>,
+    pub retried: bool,
+}
+
+impl Call {
+    /// How long the call took, if the server was asked at all (a call
+    /// refused before any attempt says nothing of the server's latency).
+    pub fn took(&self, now: Instant) -> Option<Duration> {
+        (self.attempts > 0).then(|| now.saturating_duration_since(self.started))
+    }
+
+    /// Whether it still has an attempt that counts: live, abandoned but
+    /// able to answer, or a retry planned.
+    pub fn has_attempts(&self) -> bool {
+        self.live.is_some() || !self.dead.is_empty() || self.retry_at.is_some()
+    }
+}
+
+/// An attempt of a call that ended without its success reaching the client:
+/// where a late success goes in the idempotency table.
+#[derive(Debug)]
+pub(super) struct Late {
+    pub key: u128,
+    pub args: u128,
+    pub keep: Keep,
+    pub tool: String,
+}
+
+/// The parts of a `tools/call` the policies look at.
+pub(super) struct ParsedCall<'a> {
+    pub name: String,
+    /// Raw JSON of `arguments` (after removing `_idempotency_key`), `{}` if absent.
+    pub arguments: Cow<'a, str>,
+    pub explicit_key: Option<String>,
+    /// The key came from `_meta.idempotencyKey`, which reaches the server.
+    pub key_in_meta: bool,
+    pub progress_token: Option<String>,
+    /// Params to forward when `_idempotency_key` was removed.
+    pub forward_params: Option<String>,
+    /// Tasks and multi-round-trip calls are never deduplicated or cached.
+    pub no_store: bool,
+}
+
+impl<'a> ParsedCall<'a> {
+    /// `None` when params is not an object with a string `name`.
+    pub fn parse(m: &'a Message) -> Option<ParsedCall<'a>> {
+        let params = RawObject::parse(m.params()?)?;
+        let name = params.string("name")?;
+        let mut explicit_key = None;
+        let mut progress_token = None;
+        if let Some(meta) = params.get("_meta").and_then(|v| RawObject::parse(v.get())) {
+            progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
+            explicit_key = meta.get("idempotencyKey").and_then(key_text);
+        }
+        let key_in_meta = explicit_key.is_some();
+        // Borrowed from the message: megabytes of arguments are not copied.
+        let mut arguments = Cow::Borrowed(params.get("arguments").map_or("{}", |a| a.get()));
+        let mut forward_params = None;
+        if let Some(mut args) = RawObject::parse(&arguments) {
+            if let Some(k) = args.remove("_idempotency_key") {
+                if explicit_key.is_none() {
+                    explicit_key = key_text(k);
+                }
+                let new_args = args.to_json();
+                forward_params = Some(params.to_json_replacing("arguments", &new_args));
+                arguments = Cow::Owned(new_args);
+            }
+        }
+        let no_store = ["task", "inputResponses", "requestState"]
+            .iter()
+            .any(|k| params.get(k).is_some());
+        Some(ParsedCall {
+            name,
+            arguments,
+            explicit_key,
+            key_in_meta,
+            progress_token,
+            forward_params,
+            no_store,
+        })
+    }
+}
+
+/// An idempotency key's text: a string, or a number as written.
+fn key_text(v: &serde_json::value::RawValue) -> Option<String> {
+    let raw = v.get();
+    if raw.starts_with('"') {
+        serde_json::from_str::<String>(raw)
+            .ok()
+            .filter(|s| !s.is_empty())
+    } else if raw
+        .as_bytes()
+        .first()
+        .is_some_and(|b| b.is_ascii_digit() || *b == b'-')
+    {
+        Some(raw.to_owned())
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts of a call that outlive its message, as the tests read them.
+    struct Parts {
+        arguments: String,
+        explicit_key: Option<String>,
+        progress_token: Option<String>,
+        forward_params: Option<String>,
+        no_store: bool,
+    }
+
+    fn parsed(params: &str) -> Parts {
+        let m = Message::reparse(format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#
+        ))
+        .unwrap();
+        let p = ParsedCall::parse(&m).unwrap();
+        Parts {
+            arguments: p.arguments.into_owned(),
+            explicit_key: p.explicit_key,
+            progress_token: p.progress_token,
+            forward_params: p.forward_params,
+            no_store: p.no_store,
+        }
+    }
+
+    #[test]
+    fn argument_key_is_removed_and_meta_key_read() {
+        let p = parsed(r#"{"name":"pay","arguments":{"amount":5,"_idempotency_key":"k-1"}}"#);
+        assert_eq!(p.explicit_key.as_deref(), Some("k-1"));
+        assert_eq!(p.arguments, r#"{"amount":5}"#);
+        assert_eq!(
+            p.forward_params.as_deref(),
+            Some(r#"{"name":"pay","arguments":{"amount":5}}"#)
+        );
+        let p = parsed(
+            r#"{"name":"pay","arguments":{"a":1},"_meta":{"idempotencyKey":"m-2","progressToken":7}}"#,
+        );
+        assert_eq!(p.explicit_key.as_deref(), Some("m-2"));
+        assert_eq!(p.progress_token.as_deref(), Some("7"));
+        assert!(p.forward_params.is_none());
+        assert!(!p.no_store);
+        assert!(parsed(r#"{"name":"x","task":{"ttl":5}}"#).no_store);
+        assert!(parsed(r#"{"name":"x","requestState":"s"}"#).no_store);
+    }
+}

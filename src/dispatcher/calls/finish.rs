@@ -1,0 +1,363 @@
+//! How a call ends: with the server's answer (stored in the cache and the
+//! idempotency table when it may be), with an error (or a stale cached
+//! answer instead), or dropped when every client waiting for it cancelled.
+//! Every client of the call gets its one answer, its indexes are cleared,
+//! and its attempts that may still answer are remembered as late.
+
+#![forbid(unsafe_code)]
+
+use std::borrow::Cow;
+
+use crate::jsonrpc::{self, Message};
+use crate::otel::CallEnd;
+use crate::policy::dedup::Keep;
+use crate::{debug, info};
+
+use super::call::{Call, Failure, Late};
+use super::text::{storable, with_source, Source};
+use super::{invalidate, trace, Action, Calls, Ctx, Downstream, Trace, LATE_LIMIT};
+
+impl Calls {
+    /// The next attempt of call `id` cannot be sent (breaker open, server
+    /// not available): an expired cached answer within `stale_if_error`
+    /// first, then the server's own error from the last attempt, else
+    /// `error`.
+    pub(in crate::dispatcher) fn refuse_attempt(
+        &mut self,
+        id: u64,
+        error: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        self.refuse_attempt_with(id, error, true, ctx, out);
+    }
+
+    /// [`Calls::refuse_attempt`]; the server's own last error replaces
+    /// `error` only if `server_error_first`.
+    pub(super) fn refuse_attempt_with(
+        &mut self,
+        id: u64,
+        error: &str,
+        server_error_first: bool,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.calls.get(&id) else {
+            return;
+        };
+        if let Some(key) = &call.cache_key {
+            if let Some(stale) = self.cache.get_stale(key, ctx.now) {
+                info!(
+                    "tool \"{}\": answered with a stale cached result",
+                    call.tool
+                );
+                let result = with_source(stale, Source::Stale);
+                return self.finish_with_result(id, &result, ctx, out);
+            }
+        }
+        match &call.last_failure {
+            Some(Failure::Transient(e)) if server_error_first => {
+                let e = e.clone();
+                self.fail(id, &e, ctx, out)
+            }
+            _ => self.fail(id, error, ctx, out),
+        }
+    }
+
+    /// Ends call `id` with an error object (raw JSON) for every waiting
+    /// client.
+    pub(in crate::dispatcher) fn fail(
+        &mut self,
+        id: u64,
+        error: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.remove_call(id, out) else {
+            return;
+        };
+        trace(ctx, out, || Trace::CallFailed {
+            call: id,
+            error: error.to_owned(),
+        });
+        let stats = self.counters.tool(&call.tool);
+        stats.failed += 1;
+        if call.retried {
+            stats.retried += 1;
+        }
+        if call.trial {
+            self.breaker.on_trial_abandoned();
+        }
+        let waiters = match &call.dedup_key {
+            Some(k) => self.dedup.complete(k, None, ctx.now),
+            None => Vec::new(),
+        };
+        self.keep_late_answers(&call);
+        let took = call.took(ctx.now);
+        for client in call.client.into_iter().chain(waiters) {
+            let line = jsonrpc::error_response_line(&client, error);
+            out.push(Action::Answer { client, line });
+        }
+        out.push(Action::Ended {
+            tool: call.tool,
+            took,
+            error: Some(error.to_owned()),
+        });
+    }
+
+    /// Ends call `id` with the server's final answer.
+    pub(super) fn finish_with_server_answer(
+        &mut self,
+        id: u64,
+        m: Message,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.remove_call(id, out) else {
+            return;
+        };
+        let end = CallEnd::answered(m.error().is_some());
+        trace(ctx, out, || Trace::CallEnded { call: id, end });
+        let stats = self.counters.tool(&call.tool);
+        if call.retried {
+            stats.retried += 1;
+        }
+        if m.result().is_some() {
+            if call.retried {
+                stats.recovered += 1;
+            }
+        } else {
+            stats.failed += 1;
+        }
+        let success = m.result().filter(|r| storable(r));
+        self.store_success(&call, success, ctx);
+        // The client gets this answer: only an explicit key replays it.
+        let store = match (&call.explicit_key, success) {
+            (Some(_), Some(r)) => Some((r.to_owned(), Keep::Always)),
+            _ => None,
+        };
+        let waiters = match &call.dedup_key {
+            Some(k) => self.dedup.complete(k, store, ctx.now),
+            None => Vec::new(),
+        };
+        let shared = (!waiters.is_empty()).then(|| match (m.result(), m.error()) {
+            (Some(r), _) => Ok(with_source(r, Source::Dedup)),
+            (None, Some(e)) => Err(e.to_owned()),
+            (None, None) => Err(jsonrpc::error_object(
+                jsonrpc::INVALID_REQUEST,
+                "empty answer",
+                None,
+            )),
+        });
+        let ended = Action::Ended {
+            took: call.took(ctx.now),
+            error: m.error().map(str::to_owned),
+            tool: call.tool,
+        };
+        if let Some(client) = call.client {
+            let line = m.into_line_with_id(&client);
+            out.push(Action::Answer { client, line });
+        }
+        if let Some(shared) = shared {
+            for client in waiters {
+                let line = match &shared {
+                    Ok(r) => jsonrpc::response_line(&client, r),
+                    Err(e) => jsonrpc::error_response_line(&client, e),
+                };
+                out.push(Action::Answer { client, line });
+            }
+        }
+        out.push(ended);
+    }
+
+    /// The cache after `call`'s final answer: a call that may write
+    /// empties it; a storable `success` of a cached tool is kept, unless
+    /// something that may write ran since its attempt began (the result
+    /// may predate that write).
+    fn store_success(&mut self, call: &Call, success: Option<&str>, ctx: Ctx) {
+        let fresh = self.cache.epoch() == call.cache_epoch;
+        if !call.read_only {
+            invalidate(&mut self.cache, &call.tool, "ran");
+        }
+        if let (Some(key), Some(result), true) = (&call.cache_key, success, fresh) {
+            let ttl = self.cache.ttl_for(&call.tool);
+            self.cache
+                .insert(key.clone(), result.to_owned(), ttl, ctx.now);
+        }
+    }
+
+    /// Ends call `id` with a result the proxy holds (a stale cache entry).
+    fn finish_with_result(&mut self, id: u64, result: &str, ctx: Ctx, out: &mut Vec<Action>) {
+        let Some(call) = self.remove_call(id, out) else {
+            return;
+        };
+        trace(ctx, out, || Trace::CallEnded {
+            call: id,
+            end: CallEnd::stale(),
+        });
+        if call.retried {
+            self.counters.tool(&call.tool).retried += 1;
+        }
+        let waiters = match &call.dedup_key {
+            Some(k) => self.dedup.complete(k, None, ctx.now),
+            None => Vec::new(),
+        };
+        self.keep_late_answers(&call);
+        let took = call.took(ctx.now);
+        for client in call.client.into_iter().chain(waiters) {
+            let line = jsonrpc::response_line(&client, result);
+            out.push(Action::Answer { client, line });
+        }
+        out.push(Action::Ended {
+            tool: call.tool,
+            took,
+            error: None,
+        });
+    }
+
+    /// Forgets call `id` and every id that pointed at it.
+    fn remove_call(&mut self, id: u64, out: &mut Vec<Action>) -> Option<Call> {
+        let call = self.calls.remove(&id)?;
+        if let Some(seq) = call.queued {
+            out.push(Action::Unqueue(seq));
+        }
+        for down in call.live.iter().chain(&call.dead) {
+            self.downstream.remove(down);
+        }
+        if let Some(k) = &call.dedup_key {
+            if self.by_key.get(k) == Some(&id) {
+                self.by_key.remove(k);
+            }
+        }
+        if let Some(t) = &call.progress_token {
+            if self.by_token.get(t) == Some(&id) {
+                self.by_token.remove(t);
+            }
+        }
+        Some(call)
+    }
+
+    /// A call ended without its clients getting the server's success (they
+    /// got an error, a stale answer, or cancelled): its attempts that may
+    /// still answer are remembered, so that a late success can be handed to
+    /// the next identical call instead of running the tool again. Only for
+    /// calls that dedup applies to and that may write (or carry a key): a
+    /// read simply runs again. The oldest are forgotten past [`LATE_LIMIT`].
+    fn keep_late_answers(&mut self, call: &Call) {
+        if !call.read_only {
+            invalidate(&mut self.cache, &call.tool, "may have run");
+        }
+        let Some(key) = call.dedup_key else { return };
+        if call.read_only && call.explicit_key.is_none() {
+            return;
+        }
+        let keep = match call.explicit_key {
+            Some(_) => Keep::Always,
+            None => Keep::Once,
+        };
+        for &down in call.live.iter().chain(&call.dead) {
+            let late = Late {
+                key,
+                args: call.dedup_args,
+                keep,
+                tool: call.tool.clone(),
+            };
+            self.downstream
+                .insert(down, Downstream::Late(Box::new(late)));
+            self.late.push_back(down);
+        }
+        while self.late.len() > LATE_LIMIT {
+            if let Some(old) = self.late.pop_front() {
+                if let Some(Downstream::Late(_)) = self.downstream.get(&old) {
+                    self.downstream.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// An answer to an attempt whose call had already ended.
+    pub(super) fn late_answer(&mut self, late: Late, m: &Message, now: std::time::Instant) {
+        let Some(result) = m.result() else {
+            return debug!(
+                "dropped a late error for tool \"{}\", whose call had ended",
+                late.tool
+            );
+        };
+        invalidate(&mut self.cache, &late.tool, "ran late");
+        if !storable(result) {
+            return;
+        }
+        info!(
+            "tool \"{}\": a late success arrived after the client got no answer from it; kept for an identical call",
+            late.tool
+        );
+        self.dedup
+            .store_late(late.key, late.args, result.to_owned(), late.keep, now);
+    }
+
+    /// Stops call `id`, which nobody waits for any more: its live attempt
+    /// is cancelled downstream (for `reason`), nobody is answered.
+    pub(super) fn drop_call(
+        &mut self,
+        id: u64,
+        reason: Cow<'static, str>,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.remove_call(id, out) else {
+            return;
+        };
+        if let Some(live) = call.live {
+            out.push(Action::Cancel { down: live, reason });
+        }
+        trace(ctx, out, || Trace::CallEnded {
+            call: id,
+            end: CallEnd::cancelled(),
+        });
+        if call.trial {
+            self.breaker.on_trial_abandoned();
+        }
+        if let Some(k) = &call.dedup_key {
+            self.dedup.abandon(k);
+        }
+        self.keep_late_answers(&call);
+        debug!(
+            "tool \"{}\": call dropped after the client cancelled",
+            call.tool
+        );
+    }
+
+    /// Clients joined to call `id` (besides the one that started it).
+    pub(super) fn dedup_waiters(&self, id: u64) -> usize {
+        self.calls
+            .get(&id)
+            .and_then(|c| c.dedup_key)
+            .map_or(0, |k| self.dedup.joiners(&k))
+    }
+
+    /// The client cancelled `client_id`, a member of call `id` (the client
+    /// that started it, or one joined to it): the call goes on for the
+    /// others, and is dropped when nobody is left.
+    pub(in crate::dispatcher) fn cancel_member(
+        &mut self,
+        id: u64,
+        client_id: &str,
+        reason: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        if call.client.as_deref() == Some(client_id) {
+            call.client = None;
+        } else if let Some(k) = call.dedup_key {
+            self.dedup.remove_waiter(&k, |w| w == client_id);
+        }
+        if self.calls.get(&id).is_some_and(|c| c.client.is_none()) && self.dedup_waiters(id) == 0 {
+            self.drop_call(id, reason.to_owned().into(), ctx, out);
+        } else {
+            debug!("a joined request was cancelled; the call continues for the others");
+        }
+    }
+}
