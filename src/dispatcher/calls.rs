@@ -44,6 +44,8 @@ mod attempt;
 mod call;
 mod decide;
 mod finish;
+#[cfg(test)]
+mod tests;
 mod text;
 mod tools;
 

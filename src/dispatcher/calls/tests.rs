@@ -1,0 +1,553 @@
+//! Unit tests of [`Calls`] on a fake clock: an event goes in with a
+//! [`Ctx`], the state moves, and the actions that come out are checked. One
+//! test per transition the dispatcher tests do not pin down on their own
+//! (timeouts, pauses, progress, late answers, cancels, the tool list, link
+//! loss, the queue, the retry bounds), with no dispatcher, link or thread.
+
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{Action, Arrival, CallTimer, Calls, Ctx, LinkView, Owner};
+use crate::config::{ServerConfig, ToolConfig};
+use crate::dispatcher::Reason;
+use crate::jsonrpc::Message;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The calls of a server with the defaults, `edit`ed, and no jitter.
+struct Harness {
+    calls: Calls,
+    now: Instant,
+    link: LinkView,
+    /// The next downstream id the "dispatcher" hands out.
+    next_down: u64,
+}
+
+impl Harness {
+    fn new(edit: impl FnOnce(&mut ServerConfig)) -> Harness {
+        let mut cfg = ServerConfig::with_defaults("srv", "fake".into(), vec![]);
+        cfg.retry.jitter = 0.0;
+        cfg.retry.base_delay = SECOND;
+        edit(&mut cfg);
+        Harness {
+            calls: Calls::new(Arc::new(cfg)).with_seed(7),
+            now: Instant::now(),
+            // A running server whose client finished its handshake.
+            link: LinkView {
+                ready: true,
+                reachable: true,
+                initialized: true,
+                generation: 1,
+                paused: false,
+            },
+            next_down: 100,
+        }
+    }
+
+    fn ctx(&self) -> Ctx {
+        Ctx {
+            now: self.now,
+            link: self.link,
+            tracing: false,
+        }
+    }
+
+    /// Runs `f` on the calls and returns what it pushed.
+    fn run<R>(
+        &mut self,
+        f: impl FnOnce(&mut Calls, Ctx, &mut Vec<Action>) -> R,
+    ) -> (R, Vec<Action>) {
+        let mut out = Vec::new();
+        let ctx = self.ctx();
+        let r = f(&mut self.calls, ctx, &mut out);
+        (r, out)
+    }
+
+    /// Client `client` calls `tool` with `args`.
+    fn arrive(&mut self, client: &str, tool: &str, args: &str) -> (Arrival, Vec<Action>) {
+        let m = request(client, tool, args);
+        self.run(|c, ctx, out| c.arrive(m, client, ctx, out))
+    }
+
+    /// Admits and sends the next attempt of call `id` as the dispatcher
+    /// does when the link says send; returns its downstream id.
+    fn attempt(&mut self, id: u64) -> u64 {
+        let (admitted, out) = self.run(|c, ctx, out| c.admit(id, ctx, out));
+        assert!(admitted && out.is_empty(), "{out:?}");
+        self.next_down += 1;
+        let down = self.next_down;
+        let (_, out) = self.run(|c, ctx, out| c.send(id, down, ctx, out));
+        assert!(
+            matches!(&out[..], [Action::Timer(_, CallTimer::AttemptTimeout { .. }), Action::Attempt { down: d, .. }] if *d == down),
+            "{out:?}"
+        );
+        down
+    }
+
+    /// A new call of `client` whose first attempt is sent: its id and the
+    /// attempt's downstream id.
+    fn started(&mut self, client: &str, tool: &str, args: &str) -> (u64, u64) {
+        let (arrival, out) = self.arrive(client, tool, args);
+        let Arrival::Started(id) = arrival else {
+            panic!("not started: {arrival:?}");
+        };
+        assert!(out.is_empty(), "{out:?}");
+        (id, self.attempt(id))
+    }
+
+    /// A call of `client` to the safe tool `t` whose first attempt timed
+    /// out (after the default 60 s) and whose retry was sent a second
+    /// later: the call, its first and its second downstream ids.
+    fn timed_out_and_retried(&mut self, client: &str) -> (u64, u64, u64) {
+        let (id, first) = self.started(client, "t", "{}");
+        self.now += 60 * SECOND;
+        self.timer(CallTimer::AttemptTimeout {
+            call: id,
+            down: first,
+        });
+        self.now += SECOND;
+        assert_eq!(self.timer(CallTimer::RetryDue { call: id }).0, Some(id));
+        (id, first, self.attempt(id))
+    }
+
+    /// The server answers downstream request `down` with `body`.
+    fn answer(&mut self, down: u64, body: &str) -> (Owner, Vec<Action>) {
+        let m = message(&format!(r#"{{"jsonrpc":"2.0","id":{down},{body}}}"#));
+        self.run(|c, ctx, out| c.on_answer(down, m, ctx, out))
+    }
+
+    fn timer(&mut self, t: CallTimer) -> (Option<u64>, Vec<Action>) {
+        self.run(|c, ctx, out| c.on_timer(t, ctx, out))
+    }
+}
+
+fn message(line: &str) -> Message {
+    Message::reparse(line.to_owned()).expect("a valid message")
+}
+
+fn request(client: &str, tool: &str, args: &str) -> Message {
+    message(&format!(
+        r#"{{"jsonrpc":"2.0","id":{client},"method":"tools/call","params":{{"name":"{tool}","arguments":{args}}}}}"#
+    ))
+}
+
+fn tool(edit: impl FnOnce(&mut ToolConfig)) -> ToolConfig {
+    let mut t = ToolConfig::default();
+    edit(&mut t);
+    t
+}
+
+/// The answers among `out`, by client, as JSON.
+fn answers(out: &[Action]) -> Vec<(String, Value)> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Answer { client, line } => {
+                Some((client.clone(), serde_json::from_slice(line).unwrap()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The one answer among `out`, for `client`.
+fn answer_for(out: &[Action], client: &str) -> Value {
+    let mut a = answers(out);
+    assert_eq!(a.len(), 1, "{out:?}");
+    let (to, v) = a.pop().unwrap();
+    assert_eq!(to, client);
+    v
+}
+
+/// The timers among `out`.
+fn timers(out: &[Action]) -> Vec<(Instant, CallTimer)> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Timer(at, t) => Some((*at, *t)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The downstream cancels among `out`, with their reasons.
+fn cancels(out: &[Action]) -> Vec<(u64, String)> {
+    out.iter()
+        .filter_map(|a| match a {
+            Action::Cancel { down, reason } => Some((*down, reason.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+const OK: &str = r#""result":{"content":[{"type":"text","text":"ok"}]}"#;
+const TRANSIENT: &str = r#""error":{"code":-32000,"message":"busy"}"#;
+
+#[test]
+fn a_call_is_sent_under_its_timeout_and_ends_with_the_servers_answer() {
+    let mut h = Harness::new(|c| c.call_timeout = 30 * SECOND);
+    let t0 = h.now;
+    let (arrival, _) = h.arrive("11", "t", r#"{"a":1}"#);
+    assert!(matches!(arrival, Arrival::Started(1)), "{arrival:?}");
+    let (admitted, _) = h.run(|c, ctx, out| c.admit(1, ctx, out));
+    assert!(admitted);
+    let (_, out) = h.run(|c, ctx, out| c.send(1, 42, ctx, out));
+    let [Action::Timer(at, timer), Action::Attempt { call, down, line }] = &out[..] else {
+        panic!("{out:?}");
+    };
+    assert_eq!(
+        (*at, *timer, *call, *down),
+        (
+            t0 + 30 * SECOND,
+            CallTimer::AttemptTimeout { call: 1, down: 42 },
+            1,
+            42
+        )
+    );
+    let sent: Value = serde_json::from_slice(line).unwrap();
+    assert_eq!(sent["id"], 42);
+    assert_eq!(sent["params"]["arguments"]["a"], 1);
+
+    h.now += 250 * Duration::from_millis(1);
+    let (owner, out) = h.answer(42, OK);
+    assert_eq!(owner, Owner::Served);
+    assert_eq!(answer_for(&out, "11")["result"]["content"][0]["text"], "ok");
+    let Some(Action::Ended { tool, took, error }) = out.last() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(
+        (tool.as_str(), *took, error),
+        ("t", Some(Duration::from_millis(250)), &None)
+    );
+    assert_eq!(h.calls.len(), 0);
+    assert_eq!(h.calls.stats().tools["t"].attempts, 1);
+    // The id is forgotten once answered.
+    assert_eq!(h.answer(42, OK).0, Owner::Unknown);
+}
+
+#[test]
+fn an_identical_call_joins_the_one_in_flight_and_gets_its_answer() {
+    let mut h = Harness::new(|_| {});
+    let (id, down) = h.started("11", "t", r#"{"a":1}"#);
+    let (arrival, out) = h.arrive("12", "t", r#"{"a":1}"#);
+    assert!(
+        matches!(arrival, Arrival::Joined(Some(i)) if i == id),
+        "{arrival:?}"
+    );
+    assert!(out.is_empty(), "{out:?}");
+    let (_, out) = h.answer(down, OK);
+    let a = answers(&out);
+    assert_eq!(a.len(), 2, "{out:?}");
+    assert_eq!(a[0].0, "11");
+    assert_eq!(a[1].0, "12");
+    assert_eq!(a[1].1["result"]["_meta"]["mcp-retry/source"], "dedup");
+    assert_eq!(h.calls.stats().tools["t"].dedup_hits, 1);
+}
+
+#[test]
+fn a_timed_out_attempt_of_a_safe_tool_is_cancelled_and_retried_after_the_backoff() {
+    let mut h = Harness::new(|c| {
+        c.tools
+            .insert("t".into(), tool(|t| t.idempotent = Some(true)));
+    });
+    let t0 = h.now;
+    let (id, down) = h.started("11", "t", "{}");
+    let timeout = CallTimer::AttemptTimeout { call: id, down };
+    // Early: nothing happens.
+    h.now = t0 + 59 * SECOND;
+    let (_, out) = h.timer(timeout);
+    assert_eq!(timers(&out), [(t0 + 60 * SECOND, timeout)]);
+    h.now = t0 + 60 * SECOND;
+    let (due, out) = h.timer(timeout);
+    assert_eq!(due, None);
+    assert_eq!(cancels(&out), [(down, "timed out (mcp-retry)".to_owned())]);
+    let retry = CallTimer::RetryDue { call: id };
+    assert_eq!(timers(&out), [(h.now + SECOND, retry)]);
+    assert!(answers(&out).is_empty());
+    // Not before it is due, then the dispatcher is told to start it.
+    assert_eq!(h.timer(retry).0, None);
+    h.now += SECOND;
+    assert_eq!(h.timer(retry).0, Some(id));
+    let again = h.attempt(id);
+    assert_ne!(again, down);
+}
+
+#[test]
+fn an_unsafe_tool_is_not_retried_and_its_late_success_answers_the_next_identical_call_once() {
+    let mut h = Harness::new(|_| {});
+    // The client has not finished its handshake: the tool list cannot be
+    // asked, so the unannotated tool is unsafe.
+    h.link.initialized = false;
+    let (id, down) = h.started("11", "write", r#"{"x":1}"#);
+    h.now += 60 * SECOND;
+    let (_, out) = h.timer(CallTimer::AttemptTimeout { call: id, down });
+    assert_eq!(cancels(&out).len(), 1);
+    let e = answer_for(&out, "11");
+    assert_eq!(
+        e["error"]["data"]["reason"],
+        Reason::NotRetriedUnsafe.as_str()
+    );
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("it may or may not have run"),
+        "{e}"
+    );
+    assert_eq!(h.calls.len(), 0);
+    // The tool did run: its success comes late and is kept.
+    let (owner, out) = h.answer(down, OK);
+    assert_eq!(owner, Owner::Known);
+    assert!(out.is_empty(), "{out:?}");
+    let (arrival, out) = h.arrive("12", "write", r#"{"x":1}"#);
+    assert!(matches!(arrival, Arrival::Answered), "{arrival:?}");
+    let replayed = answer_for(&out, "12");
+    assert_eq!(replayed["result"]["_meta"]["mcp-retry/source"], "dedup");
+    // Once: the next identical call runs.
+    let (arrival, _) = h.arrive("13", "write", r#"{"x":1}"#);
+    assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
+}
+
+#[test]
+fn while_the_server_waits_for_a_person_an_attempt_keeps_its_time() {
+    let mut h = Harness::new(|c| c.call_timeout = 10 * SECOND);
+    let t0 = h.now;
+    let (id, down) = h.started("11", "t", "{}");
+    let timeout = CallTimer::AttemptTimeout { call: id, down };
+    // A sampling request arrived at t0 + 4 s and is still open at the
+    // deadline: the timer moves to the call's total deadline.
+    h.link.paused = true;
+    h.now = t0 + 10 * SECOND;
+    let (_, out) = h.timer(timeout);
+    assert_eq!(timers(&out), [(t0 + 120 * SECOND, timeout)]);
+    assert!(cancels(&out).is_empty());
+    // Answered at t0 + 14 s: the 10 s since the pause are given back.
+    h.link.paused = false;
+    h.now = t0 + 14 * SECOND;
+    let since = t0 + 4 * SECOND;
+    let (_, out) = h.run(|c, ctx, out| c.resume_clocks(since, ctx, out));
+    assert_eq!(timers(&out), [(t0 + 20 * SECOND, timeout)]);
+    h.now = t0 + 20 * SECOND;
+    let (_, out) = h.timer(timeout);
+    assert_eq!(cancels(&out).len(), 1, "{out:?}");
+}
+
+#[test]
+fn progress_keeps_an_attempt_alive_and_reaches_the_client_when_it_advances() {
+    let mut h = Harness::new(|c| c.call_timeout = 10 * SECOND);
+    let t0 = h.now;
+    let m = message(
+        r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"t","_meta":{"progressToken":"p"}}}"#,
+    );
+    let (arrival, _) = h.run(|c, ctx, out| c.arrive(m, "11", ctx, out));
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    let down = h.attempt(id);
+    let progress = |value: u32, token: &str| {
+        message(&format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{token},"progress":{value}}}}}"#
+        ))
+    };
+    h.now = t0 + 8 * SECOND;
+    let p = progress(1, r#""p""#);
+    let (mine, out) = h.run(|c, ctx, out| c.on_progress(&p, ctx, out));
+    assert!(mine);
+    assert!(matches!(&out[..], [Action::Notify(_)]), "{out:?}");
+    // The same value again is not forwarded; another token is not ours.
+    let (mine, out) = h.run(|c, ctx, out| c.on_progress(&p, ctx, out));
+    assert!(mine && out.is_empty(), "{out:?}");
+    let other = progress(2, r#""q""#);
+    assert!(!h.run(|c, ctx, out| c.on_progress(&other, ctx, out)).0);
+    // The first deadline passes: the timer is set again, 10 s after the
+    // progress.
+    h.now = t0 + 10 * SECOND;
+    let timeout = CallTimer::AttemptTimeout { call: id, down };
+    let (_, out) = h.timer(timeout);
+    assert_eq!(timers(&out), [(t0 + 18 * SECOND, timeout)]);
+}
+
+#[test]
+fn a_late_answer_of_an_abandoned_attempt_wins_and_the_live_one_is_cancelled() {
+    let mut h = Harness::new(|c| {
+        c.tools
+            .insert("t".into(), tool(|t| t.idempotent = Some(true)));
+    });
+    let (_, first, second) = h.timed_out_and_retried("11");
+    let (owner, out) = h.answer(first, OK);
+    assert_eq!(owner, Owner::Served);
+    assert_eq!(
+        cancels(&out),
+        [(
+            second,
+            "superseded by an earlier attempt's answer".to_owned()
+        )]
+    );
+    assert!(answer_for(&out, "11")["result"].is_object());
+}
+
+#[test]
+fn a_cancelled_call_goes_on_for_a_joined_client_and_is_dropped_when_nobody_waits() {
+    let mut h = Harness::new(|_| {});
+    let (id, down) = h.started("11", "t", "{}");
+    h.arrive("12", "t", "{}");
+    let (_, out) = h.run(|c, ctx, out| c.cancel_member(id, "11", "bored", ctx, out));
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(h.calls.len(), 1);
+    let (_, out) = h.run(|c, ctx, out| c.cancel_member(id, "12", "bored too", ctx, out));
+    assert_eq!(cancels(&out), [(down, "bored too".to_owned())]);
+    assert!(answers(&out).is_empty());
+    assert_eq!(h.calls.len(), 0);
+}
+
+#[test]
+fn an_unannotated_tool_waits_for_the_tool_list_and_is_retried_if_it_says_read_only() {
+    let mut h = Harness::new(|_| {});
+    let t0 = h.now;
+    let (id, down) = h.started("11", "lookup", "{}");
+    let (_, out) = h.answer(down, TRANSIENT);
+    assert!(answers(&out).is_empty(), "{out:?}");
+    assert_eq!(
+        timers(&out),
+        [(t0 + 120 * SECOND, CallTimer::CallDeadline { call: id })]
+    );
+    assert!(
+        matches!(out.last(), Some(Action::ListTools { cursor: None })),
+        "{out:?}"
+    );
+    // A second failure of another call asks for nothing more.
+    let (_, other) = h.started("12", "lookup", r#"{"n":2}"#);
+    let (_, out) = h.answer(other, TRANSIENT);
+    assert!(!out.iter().any(|a| matches!(a, Action::ListTools { .. })));
+    let list =
+        r#"{"tools":[{"name":"lookup","inputSchema":{},"annotations":{"readOnlyHint":true}}]}"#;
+    let (_, out) = h.run(|c, ctx, out| c.learn_tools(list, true, false, ctx, out));
+    let retries: Vec<CallTimer> = timers(&out).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(
+        retries,
+        [
+            CallTimer::RetryDue { call: id },
+            CallTimer::RetryDue { call: 2 }
+        ]
+    );
+    // The parked calls' deadlines now find nothing to decide.
+    let (_, out) = h.timer(CallTimer::CallDeadline { call: id });
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_tool_list_that_cannot_be_had_leaves_the_parked_call_unsafe() {
+    let mut h = Harness::new(|_| {});
+    let (_, down) = h.started("11", "write", "{}");
+    h.answer(down, TRANSIENT);
+    let (_, out) = h.run(|c, ctx, out| c.tools_learned(false, ctx, out));
+    let e = answer_for(&out, "11");
+    // The server's own error, which says more than the proxy's.
+    assert_eq!(e["error"]["message"], "busy");
+    assert_eq!(h.calls.len(), 0);
+}
+
+#[test]
+fn an_attempt_that_never_left_is_retried_whatever_the_tool() {
+    let mut h = Harness::new(|_| {});
+    h.link.initialized = false;
+    let (id, down) = h.started("11", "write", "{}");
+    let (_, out) = h.run(|c, ctx, out| c.attempt_unsent(id, down, ctx, out));
+    assert_eq!(
+        timers(&out),
+        [(h.now + SECOND, CallTimer::RetryDue { call: id })]
+    );
+    // The same for attempts in flight on a link that the transport knows
+    // never delivered them.
+    let (id, _) = h.started("12", "write", r#"{"n":2}"#);
+    let (_, out) = h.run(|c, ctx, out| c.on_link_lost("gone", false, false, ctx, out));
+    assert_eq!(
+        timers(&out),
+        [(h.now + SECOND, CallTimer::RetryDue { call: id })]
+    );
+}
+
+#[test]
+fn a_lost_link_makes_an_unsafe_calls_outcome_unknown_and_forgets_its_attempts() {
+    let mut h = Harness::new(|_| {});
+    h.link.initialized = false;
+    let (_, down) = h.started("11", "write", "{}");
+    h.link.ready = false;
+    let (_, out) = h.run(|c, ctx, out| c.on_link_lost("crashed", true, false, ctx, out));
+    let e = answer_for(&out, "11");
+    assert_eq!(e["error"]["data"]["reason"], Reason::ServerExited.as_str());
+    assert_eq!(e["error"]["data"]["outcome"], "unknown");
+    // No late answer comes from a server that is gone.
+    assert_eq!(h.answer(down, OK).0, Owner::Unknown);
+}
+
+#[test]
+fn a_queued_call_that_ends_leaves_the_queue() {
+    let mut h = Harness::new(|_| {});
+    let (arrival, _) = h.arrive("11", "t", "{}");
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    h.calls.queued(id, 5);
+    // Queued: no second attempt is admitted meanwhile.
+    assert!(!h.run(|c, ctx, out| c.admit(id, ctx, out)).0);
+    let (_, out) = h.run(|c, ctx, out| c.fail(id, r#"{"code":-31000,"message":"m"}"#, ctx, out));
+    assert!(matches!(out.first(), Some(Action::Unqueue(5))), "{out:?}");
+    assert_eq!(answer_for(&out, "11")["error"]["message"], "m");
+    assert!(!h.calls.unqueued(id));
+}
+
+#[test]
+fn a_retry_after_the_total_deadline_or_over_the_budget_is_not_made() {
+    let mut h = Harness::new(|c| {
+        c.retry.total_timeout = 2 * SECOND;
+        c.tools
+            .insert("t".into(), tool(|t| t.idempotent = Some(true)));
+    });
+    let (id, down) = h.started("11", "t", "{}");
+    let (_, out) = h.answer(down, TRANSIENT);
+    assert_eq!(timers(&out).len(), 1, "{out:?}");
+    h.now += SECOND;
+    assert_eq!(h.timer(CallTimer::RetryDue { call: id }).0, Some(id));
+    let down = h.attempt(id);
+    // The next delay, 2 s, ends after the 2 s the call has in all.
+    let (_, out) = h.answer(down, TRANSIENT);
+    let e = answer_for(&out, "11");
+    assert_eq!(e["error"]["message"], "busy");
+
+    let mut h = Harness::new(|c| {
+        c.retry.budget.min_retries = 0;
+        c.retry.budget.ratio = 0.0;
+        c.tools
+            .insert("t".into(), tool(|t| t.idempotent = Some(true)));
+    });
+    let (_, down) = h.started("11", "t", "{}");
+    let (_, out) = h.answer(down, TRANSIENT);
+    assert!(timers(&out).is_empty(), "{out:?}");
+    assert_eq!(answer_for(&out, "11")["error"]["message"], "busy");
+}
+
+#[test]
+fn an_answer_too_large_ends_the_call_and_an_abandoned_attempts_is_ignored() {
+    let mut h = Harness::new(|c| {
+        c.tools
+            .insert("t".into(), tool(|t| t.idempotent = Some(true)));
+    });
+    let (_, first, second) = h.timed_out_and_retried("11");
+    let (owner, out) = h.run(|c, ctx, out| {
+        c.on_unusable_answer(first, Reason::ResponseTooLarge, "too large", ctx, out)
+    });
+    assert_eq!((owner, out.len()), (Owner::Known, 0), "{out:?}");
+    let (owner, out) = h.run(|c, ctx, out| {
+        c.on_unusable_answer(second, Reason::ResponseTooLarge, "too large", ctx, out)
+    });
+    assert_eq!(owner, Owner::Served);
+    let e = answer_for(&out, "11");
+    assert_eq!(
+        e["error"]["data"]["reason"],
+        Reason::ResponseTooLarge.as_str()
+    );
+    assert!(timers(&out).is_empty(), "not retried: {out:?}");
+}
