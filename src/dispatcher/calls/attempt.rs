@@ -171,6 +171,7 @@ impl Calls {
                 call.tool
             );
             if let Some(live) = call.live.take() {
+                self.downstream.remove(&live);
                 let reason = "superseded by an earlier attempt's answer".into();
                 out.push(Action::Cancel { down: live, reason });
             }

@@ -386,6 +386,8 @@ fn a_late_answer_of_an_abandoned_attempt_wins_and_the_live_one_is_cancelled() {
         )]
     );
     assert!(answer_for(&out, "11")["result"].is_object());
+    // The cancelled attempt's answer, should it come, is nobody's.
+    assert_eq!(h.answer(second, OK).0, Owner::Unknown);
 }
 
 #[test]
