@@ -85,24 +85,7 @@ impl Calls {
         if call.retried {
             stats.retried += 1;
         }
-        if call.trial {
-            self.breaker.on_trial_abandoned();
-        }
-        let waiters = match &call.dedup_key {
-            Some(k) => self.dedup.complete(k, None, ctx.now),
-            None => Vec::new(),
-        };
-        self.keep_late_answers(&call);
-        let took = call.took(ctx.now);
-        for client in call.client.into_iter().chain(waiters) {
-            let line = jsonrpc::error_response_line(&client, error);
-            out.push(Action::Answer { client, line });
-        }
-        out.push(Action::Ended {
-            tool: call.tool,
-            took,
-            error: Some(error.to_owned()),
-        });
+        self.end_without_server(call, Err(error), ctx, out);
     }
 
     /// Ends call `id` with the server's final answer.
@@ -198,6 +181,24 @@ impl Calls {
         if call.retried {
             self.counters.tool(&call.tool).retried += 1;
         }
+        self.end_without_server(call, Ok(result), ctx, out);
+    }
+
+    /// Answers every client of `call`, which ended without the server's
+    /// answer reaching them, with what the proxy has: a `result` or an
+    /// `error` object. A breaker trial it held is freed (nothing was
+    /// learned of the server), and its attempts that may still answer are
+    /// remembered as late.
+    fn end_without_server(
+        &mut self,
+        call: Call,
+        answer: Result<&str, &str>,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        if call.trial {
+            self.breaker.on_trial_abandoned();
+        }
         let waiters = match &call.dedup_key {
             Some(k) => self.dedup.complete(k, None, ctx.now),
             None => Vec::new(),
@@ -205,13 +206,16 @@ impl Calls {
         self.keep_late_answers(&call);
         let took = call.took(ctx.now);
         for client in call.client.into_iter().chain(waiters) {
-            let line = jsonrpc::response_line(&client, result);
+            let line = match answer {
+                Ok(result) => jsonrpc::response_line(&client, result),
+                Err(error) => jsonrpc::error_response_line(&client, error),
+            };
             out.push(Action::Answer { client, line });
         }
         out.push(Action::Ended {
             tool: call.tool,
             took,
-            error: None,
+            error: answer.err().map(str::to_owned),
         });
     }
 

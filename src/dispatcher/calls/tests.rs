@@ -553,3 +553,41 @@ fn an_answer_too_large_ends_the_call_and_an_abandoned_attempts_is_ignored() {
     );
     assert!(timers(&out).is_empty(), "not retried: {out:?}");
 }
+
+#[test]
+fn a_breaker_trial_answered_from_the_stale_cache_frees_the_trial() {
+    let mut h = Harness::new(|c| {
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.cooldown = 30 * SECOND;
+        c.tools
+            .insert("read".into(), tool(|t| t.read_only = Some(true)));
+        c.cache.tools.insert("read".into(), SECOND);
+        c.cache.stale_if_error = 600 * SECOND;
+    });
+    let (_, down) = h.started("11", "read", "{}");
+    h.answer(down, OK);
+    // Another read fails: the breaker opens. Its cooldown passes, and the
+    // cached result expires.
+    let (_, down) = h.started("12", "read", r#"{"n":2}"#);
+    h.answer(down, TRANSIENT);
+    h.now += 30 * SECOND;
+    // The read is the breaker's trial, but the link refuses it: the stale
+    // result answers, and the trial is free for the next call.
+    let (arrival, _) = h.arrive("13", "read", "{}");
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    assert!(h.run(|c, ctx, out| c.admit(id, ctx, out)).0);
+    let (_, out) = h.run(|c, ctx, out| {
+        c.refused_by_link(id, Reason::ServerUnavailable, "restarting", ctx, out)
+    });
+    let stale = answer_for(&out, "13");
+    assert_eq!(stale["result"]["_meta"]["mcp-retry/source"], "stale");
+    let (arrival, _) = h.arrive("14", "read", r#"{"n":3}"#);
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    let (admitted, out) = h.run(|c, ctx, out| c.admit(id, ctx, out));
+    assert!(admitted, "the trial is still held: {out:?}");
+}
