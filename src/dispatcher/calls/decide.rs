@@ -20,8 +20,8 @@ use super::{trace, Action, CallTimer, Calls, Ctx, Trace};
 
 /// Whether a retry fits, and if not, why.
 enum Verdict {
-    /// Retry at `at`, `delay` from now.
-    Retry { at: Instant, delay: Duration },
+    /// Retry `delay` from now.
+    Retry { delay: Duration },
     /// No retry; the call is answered with this reason.
     GiveUp(Reason),
     /// The retry would find the breaker still open (for this long).
@@ -42,53 +42,71 @@ impl Calls {
         if failure.ambiguous() && !self.safe_to_repeat(id, &failure, &what, ctx, out) {
             return;
         }
-        let Some(call) = self.calls.get(&id) else {
-            return;
-        };
-        let (tool, attempts) = (call.tool.clone(), call.attempts);
-        let retry = attempts.saturating_sub(1) + 1;
-        let at_attempt = |reason: Reason| fields(&tool, attempts, Some(reason.as_str()));
         match self.verdict(id, &failure, ctx.now) {
-            Verdict::Retry { at, delay } => {
-                info!(
-                    fields: fields(&tool, attempts, Some(failure.kind())),
-                    "{what}; retrying in {:.2}s (retry {retry} of {})",
-                    delay.as_secs_f64(),
-                    self.cfg.retry.max_retries
-                );
-                if let Some(call) = self.calls.get_mut(&id) {
-                    call.retry_at = Some(at);
-                }
-                out.push(Action::Timer(at, CallTimer::RetryDue { call: id }));
-                trace(ctx, out, || Trace::Backoff {
-                    call: id,
-                    delay,
-                    retry,
-                });
-            }
+            Verdict::Retry { delay } => self.schedule_retry(id, delay, &failure, &what, ctx, out),
             Verdict::BreakerOpen(retry_after) => {
-                warn!(
-                    fields: at_attempt(Reason::CircuitOpen),
-                    "{what}; no retry: the circuit breaker for \"{}\" is open for another {:.1}s",
-                    self.cfg.name,
-                    retry_after.as_secs_f64()
-                );
+                self.log_no_retry(id, Reason::CircuitOpen, &what, retry_after);
                 self.refuse_by_breaker(id, retry_after, true, ctx, out);
             }
             Verdict::GiveUp(reason) => {
-                let why = match reason {
-                    Reason::DeadlineExceeded => {
-                        "no retry: the next attempt would start after retry.total_timeout".into()
-                    }
-                    Reason::RetryBudgetExhausted => {
-                        "no retry: the retry budget for this server is exhausted".into()
-                    }
-                    _ => format!("giving up after {attempts} attempt(s)"),
-                };
-                warn!(fields: at_attempt(reason), "{what}; {why}");
+                self.log_no_retry(id, reason, &what, Duration::ZERO);
                 self.give_up(id, reason, &failure, ctx, out);
             }
         }
+    }
+
+    /// Call `id` is retried `delay` from now.
+    fn schedule_retry(
+        &mut self,
+        id: u64,
+        delay: Duration,
+        failure: &Failure,
+        what: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let retry = call.attempts.saturating_sub(1) + 1;
+        info!(
+            fields: fields(&call.tool, call.attempts, Some(failure.kind())),
+            "{what}; retrying in {:.2}s (retry {retry} of {})",
+            delay.as_secs_f64(),
+            self.cfg.retry.max_retries
+        );
+        let at = ctx.now + delay;
+        call.retry_at = Some(at);
+        out.push(Action::Timer(at, CallTimer::RetryDue { call: id }));
+        trace(ctx, out, || Trace::Backoff {
+            call: id,
+            delay,
+            retry,
+        });
+    }
+
+    /// Says why call `id` is not retried (`what` happened; the breaker is
+    /// open for another `retry_after`).
+    fn log_no_retry(&self, id: u64, reason: Reason, what: &str, retry_after: Duration) {
+        let Some(call) = self.calls.get(&id) else {
+            return;
+        };
+        let why = match reason {
+            Reason::CircuitOpen => format!(
+                "no retry: the circuit breaker for \"{}\" is open for another {:.1}s",
+                self.cfg.name,
+                retry_after.as_secs_f64()
+            ),
+            Reason::DeadlineExceeded => {
+                "no retry: the next attempt would start after retry.total_timeout".into()
+            }
+            Reason::RetryBudgetExhausted => {
+                "no retry: the retry budget for this server is exhausted".into()
+            }
+            _ => format!("giving up after {} attempt(s)", call.attempts),
+        };
+        let fields = fields(&call.tool, call.attempts, Some(reason.as_str()));
+        warn!(fields: fields, "{what}; {why}");
     }
 
     /// Whether a retry of call `id` after `failure` fits: retries left,
@@ -129,7 +147,7 @@ impl Calls {
         if !self.budget.try_withdraw(now) {
             return Verdict::GiveUp(Reason::RetryBudgetExhausted);
         }
-        Verdict::Retry { at, delay }
+        Verdict::Retry { delay }
     }
 
     /// After an ambiguous failure: whether the call may run again. When the
