@@ -52,9 +52,23 @@ impl Calls {
             let client = client_id.to_owned();
             return answered_at_once(m, new.tool, client, &result, Source::Cache, ctx, out);
         }
-        let Some(key) = new.dedup_key else {
-            return Arrival::Started(self.open(m, new, client_id.to_owned(), ctx, out));
-        };
+        match new.dedup_key {
+            Some(key) => self.join_or_replay(m, new, key, client_id, ctx, out),
+            None => Arrival::Started(self.open(m, new, client_id.to_owned(), ctx, out)),
+        }
+    }
+
+    /// The idempotency table decides for a call with dedup `key`: join an
+    /// identical call in flight, replay a result it holds, or run.
+    fn join_or_replay(
+        &mut self,
+        m: Message,
+        new: Arriving,
+        key: u128,
+        client_id: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> Arrival {
         // A keyless read runs again rather than replay an old answer; a
         // keyless write only ever finds results its client never got.
         let replay = new.explicit_key.is_some() || !new.read_only;
@@ -64,8 +78,7 @@ impl Calls {
             .lookup_or_join(&key, new.dedup_args, waiter, replay, ctx.now)
         {
             Lookup::Joined { same_args } => {
-                info!("tool \"{}\": joined an identical call in flight", new.tool);
-                self.deduplicated(&new, same_args);
+                self.deduplicated(&new, same_args, false);
                 let call = self.by_key.get(&key).copied();
                 trace(ctx, out, || Trace::Joined {
                     call,
@@ -78,18 +91,7 @@ impl Calls {
                 waiter,
                 same_args,
             } => {
-                match &new.explicit_key {
-                    Some(k) => info!(
-                        "tool \"{}\": replayed the result of idempotency key {}",
-                        new.tool,
-                        jsonrpc::json_string(k)
-                    ),
-                    None => info!(
-                        "tool \"{}\": replayed the result of an identical call whose answer the client never received",
-                        new.tool
-                    ),
-                }
-                self.deduplicated(&new, same_args);
+                self.deduplicated(&new, same_args, true);
                 answered_at_once(m, new.tool, waiter, &result, Source::Dedup, ctx, out)
             }
             Lookup::Execute(client) => {
@@ -155,18 +157,29 @@ impl Calls {
         self.cache.get(key, ctx.now).map(str::to_owned)
     }
 
-    /// The call was answered or joined by the idempotency table. Calls
-    /// sharing an explicit key are one operation whatever their other
-    /// arguments; when those differ, say so (tool and key, never values).
-    fn deduplicated(&mut self, new: &Arriving, same_args: bool) {
+    /// The call joined an identical one in flight, or was `replayed` a
+    /// result. Calls sharing an explicit key are one operation whatever
+    /// their other arguments; when those differ, say so (tool and key,
+    /// never values).
+    fn deduplicated(&mut self, new: &Arriving, same_args: bool, replayed: bool) {
+        let tool = &new.tool;
+        match (replayed, &new.explicit_key) {
+            (false, _) => info!("tool \"{tool}\": joined an identical call in flight"),
+            (true, Some(k)) => info!(
+                "tool \"{tool}\": replayed the result of idempotency key {}",
+                jsonrpc::json_string(k)
+            ),
+            (true, None) => info!(
+                "tool \"{tool}\": replayed the result of an identical call whose answer the client never received"
+            ),
+        }
         if let (Some(k), false) = (&new.explicit_key, same_args) {
             warn!(
-                "tool \"{}\": idempotency key {} was reused with different arguments; treated as the same operation",
-                new.tool,
+                "tool \"{tool}\": idempotency key {} was reused with different arguments; treated as the same operation",
                 jsonrpc::json_string(k)
             );
         }
-        self.counters.tool(&new.tool).dedup_hits += 1;
+        self.counters.tool(tool).dedup_hits += 1;
     }
 
     /// Makes the arriving call a [`Call`] of `client`, indexed by its dedup
