@@ -110,23 +110,22 @@ impl Calls {
         let read_only = gate::is_read_only(&self.gate_input(&tool, key_honored));
         let keys = &self.fingerprint_keys;
         let args_fp = fingerprint_json(keys, &["args"], &parsed.arguments).ok();
-        let cache_key = match (args_fp, parsed.no_store) {
-            (Some(fp), false) if !self.cache.ttl_for(&tool).is_zero() => {
-                Some(format!("{tool}\0{fp:032x}"))
+        let mut hex_buf = [0; 32];
+        let args_hex = args_fp.map(|fp| hex(fp, &mut hex_buf));
+        let cache_key = match (args_hex, parsed.no_store) {
+            (Some(h), false) if !self.cache.ttl_for(&tool).is_zero() => {
+                Some(format!("{tool}\0{h}"))
             }
             _ => None,
         };
-        let (dedup_key, dedup_args) = match (&parsed.explicit_key, args_fp) {
+        let (dedup_key, dedup_args) = match (&parsed.explicit_key, args_fp, args_hex) {
             _ if parsed.no_store => (None, 0),
-            (Some(k), fp) => (
+            (Some(k), fp, _) => (
                 Some(fingerprint(keys, &["key", &tool, k])),
                 fp.unwrap_or_default(),
             ),
-            (None, Some(fp)) => (
-                Some(fingerprint(keys, &["call", &tool, &format!("{fp:032x}")])),
-                fp,
-            ),
-            (None, None) => (None, 0),
+            (None, Some(fp), Some(h)) => (Some(fingerprint(keys, &["call", &tool, h])), fp),
+            (None, _, _) => (None, 0),
         };
         Arriving {
             tool,
@@ -268,4 +267,32 @@ fn answered_at_once(
     });
     out.push(Action::Answer { client, line });
     Arrival::Answered
+}
+
+/// `fp` as 32 lowercase hex digits (what `{fp:032x}` writes), in `buf`:
+/// every call's keys are built from it, without the formatting machinery
+/// or an allocation.
+fn hex(fp: u128, buf: &mut [u8; 32]) -> &str {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = DIGITS[((fp >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    std::str::from_utf8(buf).expect("hex digits are ASCII")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hex_writes_what_the_formatter_writes() {
+        let mut buf = [0; 32];
+        for fp in [
+            0,
+            1,
+            0xabc,
+            u128::MAX,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            assert_eq!(super::hex(fp, &mut buf), format!("{fp:032x}"));
+        }
+    }
 }
