@@ -880,3 +880,22 @@ fn refused_lines_are_retried_after_the_hint_whatever_the_tool() {
     assert!(again.contains(r#""name":"unsafe""#), "{again}");
     assert_ne!(id_of(&again), id_of(&call));
 }
+
+#[test]
+fn a_refusal_whose_hint_is_past_the_deadline_is_answered_at_once_with_the_hint() {
+    // The server asks for 60 s; the call may take 5 s in all: waiting would
+    // only fail later, so the client hears now, and when to come back.
+    let mut h = Harness::with(config(|c| c.retry.total_timeout = Duration::from_secs(5)));
+    h.client_sends(&call_line(1, "t", "{}"));
+    let call = h.to_server();
+    h.server_event(ServerEvent::Refused {
+        lines: vec![format!("{call}\n").into_bytes()],
+        why: "429 Too Many Requests".into(),
+        retry_after: Some(Duration::from_secs(60)),
+    });
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["id"], 1);
+    assert_eq!(e["error"]["data"]["retryAfterMs"], json!(60_000), "{e}");
+    assert_eq!(e["error"]["data"]["attempts"], json!(1), "{e}");
+    h.nothing_sent();
+}

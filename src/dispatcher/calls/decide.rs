@@ -282,8 +282,14 @@ impl Calls {
         };
         let message = give_up_message(&call.tool, reason, failure, call.attempts);
         let mut extra = vec![("attempts", call.attempts.to_string())];
-        if let Failure::Exited(_) = failure {
-            extra.push(("outcome", "\"unknown\"".to_owned()));
+        match failure {
+            Failure::Exited(_) => extra.push(("outcome", "\"unknown\"".to_owned())),
+            // The server said when to come back, past what the call may wait:
+            // the client learns when.
+            Failure::Refused(_, Some(hint)) => {
+                extra.push(("retryAfterMs", hint.as_millis().to_string()));
+            }
+            _ => {}
         }
         // A stale cached answer, or the server's own error, come first.
         self.refuse_attempt(id, &proxy_error(reason, &message, &extra), ctx, out);
