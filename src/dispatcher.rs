@@ -790,6 +790,16 @@ impl Dispatcher {
         if let Some(message) = repeated_param(&method, m.params()) {
             return self.refuse_invalid(&client_id, &message, batch);
         }
+        // A client without `initialize` may speak 2026-07-28: the proxy's own
+        // requests must then name the version as the client's do. Read once,
+        // and never in a session that began with `initialize`.
+        if self.session.modern_meta.is_none()
+            && self.session.init_params.is_none()
+            && self.session.pending_init.is_none()
+            && method != "initialize"
+        {
+            self.session.modern_meta = m.params().and_then(protocol_meta);
+        }
         self.client_requests.insert(
             client_id.clone(),
             ClientRequest {
@@ -1289,6 +1299,17 @@ impl Dispatcher {
             self.to_client.send(line);
         }
     }
+}
+
+/// The `io.modelcontextprotocol/…` members of `params._meta` as a JSON
+/// object, when they name a protocol version (a 2026-07-28 request).
+fn protocol_meta(params: &str) -> Option<String> {
+    let meta = RawObject::parse(params)?.get("_meta")?;
+    let mut meta = RawObject::parse(meta.get())?;
+    meta.get("io.modelcontextprotocol/protocolVersion")?;
+    meta.0
+        .retain(|(k, _)| k.starts_with("io.modelcontextprotocol/"));
+    Some(meta.to_json())
 }
 
 /// Why a client request must not be forwarded because a member name repeats

@@ -53,7 +53,7 @@ impl Dispatcher {
         LinkView {
             ready,
             reachable: ready || self.link_restarting(now),
-            initialized: self.session.initialized,
+            initialized: self.session.initialized || self.session.modern_meta.is_some(),
             generation: self.generation_to_ask(),
             paused: self.paused_since.is_some(),
         }
@@ -154,10 +154,14 @@ impl Dispatcher {
     /// be answered, like an attempt.
     pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
         let down = self.next_id();
-        let params = match cursor {
-            Some(c) => format!("{{\"cursor\":{}}}", jsonrpc::json_string(c)),
-            None => "{}".into(),
-        };
+        let mut members = Vec::with_capacity(2);
+        if let Some(c) = cursor {
+            members.push(format!("\"cursor\":{}", jsonrpc::json_string(c)));
+        }
+        if let Some(meta) = &self.session.modern_meta {
+            members.push(format!("\"_meta\":{meta}"));
+        }
+        let params = format!("{{{}}}", members.join(","));
         self.inflight.insert(down, Inflight::ToolsList);
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
         if self.send_server(line) {

@@ -62,7 +62,8 @@ pub(super) struct LinkView {
     pub ready: bool,
     /// It is ready, or a restart that is expected to work is under way.
     pub reachable: bool,
-    /// The client has sent `notifications/initialized`.
+    /// The client has sent `notifications/initialized`, or speaks
+    /// 2026-07-28, which has no handshake.
     pub initialized: bool,
     /// The incarnation that would answer a request sent now.
     pub generation: u64,

@@ -73,6 +73,9 @@ pub(super) struct Session {
     pub(super) protocol_version: Option<String>,
     /// The client sent `notifications/initialized`.
     pub(super) initialized: bool,
+    /// A 2026-07-28 client (no `initialize`): the protocol members of its
+    /// requests' `_meta`, which the proxy's own requests carry too.
+    pub(super) modern_meta: Option<String>,
     /// Params of the last `logging/setLevel`.
     pub(super) log_level: Option<String>,
     /// Active `resources/subscribe` params by uri.

@@ -899,3 +899,66 @@ fn a_refusal_whose_hint_is_past_the_deadline_is_answered_at_once_with_the_hint()
     assert_eq!(e["error"]["data"]["attempts"], json!(1), "{e}");
     h.nothing_sent();
 }
+
+#[test]
+fn a_modern_client_s_protocol_meta_goes_on_the_proxy_s_own_tools_list() {
+    // 2026-07-28: no initialize; each request names its version. The call
+    // times out (ambiguous) on a tool whose annotations are unknown: the
+    // proxy asks for the tool list the way the client would, or a modern
+    // server would refuse it.
+    let meta = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"progressToken":"p1"}"#;
+    let mut h = Harness::with(config(|_| {}));
+    h.client_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"lookup","arguments":{{}},"_meta":{meta}}}}}"#
+    ));
+    let call = h.to_server();
+    h.fire_next_timer();
+    let sent: Vec<String> = std::iter::from_fn(|| h.try_to_server()).collect();
+    let list = sent
+        .iter()
+        .find(|l| l.contains(r#""method":"tools/list""#))
+        .unwrap_or_else(|| panic!("no tools/list in {sent:?}"));
+    let list: Value = serde_json::from_str(list).unwrap();
+    assert_eq!(
+        list["params"],
+        json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                         "io.modelcontextprotocol/clientCapabilities": {}}})
+    );
+    // The list says the tool is read-only: the call is sent again.
+    answer(
+        &mut h,
+        &list.to_string(),
+        r#""result":{"tools":[{"name":"lookup","inputSchema":{"type":"object"},"annotations":{"readOnlyHint":true}}]}"#,
+    );
+    h.fire_next_timer();
+    let again = h.to_server();
+    assert!(again.contains(r#""name":"lookup""#), "{again}");
+    assert_ne!(id_of(&again), id_of(&call));
+}
+
+#[test]
+fn a_session_begun_with_initialize_keeps_the_plain_tools_list() {
+    let mut h = Harness::with(config(|_| {}));
+    h.client_sends(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#);
+    let init = h.to_server();
+    answer(
+        &mut h,
+        &init,
+        r#""result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}}}"#,
+    );
+    h.to_client();
+    h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    h.to_server();
+    h.client_sends(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"lookup","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+    );
+    h.to_server();
+    h.fire_next_timer();
+    let sent: Vec<String> = std::iter::from_fn(|| h.try_to_server()).collect();
+    let list = sent
+        .iter()
+        .find(|l| l.contains(r#""method":"tools/list""#))
+        .unwrap_or_else(|| panic!("no tools/list in {sent:?}"));
+    let list: Value = serde_json::from_str(list).unwrap();
+    assert_eq!(list["params"], json!({}));
+}
