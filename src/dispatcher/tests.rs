@@ -900,6 +900,16 @@ fn a_refusal_whose_hint_is_past_the_deadline_is_answered_at_once_with_the_hint()
     h.nothing_sent();
 }
 
+/// The proxy's own `tools/list` among what was sent to the server.
+fn own_tools_list(h: &Harness) -> Value {
+    let sent: Vec<String> = std::iter::from_fn(|| h.try_to_server()).collect();
+    let list = sent
+        .iter()
+        .find(|l| l.contains(r#""method":"tools/list""#))
+        .unwrap_or_else(|| panic!("no tools/list in {sent:?}"));
+    serde_json::from_str(list).unwrap()
+}
+
 #[test]
 fn a_modern_client_s_protocol_meta_goes_on_the_proxy_s_own_tools_list() {
     // 2026-07-28: no initialize; each request names its version. The call
@@ -913,12 +923,7 @@ fn a_modern_client_s_protocol_meta_goes_on_the_proxy_s_own_tools_list() {
     ));
     let call = h.to_server();
     h.fire_next_timer();
-    let sent: Vec<String> = std::iter::from_fn(|| h.try_to_server()).collect();
-    let list = sent
-        .iter()
-        .find(|l| l.contains(r#""method":"tools/list""#))
-        .unwrap_or_else(|| panic!("no tools/list in {sent:?}"));
-    let list: Value = serde_json::from_str(list).unwrap();
+    let list = own_tools_list(&h);
     assert_eq!(
         list["params"],
         json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -954,11 +959,6 @@ fn a_session_begun_with_initialize_keeps_the_plain_tools_list() {
     );
     h.to_server();
     h.fire_next_timer();
-    let sent: Vec<String> = std::iter::from_fn(|| h.try_to_server()).collect();
-    let list = sent
-        .iter()
-        .find(|l| l.contains(r#""method":"tools/list""#))
-        .unwrap_or_else(|| panic!("no tools/list in {sent:?}"));
-    let list: Value = serde_json::from_str(list).unwrap();
+    let list = own_tools_list(&h);
     assert_eq!(list["params"], json!({}));
 }
