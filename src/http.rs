@@ -33,7 +33,9 @@
 //! Failures are classified by `classify.rs` and become the boundary's
 //! events: a request that cannot have left (DNS, refused, TLS, its body not
 //! completely written) is `Unsent` and the connection `Gone` (nothing
-//! received), so the dispatcher resends it after reconnecting; a connection
+//! received), so the dispatcher resends it after reconnecting; so is an
+//! `initialize` answered with 5xx, 408, 429 or a broken connection (a failed
+//! start, which the link retries with its backoff); a connection
 //! that broke after sending is `Gone` with `may_have_received` (the safety
 //! gate decides); a lost session is `Unsent` plus `Gone`, so the link
 //! re-initializes and the message goes again; 429 and 503 with
@@ -52,7 +54,7 @@
 //! `kill`, or dropping it) shuts the agent down, which interrupts every
 //! request in flight, the GET stream's included. Otherwise a POST waits at
 //! most `call_timeout` + 5 s for its answer's headers and
-//! `retry.total_timeout` + 5 s for its body (`subscriptions/listen`: no
+//! max(`call_timeout`, `retry.total_timeout`) + 5 s for its body (`subscriptions/listen`: no
 //! limit), so a stuck server holds a pool thread no longer than that. Knows
 //! no policy; of MCP, only what the transport itself must act on:
 //! `initialize`, `notifications/initialized`, `notifications/cancelled`,
@@ -92,6 +94,9 @@ const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 /// The GET stream's reconnection delays: 1 s, growing ×1.5, at most 30 s.
 const GET_RETRY_FIRST: Duration = Duration::from_secs(1);
 const GET_RETRY_MAX: Duration = Duration::from_secs(30);
+/// The shortest wait before the GET stream is opened again, whatever its
+/// `retry` (`retry: 0` must not make it a busy loop).
+const GET_RETRY_MIN: Duration = Duration::from_millis(100);
 /// How long `headers_helper` may run.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attempts to resume a request's broken answer stream.
@@ -626,6 +631,12 @@ impl Shared {
                     s.modern = Some(v.clone());
                     Some(v)
                 }
+                // A client that probed with a 2026-07-28 request and then
+                // initializes speaks the 2025 era (sessionless, perhaps).
+                None if method.as_deref() == Some("initialize") => {
+                    s.modern = None;
+                    None
+                }
                 // A notification of a 2026-07-28 client names no version.
                 None if request_id.is_none() && s.id.is_none() => s.modern.clone(),
                 None => None,
@@ -786,10 +797,10 @@ impl Shared {
         } else if is_json {
             let limit = self.max_message_bytes as u64;
             match resp.into_body().with_config().limit(limit).read_to_string() {
-                Ok(text) => {
-                    self.deliver(text, Some(&until));
-                    true
-                }
+                // Anything but the awaited response (`{}`, another id,
+                // garbage) is reported as it is, and the request answered
+                // with an error below: it must not wait for its timeout.
+                Ok(text) => self.deliver(text, Some(&until)),
                 Err(ureq::Error::BodyExceedsLimit(n)) => {
                     self.emit(ServerEvent::TooLong {
                         response_id: Some(until.id.to_owned()),
@@ -884,6 +895,7 @@ impl Shared {
     /// stream's `retry` first; says whether the response came. Not once
     /// the request's exchange is closed (cancelled).
     fn resume(&self, until: &Until, cursor: &mut Cursor, exchange: &Exchange) -> bool {
+        let (mut refresh, mut refreshed) = (false, false);
         for _ in 0..RESUMES {
             let Some(last_id) = cursor.last_id.clone() else {
                 return false;
@@ -902,7 +914,8 @@ impl Shared {
             }
             headers.push(("Accept".to_owned(), "text/event-stream".to_owned()));
             headers.push(("Last-Event-ID".to_owned(), last_id));
-            let req = self.headed(self.agent.get(&self.url), headers, false);
+            let req = self.headed(self.agent.get(&self.url), headers, refresh);
+            refresh = false;
             crate::debug!(
                 "resuming the answer to request {} from {}",
                 until.id,
@@ -921,6 +934,14 @@ impl Shared {
                     if let Ok(true) = self.read_stream(reader, until, cursor, true) {
                         return true;
                     }
+                }
+                // New headers may help, once (as for a POST).
+                Ok(resp)
+                    if matches!(resp.status().as_u16(), 401 | 403)
+                        && self.helper.is_some()
+                        && !refreshed =>
+                {
+                    (refresh, refreshed) = (true, true);
                 }
                 // No resumption here (405, a lost session, …).
                 Ok(_) => return false,
@@ -1085,7 +1106,18 @@ impl Shared {
             );
         }
         let others = self.requests.load(Ordering::SeqCst) > usize::from(post.request_id.is_some());
+        let handshake = post.is("initialize") && post.modern.is_none();
         match class {
+            // A server that cannot start a session (5xx, 429, a broken
+            // connection) is a failed start: the link restarts it with its
+            // backoff while the client's `initialize` waits. A session not
+            // started holds nothing that could have run twice.
+            Class::ServerError | Class::Refused(_) | Class::Broken if handshake => {
+                self.emit(ServerEvent::Unsent {
+                    lines: vec![post.line.to_vec()],
+                });
+                self.gone(&format!("could not start a session ({why})"), others);
+            }
             Class::NeverSent => {
                 self.emit(ServerEvent::Unsent {
                     lines: vec![post.line.to_vec()],
@@ -1176,13 +1208,14 @@ impl Shared {
         }
     }
 
-    /// Ends the session: DELETE with its id, within `step` (405 and other
+    /// Ends the session: DELETE with its id and negotiated version, as
+    /// every request after `initialize`, within `step` (405 and other
     /// refusals are fine).
     fn delete_session(&self, step: Duration) {
-        let Some(id) = self.session.lock().id.clone() else {
+        if self.session.lock().id.is_none() {
             return;
-        };
-        let headers = vec![("Mcp-Session-Id".to_owned(), id)];
+        }
+        let headers = self.session_headers();
         let req = self.headed(self.agent.delete(&self.url), headers, false);
         let result = req.config().timeout_global(Some(step)).build().call();
         if let Err(e) = result {
@@ -1199,18 +1232,35 @@ impl Shared {
     fn get_loop(&self) {
         let mut delay = GET_RETRY_FIRST;
         let mut last_id: Option<String> = None;
+        // `headers_helper` is run again once after a 401 or 403, as for a
+        // POST; a stream opened resets that.
+        let (mut refresh, mut refreshed) = (false, false);
         while !self.is_closed() {
             let mut headers = self.session_headers();
             headers.push(("Accept".to_owned(), "text/event-stream".to_owned()));
             if let Some(id) = &last_id {
                 headers.push(("Last-Event-ID".to_owned(), id.clone()));
             }
-            let req = self.headed(self.agent.get(&self.url), headers, false);
+            let req = self.headed(self.agent.get(&self.url), headers, refresh);
+            refresh = false;
             let mut wait = delay;
             match req.call() {
                 Ok(resp) if resp.status().as_u16() == 405 => {
                     crate::debug!("{} has no stream of its own (405)", self.shown);
                     return;
+                }
+                Ok(resp)
+                    if matches!(resp.status().as_u16(), 401 | 403)
+                        && self.helper.is_some()
+                        && !refreshed =>
+                {
+                    crate::info!(
+                        "{} answered its stream {}; running headers_helper again",
+                        self.shown,
+                        classify::status_line(resp.status().as_u16())
+                    );
+                    (refresh, refreshed) = (true, true);
+                    continue;
                 }
                 Ok(resp) if matches!(resp.status().as_u16(), 404 | 400 | 401 | 403) => {
                     crate::debug!(
@@ -1221,6 +1271,7 @@ impl Shared {
                     return;
                 }
                 Ok(resp) if resp.status().is_success() => {
+                    refreshed = false;
                     let mut parser_retry = None;
                     let reader = resp.into_body().into_reader();
                     let result = self.read_get_stream(reader, &mut last_id, &mut parser_retry);
@@ -1232,7 +1283,7 @@ impl Shared {
                         );
                     }
                     delay = GET_RETRY_FIRST;
-                    wait = parser_retry.unwrap_or(delay);
+                    wait = get_wait(parser_retry);
                 }
                 Ok(resp) => {
                     crate::debug!(
@@ -1283,6 +1334,12 @@ impl Shared {
         })?;
         Ok(())
     }
+}
+
+/// How long the GET stream waits before it is opened again after it
+/// ended: its `retry`, at least [`GET_RETRY_MIN`], or [`GET_RETRY_FIRST`].
+fn get_wait(retry: Option<Duration>) -> Duration {
+    retry.map_or(GET_RETRY_FIRST, |r| r.max(GET_RETRY_MIN))
 }
 
 /// The raw `requestId` of a `notifications/cancelled` line (cancels are
@@ -1439,6 +1496,15 @@ mod tests {
             Some("upstream down")
         );
         assert_eq!(server_message(""), None);
+    }
+
+    #[test]
+    fn the_get_stream_waits_its_retry_but_never_less_than_the_floor() {
+        assert_eq!(get_wait(Some(Duration::ZERO)), GET_RETRY_MIN);
+        assert_eq!(get_wait(Some(Duration::from_millis(10))), GET_RETRY_MIN);
+        let long = Duration::from_millis(2500);
+        assert_eq!(get_wait(Some(long)), long);
+        assert_eq!(get_wait(None), GET_RETRY_FIRST);
     }
 
     #[test]

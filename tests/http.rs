@@ -116,6 +116,46 @@ fn a_refused_connection_is_retried_for_any_tool() {
 }
 
 #[test]
+fn a_server_answering_503_to_initialize_is_started_again_while_the_client_waits() {
+    let server = Server::start();
+    server.refuse_initialize(503);
+    server.refuse_initialize(503);
+    let mut s = start_modern(&config(&server));
+    let init = s.initialize();
+    assert!(init["result"]["protocolVersion"].is_string(), "{init}");
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    server.with(|st| {
+        assert_eq!(st.refused_initializes, 2);
+        assert_eq!(st.initializes, 1);
+        assert_eq!(st.bad_headers, 0);
+    });
+}
+
+#[test]
+fn a_server_not_listening_yet_at_the_start_is_waited_for() {
+    let server = Server::start();
+    server.close();
+    let mut s = start_modern(&config(&server));
+    s.request(
+        json!(0),
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "test-client", "version": "1.0.0"}}),
+    );
+    crate::util::eventually("the proxy to find the port closed", || {
+        s.stderr().contains("could not be reached")
+    });
+    server.reopen();
+    let init = s.response(&json!(0));
+    assert!(init["result"]["protocolVersion"].is_string(), "{init}");
+    s.notify("notifications/initialized", json!({}));
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    server.with(|st| assert_eq!(st.initializes, 1));
+}
+
+#[test]
 fn a_request_whose_body_could_not_be_written_is_resent_for_an_unsafe_tool() {
     let server = Server::start();
     let mut s = start(&server);
@@ -176,6 +216,20 @@ fn a_bad_gateway_is_retried_for_a_safe_tool_only() {
     assert_eq!(error["data"]["outcome"], "unknown", "{error}");
     assert_eq!(server.executions("write"), 0);
     server.with(|st| assert_eq!(st.calls_at.len(), 3));
+}
+
+#[test]
+fn a_json_answer_that_is_not_the_response_fails_the_call_at_once() {
+    let server = Server::start();
+    let mut s = start_with(&patient_config(&server));
+    s.list_tools();
+    server.fault(Fault::Json("{}"));
+    s.call(json!(1), "write", json!({}));
+    // Not the call's 60 s timeout: the answer had no response in it.
+    let error = s.error(&json!(1));
+    let message = error["message"].as_str().unwrap_or("");
+    assert!(message.contains("without a response"), "{error}");
+    assert_eq!(error["data"]["outcome"], "unknown", "{error}");
 }
 
 #[test]
@@ -259,11 +313,10 @@ fn the_server_stream_reaches_the_client() {
     assert_eq!(got["params"]["data"], "from the GET stream");
 }
 
-// The helper is a sh script (Windows runs helpers with cmd /C).
+/// A proxy for `server` whose headers come from a `headers_helper` that
+/// counts its runs in `n` and prints `Authorization: Bearer tok-<run>`.
 #[cfg(unix)]
-#[test]
-fn headers_helper_runs_again_after_401_and_the_call_is_sent_once_more() {
-    let server = Server::start();
+fn start_with_helper(server: &Server) -> Session {
     let helper = "n=$(cat \"$DIR/n\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$DIR/n\"\n\
                   printf '{\"Authorization\": \"Bearer tok-%s\"}' $n\n";
     let text = format!(
@@ -276,12 +329,72 @@ fn headers_helper_runs_again_after_401_and_the_call_is_sent_once_more() {
         .env("NO_PROXY", "127.0.0.1")
         .start();
     s.initialize();
+    s
+}
+
+/// How many times the helper of [`start_with_helper`] ran.
+#[cfg(unix)]
+fn helper_runs(s: &Session) -> String {
+    std::fs::read_to_string(s.dir.join("n"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+// The helper is a sh script (Windows runs helpers with cmd /C).
+#[cfg(unix)]
+#[test]
+fn headers_helper_runs_again_after_401_to_the_server_stream() {
+    let server = Server::start();
+    server.refuse_get(401);
+    let mut s = start_with_helper(&server);
+    crate::util::eventually("the proxy to open the server's stream", || {
+        server.with(|st| !st.streams.is_empty())
+    });
+    assert_eq!(helper_runs(&s), "2");
+    server.with(|st| {
+        assert_eq!(
+            st.authorizations.last().map(String::as_str),
+            Some("Bearer tok-2")
+        )
+    });
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
+        "params": {"level": "info", "data": "after new headers"}});
+    server.push(&note);
+    let got = s.recv_where("the pushed notification", |m| {
+        m["method"] == "notifications/message"
+    });
+    assert_eq!(got["params"]["data"], "after new headers");
+}
+
+#[cfg(unix)]
+#[test]
+fn headers_helper_runs_again_after_403_to_a_resumption() {
+    let server = Server::start();
+    let mut s = start_with_helper(&server);
+    crate::util::eventually("the proxy to open the server's stream", || {
+        server.with(|st| !st.streams.is_empty())
+    });
+    server.fault(Fault::RunThenCutAfterProgress);
+    server.refuse_get(403);
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+    assert_eq!(helper_runs(&s), "2");
+    server.with(|st| assert_eq!(st.resumed_from, ["e1"]));
+}
+
+// The helper is a sh script (Windows runs helpers with cmd /C).
+#[cfg(unix)]
+#[test]
+fn headers_helper_runs_again_after_401_and_the_call_is_sent_once_more() {
+    let server = Server::start();
+    let mut s = start_with_helper(&server);
     server.fault(Fault::Status(401, None, "token expired"));
     s.call(json!(1), "write", json!({}));
     assert_eq!(text_of(&s.result(&json!(1))), "write done");
     assert_eq!(server.executions("write"), 1);
-    let runs = std::fs::read_to_string(s.dir.join("n")).unwrap();
-    assert_eq!(runs.trim(), "2");
+    assert_eq!(helper_runs(&s), "2");
     server.with(|st| {
         assert_eq!(
             st.authorizations.first().map(String::as_str),
@@ -370,6 +483,23 @@ fn a_cut_answer_stream_with_event_ids_is_resumed_not_run_again() {
     s.expect_none_where(Duration::from_millis(200), |m| {
         m["method"] == "notifications/progress"
     });
+}
+
+#[test]
+fn a_stream_cut_inside_the_result_is_resumed_from_the_event_before_it() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::RunThenCutInsideResult);
+    s.call_with(
+        json!(1),
+        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p1"}}),
+    );
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+    // The id of the event cut short was not the one to resume from.
+    server.with(|st| assert_eq!(st.resumed_from, ["e1"]));
 }
 
 #[test]
@@ -492,6 +622,31 @@ fn modern_requests_carry_their_headers_and_no_session() {
         // No session: no GET stream, no DELETE at the end.
         assert!(st.streams.is_empty());
         assert!(st.deleted.is_empty());
+    });
+}
+
+#[test]
+fn a_client_that_probed_the_modern_era_then_initialized_speaks_the_2025_era() {
+    let server = Server::start();
+    server.stateless();
+    let mut s = start_modern(&config(&server));
+    // A 2026-07-28 probe first, then the 2025 handshake, on a server that
+    // keeps no session: the notifications after it are 2025-era ones.
+    s.request(json!(9), "server/discover", json!({"_meta": envelope()}));
+    s.response(&json!(9));
+    s.initialize();
+    crate::util::eventually("notifications/initialized to arrive", || {
+        server.with(|st| {
+            st.notified
+                .iter()
+                .any(|n| n["method"] == "notifications/initialized")
+        })
+    });
+    s.call(json!(1), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "read done");
+    server.with(|st| {
+        assert_eq!(st.bad_headers, 0);
+        assert_eq!(st.modern_posts.len(), 1);
     });
 }
 

@@ -40,6 +40,13 @@ pub enum Fault {
     /// stream; a GET with that id as `Last-Event-ID` replays the progress
     /// and then the result.
     RunThenCutAfterProgress,
+    /// Runs the tool, sends a progress event (id `e1`), then the start of
+    /// the result's event (id `e2`) and closes the stream inside it; a GET
+    /// with `e1` as `Last-Event-ID` replays the result.
+    RunThenCutInsideResult,
+    /// Answers 200 with this JSON body (not a response to the call),
+    /// without running the tool.
+    Json(&'static str),
     /// For a POST with a body over 1 MB: reads its head only, then closes
     /// the connection (a reset, as the body is left unread), so the client
     /// cannot write it all.
@@ -58,7 +65,7 @@ pub struct State {
     pub faults: VecDeque<Fault>,
     /// Every value of the Authorization header received.
     pub authorizations: Vec<String>,
-    /// Session ids sent with DELETE.
+    /// Session ids sent with DELETE (and the negotiated version).
     pub deleted: Vec<String>,
     /// Requests refused because the session or version header was wrong.
     pub bad_headers: usize,
@@ -84,6 +91,15 @@ pub struct State {
     pub mismatches: usize,
     /// Requests dropped by `Fault::DropBeforeBody`.
     pub dropped_bodies: usize,
+    /// Statuses the next GETs (of either kind) are answered with.
+    pub get_statuses: VecDeque<u16>,
+    /// Statuses the next `initialize` POSTs are answered with.
+    pub initialize_statuses: VecDeque<u16>,
+    /// `initialize` POSTs answered with one of `initialize_statuses`.
+    pub refused_initializes: usize,
+    /// A stateless 2025-era server: `initialize` sets no session, and
+    /// later requests are checked for the version header only.
+    stateless: bool,
 }
 
 pub struct Server {
@@ -142,6 +158,27 @@ impl Server {
     pub fn reopen(&self) {
         let listener = TcpListener::bind(("127.0.0.1", self.port)).expect("rebinding the port");
         self.listen(listener);
+    }
+
+    /// Serves the 2025 era without sessions from now on.
+    pub fn stateless(&self) {
+        self.state.0.lock().unwrap().stateless = true;
+    }
+
+    /// Answers the next GET (the server's stream or a resumption) with
+    /// `status`.
+    pub fn refuse_get(&self, status: u16) {
+        self.state.0.lock().unwrap().get_statuses.push_back(status);
+    }
+
+    /// Answers the next `initialize` with `status`.
+    pub fn refuse_initialize(&self, status: u16) {
+        self.state
+            .0
+            .lock()
+            .unwrap()
+            .initialize_statuses
+            .push_back(status);
     }
 
     pub fn fault(&self, f: Fault) {
@@ -250,12 +287,21 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
     cv.notify_all();
     match req.method.as_str() {
         "DELETE" => {
+            if req.header("mcp-protocol-version") != s.version.as_deref() {
+                s.bad_headers += 1;
+                cv.notify_all();
+                return respond(&stream, 400, &[], &error_body("Bad Request: no version"));
+            }
             let id = req.header("mcp-session-id").unwrap_or("").to_owned();
             s.deleted.push(id);
             cv.notify_all();
             return respond(&stream, 200, &[], "");
         }
         "POST" => {}
+        "GET" if !s.get_statuses.is_empty() => {
+            let status = s.get_statuses.pop_front().unwrap_or(500);
+            return respond(&stream, status, &[], &error_body("refused"));
+        }
         "GET" if req.header("last-event-id").is_some() => {
             let from = req.header("last-event-id").unwrap_or("").to_owned();
             s.resumed_from.push(from.clone());
@@ -303,6 +349,11 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
         return serve(stream, lock, cv, s, &msg, true);
     }
     if method == "initialize" {
+        if let Some(status) = s.initialize_statuses.pop_front() {
+            s.refused_initializes += 1;
+            cv.notify_all();
+            return respond(&stream, status, &[], &error_body("starting up"));
+        }
         s.initializes += 1;
         let session = format!("s{}", s.initializes);
         s.session = Some(session.clone());
@@ -315,18 +366,15 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
         let result = json!({"jsonrpc": "2.0", "id": id, "result": {
             "protocolVersion": version, "capabilities": {"tools": {}},
             "serverInfo": {"name": "http-test", "version": "1"}}});
-        return respond(
-            &stream,
-            200,
-            &[
-                ("Content-Type", "application/json".into()),
-                ("Mcp-Session-Id", session),
-            ],
-            &result.to_string(),
-        );
+        let mut headers = vec![("Content-Type", "application/json".to_owned())];
+        if !s.stateless {
+            headers.push(("Mcp-Session-Id", session));
+        }
+        return respond(&stream, 200, &headers, &result.to_string());
     }
-    let session_ok = req.header("mcp-session-id").is_some()
-        && req.header("mcp-session-id") == s.session.as_deref();
+    let session_ok = s.stateless && req.header("mcp-session-id").is_none()
+        || req.header("mcp-session-id").is_some()
+            && req.header("mcp-session-id") == s.session.as_deref();
     if !session_ok && req.header("mcp-session-id").is_some() {
         return respond(&stream, 404, &[], &error_body("Session not found"));
     }
@@ -458,6 +506,29 @@ fn serve(
                     let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
                     let body =
                         format!("id: prime\ndata:\n\nretry: 10\nid: e1\ndata: {progress}\n\n");
+                    let mut w = &stream;
+                    let _ = w.write_all(format!("{head}{body}").as_bytes());
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
+                Some(Fault::Json(body)) => respond(
+                    &stream,
+                    200,
+                    &[("Content-Type", "application/json".into())],
+                    body,
+                ),
+                Some(Fault::RunThenCutInsideResult) => {
+                    s.executions.push(tool.clone());
+                    let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                        "params": {"progressToken": msg["params"]["_meta"]["progressToken"], "progress": 1}});
+                    let result = json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "content": [{"type": "text", "text": format!("{tool} done")}]}})
+                    .to_string();
+                    s.replay = Some(format!("id: e2\ndata: {result}\n\n"));
+                    cv.notify_all();
+                    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+                    let cut = &result[..result.len() / 2];
+                    let body =
+                        format!("retry: 10\nid: e1\ndata: {progress}\n\nid: e2\ndata: {cut}");
                     let mut w = &stream;
                     let _ = w.write_all(format!("{head}{body}").as_bytes());
                     let _ = stream.shutdown(Shutdown::Both);

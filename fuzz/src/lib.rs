@@ -206,7 +206,9 @@ pub fn check_config(data: &[u8]) {
 
 /// The SSE parser: the same events whatever the chunking (each byte on its
 /// own, or the first byte of the input choosing a split point), no event
-/// over the limit, and ids and data without line breaks of the wire.
+/// over the limit, ids and data without line breaks of the wire, and the
+/// last id that of the last event ended by a blank line (never one of an
+/// event the stream was cut inside).
 pub fn check_sse(data: &[u8]) {
     const MAX: usize = 256;
     let whole = {
@@ -229,6 +231,11 @@ pub fn check_sse(data: &[u8]) {
         assert_eq!(p.last_id().map(str::to_owned), whole.1);
         assert_eq!(p.retry(), whole.2);
     }
+    assert_eq!(
+        whole.1,
+        last_ended_id(data, MAX),
+        "the last id is not that of the last event ended"
+    );
     for item in &whole.0 {
         if let sse::Item::Event(e) = item {
             assert!(e.data.len() <= MAX, "an event over the limit");
@@ -239,4 +246,39 @@ pub fn check_sse(data: &[u8]) {
             }
         }
     }
+}
+
+/// The id of the last event `data` ends with a blank line, read line by
+/// line, plainly: the WHATWG rules for `id` (no NUL; lines longer than the
+/// parser keeps, `max` + 16 bytes, are not read), and the id set when the
+/// event ends. Empty is none.
+fn last_ended_id(data: &[u8], max: usize) -> Option<String> {
+    let data = data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data);
+    let mut buffer: Option<Vec<u8>> = None;
+    let mut last: Option<Vec<u8>> = None;
+    let mut rest = data;
+    // Only lines with their end: a line cut by the end of the input is not.
+    while let Some(end) = rest.iter().position(|b| *b == b'\r' || *b == b'\n') {
+        let line = &rest[..end];
+        let skip = if rest[end] == b'\r' && rest.get(end + 1) == Some(&b'\n') {
+            2
+        } else {
+            1
+        };
+        rest = &rest[end + skip..];
+        if line.is_empty() {
+            last.clone_from(&buffer);
+        } else if line.len() <= max + 16 {
+            let (field, value) = match line.iter().position(|b| *b == b':') {
+                Some(i) => (&line[..i], &line[i + 1..]),
+                None => (line, &[][..]),
+            };
+            let value = value.strip_prefix(b" ").unwrap_or(value);
+            if field == b"id" && !value.contains(&0) {
+                buffer = Some(value.to_vec());
+            }
+        }
+    }
+    last.filter(|id| !id.is_empty())
+        .map(|id| String::from_utf8_lossy(&id).into_owned())
 }

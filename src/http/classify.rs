@@ -26,7 +26,7 @@ pub enum Class {
     /// The server (or a gateway) failed the request after it may have run
     /// (500, 502, 504, 503 without `Retry-After`).
     ServerError,
-    /// The server refused it without running it (429, 503 with
+    /// The server refused it without running it (408, 429, 503 with
     /// `Retry-After`); send it again, not before the hint.
     Refused(Option<Duration>),
     /// The session we named is gone (404 with our session id, or 400 "no
@@ -60,10 +60,11 @@ pub fn of_error(e: &ureq::Error, written: bool) -> Class {
         | ureq::Error::Tls(_)
         | ureq::Error::InvalidProxyUrl
         | ureq::Error::Timeout(T::Resolve | T::Connect) => Class::NeverSent,
-        // Only a connect can be refused; TLS alerts arrive as InvalidData
-        // before a byte of the request was written.
+        // Only a connect can be refused. A TLS handshake completes inside
+        // the connect, before a byte of the request is written (`!written`
+        // above): an InvalidData after the whole request went out is a
+        // broken connection like any other.
         ureq::Error::Io(io) if io.kind() == ErrorKind::ConnectionRefused => Class::NeverSent,
-        ureq::Error::Io(io) if io.kind() == ErrorKind::InvalidData => Class::NeverSent,
         _ => Class::Broken,
     }
 }
@@ -91,7 +92,8 @@ pub fn of_status(a: &Answer, now: SystemTime) -> Class {
     let hint = || a.retry_after.and_then(|v| retry_after_delay(v, now));
     let modern_error = a.modern && (400..500).contains(&a.status);
     match a.status {
-        429 => Class::Refused(hint()),
+        // The server gave up waiting for the request: it never had all of it.
+        408 | 429 => Class::Refused(hint()),
         503 if a.retry_after.is_some() => Class::Refused(hint()),
         500 | 502 | 503 | 504 => Class::ServerError,
         401 | 403 => Class::Unauthorized,
@@ -174,6 +176,7 @@ pub fn status_line(status: u16) -> String {
         404 => "Not Found",
         405 => "Method Not Allowed",
         406 => "Not Acceptable",
+        408 => "Request Timeout",
         409 => "Conflict",
         413 => "Content Too Large",
         415 => "Unsupported Media Type",
@@ -272,8 +275,17 @@ mod tests {
             Class::NeverSent
         );
         assert_eq!(
-            of_error(&io_err(ErrorKind::InvalidData), true),
+            of_error(&io_err(ErrorKind::InvalidData), false),
             Class::NeverSent
+        );
+    }
+
+    #[test]
+    fn invalid_data_after_the_request_went_out_is_broken() {
+        // Whatever the bytes were, the server had the whole request.
+        assert_eq!(
+            of_error(&io_err(ErrorKind::InvalidData), true),
+            Class::Broken
         );
     }
 
@@ -340,6 +352,15 @@ mod tests {
         let d = Some(Duration::from_secs(3));
         assert_eq!(legacy(429, Some(" 3 "), ""), Class::Refused(d));
         assert_eq!(legacy(429, None, ""), Class::Refused(None));
+    }
+
+    #[test]
+    fn request_timeout_was_never_run() {
+        assert_eq!(legacy(408, None, ""), Class::Refused(None));
+        let d = Some(Duration::from_secs(1));
+        assert_eq!(legacy(408, Some("1"), ""), Class::Refused(d));
+        assert_eq!(sessionless(408, ""), Class::Refused(None));
+        assert_eq!(modern(408, "{}"), Class::Refused(None));
     }
 
     #[test]
@@ -461,6 +482,7 @@ mod tests {
     #[test]
     fn status_lines_name_the_status() {
         assert_eq!(status_line(401), "401 Unauthorized");
+        assert_eq!(status_line(408), "408 Request Timeout");
         assert_eq!(status_line(418), "418");
     }
 }

@@ -1,11 +1,14 @@
 //! A server-sent events parser (the WHATWG "event stream" rules), sans I/O:
 //! bytes go in with [`Parser::feed`], whole events come out. Lines end in
-//! CRLF, LF or a lone CR; a line starting with `:` is a comment; `id`
-//! updates the last event id even when no event is dispatched (a priming
-//! event); `retry` takes digits only; an event without data, or with empty
-//! data (unlike a browser: it cannot hold a message), is not dispatched; a partial event at the end of the stream is dropped. An
-//! event over the size limit is skipped whole and reported as
-//! [`Item::TooLong`]. Knows nothing of MCP or HTTP.
+//! CRLF, LF or a lone CR; a line starting with `:` is a comment; `id` sets
+//! the event's id, which becomes the last event id when the event ends (its
+//! blank line), even when no event is dispatched (a priming event), never
+//! before: a stream cut inside an event is resumed from the event before
+//! it; `retry` takes digits only; an event without data, or with empty data
+//! (unlike a browser: it cannot hold a message), is not dispatched; a
+//! partial event at the end of the stream is dropped. An event over the
+//! size limit is skipped whole and reported as [`Item::TooLong`]. Knows
+//! nothing of MCP or HTTP.
 
 #![forbid(unsafe_code)]
 
@@ -47,6 +50,9 @@ pub struct Parser {
     has_data: bool,
     over: bool,
     kind: String,
+    /// The last `id` field read (WHATWG's last event ID buffer).
+    id_buffer: Option<String>,
+    /// The id of the last event ended.
     last_id: Option<String>,
     retry: Option<Duration>,
 }
@@ -65,12 +71,14 @@ impl Parser {
             has_data: false,
             over: false,
             kind: String::new(),
+            id_buffer: None,
             last_id: None,
             retry: None,
         }
     }
 
-    /// The last event id the stream set (`Last-Event-ID` for resuming).
+    /// The id of the last event the stream ended (`Last-Event-ID` for
+    /// resuming): an `id` of an event not ended yet does not count.
     pub fn last_id(&self) -> Option<&str> {
         self.last_id.as_deref().filter(|id| !id.is_empty())
     }
@@ -164,7 +172,7 @@ impl Parser {
             }
             b"event" => self.kind = String::from_utf8_lossy(value).into_owned(),
             b"id" if !value.contains(&0) && !over => {
-                self.last_id = Some(String::from_utf8_lossy(value).into_owned());
+                self.id_buffer = Some(String::from_utf8_lossy(value).into_owned());
             }
             b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
                 if let Ok(ms) = std::str::from_utf8(value).unwrap_or("").parse::<u64>() {
@@ -176,6 +184,8 @@ impl Parser {
     }
 
     fn dispatch(&mut self, out: &mut Vec<Item>) {
+        // The event ends here, dispatched or not: its id is now the last.
+        self.last_id.clone_from(&self.id_buffer);
         let kind = std::mem::take(&mut self.kind);
         let mut data = std::mem::take(&mut self.data);
         let has_data = std::mem::take(&mut self.has_data);
@@ -255,6 +265,21 @@ mod tests {
         assert_eq!(p.last_id(), Some("7"));
         let (_, p) = parse(&[b"id: a\0b\n\n"]);
         assert_eq!(p.last_id(), None);
+    }
+
+    #[test]
+    fn the_last_id_is_that_of_the_last_event_ended() {
+        // Cut inside the event with id e2: resuming from e2 would skip it.
+        let (out, p) = parse(&[b"id: e1\ndata: x\n\nid: e2\ndata: {\"result\":"]);
+        assert_eq!(out, vec![event("message", "x", Some("e1"))]);
+        assert_eq!(p.last_id(), Some("e1"));
+        // An id line without its blank line yet: not the last id either.
+        let (_, p) = parse(&[b"id: e1\n\nid: e2\n"]);
+        assert_eq!(p.last_id(), Some("e1"));
+        // The id sticks for the events after it.
+        let (out, p) = parse(&[b"id: e1\n\ndata: y\n\n"]);
+        assert_eq!(out, vec![event("message", "y", Some("e1"))]);
+        assert_eq!(p.last_id(), Some("e1"));
     }
 
     #[test]
