@@ -5,7 +5,7 @@
 //! message (a 2026-07-28 request names its version in `_meta`).
 //!
 //! Each line the dispatcher sends becomes one POST, made by one of a small
-//! pool of `http-post` threads. A JSON answer or the events of an SSE
+//! pool of `http-post` threads (requests). A JSON answer or the events of an SSE
 //! answer are reported in the order they came, the POST's own answer last;
 //! a notification or a response gets 202. The session id the server sets on
 //! `initialize` and the negotiated protocol version go on every later
@@ -46,9 +46,13 @@
 //! values are secrets: they never appear in a message, and the server's
 //! text is scrubbed of them.
 //!
-//! A cancel closes the cancelled request's stream: in the 2025 era after
-//! posting `notifications/cancelled`, in 2026-07-28 instead of it (closing
-//! is the cancel there). Our connector (`conn.rs`) shuts that one socket
+//! Lines that are not requests (notifications, cancels, answers to the
+//! server's requests) go to two `http-note` threads of their own, each
+//! POST within 2 s in all, so they never wait behind long calls.
+//!
+//! A cancel closes the cancelled request's stream: in the 2025 era once
+//! `notifications/cancelled` was posted or after 1 s, whichever is first;
+//! in 2026-07-28 instead of posting it (closing is the cancel there). Our connector (`conn.rs`) shuts that one socket
 //! down, so the reader returns at once; a request not posted yet is not
 //! posted at all. Closing the connection (`shutdown` after its DELETE,
 //! `kill`, or dropping it) shuts the agent down, which interrupts every
@@ -85,6 +89,13 @@ use conn::Exchange;
 
 /// Threads making POSTs: calls in flight at once beyond this wait their turn.
 const POOL: usize = 8;
+/// Threads posting what is not a request (notifications, cancels, answers
+/// to the server's requests), so that they never wait behind long calls.
+const NOTE_POOL: usize = 2;
+/// How long such a POST may take in all: the server only acknowledges it.
+const NOTE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a 2025-era cancel's POST may delay closing the call's stream.
+const CANCEL_GRACE: Duration = Duration::from_secs(1);
 /// Idle connections are dropped before the servers' usual 5 s keep-alive
 /// ends, so a request never goes out on a connection the server is closing.
 const MAX_IDLE_AGE: Duration = Duration::from_secs(4);
@@ -168,6 +179,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         ureq::unversioned::resolver::DefaultResolver::default(),
     );
     let (jobs, rx) = crossbeam_channel::unbounded::<Vec<u8>>();
+    let (notes, notes_rx) = crossbeam_channel::unbounded::<Vec<u8>>();
     let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
     let shared = Arc::new(Shared {
         url: cfg.url.clone(),
@@ -193,21 +205,28 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         recv_body: cfg.call_timeout.max(cfg.retry.total_timeout) + Duration::from_secs(5),
         stopped,
     });
-    for n in 0..POOL {
-        let shared = shared.clone();
-        let rx: Receiver<Vec<u8>> = rx.clone();
-        std::thread::Builder::new()
-            .name(format!("http-post-{n}"))
-            .spawn(move || {
-                for line in rx {
-                    shared.post(line);
-                }
-            })
-            .map_err(|e| format!("cannot start the HTTP threads: {e}"))?;
+    let pools = [
+        ("http-post", POOL, &rx),
+        ("http-note", NOTE_POOL, &notes_rx),
+    ];
+    for (name, size, rx) in pools {
+        for n in 0..size {
+            let shared = shared.clone();
+            let rx: Receiver<Vec<u8>> = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("{name}-{n}"))
+                .spawn(move || {
+                    for line in rx {
+                        shared.post(line);
+                    }
+                })
+                .map_err(|e| format!("cannot start the HTTP threads: {e}"))?;
+        }
     }
     Ok(Http {
         shared,
         jobs: Some(jobs),
+        notes: Some(notes),
         stop: Some(stop),
         shown,
     })
@@ -238,8 +257,11 @@ fn tls_config(file: &std::path::Path) -> Result<ureq::tls::TlsConfig, String> {
 /// sessionless requests of the 2026-07-28 era.
 pub struct Http {
     shared: Arc<Shared>,
-    /// The POST threads' queue; dropped when the connection closes.
+    /// The POST threads' queue for requests; dropped when the connection
+    /// closes.
     jobs: Option<Sender<Vec<u8>>>,
+    /// The queue for the rest (notifications, responses).
+    notes: Option<Sender<Vec<u8>>>,
     /// Dropped to wake the GET thread from its reconnection wait.
     stop: Option<Sender<()>>,
     shown: String,
@@ -379,8 +401,14 @@ impl Downstream for Http {
                 return true;
             }
         }
-        match &self.jobs {
-            Some(jobs) => jobs.send(line).is_ok(),
+        let mut scan = jsonrpc::IdScanner::new();
+        scan.feed(&line);
+        let queue = match scan.request_id() {
+            Some(_) => &self.jobs,
+            None => &self.notes,
+        };
+        match queue {
+            Some(queue) => queue.send(line).is_ok(),
             None => false,
         }
     }
@@ -430,6 +458,7 @@ impl Http {
     fn close(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.jobs = None;
+        self.notes = None;
         self.stop = None;
     }
 }
@@ -588,18 +617,45 @@ impl Shared {
     /// and nothing is posted. 2025 era: the cancel is posted, and the
     /// stream closed after that (`post`). A request not being posted yet
     /// is not sent at all.
-    fn cancel(&self, id: &str) -> bool {
+    fn cancel(self: &Arc<Shared>, id: &str) -> bool {
         let mut ex = self.exchanges.lock();
         if let Some(live) = ex.live.get(id) {
             if live.modern {
                 live.exchange.close();
                 return false;
             }
+            self.close_after_grace(id, live.exchange.clone());
             return true;
         }
         ex.cancel_early(id);
         drop(ex);
         self.session.lock().modern.is_none()
+    }
+
+    /// 2025 era: closes the stream of the cancelled request `id` after
+    /// [`CANCEL_GRACE`] if the cancel's POST has not returned (and closed
+    /// it) by then: a server slow to take the cancel does not keep the
+    /// call's stream open.
+    fn close_after_grace(self: &Arc<Shared>, id: &str, exchange: Arc<Exchange>) {
+        let (shared, id) = (self.clone(), id.to_owned());
+        let spawned = std::thread::Builder::new()
+            .name("http-cancel".into())
+            .spawn(move || {
+                let _ = exchange.closing().recv_timeout(CANCEL_GRACE);
+                let ex = shared.exchanges.lock();
+                // Still that request's stream (not a finished one's
+                // connection, which may serve another request now).
+                if ex
+                    .live
+                    .get(&id)
+                    .is_some_and(|l| Arc::ptr_eq(&l.exchange, &exchange))
+                {
+                    exchange.close();
+                }
+            });
+        if let Err(e) = spawned {
+            crate::warn!("cannot start a thread to close a cancelled stream: {e}");
+        }
     }
 
     /// Closes the stream of request `id`, if it is still being read.
@@ -701,11 +757,14 @@ impl Shared {
             // A `subscriptions/listen` stream stays open as long as it is
             // wanted: no deadline for its body.
             let recv_body = (!post.is("subscriptions/listen")).then_some(self.recv_body);
+            // What is not a request is only acknowledged (202).
+            let global = post.request_id.is_none().then_some(NOTE_TIMEOUT);
             post.exchange.begin_request(post.line.len());
             let result = req
                 .config()
                 .timeout_recv_response(Some(self.recv_response))
                 .timeout_recv_body(recv_body)
+                .timeout_global(global)
                 .build()
                 .send(post.line);
             let resp = match result {
@@ -901,11 +960,14 @@ impl Shared {
                 return false;
             };
             let wait = cursor.retry.unwrap_or_default().min(RESUME_WAIT_MAX);
-            if !matches!(
-                self.stopped.recv_timeout(wait),
-                Err(RecvTimeoutError::Timeout)
-            ) || exchange.is_closed()
-            {
+            // Cut short by the connection closing or the request's
+            // exchange being closed (cancelled).
+            crossbeam_channel::select! {
+                recv(self.stopped) -> _ => return false,
+                recv(exchange.closing()) -> _ => return false,
+                default(wait) => {}
+            }
+            if exchange.is_closed() {
                 return false;
             }
             let mut headers = self.session_headers();
@@ -1127,6 +1189,11 @@ impl Shared {
             // 2026-07-28 has no session: a broken stream loses that one
             // request (it may have run), not the connection.
             Class::Broken if post.modern.is_some() => self.answer_error(post, why, status, true),
+            // A notification or a response the server was slow to
+            // acknowledge (or cut): logged, the session goes on.
+            Class::Broken if post.request_id.is_none() => {
+                self.answer_error(post, why, status, true)
+            }
             Class::Broken => self.gone(&format!("broke the connection ({why})"), true),
             Class::SessionLost => {
                 self.session.lock().id = None;

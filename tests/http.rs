@@ -529,6 +529,50 @@ fn a_cancelled_call_is_cancelled_then_its_stream_closed() {
     server.with(|st| assert_eq!(st.initializes, 1));
 }
 
+#[test]
+fn a_cancel_is_not_queued_behind_calls_that_take_every_post_thread() {
+    let server = Server::start();
+    let mut s = start_with(&patient_config(&server));
+    s.list_tools();
+    // As many hanging calls as the proxy has threads for calls.
+    for id in 1..=8 {
+        server.fault(Fault::Hang);
+        // Different arguments: identical calls would be one.
+        s.call(json!(id), "write", json!({ "n": id }));
+    }
+    crate::util::eventually("the hanging calls to arrive", || {
+        server.with(|st| st.calls_at.len() == 8)
+    });
+    s.notify("notifications/cancelled", json!({"requestId": 3}));
+    crate::util::eventually("the cancelled call's stream to be closed", || {
+        server.with(|st| st.hung_closed == 1)
+    });
+    server.with(|st| {
+        assert_eq!(st.events, ["cancelled", "hung closed"]);
+        // The id the server knows one of the calls by (they arrived in
+        // no particular order).
+        let cancelled = &st.notified[1]["params"]["requestId"];
+        assert!(st.call_ids.contains(cancelled), "{cancelled}");
+    });
+}
+
+#[test]
+fn a_cancelled_call_is_closed_even_when_the_server_never_takes_the_cancel() {
+    let server = Server::start();
+    let mut s = start_with(&patient_config(&server));
+    s.list_tools();
+    hanging_call(&server, &mut s, |s| s.call(json!(1), "write", json!({})));
+    server.hang_notifications();
+    s.notify("notifications/cancelled", json!({"requestId": 1}));
+    crate::util::eventually("the call's stream to be closed", || {
+        server.with(|st| st.hung_closed == 1)
+    });
+    // The session goes on.
+    s.call(json!(2), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(2))), "read done");
+    server.with(|st| assert_eq!(st.initializes, 1));
+}
+
 const MODERN: &str = "2026-07-28";
 
 /// The `_meta` of a 2026-07-28 request.

@@ -97,6 +97,8 @@ pub struct State {
     pub initialize_statuses: VecDeque<u16>,
     /// `initialize` POSTs answered with one of `initialize_statuses`.
     pub refused_initializes: usize,
+    /// Notifications are taken (recorded) but never answered.
+    hang_notifications: bool,
     /// A stateless 2025-era server: `initialize` sets no session, and
     /// later requests are checked for the version header only.
     stateless: bool,
@@ -179,6 +181,11 @@ impl Server {
             .unwrap()
             .initialize_statuses
             .push_back(status);
+    }
+
+    /// From now on, records notifications and never answers them.
+    pub fn hang_notifications(&self) {
+        self.state.0.lock().unwrap().hang_notifications = true;
     }
 
     pub fn fault(&self, f: Fault) {
@@ -440,6 +447,12 @@ fn serve(
                 s.events.push("cancelled");
             }
             cv.notify_all();
+        }
+        if s.hang_notifications {
+            drop(s);
+            let mut byte = [0u8; 1];
+            let _ = (&stream).read(&mut byte);
+            return;
         }
         return respond(&stream, 202, &[], "");
     }

@@ -21,6 +21,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 use ureq::unversioned::transport::{
     Buffers, ConnectionDetails, Connector as UreqConnector, DefaultConnector, NextTimeout,
@@ -45,6 +46,9 @@ pub struct Exchange {
     /// The connection used last on its behalf.
     conn: Mutex<Option<Arc<ConnState>>>,
     closed: AtomicBool,
+    /// Dropped on close: wakes whoever waits on [`Exchange::closing`].
+    closing_tx: Mutex<Option<Sender<()>>>,
+    closing_rx: Receiver<()>,
     written: Mutex<Written>,
 }
 
@@ -90,10 +94,13 @@ impl Written {
 
 impl Exchange {
     pub fn new() -> Arc<Exchange> {
+        let (closing_tx, closing_rx) = crossbeam_channel::bounded(0);
         Arc::new(Exchange {
             id: NEXT_EXCHANGE.fetch_add(1, Ordering::Relaxed),
             conn: Mutex::new(None),
             closed: AtomicBool::new(false),
+            closing_tx: Mutex::new(Some(closing_tx)),
+            closing_rx,
             written: Mutex::new(Written::default()),
         })
     }
@@ -131,6 +138,7 @@ impl Exchange {
     /// on it returns at once, and nothing more is read for it.
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        self.closing_tx.lock().take();
         let conn = self.conn.lock().clone();
         if let Some(conn) = conn {
             conn.shutdown_if_owner(self.id);
@@ -139,6 +147,12 @@ impl Exchange {
 
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Ready (disconnected) once the exchange is closed: for waits that a
+    /// close must cut short.
+    pub fn closing(&self) -> &Receiver<()> {
+        &self.closing_rx
     }
 }
 
