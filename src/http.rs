@@ -19,9 +19,7 @@
 //! from the `tools/list` answers passing by (tools with invalid annotations
 //! are left out of those). A `HeaderMismatch` answer to a `tools/call` has
 //! the tools read again (by a request of our own) and the call sent once
-//! more. Their streams are never resumed, and a broken one answers its own
-//! request with an error (the gate decides) rather than ending the
-//! connection: there is no session to lose.
+//! more. Their streams are never resumed.
 //!
 //! An answer stream (2025 era) that breaks, or ends without the response,
 //! after events with ids is resumed with GET and `Last-Event-ID` (up to 3
@@ -35,16 +33,20 @@
 //! completely written) is `Unsent` and the connection `Gone` (nothing
 //! received), so the dispatcher resends it after reconnecting; so is an
 //! `initialize` answered with 5xx, 408, 429 or a broken connection (a failed
-//! start, which the link retries with its backoff); a connection
-//! that broke after sending is `Gone` with `may_have_received` (the safety
-//! gate decides); a lost session is `Unsent` plus `Gone`, so the link
+//! start, which the link retries with its backoff); a stream that broke
+//! after sending answers its own request with a transient error, outcome
+//! unknown (the safety gate decides), and the session and the other
+//! requests go on (a server that really went away is found by the next
+//! POST: refused, or a 404 for the session); a lost session is `Unsent`
+//! plus `Gone`, so the link
 //! re-initializes and the message goes again; 429 and 503 with
 //! `Retry-After` are `Refused` (not run, retried after the hint);
 //! 500/502/503/504 answer the request with a transient error (it may have
 //! run); other statuses answer it with a final error naming the status
 //! (2026-07-28: the server's own JSON-RPC error, when it sent one). Header
 //! values are secrets: they never appear in a message, and the server's
-//! text is scrubbed of them.
+//! text is scrubbed of them. When the connection is gone, the lines still
+//! queued for the POST threads are reported `Unsent` first.
 //!
 //! Lines that are not requests (notifications, cancels, answers to the
 //! server's requests) go to two `http-note` threads of their own, each
@@ -204,6 +206,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         recv_response: cfg.call_timeout + Duration::from_secs(5),
         recv_body: cfg.call_timeout.max(cfg.retry.total_timeout) + Duration::from_secs(5),
         stopped,
+        queued: [rx.clone(), notes_rx.clone()],
     });
     let pools = [
         ("http-post", POOL, &rx),
@@ -301,6 +304,9 @@ struct Shared {
     recv_response: Duration,
     recv_body: Duration,
     stopped: Receiver<()>,
+    /// The POST threads' queues (requests, then the rest), for the lines
+    /// no thread took when the connection is gone.
+    queued: [Receiver<Vec<u8>>; 2],
 }
 
 /// Where a request's answer stream is: its last event id and `retry`.
@@ -482,14 +488,21 @@ impl Shared {
         }
     }
 
-    /// Reports `Gone`, once; nothing is reported after it.
+    /// Reports `Gone`, once; nothing is reported after it. When the
+    /// connection failed (it was not closed on purpose), the lines still
+    /// queued, which no thread took, are reported `Unsent` first.
     fn gone(&self, how: &str, may_have_received: bool) {
         let mut gone = self.gone.lock();
         if *gone {
             return;
         }
         *gone = true;
-        self.closed.store(true, Ordering::SeqCst);
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            let lines: Vec<Vec<u8>> = self.queued.iter().flat_map(|q| q.try_iter()).collect();
+            if !lines.is_empty() {
+                (self.on_event)(ServerEvent::Unsent { lines });
+            }
+        }
         (self.on_event)(ServerEvent::Gone(Gone {
             how: how.to_owned(),
             may_have_received,
@@ -1188,13 +1201,12 @@ impl Shared {
             }
             // 2026-07-28 has no session: a broken stream loses that one
             // request (it may have run), not the connection.
-            Class::Broken if post.modern.is_some() => self.answer_error(post, why, status, true),
-            // A notification or a response the server was slow to
-            // acknowledge (or cut): logged, the session goes on.
-            Class::Broken if post.request_id.is_none() => {
-                self.answer_error(post, why, status, true)
-            }
-            Class::Broken => self.gone(&format!("broke the connection ({why})"), true),
+            // A broken stream loses that one request (it may have run), not
+            // the session: the other requests in flight go on. A server
+            // that really went away answers the next POST with a refused
+            // connection or a 404 for the session. A notification or a
+            // response the server was slow to acknowledge is only logged.
+            Class::Broken => self.answer_error(post, why, status, true),
             Class::SessionLost => {
                 self.session.lock().id = None;
                 self.emit(ServerEvent::Unsent {

@@ -47,6 +47,9 @@ pub enum Fault {
     /// Answers 200 with this JSON body (not a response to the call),
     /// without running the tool.
     Json(&'static str),
+    /// Waits until [`Server::release`], then forgets the session and
+    /// answers 404, without running the tool.
+    HeldThenLoseSession,
     /// For a POST with a body over 1 MB: reads its head only, then closes
     /// the connection (a reset, as the body is left unread), so the client
     /// cannot write it all.
@@ -99,6 +102,8 @@ pub struct State {
     pub refused_initializes: usize,
     /// Notifications are taken (recorded) but never answered.
     hang_notifications: bool,
+    /// `Fault::HeldThenLoseSession` may answer.
+    released: bool,
     /// A stateless 2025-era server: `initialize` sets no session, and
     /// later requests are checked for the version header only.
     stateless: bool,
@@ -186,6 +191,12 @@ impl Server {
     /// From now on, records notifications and never answers them.
     pub fn hang_notifications(&self) {
         self.state.0.lock().unwrap().hang_notifications = true;
+    }
+
+    /// Lets a `Fault::HeldThenLoseSession` answer.
+    pub fn release(&self) {
+        self.state.0.lock().unwrap().released = true;
+        self.state.1.notify_all();
     }
 
     pub fn fault(&self, f: Fault) {
@@ -554,6 +565,11 @@ fn serve(
                     s.hung_closed += 1;
                     s.events.push("hung closed");
                     cv.notify_all();
+                }
+                Some(Fault::HeldThenLoseSession) => {
+                    let mut s = cv.wait_while(s, |s| !s.released).unwrap();
+                    s.session = None;
+                    respond(&stream, 404, &[], &error_body("Session not found"));
                 }
                 Some(Fault::LoseSession) => {
                     s.session = None;
