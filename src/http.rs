@@ -22,9 +22,13 @@
 //! more. Their streams are never resumed.
 //!
 //! An answer stream (2025 era) that breaks, or ends without the response,
-//! after events with ids is resumed with GET and `Last-Event-ID` (up to 3
-//! times, after the stream's `retry`, at most 5 s): a server with an event
-//! store replays what followed, and the call is not run again. Events
+//! after events with ids is resumed with GET and `Last-Event-ID` (after
+//! the stream's `retry`, at most 5 s; again while resumptions bring new
+//! events, until 3 in a row bring none, a server polling with `retry` not
+//! counted, within the request's deadline; a resumed stream silent for
+//! max(`retry`, 2 s) is closed and resumed from the newest id): a server
+//! with an event store replays what followed, and the call is not run
+//! again. Events
 //! already seen in the session and responses to other requests are dropped
 //! from a replay. Only when that fails is the failure classified.
 //!
@@ -77,7 +81,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
@@ -112,8 +116,13 @@ const GET_RETRY_MAX: Duration = Duration::from_secs(30);
 const GET_RETRY_MIN: Duration = Duration::from_millis(100);
 /// How long `headers_helper` may run.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Attempts to resume a request's broken answer stream.
-const RESUMES: usize = 3;
+/// Resumptions of a request's answer stream in a row that brought no new
+/// event (a clean close after `retry`, the server polling, and a stall
+/// are not counted) before it is given up.
+const FRUITLESS_RESUMES: usize = 3;
+/// A resumed stream silent for max(`retry`, this) has stalled: it is
+/// closed and resumed again from the newest event id.
+const STALL_MIN: Duration = Duration::from_secs(2);
 /// The longest `retry` a resumption waits for.
 const RESUME_WAIT_MAX: Duration = Duration::from_secs(5);
 /// Event ids remembered to drop replayed events.
@@ -314,6 +323,10 @@ struct Shared {
 struct Cursor {
     last_id: Option<String>,
     retry: Option<Duration>,
+    /// Events with ids not seen before, read so far.
+    fresh: usize,
+    /// The stream read last set `retry`.
+    stream_retry: bool,
 }
 
 #[derive(Default)]
@@ -928,15 +941,18 @@ impl Shared {
         cursor: &mut Cursor,
         resumed: bool,
     ) -> std::io::Result<bool> {
+        cursor.stream_retry = false;
         let answered = self.read_events(reader, |parser, items| {
             if let Some(id) = parser.last_id() {
                 cursor.last_id = Some(id.to_owned());
             }
+            cursor.stream_retry |= parser.retry().is_some();
             cursor.retry = parser.retry().or(cursor.retry);
             for item in items {
                 match item {
                     sse::Item::Event(e) if e.kind == "message" => {
                         let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
+                        cursor.fresh += usize::from(fresh && e.id.is_some());
                         if resumed && (!fresh || is_other_response(&e.data, until.id)) {
                             continue;
                         }
@@ -963,16 +979,27 @@ impl Shared {
     }
 
     /// Resumes the broken or ended answer stream of request `until` with
-    /// GET and `Last-Event-ID`, up to [`RESUMES`] times, waiting the
-    /// stream's `retry` first; says whether the response came. Not once
-    /// the request's exchange is closed (cancelled).
-    fn resume(&self, until: &Until, cursor: &mut Cursor, exchange: &Exchange) -> bool {
+    /// GET and `Last-Event-ID`, waiting the stream's `retry` first; says
+    /// whether the response came. It goes on while resumptions bring new
+    /// events, up to [`FRUITLESS_RESUMES`] in a row that bring none (a
+    /// clean close of a stream that set `retry` is the server polling, and
+    /// does not count), and never past the request's answer deadline. A
+    /// resumed stream silent for max(`retry`, [`STALL_MIN`]) is closed and
+    /// resumed again from the newest id (a stall: an event store that
+    /// replays what it has and then sends nothing more). Not once the
+    /// request's exchange is closed (cancelled).
+    fn resume(&self, until: &Until, cursor: &mut Cursor, exchange: &Arc<Exchange>) -> bool {
+        let deadline = Instant::now() + self.recv_body;
         let (mut refresh, mut refreshed) = (false, false);
-        for _ in 0..RESUMES {
+        let mut fruitless = 0;
+        while fruitless < FRUITLESS_RESUMES {
             let Some(last_id) = cursor.last_id.clone() else {
                 return false;
             };
             let wait = cursor.retry.unwrap_or_default().min(RESUME_WAIT_MAX);
+            if deadline.saturating_duration_since(Instant::now()) <= wait {
+                return false;
+            }
             // Cut short by the connection closing or the request's
             // exchange being closed (cancelled).
             crossbeam_channel::select! {
@@ -980,7 +1007,8 @@ impl Shared {
                 recv(exchange.closing()) -> _ => return false,
                 default(wait) => {}
             }
-            if exchange.is_closed() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if exchange.is_closed() || left.is_zero() {
                 return false;
             }
             let mut headers = self.session_headers();
@@ -999,15 +1027,29 @@ impl Shared {
             exchange.begin_request(0);
             let result = req
                 .config()
-                .timeout_recv_response(Some(self.recv_response))
-                .timeout_recv_body(Some(self.recv_body))
+                .timeout_recv_response(Some(self.recv_response.min(left)))
+                .timeout_recv_body(Some(left))
                 .build()
                 .call();
+            let fresh = cursor.fresh;
+            let (mut polled, mut stalled) = (false, false);
             match result {
                 Ok(resp) if resp.status().is_success() => {
-                    let reader = resp.into_body().into_reader();
-                    if let Ok(true) = self.read_stream(reader, until, cursor, true) {
-                        return true;
+                    let idle = cursor.retry.unwrap_or_default().max(STALL_MIN);
+                    let watch = StallWatch::start(exchange.clone(), idle);
+                    let reader = watch.reader(resp.into_body().into_reader());
+                    match self.read_stream(reader, until, cursor, true) {
+                        Ok(true) => return true,
+                        Ok(false) => polled = cursor.stream_retry,
+                        Err(_) => {}
+                    }
+                    stalled = watch.stalled();
+                    if stalled {
+                        crate::debug!(
+                            "{}: the resumed answer to request {} stalled; resuming again",
+                            self.shown,
+                            until.id
+                        );
                     }
                 }
                 // New headers may help, once (as for a POST).
@@ -1017,10 +1059,16 @@ impl Shared {
                         && !refreshed =>
                 {
                     (refresh, refreshed) = (true, true);
+                    continue;
                 }
                 // No resumption here (405, a lost session, …).
                 Ok(_) => return false,
                 Err(_) => {}
+            }
+            if cursor.fresh > fresh || polled || stalled {
+                fruitless = 0;
+            } else {
+                fruitless += 1;
             }
         }
         false
@@ -1412,6 +1460,54 @@ impl Shared {
             None
         })?;
         Ok(())
+    }
+}
+
+/// Watches a resumed stream for a stall: silent for `idle`, its exchange's
+/// connection is shut down (the exchange stays open: it is resumed again).
+struct StallWatch {
+    tick: Sender<()>,
+    stalled: Arc<AtomicBool>,
+}
+
+impl StallWatch {
+    fn start(exchange: Arc<Exchange>, idle: Duration) -> StallWatch {
+        let (tick, ticks) = crossbeam_channel::bounded::<()>(1);
+        let stalled = Arc::new(AtomicBool::new(false));
+        let flag = stalled.clone();
+        let spawned = std::thread::Builder::new()
+            .name("http-stall-watch".into())
+            .spawn(move || loop {
+                match ticks.recv_timeout(idle) {
+                    Ok(()) => {}
+                    Err(RecvTimeoutError::Timeout) => {
+                        flag.store(true, Ordering::SeqCst);
+                        return exchange.interrupt();
+                    }
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            });
+        if let Err(e) = spawned {
+            crate::warn!("cannot start a thread to watch a resumed stream: {e}");
+        }
+        StallWatch { tick, stalled }
+    }
+
+    /// `inner`, telling the watch of every read.
+    fn reader<R: Read>(&self, inner: R) -> impl Read {
+        struct Ticking<R>(R, Sender<()>);
+        impl<R: Read> Read for Ticking<R> {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = self.0.read(buf)?;
+                let _ = self.1.try_send(());
+                Ok(n)
+            }
+        }
+        Ticking(inner, self.tick.clone())
+    }
+
+    fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::SeqCst)
     }
 }
 

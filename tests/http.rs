@@ -509,6 +509,41 @@ fn a_stream_cut_inside_the_result_is_resumed_from_the_event_before_it() {
 }
 
 #[test]
+fn a_resumed_stream_that_stalls_is_resumed_again_from_the_newest_id() {
+    let server = Server::start();
+    let mut s = start_with(&patient_config(&server));
+    s.list_tools();
+    server.fault(Fault::RunThenCutThenStall);
+    s.call_with(
+        json!(1),
+        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p1"}}),
+    );
+    let result = s.result(&json!(1));
+    assert_eq!(text_of(&result), "write done");
+    assert_eq!(server.executions("write"), 1);
+    server.with(|st| {
+        assert_eq!(st.resumed_from, ["e1", "e2"]);
+        assert_eq!(st.initializes, 1);
+    });
+    crate::util::eventually("the stalled stream to be closed", || {
+        server.with(|st| st.stalls_closed == 1)
+    });
+}
+
+#[test]
+fn a_server_polling_with_retry_is_resumed_until_the_result_comes() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::RunThenCutThenPoll);
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    assert_eq!(server.executions("write"), 1);
+    // Five polls that brought nothing new, then the result.
+    server.with(|st| assert_eq!(st.resumed_from, ["e1"; 6]));
+}
+
+#[test]
 fn a_cancelled_call_is_cancelled_then_its_stream_closed() {
     let server = Server::start();
     let mut s = start_with(&patient_config(&server));

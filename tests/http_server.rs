@@ -44,6 +44,15 @@ pub enum Fault {
     /// the result's event (id `e2`) and closes the stream inside it; a GET
     /// with `e1` as `Last-Event-ID` replays the result.
     RunThenCutInsideResult,
+    /// Runs the tool, sends a progress event (id `e1`) and closes the
+    /// stream. A GET with `e1` as `Last-Event-ID` gets a second progress
+    /// event (`e2`), then nothing, until the client closes it; one with
+    /// `e2` gets the result.
+    RunThenCutThenStall,
+    /// As `RunThenCutAfterProgress`, but the first five GETs resuming
+    /// from `e1` only say `retry` and end (SEP-1699 polling, the call still
+    /// running); the next one replays the result.
+    RunThenCutThenPoll,
     /// Answers 200 with this JSON body (not a response to the call),
     /// without running the tool.
     Json(&'static str),
@@ -76,6 +85,15 @@ pub struct State {
     pub hung_closed: usize,
     /// The stream a `Last-Event-ID` of `e1` replays.
     replay: Option<String>,
+    /// For `Fault::RunThenCutThenStall`: what a `Last-Event-ID` of `e1`
+    /// replays before the stream goes silent, and what one of `e2` then
+    /// replays (the result).
+    stalling_replay: Option<(String, String)>,
+    /// Resumed streams that went silent and were closed by the client.
+    pub stalls_closed: usize,
+    /// For `Fault::RunThenCutThenPoll`: GETs resuming from `e1` that are
+    /// closed at once (only `retry`) before the result is replayed.
+    polls_left: usize,
     /// `Last-Event-ID`s received.
     pub resumed_from: Vec<String>,
     /// Accepting connections; false: the port is closed.
@@ -324,6 +342,38 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
             let from = req.header("last-event-id").unwrap_or("").to_owned();
             s.resumed_from.push(from.clone());
             cv.notify_all();
+            if s.polls_left > 0 && from == "e1" {
+                // The call still runs: come back after `retry`.
+                s.polls_left -= 1;
+                return respond(
+                    &stream,
+                    200,
+                    &[("Content-Type", "text/event-stream".into())],
+                    "retry: 10\n\n",
+                );
+            }
+            if let (Some((first, _)), "e1") = (&s.stalling_replay, from.as_str()) {
+                // What is stored so far, then nothing: the call still runs.
+                let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+                let mut w = &stream;
+                let _ = w.write_all(format!("{head}{first}").as_bytes());
+                drop(s);
+                let mut byte = [0u8; 1];
+                let _ = (&stream).read(&mut byte);
+                let mut s = lock.lock().unwrap();
+                s.stalls_closed += 1;
+                cv.notify_all();
+                return;
+            }
+            if let (Some((_, rest)), "e2") = (&s.stalling_replay, from.as_str()) {
+                let rest = rest.clone();
+                return respond(
+                    &stream,
+                    200,
+                    &[("Content-Type", "text/event-stream".into())],
+                    &rest,
+                );
+            }
             return match (&s.replay, from.as_str()) {
                 (Some(replay), "e1") => respond(
                     &stream,
@@ -517,7 +567,10 @@ fn serve(
                     }
                     respond(&stream, status, &headers, &error_body(message));
                 }
-                Some(Fault::RunThenCutAfterProgress) => {
+                Some(Fault::RunThenCutAfterProgress | Fault::RunThenCutThenPoll) => {
+                    if matches!(fault, Some(Fault::RunThenCutThenPoll)) {
+                        s.polls_left = 5;
+                    }
                     s.executions.push(tool.clone());
                     let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
                         "params": {"progressToken": msg["params"]["_meta"]["progressToken"], "progress": 1}});
@@ -540,6 +593,25 @@ fn serve(
                     &[("Content-Type", "application/json".into())],
                     body,
                 ),
+                Some(Fault::RunThenCutThenStall) => {
+                    s.executions.push(tool.clone());
+                    let progress = |n: u32| {
+                        json!({"jsonrpc": "2.0", "method": "notifications/progress",
+                            "params": {"progressToken": msg["params"]["_meta"]["progressToken"], "progress": n}})
+                    };
+                    let result = json!({"jsonrpc": "2.0", "id": id, "result": {
+                        "content": [{"type": "text", "text": format!("{tool} done")}]}});
+                    s.stalling_replay = Some((
+                        format!("id: e2\ndata: {}\n\n", progress(2)),
+                        format!("id: e3\ndata: {result}\n\n"),
+                    ));
+                    cv.notify_all();
+                    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+                    let body = format!("retry: 10\nid: e1\ndata: {}\n\n", progress(1));
+                    let mut w = &stream;
+                    let _ = w.write_all(format!("{head}{body}").as_bytes());
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
                 Some(Fault::RunThenCutInsideResult) => {
                     s.executions.push(tool.clone());
                     let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",

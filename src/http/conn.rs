@@ -139,6 +139,13 @@ impl Exchange {
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.closing_tx.lock().take();
+        self.interrupt();
+    }
+
+    /// Shuts down the connection the exchange is using (if no other
+    /// exchange took it over), leaving the exchange open: a stalled stream
+    /// is ended so that it can be resumed.
+    pub fn interrupt(&self) {
         let conn = self.conn.lock().clone();
         if let Some(conn) = conn {
             conn.shutdown_if_owner(self.id);
