@@ -301,16 +301,26 @@ fn run_url_with_a_header_reaches_the_server() {
 fn the_server_stream_reaches_the_client() {
     let server = Server::start();
     let mut s = start(&server);
-    crate::util::eventually("the proxy to open the server's stream", || {
-        server.with(|st| !st.streams.is_empty())
-    });
+    server_stream_reaches(&server, &mut s, "from the GET stream");
+}
+
+/// Waits for the proxy to open the server's stream, and has a notification
+/// with `data` pushed on it reach the client.
+fn server_stream_reaches(server: &Server, s: &mut Session, data: &str) {
+    wait_for_server_stream(server);
     let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
-        "params": {"level": "info", "data": "from the GET stream"}});
+        "params": {"level": "info", "data": data}});
     server.push(&note);
     let got = s.recv_where("the pushed notification", |m| {
         m["method"] == "notifications/message"
     });
-    assert_eq!(got["params"]["data"], "from the GET stream");
+    assert_eq!(got["params"]["data"], data);
+}
+
+fn wait_for_server_stream(server: &Server) {
+    crate::util::eventually("the proxy to open the server's stream", || {
+        server.with(|st| !st.streams.is_empty())
+    });
 }
 
 /// A proxy for `server` whose headers come from a `headers_helper` that
@@ -348,9 +358,7 @@ fn headers_helper_runs_again_after_401_to_the_server_stream() {
     let server = Server::start();
     server.refuse_get(401);
     let mut s = start_with_helper(&server);
-    crate::util::eventually("the proxy to open the server's stream", || {
-        server.with(|st| !st.streams.is_empty())
-    });
+    server_stream_reaches(&server, &mut s, "after new headers");
     assert_eq!(helper_runs(&s), "2");
     server.with(|st| {
         assert_eq!(
@@ -358,13 +366,6 @@ fn headers_helper_runs_again_after_401_to_the_server_stream() {
             Some("Bearer tok-2")
         )
     });
-    let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
-        "params": {"level": "info", "data": "after new headers"}});
-    server.push(&note);
-    let got = s.recv_where("the pushed notification", |m| {
-        m["method"] == "notifications/message"
-    });
-    assert_eq!(got["params"]["data"], "after new headers");
 }
 
 #[cfg(unix)]
@@ -372,9 +373,7 @@ fn headers_helper_runs_again_after_401_to_the_server_stream() {
 fn headers_helper_runs_again_after_403_to_a_resumption() {
     let server = Server::start();
     let mut s = start_with_helper(&server);
-    crate::util::eventually("the proxy to open the server's stream", || {
-        server.with(|st| !st.streams.is_empty())
-    });
+    wait_for_server_stream(&server);
     server.fault(Fault::RunThenCutAfterProgress);
     server.refuse_get(403);
     s.call(json!(1), "write", json!({}));
@@ -491,12 +490,10 @@ fn a_cut_answer_stream_with_event_ids_is_resumed_not_run_again() {
     });
 }
 
-#[test]
-fn a_stream_cut_inside_the_result_is_resumed_from_the_event_before_it() {
-    let server = Server::start();
-    let mut s = start(&server);
-    s.list_tools();
-    server.fault(Fault::RunThenCutInsideResult);
+/// Calls `write` (with a progress token) while the server plays `fault`:
+/// the result arrives, and the tool ran once.
+fn write_with_progress_runs_once(server: &Server, s: &mut Session, fault: Fault) {
+    server.fault(fault);
     s.call_with(
         json!(1),
         json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p1"}}),
@@ -504,6 +501,14 @@ fn a_stream_cut_inside_the_result_is_resumed_from_the_event_before_it() {
     let result = s.result(&json!(1));
     assert_eq!(text_of(&result), "write done");
     assert_eq!(server.executions("write"), 1);
+}
+
+#[test]
+fn a_stream_cut_inside_the_result_is_resumed_from_the_event_before_it() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    write_with_progress_runs_once(&server, &mut s, Fault::RunThenCutInsideResult);
     // The id of the event cut short was not the one to resume from.
     server.with(|st| assert_eq!(st.resumed_from, ["e1"]));
 }
@@ -513,14 +518,7 @@ fn a_resumed_stream_that_stalls_is_resumed_again_from_the_newest_id() {
     let server = Server::start();
     let mut s = start_with(&patient_config(&server));
     s.list_tools();
-    server.fault(Fault::RunThenCutThenStall);
-    s.call_with(
-        json!(1),
-        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p1"}}),
-    );
-    let result = s.result(&json!(1));
-    assert_eq!(text_of(&result), "write done");
-    assert_eq!(server.executions("write"), 1);
+    write_with_progress_runs_once(&server, &mut s, Fault::RunThenCutThenStall);
     server.with(|st| {
         assert_eq!(st.resumed_from, ["e1", "e2"]);
         assert_eq!(st.initializes, 1);
