@@ -5,11 +5,11 @@
 //! message (a 2026-07-28 request names its version in `_meta`).
 //!
 //! Each line the dispatcher sends becomes one POST, made by one of a small
-//! pool of `http-post` threads (requests). A JSON answer or the events of an SSE
-//! answer are reported in the order they came, the POST's own answer last;
-//! a notification or a response gets 202. The session id the server sets on
-//! `initialize` and the negotiated protocol version go on every later
-//! request. After `notifications/initialized`, an `http-get` thread keeps
+//! pool of `http-post` threads (requests). A JSON answer or the events of
+//! an SSE answer are reported in the order they came, the POST's own answer
+//! last; a notification or a response gets 202. The session id the server
+//! sets on `initialize` and the negotiated protocol version go on every
+//! later request. After `notifications/initialized`, an `http-get` thread keeps
 //! the server's own stream open (405: the server has none), re-opening it
 //! with backoff. Ids are left alone: the dispatcher already owns them.
 //!
@@ -25,21 +25,21 @@
 //! after events with ids is resumed with GET and `Last-Event-ID` (after
 //! the stream's `retry`, at most 5 s; again while resumptions bring new
 //! events, until 3 in a row bring none, a server polling with `retry` not
-//! counted, within the request's deadline; a resumed stream silent for
-//! max(`retry`, 2 s) is closed and resumed from the newest id): a server
-//! with an event store replays what followed, and the call is not run
-//! again. Events
-//! already seen in the session and responses to other requests are dropped
-//! from a replay. Only when that fails is the failure classified.
+//! counted, all within the body deadline from the first resumption; a
+//! resumed stream silent for max(`retry`, 2 s) is closed and resumed from
+//! the newest id): a server with an event store replays what followed, and
+//! the call is not run again. Events already seen in the session and
+//! responses to other requests are dropped from a replay. Only when that
+//! fails is the failure classified.
 //!
 //! Failures are classified by `classify.rs` and become the boundary's
 //! events: a request that cannot have left (DNS, refused, TLS, its body not
 //! completely written) is `Unsent` and the connection `Gone` (nothing
 //! received), so the dispatcher resends it after reconnecting; so is an
-//! `initialize` answered with 5xx, 408, 429 or a broken connection (a failed
-//! start, which the link retries with its backoff); a stream that broke
-//! after sending answers its own request with a transient error, outcome
-//! unknown (the safety gate decides), and the session and the other
+//! `initialize` answered with 5xx, 408, 429 or a broken connection (a
+//! failed start, which the link retries with its backoff); a stream that
+//! broke after sending answers its own request with a transient error,
+//! outcome unknown (the safety gate decides), and the session and the other
 //! requests go on (a server that really went away is found by the next
 //! POST: refused, or a 404 for the session); a lost session is `Unsent`
 //! plus `Gone`, so the link
@@ -58,13 +58,14 @@
 //!
 //! A cancel closes the cancelled request's stream: in the 2025 era once
 //! `notifications/cancelled` was posted or after 1 s, whichever is first;
-//! in 2026-07-28 instead of posting it (closing is the cancel there). Our connector (`conn.rs`) shuts that one socket
-//! down, so the reader returns at once; a request not posted yet is not
-//! posted at all. Closing the connection (`shutdown` after its DELETE,
-//! `kill`, or dropping it) shuts the agent down, which interrupts every
-//! request in flight, the GET stream's included. Otherwise a POST waits at
-//! most `call_timeout` + 5 s for its answer's headers and
-//! max(`call_timeout`, `retry.total_timeout`) + 5 s for its body (`subscriptions/listen`: no
+//! in 2026-07-28 instead of posting it (closing is the cancel there). Our
+//! connector (`conn.rs`) shuts that one socket down, so the reader returns
+//! at once; a request not posted yet is not posted at all. Closing the
+//! connection (`shutdown` after its DELETE, `kill`, or dropping it) shuts
+//! the agent down, which interrupts every request in flight, the GET
+//! stream's included. Otherwise a POST waits at most `call_timeout` + 5 s
+//! for its answer's headers and max(`call_timeout`,
+//! `retry.total_timeout`) + 5 s for its body (`subscriptions/listen`: no
 //! limit), so a stuck server holds a pool thread no longer than that. Knows
 //! no policy; of MCP, only what the transport itself must act on:
 //! `initialize`, `notifications/initialized`, `notifications/cancelled`,
@@ -983,7 +984,8 @@ impl Shared {
     /// whether the response came. It goes on while resumptions bring new
     /// events, up to [`FRUITLESS_RESUMES`] in a row that bring none (a
     /// clean close of a stream that set `retry` is the server polling, and
-    /// does not count), and never past the request's answer deadline. A
+    /// does not count), all within the body deadline (`recv_body`) from
+    /// the first resumption. A
     /// resumed stream silent for max(`retry`, [`STALL_MIN`]) is closed and
     /// resumed again from the newest id (a stall: an event store that
     /// replays what it has and then sends nothing more). Not once the
