@@ -1472,22 +1472,23 @@ fn a_tool_that_became_destructive_on_the_restarted_server_is_not_retried() {
 
 #[test]
 fn the_proxys_own_tool_list_times_out_with_call_timeout() {
-    // The list would come after 20 s; the call's total_timeout is 30 s. The
-    // decision (unknown = unsafe) comes when our tools/list times out.
+    // The list would come after 120 s; the call's total_timeout is 180 s.
+    // The decision (unknown = unsafe) comes when our tools/list times out,
+    // after 0.4 s (60 s leaves room for a loaded machine).
     let mut s = builder(
         "
         call_timeout: 0.4
         retry:
           base_delay: 0.05
-          total_timeout: 30
+          total_timeout: 180
         ",
     )
-    .env("MOCK_TOOLS_LIST_DELAY_MS", "20000")
+    .env("MOCK_TOOLS_LIST_DELAY_MS", "120000")
     .start();
     s.initialize();
     s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
-    let Some(r) = s.response_within(&json!(1), Duration::from_secs(10)) else {
-        panic!("no answer within 10 s: the tool list was waited for until total_timeout");
+    let Some(r) = s.response_within(&json!(1), Duration::from_secs(60)) else {
+        panic!("no answer within 60 s: the tool list was waited for until it came");
     };
     assert_server_error(&r["error"], -32000, "flaky failure 1 of 1");
     assert_eq!(s.executions("idem_echo"), 1);
