@@ -168,11 +168,33 @@ impl Message {
         out
     }
 
-    /// The same message with `params` replaced by `new_params` (raw JSON).
+    /// The same message with `params` replaced by `new_params`: one JSON
+    /// value, made by the proxy, which is not parsed again (the other
+    /// members keep their places, shifted). `None` when the message has no
+    /// `params`.
     pub fn with_params(&self, new_params: &str) -> Option<Message> {
-        let mut line = self.line_with_params(new_params);
-        line.pop();
-        Message::reparse(String::from_utf8(line).ok()?)
+        debug_assert!(serde_json::from_str::<&RawValue>(new_params).is_ok());
+        let p = self.params.clone()?;
+        let mut text = String::with_capacity(self.text.len() - p.len() + new_params.len());
+        text.push_str(&self.text[..p.start]);
+        text.push_str(new_params);
+        text.push_str(&self.text[p.end..]);
+        let end = p.start + new_params.len();
+        let moved = |r: &Option<Range<usize>>| {
+            r.clone().map(|r| match r.start >= p.end {
+                true => r.start - p.end + end..r.end - p.end + end,
+                false => r,
+            })
+        };
+        Some(Message {
+            text,
+            kind: self.kind,
+            id: moved(&self.id),
+            method: moved(&self.method),
+            params: Some(p.start..end),
+            result: moved(&self.result),
+            error: moved(&self.error),
+        })
     }
 
     /// Rebuilds the message around new text.
@@ -1071,6 +1093,33 @@ mod tests {
             Parsed::Message(m) => m,
             other => panic!("expected a message, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn with_params_is_the_message_parsed_again() {
+        for (line, params) in [
+            (
+                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t"}}"#,
+                r#"{"_meta":{"traceparent":"x"},"name":"t"}"#,
+            ),
+            (
+                r#"{"params":{"a":[1,2,3]} ,"method":"m","jsonrpc":"2.0","id":"abc"}"#,
+                "{}",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","method":"notifications/x","params":{"long":"aaaaaaaaaaaa"}}"#,
+                r#"{"b":1}"#,
+            ),
+        ] {
+            let m = msg(line);
+            let mut spliced = m.line_with_params(params);
+            spliced.pop();
+            let again = Message::reparse(String::from_utf8(spliced).unwrap()).unwrap();
+            assert_eq!(m.with_params(params).as_ref(), Some(&again), "{line}");
+        }
+        assert!(msg(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+            .with_params("{}")
+            .is_none());
     }
 
     fn invalid(s: &str) -> Invalid {
