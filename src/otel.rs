@@ -2,58 +2,106 @@
 //! with a child span per attempt, and counters and a latency histogram,
 //! sent as OTLP/HTTP with JSON encoding by the `otel-export` thread.
 //!
-//! [`Settings::from_env`] reads the standard `OTEL_*` variables. The
-//! dispatcher owns a [`Tracer`]: plain data, fed by hooks in `calls.rs` with
-//! the dispatcher's `now` (wall-clock times come from one anchor taken at
-//! start). Finished spans and metric snapshots go to the exporter with
-//! `try_send` over a queue bounded by count and bytes (`export.rs`): the
-//! dispatcher never waits for the network, and a full queue or a dead
-//! collector only drops telemetry (counted, said once). Metrics are handed
-//! over by a timer the dispatcher sets only after something changed, so an
-//! idle proxy does not wake up.
+//! [`Settings::read`] resolves the standard `OTEL_*` variables over the
+//! config's `otel:` section (a pure function of both). The dispatcher owns
+//! a [`Tracer`] (`tracer.rs`) fed by hooks with the dispatcher's `now`; it
+//! hands finished spans over as fixed records and the counters as a
+//! snapshot (`record.rs`), and the exporter thread makes names,
+//! attributes, wall-clock times and JSON of them (`json.rs`,
+//! `export.rs`). The queue between them is bounded by count and bytes and
+//! only ever `try_send`: the dispatcher never waits for the network, and a
+//! full queue or a collector that is down only drops telemetry (counted,
+//! said once). Metrics are handed over by a timer the dispatcher sets only
+//! after something changed, so an idle proxy does not wake up.
 //!
 //! `traceparent` (W3C Trace Context) is read from a call's `params._meta`
 //! (the call's span becomes its child) and each attempt sends its own in the
 //! forwarded request's `params._meta`; with export off no byte changes.
 //!
-//! Header values (`OTEL_EXPORTER_OTLP_HEADERS`, often credentials) are never
-//! logged: messages name the header, never its value.
+//! Header values (`OTEL_EXPORTER_OTLP_HEADERS` and the per-signal ones,
+//! often credentials) are never logged: messages name the header, never
+//! its value.
 
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::config::OtelConfig;
-use crate::fasthash::FastMap;
 use crate::jsonrpc::RawObject;
 
 mod export;
 mod json;
+mod record;
+mod tracer;
 
 #[cfg(test)]
 pub(crate) use export::Item;
 pub use export::{Exporter, Handle};
+#[cfg(test)]
+pub(crate) use record::{Clock, Span, SpanKind, Value};
+pub use tracer::{RequestTrace, Tracer};
 
-/// What to export and where (from the environment).
+/// Where one signal goes, and the headers sent with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    /// `…/v1/traces`, if traces are exported.
-    pub traces: Option<String>,
-    /// `…/v1/metrics`, if metrics are exported.
-    pub metrics: Option<String>,
+pub struct Endpoint {
+    /// The full URL (`…/v1/traces`, or a per-signal variable as it is).
+    pub url: String,
     /// Extra request headers (names and values as configured).
     pub headers: Vec<(String, String)>,
+}
+
+/// What to export and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Where traces go, if they are exported.
+    pub traces: Option<Endpoint>,
+    /// Where metrics go, if they are exported.
+    pub metrics: Option<Endpoint>,
     /// Resource attributes, `service.name` included.
     pub resource: Vec<(String, String)>,
 }
 
+/// One signal's variables.
+struct Signal {
+    /// `traces`, `metrics`.
+    name: &'static str,
+    /// Appended to the generic endpoint.
+    path: &'static str,
+    endpoint: &'static str,
+    headers: &'static str,
+    protocol: &'static str,
+    exporter: &'static str,
+}
+
+const TRACES: Signal = Signal {
+    name: "traces",
+    path: "v1/traces",
+    endpoint: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    headers: "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    protocol: "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    exporter: "OTEL_TRACES_EXPORTER",
+};
+
+const METRICS: Signal = Signal {
+    name: "metrics",
+    path: "v1/metrics",
+    endpoint: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    headers: "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    protocol: "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+    exporter: "OTEL_METRICS_EXPORTER",
+};
+
 impl Settings {
     /// Reads the standard variables through `var`, over the config's
     /// `otel:` section (each variable that is set wins). `Ok(None)`: export
-    /// is off (no endpoint, or `OTEL_SDK_DISABLED=true`). Problems that
-    /// only degrade export (a malformed header entry) are returned as
-    /// notes, which never contain a header value.
+    /// is off (no endpoint, `OTEL_SDK_DISABLED=true`, or both signals'
+    /// exporters `none`). Per signal, `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT`
+    /// is used as it is (no path appended) and wins over the generic
+    /// endpoint, and `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_HEADERS` are
+    /// merged over the generic headers (a name set in both takes the
+    /// signal's value). Problems that only degrade export (a malformed
+    /// header entry, an exporter or protocol other than ours) are returned
+    /// as notes, which never contain a header value.
     pub fn read(
         var: impl Fn(&str) -> Option<String>,
         config: &OtelConfig,
@@ -65,42 +113,38 @@ impl Settings {
         }
         let base = var("OTEL_EXPORTER_OTLP_ENDPOINT")
             .or_else(|| Some(config.endpoint.clone()).filter(|e| !e.trim().is_empty()));
-        let signal = |specific: &str, path: &str| {
-            var(specific).map(|v| v.trim().to_owned()).or_else(|| {
-                base.as_ref()
-                    .map(|b| format!("{}/{path}", b.trim().trim_end_matches('/')))
-            })
+        let mut generic = config.headers.clone();
+        if let Some(h) = var("OTEL_EXPORTER_OTLP_HEADERS") {
+            merge_headers(&mut generic, &h, "OTEL_EXPORTER_OTLP_HEADERS", &mut notes);
+        }
+        if let Some(p) = var("OTEL_EXPORTER_OTLP_PROTOCOL") {
+            note_protocol(&mut notes, "OTEL_EXPORTER_OTLP_PROTOCOL", &p);
+        }
+        let mut endpoint = |signal: &Signal| -> Result<Option<Endpoint>, String> {
+            if !exporter_is_otlp(var(signal.exporter), signal, &mut notes) {
+                return Ok(None);
+            }
+            let url = match var(signal.endpoint) {
+                Some(url) => url.trim().to_owned(),
+                None => match &base {
+                    Some(b) => format!("{}/{}", b.trim().trim_end_matches('/'), signal.path),
+                    None => return Ok(None),
+                },
+            };
+            check_url(&url)?;
+            if let Some(p) = var(signal.protocol) {
+                note_protocol(&mut notes, signal.protocol, &p);
+            }
+            let mut headers = generic.clone();
+            if let Some(h) = var(signal.headers) {
+                merge_headers(&mut headers, &h, signal.headers, &mut notes);
+            }
+            Ok(Some(Endpoint { url, headers }))
         };
-        let traces = signal("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "v1/traces");
-        let metrics = signal("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "v1/metrics");
+        let traces = endpoint(&TRACES)?;
+        let metrics = endpoint(&METRICS)?;
         if traces.is_none() && metrics.is_none() {
             return Ok((None, notes));
-        }
-        for url in traces.iter().chain(&metrics) {
-            let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-            match scheme.as_deref() {
-                Some("http") => {}
-                Some("https") if cfg!(feature = "tls") => {}
-                Some("https") => {
-                    return Err(format!(
-                        "endpoint {}: this build has no TLS (cargo feature `tls`); use an http:// endpoint",
-                        shown_url(url)
-                    ))
-                }
-                _ => {
-                    return Err(format!(
-                        "endpoint {}: expected an http:// or https:// URL",
-                        shown_url(url)
-                    ))
-                }
-            }
-        }
-        let mut headers = config.headers.clone();
-        if let Some(h) = var("OTEL_EXPORTER_OTLP_HEADERS") {
-            for (k, v) in parse_pairs(&h, "OTEL_EXPORTER_OTLP_HEADERS", &mut notes) {
-                headers.retain(|(name, _)| !name.eq_ignore_ascii_case(&k));
-                headers.push((k, v));
-            }
         }
         let mut resource = match var("OTEL_RESOURCE_ATTRIBUTES") {
             Some(r) => parse_pairs(&r, "OTEL_RESOURCE_ATTRIBUTES", &mut notes),
@@ -132,11 +176,88 @@ impl Settings {
             Some(Settings {
                 traces,
                 metrics,
-                headers,
                 resource,
             }),
             notes,
         ))
+    }
+}
+
+/// Whether `OTEL_{TRACES,METRICS}_EXPORTER` (a comma-separated list,
+/// `otlp` when unset) asks for OTLP. `none` turns the signal off quietly;
+/// any other exporter cannot be had here and is said.
+fn exporter_is_otlp(value: Option<String>, signal: &Signal, notes: &mut Vec<String>) -> bool {
+    let Some(value) = value else {
+        return true;
+    };
+    let names: Vec<String> = value
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let others: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !matches!(*n, "otlp" | "none"))
+        .collect();
+    if !others.is_empty() {
+        notes.push(format!(
+            "{}={value}: only otlp (or none) is supported; {} ignored",
+            signal.exporter,
+            others.join(", ")
+        ));
+    }
+    let otlp = names.iter().any(|n| n == "otlp");
+    if !otlp && !names.iter().all(|n| n == "none") {
+        notes.push(format!("{} are not exported", signal.name));
+    }
+    otlp
+}
+
+/// A protocol other than the one we speak is said (the collector's
+/// OTLP/HTTP receiver takes JSON bodies as well as protobuf ones; a gRPC
+/// endpoint does not).
+fn note_protocol(notes: &mut Vec<String>, var: &str, value: &str) {
+    match value.trim() {
+        "http/json" | "http/protobuf" => {}
+        other => notes.push(format!(
+            "{var}={other}: mcp-retry sends OTLP/HTTP with JSON bodies (http/json); the endpoint must be an OTLP/HTTP receiver (port 4318 by default)"
+        )),
+    }
+}
+
+fn check_url(url: &str) -> Result<(), String> {
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("http") => Ok(()),
+        Some("https") if cfg!(feature = "tls") => Ok(()),
+        Some("https") => Err(format!(
+            "endpoint {}: this build has no TLS (cargo feature `tls`); use an http:// endpoint",
+            shown_url(url)
+        )),
+        _ => Err(format!(
+            "endpoint {}: expected an http:// or https:// URL",
+            shown_url(url)
+        )),
+    }
+}
+
+/// Merges the `k=v,…` headers of variable `var` over `headers` (a name
+/// already there, in any case, takes the new value). A header that cannot
+/// be sent is skipped with a note naming it, never its value.
+fn merge_headers(
+    headers: &mut Vec<(String, String)>,
+    text: &str,
+    var: &str,
+    notes: &mut Vec<String>,
+) {
+    for (k, v) in parse_pairs(text, var, notes) {
+        if let Err(why) = crate::config::check_header(&k, &v) {
+            notes.push(format!("{var}: header {k:?}: {why}; ignored"));
+            continue;
+        }
+        headers.retain(|(name, _)| !name.eq_ignore_ascii_case(&k));
+        headers.push((k, v));
     }
 }
 
@@ -246,131 +367,84 @@ impl SpanContext {
         })
     }
 
-    /// The `traceparent` value naming this span.
-    pub fn traceparent(&self) -> String {
-        format!(
-            "00-{}-{}-{:02x}",
-            hex(&self.trace_id),
-            hex(&self.span_id),
-            u8::from(self.sampled)
-        )
+    /// The `traceparent` value naming this span (no allocation).
+    pub fn traceparent(&self) -> Traceparent {
+        let mut b = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        write_hex(&mut b[3..35], &self.trace_id);
+        write_hex(&mut b[36..52], &self.span_id);
+        b[54] = b'0' + u8::from(self.sampled);
+        Traceparent(b)
     }
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(2 * bytes.len());
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    out
-}
+/// A `traceparent` header value, kept inline.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Traceparent([u8; 55]);
 
-/// An attribute value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    Str(String),
-    /// A constant (no allocation per span).
-    Static(&'static str),
-    Int(i64),
-    Bool(bool),
-}
-
-impl From<&'static str> for Value {
-    fn from(s: &'static str) -> Value {
-        Value::Static(s)
-    }
-}
-impl From<String> for Value {
-    fn from(s: String) -> Value {
-        Value::Str(s)
-    }
-}
-impl From<i64> for Value {
-    fn from(n: i64) -> Value {
-        Value::Int(n)
-    }
-}
-impl From<bool> for Value {
-    fn from(b: bool) -> Value {
-        Value::Bool(b)
+impl std::ops::Deref for Traceparent {
+    type Target = str;
+    fn deref(&self) -> &str {
+        // Only ever written with ASCII digits, letters and dashes.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
-pub type Attrs = Vec<(&'static str, Value)>;
-
-/// OTLP `SpanKind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpanKind {
-    Server = 2,
-    Client = 3,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SpanEvent {
-    pub time: u64,
-    pub name: &'static str,
-    pub attrs: Attrs,
-}
-
-/// A finished (or running) span; times are UNIX nanoseconds.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Span {
-    pub ctx: SpanContext,
-    pub parent: Option<[u8; 8]>,
-    pub name: String,
-    pub kind: SpanKind,
-    pub start: u64,
-    pub end: u64,
-    pub attrs: Attrs,
-    pub events: Vec<SpanEvent>,
-    /// `Some(message)`: status ERROR.
-    pub error: Option<String>,
-}
-
-impl Span {
-    /// Roughly the bytes it holds (what it costs in the export queue).
-    pub fn size(&self) -> usize {
-        let attrs = |a: &Attrs| {
-            a.iter()
-                .map(|(k, v)| {
-                    k.len()
-                        + 48
-                        + match v {
-                            Value::Str(s) => s.len(),
-                            Value::Static(_) => 0,
-                            _ => 8,
-                        }
-                })
-                .sum::<usize>()
-        };
-        256 + self.name.len()
-            + attrs(&self.attrs)
-            + self
-                .events
-                .iter()
-                .map(|e| 64 + attrs(&e.attrs))
-                .sum::<usize>()
-            + self.error.as_ref().map_or(0, String::len)
+impl std::fmt::Display for Traceparent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
     }
+}
+
+impl std::fmt::Debug for Traceparent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl PartialEq<&str> for Traceparent {
+    fn eq(&self, other: &&str) -> bool {
+        **self == **other
+    }
+}
+
+impl PartialEq<String> for Traceparent {
+    fn eq(&self, other: &String) -> bool {
+        **self == **other
+    }
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Lowercase hex of `bytes` into `out` (twice as long).
+fn write_hex(out: &mut [u8], bytes: &[u8]) {
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX_DIGITS[usize::from(b >> 4)];
+        pair[1] = HEX_DIGITS[usize::from(b & 15)];
+    }
+}
+
+#[cfg(test)]
+fn hex(bytes: &[u8]) -> String {
+    let mut out = vec![0u8; 2 * bytes.len()];
+    write_hex(&mut out, bytes);
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// How a call ended, for its span and the counters.
-#[derive(Debug, Clone, Copy)]
-pub struct CallEnd<'a> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallEnd {
     /// `ok`, `error` (the server's error or `isError`), `failed` (the
     /// proxy's error), `cancelled`.
     pub outcome: &'static str,
     /// The proxy's reason (`timeout`, `circuit_open`, …) or `server_error`.
-    pub reason: Option<&'a str>,
+    pub reason: Option<&'static str>,
     /// Answered by the proxy itself: `cache`, `dedup`, `stale`.
     pub source: Option<&'static str>,
 }
 
-impl CallEnd<'_> {
+impl CallEnd {
     /// The server's final answer: a result, or its error.
-    pub fn answered(error: bool) -> CallEnd<'static> {
+    pub fn answered(error: bool) -> CallEnd {
         CallEnd {
             outcome: if error { "error" } else { "ok" },
             reason: error.then_some("server_error"),
@@ -379,7 +453,7 @@ impl CallEnd<'_> {
     }
 
     /// The proxy's error, for `reason`.
-    pub fn failed(reason: &str) -> CallEnd<'_> {
+    pub fn failed(reason: &'static str) -> CallEnd {
         CallEnd {
             outcome: "failed",
             reason: Some(reason),
@@ -388,7 +462,7 @@ impl CallEnd<'_> {
     }
 
     /// A stale cached result instead of an error.
-    pub fn stale() -> CallEnd<'static> {
+    pub fn stale() -> CallEnd {
         CallEnd {
             outcome: "ok",
             reason: None,
@@ -397,7 +471,7 @@ impl CallEnd<'_> {
     }
 
     /// Every client waiting for it cancelled.
-    pub fn cancelled() -> CallEnd<'static> {
+    pub fn cancelled() -> CallEnd {
         CallEnd {
             outcome: "cancelled",
             reason: None,
@@ -406,495 +480,42 @@ impl CallEnd<'_> {
     }
 }
 
-/// A client request other than `tools/call` while it waits: it gets a
-/// span only if it fails.
-#[derive(Debug)]
-pub struct RequestTrace {
-    method: String,
-    start: Instant,
-    parent: Option<SpanContext>,
-}
-
-/// A call in progress: its span, and its live attempt's.
-#[derive(Debug)]
-struct CallTrace {
-    span: Span,
-    attempt: Option<Span>,
-    attempts: u32,
-    tool: String,
-    started: Instant,
-}
-
-/// Upper bounds (seconds) of the latency histogram's buckets.
-pub const LATENCY_BOUNDS: [f64; 14] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-];
-
-/// A latency histogram (cumulative).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Histogram {
-    pub counts: [u64; LATENCY_BOUNDS.len() + 1],
-    pub count: u64,
-    pub sum: f64,
-}
-
-impl Histogram {
-    fn record(&mut self, secs: f64) {
-        let i = LATENCY_BOUNDS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(LATENCY_BOUNDS.len());
-        self.counts[i] += 1;
-        self.count += 1;
-        self.sum += secs;
-    }
-}
-
-/// Cumulative counters since start, by tool (and reason).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Metrics {
-    pub calls: BTreeMap<String, u64>,
-    pub attempts: BTreeMap<String, u64>,
-    pub retries: BTreeMap<String, u64>,
-    pub failures: BTreeMap<(String, String), u64>,
-    pub cache_hits: BTreeMap<String, u64>,
-    pub dedup_hits: BTreeMap<String, u64>,
-    pub breaker: BTreeMap<&'static str, u64>,
-    pub restarts: u64,
-    pub latency: BTreeMap<String, Histogram>,
-}
-
-fn bump<K: Ord>(map: &mut BTreeMap<K, u64>, key: K) {
-    *map.entry(key).or_default() += 1;
-}
-
-/// The dispatcher's side of export: open spans, counters, and the handle
-/// to the exporter thread.
-pub struct Tracer {
-    server: String,
-    rng: fastrand::Rng,
-    /// `now` and the wall clock at the same moment.
-    anchor: (Instant, SystemTime),
-    start_unix: u64,
-    calls: FastMap<u64, CallTrace>,
-    metrics: Metrics,
-    /// Counters changed since the last snapshot handed over.
-    changed: bool,
-    handle: Handle,
-}
-
-impl Tracer {
-    pub fn new(server: &str, handle: Handle, now: Instant) -> Tracer {
-        let wall = SystemTime::now();
-        Tracer {
-            server: server.to_owned(),
-            rng: fastrand::Rng::new(),
-            anchor: (now, wall),
-            start_unix: unix_nanos(wall),
-            calls: FastMap::default(),
-            metrics: Metrics::default(),
-            changed: false,
-            handle,
-        }
-    }
-
-    /// Seeds the ids (tests).
-    #[cfg(test)]
-    pub fn with_seed(mut self, seed: u64) -> Tracer {
-        self.rng = fastrand::Rng::with_seed(seed);
-        self
-    }
-
-    fn time(&self, now: Instant) -> u64 {
-        let (at, wall) = self.anchor;
-        let t = match now.checked_duration_since(at) {
-            Some(d) => wall + d,
-            None => wall - at.saturating_duration_since(now),
-        };
-        unix_nanos(t)
-    }
-
-    fn new_trace_id(&mut self) -> [u8; 16] {
-        loop {
-            let id = self.rng.u128(..).to_be_bytes();
-            if id != [0; 16] {
-                return id;
-            }
-        }
-    }
-
-    fn new_span_id(&mut self) -> [u8; 8] {
-        loop {
-            let id = self.rng.u64(..).to_be_bytes();
-            if id != [0; 8] {
-                return id;
-            }
-        }
-    }
-
-    /// A call's span, child of the client's `traceparent` if `params` has one.
-    fn call_span(
-        &mut self,
-        tool: &str,
-        client_id: &str,
-        params: Option<&str>,
-        now: Instant,
-    ) -> Span {
-        let parent = params.and_then(client_context);
-        let ctx = SpanContext {
-            trace_id: match parent {
-                Some(p) => p.trace_id,
-                None => self.new_trace_id(),
-            },
-            span_id: self.new_span_id(),
-            sampled: parent.is_none_or(|p| p.sampled),
-        };
-        let t = self.time(now);
-        Span {
-            ctx,
-            parent: parent.map(|p| p.span_id),
-            name: format!("tools/call {tool}"),
-            kind: SpanKind::Server,
-            start: t,
-            end: t,
-            attrs: vec![
-                ("mcp.method.name", "tools/call".into()),
-                ("gen_ai.operation.name", "execute_tool".into()),
-                ("gen_ai.tool.name", tool.to_owned().into()),
-                ("jsonrpc.request.id", client_id.to_owned().into()),
-                ("network.transport", "pipe".into()),
-                ("mcp_retry.server", self.server.clone().into()),
-            ],
-            events: Vec::new(),
-            error: None,
-        }
-    }
-
-    /// A client `tools/call` became call `call`.
-    pub fn call_started(
-        &mut self,
-        call: u64,
-        tool: &str,
-        client_id: &str,
-        params: Option<&str>,
-        now: Instant,
-    ) {
-        let span = self.call_span(tool, client_id, params, now);
-        bump(&mut self.metrics.calls, tool.to_owned());
-        self.changed = true;
-        self.calls.insert(
-            call,
-            CallTrace {
-                span,
-                attempt: None,
-                attempts: 0,
-                tool: tool.to_owned(),
-                started: now,
-            },
-        );
-    }
-
-    /// A call answered at once from the cache or the dedup table (no
-    /// attempt of its own).
-    pub fn answered_by_proxy(
-        &mut self,
-        tool: &str,
-        client_id: &str,
-        params: Option<&str>,
-        source: &'static str,
-        now: Instant,
-    ) {
-        bump(&mut self.metrics.calls, tool.to_owned());
-        match source {
-            "cache" => bump(&mut self.metrics.cache_hits, tool.to_owned()),
-            _ => bump(&mut self.metrics.dedup_hits, tool.to_owned()),
-        }
-        self.changed = true;
-        let mut span = self.call_span(tool, client_id, params, now);
-        span.attrs.push(("mcp_retry.outcome", "ok".into()));
-        span.attrs.push(("mcp_retry.source", source.into()));
-        span.attrs.push(("mcp_retry.attempts", 0.into()));
-        self.handle.send_span(span);
-    }
-
-    /// A call joined one in flight (dedup): counted; its span is the other's.
-    pub fn joined(&mut self, call: Option<u64>, tool: &str, now: Instant) {
-        bump(&mut self.metrics.calls, tool.to_owned());
-        bump(&mut self.metrics.dedup_hits, tool.to_owned());
-        self.changed = true;
-        if let Some(c) = call {
-            self.call_event(c, "mcp_retry.dedup_joined", Vec::new(), now);
-        }
-    }
-
-    /// Attempt `down` of call `call` is about to be sent: its span starts,
-    /// and the `traceparent` the server must see is returned.
-    pub fn attempt_started(&mut self, call: u64, down: u64, now: Instant) -> Option<String> {
-        let span_id = self.new_span_id();
-        let t = self.time(now);
-        let c = self.calls.get_mut(&call)?;
-        c.attempts += 1;
-        bump(&mut self.metrics.attempts, c.tool.clone());
-        if c.attempts > 1 {
-            bump(&mut self.metrics.retries, c.tool.clone());
-        }
-        self.changed = true;
-        let ctx = SpanContext {
-            trace_id: c.span.ctx.trace_id,
-            span_id,
-            sampled: c.span.ctx.sampled,
-        };
-        let span = Span {
-            ctx,
-            parent: Some(c.span.ctx.span_id),
-            name: format!("tools/call {}", c.tool),
-            kind: SpanKind::Client,
-            start: t,
-            end: t,
-            attrs: vec![
-                ("mcp.method.name", "tools/call".into()),
-                ("gen_ai.operation.name", "execute_tool".into()),
-                ("gen_ai.tool.name", c.tool.clone().into()),
-                ("jsonrpc.request.id", down.to_string().into()),
-                ("mcp_retry.attempt", i64::from(c.attempts).into()),
-            ],
-            events: Vec::new(),
-            error: None,
-        };
-        let tp = ctx.traceparent();
-        if let Some(old) = c.attempt.replace(span) {
-            self.handle.send_span(old);
-        }
-        Some(tp)
-    }
-
-    /// An event on call `call`'s live attempt.
-    pub fn attempt_event(&mut self, call: u64, name: &'static str, attrs: Attrs, now: Instant) {
-        let time = self.time(now);
-        if let Some(a) = self.calls.get_mut(&call).and_then(|c| c.attempt.as_mut()) {
-            a.events.push(SpanEvent { time, name, attrs });
-        }
-    }
-
-    /// Call `call`'s live attempt ended: answered (`failure` `None`) or
-    /// failed (`timeout`, `server_exited`, `transient_error`, `never_sent`).
-    pub fn attempt_ended(&mut self, call: u64, failure: Option<&'static str>, now: Instant) {
-        let t = self.time(now);
-        let Some(mut a) = self.calls.get_mut(&call).and_then(|c| c.attempt.take()) else {
-            return;
-        };
-        a.end = t;
-        if let Some(f) = failure {
-            a.attrs.push(("mcp_retry.failure", f.into()));
-            a.attrs.push(("error.type", f.into()));
-            a.error = Some(f.to_owned());
-        }
-        self.handle.send_span(a);
-    }
-
-    /// An event on call `call`'s span (a backoff wait, a breaker refusal).
-    pub fn call_event(&mut self, call: u64, name: &'static str, attrs: Attrs, now: Instant) {
-        let time = self.time(now);
-        if let Some(c) = self.calls.get_mut(&call) {
-            c.span.events.push(SpanEvent { time, name, attrs });
-        }
-    }
-
-    /// The server is being started again: an event on every open call.
-    pub fn respawned(&mut self, now: Instant) {
-        self.metrics.restarts += 1;
-        self.changed = true;
-        let time = self.time(now);
-        for c in self.calls.values_mut() {
-            c.span.events.push(SpanEvent {
-                time,
-                name: "mcp_retry.respawn",
-                attrs: Vec::new(),
-            });
-        }
-    }
-
-    /// The breaker changed state (`opened`, `half_opened`, `closed`, `reopened`).
-    pub fn breaker(&mut self, transition: &'static str) {
-        bump(&mut self.metrics.breaker, transition);
-        self.changed = true;
-    }
-
-    /// Call `call` ended: its span (and a live attempt's) go to the exporter.
-    pub fn call_ended(&mut self, call: u64, end: CallEnd<'_>, now: Instant) {
-        let failure = match end.outcome {
-            "cancelled" => Some("cancelled"),
-            _ => None,
-        };
-        self.attempt_ended(call, failure, now);
-        let Some(mut c) = self.calls.remove(&call) else {
-            return;
-        };
-        let t = self.time(now);
-        c.span.end = t;
-        let m = &mut self.metrics;
-        if c.attempts > 0 {
-            m.latency
-                .entry(c.tool.clone())
-                .or_default()
-                .record(now.saturating_duration_since(c.started).as_secs_f64());
-        }
-        if let Some(reason) = end.reason {
-            bump(&mut m.failures, (c.tool.clone(), reason.to_owned()));
-        }
-        self.changed = true;
-        let s = &mut c.span;
-        s.attrs.push(("mcp_retry.outcome", end.outcome.into()));
-        s.attrs
-            .push(("mcp_retry.attempts", i64::from(c.attempts).into()));
-        if let Some(src) = end.source {
-            s.attrs.push(("mcp_retry.source", src.into()));
-        }
-        if let Some(reason) = end.reason {
-            s.attrs.push(("mcp_retry.reason", reason.to_owned().into()));
-            s.attrs.push(("error.type", reason.to_owned().into()));
-            s.error = Some(reason.to_owned());
-        } else if end.outcome == "cancelled" {
-            s.attrs.push(("error.type", "cancelled".into()));
-            s.error = Some("cancelled".into());
-        }
-        self.handle.send_span(c.span);
-    }
-
-    /// A client request arrived: what its span needs, should it fail
-    /// (`tools/call` has its own spans).
-    pub fn request_started(
-        &mut self,
-        method: &str,
-        params: Option<&str>,
-        now: Instant,
-    ) -> Option<Box<RequestTrace>> {
-        (method != "tools/call").then(|| {
-            Box::new(RequestTrace {
-                method: method.to_owned(),
-                start: now,
-                parent: params.and_then(client_context),
-            })
-        })
-    }
-
-    /// Request `client_id` is answered with `line`: an error gets a span.
-    pub fn request_answered(
-        &mut self,
-        r: &RequestTrace,
-        client_id: &str,
-        line: &[u8],
-        now: Instant,
-    ) {
-        let Some(error) = std::str::from_utf8(line)
-            .ok()
-            .and_then(RawObject::parse)
-            .and_then(|o| o.get("error"))
-            .and_then(|e| RawObject::parse(e.get()))
-        else {
-            return;
-        };
-        let code = error.get("code").map(|c| c.get().to_owned());
-        let data = error.get("data").and_then(|d| RawObject::parse(d.get()));
-        let ours = data
-            .as_ref()
-            .and_then(|d| d.string("source"))
-            .is_some_and(|s| s == "mcp-retry");
-        let error_type = match (ours, data.as_ref().and_then(|d| d.string("reason"))) {
-            (true, Some(reason)) => reason,
-            _ => code.clone().unwrap_or_else(|| "error".into()),
-        };
-        let ctx = SpanContext {
-            trace_id: match r.parent {
-                Some(p) => p.trace_id,
-                None => self.new_trace_id(),
-            },
-            span_id: self.new_span_id(),
-            sampled: r.parent.is_none_or(|p| p.sampled),
-        };
-        let mut attrs: Attrs = vec![
-            ("mcp.method.name", r.method.clone().into()),
-            ("jsonrpc.request.id", client_id.to_owned().into()),
-            ("network.transport", "pipe".into()),
-            ("mcp_retry.server", self.server.clone().into()),
-            ("error.type", error_type.clone().into()),
-        ];
-        if let Some(code) = code {
-            attrs.push(("rpc.jsonrpc.error_code", code.into()));
-        }
-        let span = Span {
-            ctx,
-            parent: r.parent.map(|p| p.span_id),
-            name: r.method.clone(),
-            kind: SpanKind::Server,
-            start: self.time(r.start),
-            end: self.time(now),
-            attrs,
-            events: Vec::new(),
-            error: Some(error_type),
-        };
-        self.handle.send_span(span);
-    }
-
-    /// The counters so far.
-    #[cfg(test)]
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// Counters changed since the last snapshot.
-    pub fn metrics_changed(&self) -> bool {
-        self.changed
-    }
-
-    /// Hands the counters to the exporter.
-    pub fn flush_metrics(&mut self, now: Instant) {
-        self.changed = false;
-        let body = json::metrics(
-            &self.handle.resource,
-            &self.server,
-            &self.metrics,
-            self.start_unix,
-            self.time(now),
-        );
-        self.handle.send_metrics(body);
-    }
-
-    /// At exit: open spans end as they are, and the last counters go.
-    pub fn finish(&mut self, now: Instant) {
-        let mut ids: Vec<u64> = self.calls.keys().copied().collect();
-        ids.sort();
-        for id in ids {
-            let end = CallEnd {
-                outcome: "failed",
-                reason: Some("server_unavailable"),
-                source: None,
-            };
-            self.call_ended(id, end, now);
-        }
-        self.flush_metrics(now);
-    }
-}
-
-impl std::fmt::Debug for Tracer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tracer")
-            .field("open_calls", &self.calls.len())
-            .finish()
-    }
-}
-
 /// How often changed counters are exported.
 pub const METRICS_INTERVAL: Duration = Duration::from_secs(10);
 
-fn unix_nanos(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+/// What a look through `params` found that matters to `_meta`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MetaScan {
+    /// A `"_meta"` string (a member name, or a value).
+    meta: bool,
+    /// A `\u` escape, which could spell any name.
+    escape: bool,
+}
+
+/// One pass over `params` (SIMD for the two bytes that matter): most
+/// params have no `_meta`, and the rest of the work is then skipped.
+fn scan_meta(params: &str) -> MetaScan {
+    let b = params.as_bytes();
+    let mut found = MetaScan {
+        meta: false,
+        escape: false,
+    };
+    for i in memchr::memchr2_iter(b'_', b'\\', b) {
+        match b[i] {
+            b'_' => found.meta |= i > 0 && b[i - 1] == b'"' && b[i + 1..].starts_with(b"meta\""),
+            _ => found.escape |= b.get(i + 1) == Some(&b'u'),
+        }
+        if found.meta && found.escape {
+            break;
+        }
+    }
+    found
 }
 
 /// The client's trace context from a request's `params._meta.traceparent`.
 fn client_context(params: &str) -> Option<SpanContext> {
-    if !params.contains("traceparent") {
+    let scan = scan_meta(params);
+    if !scan.escape && (!scan.meta || !params.contains("traceparent")) {
         return None;
     }
     let meta = RawObject::parse(RawObject::parse(params)?.get("_meta")?.get())?;
@@ -902,9 +523,55 @@ fn client_context(params: &str) -> Option<SpanContext> {
 }
 
 /// `params` with `_meta.traceparent` set to `traceparent` (replacing one
-/// the client sent; `_meta` is added when absent); `None` when `params` is
-/// not an object.
+/// the client sent, first in `_meta`, which is added first when absent;
+/// everything else as it was); `None` when `params` is not an object.
+/// Without a `traceparent` to replace (the common case) the member is
+/// written into the text where it belongs, with at most one parse of the
+/// top level to find `_meta`.
 pub fn with_traceparent(params: &str, traceparent: &str) -> Option<String> {
+    let body = params.trim_start().strip_prefix('{')?;
+    let scan = scan_meta(params);
+    // A `\u` escape could spell a member name: only then, or when a
+    // `traceparent` may have to go, is the object rewritten.
+    if !scan.escape {
+        let meta = match scan.meta {
+            true => RawObject::parse(params)?.get("_meta").map(|m| m.get()),
+            false => None,
+        };
+        let (at, rest, meta) = match meta {
+            Some(m) if m.contains("traceparent") => {
+                return rewrite_traceparent(params, traceparent)
+            }
+            // The member goes first in `_meta`.
+            Some(m) if m.starts_with('{') => {
+                let open = m.as_ptr() as usize - params.as_ptr() as usize + 1;
+                (&params[..open], &params[open..], false)
+            }
+            Some(_) => return rewrite_traceparent(params, traceparent),
+            None => (&params[..params.len() - body.len()], body, true),
+        };
+        let mut out = String::with_capacity(params.len() + traceparent.len() + 32);
+        out.push_str(at);
+        if meta {
+            out.push_str("\"_meta\":{");
+        }
+        out.push_str("\"traceparent\":\"");
+        out.push_str(traceparent);
+        out.push('"');
+        if meta {
+            out.push('}');
+        }
+        if !rest.trim_start().starts_with('}') {
+            out.push(',');
+        }
+        out.push_str(rest);
+        return Some(out);
+    }
+    rewrite_traceparent(params, traceparent)
+}
+
+/// [`with_traceparent`] by rebuilding the object and its `_meta`.
+fn rewrite_traceparent(params: &str, traceparent: &str) -> Option<String> {
     let mut o = RawObject::parse(params)?;
     let member = format!("\"traceparent\":\"{traceparent}\"");
     Some(

@@ -228,11 +228,11 @@ fn start_otel(cfg: &ServerConfig) -> Result<Option<(otel::Handle, otel::Exporter
     let Some(settings) = settings else {
         return Ok(None);
     };
-    for (what, url) in [("traces", &settings.traces), ("metrics", &settings.metrics)] {
-        if let Some(url) = url {
+    for (what, endpoint) in [("traces", &settings.traces), ("metrics", &settings.metrics)] {
+        if let Some(e) = endpoint {
             crate::debug!(
                 "OpenTelemetry: exporting {what} to {}",
-                otel::shown_url(url)
+                otel::shown_url(&e.url)
             );
         }
     }

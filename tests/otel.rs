@@ -52,8 +52,13 @@ impl Collector {
 
     /// Every span received so far.
     fn spans(&self) -> Vec<Value> {
+        self.spans_at("/v1/traces")
+    }
+
+    /// Every span received at `path` so far.
+    fn spans_at(&self, path: &str) -> Vec<Value> {
         let mut out = Vec::new();
-        for p in self.posts().iter().filter(|p| p.path == "/v1/traces") {
+        for p in self.posts().iter().filter(|p| p.path == path) {
             for rs in p.body["resourceSpans"].as_array().into_iter().flatten() {
                 for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
                     out.extend(ss["spans"].as_array().into_iter().flatten().cloned());
@@ -133,6 +138,12 @@ fn builder(policy: &str, endpoint: Option<&str>) -> Builder {
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.unwrap_or(""))
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
         .env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "")
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "")
+        .env("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "")
+        .env("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+        .env("OTEL_TRACES_EXPORTER", "")
+        .env("OTEL_METRICS_EXPORTER", "")
         .env("OTEL_SDK_DISABLED", "")
 }
 
@@ -437,4 +448,76 @@ fn other_requests_get_a_span_only_when_they_fail() {
     );
     assert_eq!(attr(span, "error.type")["stringValue"], "-32602");
     assert_eq!(span["status"]["code"], 2);
+}
+
+#[test]
+fn a_per_signal_endpoint_is_used_as_it_is_with_its_headers_over_the_generic_ones() {
+    let collector = Collector::start();
+    // No generic endpoint: traces only, to a path of our choosing.
+    let traces = format!("{}/custom/traces", collector.endpoint());
+    let mut s = builder("", None)
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &traces)
+        .env(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "x-generic=generic-secret,x-both=generic",
+        )
+        .env(
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "x-both=traces%20secret,x-traces=t",
+        )
+        .start();
+    s.initialize();
+    s.call(json!(1), "echo", json!({"text": "hi"}));
+    s.result(&json!(1));
+    eventually("two spans", || {
+        collector.spans_at("/custom/traces").len() >= 2
+    });
+    s.close_stdin();
+    assert!(s.wait().success());
+    let posts = collector.posts();
+    // Nothing else was sent: no metrics endpoint, no path appended.
+    assert!(
+        posts.iter().all(|p| p.path == "/custom/traces"),
+        "{:?}",
+        posts.iter().map(|p| &p.path).collect::<Vec<_>>()
+    );
+    for (k, v) in [
+        ("x-generic", "generic-secret"),
+        ("x-both", "traces secret"),
+        ("x-traces", "t"),
+    ] {
+        assert!(
+            posts
+                .iter()
+                .all(|p| p.headers.contains(&(k.into(), v.into()))),
+            "{k}: {:?}",
+            posts[0].headers
+        );
+    }
+    assert!(posts
+        .iter()
+        .all(|p| !p.headers.contains(&("x-both".into(), "generic".into()))));
+    assert!(!s.stderr().contains("secret"), "{}", s.stderr());
+}
+
+#[test]
+fn an_exporter_set_to_none_turns_its_signal_off() {
+    let collector = Collector::start();
+    let mut s = builder("", Some(&collector.endpoint()))
+        .env("OTEL_TRACES_EXPORTER", "none")
+        .start();
+    s.initialize();
+    s.call(json!(1), "echo", json!({"text": "hi"}));
+    s.result(&json!(1));
+    s.close_stdin();
+    assert!(s.wait().success());
+    let posts = collector.posts();
+    assert!(
+        posts.iter().any(|p| p.path == "/v1/metrics"),
+        "the counters at exit"
+    );
+    assert!(posts.iter().all(|p| p.path == "/v1/metrics"), "{posts:?}");
+    // Without trace export the server gets no traceparent of ours.
+    let exec = &s.execs_of("echo")[0];
+    assert_eq!(exec["meta"], Value::Null, "{exec}");
 }

@@ -146,7 +146,7 @@ pub(super) enum Trace {
     },
     CallEnded {
         call: u64,
-        end: CallEnd<'static>,
+        end: CallEnd,
     },
     /// Call `call` ended with the proxy's `error` (raw JSON).
     CallFailed {

@@ -280,7 +280,7 @@ fn spans_in(exported: &Receiver<crate::otel::Item>) -> Vec<crate::otel::Span> {
     exported
         .try_iter()
         .filter_map(|i| match i {
-            crate::otel::Item::Span(s) => Some(s),
+            crate::otel::Item::Span(r) => Some(r.span(&crate::otel::Clock::now())),
             crate::otel::Item::Metrics(_) => None,
         })
         .collect()
@@ -289,7 +289,7 @@ fn spans_in(exported: &Receiver<crate::otel::Item>) -> Vec<crate::otel::Span> {
 #[test]
 fn with_export_on_counters_are_flushed_once_after_a_change_and_idle_stays_idle() {
     let mut h = Harness::new();
-    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    let (handle, exported) = crate::otel::Handle::for_test();
     // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
     h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
     assert!(h.d.timers.is_empty());
@@ -330,7 +330,7 @@ fn with_export_on_a_call_that_survives_a_crash_has_the_respawn_and_backoff_in_it
     let mut cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
     cfg.assume_idempotent = true;
     let mut h = Harness::with(cfg);
-    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    let (handle, exported) = crate::otel::Handle::for_test();
     // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
     h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
     h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
@@ -368,7 +368,7 @@ fn with_export_on_a_breaker_refusal_is_an_event_and_a_transition_is_counted() {
     cfg.circuit_breaker.failure_threshold = 1;
     cfg.assume_idempotent = true;
     let mut h = Harness::with(cfg);
-    let (handle, exported) = crate::otel::Handle::for_test(Vec::new());
+    let (handle, exported) = crate::otel::Handle::for_test();
     // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
     h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
     h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#);
@@ -381,21 +381,14 @@ fn with_export_on_a_breaker_refusal_is_an_event_and_a_transition_is_counted() {
         answer["error"]["data"]["reason"], "circuit_open",
         "{answer}"
     );
-    let span = exported
-        .try_iter()
-        .filter_map(|i| match i {
-            crate::otel::Item::Span(s) if s.kind == crate::otel::SpanKind::Server => Some(s),
-            _ => None,
-        })
-        .next()
+    let span = spans_in(&exported)
+        .into_iter()
+        .find(|s| s.kind == crate::otel::SpanKind::Server)
         .expect("the call's span");
     let events: Vec<&str> = span.events.iter().map(|e| e.name).collect();
     assert_eq!(events, ["mcp_retry.breaker_refused"]);
     let reason = span.attrs.iter().find(|(k, _)| *k == "error.type");
-    assert_eq!(
-        reason.map(|(_, v)| v.clone()),
-        Some("circuit_open".to_owned().into())
-    );
+    assert_eq!(reason.map(|(_, v)| v.clone()), Some("circuit_open".into()));
     let tracer = h.d.otel.as_ref().unwrap();
     assert_eq!(tracer.metrics().breaker.get("opened"), Some(&1));
 }

@@ -1,11 +1,21 @@
-//! The `otel-export` thread: takes finished spans and metric snapshots from
-//! a queue bounded by count and bytes, and POSTs them as OTLP/JSON with
+//! The `otel-export` thread: takes finished span records and counter
+//! snapshots from a queue bounded by count and bytes, renders them
+//! (`record.rs`), encodes them (`json.rs`) and POSTs them as OTLP/JSON with
 //! ureq (2 s to connect, 2 s in all per request).
 //!
 //! The dispatcher's side ([`Handle`]) never blocks: it `try_send`s, and
 //! what does not fit is dropped and counted. So is what the collector did
 //! not take. Either is said once on stderr, never with a header value.
-//! The thread sleeps in `recv` while nothing is queued.
+//!
+//! The thread sleeps in `recv` while nothing is queued. Once something
+//! arrives it lets a batch gather for [`BATCH_DELAY`] (less when
+//! [`BATCH`] items are queued or the proxy exits), during which sending
+//! does not wake it. A collector that is down (no connection, a timeout,
+//! 429 or 5xx) pauses export for a second, doubling up to 30 s while it
+//! stays down: meanwhile the dispatcher drops at once, without queueing,
+//! and nothing is rendered or encoded. The pause ends by itself (the
+//! dispatcher's side looks at the time while it lasts), so the thread
+//! sets no timer for it: after the last telemetry it sleeps for good.
 
 #![forbid(unsafe_code)]
 
@@ -13,43 +23,83 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use super::{json, Settings, Span};
+use super::record::{Clock, Record, Snapshot};
+use super::{json, Endpoint, Settings};
 
 /// Most items waiting for the exporter.
 const QUEUE_ITEMS: usize = 4096;
 /// Most bytes (roughly) waiting for the exporter.
 const QUEUE_BYTES: usize = 8 * 1024 * 1024;
-/// Most spans in one request.
+/// Most spans in one request; this many queued end the batch delay.
 const BATCH: usize = 512;
+/// How long a batch may gather once something arrived.
+pub const BATCH_DELAY: Duration = Duration::from_millis(500);
 /// Bound on each phase of a request and on all of it.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
+/// The first pause after the collector was found down, and the longest.
+const PAUSE_FIRST: Duration = Duration::from_secs(1);
+const PAUSE_MAX: Duration = Duration::from_secs(30);
 
 pub(crate) enum Item {
-    Span(Span),
-    Metrics(String),
+    Span(Record),
+    Metrics(Box<Snapshot>),
 }
 
 impl Item {
     fn size(&self) -> usize {
         match self {
-            Item::Span(s) => s.size(),
-            Item::Metrics(m) => m.len(),
+            Item::Span(r) => r.size(),
+            Item::Metrics(m) => m.size(),
         }
     }
 }
 
-#[derive(Default)]
 struct Shared {
     bytes: AtomicUsize,
     dropped: AtomicU64,
     warned: AtomicBool,
+    /// The collector is down until this many nanoseconds after `base`:
+    /// drop without queueing. 0: it is not.
+    paused_until: AtomicU64,
+    base: Instant,
 }
 
 impl Shared {
+    fn new() -> Shared {
+        Shared {
+            bytes: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
+            paused_until: AtomicU64::new(0),
+            base: Instant::now(),
+        }
+    }
+
+    /// Whether export is paused now (looks at the clock only during a pause).
+    fn paused(&self) -> bool {
+        let until = self.paused_until.load(Ordering::Relaxed);
+        if until == 0 {
+            return false;
+        }
+        if (self.base.elapsed().as_nanos() as u64) < until {
+            return true;
+        }
+        let _ = self
+            .paused_until
+            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+        false
+    }
+
+    /// Pauses export until `until`.
+    fn pause(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(self.base).as_nanos() as u64;
+        self.paused_until.store(nanos.max(1), Ordering::Relaxed);
+    }
+
     /// Counts `n` items lost; the first loss is said on stderr.
     fn dropped(&self, n: u64, why: &str) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
@@ -62,54 +112,75 @@ impl Shared {
 /// The dispatcher's end of the export queue.
 pub struct Handle {
     tx: Sender<Item>,
+    /// Ends the exporter's batch delay early.
+    wake: Sender<()>,
     shared: Arc<Shared>,
     traces: bool,
     metrics: bool,
-    pub(super) resource: Arc<Vec<(String, String)>>,
 }
 
 impl Handle {
     fn send(&self, item: Item) {
+        let shared = &*self.shared;
+        if shared.paused() {
+            // Said when the collector was found down.
+            shared.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let size = item.size();
-        let queued = self.shared.bytes.fetch_add(size, Ordering::Relaxed);
+        let queued = shared.bytes.fetch_add(size, Ordering::Relaxed);
         if queued + size > QUEUE_BYTES {
-            self.shared.bytes.fetch_sub(size, Ordering::Relaxed);
-            return self.shared.dropped(1, "the export queue is full");
+            shared.bytes.fetch_sub(size, Ordering::Relaxed);
+            return shared.dropped(1, "the export queue is full");
         }
         match self.tx.try_send(item) {
-            Ok(()) => {}
+            Ok(()) => {
+                if self.tx.len() == BATCH {
+                    let _ = self.wake.try_send(());
+                }
+            }
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.shared.bytes.fetch_sub(size, Ordering::Relaxed);
-                self.shared.dropped(1, "the export queue is full");
+                shared.bytes.fetch_sub(size, Ordering::Relaxed);
+                shared.dropped(1, "the export queue is full");
             }
         }
     }
 
     /// A handle whose queue the test reads (both signals on).
     #[cfg(test)]
-    pub(crate) fn for_test(resource: Vec<(String, String)>) -> (Handle, Receiver<Item>) {
+    pub(crate) fn for_test() -> (Handle, Receiver<Item>) {
         let (tx, rx) = crossbeam_channel::bounded(QUEUE_ITEMS);
+        let (wake, _) = crossbeam_channel::bounded(1);
         let handle = Handle {
             tx,
-            shared: Arc::default(),
+            wake,
+            shared: Arc::new(Shared::new()),
             traces: true,
             metrics: true,
-            resource: Arc::new(resource),
         };
         (handle, rx)
     }
 
-    /// Sends `span` if traces are exported and it is sampled (a client
-    /// whose `traceparent` says "not sampled" decides for its calls).
-    pub fn send_span(&self, span: Span) {
-        if self.traces && span.ctx.sampled {
-            self.send(Item::Span(span));
+    /// Whether traces are exported.
+    pub fn traces(&self) -> bool {
+        self.traces
+    }
+
+    /// Whether metrics are exported.
+    pub fn metrics(&self) -> bool {
+        self.metrics
+    }
+
+    /// Sends a finished span if traces are exported.
+    pub fn send_record(&self, record: Record) {
+        if self.traces {
+            self.send(Item::Span(record));
         }
     }
 
-    pub fn send_metrics(&self, body: String) {
+    pub fn send_metrics(&self, snapshot: Snapshot) {
         if self.metrics {
-            self.send(Item::Metrics(body));
+            self.send(Item::Metrics(Box::new(snapshot)));
         }
     }
 }
@@ -124,21 +195,21 @@ impl Exporter {
     /// Starts the `otel-export` thread.
     pub fn start(settings: Settings) -> io::Result<(Handle, Exporter)> {
         let (tx, rx) = crossbeam_channel::bounded(QUEUE_ITEMS);
+        let (wake, wake_rx) = crossbeam_channel::bounded(1);
         let (done_tx, done) = crossbeam_channel::bounded(1);
-        let shared = Arc::new(Shared::default());
-        let resource = Arc::new(settings.resource.clone());
+        let shared = Arc::new(Shared::new());
         let handle = Handle {
             tx,
+            wake,
             shared: shared.clone(),
             traces: settings.traces.is_some(),
             metrics: settings.metrics.is_some(),
-            resource: resource.clone(),
         };
         let thread_shared = shared.clone();
         thread::Builder::new()
             .name("otel-export".into())
             .spawn(move || {
-                run(&settings, &resource, &rx, &thread_shared);
+                run(&settings, &rx, &wake_rx, &thread_shared);
                 let _ = done_tx.send(());
             })?;
         Ok((handle, Exporter { done, shared }))
@@ -153,70 +224,124 @@ impl Exporter {
     }
 }
 
-fn run(settings: &Settings, resource: &[(String, String)], rx: &Receiver<Item>, shared: &Shared) {
+/// Whether a failed export means the collector is down (worth a pause)
+/// rather than this one request refused.
+fn collector_down(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::StatusCode(code) => *code == 429 || *code >= 500,
+        _ => true,
+    }
+}
+
+/// How long export pauses when the collector is found down.
+struct Pause {
+    next: Duration,
+    until: Option<Instant>,
+}
+
+impl Pause {
+    fn active(&self) -> bool {
+        self.until.is_some_and(|u| Instant::now() < u)
+    }
+}
+
+fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &Shared) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(HTTP_TIMEOUT))
         .timeout_connect(Some(HTTP_TIMEOUT))
         .user_agent(concat!("mcp-retry/", env!("CARGO_PKG_VERSION")))
         .build()
         .into();
-    while let Ok(first) = rx.recv() {
+    let clock = Clock::now();
+    let mut pause = Pause {
+        next: PAUSE_FIRST,
+        until: None,
+    };
+    let mut resource = None;
+    loop {
+        let Ok(first) = rx.recv() else { return };
+        // Let a batch gather; a full batch or the exit ends the wait.
+        let _ = wake.recv_timeout(BATCH_DELAY);
         let mut spans = Vec::new();
         let mut snapshot = None;
         let mut take = |item: Item| {
             shared.bytes.fetch_sub(item.size(), Ordering::Relaxed);
             match item {
-                Item::Span(s) => spans.push(s),
+                Item::Span(r) => spans.push(r),
                 // Cumulative: only the newest matters.
                 Item::Metrics(m) => snapshot = Some(m),
             }
         };
         take(first);
-        for _ in 1..BATCH {
-            match rx.try_recv() {
-                Ok(item) => take(item),
-                Err(_) => break,
+        for item in rx.try_iter().take(QUEUE_ITEMS) {
+            take(item);
+        }
+        let resource = resource.get_or_insert_with(|| json::resource(&settings.resource));
+        if let Some(endpoint) = &settings.traces {
+            for chunk in spans.chunks(BATCH) {
+                send(
+                    &agent,
+                    endpoint,
+                    chunk.len() as u64,
+                    shared,
+                    &mut pause,
+                    || {
+                        let rendered: Vec<_> = chunk.iter().map(|r| r.span(&clock)).collect();
+                        json::traces(resource, &rendered)
+                    },
+                );
             }
         }
-        if let (false, Some(url)) = (spans.is_empty(), &settings.traces) {
-            let body = json::traces(resource, &spans);
-            post(
-                &agent,
-                url,
-                &settings.headers,
-                body,
-                spans.len() as u64,
-                shared,
-            );
-        }
-        if let (Some(body), Some(url)) = (snapshot, &settings.metrics) {
-            post(&agent, url, &settings.headers, body, 1, shared);
+        if let (Some(m), Some(endpoint)) = (snapshot, &settings.metrics) {
+            send(&agent, endpoint, 1, shared, &mut pause, || {
+                let (since, at) = (clock.unix_nanos(m.since), clock.unix_nanos(m.at));
+                json::metrics(resource, &m.server, &m.metrics(), since, at).into_bytes()
+            });
         }
     }
 }
 
-fn post(
+/// POSTs the body `encode` makes of `items` items, unless the collector is
+/// down (then they are dropped, never encoded); a failure is counted, and
+/// pauses export when it says the collector is down.
+fn send(
     agent: &ureq::Agent,
-    url: &str,
-    headers: &[(String, String)],
-    body: String,
+    endpoint: &Endpoint,
     items: u64,
     shared: &Shared,
+    pause: &mut Pause,
+    encode: impl FnOnce() -> Vec<u8>,
 ) {
-    let mut req = agent.post(url).header("Content-Type", "application/json");
-    for (k, v) in headers {
+    if pause.active() {
+        shared.dropped.fetch_add(items, Ordering::Relaxed);
+        return;
+    }
+    match post(agent, endpoint, encode()) {
+        Ok(()) => pause.next = PAUSE_FIRST,
+        Err(e) => {
+            // The error names the URL, the status or the I/O failure,
+            // never a header's value.
+            let url = super::shown_url(&endpoint.url);
+            shared.dropped(items, &format!("exporting to {url} failed ({e})"));
+            if collector_down(&e) {
+                let until = Instant::now() + pause.next;
+                shared.pause(until);
+                pause.until = Some(until);
+                pause.next = (pause.next * 2).min(PAUSE_MAX);
+            }
+        }
+    }
+}
+
+fn post(agent: &ureq::Agent, endpoint: &Endpoint, body: Vec<u8>) -> Result<(), ureq::Error> {
+    let mut req = agent
+        .post(&endpoint.url)
+        .header("Content-Type", "application/json");
+    for (k, v) in &endpoint.headers {
         req = req.header(k.as_str(), v.as_str());
     }
-    match req.send(body.as_bytes()) {
-        Ok(resp) => {
-            // Read the (small) answer so the connection can be reused.
-            let _ = resp.into_body().read_to_vec();
-        }
-        // The error names the URL, the status or the I/O failure, never a
-        // header's value.
-        Err(e) => {
-            let url = super::shown_url(url);
-            shared.dropped(items, &format!("exporting to {url} failed ({e})"));
-        }
-    }
+    let resp = req.send(&body[..])?;
+    // Read the (small) answer so the connection can be reused.
+    let _ = resp.into_body().read_to_vec();
+    Ok(())
 }

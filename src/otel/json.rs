@@ -1,19 +1,22 @@
 //! OTLP/JSON encoding (the protobuf JSON mapping the OTLP/HTTP spec asks
 //! for): ids as lowercase hex, 64-bit integers and times as strings, enums
-//! as numbers, attribute values as `AnyValue` objects.
+//! as numbers, attribute values as `AnyValue` objects. Runs on the
+//! exporter thread only.
 
 #![forbid(unsafe_code)]
 
 use serde_json::{json, Value as Json};
 
-use super::{hex, Attrs, Histogram, Metrics, Span, Value, LATENCY_BOUNDS};
+use super::record::{Attrs, Histogram, Metrics, Span, Value, LATENCY_BOUNDS};
+use super::write_hex;
 
 const SCOPE: &str = "mcp-retry";
 
 fn any_value(v: &Value) -> Json {
     match v {
-        Value::Str(s) => json!({ "stringValue": s }),
-        Value::Static(s) => json!({ "stringValue": s }),
+        Value::Str(_) | Value::Static(_) | Value::Shared(_) => {
+            json!({ "stringValue": v.as_str() })
+        }
         Value::Int(n) => json!({ "intValue": n.to_string() }),
         Value::Bool(b) => json!({ "boolValue": b }),
     }
@@ -41,101 +44,185 @@ fn scope() -> Json {
     json!({ "name": SCOPE, "version": env!("CARGO_PKG_VERSION") })
 }
 
+/// Whether byte `b` must be escaped in a JSON string.
+fn needs_escape(b: u8) -> bool {
+    b < b' ' || b == b'"' || b == b'\\'
+}
+
 /// Appends `s` as a JSON string.
-fn push_string(out: &mut String, s: &str) {
-    out.push_str(&crate::jsonrpc::json_string(s));
+fn push_string(out: &mut Vec<u8>, s: &str) {
+    let b = s.as_bytes();
+    out.push(b'"');
+    // Without a branch per byte, so that it vectorises: most strings
+    // need no escape and are copied whole.
+    if !b.iter().fold(false, |any, &c| any | needs_escape(c)) {
+        out.extend_from_slice(b);
+        out.push(b'"');
+        return;
+    }
+    for &c in b {
+        match c {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            c if c < b' ' => {
+                out.extend_from_slice(b"\\u00");
+                push_hex(out, &[c]);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(b'"');
+}
+
+/// Appends one of our own names (attribute keys, event names: ASCII that
+/// needs no escape) as a JSON string.
+fn push_name(out: &mut Vec<u8>, name: &'static str) {
+    debug_assert!(!name.bytes().any(needs_escape));
+    out.push(b'"');
+    out.extend_from_slice(name.as_bytes());
+    out.push(b'"');
+}
+
+/// Appends `n` in decimal.
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Appends `n` in decimal.
+fn push_i64(out: &mut Vec<u8>, n: i64) {
+    if n < 0 {
+        out.push(b'-');
+    }
+    push_u64(out, n.unsigned_abs());
 }
 
 /// Appends `[{"key":…,"value":{…}},…]`.
-fn push_attributes(out: &mut String, attrs: &Attrs) {
-    out.push('[');
+fn push_attributes(out: &mut Vec<u8>, attrs: &Attrs) {
+    out.push(b'[');
     for (i, (k, v)) in attrs.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        out.push_str("{\"key\":");
-        push_string(out, k);
-        out.push_str(",\"value\":");
+        out.extend_from_slice(b"{\"key\":");
+        push_name(out, k);
+        out.extend_from_slice(b",\"value\":");
         match v {
-            Value::Str(s) => {
-                out.push_str("{\"stringValue\":");
-                push_string(out, s);
+            Value::Int(n) => {
+                out.extend_from_slice(b"{\"intValue\":\"");
+                push_i64(out, *n);
+                out.push(b'"');
             }
-            Value::Static(s) => {
-                out.push_str("{\"stringValue\":");
-                push_string(out, s);
+            Value::Bool(b) => out.extend_from_slice(if *b {
+                b"{\"boolValue\":true"
+            } else {
+                b"{\"boolValue\":false"
+            }),
+            s => {
+                out.extend_from_slice(b"{\"stringValue\":");
+                push_string(out, s.as_str().unwrap_or_default());
             }
-            Value::Int(n) => out.push_str(&format!("{{\"intValue\":\"{n}\"")),
-            Value::Bool(b) => out.push_str(&format!("{{\"boolValue\":{b}")),
         }
-        out.push_str("}}");
+        out.extend_from_slice(b"}}");
     }
-    out.push(']');
+    out.push(b']');
 }
 
 /// Appends one span (written by hand: the exporter encodes thousands a
 /// second under load, and a `serde_json::Value` tree costs several times
 /// more).
-fn push_span(out: &mut String, s: &Span) {
-    out.push_str("{\"traceId\":\"");
-    out.push_str(&hex(&s.ctx.trace_id));
-    out.push_str("\",\"spanId\":\"");
-    out.push_str(&hex(&s.ctx.span_id));
-    out.push('"');
+fn push_span(out: &mut Vec<u8>, s: &Span) {
+    out.extend_from_slice(b"{\"traceId\":\"");
+    push_hex(out, &s.ctx.trace_id);
+    out.extend_from_slice(b"\",\"spanId\":\"");
+    push_hex(out, &s.ctx.span_id);
+    out.push(b'"');
     // The W3C flags, and the OTLP bits saying whether the parent is known
     // to be in another process (a client's span: yes).
-    let mut flags = 256 | u32::from(s.ctx.sampled);
+    let mut flags = 256 | u64::from(s.ctx.sampled);
     if let Some(p) = &s.parent {
-        out.push_str(",\"parentSpanId\":\"");
-        out.push_str(&hex(p));
-        out.push('"');
+        out.extend_from_slice(b",\"parentSpanId\":\"");
+        push_hex(out, p);
+        out.push(b'"');
         flags |= 512;
     }
-    out.push_str(&format!(",\"flags\":{flags},\"name\":"));
+    out.extend_from_slice(b",\"flags\":");
+    push_u64(out, flags);
+    out.extend_from_slice(b",\"name\":");
     push_string(out, &s.name);
-    out.push_str(&format!(
-        ",\"kind\":{},\"startTimeUnixNano\":\"{}\",\"endTimeUnixNano\":\"{}\",\"attributes\":",
-        s.kind as u8, s.start, s.end
-    ));
+    out.extend_from_slice(b",\"kind\":");
+    push_u64(out, s.kind as u64);
+    out.extend_from_slice(b",\"startTimeUnixNano\":\"");
+    push_u64(out, s.start);
+    out.extend_from_slice(b"\",\"endTimeUnixNano\":\"");
+    push_u64(out, s.end);
+    out.extend_from_slice(b"\",\"attributes\":");
     push_attributes(out, &s.attrs);
-    out.push_str(",\"events\":[");
+    out.extend_from_slice(b",\"events\":[");
     for (i, e) in s.events.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        out.push_str(&format!("{{\"timeUnixNano\":\"{}\",\"name\":", e.time));
-        push_string(out, e.name);
-        out.push_str(",\"attributes\":");
+        out.extend_from_slice(b"{\"timeUnixNano\":\"");
+        push_u64(out, e.time);
+        out.extend_from_slice(b"\",\"name\":");
+        push_name(out, e.name);
+        out.extend_from_slice(b",\"attributes\":");
         push_attributes(out, &e.attrs);
-        out.push('}');
+        out.push(b'}');
     }
-    out.push_str("],\"status\":");
+    out.extend_from_slice(b"],\"status\":");
     match &s.error {
         Some(m) => {
-            out.push_str("{\"code\":2,\"message\":");
+            out.extend_from_slice(b"{\"code\":2,\"message\":");
             push_string(out, m);
-            out.push('}');
+            out.push(b'}');
         }
-        None => out.push_str("{}"),
+        None => out.extend_from_slice(b"{}"),
     }
-    out.push('}');
+    out.push(b'}');
 }
 
-/// An `ExportTraceServiceRequest`.
-pub fn traces(resource: &[(String, String)], spans: &[Span]) -> String {
-    let mut out = String::with_capacity(512 + 1024 * spans.len());
-    out.push_str("{\"resourceSpans\":[{\"resource\":{\"attributes\":");
-    out.push_str(&string_attributes(resource).to_string());
-    out.push_str("},\"scopeSpans\":[{\"scope\":");
-    out.push_str(&scope().to_string());
-    out.push_str(",\"spans\":[");
+/// Appends the lowercase hex of `bytes`.
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+    let start = out.len();
+    out.resize(start + 2 * bytes.len(), 0);
+    write_hex(&mut out[start..], bytes);
+}
+
+/// The resource's attributes as JSON, made once per session.
+pub fn resource(attrs: &[(String, String)]) -> String {
+    string_attributes(attrs).to_string()
+}
+
+/// An `ExportTraceServiceRequest` (UTF-8 JSON); `resource` from
+/// [`resource`].
+pub fn traces(resource: &str, spans: &[Span]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512 + 1024 * spans.len());
+    out.extend_from_slice(b"{\"resourceSpans\":[{\"resource\":{\"attributes\":");
+    out.extend_from_slice(resource.as_bytes());
+    out.extend_from_slice(b"},\"scopeSpans\":[{\"scope\":");
+    out.extend_from_slice(scope().to_string().as_bytes());
+    out.extend_from_slice(b",\"spans\":[");
     for (i, s) in spans.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
         push_span(&mut out, s);
     }
-    out.push_str("]}]}]}");
+    out.extend_from_slice(b"]}]}]}");
     out
 }
 
@@ -185,14 +272,9 @@ fn histogram(name: &str, points: Vec<(Attrs, &Histogram)>, start: u64, now: u64)
     })
 }
 
-/// An `ExportMetricsServiceRequest` with every counter since `start`.
-pub fn metrics(
-    resource: &[(String, String)],
-    server: &str,
-    m: &Metrics,
-    start: u64,
-    now: u64,
-) -> String {
+/// An `ExportMetricsServiceRequest` with every counter since `start`;
+/// `resource` from [`resource`].
+pub fn metrics(resource: &str, server: &str, m: &Metrics, start: u64, now: u64) -> String {
     let by_tool = |map: &std::collections::BTreeMap<String, u64>| -> Vec<(Attrs, u64)> {
         map.iter()
             .map(|(tool, n)| {
@@ -327,11 +409,9 @@ pub fn metrics(
             .as_array()
             .is_some_and(|p| !p.is_empty())
     });
-    json!({
-        "resourceMetrics": [{
-            "resource": { "attributes": string_attributes(resource) },
-            "scopeMetrics": [{ "scope": scope(), "metrics": list }],
-        }],
-    })
-    .to_string()
+    format!(
+        "{{\"resourceMetrics\":[{{\"resource\":{{\"attributes\":{resource}}},\"scopeMetrics\":[{{\"scope\":{},\"metrics\":{}}}]}}]}}",
+        scope(),
+        Json::Array(list)
+    )
 }

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use serde_json::Value as Json;
 
@@ -17,6 +18,10 @@ fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     move |k| map.get(k).cloned()
+}
+
+fn url(e: &Option<Endpoint>) -> Option<&str> {
+    e.as_ref().map(|e| e.url.as_str())
 }
 
 #[test]
@@ -55,10 +60,10 @@ fn endpoints_headers_and_resource_come_from_the_standard_variables() {
     )
     .unwrap();
     let s = s.unwrap();
-    assert_eq!(s.traces.as_deref(), Some("http://collector:4318/v1/traces"));
-    assert_eq!(s.metrics.as_deref(), Some("http://m:9/custom"));
+    assert_eq!(url(&s.traces), Some("http://collector:4318/v1/traces"));
+    assert_eq!(url(&s.metrics), Some("http://m:9/custom"));
     assert_eq!(
-        s.headers,
+        s.traces.unwrap().headers,
         vec![
             ("Authorization".to_owned(), "Bearer s3cret".to_owned()),
             ("x-tenant".to_owned(), "a,b".to_owned()),
@@ -71,6 +76,153 @@ fn endpoints_headers_and_resource_come_from_the_standard_variables() {
         .resource
         .contains(&("deployment.environment".into(), "dev".into())));
     assert!(!s.resource.iter().any(|(_, v)| v == "ignored"));
+}
+
+#[test]
+fn per_signal_headers_are_merged_over_the_generic_ones() {
+    let config = OtelConfig {
+        endpoint: "http://c:4318".into(),
+        headers: vec![
+            ("x-config".into(), "c".into()),
+            ("X-Both".into(), "config".into()),
+        ],
+        service_name: String::new(),
+    };
+    let (s, notes) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-both=generic,x-generic=g"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "X-BOTH=traces,x-t=1"),
+            ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-m=2"),
+        ]),
+        &config,
+    )
+    .unwrap();
+    assert!(notes.is_empty(), "{notes:?}");
+    let s = s.unwrap();
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        s.traces.unwrap().headers,
+        pairs(&[
+            ("x-config", "c"),
+            ("x-generic", "g"),
+            ("X-BOTH", "traces"),
+            ("x-t", "1")
+        ])
+    );
+    assert_eq!(
+        s.metrics.unwrap().headers,
+        pairs(&[
+            ("x-config", "c"),
+            ("x-both", "generic"),
+            ("x-generic", "g"),
+            ("x-m", "2")
+        ])
+    );
+}
+
+#[test]
+fn a_per_signal_endpoint_is_used_as_it_is_and_the_generic_one_gets_the_path() {
+    let (s, _) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/base/"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", " http://t:1/ "),
+        ]),
+        &OtelConfig::default(),
+    )
+    .unwrap();
+    let s = s.unwrap();
+    assert_eq!(url(&s.traces), Some("http://t:1/"));
+    assert_eq!(url(&s.metrics), Some("http://c:4318/base/v1/metrics"));
+    // A per-signal endpoint that is not HTTP is an error like any other.
+    assert!(Settings::read(
+        env(&[("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "grpc://m:4317")]),
+        &OtelConfig::default()
+    )
+    .is_err());
+}
+
+#[test]
+fn exporters_set_to_none_turn_their_signal_off() {
+    let read = |pairs: &[(&str, &str)]| {
+        let mut all = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
+        all.extend_from_slice(pairs);
+        Settings::read(env(&all), &OtelConfig::default()).unwrap()
+    };
+    let (s, notes) = read(&[("OTEL_TRACES_EXPORTER", "none")]);
+    let s = s.unwrap();
+    assert_eq!(
+        (s.traces, url(&s.metrics)),
+        (None, Some("http://c:4318/v1/metrics"))
+    );
+    assert!(notes.is_empty(), "{notes:?}");
+    let (s, _) = read(&[("OTEL_METRICS_EXPORTER", " None ")]);
+    let s = s.unwrap();
+    assert!(s.traces.is_some() && s.metrics.is_none());
+    let (s, notes) = read(&[
+        ("OTEL_TRACES_EXPORTER", "none"),
+        ("OTEL_METRICS_EXPORTER", "none"),
+    ]);
+    assert_eq!(s, None);
+    assert!(notes.is_empty(), "{notes:?}");
+    // An exporter we do not have is said; with otlp in the list, otlp is used.
+    let (s, notes) = read(&[("OTEL_TRACES_EXPORTER", "console")]);
+    assert!(s.unwrap().traces.is_none());
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].contains("console"), "{notes:?}");
+    let (s, notes) = read(&[("OTEL_TRACES_EXPORTER", "otlp,zipkin")]);
+    assert!(s.unwrap().traces.is_some());
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    // The SDK switch wins over everything.
+    let (s, _) = read(&[
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
+        ("OTEL_SDK_DISABLED", "true"),
+    ]);
+    assert_eq!(s, None);
+}
+
+#[test]
+fn a_protocol_other_than_http_is_said() {
+    let (s, notes) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+        ]),
+        &OtelConfig::default(),
+    )
+    .unwrap();
+    assert!(s.is_some());
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(
+        notes[0].starts_with("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc"),
+        "{notes:?}"
+    );
+}
+
+#[test]
+fn a_header_that_cannot_be_sent_is_noted_without_its_value() {
+    let (s, notes) = Settings::read(
+        env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "x-token=sec%0Aret,bad name=secret2,ok=1",
+            ),
+        ]),
+        &OtelConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        s.unwrap().traces.unwrap().headers,
+        vec![("ok".to_owned(), "1".to_owned())]
+    );
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].contains("x-token"), "{notes:?}");
+    assert!(notes.iter().all(|n| !n.contains("sec")), "{notes:?}");
 }
 
 #[test]
@@ -98,7 +250,7 @@ fn the_service_name_defaults_to_mcp_retry() {
     )
     .unwrap();
     let s = s.unwrap();
-    assert_eq!(s.traces.as_deref(), Some("http://c/t"));
+    assert_eq!(url(&s.traces), Some("http://c/t"));
     assert_eq!(s.metrics, None);
     assert_eq!(s.resource[0], ("service.name".into(), "mcp-retry".into()));
 }
@@ -160,6 +312,34 @@ fn the_traceparent_replaces_the_client_s_and_meta_is_added_when_absent() {
         )
     );
     assert_eq!(with_traceparent("[1]", tp), None);
+    // Without a traceparent to replace, the text is kept as it was and the
+    // member written where it belongs.
+    assert_eq!(
+        with_traceparent(r#"{"name":"t","_meta":{"progressToken":7}}"#, tp).unwrap(),
+        format!(r#"{{"name":"t","_meta":{{"traceparent":"{tp}","progressToken":7}}}}"#)
+    );
+    assert_eq!(
+        with_traceparent(r#"{ "name" : "t", "_meta" : { } }"#, tp).unwrap(),
+        format!(r#"{{ "name" : "t", "_meta" : {{"traceparent":"{tp}" }} }}"#)
+    );
+    assert_eq!(
+        with_traceparent(r#"{ }"#, tp).unwrap(),
+        format!(r#"{{"_meta":{{"traceparent":"{tp}"}} }}"#)
+    );
+    assert_eq!(
+        with_traceparent(r#"{"arguments":{"_meta":1}}"#, tp).unwrap(),
+        format!(r#"{{"_meta":{{"traceparent":"{tp}"}},"arguments":{{"_meta":1}}}}"#)
+    );
+    // A `_meta` that is not an object is replaced; one spelled with an
+    // escape is found all the same.
+    assert_eq!(
+        with_traceparent(r#"{"_meta":null,"name":"t"}"#, tp).unwrap(),
+        format!(r#"{{"_meta":{{"traceparent":"{tp}"}},"name":"t"}}"#)
+    );
+    let escaped = with_traceparent(r#"{"\u005fmeta":{"k":1},"name":"t"}"#, tp).unwrap();
+    let v: Json = serde_json::from_str(&escaped).unwrap();
+    assert_eq!(v["_meta"], serde_json::json!({"traceparent": tp, "k": 1}));
+    assert_eq!(v.as_object().unwrap().len(), 2, "{escaped}");
 }
 
 #[test]
@@ -172,14 +352,14 @@ fn percent_decoding() {
 
 /// A tracer whose exporter is a channel the test reads.
 fn tracer() -> (Tracer, crossbeam_channel::Receiver<export::Item>) {
-    let (handle, rx) = Handle::for_test(vec![("service.name".into(), "mcp-retry".into())]);
+    let (handle, rx) = Handle::for_test();
     (Tracer::new("srv", handle, Instant::now()).with_seed(7), rx)
 }
 
 fn spans(rx: &crossbeam_channel::Receiver<export::Item>) -> Vec<Span> {
     rx.try_iter()
         .filter_map(|i| match i {
-            export::Item::Span(s) => Some(s),
+            export::Item::Span(r) => Some(r.span(&Clock::now())),
             _ => None,
         })
         .collect()
@@ -273,13 +453,20 @@ fn metrics_count_calls_retries_failures_and_latency() {
     assert!(t.metrics_changed());
     t.flush_metrics(t0);
     assert!(!t.metrics_changed());
-    let body = rx
+    let snapshot = rx
         .try_iter()
         .find_map(|i| match i {
             export::Item::Metrics(m) => Some(m),
             _ => None,
         })
         .unwrap();
+    let body = json::metrics(
+        &json::resource(&[]),
+        &snapshot.server,
+        &snapshot.metrics(),
+        0,
+        1,
+    );
     let v: Json = serde_json::from_str(&body).unwrap();
     let metrics = v["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
         .as_array()
@@ -325,8 +512,9 @@ fn spans_encode_as_otlp_json() {
     };
     t.call_ended(1, end, t0);
     let s = spans(&rx);
-    let body = json::traces(&[("service.name".into(), "mcp-retry".into())], &s);
-    let v: Json = serde_json::from_str(&body).unwrap();
+    let resource = json::resource(&[("service.name".into(), "mcp-retry".into())]);
+    let body = json::traces(&resource, &s);
+    let v: Json = serde_json::from_slice(&body).unwrap();
     let rs = &v["resourceSpans"][0];
     assert_eq!(rs["resource"]["attributes"][0]["key"], "service.name");
     let span = &rs["scopeSpans"][0]["spans"][0];
@@ -351,8 +539,46 @@ fn spans_encode_as_otlp_json() {
             .map(|a| a["value"].clone())
     };
     assert_eq!(get("error.type").unwrap()["stringValue"], "circuit_open");
+    assert_eq!(get("jsonrpc.request.id").unwrap()["stringValue"], "1");
     assert_eq!(get("mcp_retry.attempts").unwrap()["intValue"], "0");
     assert_eq!(get("mcp.method.name").unwrap()["stringValue"], "tools/call");
+}
+
+#[test]
+fn names_are_escaped_and_numbers_written_in_full() {
+    let (mut t, rx) = tracer();
+    let t0 = Instant::now();
+    let tool = "q\"b\\s\n\r\t\u{1}\u{1f}é€😀";
+    let client_id = r#""a-long-client-id-\"quoted\"-over-22-bytes""#;
+    t.call_started(1, tool, client_id, None, t0);
+    t.attempt_started(1, u64::MAX, t0);
+    t.attempt_ended(1, None, t0);
+    t.call_ended(1, CallEnd::answered(false), t0);
+    let body = json::traces(&json::resource(&[]), &spans(&rx));
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    let spans = v["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        .as_array()
+        .unwrap();
+    let (attempt, call) = (&spans[0], &spans[1]);
+    assert_eq!(call["name"], format!("tools/call {tool}"));
+    let attr = |s: &Json, k: &str| {
+        s["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["key"] == k)
+            .map(|a| a["value"].clone())
+            .unwrap()
+    };
+    assert_eq!(attr(call, "gen_ai.tool.name")["stringValue"], tool);
+    assert_eq!(attr(call, "jsonrpc.request.id")["stringValue"], client_id);
+    assert_eq!(attr(call, "mcp_retry.attempts")["intValue"], "1");
+    assert_eq!(
+        attr(attempt, "jsonrpc.request.id")["stringValue"],
+        u64::MAX.to_string()
+    );
+    let start: u64 = call["startTimeUnixNano"].as_str().unwrap().parse().unwrap();
+    assert!(start > 1_600_000_000_000_000_000, "{start}");
 }
 
 #[test]
@@ -376,7 +602,7 @@ fn a_client_context_that_is_not_sampled_exports_no_spans_but_still_propagates() 
     t.call_ended(1, end, t0);
     assert!(spans(&rx).is_empty());
     // The counters still count it.
-    assert_eq!(t.metrics.calls["x"], 1);
+    assert_eq!(t.metrics().calls["x"], 1);
 }
 
 #[test]
@@ -391,11 +617,8 @@ fn the_config_section_is_used_and_each_variable_set_wins_over_it() {
     };
     let (s, _) = Settings::read(env(&[]), &config).unwrap();
     let s = s.unwrap();
-    assert_eq!(
-        s.traces.as_deref(),
-        Some("http://from-config:4318/v1/traces")
-    );
-    assert_eq!(s.headers, config.headers);
+    assert_eq!(url(&s.traces), Some("http://from-config:4318/v1/traces"));
+    assert_eq!(s.traces.unwrap().headers, config.headers);
     assert_eq!(s.resource[0], ("service.name".into(), "from-config".into()));
     let (s, _) = Settings::read(
         env(&[
@@ -407,12 +630,9 @@ fn the_config_section_is_used_and_each_variable_set_wins_over_it() {
     )
     .unwrap();
     let s = s.unwrap();
+    assert_eq!(url(&s.metrics), Some("http://from-env:4318/v1/metrics"));
     assert_eq!(
-        s.metrics.as_deref(),
-        Some("http://from-env:4318/v1/metrics")
-    );
-    assert_eq!(
-        s.headers,
+        s.metrics.unwrap().headers,
         vec![
             ("x-team".to_owned(), "t".to_owned()),
             ("authorization".to_owned(), "b".to_owned())

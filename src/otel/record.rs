@@ -1,0 +1,431 @@
+//! What crosses the export queue, and how the `otel-export` thread turns it
+//! into spans and counters by name. The dispatcher's side (`tracer.rs`)
+//! fills fixed records: ids, instants, interned names, constants for
+//! outcomes and reasons. Span names, attributes, wall-clock times and
+//! every string are made here, on the exporter thread, so that a call
+//! costs the dispatcher no formatting. Must not know JSON or HTTP.
+
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::{CallEnd, SpanContext};
+
+/// An attribute value.
+#[derive(Debug, Clone)]
+pub enum Value {
+    Str(String),
+    /// A constant (no allocation per span).
+    Static(&'static str),
+    /// An interned name (a tool, the server).
+    Shared(Arc<str>),
+    Int(i64),
+    Bool(bool),
+}
+
+impl Value {
+    /// The text of a string value.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            Value::Static(s) => Some(s),
+            Value::Shared(s) => Some(s),
+            Value::Int(_) | Value::Bool(_) => None,
+        }
+    }
+}
+
+/// String values compare by their text, however they are held.
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        match (self, other) {
+            (Value::Int(a), Value::Int(b)) => a == b,
+            (Value::Bool(a), Value::Bool(b)) => a == b,
+            (a, b) => a.as_str().is_some() && a.as_str() == b.as_str(),
+        }
+    }
+}
+
+impl From<&'static str> for Value {
+    fn from(s: &'static str) -> Value {
+        Value::Static(s)
+    }
+}
+impl From<String> for Value {
+    fn from(s: String) -> Value {
+        Value::Str(s)
+    }
+}
+impl From<i64> for Value {
+    fn from(n: i64) -> Value {
+        Value::Int(n)
+    }
+}
+impl From<bool> for Value {
+    fn from(b: bool) -> Value {
+        Value::Bool(b)
+    }
+}
+
+pub type Attrs = Vec<(&'static str, Value)>;
+
+/// OTLP `SpanKind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanKind {
+    Server = 2,
+    Client = 3,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpanEvent {
+    pub time: u64,
+    pub name: &'static str,
+    pub attrs: Attrs,
+}
+
+/// A finished span as it is exported; times are UNIX nanoseconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Span {
+    pub ctx: SpanContext,
+    pub parent: Option<[u8; 8]>,
+    pub name: String,
+    pub kind: SpanKind,
+    pub start: u64,
+    pub end: u64,
+    pub attrs: Attrs,
+    pub events: Vec<SpanEvent>,
+    /// `Some(message)`: status ERROR.
+    pub error: Option<String>,
+}
+
+/// The wall clock at one instant: turns the dispatcher's instants into
+/// UNIX times.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    at: Instant,
+    wall: SystemTime,
+}
+
+impl Clock {
+    pub fn now() -> Clock {
+        Clock {
+            at: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    /// `t` in nanoseconds since the UNIX epoch.
+    pub fn unix_nanos(&self, t: Instant) -> u64 {
+        let wall = match t.checked_duration_since(self.at) {
+            Some(d) => self.wall + d,
+            None => self.wall - self.at.saturating_duration_since(t),
+        };
+        wall.duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    }
+}
+
+/// A client id (raw JSON, as the client wrote it) kept without an
+/// allocation when it is short, as ids almost always are.
+#[derive(Debug, Clone)]
+pub enum ShortId {
+    Inline { len: u8, bytes: [u8; 22] },
+    Heap(Box<str>),
+}
+
+impl ShortId {
+    pub fn new(id: &str) -> ShortId {
+        match id.len() {
+            n if n <= 22 => {
+                let mut bytes = [0u8; 22];
+                bytes[..n].copy_from_slice(id.as_bytes());
+                ShortId::Inline {
+                    len: n as u8,
+                    bytes,
+                }
+            }
+            _ => ShortId::Heap(id.into()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            // Copied whole from a `&str`, so always valid.
+            ShortId::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            ShortId::Heap(s) => s,
+        }
+    }
+}
+
+/// Something that happened during a span; `attrs` are empty but for
+/// backoff waits and breaker refusals (no allocation otherwise).
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub at: Instant,
+    pub name: &'static str,
+    pub attrs: Attrs,
+}
+
+/// A failed request other than `tools/call` (rare: built as strings).
+#[derive(Debug, Clone)]
+pub struct FailedRequest {
+    pub method: String,
+    pub client_id: String,
+    pub error_type: String,
+    pub code: Option<String>,
+}
+
+/// Which span a record is.
+#[derive(Debug, Clone)]
+pub enum RecordKind {
+    /// A client's `tools/call`.
+    Call {
+        tool: Arc<str>,
+        client_id: ShortId,
+        attempts: u32,
+        end: CallEnd,
+    },
+    /// One attempt of a call, sent to the server as `down`.
+    Attempt {
+        tool: Arc<str>,
+        down: u64,
+        number: u32,
+        failure: Option<&'static str>,
+    },
+    Request(Box<FailedRequest>),
+}
+
+/// One finished span as the dispatcher hands it over.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub ctx: SpanContext,
+    pub parent: Option<[u8; 8]>,
+    pub server: Arc<str>,
+    pub start: Instant,
+    pub end: Instant,
+    pub events: Vec<Event>,
+    pub kind: RecordKind,
+}
+
+/// Rough bytes of a record beyond its fixed size, for the queue's bound.
+const EVENT_BYTES: usize = 96;
+
+impl Record {
+    /// Roughly the bytes it holds (what it costs in the export queue).
+    pub fn size(&self) -> usize {
+        let extra = match &self.kind {
+            RecordKind::Request(r) => r.method.len() + r.client_id.len() + r.error_type.len() + 32,
+            _ => 0,
+        };
+        std::mem::size_of::<Record>() + extra + self.events.len() * EVENT_BYTES
+    }
+
+    /// The span as OTLP describes it (on the exporter thread).
+    pub fn span(&self, clock: &Clock) -> Span {
+        let events = self
+            .events
+            .iter()
+            .map(|e| SpanEvent {
+                time: clock.unix_nanos(e.at),
+                name: e.name,
+                attrs: e.attrs.clone(),
+            })
+            .collect();
+        let (name, kind, attrs, error) = match &self.kind {
+            RecordKind::Call {
+                tool,
+                client_id,
+                attempts,
+                end,
+            } => {
+                let mut attrs: Attrs = vec![
+                    ("mcp.method.name", "tools/call".into()),
+                    ("gen_ai.operation.name", "execute_tool".into()),
+                    ("gen_ai.tool.name", Value::Shared(tool.clone())),
+                    ("jsonrpc.request.id", client_id.as_str().to_owned().into()),
+                    ("network.transport", "pipe".into()),
+                    ("mcp_retry.server", Value::Shared(self.server.clone())),
+                    ("mcp_retry.outcome", end.outcome.into()),
+                    ("mcp_retry.attempts", i64::from(*attempts).into()),
+                ];
+                if let Some(source) = end.source {
+                    attrs.push(("mcp_retry.source", source.into()));
+                }
+                let error = match (end.reason, end.outcome) {
+                    (Some(reason), _) => {
+                        attrs.push(("mcp_retry.reason", reason.into()));
+                        Some(reason)
+                    }
+                    (None, "cancelled") => Some("cancelled"),
+                    (None, _) => None,
+                };
+                if let Some(e) = error {
+                    attrs.push(("error.type", e.into()));
+                }
+                (
+                    format!("tools/call {tool}"),
+                    SpanKind::Server,
+                    attrs,
+                    error.map(str::to_owned),
+                )
+            }
+            RecordKind::Attempt {
+                tool,
+                down,
+                number,
+                failure,
+            } => {
+                let mut attrs: Attrs = vec![
+                    ("mcp.method.name", "tools/call".into()),
+                    ("gen_ai.operation.name", "execute_tool".into()),
+                    ("gen_ai.tool.name", Value::Shared(tool.clone())),
+                    ("jsonrpc.request.id", down.to_string().into()),
+                    ("mcp_retry.attempt", i64::from(*number).into()),
+                ];
+                if let Some(f) = failure {
+                    attrs.push(("mcp_retry.failure", (*f).into()));
+                    attrs.push(("error.type", (*f).into()));
+                }
+                (
+                    format!("tools/call {tool}"),
+                    SpanKind::Client,
+                    attrs,
+                    failure.map(str::to_owned),
+                )
+            }
+            RecordKind::Request(r) => {
+                let mut attrs: Attrs = vec![
+                    ("mcp.method.name", r.method.clone().into()),
+                    ("jsonrpc.request.id", r.client_id.clone().into()),
+                    ("network.transport", "pipe".into()),
+                    ("mcp_retry.server", Value::Shared(self.server.clone())),
+                    ("error.type", r.error_type.clone().into()),
+                ];
+                if let Some(code) = &r.code {
+                    attrs.push(("rpc.jsonrpc.error_code", code.clone().into()));
+                }
+                (
+                    r.method.clone(),
+                    SpanKind::Server,
+                    attrs,
+                    Some(r.error_type.clone()),
+                )
+            }
+        };
+        Span {
+            ctx: self.ctx,
+            parent: self.parent,
+            name,
+            kind,
+            start: clock.unix_nanos(self.start),
+            end: clock.unix_nanos(self.end),
+            attrs,
+            events,
+            error,
+        }
+    }
+}
+
+/// Upper bounds (seconds) of the latency histogram's buckets.
+pub const LATENCY_BOUNDS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// A latency histogram (cumulative).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    pub counts: [u64; LATENCY_BOUNDS.len() + 1],
+    pub count: u64,
+    pub sum: f64,
+}
+
+impl Histogram {
+    pub fn record(&mut self, secs: f64) {
+        let i = LATENCY_BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        self.counts[i] += 1;
+        self.count += 1;
+        self.sum += secs;
+    }
+}
+
+/// One tool's counters since start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolCounters {
+    pub calls: u64,
+    pub attempts: u64,
+    pub retries: u64,
+    pub cache_hits: u64,
+    pub dedup_hits: u64,
+    pub latency: Histogram,
+}
+
+/// The counters as the dispatcher hands them over: by interned tool.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub server: Arc<str>,
+    pub tools: Vec<(Arc<str>, ToolCounters)>,
+    pub failures: Vec<(Arc<str>, &'static str, u64)>,
+    pub breaker: Vec<(&'static str, u64)>,
+    pub restarts: u64,
+    /// When counting began, and the moment of the snapshot.
+    pub since: Instant,
+    pub at: Instant,
+}
+
+impl Snapshot {
+    /// Roughly the bytes it holds.
+    pub fn size(&self) -> usize {
+        std::mem::size_of::<Snapshot>()
+            + self.tools.len() * (std::mem::size_of::<ToolCounters>() + 32)
+            + self.failures.len() * 48
+    }
+
+    /// The counters by name.
+    pub fn metrics(&self) -> Metrics {
+        let mut m = Metrics::default();
+        for (tool, c) in &self.tools {
+            let name = || tool.to_string();
+            let put = |map: &mut BTreeMap<String, u64>, n: u64| {
+                if n > 0 {
+                    map.insert(name(), n);
+                }
+            };
+            put(&mut m.calls, c.calls);
+            put(&mut m.attempts, c.attempts);
+            put(&mut m.retries, c.retries);
+            put(&mut m.cache_hits, c.cache_hits);
+            put(&mut m.dedup_hits, c.dedup_hits);
+            if c.latency.count > 0 {
+                m.latency.insert(name(), c.latency.clone());
+            }
+        }
+        for (tool, reason, n) in &self.failures {
+            m.failures
+                .insert((tool.to_string(), (*reason).to_owned()), *n);
+        }
+        m.breaker = self.breaker.iter().copied().collect();
+        m.restarts = self.restarts;
+        m
+    }
+}
+
+/// Cumulative counters since start, by tool (and reason).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metrics {
+    pub calls: BTreeMap<String, u64>,
+    pub attempts: BTreeMap<String, u64>,
+    pub retries: BTreeMap<String, u64>,
+    pub failures: BTreeMap<(String, String), u64>,
+    pub cache_hits: BTreeMap<String, u64>,
+    pub dedup_hits: BTreeMap<String, u64>,
+    pub breaker: BTreeMap<&'static str, u64>,
+    pub restarts: u64,
+    pub latency: BTreeMap<String, Histogram>,
+}

@@ -1,0 +1,527 @@
+//! The dispatcher's side of export: the [`Tracer`] it owns. Plain data fed
+//! by hooks with the dispatcher's `now`: the open spans (ids, instants, an
+//! interned tool), per-tool counters in a vector, and the handle to the
+//! exporter. A finished span leaves as a fixed [`Record`]; a call costs no
+//! string building here (the client's id is kept inline when short) and
+//! no allocation beyond the map of open calls. Must not know JSON, HTTP
+//! or the wall clock: names, attributes and times are made by the
+//! exporter thread (`record.rs`).
+
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::fasthash::FastMap;
+use crate::jsonrpc::RawObject;
+
+use super::record::{
+    Attrs, Event, FailedRequest, Record, RecordKind, ShortId, Snapshot, ToolCounters,
+};
+use super::{client_context, CallEnd, Handle, SpanContext, Traceparent};
+
+/// A client request other than `tools/call` while it waits: it gets a
+/// span only if it fails.
+#[derive(Debug)]
+pub struct RequestTrace {
+    method: String,
+    start: Instant,
+    parent: Option<SpanContext>,
+}
+
+/// The live attempt of a call.
+#[derive(Debug)]
+struct OpenAttempt {
+    span_id: [u8; 8],
+    down: u64,
+    number: u32,
+    start: Instant,
+    events: Vec<Event>,
+}
+
+/// A call in progress: its span's ids, and its live attempt's.
+#[derive(Debug)]
+struct OpenCall {
+    ctx: SpanContext,
+    parent: Option<[u8; 8]>,
+    tool: u32,
+    client_id: ShortId,
+    started: Instant,
+    attempts: u32,
+    events: Vec<Event>,
+    attempt: Option<OpenAttempt>,
+}
+
+/// Tool names, each kept once: an index for the counters, an `Arc` for
+/// the records.
+#[derive(Debug, Default)]
+struct Tools {
+    index: FastMap<Box<str>, u32>,
+    names: Vec<Arc<str>>,
+}
+
+impl Tools {
+    fn intern(&mut self, tool: &str) -> u32 {
+        if let Some(i) = self.index.get(tool) {
+            return *i;
+        }
+        let i = self.names.len() as u32;
+        self.index.insert(tool.into(), i);
+        self.names.push(tool.into());
+        i
+    }
+}
+
+/// The counters, by tool index.
+#[derive(Debug, Default)]
+struct Counters {
+    tools: Vec<ToolCounters>,
+    failures: BTreeMap<(u32, &'static str), u64>,
+    breaker: BTreeMap<&'static str, u64>,
+    restarts: u64,
+}
+
+impl Counters {
+    fn tool(&mut self, i: u32) -> &mut ToolCounters {
+        let i = i as usize;
+        if self.tools.len() <= i {
+            self.tools.resize_with(i + 1, ToolCounters::default);
+        }
+        &mut self.tools[i]
+    }
+}
+
+/// The dispatcher's side of export: open spans, counters, and the handle
+/// to the exporter thread.
+pub struct Tracer {
+    server: Arc<str>,
+    rng: fastrand::Rng,
+    started: Instant,
+    tools: Tools,
+    calls: FastMap<u64, OpenCall>,
+    counters: Counters,
+    /// Counters changed since the last snapshot handed over.
+    changed: bool,
+    handle: Handle,
+}
+
+impl Tracer {
+    pub fn new(server: &str, handle: Handle, now: Instant) -> Tracer {
+        Tracer {
+            server: server.into(),
+            rng: fastrand::Rng::new(),
+            started: now,
+            tools: Tools::default(),
+            calls: FastMap::default(),
+            counters: Counters::default(),
+            changed: false,
+            handle,
+        }
+    }
+
+    /// Seeds the ids (tests).
+    #[cfg(test)]
+    pub fn with_seed(mut self, seed: u64) -> Tracer {
+        self.rng = fastrand::Rng::with_seed(seed);
+        self
+    }
+
+    fn new_trace_id(&mut self) -> [u8; 16] {
+        loop {
+            let id = self.rng.u128(..).to_be_bytes();
+            if id != [0; 16] {
+                return id;
+            }
+        }
+    }
+
+    fn new_span_id(&mut self) -> [u8; 8] {
+        loop {
+            let id = self.rng.u64(..).to_be_bytes();
+            if id != [0; 8] {
+                return id;
+            }
+        }
+    }
+
+    /// A new span's context: a child of `parent` (the client's), or the
+    /// root of a new trace.
+    fn new_context(&mut self, parent: Option<SpanContext>) -> SpanContext {
+        SpanContext {
+            trace_id: match parent {
+                Some(p) => p.trace_id,
+                None => self.new_trace_id(),
+            },
+            span_id: self.new_span_id(),
+            sampled: parent.is_none_or(|p| p.sampled),
+        }
+    }
+
+    fn send(&self, record: Record) {
+        if record.ctx.sampled {
+            self.handle.send_record(record);
+        }
+    }
+
+    /// A client `tools/call` became call `call`.
+    pub fn call_started(
+        &mut self,
+        call: u64,
+        tool: &str,
+        client_id: &str,
+        params: Option<&str>,
+        now: Instant,
+    ) {
+        let tool = self.tools.intern(tool);
+        self.counters.tool(tool).calls += 1;
+        self.changed = true;
+        let parent = params.and_then(client_context);
+        let ctx = self.new_context(parent);
+        self.calls.insert(
+            call,
+            OpenCall {
+                ctx,
+                parent: parent.map(|p| p.span_id),
+                tool,
+                client_id: ShortId::new(client_id),
+                started: now,
+                attempts: 0,
+                events: Vec::new(),
+                attempt: None,
+            },
+        );
+    }
+
+    /// A call answered at once from the cache or the dedup table (no
+    /// attempt of its own).
+    pub fn answered_by_proxy(
+        &mut self,
+        tool: &str,
+        client_id: &str,
+        params: Option<&str>,
+        source: &'static str,
+        now: Instant,
+    ) {
+        let i = self.tools.intern(tool);
+        let c = self.counters.tool(i);
+        c.calls += 1;
+        match source {
+            "cache" => c.cache_hits += 1,
+            _ => c.dedup_hits += 1,
+        }
+        self.changed = true;
+        if !self.handle.traces() {
+            return;
+        }
+        let parent = params.and_then(client_context);
+        let ctx = self.new_context(parent);
+        self.send(Record {
+            ctx,
+            parent: parent.map(|p| p.span_id),
+            server: self.server.clone(),
+            start: now,
+            end: now,
+            events: Vec::new(),
+            kind: RecordKind::Call {
+                tool: self.tools.names[i as usize].clone(),
+                client_id: ShortId::new(client_id),
+                attempts: 0,
+                end: CallEnd {
+                    outcome: "ok",
+                    reason: None,
+                    source: Some(source),
+                },
+            },
+        });
+    }
+
+    /// A call joined one in flight (dedup): counted; its span is the other's.
+    pub fn joined(&mut self, call: Option<u64>, tool: &str, now: Instant) {
+        let i = self.tools.intern(tool);
+        let c = self.counters.tool(i);
+        c.calls += 1;
+        c.dedup_hits += 1;
+        self.changed = true;
+        if let Some(c) = call {
+            self.call_event(c, "mcp_retry.dedup_joined", Vec::new(), now);
+        }
+    }
+
+    /// Attempt `down` of call `call` is about to be sent: its span starts,
+    /// and the `traceparent` the server must see is returned. Without
+    /// trace export there is none: a span the collector never gets must
+    /// not become the parent of the server's (a client's `traceparent`
+    /// then reaches the server as it was).
+    pub fn attempt_started(&mut self, call: u64, down: u64, now: Instant) -> Option<Traceparent> {
+        let span_id = self.new_span_id();
+        let c = self.calls.get_mut(&call)?;
+        c.attempts += 1;
+        let counters = self.counters.tool(c.tool);
+        counters.attempts += 1;
+        if c.attempts > 1 {
+            counters.retries += 1;
+        }
+        self.changed = true;
+        if !self.handle.traces() {
+            return None;
+        }
+        let ctx = SpanContext { span_id, ..c.ctx };
+        let previous = c.attempt.replace(OpenAttempt {
+            span_id,
+            down,
+            number: c.attempts,
+            start: now,
+            events: Vec::new(),
+        });
+        if previous.is_some() {
+            // Not ended by a hook: it ends here.
+            self.end_attempt(call, previous, None, now);
+        }
+        Some(ctx.traceparent())
+    }
+
+    /// An event on call `call`'s live attempt.
+    pub fn attempt_event(&mut self, call: u64, name: &'static str, attrs: Attrs, now: Instant) {
+        if let Some(a) = self.calls.get_mut(&call).and_then(|c| c.attempt.as_mut()) {
+            a.events.push(Event {
+                at: now,
+                name,
+                attrs,
+            });
+        }
+    }
+
+    /// Call `call`'s live attempt ended: answered (`failure` `None`) or
+    /// failed (`timeout`, `server_exited`, `transient_error`, `never_sent`).
+    pub fn attempt_ended(&mut self, call: u64, failure: Option<&'static str>, now: Instant) {
+        let attempt = self.calls.get_mut(&call).and_then(|c| c.attempt.take());
+        self.end_attempt(call, attempt, failure, now);
+    }
+
+    fn end_attempt(
+        &mut self,
+        call: u64,
+        attempt: Option<OpenAttempt>,
+        failure: Option<&'static str>,
+        now: Instant,
+    ) {
+        let (Some(a), Some(c)) = (attempt, self.calls.get(&call)) else {
+            return;
+        };
+        if !self.handle.traces() {
+            return;
+        }
+        self.send(Record {
+            ctx: SpanContext {
+                span_id: a.span_id,
+                ..c.ctx
+            },
+            parent: Some(c.ctx.span_id),
+            server: self.server.clone(),
+            start: a.start,
+            end: now,
+            events: a.events,
+            kind: RecordKind::Attempt {
+                tool: self.tools.names[c.tool as usize].clone(),
+                down: a.down,
+                number: a.number,
+                failure,
+            },
+        });
+    }
+
+    /// An event on call `call`'s span (a backoff wait, a breaker refusal).
+    pub fn call_event(&mut self, call: u64, name: &'static str, attrs: Attrs, now: Instant) {
+        if let Some(c) = self.calls.get_mut(&call) {
+            c.events.push(Event {
+                at: now,
+                name,
+                attrs,
+            });
+        }
+    }
+
+    /// The server is being started again: an event on every open call.
+    pub fn respawned(&mut self, now: Instant) {
+        self.counters.restarts += 1;
+        self.changed = true;
+        for c in self.calls.values_mut() {
+            c.events.push(Event {
+                at: now,
+                name: "mcp_retry.respawn",
+                attrs: Vec::new(),
+            });
+        }
+    }
+
+    /// The breaker changed state (`opened`, `half_opened`, `closed`, `reopened`).
+    pub fn breaker(&mut self, transition: &'static str) {
+        *self.counters.breaker.entry(transition).or_default() += 1;
+        self.changed = true;
+    }
+
+    /// Call `call` ended: its span (and a live attempt's) go to the exporter.
+    pub fn call_ended(&mut self, call: u64, end: CallEnd, now: Instant) {
+        let failure = match end.outcome {
+            "cancelled" => Some("cancelled"),
+            _ => None,
+        };
+        self.attempt_ended(call, failure, now);
+        let Some(c) = self.calls.remove(&call) else {
+            return;
+        };
+        if c.attempts > 0 {
+            let took = now.saturating_duration_since(c.started).as_secs_f64();
+            self.counters.tool(c.tool).latency.record(took);
+        }
+        if let Some(reason) = end.reason {
+            *self.counters.failures.entry((c.tool, reason)).or_default() += 1;
+        }
+        self.changed = true;
+        if !self.handle.traces() {
+            return;
+        }
+        self.send(Record {
+            ctx: c.ctx,
+            parent: c.parent,
+            server: self.server.clone(),
+            start: c.started,
+            end: now,
+            events: c.events,
+            kind: RecordKind::Call {
+                tool: self.tools.names[c.tool as usize].clone(),
+                client_id: c.client_id,
+                attempts: c.attempts,
+                end,
+            },
+        });
+    }
+
+    /// A client request arrived: what its span needs, should it fail
+    /// (`tools/call` has its own spans).
+    pub fn request_started(
+        &mut self,
+        method: &str,
+        params: Option<&str>,
+        now: Instant,
+    ) -> Option<Box<RequestTrace>> {
+        (method != "tools/call" && self.handle.traces()).then(|| {
+            Box::new(RequestTrace {
+                method: method.to_owned(),
+                start: now,
+                parent: params.and_then(client_context),
+            })
+        })
+    }
+
+    /// Request `client_id` is answered with `line`: an error gets a span.
+    pub fn request_answered(
+        &mut self,
+        r: &RequestTrace,
+        client_id: &str,
+        line: &[u8],
+        now: Instant,
+    ) {
+        // Most answers are results: skip parsing them.
+        if memchr::memmem::find(line, b"\"error\"").is_none() {
+            return;
+        }
+        let Some(error) = std::str::from_utf8(line)
+            .ok()
+            .and_then(RawObject::parse)
+            .and_then(|o| o.get("error"))
+            .and_then(|e| RawObject::parse(e.get()))
+        else {
+            return;
+        };
+        let code = error.get("code").map(|c| c.get().to_owned());
+        let data = error.get("data").and_then(|d| RawObject::parse(d.get()));
+        let ours = data
+            .as_ref()
+            .and_then(|d| d.string("source"))
+            .is_some_and(|s| s == "mcp-retry");
+        let error_type = match (ours, data.as_ref().and_then(|d| d.string("reason"))) {
+            (true, Some(reason)) => reason,
+            _ => code.clone().unwrap_or_else(|| "error".into()),
+        };
+        let ctx = self.new_context(r.parent);
+        self.send(Record {
+            ctx,
+            parent: r.parent.map(|p| p.span_id),
+            server: self.server.clone(),
+            start: r.start,
+            end: now,
+            events: Vec::new(),
+            kind: RecordKind::Request(Box::new(FailedRequest {
+                method: r.method.clone(),
+                client_id: client_id.to_owned(),
+                error_type,
+                code,
+            })),
+        });
+    }
+
+    /// The counters so far, by name.
+    #[cfg(test)]
+    pub fn metrics(&self) -> super::record::Metrics {
+        self.snapshot(self.started).metrics()
+    }
+
+    fn snapshot(&self, now: Instant) -> Snapshot {
+        let c = &self.counters;
+        let name = |i: u32| self.tools.names[i as usize].clone();
+        Snapshot {
+            server: self.server.clone(),
+            tools: (0..)
+                .zip(&c.tools)
+                .map(|(i, t)| (name(i), t.clone()))
+                .collect(),
+            failures: c
+                .failures
+                .iter()
+                .map(|((tool, reason), n)| (name(*tool), *reason, *n))
+                .collect(),
+            breaker: c.breaker.iter().map(|(t, n)| (*t, *n)).collect(),
+            restarts: c.restarts,
+            since: self.started,
+            at: now,
+        }
+    }
+
+    /// Counters changed since the last snapshot.
+    pub fn metrics_changed(&self) -> bool {
+        self.changed
+    }
+
+    /// Hands the counters to the exporter.
+    pub fn flush_metrics(&mut self, now: Instant) {
+        self.changed = false;
+        if self.handle.metrics() {
+            self.handle.send_metrics(self.snapshot(now));
+        }
+    }
+
+    /// At exit: open spans end as they are, and the last counters go.
+    pub fn finish(&mut self, now: Instant) {
+        let mut ids: Vec<u64> = self.calls.keys().copied().collect();
+        ids.sort();
+        for id in ids {
+            let end = CallEnd {
+                outcome: "failed",
+                reason: Some("server_unavailable"),
+                source: None,
+            };
+            self.call_ended(id, end, now);
+        }
+        self.flush_metrics(now);
+    }
+}
+
+impl std::fmt::Debug for Tracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracer")
+            .field("open_calls", &self.calls.len())
+            .finish()
+    }
+}
