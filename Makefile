@@ -138,9 +138,14 @@ fuzz-replay:
 
 # Measures mcp-retry against a direct connection and a byte relay (see
 # examples/bench.rs) and writes the results into BENCHMARKS.md.
+# BENCH_OTEL (make variable or environment) adds mcp-retry with
+# OpenTelemetry export on to the same rounds: `closed` (a loopback port
+# nothing listens on: the collector is down), `sink` (a receiver in the
+# bench that takes everything) or a collector's URL.
+BENCH_OTEL ?=
 bench:
 	$(CARGO) build --release --bins --example bench
-	$(TARGET_DIR)/release/examples/bench --write BENCHMARKS.md
+	$(TARGET_DIR)/release/examples/bench $(if $(BENCH_OTEL),--otel '$(BENCH_OTEL)') --write BENCHMARKS.md
 
 # A statically linked release binary: musl when that target is (or can be)
 # installed, else glibc with crt-static. Checks that it is static, runs with

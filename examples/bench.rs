@@ -20,9 +20,14 @@
 //! ratios to the relay) and, with `--write FILE`, replaces the results block of
 //! `FILE` (between `<!-- bench:begin -->` and `<!-- bench:end -->`).
 //!
-//! Usage: `bench [--reps N] [--quick] [--baseline MCP_RETRY] [--write FILE]`
-//! (`--baseline` measures another mcp-retry binary in the same rounds, for
-//! before/after figures), or `bench relay|staged -- COMMAND [ARGS...]`. The binaries are looked up next to the
+//! Usage: `bench [--reps N] [--quick] [--baseline MCP_RETRY] [--otel ENDPOINT]
+//! [--write FILE]` (`--baseline` measures another mcp-retry binary in the
+//! same rounds, for before/after figures; `--otel` measures mcp-retry with
+//! OpenTelemetry export to ENDPOINT in the same rounds: `closed` for a
+//! loopback port nothing listens on, `sink` for a receiver in this process
+//! that takes every POST and answers 200), or `bench relay|staged -- COMMAND
+//! [ARGS...]`. Every other target runs with export off, whatever the
+//! environment says. The binaries are looked up next to the
 //! bench's own directory (`target/release/`), or taken from `MCP_RETRY_BIN`
 //! and `MOCK_BIN`. No timed assertions: the numbers are reported, and the
 //! targets are marked, never enforced.
@@ -49,6 +54,9 @@ const LARGE_WINDOW: usize = 4;
 const HELD_CALLS: usize = 1000;
 const HELD_MS: u64 = 2500;
 const IDLE_SECS: u64 = 5;
+/// When the export-on target's late idle window starts: after the metrics
+/// flush 10 s after the last change, and the export it brings about.
+const LATE_IDLE: Duration = Duration::from_secs(12);
 const CHECK_SERVERS: usize = 4;
 const CHECK_DELAY_MS: u64 = 1500;
 const STARTUP_RUNS: usize = 30;
@@ -75,6 +83,7 @@ fn main() {
         quick: false,
         write: None,
         baseline: None,
+        otel: None,
         pressure_only: false,
     };
     let mut it = args.into_iter();
@@ -96,6 +105,13 @@ fn main() {
                         .unwrap_or_else(|| fail("--baseline needs an mcp-retry binary")),
                 )
             }
+            "--otel" => {
+                opts.otel = Some(
+                    it.next()
+                        .map(|e| otel_endpoint(&e))
+                        .unwrap_or_else(|| fail("--otel needs an endpoint (or `closed`)")),
+                )
+            }
             "--write" => {
                 opts.write = Some(
                     it.next()
@@ -104,7 +120,7 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--baseline MCP_RETRY] [--write FILE]");
+                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--baseline MCP_RETRY] [--otel ENDPOINT|closed] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
@@ -112,6 +128,80 @@ fn main() {
     }
     run_all(&opts);
 }
+
+/// `--otel`'s endpoint: `closed` is a loopback port that was free a
+/// moment ago (bound, then closed), so every export is refused; `sink` is
+/// [`otlp_sink`]'s.
+fn otel_endpoint(arg: &str) -> String {
+    let listener = match arg {
+        "closed" | "sink" => std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap_or_else(|e| fail(&format!("cannot bind a loopback port: {e}"))),
+        _ => return arg.to_owned(),
+    };
+    let port = listener
+        .local_addr()
+        .unwrap_or_else(|e| fail(&format!("cannot bind a loopback port: {e}")))
+        .port();
+    if arg == "sink" {
+        thread::spawn(move || otlp_sink(listener));
+    }
+    format!("http://127.0.0.1:{port}")
+}
+
+/// A collector that takes every request (HTTP/1.1, `Content-Length`
+/// bodies, keep-alive), reads and drops its body, and answers 200 `{}`.
+fn otlp_sink(listener: std::net::TcpListener) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { return };
+        thread::spawn(move || {
+            let mut out = match stream.try_clone() {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+            let mut r = BufReader::new(stream);
+            let mut line = String::new();
+            loop {
+                let mut len = 0u64;
+                loop {
+                    line.clear();
+                    match r.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    let l = line.trim_end();
+                    if l.is_empty() {
+                        break;
+                    }
+                    if let Some((k, v)) = l.split_once(':') {
+                        if k.eq_ignore_ascii_case("content-length") {
+                            len = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                if io::copy(&mut (&mut r).take(len), &mut io::sink()).is_err()
+                    || out
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// The OpenTelemetry variables: removed from every target, so that only
+/// the export-on target exports.
+const OTEL_VARS: [&str; 8] = [
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+];
 
 fn fail(message: &str) -> ! {
     eprintln!("bench: {message}");
@@ -125,6 +215,8 @@ struct Options {
     write: Option<PathBuf>,
     /// Another mcp-retry binary to measure in the same rounds.
     baseline: Option<PathBuf>,
+    /// Also measure mcp-retry exporting to this OTLP endpoint.
+    otel: Option<String>,
     /// Only the memory scenarios under pressure (printed, never written).
     pressure_only: bool,
 }
@@ -299,6 +391,8 @@ enum Via {
     /// Another mcp-retry binary (`--baseline`), for before/after figures
     /// taken in the same rounds.
     Baseline,
+    /// mcp-retry with OpenTelemetry export on (`--otel`).
+    Export,
 }
 
 /// The relay's index in the list of targets.
@@ -312,6 +406,7 @@ impl Via {
             Via::Staged => "staged relay",
             Via::Proxy => "mcp-retry",
             Via::Baseline => "baseline mcp-retry",
+            Via::Export => "mcp-retry, export on",
         }
     }
 }
@@ -319,6 +414,8 @@ impl Via {
 struct Bins {
     proxy: PathBuf,
     baseline: Option<PathBuf>,
+    /// The endpoint of the export-on target.
+    otel: Option<String>,
     mock: PathBuf,
     me: PathBuf,
 }
@@ -345,6 +442,7 @@ impl Bins {
         Bins {
             proxy: pick("MCP_RETRY_BIN", "mcp-retry"),
             baseline: None,
+            otel: None,
             mock: pick("MOCK_BIN", "mock-mcp-server"),
             me,
         }
@@ -360,7 +458,7 @@ impl Bins {
                 c.args([mode, "--", server[0]]);
                 c
             }
-            Via::Proxy | Via::Baseline => {
+            Via::Proxy | Via::Baseline | Via::Export => {
                 let bin = match (via, &self.baseline) {
                     (Via::Baseline, Some(b)) => b,
                     _ => &self.proxy,
@@ -371,7 +469,18 @@ impl Bins {
             }
         };
         c.args(&server[1..]);
+        for var in OTEL_VARS {
+            c.env_remove(var);
+        }
+        if let (Via::Export, Some(endpoint)) = (via, &self.otel) {
+            c.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint);
+        }
         c
+    }
+
+    /// Where `via` stands in [`Bins::targets`].
+    fn index(&self, via: Via) -> Option<usize> {
+        self.targets().iter().position(|v| *v == via)
     }
 
     /// The targets of the hot-path workloads, the relay at [`RELAY`].
@@ -379,6 +488,9 @@ impl Bins {
         let mut v = vec![Via::Direct, Via::Relay, Via::Staged, Via::Proxy];
         if self.baseline.is_some() {
             v.push(Via::Baseline);
+        }
+        if self.otel.is_some() {
+            v.push(Via::Export);
         }
         v
     }
@@ -835,11 +947,14 @@ impl PressureClient {
         fs::write(&cfg, text)
             .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", cfg.display())));
         let mut cmd = bins.command(via, &bins.scripted_server());
-        if matches!(via, Via::Proxy | Via::Baseline) {
+        if matches!(via, Via::Proxy | Via::Baseline | Via::Export) {
             // `run --config FILE`: its one server is the mock.
             let program = cmd.get_program().to_owned();
             cmd = Command::new(program);
             cmd.args(["run", "--config"]).arg(&cfg);
+            for var in OTEL_VARS {
+                cmd.env_remove(var);
+            }
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -1131,19 +1246,20 @@ struct Idle {
     switches: Option<u64>,
 }
 
-/// Measures the relay and the proxy idle at the same time (after a few calls).
-fn idle(bins: &Bins) -> [Idle; 2] {
+/// Measures `vias` idle at the same time, from `after` the last of a few
+/// calls on.
+fn idle(bins: &Bins, vias: &[Via], after: Duration) -> Vec<Idle> {
     let server = bins.fast_server();
-    let mut sessions = [
-        Session::start(bins, Via::Relay, &server),
-        Session::start(bins, Via::Proxy, &server),
-    ];
+    let mut sessions: Vec<Session> = vias
+        .iter()
+        .map(|via| Session::start(bins, *via, &server))
+        .collect();
     for s in &mut sessions {
         for _ in 0..10 {
             one_call(s);
         }
     }
-    thread::sleep(Duration::from_millis(200));
+    thread::sleep(after);
     let before: Vec<_> = sessions.iter().map(|s| idle_sample(s.pid())).collect();
     thread::sleep(Duration::from_secs(IDLE_SECS));
     let after: Vec<_> = sessions.iter().map(|s| idle_sample(s.pid())).collect();
@@ -1158,7 +1274,7 @@ fn idle(bins: &Bins) -> [Idle; 2] {
             switches: a.2.zip(b.2).map(|(a, b)| a.saturating_sub(b)),
         }
     };
-    [diff(0), diff(1)]
+    (0..vias.len()).map(diff).collect()
 }
 
 fn idle_sample(pid: u32) -> (Option<Duration>, Option<Duration>, Option<u64>) {
@@ -1494,6 +1610,7 @@ fn pressure_table(bins: &Bins) -> String {
 fn run_all(opts: &Options) {
     let mut bins = Bins::find();
     bins.baseline = opts.baseline.clone();
+    bins.otel = opts.otel.clone();
     let reps = opts.reps;
     let started = Instant::now();
     if opts.pressure_only {
@@ -1507,7 +1624,12 @@ fn run_all(opts: &Options) {
     let mem_proxy = memory(&bins, Via::Proxy, HELD_CALLS);
     let pressure = pressure_table(&bins);
     eprintln!("bench: idle CPU over {IDLE_SECS} s ...");
-    let [idle_relay, idle_proxy] = idle(&bins);
+    let mut idle_vias = vec![Via::Relay, Via::Proxy];
+    if bins.otel.is_some() {
+        idle_vias.push(Via::Export);
+    }
+    let idles = idle(&bins, &idle_vias, Duration::from_millis(200));
+    let (idle_relay, idle_proxy) = (&idles[0], &idles[1]);
     eprintln!("bench: check ...");
     let check = check(&bins, 3);
     eprintln!("bench: start-up ...");
@@ -1679,7 +1801,11 @@ fn run_all(opts: &Options) {
         verdict(start_med.map(|d| d < Duration::from_millis(5))),
     ]);
 
-    let baseline_table = hot.get(4).zip(bins.baseline.as_ref()).map(|(b, path)| {
+    let baseline_table = bins
+        .index(Via::Baseline)
+        .map(|i| &hot[i])
+        .zip(bins.baseline.as_ref())
+        .map(|(b, path)| {
         eprintln!("bench: memory of the baseline with {HELD_CALLS} calls held ...");
         let mem_base = memory(&bins, Via::Baseline, HELD_CALLS);
         let mut t = String::from(
@@ -1714,12 +1840,71 @@ fn run_all(opts: &Options) {
         format!("\nBefore and after, in the same rounds (baseline: {}):\n\n{t}", path.display())
     });
 
+    let export_table = bins
+        .index(Via::Export)
+        .map(|i| &hot[i])
+        .zip(bins.otel.as_ref())
+        .map(|(e, endpoint)| {
+            eprintln!("bench: memory with export on, {HELD_CALLS} calls held ...");
+            let mem_export = memory(&bins, Via::Export, HELD_CALLS);
+            eprintln!(
+                "bench: idle CPU over {IDLE_SECS} s, from {} s after the calls ...",
+                LATE_IDLE.as_secs()
+            );
+            let late = idle(&bins, &[Via::Proxy, Via::Export], LATE_IDLE);
+            let soon = &idles[2];
+            let mut t = String::from(
+                "| measure | export off | export off / relay | export on | export on / relay |\n|---|--:|--:|--:|--:|\n",
+            );
+            let mut row = |what: &str, cells: [String; 4]| {
+                let _ = writeln!(t, "| {what} | {} |", cells.join(" | "));
+            };
+            let r2 = |x: Option<f64>| fmt_ratio(x);
+            let none = String::new;
+            row("sequential p50", [us(p50[3]), r2(p50_ratio), us(median_d(&e.p50)), r2(median_f(&e.p50_vs_relay))]);
+            row("sequential p99", [us(p99[3]), r2(p99_ratio), us(median_d(&e.p99)), r2(median_f(&e.p99_vs_relay))]);
+            row(
+                "pipelined calls/s",
+                [calls(tput[3]), r2(tput_ratio), calls(median_f(&e.calls_per_s)), r2(median_f(&e.calls_vs_relay))],
+            );
+            row(
+                "pipelined CPU per call (proxy process)",
+                [us(cpu[2]), none(), us(median_d(&e.cpu_per_call)), none()],
+            );
+            row(
+                "1 MB results",
+                [mbs(mbps[3]), r2(mbps_ratio), mbs(median_f(&e.mb_per_s)), r2(median_f(&e.mb_vs_relay))],
+            );
+            row("1 MB results, VmHWM", [hwm[2].clone(), none(), mb(median_u(&e.large_hwm_kb)), none()]);
+            row("RSS idle", [mb(mem_proxy.idle_rss_kb), none(), mb(mem_export.idle_rss_kb), none()]);
+            row(
+                &format!("{HELD_CALLS} calls in flight, VmRSS; VmHWM"),
+                [
+                    format!("{}; {}", mb(mem_proxy.held_rss_kb), mb(mem_proxy.held_hwm_kb)),
+                    none(),
+                    format!("{}; {}", mb(mem_export.held_rss_kb), mb(mem_export.held_hwm_kb)),
+                    none(),
+                ],
+            );
+            let cpu_and_wakeups = |i: &Idle| format!("{}, {} wake-ups", ms(i.precise), i.switches.map_or("n/a".into(), |n| n.to_string()));
+            row(
+                &format!("idle CPU over {IDLE_SECS} s from 0.2 s after a few calls"),
+                [cpu_and_wakeups(idle_proxy), none(), cpu_and_wakeups(soon), none()],
+            );
+            row(
+                &format!("idle CPU over {IDLE_SECS} s from {} s after a few calls", LATE_IDLE.as_secs()),
+                [cpu_and_wakeups(&late[0]), none(), cpu_and_wakeups(&late[1]), none()],
+            );
+            format!("\nOpenTelemetry export off and on, in the same rounds (export on: `OTEL_EXPORTER_OTLP_ENDPOINT={endpoint}`):\n\n{t}")
+        });
+
     let mut report = String::new();
     let _ = writeln!(report, "Machine:\n\n{}", machine());
     let _ = writeln!(
         report,
-        "Figures are medians of {reps} repetitions{}. Each repetition runs every workload in {BLOCKS} rounds, the four targets taking turns in rotating order; the ratio to the relay is the median over all rounds of mcp-retry's figure over the relay's in the same round, so load from elsewhere on the machine cancels out. Total bench time {:.0} s.\n",
+        "Figures are medians of {reps} repetitions{}. Each repetition runs every workload in {BLOCKS} rounds, the {} targets taking turns in rotating order; the ratio to the relay is the median over all rounds of mcp-retry's figure over the relay's in the same round, so load from elsewhere on the machine cancels out. Total bench time {:.0} s.\n",
         if opts.quick { ", --quick (fewer calls than labelled)" } else { "" },
+        ["no", "one", "two", "three", "four", "five", "six"][bins.targets().len().min(6)],
         started.elapsed().as_secs_f64()
     );
     report.push_str(&t.0);
@@ -1730,6 +1915,9 @@ fn run_all(opts: &Options) {
     );
     if let Some(b) = &baseline_table {
         report.push_str(b);
+    }
+    if let Some(e) = &export_table {
+        report.push_str(e);
     }
     println!("{report}");
     if let Some(path) = &opts.write {
