@@ -242,16 +242,13 @@ impl Record {
                 attempts,
                 end,
             } => {
-                let mut attrs: Attrs = vec![
-                    ("mcp.method.name", "tools/call".into()),
-                    ("gen_ai.operation.name", "execute_tool".into()),
-                    ("gen_ai.tool.name", Value::Shared(tool.clone())),
-                    ("jsonrpc.request.id", client_id.as_str().to_owned().into()),
+                let mut attrs = tool_call_attrs(tool, client_id.as_str().to_owned());
+                attrs.extend([
                     ("network.transport", "pipe".into()),
                     ("mcp_retry.server", Value::Shared(self.server.clone())),
                     ("mcp_retry.outcome", end.outcome.into()),
                     ("mcp_retry.attempts", i64::from(*attempts).into()),
-                ];
+                ]);
                 if let Some(source) = end.source {
                     attrs.push(("mcp_retry.source", source.into()));
                 }
@@ -279,13 +276,8 @@ impl Record {
                 number,
                 failure,
             } => {
-                let mut attrs: Attrs = vec![
-                    ("mcp.method.name", "tools/call".into()),
-                    ("gen_ai.operation.name", "execute_tool".into()),
-                    ("gen_ai.tool.name", Value::Shared(tool.clone())),
-                    ("jsonrpc.request.id", down.to_string().into()),
-                    ("mcp_retry.attempt", i64::from(*number).into()),
-                ];
+                let mut attrs = tool_call_attrs(tool, down.to_string());
+                attrs.push(("mcp_retry.attempt", i64::from(*number).into()));
                 if let Some(f) = failure {
                     attrs.push(("mcp_retry.failure", (*f).into()));
                     attrs.push(("error.type", (*f).into()));
@@ -328,6 +320,19 @@ impl Record {
             error,
         }
     }
+}
+
+/// The attributes a call's span and its attempts' share; `id` is the
+/// JSON-RPC id of the request the span is about.
+fn tool_call_attrs(tool: &Arc<str>, id: String) -> Attrs {
+    let mut attrs = Vec::with_capacity(12);
+    attrs.extend([
+        ("mcp.method.name", "tools/call".into()),
+        ("gen_ai.operation.name", "execute_tool".into()),
+        ("gen_ai.tool.name", Value::Shared(tool.clone())),
+        ("jsonrpc.request.id", id.into()),
+    ]);
+    attrs
 }
 
 /// Upper bounds (seconds) of the latency histogram's buckets.

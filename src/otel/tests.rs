@@ -20,6 +20,11 @@ fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     move |k| map.get(k).cloned()
 }
 
+/// The settings from these variables alone.
+fn read(pairs: &[(&str, &str)]) -> (Option<Settings>, Vec<String>) {
+    Settings::read(env(pairs), &OtelConfig::default()).unwrap()
+}
+
 fn url(e: &Option<Endpoint>) -> Option<&str> {
     e.as_ref().map(|e| e.url.as_str())
 }
@@ -42,23 +47,19 @@ fn export_is_off_without_an_endpoint_or_when_disabled() {
 
 #[test]
 fn endpoints_headers_and_resource_come_from_the_standard_variables() {
-    let (s, notes) = Settings::read(
-        env(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
-            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:9/custom"),
-            (
-                "OTEL_EXPORTER_OTLP_HEADERS",
-                "Authorization=Bearer%20s3cret, x-tenant = a%2Cb ,broken,=novalue",
-            ),
-            (
-                "OTEL_RESOURCE_ATTRIBUTES",
-                "deployment.environment=dev,service.name=ignored",
-            ),
-            ("OTEL_SERVICE_NAME", "my-proxy"),
-        ]),
-        &OtelConfig::default(),
-    )
-    .unwrap();
+    let (s, notes) = read(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://m:9/custom"),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "Authorization=Bearer%20s3cret, x-tenant = a%2Cb ,broken,=novalue",
+        ),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment=dev,service.name=ignored",
+        ),
+        ("OTEL_SERVICE_NAME", "my-proxy"),
+    ]);
     let s = s.unwrap();
     assert_eq!(url(&s.traces), Some("http://collector:4318/v1/traces"));
     assert_eq!(url(&s.metrics), Some("http://m:9/custom"));
@@ -126,14 +127,10 @@ fn per_signal_headers_are_merged_over_the_generic_ones() {
 
 #[test]
 fn a_per_signal_endpoint_is_used_as_it_is_and_the_generic_one_gets_the_path() {
-    let (s, _) = Settings::read(
-        env(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/base/"),
-            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", " http://t:1/ "),
-        ]),
-        &OtelConfig::default(),
-    )
-    .unwrap();
+    let (s, _) = read(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/base/"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", " http://t:1/ "),
+    ]);
     let s = s.unwrap();
     assert_eq!(url(&s.traces), Some("http://t:1/"));
     assert_eq!(url(&s.metrics), Some("http://c:4318/base/v1/metrics"));
@@ -147,37 +144,37 @@ fn a_per_signal_endpoint_is_used_as_it_is_and_the_generic_one_gets_the_path() {
 
 #[test]
 fn exporters_set_to_none_turn_their_signal_off() {
-    let read = |pairs: &[(&str, &str)]| {
+    let with_endpoint = |pairs: &[(&str, &str)]| {
         let mut all = vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
         all.extend_from_slice(pairs);
-        Settings::read(env(&all), &OtelConfig::default()).unwrap()
+        read(&all)
     };
-    let (s, notes) = read(&[("OTEL_TRACES_EXPORTER", "none")]);
+    let (s, notes) = with_endpoint(&[("OTEL_TRACES_EXPORTER", "none")]);
     let s = s.unwrap();
     assert_eq!(
         (s.traces, url(&s.metrics)),
         (None, Some("http://c:4318/v1/metrics"))
     );
     assert!(notes.is_empty(), "{notes:?}");
-    let (s, _) = read(&[("OTEL_METRICS_EXPORTER", " None ")]);
+    let (s, _) = with_endpoint(&[("OTEL_METRICS_EXPORTER", " None ")]);
     let s = s.unwrap();
     assert!(s.traces.is_some() && s.metrics.is_none());
-    let (s, notes) = read(&[
+    let (s, notes) = with_endpoint(&[
         ("OTEL_TRACES_EXPORTER", "none"),
         ("OTEL_METRICS_EXPORTER", "none"),
     ]);
     assert_eq!(s, None);
     assert!(notes.is_empty(), "{notes:?}");
     // An exporter we do not have is said; with otlp in the list, otlp is used.
-    let (s, notes) = read(&[("OTEL_TRACES_EXPORTER", "console")]);
+    let (s, notes) = with_endpoint(&[("OTEL_TRACES_EXPORTER", "console")]);
     assert!(s.unwrap().traces.is_none());
     assert_eq!(notes.len(), 2, "{notes:?}");
     assert!(notes[0].contains("console"), "{notes:?}");
-    let (s, notes) = read(&[("OTEL_TRACES_EXPORTER", "otlp,zipkin")]);
+    let (s, notes) = with_endpoint(&[("OTEL_TRACES_EXPORTER", "otlp,zipkin")]);
     assert!(s.unwrap().traces.is_some());
     assert_eq!(notes.len(), 1, "{notes:?}");
     // The SDK switch wins over everything.
-    let (s, _) = read(&[
+    let (s, _) = with_endpoint(&[
         ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
         ("OTEL_SDK_DISABLED", "true"),
     ]);
@@ -186,15 +183,11 @@ fn exporters_set_to_none_turn_their_signal_off() {
 
 #[test]
 fn a_protocol_other_than_http_is_said() {
-    let (s, notes) = Settings::read(
-        env(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
-        ]),
-        &OtelConfig::default(),
-    )
-    .unwrap();
+    let (s, notes) = read(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+    ]);
     assert!(s.is_some());
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(
@@ -205,17 +198,13 @@ fn a_protocol_other_than_http_is_said() {
 
 #[test]
 fn a_header_that_cannot_be_sent_is_noted_without_its_value() {
-    let (s, notes) = Settings::read(
-        env(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-            (
-                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-                "x-token=sec%0Aret,bad name=secret2,ok=1",
-            ),
-        ]),
-        &OtelConfig::default(),
-    )
-    .unwrap();
+    let (s, notes) = read(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "x-token=sec%0Aret,bad name=secret2,ok=1",
+        ),
+    ]);
     assert_eq!(
         s.unwrap().traces.unwrap().headers,
         vec![("ok".to_owned(), "1".to_owned())]
@@ -227,14 +216,10 @@ fn a_header_that_cannot_be_sent_is_noted_without_its_value() {
 
 #[test]
 fn a_bad_header_value_is_noted_by_its_key_only() {
-    let (_, notes) = Settings::read(
-        env(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret%zz"),
-        ]),
-        &OtelConfig::default(),
-    )
-    .unwrap();
+    let (_, notes) = read(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret%zz"),
+    ]);
     assert_eq!(notes.len(), 1);
     assert!(
         notes[0].contains("api-key") && !notes[0].contains("secret"),
@@ -244,11 +229,7 @@ fn a_bad_header_value_is_noted_by_its_key_only() {
 
 #[test]
 fn the_service_name_defaults_to_mcp_retry() {
-    let (s, _) = Settings::read(
-        env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c/t")]),
-        &OtelConfig::default(),
-    )
-    .unwrap();
+    let (s, _) = read(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c/t")]);
     let s = s.unwrap();
     assert_eq!(url(&s.traces), Some("http://c/t"));
     assert_eq!(s.metrics, None);
