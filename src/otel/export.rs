@@ -345,3 +345,96 @@ fn post(agent: &ureq::Agent, endpoint: &Endpoint, body: Vec<u8>) -> Result<(), u
     let _ = resp.into_body().read_to_vec();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::super::record::{Record, RecordKind, ShortId};
+    use super::super::{CallEnd, Endpoint, Settings, SpanContext};
+    use super::*;
+
+    fn record() -> Record {
+        let now = Instant::now();
+        Record {
+            ctx: SpanContext {
+                trace_id: [1; 16],
+                span_id: [2; 8],
+                sampled: true,
+            },
+            parent: None,
+            server: "s".into(),
+            start: now,
+            end: now,
+            events: Vec::new(),
+            kind: RecordKind::Call {
+                tool: Arc::from("t"),
+                client_id: ShortId::new("1"),
+                attempts: 1,
+                end: CallEnd::answered(false),
+            },
+        }
+    }
+
+    #[test]
+    fn while_paused_the_handle_drops_and_counts_without_queueing_and_the_pause_ends_by_itself() {
+        let (handle, rx) = Handle::for_test();
+        handle
+            .shared
+            .pause(Instant::now() + Duration::from_secs(3600));
+        handle.send_record(record());
+        assert!(rx.try_recv().is_err());
+        assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 1);
+        // A pause whose end has passed is over at the next send.
+        handle.shared.pause(Instant::now());
+        handle.send_record(record());
+        assert!(rx.try_recv().is_ok());
+        assert_eq!(handle.shared.paused_until.load(Ordering::Relaxed), 0);
+        assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn refusals_timeouts_429_and_5xx_mean_the_collector_is_down() {
+        assert!(collector_down(&ureq::Error::StatusCode(503)));
+        assert!(collector_down(&ureq::Error::StatusCode(429)));
+        assert!(collector_down(&ureq::Error::Io(io::Error::from(
+            io::ErrorKind::ConnectionRefused
+        ))));
+        assert!(!collector_down(&ureq::Error::StatusCode(400)));
+        assert!(!collector_down(&ureq::Error::StatusCode(401)));
+    }
+
+    #[test]
+    fn a_refused_export_pauses_export_and_is_counted() {
+        // A loopback port that was free a moment ago: connections are refused.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let endpoint = Endpoint {
+            url: format!("http://127.0.0.1:{port}/v1/traces"),
+            headers: Vec::new(),
+        };
+        let settings = Settings {
+            traces: Some(endpoint),
+            metrics: None,
+            resource: Vec::new(),
+        };
+        let (handle, exporter) = Exporter::start(settings).unwrap();
+        handle.send_record(record());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !handle.shared.paused() {
+            assert!(Instant::now() < deadline, "export never paused");
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 1);
+        handle.send_record(record());
+        assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 2);
+        assert_eq!(handle.shared.bytes.load(Ordering::Relaxed), 0);
+        drop(handle);
+        assert_eq!(exporter.finish(Duration::from_secs(20)), 2);
+    }
+}
