@@ -141,6 +141,42 @@ impl Message {
         out
     }
 
+    /// The line with its id replaced by `new_id` and `insert` written at
+    /// byte `at` of its params, newline included, in one buffer; `None`
+    /// without params or id.
+    pub fn line_with_id_and_insert(
+        &self,
+        new_id: &str,
+        at: usize,
+        insert: &[&str],
+    ) -> Option<Vec<u8>> {
+        let id = self.id.clone()?;
+        let at = self.params.as_ref()?.start + at;
+        let added: usize = insert.iter().map(|p| p.len()).sum();
+        let text = self.text.as_bytes();
+        let mut out = Vec::with_capacity(text.len() - id.len() + new_id.len() + added + 1);
+        let write_insert = |out: &mut Vec<u8>| {
+            for piece in insert {
+                out.extend_from_slice(piece.as_bytes());
+            }
+        };
+        if at <= id.start {
+            out.extend_from_slice(&text[..at]);
+            write_insert(&mut out);
+            out.extend_from_slice(&text[at..id.start]);
+            out.extend_from_slice(new_id.as_bytes());
+            out.extend_from_slice(&text[id.end..]);
+        } else {
+            out.extend_from_slice(&text[..id.start]);
+            out.extend_from_slice(new_id.as_bytes());
+            out.extend_from_slice(&text[id.end..at]);
+            write_insert(&mut out);
+            out.extend_from_slice(&text[at..]);
+        }
+        out.push(b'\n');
+        Some(out)
+    }
+
     /// The line with `params` replaced by `new_params` (raw JSON), newline included.
     pub fn line_with_params(&self, new_params: &str) -> Vec<u8> {
         self.splice(&self.params, new_params)
@@ -1093,6 +1129,27 @@ mod tests {
             Parsed::Message(m) => m,
             other => panic!("expected a message, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_insert_into_the_params_and_a_new_id_make_one_line() {
+        for line in [
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t"}}"#,
+            r#"{"params":{"name":"t"},"method":"tools/call","jsonrpc":"2.0","id":"seven"}"#,
+        ] {
+            let m = msg(line);
+            let got = m
+                .line_with_id_and_insert("12", 1, &["\"a\":1", ","])
+                .unwrap();
+            let want = m
+                .with_params(r#"{"a":1,"name":"t"}"#)
+                .unwrap()
+                .line_with_id("12");
+            assert_eq!(String::from_utf8(got), String::from_utf8(want), "{line}");
+        }
+        assert!(msg(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+            .line_with_id_and_insert("2", 0, &[])
+            .is_none());
     }
 
     #[test]

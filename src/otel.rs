@@ -27,7 +27,7 @@
 use std::time::Duration;
 
 use crate::config::OtelConfig;
-use crate::jsonrpc::RawObject;
+use crate::jsonrpc::{Message, RawObject};
 
 mod export;
 mod json;
@@ -522,55 +522,79 @@ fn client_context(params: &str) -> Option<SpanContext> {
     SpanContext::parse(&meta.string("traceparent")?)
 }
 
-/// `params` with `_meta.traceparent` set to `traceparent` (replacing one
-/// the client sent, first in `_meta`, which is added first when absent;
-/// everything else as it was); `None` when `params` is not an object.
-/// Without a `traceparent` to replace (the common case) the member is
-/// written into the text where it belongs, with at most one parse of the
-/// top level to find `_meta`.
-pub fn with_traceparent(params: &str, traceparent: &str) -> Option<String> {
-    let body = params.trim_start().strip_prefix('{')?;
-    let scan = scan_meta(params);
-    // A `\u` escape could spell a member name: only then, or when a
-    // `traceparent` may have to go, is the object rewritten.
-    if !scan.escape {
+/// Where and how a `traceparent` goes into a request's params.
+enum TraceparentEdit {
+    /// Write the member at byte `at` of the params: inside `_meta` (first)
+    /// or, with `meta`, in a new `_meta` first in the params; `comma` when
+    /// a member follows.
+    Insert { at: usize, meta: bool, comma: bool },
+    /// The object must be rebuilt (a `traceparent` to replace, a `_meta`
+    /// that is not an object, an escape that could spell a name).
+    Rewrite,
+}
+
+impl TraceparentEdit {
+    /// The edit for `params`; `None` when they are not an object. At most
+    /// one parse of the top level, and only when `_meta` may be there.
+    fn plan(params: &str) -> Option<TraceparentEdit> {
+        let body = params.trim_start().strip_prefix('{')?;
+        let scan = scan_meta(params);
+        if scan.escape {
+            return Some(TraceparentEdit::Rewrite);
+        }
         let meta = match scan.meta {
             true => RawObject::parse(params)?.get("_meta").map(|m| m.get()),
             false => None,
         };
-        let (at, rest, meta) = match meta {
-            Some(m) if m.contains("traceparent") => {
-                return rewrite_traceparent(params, traceparent)
+        let (at, meta) = match meta {
+            Some(m) if m.contains("traceparent") || !m.starts_with('{') => {
+                return Some(TraceparentEdit::Rewrite)
             }
-            // The member goes first in `_meta`.
-            Some(m) if m.starts_with('{') => {
-                let open = m.as_ptr() as usize - params.as_ptr() as usize + 1;
-                (&params[..open], &params[open..], false)
-            }
-            Some(_) => return rewrite_traceparent(params, traceparent),
-            None => (&params[..params.len() - body.len()], body, true),
+            Some(m) => (m.as_ptr() as usize - params.as_ptr() as usize + 1, false),
+            None => (params.len() - body.len(), true),
         };
-        let mut out = String::with_capacity(params.len() + traceparent.len() + 32);
-        out.push_str(at);
-        if meta {
-            out.push_str("\"_meta\":{");
-        }
-        out.push_str("\"traceparent\":\"");
-        out.push_str(traceparent);
-        out.push('"');
-        if meta {
-            out.push('}');
-        }
-        if !rest.trim_start().starts_with('}') {
-            out.push(',');
-        }
-        out.push_str(rest);
-        return Some(out);
+        let comma = !params[at..].trim_start().starts_with('}');
+        Some(TraceparentEdit::Insert { at, meta, comma })
     }
-    rewrite_traceparent(params, traceparent)
+
+    /// The text an `Insert` writes.
+    fn pieces(meta: bool, comma: bool, traceparent: &str) -> [&str; 5] {
+        [
+            if meta {
+                "\"_meta\":{\"traceparent\":\""
+            } else {
+                "\"traceparent\":\""
+            },
+            traceparent,
+            "\"",
+            if meta { "}" } else { "" },
+            if comma { "," } else { "" },
+        ]
+    }
 }
 
-/// [`with_traceparent`] by rebuilding the object and its `_meta`.
+/// The line of attempt `down` of `request`: its id replaced, and
+/// `params._meta.traceparent` set to `traceparent` (replacing one the
+/// client sent, first in `_meta`, which is added first when absent;
+/// everything else as it was). Without a `traceparent` to replace (the
+/// common case) the member is written into the text where it belongs, in
+/// the one buffer of the line. `None` when the params are not an object.
+pub fn attempt_line(request: &Message, down: u64, traceparent: &str) -> Option<Vec<u8>> {
+    let params = request.params()?;
+    let id = down.to_string();
+    match TraceparentEdit::plan(params)? {
+        TraceparentEdit::Insert { at, meta, comma } => {
+            let pieces = TraceparentEdit::pieces(meta, comma, traceparent);
+            request.line_with_id_and_insert(&id, at, &pieces)
+        }
+        TraceparentEdit::Rewrite => {
+            let params = rewrite_traceparent(params, traceparent)?;
+            Some(request.with_params(&params)?.line_with_id(&id))
+        }
+    }
+}
+
+/// The params of [`attempt_line`] by rebuilding the object and its `_meta`.
 fn rewrite_traceparent(params: &str, traceparent: &str) -> Option<String> {
     let mut o = RawObject::parse(params)?;
     let member = format!("\"traceparent\":\"{traceparent}\"");

@@ -341,13 +341,7 @@ impl Calls {
         down: u64,
         traceparent: &str,
     ) -> Option<Vec<u8>> {
-        let request = &self.calls.get(&id)?.request;
-        let params = crate::otel::with_traceparent(request.params()?, traceparent)?;
-        Some(
-            request
-                .with_params(&params)?
-                .line_with_id(&down.to_string()),
-        )
+        crate::otel::attempt_line(&self.calls.get(&id)?.request, down, traceparent)
     }
 
     /// The server answered downstream request `down`.

@@ -275,6 +275,18 @@ fn traceparent_round_trips_and_bad_ones_are_refused() {
     }
 }
 
+/// The params of the attempt line [`attempt_line`] makes of a request
+/// with `params`.
+fn with_traceparent(params: &str, traceparent: &str) -> Option<String> {
+    let line = format!(r#"{{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{params}}}"#);
+    let request = crate::jsonrpc::Message::reparse(line).unwrap();
+    let out = attempt_line(&request, 42, traceparent)?;
+    let text = String::from_utf8(out).unwrap();
+    let sent = crate::jsonrpc::Message::reparse(text.trim_end().to_owned()).unwrap();
+    assert_eq!(sent.id(), Some("42"));
+    Some(sent.params().unwrap().to_owned())
+}
+
 #[test]
 fn the_traceparent_replaces_the_client_s_and_meta_is_added_when_absent() {
     let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
