@@ -14,13 +14,16 @@
 //! 429 or 5xx) pauses export for a second, doubling up to 30 s while it
 //! stays down: meanwhile the dispatcher drops at once, without queueing,
 //! and nothing is rendered or encoded. The pause ends by itself (the
-//! dispatcher's side looks at the time while it lasts), so the thread
+//! dispatcher's side compares its own `now` with its end), so the thread
 //! sets no timer for it: after the last telemetry it sleeps for good.
+//! While the collector has not taken a request yet (at start, after a
+//! failure), a batch's first request carries at most [`PROBE`] spans, so
+//! that a collector that is down costs the encoding of a few.
 
 #![forbid(unsafe_code)]
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -33,9 +36,12 @@ use super::{json, Endpoint, Settings};
 /// Most items waiting for the exporter.
 const QUEUE_ITEMS: usize = 4096;
 /// Most bytes (roughly) waiting for the exporter.
-const QUEUE_BYTES: usize = 8 * 1024 * 1024;
+const QUEUE_BYTES: i64 = 8 * 1024 * 1024;
 /// Most spans in one request; this many queued end the batch delay.
 const BATCH: usize = 512;
+/// Most spans in the first request while the collector is not known to
+/// be up.
+const PROBE: usize = 16;
 /// How long a batch may gather once something arrived.
 pub const BATCH_DELAY: Duration = Duration::from_millis(500);
 /// Bound on each phase of a request and on all of it.
@@ -59,7 +65,9 @@ impl Item {
 }
 
 struct Shared {
-    bytes: AtomicUsize,
+    /// Roughly the bytes queued (for a moment below 0: the exporter may
+    /// take an item before its sender counts it).
+    bytes: AtomicI64,
     dropped: AtomicU64,
     warned: AtomicBool,
     /// The collector is down until this many nanoseconds after `base`:
@@ -71,7 +79,7 @@ struct Shared {
 impl Shared {
     fn new() -> Shared {
         Shared {
-            bytes: AtomicUsize::new(0),
+            bytes: AtomicI64::new(0),
             dropped: AtomicU64::new(0),
             warned: AtomicBool::new(false),
             paused_until: AtomicU64::new(0),
@@ -79,13 +87,13 @@ impl Shared {
         }
     }
 
-    /// Whether export is paused now (looks at the clock only during a pause).
-    fn paused(&self) -> bool {
+    /// Whether export is paused at `now`.
+    fn paused_at(&self, now: Instant) -> bool {
         let until = self.paused_until.load(Ordering::Relaxed);
         if until == 0 {
             return false;
         }
-        if (self.base.elapsed().as_nanos() as u64) < until {
+        if (now.saturating_duration_since(self.base).as_nanos() as u64) < until {
             return true;
         }
         let _ = self
@@ -103,7 +111,7 @@ impl Shared {
     /// Counts `n` items lost; the first loss is said on stderr.
     fn dropped(&self, n: u64, why: &str) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
-        if !self.warned.swap(true, Ordering::Relaxed) {
+        if !self.warned.load(Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
             crate::warn!("OpenTelemetry: {why}; telemetry is dropped while this lasts (said once)");
         }
     }
@@ -120,27 +128,26 @@ pub struct Handle {
 }
 
 impl Handle {
-    fn send(&self, item: Item) {
+    /// Queues `item`, made at the dispatcher's `now`, or drops it.
+    fn send(&self, item: Item, now: Instant) {
         let shared = &*self.shared;
-        if shared.paused() {
+        if shared.paused_at(now) {
             // Said when the collector was found down.
             shared.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let size = item.size();
-        let queued = shared.bytes.fetch_add(size, Ordering::Relaxed);
-        if queued + size > QUEUE_BYTES {
-            shared.bytes.fetch_sub(size, Ordering::Relaxed);
+        let size = item.size() as i64;
+        if shared.bytes.load(Ordering::Relaxed) + size > QUEUE_BYTES {
             return shared.dropped(1, "the export queue is full");
         }
         match self.tx.try_send(item) {
             Ok(()) => {
+                shared.bytes.fetch_add(size, Ordering::Relaxed);
                 if self.tx.len() == BATCH {
                     let _ = self.wake.try_send(());
                 }
             }
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                shared.bytes.fetch_sub(size, Ordering::Relaxed);
                 shared.dropped(1, "the export queue is full");
             }
         }
@@ -174,13 +181,15 @@ impl Handle {
     /// Sends a finished span if traces are exported.
     pub fn send_record(&self, record: Record) {
         if self.traces {
-            self.send(Item::Span(record));
+            let now = record.end;
+            self.send(Item::Span(record), now);
         }
     }
 
     pub fn send_metrics(&self, snapshot: Snapshot) {
         if self.metrics {
-            self.send(Item::Metrics(Box::new(snapshot)));
+            let now = snapshot.at;
+            self.send(Item::Metrics(Box::new(snapshot)), now);
         }
     }
 }
@@ -233,8 +242,10 @@ fn collector_down(e: &ureq::Error) -> bool {
     }
 }
 
-/// How long export pauses when the collector is found down.
+/// What the thread knows of the collector: whether it took the last
+/// request, and how long export pauses when it is found down.
 struct Pause {
+    up: bool,
     next: Duration,
     until: Option<Instant>,
 }
@@ -254,6 +265,7 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
         .into();
     let clock = Clock::now();
     let mut pause = Pause {
+        up: false,
         next: PAUSE_FIRST,
         until: None,
     };
@@ -265,7 +277,9 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
         let mut spans = Vec::new();
         let mut snapshot = None;
         let mut take = |item: Item| {
-            shared.bytes.fetch_sub(item.size(), Ordering::Relaxed);
+            shared
+                .bytes
+                .fetch_sub(item.size() as i64, Ordering::Relaxed);
             match item {
                 Item::Span(r) => spans.push(r),
                 // Cumulative: only the newest matters.
@@ -278,7 +292,11 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
         }
         let resource = resource.get_or_insert_with(|| json::resource(&settings.resource));
         if let Some(endpoint) = &settings.traces {
-            for chunk in spans.chunks(BATCH) {
+            let mut rest = &spans[..];
+            while !rest.is_empty() {
+                let n = if pause.up { BATCH } else { PROBE };
+                let (chunk, tail) = rest.split_at(n.min(rest.len()));
+                rest = tail;
                 send(
                     &agent,
                     endpoint,
@@ -317,8 +335,12 @@ fn send(
         return;
     }
     match post(agent, endpoint, encode()) {
-        Ok(()) => pause.next = PAUSE_FIRST,
+        Ok(()) => {
+            pause.up = true;
+            pause.next = PAUSE_FIRST;
+        }
         Err(e) => {
+            pause.up = false;
             // The error names the URL, the status or the I/O failure,
             // never a header's value.
             let url = super::shown_url(&endpoint.url);
@@ -426,7 +448,7 @@ mod tests {
         let (handle, exporter) = Exporter::start(settings).unwrap();
         handle.send_record(record());
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !handle.shared.paused() {
+        while !handle.shared.paused_at(Instant::now()) {
             assert!(Instant::now() < deadline, "export never paused");
             thread::sleep(Duration::from_millis(10));
         }
