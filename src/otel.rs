@@ -413,6 +413,19 @@ impl PartialEq<String> for Traceparent {
     }
 }
 
+/// `n` in decimal, written at the end of `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// Lowercase hex of `bytes` into `out` (twice as long).
@@ -581,15 +594,16 @@ impl TraceparentEdit {
 /// the one buffer of the line. `None` when the params are not an object.
 pub fn attempt_line(request: &Message, down: u64, traceparent: &str) -> Option<Vec<u8>> {
     let params = request.params()?;
-    let id = down.to_string();
+    let mut digits = [0u8; 20];
+    let id = std::str::from_utf8(decimal(down, &mut digits)).unwrap_or_default();
     match TraceparentEdit::plan(params)? {
         TraceparentEdit::Insert { at, meta, comma } => {
             let pieces = TraceparentEdit::pieces(meta, comma, traceparent);
-            request.line_with_id_and_insert(&id, at, &pieces)
+            request.line_with_id_and_insert(id, at, &pieces)
         }
         TraceparentEdit::Rewrite => {
             let params = rewrite_traceparent(params, traceparent)?;
-            Some(request.with_params(&params)?.line_with_id(&id))
+            Some(request.with_params(&params)?.line_with_id(id))
         }
     }
 }

@@ -279,9 +279,9 @@ fn an_idle_dispatcher_has_no_timers_after_the_handshake_settles() {
 fn spans_in(exported: &Receiver<crate::otel::Item>) -> Vec<crate::otel::Span> {
     exported
         .try_iter()
-        .filter_map(|i| match i {
-            crate::otel::Item::Span(r) => Some(r.span(&crate::otel::Clock::now())),
-            crate::otel::Item::Metrics(_) => None,
+        .flat_map(|i| match i {
+            crate::otel::Item::Span(r) => r.spans(&crate::otel::Clock::now()),
+            crate::otel::Item::Metrics(_) => Vec::new(),
         })
         .collect()
 }

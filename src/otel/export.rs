@@ -33,8 +33,9 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use super::record::{Clock, Record, Snapshot};
 use super::{json, Endpoint, Settings};
 
-/// Most items waiting for the exporter.
-const QUEUE_ITEMS: usize = 4096;
+/// Most items waiting for the exporter (each of about 300 bytes; a call's
+/// record holds its span and its last attempt's).
+const QUEUE_ITEMS: usize = 2048;
 /// Most bytes (roughly) waiting for the exporter.
 const QUEUE_BYTES: i64 = 8 * 1024 * 1024;
 /// Most spans in one request; this many queued end the batch delay.
@@ -50,6 +51,9 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 const PAUSE_FIRST: Duration = Duration::from_secs(1);
 const PAUSE_MAX: Duration = Duration::from_secs(30);
 
+// Span records are nearly every item; boxing them would cost an
+// allocation per call. The queue's slots are allocated once.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Item {
     Span(Record),
     Metrics(Box<Snapshot>),
@@ -60,6 +64,14 @@ impl Item {
         match self {
             Item::Span(r) => r.size(),
             Item::Metrics(m) => m.size(),
+        }
+    }
+
+    /// What it counts for when it is dropped: its spans, or one snapshot.
+    fn count(&self) -> u64 {
+        match self {
+            Item::Span(r) => r.spans_held(),
+            Item::Metrics(_) => 1,
         }
     }
 }
@@ -133,12 +145,12 @@ impl Handle {
         let shared = &*self.shared;
         if shared.paused_at(now) {
             // Said when the collector was found down.
-            shared.dropped.fetch_add(1, Ordering::Relaxed);
+            shared.dropped.fetch_add(item.count(), Ordering::Relaxed);
             return;
         }
         let size = item.size() as i64;
         if shared.bytes.load(Ordering::Relaxed) + size > QUEUE_BYTES {
-            return shared.dropped(1, "the export queue is full");
+            return shared.dropped(item.count(), "the export queue is full");
         }
         match self.tx.try_send(item) {
             Ok(()) => {
@@ -147,8 +159,8 @@ impl Handle {
                     let _ = self.wake.try_send(());
                 }
             }
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                shared.dropped(1, "the export queue is full");
+            Err(TrySendError::Full(item) | TrySendError::Disconnected(item)) => {
+                shared.dropped(item.count(), "the export queue is full");
             }
         }
     }
@@ -297,17 +309,14 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
                 let n = if pause.up { BATCH } else { PROBE };
                 let (chunk, tail) = rest.split_at(n.min(rest.len()));
                 rest = tail;
-                send(
-                    &agent,
-                    endpoint,
-                    chunk.len() as u64,
-                    shared,
-                    &mut pause,
-                    || {
-                        let rendered: Vec<_> = chunk.iter().map(|r| r.span(&clock)).collect();
-                        json::traces(resource, &rendered)
-                    },
-                );
+                let held = chunk.iter().map(Record::spans_held).sum();
+                send(&agent, endpoint, held, shared, &mut pause, || {
+                    let mut rendered = Vec::with_capacity(2 * chunk.len());
+                    for r in chunk {
+                        r.render(&clock, &mut rendered);
+                    }
+                    json::traces(resource, &rendered)
+                });
             }
         }
         if let (Some(m), Some(endpoint)) = (snapshot, &settings.metrics) {
@@ -396,6 +405,7 @@ mod tests {
                 client_id: ShortId::new("1"),
                 attempts: 1,
                 end: CallEnd::answered(false),
+                last: None,
             },
         }
     }

@@ -8,7 +8,7 @@
 use serde_json::{json, Value as Json};
 
 use super::record::{Attrs, Histogram, Metrics, Span, Value, LATENCY_BOUNDS};
-use super::write_hex;
+use super::{decimal, write_hex};
 
 const SCOPE: &str = "mcp-retry";
 
@@ -87,18 +87,8 @@ fn push_name(out: &mut Vec<u8>, name: &'static str) {
 }
 
 /// Appends `n` in decimal.
-fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
+fn push_u64(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(decimal(n, &mut [0; 20]));
 }
 
 /// Appends `n` in decimal.

@@ -179,17 +179,34 @@ pub struct FailedRequest {
     pub code: Option<String>,
 }
 
+/// An attempt that ended, as its call's record may carry it.
+#[derive(Debug, Clone)]
+pub struct EndedAttempt {
+    pub span_id: [u8; 8],
+    /// The id it was sent to the server with.
+    pub down: u64,
+    /// 1 for the first attempt.
+    pub number: u32,
+    pub start: Instant,
+    pub end: Instant,
+    pub failure: Option<&'static str>,
+    pub events: Vec<Event>,
+}
+
 /// Which span a record is.
 #[derive(Debug, Clone)]
 pub enum RecordKind {
-    /// A client's `tools/call`.
+    /// A client's `tools/call`, with its last attempt when that ended with
+    /// it (the common case: one record, two spans).
     Call {
         tool: Arc<str>,
         client_id: ShortId,
         attempts: u32,
         end: CallEnd,
+        last: Option<EndedAttempt>,
     },
-    /// One attempt of a call, sent to the server as `down`.
+    /// An attempt that ended before its call (a retry followed): the
+    /// record's ids, times and events are the attempt's.
     Attempt {
         tool: Arc<str>,
         down: u64,
@@ -199,7 +216,7 @@ pub enum RecordKind {
     Request(Box<FailedRequest>),
 }
 
-/// One finished span as the dispatcher hands it over.
+/// One or two finished spans as the dispatcher hands them over.
 #[derive(Debug, Clone)]
 pub struct Record {
     pub ctx: SpanContext,
@@ -214,111 +231,185 @@ pub struct Record {
 /// Rough bytes of a record beyond its fixed size, for the queue's bound.
 const EVENT_BYTES: usize = 96;
 
+/// What makes a span what it is, beside its ids and times.
+struct Parts {
+    name: String,
+    kind: SpanKind,
+    attrs: Attrs,
+    error: Option<String>,
+}
+
 impl Record {
     /// Roughly the bytes it holds (what it costs in the export queue).
     pub fn size(&self) -> usize {
         let extra = match &self.kind {
             RecordKind::Request(r) => r.method.len() + r.client_id.len() + r.error_type.len() + 32,
+            RecordKind::Call { last: Some(a), .. } => a.events.len() * EVENT_BYTES,
             _ => 0,
         };
         std::mem::size_of::<Record>() + extra + self.events.len() * EVENT_BYTES
     }
 
-    /// The span as OTLP describes it (on the exporter thread).
-    pub fn span(&self, clock: &Clock) -> Span {
-        let events = self
-            .events
-            .iter()
-            .map(|e| SpanEvent {
-                time: clock.unix_nanos(e.at),
-                name: e.name,
-                attrs: e.attrs.clone(),
-            })
-            .collect();
-        let (name, kind, attrs, error) = match &self.kind {
+    /// How many spans it holds.
+    pub fn spans_held(&self) -> u64 {
+        match &self.kind {
+            RecordKind::Call { last: Some(_), .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// Appends its spans as OTLP describes them (on the exporter thread):
+    /// a call's last attempt before the call.
+    pub fn render(&self, clock: &Clock, out: &mut Vec<Span>) {
+        let parts = match &self.kind {
             RecordKind::Call {
                 tool,
                 client_id,
                 attempts,
                 end,
+                last,
             } => {
-                let mut attrs = tool_call_attrs(tool, client_id.as_str().to_owned());
-                attrs.extend([
-                    ("network.transport", "pipe".into()),
-                    ("mcp_retry.server", Value::Shared(self.server.clone())),
-                    ("mcp_retry.outcome", end.outcome.into()),
-                    ("mcp_retry.attempts", i64::from(*attempts).into()),
-                ]);
-                if let Some(source) = end.source {
-                    attrs.push(("mcp_retry.source", source.into()));
+                if let Some(a) = last {
+                    let ctx = SpanContext {
+                        span_id: a.span_id,
+                        ..self.ctx
+                    };
+                    let parts = attempt_parts(tool, a.down, a.number, a.failure);
+                    let times = (a.start, a.end);
+                    out.push(span(
+                        ctx,
+                        Some(self.ctx.span_id),
+                        times,
+                        &a.events,
+                        parts,
+                        clock,
+                    ));
                 }
-                let error = match (end.reason, end.outcome) {
-                    (Some(reason), _) => {
-                        attrs.push(("mcp_retry.reason", reason.into()));
-                        Some(reason)
-                    }
-                    (None, "cancelled") => Some("cancelled"),
-                    (None, _) => None,
-                };
-                if let Some(e) = error {
-                    attrs.push(("error.type", e.into()));
-                }
-                (
-                    format!("tools/call {tool}"),
-                    SpanKind::Server,
-                    attrs,
-                    error.map(str::to_owned),
-                )
+                call_parts(tool, client_id, *attempts, end, &self.server)
             }
             RecordKind::Attempt {
                 tool,
                 down,
                 number,
                 failure,
-            } => {
-                let mut attrs = tool_call_attrs(tool, down.to_string());
-                attrs.push(("mcp_retry.attempt", i64::from(*number).into()));
-                if let Some(f) = failure {
-                    attrs.push(("mcp_retry.failure", (*f).into()));
-                    attrs.push(("error.type", (*f).into()));
-                }
-                (
-                    format!("tools/call {tool}"),
-                    SpanKind::Client,
-                    attrs,
-                    failure.map(str::to_owned),
-                )
-            }
-            RecordKind::Request(r) => {
-                let mut attrs: Attrs = vec![
-                    ("mcp.method.name", r.method.clone().into()),
-                    ("jsonrpc.request.id", r.client_id.clone().into()),
-                    ("network.transport", "pipe".into()),
-                    ("mcp_retry.server", Value::Shared(self.server.clone())),
-                    ("error.type", r.error_type.clone().into()),
-                ];
-                if let Some(code) = &r.code {
-                    attrs.push(("rpc.jsonrpc.error_code", code.clone().into()));
-                }
-                (
-                    r.method.clone(),
-                    SpanKind::Server,
-                    attrs,
-                    Some(r.error_type.clone()),
-                )
-            }
+            } => attempt_parts(tool, *down, *number, *failure),
+            RecordKind::Request(r) => request_parts(r, &self.server),
         };
-        Span {
-            ctx: self.ctx,
-            parent: self.parent,
-            name,
-            kind,
-            start: clock.unix_nanos(self.start),
-            end: clock.unix_nanos(self.end),
-            attrs,
-            events,
-            error,
+        let times = (self.start, self.end);
+        out.push(span(
+            self.ctx,
+            self.parent,
+            times,
+            &self.events,
+            parts,
+            clock,
+        ));
+    }
+
+    /// Its spans (tests).
+    #[cfg(test)]
+    pub fn spans(&self, clock: &Clock) -> Vec<Span> {
+        let mut out = Vec::new();
+        self.render(clock, &mut out);
+        out
+    }
+}
+
+fn span(
+    ctx: SpanContext,
+    parent: Option<[u8; 8]>,
+    (start, end): (Instant, Instant),
+    events: &[Event],
+    parts: Parts,
+    clock: &Clock,
+) -> Span {
+    Span {
+        ctx,
+        parent,
+        name: parts.name,
+        kind: parts.kind,
+        start: clock.unix_nanos(start),
+        end: clock.unix_nanos(end),
+        attrs: parts.attrs,
+        events: events
+            .iter()
+            .map(|e| SpanEvent {
+                time: clock.unix_nanos(e.at),
+                name: e.name,
+                attrs: e.attrs.clone(),
+            })
+            .collect(),
+        error: parts.error,
+    }
+}
+
+fn call_parts(
+    tool: &Arc<str>,
+    client_id: &ShortId,
+    attempts: u32,
+    end: &CallEnd,
+    server: &Arc<str>,
+) -> Parts {
+    let mut attrs = tool_call_attrs(tool, client_id.as_str().to_owned());
+    attrs.extend([
+        ("network.transport", "pipe".into()),
+        ("mcp_retry.server", Value::Shared(server.clone())),
+        ("mcp_retry.outcome", end.outcome.into()),
+        ("mcp_retry.attempts", i64::from(attempts).into()),
+    ]);
+    if let Some(source) = end.source {
+        attrs.push(("mcp_retry.source", source.into()));
+    }
+    let error = match (end.reason, end.outcome) {
+        (Some(reason), _) => {
+            attrs.push(("mcp_retry.reason", reason.into()));
+            Some(reason)
         }
+        (None, "cancelled") => Some("cancelled"),
+        (None, _) => None,
+    };
+    if let Some(e) = error {
+        attrs.push(("error.type", e.into()));
+    }
+    Parts {
+        name: format!("tools/call {tool}"),
+        kind: SpanKind::Server,
+        attrs,
+        error: error.map(str::to_owned),
+    }
+}
+
+fn attempt_parts(tool: &Arc<str>, down: u64, number: u32, failure: Option<&'static str>) -> Parts {
+    let mut attrs = tool_call_attrs(tool, down.to_string());
+    attrs.push(("mcp_retry.attempt", i64::from(number).into()));
+    if let Some(f) = failure {
+        attrs.push(("mcp_retry.failure", f.into()));
+        attrs.push(("error.type", f.into()));
+    }
+    Parts {
+        name: format!("tools/call {tool}"),
+        kind: SpanKind::Client,
+        attrs,
+        error: failure.map(str::to_owned),
+    }
+}
+
+fn request_parts(r: &FailedRequest, server: &Arc<str>) -> Parts {
+    let mut attrs: Attrs = vec![
+        ("mcp.method.name", r.method.clone().into()),
+        ("jsonrpc.request.id", r.client_id.clone().into()),
+        ("network.transport", "pipe".into()),
+        ("mcp_retry.server", Value::Shared(server.clone())),
+        ("error.type", r.error_type.clone().into()),
+    ];
+    if let Some(code) = &r.code {
+        attrs.push(("rpc.jsonrpc.error_code", code.clone().into()));
+    }
+    Parts {
+        name: r.method.clone(),
+        kind: SpanKind::Server,
+        attrs,
+        error: Some(r.error_type.clone()),
     }
 }
 

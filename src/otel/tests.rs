@@ -351,9 +351,9 @@ fn tracer() -> (Tracer, crossbeam_channel::Receiver<export::Item>) {
 
 fn spans(rx: &crossbeam_channel::Receiver<export::Item>) -> Vec<Span> {
     rx.try_iter()
-        .filter_map(|i| match i {
-            export::Item::Span(r) => Some(r.span(&Clock::now())),
-            _ => None,
+        .flat_map(|i| match i {
+            export::Item::Span(r) => r.spans(&Clock::now()),
+            _ => Vec::new(),
         })
         .collect()
 }

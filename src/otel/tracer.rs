@@ -17,7 +17,7 @@ use crate::fasthash::FastMap;
 use crate::jsonrpc::RawObject;
 
 use super::record::{
-    Attrs, Event, FailedRequest, Record, RecordKind, ShortId, Snapshot, ToolCounters,
+    Attrs, EndedAttempt, Event, FailedRequest, Record, RecordKind, ShortId, Snapshot, ToolCounters,
 };
 use super::{client_context, CallEnd, Handle, SpanContext, Traceparent};
 
@@ -40,7 +40,9 @@ struct OpenAttempt {
     events: Vec<Event>,
 }
 
-/// A call in progress: its span's ids, and its live attempt's.
+/// A call in progress: its span's ids, its live attempt's, and the
+/// attempt that ended last (it leaves with the call's record, or alone
+/// when another attempt ends after it).
 #[derive(Debug)]
 struct OpenCall {
     ctx: SpanContext,
@@ -51,6 +53,7 @@ struct OpenCall {
     attempts: u32,
     events: Vec<Event>,
     attempt: Option<OpenAttempt>,
+    ended: Option<EndedAttempt>,
 }
 
 /// Tool names, each kept once: an index for the counters, an `Arc` for
@@ -189,6 +192,7 @@ impl Tracer {
                 attempts: 0,
                 events: Vec::new(),
                 attempt: None,
+                ended: None,
             },
         );
     }
@@ -232,6 +236,7 @@ impl Tracer {
                     reason: None,
                     source: Some(source),
                 },
+                last: None,
             },
         });
     }
@@ -299,6 +304,8 @@ impl Tracer {
         self.end_attempt(call, attempt, failure, now);
     }
 
+    /// Attempt `a` of call `call` ended at `now`: it waits for the call's
+    /// record, and one that waited so far leaves alone.
     fn end_attempt(
         &mut self,
         call: u64,
@@ -306,29 +313,42 @@ impl Tracer {
         failure: Option<&'static str>,
         now: Instant,
     ) {
-        let (Some(a), Some(c)) = (attempt, self.calls.get(&call)) else {
-            return;
-        };
         if !self.handle.traces() {
             return;
         }
-        self.send(Record {
+        let (Some(a), Some(c)) = (attempt, self.calls.get_mut(&call)) else {
+            return;
+        };
+        let ended = EndedAttempt {
+            span_id: a.span_id,
+            down: a.down,
+            number: a.number,
+            start: a.start,
+            end: now,
+            failure,
+            events: a.events,
+        };
+        let Some(earlier) = c.ended.replace(ended) else {
+            return;
+        };
+        let record = Record {
             ctx: SpanContext {
-                span_id: a.span_id,
+                span_id: earlier.span_id,
                 ..c.ctx
             },
             parent: Some(c.ctx.span_id),
             server: self.server.clone(),
-            start: a.start,
-            end: now,
-            events: a.events,
+            start: earlier.start,
+            end: earlier.end,
+            events: earlier.events,
             kind: RecordKind::Attempt {
                 tool: self.tools.names[c.tool as usize].clone(),
-                down: a.down,
-                number: a.number,
-                failure,
+                down: earlier.down,
+                number: earlier.number,
+                failure: earlier.failure,
             },
-        });
+        };
+        self.send(record);
     }
 
     /// An event on call `call`'s span (a backoff wait, a breaker refusal).
@@ -394,6 +414,7 @@ impl Tracer {
                 client_id: c.client_id,
                 attempts: c.attempts,
                 end,
+                last: c.ended,
             },
         });
     }
