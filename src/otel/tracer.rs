@@ -1,11 +1,11 @@
 //! The dispatcher's side of export: the [`Tracer`] it owns. Plain data fed
 //! by hooks with the dispatcher's `now`: the open spans (ids, instants, an
 //! interned tool), per-tool counters in a vector, and the handle to the
-//! exporter. A finished span leaves as a fixed [`Record`]; a call costs no
-//! string building here (the client's id is kept inline when short) and
-//! no allocation beyond the map of open calls. Must not know JSON, HTTP
-//! or the wall clock: names, attributes and times are made by the
-//! exporter thread (`record.rs`).
+//! exporter. A finished call leaves as one fixed [`Record`] that carries
+//! its last attempt too; a call costs no string building here (the
+//! client's id is kept inline when short) and no allocation beyond the map
+//! of open calls. Must not know JSON, HTTP or the wall clock: names,
+//! attributes and times are made by the exporter thread (`record.rs`).
 
 #![forbid(unsafe_code)]
 
