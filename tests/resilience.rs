@@ -1418,11 +1418,12 @@ fn explicit_keys_are_scoped_to_the_tool_and_say_when_arguments_differ() {
     assert_eq!(source_marker(&r), Some("dedup"), "{r}");
     assert_eq!(text(&r), "create");
     assert_eq!(s.executions("echo"), 1);
+    // stderr is read by another thread than the answers: wait for it.
+    eventually("the reuse to be logged", || {
+        s.stderr()
+            .contains("tool \"echo\": idempotency key \"op-9\" was reused with different arguments")
+    });
     let log = s.stderr();
-    assert!(
-        log.contains("tool \"echo\": idempotency key \"op-9\" was reused with different arguments"),
-        "{log}"
-    );
     assert!(!log.contains("SECRET-VALUE"), "{log}");
 }
 
