@@ -4,7 +4,7 @@
 //! too (the loopback server of `http_server.rs`, a closed port, and a small
 //! server of its own here that answers 401).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::http_server::Server;
-use crate::util::{gone_within, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
+use crate::util::{gone_within, read_http_request, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
 
 /// What one `mcp-retry check` run did.
 struct Ran {
@@ -715,30 +715,11 @@ impl Drop for Unauthorized {
 /// Reads one request (its body too, so that closing is not a reset) and
 /// answers it 401.
 fn answer_401(stream: TcpStream) {
-    let mut r = BufReader::new(&stream);
-    let (mut length, mut auth, mut tenant) = (0, String::new(), String::new());
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((name, value)) = line.split_once(':') {
-            match name.to_ascii_lowercase().as_str() {
-                "content-length" => length = value.trim().parse().unwrap_or(0),
-                "authorization" => auth = value.trim().to_owned(),
-                "x-tenant" => tenant = value.trim().to_owned(),
-                _ => {}
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    if r.read_exact(&mut body).is_err() {
+    let Some(request) = read_http_request(&mut BufReader::new(&stream)) else {
         return;
-    }
+    };
+    let auth = request.header("authorization").unwrap_or_default();
+    let tenant = request.header("x-tenant").unwrap_or_default();
     let answer = json!({"jsonrpc": "2.0", "id": null,
         "error": {"code": -32001, "message": format!("no access for {auth} as {tenant}")}})
     .to_string();

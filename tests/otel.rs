@@ -1,7 +1,7 @@
 //! OpenTelemetry export: a small OTLP/HTTP receiver on loopback records
 //! what the proxy POSTs, and the mock's logs show what the server saw.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, Builder, Session, WAIT};
+use crate::util::{eventually, read_http_request, Builder, Session, WAIT};
 
 /// One POST the receiver accepted.
 #[derive(Debug, Clone)]
@@ -81,36 +81,10 @@ impl Collector {
 fn serve(stream: TcpStream, sink: &Mutex<Vec<Post>>) {
     let mut out = stream.try_clone().unwrap();
     let mut r = BufReader::new(stream);
-    loop {
-        let mut start = String::new();
-        if r.read_line(&mut start).unwrap_or(0) == 0 {
-            return;
-        }
-        let path = start.split_whitespace().nth(1).unwrap_or("").to_owned();
-        let mut headers = Vec::new();
-        let mut len = 0;
-        loop {
-            let mut line = String::new();
-            if r.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = line.split_once(':') {
-                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_owned());
-                if k == "content-length" {
-                    len = v.parse().unwrap();
-                }
-                headers.push((k, v));
-            }
-        }
-        let mut body = vec![0; len];
-        if r.read_exact(&mut body).is_err() {
-            return;
-        }
-        let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    while let Some(request) = read_http_request(&mut r) {
+        let path = request.path().to_owned();
+        let headers = request.headers;
+        let body = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
         sink.lock().unwrap().push(Post {
             path,
             headers,

@@ -697,3 +697,62 @@ impl Session {
         got
     }
 }
+
+/// One HTTP/1.1 request as a test's loopback server reads it.
+pub struct HttpRequest {
+    /// `POST /v1/traces HTTP/1.1`.
+    pub start: String,
+    /// Header names in lowercase, values trimmed, in order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpRequest {
+    /// The request target: `/v1/traces`.
+    pub fn path(&self) -> &str {
+        self.start.split_whitespace().nth(1).unwrap_or("")
+    }
+
+    /// The first header named `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads the next request (its body too, so that closing afterwards is not
+/// a reset); `None` at the end of the connection or on a broken one.
+pub fn read_http_request(r: &mut impl BufRead) -> Option<HttpRequest> {
+    let mut start = String::new();
+    if r.read_line(&mut start).ok()? == 0 {
+        return None;
+    }
+    let mut headers = Vec::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+    }
+    let request = HttpRequest {
+        start: start.trim_end().to_owned(),
+        headers,
+        body: Vec::new(),
+    };
+    let length = request
+        .header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    std::io::Read::read_exact(r, &mut body).ok()?;
+    Some(HttpRequest { body, ..request })
+}
