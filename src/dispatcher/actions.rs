@@ -73,7 +73,7 @@ impl Dispatcher {
             Action::Ended { tool, took, error } => {
                 self.note_call_end(&tool, took, error.as_deref())
             }
-            Action::Trace(t) => self.trace(*t, now),
+            Action::Trace(t) => self.trace(t, now),
         }
     }
 
@@ -126,13 +126,14 @@ impl Dispatcher {
     /// export is on); a line the server cannot be given fails the attempt
     /// as never sent.
     fn send_attempt(&mut self, id: u64, down: u64, line: Vec<u8>, now: Instant) {
-        let line = match self.traced(|t| t.attempt_started(id, down, now)).flatten() {
-            Some(tp) => self
-                .calls
-                .line_with_traceparent(id, down, &tp)
-                .unwrap_or(line),
+        let line = match self.traced(|t| t.attempt_started(id, down, now)) {
+            // Export is on: the line was left for this.
+            Some(tp) => self.calls.attempt_line(id, down, tp.as_deref()),
             None => line,
         };
+        if line.is_empty() {
+            return; // The call ended before its attempt left.
+        }
         if !self.send_server(line) {
             self.with_calls(now, |c, ctx, out| c.attempt_unsent(id, down, ctx, out));
         }
@@ -212,14 +213,9 @@ impl Dispatcher {
                     tracer.call_started(call, tool, client, params, now);
                 }
             }
-            Trace::AnsweredByProxy {
-                tool,
-                client,
-                request,
-                source,
-            } => {
-                let params = request.params();
-                self.traced(|t| t.answered_by_proxy(&tool, &client, params, source, now));
+            Trace::AnsweredByProxy(a) => {
+                let params = a.request.params();
+                self.traced(|t| t.answered_by_proxy(&a.tool, &a.client, params, a.source, now));
             }
             Trace::Joined { call, tool } => {
                 self.traced(|t| t.joined(call, &tool, now));

@@ -85,8 +85,10 @@ pub(super) struct Ctx {
 pub(super) enum Action {
     /// Answer client request `client` with `line` (a response or an error).
     Answer { client: String, line: Vec<u8> },
-    /// Send the server attempt `down` of call `call` (a request line). If
-    /// the server cannot be given it, report [`Calls::attempt_unsent`].
+    /// Send the server attempt `down` of call `call` (a request line; empty
+    /// while export is on: the dispatcher writes it with the attempt's
+    /// `traceparent`, see [`Calls::attempt_line`]). If the server cannot be
+    /// given it, report [`Calls::attempt_unsent`].
     Attempt { call: u64, down: u64, line: Vec<u8> },
     /// Ask the server to stop working on downstream request `down`.
     Cancel {
@@ -113,7 +115,7 @@ pub(super) enum Action {
         error: Option<String>,
     },
     /// For the OpenTelemetry spans (only while `Ctx::tracing`).
-    Trace(Box<Trace>),
+    Trace(Trace),
 }
 
 /// What the tracer is told about the calls.
@@ -123,13 +125,9 @@ pub(super) enum Trace {
     CallStarted {
         call: u64,
     },
-    /// A call answered at once from the cache or the idempotency table.
-    AnsweredByProxy {
-        tool: String,
-        client: String,
-        request: Message,
-        source: &'static str,
-    },
+    /// A call answered at once from the cache or the idempotency table
+    /// (boxed: the rare variant, and the large one).
+    AnsweredByProxy(Box<ProxyAnswer>),
     /// A call joined call `call` in flight.
     Joined {
         call: Option<u64>,
@@ -166,6 +164,15 @@ pub(super) enum Trace {
     },
     /// The breaker changed state.
     Breaker(&'static str),
+}
+
+/// A call the proxy answered itself, for its span.
+#[derive(Debug)]
+pub(super) struct ProxyAnswer {
+    pub tool: String,
+    pub client: String,
+    pub request: Message,
+    pub source: &'static str,
 }
 
 /// A deadline of a call, and what it is for.
@@ -333,15 +340,16 @@ impl Calls {
         Some((&c.tool, c.client.as_deref()?, c.request.params()))
     }
 
-    /// Attempt `down` of call `id` with `traceparent` in its
-    /// `params._meta` (`None` if params is not an object).
-    pub(super) fn line_with_traceparent(
-        &self,
-        id: u64,
-        down: u64,
-        traceparent: &str,
-    ) -> Option<Vec<u8>> {
-        crate::otel::attempt_line(&self.calls.get(&id)?.request, down, traceparent)
+    /// Attempt `down` of call `id`: with `traceparent` in its
+    /// `params._meta` when there is one and params is an object, else as the
+    /// client sent it (under `down`).
+    pub(super) fn attempt_line(&self, id: u64, down: u64, traceparent: Option<&str>) -> Vec<u8> {
+        let Some(call) = self.calls.get(&id) else {
+            return Vec::new();
+        };
+        traceparent
+            .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
+            .unwrap_or_else(|| call.request.line_with_id(&down.to_string()))
     }
 
     /// The server answered downstream request `down`.
@@ -543,7 +551,7 @@ impl Calls {
 /// Pushes what `f` tells the tracer, if export is on.
 fn trace(ctx: Ctx, out: &mut Vec<Action>, f: impl FnOnce() -> Trace) {
     if ctx.tracing {
-        out.push(Action::Trace(Box::new(f())));
+        out.push(Action::Trace(f()));
     }
 }
 

@@ -13,7 +13,7 @@ use crate::{info, warn};
 
 use super::call::{Call, ParsedCall};
 use super::text::{with_source, Source};
-use super::{trace, Action, Arrival, Calls, Ctx, Trace};
+use super::{trace, Action, Arrival, Calls, Ctx, ProxyAnswer, Trace};
 
 /// What a call's arrival establishes, read once from its request.
 struct Arriving {
@@ -259,11 +259,13 @@ fn answered_at_once(
     out: &mut Vec<Action>,
 ) -> Arrival {
     let line = jsonrpc::response_line(&client, &with_source(result, source));
-    trace(ctx, out, || Trace::AnsweredByProxy {
-        tool,
-        client: client.clone(),
-        request,
-        source: source.as_str(),
+    trace(ctx, out, || {
+        Trace::AnsweredByProxy(Box::new(ProxyAnswer {
+            tool,
+            client: client.clone(),
+            request,
+            source: source.as_str(),
+        }))
     });
     out.push(Action::Answer { client, line });
     Arrival::Answered

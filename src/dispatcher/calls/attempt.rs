@@ -80,7 +80,13 @@ impl Calls {
         call.live = Some(down);
         call.attempt_started = ctx.now;
         call.attempt_deadline = (ctx.now + call.attempt_timeout).min(call.deadline);
-        let line = call.request.line_with_id(&down.to_string());
+        // With export on, the dispatcher writes the line with the attempt's
+        // own traceparent: one copy of the request, not two.
+        let line = if ctx.tracing {
+            Vec::new()
+        } else {
+            call.request.line_with_id(&down.to_string())
+        };
         let timer = CallTimer::AttemptTimeout { call: id, down };
         out.push(Action::Timer(call.attempt_deadline, timer));
         self.downstream.insert(down, Downstream::Attempt(id));
