@@ -248,6 +248,53 @@ fn a_lost_session_is_started_again_transparently() {
 }
 
 #[test]
+fn an_open_breaker_sends_no_call_to_the_server_until_its_cooldown() {
+    let server = Server::start();
+    let mut s = start_with(&format!(
+        "{}    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 1\n",
+        config(&server)
+    ));
+    s.list_tools();
+    for id in 1..=2 {
+        server.fault(Fault::Status(502, None, "upstream down"));
+        s.call(json!(id), "write", json!({}));
+        assert_eq!(s.error(&json!(id))["data"]["outcome"], "unknown");
+    }
+    server.with(|st| assert_eq!(st.calls_at.len(), 2));
+    // Open: both tools fail fast, and no POST of theirs reaches the server.
+    for (id, tool) in [(3, "write"), (4, "read")] {
+        s.call(json!(id), tool, json!({}));
+        let error = s.error(&json!(id));
+        let message = error["message"].as_str().unwrap_or("");
+        assert!(message.contains("circuit breaker"), "{error}");
+    }
+    server.with(|st| assert_eq!(st.calls_at.len(), 2));
+    assert_eq!(server.executions("write") + server.executions("read"), 0);
+    // After the cooldown one trial goes through, and closes it again.
+    std::thread::sleep(Duration::from_millis(1500));
+    s.call(json!(5), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(5))), "write done");
+    s.call(json!(6), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(6))), "read done");
+    server.with(|st| assert_eq!(st.calls_at.len(), 4));
+}
+
+#[cfg(unix)] // SIGTERM is a unix signal (Windows has console events).
+#[test]
+fn sigterm_ends_the_session_with_delete_before_exiting() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.call(json!(1), "write", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "write done");
+    server.with(|st| assert!(st.deleted.is_empty()));
+    s.signal(libc::SIGTERM);
+    let status = s.wait();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{}", s.stderr());
+    // The DELETE was sent before the proxy exited.
+    server.with(|st| assert_eq!(st.deleted, ["s1"]));
+}
+
+#[test]
 fn an_unauthorized_answer_names_the_status_and_never_the_header() {
     let server = Server::start();
     let mut s = start(&server);
