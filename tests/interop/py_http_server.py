@@ -5,7 +5,15 @@
 Serves py_server.py's tools, resources and prompts on
 http://127.0.0.1:PORT/mcp in both eras (the SDK's dual-era transport: the
 `initialize` sessions of 2025-11-25 and the sessionless 2026-07-28), plus two
-tools that only matter over HTTP in 2026-07-28:
+tools for the fault scenarios (py_faults.py):
+
+* `append(note)`, not annotated: a side effect, which a client must never
+  cause twice (nothing is appended anywhere but the execution log);
+* `announce(topic)`: sends `notifications/resources/updated` for
+  `interop://announced/TOPIC` outside any request, so that over HTTP it
+  travels on the session's GET stream;
+
+and two tools that only matter over HTTP in 2026-07-28:
 
 * `locate(region)`, whose `region` argument is marked `x-mcp-header: Region`:
   a client must mirror it into an `Mcp-Param-Region` header (the server
@@ -26,12 +34,27 @@ import os
 import sys
 from typing import Annotated, Any
 
+from mcp_types import ToolAnnotations
 from pydantic import Field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from mcp.server.mcpserver import Context  # noqa: E402
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore  # noqa: E402
 from py_server import server  # noqa: E402
+
+
+@server.tool()
+def append(note: str) -> str:
+    """Appends a note (a side effect: not read-only, not idempotent)."""
+    return f"appended {note}"
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+async def announce(topic: str, ctx: Context) -> str:
+    """Announces `topic` on the session's own stream (not this request's)."""
+    await ctx.session.send_resource_updated(f"interop://announced/{topic}")
+    return f"announced {topic}"
 
 
 @server.tool()

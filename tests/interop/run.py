@@ -17,7 +17,9 @@ and compared check by check:
   second tap between mcp-retry and the server logs what the server got).
 
 Results must be identical except for what the normalizers below remove, each
-for a stated reason. The report is one PASS/FAIL line per check and ends with
+for a stated reason. One group is different: py_faults.py puts network faults
+between mcp-retry and the Python SDK server over Streamable HTTP and judges
+each step by the server's execution log (see fault_checks). The report is one PASS/FAIL line per check and ends with
 `N passed, M failed`; the exit status is 1 when anything failed.
 """
 from __future__ import annotations
@@ -728,6 +730,41 @@ def proxy_log_check(proxied: RunResult, expected: tuple[str, ...] = ()) -> Check
     return Check("mcp-retry logged no warning or error", not bad, "\n".join(bad[:10]))
 
 
+FAULTS_LABEL = "python-sdk [initialize] x python-sdk server over Streamable HTTP, behind a fault proxy"
+
+
+def fault_checks(proxy: str, base: str) -> tuple[list[Check], str]:
+    """py_faults.py's group: its checks, and its run directory."""
+    run_dir = os.path.join(base, "python-http-faults")
+    os.makedirs(run_dir)
+    out = os.path.join(run_dir, "checks.json")
+    env = dict(os.environ, MCP_RETRY_LOG="info", NO_PROXY="127.0.0.1")
+    with open(os.path.join(run_dir, "stderr.log"), "w+", encoding="utf-8") as err:
+        try:
+            subprocess.run([PYTHON, os.path.join(HERE, "py_faults.py"), proxy, run_dir, out], cwd=run_dir,
+                           env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=3 * RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pass
+        err.seek(0)
+        tail = "\n".join(err.read().splitlines()[-25:])
+    if not os.path.exists(out):
+        return [Check("the fault scenarios completed", False, f"no checks written; stderr ends:\n{tail}")], run_dir
+    with open(out, encoding="utf-8") as f:
+        return [Check(c["name"], c["ok"], c["detail"]) for c in json.load(f)["checks"]], run_dir
+
+
+def report(label: str, checks: list[Check], dirs: list[str]) -> tuple[int, int]:
+    """Prints one line per check; returns (passed, failed)."""
+    for c in checks:
+        print(f"{'PASS' if c.ok else 'FAIL'}  {label}: {c.name}")
+        if not c.ok and c.detail:
+            print("\n".join("      " + l for l in c.detail.splitlines()))
+    failed = sum(not c.ok for c in checks)
+    if failed:
+        print(f"      (wire logs and stderr: {' and '.join(dirs)})")
+    return len(checks) - failed, failed
+
+
 # ------------------------------------------------------------------- main
 
 
@@ -764,14 +801,15 @@ def main() -> int:
             checks += wire_checks(direct, proxied, http)
             checks += cancel_checks(direct, proxied, http)
             checks.append(proxy_log_check(proxied))
-        for c in checks:
-            print(f"{'PASS' if c.ok else 'FAIL'}  {sc.label}: {c.name}")
-            if not c.ok and c.detail:
-                print("\n".join("      " + l for l in c.detail.splitlines()))
-            passed += c.ok
-            failed += not c.ok
-        if any(not c.ok for c in checks):
-            print(f"      (wire logs and stderr: {direct.dir} and {proxied.dir})")
+        p, f = report(sc.label, checks, [direct.dir, proxied.dir])
+        passed, failed = passed + p, failed + f
+    # Network faults between mcp-retry and a real server: one group, one
+    # server and one session for all of them (py_faults.py).
+    if not args.only or args.only in FAULTS_LABEL:
+        print(f"\n== {FAULTS_LABEL}", flush=True)
+        checks, run_dir = fault_checks(proxy, base)
+        p, f = report(FAULTS_LABEL, checks, [run_dir])
+        passed, failed = passed + p, failed + f
     if failed == 0 and not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     else:
