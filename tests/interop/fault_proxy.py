@@ -185,13 +185,13 @@ class Proxy:
             first = head.split(b"\r\n", 1)[0].decode("latin-1")
             if first.split(" ")[1:2] == ["/_fault"]:
                 fault = json.loads(body)
+                if fault["mode"] != "refuse":
+                    with LOCK:
+                        self.armed.append(fault)  # armed before the answer says so
                 client.sendall(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
                 client.shutdown(socket.SHUT_RDWR)
                 if fault["mode"] == "refuse":
                     self.refuse(float(fault["seconds"]))
-                else:
-                    with LOCK:
-                        self.armed.append(fault)
                 return
             last_id = re.search(rb"(?im)^last-event-id:\s*(.*?)\s*$", head)
             has_session = re.search(rb"(?im)^mcp-session-id:", head) is not None
