@@ -8,7 +8,9 @@ says what really ran.
 
 Starts the server and the fault proxy on free 127.0.0.1 ports, once for the
 whole group; arms one fault at a time through the proxy's `/_fault` path
-before each call; restarts the server on its port once; stops everything
+before each call; restarts the server on its port once; then restarts
+server-everything's Streamable HTTP transport under `mcp-retry run --url`
+(its answer to a forgotten session is a 400, not a 404); stops everything
 it started. Writes `{"checks": [{"name", "ok", "detail"}...]}` to OUT_JSON
 for run.py, which prints them as its other checks. Its stderr, which
 mcp-retry inherits, must go to RUN_DIR/stderr.log (run.py sends it there):
@@ -33,7 +35,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from py_client import dump
-from run import HERE, PYTHON, free_port, read_jsonl, start_listening
+from run import HERE, PYTHON, free_port, npm_server, read_jsonl, start_listening
 
 # Seconds to wait for a notification to reach the client.
 NOTIFICATION_WAIT = 10
@@ -52,6 +54,8 @@ class Faults:
         self.checks: list[dict[str, Any]] = []
         self.notified: list[str] = []  # uris of resources/updated, in order
         self.restarts = 0
+        self.everything: subprocess.Popen | None = None  # server-everything's streamableHttp
+        self.everything_port = free_port()
 
     # ------------------------------------------------------------ processes
 
@@ -65,10 +69,20 @@ class Faults:
         self.fault_proxy = start_listening(command, self.front, self.run_dir, "fault-proxy.log")
 
     def stop(self) -> None:
-        for proc in (self.server, self.fault_proxy):
+        for proc in (self.server, self.fault_proxy, self.everything):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+    def start_everything(self) -> None:
+        """(Again:) server-everything's Streamable HTTP transport on its
+        port, after killing the one that ran there."""
+        if self.everything is not None:
+            self.everything.kill()
+            self.everything.wait(10)
+        command = ["node", "--require", os.path.join(HERE, "loopback.cjs")] + npm_server("server-everything")[1:]
+        self.everything = start_listening(command + ["streamableHttp"], self.everything_port, self.run_dir,
+                                          f"everything-{self.restarts}.log", {"PORT": str(self.everything_port)})
 
     def restart_server(self) -> None:
         """Kills the server (no goodbye to anyone) and starts it again on
@@ -164,6 +178,23 @@ class Faults:
                        got.get("error") is None and self.executions("append", {"note": "restart"}) == 1
                        and self.requests("initialize") == initializes + 1, got)
             await self.get_stream(c, ["three"], cut=False)
+        await self.everything_restart()
+
+    async def everything_restart(self) -> None:
+        """server-everything forgets its sessions when it restarts and then
+        answers "400 Bad Request: No valid session ID provided" (not 404):
+        mcp-retry must start a new session all the same."""
+        await anyio.to_thread.run_sync(self.start_everything)
+        url = f"http://127.0.0.1:{self.everything_port}/mcp"
+        params = StdioServerParameters(command=self.proxy, args=["run", "--url", url], env=dict(os.environ))
+        async with Client(params, mode="legacy", cache=None, read_timeout_seconds=30) as c:
+            before = await self.call(c, "echo", {"message": "before the restart"})
+            self.restarts += 1
+            await anyio.to_thread.run_sync(self.start_everything)
+            after = await self.call(c, "echo", {"message": "after the restart"})
+        want = [{"content": [{"type": "text", "text": f"Echo: {m} the restart"}]} for m in ("before", "after")]
+        self.check("server-everything restarted on its port (400 for the old session) is invisible to the client",
+                   [before, after] == want and "400 Bad Request" in self.stderr(), [before, after])
 
     async def wait_gets(self, n: int) -> None:
         """Until the fault proxy has seen `n` GETs since the last session
