@@ -25,9 +25,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
-use serde_saphyr::{Localizer, MessageFormatter, Spanned};
 
 mod docs;
 mod keys;
@@ -456,186 +455,51 @@ fn format_of(path: &Path) -> anyhow::Result<Format> {
     }
 }
 
-/// Renders serde-saphyr messages without their "at line X, column Y" suffix,
-/// since the location is printed in front.
-struct NoLocation;
-
-impl Localizer for NoLocation {
-    fn attach_location<'a>(
-        &self,
-        base: std::borrow::Cow<'a, str>,
-        _loc: serde_saphyr::Location,
-    ) -> std::borrow::Cow<'a, str> {
-        base
-    }
-}
-
 /// Deepest nesting of YAML collections accepted (our schema needs five).
 const MAX_YAML_DEPTH: usize = 24;
 
+/// Parses YAML with the `mcp-retry-yaml` crate (serde-saphyr, compiled for
+/// size) and takes its tree over.
 fn yaml_tree(text: &str, file: &str) -> anyhow::Result<Node> {
     // Configs are shallow; a tight nesting limit keeps deeply nested input from
-    // exhausting the stack (each level of `Spanned` costs a few kilobytes).
-    let mut budget = serde_saphyr::Budget::default();
-    budget.max_depth = MAX_YAML_DEPTH;
-    budget.flow_nesting_limit = MAX_YAML_DEPTH;
-    let options = serde_saphyr::options! {
-        budget: Some(budget),
-        with_snippet: false,
-        strict_booleans: true,
-        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
-    };
-    match serde_saphyr::from_str_with_options::<Spanned<YamlValue>>(text, options) {
-        Ok(root) => Ok(Node {
-            line: line_of(&root.referenced).max(1),
-            val: root.value.0,
-        }),
-        Err(e) => {
-            let formatter = serde_saphyr::UserMessageFormatter.with_localizer(&NoLocation);
-            let formatter: &dyn MessageFormatter = &formatter;
-            let msg = e.render_with_options(serde_saphyr::render_options! {
-                formatter: formatter,
-                snippets: serde_saphyr::SnippetMode::Off,
-            });
-            match e.location() {
-                Some(l) if l.line() > 0 => Err(anyhow!(
-                    "{file}:{}:{}: invalid yaml: {msg}",
-                    l.line(),
-                    l.column()
-                )),
-                _ => Err(anyhow!("{file}: invalid yaml: {msg}")),
-            }
+    // exhausting the stack.
+    match mcp_retry_yaml::parse(text, MAX_YAML_DEPTH) {
+        Ok(root) => Ok(Node::from_yaml(root)),
+        Err(e) if e.line > 0 => Err(anyhow!(
+            "{file}:{}:{}: invalid yaml: {}",
+            e.line,
+            e.column,
+            e.message
+        )),
+        Err(e) => Err(anyhow!("{file}: invalid yaml: {}", e.message)),
+    }
+}
+
+impl Node {
+    fn from_yaml(node: mcp_retry_yaml::Node) -> Node {
+        use mcp_retry_yaml::Value as Y;
+        let val = match node.value {
+            Y::Null => Val::Null,
+            Y::Bool(b) => Val::Bool(b),
+            Y::Int(i) => Val::Int(i),
+            Y::Float(x) => Val::Float(x),
+            Y::Str(s) => Val::Str(s),
+            Y::Seq(items) => Val::Seq(items.into_iter().map(Node::from_yaml).collect()),
+            Y::Map(entries) => Val::Map(
+                entries
+                    .into_iter()
+                    .map(|e| Entry {
+                        key: e.key,
+                        line: e.line,
+                        value: Node::from_yaml(e.value),
+                    })
+                    .collect(),
+            ),
+        };
+        Node {
+            line: node.line,
+            val,
         }
-    }
-}
-
-fn line_of(loc: &serde_saphyr::Location) -> usize {
-    usize::try_from(loc.line()).unwrap_or(usize::MAX)
-}
-
-/// Any YAML value, read through serde so that `Spanned` can record lines.
-struct YamlValue(Val);
-
-/// A mapping key: any scalar, as text.
-struct YamlKey(String);
-
-impl<'de> Deserialize<'de> for YamlValue {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(YamlValueVisitor)
-    }
-}
-
-struct YamlValueVisitor;
-
-impl<'de> Visitor<'de> for YamlValueVisitor {
-    type Value = YamlValue;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any value")
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Bool(v)))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Int(v.into())))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Int(v.into())))
-    }
-    fn visit_i128<E: de::Error>(self, v: i128) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Int(v)))
-    }
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Int(i128::try_from(v).unwrap_or(i128::MAX))))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Float(v)))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Str(v.to_string())))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Str(v)))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Null))
-    }
-    fn visit_none<E: de::Error>(self) -> Result<YamlValue, E> {
-        Ok(YamlValue(Val::Null))
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<YamlValue, D::Error> {
-        YamlValue::deserialize(d)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<YamlValue, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element::<Spanned<YamlValue>>()? {
-            items.push(Node {
-                line: line_of(&item.referenced),
-                val: item.value.0,
-            });
-        }
-        Ok(YamlValue(Val::Seq(items)))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<YamlValue, A::Error> {
-        let mut entries = Vec::new();
-        while let Some(key) = map.next_key::<Spanned<YamlKey>>()? {
-            let value = map.next_value::<Spanned<YamlValue>>()?;
-            entries.push(Entry {
-                key: key.value.0,
-                line: line_of(&key.referenced),
-                value: Node {
-                    line: line_of(&value.referenced),
-                    val: value.value.0,
-                },
-            });
-        }
-        Ok(YamlValue(Val::Map(entries)))
-    }
-}
-
-impl<'de> Deserialize<'de> for YamlKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(YamlKeyVisitor)
-    }
-}
-
-struct YamlKeyVisitor;
-
-impl Visitor<'_> for YamlKeyVisitor {
-    type Value = YamlKey;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a scalar mapping key")
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<YamlKey, E> {
-        Ok(YamlKey(v.to_string()))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<YamlKey, E> {
-        Ok(YamlKey(v.to_string()))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<YamlKey, E> {
-        Ok(YamlKey(v.to_string()))
-    }
-    fn visit_i128<E: de::Error>(self, v: i128) -> Result<YamlKey, E> {
-        Ok(YamlKey(v.to_string()))
-    }
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<YamlKey, E> {
-        Ok(YamlKey(v.to_string()))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<YamlKey, E> {
-        Ok(YamlKey(v.to_string()))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<YamlKey, E> {
-        Ok(YamlKey(v.to_string()))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<YamlKey, E> {
-        Ok(YamlKey(v))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<YamlKey, E> {
-        Ok(YamlKey("null".to_string()))
-    }
-    fn visit_none<E: de::Error>(self) -> Result<YamlKey, E> {
-        Ok(YamlKey("null".to_string()))
     }
 }
 
