@@ -8,8 +8,11 @@ FUZZ_TARGETS := jsonrpc config sse
 
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 STATIC_TARGET ?= x86_64-unknown-linux-musl
-# 5 MiB: about 3.6 MiB with TLS, under 3 MiB without.
-STATIC_MAX_BYTES ?= 5242880
+# `make static` fails when the binary (with TLS) reaches these sizes: the
+# musl one is 3,786,824 bytes, the glibc fallback 4,686,768 (see README.md,
+# *Static binary*).
+STATIC_MAX_BYTES ?= 3900000
+GLIBC_STATIC_MAX_BYTES ?= 4800000
 
 WINDOWS_TARGET := x86_64-pc-windows-gnu
 # Wine's own state for `make test-windows` (a Windows "C:" drive and
@@ -43,12 +46,7 @@ wine-prefix:
 	@missing=; \
 	command -v x86_64-w64-mingw32-gcc >/dev/null || missing="$$missing gcc-mingw-w64-x86-64"; \
 	command -v wine >/dev/null || missing="$$missing wine64 wine"; \
-	if [ -n "$$missing" ]; then \
-	  echo "make test-windows: installing$$missing"; \
-	  sudo= ; [ "$$(id -u)" = 0 ] || sudo=sudo; \
-	  $$sudo apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing; \
-	fi
+	.ci/apt-install 'make test-windows' $$missing
 	@mkdir -p '$(TARGET_DIR)/wine'
 	x86_64-w64-mingw32-gcc -O2 -shared -o '$(TARGET_DIR)/wine/bcryptprimitives.dll' \
 		tests/wine/bcryptprimitives.c tests/wine/bcryptprimitives.def -ladvapi32
@@ -149,21 +147,21 @@ bench:
 
 # A statically linked release binary: musl when that target is (or can be)
 # installed, else glibc with crt-static. Checks that it is static, runs with
-# an empty environment and stays under STATIC_MAX_BYTES; prints its path and
-# size. TLS (rustls and ring, for https:// remote servers and collectors)
-# takes it past 3 MB; a build with `--no-default-features` leaves it out.
+# an empty environment and stays under STATIC_MAX_BYTES (glibc:
+# GLIBC_STATIC_MAX_BYTES); prints its path and size. TLS (rustls and ring,
+# for https:// remote servers and collectors) is about a quarter of it; a
+# build with `--no-default-features` leaves it out. .ci/run runs it, so a
+# binary that grows past the limit fails CI.
 static:
 	@set -e; \
 	if rustup target list --installed 2>/dev/null | grep -qx '$(STATIC_TARGET)' \
 	    || rustup target add '$(STATIC_TARGET)'; then \
-	  target='$(STATIC_TARGET)'; \
-	  command -v musl-gcc >/dev/null || { \
-	    echo "make static: installing musl-tools (ring, for TLS, compiles C for musl)" >&2; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq musl-tools >/dev/null; }; \
+	  target='$(STATIC_TARGET)'; max=$(STATIC_MAX_BYTES); \
+	  command -v musl-gcc >/dev/null || .ci/apt-install 'make static (ring compiles C for musl)' musl-tools; \
 	  CC_x86_64_unknown_linux_musl=musl-gcc $(CARGO) build --release --bin mcp-retry --target "$$target"; \
 	else \
 	  echo "make static: $(STATIC_TARGET) is not available; using glibc with crt-static" >&2; \
-	  target=x86_64-unknown-linux-gnu; \
+	  target=x86_64-unknown-linux-gnu; max=$(GLIBC_STATIC_MAX_BYTES); \
 	  RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --release --bin mcp-retry --target "$$target"; \
 	fi; \
 	bin="$(TARGET_DIR)/$$target/release/mcp-retry"; \
@@ -174,5 +172,5 @@ static:
 	fi || { echo "make static: $$bin is not statically linked" >&2; exit 1; }; \
 	env -i "$$bin" --version >/dev/null; \
 	size=$$(wc -c < "$$bin"); \
-	if [ "$$size" -ge $(STATIC_MAX_BYTES) ]; then echo "make static: $$bin is $$size bytes, over $(STATIC_MAX_BYTES)" >&2; exit 1; fi; \
-	echo "$$bin: $$size bytes ($$(awk "BEGIN { printf \"%.1f\", $$size / 1048576 }") MiB), statically linked"
+	if [ "$$size" -ge "$$max" ]; then echo "make static: $$bin is $$size bytes, over $$max" >&2; exit 1; fi; \
+	echo "$$bin: $$size bytes ($$(awk "BEGIN { printf \"%.2f\", $$size / 1000000 }") MB), statically linked"
