@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
+use mcp_retry_yaml::{Entry, Node, Val};
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
@@ -392,54 +393,6 @@ fn spelled(key: &str, strict: bool) -> &str {
 
 /// The largest `envFile` read.
 const MAX_ENV_FILE_BYTES: u64 = 1 << 20;
-/// A format-neutral document node with the line it starts on.
-#[derive(Debug, Clone)]
-struct Node {
-    line: usize,
-    val: Val,
-}
-
-#[derive(Debug, Clone)]
-enum Val {
-    Null,
-    Bool(bool),
-    Int(i128),
-    Float(f64),
-    Str(String),
-    Seq(Vec<Node>),
-    Map(Vec<Entry>),
-}
-
-/// One mapping entry, with the line of its key.
-#[derive(Debug, Clone)]
-struct Entry {
-    key: String,
-    line: usize,
-    value: Node,
-}
-
-impl fmt::Display for Val {
-    /// How a value is shown after "got" in messages.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Val::Null => f.write_str("null"),
-            Val::Bool(b) => write!(f, "{b}"),
-            Val::Int(i) => write!(f, "{i}"),
-            Val::Float(x) if x.is_nan() => f.write_str(".nan"),
-            Val::Float(x) if x.is_infinite() && *x > 0.0 => f.write_str(".inf"),
-            Val::Float(x) if x.is_infinite() => f.write_str("-.inf"),
-            Val::Float(x) => write!(f, "{x:?}"),
-            Val::Str(s) if s.chars().count() > 60 => {
-                let head: String = s.chars().take(60).collect();
-                write!(f, "{:?}...", head)
-            }
-            Val::Str(s) => write!(f, "{s:?}"),
-            Val::Seq(_) => f.write_str("a list"),
-            Val::Map(_) => f.write_str("a mapping"),
-        }
-    }
-}
-
 fn format_of(path: &Path) -> anyhow::Result<Format> {
     let ext = path
         .extension()
@@ -459,48 +412,14 @@ fn format_of(path: &Path) -> anyhow::Result<Format> {
 const MAX_YAML_DEPTH: usize = 24;
 
 /// Parses YAML with the `mcp-retry-yaml` crate (serde-saphyr, compiled for
-/// size) and takes its tree over.
+/// size).
 fn yaml_tree(text: &str, file: &str) -> anyhow::Result<Node> {
     // Configs are shallow; a tight nesting limit keeps deeply nested input from
     // exhausting the stack.
-    match mcp_retry_yaml::parse(text, MAX_YAML_DEPTH) {
-        Ok(root) => Ok(Node::from_yaml(root)),
-        Err(e) if e.line > 0 => Err(anyhow!(
-            "{file}:{}:{}: invalid yaml: {}",
-            e.line,
-            e.column,
-            e.message
-        )),
-        Err(e) => Err(anyhow!("{file}: invalid yaml: {}", e.message)),
-    }
-}
-
-impl Node {
-    fn from_yaml(node: mcp_retry_yaml::Node) -> Node {
-        use mcp_retry_yaml::Value as Y;
-        let val = match node.value {
-            Y::Null => Val::Null,
-            Y::Bool(b) => Val::Bool(b),
-            Y::Int(i) => Val::Int(i),
-            Y::Float(x) => Val::Float(x),
-            Y::Str(s) => Val::Str(s),
-            Y::Seq(items) => Val::Seq(items.into_iter().map(Node::from_yaml).collect()),
-            Y::Map(entries) => Val::Map(
-                entries
-                    .into_iter()
-                    .map(|e| Entry {
-                        key: e.key,
-                        line: e.line,
-                        value: Node::from_yaml(e.value),
-                    })
-                    .collect(),
-            ),
-        };
-        Node {
-            line: node.line,
-            val,
-        }
-    }
+    mcp_retry_yaml::parse(text, MAX_YAML_DEPTH).map_err(|e| match e.line {
+        0 => anyhow!("{file}: invalid yaml: {}", e.message),
+        line => anyhow!("{file}:{line}:{}: invalid yaml: {}", e.column, e.message),
+    })
 }
 
 /// Parses JSON with serde_json (for its exact syntax and messages) and recovers

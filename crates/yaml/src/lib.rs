@@ -1,5 +1,5 @@
-//! YAML text to a plain tree that records the line of every node and key,
-//! for mcp-retry's config loader; nothing else.
+//! The config loader's document tree, and YAML text to that tree: every
+//! node and mapping key with its line; nothing else.
 //!
 //! A crate of its own for the size of the binary: serde-saphyr's
 //! deserializer is generic, so its code is compiled into the crate that names
@@ -7,24 +7,25 @@
 //! crate, which the release profile compiles for size (a config is read once,
 //! at start-up), instead of mcp-retry's, which is compiled for speed.
 //!
-//! Knows no config key and nothing of mcp-retry: [`parse`] takes text and a
-//! nesting limit and returns a tree or one error with its position.
+//! The tree is format-neutral (mcp-retry builds it from JSON too). Knows no
+//! config key and nothing of mcp-retry: [`parse`] takes text and a nesting
+//! limit and returns a tree or one error with its position.
 
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::{Localizer, MessageFormatter, Spanned};
 
-/// A node and the line it starts on (1-based; 0 when unknown).
+/// A document node with the line it starts on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Node {
     pub line: usize,
-    pub value: Value,
+    pub val: Val,
 }
 
-/// A YAML value, with the scalars typed by YAML 1.2's core schema.
+/// A value; YAML's scalars are typed by YAML 1.2's core schema.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub enum Val {
     Null,
     Bool(bool),
     Int(i128),
@@ -34,12 +35,34 @@ pub enum Value {
     Map(Vec<Entry>),
 }
 
-/// One mapping entry, in file order: a scalar key as text, and its line.
+/// One mapping entry, in document order: the key as text, with its line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub key: String,
     pub line: usize,
     pub value: Node,
+}
+
+impl fmt::Display for Val {
+    /// How a value is shown after "got" in messages.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Val::Null => f.write_str("null"),
+            Val::Bool(b) => write!(f, "{b}"),
+            Val::Int(i) => write!(f, "{i}"),
+            Val::Float(x) if x.is_nan() => f.write_str(".nan"),
+            Val::Float(x) if x.is_infinite() && *x > 0.0 => f.write_str(".inf"),
+            Val::Float(x) if x.is_infinite() => f.write_str("-.inf"),
+            Val::Float(x) => write!(f, "{x:?}"),
+            Val::Str(s) if s.chars().count() > 60 => {
+                let head: String = s.chars().take(60).collect();
+                write!(f, "{:?}...", head)
+            }
+            Val::Str(s) => write!(f, "{s:?}"),
+            Val::Seq(_) => f.write_str("a list"),
+            Val::Map(_) => f.write_str("a mapping"),
+        }
+    }
 }
 
 /// Why the text is not YAML we read, and where (line and column 0 when the
@@ -75,7 +98,7 @@ pub fn parse(text: &str, max_depth: usize) -> Result<Node, Error> {
     match serde_saphyr::from_str_with_options::<Spanned<Tree>>(text, options) {
         Ok(root) => Ok(Node {
             line: line_of(&root.referenced).max(1),
-            value: root.value.0,
+            val: root.value.0,
         }),
         Err(e) => {
             let formatter = serde_saphyr::UserMessageFormatter.with_localizer(&NoLocation);
@@ -120,7 +143,7 @@ fn to_usize(n: u64) -> usize {
 }
 
 /// Any YAML value, read through serde so that `Spanned` can record lines.
-struct Tree(Value);
+struct Tree(Val);
 
 /// A mapping key: any scalar, as text.
 struct Key(String);
@@ -140,34 +163,34 @@ impl<'de> Visitor<'de> for TreeVisitor {
         f.write_str("any value")
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Tree, E> {
-        Ok(Tree(Value::Bool(v)))
+        Ok(Tree(Val::Bool(v)))
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Tree, E> {
-        Ok(Tree(Value::Int(v.into())))
+        Ok(Tree(Val::Int(v.into())))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Tree, E> {
-        Ok(Tree(Value::Int(v.into())))
+        Ok(Tree(Val::Int(v.into())))
     }
     fn visit_i128<E: de::Error>(self, v: i128) -> Result<Tree, E> {
-        Ok(Tree(Value::Int(v)))
+        Ok(Tree(Val::Int(v)))
     }
     fn visit_u128<E: de::Error>(self, v: u128) -> Result<Tree, E> {
-        Ok(Tree(Value::Int(i128::try_from(v).unwrap_or(i128::MAX))))
+        Ok(Tree(Val::Int(i128::try_from(v).unwrap_or(i128::MAX))))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Tree, E> {
-        Ok(Tree(Value::Float(v)))
+        Ok(Tree(Val::Float(v)))
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Tree, E> {
-        Ok(Tree(Value::Str(v.to_string())))
+        Ok(Tree(Val::Str(v.to_string())))
     }
     fn visit_string<E: de::Error>(self, v: String) -> Result<Tree, E> {
-        Ok(Tree(Value::Str(v)))
+        Ok(Tree(Val::Str(v)))
     }
     fn visit_unit<E: de::Error>(self) -> Result<Tree, E> {
-        Ok(Tree(Value::Null))
+        Ok(Tree(Val::Null))
     }
     fn visit_none<E: de::Error>(self) -> Result<Tree, E> {
-        Ok(Tree(Value::Null))
+        Ok(Tree(Val::Null))
     }
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Tree, D::Error> {
         Tree::deserialize(d)
@@ -177,10 +200,10 @@ impl<'de> Visitor<'de> for TreeVisitor {
         while let Some(item) = seq.next_element::<Spanned<Tree>>()? {
             items.push(Node {
                 line: line_of(&item.referenced),
-                value: item.value.0,
+                val: item.value.0,
             });
         }
-        Ok(Tree(Value::Seq(items)))
+        Ok(Tree(Val::Seq(items)))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tree, A::Error> {
         let mut entries = Vec::new();
@@ -191,11 +214,11 @@ impl<'de> Visitor<'de> for TreeVisitor {
                 line: line_of(&key.referenced),
                 value: Node {
                     line: line_of(&value.referenced),
-                    value: value.value.0,
+                    val: value.value.0,
                 },
             });
         }
-        Ok(Tree(Value::Map(entries)))
+        Ok(Tree(Val::Map(entries)))
     }
 }
 
