@@ -9,10 +9,10 @@ FUZZ_TARGETS := jsonrpc config sse
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 STATIC_TARGET ?= x86_64-unknown-linux-musl
 # `make static` fails when the binary (with TLS) reaches these sizes: the
-# musl one is 3,782,728 bytes, the glibc fallback 4,685,424 (see README.md,
+# musl one is 3,917,896 bytes, the glibc fallback 4,810,160 (see README.md,
 # *Static binary*).
-STATIC_MAX_BYTES ?= 3900000
-GLIBC_STATIC_MAX_BYTES ?= 4800000
+STATIC_MAX_BYTES ?= 4000000
+GLIBC_STATIC_MAX_BYTES ?= 4900000
 
 WINDOWS_TARGET := x86_64-pc-windows-gnu
 # Wine's own state for `make test-windows` (a Windows "C:" drive and
