@@ -823,6 +823,9 @@ impl Dispatcher {
         }
         let kind = match method.as_ref() {
             "initialize" => {
+                // A probing client fell back to the handshake: it speaks
+                // the older era after all.
+                self.session.modern_meta = None;
                 self.session.pending_init = m.params().map(str::to_owned);
                 Method::Initialize
             }

@@ -936,7 +936,18 @@ fn a_modern_client_s_protocol_meta_goes_on_the_proxy_s_own_tools_list() {
 
 #[test]
 fn a_session_begun_with_initialize_keeps_the_plain_tools_list() {
+    // A dual-era client probes with server/discover first, then falls back.
     let mut h = Harness::with(config(|_| {}));
+    h.client_sends(
+        r#"{"jsonrpc":"2.0","id":"d","method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+    );
+    let probe = h.to_server();
+    answer(
+        &mut h,
+        &probe,
+        r#""error":{"code":-32601,"message":"Method not found"}"#,
+    );
+    h.to_client();
     h.client_sends(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#);
     let init = h.to_server();
     answer(
