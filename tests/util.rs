@@ -607,25 +607,10 @@ pub fn status_kb(pid: u32, field: &str) -> u64 {
     bytes as u64 / 1024
 }
 
-/// True while a process with this pid exists.
+/// True while a process with this pid exists (the proxy's own check).
 #[cfg(windows)]
 pub fn alive(pid: i32) -> bool {
-    use windows_sys::Win32::Foundation::{CloseHandle, STILL_ACTIVE};
-    use windows_sys::Win32::System::Threading::{
-        GetExitCodeProcess, OpenProcess, PROCESS_QUERY_LIMITED_INFORMATION,
-    };
-    // SAFETY: OpenProcess returns null for a pid that names no process; the
-    // handle is closed once.
-    unsafe {
-        let handle = OpenProcess(PROCESS_QUERY_LIMITED_INFORMATION, 0, pid as u32);
-        if handle.is_null() {
-            return false;
-        }
-        let mut code = 0u32;
-        let ok = GetExitCodeProcess(handle, &mut code) != 0;
-        CloseHandle(handle);
-        ok && code == STILL_ACTIVE as u32
-    }
+    u32::try_from(pid).is_ok_and(mcp_retry::status::process_exists)
 }
 
 /// True while a process with this pid exists (and is not a zombie).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::util::{gone_within, kill_pid, read_pid, Builder, MOCK};
+use crate::util::{gone_within, kill_pid, read_pid, Builder, Session, MOCK};
 
 /// A `bin` directory holding the mock and `server.cmd`, a shim that starts
 /// it with all its arguments, as `npx.cmd` starts node.
@@ -91,9 +91,10 @@ fn a_command_missing_from_path_and_pathext_is_reported() {
     s.wait();
 }
 
-#[test]
-fn the_server_and_its_descendants_die_when_the_proxy_is_killed() {
-    let b = Builder::wrap_mock().env("MOCK_GRANDCHILD", "1");
+/// Starts the mock of `b` with a grandchild process and returns the
+/// initialized session and the pids of the server and its grandchild.
+fn start_with_grandchild(b: Builder) -> (Session, [(&'static str, i32); 2]) {
+    let b = b.env("MOCK_GRANDCHILD", "1");
     let state = b.dir().join("state");
     let pid_file = b.dir().join("server.pid");
     let mut s = b
@@ -103,38 +104,33 @@ fn the_server_and_its_descendants_die_when_the_proxy_is_killed() {
     s.initialize();
     let server = read_pid(&pid_file);
     let grandchild = read_pid(&state.join("grandchild.pid"));
-    // As Task Manager's End Task does: no chance to clean up.
-    kill_pid(s.pid() as i32);
-    for (what, pid) in [("server", server), ("grandchild", grandchild)] {
+    (s, [("server", server), ("grandchild", grandchild)])
+}
+
+/// Both processes end within 10 s; `after` says after what.
+fn assert_gone(pids: [(&str, i32); 2], after: &str) {
+    for (what, pid) in pids {
         assert!(
             gone_within(pid, Duration::from_secs(10)),
-            "the {what} (pid {pid}) outlived the killed proxy"
+            "the {what} (pid {pid}) outlived {after}"
         );
     }
 }
 
 #[test]
+fn the_server_and_its_descendants_die_when_the_proxy_is_killed() {
+    let (s, pids) = start_with_grandchild(Builder::wrap_mock());
+    // As Task Manager's End Task does: no chance to clean up.
+    kill_pid(s.pid() as i32);
+    assert_gone(pids, "the killed proxy");
+}
+
+#[test]
 fn a_server_ignoring_eof_is_terminated_with_its_job() {
-    let b = Builder::wrap_mock()
-        .env("MOCK_GRANDCHILD", "1")
-        .env("MOCK_IGNORE_EOF", "1");
-    let state = b.dir().join("state");
-    let pid_file = b.dir().join("server.pid");
-    let mut s = b
-        .env("MOCK_STATE_DIR", &state.display().to_string())
-        .env("MOCK_PID_FILE", &pid_file.display().to_string())
-        .start();
-    s.initialize();
-    let server = read_pid(&pid_file);
-    let grandchild = read_pid(&state.join("grandchild.pid"));
+    let (mut s, pids) = start_with_grandchild(Builder::wrap_mock().env("MOCK_IGNORE_EOF", "1"));
     s.close_stdin();
     s.wait();
-    for (what, pid) in [("server", server), ("grandchild", grandchild)] {
-        assert!(
-            gone_within(pid, Duration::from_secs(10)),
-            "the {what} (pid {pid}) outlived the proxy's shutdown"
-        );
-    }
+    assert_gone(pids, "the proxy's shutdown");
     assert!(
         s.stderr().contains("killing it"),
         "the job was terminated: {}",
