@@ -90,6 +90,7 @@ use parking_lot::Mutex;
 use crate::config::{check_header, ServerConfig};
 use crate::downstream::{Downstream, Gone, OnEvent, ServerEvent};
 use crate::jsonrpc::{self, Message, RawObject};
+use crate::stdio::Backlog;
 
 use classify::Class;
 use conn::Exchange;
@@ -217,6 +218,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         recv_body: cfg.call_timeout.max(cfg.retry.total_timeout) + Duration::from_secs(5),
         stopped,
         queued: [rx.clone(), notes_rx.clone()],
+        backlog: Backlog::new(crate::child::STDIN_BACKLOG),
     });
     let pools = [
         ("http-post", POOL, &rx),
@@ -230,6 +232,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
                 .name(format!("{name}-{n}"))
                 .spawn(move || {
                     for line in rx {
+                        shared.backlog.remove(line.len());
                         shared.post(line);
                     }
                 })
@@ -317,6 +320,11 @@ struct Shared {
     /// The POST threads' queues (requests, then the rest), for the lines
     /// no thread took when the connection is gone.
     queued: [Receiver<Vec<u8>>; 2],
+    /// The bytes of the lines in `queued`, held to the stdio transport's
+    /// limit: past it the client's reader waits, so a server that takes
+    /// requests slower than the client sends them cannot make the queues
+    /// grow without bound.
+    backlog: Arc<Backlog>,
 }
 
 /// Where a request's answer stream is: its last event id and `retry`.
@@ -427,10 +435,17 @@ impl Downstream for Http {
             Some(_) => &self.jobs,
             None => &self.notes,
         };
-        match queue {
-            Some(queue) => queue.send(line).is_ok(),
-            None => false,
+        let Some(queue) = queue else {
+            return false;
+        };
+        // Counted before a thread can take it (and count it out).
+        let n = line.len();
+        self.shared.backlog.add(n);
+        let sent = queue.send(line).is_ok();
+        if !sent {
+            self.shared.backlog.remove(n);
         }
+        sent
     }
 
     fn shutdown(&mut self, step: Duration) {
@@ -441,6 +456,10 @@ impl Downstream for Http {
     fn kill(&mut self) {
         self.close();
         self.finish(None, "was disconnected");
+    }
+
+    fn input_backlog(&self) -> Option<Arc<Backlog>> {
+        Some(self.shared.backlog.clone())
     }
 
     fn describe(&self) -> String {
@@ -477,6 +496,7 @@ impl Http {
 
     fn close(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.backlog.close();
         self.jobs = None;
         self.notes = None;
         self.stop = None;
@@ -513,6 +533,7 @@ impl Shared {
         *gone = true;
         if !self.closed.swap(true, Ordering::SeqCst) {
             let lines: Vec<Vec<u8>> = self.queued.iter().flat_map(|q| q.try_iter()).collect();
+            self.backlog.close();
             if !lines.is_empty() {
                 (self.on_event)(ServerEvent::Unsent { lines });
             }

@@ -693,6 +693,33 @@ fn a_cancelled_call_is_closed_even_when_the_server_never_takes_the_cancel() {
     server.with(|st| assert_eq!(st.initializes, 1));
 }
 
+#[test]
+fn a_server_that_takes_no_notifications_pauses_the_client_instead_of_growing_the_proxy() {
+    // 12 notifications of 4 MiB for a server that never answers one: two
+    // threads post them, 2 s each; the rest waits within the input backlog
+    // (8 MiB), and the client's reader waits beyond it. Bounded, the peak
+    // was about 47 MB here (the backlog, the lines being posted, the copies
+    // on their way); unbounded, about 72 MB, growing with every line.
+    let server = Server::start();
+    let mut s = start_with(&patient_config(&server));
+    server.hang_notifications();
+    let pad = "x".repeat(4 << 20);
+    for n in 0..12 {
+        s.notify(
+            "notifications/roots/list_changed",
+            json!({"n": n, "pad": pad}),
+        );
+    }
+    crate::util::eventually("every notification to reach the server", || {
+        server.with(|st| st.notified.len() == 12)
+    });
+    let peak = s.memory_kb("VmHWM");
+    assert!(
+        peak < 60 * 1024,
+        "the proxy's peak RSS was {peak} kB with 48 MiB of notifications for a server that took none"
+    );
+}
+
 const MODERN: &str = "2026-07-28";
 
 /// The `_meta` of a 2026-07-28 request.
