@@ -411,8 +411,7 @@ fn format_of(path: &Path) -> anyhow::Result<Format> {
 /// Deepest nesting of YAML collections accepted (our schema needs five).
 const MAX_YAML_DEPTH: usize = 24;
 
-/// Parses YAML with the `mcp-retry-yaml` crate (serde-saphyr, compiled for
-/// size).
+/// Parses YAML with the `mcp-retry-yaml` crate (our own reader).
 fn yaml_tree(text: &str, file: &str) -> anyhow::Result<Node> {
     // Configs are shallow; a tight nesting limit keeps deeply nested input from
     // exhausting the stack.
@@ -2410,11 +2409,11 @@ servers:
     fn yaml_syntax_errors() {
         assert_eq!(
             yaml_err("servers:\n  fs:\n    command: x\n   args: [a]\n"),
-            "/p/c.yaml:4:4: invalid yaml: while parsing a block mapping, did not find expected key"
+            "/p/c.yaml:4:4: invalid yaml: bad indentation: a line indented 3 spaces matches no key or item above it"
         );
         assert_eq!(
             yaml_err("servers:\n  fs: {command: \"x}\n"),
-            "/p/c.yaml:2:17: invalid yaml: unclosed quote"
+            "/p/c.yaml:2:17: invalid yaml: unclosed double quote"
         );
         assert_eq!(
             yaml_err("servers:\n  fs: {command: x}\n  fs: {command: y}\n"),
@@ -3094,7 +3093,7 @@ servers:
         let deep = format!("servers: {}{}\n", "[".repeat(5000), "]".repeat(5000));
         assert_eq!(
             yaml_err(&deep),
-            "/p/c.yaml:1:34: invalid yaml: recursion limit exceeded"
+            "/p/c.yaml:1:33: invalid yaml: collections nested deeper than 24 levels"
         );
         let deep = format!("{{\"servers\": {}{}}}", "[".repeat(5000), "]".repeat(5000));
         assert_eq!(
