@@ -1,6 +1,7 @@
-//! Fuzzing checks for mcp-retry's line framing, message classification and
-//! config parser, over the main crate's library (`mcp_retry::jsonrpc`,
-//! `mcp_retry::config`). Knows nothing of libFuzzer: the fuzz targets and the
+//! Fuzzing checks for mcp-retry's line framing, message classification,
+//! config parser, YAML reader and SSE parser, over the main crate's library
+//! (`mcp_retry::jsonrpc`, `mcp_retry::config`, `mcp_retry::http::sse`) and
+//! the YAML crate (`mcp_retry_yaml`). Knows nothing of libFuzzer: the fuzz targets and the
 //! `replay` binary call the same functions.
 //!
 //! Each `check_*` function must never panic on any input; the properties it
@@ -281,4 +282,74 @@ fn last_ended_id(data: &[u8], max: usize) -> Option<String> {
     }
     last.filter(|id| !id.is_empty())
         .map(|id| String::from_utf8_lossy(&id).into_owned())
+}
+
+/// The YAML reader alone: an error or a tree, never a panic, with the
+/// nesting limit and the alias budget holding: no tree deeper than the
+/// limit, no more nodes than the text could write plus what aliases may
+/// copy, every line within the text, and every error placed and worded in
+/// lowercase. A tree read under one limit is the same under a higher one.
+pub fn check_yaml(data: &[u8]) {
+    use mcp_retry_yaml::{Node, Val, MAX_ALIAS_NODES};
+    const DEPTH: usize = 8;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    // Lines as the reader counts them: CRLF, CR and LF each end one.
+    let lines = 1 + text.replace("\r\n", "\n").matches(['\n', '\r']).count();
+    fn walk(n: &Node, lines: usize, count: &mut usize) -> usize {
+        *count += 1;
+        assert!(n.line >= 1 && n.line <= lines, "line {} of {lines}", n.line);
+        match &n.val {
+            Val::Seq(items) => {
+                1 + items
+                    .iter()
+                    .map(|i| walk(i, lines, count))
+                    .max()
+                    .unwrap_or(0)
+            }
+            Val::Map(entries) => {
+                let mut keys = std::collections::HashSet::new();
+                1 + entries
+                    .iter()
+                    .map(|e| {
+                        assert!(keys.insert(&e.key), "key {:?} twice", e.key);
+                        assert!(e.line >= 1 && e.line <= lines);
+                        walk(&e.value, lines, count)
+                    })
+                    .max()
+                    .unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+    match mcp_retry_yaml::parse(text, DEPTH) {
+        Ok(root) => {
+            let mut count = 0;
+            let height = walk(&root, lines, &mut count);
+            assert!(height <= DEPTH, "{height} levels under a limit of {DEPTH}");
+            assert!(
+                count <= data.len() + 1 + MAX_ALIAS_NODES,
+                "{count} nodes from {} bytes",
+                data.len()
+            );
+            let again =
+                mcp_retry_yaml::parse(text, 2 * DEPTH).expect("a higher limit accepts it too");
+            assert_eq!(
+                format!("{again:?}"),
+                format!("{root:?}"),
+                "the limit changed the tree"
+            );
+        }
+        Err(e) => {
+            assert!(
+                e.line >= 1 && e.line <= lines,
+                "error line {} of {lines}",
+                e.line
+            );
+            assert!(e.column >= 1, "error column 0");
+            let first = e.message.chars().next().expect("a message");
+            assert!(!first.is_uppercase(), "{:?}", e.message);
+        }
+    }
 }
