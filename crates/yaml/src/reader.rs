@@ -1062,7 +1062,7 @@ impl Reader<'_> {
                                     at,
                                     format!(
                                         "invalid escape `{}`",
-                                        &self.text[at.0..self.pos.min(self.s.len())]
+                                        self.text[at.0..].chars().take(2 + len).collect::<String>()
                                     ),
                                 ));
                             };
@@ -1178,7 +1178,7 @@ impl Reader<'_> {
         while !matches!(self.peek(), 0 | b'\n') {
             self.pos += 1;
         }
-        let mut line = self.line + 1;
+        let mut line = self.line + usize::from(self.peek() == b'\n');
         let base = parent.max(0) as usize;
         let indent = if explicit > 0 {
             base + explicit

@@ -241,6 +241,8 @@ fn block_scalars() {
     assert_eq!(t("k: |\nnext: 1\n"), r#"1|{"k"@1: 2|"", "next"@2: 2|1}"#);
     // in a sequence
     assert_eq!(t("- >\n  a\n  b\n- c\n"), r#"1|[2|"a b\n", 4|"c"]"#);
+    // a header at the very end: empty, on the header's line
+    assert_eq!(t("k: |"), r#"1|{"k"@1: 1|""}"#);
 }
 
 #[test]
@@ -460,6 +462,7 @@ fn syntax_errors_have_positions_and_messages() {
         ("k: \"\\q\"", "1:5 unknown escape `\\q`"),
         ("k: \"\\xZZ\"", "1:5 invalid escape `\\xZZ`"),
         ("k: \"\\ud800\"", "1:5 invalid escape `\\ud800`"),
+        ("k: \"\\x\u{ffff}\"", "1:5 invalid escape `\\x\u{ffff}\"`"),
         ("k: |x\n  a\n", "1:5 a block scalar's header is `|` or `>`, then an indentation digit and `-` or `+`, then a comment at most"),
         ("k: @x", "1:4 `@` cannot start a plain value: quote it"),
         ("k: `x", "1:4 ``` cannot start a plain value: quote it"),
