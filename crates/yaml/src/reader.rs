@@ -1,7 +1,8 @@
 //! The YAML reader: text to [`Node`]s in one pass, by recursive descent over
 //! the bytes, recursing once per level of collection nesting (checked
-//! against the limit before it recurses) and nowhere else but the copies of
-//! aliased nodes, which the limit bounds too. Owns the syntax (block and flow
+//! against the limit before it recurses), once more for properties on a
+//! line of their own, and nowhere else but the copies of aliased nodes,
+//! which the limit bounds too. Owns the syntax (block and flow
 //! collections, the five scalar styles, comments, document markers,
 //! anchors, aliases, merge keys, tags) and the core schema's scalar types;
 //! knows nothing of what the document means.
@@ -24,13 +25,28 @@ pub(crate) fn read(text: &str, max_depth: usize) -> Result<Node> {
     } else {
         text
     };
-    if let Some(at) = text.find('\u{feff}') {
+    // YAML's printable characters only: no control characters but tab and
+    // line breaks, no BOM past the start.
+    if let Some((at, c)) = text.char_indices().find(|(_, c)| {
+        let c = *c as u32;
+        c < 0x20 && !matches!(c, 0x09 | 0x0A | 0x0D)
+            || (0x7F..=0x9F).contains(&c) && c != 0x85
+            || matches!(c, 0xFEFF | 0xFFFE | 0xFFFF)
+    }) {
         let before = &text[..at];
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let message = if c == '\u{feff}' {
+            "a byte order mark (U+FEFF) may only start the text".to_string()
+        } else {
+            format!(
+                "the character U+{:04X} is not allowed in YAML (write it as an escape in double quotes)",
+                c as u32
+            )
+        };
         return Err(Error {
             line: 1 + before.matches('\n').count(),
             column: before[line_start..].chars().count() + 1,
-            message: "a byte order mark (U+FEFF) may only start the text".to_string(),
+            message,
         });
     }
     let mut r = Reader {
@@ -42,6 +58,7 @@ pub(crate) fn read(text: &str, max_depth: usize) -> Result<Node> {
         max_depth,
         anchors: HashMap::new(),
         copied: 0,
+        open: Vec::new(),
     };
     r.document()
 }
@@ -88,6 +105,8 @@ struct Reader<'a> {
     anchors: HashMap<String, (Node, usize)>,
     /// Nodes copied by aliases so far.
     copied: usize,
+    /// Anchors whose node is being read.
+    open: Vec<String>,
 }
 
 fn is_blank(b: u8) -> bool {
@@ -100,10 +119,11 @@ fn is_break_or_blank(b: u8) -> bool {
 }
 
 /// Whether `c` (then `next`) may begin a plain scalar: not an indicator,
-/// but for `-`, `?` and `:` before a non-blank.
-fn plain_may_start(c: u8, next: u8) -> bool {
+/// but for `-`, `?` and `:` before a non-blank (inside `[ ]` and `{ }`,
+/// nor a `,`, bracket or brace).
+fn plain_may_start(c: u8, next: u8, flow: bool) -> bool {
     match c {
-        b'-' | b'?' | b':' => !is_break_or_blank(next),
+        b'-' | b'?' | b':' => !(is_break_or_blank(next) || flow && is_flow_indicator(next)),
         b',' | b'[' | b']' | b'{' | b'}' | b'#' | b'&' | b'*' | b'!' | b'|' | b'>' | b'\''
         | b'"' | b'%' | b'@' | b'`' => false,
         _ => !is_break_or_blank(c),
@@ -179,13 +199,20 @@ impl Reader<'_> {
     /// At a line break, the end of the text or a comment (after blanks).
     fn at_line_end(&mut self) -> bool {
         self.skip_blanks();
-        matches!(self.peek(), 0 | b'\n' | b'#')
+        match self.peek() {
+            0 | b'\n' => true,
+            b'#' => self.pos == self.line_start || is_blank(self.s[self.pos - 1]),
+            _ => false,
+        }
     }
 
     /// After a node: nothing but blanks and a comment until the line ends.
     fn end_of_line(&mut self) -> Result<()> {
         if self.at_line_end() {
             return Ok(());
+        }
+        if self.peek() == b'#' {
+            return self.err("a comment needs a space before its `#`");
         }
         if self.peek() == b':' {
             return self.err(
@@ -316,7 +343,7 @@ impl Reader<'_> {
                 val: Val::Null,
             }
         } else {
-            self.node_at(-1, 1)?
+            self.node_at(-1, 1, Props::default())?
         };
         if !self.at_doc_marker() {
             self.end_of_line()?;
@@ -354,31 +381,30 @@ impl Reader<'_> {
     /// on the lines below indented more than `parent`, or empty.
     fn block_value(&mut self, parent: isize, depth: usize, ctx: Ctx) -> Result<Node> {
         let line = self.line;
+        let blanks = self.pos;
         self.skip_blanks();
+        let tabbed = self.s[blanks..self.pos].contains(&b'\t');
         let props = self.properties()?;
         if self.at_line_end() {
             let m = self.mark();
             if self.next_content()? && !self.at_doc_marker() {
                 let col = self.col() as isize;
                 if col > parent || col == parent && ctx == Ctx::MapValue && self.at_seq_entry() {
-                    let node = self.node_at(parent, depth)?;
-                    return self.finish(node, props);
+                    return self.node_at(parent, depth, props);
                 }
             }
             self.reset(m);
-            let node = self.scalar_node(
-                Scalar {
-                    text: String::new(),
-                    plain: true,
-                    line,
-                },
-                &props,
-            )?;
-            return self.finish(node, props);
+            return self.empty(line, props);
         }
         let col = self.col();
+        if tabbed && ctx == Ctx::SeqEntry && (self.at_seq_entry() || self.at_key()?) {
+            return self.err("tabs are not allowed as indentation: indent with spaces");
+        }
         if self.at_seq_entry() {
-            if ctx != Ctx::SeqEntry || props.anchor.is_some() || props.tag.is_some() {
+            if props.anchor.is_some() || props.tag.is_some() {
+                return self.err("a list cannot start on the line of its anchor or tag");
+            }
+            if ctx != Ctx::SeqEntry {
                 return self
                     .err("a list cannot start on the line of its key: put `- ` on the next line");
             }
@@ -395,33 +421,23 @@ impl Reader<'_> {
     }
 
     /// The node whose first character, at `pos`, is the first content of
-    /// its line.
-    fn node_at(&mut self, parent: isize, depth: usize) -> Result<Node> {
+    /// its line; `outer` are the properties given on a line above.
+    fn node_at(&mut self, parent: isize, depth: usize, outer: Props) -> Result<Node> {
         let col = self.col();
-        if self.at_seq_entry() {
-            return self.block_seq(col, depth, col as isize == parent);
-        }
         if matches!(self.peek(), b'&' | b'!') {
-            let props = self.properties()?;
+            // An anchor and a tag may be on lines of their own.
+            let props = self.properties_onto(outer)?;
             if self.at_line_end() {
                 let m = self.mark();
-                let node = if self.next_content()?
-                    && !self.at_doc_marker()
-                    && self.col() as isize > parent
-                {
-                    self.node_at(parent, depth)?
-                } else {
-                    self.reset(m);
-                    self.scalar_node(
-                        Scalar {
-                            text: String::new(),
-                            plain: true,
-                            line: self.line,
-                        },
-                        &props,
-                    )?
-                };
-                return self.finish(node, props);
+                if self.next_content()? && !self.at_doc_marker() && self.col() as isize > parent {
+                    // Twice more at most: each time one property more.
+                    return self.node_at(parent, depth, props);
+                }
+                self.reset(m);
+                return self.empty(self.line, props);
+            }
+            if self.at_seq_entry() {
+                return self.err("a list cannot start on the line of its anchor or tag");
             }
             if self.at_key()? {
                 return self.err("anchors and tags on a mapping key are not supported");
@@ -429,10 +445,28 @@ impl Reader<'_> {
             let node = self.inline(parent, depth, &props)?;
             return self.finish(node, props);
         }
-        if self.at_key()? {
-            return self.block_map(col, depth);
-        }
-        self.inline(parent, depth, &Props::default())
+        let node = if self.at_seq_entry() {
+            self.block_seq(col, depth, col as isize == parent)?
+        } else if self.at_key()? {
+            self.block_map(col, depth)?
+        } else {
+            self.inline(parent, depth, &outer)?
+        };
+        self.finish(node, outer)
+    }
+
+    /// An empty node (null, or "" under `!!str`).
+    fn empty(&mut self, line: usize, props: Props) -> Result<Node> {
+        let text = String::new();
+        let node = self.scalar_node(
+            Scalar {
+                text,
+                plain: true,
+                line,
+            },
+            &props,
+        )?;
+        self.finish(node, props)
     }
 
     /// Whether the line from `pos` is an implicit key and its `:`.
@@ -462,7 +496,7 @@ impl Reader<'_> {
         if quote == b'?' && is_break_or_blank(self.at(1)) {
             return self.err("explicit keys (`? `) are not supported: write `key: value`");
         }
-        if !plain_may_start(quote, self.at(1)) {
+        if !plain_may_start(quote, self.at(1), false) {
             return Ok(false);
         }
         while i < s.len() {
@@ -604,10 +638,13 @@ impl Reader<'_> {
     // ---- anchors, tags, aliases
 
     fn properties(&mut self) -> Result<Props> {
-        let mut p = Props {
-            at: Some(self.mark()),
-            ..Props::default()
-        };
+        self.properties_onto(Props::default())
+    }
+
+    /// The properties at `pos` added to `p`; an anchor is open until its
+    /// node is finished.
+    fn properties_onto(&mut self, mut p: Props) -> Result<Props> {
+        p.at = p.at.or(Some(self.mark()));
         loop {
             let which = self.peek();
             if which != b'&' && which != b'!' {
@@ -630,6 +667,9 @@ impl Reader<'_> {
             };
             if slot.is_some() {
                 return Err(self.error_at(m, "a node has one anchor and one tag at most"));
+            }
+            if which == b'&' {
+                self.open.push(name.clone());
             }
             *slot = Some(name);
             self.skip_blanks();
@@ -686,6 +726,9 @@ impl Reader<'_> {
             }
         }
         if let Some(name) = props.anchor {
+            if let Some(i) = self.open.iter().rposition(|n| *n == name) {
+                self.open.remove(i);
+            }
             let height = height(&node);
             self.anchors.insert(name, (node.clone(), height));
         }
@@ -703,6 +746,12 @@ impl Reader<'_> {
             self.pos += 1;
         }
         let name = &self.text[start..self.pos];
+        if self.open.iter().any(|n| n == name) {
+            return Err(self.error_at(
+                at,
+                format!("the alias `*{name}` is inside the node anchored `&{name}`: a node cannot contain itself"),
+            ));
+        }
         let Some((node, height)) = self.anchors.get(name) else {
             return Err(self.error_at(
                 at,
@@ -757,10 +806,17 @@ impl Reader<'_> {
             self.flow_skip();
             if self.peek() == b':' {
                 self.pos += 1;
+                let plain_key = matches!(&first, Item::Scalar(s, _) if s.plain);
+                if plain_key
+                    && !is_break_or_blank(self.peek())
+                    && !matches!(self.peek(), b',' | b']' | b'}')
+                {
+                    return self.err("put a space after the `:` of a plain key");
+                }
                 self.flow_skip();
                 let value = if matches!(self.peek(), b',' | b']' | b'}') {
                     Node {
-                        line: key_at.1,
+                        line: self.line,
                         val: Val::Null,
                     }
                 } else {
@@ -809,17 +865,26 @@ impl Reader<'_> {
             } else if is_map {
                 let (key, line) = match first {
                     Item::Scalar(s, p) if p.anchor.is_none() && p.tag.is_none() => (s.text, s.line),
-                    _ => return Err(self.error_at(key_at, "a mapping key must be a scalar")),
+                    Item::Scalar(..) => {
+                        return Err(self.error_at(
+                            key_at,
+                            "anchors and tags on a mapping key are not supported",
+                        ))
+                    }
+                    Item::Node(_) => {
+                        return Err(self.error_at(
+                            key_at,
+                            "a mapping key must be a scalar, not a collection or alias",
+                        ))
+                    }
                 };
-                map.add(
-                    key,
-                    line,
-                    Node {
-                        line,
-                        val: Val::Null,
-                    },
-                )
-                .map_err(|m| self.error_at(key_at, m))?;
+                // The empty value is where the entry ends.
+                let empty = Node {
+                    line: self.line,
+                    val: Val::Null,
+                };
+                map.add(key, line, empty)
+                    .map_err(|m| self.error_at(key_at, m))?;
             } else {
                 items.push(self.node_of(first)?);
             }
@@ -909,7 +974,7 @@ impl Reader<'_> {
     fn plain(&mut self, parent: isize, flow: bool) -> Result<Scalar> {
         let line = self.line;
         let c = self.peek();
-        if !plain_may_start(c, self.at(1)) {
+        if !plain_may_start(c, self.at(1), flow) {
             return self.err(format!(
                 "`{}` cannot start a plain value: quote it",
                 self.next_char()
@@ -1178,6 +1243,7 @@ impl Reader<'_> {
         while !matches!(self.peek(), 0 | b'\n') {
             self.pos += 1;
         }
+        let header_line = self.line;
         let mut line = self.line + usize::from(self.peek() == b'\n');
         let base = parent.max(0) as usize;
         let indent = if explicit > 0 {
@@ -1194,7 +1260,7 @@ impl Reader<'_> {
                 most = most.max(self.col());
             }
             self.reset(m);
-            most.max((parent + 1) as usize).max(1)
+            most.max((parent + 1) as usize)
         };
         let mut out = String::new();
         let mut empties = 0;
@@ -1207,7 +1273,7 @@ impl Reader<'_> {
             }
             if self.eof() {
                 if prev_more.is_none() {
-                    line = self.line;
+                    line = header_line;
                 }
                 break;
             }
@@ -1218,7 +1284,7 @@ impl Reader<'_> {
             if prev_more.is_none() {
                 line = self.line;
             }
-            if self.col() < indent {
+            if self.col() < indent || indent == 0 && self.at_doc_marker() {
                 self.reset(before);
                 break;
             }

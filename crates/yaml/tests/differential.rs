@@ -17,11 +17,9 @@ const DEPTH: usize = 24;
 fn deliberate(text: &str) -> Option<&'static str> {
     let lines = || text.split(['\n', '\r']);
     if lines().any(|l| {
-        let t = l.trim_start_matches([' ', '-']);
-        t == ":" || t.starts_with(": ")
-    }) || ["[: ", "{: ", ", : ", "[:]", "{:}"]
-        .iter()
-        .any(|p| text.contains(p))
+        let t = l.trim_start_matches([' ', '\t', '-']);
+        t == ":" || t.starts_with(": ") || t.starts_with(":\t")
+    }) || ["[:", "{:", ",:", ", :"].iter().any(|p| text.contains(p))
     {
         // YAML allows an empty key (`: value`); nobody writes one on
         // purpose, so we reject it.
@@ -32,8 +30,8 @@ fn deliberate(text: &str) -> Option<&'static str> {
         return Some("a tab as indentation is an error for us");
     }
     if lines().any(|l| {
-        let t = l.trim_start_matches([' ', '-']);
-        t == "?" || t.starts_with("? ") || t.starts_with("?\t")
+        let t = l.trim_start_matches([' ', '\t', '-']);
+        t.starts_with('?') && !t[1..].starts_with(|c: char| c.is_alphanumeric())
     }) || text.contains("{?")
         || text.contains("[?")
         || text.contains(" ? ")
@@ -45,7 +43,11 @@ fn deliberate(text: &str) -> Option<&'static str> {
         // by its own rules; we read five core tags and reject the rest.
         return Some("tags other than the core ones are rejected by us");
     }
-    if text.trim_start_matches('\u{feff}').contains('\u{feff}') {
+    if text
+        .strip_prefix('\u{feff}')
+        .unwrap_or(text)
+        .contains('\u{feff}')
+    {
         // YAML allows a byte order mark only at the start; serde-saphyr
         // lets one through inside a scalar, we reject it anywhere else.
         return Some("a byte order mark past the start is an error for us");
@@ -53,9 +55,18 @@ fn deliberate(text: &str) -> Option<&'static str> {
     if text.contains('%') {
         return Some("directives: we read %YAML 1.x only");
     }
-    if lines().all(|l| l.trim().is_empty()) {
+    if matches!(
+        (
+            mcp_retry_yaml::parse(text, DEPTH),
+            reference::parse(text, DEPTH)
+        ),
+        (
+            Ok(Node { val: Val::Null, .. }),
+            Ok(Node { val: Val::Null, .. })
+        )
+    ) {
         // serde-saphyr puts an empty document on the line after the last
-        // line break; we put it on line 1.
+        // line break, or after `...`; we put it on line 1 (or on `---`).
         return Some("an empty document is line 1 for us");
     }
     None
@@ -86,6 +97,9 @@ fn same(a: &Node, b: &Node, core: bool) -> bool {
                 s.contains('_') || s.trim_start_matches(['-', '+']).starts_with("0b")
             }
             (Val::Int(i), Val::Float(f)) if core => *i as f64 == *f,
+            // i128 holds what serde-saphyr's 64 bits do not: it gives up
+            // on hex and octal beyond them.
+            (Val::Int(i), Val::Str(_)) if core => i.unsigned_abs() > u128::from(u64::MAX),
             (x, y) => x == y,
         }
 }
@@ -112,6 +126,17 @@ fn compare(text: &str) -> Option<String> {
     };
     if agree || deliberate(text).is_some() {
         return None;
+    }
+    if let (Err(e), Ok(_)) = (&ours, &theirs) {
+        if e.message.starts_with("a merge key `<<` takes") {
+            // serde-saphyr merges an empty value as nothing; the merge key
+            // spec asks for a mapping or a list of them, and so do we.
+            return None;
+        }
+        if e.message.starts_with("anchors and tags on a mapping key") {
+            // A key is text to us: we do not read properties on one.
+            return None;
+        }
     }
     let (a, b) = match (&ours, &theirs) {
         (Ok(a), Ok(b)) => first_difference(a, b),

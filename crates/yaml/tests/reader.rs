@@ -241,6 +241,10 @@ fn block_scalars() {
     assert_eq!(t("k: |\nnext: 1\n"), r#"1|{"k"@1: 2|"", "next"@2: 2|1}"#);
     // in a sequence
     assert_eq!(t("- >\n  a\n  b\n- c\n"), r#"1|[2|"a b\n", 4|"c"]"#);
+    // at the top level, content may start in the first column
+    assert_eq!(t("--- |\nx\n y\n...\n"), r#"2|"x\n y\n""#);
+    // a tab after `-` separates a scalar
+    assert_eq!(t("-\tx"), r#"1|[1|"x"]"#);
     // a header at the very end: empty, on the header's line
     assert_eq!(t("k: |"), r#"1|{"k"@1: 1|""}"#);
 }
@@ -389,6 +393,13 @@ fn core_schema_types() {
 #[test]
 fn tags() {
     assert_eq!(v("k: !!str 12"), s("12"));
+    // properties on the line above the node
+    assert_eq!(v("k: !!str\n  12"), s("12"));
+    assert_eq!(t("k: &a\n  x\nl: *a"), r#"1|{"k"@1: 2|"x", "l"@3: 3|"x"}"#);
+    assert_eq!(
+        t("k: &a\n  !!str\n    12\nl: *a"),
+        r#"1|{"k"@1: 3|"12", "l"@4: 4|"12"}"#
+    );
     assert_eq!(v("k: !!str"), s(""));
     assert_eq!(v("k: ! 12"), s("12"));
     assert_eq!(v("k: !!int \"12\""), Val::Int(12));
@@ -462,7 +473,19 @@ fn syntax_errors_have_positions_and_messages() {
         ("k: \"\\q\"", "1:5 unknown escape `\\q`"),
         ("k: \"\\xZZ\"", "1:5 invalid escape `\\xZZ`"),
         ("k: \"\\ud800\"", "1:5 invalid escape `\\ud800`"),
-        ("k: \"\\x\u{ffff}\"", "1:5 invalid escape `\\x\u{ffff}\"`"),
+        ("k: \"\\xé\"", "1:5 invalid escape `\\xé\"`"),
+        ("k: a\u{1}b", "1:5 the character U+0001 is not allowed in YAML (write it as an escape in double quotes)"),
+        ("k: \"\u{7f}\"", "1:5 the character U+007F is not allowed in YAML (write it as an escape in double quotes)"),
+        ("k: 'x'#c", "1:7 a comment needs a space before its `#`"),
+        ("k: {a:[1]}", "1:7 put a space after the `:` of a plain key"),
+        ("k: [-, x]", "1:5 `-` cannot start a plain value: quote it"),
+        ("k: &a\n  &b x", "2:3 a node has one anchor and one tag at most"),
+        ("k: &a [1, *a]", "1:11 the alias `*a` is inside the node anchored `&a`: a node cannot contain itself"),
+        ("k: &a\n  l: *a", "2:6 the alias `*a` is inside the node anchored `&a`: a node cannot contain itself"),
+        ("k: {&a x}", "1:5 anchors and tags on a mapping key are not supported"),
+        ("- &a - x", "1:6 a list cannot start on the line of its anchor or tag"),
+        ("-\t- x", "1:3 tabs are not allowed as indentation: indent with spaces"),
+        ("-\tk: v", "1:3 tabs are not allowed as indentation: indent with spaces"),
         ("k: |x\n  a\n", "1:5 a block scalar's header is `|` or `>`, then an indentation digit and `-` or `+`, then a comment at most"),
         ("k: @x", "1:4 `@` cannot start a plain value: quote it"),
         ("k: `x", "1:4 ``` cannot start a plain value: quote it"),
