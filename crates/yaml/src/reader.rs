@@ -367,10 +367,7 @@ impl Reader<'_> {
             Val::Seq(_) if self.col() == 0 => {
                 self.err("expected a list item `- ` at this indentation, or the end of the list")
             }
-            Val::Map(_) | Val::Seq(_) => self.err(format!(
-                "bad indentation: a line indented {} spaces matches no key or item above it",
-                self.col()
-            )),
+            Val::Map(_) | Val::Seq(_) => self.bad_indentation(),
             _ => self.err("unexpected text after the document's value"),
         }
     }
@@ -510,6 +507,29 @@ impl Reader<'_> {
         Ok(false)
     }
 
+    /// After an entry of a block collection indented `n`: the position
+    /// before the next line if an entry at `n` follows (then at it), else
+    /// none, the position left after this entry.
+    fn next_entry(&mut self, n: usize) -> Result<Option<Mark>> {
+        self.end_of_line()?;
+        let m = self.mark();
+        if !self.next_content()? || self.at_doc_marker() || self.col() < n {
+            self.reset(m);
+            return Ok(None);
+        }
+        if self.col() > n {
+            return self.bad_indentation();
+        }
+        Ok(Some(m))
+    }
+
+    fn bad_indentation<T>(&self) -> Result<T> {
+        self.err(format!(
+            "bad indentation: a line indented {} spaces matches no key or item above it",
+            self.col()
+        ))
+    }
+
     fn block_map(&mut self, n: usize, depth: usize) -> Result<Node> {
         self.check_depth(depth)?;
         let line = self.line;
@@ -530,17 +550,8 @@ impl Reader<'_> {
                 map.add(key, key_at.1, value)
                     .map_err(|m| self.error_at(key_at, m))?;
             }
-            self.end_of_line()?;
-            let m = self.mark();
-            if !self.next_content()? || self.at_doc_marker() || self.col() < n {
-                self.reset(m);
+            if self.next_entry(n)?.is_none() {
                 break;
-            }
-            if self.col() > n {
-                return self.err(format!(
-                    "bad indentation: a line indented {} spaces matches no key or item above it",
-                    self.col()
-                ));
             }
         }
         Ok(Node {
@@ -584,13 +595,10 @@ impl Reader<'_> {
         loop {
             self.pos += 1; // the `-`
             items.push(self.block_value(n as isize, depth + 1, Ctx::SeqEntry)?);
-            self.end_of_line()?;
-            let m = self.mark();
-            if !self.next_content()? || self.at_doc_marker() || self.col() < n {
-                self.reset(m);
+            let Some(m) = self.next_entry(n)? else {
                 break;
-            }
-            if self.col() == n && !self.at_seq_entry() {
+            };
+            if !self.at_seq_entry() {
                 if !shared {
                     return self.err(
                         "expected a list item `- ` at this indentation, or the end of the list",
@@ -598,12 +606,6 @@ impl Reader<'_> {
                 }
                 self.reset(m);
                 break;
-            }
-            if self.col() > n {
-                return self.err(format!(
-                    "bad indentation: a line indented {} spaces matches no key or item above it",
-                    self.col()
-                ));
             }
         }
         Ok(Node {
