@@ -544,12 +544,8 @@ impl Reader<'_> {
             let key_at = self.mark();
             let (key, plain) = self.block_key()?;
             let value = self.block_value(n as isize, depth + 1, Ctx::MapValue)?;
-            if plain && key == "<<" {
-                map.merge(value).map_err(|m| self.error_at(key_at, m))?;
-            } else {
-                map.add(key, key_at.1, value)
-                    .map_err(|m| self.error_at(key_at, m))?;
-            }
+            map.put(key, plain, key_at.1, value)
+                .map_err(|m| self.error_at(key_at, m))?;
             if self.next_entry(n)?.is_none() {
                 break;
             }
@@ -617,20 +613,10 @@ impl Reader<'_> {
     /// A node that does not start a block collection: an alias, a flow
     /// collection or a scalar, starting at `pos`.
     fn inline(&mut self, parent: isize, depth: usize, props: &Props) -> Result<Node> {
-        let line = self.line;
         let scalar = match self.peek() {
             b'*' => return self.alias(depth, props),
             b'[' | b'{' => return self.flow_collection(depth),
-            b'"' => Scalar {
-                text: self.double_quoted()?,
-                plain: false,
-                line,
-            },
-            b'\'' => Scalar {
-                text: self.single_quoted()?,
-                plain: false,
-                line,
-            },
+            b'"' | b'\'' => self.quoted()?,
             b'|' | b'>' => self.block_scalar(parent)?,
             _ => self.plain(parent, false)?,
         };
@@ -826,36 +812,16 @@ impl Reader<'_> {
                     let item = self.flow_item(depth + 1 + usize::from(!is_map))?;
                     self.node_of(item)?
                 };
-                let (key, plain) = match first {
-                    Item::Scalar(s, p) if p.anchor.is_none() && p.tag.is_none() => {
-                        (s.text, s.plain)
-                    }
-                    Item::Scalar(..) => {
-                        return Err(self.error_at(
-                            key_at,
-                            "anchors and tags on a mapping key are not supported",
-                        ))
-                    }
-                    Item::Node(_) => {
-                        return Err(self.error_at(
-                            key_at,
-                            "a mapping key must be a scalar, not a collection or alias",
-                        ))
-                    }
-                };
+                let key = self.flow_key(first, key_at)?;
                 if is_map {
-                    if plain && key == "<<" {
-                        map.merge(value).map_err(|m| self.error_at(key_at, m))?;
-                    } else {
-                        map.add(key, key_at.1, value)
-                            .map_err(|m| self.error_at(key_at, m))?;
-                    }
+                    map.put(key.text, key.plain, key_at.1, value)
+                        .map_err(|m| self.error_at(key_at, m))?;
                 } else {
                     if depth + 1 > self.max_depth {
                         return Err(self.error_at(key_at, self.too_deep()));
                     }
                     let entry = Entry {
-                        key,
+                        key: key.text,
                         line: key_at.1,
                         value,
                     };
@@ -865,27 +831,13 @@ impl Reader<'_> {
                     });
                 }
             } else if is_map {
-                let (key, line) = match first {
-                    Item::Scalar(s, p) if p.anchor.is_none() && p.tag.is_none() => (s.text, s.line),
-                    Item::Scalar(..) => {
-                        return Err(self.error_at(
-                            key_at,
-                            "anchors and tags on a mapping key are not supported",
-                        ))
-                    }
-                    Item::Node(_) => {
-                        return Err(self.error_at(
-                            key_at,
-                            "a mapping key must be a scalar, not a collection or alias",
-                        ))
-                    }
-                };
+                let key = self.flow_key(first, key_at)?;
                 // The empty value is where the entry ends.
                 let empty = Node {
                     line: self.line,
                     val: Val::Null,
                 };
-                map.add(key, line, empty)
+                map.put(key.text, key.plain, key.line, empty)
                     .map_err(|m| self.error_at(key_at, m))?;
             } else {
                 items.push(self.node_of(first)?);
@@ -924,16 +876,7 @@ impl Reader<'_> {
             b'[' | b'{' => self.flow_collection(depth)?,
             c => {
                 let scalar = match c {
-                    b'"' => Scalar {
-                        text: self.double_quoted()?,
-                        plain: false,
-                        line,
-                    },
-                    b'\'' => Scalar {
-                        text: self.single_quoted()?,
-                        plain: false,
-                        line,
-                    },
+                    b'"' | b'\'' => self.quoted()?,
                     b',' | b']' | b'}' | b':' if props.anchor.is_some() || props.tag.is_some() => {
                         Scalar {
                             text: String::new(),
@@ -957,6 +900,20 @@ impl Reader<'_> {
             }
         };
         Ok(Item::Node(self.finish(node, props)?))
+    }
+
+    /// A flow mapping's key: a scalar without properties.
+    fn flow_key(&self, item: Item, at: Mark) -> Result<Scalar> {
+        match item {
+            Item::Scalar(s, p) if p.anchor.is_none() && p.tag.is_none() => Ok(s),
+            Item::Scalar(..) => {
+                Err(self.error_at(at, "anchors and tags on a mapping key are not supported"))
+            }
+            Item::Node(_) => Err(self.error_at(
+                at,
+                "a mapping key must be a scalar, not a collection or alias",
+            )),
+        }
     }
 
     fn node_of(&mut self, item: Item) -> Result<Node> {
@@ -1055,6 +1012,21 @@ impl Reader<'_> {
         Ok(Scalar {
             text,
             plain: true,
+            line,
+        })
+    }
+
+    /// A single- or double-quoted scalar, at its quote.
+    fn quoted(&mut self) -> Result<Scalar> {
+        let line = self.line;
+        let text = if self.peek() == b'"' {
+            self.double_quoted()?
+        } else {
+            self.single_quoted()?
+        };
+        Ok(Scalar {
+            text,
+            plain: false,
             line,
         })
     }
@@ -1344,6 +1316,21 @@ impl MapBuilder {
         }
         self.entries.push(Entry { key, line, value });
         Ok(())
+    }
+
+    /// An entry, or under a plain `<<` the mappings to merge.
+    fn put(
+        &mut self,
+        key: String,
+        plain: bool,
+        line: usize,
+        value: Node,
+    ) -> std::result::Result<(), String> {
+        if plain && key == "<<" {
+            self.merge(value)
+        } else {
+            self.add(key, line, value)
+        }
     }
 
     fn merge(&mut self, value: Node) -> std::result::Result<(), String> {
