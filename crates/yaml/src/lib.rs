@@ -5,8 +5,8 @@
 //! and human-written, so it reads what a person writes (block and flow
 //! collections, every scalar style, comments, anchors, aliases and merge
 //! keys) into the tree directly, without an event stream or serde. It
-//! replaced serde-saphyr, which with its parser cost about 380 KB of the
-//! static binary.
+//! replaced serde-saphyr, which with the crates it brought was about 520 KB
+//! of the static binary; the reader is about 40 KB.
 //!
 //! The tree is format-neutral (mcp-retry builds it from JSON too). Knows no
 //! config key and nothing of mcp-retry: [`parse`] takes text and a nesting
