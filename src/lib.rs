@@ -17,7 +17,9 @@ mod dispatcher;
 mod downstream;
 mod fasthash;
 pub mod http;
-pub mod jsonrpc;
+/// JSON-RPC lines: a crate of its own (`crates/jsonrpc`) so that the hot
+/// path's parsing is compiled for speed in a binary compiled for size.
+pub use mcp_retry_jsonrpc as jsonrpc;
 pub mod log;
 mod otel;
 mod policy;
