@@ -610,20 +610,8 @@ pub fn attempt_line(request: &Message, down: u64, traceparent: &str) -> Option<V
 
 /// The params of [`attempt_line`] by rebuilding the object and its `_meta`.
 fn rewrite_traceparent(params: &str, traceparent: &str) -> Option<String> {
-    let mut o = RawObject::parse(params)?;
     let member = format!("\"traceparent\":\"{traceparent}\"");
-    Some(
-        match o.get("_meta").and_then(|m| RawObject::parse(m.get())) {
-            Some(mut meta) => {
-                meta.remove("traceparent");
-                o.to_json_replacing("_meta", &meta.to_json_after(&member))
-            }
-            None => {
-                o.remove("_meta");
-                o.to_json_after(&format!("\"_meta\":{{{member}}}"))
-            }
-        },
-    )
+    Some(RawObject::parse(params)?.to_json_with_meta("traceparent", &member))
 }
 
 #[cfg(test)]

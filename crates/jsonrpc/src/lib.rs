@@ -1040,6 +1040,22 @@ impl<'a> RawObject<'a> {
         }
     }
 
+    /// The object with `member` (a raw `"key":value` pair) written first
+    /// in its `_meta`, replacing a member `key` there; a `_meta` that is
+    /// missing or not an object becomes one holding only `member`.
+    pub fn to_json_with_meta(mut self, key: &str, member: &str) -> String {
+        match self.get("_meta").and_then(|m| RawObject::parse(m.get())) {
+            Some(mut meta) => {
+                meta.remove(key);
+                self.to_json_replacing("_meta", &meta.to_json_after(member))
+            }
+            None => {
+                self.remove("_meta");
+                self.to_json_after(&format!("\"_meta\":{{{member}}}"))
+            }
+        }
+    }
+
     fn write(&self, replace: Option<(&str, &str)>) -> String {
         let mut out = String::from("{");
         for (i, (k, v)) in self.0.iter().enumerate() {
@@ -1682,5 +1698,28 @@ mod tests {
         assert!(matches!(&o.0[2].0, Cow::Owned(k) if k == "k\"ey"));
         assert_eq!(o.remove("a").unwrap().get(), "1.0");
         assert_eq!(o.to_json(), r#"{"b":{"c" : [1,2]},"k\"ey":"v"}"#);
+    }
+
+    #[test]
+    fn raw_object_sets_a_member_of_its_meta() {
+        let with = |text: &str| {
+            RawObject::parse(text)
+                .unwrap()
+                .to_json_with_meta("k", r#""k":1"#)
+        };
+        // Into an existing `_meta`, first, replacing the old member; the
+        // other members and values stay as they were.
+        assert_eq!(
+            with(r#"{"a": [1], "_meta":{"x":true, "k":0}}"#),
+            r#"{"a":[1],"_meta":{"k":1,"x":true}}"#
+        );
+        // A `_meta` that is missing or not an object becomes a fresh one,
+        // written first.
+        assert_eq!(with(r#"{"a":2}"#), r#"{"_meta":{"k":1},"a":2}"#);
+        assert_eq!(
+            with(r#"{"_meta":null,"a":2}"#),
+            r#"{"_meta":{"k":1},"a":2}"#
+        );
+        assert_eq!(with("{}"), r#"{"_meta":{"k":1}}"#);
     }
 }

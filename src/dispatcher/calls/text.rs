@@ -84,21 +84,11 @@ fn storable_by_members(result: &str) -> bool {
 /// `result` with `_meta["mcp-retry/source"]` set (first in `_meta`),
 /// nothing else changed.
 pub(super) fn with_source(result: &str, source: Source) -> String {
-    let Some(mut o) = RawObject::parse(result) else {
+    let Some(o) = RawObject::parse(result) else {
         return result.to_owned();
     };
     let marker = format!("\"mcp-retry/source\":\"{}\"", source.as_str());
-    match o.get("_meta").and_then(|m| RawObject::parse(m.get())) {
-        Some(mut meta) => {
-            meta.remove("mcp-retry/source");
-            o.to_json_replacing("_meta", &meta.to_json_after(&marker))
-        }
-        None => {
-            // No `_meta`, or one that is not an object: a fresh one.
-            o.remove("_meta");
-            o.to_json_after(&format!("\"_meta\":{{{marker}}}"))
-        }
-    }
+    o.to_json_with_meta("mcp-retry/source", &marker)
 }
 
 /// What happened to an attempt of `tool`, for people.
