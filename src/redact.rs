@@ -40,7 +40,9 @@ const SECRET_NAMES: &[&str] = &[
 ];
 
 /// Names that contain a secret-sounding part but say how a request fared,
-/// as in `401 Unauthorized: token expired`: what follows is a message.
+/// as in `401 Unauthorized: token expired`: followed by `:` and a bare
+/// word, what follows is a message. With `=`, a quote or an auth scheme
+/// (`authentication=hunter2`, `Authentication: Basic …`) it is a value.
 const STATUS_WORDS: &[&str] = &[
     "unauthorized",
     "unauthenticated",
@@ -100,7 +102,7 @@ impl Redactor {
 /// names a secret.
 fn is_secret_name(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    !STATUS_WORDS.contains(&lower.as_str()) && SECRET_NAMES.iter().any(|s| lower.contains(s))
+    SECRET_NAMES.iter().any(|s| lower.contains(s))
 }
 
 fn is_name_char(c: char) -> bool {
@@ -165,6 +167,7 @@ fn redact_named_values(s: &str) -> String {
             }
             _ => None,
         };
+        let mut schemed = false;
         for scheme in ["bearer ", "basic ", "token "] {
             let rest = &s[start..];
             if rest.len() > scheme.len() && rest[..scheme.len()].eq_ignore_ascii_case(scheme) {
@@ -172,8 +175,17 @@ fn redact_named_values(s: &str) -> String {
                 while start < bytes.len() && bytes[start] == b' ' {
                     start += 1;
                 }
+                schemed = true;
                 break;
             }
+        }
+        if sep == b':'
+            && quote.is_none()
+            && !schemed
+            && STATUS_WORDS.iter().any(|w| name.eq_ignore_ascii_case(w))
+        {
+            i += 1;
+            continue;
         }
         let value_end = match quote {
             Some(q) => s[start..].find(q as char).map_or(s.len(), |p| start + p),
@@ -405,6 +417,18 @@ mod tests {
         assert_eq!(plain("client_secret='s3'"), "client_secret='[redacted]'");
         assert_eq!(plain("X-Api-Key: k"), "X-Api-Key: [redacted]");
         assert_eq!(plain("credentials=a"), "credentials=[redacted]");
+        // A status word names a value too when `=`, a quote or an auth
+        // scheme follows it (followed by `:` and a word, it starts a
+        // message: `ordinary_lines_are_left_alone`).
+        assert_eq!(plain("authentication=hunter2"), "authentication=[redacted]");
+        assert_eq!(
+            plain("Authentication: Basic dXNlcjpwYXNz"),
+            "Authentication: Basic [redacted]"
+        );
+        assert_eq!(
+            plain(r#"{"authorized": "s3"}"#),
+            r#"{"authorized": "[redacted]"}"#
+        );
     }
 
     #[test]
