@@ -190,10 +190,10 @@ impl Handle {
         self.metrics
     }
 
-    /// Sends a finished span if traces are exported.
-    pub fn send_record(&self, record: Record) {
+    /// Sends a finished span, at the dispatcher's `now`, if traces are
+    /// exported.
+    pub fn send_record(&self, record: Record, now: Instant) {
         if self.traces {
-            let now = record.end;
             self.send(Item::Span(record), now);
         }
     }
@@ -416,15 +416,30 @@ mod tests {
         handle
             .shared
             .pause(Instant::now() + Duration::from_secs(3600));
-        handle.send_record(record());
+        handle.send_record(record(), Instant::now());
         assert!(rx.try_recv().is_err());
         assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 1);
-        // A pause whose end has passed is over at the next send.
-        handle.shared.pause(Instant::now());
-        handle.send_record(record());
+        // A pause whose end has passed is over at the next send, also for a
+        // record that ended before the pause did (an earlier attempt's).
+        let old = record();
+        handle
+            .shared
+            .pause(Instant::now() + Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(2));
+        handle.send_record(old, Instant::now());
         assert!(rx.try_recv().is_ok());
         assert_eq!(handle.shared.paused_until.load(Ordering::Relaxed), 0);
         assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_long_client_id_counts_against_the_queue_bound() {
+        let short = record().size();
+        let mut long = record();
+        if let RecordKind::Call { client_id, .. } = &mut long.kind {
+            *client_id = ShortId::new(&"9".repeat(1 << 20));
+        }
+        assert_eq!(long.size(), short + (1 << 20));
     }
 
     #[test]
@@ -456,14 +471,14 @@ mod tests {
             resource: Vec::new(),
         };
         let (handle, exporter) = Exporter::start(settings).unwrap();
-        handle.send_record(record());
+        handle.send_record(record(), Instant::now());
         let deadline = Instant::now() + Duration::from_secs(20);
         while !handle.shared.paused_at(Instant::now()) {
             assert!(Instant::now() < deadline, "export never paused");
             thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 1);
-        handle.send_record(record());
+        handle.send_record(record(), Instant::now());
         assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 2);
         assert_eq!(handle.shared.bytes.load(Ordering::Relaxed), 0);
         drop(handle);

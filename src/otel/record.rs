@@ -136,6 +136,14 @@ pub enum ShortId {
 }
 
 impl ShortId {
+    /// The bytes it holds outside itself (a long id's text).
+    pub fn heap_len(&self) -> usize {
+        match self {
+            ShortId::Inline { .. } => 0,
+            ShortId::Heap(s) => s.len(),
+        }
+    }
+
     pub fn new(id: &str) -> ShortId {
         match id.len() {
             n if n <= 22 => {
@@ -243,9 +251,17 @@ impl Record {
     /// Roughly the bytes it holds (what it costs in the export queue).
     pub fn size(&self) -> usize {
         let extra = match &self.kind {
-            RecordKind::Request(r) => r.method.len() + r.client_id.len() + r.error_type.len() + 32,
-            RecordKind::Call { last: Some(a), .. } => a.events.len() * EVENT_BYTES,
-            _ => 0,
+            RecordKind::Request(r) => {
+                let code = r.code.as_ref().map_or(0, String::len);
+                r.method.len() + r.client_id.len() + r.error_type.len() + code + 32
+            }
+            RecordKind::Call {
+                client_id, last, ..
+            } => {
+                let events = last.as_ref().map_or(0, |a| a.events.len() * EVENT_BYTES);
+                client_id.heap_len() + events
+            }
+            RecordKind::Attempt { .. } => 0,
         };
         std::mem::size_of::<Record>() + extra + self.events.len() * EVENT_BYTES
     }

@@ -161,9 +161,11 @@ impl Tracer {
         }
     }
 
-    fn send(&self, record: Record) {
+    /// Hands a finished record to the exporter at the dispatcher's `now`
+    /// (not its end: an attempt's record waits for the next attempt).
+    fn send(&self, record: Record, now: Instant) {
         if record.ctx.sampled {
-            self.handle.send_record(record);
+            self.handle.send_record(record, now);
         }
     }
 
@@ -220,25 +222,28 @@ impl Tracer {
         }
         let parent = params.and_then(client_context);
         let ctx = self.new_context(parent);
-        self.send(Record {
-            ctx,
-            parent: parent.map(|p| p.span_id),
-            server: self.server.clone(),
-            start: now,
-            end: now,
-            events: Vec::new(),
-            kind: RecordKind::Call {
-                tool: self.tools.names[i as usize].clone(),
-                client_id: ShortId::new(client_id),
-                attempts: 0,
-                end: CallEnd {
-                    outcome: "ok",
-                    reason: None,
-                    source: Some(source),
+        self.send(
+            Record {
+                ctx,
+                parent: parent.map(|p| p.span_id),
+                server: self.server.clone(),
+                start: now,
+                end: now,
+                events: Vec::new(),
+                kind: RecordKind::Call {
+                    tool: self.tools.names[i as usize].clone(),
+                    client_id: ShortId::new(client_id),
+                    attempts: 0,
+                    end: CallEnd {
+                        outcome: "ok",
+                        reason: None,
+                        source: Some(source),
+                    },
+                    last: None,
                 },
-                last: None,
             },
-        });
+            now,
+        );
     }
 
     /// A call joined one in flight (dedup): counted; its span is the other's.
@@ -348,7 +353,7 @@ impl Tracer {
                 failure: earlier.failure,
             },
         };
-        self.send(record);
+        self.send(record, now);
     }
 
     /// An event on call `call`'s span (a backoff wait, a breaker refusal).
@@ -402,21 +407,24 @@ impl Tracer {
         if !self.handle.traces() {
             return;
         }
-        self.send(Record {
-            ctx: c.ctx,
-            parent: c.parent,
-            server: self.server.clone(),
-            start: c.started,
-            end: now,
-            events: c.events,
-            kind: RecordKind::Call {
-                tool: self.tools.names[c.tool as usize].clone(),
-                client_id: c.client_id,
-                attempts: c.attempts,
-                end,
-                last: c.ended,
+        self.send(
+            Record {
+                ctx: c.ctx,
+                parent: c.parent,
+                server: self.server.clone(),
+                start: c.started,
+                end: now,
+                events: c.events,
+                kind: RecordKind::Call {
+                    tool: self.tools.names[c.tool as usize].clone(),
+                    client_id: c.client_id,
+                    attempts: c.attempts,
+                    end,
+                    last: c.ended,
+                },
             },
-        });
+            now,
+        );
     }
 
     /// A client request arrived: what its span needs, should it fail
@@ -467,20 +475,23 @@ impl Tracer {
             _ => code.clone().unwrap_or_else(|| "error".into()),
         };
         let ctx = self.new_context(r.parent);
-        self.send(Record {
-            ctx,
-            parent: r.parent.map(|p| p.span_id),
-            server: self.server.clone(),
-            start: r.start,
-            end: now,
-            events: Vec::new(),
-            kind: RecordKind::Request(Box::new(FailedRequest {
-                method: r.method.clone(),
-                client_id: client_id.to_owned(),
-                error_type,
-                code,
-            })),
-        });
+        self.send(
+            Record {
+                ctx,
+                parent: r.parent.map(|p| p.span_id),
+                server: self.server.clone(),
+                start: r.start,
+                end: now,
+                events: Vec::new(),
+                kind: RecordKind::Request(Box::new(FailedRequest {
+                    method: r.method.clone(),
+                    client_id: client_id.to_owned(),
+                    error_type,
+                    code,
+                })),
+            },
+            now,
+        );
     }
 
     /// The counters so far, by name.
