@@ -51,6 +51,11 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
 const PAUSE_FIRST: Duration = Duration::from_secs(1);
 const PAUSE_MAX: Duration = Duration::from_secs(30);
 
+/// The signals, each with a collector of its own (the endpoints may
+/// differ), so each pauses on its own: an index into the pauses.
+const TRACES: usize = 0;
+const METRICS: usize = 1;
+
 // Span records are nearly every item; boxing them would cost an
 // allocation per call. The queue's slots are allocated once.
 #[allow(clippy::large_enum_variant)]
@@ -64,6 +69,14 @@ impl Item {
         match self {
             Item::Span(r) => r.size(),
             Item::Metrics(m) => m.size(),
+        }
+    }
+
+    /// The signal it belongs to: [`TRACES`] or [`METRICS`].
+    fn signal(&self) -> usize {
+        match self {
+            Item::Span(_) => TRACES,
+            Item::Metrics(_) => METRICS,
         }
     }
 
@@ -82,9 +95,9 @@ struct Shared {
     bytes: AtomicI64,
     dropped: AtomicU64,
     warned: AtomicBool,
-    /// The collector is down until this many nanoseconds after `base`:
-    /// drop without queueing. 0: it is not.
-    paused_until: AtomicU64,
+    /// Per signal: its collector is down until this many nanoseconds after
+    /// `base`: drop without queueing. 0: it is not.
+    paused_until: [AtomicU64; 2],
     base: Instant,
 }
 
@@ -94,30 +107,33 @@ impl Shared {
             bytes: AtomicI64::new(0),
             dropped: AtomicU64::new(0),
             warned: AtomicBool::new(false),
-            paused_until: AtomicU64::new(0),
+            paused_until: [AtomicU64::new(0), AtomicU64::new(0)],
             base: Instant::now(),
         }
     }
 
-    /// Whether export is paused at `now`.
-    fn paused_at(&self, now: Instant) -> bool {
-        let until = self.paused_until.load(Ordering::Relaxed);
+    /// Whether export of `signal` is paused at `now`.
+    fn paused_at(&self, signal: usize, now: Instant) -> bool {
+        let until = self.paused_until[signal].load(Ordering::Relaxed);
         if until == 0 {
             return false;
         }
         if (now.saturating_duration_since(self.base).as_nanos() as u64) < until {
             return true;
         }
-        let _ = self
-            .paused_until
-            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self.paused_until[signal].compare_exchange(
+            until,
+            0,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         false
     }
 
-    /// Pauses export until `until`.
-    fn pause(&self, until: Instant) {
+    /// Pauses export of `signal` until `until`.
+    fn pause(&self, signal: usize, until: Instant) {
         let nanos = until.saturating_duration_since(self.base).as_nanos() as u64;
-        self.paused_until.store(nanos.max(1), Ordering::Relaxed);
+        self.paused_until[signal].store(nanos.max(1), Ordering::Relaxed);
     }
 
     /// Counts `n` items lost; the first loss is said on stderr.
@@ -143,7 +159,7 @@ impl Handle {
     /// Queues `item`, made at the dispatcher's `now`, or drops it.
     fn send(&self, item: Item, now: Instant) {
         let shared = &*self.shared;
-        if shared.paused_at(now) {
+        if shared.paused_at(item.signal(), now) {
             // Said when the collector was found down.
             shared.dropped.fetch_add(item.count(), Ordering::Relaxed);
             return;
@@ -263,6 +279,14 @@ struct Pause {
 }
 
 impl Pause {
+    fn new() -> Pause {
+        Pause {
+            up: false,
+            next: PAUSE_FIRST,
+            until: None,
+        }
+    }
+
     fn active(&self) -> bool {
         self.until.is_some_and(|u| Instant::now() < u)
     }
@@ -276,11 +300,8 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
         .build()
         .into();
     let clock = Clock::now();
-    let mut pause = Pause {
-        up: false,
-        next: PAUSE_FIRST,
-        until: None,
-    };
+    // Per signal: [`TRACES`], [`METRICS`].
+    let mut pauses = [Pause::new(), Pause::new()];
     let mut resource = None;
     loop {
         let Ok(first) = rx.recv() else { return };
@@ -306,11 +327,11 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
         if let Some(endpoint) = &settings.traces {
             let mut rest = &spans[..];
             while !rest.is_empty() {
-                let n = if pause.up { BATCH } else { PROBE };
+                let n = if pauses[TRACES].up { BATCH } else { PROBE };
                 let (chunk, tail) = rest.split_at(n.min(rest.len()));
                 rest = tail;
                 let held = chunk.iter().map(Record::spans_held).sum();
-                send(&agent, endpoint, held, shared, &mut pause, || {
+                send(&agent, endpoint, TRACES, held, shared, &mut pauses, || {
                     let mut rendered = Vec::with_capacity(2 * chunk.len());
                     for r in chunk {
                         r.render(&clock, &mut rendered);
@@ -320,7 +341,7 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
             }
         }
         if let (Some(m), Some(endpoint)) = (snapshot, &settings.metrics) {
-            send(&agent, endpoint, 1, shared, &mut pause, || {
+            send(&agent, endpoint, METRICS, 1, shared, &mut pauses, || {
                 let (since, at) = (clock.unix_nanos(m.since), clock.unix_nanos(m.at));
                 json::metrics(resource, &m.server, &m.metrics(), since, at).into_bytes()
             });
@@ -328,17 +349,20 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
     }
 }
 
-/// POSTs the body `encode` makes of `items` items, unless the collector is
-/// down (then they are dropped, never encoded); a failure is counted, and
-/// pauses export when it says the collector is down.
+/// POSTs the body `encode` makes of `items` items of `signal`, unless its
+/// collector is down (then they are dropped, never encoded); a failure is
+/// counted, and pauses that signal's export when it says the collector is
+/// down.
 fn send(
     agent: &ureq::Agent,
     endpoint: &Endpoint,
+    signal: usize,
     items: u64,
     shared: &Shared,
-    pause: &mut Pause,
+    pauses: &mut [Pause; 2],
     encode: impl FnOnce() -> Vec<u8>,
 ) {
+    let pause = &mut pauses[signal];
     if pause.active() {
         shared.dropped.fetch_add(items, Ordering::Relaxed);
         return;
@@ -356,7 +380,7 @@ fn send(
             shared.dropped(items, &format!("exporting to {url} failed ({e})"));
             if collector_down(&e) {
                 let until = Instant::now() + pause.next;
-                shared.pause(until);
+                shared.pause(signal, until);
                 pause.until = Some(until);
                 pause.next = (pause.next * 2).min(PAUSE_MAX);
             }
@@ -415,7 +439,7 @@ mod tests {
         let (handle, rx) = Handle::for_test();
         handle
             .shared
-            .pause(Instant::now() + Duration::from_secs(3600));
+            .pause(TRACES, Instant::now() + Duration::from_secs(3600));
         handle.send_record(record(), Instant::now());
         assert!(rx.try_recv().is_err());
         assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 1);
@@ -424,12 +448,29 @@ mod tests {
         let old = record();
         handle
             .shared
-            .pause(Instant::now() + Duration::from_millis(1));
+            .pause(TRACES, Instant::now() + Duration::from_millis(1));
         std::thread::sleep(Duration::from_millis(2));
         handle.send_record(old, Instant::now());
         assert!(rx.try_recv().is_ok());
-        assert_eq!(handle.shared.paused_until.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            handle.shared.paused_until[TRACES].load(Ordering::Relaxed),
+            0
+        );
         assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn each_signal_pauses_on_its_own() {
+        // The metrics collector is down; spans still go to theirs.
+        let (handle, rx) = Handle::for_test();
+        handle
+            .shared
+            .pause(METRICS, Instant::now() + Duration::from_secs(3600));
+        handle.send_record(record(), Instant::now());
+        assert!(rx.try_recv().is_ok());
+        assert_eq!(handle.shared.dropped.load(Ordering::Relaxed), 0);
+        assert!(handle.shared.paused_at(METRICS, Instant::now()));
+        assert!(!handle.shared.paused_at(TRACES, Instant::now()));
     }
 
     #[test]
@@ -473,7 +514,7 @@ mod tests {
         let (handle, exporter) = Exporter::start(settings).unwrap();
         handle.send_record(record(), Instant::now());
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !handle.shared.paused_at(Instant::now()) {
+        while !handle.shared.paused_at(TRACES, Instant::now()) {
             assert!(Instant::now() < deadline, "export never paused");
             thread::sleep(Duration::from_millis(10));
         }
