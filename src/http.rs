@@ -113,8 +113,9 @@ const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 /// The GET stream's reconnection delays: 1 s, growing ×1.5, at most 30 s.
 const GET_RETRY_FIRST: Duration = Duration::from_secs(1);
 const GET_RETRY_MAX: Duration = Duration::from_secs(30);
-/// The shortest wait before the GET stream is opened again, whatever its
-/// `retry` (`retry: 0` must not make it a busy loop).
+/// The shortest wait before the GET stream is opened again, or a request's
+/// answer resumed after a `retry`, whatever that `retry` (`retry: 0` must
+/// not make either a busy loop).
 const GET_RETRY_MIN: Duration = Duration::from_millis(100);
 /// How long `headers_helper` may run.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -1019,7 +1020,7 @@ impl Shared {
             let Some(last_id) = cursor.last_id.clone() else {
                 return false;
             };
-            let wait = cursor.retry.unwrap_or_default().min(RESUME_WAIT_MAX);
+            let wait = resume_wait(cursor.retry);
             if deadline.saturating_duration_since(Instant::now()) <= wait {
                 return false;
             }
@@ -1540,6 +1541,14 @@ fn get_wait(retry: Option<Duration>) -> Duration {
     retry.map_or(GET_RETRY_FIRST, |r| r.max(GET_RETRY_MIN))
 }
 
+/// How long a resumption of a request's answer waits: none without a
+/// `retry`; with one, that `retry` between [`GET_RETRY_MIN`] (a server
+/// that polls with `retry: 0` must not get a busy loop of GETs) and
+/// [`RESUME_WAIT_MAX`].
+fn resume_wait(retry: Option<Duration>) -> Duration {
+    retry.map_or(Duration::ZERO, |r| r.clamp(GET_RETRY_MIN, RESUME_WAIT_MAX))
+}
+
 /// The raw `requestId` of a `notifications/cancelled` line (cancels are
 /// small: a long line is not looked into).
 fn cancel_target(line: &[u8]) -> Option<String> {
@@ -1703,6 +1712,15 @@ mod tests {
         let long = Duration::from_millis(2500);
         assert_eq!(get_wait(Some(long)), long);
         assert_eq!(get_wait(None), GET_RETRY_FIRST);
+    }
+
+    #[test]
+    fn a_resumption_waits_its_retry_between_the_floor_and_the_cap() {
+        assert_eq!(resume_wait(None), Duration::ZERO);
+        assert_eq!(resume_wait(Some(Duration::ZERO)), GET_RETRY_MIN);
+        let mid = Duration::from_millis(2500);
+        assert_eq!(resume_wait(Some(mid)), mid);
+        assert_eq!(resume_wait(Some(Duration::from_secs(60))), RESUME_WAIT_MAX);
     }
 
     #[test]
