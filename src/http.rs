@@ -100,7 +100,9 @@ const POOL: usize = 8;
 /// Threads posting what is not a request (notifications, cancels, answers
 /// to the server's requests), so that they never wait behind long calls.
 const NOTE_POOL: usize = 2;
-/// How long such a POST may take in all: the server only acknowledges it.
+/// How long such a POST may take in all, plus a second per MiB it carries
+/// (an answer to `sampling/createMessage` may hold an image): the server
+/// only acknowledges it. See [`note_timeout`].
 const NOTE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a 2025-era cancel's POST may delay closing the call's stream.
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
@@ -807,7 +809,10 @@ impl Shared {
             // wanted: no deadline for its body.
             let recv_body = (!post.is("subscriptions/listen")).then_some(self.recv_body);
             // What is not a request is only acknowledged (202).
-            let global = post.request_id.is_none().then_some(NOTE_TIMEOUT);
+            let global = post
+                .request_id
+                .is_none()
+                .then(|| note_timeout(post.line.len()));
             post.exchange.begin_request(post.line.len());
             let result = req
                 .config()
@@ -1316,7 +1321,12 @@ impl Shared {
     /// code).
     fn answer_error(&self, post: &Post, why: &str, status: Option<u16>, ran: bool) {
         let Some(id) = &post.request_id else {
-            return crate::warn!("{} refused a notification: {why}", self.shown);
+            let what = if post.method.is_some() {
+                "a notification"
+            } else {
+                "an answer to its request"
+            };
+            return crate::warn!("{} did not take {what}: {why}", self.shown);
         };
         let message = match status {
             Some(_) => format!("the MCP server {} answered {why}", self.shown),
@@ -1541,6 +1551,14 @@ fn get_wait(retry: Option<Duration>) -> Duration {
     retry.map_or(GET_RETRY_FIRST, |r| r.max(GET_RETRY_MIN))
 }
 
+/// How long a POST of `len` bytes that is not a request may take in all:
+/// [`NOTE_TIMEOUT`], and a second more per MiB, so that a large answer to a
+/// server's request is not cut off on a slow link while a server that
+/// takes nothing still frees the thread.
+fn note_timeout(len: usize) -> Duration {
+    NOTE_TIMEOUT + Duration::from_secs((len >> 20) as u64)
+}
+
 /// How long a resumption of a request's answer waits: none without a
 /// `retry`; with one, that `retry` between [`GET_RETRY_MIN`] (a server
 /// that polls with `retry: 0` must not get a busy loop of GETs) and
@@ -1712,6 +1730,13 @@ mod tests {
         let long = Duration::from_millis(2500);
         assert_eq!(get_wait(Some(long)), long);
         assert_eq!(get_wait(None), GET_RETRY_FIRST);
+    }
+
+    #[test]
+    fn what_is_not_a_request_has_two_seconds_and_one_more_per_mib() {
+        assert_eq!(note_timeout(0), NOTE_TIMEOUT);
+        assert_eq!(note_timeout((1 << 20) - 1), NOTE_TIMEOUT);
+        assert_eq!(note_timeout(5 << 20), NOTE_TIMEOUT + Duration::from_secs(5));
     }
 
     #[test]
