@@ -135,7 +135,7 @@ impl Dispatcher {
             return; // The call ended before its attempt left.
         }
         if !self.send_server(line) {
-            self.with_calls(now, |c, ctx, out| c.attempt_unsent(id, down, ctx, out));
+            self.with_calls(now, |c, ctx, out| c.attempt_unsent(down, ctx, out));
         }
     }
 

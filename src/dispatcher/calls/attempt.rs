@@ -97,21 +97,16 @@ impl Calls {
         });
     }
 
-    /// The server could not be given attempt `down` of call `id` (there is
-    /// none): it was never sent.
+    /// The server could not be given attempt `down` (there is none): it
+    /// was never sent, as for a line the link reports unsent.
     pub(in crate::dispatcher) fn attempt_unsent(
         &mut self,
-        id: u64,
         down: u64,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {
-        self.downstream.remove(&down);
-        if let Some(call) = self.calls.get_mut(&id) {
-            call.live = None;
-        }
         let failure = Failure::NeverSent("the server is not running".into());
-        self.attempt_failed(id, failure, ctx, out);
+        self.on_unanswered(down, failure, ctx, out);
     }
 
     /// The next attempt of call `id` waits in the link's queue as item

@@ -456,7 +456,7 @@ fn an_attempt_that_never_left_is_retried_whatever_the_tool() {
     let mut h = Harness::new(|_| {});
     h.link.initialized = false;
     let (id, down) = h.started("11", "write", "{}");
-    let (_, out) = h.run(|c, ctx, out| c.attempt_unsent(id, down, ctx, out));
+    let (_, out) = h.run(|c, ctx, out| c.attempt_unsent(down, ctx, out));
     assert_eq!(
         timers(&out),
         [(h.now + SECOND, CallTimer::RetryDue { call: id })]
