@@ -19,6 +19,10 @@ use super::calls::{Action, Arrival, Calls, Ctx, LinkView, Trace};
 use super::link::{Queued, Route};
 use super::{proxy_error, Dispatcher, Inflight, Method, Reason, Timer};
 
+/// The largest action buffer kept between runs: what an ordinary event
+/// needs, many times over.
+const KEPT_ACTIONS: usize = 256;
+
 impl Dispatcher {
     /// Runs `f` on the calls at `now`, then carries out what it pushed.
     pub(super) fn with_calls<R>(
@@ -32,13 +36,14 @@ impl Dispatcher {
             tracing: self.otel.is_some(),
         };
         // Nested runs (an action that reports back) start with an empty
-        // buffer; the largest one is kept.
+        // buffer; the largest one is kept, unless a burst (a link lost with
+        // thousands of calls) made it large: that memory goes back.
         let mut out = std::mem::take(&mut self.actions);
         let r = f(&mut self.calls, ctx, &mut out);
         for action in out.drain(..) {
             self.carry_out(action, now);
         }
-        if out.capacity() > self.actions.capacity() {
+        if out.capacity() > self.actions.capacity() && out.capacity() <= KEPT_ACTIONS {
             self.actions = out;
         }
         if self.calls.take_stats_changed() {
