@@ -202,7 +202,8 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
         Box::new(move |event| {
             let _ = tx.send(event);
         }),
-    )?;
+    )
+    .map_err(|e| e.message)?;
     let mut conv = Conversation {
         server,
         events,
@@ -466,6 +467,7 @@ impl Conversation<'_> {
                     return self.gone(&Gone {
                         how: "stopped".into(),
                         may_have_received: true,
+                        heal: crate::downstream::Heal::Wait,
                     })
                 }
             }

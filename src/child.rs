@@ -33,7 +33,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
 use crate::config::ServerConfig;
-use crate::downstream::{Diagnostics, Downstream, Gone, OnEvent, ServerEvent};
+use crate::downstream::{Diagnostics, Downstream, Gone, Heal, OnEvent, ServerEvent};
 use crate::jsonrpc::{self, Parsed};
 use crate::stdio::{self, Backlog, ReadItem};
 
@@ -129,13 +129,17 @@ pub struct Child {
     _keeper: sys::Keeper,
 }
 
-/// Why a child could not be started.
+/// Why a child could not be started, and whether trying again later may
+/// work (a missing command or working directory needs fixing first).
 #[derive(Debug)]
-pub struct SpawnError(pub String);
+pub struct SpawnError {
+    pub message: String,
+    pub heal: crate::downstream::Heal,
+}
 
 impl fmt::Display for SpawnError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -238,6 +242,7 @@ impl Life {
             (self.on_event)(ServerEvent::Gone(Gone {
                 how,
                 may_have_received: true,
+                heal: Heal::Wait,
             }));
         }
     }
@@ -266,15 +271,21 @@ pub fn spawn(
     };
     if let Some(dir) = &cfg.cwd {
         if !dir.is_dir() {
-            return Err(SpawnError(format!(
-                "cannot start \"{}\": working directory {} does not exist",
-                cfg.command,
-                dir.display()
-            )));
+            return Err(SpawnError {
+                message: format!(
+                    "cannot start \"{}\": working directory {} does not exist",
+                    cfg.command,
+                    dir.display()
+                ),
+                heal: Heal::Fix,
+            });
         }
     }
-    let cannot_start =
-        |why: String| SpawnError(format!("cannot start \"{}\"{cwd_note}: {why}", cfg.command));
+    let cannot_start_as = |why: String, heal: Heal| SpawnError {
+        message: format!("cannot start \"{}\"{cwd_note}: {why}", cfg.command),
+        heal,
+    };
+    let cannot_start = |why: String| cannot_start_as(why, Heal::Wait);
     // On Windows the file PATHEXT found (`npx` → `C:\…\npx.cmd`); on Unix
     // the command as given.
     let program = sys::resolve(&cfg.command, &cfg.env);
@@ -288,9 +299,14 @@ pub fn spawn(
         cmd.current_dir(dir);
     }
     let prepared = sys::prepare(&mut cmd).map_err(cannot_start)?;
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| cannot_start(describe_io_error(&cfg.command, &e)))?;
+    let mut child = cmd.spawn().map_err(|e| {
+        // A missing or forbidden program stays so until someone fixes it.
+        let heal = match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => Heal::Fix,
+            _ => Heal::Wait,
+        };
+        cannot_start_as(describe_io_error(&cfg.command, &e), heal)
+    })?;
     let pid = child.id();
     let (group, keeper) = match prepared.attach(&child) {
         Ok(attached) => attached,
@@ -591,6 +607,12 @@ impl Downstream for Child {
             None => false,
         }
     }
+    fn send_request(&mut self, line: Vec<u8>, now: bool) -> crate::stdio::Sent {
+        match &self.stdin {
+            Some(tx) => tx.send_withdrawable(line, now),
+            None => crate::stdio::Sent::Closed,
+        }
+    }
     fn shutdown(&mut self, step: Duration) {
         self.close_stdin();
         stop_later(self.group.clone(), self.exited.clone(), step);
@@ -713,7 +735,7 @@ mod tests {
             FAIL_THREAD.with(|t| t.set(None));
             let err = result.err().expect("the start should fail");
             assert_eq!(
-                err.0, "cannot start \"sleep\": cannot start a thread: injected failure",
+                err.message, "cannot start \"sleep\": cannot start a thread: injected failure",
                 "{name}"
             );
         }
@@ -884,9 +906,10 @@ mod tests {
         .err()
         .unwrap();
         assert_eq!(
-            err.0,
+            err.message,
             "cannot start \"/nonexistent/server\": No such file or directory"
         );
+        assert_eq!(err.heal, Heal::Fix, "waiting does not bring it");
     }
 
     #[test]
@@ -899,10 +922,11 @@ mod tests {
         .err()
         .unwrap();
         assert_eq!(
-            err.0,
+            err.message,
             "cannot start \"mcp-retry-no-such-server\": No such file or directory \
              (is it installed and on PATH?)"
         );
+        assert_eq!(err.heal, Heal::Fix);
     }
 
     #[test]
@@ -911,10 +935,11 @@ mod tests {
         c.cwd = Some("/nonexistent/dir".into());
         let err = spawn(&c, Diagnostics::Keep, ignore()).err().unwrap();
         assert!(
-            err.0
+            err.message
                 .contains("working directory /nonexistent/dir does not exist"),
             "{err}"
         );
+        assert_eq!(err.heal, Heal::Fix);
     }
 
     #[test]

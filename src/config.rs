@@ -73,6 +73,8 @@ pub struct ServerConfig {
     pub ca_file: Option<PathBuf>,
     /// Per attempt of a `tools/call` (default 60 s).
     pub call_timeout: Duration,
+    /// How long a request waits for a server that is down (default 30 s).
+    pub wait_for_server: Duration,
     pub retry: RetryConfig,
     pub cache: CacheConfig,
     pub circuit_breaker: BreakerConfig,
@@ -1720,7 +1722,7 @@ mod tests {
     }
 
     const SERVER_KEY_LIST: &str =
-        "command, args, env, envFile, cwd, url, type, headers, headers_helper, ca_file, disabled, call_timeout, retry, cache, \
+        "command, args, env, envFile, cwd, url, type, headers, headers_helper, ca_file, disabled, call_timeout, wait_for_server, retry, cache, \
         circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
         assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight, otel";
 
@@ -2542,8 +2544,8 @@ servers:
     fn unknown_key_in_defaults() {
         assert_eq!(
             yaml_err("defaults:\n  command: x\nservers: {}\n"),
-            "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, retry, \
-             cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
+            "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, \
+             wait_for_server, retry, cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
              idempotency_max_bytes, assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, \
              max_in_flight, otel)"
         );

@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::config::ServerConfig;
-use crate::downstream::{Downstream, Gone, ServerEvent, SHUTDOWN_STEP};
+use crate::downstream::{Downstream, Gone, Heal, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::fasthash::FastMap;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
+use crate::policy::recovery::Recovery;
 use crate::status::Publisher;
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
@@ -40,7 +41,7 @@ mod tests;
 mod trace;
 
 use calls::{Action, CallTimer, Calls, Owner};
-use link::{Link, Queued, ReplayStep, Route, Session};
+use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
 
 /// Everything that can wake the dispatcher.
 #[derive(Debug)]
@@ -76,8 +77,9 @@ impl Event {
 }
 
 /// Opens a connection to the server; `events` is how the transport reports.
-pub type Connector =
-    Box<dyn FnMut(&ServerConfig, u64, Sender<Event>) -> Result<Box<dyn Downstream>, String> + Send>;
+pub type Connector = Box<
+    dyn FnMut(&ServerConfig, u64, Sender<Event>) -> Result<Box<dyn Downstream>, StartError> + Send,
+>;
 
 /// The code of every error the proxy itself originates for a request
 /// (outside -32768..-32000, as the 2026 error-code policy asks).
@@ -224,6 +226,9 @@ struct ClientRequest {
     call: Option<u64>,
     /// Its place in the queue while the server restarts.
     queued: Option<u64>,
+    /// Since when, and until when, it waits (or waited) for the server:
+    /// kept when it is queued again, so it never waits longer in all.
+    waited: Option<(Instant, Instant)>,
     /// For its span should it fail (export on, not `tools/call`).
     trace: Option<Box<crate::otel::RequestTrace>>,
 }
@@ -273,6 +278,9 @@ pub struct Dispatcher {
     generation: u64,
     next_downstream_id: u64,
     inflight: FastMap<u64, Inflight>,
+    /// Requests whose lines still wait to be written to the server, by
+    /// downstream id: withdrawn when their call is over.
+    unwritten: FastMap<u64, crate::downstream::Withdraw>,
     client_requests: FastMap<String, ClientRequest>,
     server_requests: FastMap<u64, ServerRequest>,
     /// Open server requests that pause attempt clocks, and since when.
@@ -286,8 +294,9 @@ pub struct Dispatcher {
     /// Traffic waiting for a (re)starting server, with sequence numbers.
     queue: VecDeque<(u64, Instant, Queued)>,
     queue_seq: u64,
-    /// Consecutive restarts (for the restart backoff).
-    restarts: u32,
+    /// The link's health while it is down, and when to probe it.
+    recovery: Recovery,
+    /// The newest probe timer (older ones are void).
     restart_seq: u64,
     timers: BinaryHeap<Reverse<TimerEntry>>,
     timer_seq: u64,
@@ -341,6 +350,7 @@ impl Dispatcher {
             generation: 0,
             next_downstream_id: 0,
             inflight: FastMap::default(),
+            unwritten: FastMap::default(),
             client_requests: FastMap::default(),
             server_requests: FastMap::default(),
             pausing: 0,
@@ -351,7 +361,7 @@ impl Dispatcher {
             session: Session::default(),
             queue: VecDeque::new(),
             queue_seq: 0,
-            restarts: 0,
+            recovery: Recovery::new(),
             restart_seq: 0,
             timers: BinaryHeap::new(),
             timer_seq: 0,
@@ -538,6 +548,7 @@ impl Dispatcher {
                     let gone = Gone {
                         how: "did not stop in time".into(),
                         may_have_received: true,
+                        heal: Heal::Wait,
                     };
                     self.link_lost(gone, now);
                 }
@@ -807,6 +818,7 @@ impl Dispatcher {
                 batch,
                 call: None,
                 queued: None,
+                waited: None,
                 trace: self
                     .otel
                     .as_mut()
@@ -894,33 +906,17 @@ impl Dispatcher {
                 "mcp-retry is shutting down",
             );
         }
-        match self.route(now) {
+        let route = self.route(now);
+        let is_ping = m.method().as_deref() == Some("ping");
+        if !matches!(route, Route::Send) && is_ping {
+            // A server that is down or starting cannot be pinged; the proxy,
+            // which is alive, answers.
+            let line = jsonrpc::response_line(&client_id, "{}");
+            return self.answer(&client_id, line);
+        }
+        match route {
             Route::Send => {}
-            Route::Queue if m.method().as_deref() == Some("ping") => {
-                // A restarting server cannot be pinged; the proxy answers.
-                let line = jsonrpc::response_line(&client_id, "{}");
-                return self.answer(&client_id, line);
-            }
-            Route::Queue => {
-                let item = Queued::Request {
-                    m,
-                    client_id: client_id.clone(),
-                    method: kind,
-                };
-                match self.enqueue(item, now) {
-                    Some(seq) => {
-                        if let Some(r) = self.client_requests.get_mut(&client_id) {
-                            r.queued = Some(seq);
-                        }
-                    }
-                    None => self.answer_proxy_error(
-                        &client_id,
-                        Reason::ServerUnavailable,
-                        "the MCP server is restarting and too many requests are waiting",
-                    ),
-                }
-                return;
-            }
+            Route::Queue => return self.requeue_request(m, client_id, kind, now),
             Route::Refuse(reason, message) => {
                 return self.answer_proxy_error(&client_id, reason, &message)
             }
@@ -945,7 +941,17 @@ impl Dispatcher {
         if let Some(r) = self.client_requests.get_mut(&client_id) {
             r.downstream = Some(down);
         }
-        self.send_server(line);
+        if let SendResult::Overloaded(message) = self.send_server_request(down, line) {
+            self.inflight.remove(&down);
+            if is_ping {
+                // The proxy is alive, and says so, as while the server is
+                // down.
+                let line = jsonrpc::response_line(&client_id, "{}");
+                return self.answer(&client_id, line);
+            }
+            warn!("answered client request {client_id}: {message}");
+            self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
+        }
     }
 
     fn next_id(&mut self) -> u64 {
@@ -969,8 +975,9 @@ impl Dispatcher {
                 self.send_server(m.into_line());
             }
             Route::Queue => {
+                let expires = self.wait_until(now);
                 if self
-                    .enqueue(Queued::Notification(m.into_line()), now)
+                    .enqueue(Queued::Notification(m.into_line()), now, expires)
                     .is_none()
                 {
                     debug!("dropped a client notification ({method}): too much is queued");
@@ -1018,6 +1025,11 @@ impl Dispatcher {
         }
         if let Some(down) = req.downstream {
             self.inflight.remove(&down);
+            if self.withdraw(down) {
+                return debug!(
+                    "withdrew downstream request {down} (the client's {request_id}) before the server read it"
+                );
+            }
             let params = params.to_json_replacing("requestId", &down.to_string());
             let line = m.line_with_params(&params);
             self.send_server(line);
@@ -1080,6 +1092,9 @@ impl Dispatcher {
                 "dropped a response from the server with an id the proxy never issued: {id}"
             );
         };
+        if !self.unwritten.is_empty() {
+            self.unwritten.remove(&down);
+        }
         match self.inflight.remove(&down) {
             Some(Inflight::Client {
                 client_id, method, ..

@@ -19,7 +19,9 @@ use std::sync::Arc;
 
 use crate::config::{ServerConfig, Transport};
 use crate::jsonrpc::Parsed;
+pub use crate::policy::recovery::Heal;
 use crate::stdio::Backlog;
+pub use crate::stdio::{Sent, Withdraw};
 
 /// What a transport reports.
 #[derive(Debug)]
@@ -71,6 +73,24 @@ pub struct Gone {
     /// run). False only when the transport knows that nothing it was given
     /// was delivered.
     pub may_have_received: bool,
+    /// Whether waiting may bring it back ([`Heal::Wait`]: it exited,
+    /// refused, reset) or someone must fix something first ([`Heal::Fix`]:
+    /// an unknown host, a certificate the server's name does not match).
+    pub heal: Heal,
+}
+
+/// Why a server could not be started or connected to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartError {
+    /// For people: `cannot start "npx": No such file or directory`.
+    pub message: String,
+    pub heal: Heal,
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// One live connection to the server.
@@ -81,6 +101,20 @@ pub trait Downstream: Send {
     /// write at once, if that cannot block, instead of batching.
     fn send_now(&mut self, line: Vec<u8>) -> bool {
         self.send(line)
+    }
+    /// Queues a request line that may be withdrawn while it still waits to
+    /// be written (stdio: behind a server that is not reading); `now` as
+    /// for [`Downstream::send_now`]. Transports that cannot withdraw a line
+    /// answer [`Sent::Written`] once it is handed over.
+    fn send_request(&mut self, line: Vec<u8>, now: bool) -> Sent {
+        let sent = match now {
+            true => self.send_now(line),
+            false => self.send(line),
+        };
+        match sent {
+            true => Sent::Written,
+            false => Sent::Closed,
+        }
     }
     /// Stops the server gracefully, without blocking: its input is closed,
     /// then after `step` it is asked to stop, then after another `step`
@@ -117,19 +151,25 @@ pub enum Diagnostics {
 }
 
 /// Connects to the server `cfg` describes, with the transport it names.
-/// The error says why, for people.
+/// The error says why, for people, and whether waiting can heal it.
 pub fn connect(
     cfg: &ServerConfig,
     diagnostics: Diagnostics,
     on_event: OnEvent,
-) -> Result<Box<dyn Downstream>, String> {
+) -> Result<Box<dyn Downstream>, StartError> {
     match cfg.transport {
         Transport::Stdio => crate::child::spawn(cfg, diagnostics, on_event)
             .map(|c| Box::new(c) as Box<dyn Downstream>)
-            .map_err(|e| e.to_string()),
-        Transport::Http => {
-            crate::http::connect(cfg, on_event).map(|c| Box::new(c) as Box<dyn Downstream>)
-        }
+            .map_err(|e| StartError {
+                message: e.to_string(),
+                heal: e.heal,
+            }),
+        Transport::Http => crate::http::connect(cfg, on_event)
+            .map(|c| Box::new(c) as Box<dyn Downstream>)
+            .map_err(|message| StartError {
+                message,
+                heal: Heal::Fix,
+            }),
     }
 }
 

@@ -88,7 +88,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::config::{check_header, ServerConfig};
-use crate::downstream::{Downstream, Gone, OnEvent, ServerEvent};
+use crate::downstream::{Downstream, Gone, Heal, OnEvent, ServerEvent};
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::stdio::Backlog;
 
@@ -206,6 +206,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         helper_env: cfg.env.clone(),
         helper_cwd: cfg.cwd.clone(),
         helper_headers: Mutex::new(None),
+        needs_fix: AtomicBool::new(false),
         session: Mutex::new(SessionState::default()),
         seen: Mutex::new((HashSet::new(), VecDeque::new())),
         exchanges: Mutex::new(Exchanges::default()),
@@ -296,6 +297,9 @@ struct Shared {
     helper_cwd: Option<std::path::PathBuf>,
     /// What `headers_helper` printed last; `None` before its first run.
     helper_headers: Mutex<Option<Vec<(String, String)>>>,
+    /// A request could not be sent for a reason waiting does not heal
+    /// (an unknown host, TLS): `Gone` says so.
+    needs_fix: AtomicBool,
     session: Mutex<SessionState>,
     /// Event ids seen in this session, for dropping replays.
     seen: Mutex<(HashSet<String>, VecDeque<String>)>,
@@ -541,9 +545,16 @@ impl Shared {
                 (self.on_event)(ServerEvent::Unsent { lines });
             }
         }
+        // An unknown host or a certificate problem is not healed by
+        // waiting; anything else (refused, reset, a lost session) may be.
+        let heal = match self.needs_fix.load(Ordering::SeqCst) {
+            true => Heal::Fix,
+            false => Heal::Wait,
+        };
         (self.on_event)(ServerEvent::Gone(Gone {
             how: how.to_owned(),
             may_have_received,
+            heal,
         }));
     }
 
@@ -825,6 +836,9 @@ impl Shared {
                 Ok(resp) => resp,
                 Err(e) => {
                     let class = classify::of_error(&e, post.exchange.request_written());
+                    if class == Class::NeverSent && classify::heal(&e) == Heal::Fix {
+                        self.needs_fix.store(true, Ordering::SeqCst);
+                    }
                     let why = self.scrub(&e.to_string());
                     return self.failed(post, class, &why, None, "");
                 }

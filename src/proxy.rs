@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use crossbeam_channel::Sender;
-use parking_lot::Mutex;
 
-use crate::child;
 use crate::cli::RunArgs;
 use crate::config::{self, ServerConfig};
 use crate::dispatcher::{Dispatcher, Event, Outcome};
@@ -36,13 +34,15 @@ const CLIENT_BACKLOG: usize = 8 * 1024 * 1024;
 /// The same for messages read but not yet handled by the dispatcher.
 const INBOX_BACKLOG: usize = 8 * 1024 * 1024;
 
-/// What the readers wait for before they hand on what they read.
+/// What the readers wait for before they hand on what they read: the
+/// client's writer and the dispatcher's inbox. Never the server's input: a
+/// server that stops reading gets no new requests (the dispatcher answers
+/// them `overloaded`), while the client's cancels, pings and answers still
+/// get in.
 #[derive(Clone)]
 struct Backlogs {
     to_client: Arc<Backlog>,
     inbox: Arc<Backlog>,
-    /// The current server's stdin (each incarnation has its own writer).
-    to_server: Arc<Mutex<Arc<Backlog>>>,
 }
 
 impl Backlogs {
@@ -58,31 +58,6 @@ impl Backlogs {
             self.inbox.remove(size);
         }
         sent
-    }
-
-    /// [`Backlogs::send`] for what the client sent, which also waits for
-    /// the server to read what it has been sent: a server that stops
-    /// reading its stdin stops the proxy reading the client, rather than
-    /// making the queue to the server grow. Requests already read keep
-    /// their deadlines and are answered as ever (by a timeout, say).
-    fn send_from_client(&self, events: &Sender<Event>, event: Event) -> bool {
-        loop {
-            let current = self.to_server.lock().clone();
-            current.wait_until_below_limit();
-            // A new incarnation replaced the one waited for: its writer
-            // starts empty, but look again.
-            if Arc::ptr_eq(&current, &self.to_server.lock()) {
-                break;
-            }
-        }
-        self.send(events, event)
-    }
-
-    /// A new incarnation writes through `backlog`. The previous one is
-    /// released: nobody waits for a server that is gone.
-    fn new_server(&self, backlog: Arc<Backlog>) {
-        let old = std::mem::replace(&mut *self.to_server.lock(), backlog);
-        old.close();
     }
 }
 
@@ -104,7 +79,6 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let backlogs = Backlogs {
         to_client: to_client.backlog(),
         inbox: Backlog::new(INBOX_BACKLOG),
-        to_server: Arc::new(Mutex::new(Backlog::new(child::STDIN_BACKLOG))),
     };
 
     let tx = events_tx.clone();
@@ -127,7 +101,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                 } => Event::ClientTooLong { id, len },
                 ReadItem::Eof => return tx.send(Event::ClientEof).is_ok(),
             };
-            client_backlogs.send_from_client(&tx, event)
+            client_backlogs.send(&tx, event)
         },
     )
     .context("cannot start the client-stdin thread")?;
@@ -149,11 +123,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                     _ => events.send(event).is_ok(),
                 };
             });
-            let server = downstream::connect(cfg, Diagnostics::Copy, on_event)?;
-            if let Some(backlog) = server.input_backlog() {
-                server_backlogs.new_server(backlog);
-            }
-            Ok(server)
+            downstream::connect(cfg, Diagnostics::Copy, on_event)
         },
     );
     let otel = start_otel(&cfg)?;
@@ -331,37 +301,4 @@ fn resolve(args: &RunArgs) -> Result<ServerConfig> {
 
 fn spawn_signal_thread(events: Sender<Event>) -> Result<()> {
     signals::watch(move |sig| events.send(Event::Signal(sig)).is_ok())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_new_server_releases_a_client_reader_held_back_by_the_old_one() {
-        let (events, inbox) = crossbeam_channel::unbounded();
-        let stuck = Backlog::new(10);
-        stuck.add(11);
-        let backlogs = Backlogs {
-            to_client: Backlog::new(10),
-            inbox: Backlog::new(usize::MAX),
-            to_server: Arc::new(Mutex::new(stuck.clone())),
-        };
-        let reader = backlogs.clone();
-        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-        thread::spawn(move || {
-            let sent = reader.send_from_client(&events, Event::ClientEof);
-            let _ = done_tx.send(sent);
-        });
-        assert!(
-            done_rx.recv_timeout(Duration::from_millis(200)).is_err(),
-            "held back while the server's backlog is over its limit"
-        );
-        assert!(inbox.is_empty());
-        backlogs.new_server(Backlog::new(10));
-        assert_eq!(done_rx.recv_timeout(Duration::from_secs(10)), Ok(true));
-        assert!(matches!(inbox.try_recv(), Ok(Event::ClientEof)));
-        // The old one is closed: nobody waits on it any more.
-        stuck.wait_until_below_limit();
-    }
 }

@@ -178,7 +178,8 @@ pub struct Document {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LinkDoc {
-    /// `up`, `starting`, `restarting`, `dormant` or `down`.
+    /// `up`, `starting`, `restarting` or `down` (older proxies also wrote
+    /// `dormant`).
     pub state: String,
     /// When a restart is due (`restarting`).
     pub until_ms: Option<u64>,
@@ -227,7 +228,6 @@ pub enum LinkState {
     /// The first start, or a restarted server replaying the handshake.
     Starting,
     Restarting,
-    Dormant,
     Down,
 }
 
@@ -237,7 +237,6 @@ impl LinkState {
             LinkState::Up => "up",
             LinkState::Starting => "starting",
             LinkState::Restarting => "restarting",
-            LinkState::Dormant => "dormant",
             LinkState::Down => "down",
         }
     }

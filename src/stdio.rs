@@ -12,7 +12,7 @@
 use std::io::{self, BufReader, Read, Write};
 #[cfg(unix)]
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
@@ -131,6 +131,59 @@ fn take_line(buf: &mut Vec<u8>) -> Vec<u8> {
     }
 }
 
+/// A line waiting for a writer thread, and its [`Withdraw`] handle if it
+/// may be withdrawn before it is written.
+pub struct Queued {
+    pub bytes: Vec<u8>,
+    withdraw: Option<Withdraw>,
+}
+
+impl Queued {
+    /// Whether it is still to be written (else it was withdrawn): the
+    /// writer claims it, and it can no longer be withdrawn.
+    fn claim(&self) -> bool {
+        self.withdraw.as_ref().is_none_or(Withdraw::claim)
+    }
+}
+
+/// What became of a line handed to a writer.
+#[derive(Debug)]
+pub enum Sent {
+    /// The writer has ended: the line goes nowhere.
+    Closed,
+    /// Written already (or at least begun: it cannot be withdrawn).
+    Written,
+    /// Queued; it can be withdrawn until the writer takes it.
+    Queued(Withdraw),
+}
+
+/// Withdraws one queued line that its writer has not begun to write: a
+/// request whose call is over must not reach a server that was not
+/// reading (it would run, for nobody).
+#[derive(Clone, Debug, Default)]
+pub struct Withdraw(Arc<AtomicU8>);
+
+const WAITING: u8 = 0;
+const CLAIMED: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
+impl Withdraw {
+    /// Withdraws the line; false if the writer has already taken it (it is
+    /// written, or being written).
+    pub fn withdraw(&self) -> bool {
+        self.0
+            .compare_exchange(WAITING, WITHDRAWN, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// The writer takes the line; false if it was withdrawn.
+    fn claim(&self) -> bool {
+        self.0
+            .compare_exchange(WAITING, CLAIMED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+}
+
 /// Lines the writer could not deliver when its stream failed.
 pub struct WriteFailure {
     pub error: io::Error,
@@ -197,9 +250,13 @@ impl Backlog {
     }
 
     /// Bytes waiting now.
-    #[cfg(test)]
     pub fn queued(&self) -> usize {
         *self.bytes.lock()
+    }
+
+    /// Its limit.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 }
 
@@ -247,7 +304,7 @@ const ATOMIC_WRITE: usize = 4096;
 /// The sending side of a writer thread.
 #[derive(Clone)]
 pub struct Outbox {
-    tx: Sender<Vec<u8>>,
+    tx: Sender<Queued>,
     backlog: Arc<Backlog>,
     sink: Option<Arc<Sink>>,
 }
@@ -256,7 +313,21 @@ impl Outbox {
     /// Queues a line for the writer thread, which writes it with whatever
     /// else is queued; false if the writer has ended.
     pub fn send(&self, line: Vec<u8>) -> bool {
-        self.queue(line)
+        self.queue(line, None)
+    }
+
+    /// Writes a line at once if that cannot block and `now` (see
+    /// [`Outbox::send_now`]), else queues it so that it may be withdrawn
+    /// until the writer begins to write it.
+    pub fn send_withdrawable(&self, line: Vec<u8>, now: bool) -> Sent {
+        if now && self.try_write_inline(&line) {
+            return Sent::Written;
+        }
+        let withdraw = Withdraw::default();
+        match self.queue(line, Some(withdraw.clone())) {
+            true => Sent::Queued(withdraw),
+            false => Sent::Closed,
+        }
     }
 
     /// Writes a line at once if that cannot block, else queues it; false if
@@ -272,7 +343,7 @@ impl Outbox {
         if self.try_write_inline(&line) {
             return true;
         }
-        self.queue(line)
+        self.queue(line, None)
     }
 
     fn try_write_inline(&self, line: &[u8]) -> bool {
@@ -301,7 +372,7 @@ impl Outbox {
                 // Not expected for a pipe with room; the rest goes first in
                 // the (empty) queue while the lock keeps the writer out.
                 let rest = line[n..].to_vec();
-                let _ = self.queue(rest);
+                let _ = self.queue(rest, None);
                 true
             }
             // The writer will meet the error too and report it.
@@ -309,10 +380,10 @@ impl Outbox {
         }
     }
 
-    fn queue(&self, line: Vec<u8>) -> bool {
-        let n = line.len();
+    fn queue(&self, bytes: Vec<u8>, withdraw: Option<Withdraw>) -> bool {
+        let n = bytes.len();
         self.backlog.add(n);
-        match self.tx.send(line) {
+        match self.tx.send(Queued { bytes, withdraw }) {
             Ok(()) => true,
             Err(_) => {
                 self.backlog.remove(n);
@@ -327,7 +398,7 @@ impl Outbox {
 
     /// An outbox whose lines go to a channel, for in-process tests.
     #[cfg(test)]
-    pub fn to_channel() -> (Outbox, Receiver<Vec<u8>>) {
+    pub fn to_channel() -> (Outbox, Receiver<Queued>) {
         let (tx, rx) = crossbeam_channel::unbounded();
         (
             Outbox {
@@ -389,7 +460,7 @@ fn start_writer<F>(
 where
     F: FnOnce(WriteFailure) + Send + 'static,
 {
-    let (tx, rx) = crossbeam_channel::unbounded::<Vec<u8>>();
+    let (tx, rx) = crossbeam_channel::unbounded::<Queued>();
     let backlog = Backlog::new(limit);
     let drained = backlog.clone();
     let sink = Arc::new(Sink {
@@ -403,7 +474,11 @@ where
             let result = write_loop(&rx, &writer_sink, &drained);
             drained.close();
             if let Err(error) = result {
-                let unsent = rx.try_iter().collect();
+                let unsent = rx
+                    .try_iter()
+                    .filter(Queued::claim)
+                    .map(|q| q.bytes)
+                    .collect();
                 on_error(WriteFailure { error, unsent });
             }
         })?;
@@ -420,25 +495,30 @@ where
 /// Writes what arrives on `rx`, a batch at a time: the sink's lock is held
 /// from the first line of a batch until it is flushed, and each line leaves
 /// the backlog only once written, so an inline write never overtakes it.
-fn write_loop(rx: &Receiver<Vec<u8>>, sink: &Sink, backlog: &Backlog) -> io::Result<()> {
+fn write_loop(rx: &Receiver<Queued>, sink: &Sink, backlog: &Backlog) -> io::Result<()> {
     let mut buf: Vec<u8> = Vec::new();
     let mut freed = 0usize;
     while let Ok(first) = rx.recv() {
         let mut out = sink.out.lock();
         let mut next = Some(first);
         let mut done = false;
-        while let Some(line) = next.take() {
-            if buf.is_empty() && line.len() >= BATCH {
-                out.write_all(&line)?;
-            } else {
-                buf.extend_from_slice(&line);
-                if buf.len() >= BATCH {
-                    out.write_all(&buf)?;
-                    buf.clear();
+        while let Some(queued) = next.take() {
+            let len = queued.bytes.len();
+            // A withdrawn line is dropped unwritten.
+            if queued.claim() {
+                let line = queued.bytes;
+                if buf.is_empty() && line.len() >= BATCH {
+                    out.write_all(&line)?;
+                } else {
+                    buf.extend_from_slice(&line);
+                    if buf.len() >= BATCH {
+                        out.write_all(&buf)?;
+                        buf.clear();
+                    }
                 }
             }
-            backlog.remove(line.len());
-            freed += line.len();
+            backlog.remove(len);
+            freed += len;
             match rx.try_recv() {
                 Ok(l) => next = Some(l),
                 Err(TryRecvError::Empty) => {}
@@ -580,10 +660,12 @@ mod tests {
         handle.join().unwrap();
     }
 
-    /// Writes only once `open` is set, like a peer that stops reading.
-    struct Gate(Arc<AtomicBool>, Arc<Mutex<Vec<u8>>>);
+    /// Writes only once `open` is set, like a peer that stops reading;
+    /// the third member is set once a write has begun.
+    struct Gate(Arc<AtomicBool>, Arc<Mutex<Vec<u8>>>, Arc<AtomicBool>);
     impl Write for Gate {
         fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.2.store(true, Ordering::SeqCst);
             while !self.0.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -601,7 +683,7 @@ mod tests {
         let out = Arc::new(Mutex::new(Vec::new()));
         let (tx, handle) = start_writer(
             "test-writer",
-            Box::new(Gate(open.clone(), out.clone())),
+            Box::new(Gate(open.clone(), out.clone(), Arc::default())),
             None,
             100_000,
             |_| {},
@@ -632,6 +714,41 @@ mod tests {
         assert_eq!(out.lock().len(), 300_000);
         assert_eq!(backlog.queued(), 0);
         backlog.wait_until_below_limit();
+    }
+
+    #[test]
+    fn a_withdrawn_line_is_never_written_and_leaves_the_backlog() {
+        let open = Arc::new(AtomicBool::new(false));
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let writing = Arc::new(AtomicBool::new(false));
+        let (tx, handle) = start_writer(
+            "test-writer",
+            Box::new(Gate(open.clone(), out.clone(), writing.clone())),
+            None,
+            100_000,
+            |_| {},
+        )
+        .unwrap();
+        let backlog = tx.backlog();
+        // The writer is stuck on the first line; the others wait.
+        assert!(tx.send(b"first\n".to_vec()));
+        while !writing.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        let Sent::Queued(second) = tx.send_withdrawable(b"second\n".to_vec(), false) else {
+            panic!("queued")
+        };
+        let Sent::Queued(third) = tx.send_withdrawable(b"third\n".to_vec(), true) else {
+            panic!("queued: the writer is busy, nothing is written inline")
+        };
+        assert!(second.withdraw(), "not written yet");
+        assert!(!second.withdraw(), "once");
+        open.store(true, Ordering::SeqCst);
+        drop(tx);
+        handle.join().unwrap();
+        assert_eq!(&out.lock()[..], b"first\nthird\n");
+        assert!(!third.withdraw(), "written: too late");
+        assert_eq!(backlog.queued(), 0);
     }
 
     #[test]
@@ -668,7 +785,7 @@ mod tests {
             if outbox.try_write_inline(&l) {
                 inline += 1;
             } else {
-                assert!(outbox.queue(l));
+                assert!(outbox.queue(l, None));
             }
         }
         drop(outbox);

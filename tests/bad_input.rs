@@ -5,8 +5,6 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -692,141 +690,168 @@ fn padded_call(id: usize, pad: usize) -> String {
     format!("{line}\n")
 }
 
+/// Calls `echo` until a call is not refused `overloaded`: the server has
+/// read what waited for it.
+fn until_the_server_reads(s: &mut Session) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for i in 0.. {
+        let id = json!(format!("back-{i}"));
+        s.call(id.clone(), "echo", json!({"text": "back"}));
+        let r = s.response(&id);
+        if r.get("result").is_some() {
+            return;
+        }
+        assert_eq!(r["error"]["data"]["reason"], "overloaded", "{r}");
+        assert!(Instant::now() < deadline, "the server never read again");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
-fn a_server_that_stops_reading_pauses_the_client_and_loses_nothing() {
-    // 40 calls of 1 MiB for a server that reads nothing: the proxy takes
-    // in what fits its 8 MiB queue to the server, then stops reading the
-    // client. The calls it read time out; once the server is replaced,
-    // the rest go through. Every call gets exactly one answer.
+fn a_server_that_stops_reading_never_wedges_the_client() {
+    // 40 calls of 1 MiB for a server that reads nothing for a while: the
+    // proxy sends what fits its 8 MiB backlog toward the server and answers
+    // the rest `overloaded` at once, so the client's writer never blocks,
+    // and a cancel and a ping get through meanwhile. The calls that waited
+    // in the backlog time out and are withdrawn: once the server reads
+    // again, none of them runs. Every call gets exactly one answer.
     let limit = 2 * 1024 * 1024;
     let calls = 40;
     let b = proxy_with(&format!(
         "max_message_bytes: {limit}\ncall_timeout: 1\nretry:\n  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 1000"
     ));
-    let pid_file = b.dir().join("mock.pid");
-    let mut s = b
-        .env("MOCK_PID_FILE", &pid_file.display().to_string())
-        .start();
+    let mut s = b.start();
     s.initialize();
     // Known annotations: a timed-out call is answered, not retried.
     s.list_tools();
-    s.call(json!("deaf"), "echo", json!({"mode": "deaf"}));
+    s.call(json!("deaf"), "echo", json!({"mode": "deaf", "ms": 6000}));
     s.result(&json!("deaf"));
     let mut stdin = s.take_stdin();
-    let written = Arc::new(AtomicUsize::new(0));
-    let counter = written.clone();
-    let writer = thread::spawn(move || {
-        for i in 0..calls {
-            stdin
-                .write_all(padded_call(i, 1024 * 1024).as_bytes())
-                .unwrap();
-            counter.fetch_add(1, Ordering::SeqCst);
-        }
+    for i in 0..calls {
         stdin
-    });
-    let mut answers: HashMap<u64, Value> = HashMap::new();
-    let first = s.recv_where("a call timing out", |v| v.get("id").is_some());
-    assert!(timed_out(&first), "{first}");
-    answers.insert(first["id"].as_u64().unwrap(), first);
-    // Every call the proxy took in times out a second after it was sent;
-    // once no answer has come for three seconds, it has taken in no more.
-    for r in s.recv_until_quiet(Duration::from_secs(3)) {
-        assert!(timed_out(&r), "{r}");
-        answers.insert(r["id"].as_u64().unwrap(), r);
+            .write_all(padded_call(i, 1024 * 1024).as_bytes())
+            .unwrap();
     }
-    // The client's writer is still blocked: the proxy stopped reading (40
-    // MiB fit neither in its queue nor in the pipes).
-    let taken = written.load(Ordering::SeqCst);
-    assert!(
-        taken < calls / 2,
-        "the proxy went on reading the client: {taken} calls of 1 MiB written"
+    s.give_stdin(stdin);
+    // All 40 were written: the proxy kept reading. A cancel of one of them
+    // and a ping get in too.
+    s.notify(
+        "notifications/cancelled",
+        json!({"requestId": 1, "reason": "changed my mind"}),
     );
-    assert!(
-        answers.len() <= taken,
-        "{} answers for {taken} calls",
-        answers.len()
-    );
-    let peak = s.memory_kb("VmHWM");
-    let pid = crate::util::read_pid(&pid_file);
-    crate::util::kill_pid(pid);
-    // The next server reads: every call is answered, once.
-    while answers.len() < calls {
-        let r = s.recv_where("an answer to a padded call", |v| v.get("id").is_some());
+    s.request(json!("ping"), "ping", json!({}));
+    let mut answers: HashMap<u64, Value> = HashMap::new();
+    let mut ping = None;
+    // Call 1 may have timed out before its cancel came: then it has its
+    // answer; else none.
+    let others = |a: &HashMap<u64, Value>| a.keys().filter(|id| **id != 1).count();
+    while others(&answers) < calls - 1 || ping.is_none() {
+        let r = s.recv_where("an answer", |v| v.get("id").is_some());
+        if r["id"] == "ping" {
+            ping = Some(r);
+            continue;
+        }
         let id = r["id"].as_u64().unwrap_or_else(|| panic!("unexpected {r}"));
         assert!(id < calls as u64, "unexpected {r}");
-        let ok = r["result"]["content"][0]["text"] == "ok";
-        assert!(
-            ok || r["error"]["code"] == -31000,
-            "call {id}: neither a result nor the proxy's error: {r}"
-        );
         assert!(answers.insert(id, r).is_none(), "call {id} answered twice");
     }
-    let stdin = writer.join().unwrap();
-    s.give_stdin(stdin);
-    let timed_out = answers.values().filter(|r| timed_out(r)).count();
-    assert!(
-        answers
-            .values()
-            .any(|r| r["result"]["content"][0]["text"] == "ok"),
-        "some calls ran on the new server"
+    assert_eq!(
+        ping.unwrap()["result"],
+        json!({}),
+        "the proxy answers the ping"
     );
+    let overloaded = answers
+        .values()
+        .filter(|r| r["error"]["data"]["reason"] == "overloaded")
+        .count();
+    let timed_out = answers.values().filter(|r| timed_out(r)).count();
+    // A call that came once timed-out ones had been withdrawn and left
+    // room was sent, and ran once the server read again.
+    let ok = answers
+        .values()
+        .filter(|r| r["result"]["content"][0]["text"] == "ok")
+        .count();
+    let kinds: Vec<(u64, String)> = answers
+        .iter()
+        .map(|(id, r)| (*id, r["error"]["data"]["reason"].to_string()))
+        .collect();
+    assert_eq!(overloaded + timed_out + ok, answers.len(), "{kinds:?}");
+    assert!(
+        overloaded >= calls / 2,
+        "{overloaded} overloaded of {calls}"
+    );
+    let message = answers
+        .values()
+        .find(|r| r["error"]["data"]["reason"] == "overloaded")
+        .unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("not reading its input"), "{message}");
+    // The server reads again: the withdrawn calls never run. The line the
+    // proxy was writing when the server stopped reading cannot be
+    // withdrawn, and runs.
+    until_the_server_reads(&mut s);
+    still_works(&mut s, "server reading again");
+    let withdrawn: Vec<u64> = s
+        .stderr()
+        .lines()
+        .filter_map(|l| l.split("withdrew downstream request ").nth(1))
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(!withdrawn.is_empty(), "timed-out calls were withdrawn");
+    let ran: Vec<u64> = s
+        .execs_of("echo")
+        .iter()
+        .filter(|e| e["arguments"].get("pad").is_some())
+        .filter_map(|e| e["id"].as_u64())
+        .collect();
+    assert!(ran.len() >= ok, "{ran:?}");
+    for id in &withdrawn {
+        assert!(!ran.contains(id), "withdrawn request {id} ran");
+    }
+    let padded_runs = ran.len();
     eprintln!(
-        "server not reading: {timed_out} of {calls} calls timed out, proxy peak RSS {peak} kB \
-         while it did not read, {} kB after",
+        "server not reading: {overloaded} overloaded, {timed_out} timed out, {ok} ok, {padded_runs} ran; peak RSS {} kB",
         s.memory_kb("VmHWM")
     );
-    let bound_kb = (64 * 1024 * 1024 + 2 * limit) / 1024;
-    assert!(
-        peak < bound_kb as u64,
-        "the proxy's peak RSS was {peak} kB with a server that did not read"
-    );
-    s.expect_silence(Duration::from_millis(200));
-    still_works(&mut s, "server reading again");
 }
 
 #[test]
-fn notifications_for_a_server_that_pauses_reading_all_arrive_in_order() {
+fn notifications_for_a_server_that_pauses_reading_are_bounded_and_arrive_in_order() {
     // 20 MiB of notifications while the server reads nothing for 2 s: the
-    // proxy holds 8 MiB of them and stops reading the client; once the
-    // server reads again, every one reaches it, in order, then the ping.
+    // proxy queues what fits the backlog and its reserve, drops the rest
+    // with a log line, and keeps reading the client; the ones that went
+    // arrive in order, and the ping after them is answered.
     let count = 20;
     let mut s = proxy_with("max_message_bytes: 2097152").start();
     s.initialize();
     s.list_tools();
     s.call(json!("deaf"), "echo", json!({"mode": "deaf", "ms": 2000}));
     s.result(&json!("deaf"));
-    let mut stdin = s.take_stdin();
-    let writer = thread::spawn(move || {
-        let pad = "n".repeat(1024 * 1024);
-        for i in 0..count {
-            let line = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": format!("{i} {pad}")}});
-            writeln!(stdin, "{line}").unwrap();
-        }
-        stdin
-    });
-    let stdin = writer.join().unwrap();
-    s.give_stdin(stdin);
+    let pad = "n".repeat(1024 * 1024);
+    for i in 0..count {
+        s.notify(
+            "notifications/message",
+            json!({"level": "info", "data": format!("{i} {pad}")}),
+        );
+    }
     s.request(json!("after"), "ping", json!({}));
     assert_eq!(s.result(&json!("after")), json!({}));
-    let seen: Vec<String> = received(&s)
+    eventually("the dropped notifications to be logged", || {
+        s.stderr().contains("it is not reading its input")
+    });
+    until_the_server_reads(&mut s);
+    still_works(&mut s, "after the pause");
+    let seen: Vec<usize> = received(&s)
         .into_iter()
         .filter_map(|l| {
             let v: Value = serde_json::from_str(&l).ok()?;
-            match v["method"].as_str()? {
-                "notifications/message" => {
-                    let data = v["params"]["data"].as_str()?;
-                    Some(data.split(' ').next()?.to_owned())
-                }
-                "ping" => Some("ping".into()),
-                _ => None,
-            }
+            (v["method"] == "notifications/message").then_some(())?;
+            let data = v["params"]["data"].as_str()?;
+            data.split(' ').next()?.parse().ok()
         })
         .collect();
-    let mut expected: Vec<String> = (0..count).map(|i| i.to_string()).collect();
-    expected.push("ping".into());
-    assert_eq!(
-        seen, expected,
-        "every notification, in order, then the ping"
-    );
-    still_works(&mut s, "after the pause");
+    assert!(seen.len() >= 7 && seen.len() < count, "{seen:?}");
+    assert_eq!(seen, (0..seen.len()).collect::<Vec<_>>(), "in order");
 }

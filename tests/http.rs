@@ -446,9 +446,12 @@ fn headers_helper_runs_again_after_401_and_the_call_is_sent_once_more() {
             st.authorizations.first().map(String::as_str),
             Some("Bearer tok-1")
         );
-        assert_eq!(
-            st.authorizations.last().map(String::as_str),
-            Some("Bearer tok-2")
+        // The call went again with the new token (the server's own GET
+        // stream, opened meanwhile, may have gone last with either).
+        assert!(
+            st.authorizations.iter().any(|a| a == "Bearer tok-2"),
+            "{:?}",
+            st.authorizations
         );
     });
 }
@@ -694,12 +697,12 @@ fn a_cancelled_call_is_closed_even_when_the_server_never_takes_the_cancel() {
 }
 
 #[test]
-fn a_server_that_takes_no_notifications_pauses_the_client_instead_of_growing_the_proxy() {
+fn a_server_that_takes_no_notifications_never_grows_the_proxy_nor_wedges_the_client() {
     // 12 notifications of 4 MiB for a server that never answers one: two
-    // threads post them, 2 s each; the rest waits within the input backlog
-    // (8 MiB), and the client's reader waits beyond it. Bounded, the peak
-    // was about 47 MB here (the backlog, the lines being posted, the copies
-    // on their way); unbounded, about 72 MB, growing with every line.
+    // threads post them, 2 s each; what waits for them is bounded by the
+    // input backlog (8 MiB) and its reserve, the rest is dropped with a
+    // log line, and the client's reader never waits: a ping right after
+    // is answered.
     let server = Server::start();
     let mut s = start_with(&patient_config(&server));
     server.hang_notifications();
@@ -710,14 +713,18 @@ fn a_server_that_takes_no_notifications_pauses_the_client_instead_of_growing_the
             json!({"n": n, "pad": pad}),
         );
     }
-    crate::util::eventually("every notification to reach the server", || {
-        server.with(|st| st.notified.len() == 12)
+    s.request(json!("p"), "ping", json!({}));
+    assert_eq!(s.result(&json!("p")), json!({}));
+    crate::util::eventually("the dropped notifications to be logged", || {
+        s.stderr().contains("it is not reading its input")
     });
     let peak = s.memory_kb("VmHWM");
     assert!(
         peak < 60 * 1024,
         "the proxy's peak RSS was {peak} kB with 48 MiB of notifications for a server that took none"
     );
+    let reached = server.with(|st| st.notified.len());
+    assert!(reached < 12, "{reached} notifications reached the server");
 }
 
 const MODERN: &str = "2026-07-28";

@@ -227,25 +227,32 @@ fn a_server_crashing_at_start_once_is_restarted() {
     assert_eq!(starts(&s), 2);
 }
 
+/// `mcp-retry run --config c.yaml` over the mock, with `extra` policy keys
+/// and the mock's logs in the session's directory.
+fn mock_with(extra: &str) -> Builder {
+    let text = format!("servers:\n  m:\n    command: {{mock}}\n{extra}");
+    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", &text)
+        .with_logs()
+}
+
 #[test]
 fn a_server_crashing_on_every_initialize_gets_one_answer() {
     // Each incarnation dies when initialize arrives. The handshake, never
-    // answered, is sent again to the next one, until the restarts are too
-    // far apart to keep the client waiting: then exactly one error.
-    let mut s = Builder::wrap_mock()
-        .with_logs()
+    // answered, goes again to each new one (probes, at most 0.5 s apart
+    // while it waits), until it has waited wait_for_server: then exactly
+    // one error, which says how long it waited.
+    let mut s = mock_with("    wait_for_server: 2\n")
         .env("MOCK_CRASH_ON_INIT", "1")
         .start();
     s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
     let e = s.error(&json!(0));
-    let reason = e["data"]["reason"].as_str().unwrap();
+    assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("gave up after waiting 2"), "{message}");
     assert!(
-        ["server_exited", "server_unavailable"].contains(&reason),
-        "{e}"
-    );
-    assert!(
-        initialize_params(&s).len() >= 2,
-        "the handshake was sent again"
+        initialize_params(&s).len() >= 3,
+        "the handshake was sent to several incarnations"
     );
     s.expect_none_where(Duration::from_millis(500), |v| {
         v.get("id") == Some(&json!(0))
@@ -253,39 +260,47 @@ fn a_server_crashing_on_every_initialize_gets_one_answer() {
 }
 
 #[test]
-fn a_crash_loop_backs_off_and_fails_fast() {
-    let mut s = Builder::wrap_mock()
-        .with_logs()
+fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server() {
+    let mut s = mock_with("    wait_for_server: 1\n")
         .env("MOCK_CRASH_STARTS", "1000")
         .start();
     std::thread::sleep(Duration::from_secs(3));
     let n = starts(&s);
-    // 0, 0, 0.5, 1, 2 s: about five starts in three seconds, not hundreds
-    // (fewer on a loaded machine, where each start takes longer; the exact
-    // schedule is checked on a fake clock in the dispatcher's tests).
+    // 0, 0, 1, 3 s: about four starts in three seconds while nothing
+    // waits, not hundreds (fewer on a loaded machine, where each start
+    // takes longer; the exact schedule is checked on a fake clock in the
+    // dispatcher's tests).
     assert!((2..=6).contains(&n), "{n} starts in 3 s");
     let t = Instant::now();
     s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
     let e = s.error(&json!(0));
-    assert!(t.elapsed() < Duration::from_secs(2), "answered at once");
+    let waited = t.elapsed();
+    assert!(waited >= Duration::from_secs(1), "it waited: {waited:?}");
     assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("exited with status 4"),
-        "{e}"
-    );
-    s.call(json!(1), "echo", json!({}));
-    let e = s.error(&json!(1));
-    assert!(
-        ["circuit_open", "server_unavailable"].contains(&e["data"]["reason"].as_str().unwrap()),
-        "{e}"
-    );
-    // The fifth failed start opens the breaker (about 3.5 s in).
-    eventually("the breaker to open", || {
-        s.stderr().contains("circuit breaker")
-    });
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("exited with status 4"), "{e}");
+    // While it waited, the server was probed about every 0.5 s.
+    assert!(starts(&s) >= n + 2, "{} starts after {n}", starts(&s));
+}
+
+#[test]
+fn failed_probes_never_open_the_breaker() {
+    let mut s =
+        mock_with("    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 30\n")
+            .env("MOCK_CRASH_STARTS", "6")
+            .start();
+    // Six failed starts, with nobody asking: the last of them is about 15 s
+    // in; three or more fail within four seconds.
+    eventually("three failed starts", || starts(&s) >= 3);
+    assert!(!s.stderr().contains("circuit breaker"), "{}", s.stderr());
+    // A request brings the next probe forward, waits for it, and is
+    // answered by the server once a start works.
+    s.request(json!(1), "ping", json!({}));
+    s.result(&json!(1));
+    s.request(json!(2), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
+    s.result(&json!(2));
+    assert!(starts(&s) >= 7, "{} starts", starts(&s));
+    assert!(!s.stderr().contains("circuit breaker"), "{}", s.stderr());
 }
 
 #[test]
@@ -319,25 +334,6 @@ fn server_requests_of_a_dead_server_are_cancelled_for_the_client() {
     s.send(json!({"jsonrpc": "2.0", "id": req["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "late"}, "model": "m"}}));
     s.request(json!(3), "ping", json!({}));
     s.result(&json!(3));
-}
-
-#[test]
-fn an_open_breaker_stops_restarts_until_a_request_comes_after_the_cooldown() {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file(
-            "c.yaml",
-            "servers:\n  m:\n    command: {mock}\n    env:\n      MOCK_STATE_DIR: \"{dir}\"\n      MOCK_CRASH_STARTS: \"1000\"\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 1\n",
-        )
-        .start();
-    eventually("the breaker to open", || {
-        s.stderr().contains("not restarting the server")
-    });
-    let n = starts(&s);
-    std::thread::sleep(Duration::from_millis(1500));
-    assert_eq!(starts(&s), n, "no restart while nobody asks");
-    s.request(json!(1), "tools/list", json!({}));
-    s.error(&json!(1));
-    eventually("a restart after the request", || starts(&s) > n);
 }
 
 #[test]

@@ -394,6 +394,10 @@ pub(super) static SECTIONS: &[(&str, &str)] = &[
 pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
     "call_timeout" => call_timeout, Kind::Duration(Zero::Rejected), Def::Secs(60.0),
         "Time allowed for one attempt of a tools/call before it counts as failed.";
+    "wait_for_server" => wait_for_server, Kind::Duration(Zero::Allowed), Def::Secs(30.0),
+        "How long a request that arrives while the server is down (crashed, restarting, \
+         unreachable) waits for it to come back before it fails with server_unavailable; \
+         never past a call's own deadline. 0: fail at once.";
     "retry.max_retries" => retry.max_retries, Kind::Count { min: 0, max: 100 }, Def::Int(3),
         "Retries after the first attempt (0 disables retrying; at most 100).";
     "retry.base_delay" => retry.base_delay, Kind::Duration(Zero::Allowed), Def::Secs(0.5),

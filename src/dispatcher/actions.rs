@@ -16,7 +16,7 @@ use crate::jsonrpc::{self, Message};
 use crate::warn;
 
 use super::calls::{Action, Arrival, Calls, Ctx, LinkView, Trace};
-use super::link::{Queued, Route};
+use super::link::{Queued, Route, SendResult};
 use super::{proxy_error, Dispatcher, Inflight, Method, Reason, Timer};
 
 /// The largest action buffer kept between runs: what an ordinary event
@@ -32,7 +32,7 @@ impl Dispatcher {
     ) -> R {
         let ctx = Ctx {
             now,
-            link: self.link_view(now),
+            link: self.link_view(),
             tracing: self.otel.is_some(),
         };
         // Nested runs (an action that reports back) start with an empty
@@ -53,11 +53,11 @@ impl Dispatcher {
     }
 
     /// What the calls must know of the link now.
-    fn link_view(&self, now: Instant) -> LinkView {
+    fn link_view(&self) -> LinkView {
         let ready = self.link_ready();
         LinkView {
             ready,
-            reachable: ready || self.link_restarting(now),
+            reachable: ready || self.link_restarting(),
             initialized: self.session.initialized || self.session.modern_meta.is_some(),
             generation: self.generation_to_ask(),
             paused: self.paused_since.is_some(),
@@ -106,25 +106,42 @@ impl Dispatcher {
         if !self.with_calls(now, |c, ctx, out| c.admit(id, ctx, out)) {
             return;
         }
+        self.route_attempt(id, now);
+    }
+
+    /// Sends the admitted attempt of call `id`, or queues it while the
+    /// server is starting or down (at most `wait_for_server`, never past
+    /// the call's deadline), or refuses it when the server cannot be had.
+    pub(super) fn route_attempt(&mut self, id: u64, now: Instant) {
         match self.route(now) {
             Route::Send => {
                 let down = self.next_id();
                 self.with_calls(now, |c, ctx, out| c.send(id, down, ctx, out));
             }
-            Route::Queue => match self.enqueue(Queued::Call(id), now) {
-                Some(seq) => self.calls.queued(id, seq),
-                None => {
-                    let message = "the MCP server is restarting and too many requests are waiting";
-                    let error = proxy_error(Reason::ServerUnavailable, message, &[]);
-                    self.with_calls(now, |c, ctx, out| c.fail(id, &error, ctx, out));
+            Route::Queue => {
+                match self.enqueue(Queued::Call(id), now, self.call_wait_until(id, now)) {
+                    Some(seq) => self.calls.queued(id, seq),
+                    None => {
+                        let message =
+                            "the MCP server is restarting and too many requests are waiting";
+                        let error = proxy_error(Reason::ServerUnavailable, message, &[]);
+                        self.with_calls(now, |c, ctx, out| c.fail(id, &error, ctx, out));
+                    }
                 }
-            },
+            }
             Route::Refuse(reason, message) => {
                 self.with_calls(now, |c, ctx, out| {
                     c.refused_by_link(id, reason, &message, ctx, out)
                 });
             }
         }
+    }
+
+    /// How long call `id` may wait for the server from `now`:
+    /// `wait_for_server`, and never past its deadline.
+    fn call_wait_until(&self, id: u64, now: Instant) -> Instant {
+        let wait = self.wait_until(now);
+        self.calls.deadline(id).map_or(wait, |d| d.min(wait))
     }
 
     /// Sends attempt `down` of call `id` (with its own `traceparent` when
@@ -139,13 +156,25 @@ impl Dispatcher {
         if line.is_empty() {
             return; // The call ended before its attempt left.
         }
-        if !self.send_server(line) {
-            self.with_calls(now, |c, ctx, out| c.attempt_unsent(down, ctx, out));
+        match self.send_server_request(down, line) {
+            SendResult::Sent => {}
+            SendResult::Closed => {
+                self.with_calls(now, |c, ctx, out| c.attempt_unsent(down, ctx, out));
+            }
+            SendResult::Overloaded(message) => {
+                self.with_calls(now, |c, ctx, out| {
+                    c.on_unusable_answer(down, Reason::Overloaded, &message, ctx, out)
+                });
+            }
         }
     }
 
-    /// Sends the server a cancel for one of our downstream ids.
+    /// Sends the server a cancel for one of our downstream ids, unless its
+    /// request never left the proxy (withdrawn: nothing to cancel).
     fn cancel_downstream(&mut self, down: u64, reason: &str) {
+        if self.withdraw(down) {
+            return crate::debug!("withdrew downstream request {down} before the server read it");
+        }
         let params = format!(
             "{{\"requestId\":{down},\"reason\":{}}}",
             jsonrpc::json_string(reason)

@@ -444,11 +444,45 @@ impl Calls {
         self.cache.clear();
     }
 
-    /// A start of the server failed (it could not be started, or exited
-    /// before it worked): a failure for the breaker.
-    pub(super) fn server_failed(&mut self, ctx: Ctx, out: &mut Vec<Action>) {
-        let t = self.breaker.on_failure(false, ctx.now);
+    /// A client request gave up waiting for a server that was down: an
+    /// outage's failure for the breaker (a breaker it opens closes when the
+    /// link recovers). Probes that fail are not counted: only what users
+    /// asked for.
+    pub(super) fn outage_failure(&mut self, ctx: Ctx, out: &mut Vec<Action>) {
+        let t = self.breaker.on_outage_failure(ctx.now);
         self.log_transition(t, ctx, out);
+    }
+
+    /// Call `id`'s attempt gave up waiting for a server that was down: it
+    /// fails with `error` (a trial it held is released), and that counts as
+    /// an outage's failure.
+    pub(super) fn gave_up_waiting(
+        &mut self,
+        id: u64,
+        error: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(call) = self.calls.get_mut(&id) {
+            call.queued = None;
+            if std::mem::take(&mut call.trial) {
+                self.breaker.on_trial_abandoned();
+            }
+        }
+        self.outage_failure(ctx, out);
+        self.refuse_attempt(id, error, ctx, out);
+    }
+
+    /// A probe found the server working again: a breaker that the outage
+    /// opened closes (one that failed calls opened waits for its trial).
+    pub(super) fn link_recovered(&mut self, ctx: Ctx, out: &mut Vec<Action>) {
+        let t = self.breaker.on_link_recovered();
+        self.log_transition(t, ctx, out);
+    }
+
+    /// Call `id`'s deadline, if it is in flight.
+    pub(super) fn deadline(&self, id: u64) -> Option<Instant> {
+        self.calls.get(&id).map(|c| c.deadline)
     }
 
     /// The server is gone (`message` says how): annotations are forgotten

@@ -1,21 +1,24 @@
 //! The server link: starting the server, learning that it is gone (the
-//! transport says so once, after everything the server sent), restarting
-//! it with backoff, replaying the client's handshake to a new incarnation,
-//! and queueing traffic while it is not ready.
+//! transport says so once, after everything the server sent), probing it
+//! while it is down (a probe is a start, or a reconnection, and the replay
+//! of the client's handshake; `policy::recovery` decides when), and
+//! queueing traffic while it is not ready: a request that arrives during
+//! an outage waits for the server at most `wait_for_server` (never past a
+//! call's deadline), and goes out as soon as a probe succeeds.
 //!
 //! Owns [`Link`], [`Session`] (what must be replayed) and the queue of
 //! requests waiting for the server. Talks to the server only through
-//! [`Downstream`]; knows nothing of processes.
+//! [`Downstream`]; knows nothing of processes. Probe failures never reach
+//! the circuit breaker; a request that gave up waiting does.
 
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::downstream::{Downstream, Gone, ServerEvent};
+use crate::config::Transport;
+use crate::downstream::{Downstream, Gone, Heal, Sent, ServerEvent, StartError};
 use crate::jsonrpc::{self, Message, RawObject};
-use crate::policy::backoff::Backoff;
-use crate::policy::breaker::BreakerState;
 use crate::{debug, info, warn};
 
 use super::calls::Failure;
@@ -25,19 +28,27 @@ use super::{Dispatcher, Inflight, Method, Phase, Reason, Timer};
 const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// Most requests waiting for a restarting server.
 pub(super) const QUEUE_LIMIT: usize = 1000;
-/// Requests wait for a restart due within this long; later ones are
-/// answered at once (a crash loop fails fast instead of hanging).
-const WAIT_FOR_RESTART: Duration = Duration::from_secs(1);
+/// How far past its input backlog's limit a server that is not reading may
+/// still be sent cancels, notifications and answers to its own requests.
+const RESERVE: usize = 64 * 1024;
+
+/// What became of a request sent to the server.
+pub(super) enum SendResult {
+    Sent,
+    /// The server takes no more input.
+    Closed,
+    /// Not sent: the server is not reading its input (the message says so).
+    Overloaded(String),
+}
 
 /// The state of the server link.
 pub(super) enum Link {
-    /// Connected (possibly still replaying the handshake).
+    /// Connected (possibly still replaying the handshake: a probe).
     Up(Box<Conn>),
-    /// Waiting for the restart timer, due `at`.
-    Restarting { message: String, at: Instant },
-    /// Not running, and not restarted while the breaker is open; the first
-    /// request after its cooldown starts the server again.
-    Dormant { message: String },
+    /// Down between probes: the next one is due at the recovery's
+    /// `next_probe` (a `Timer::Restart`); the outage's cause is the
+    /// recovery's too.
+    Outage,
     /// Gone for good (the session is ending, or before the first start).
     Down { reason: Reason, message: String },
 }
@@ -114,14 +125,20 @@ pub(super) enum Route {
 }
 
 impl Dispatcher {
-    /// Starts (or restarts) the server.
+    /// Starts the server, or reconnects to it: the first start, or a probe
+    /// during an outage.
     pub(super) fn start_server(&mut self, now: Instant) {
         self.generation += 1;
         let generation = self.generation;
         self.calls.new_incarnation();
+        self.recovery.probe_started(now);
         match (self.connect)(&self.cfg, generation, self.events.clone()) {
             Ok(server) => {
-                info!("started {}", server.describe());
+                match (self.recovery.outage().is_some(), self.remote()) {
+                    (false, _) => info!("started {}", server.describe()),
+                    (true, true) => debug!("reconnecting to {}", server.describe()),
+                    (true, false) => debug!("probing: started {}", server.describe()),
+                }
                 let replay = self.session.init_params.is_some();
                 self.link = Link::Up(Box::new(Conn {
                     server,
@@ -136,80 +153,111 @@ impl Dispatcher {
                 if replay {
                     self.replay_initialize(now);
                 } else {
+                    // Nothing to replay: traffic flows at once; the outage
+                    // ends with the server's first message.
                     self.flush_queue(now);
                     self.fetch_deferred_tools(now);
                 }
             }
-            Err(message) => {
-                crate::error!("{message}");
-                self.failed_start(message, now);
+            Err(StartError { message, heal }) => {
+                match self.recovery.outage() {
+                    Some(_) => debug!("{message}"),
+                    None => crate::error!("{message}"),
+                }
+                self.link = Link::Outage;
+                self.link_down(message, heal, now);
             }
         }
     }
 
-    /// Where traffic for the server goes right now. May start a dormant
-    /// server whose breaker cooldown is over.
+    /// Whether the server is a remote one (words: "reconnecting to", not
+    /// "restarting").
+    pub(super) fn remote(&self) -> bool {
+        self.cfg.transport == Transport::Http
+    }
+
+    /// Where traffic for the server goes right now: to it, into the queue
+    /// (it is starting, or down and may come back: the next probe is
+    /// brought forward), or nowhere (the session ends, `wait_for_server`
+    /// is 0, or what stopped it needs fixing).
     pub(super) fn route(&mut self, now: Instant) -> Route {
-        if let Link::Dormant { message } = &self.link {
-            if let BreakerState::Open { until } = self.calls.breaker_state() {
-                if *until > now {
-                    let m = format!(
-                        "{message}; not restarting it for another {:.1}s (circuit breaker open)",
-                        until.saturating_duration_since(now).as_secs_f64()
-                    );
-                    return Route::Refuse(Reason::ServerUnavailable, m);
-                }
-            }
-            info!("a request arrived after the breaker's cooldown: starting the server again");
-            self.start_server(now);
-        }
         match &self.link {
             Link::Up(c) if c.ready && !c.draining => Route::Send,
             // Starting, or exited with its last answers still being read:
             // a new incarnation follows.
             Link::Up(_) => Route::Queue,
-            Link::Restarting { at, .. } if *at <= now + WAIT_FOR_RESTART => Route::Queue,
-            Link::Restarting { message, at } => Route::Refuse(
-                Reason::ServerUnavailable,
-                format!(
-                    "{message}; it is restarted in {:.1}s",
-                    at.saturating_duration_since(now).as_secs_f64()
-                ),
-            ),
-            Link::Dormant { message } => Route::Refuse(Reason::ServerUnavailable, message.clone()),
+            Link::Outage => {
+                let (message, heal) = match self.recovery.outage() {
+                    Some(o) => (o.message.clone(), o.heal),
+                    None => (String::new(), Heal::Wait),
+                };
+                if heal == Heal::Fix {
+                    return Route::Refuse(Reason::ServerUnavailable, message);
+                }
+                if self.cfg.wait_for_server.is_zero() {
+                    return Route::Refuse(
+                        Reason::ServerUnavailable,
+                        format!("{message}; not waiting for it (wait_for_server is 0)"),
+                    );
+                }
+                self.hurry_probe(now);
+                Route::Queue
+            }
             Link::Down { reason, message } => Route::Refuse(*reason, message.clone()),
         }
     }
 
-    /// Puts `item` in the queue; false when the queue is full.
-    pub(super) fn enqueue(&mut self, item: Queued, now: Instant) -> Option<u64> {
+    /// Something waits for the server: the next probe comes as soon as the
+    /// probe schedule allows.
+    fn hurry_probe(&mut self, now: Instant) {
+        if let Some(at) = self.recovery.hurry(now, &mut self.rng) {
+            self.restart_seq += 1;
+            let seq = self.restart_seq;
+            self.set_timer(at, Timer::Restart { seq });
+        }
+    }
+
+    /// Puts `item` in the queue, waiting since `since` and until `expires`
+    /// at the latest; `None` when the queue is full.
+    pub(super) fn enqueue(
+        &mut self,
+        item: Queued,
+        since: Instant,
+        expires: Instant,
+    ) -> Option<u64> {
         if self.queue.len() >= QUEUE_LIMIT {
             return None;
         }
         self.queue_seq += 1;
         let seq = self.queue_seq;
-        self.queue.push_back((seq, now, item));
-        self.set_timer(now + self.cfg.call_timeout, Timer::QueueExpired { seq });
+        self.queue.push_back((seq, since, item));
+        self.set_timer(expires, Timer::QueueExpired { seq });
         Some(seq)
+    }
+
+    /// How long something that starts waiting now may wait.
+    pub(super) fn wait_until(&self, now: Instant) -> Instant {
+        crate::policy::instant_add(now, self.cfg.wait_for_server)
     }
 
     pub(super) fn unqueue(&mut self, seq: u64) -> Option<Queued> {
         self.unqueue_timed(seq).map(|(_, q)| q)
     }
 
-    /// Takes item `seq` out of the queue, with when it was queued.
+    /// Takes item `seq` out of the queue, with when it began waiting.
     fn unqueue_timed(&mut self, seq: u64) -> Option<(Instant, Queued)> {
         let i = self.queue.iter().position(|(s, ..)| *s == seq)?;
         self.queue.remove(i).map(|(_, at, q)| (at, q))
     }
 
-    /// A queued item waited `call_timeout` for the server.
+    /// A queued item waited as long as it may for the server.
     pub(super) fn queue_expired(&mut self, seq: u64, now: Instant) {
         self.queue_give_up(seq, now, "gave up after waiting");
     }
 
     /// Answers queued item `seq` with the server's unavailability; the
-    /// message says how long it really waited.
+    /// message says how long it really waited. A request that gave up
+    /// waiting counts toward the circuit breaker (an outage's failure).
     fn queue_give_up(&mut self, seq: u64, now: Instant, what: &str) {
         let Some((since, item)) = self.unqueue_timed(seq) else {
             return;
@@ -221,22 +269,23 @@ impl Dispatcher {
         );
         match item {
             Queued::Request { client_id, .. } => {
+                self.with_calls(now, |c, ctx, out| c.outage_failure(ctx, out));
                 self.answer_proxy_error(&client_id, Reason::ServerUnavailable, &message)
             }
             Queued::Call(id) => {
                 let error = super::proxy_error(Reason::ServerUnavailable, &message, &[]);
-                self.with_calls(now, |c, ctx, out| c.refuse_attempt(id, &error, ctx, out));
+                self.with_calls(now, |c, ctx, out| c.gave_up_waiting(id, &error, ctx, out));
             }
             Queued::Notification(_) => debug!("dropped a queued notification"),
         }
     }
 
     fn link_message(&self) -> String {
-        match &self.link {
-            Link::Up(_) => "it is restarting".into(),
-            Link::Restarting { message, .. }
-            | Link::Dormant { message }
-            | Link::Down { message, .. } => message.clone(),
+        match (&self.link, self.recovery.outage()) {
+            (Link::Down { message, .. }, _) => message.clone(),
+            (_, Some(o)) => o.message.clone(),
+            (Link::Up(_), None) if self.remote() => "the proxy is reconnecting to it".into(),
+            _ => "it is starting".into(),
         }
     }
 
@@ -262,8 +311,9 @@ impl Dispatcher {
                     }
                 }
                 Queued::Call(id) => {
+                    // Admitted by the breaker before it was queued.
                     if self.calls.unqueued(id) {
-                        self.start_attempt(id, now);
+                        self.route_attempt(id, now);
                     }
                 }
                 Queued::Notification(line) => {
@@ -273,6 +323,22 @@ impl Dispatcher {
         }
     }
 
+    /// The server works again (its handshake was replayed, or it sent its
+    /// first message): the outage, if there was one, is over; what waited
+    /// goes out.
+    fn server_up(&mut self, now: Instant) {
+        if let Some(took) = self.recovery.up(now) {
+            let what = match self.remote() {
+                true => "reconnected to the MCP server",
+                false => "the restarted MCP server is ready",
+            };
+            info!(
+                "{what} after {} down; the session continues",
+                super::calls::secs(took)
+            );
+            self.with_calls(now, |c, ctx, out| c.link_recovered(ctx, out));
+        }
+    }
     /// Sends the client's original `initialize` to a new incarnation.
     fn replay_initialize(&mut self, now: Instant) {
         let params = self.session.init_params.clone().unwrap_or_default();
@@ -349,7 +415,7 @@ impl Dispatcher {
         if let Link::Up(c) = &mut self.link {
             c.ready = true;
         }
-        info!("the restarted server is ready; the session continues");
+        self.server_up(now);
         self.flush_queue(now);
         self.fetch_deferred_tools(now);
         if self.session.tools_list_changed {
@@ -371,8 +437,15 @@ impl Dispatcher {
         }
         match event {
             ServerEvent::Message(parsed) => {
+                let mut first_word = false;
                 if let Link::Up(c) = &mut self.link {
+                    first_word = !c.answered && c.ready;
                     c.answered = true;
+                }
+                if first_word && self.recovery.outage().is_some() {
+                    // A server with no handshake to replay is back once it
+                    // says something.
+                    self.server_up(now);
                 }
                 self.on_server_parsed(parsed, now)
             }
@@ -417,12 +490,20 @@ impl Dispatcher {
     /// among them cannot have reached it. Call attempts fail as never sent
     /// (always safe to retry); client requests wait for the next server.
     fn on_unsent(&mut self, lines: Vec<Vec<u8>>, now: Instant) {
-        warn!(
+        if let Link::Up(c) = &mut self.link {
+            c.draining = true;
+        }
+        if lines.is_empty() {
+            return;
+        }
+        let text = format!(
             "{} message(s) never reached the server; its connection is being closed",
             lines.len()
         );
-        if let Link::Up(c) = &mut self.link {
-            c.draining = true;
+        match self.recovery.outage() {
+            // A probe's: the outage was already reported.
+            Some(_) => debug!("{text}"),
+            None => warn!("{text}"),
         }
         for line in lines {
             let Some((m, down)) = own_request(line) else {
@@ -483,7 +564,7 @@ impl Dispatcher {
     }
 
     /// The current incarnation is gone: answer or re-plan everything that
-    /// waited on it, then restart it unless the session is ending.
+    /// waited on it, then plan the next probe unless the session is ending.
     pub(super) fn link_lost(&mut self, gone: Gone, now: Instant) {
         let old = std::mem::replace(
             &mut self.link,
@@ -512,25 +593,23 @@ impl Dispatcher {
                 message: message.clone(),
             };
         } else {
-            crate::error!("{message}");
-            let failed_start = !conn.ready || !conn.answered;
-            // The restart backoff is for servers that cannot get going. One
-            // that stayed up, or answered the client since it started, is
-            // restarted at once: otherwise a server that crashes on a rare
-            // call would be down for longer after every such call.
+            match self.recovery.outage() {
+                // A probe that failed: the outage was already reported.
+                Some(_) => debug!("{message}"),
+                None => crate::error!("{message}"),
+            }
+            // The probe schedule backs off for servers that cannot get
+            // going. One that stayed up, or answered the client since it
+            // started, is probed at once: otherwise a server that crashes
+            // on a rare call would be down for longer after every such call.
             if conn.served || now.saturating_duration_since(conn.started) >= STABLE_AFTER {
-                self.restarts = 0;
+                self.recovery.stable();
             }
-            // While requests are re-planned below, they wait for the restart.
-            self.link = Link::Restarting {
-                message: message.clone(),
-                at: now,
-            };
-            if failed_start {
-                self.with_calls(now, |c, ctx, out| c.server_failed(ctx, out));
-            }
+            // While requests are re-planned below, they wait for the server.
+            self.link = Link::Outage;
         }
         drop(conn);
+        self.unwritten.clear();
 
         // Call attempts in flight failed; the policies decide.
         let may_have_received = gone.may_have_received;
@@ -551,7 +630,7 @@ impl Dispatcher {
             };
             match resend {
                 Some(m) if !stopping => {
-                    debug!("sending a read request again after the restart");
+                    debug!("sending a read request again once the server is back");
                     self.requeue_request(m, client_id, method, now);
                 }
                 _ => self.answer_proxy_error(&client_id, Reason::ServerExited, &message),
@@ -569,23 +648,34 @@ impl Dispatcher {
             ));
         }
         if !stopping {
-            self.schedule_restart(now);
+            self.link_down(message, gone.heal, now);
         }
     }
 
-    fn requeue_request(&mut self, m: Message, client_id: String, method: Method, now: Instant) {
-        match self.enqueue(
-            Queued::Request {
-                m,
-                client_id: client_id.clone(),
-                method,
-            },
-            now,
-        ) {
+    /// Puts a request that could not be answered by the server it was sent
+    /// to back in the queue, within the time it had to wait from its first
+    /// wait (a request the proxy sends again and again to a server that
+    /// refuses it must not wait forever).
+    pub(super) fn requeue_request(
+        &mut self,
+        m: Message,
+        client_id: String,
+        method: Method,
+        now: Instant,
+    ) {
+        let window = self.client_requests.get(&client_id).and_then(|r| r.waited);
+        let (since, expires) = window.unwrap_or((now, self.wait_until(now)));
+        let item = Queued::Request {
+            m,
+            client_id: client_id.clone(),
+            method,
+        };
+        match self.enqueue(item, since, expires.max(now)) {
             Some(seq) => {
                 if let Some(r) = self.client_requests.get_mut(&client_id) {
                     r.queued = Some(seq);
                     r.downstream = None;
+                    r.waited = Some((since, expires));
                 }
             }
             None => {
@@ -595,14 +685,8 @@ impl Dispatcher {
         }
     }
 
-    /// A start that did not get as far as a working server.
-    fn failed_start(&mut self, message: String, now: Instant) {
-        self.with_calls(now, |c, ctx, out| c.server_failed(ctx, out));
-        self.link = Link::Restarting { message, at: now };
-        self.schedule_restart(now);
-    }
-
-    /// Answers everything queued: the server will not be there soon.
+    /// Answers everything queued: the server will not be there without
+    /// someone fixing something.
     fn refuse_queue(&mut self, now: Instant) {
         let seqs: Vec<u64> = self.queue.iter().map(|(s, ..)| *s).collect();
         for seq in seqs {
@@ -610,52 +694,41 @@ impl Dispatcher {
         }
     }
 
-    /// Plans the next start: at once the first time, then with growing
-    /// delays; not at all while the breaker is open.
-    fn schedule_restart(&mut self, now: Instant) {
-        let message = self.link_message();
-        if let BreakerState::Open { until } = self.calls.breaker_state() {
-            if *until > now {
-                warn!(
-                    "not restarting the server while the circuit breaker is open; the first request after {:.0}s will",
-                    until.saturating_duration_since(now).as_secs_f64()
-                );
-                self.link = Link::Dormant { message };
-                self.refuse_queue(now);
-                self.give_up_deferred_tools(now);
-                return;
-            }
-        }
-        let delay = if self.restarts == 0 {
-            Duration::ZERO
-        } else {
-            Backoff::new(Duration::from_millis(500), Duration::from_secs(30), 0.2)
-                .delay(self.restarts, &mut self.rng)
-        };
-        self.restarts += 1;
-        if !delay.is_zero() {
-            info!("restarting the server in {:.1}s", delay.as_secs_f64());
-        }
+    /// The server is down (it is gone, or a start or probe failed): plans
+    /// the next probe. What waits keeps waiting, unless what stopped the
+    /// server needs fixing: then it is answered at once with what to fix.
+    fn link_down(&mut self, message: String, heal: Heal, now: Instant) {
+        let waiting = !self.queue.is_empty() || self.calls.tools_deferred();
+        let at = self
+            .recovery
+            .lost(message, heal, waiting, now, &mut self.rng);
         self.restart_seq += 1;
         let seq = self.restart_seq;
-        let at = now + delay;
         self.set_timer(at, Timer::Restart { seq });
-        self.link = Link::Restarting { message, at };
-        if delay > WAIT_FOR_RESTART {
-            // Too long to keep requests waiting.
+        let delay = at.saturating_duration_since(now);
+        if !delay.is_zero() {
+            let what = match self.remote() {
+                true => format!(
+                    "reconnecting to {}",
+                    crate::http::display_url(&self.cfg.url)
+                ),
+                false => "restarting the server".to_owned(),
+            };
+            debug!("{what} in {:.1}s", delay.as_secs_f64());
+        }
+        if heal == Heal::Fix {
             self.refuse_queue(now);
             self.give_up_deferred_tools(now);
         }
     }
 
-    /// The restart timer fired.
+    /// The probe timer fired.
     pub(super) fn restart_due(&mut self, seq: u64, now: Instant) {
-        if seq == self.restart_seq && matches!(self.link, Link::Restarting { .. }) {
+        if seq == self.restart_seq && matches!(self.link, Link::Outage) {
             self.traced(|t| t.respawned(now));
             self.start_server(now);
         }
     }
-
     /// A line over `max_message_bytes` was still being written after
     /// `call_timeout`: the server's output is unusable (every answer waits
     /// behind a line that is dropped anyway), so it is stopped and, like
@@ -689,21 +762,83 @@ impl Dispatcher {
         }
     }
 
-    /// Sends a line to the current incarnation; false if there is none.
+    /// Sends a line that is not a request (a notification, a cancel, an
+    /// answer to the server's request) or one of the proxy's own requests
+    /// to the current incarnation; false if there is none, or it takes no
+    /// more input (new traffic then waits for the next one). A server that
+    /// is not reading its input gets such lines within a reserve of
+    /// [`RESERVE`] past its backlog's limit; past that they are dropped
+    /// and logged (true: nothing for the caller to do).
     pub(super) fn send_server(&mut self, line: Vec<u8>) -> bool {
-        match &mut self.link {
-            Link::Up(c) if self.eager => c.server.send_now(line),
-            Link::Up(c) => c.server.send(line),
-            _ => false,
+        let Link::Up(c) = &mut self.link else {
+            return false;
+        };
+        if let Some(b) = c.server.input_backlog() {
+            if b.queued().saturating_add(line.len()) > b.limit().saturating_add(RESERVE) {
+                warn!(
+                    "dropped a message of {} bytes for the server: it is not reading its input ({} bytes wait for it)",
+                    line.len(),
+                    b.queued()
+                );
+                return true;
+            }
+        }
+        let sent = match self.eager {
+            true => c.server.send_now(line),
+            false => c.server.send(line),
+        };
+        if !sent {
+            c.draining = true;
+        }
+        sent
+    }
+
+    /// Sends a client's request (or a call's attempt) as downstream
+    /// request `down`. A server whose input backlog is over its limit (it
+    /// is not reading) gets no new request: [`SendResult::Overloaded`]. A
+    /// line that waits in the backlog can be withdrawn until it is written
+    /// ([`Dispatcher::withdraw`]).
+    pub(super) fn send_server_request(&mut self, down: u64, line: Vec<u8>) -> SendResult {
+        let Link::Up(c) = &mut self.link else {
+            return SendResult::Closed;
+        };
+        if let Some(b) = c.server.input_backlog() {
+            if b.queued() > b.limit() {
+                return SendResult::Overloaded(format!(
+                    "the MCP server is not reading its input ({} bytes wait for it); the request was not sent",
+                    b.queued()
+                ));
+            }
+        }
+        match c.server.send_request(line, self.eager) {
+            Sent::Closed => {
+                c.draining = true;
+                SendResult::Closed
+            }
+            Sent::Written => SendResult::Sent,
+            Sent::Queued(w) => {
+                self.unwritten.insert(down, w);
+                SendResult::Sent
+            }
         }
     }
 
-    /// Whether a restart that is expected to work is under way.
-    pub(super) fn link_restarting(&self, now: Instant) -> bool {
+    /// Withdraws request `down` if its line still waits to be written:
+    /// true if it never will be (the server never sees it).
+    pub(super) fn withdraw(&mut self, down: u64) -> bool {
+        self.unwritten.remove(&down).is_some_and(|w| w.withdraw())
+    }
+
+    /// Whether the server is expected back: it is starting, or down for a
+    /// reason waiting may heal, and requests wait for it.
+    pub(super) fn link_restarting(&self) -> bool {
         match &self.link {
-            Link::Restarting { at, .. } => *at <= now + WAIT_FOR_RESTART,
+            Link::Outage => {
+                !self.cfg.wait_for_server.is_zero()
+                    && self.recovery.outage().is_none_or(|o| o.heal == Heal::Wait)
+            }
             Link::Up(c) => !c.ready || c.draining,
-            _ => false,
+            Link::Down { .. } => false,
         }
     }
 

@@ -69,8 +69,7 @@ impl Dispatcher {
             Link::Up(_) if self.link_ready() => (LinkState::Up, None),
             Link::Up(_) if self.generation <= 1 => (LinkState::Starting, None),
             Link::Up(_) => (LinkState::Restarting, None),
-            Link::Restarting { at, .. } => (LinkState::Restarting, Some(*at)),
-            Link::Dormant { .. } => (LinkState::Dormant, None),
+            Link::Outage => (LinkState::Restarting, self.recovery.next_probe()),
             Link::Down { .. } => (LinkState::Down, None),
         };
         let (breaker, breaker_until) = match self.calls.breaker_state() {
@@ -121,11 +120,10 @@ impl Dispatcher {
             return;
         }
         let headline = self.headline();
-        let message = match &self.link {
-            Link::Up(_) => None,
-            Link::Restarting { message, .. }
-            | Link::Dormant { message }
-            | Link::Down { message, .. } => Some(message.clone()),
+        let message = match (&self.link, self.recovery.outage()) {
+            (Link::Down { message, .. }, _) => Some(message.clone()),
+            (_, Some(o)) => Some(o.message.clone()),
+            (_, None) => None,
         };
         let publisher = self.status.as_mut().expect("checked");
         publisher.last_headline = Some(headline);

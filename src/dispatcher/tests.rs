@@ -40,13 +40,15 @@ impl Downstream for FakeServer {
 
 struct Harness {
     d: Dispatcher,
-    client: Receiver<Vec<u8>>,
+    client: Receiver<crate::stdio::Queued>,
     server: Receiver<Vec<u8>>,
     now: Instant,
     /// When each start of the server was asked for (fake time).
     starts: Arc<Mutex<Vec<Instant>>>,
     /// Starts that fail, in order, before they succeed again.
     failing_starts: Arc<Mutex<VecDeque<bool>>>,
+    /// Failed starts need fixing (waiting does not heal them).
+    fix: Arc<Mutex<bool>>,
     /// The fake time the connector sees.
     clock: Arc<Mutex<Instant>>,
 }
@@ -65,11 +67,23 @@ impl Harness {
         let starts = Arc::new(Mutex::new(Vec::new()));
         let failing_starts: Arc<Mutex<VecDeque<bool>>> = Arc::default();
         let clock = Arc::new(Mutex::new(now));
-        let (log, fail, at) = (starts.clone(), failing_starts.clone(), clock.clone());
+        let fix = Arc::new(Mutex::new(false));
+        let (log, fail, at, needs_fix) = (
+            starts.clone(),
+            failing_starts.clone(),
+            clock.clone(),
+            fix.clone(),
+        );
         let connect = Box::new(move |_: &ServerConfig, _: u64, _: Sender<Event>| {
             log.lock().unwrap().push(*at.lock().unwrap());
             if fail.lock().unwrap().pop_front() == Some(true) {
-                return Err("cannot start \"fake\": no such file".to_string());
+                return Err(crate::downstream::StartError {
+                    message: "cannot start \"fake\": the start failed".to_string(),
+                    heal: match *needs_fix.lock().unwrap() {
+                        true => crate::downstream::Heal::Fix,
+                        false => crate::downstream::Heal::Wait,
+                    },
+                });
             }
             Ok(Box::new(FakeServer { sent: sent.clone() }) as Box<dyn Downstream>)
         });
@@ -82,6 +96,7 @@ impl Harness {
             now,
             starts,
             failing_starts,
+            fix,
             clock,
         }
     }
@@ -138,7 +153,7 @@ impl Harness {
     }
 
     fn to_client(&self) -> String {
-        let line = self.client.try_recv().expect("a line for the client");
+        let line = self.client.try_recv().expect("a line for the client").bytes;
         String::from_utf8(line).unwrap().trim_end().to_owned()
     }
 
@@ -598,41 +613,151 @@ fn a_cached_read_is_fresh_until_its_ttl_and_a_write_empties_the_cache() {
     h.to_server();
 }
 
+/// The fake times of the starts so far, from `t0`.
+fn starts_since(h: &Harness, t0: Instant) -> Vec<Duration> {
+    h.starts.lock().unwrap().iter().map(|t| *t - t0).collect()
+}
+
 #[test]
-fn a_server_that_cannot_start_is_restarted_with_growing_delays_until_the_breaker_opens() {
+fn a_server_that_cannot_start_is_probed_with_growing_delays_while_nothing_waits_and_the_breaker_stays_closed(
+) {
     let mut h = Harness::with(config(|c| {
-        c.circuit_breaker.failure_threshold = 5;
+        c.circuit_breaker.failure_threshold = 2;
         c.circuit_breaker.cooldown = 30 * SECOND;
     }));
     let t0 = h.now;
     // The first incarnation exits before answering anything, and the next
-    // four starts fail: five failed starts open the breaker.
-    h.failing_starts.lock().unwrap().extend([true; 4]);
+    // six starts fail.
+    h.failing_starts.lock().unwrap().extend([true; 6]);
     h.server_event(gone("exited with status 1"));
-    while !matches!(h.d.link, super::Link::Dormant { .. }) {
+    while h.starts.lock().unwrap().len() < 8 {
         h.fire_next_timer();
     }
-    let starts: Vec<Duration> = h.starts.lock().unwrap().iter().map(|t| *t - t0).collect();
-    assert_eq!(starts.len(), 5, "{starts:?}");
-    assert_eq!(starts[1], Duration::ZERO, "the first restart is at once");
-    // Then 0.5 s, 1 s, 2 s, each ± 20 %.
+    let starts = starts_since(&h, t0);
+    assert_eq!(starts[1], Duration::ZERO, "the first probe is at once");
+    // Then 1 s, 2 s, 4 s, 8 s, 16 s, each ± 20 %.
     let gaps: Vec<f64> = starts
         .windows(2)
         .skip(1)
         .map(|w| (w[1] - w[0]).as_secs_f64())
         .collect();
-    for (gap, expected) in gaps.iter().zip([0.5, 1.0, 2.0]) {
+    for (gap, expected) in gaps.iter().zip([1.0, 2.0, 4.0, 8.0, 16.0]) {
         assert!((gap - expected).abs() <= expected * 0.2 + 1e-9, "{gaps:?}");
     }
-    // Dormant: a request is refused at once and nothing restarts it until
-    // the cooldown is over.
-    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#);
+    // Failed probes are not failures of calls: the breaker is closed.
+    assert_eq!(
+        h.d.calls.breaker_state(),
+        &crate::policy::breaker::BreakerState::Closed
+    );
+    // The last probe worked: traffic flows.
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    assert!(h.to_server().contains("tools/list"));
+}
+
+#[test]
+fn a_request_that_arrives_during_an_outage_brings_the_next_probe_forward_and_goes_out_when_it_succeeds(
+) {
+    let mut h = Harness::new();
+    let t0 = h.now;
+    h.failing_starts.lock().unwrap().extend([true; 8]);
+    h.server_event(gone("exited with status 1"));
+    // Idle: the probes back off to 8 s and more.
+    while h.starts.lock().unwrap().len() < 6 {
+        h.fire_next_timer();
+    }
+    let last = *h.starts.lock().unwrap().last().unwrap();
+    assert!(h.next_timer() - last > 6 * SECOND);
+    // A request arrives: it waits, and the next probe is at most 0.5 s
+    // after the last one.
+    h.advance(SECOND / 10);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    assert!(h.try_to_server().is_none());
+    assert!(h.client.try_recv().is_err(), "it waits");
+    // While it waits, probes are at most 0.5 s apart (the rest fail).
+    while h.starts.lock().unwrap().len() < 10 {
+        h.fire_next_timer();
+    }
+    let starts = starts_since(&h, t0);
+    for w in starts[5..].windows(2) {
+        assert!(w[1] - w[0] <= SECOND / 2, "{starts:?}");
+    }
+    // The tenth start works: the request goes out at once.
+    assert!(h.to_server().contains("tools/list"));
+    // It is answered.
+    h.server_sends(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[]}}"#);
+    assert!(h.to_client().contains("\"tools\""));
+}
+
+#[test]
+fn a_request_waits_for_the_server_at_most_wait_for_server_and_says_how_long_it_waited() {
+    let mut h = Harness::with(config(|c| {
+        c.wait_for_server = 3 * SECOND;
+        c.circuit_breaker.failure_threshold = 1;
+    }));
+    h.failing_starts.lock().unwrap().extend([true; 100]);
+    h.server_event(gone("exited with status 1"));
+    h.advance(SECOND / 4);
+    let asked = h.now;
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"resources/list"}"#);
+    while h.client.is_empty() {
+        h.fire_next_timer();
+    }
+    assert_eq!(h.now - asked, 3 * SECOND);
+    let answer = h.to_client();
+    assert!(answer.contains("server_unavailable"), "{answer}");
+    assert!(
+        answer.contains("gave up after waiting 3s for it"),
+        "{answer}"
+    );
+    // Giving up counts toward the breaker: with a threshold of 1 it is
+    // open, and a call now fails fast.
+    assert!(matches!(
+        h.d.calls.breaker_state(),
+        crate::policy::breaker::BreakerState::Open { .. }
+    ));
+    h.client_sends(&call_line(2, "read", "{}"));
+    assert!(h.to_client().contains("circuit_open"));
+    // The outage opened it: the first probe that works closes it (with no
+    // handshake to replay, once the server says something).
+    h.failing_starts.lock().unwrap().clear();
+    h.fire_next_timer();
+    assert!(matches!(
+        h.d.calls.breaker_state(),
+        crate::policy::breaker::BreakerState::Open { .. }
+    ));
+    h.server_sends(r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#);
+    assert_eq!(
+        h.d.calls.breaker_state(),
+        &crate::policy::breaker::BreakerState::Closed
+    );
+}
+
+#[test]
+fn a_ping_while_the_server_is_down_is_answered_by_the_proxy() {
+    let mut h = Harness::new();
+    h.failing_starts.lock().unwrap().extend([true; 3]);
+    h.server_event(gone("exited with status 1"));
+    h.fire_next_timer();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"p","method":"ping"}"#);
+    assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":"p","result":{}}"#);
+    assert!(h.try_to_server().is_none());
+}
+
+#[test]
+fn a_start_that_needs_fixing_fails_waiting_requests_at_once() {
+    let mut h = Harness::new();
+    h.server_event(gone("exited with status 1"));
+    // Now the start fails for a reason waiting cannot heal.
+    h.failing_starts.lock().unwrap().push_back(true);
+    *h.fix.lock().unwrap() = true;
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"resources/list"}"#);
+    h.fire_next_timer();
+    let answer = h.to_client();
+    assert!(answer.contains("server_unavailable"), "{answer}");
+    assert!(answer.contains("the start failed"), "{answer}");
+    // And a request that comes now is refused at once.
+    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"resources/list"}"#);
     assert!(h.to_client().contains("server_unavailable"));
-    assert_eq!(h.starts.lock().unwrap().len(), 5);
-    h.advance(30 * SECOND);
-    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
-    assert_eq!(h.starts.lock().unwrap().len(), 6, "started again");
-    assert!(h.try_to_server().is_some(), "the ping reached the server");
 }
 
 #[test]
@@ -657,6 +782,7 @@ fn gone(how: &str) -> ServerEvent {
     ServerEvent::Gone(crate::downstream::Gone {
         how: how.into(),
         may_have_received: true,
+        heal: crate::downstream::Heal::Wait,
     })
 }
 
@@ -965,4 +1091,91 @@ fn a_session_begun_with_initialize_keeps_the_plain_tools_list() {
     h.fire_next_timer();
     let list = own_tools_list(&h);
     assert_eq!(list["params"], json!({}));
+}
+
+/// Initializes the session: the client's `initialize` (answered) and
+/// `notifications/initialized`.
+fn handshake(h: &mut Harness) {
+    h.client_sends(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#);
+    let init = h.to_server();
+    answer(
+        h,
+        &init,
+        r#""result":{"protocolVersion":"2025-11-25","capabilities":{}}"#,
+    );
+    h.to_client();
+    h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    h.to_server();
+}
+
+#[test]
+fn the_trial_call_after_the_cooldown_is_sent_even_when_it_waited_for_a_restart() {
+    let mut h = Harness::with(config(|c| {
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.cooldown = 3 * SECOND;
+    }));
+    handshake(&mut h);
+    // A failing call opens the breaker.
+    h.client_sends(&call_line(1, "t", "{}"));
+    let attempt = h.to_server();
+    answer(&mut h, &attempt, TRANSIENT);
+    h.to_client();
+    assert!(matches!(
+        h.d.calls.breaker_state(),
+        crate::policy::breaker::BreakerState::Open { .. }
+    ));
+    // The server dies; the probe restarts it and replays the handshake,
+    // which it has not answered yet when the cooldown is over.
+    h.server_event(gone("exited with status 1"));
+    h.advance(3 * SECOND);
+    let replay = h.to_server();
+    assert!(replay.contains("initialize"), "{replay}");
+    // The first call after the cooldown is the trial: it waits for the
+    // restart, then is sent, not refused.
+    h.client_sends(&call_line(2, "t", "{}"));
+    assert!(h.client.try_recv().is_err(), "it waits");
+    answer(
+        &mut h,
+        &replay,
+        r#""result":{"protocolVersion":"2025-11-25","capabilities":{}}"#,
+    );
+    h.to_server(); // notifications/initialized
+    let trial = h.to_server();
+    assert!(trial.contains("tools/call"), "{trial}");
+    answer(&mut h, &trial, OK);
+    assert!(h.to_client().contains("\"ok\""));
+    assert_eq!(
+        h.d.calls.breaker_state(),
+        &crate::policy::breaker::BreakerState::Closed
+    );
+}
+
+#[test]
+fn a_breaker_that_failed_calls_opened_stays_open_when_the_server_comes_back() {
+    let mut h = Harness::with(config(|c| {
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.cooldown = 30 * SECOND;
+    }));
+    handshake(&mut h);
+    h.client_sends(&call_line(1, "t", "{}"));
+    let attempt = h.to_server();
+    answer(&mut h, &attempt, TRANSIENT);
+    h.to_client();
+    h.server_event(gone("exited with status 1"));
+    h.fire_next_timer();
+    let replay = h.to_server();
+    answer(
+        &mut h,
+        &replay,
+        r#""result":{"protocolVersion":"2025-11-25","capabilities":{}}"#,
+    );
+    h.to_server();
+    // Up again, but a server that answered errors is trusted again only
+    // through a trial call after the cooldown.
+    h.client_sends(&call_line(2, "t", "{}"));
+    let refused = h.to_client();
+    assert!(refused.contains("circuit_open"), "{refused}");
+    assert!(h.try_to_server().is_none());
 }

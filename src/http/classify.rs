@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+use crate::downstream::Heal;
 use std::io::ErrorKind;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -66,6 +67,20 @@ pub fn of_error(e: &ureq::Error, written: bool) -> Class {
         // broken connection like any other.
         ureq::Error::Io(io) if io.kind() == ErrorKind::ConnectionRefused => Class::NeverSent,
         _ => Class::Broken,
+    }
+}
+
+/// Whether waiting may heal a connection that could not be made: not an
+/// unknown host, a bad URL or proxy, or a TLS failure (a certificate the
+/// name does not match, an unknown authority) — someone must fix those.
+pub fn heal(e: &ureq::Error) -> Heal {
+    match e {
+        ureq::Error::HostNotFound
+        | ureq::Error::BadUri(_)
+        | ureq::Error::Tls(_)
+        | ureq::Error::InvalidProxyUrl => Heal::Fix,
+        ureq::Error::Io(io) if io.kind() == ErrorKind::InvalidData => Heal::Fix,
+        _ => Heal::Wait,
     }
 }
 

@@ -19,6 +19,13 @@
 //!   fresh `cooldown`; a trial success counts toward `success_threshold`
 //!   (reaching it closes, else the next trial may go). Non-trial outcomes are
 //!   ignored.
+//!
+//! A failure can also be an outage's ([`Breaker::on_outage_failure`]: a
+//! request gave up waiting for a server that was down). A breaker those
+//! opened closes as soon as the server is reachable again
+//! ([`Breaker::on_link_recovered`]: a probe, not a user call, ends an
+//! outage); one that calls the server answered badly opened closes only
+//! through its trial.
 
 #![forbid(unsafe_code)]
 
@@ -75,6 +82,8 @@ pub struct Breaker {
     cooldown: Duration,
     consecutive_failures: u32,
     state: BreakerState,
+    /// The failure that opened it was an outage's.
+    opened_by_outage: bool,
 }
 
 impl Breaker {
@@ -86,6 +95,7 @@ impl Breaker {
             cooldown: c.cooldown,
             consecutive_failures: 0,
             state: BreakerState::Closed,
+            opened_by_outage: false,
         }
     }
 
@@ -178,6 +188,32 @@ impl Breaker {
         }
     }
 
+    /// A request gave up waiting for a server that was down: a failure as
+    /// [`Breaker::on_failure`] counts one outside a trial, but a breaker it
+    /// opens closes when the link recovers.
+    pub fn on_outage_failure(&mut self, now: Instant) -> Option<Transition> {
+        let t = self.on_failure(false, now);
+        if t == Some(Transition::Opened) {
+            self.opened_by_outage = true;
+        }
+        t
+    }
+
+    /// The server is reachable again (a probe succeeded): a breaker that
+    /// an outage opened closes; one that failed calls opened waits for its
+    /// trial.
+    pub fn on_link_recovered(&mut self) -> Option<Transition> {
+        match self.state {
+            BreakerState::Open { .. } if self.opened_by_outage => {
+                self.state = BreakerState::Closed;
+                self.consecutive_failures = 0;
+                self.opened_by_outage = false;
+                Some(Transition::Closed)
+            }
+            _ => None,
+        }
+    }
+
     /// The trial ended without an outcome (cancelled by the client, or the
     /// call was dropped): the next caller may run another trial. No-op unless
     /// a trial is in flight.
@@ -216,6 +252,7 @@ impl Breaker {
 
     fn open(&mut self, now: Instant) {
         self.consecutive_failures = 0;
+        self.opened_by_outage = false;
         self.state = BreakerState::Open {
             until: instant_add(now, self.cooldown),
         };
@@ -248,6 +285,53 @@ mod tests {
         }
         assert_eq!(b.on_failure(false, t0), Some(Transition::Opened));
         b
+    }
+
+    #[test]
+    fn a_breaker_an_outage_opened_closes_when_the_link_recovers() {
+        let t0 = Instant::now();
+        let mut b = breaker(2, 1);
+        assert_eq!(b.on_outage_failure(t0), None);
+        assert_eq!(b.on_outage_failure(t0), Some(Transition::Opened));
+        assert!(matches!(b.state(), BreakerState::Open { .. }));
+        assert_eq!(b.on_link_recovered(), Some(Transition::Closed));
+        assert_eq!(b.state(), &BreakerState::Closed);
+        assert_eq!(b.consecutive_failures(), 0);
+        assert_eq!(b.admit(t0), (Admission::Allowed, None));
+        // Closed: a recovery changes nothing.
+        assert_eq!(b.on_link_recovered(), None);
+    }
+
+    #[test]
+    fn a_breaker_failed_calls_opened_closes_only_through_its_trial() {
+        let t0 = Instant::now();
+        let mut b = breaker(2, 1);
+        // An outage failure, then a failed call: the call's opened it.
+        assert_eq!(b.on_outage_failure(t0), None);
+        assert_eq!(b.on_failure(false, t0), Some(Transition::Opened));
+        assert_eq!(b.on_link_recovered(), None);
+        assert!(matches!(b.state(), BreakerState::Open { .. }));
+        let after = t0 + COOLDOWN;
+        assert_eq!(
+            b.admit(after),
+            (Admission::Trial, Some(Transition::HalfOpened))
+        );
+        assert_eq!(b.on_link_recovered(), None);
+        assert_eq!(b.on_success(true, after), Some(Transition::Closed));
+    }
+
+    #[test]
+    fn a_trial_that_reopens_is_a_calls_opening() {
+        let t0 = Instant::now();
+        let mut b = breaker(1, 1);
+        assert_eq!(b.on_outage_failure(t0), Some(Transition::Opened));
+        let after = t0 + COOLDOWN;
+        assert_eq!(
+            b.admit(after),
+            (Admission::Trial, Some(Transition::HalfOpened))
+        );
+        assert_eq!(b.on_failure(true, after), Some(Transition::Reopened));
+        assert_eq!(b.on_link_recovered(), None);
     }
 
     #[test]

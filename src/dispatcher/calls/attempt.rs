@@ -34,6 +34,11 @@ impl Calls {
         if call.queued.is_some() {
             return false;
         }
+        if call.trial {
+            // It holds the half-open trial already (its attempt never
+            // reached the server): it is that trial still.
+            return true;
+        }
         let (admission, transition) = self.breaker.admit(ctx.now);
         match admission {
             Admission::Trial => call.trial = true,
@@ -97,15 +102,15 @@ impl Calls {
         });
     }
 
-    /// The server could not be given attempt `down` (there is none): it
-    /// was never sent, as for a line the link reports unsent.
+    /// The server could not be given attempt `down` (it takes no more
+    /// input): it was never sent, as for a line the link reports unsent.
     pub(in crate::dispatcher) fn attempt_unsent(
         &mut self,
         down: u64,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {
-        let failure = Failure::NeverSent("the server is not running".into());
+        let failure = Failure::NeverSent("the server takes no more input".into());
         self.on_unanswered(down, failure, ctx, out);
     }
 
@@ -209,15 +214,36 @@ impl Calls {
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {
+        let wanted = self.dedup_waiters(id) > 0;
         let Some(call) = self.calls.get_mut(&id) else {
             return;
         };
-        let trial = std::mem::take(&mut call.trial);
         let kind = failure.kind();
         trace(ctx, out, || Trace::AttemptEnded {
             call: id,
             failure: Some(kind),
         });
+        if let Failure::NeverSent(_) = failure {
+            // The server never had it: not the server's failure (the link's
+            // probes deal with that) and no retry used. It goes again as a
+            // new call would, waiting for the server if it is down, within
+            // its deadline; it keeps the breaker's trial if it held it.
+            if call.deadline > ctx.now && (call.client.is_some() || wanted) {
+                debug!(
+                    "tool \"{}\": the attempt never reached the server; it goes again",
+                    call.tool
+                );
+                call.attempts = call.attempts.saturating_sub(1);
+                call.retry_at = Some(ctx.now);
+                out.push(Action::Timer(ctx.now, CallTimer::RetryDue { call: id }));
+                return;
+            }
+            if std::mem::take(&mut call.trial) {
+                self.breaker.on_trial_abandoned();
+            }
+            return self.decide(id, failure, ctx, out);
+        }
+        let trial = std::mem::take(&mut call.trial);
         let t = self.breaker.on_failure(trial, ctx.now);
         self.log_transition(t, ctx, out);
         self.decide(id, failure, ctx, out);
