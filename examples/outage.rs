@@ -545,6 +545,10 @@ fn error_body(id: &Value, code: i64, message: &str) -> String {
 // ---------------------------------------------------------------------------
 // The client
 
+/// The failure of a request to a process that is gone (its stdout ended or
+/// its stdin is closed).
+const EXITED: &str = "the process exited";
+
 /// A call's outcome: `Ok`, or the failure's reason (`error.data.reason`, or
 /// the error's message).
 type Answer = Result<(), String>;
@@ -606,7 +610,7 @@ impl Peer {
         }
         if let Some(pending) = self.lock_pending().take() {
             for tx in pending.into_values() {
-                let _ = tx.send(Err("the process's stdout closed".into()));
+                let _ = tx.send(Err(EXITED.into()));
             }
         }
     }
@@ -636,14 +640,18 @@ impl Peer {
                 p.insert(id, tx.clone());
             }
             None => {
-                let _ = tx.send(Err("the process's stdout closed".into()));
+                let _ = tx.send(Err(EXITED.into()));
                 return rx;
             }
         }
         let line = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         if let Err(e) = self.write(&line.to_string()) {
             if let Some(tx) = self.lock_pending().as_mut().and_then(|p| p.remove(&id)) {
-                let _ = tx.send(Err(format!("write to the process: {e}")));
+                let _ = tx.send(Err(if e.kind() == io::ErrorKind::BrokenPipe {
+                    EXITED.into()
+                } else {
+                    format!("write to the process: {e}")
+                }));
             }
         }
         rx
@@ -727,7 +735,7 @@ fn connect_stdio(cmd: Command, stderr: File, ids: &AtomicU64) -> Result<Arc<Peer
         }
         Err(e) => {
             peer.close(Duration::ZERO);
-            Err(format!("initialize failed: {e}"))
+            Err(format!("the start failed: {e}"))
         }
     }
 }
@@ -1513,16 +1521,18 @@ fn report(opts: &Options, bins: &Bins, results: &[RunResult]) -> (String, usize)
         );
         for r in rows {
             let f = figures(r);
-            let targets = if r.spec.front == Front::Proxy {
-                let m = misses(r, &f);
-                if m.is_empty() {
-                    "met".to_owned()
-                } else {
-                    missed += 1;
-                    format!("**missed**: {}", m.join("; "))
+            let targets = match (r.spec.front, &r.setup_error) {
+                (Front::Proxy, _) => {
+                    let m = misses(r, &f);
+                    if m.is_empty() {
+                        "met".to_owned()
+                    } else {
+                        missed += 1;
+                        format!("**missed**: {}", m.join("; "))
+                    }
                 }
-            } else {
-                "(baseline)".to_owned()
+                (_, Some(e)) => format!("did not run: {e}"),
+                _ => "(baseline)".to_owned(),
             };
             let mut execs = format!("{} for {} calls", f.executions, f.issued);
             if f.double > 0 {
