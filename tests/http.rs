@@ -97,10 +97,8 @@ fn a_refused_connection_is_retried_for_any_tool() {
     s.list_tools();
     server.close();
     s.call(json!(1), "write", json!({}));
-    // The proxy tried and found the port closed before it is opened again,
-    // soon: it waits about half a second before it tries again, and a
-    // client request gives up on a server that keeps failing after a few
-    // such tries (its restart backoff), so the check is tight.
+    // The proxy tried and found the port closed before it is opened again:
+    // the call waits (wait_for_server) while the proxy probes.
     let deadline = std::time::Instant::now() + crate::util::WAIT;
     while !s.stderr().contains("could not be reached") {
         assert!(

@@ -13,6 +13,7 @@ mod http;
 mod http_server;
 mod lifecycle;
 mod otel;
+mod recovery;
 mod relay;
 mod resilience;
 mod respawn;

@@ -122,8 +122,7 @@ impl Dispatcher {
                 match self.enqueue(Queued::Call(id), now, self.call_wait_until(id, now)) {
                     Some(seq) => self.calls.queued(id, seq),
                     None => {
-                        let message =
-                            "the MCP server is restarting and too many requests are waiting";
+                        let message = self.queue_full_message();
                         let error = proxy_error(Reason::ServerUnavailable, message, &[]);
                         self.with_calls(now, |c, ctx, out| c.fail(id, &error, ctx, out));
                     }

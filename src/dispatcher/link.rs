@@ -135,7 +135,8 @@ impl Dispatcher {
         match (self.connect)(&self.cfg, generation, self.events.clone()) {
             Ok(server) => {
                 match (self.recovery.outage().is_some(), self.remote()) {
-                    (false, _) => info!("started {}", server.describe()),
+                    (false, true) => info!("connecting to {}", server.describe()),
+                    (false, false) => info!("started {}", server.describe()),
                     (true, true) => debug!("reconnecting to {}", server.describe()),
                     (true, false) => debug!("probing: started {}", server.describe()),
                 }
@@ -277,6 +278,14 @@ impl Dispatcher {
                 self.with_calls(now, |c, ctx, out| c.gave_up_waiting(id, &error, ctx, out));
             }
             Queued::Notification(_) => debug!("dropped a queued notification"),
+        }
+    }
+
+    /// Why a request cannot wait for the server: too many do.
+    pub(super) fn queue_full_message(&self) -> &'static str {
+        match self.remote() {
+            true => "the proxy is reconnecting to the MCP server and too many requests are waiting",
+            false => "the MCP server is restarting and too many requests are waiting",
         }
     }
 
@@ -679,7 +688,7 @@ impl Dispatcher {
                 }
             }
             None => {
-                let msg = "the MCP server is restarting and too many requests are waiting";
+                let msg = self.queue_full_message();
                 self.answer_proxy_error(&client_id, Reason::ServerUnavailable, msg);
             }
         }
