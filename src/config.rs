@@ -5,9 +5,9 @@
 //! the keys other hosts define (ignored, or a "did you mean" error for a near
 //! miss of ours) and their spellings of ours (`headersHelper`, `httpUrl`),
 //! `envFile` dotenv files, `${VAR}` expansion, defaults and validation. A
-//! server whose `${VAR}` is not set, or whose `type` is `sse`, leaves the
-//! file valid but carries a [`ServerProblem`]: `run` refuses it, `check`
-//! reports it down.
+//! server whose `${VAR}` is not set, whose `envFile` is missing or malformed,
+//! or whose `type` is `sse`, leaves the file valid but carries a
+//! [`ServerProblem`]: `run` refuses it, `check` reports it down.
 //! Reads no file but the config and its `envFile`s; knows nothing of threads,
 //! channels or the protocol.
 //!
@@ -96,7 +96,8 @@ pub struct ServerConfig {
     /// OpenTelemetry export (the `OTEL_*` variables win).
     pub otel: OtelConfig,
     /// Why this server cannot be started although the file is valid (a
-    /// `${VAR}` that is not set): `run` refuses it, `check` reports it down.
+    /// `${VAR}` that is not set, an `envFile` that cannot be read): `run`
+    /// refuses it, `check` reports it down.
     pub problem: Option<ServerProblem>,
 }
 
@@ -237,7 +238,7 @@ pub fn parse(
     };
     let mut walker = Walker {
         file,
-        base_dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        base_dir: config_dir(path),
         env,
         errors: Vec::new(),
         notes: Vec::new(),
@@ -254,6 +255,30 @@ pub fn parse(
         }),
         _ => Err(walker.into_error()),
     }
+}
+
+/// The directory that holds the config file, as an absolute path, however
+/// the file was named (`c.yaml`, `../ws/.vscode/mcp.json`): a relative `cwd`,
+/// `envFile` or `ca_file` and `${workspaceFolder}` resolve against it, not
+/// against the directory mcp-retry was started in. A path with `..` is
+/// resolved through the file system (symbolic links included).
+fn config_dir(path: &Path) -> PathBuf {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    #[cfg(unix)]
+    if dir
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        if let Ok(real) = std::fs::canonicalize(dir) {
+            return real;
+        }
+    }
+    // Windows' `absolute` resolves `..` itself, without the `\\?\` form of
+    // `canonicalize`, which many programs cannot take.
+    std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
 }
 
 /// How a server is reached (`downstream::connect` picks the transport).
@@ -592,8 +617,8 @@ struct Walker<'a> {
 }
 
 /// Something in a server entry that keeps that server from starting here,
-/// while the file stays valid: a `${...}` that cannot be expanded, or a
-/// transport mcp-retry does not speak.
+/// while the file stays valid: a `${...}` that cannot be expanded, an
+/// `envFile` that cannot be read, or a transport mcp-retry does not speak.
 struct Unusable {
     line: usize,
     path: String,
@@ -607,6 +632,8 @@ enum Why {
     Input(String),
     /// `type: sse`: legacy HTTP+SSE.
     LegacySse,
+    /// An `envFile` that cannot be read or parsed (the whole message).
+    EnvFile(String),
 }
 
 /// How a legacy HTTP+SSE server can be run instead.
@@ -629,6 +656,7 @@ impl Unusable {
             Why::LegacySse => {
                 format!("legacy HTTP+SSE (type: sse) is not supported; {SSE_WAY_OUT}")
             }
+            Why::EnvFile(msg) => msg.clone(),
         }
     }
 
@@ -645,6 +673,7 @@ impl Unusable {
             Why::LegacySse => {
                 format!("legacy HTTP+SSE servers are not supported; {SSE_WAY_OUT}")
             }
+            Why::EnvFile(msg) => msg.clone(),
         }
     }
 }
@@ -943,7 +972,7 @@ impl Walker<'_> {
             server.headers_helper = remote.headers_helper;
             server.ca_file = remote.ca_file;
             // The helper runs where the config file is, unless `cwd` says.
-            if server.cwd.is_none() && !self.base_dir.as_os_str().is_empty() {
+            if server.cwd.is_none() {
                 server.cwd = Some(self.base_dir.clone());
             }
         }
@@ -1022,7 +1051,8 @@ impl Walker<'_> {
         }
     }
 
-    /// The variables of an `envFile` (relative to the config file).
+    /// The variables of an `envFile` (relative to the config file). A file
+    /// that is missing or malformed keeps only this server from starting.
     fn env_file(&mut self, node: &Node, path: &str) -> Option<Vec<(String, String)>> {
         let pending = self.unusable.len();
         let name = self.expanded(node, path)?;
@@ -1034,22 +1064,19 @@ impl Walker<'_> {
             return None;
         }
         let file = self.base_dir.join(&name);
-        let text = match read_env_file(&file) {
-            Ok(text) => text,
-            Err(e) => {
-                let msg = format!("cannot read env file {}: {e}", file.display());
-                self.error(node.line, path, msg);
-                return None;
-            }
+        let problem = match read_env_file(&file) {
+            Ok(text) => match parse_env_file(&text) {
+                Ok(vars) => return Some(vars),
+                Err((line, msg)) => format!("{}:{line}: {msg}", file.display()),
+            },
+            Err(e) => format!("cannot read env file {}: {e}", file.display()),
         };
-        match parse_env_file(&text) {
-            Ok(vars) => Some(vars),
-            Err((line, msg)) => {
-                let msg = format!("{}:{line}: {msg}", file.display());
-                self.error(node.line, path, msg);
-                None
-            }
-        }
+        self.unusable.push(Unusable {
+            line: node.line,
+            path: path.to_owned(),
+            why: Why::EnvFile(problem),
+        });
+        None
     }
 
     /// Reads the policy key or section `key` of the section `prefix` (`""`
@@ -2773,6 +2800,10 @@ servers:
         assert_eq!(config.servers[0].args, ["/w/proj/data"]);
         let config = parse(text, Path::new("/w/proj/mcp.json"), Format::Json, &env).unwrap();
         assert_eq!(config.servers[0].args, ["/w/proj/data"]);
+        // A relative name is taken from the current directory: never empty.
+        let config = parse(text, Path::new(".vscode/mcp.json"), Format::Json, &env).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(config.servers[0].args, [format!("{}/data", cwd.display())]);
     }
 
     #[test]
@@ -3253,33 +3284,46 @@ servers:
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         assert_eq!(got, want);
-        // A missing file is an error naming it.
-        let text = r#"{"mcpServers": {"s": {"command": "x", "envFile": "missing.env"}}}"#;
-        let err = parse(text, &path, Format::Json, &env)
-            .unwrap_err()
-            .to_string();
+        // A missing file keeps that server from starting, not the others:
+        // the reason names the file, `run`'s error names the key too.
+        let text = r#"{"mcpServers": {"s": {"command": "x", "envFile": "missing.env"}, "t": {"command": "y"}}}"#;
+        let config = parse(text, &path, Format::Json, &env).unwrap();
+        let problem = config.servers[0].problem.clone().expect("s cannot start");
         let missing = dir.join("missing.env");
+        let cannot = format!("cannot read env file {}: ", missing.display());
+        assert!(problem.reason.starts_with(&cannot), "{problem:?}");
         assert!(
-            err.starts_with(&format!(
-                "{}:1: mcpServers.s.envFile: cannot read env file {}: ",
-                path.display(),
-                missing.display()
+            problem.error.starts_with(&format!(
+                "{}:1: mcpServers.s.envFile: {cannot}",
+                path.display()
             )),
-            "{err}"
+            "{problem:?}"
         );
+        assert!(config.select(Some("s")).is_err());
+        assert_eq!(config.servers[1].problem, None);
+        assert_eq!(config.select(Some("t")).unwrap().command, "y");
+        let problem = |text: &str| {
+            let config = parse(text, &dir.join("c.yaml"), Format::Yaml, &env).unwrap();
+            config.servers[0].problem.clone().expect("unusable").error
+        };
         // A malformed line names the env file's line.
         std::fs::write(dir.join("bad.env"), "A=1\nnot a pair\n").unwrap();
-        let text = "servers:\n  s:\n    command: x\n    envFile: bad.env\n";
-        let err = parse(text, &dir.join("c.yaml"), Format::Yaml, &env)
-            .unwrap_err()
-            .to_string();
+        let err = problem("servers:\n  s:\n    command: x\n    envFile: bad.env\n");
         assert!(err.ends_with("bad.env:2: expected KEY=VALUE"), "{err}");
         // A directory is not read.
-        let text = "servers:\n  s:\n    command: x\n    envFile: .\n";
-        let err = parse(text, &dir.join("c.yaml"), Format::Yaml, &env)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("cannot read env file"), "{err}");
+        let err = problem("servers:\n  s:\n    command: x\n    envFile: .\n");
+        assert!(
+            err.contains("servers.s.envFile: cannot read env file"),
+            "{err}"
+        );
+        // An empty name is a mistake in the file itself.
+        let text = "servers:\n  s:\n    command: x\n    envFile: ''\n";
+        let err = parse(text, &dir.join("c.yaml"), Format::Yaml, &env).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("servers.s.envFile: must not be empty"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -567,6 +567,33 @@ fn an_unset_variable_is_that_server_s_down_line() {
 }
 
 #[test]
+fn a_missing_env_file_is_that_server_s_down_line() {
+    let dir = TempDir::new();
+    let config = "servers:
+  secrets:
+    command: {mock}
+    envFile: missing.env
+  fine:
+    command: {mock}
+";
+    let ran = check(&dir, config, &[]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(lines.len(), 2, "{}", ran.stdout);
+    let missing = dir.join("missing.env");
+    let l = &lines[0];
+    assert_eq!((l.status.as_str(), l.name.as_str()), ("[DOWN]", "secrets"));
+    let want = format!("cannot read env file {}: ", missing.display());
+    assert!(l.detail.starts_with(&want), "{}", ran.stdout);
+    assert_up(&lines[1], "fine", OK_MOCK);
+    let stderr = run_refused(&dir, "secrets");
+    assert!(
+        stderr.contains(&format!("c.yaml:4: servers.secrets.envFile: {want}")),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn disabled_entries_and_unknown_keys_are_told_on_stderr() {
     let dir = TempDir::new();
     let text = format!(

@@ -193,19 +193,75 @@ fn env_file_reaches_the_server_under_explicit_env() {
 }
 
 #[test]
-fn a_missing_env_file_is_a_config_error() {
-    let dir = TempDir::new();
-    let path = dir.write(
-        "mcp.json",
-        r#"{"mcpServers": {"mock": {"command": "x", "envFile": "nope.env"}}}"#,
-    );
-    let (code, _, err) = run(&["run", "--config", path.to_str().unwrap()]);
+fn a_missing_env_file_keeps_only_its_server_from_starting() {
+    let b = Builder::proxy(&["run", "--config", "{dir}/mcp.json", "--server", "fine"]);
+    let config = b.dir().join("mcp.json");
+    let mut s = b
+        .env("MOCK_TOOLS", "fine_tool")
+        .file(
+            "mcp.json",
+            r#"{"mcpServers": {
+  "secrets": {"command": "{mock}", "envFile": "nope.env"},
+  "fine": {"command": "{mock}"}
+}}"#,
+        )
+        .start();
+    s.initialize();
+    assert_eq!(tool_names(&mut s), ["fine_tool"]);
+    let (code, _, err) = run(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--server",
+        "secrets",
+    ]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("mcpServers.mock.envFile: cannot read env file"),
+        err.contains("mcp.json:2: mcpServers.secrets.envFile: cannot read env file"),
         "{err}"
     );
     assert!(err.contains("nope.env"), "{err}");
+}
+
+/// The directory a `${workspaceFolder}` should name: absolute, as the
+/// file system has it (the temp dir may be reached through a link).
+fn real(p: &std::path::Path) -> String {
+    #[cfg(unix)]
+    let p = std::fs::canonicalize(p).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn workspace_folder_is_the_absolute_folder_above_vscode_however_the_config_is_named() {
+    let mcp_json = r#"{"servers": {"mock": {
+  "type": "stdio",
+  "command": "{mock}",
+  "envFile": "${workspaceFolder}/.env",
+  "env": {"MOCK_TOOLS": "${workspaceFolder}"}
+}}}"#;
+    let session = |cwd: &str, config: &str| {
+        let b = Builder::proxy(&["run", "--config", config]);
+        for d in ["ws/.vscode", "elsewhere"] {
+            std::fs::create_dir_all(b.dir().join(d)).unwrap();
+        }
+        let ws = real(&b.dir().join("ws"));
+        let mut s = b
+            .cwd(cwd)
+            .file("ws/.vscode/mcp.json", mcp_json)
+            .file("ws/.env", "MOCK_TOOLS_VARIANT=from_ws_env\n")
+            .start();
+        s.initialize();
+        let tools = tool_names(&mut s);
+        assert_eq!(
+            tools,
+            [ws, "variant_from_ws_env".into()],
+            "cwd {cwd}, --config {config}"
+        );
+    };
+    session("ws", ".vscode/mcp.json");
+    session(".", "ws/.vscode/mcp.json");
+    session("elsewhere", "../ws/.vscode/mcp.json");
+    session("elsewhere", "{dir}/ws/.vscode/mcp.json");
 }
 
 #[test]
