@@ -743,8 +743,19 @@ impl Walker<'_> {
             // Only `defaults:`, for `run --config F -- COMMAND`.
             (None, None) if find("defaults").is_some() => self.ours(entries, None),
             (None, None) => {
-                let msg = "expected a servers: or mcpServers: mapping, found neither";
-                self.error(root.line, TOP, msg);
+                let near = entries.iter().find_map(|e| {
+                    did_you_mean(&e.key, &["servers", "mcpServers"]).map(|near| (e, near))
+                });
+                match near {
+                    Some((entry, near)) => {
+                        let msg = format!("unknown key (did you mean {near}?)");
+                        self.error(entry.line, &entry.key, msg);
+                    }
+                    None => {
+                        let msg = "expected a servers: or mcpServers: mapping, found neither";
+                        self.error(root.line, TOP, msg);
+                    }
+                }
                 None
             }
             (Some(servers), None) if is_vscode(entries, servers) => {
@@ -1454,7 +1465,7 @@ fn is_vscode(top: &[Entry], servers: &Entry) -> bool {
 /// The key of `known` that `key` is probably a typo of: the same but for
 /// case, `-` for `_`, or within a small edit distance (1 for keys of up to
 /// four letters, 2 for longer ones).
-fn did_you_mean<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+pub(crate) fn did_you_mean<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
     let norm = |s: &str| s.to_ascii_lowercase().replace('-', "_");
     let key = norm(key);
     // Other names for the process keys, too far to be typos.
@@ -1478,20 +1489,28 @@ fn did_you_mean<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
         .map(|(k, _)| k)
 }
 
-/// Levenshtein distance, by characters.
+/// Edit distance by characters, where swapping two neighbours is one edit
+/// (`rnu` is one from `run`): the optimal string alignment distance.
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitute = diagonal + usize::from(ca != *cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // Three rows of the table: the one before the last, the last, this one.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut last: Vec<usize> = (0..=b.len()).collect();
+    let mut row = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        row[0] = i;
+        for j in 1..=b.len() {
+            let substitute = last[j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            let mut d = substitute.min(last[j] + 1).min(row[j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d = d.min(before[j - 2] + 1);
+            }
+            row[j] = d;
         }
+        std::mem::swap(&mut before, &mut last);
+        std::mem::swap(&mut last, &mut row);
     }
-    row[b.len()]
+    last[b.len()]
 }
 
 /// Reads an `envFile`: a regular file of at most [`MAX_ENV_FILE_BYTES`].
@@ -2512,6 +2531,23 @@ servers:
             yaml_err("servers: {}\ncolour: red\n"),
             "/p/c.yaml:2: colour: unknown key (expected one of: servers, defaults)"
         );
+        // A near miss of the section the file needs is named, not "found neither".
+        assert_eq!(
+            yaml_err("# mine\nsevers:\n  fs: {command: x}\n"),
+            "/p/c.yaml:2: severs: unknown key (did you mean servers?)"
+        );
+        assert_eq!(
+            json_err(r#"{"mcpSevers": {}}"#),
+            "/p/c.json:1: mcpSevers: unknown key (did you mean mcpServers?)"
+        );
+        assert_eq!(
+            yaml_err("defaults: {}\nsevers: {}\n"),
+            "/p/c.yaml:2: severs: unknown key (did you mean servers? expected one of: servers, defaults)"
+        );
+        assert_eq!(
+            yaml_err("colour: red\n"),
+            "/p/c.yaml:1: (top level): expected a servers: or mcpServers: mapping, found neither"
+        );
     }
 
     #[test]
@@ -3207,6 +3243,10 @@ servers:
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(edit_distance("same", "same"), 0);
+        assert_eq!(edit_distance("rnu", "run"), 1);
+        assert_eq!(edit_distance("ab", "ba"), 1);
+        assert_eq!(edit_distance("abc", ""), 3);
+        assert_eq!(edit_distance("ca", "abc"), 3);
     }
 
     #[test]

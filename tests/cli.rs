@@ -38,6 +38,23 @@ fn usage_errors_exit_2() {
     assert_eq!(code, 2);
     assert!(out.is_empty());
     assert!(err.contains("unknown command 'frobnicate'"), "{err}");
+    let (code, out, err) = run(&["rnu", "--", "x"]);
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        err.contains("unknown command 'rnu' (did you mean run? "),
+        "{err}"
+    );
+    // No command at all: the help, on stderr.
+    let (code, out, err) = run(&[]);
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        err.starts_with("mcp-retry: makes MCP servers reliable"),
+        "{err}"
+    );
+    assert!(
+        err.contains("mcp-retry run [--config FILE] --url URL"),
+        "{err}"
+    );
     let (code, _, err) = run(&["run"]);
     assert_eq!(code, 2);
     assert!(
@@ -165,6 +182,22 @@ fn help_names_a_command() {
     let (code, out, _) = run(&["help", "check"]);
     assert_eq!(code, 0);
     assert!(out.starts_with("mcp-retry check:"), "{out}");
+    let (code, out, _) = run(&["help", "schema"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("mcp-retry schema:"), "{out}");
+    assert!(out.contains("yaml-language-server"), "{out}");
+}
+
+#[test]
+fn a_top_level_key_typo_gets_a_hint() {
+    let dir = TempDir::new();
+    let path = dir.write("c.yaml", "severs:\n  fs:\n    command: x\n");
+    let (code, out, err) = run(&["check", "--config", path.to_str().unwrap()]);
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    assert!(
+        err.contains("c.yaml:1: severs: unknown key (did you mean servers?)"),
+        "{err}"
+    );
 }
 
 fn tool_names(s: &mut crate::util::Session) -> Vec<String> {
