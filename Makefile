@@ -96,7 +96,7 @@ demo:
 	python3 examples/demo.py $(TARGET_DIR)/fast/mcp-retry $(TARGET_DIR)/fast/mock-mcp-server
 
 install:
-	$(CARGO) install --path . --bin mcp-retry
+	$(CARGO) install --path . --bin mcp-retry --locked
 
 # Real clients and real servers, direct and through the proxy (see
 # tests/interop/run.py). The pinned packages are installed into

@@ -259,7 +259,14 @@ struct Hello {
 impl Hello {
     fn from_result(result: &Value, latency: Duration, modern: bool) -> Hello {
         let info = &result["serverInfo"];
-        let text = |v: &Value| v.as_str().map(str::to_owned);
+        // A blank name or version counts as none (`ok (3 tools, srv)`, not
+        // `srv ` with a space at the end).
+        let text = |v: &Value| {
+            v.as_str()
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
         let protocol_version = if modern {
             discovered_version(result)
         } else {
@@ -822,6 +829,12 @@ mod tests {
             (Some("n"), Some("v"))
         );
         assert!(!h.has_tools);
+        let blank = json!({"serverInfo": {"name": " slow-server ", "version": " "}});
+        let h = Hello::from_result(&blank, Duration::ZERO, false);
+        assert_eq!(
+            (h.server_name.as_deref(), h.server_version.as_deref()),
+            (Some("slow-server"), None)
+        );
         let modern = json!({"supportedVersions": ["2027-01-01", MODERN_VERSION]});
         let h = Hello::from_result(&modern, Duration::ZERO, true);
         assert_eq!(h.protocol_version.as_deref(), Some(MODERN_VERSION));

@@ -23,16 +23,18 @@ a circuit breaker and respawn) as a transparent stdio proxy
 Usage:
   mcp-retry run --config FILE [--server NAME]
   mcp-retry run [--config FILE] -- COMMAND [ARGS...]
+  mcp-retry run [--config FILE] --url URL [--header 'Name: value']...
   mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--json]
   mcp-retry status [--json | --prometheus] [--watch [SECONDS]]
   mcp-retry schema
 
 Commands:
-  run      launch one MCP server and relay stdio to it (see `mcp-retry run --help`)
+  run      launch one MCP server (or reach a remote one) and relay stdio to it
+           (see `mcp-retry run --help`)
   check    probe every configured server in parallel (see `mcp-retry check --help`)
   status   show the proxies running now (see `mcp-retry status --help`)
-  schema   print the JSON Schema of the config file (for editors)
-  help     print this text, or `help run` / `help check` / `help status`
+  schema   print the JSON Schema of the config file (see `mcp-retry schema --help`)
+  help     print this text, or `help run` / `help check` / `help status` / `help schema`
 
 Options:
   --log-level LEVEL   error, warn, info or debug (default info; env MCP_RETRY_LOG)
@@ -119,10 +121,33 @@ Exit codes: 0 all is well, 1 a circuit breaker is open or a server is down
 (or dormant), 2 usage error or an unusable runtime directory.
 ";
 
+pub const SCHEMA_HELP: &str = "\
+mcp-retry schema: print the JSON Schema (draft 2020-12) of the config file
+on stdout, for editors that complete and check it as you type
+
+Usage:
+  mcp-retry schema > ~/.config/mcp-retry.schema.json
+
+Then give a YAML config the first line
+  # yaml-language-server: $schema=./mcp-retry.schema.json
+(the path relative to the config); map a JSON config to the schema in the
+editor's settings (VS Code: json.schemas).
+
+Options:
+  -h, --help            print help
+
+Exit codes: 0 printed, 2 usage error.
+";
+
+/// The commands, for \"did you mean\" (the hidden one is left out).
+const COMMANDS: &[&str] = &["run", "check", "status", "schema", "help"];
+
 #[derive(Debug, PartialEq)]
 pub enum Command {
     /// Print this text on stdout and exit 0.
     Help(&'static str),
+    /// No command given: print the top-level help on stderr and exit 2.
+    Usage,
     Version,
     Run(RunArgs),
     Check(CheckArgs),
@@ -211,7 +236,7 @@ where
                     "help" => parse_help(parser, global),
                     "schema" => match parser.next()? {
                         None => Ok((global, Command::Schema)),
-                        Some(Short('h') | Long("help")) => Ok((global, Command::Help(HELP))),
+                        Some(Short('h') | Long("help")) => Ok((global, Command::Help(SCHEMA_HELP))),
                         Some(arg) => {
                             Err(arg.unexpected()).context("invalid arguments for 'schema'")
                         }
@@ -221,18 +246,24 @@ where
                         None => Ok((global, Command::Watchdog)),
                         Some(arg) => Err(arg.unexpected().into()),
                     },
-                    _ => bail!(
-                        "unknown command '{name}' (expected run, check, status or schema; see --help)"
-                    ),
+                    _ => Err(unknown_command(&name)),
                 };
             }
             _ => return Err(arg.unexpected().into()),
         }
     }
-    bail!("missing command (expected run, check, status or schema; see --help)")
+    Ok((global, Command::Usage))
 }
 
-/// `help`, `help run`, `help check`.
+/// `unknown command 'rnu' (did you mean run? ...)`.
+fn unknown_command(name: &str) -> anyhow::Error {
+    let near = crate::config::did_you_mean(name, COMMANDS)
+        .map(|c| format!("did you mean {c}? "))
+        .unwrap_or_default();
+    anyhow!("unknown command '{name}' ({near}expected run, check, status or schema; see --help)")
+}
+
+/// `help`, `help run`, `help check`, `help status`, `help schema`.
 fn parse_help(mut p: lexopt::Parser, global: Global) -> Result<(Global, Command)> {
     let text = match p.next()? {
         None => HELP,
@@ -240,10 +271,9 @@ fn parse_help(mut p: lexopt::Parser, global: Global) -> Result<(Global, Command)
             "run" => RUN_HELP,
             "check" => CHECK_HELP,
             "status" => STATUS_HELP,
-            "schema" => HELP,
-            other => {
-                bail!("unknown command '{other}' (expected run, check or status; see --help)")
-            }
+            "schema" => SCHEMA_HELP,
+            "help" => HELP,
+            other => return Err(unknown_command(other)),
         },
         Some(arg) => return Err(arg.unexpected()).context("invalid arguments for 'help'"),
     };
@@ -521,7 +551,10 @@ mod tests {
         assert_eq!(ok(&["help", "run"]).1, Command::Help(RUN_HELP));
         assert_eq!(ok(&["help", "check"]).1, Command::Help(CHECK_HELP));
         assert!(err(&["help", "serve"]).contains("unknown command 'serve'"));
+        assert!(err(&["help", "chekc"]).contains("(did you mean check? "));
         assert!(HELP.contains("2  usage or configuration error"));
+        // The top-level usage shows every form of `run`.
+        assert!(HELP.contains("mcp-retry run [--config FILE] --url URL"));
     }
 
     #[test]
@@ -596,8 +629,9 @@ mod tests {
     #[test]
     fn schema_takes_no_arguments() {
         assert_eq!(ok(&["schema"]).1, Command::Schema);
-        assert_eq!(ok(&["schema", "--help"]).1, Command::Help(HELP));
-        assert_eq!(ok(&["help", "schema"]).1, Command::Help(HELP));
+        assert_eq!(ok(&["schema", "--help"]).1, Command::Help(SCHEMA_HELP));
+        assert_eq!(ok(&["help", "schema"]).1, Command::Help(SCHEMA_HELP));
+        assert!(SCHEMA_HELP.starts_with("mcp-retry schema:"));
         assert!(err(&["schema", "x"]).contains("invalid arguments for 'schema'"));
         assert!(HELP.contains("mcp-retry schema"));
     }
@@ -607,7 +641,7 @@ mod tests {
     fn the_watchdog_subcommand_is_hidden() {
         assert_eq!(ok(&["__watchdog"]).1, Command::Watchdog);
         assert!(err(&["__watchdog", "7"]).contains("unexpected argument"));
-        for text in [HELP, RUN_HELP, CHECK_HELP, STATUS_HELP] {
+        for text in [HELP, RUN_HELP, CHECK_HELP, STATUS_HELP, SCHEMA_HELP] {
             assert!(!text.contains("watchdog"), "{text}");
         }
         // The unknown-command message does not mention it either.
@@ -616,8 +650,18 @@ mod tests {
 
     #[test]
     fn usage_errors_are_clear() {
-        assert!(err(&[]).contains("missing command"));
-        assert!(err(&["serve"]).contains("unknown command 'serve'"));
+        assert_eq!(ok(&[]).1, Command::Usage);
+        assert_eq!(ok(&["--log-level", "debug"]).1, Command::Usage);
+        assert_eq!(
+            err(&["serve"]),
+            "unknown command 'serve' (expected run, check, status or schema; see --help)"
+        );
+        assert_eq!(
+            err(&["rnu"]),
+            "unknown command 'rnu' (did you mean run? expected run, check, status or schema; see --help)"
+        );
+        assert!(err(&["stauts"]).contains("did you mean status?"));
+        assert!(err(&["Check"]).contains("did you mean check?"));
         assert!(err(&["run"]).contains("run needs --config FILE, --url URL or a command"));
         assert!(err(&["run", "--bogus"]).contains("invalid arguments for 'run'"));
         assert!(err(&["run", "--bogus"]).contains("--bogus"));

@@ -5,9 +5,9 @@
 //! the keys other hosts define (ignored, or a "did you mean" error for a near
 //! miss of ours) and their spellings of ours (`headersHelper`, `httpUrl`),
 //! `envFile` dotenv files, `${VAR}` expansion, defaults and validation. A
-//! server whose `${VAR}` is not set, or whose `type` is `sse`, leaves the
-//! file valid but carries a [`ServerProblem`]: `run` refuses it, `check`
-//! reports it down.
+//! server whose `${VAR}` is not set, whose `envFile` is missing or malformed,
+//! or whose `type` is `sse`, leaves the file valid but carries a
+//! [`ServerProblem`]: `run` refuses it, `check` reports it down.
 //! Reads no file but the config and its `envFile`s; knows nothing of threads,
 //! channels or the protocol.
 //!
@@ -98,7 +98,8 @@ pub struct ServerConfig {
     /// OpenTelemetry export (the `OTEL_*` variables win).
     pub otel: OtelConfig,
     /// Why this server cannot be started although the file is valid (a
-    /// `${VAR}` that is not set): `run` refuses it, `check` reports it down.
+    /// `${VAR}` that is not set, an `envFile` that cannot be read): `run`
+    /// refuses it, `check` reports it down.
     pub problem: Option<ServerProblem>,
 }
 
@@ -239,7 +240,7 @@ pub fn parse(
     };
     let mut walker = Walker {
         file,
-        base_dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+        base_dir: config_dir(path),
         env,
         errors: Vec::new(),
         notes: Vec::new(),
@@ -256,6 +257,30 @@ pub fn parse(
         }),
         _ => Err(walker.into_error()),
     }
+}
+
+/// The directory that holds the config file, as an absolute path, however
+/// the file was named (`c.yaml`, `../ws/.vscode/mcp.json`): a relative `cwd`,
+/// `envFile` or `ca_file` and `${workspaceFolder}` resolve against it, not
+/// against the directory mcp-retry was started in. A path with `..` is
+/// resolved through the file system (symbolic links included).
+fn config_dir(path: &Path) -> PathBuf {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    #[cfg(unix)]
+    if dir
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        if let Ok(real) = std::fs::canonicalize(dir) {
+            return real;
+        }
+    }
+    // Windows' `absolute` resolves `..` itself, without the `\\?\` form of
+    // `canonicalize`, which many programs cannot take.
+    std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
 }
 
 /// How a server is reached (`downstream::connect` picks the transport).
@@ -594,8 +619,8 @@ struct Walker<'a> {
 }
 
 /// Something in a server entry that keeps that server from starting here,
-/// while the file stays valid: a `${...}` that cannot be expanded, or a
-/// transport mcp-retry does not speak.
+/// while the file stays valid: a `${...}` that cannot be expanded, an
+/// `envFile` that cannot be read, or a transport mcp-retry does not speak.
 struct Unusable {
     line: usize,
     path: String,
@@ -609,6 +634,8 @@ enum Why {
     Input(String),
     /// `type: sse`: legacy HTTP+SSE.
     LegacySse,
+    /// An `envFile` that cannot be read or parsed (the whole message).
+    EnvFile(String),
 }
 
 /// How a legacy HTTP+SSE server can be run instead.
@@ -631,6 +658,7 @@ impl Unusable {
             Why::LegacySse => {
                 format!("legacy HTTP+SSE (type: sse) is not supported; {SSE_WAY_OUT}")
             }
+            Why::EnvFile(msg) => msg.clone(),
         }
     }
 
@@ -647,6 +675,7 @@ impl Unusable {
             Why::LegacySse => {
                 format!("legacy HTTP+SSE servers are not supported; {SSE_WAY_OUT}")
             }
+            Why::EnvFile(msg) => msg.clone(),
         }
     }
 }
@@ -716,8 +745,19 @@ impl Walker<'_> {
             // Only `defaults:`, for `run --config F -- COMMAND`.
             (None, None) if find("defaults").is_some() => self.ours(entries, None),
             (None, None) => {
-                let msg = "expected a servers: or mcpServers: mapping, found neither";
-                self.error(root.line, TOP, msg);
+                let near = entries.iter().find_map(|e| {
+                    did_you_mean(&e.key, &["servers", "mcpServers"]).map(|near| (e, near))
+                });
+                match near {
+                    Some((entry, near)) => {
+                        let msg = format!("unknown key (did you mean {near}?)");
+                        self.error(entry.line, &entry.key, msg);
+                    }
+                    None => {
+                        let msg = "expected a servers: or mcpServers: mapping, found neither";
+                        self.error(root.line, TOP, msg);
+                    }
+                }
                 None
             }
             (Some(servers), None) if is_vscode(entries, servers) => {
@@ -945,7 +985,7 @@ impl Walker<'_> {
             server.headers_helper = remote.headers_helper;
             server.ca_file = remote.ca_file;
             // The helper runs where the config file is, unless `cwd` says.
-            if server.cwd.is_none() && !self.base_dir.as_os_str().is_empty() {
+            if server.cwd.is_none() {
                 server.cwd = Some(self.base_dir.clone());
             }
         }
@@ -1024,7 +1064,8 @@ impl Walker<'_> {
         }
     }
 
-    /// The variables of an `envFile` (relative to the config file).
+    /// The variables of an `envFile` (relative to the config file). A file
+    /// that is missing or malformed keeps only this server from starting.
     fn env_file(&mut self, node: &Node, path: &str) -> Option<Vec<(String, String)>> {
         let pending = self.unusable.len();
         let name = self.expanded(node, path)?;
@@ -1036,22 +1077,19 @@ impl Walker<'_> {
             return None;
         }
         let file = self.base_dir.join(&name);
-        let text = match read_env_file(&file) {
-            Ok(text) => text,
-            Err(e) => {
-                let msg = format!("cannot read env file {}: {e}", file.display());
-                self.error(node.line, path, msg);
-                return None;
-            }
+        let problem = match read_env_file(&file) {
+            Ok(text) => match parse_env_file(&text) {
+                Ok(vars) => return Some(vars),
+                Err((line, msg)) => format!("{}:{line}: {msg}", file.display()),
+            },
+            Err(e) => format!("cannot read env file {}: {e}", file.display()),
         };
-        match parse_env_file(&text) {
-            Ok(vars) => Some(vars),
-            Err((line, msg)) => {
-                let msg = format!("{}:{line}: {msg}", file.display());
-                self.error(node.line, path, msg);
-                None
-            }
-        }
+        self.unusable.push(Unusable {
+            line: node.line,
+            path: path.to_owned(),
+            why: Why::EnvFile(problem),
+        });
+        None
     }
 
     /// Reads the policy key or section `key` of the section `prefix` (`""`
@@ -1429,7 +1467,7 @@ fn is_vscode(top: &[Entry], servers: &Entry) -> bool {
 /// The key of `known` that `key` is probably a typo of: the same but for
 /// case, `-` for `_`, or within a small edit distance (1 for keys of up to
 /// four letters, 2 for longer ones).
-fn did_you_mean<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+pub(crate) fn did_you_mean<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
     let norm = |s: &str| s.to_ascii_lowercase().replace('-', "_");
     let key = norm(key);
     // Other names for the process keys, too far to be typos.
@@ -1453,20 +1491,28 @@ fn did_you_mean<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
         .map(|(k, _)| k)
 }
 
-/// Levenshtein distance, by characters.
+/// Edit distance by characters, where swapping two neighbours is one edit
+/// (`rnu` is one from `run`): the optimal string alignment distance.
 fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let substitute = diagonal + usize::from(ca != *cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    // Three rows of the table: the one before the last, the last, this one.
+    let mut before: Vec<usize> = vec![0; b.len() + 1];
+    let mut last: Vec<usize> = (0..=b.len()).collect();
+    let mut row = vec![0; b.len() + 1];
+    for i in 1..=a.len() {
+        row[0] = i;
+        for j in 1..=b.len() {
+            let substitute = last[j - 1] + usize::from(a[i - 1] != b[j - 1]);
+            let mut d = substitute.min(last[j] + 1).min(row[j - 1] + 1);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d = d.min(before[j - 2] + 1);
+            }
+            row[j] = d;
         }
+        std::mem::swap(&mut before, &mut last);
+        std::mem::swap(&mut last, &mut row);
     }
-    row[b.len()]
+    last[b.len()]
 }
 
 /// Reads an `envFile`: a regular file of at most [`MAX_ENV_FILE_BYTES`].
@@ -2487,6 +2533,23 @@ servers:
             yaml_err("servers: {}\ncolour: red\n"),
             "/p/c.yaml:2: colour: unknown key (expected one of: servers, defaults)"
         );
+        // A near miss of the section the file needs is named, not "found neither".
+        assert_eq!(
+            yaml_err("# mine\nsevers:\n  fs: {command: x}\n"),
+            "/p/c.yaml:2: severs: unknown key (did you mean servers?)"
+        );
+        assert_eq!(
+            json_err(r#"{"mcpSevers": {}}"#),
+            "/p/c.json:1: mcpSevers: unknown key (did you mean mcpServers?)"
+        );
+        assert_eq!(
+            yaml_err("defaults: {}\nsevers: {}\n"),
+            "/p/c.yaml:2: severs: unknown key (did you mean servers? expected one of: servers, defaults)"
+        );
+        assert_eq!(
+            yaml_err("colour: red\n"),
+            "/p/c.yaml:1: (top level): expected a servers: or mcpServers: mapping, found neither"
+        );
     }
 
     #[test]
@@ -2775,6 +2838,10 @@ servers:
         assert_eq!(config.servers[0].args, ["/w/proj/data"]);
         let config = parse(text, Path::new("/w/proj/mcp.json"), Format::Json, &env).unwrap();
         assert_eq!(config.servers[0].args, ["/w/proj/data"]);
+        // A relative name is taken from the current directory: never empty.
+        let config = parse(text, Path::new(".vscode/mcp.json"), Format::Json, &env).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(config.servers[0].args, [format!("{}/data", cwd.display())]);
     }
 
     #[test]
@@ -3178,6 +3245,10 @@ servers:
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("", "abc"), 3);
         assert_eq!(edit_distance("same", "same"), 0);
+        assert_eq!(edit_distance("rnu", "run"), 1);
+        assert_eq!(edit_distance("ab", "ba"), 1);
+        assert_eq!(edit_distance("abc", ""), 3);
+        assert_eq!(edit_distance("ca", "abc"), 3);
     }
 
     #[test]
@@ -3255,33 +3326,46 @@ servers:
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         assert_eq!(got, want);
-        // A missing file is an error naming it.
-        let text = r#"{"mcpServers": {"s": {"command": "x", "envFile": "missing.env"}}}"#;
-        let err = parse(text, &path, Format::Json, &env)
-            .unwrap_err()
-            .to_string();
+        // A missing file keeps that server from starting, not the others:
+        // the reason names the file, `run`'s error names the key too.
+        let text = r#"{"mcpServers": {"s": {"command": "x", "envFile": "missing.env"}, "t": {"command": "y"}}}"#;
+        let config = parse(text, &path, Format::Json, &env).unwrap();
+        let problem = config.servers[0].problem.clone().expect("s cannot start");
         let missing = dir.join("missing.env");
+        let cannot = format!("cannot read env file {}: ", missing.display());
+        assert!(problem.reason.starts_with(&cannot), "{problem:?}");
         assert!(
-            err.starts_with(&format!(
-                "{}:1: mcpServers.s.envFile: cannot read env file {}: ",
-                path.display(),
-                missing.display()
+            problem.error.starts_with(&format!(
+                "{}:1: mcpServers.s.envFile: {cannot}",
+                path.display()
             )),
-            "{err}"
+            "{problem:?}"
         );
+        assert!(config.select(Some("s")).is_err());
+        assert_eq!(config.servers[1].problem, None);
+        assert_eq!(config.select(Some("t")).unwrap().command, "y");
+        let problem = |text: &str| {
+            let config = parse(text, &dir.join("c.yaml"), Format::Yaml, &env).unwrap();
+            config.servers[0].problem.clone().expect("unusable").error
+        };
         // A malformed line names the env file's line.
         std::fs::write(dir.join("bad.env"), "A=1\nnot a pair\n").unwrap();
-        let text = "servers:\n  s:\n    command: x\n    envFile: bad.env\n";
-        let err = parse(text, &dir.join("c.yaml"), Format::Yaml, &env)
-            .unwrap_err()
-            .to_string();
+        let err = problem("servers:\n  s:\n    command: x\n    envFile: bad.env\n");
         assert!(err.ends_with("bad.env:2: expected KEY=VALUE"), "{err}");
         // A directory is not read.
-        let text = "servers:\n  s:\n    command: x\n    envFile: .\n";
-        let err = parse(text, &dir.join("c.yaml"), Format::Yaml, &env)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("cannot read env file"), "{err}");
+        let err = problem("servers:\n  s:\n    command: x\n    envFile: .\n");
+        assert!(
+            err.contains("servers.s.envFile: cannot read env file"),
+            "{err}"
+        );
+        // An empty name is a mistake in the file itself.
+        let text = "servers:\n  s:\n    command: x\n    envFile: ''\n";
+        let err = parse(text, &dir.join("c.yaml"), Format::Yaml, &env).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("servers.s.envFile: must not be empty"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

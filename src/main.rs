@@ -49,6 +49,11 @@ fn run() -> Result<ExitCode> {
             std::io::stdout().write_all(text.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Usage => {
+            // No command: the help, as a usage error (stdout stays empty).
+            std::io::stderr().write_all(cli::HELP.as_bytes())?;
+            Ok(ExitCode::from(2))
+        }
         Command::Version => {
             writeln!(std::io::stdout(), "mcp-retry {}", env!("CARGO_PKG_VERSION"))?;
             Ok(ExitCode::SUCCESS)

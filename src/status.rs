@@ -40,8 +40,9 @@ pub const DIR_ENV: &str = "MCP_RETRY_RUNTIME_DIR";
 pub const VERSION: u32 = 1;
 /// The least time between two writes of the file.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
-/// Longest error message kept (characters), before redaction.
-const MAX_MESSAGE: usize = 300;
+/// Longest error message kept (characters), before redaction: room for the
+/// proxy's own messages and most servers' whole.
+const MAX_MESSAGE: usize = 1000;
 /// Most tools published (those with the most calls); totals count all.
 const MAX_TOOLS: usize = 200;
 
@@ -408,12 +409,18 @@ impl Publisher {
     }
 }
 
-/// The first `max` characters of `s`.
+/// `s` in at most `max` characters: when longer, its first third, `…` and
+/// its end (an error message ends with its cause).
 fn truncate(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_owned(),
+    let count = s.chars().count();
+    if count <= max {
+        return s.to_owned();
     }
+    let head = max / 3;
+    let tail = max.saturating_sub(head + 1);
+    let start: String = s.chars().take(head).collect();
+    let end: String = s.chars().skip(count - tail).collect();
+    format!("{start}…{end}")
 }
 
 // ----- the writer ----------------------------------------------------------------
@@ -756,7 +763,11 @@ mod tests {
 
     #[test]
     fn long_messages_are_cut_at_a_character_boundary() {
-        assert_eq!(truncate("héllo", 2), "hé…");
+        assert_eq!(truncate("héllo", 4), "h…lo");
         assert_eq!(truncate("hé", 2), "hé");
+        assert_eq!(
+            truncate("Error: the server said: ünicode", 11),
+            "Err…ünicode"
+        );
     }
 }

@@ -72,6 +72,8 @@ impl Guard {
             use std::os::unix::process::CommandExt;
             use std::process::{Command, Stdio};
             let process = Command::new(own_executable()?)
+                // `ps` shows `mcp-retry __watchdog`, not `/proc/self/exe`.
+                .arg0(own_name())
                 .arg(SUBCOMMAND)
                 // Never the client's pipes: a client that waits for end of
                 // file on our stdout or stderr must not wait for the watchdog.
@@ -184,6 +186,17 @@ fn own_executable() -> io::Result<std::path::PathBuf> {
         }
     }
     std::env::current_exe()
+}
+
+/// The name this binary was started under, without its directory (argv[0]'s
+/// file name; `mcp-retry` when there is none): the watchdog's argv[0].
+#[cfg(not(test))]
+fn own_name() -> std::ffi::OsString {
+    std::env::args_os()
+        .next()
+        .as_deref()
+        .and_then(|arg0| std::path::Path::new(arg0).file_name())
+        .map_or_else(|| "mcp-retry".into(), ToOwned::to_owned)
 }
 
 /// The watchdog process: reads the group id from stdin, waits for end of

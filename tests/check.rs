@@ -168,6 +168,7 @@ fn every_server_up_exits_zero_with_aligned_lines() {
     command: {mock}
     env:
       MOCK_TOOLS: \"a,b,c\"
+      MOCK_SERVER_VERSION: \"\"
   x:
     command: {mock}
   paged:
@@ -181,13 +182,13 @@ fn every_server_up_exits_zero_with_aligned_lines() {
     assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
     let lines = report(&ran);
     assert_eq!(lines.len(), 3, "{}", ran.stdout);
-    assert_up(
-        &lines[0],
-        "filesystem",
-        "ok (3 tools, mock-mcp-server 1.0.0)",
-    );
+    // A server whose version is empty: its name alone, no trailing space.
+    assert_up(&lines[0], "filesystem", "ok (3 tools, mock-mcp-server)");
     assert_up(&lines[1], "x", OK_MOCK);
     assert_up(&lines[2], "paged", OK_MOCK);
+    for line in ran.lines() {
+        assert_eq!(line, line.trim_end(), "{}", ran.stdout);
+    }
     assert!(
         !ran.stdout.contains("mock:"),
         "server stderr on stdout:\n{}",
@@ -562,6 +563,33 @@ fn an_unset_variable_is_that_server_s_down_line() {
         stderr.contains(
             "c.yaml:7: servers.github.env.GITHUB_TOKEN: environment variable MCP_RETRY_TEST_SURELY_UNSET is not set"
         ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_env_file_is_that_server_s_down_line() {
+    let dir = TempDir::new();
+    let config = "servers:
+  secrets:
+    command: {mock}
+    envFile: missing.env
+  fine:
+    command: {mock}
+";
+    let ran = check(&dir, config, &[]);
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(lines.len(), 2, "{}", ran.stdout);
+    let missing = dir.join("missing.env");
+    let l = &lines[0];
+    assert_eq!((l.status.as_str(), l.name.as_str()), ("[DOWN]", "secrets"));
+    let want = format!("cannot read env file {}: ", missing.display());
+    assert!(l.detail.starts_with(&want), "{}", ran.stdout);
+    assert_up(&lines[1], "fine", OK_MOCK);
+    let stderr = run_refused(&dir, "secrets");
+    assert!(
+        stderr.contains(&format!("c.yaml:4: servers.secrets.envFile: {want}")),
         "{stderr}"
     );
 }

@@ -38,6 +38,23 @@ fn usage_errors_exit_2() {
     assert_eq!(code, 2);
     assert!(out.is_empty());
     assert!(err.contains("unknown command 'frobnicate'"), "{err}");
+    let (code, out, err) = run(&["rnu", "--", "x"]);
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        err.contains("unknown command 'rnu' (did you mean run? "),
+        "{err}"
+    );
+    // No command at all: the help, on stderr.
+    let (code, out, err) = run(&[]);
+    assert_eq!((code, out.as_str()), (2, ""));
+    assert!(
+        err.starts_with("mcp-retry: makes MCP servers reliable"),
+        "{err}"
+    );
+    assert!(
+        err.contains("mcp-retry run [--config FILE] --url URL"),
+        "{err}"
+    );
     let (code, _, err) = run(&["run"]);
     assert_eq!(code, 2);
     assert!(
@@ -165,6 +182,22 @@ fn help_names_a_command() {
     let (code, out, _) = run(&["help", "check"]);
     assert_eq!(code, 0);
     assert!(out.starts_with("mcp-retry check:"), "{out}");
+    let (code, out, _) = run(&["help", "schema"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("mcp-retry schema:"), "{out}");
+    assert!(out.contains("yaml-language-server"), "{out}");
+}
+
+#[test]
+fn a_top_level_key_typo_gets_a_hint() {
+    let dir = TempDir::new();
+    let path = dir.write("c.yaml", "severs:\n  fs:\n    command: x\n");
+    let (code, out, err) = run(&["check", "--config", path.to_str().unwrap()]);
+    assert_eq!((code, out.as_str()), (2, ""), "{err}");
+    assert!(
+        err.contains("c.yaml:1: severs: unknown key (did you mean servers?)"),
+        "{err}"
+    );
 }
 
 fn tool_names(s: &mut crate::util::Session) -> Vec<String> {
@@ -193,19 +226,75 @@ fn env_file_reaches_the_server_under_explicit_env() {
 }
 
 #[test]
-fn a_missing_env_file_is_a_config_error() {
-    let dir = TempDir::new();
-    let path = dir.write(
-        "mcp.json",
-        r#"{"mcpServers": {"mock": {"command": "x", "envFile": "nope.env"}}}"#,
-    );
-    let (code, _, err) = run(&["run", "--config", path.to_str().unwrap()]);
+fn a_missing_env_file_keeps_only_its_server_from_starting() {
+    let b = Builder::proxy(&["run", "--config", "{dir}/mcp.json", "--server", "fine"]);
+    let config = b.dir().join("mcp.json");
+    let mut s = b
+        .env("MOCK_TOOLS", "fine_tool")
+        .file(
+            "mcp.json",
+            r#"{"mcpServers": {
+  "secrets": {"command": "{mock}", "envFile": "nope.env"},
+  "fine": {"command": "{mock}"}
+}}"#,
+        )
+        .start();
+    s.initialize();
+    assert_eq!(tool_names(&mut s), ["fine_tool"]);
+    let (code, _, err) = run(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--server",
+        "secrets",
+    ]);
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("mcpServers.mock.envFile: cannot read env file"),
+        err.contains("mcp.json:2: mcpServers.secrets.envFile: cannot read env file"),
         "{err}"
     );
     assert!(err.contains("nope.env"), "{err}");
+}
+
+/// The directory a `${workspaceFolder}` should name: absolute, as the
+/// file system has it (the temp dir may be reached through a link).
+fn real(p: &std::path::Path) -> String {
+    #[cfg(unix)]
+    let p = std::fs::canonicalize(p).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn workspace_folder_is_the_absolute_folder_above_vscode_however_the_config_is_named() {
+    let mcp_json = r#"{"servers": {"mock": {
+  "type": "stdio",
+  "command": "{mock}",
+  "envFile": "${workspaceFolder}/.env",
+  "env": {"MOCK_TOOLS": "${workspaceFolder}"}
+}}}"#;
+    let session = |cwd: &str, config: &str| {
+        let b = Builder::proxy(&["run", "--config", config]);
+        for d in ["ws/.vscode", "elsewhere"] {
+            std::fs::create_dir_all(b.dir().join(d)).unwrap();
+        }
+        let ws = real(&b.dir().join("ws"));
+        let mut s = b
+            .cwd(cwd)
+            .file("ws/.vscode/mcp.json", mcp_json)
+            .file("ws/.env", "MOCK_TOOLS_VARIANT=from_ws_env\n")
+            .start();
+        s.initialize();
+        let tools = tool_names(&mut s);
+        assert_eq!(
+            tools,
+            [ws, "variant_from_ws_env".into()],
+            "cwd {cwd}, --config {config}"
+        );
+    };
+    session("ws", ".vscode/mcp.json");
+    session(".", "ws/.vscode/mcp.json");
+    session("elsewhere", "../ws/.vscode/mcp.json");
+    session("elsewhere", "{dir}/ws/.vscode/mcp.json");
 }
 
 #[test]

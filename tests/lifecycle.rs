@@ -282,12 +282,19 @@ fn what_ignores_sigterm_gets_the_grace_then_sigkill() {
 
 #[cfg(unix)]
 #[test]
-fn the_watchdog_holds_none_of_the_clients_pipes_and_has_its_own_group() {
+fn the_watchdog_goes_by_the_binary_s_name_holds_none_of_the_clients_pipes_and_has_its_own_group() {
     let mut s = Builder::wrap_mock().start();
     s.initialize();
     let watchdogs = children_matching(s.pid(), "__watchdog");
     assert_eq!(watchdogs.len(), 1, "one watchdog per server: {watchdogs:?}");
     let w = watchdogs[0];
+    // `ps` shows it by the binary's name, not as `/proc/self/exe`.
+    let cmdline = std::fs::read(format!("/proc/{w}/cmdline")).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&cmdline),
+        "mcp-retry\0__watchdog\0",
+        "the watchdog's argv"
+    );
     let fd_target = |pid: i32, fd: &str| {
         std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
             .map(|p| p.display().to_string())

@@ -147,13 +147,16 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
     alpha.error(&json!(1));
     alpha.call(json!(2), "echo", json!({"text": "refused"}));
     assert_eq!(alpha.error(&json!(2))["data"]["reason"], "circuit_open");
-    // beta: a success and a final error that quotes a secret.
+    // beta: a success and a final error, longer than the table's column,
+    // that ends with its cause and quotes a secret.
     beta.call(json!(1), "echo", json!({"text": "hi"}));
     beta.result(&json!(1));
     beta.call(
         json!(2),
         "echo",
-        json!({"mode": "error", "code": -32602, "message": "bad input: API_TOKEN=abcdef0123456789"}),
+        json!({"mode": "error", "code": -32602, "message":
+            "Error executing tool echo: the request to https://api.example.com/v1/items \
+             was refused: bad input: API_TOKEN=abcdef0123456789"}),
     );
     beta.error(&json!(2));
 
@@ -265,17 +268,19 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
     assert!(cell(header, la, "BREAKER").starts_with("open "), "{la}");
     assert_eq!(cell(header, la, "CALLS"), "2");
     assert_eq!(cell(header, la, "FAILED"), "2");
-    assert!(
-        cell(header, la, "LAST ERROR").starts_with("echo: the circuit breaker"),
-        "{la}"
-    );
+    // LAST ERROR keeps a long message's end, where the cause is.
+    let last_a = cell(header, la, "LAST ERROR");
+    assert!(last_a.starts_with("echo: …"), "{la}");
+    assert!(last_a.contains("was not called (retry in "), "{la}");
     assert_eq!(cell(header, lb, "SERVER"), "beta");
     assert_eq!(cell(header, lb, "BREAKER"), "closed");
     assert_eq!(cell(header, lb, "CALLS"), "2");
     assert_eq!(cell(header, lb, "FAILED"), "1");
     assert_ne!(cell(header, lb, "P95"), "-");
+    let last_b = cell(header, lb, "LAST ERROR");
+    assert!(last_b.starts_with("echo: …"), "{lb}");
     assert!(
-        cell(header, lb, "LAST ERROR").contains("[redacted]"),
+        last_b.ends_with("was refused: bad input: API_TOKEN=[redacted]"),
         "{lb}"
     );
 

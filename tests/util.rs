@@ -83,6 +83,8 @@ pub struct Builder {
     program: String,
     dir: TempDir,
     read_stdout: bool,
+    /// The working directory, relative to `dir` (default: the test's own).
+    cwd: Option<String>,
 }
 
 impl Builder {
@@ -98,6 +100,7 @@ impl Builder {
             program: PROXY.into(),
             dir: TempDir::new(),
             read_stdout: true,
+            cwd: None,
         }
     }
     /// The mock server itself, with no proxy in between.
@@ -108,6 +111,7 @@ impl Builder {
             program: MOCK.into(),
             dir: TempDir::new(),
             read_stdout: true,
+            cwd: None,
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Builder {
@@ -130,6 +134,11 @@ impl Builder {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+    /// Starts the program in `rel`, a directory inside the temp dir.
+    pub fn cwd(mut self, rel: &str) -> Builder {
+        self.cwd = Some(rel.into());
+        self
+    }
     /// Nobody reads the proxy's stdout until `Session::read_stdout`: a
     /// client that stopped reading.
     pub fn unread_stdout(mut self) -> Builder {
@@ -146,7 +155,11 @@ impl Builder {
     pub fn start(self) -> Session {
         let dir = path_text(self.dir.path());
         let args: Vec<String> = self.args.iter().map(|a| a.replace("{dir}", &dir)).collect();
-        let mut child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        if let Some(rel) = &self.cwd {
+            command.current_dir(self.dir.join(rel));
+        }
+        let mut child = command
             .args(&args)
             // What `run` publishes for `status` stays in the session's
             // temp dir (unless the test chooses a directory).

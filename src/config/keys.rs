@@ -309,7 +309,8 @@ pub(super) static PROCESS_KEYS: &[ProcessKey] = &[
         kind: ProcessKind::String,
         default: Def::Unset,
         doc: "A dotenv file (`KEY=VALUE` lines) relative to the config file; `env` wins over it. \
-              A missing file is an error.",
+              A missing or malformed file keeps only this server from starting \
+              (`run` refuses it, `check` reports it down).",
     },
     ProcessKey {
         name: "cwd",

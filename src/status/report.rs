@@ -228,13 +228,66 @@ pub fn one_line(s: &str, max: usize) -> String {
     }
 }
 
-/// The most recent error of any tool, as `tool: message`.
+/// `s` on one line in at most `max` characters: when longer, its end (where
+/// an error message says the cause) after `…`, from the start of a word.
+fn tail_line(s: &str, max: usize) -> String {
+    let flat: Vec<char> = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.len() <= max {
+        return flat.into_iter().collect();
+    }
+    let mut from = flat.len() - max.saturating_sub(1);
+    if flat[from - 1] != ' ' {
+        // The rest of a cut word only if no word starts in the next 12.
+        from += flat[from..]
+            .iter()
+            .take(12)
+            .position(|c| *c == ' ')
+            .map_or(0, |p| p + 1);
+    }
+    std::iter::once('…')
+        .chain(flat[from..].iter().copied())
+        .collect()
+}
+
+/// What a failed call's message says went wrong. The proxy's own messages
+/// (`tool "NAME" timed out after 5s; gave up after 4 attempts …`) say it
+/// first, and what was done about it after the first `; ` or ` and ` outside
+/// parentheses: that part is dropped, and so is the `tool "NAME"` the column
+/// shows already. Any other message (a server's) is kept whole.
+fn cause<'m>(tool: &str, message: &'m str) -> &'m str {
+    let Some(ours) = message.strip_prefix(&format!("tool \"{tool}\" ")) else {
+        return message;
+    };
+    let mut depth = 0usize;
+    for (i, c) in ours.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            _ if depth == 0 && (ours[i..].starts_with("; ") || ours[i..].starts_with(" and ")) => {
+                return &ours[..i];
+            }
+            _ => {}
+        }
+    }
+    ours
+}
+
+/// The most recent error of any tool, as `tool: cause` in at most
+/// [`LAST_ERROR_WIDTH`] characters: a longer cause keeps its end, where a
+/// message says what went wrong, not its start.
 fn last_error(doc: &Document) -> Option<String> {
     doc.tools
         .iter()
         .filter_map(|(name, t)| t.last_error.as_ref().map(|e| (e.at_ms, name, &e.message)))
         .max_by_key(|(at, _, _)| *at)
-        .map(|(_, tool, message)| format!("{tool}: {message}"))
+        .map(|(_, tool, message)| {
+            let tool_text = one_line(tool, LAST_ERROR_WIDTH / 2);
+            let room = LAST_ERROR_WIDTH.saturating_sub(tool_text.chars().count() + 2);
+            format!("{tool_text}: {}", tail_line(cause(tool, message), room))
+        })
 }
 
 /// Most characters of LAST ERROR in the table.
@@ -284,7 +337,7 @@ fn row(doc: &Document, now: u64) -> [String; 12] {
         t.recovered.to_string(),
         t.failed.to_string(),
         fmt_latency(t.p95_ms),
-        last_error(doc).map_or_else(|| "-".into(), |e| one_line(&e, LAST_ERROR_WIDTH)),
+        last_error(doc).unwrap_or_else(|| "-".into()),
     ]
 }
 
@@ -659,6 +712,67 @@ mod tests {
         assert_eq!(one_line("a\nb", 10), "a b");
         assert_eq!(one_line("abcdef", 4), "abc…");
         assert_eq!(one_line("abcd", 4), "abcd");
+        assert_eq!(tail_line("a\nb", 10), "a b");
+        assert_eq!(tail_line("abcd", 4), "abcd");
+        assert_eq!(tail_line("abcdef", 4), "…def");
+        // From the start of a word when one is near.
+        assert_eq!(tail_line("could not connect: refused", 12), "…refused");
+        assert_eq!(tail_line("could not connect: refused", 8), "…refused");
+        assert_eq!(tail_line("could not connect: refused", 16), "…refused");
+        assert_eq!(
+            tail_line("could not connect: refused", 17),
+            "…connect: refused"
+        );
+        assert_eq!(tail_line("x abcdefghijklmnopq", 8), "…klmnopq");
+    }
+
+    #[test]
+    fn last_error_keeps_the_cause_at_the_end() {
+        let mut d = doc("py", 7, "up", "closed");
+        let failed = |message: &str| ToolDoc {
+            last_error: Some(ErrorDoc {
+                message: message.into(),
+                at_ms: NOW,
+            }),
+            ..ToolDoc::default()
+        };
+        d.tools.insert(
+            "search".into(),
+            failed(
+                "Error executing tool search: request to https://api.example.com/v1/search \
+                 failed: ConnectionRefusedError: [Errno 111] Connection refused",
+            ),
+        );
+        let e = last_error(&d).unwrap();
+        assert!(e.chars().count() <= LAST_ERROR_WIDTH, "{e}");
+        assert!(e.starts_with("search: …"), "{e}");
+        assert!(e.ends_with("Error: [Errno 111] Connection refused"), "{e}");
+        // The proxy's own messages: the cause, not what was done about it,
+        // and `tool "search"` is not repeated after `search:`.
+        let ours = |message: &str| {
+            let mut d = d.clone();
+            d.tools.insert("search".into(), failed(message));
+            last_error(&d).unwrap()
+        };
+        assert_eq!(
+            ours(
+                "tool \"search\" timed out after 5s; gave up after 4 attempts (retry.max_retries)"
+            ),
+            "search: timed out after 5s"
+        );
+        assert_eq!(
+            ours(
+                "tool \"search\" lost its server before answering (the MCP server \"/opt/srv\" \
+                 (pid 30043) exited with status 3; its stderr said: out of memory) and was not \
+                 retried: it is not known to be idempotent (set tools.search.idempotent: true if \
+                 it is); it may or may not have run"
+            ),
+            "search: …with status 3; its stderr said: out of memory)"
+        );
+        assert_eq!(
+            ours("tool \"search\" failed with transient error -32000 (retries are off: retry.max_retries is 0)"),
+            "search: …-32000 (retries are off: retry.max_retries is 0)"
+        );
     }
 
     #[test]

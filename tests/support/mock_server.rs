@@ -28,6 +28,7 @@
 //!   "prompts": {"listChanged": true}, "logging": {}}, "serverInfo": {"name":
 //!   "mock-mcp-server", "version": "1.0.0"}}`, where V is `MOCK_PROTOCOL_VERSION`
 //!   if set, else the requested `params.protocolVersion`, else `"2025-06-18"`.
+//!   `MOCK_SERVER_VERSION` (set, even empty) replaces the `"1.0.0"`.
 //! * `ping`, `resources/subscribe`, `resources/unsubscribe`, `logging/setLevel`
 //!   → `{}`.
 //! * `tools/list` → `{"tools": [...]}`, see *Tools*. When `MOCK_TOOLS_PAGE_SIZE=N`
@@ -285,6 +286,8 @@ fn parse_cli() -> bool {
 struct Config {
     fast: bool,
     protocol_version: Option<String>,
+    /// `serverInfo.version`.
+    server_version: String,
     tools: Vec<String>,
     tools_page_size: Option<usize>,
     tools_list_delay_ms: Option<u64>,
@@ -307,6 +310,7 @@ impl Config {
         Config {
             fast: true,
             protocol_version: None,
+            server_version: SERVER_VERSION.into(),
             tools: DEFAULT_TOOLS.iter().map(|name| name.to_string()).collect(),
             tools_page_size: None,
             tools_list_delay_ms: None,
@@ -355,6 +359,8 @@ impl Config {
         Config {
             fast: false,
             protocol_version: env_string("MOCK_PROTOCOL_VERSION"),
+            server_version: std::env::var("MOCK_SERVER_VERSION")
+                .unwrap_or_else(|_| SERVER_VERSION.into()),
             tools,
             tools_page_size: env_u64("MOCK_TOOLS_PAGE_SIZE")
                 .and_then(|size| usize::try_from(size).ok())
@@ -1229,8 +1235,8 @@ fn handle_request(server: &Arc<Server>, request: &Request) {
 // Catalogue methods
 // ---------------------------------------------------------------------------
 
-fn server_info() -> Value {
-    json!({"name": SERVER_NAME, "version": SERVER_VERSION})
+fn server_info(config: &Config) -> Value {
+    json!({"name": SERVER_NAME, "version": config.server_version})
 }
 
 /// The `initialize` answer; `None` to leave it unanswered.
@@ -1265,7 +1271,7 @@ fn initialize(server: &Server, params: Option<&Value>) -> Option<Result<Value, R
             "prompts": {"listChanged": true},
             "logging": {},
         },
-        "serverInfo": server_info(),
+        "serverInfo": server_info(config),
     })))
 }
 
@@ -1277,7 +1283,7 @@ fn server_discover(config: &Config) -> Result<Value, RpcError> {
         "resultType": "complete",
         "supportedVersions": [MODERN_PROTOCOL_VERSION],
         "capabilities": {"tools": {}},
-        "serverInfo": server_info(),
+        "serverInfo": server_info(config),
     }))
 }
 
