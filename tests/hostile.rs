@@ -1,0 +1,206 @@
+//! Hostile remote servers on raw loopback sockets, against `run --url`:
+//! a server that asks for a delay past any clock. Each test scripts the
+//! answer to `tools/call` itself and counts what the server executed; the
+//! rest of a 2025-era session (`initialize`, notifications, `tools/list`,
+//! `ping`) is served plainly. Knows nothing of mcp-retry's internals.
+
+use std::io::{BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+
+use serde_json::{json, Value};
+
+use crate::util::{read_http_request, Builder, HttpRequest, Session};
+
+/// What the server knows of the session so far.
+#[derive(Default)]
+pub struct Seen {
+    /// `tools/call` requests the server ran.
+    pub executions: usize,
+    /// `ping` requests answered.
+    pub pings: usize,
+}
+
+type OnCall = dyn Fn(&mut TcpStream, &Value, &Server) + Send + Sync;
+
+/// A loopback server whose answer to each `tools/call` is `on_call`'s.
+pub struct Server {
+    pub port: u16,
+    seen: Mutex<Seen>,
+    changed: Condvar,
+    on_call: Box<OnCall>,
+}
+
+impl Server {
+    pub fn start(
+        on_call: impl Fn(&mut TcpStream, &Value, &Server) + Send + Sync + 'static,
+    ) -> Arc<Server> {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        let server = Arc::new(Server {
+            port: listener.local_addr().unwrap().port(),
+            seen: Mutex::new(Seen::default()),
+            changed: Condvar::new(),
+            on_call: Box::new(on_call),
+        });
+        let s = server.clone();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let s = s.clone();
+                thread::spawn(move || s.serve(stream));
+            }
+        });
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Counts one execution of a tool.
+    pub fn ran(&self) {
+        self.seen.lock().unwrap().executions += 1;
+        self.changed.notify_all();
+    }
+
+    pub fn executions(&self) -> usize {
+        self.seen.lock().unwrap().executions
+    }
+
+    fn serve(&self, mut stream: TcpStream) {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        while let Some(req) = read_http_request(&mut reader) {
+            if !self.answer(&mut stream, &req) {
+                return;
+            }
+        }
+    }
+
+    /// Answers one request; false when the connection is done.
+    fn answer(&self, stream: &mut TcpStream, req: &HttpRequest) -> bool {
+        if !req.start.starts_with("POST") {
+            // No stream of its own, and nothing to resume.
+            let status = if req.start.starts_with("DELETE") {
+                200
+            } else {
+                405
+            };
+            return respond(stream, status, None, "");
+        }
+        let msg: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+        let id = msg["id"].clone();
+        match msg["method"].as_str() {
+            Some("initialize") => {
+                let version = msg["params"]["protocolVersion"].clone();
+                let body = json!({"jsonrpc": "2.0", "id": id, "result": {
+                    "protocolVersion": version, "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "hostile", "version": "1"}}});
+                let head = "Content-Type: application/json\r\nMcp-Session-Id: h1";
+                respond(stream, 200, Some(head), &body.to_string())
+            }
+            Some("tools/call") => {
+                (self.on_call)(stream, &msg, self);
+                false
+            }
+            Some(method) if !id.is_null() => {
+                let result = match method {
+                    "tools/list" => json!({"tools": [
+                        {"name": "read", "inputSchema": {"type": "object"},
+                            "annotations": {"readOnlyHint": true}},
+                        {"name": "write", "inputSchema": {"type": "object"}}]}),
+                    _ => json!({}),
+                };
+                let body = json!({"jsonrpc": "2.0", "id": id, "result": result});
+                let ok = respond(
+                    stream,
+                    200,
+                    Some("Content-Type: application/json"),
+                    &body.to_string(),
+                );
+                if method == "ping" {
+                    self.seen.lock().unwrap().pings += 1;
+                    self.changed.notify_all();
+                }
+                ok
+            }
+            // A notification, or an answer to a request of ours.
+            _ => respond(stream, 202, None, ""),
+        }
+    }
+}
+
+/// Writes a whole answer; false if the connection broke.
+pub fn respond(stream: &mut TcpStream, status: u16, headers: Option<&str>, body: &str) -> bool {
+    let mut out = format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\n", body.len());
+    if let Some(h) = headers {
+        out.push_str(h);
+        out.push_str("\r\n");
+    }
+    out.push_str("\r\n");
+    out.push_str(body);
+    stream.write_all(out.as_bytes()).is_ok()
+}
+
+/// The result of call `msg`, as a JSON-RPC line.
+pub fn result_of(msg: &Value, text: &str) -> String {
+    json!({"jsonrpc": "2.0", "id": msg["id"],
+        "result": {"content": [{"type": "text", "text": text}]}})
+    .to_string()
+}
+
+/// A proxy for `server` (`extra` config lines for the server), after the
+/// handshake and `tools/list`.
+fn proxy(server: &Server, extra: &str) -> Session {
+    let config = format!(
+        "servers:\n  remote:\n    url: {}\n    call_timeout: 10\n    retry:\n      base_delay: 0.05\n      max_delay: 0.2\n      jitter: 0\n{extra}",
+        server.url()
+    );
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", &config)
+        .env("NO_PROXY", "127.0.0.1")
+        .start();
+    s.initialize();
+    s.list_tools();
+    s
+}
+
+#[test]
+fn a_retry_after_past_any_clock_is_the_longest_delay_not_a_crash() {
+    // Each call is refused once (429) with a hint too long to wait for,
+    // then, answered the second time, runs.
+    let server = Server::start(|stream, msg, server| {
+        let hint = match msg["params"]["arguments"]["hint"].as_str() {
+            Some(h) => h.to_owned(),
+            None => {
+                server.ran();
+                let body = result_of(msg, "done");
+                respond(stream, 200, Some("Content-Type: application/json"), &body);
+                return;
+            }
+        };
+        let head = format!("Content-Type: application/json\r\nRetry-After: {hint}");
+        let body = json!({"jsonrpc": "2.0", "id": msg["id"],
+            "error": {"code": -32000, "message": "slow down"}});
+        respond(stream, 429, Some(&head), &body.to_string());
+    });
+    let mut s = proxy(&server, "");
+    let day_ms = json!(24 * 3600 * 1000);
+    for (n, hint) in [
+        "18446744073709551615",
+        "9223372036854775807",
+        "99999999999999999999999999",
+        "Fri, 31 Dec 9999 23:59:59 GMT",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        s.call(json!(n), "write", json!({"hint": hint}));
+        let e = s.error(&json!(n));
+        assert_eq!(e["data"]["retryAfterMs"], day_ms, "{hint}: {e}");
+    }
+    // Alive, and nothing ran twice.
+    s.call(json!("ok"), "write", json!({}));
+    assert_eq!(s.result(&json!("ok"))["content"][0]["text"], "done");
+    assert_eq!(server.executions(), 1);
+}
