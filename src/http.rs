@@ -28,9 +28,13 @@
 //! counted, all within the body deadline from the first resumption; a
 //! resumed stream silent for max(`retry`, 2 s) is closed and resumed from
 //! the newest id): a server with an event store replays what followed, and
-//! the call is not run again. Events already seen in the session and
-//! responses to other requests are dropped from a replay. Only when that
-//! fails is the failure classified.
+//! the call is not run again. Responses to other requests are dropped from
+//! a replay (and one to a request already answered, by the dispatcher, as
+//! any late duplicate); events are never told apart by id, an opaque
+//! cursor that may repeat, and notifications are relayed as they come.
+//! Only the last id of a stream is kept, and not one over 1 KiB (that
+//! stream cannot be resumed from there). Only when that fails is the
+//! failure classified.
 //!
 //! Failures are classified by `classify.rs` and become the boundary's
 //! events: a request that cannot have left (DNS, refused, TLS, its body not
@@ -130,8 +134,6 @@ const FRUITLESS_RESUMES: usize = 3;
 const STALL_MIN: Duration = Duration::from_secs(2);
 /// The longest `retry` a resumption waits for.
 const RESUME_WAIT_MAX: Duration = Duration::from_secs(5);
-/// Event ids remembered to drop replayed events.
-const SEEN_IDS: usize = 4096;
 /// Cancels remembered for requests not posted yet.
 const EARLY_CANCELS: usize = 1024;
 /// Most pages of `tools/list` read after a header mismatch.
@@ -207,7 +209,6 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         helper_cwd: cfg.cwd.clone(),
         helper_headers: Mutex::new(None),
         session: Mutex::new(SessionState::default()),
-        seen: Mutex::new((HashSet::new(), VecDeque::new())),
         exchanges: Mutex::new(Exchanges::default()),
         tool_headers: Mutex::new(HashMap::new()),
         own_requests: AtomicUsize::new(0),
@@ -297,8 +298,6 @@ struct Shared {
     /// What `headers_helper` printed last; `None` before its first run.
     helper_headers: Mutex<Option<Vec<(String, String)>>>,
     session: Mutex<SessionState>,
-    /// Event ids seen in this session, for dropping replays.
-    seen: Mutex<(HashSet<String>, VecDeque<String>)>,
     /// The requests being posted, by raw id, for cancelling them.
     exchanges: Mutex<Exchanges>,
     /// 2026-07-28: the `x-mcp-header` annotations of each tool, as the
@@ -335,7 +334,8 @@ struct Shared {
 struct Cursor {
     last_id: Option<String>,
     retry: Option<Duration>,
-    /// Events with ids not seen before, read so far.
+    /// Times the last event id moved on, so far: events the resumptions
+    /// have not brought before.
     fresh: usize,
     /// The stream read last set `retry`.
     stream_retry: bool,
@@ -900,8 +900,8 @@ impl Shared {
                 // Ended or broken after events with ids: the server may
                 // replay the rest (and the response) to a GET.
                 Ok(false) if resumable && self.resume(&until, &mut cursor, &post.exchange) => true,
-                Ok(false) => false,
                 Err(_) if resumable && self.resume(&until, &mut cursor, &post.exchange) => true,
+                Ok(false) => false,
                 Err(e) => {
                     let why = format!("the answer's stream broke ({})", self.scrub(&e.to_string()));
                     return self.failed(post, Class::Broken, &why, None, "");
@@ -960,8 +960,10 @@ impl Shared {
 
     /// Reads the SSE answer of a request, reporting its messages, until
     /// the response `until`; says whether it came. `resumed`: the stream
-    /// replays events (`Last-Event-ID`), so those already seen and
-    /// responses to other requests are dropped.
+    /// replays events (`Last-Event-ID`), so responses to other requests are
+    /// dropped (an answer to a request already answered is dropped by the
+    /// dispatcher as any late duplicate is; events are never told apart by
+    /// id, which is an opaque cursor and may repeat).
     fn read_stream(
         &self,
         reader: impl Read,
@@ -971,17 +973,13 @@ impl Shared {
     ) -> std::io::Result<bool> {
         cursor.stream_retry = false;
         let answered = self.read_events(reader, |parser, items| {
-            if let Some(id) = parser.last_id() {
-                cursor.last_id = Some(id.to_owned());
-            }
+            note_last_id(parser, &mut cursor.last_id, &self.shown, &mut cursor.fresh);
             cursor.stream_retry |= parser.retry().is_some();
             cursor.retry = parser.retry().or(cursor.retry);
             for item in items {
                 match item {
                     sse::Item::Event(e) if e.kind == "message" => {
-                        let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
-                        cursor.fresh += usize::from(fresh && e.id.is_some());
-                        if resumed && (!fresh || is_other_response(&e.data, until.id)) {
+                        if resumed && is_other_response(&e.data, until.id) {
                             continue;
                         }
                         if self.deliver(e.data, Some(until)) {
@@ -989,14 +987,14 @@ impl Shared {
                         }
                     }
                     sse::Item::Event(_) => {}
-                    sse::Item::TooLong => {
+                    sse::Item::TooLong(len) => {
                         crate::warn!(
-                            "{} sent an event over max_message_bytes; dropped",
+                            "{} sent an event of {len} bytes, over max_message_bytes; dropped",
                             self.shown
                         );
                         self.emit(ServerEvent::TooLong {
                             response_id: None,
-                            len: self.max_message_bytes,
+                            len,
                         });
                     }
                 }
@@ -1172,7 +1170,7 @@ impl Shared {
             self.read_events(reader, |_, items| {
                 items.into_iter().find_map(|item| match item {
                     sse::Item::Event(e) => Message::reparse(e.data).filter(is_answer),
-                    sse::Item::TooLong => None,
+                    sse::Item::TooLong(_) => None,
                 })
             })
             .ok()
@@ -1182,23 +1180,6 @@ impl Shared {
             let text = resp.into_body().with_config().limit(limit).read_to_string();
             Message::reparse(text.ok()?).filter(is_answer)
         }
-    }
-
-    /// Whether the event id `id` is new to this session (remembered, up to
-    /// [`SEEN_IDS`] of them).
-    fn first_sight(&self, id: &str) -> bool {
-        let mut seen = self.seen.lock();
-        if seen.0.contains(id) {
-            return false;
-        }
-        seen.0.insert(id.to_owned());
-        seen.1.push_back(id.to_owned());
-        if seen.1.len() > SEEN_IDS {
-            if let Some(old) = seen.1.pop_front() {
-                seen.0.remove(&old);
-            }
-        }
-        true
     }
 
     /// Reports one message; true if it is the response `until` waits for.
@@ -1475,18 +1456,16 @@ impl Shared {
         last_id: &mut Option<String>,
         retry: &mut Option<Duration>,
     ) -> std::io::Result<()> {
+        let mut moved = 0;
         self.read_events(reader, |parser, items| {
             *retry = parser.retry();
-            if let Some(id) = parser.last_id() {
-                *last_id = Some(id.to_owned());
-            }
+            note_last_id(parser, last_id, &self.shown, &mut moved);
             if self.is_closed() {
                 return Some(());
             }
             for item in items {
                 if let sse::Item::Event(e) = item {
-                    let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
-                    if e.kind == "message" && fresh {
+                    if e.kind == "message" {
                         self.deliver(e.data, None);
                     }
                 }
@@ -1543,6 +1522,30 @@ impl StallWatch {
     fn stalled(&self) -> bool {
         self.stalled.load(Ordering::SeqCst)
     }
+}
+
+/// Takes the stream's last event id into `last_id` when it moved on
+/// (counted in `moved`; copied only then, an id being up to
+/// [`sse::MAX_ID`] bytes); an id too long to keep leaves none: the stream
+/// cannot be resumed from there, which is said at debug level.
+fn note_last_id(
+    parser: &sse::Parser,
+    last_id: &mut Option<String>,
+    shown: &str,
+    moved: &mut usize,
+) {
+    let now = parser.last_id();
+    if !parser.ids_ended() || now == last_id.as_deref() {
+        return;
+    }
+    if now.is_none() && parser.id_dropped() {
+        crate::debug!(
+            "{shown} sent an event id over {} bytes; its stream cannot be resumed from there",
+            sse::MAX_ID
+        );
+    }
+    *last_id = now.map(str::to_owned);
+    *moved += 1;
 }
 
 /// How long the GET stream waits before it is opened again after it

@@ -1,12 +1,12 @@
 //! Hostile remote servers on raw loopback sockets, against `run --url`:
-//! a server that asks for a delay past any clock. Each test scripts the
+//! a server that asks for a delay past any clock, or sends huge SSE ids. Each test scripts the
 //! answer to `tools/call` itself and counts what the server executed; the
 //! rest of a 2025-era session (`initialize`, notifications, `tools/list`,
 //! `ping`) is served plainly. Knows nothing of mcp-retry's internals.
 
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
 
 use serde_json::{json, Value};
@@ -28,7 +28,6 @@ type OnCall = dyn Fn(&mut TcpStream, &Value, &Server) + Send + Sync;
 pub struct Server {
     pub port: u16,
     seen: Mutex<Seen>,
-    changed: Condvar,
     on_call: Box<OnCall>,
 }
 
@@ -40,7 +39,6 @@ impl Server {
         let server = Arc::new(Server {
             port: listener.local_addr().unwrap().port(),
             seen: Mutex::new(Seen::default()),
-            changed: Condvar::new(),
             on_call: Box::new(on_call),
         });
         let s = server.clone();
@@ -61,7 +59,6 @@ impl Server {
     /// Counts one execution of a tool.
     pub fn ran(&self) {
         self.seen.lock().unwrap().executions += 1;
-        self.changed.notify_all();
     }
 
     pub fn executions(&self) -> usize {
@@ -70,15 +67,13 @@ impl Server {
 
     fn serve(&self, mut stream: TcpStream) {
         let mut reader = BufReader::new(stream.try_clone().unwrap());
-        while let Some(req) = read_http_request(&mut reader) {
-            if !self.answer(&mut stream, &req) {
-                return;
-            }
+        if let Some(req) = read_http_request(&mut reader) {
+            self.answer(&mut stream, &req);
         }
     }
 
-    /// Answers one request; false when the connection is done.
-    fn answer(&self, stream: &mut TcpStream, req: &HttpRequest) -> bool {
+    /// Answers one request (the only one on its connection).
+    fn answer(&self, stream: &mut TcpStream, req: &HttpRequest) {
         if !req.start.starts_with("POST") {
             // No stream of its own, and nothing to resume.
             let status = if req.start.starts_with("DELETE") {
@@ -99,10 +94,7 @@ impl Server {
                 let head = "Content-Type: application/json\r\nMcp-Session-Id: h1";
                 respond(stream, 200, Some(head), &body.to_string())
             }
-            Some("tools/call") => {
-                (self.on_call)(stream, &msg, self);
-                false
-            }
+            Some("tools/call") => (self.on_call)(stream, &msg, self),
             Some(method) if !id.is_null() => {
                 let result = match method {
                     "tools/list" => json!({"tools": [
@@ -112,7 +104,7 @@ impl Server {
                     _ => json!({}),
                 };
                 let body = json!({"jsonrpc": "2.0", "id": id, "result": result});
-                let ok = respond(
+                respond(
                     stream,
                     200,
                     Some("Content-Type: application/json"),
@@ -120,9 +112,7 @@ impl Server {
                 );
                 if method == "ping" {
                     self.seen.lock().unwrap().pings += 1;
-                    self.changed.notify_all();
                 }
-                ok
             }
             // A notification, or an answer to a request of ours.
             _ => respond(stream, 202, None, ""),
@@ -130,16 +120,27 @@ impl Server {
     }
 }
 
-/// Writes a whole answer; false if the connection broke.
-pub fn respond(stream: &mut TcpStream, status: u16, headers: Option<&str>, body: &str) -> bool {
-    let mut out = format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\n", body.len());
+/// Writes a whole answer, the last on its connection.
+pub fn respond(stream: &mut TcpStream, status: u16, headers: Option<&str>, body: &str) {
+    // One request per connection: the client never sends another on one
+    // the server is closing.
+    let mut out = format!(
+        "HTTP/1.1 {status} X\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     if let Some(h) = headers {
         out.push_str(h);
         out.push_str("\r\n");
     }
     out.push_str("\r\n");
     out.push_str(body);
-    stream.write_all(out.as_bytes()).is_ok()
+    let _ = stream.write_all(out.as_bytes());
+}
+
+/// Starts an SSE answer whose body runs until the connection closes.
+pub fn start_events(stream: &mut TcpStream) {
+    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+    let _ = stream.write_all(head.as_bytes());
 }
 
 /// The result of call `msg`, as a JSON-RPC line.
@@ -203,4 +204,58 @@ fn a_retry_after_past_any_clock_is_the_longest_delay_not_a_crash() {
     s.call(json!("ok"), "write", json!({}));
     assert_eq!(s.result(&json!("ok"))["content"][0]["text"], "done");
     assert_eq!(server.executions(), 1);
+}
+
+#[cfg(unix)]
+#[test]
+fn huge_sse_ids_neither_grow_the_proxy_nor_stall_it() {
+    // Twenty notifications with ids of 2 MiB, then an id of 32 MiB that
+    // two-byte comments follow until the proxy has answered a ping, then
+    // the result. Ids that long are not kept (nor is the stream
+    // resumable); the proxy holds none of them and reads each byte once.
+    let server = Server::start(|stream, msg, server| {
+        server.ran();
+        start_events(stream);
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "data": "hi"}});
+        let id = "i".repeat(2 << 20);
+        for _ in 0..20 {
+            if write!(stream, "id: {id}\ndata: {note}\n\n").is_err() {
+                return;
+            }
+        }
+        let chunk = "j".repeat(1 << 20);
+        let _ = stream.write_all(b"id: ");
+        for _ in 0..32 {
+            let _ = stream.write_all(chunk.as_bytes());
+        }
+        let _ = stream.write_all(b"\n");
+        let (mut pinged, since) = (false, std::time::Instant::now());
+        while !pinged && since.elapsed() < crate::util::WAIT {
+            if stream.write_all(b":\n").is_err() {
+                return;
+            }
+            pinged = server.seen.lock().unwrap().pings > 0;
+        }
+        let _ = write!(stream, "data: {}\n\n", result_of(msg, "done"));
+    });
+    let mut s = proxy(&server, "");
+    s.call(json!(1), "read", json!({}));
+    s.request(json!("ping"), "ping", json!({}));
+    assert_eq!(s.result(&json!("ping")), json!({}));
+    let result = s.result(&json!(1));
+    assert_eq!(result["content"][0]["text"], "done");
+    let notes = s.recv_until_quiet(std::time::Duration::from_millis(100));
+    let relayed = notes
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .count();
+    assert_eq!(relayed, 20, "every notification, each with its own huge id");
+    assert_eq!(server.executions(), 1);
+    let peak = s.memory_kb("VmHWM");
+    eprintln!("huge SSE ids: the proxy's peak RSS was {peak} kB");
+    assert!(
+        peak < 48 * 1024,
+        "the proxy's peak RSS was {peak} kB after 72 MiB of event ids"
+    );
 }
