@@ -33,7 +33,10 @@
 //! any late duplicate); events are never told apart by id, an opaque
 //! cursor that may repeat, and notifications are relayed as they come.
 //! Only the last id of a stream is kept, and not one over 1 KiB (that
-//! stream cannot be resumed from there). Only when that fails is the
+//! stream cannot be resumed from there). An answer stream that brings an
+//! event over `max_message_bytes` and no response has answered with it:
+//! the request gets the final "too large" error, as for a JSON body, and
+//! is neither resumed nor failed as broken. Only when that fails is the
 //! failure classified.
 //!
 //! Failures are classified by `classify.rs` and become the boundary's
@@ -337,6 +340,9 @@ struct Cursor {
     /// Times the last event id moved on, so far: events the resumptions
     /// have not brought before.
     fresh: usize,
+    /// The size of an event over `max_message_bytes` that came while the
+    /// response had not: that response, most likely.
+    too_long: Option<usize>,
     /// The stream read last set `retry`.
     stream_retry: bool,
 }
@@ -897,10 +903,15 @@ impl Shared {
             let mut cursor = Cursor::default();
             match self.read_stream(reader, &until, &mut cursor, false) {
                 Ok(true) => true,
+                // Ended or broken after an event over the limit, and no
+                // response: that was the response; it ran, and running it
+                // again would bring the same (as for a JSON body).
+                _ if cursor.too_long.is_some() => self.too_large(&until, &cursor),
                 // Ended or broken after events with ids: the server may
                 // replay the rest (and the response) to a GET.
                 Ok(false) if resumable && self.resume(&until, &mut cursor, &post.exchange) => true,
                 Err(_) if resumable && self.resume(&until, &mut cursor, &post.exchange) => true,
+                _ if cursor.too_long.is_some() => self.too_large(&until, &cursor),
                 Ok(false) => false,
                 Err(e) => {
                     let why = format!("the answer's stream broke ({})", self.scrub(&e.to_string()));
@@ -935,6 +946,16 @@ impl Shared {
         }
     }
 
+    /// Reports the response `until` as over `max_message_bytes` (the event
+    /// of the size `cursor` noted); it counts as delivered.
+    fn too_large(&self, until: &Until, cursor: &Cursor) -> bool {
+        self.emit(ServerEvent::TooLong {
+            response_id: Some(until.id.to_owned()),
+            len: cursor.too_long.unwrap_or(self.max_message_bytes),
+        });
+        true
+    }
+
     /// Reads an event stream, handing each batch of items to `on` (with
     /// the parser, for its last id and `retry`) until `on` returns a value
     /// (returned) or the stream ends (`None`).
@@ -963,7 +984,9 @@ impl Shared {
     /// replays events (`Last-Event-ID`), so responses to other requests are
     /// dropped (an answer to a request already answered is dropped by the
     /// dispatcher as any late duplicate is; events are never told apart by
-    /// id, which is an opaque cursor and may repeat).
+    /// id, which is an opaque cursor and may repeat). An event over
+    /// `max_message_bytes` is reported when the stream ends without the
+    /// response: it was the response (see [`Shared::answered`]).
     fn read_stream(
         &self,
         reader: impl Read,
@@ -992,15 +1015,19 @@ impl Shared {
                             "{} sent an event of {len} bytes, over max_message_bytes; dropped",
                             self.shown
                         );
-                        self.emit(ServerEvent::TooLong {
-                            response_id: None,
-                            len,
-                        });
+                        cursor.too_long = Some(len);
                     }
                 }
             }
             None
         })?;
+        // What was over the limit was not the response.
+        if let Some(len) = answered.and_then(|()| cursor.too_long.take()) {
+            self.emit(ServerEvent::TooLong {
+                response_id: None,
+                len,
+            });
+        }
         Ok(answered.is_some())
     }
 
@@ -1067,6 +1094,8 @@ impl Shared {
                     let reader = watch.reader(resp.into_body().into_reader());
                     match self.read_stream(reader, until, cursor, true) {
                         Ok(true) => return true,
+                        // Its answer is over the limit: no use resuming.
+                        _ if cursor.too_long.is_some() => return false,
                         Ok(false) => polled = cursor.stream_retry,
                         Err(_) => {}
                     }

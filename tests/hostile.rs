@@ -1,5 +1,6 @@
 //! Hostile remote servers on raw loopback sockets, against `run --url`:
-//! a server that asks for a delay past any clock, or sends huge SSE ids. Each test scripts the
+//! a server that asks for a delay past any clock, sends huge SSE ids, or
+//! answers with an event over `max_message_bytes`. Each test scripts the
 //! answer to `tools/call` itself and counts what the server executed; the
 //! rest of a 2025-era session (`initialize`, notifications, `tools/list`,
 //! `ping`) is served plainly. Knows nothing of mcp-retry's internals.
@@ -204,6 +205,43 @@ fn a_retry_after_past_any_clock_is_the_longest_delay_not_a_crash() {
     s.call(json!("ok"), "write", json!({}));
     assert_eq!(s.result(&json!("ok"))["content"][0]["text"], "done");
     assert_eq!(server.executions(), 1);
+}
+
+#[test]
+fn an_sse_answer_over_max_message_bytes_is_final_after_one_run() {
+    let server = Server::start(|stream, msg, server| {
+        server.ran();
+        start_events(stream);
+        let big = "x".repeat(4096);
+        if msg["params"]["arguments"]["note_first"] == true {
+            // A notification over the limit, then the response.
+            let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
+                "params": {"level": "info", "data": big}});
+            let done = result_of(msg, "done");
+            let _ = write!(stream, "id: e1\ndata: {note}\n\nid: e2\ndata: {done}\n\n");
+        } else {
+            let _ = write!(stream, "id: e1\ndata: {}\n\n", result_of(msg, &big));
+        }
+    });
+    let mut s = proxy(&server, "    max_message_bytes: 1024\n");
+    s.call(json!(1), "read", json!({}));
+    let e = s.error(&json!(1));
+    assert_eq!(
+        e["data"]["reason"],
+        "response_too_large",
+        "{e}\n{}",
+        s.stderr()
+    );
+    assert_eq!(server.executions(), 1, "{e}");
+    // An unsafe tool: the same final answer, not "outcome unknown".
+    s.call(json!(2), "write", json!({}));
+    let e = s.error(&json!(2));
+    assert_eq!(e["data"]["reason"], "response_too_large", "{e}");
+    assert_eq!(server.executions(), 2, "{e}");
+    // What is over the limit is not always the response.
+    s.call(json!(3), "write", json!({"note_first": true}));
+    assert_eq!(s.result(&json!(3))["content"][0]["text"], "done");
+    assert_eq!(server.executions(), 3);
 }
 
 #[cfg(unix)]
