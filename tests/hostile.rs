@@ -1,9 +1,11 @@
 //! Hostile remote servers on raw loopback sockets, against `run --url`:
-//! a server that asks for a delay past any clock, sends huge SSE ids, or
-//! answers with an event over `max_message_bytes`. Each test scripts the
-//! answer to `tools/call` itself and counts what the server executed; the
-//! rest of a 2025-era session (`initialize`, notifications, `tools/list`,
-//! `ping`) is served plainly. Knows nothing of mcp-retry's internals.
+//! a server that asks for a delay past any clock, sends huge SSE ids or
+//! events without `id:` lines, or answers with an event over
+//! `max_message_bytes`. Each test scripts the answer to `tools/call` (and,
+//! where it matters, to GET) itself and counts what the server executed;
+//! the rest of a 2025-era session (`initialize`, notifications,
+//! `tools/list`, `ping`) is served plainly, one request per connection.
+//! Knows nothing of mcp-retry's internals.
 
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -21,26 +23,44 @@ pub struct Seen {
     pub executions: usize,
     /// `ping` requests answered.
     pub pings: usize,
+    /// What a resumption replays (as a test sets it).
+    pub replay: String,
 }
 
 type OnCall = dyn Fn(&mut TcpStream, &Value, &Server) + Send + Sync;
+type OnGet = dyn Fn(&mut TcpStream, &HttpRequest, &Server) + Send + Sync;
 
-/// A loopback server whose answer to each `tools/call` is `on_call`'s.
+/// A loopback server whose answer to each `tools/call` is `on_call`'s,
+/// and to each GET `on_get`'s (405 without one).
 pub struct Server {
     pub port: u16,
     seen: Mutex<Seen>,
     on_call: Box<OnCall>,
+    on_get: Option<Box<OnGet>>,
 }
 
 impl Server {
     pub fn start(
         on_call: impl Fn(&mut TcpStream, &Value, &Server) + Send + Sync + 'static,
     ) -> Arc<Server> {
+        Server::start_inner(Box::new(on_call), None)
+    }
+
+    /// A server whose GETs (its own stream, resumptions) `on_get` answers.
+    pub fn with_get(
+        on_get: impl Fn(&mut TcpStream, &HttpRequest, &Server) + Send + Sync + 'static,
+        on_call: impl Fn(&mut TcpStream, &Value, &Server) + Send + Sync + 'static,
+    ) -> Arc<Server> {
+        Server::start_inner(Box::new(on_call), Some(Box::new(on_get)))
+    }
+
+    fn start_inner(on_call: Box<OnCall>, on_get: Option<Box<OnGet>>) -> Arc<Server> {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
         let server = Arc::new(Server {
             port: listener.local_addr().unwrap().port(),
             seen: Mutex::new(Seen::default()),
-            on_call: Box::new(on_call),
+            on_call,
+            on_get,
         });
         let s = server.clone();
         thread::spawn(move || {
@@ -57,13 +77,17 @@ impl Server {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
+    pub fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap()
+    }
+
     /// Counts one execution of a tool.
     pub fn ran(&self) {
-        self.seen.lock().unwrap().executions += 1;
+        self.seen().executions += 1;
     }
 
     pub fn executions(&self) -> usize {
-        self.seen.lock().unwrap().executions
+        self.seen().executions
     }
 
     fn serve(&self, mut stream: TcpStream) {
@@ -75,6 +99,9 @@ impl Server {
 
     /// Answers one request (the only one on its connection).
     fn answer(&self, stream: &mut TcpStream, req: &HttpRequest) {
+        if let (Some(on_get), true) = (&self.on_get, req.start.starts_with("GET")) {
+            return on_get(stream, req, self);
+        }
         if !req.start.starts_with("POST") {
             // No stream of its own, and nothing to resume.
             let status = if req.start.starts_with("DELETE") {
@@ -112,7 +139,7 @@ impl Server {
                     &body.to_string(),
                 );
                 if method == "ping" {
-                    self.seen.lock().unwrap().pings += 1;
+                    self.seen().pings += 1;
                 }
             }
             // A notification, or an answer to a request of ours.
@@ -273,7 +300,7 @@ fn huge_sse_ids_neither_grow_the_proxy_nor_stall_it() {
             if stream.write_all(b":\n").is_err() {
                 return;
             }
-            pinged = server.seen.lock().unwrap().pings > 0;
+            pinged = server.seen().pings > 0;
         }
         let _ = write!(stream, "data: {}\n\n", result_of(msg, "done"));
     });
@@ -296,4 +323,73 @@ fn huge_sse_ids_neither_grow_the_proxy_nor_stall_it() {
         peak < 48 * 1024,
         "the proxy's peak RSS was {peak} kB after 72 MiB of event ids"
     );
+}
+
+#[test]
+fn events_without_an_id_line_on_the_server_stream_all_reach_the_client() {
+    // Four notifications, only the first with an `id:` line: the others
+    // carry its id too (the SSE rules), and are not replays.
+    let server = Server::with_get(
+        |stream, req, _| {
+            if req.header("last-event-id").is_some() {
+                return respond(stream, 405, None, "");
+            }
+            start_events(stream);
+            let mut body = String::new();
+            for n in 1..=4 {
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
+                    "params": {"level": "info", "data": n}});
+                let id = if n == 1 { "id: g1\n" } else { "" };
+                body.push_str(&format!("{id}data: {note}\n\n"));
+            }
+            let _ = stream.write_all(body.as_bytes());
+            // Open until the client closes it: it is not opened again.
+            let _ = std::io::Read::read(stream, &mut [0u8; 1]);
+        },
+        |stream, msg, server| {
+            server.ran();
+            let body = result_of(msg, "done");
+            respond(stream, 200, Some("Content-Type: application/json"), &body);
+        },
+    );
+    let mut s = proxy(&server, "");
+    let mut got = Vec::new();
+    for _ in 1..=4 {
+        let note = s.recv_where("a notification", |m| m["method"] == "notifications/message");
+        got.push(note["params"]["data"].clone());
+    }
+    assert_eq!(got, [json!(1), json!(2), json!(3), json!(4)]);
+}
+
+#[test]
+fn a_resumed_answer_without_an_id_line_is_delivered_not_dropped_as_a_replay() {
+    // The call's stream is cut after a progress event (e1); a GET from e1
+    // replays it and then the result, which has no `id:` line of its own.
+    let progress = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+        "params": {"progressToken": "p", "progress": 1}})
+    .to_string();
+    let first = progress.clone();
+    let server = Server::with_get(
+        move |stream, req, server| {
+            if req.header("last-event-id") != Some("e1") {
+                return respond(stream, 405, None, "");
+            }
+            start_events(stream);
+            let replay = server.seen().replay.clone();
+            let _ = write!(stream, "id: e1\ndata: {progress}\n\n{replay}");
+        },
+        move |stream, msg, server| {
+            server.ran();
+            server.seen().replay = format!("data: {}\n\n", result_of(msg, "done"));
+            start_events(stream);
+            let _ = write!(stream, "id: e1\ndata: {first}\n\n");
+        },
+    );
+    let mut s = proxy(&server, "");
+    s.call_with(
+        json!(1),
+        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p"}}),
+    );
+    assert_eq!(s.result(&json!(1))["content"][0]["text"], "done");
+    assert_eq!(server.executions(), 1);
 }
