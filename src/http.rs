@@ -27,7 +27,8 @@
 //! events, until 3 in a row bring none, a server polling with `retry` not
 //! counted, all within the body deadline from the first resumption; a
 //! resumed stream silent for max(`retry`, 2 s) is closed and resumed from
-//! the newest id): a server with an event store replays what followed, and
+//! the newest id, 3 times at most, the next one then read until the
+//! deadline): a server with an event store replays what followed, and
 //! the call is not run again. Responses to other requests are dropped from
 //! a replay (and one to a request already answered, by the dispatcher, as
 //! any late duplicate); events are never told apart by id, an opaque
@@ -135,6 +136,10 @@ const FRUITLESS_RESUMES: usize = 3;
 /// A resumed stream silent for max(`retry`, this) has stalled: it is
 /// closed and resumed again from the newest event id.
 const STALL_MIN: Duration = Duration::from_secs(2);
+/// Stalls resumed again per request; a resumed stream after that many is
+/// read, silent or not, until the request's body deadline (SSE has no
+/// liveness rule, and a long tool run is silent too).
+const STALL_RESUMES: usize = 3;
 /// The longest `retry` a resumption waits for.
 const RESUME_WAIT_MAX: Duration = Duration::from_secs(5);
 /// Cancels remembered for requests not posted yet.
@@ -1040,12 +1045,13 @@ impl Shared {
     /// the first resumption. A
     /// resumed stream silent for max(`retry`, [`STALL_MIN`]) is closed and
     /// resumed again from the newest id (a stall: an event store that
-    /// replays what it has and then sends nothing more). Not once the
-    /// request's exchange is closed (cancelled).
+    /// replays what it has and then sends nothing more), at most
+    /// [`STALL_RESUMES`] times; the next resumed stream is read until the
+    /// deadline. Not once the request's exchange is closed (cancelled).
     fn resume(&self, until: &Until, cursor: &mut Cursor, exchange: &Arc<Exchange>) -> bool {
         let deadline = Instant::now() + self.recv_body;
         let (mut refresh, mut refreshed) = (false, false);
-        let mut fruitless = 0;
+        let (mut fruitless, mut stalls) = (0, 0);
         while fruitless < FRUITLESS_RESUMES {
             let Some(last_id) = cursor.last_id.clone() else {
                 return false;
@@ -1090,8 +1096,15 @@ impl Shared {
             match result {
                 Ok(resp) if resp.status().is_success() => {
                     let idle = cursor.retry.unwrap_or_default().max(STALL_MIN);
-                    let watch = StallWatch::start(exchange.clone(), idle);
-                    let reader = watch.reader(resp.into_body().into_reader());
+                    // After that many stalls, a silent stream may be a long
+                    // run: it is read until the deadline.
+                    let watch =
+                        (stalls < STALL_RESUMES).then(|| StallWatch::start(exchange.clone(), idle));
+                    let body = resp.into_body().into_reader();
+                    let reader: Box<dyn Read> = match &watch {
+                        Some(w) => Box::new(w.reader(body)),
+                        None => Box::new(body),
+                    };
                     match self.read_stream(reader, until, cursor, true) {
                         Ok(true) => return true,
                         // Its answer is over the limit: no use resuming.
@@ -1099,8 +1112,9 @@ impl Shared {
                         Ok(false) => polled = cursor.stream_retry,
                         Err(_) => {}
                     }
-                    stalled = watch.stalled();
+                    stalled = watch.is_some_and(|w| w.stalled());
                     if stalled {
+                        stalls += 1;
                         crate::debug!(
                             "{}: the resumed answer to request {} stalled; resuming again",
                             self.shown,

@@ -25,6 +25,8 @@ pub struct Seen {
     pub pings: usize,
     /// What a resumption replays (as a test sets it).
     pub replay: String,
+    /// The `Last-Event-ID` of each resumption.
+    pub resumed_from: Vec<String>,
 }
 
 type OnCall = dyn Fn(&mut TcpStream, &Value, &Server) + Send + Sync;
@@ -182,7 +184,7 @@ pub fn result_of(msg: &Value, text: &str) -> String {
 /// handshake and `tools/list`.
 fn proxy(server: &Server, extra: &str) -> Session {
     let config = format!(
-        "servers:\n  remote:\n    url: {}\n    call_timeout: 10\n    retry:\n      base_delay: 0.05\n      max_delay: 0.2\n      jitter: 0\n{extra}",
+        "servers:\n  remote:\n    url: {}\n    retry:\n      base_delay: 0.05\n      max_delay: 0.2\n      jitter: 0\n{extra}",
         server.url()
     );
     let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
@@ -392,4 +394,49 @@ fn a_resumed_answer_without_an_id_line_is_delivered_not_dropped_as_a_replay() {
     );
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "done");
     assert_eq!(server.executions(), 1);
+}
+
+#[test]
+fn a_resumed_stream_that_keeps_going_silent_is_resumed_three_times_then_read_to_the_deadline() {
+    // Every resumption brings one more progress event, then silence: the
+    // call still runs (or the store has nothing more). After three stalls
+    // the proxy stops resuming and waits for the call's deadline.
+    let progress = |n: usize| {
+        json!({"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": "p", "progress": n}})
+    };
+    let server = Server::with_get(
+        move |stream, req, server| {
+            let Some(from) = req.header("last-event-id") else {
+                return respond(stream, 405, None, "");
+            };
+            let n = {
+                let mut seen = server.seen();
+                seen.resumed_from.push(from.to_owned());
+                seen.resumed_from.len() + 1
+            };
+            start_events(stream);
+            let _ = write!(stream, "id: e{n}\ndata: {}\n\n", progress(n));
+            // Silent until the client closes it.
+            let _ = std::io::Read::read(stream, &mut [0u8; 1]);
+        },
+        move |stream, _, server| {
+            server.ran();
+            start_events(stream);
+            let _ = write!(stream, "retry: 10\nid: e1\ndata: {}\n\n", progress(1));
+        },
+    );
+    // Each progress event gives the call its timeout again.
+    let mut s = proxy(&server, "    call_timeout: 5\n");
+    s.call_with(
+        json!(1),
+        json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p"}}),
+    );
+    let e = s.error(&json!(1));
+    let message = e["message"].as_str().unwrap_or("");
+    assert!(message.contains("timed out"), "{e}");
+    assert_eq!(server.executions(), 1);
+    // The first resumption after the cut, then one after each of three
+    // stalls; the last one was read until the call's deadline.
+    assert_eq!(server.seen().resumed_from, ["e1", "e2", "e3", "e4"]);
 }
