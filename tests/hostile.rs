@@ -1,7 +1,7 @@
 //! Hostile remote servers on raw loopback sockets, against `run --url`:
 //! a server that asks for a delay past any clock, sends huge SSE ids or
-//! events without `id:` lines, or answers with an event over
-//! `max_message_bytes`. Each test scripts the answer to `tools/call` (and,
+//! events without `id:` lines, answers with an event over
+//! `max_message_bytes`, or goes silent after every resumption. Each test scripts the answer to `tools/call` (and,
 //! where it matters, to GET) itself and counts what the server executed;
 //! the rest of a 2025-era session (`initialize`, notifications,
 //! `tools/list`, `ping`) is served plainly, one request per connection.
