@@ -27,10 +27,18 @@
 //! events, until 3 in a row bring none, a server polling with `retry` not
 //! counted, all within the body deadline from the first resumption; a
 //! resumed stream silent for max(`retry`, 2 s) is closed and resumed from
-//! the newest id): a server with an event store replays what followed, and
-//! the call is not run again. Events already seen in the session and
-//! responses to other requests are dropped from a replay. Only when that
-//! fails is the failure classified.
+//! the newest id, 3 times at most, the next one then read until the
+//! deadline): a server with an event store replays what followed, and
+//! the call is not run again. Responses to other requests are dropped from
+//! a replay (and one to a request already answered, by the dispatcher, as
+//! any late duplicate); events are never told apart by id, an opaque
+//! cursor that may repeat, and notifications are relayed as they come.
+//! Only the last id of a stream is kept, and not one over 1 KiB (that
+//! stream cannot be resumed from there). An answer stream that brings an
+//! event over `max_message_bytes` and no response has answered with it:
+//! the request gets the final "too large" error, as for a JSON body, and
+//! is neither resumed nor failed as broken. Only when that fails is the
+//! failure classified.
 //!
 //! Failures are classified by `classify.rs` and become the boundary's
 //! events: a request that cannot have left (DNS, refused, TLS, its body not
@@ -128,10 +136,12 @@ const FRUITLESS_RESUMES: usize = 3;
 /// A resumed stream silent for max(`retry`, this) has stalled: it is
 /// closed and resumed again from the newest event id.
 const STALL_MIN: Duration = Duration::from_secs(2);
+/// Stalls resumed again per request; a resumed stream after that many is
+/// read, silent or not, until the request's body deadline (SSE has no
+/// liveness rule, and a long tool run is silent too).
+const STALL_RESUMES: usize = 3;
 /// The longest `retry` a resumption waits for.
 const RESUME_WAIT_MAX: Duration = Duration::from_secs(5);
-/// Event ids remembered to drop replayed events.
-const SEEN_IDS: usize = 4096;
 /// Cancels remembered for requests not posted yet.
 const EARLY_CANCELS: usize = 1024;
 /// Most pages of `tools/list` read after a header mismatch.
@@ -208,7 +218,6 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         helper_headers: Mutex::new(None),
         needs_fix: AtomicBool::new(false),
         session: Mutex::new(SessionState::default()),
-        seen: Mutex::new((HashSet::new(), VecDeque::new())),
         exchanges: Mutex::new(Exchanges::default()),
         tool_headers: Mutex::new(HashMap::new()),
         own_requests: AtomicUsize::new(0),
@@ -301,8 +310,6 @@ struct Shared {
     /// (an unknown host, TLS): `Gone` says so.
     needs_fix: AtomicBool,
     session: Mutex<SessionState>,
-    /// Event ids seen in this session, for dropping replays.
-    seen: Mutex<(HashSet<String>, VecDeque<String>)>,
     /// The requests being posted, by raw id, for cancelling them.
     exchanges: Mutex<Exchanges>,
     /// 2026-07-28: the `x-mcp-header` annotations of each tool, as the
@@ -339,8 +346,12 @@ struct Shared {
 struct Cursor {
     last_id: Option<String>,
     retry: Option<Duration>,
-    /// Events with ids not seen before, read so far.
+    /// Times the last event id moved on, so far: events the resumptions
+    /// have not brought before.
     fresh: usize,
+    /// The size of an event over `max_message_bytes` that came while the
+    /// response had not: that response, most likely.
+    too_long: Option<usize>,
     /// The stream read last set `retry`.
     stream_retry: bool,
 }
@@ -911,11 +922,16 @@ impl Shared {
             let mut cursor = Cursor::default();
             match self.read_stream(reader, &until, &mut cursor, false) {
                 Ok(true) => true,
+                // Ended or broken after an event over the limit, and no
+                // response: that was the response; it ran, and running it
+                // again would bring the same (as for a JSON body).
+                _ if cursor.too_long.is_some() => self.too_large(&until, &cursor),
                 // Ended or broken after events with ids: the server may
                 // replay the rest (and the response) to a GET.
                 Ok(false) if resumable && self.resume(&until, &mut cursor, &post.exchange) => true,
-                Ok(false) => false,
                 Err(_) if resumable && self.resume(&until, &mut cursor, &post.exchange) => true,
+                _ if cursor.too_long.is_some() => self.too_large(&until, &cursor),
+                Ok(false) => false,
                 Err(e) => {
                     let why = format!("the answer's stream broke ({})", self.scrub(&e.to_string()));
                     return self.failed(post, Class::Broken, &why, None, "");
@@ -949,6 +965,16 @@ impl Shared {
         }
     }
 
+    /// Reports the response `until` as over `max_message_bytes` (the event
+    /// of the size `cursor` noted); it counts as delivered.
+    fn too_large(&self, until: &Until, cursor: &Cursor) -> bool {
+        self.emit(ServerEvent::TooLong {
+            response_id: Some(until.id.to_owned()),
+            len: cursor.too_long.unwrap_or(self.max_message_bytes),
+        });
+        true
+    }
+
     /// Reads an event stream, handing each batch of items to `on` (with
     /// the parser, for its last id and `retry`) until `on` returns a value
     /// (returned) or the stream ends (`None`).
@@ -974,8 +1000,12 @@ impl Shared {
 
     /// Reads the SSE answer of a request, reporting its messages, until
     /// the response `until`; says whether it came. `resumed`: the stream
-    /// replays events (`Last-Event-ID`), so those already seen and
-    /// responses to other requests are dropped.
+    /// replays events (`Last-Event-ID`), so responses to other requests are
+    /// dropped (an answer to a request already answered is dropped by the
+    /// dispatcher as any late duplicate is; events are never told apart by
+    /// id, which is an opaque cursor and may repeat). An event over
+    /// `max_message_bytes` is reported when the stream ends without the
+    /// response: it was the response (see [`Shared::answered`]).
     fn read_stream(
         &self,
         reader: impl Read,
@@ -985,17 +1015,13 @@ impl Shared {
     ) -> std::io::Result<bool> {
         cursor.stream_retry = false;
         let answered = self.read_events(reader, |parser, items| {
-            if let Some(id) = parser.last_id() {
-                cursor.last_id = Some(id.to_owned());
-            }
+            note_last_id(parser, &mut cursor.last_id, &self.shown, &mut cursor.fresh);
             cursor.stream_retry |= parser.retry().is_some();
             cursor.retry = parser.retry().or(cursor.retry);
             for item in items {
                 match item {
                     sse::Item::Event(e) if e.kind == "message" => {
-                        let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
-                        cursor.fresh += usize::from(fresh && e.id.is_some());
-                        if resumed && (!fresh || is_other_response(&e.data, until.id)) {
+                        if resumed && is_other_response(&e.data, until.id) {
                             continue;
                         }
                         if self.deliver(e.data, Some(until)) {
@@ -1003,20 +1029,24 @@ impl Shared {
                         }
                     }
                     sse::Item::Event(_) => {}
-                    sse::Item::TooLong => {
+                    sse::Item::TooLong(len) => {
                         crate::warn!(
-                            "{} sent an event over max_message_bytes; dropped",
+                            "{} sent an event of {len} bytes, over max_message_bytes; dropped",
                             self.shown
                         );
-                        self.emit(ServerEvent::TooLong {
-                            response_id: None,
-                            len: self.max_message_bytes,
-                        });
+                        cursor.too_long = Some(len);
                     }
                 }
             }
             None
         })?;
+        // What was over the limit was not the response.
+        if let Some(len) = answered.and_then(|()| cursor.too_long.take()) {
+            self.emit(ServerEvent::TooLong {
+                response_id: None,
+                len,
+            });
+        }
         Ok(answered.is_some())
     }
 
@@ -1029,12 +1059,13 @@ impl Shared {
     /// the first resumption. A
     /// resumed stream silent for max(`retry`, [`STALL_MIN`]) is closed and
     /// resumed again from the newest id (a stall: an event store that
-    /// replays what it has and then sends nothing more). Not once the
-    /// request's exchange is closed (cancelled).
+    /// replays what it has and then sends nothing more), at most
+    /// [`STALL_RESUMES`] times; the next resumed stream is read until the
+    /// deadline. Not once the request's exchange is closed (cancelled).
     fn resume(&self, until: &Until, cursor: &mut Cursor, exchange: &Arc<Exchange>) -> bool {
         let deadline = Instant::now() + self.recv_body;
         let (mut refresh, mut refreshed) = (false, false);
-        let mut fruitless = 0;
+        let (mut fruitless, mut stalls) = (0, 0);
         while fruitless < FRUITLESS_RESUMES {
             let Some(last_id) = cursor.last_id.clone() else {
                 return false;
@@ -1079,15 +1110,25 @@ impl Shared {
             match result {
                 Ok(resp) if resp.status().is_success() => {
                     let idle = cursor.retry.unwrap_or_default().max(STALL_MIN);
-                    let watch = StallWatch::start(exchange.clone(), idle);
-                    let reader = watch.reader(resp.into_body().into_reader());
+                    // After that many stalls, a silent stream may be a long
+                    // run: it is read until the deadline.
+                    let watch =
+                        (stalls < STALL_RESUMES).then(|| StallWatch::start(exchange.clone(), idle));
+                    let body = resp.into_body().into_reader();
+                    let reader: Box<dyn Read> = match &watch {
+                        Some(w) => Box::new(w.reader(body)),
+                        None => Box::new(body),
+                    };
                     match self.read_stream(reader, until, cursor, true) {
                         Ok(true) => return true,
+                        // Its answer is over the limit: no use resuming.
+                        _ if cursor.too_long.is_some() => return false,
                         Ok(false) => polled = cursor.stream_retry,
                         Err(_) => {}
                     }
-                    stalled = watch.stalled();
+                    stalled = watch.is_some_and(|w| w.stalled());
                     if stalled {
+                        stalls += 1;
                         crate::debug!(
                             "{}: the resumed answer to request {} stalled; resuming again",
                             self.shown,
@@ -1186,7 +1227,7 @@ impl Shared {
             self.read_events(reader, |_, items| {
                 items.into_iter().find_map(|item| match item {
                     sse::Item::Event(e) => Message::reparse(e.data).filter(is_answer),
-                    sse::Item::TooLong => None,
+                    sse::Item::TooLong(_) => None,
                 })
             })
             .ok()
@@ -1196,23 +1237,6 @@ impl Shared {
             let text = resp.into_body().with_config().limit(limit).read_to_string();
             Message::reparse(text.ok()?).filter(is_answer)
         }
-    }
-
-    /// Whether the event id `id` is new to this session (remembered, up to
-    /// [`SEEN_IDS`] of them).
-    fn first_sight(&self, id: &str) -> bool {
-        let mut seen = self.seen.lock();
-        if seen.0.contains(id) {
-            return false;
-        }
-        seen.0.insert(id.to_owned());
-        seen.1.push_back(id.to_owned());
-        if seen.1.len() > SEEN_IDS {
-            if let Some(old) = seen.1.pop_front() {
-                seen.0.remove(&old);
-            }
-        }
-        true
     }
 
     /// Reports one message; true if it is the response `until` waits for.
@@ -1489,18 +1513,16 @@ impl Shared {
         last_id: &mut Option<String>,
         retry: &mut Option<Duration>,
     ) -> std::io::Result<()> {
+        let mut moved = 0;
         self.read_events(reader, |parser, items| {
             *retry = parser.retry();
-            if let Some(id) = parser.last_id() {
-                *last_id = Some(id.to_owned());
-            }
+            note_last_id(parser, last_id, &self.shown, &mut moved);
             if self.is_closed() {
                 return Some(());
             }
             for item in items {
                 if let sse::Item::Event(e) = item {
-                    let fresh = e.id.as_deref().is_none_or(|id| self.first_sight(id));
-                    if e.kind == "message" && fresh {
+                    if e.kind == "message" {
                         self.deliver(e.data, None);
                     }
                 }
@@ -1557,6 +1579,30 @@ impl StallWatch {
     fn stalled(&self) -> bool {
         self.stalled.load(Ordering::SeqCst)
     }
+}
+
+/// Takes the stream's last event id into `last_id` when it moved on
+/// (counted in `moved`; copied only then, an id being up to
+/// [`sse::MAX_ID`] bytes); an id too long to keep leaves none: the stream
+/// cannot be resumed from there, which is said at debug level.
+fn note_last_id(
+    parser: &sse::Parser,
+    last_id: &mut Option<String>,
+    shown: &str,
+    moved: &mut usize,
+) {
+    let now = parser.last_id();
+    if !parser.ids_ended() || now == last_id.as_deref() {
+        return;
+    }
+    if now.is_none() && parser.id_dropped() {
+        crate::debug!(
+            "{shown} sent an event id over {} bytes; its stream cannot be resumed from there",
+            sse::MAX_ID
+        );
+    }
+    *last_id = now.map(str::to_owned);
+    *moved += 1;
 }
 
 /// How long the GET stream waits before it is opened again after it

@@ -20,7 +20,9 @@
 //!
 //! Header values (`OTEL_EXPORTER_OTLP_HEADERS` and the per-signal ones,
 //! often credentials) are never logged: messages name the header, never
-//! its value.
+//! its value; an endpoint is logged without its user info, query and
+//! fragment. The exporter follows no redirect (a 3xx fails the export,
+//! naming the status), so neither headers nor spans reach another host.
 
 #![forbid(unsafe_code)]
 
@@ -261,15 +263,26 @@ fn merge_headers(
     }
 }
 
-/// `url` as logs may show it: without a `user:password@` part.
+/// `url` as logs may show it: without a `user:password@` part, and with
+/// its query and fragment (`?api_key=…`, often a credential) replaced by
+/// `[redacted]`.
 pub fn shown_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+    let (url, hidden) = match url.find(['?', '#']) {
+        Some(i) => (&url[..i], &url[i..i + 1]),
+        None => (url, ""),
     };
-    let host_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let tail = if hidden.is_empty() {
+        String::new()
+    } else {
+        format!("{hidden}[redacted]")
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return format!("{url}{tail}");
+    };
+    let host_end = rest.find('/').unwrap_or(rest.len());
     match rest[..host_end].rfind('@') {
-        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
-        None => url.to_owned(),
+        Some(at) => format!("{scheme}://{}{tail}", &rest[at + 1..]),
+        None => format!("{url}{tail}"),
     }
 }
 

@@ -9,6 +9,7 @@ mod bad_input;
 mod chaos;
 mod check;
 mod cli;
+mod hostile;
 mod http;
 mod http_server;
 mod lifecycle;

@@ -495,3 +495,53 @@ fn an_exporter_set_to_none_turns_its_signal_off() {
     let exec = &s.execs_of("echo")[0];
     assert_eq!(exec["meta"], Value::Null, "{exec}");
 }
+
+#[test]
+fn a_collector_redirecting_elsewhere_is_not_followed_and_its_query_is_not_logged() {
+    // Every POST is answered 302 to another port, where a collector would
+    // take it, headers (an API key) and all.
+    let elsewhere = Collector::start();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let to = format!("{}/v1/traces", elsewhere.endpoint());
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { break };
+            let to = to.clone();
+            thread::spawn(move || {
+                let mut out = stream.try_clone().unwrap();
+                let mut r = BufReader::new(stream);
+                while read_http_request(&mut r).is_some() {
+                    let answer = format!(
+                        "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\n\r\n"
+                    );
+                    if out.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let endpoint = format!("http://127.0.0.1:{port}/v1/traces?api_key=QUERY-SECRET-9d1");
+    let mut s = builder("", None)
+        .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &endpoint)
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=HEADER-SECRET-4c2")
+        .start();
+    s.initialize();
+    s.call(json!(1), "echo", json!({"text": "hi"}));
+    assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
+    // The export fails on the 302 itself (a redirect would be followed
+    // within the same request, before the failure is said).
+    eventually("the export failure, or a post elsewhere", || {
+        s.stderr().contains("302") || !elsewhere.posts().is_empty()
+    });
+    let stderr = s.stderr();
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{port}/v1/traces?[redacted]")),
+        "{stderr}"
+    );
+    assert!(elsewhere.posts().is_empty(), "the redirect was followed");
+    for secret in ["QUERY-SECRET-9d1", "HEADER-SECRET-4c2"] {
+        assert!(!stderr.contains(secret), "{secret} on stderr:\n{stderr}");
+    }
+}

@@ -498,3 +498,47 @@ fn status_with_nothing_running_usage_errors_and_watch() {
     s.close_stdin();
     assert!(s.wait().success());
 }
+
+#[test]
+fn status_skips_a_fifo_or_an_oversized_file_named_like_a_document_instead_of_hanging() {
+    let rt = Runtime::new();
+    let mut s = proxy(&rt.dir(), "zeta", "");
+    s.call(json!(1), "echo", json!({}));
+    s.result(&json!(1));
+    eventually("the status file", || rt.file_of(&s).exists());
+    // A FIFO nobody writes to: opening it to read would block for ever.
+    let fifo = rt.dir().join(format!("{}.json", std::process::id()));
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success(), "mkfifo {fifo:?}");
+    // A file far larger than any document.
+    let big = rt.dir().join("1.json");
+    std::fs::write(&big, vec![b' '; 5 << 20]).unwrap();
+    let mut child = Command::new(PROXY)
+        .args(["status", "--json", "--dir"])
+        .arg(rt.dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("status hung on a FIFO in its directory");
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let docs: Vec<Value> =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(docs.len(), 1, "{stdout}");
+    assert_eq!(docs[0]["server"], "zeta");
+    assert!(stderr.contains("not a regular file"), "{stderr}");
+    assert!(
+        fifo.exists() && big.exists(),
+        "only documents of gone proxies are removed"
+    );
+}

@@ -234,7 +234,7 @@ pub fn check_sse(data: &[u8]) {
     }
     assert_eq!(
         whole.1,
-        last_ended_id(data, MAX),
+        last_ended_id(data),
         "the last id is not that of the last event ended"
     );
     for item in &whole.0 {
@@ -250,10 +250,10 @@ pub fn check_sse(data: &[u8]) {
 }
 
 /// The id of the last event `data` ends with a blank line, read line by
-/// line, plainly: the WHATWG rules for `id` (no NUL; lines longer than the
-/// parser keeps, `max` + 16 bytes, are not read), and the id set when the
-/// event ends. Empty is none.
-fn last_ended_id(data: &[u8], max: usize) -> Option<String> {
+/// line, plainly: the WHATWG rules for `id` (one with a NUL is ignored),
+/// mcp-retry's (one over `sse::MAX_ID` bytes leaves none), and the id set
+/// when the event ends. Empty is none.
+fn last_ended_id(data: &[u8]) -> Option<String> {
     let data = data.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(data);
     let mut buffer: Option<Vec<u8>> = None;
     let mut last: Option<Vec<u8>> = None;
@@ -269,13 +269,15 @@ fn last_ended_id(data: &[u8], max: usize) -> Option<String> {
         rest = &rest[end + skip..];
         if line.is_empty() {
             last.clone_from(&buffer);
-        } else if line.len() <= max + 16 {
+        } else {
             let (field, value) = match line.iter().position(|b| *b == b':') {
                 Some(i) => (&line[..i], &line[i + 1..]),
                 None => (line, &[][..]),
             };
             let value = value.strip_prefix(b" ").unwrap_or(value);
-            if field == b"id" && !value.contains(&0) {
+            if field == b"id" && value.len() > sse::MAX_ID {
+                buffer = None;
+            } else if field == b"id" && !value.contains(&0) {
                 buffer = Some(value.to_vec());
             }
         }

@@ -2,7 +2,7 @@
 //! failed request (a `ureq` error and whether the request was completely
 //! written, or a status with its `Retry-After` and body) to a [`Class`],
 //! one table row per case, and `Retry-After` read as delay-seconds or an
-//! HTTP-date. The transport turns a class into
+//! HTTP-date, clamped to [`MAX_PEER_DELAY`]. The transport turns a class into
 //! [`ServerEvent`](crate::downstream::ServerEvent)s. Knows no threads, no
 //! sockets and no clock (`now` is a parameter).
 
@@ -11,6 +11,11 @@
 use crate::downstream::Heal;
 use std::io::ErrorKind;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The longest delay a peer may ask for (`Retry-After`, SSE `retry`, the
+/// JSON `retryAfter` hints): anything longer, however written, is read as
+/// this, so that no deadline made from it can overflow.
+pub use crate::policy::backoff::MAX_RETRY_AFTER_HINT as MAX_PEER_DELAY;
 
 /// JSON-RPC `HeaderMismatch` (2026-07-28): the request's headers do not
 /// match its body.
@@ -130,20 +135,26 @@ pub fn json_rpc_error_code(body: &str) -> Option<i64> {
 }
 
 /// `Retry-After` (RFC 9110 §10.2.3): delay-seconds, or an HTTP-date, which
-/// is that long after `now` (zero once past). `None` if it is neither.
+/// is that long after `now` (zero once past), at most [`MAX_PEER_DELAY`]
+/// (digits too many for a number are that too). `None` if it is neither.
 pub fn retry_after_delay(value: &str, now: SystemTime) -> Option<Duration> {
     let v = value.trim();
     if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
-        return v.parse::<u64>().ok().map(Duration::from_secs);
+        let secs = v.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_PEER_DELAY));
     }
-    let at = UNIX_EPOCH + Duration::from_secs(http_date(v)?);
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    let delay = match UNIX_EPOCH.checked_add(Duration::from_secs(http_date(v)?)) {
+        Some(at) => at.duration_since(now).unwrap_or(Duration::ZERO),
+        None => MAX_PEER_DELAY,
+    };
+    Some(delay.min(MAX_PEER_DELAY))
 }
 
 /// An HTTP-date (RFC 9110 §5.6.7) as seconds since the Unix epoch: the
 /// IMF-fixdate `Sun, 06 Nov 1994 08:49:37 GMT`, and the obsolete forms a
 /// recipient must also accept, RFC 850 `Sunday, 06-Nov-94 08:49:37 GMT` and
-/// asctime `Sun Nov  6 08:49:37 1994`.
+/// asctime `Sun Nov  6 08:49:37 1994`. Years are 1970 to 9999 (four
+/// digits, as the grammar has them).
 pub fn http_date(text: &str) -> Option<u64> {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
@@ -167,7 +178,7 @@ pub fn http_date(text: &str) -> Option<u64> {
     let day: u64 = day.parse().ok().filter(|d| (1..=31).contains(d))?;
     let mut hms = time.split(':').map(|p| p.parse::<u64>().ok());
     let (h, mi, s) = (hms.next()??, hms.next()??, hms.next()??);
-    if hms.next().is_some() || h > 23 || mi > 59 || s > 60 || year < 1970 {
+    if hms.next().is_some() || h > 23 || mi > 59 || s > 60 || !(1970..=9999).contains(&year) {
         return None;
     }
     // Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
@@ -406,6 +417,37 @@ mod tests {
         for bad in ["", "-1", "1.5", "soon", "Wed, 21 Oct 2015 07:28:00 UTC"] {
             assert_eq!(retry_after_delay(bad, now), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn retry_after_is_clamped_to_the_longest_delay_a_peer_may_ask_for() {
+        let now = at(DATE_SECS);
+        for huge in [
+            "86401",
+            "9223372036854775808",
+            "18446744073709551615",
+            "99999999999999999999999999",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            assert_eq!(
+                retry_after_delay(huge, now),
+                Some(MAX_PEER_DELAY),
+                "{huge:?}"
+            );
+        }
+        // Beyond the grammar's four-digit years: not a date at all, and no
+        // overflow computing one.
+        for bad in [
+            "Fri, 31 Dec 99999999999 23:59:59 GMT",
+            "Fri, 31 Dec 18446744073709551615 23:59:59 GMT",
+            "Fri Dec 31 23:59:59 18446744073709551615",
+        ] {
+            assert_eq!(retry_after_delay(bad, now), None, "{bad:?}");
+        }
+        assert_eq!(
+            legacy(429, Some("18446744073709551615"), ""),
+            Class::Refused(Some(MAX_PEER_DELAY))
+        );
     }
 
     #[test]

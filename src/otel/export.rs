@@ -1,7 +1,9 @@
 //! The `otel-export` thread: takes finished span records and counter
 //! snapshots from a queue bounded by count and bytes, renders them
 //! (`record.rs`), encodes them (`json.rs`) and POSTs them as OTLP/JSON with
-//! ureq (2 s to connect, 2 s in all per request).
+//! ureq (2 s to connect, 2 s in all per request), following no redirect: a
+//! 3xx is a failed export naming the status, so the configured headers
+//! (often an API key) never reach the host a collector points to.
 //!
 //! The dispatcher's side ([`Handle`]) never blocks: it `try_send`s, and
 //! what does not fit is dropped and counted. So is what the collector did
@@ -296,6 +298,7 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(HTTP_TIMEOUT))
         .timeout_connect(Some(HTTP_TIMEOUT))
+        .max_redirects(0)
         .user_agent(concat!("mcp-retry/", env!("CARGO_PKG_VERSION")))
         .build()
         .into();
@@ -396,8 +399,13 @@ fn post(agent: &ureq::Agent, endpoint: &Endpoint, body: Vec<u8>) -> Result<(), u
         req = req.header(k.as_str(), v.as_str());
     }
     let resp = req.send(&body[..])?;
+    let status = resp.status().as_u16();
     // Read the (small) answer so the connection can be reused.
     let _ = resp.into_body().read_to_vec();
+    // Not followed: the collector's headers must not go elsewhere.
+    if (300..400).contains(&status) {
+        return Err(ureq::Error::StatusCode(status));
+    }
     Ok(())
 }
 

@@ -642,6 +642,12 @@ fn urls_are_logged_without_credentials() {
         shown_url("http://u:p@c:4318/v1/traces"),
         "http://c:4318/v1/traces"
     );
-    assert_eq!(shown_url("https://c/x?a=b@c"), "https://c/x?a=b@c");
+    assert_eq!(shown_url("https://c/x?a=b@c"), "https://c/x?[redacted]");
+    assert_eq!(
+        shown_url("http://u:p@c:4318/v1/traces?api_key=s3cr3t#f"),
+        "http://c:4318/v1/traces?[redacted]"
+    );
+    assert_eq!(shown_url("https://c/x#api_key=s"), "https://c/x#[redacted]");
     assert_eq!(shown_url("c:4318"), "c:4318");
+    assert_eq!(shown_url("c:4318?k=v"), "c:4318?[redacted]");
 }

@@ -5,13 +5,16 @@
 //!
 //! The exit code tells scripts whether something is wrong: 1 when a
 //! breaker is open or a server is down (or dormant), else 0. Reads and
-//! removes files only in the runtime directory; prints on stdout.
+//! removes files only in the runtime directory, and reads only regular
+//! files there, opened without blocking (a FIFO named like a document
+//! cannot hang it) and at most [`MAX_DOCUMENT`] bytes of each; prints on
+//! stdout.
 
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::{IsTerminal, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,6 +23,10 @@ use anyhow::{bail, Context, Result};
 
 use super::{Document, ToolDoc, VERSION};
 use crate::cli::{StatusArgs, StatusFormat};
+
+/// The largest status document read (a proxy writes at most 200 tools,
+/// far less than this); a larger file is skipped.
+pub const MAX_DOCUMENT: u64 = 4 << 20;
 
 /// One live proxy's document.
 #[derive(Debug, Clone)]
@@ -128,8 +135,20 @@ pub fn collect(dir: &Path) -> Result<Vec<Live>> {
             }
             continue;
         }
-        let text = match fs::read_to_string(&path) {
-            Ok(t) => t,
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            crate::warn!("skipped {}: not a regular file", path.display());
+            continue;
+        }
+        let text = match read_document(&path) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                crate::warn!(
+                    "skipped {}: not a regular file of at most {} bytes",
+                    path.display(),
+                    MAX_DOCUMENT
+                );
+                continue;
+            }
             // Removed by its proxy meanwhile.
             Err(_) => continue,
         };
@@ -153,6 +172,31 @@ pub fn collect(dir: &Path) -> Result<Vec<Live>> {
     }
     sort(&mut live, now);
     Ok(live)
+}
+
+/// The text of the document at `path`: opened without blocking and
+/// without following a link (a FIFO or device put there in its place
+/// cannot hang the command), read only if it is a regular file, at most
+/// [`MAX_DOCUMENT`] bytes. `None` if it is not such a file.
+fn read_document(path: &Path) -> std::io::Result<Option<String>> {
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
+    }
+    let file = options.open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.len() > MAX_DOCUMENT {
+        return Ok(None);
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_DOCUMENT + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_DOCUMENT {
+        return Ok(None);
+    }
+    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
 // ----- judging ---------------------------------------------------------------------
