@@ -4,8 +4,9 @@
 //! 2025-11-25, and the sessionless requests of 2026-07-28, told apart per
 //! message (a 2026-07-28 request names its version in `_meta`).
 //!
-//! Each line the dispatcher sends becomes one POST, made by one of a small
-//! pool of `http-post` threads (requests). A JSON answer or the events of
+//! Each line the dispatcher sends becomes one POST, made by one of a pool
+//! of `http-post` threads (requests; it grows on demand, from `POOL` to
+//! `POOL_MAX`, when no thread is idle). A JSON answer or the events of
 //! an SSE answer are reported in the order they came, the POST's own answer
 //! last; a notification or a response gets 202. The session id the server
 //! sets on `initialize` and the negotiated protocol version go on every
@@ -103,8 +104,14 @@ use crate::stdio::Backlog;
 use classify::Class;
 use conn::Exchange;
 
-/// Threads making POSTs: calls in flight at once beyond this wait their turn.
+/// Threads making POSTs that are always there.
 const POOL: usize = 8;
+/// Most threads making POSTs: a request that finds none idle starts one,
+/// up to this many (after an outage, the calls that waited go out at
+/// once); calls in flight beyond it wait their turn. One beyond `POOL`
+/// that has been idle for [`POOL_IDLE_EXIT`] ends.
+const POOL_MAX: usize = 64;
+const POOL_IDLE_EXIT: Duration = Duration::from_secs(30);
 /// Threads posting what is not a request (notifications, cancels, answers
 /// to the server's requests), so that they never wait behind long calls.
 const NOTE_POOL: usize = 2;
@@ -217,6 +224,8 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         helper_cwd: cfg.cwd.clone(),
         helper_headers: Mutex::new(None),
         needs_fix: AtomicBool::new(false),
+        posters: AtomicUsize::new(POOL),
+        idle_posters: AtomicUsize::new(0),
         session: Mutex::new(SessionState::default()),
         exchanges: Mutex::new(Exchanges::default()),
         tool_headers: Mutex::new(HashMap::new()),
@@ -233,27 +242,17 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         queued: [rx.clone(), notes_rx.clone()],
         backlog: Backlog::new(crate::child::STDIN_BACKLOG),
     });
-    let pools = [
-        ("http-post", POOL, &rx),
-        ("http-note", NOTE_POOL, &notes_rx),
-    ];
-    for (name, size, rx) in pools {
-        for n in 0..size {
-            let shared = shared.clone();
-            let rx: Receiver<Vec<u8>> = rx.clone();
-            std::thread::Builder::new()
-                .name(format!("{name}-{n}"))
-                .spawn(move || {
-                    for line in rx {
-                        shared.backlog.remove(line.len());
-                        shared.post(line);
-                    }
-                })
-                .map_err(|e| format!("cannot start the HTTP threads: {e}"))?;
-        }
+    for n in 0..POOL {
+        spawn_poster(&shared, &rx, "http-post", n, false)
+            .map_err(|e| format!("cannot start the HTTP threads: {e}"))?;
+    }
+    for n in 0..NOTE_POOL {
+        spawn_poster(&shared, &notes_rx, "http-note", n, false)
+            .map_err(|e| format!("cannot start the HTTP threads: {e}"))?;
     }
     Ok(Http {
         shared,
+        posts: rx,
         jobs: Some(jobs),
         notes: Some(notes),
         stop: Some(stop),
@@ -287,8 +286,10 @@ fn tls_config(file: &std::path::Path) -> Result<ureq::tls::TlsConfig, String> {
 pub struct Http {
     shared: Arc<Shared>,
     /// The POST threads' queue for requests; dropped when the connection
-    /// closes.
+    /// closes. `posts` is its receiving end, for the threads started on
+    /// demand.
     jobs: Option<Sender<Vec<u8>>>,
+    posts: Receiver<Vec<u8>>,
     /// The queue for the rest (notifications, responses).
     notes: Option<Sender<Vec<u8>>>,
     /// Dropped to wake the GET thread from its reconnection wait.
@@ -306,6 +307,9 @@ struct Shared {
     helper_cwd: Option<std::path::PathBuf>,
     /// What `headers_helper` printed last; `None` before its first run.
     helper_headers: Mutex<Option<Vec<(String, String)>>>,
+    /// POST threads for requests, and how many of them wait for work.
+    posters: AtomicUsize,
+    idle_posters: AtomicUsize,
     /// A request could not be sent for a reason waiting does not heal
     /// (an unknown host, TLS): `Gone` says so.
     needs_fix: AtomicBool,
@@ -456,12 +460,15 @@ impl Downstream for Http {
         let Some(queue) = queue else {
             return false;
         };
+        let is_request = scan.request_id().is_some();
         // Counted before a thread can take it (and count it out).
         let n = line.len();
         self.shared.backlog.add(n);
         let sent = queue.send(line).is_ok();
         if !sent {
             self.shared.backlog.remove(n);
+        } else if is_request {
+            self.more_posters();
         }
         sent
     }
@@ -519,6 +526,74 @@ impl Http {
         self.notes = None;
         self.stop = None;
     }
+}
+
+impl Http {
+    /// A request was queued: if more wait than POST threads wait for
+    /// work, one more is started (up to [`POOL_MAX`]).
+    fn more_posters(&self) {
+        let shared = &self.shared;
+        if shared.idle_posters.load(Ordering::SeqCst) >= self.posts.len() {
+            return;
+        }
+        let n = shared.posters.fetch_add(1, Ordering::SeqCst);
+        if n >= POOL_MAX {
+            shared.posters.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
+        if let Err(e) = spawn_poster(shared, &self.posts, "http-post", n, true) {
+            shared.posters.fetch_sub(1, Ordering::SeqCst);
+            crate::debug!("cannot start another HTTP thread: {e}");
+        }
+    }
+}
+
+/// Starts a thread posting the lines of `rx`. One started on demand
+/// (`extra`) ends after [`POOL_IDLE_EXIT`] without work while more than
+/// [`POOL`] post requests; every one ends when the queue closes.
+fn spawn_poster(
+    shared: &Arc<Shared>,
+    rx: &Receiver<Vec<u8>>,
+    name: &str,
+    n: usize,
+    extra: bool,
+) -> std::io::Result<()> {
+    let shared = shared.clone();
+    let rx = rx.clone();
+    let counts = name == "http-post";
+    std::thread::Builder::new()
+        .name(format!("{name}-{n}"))
+        .spawn(move || loop {
+            if counts {
+                shared.idle_posters.fetch_add(1, Ordering::SeqCst);
+            }
+            let next = match extra {
+                true => rx.recv_timeout(POOL_IDLE_EXIT),
+                false => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            if counts {
+                shared.idle_posters.fetch_sub(1, Ordering::SeqCst);
+            }
+            match next {
+                Ok(line) => {
+                    shared.backlog.remove(line.len());
+                    shared.post(line);
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let fewer =
+                        shared
+                            .posters
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                                (t > POOL).then(|| t - 1)
+                            });
+                    if fewer.is_ok() {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        })
+        .map(|_| ())
 }
 
 impl Drop for Http {

@@ -646,33 +646,37 @@ fn a_cancel_is_not_queued_behind_calls_that_take_every_post_thread() {
 #[test]
 fn calls_no_thread_took_when_the_session_is_lost_are_sent_again_for_any_tool() {
     let server = Server::start();
-    // The seven calls cut by the lost session must not open the breaker.
+    // The calls cut by the lost session must not open the breaker.
     let config = format!(
-        "{}    circuit_breaker:\n      failure_threshold: 100\n",
+        "{}    circuit_breaker:\n      failure_threshold: 1000\n",
         patient_config(&server)
     );
     let mut s = start_with(&config);
     s.list_tools();
-    // Every call thread busy: seven hanging calls and one the server holds.
-    for id in 1..=7 {
+    // Every call thread busy (the pool grows to 64): 63 hanging calls and
+    // one the server holds.
+    let busy = 63;
+    for id in 1..=busy {
         server.fault(Fault::Hang);
         s.call(json!(id), "write", json!({ "n": id }));
     }
     crate::util::eventually("the hanging calls to arrive", || {
-        server.with(|st| st.calls_at.len() == 7)
+        server.with(|st| st.calls_at.len() == busy)
     });
     server.fault(Fault::HeldThenLoseSession);
-    s.call(json!(8), "write", json!({ "n": 8 }));
+    let held = busy + 1;
+    s.call(json!(held), "write", json!({ "n": held }));
     crate::util::eventually("the calls to arrive", || {
-        server.with(|st| st.calls_at.len() == 8)
+        server.with(|st| st.calls_at.len() == held)
     });
     // Queued: no thread is free to post it.
-    s.call(json!(9), "write", json!({ "n": 9 }));
+    let queued = held + 1;
+    s.call(json!(queued), "write", json!({ "n": queued }));
     server.release();
     // The held call and the queued one never reached the server: both go
     // again on the new session, although `write` is not safe to retry.
-    assert_eq!(text_of(&s.result(&json!(8))), "write done");
-    assert_eq!(text_of(&s.result(&json!(9))), "write done");
+    assert_eq!(text_of(&s.result(&json!(held))), "write done");
+    assert_eq!(text_of(&s.result(&json!(queued))), "write done");
     assert_eq!(server.executions("write"), 2);
     server.with(|st| assert_eq!(st.initializes, 2));
 }

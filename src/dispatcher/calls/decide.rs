@@ -75,7 +75,7 @@ impl Calls {
             delay.as_secs_f64(),
             self.cfg.retry.max_retries
         );
-        let at = ctx.now + delay;
+        let at = crate::policy::instant_add(ctx.now, delay);
         call.retry_at = Some(at);
         out.push(Action::Timer(at, CallTimer::RetryDue { call: id }));
         trace(ctx, out, || Trace::Backoff {
@@ -134,7 +134,7 @@ impl Calls {
             .backoff
             .delay(retries_done + 1, &mut self.rng)
             .max(hint.unwrap_or_default());
-        let at = now + delay;
+        let at = crate::policy::instant_add(now, delay);
         if at >= call.deadline {
             return Verdict::GiveUp(Reason::DeadlineExceeded);
         }
