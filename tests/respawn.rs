@@ -401,19 +401,18 @@ fn an_answer_written_before_the_server_exits_reaches_a_client_that_reads_late() 
         s.stderr()
     );
     // The client goes on not reading for a while (the behaviour under
-    // test: the proxy used to give up on the server 500 ms after its exit).
+    // test: the proxy used to give up on the server 500 ms after its exit,
+    // and the answer still in the pipe was lost). Whether the proxy has
+    // read the pipe to its end meanwhile depends on how fast its dispatcher
+    // moves lines on (a busy machine lets more wait in its inbox), so only
+    // what the client gets is checked.
     std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        !s.stderr().contains("exited with status 0"),
-        "the proxy gave up on the server before reading its stdout:\n{}",
-        s.stderr()
-    );
     s.read_stdout();
     let r = s.result(&json!("flood"));
     assert_eq!(r["content"][0]["text"], "the real answer", "{r}");
     assert!(crate::util::source_marker(&r).is_none(), "{r}");
-    // Only now, with the pipe read to its end, is the server gone: the
-    // session goes on with a new one, and the tool ran once.
+    // The server is gone once its pipe was read to the end: the session
+    // goes on with a new one, and the tool ran once.
     eventually("the server's exit to be noticed", || {
         s.stderr().contains("exited with status 0")
     });
