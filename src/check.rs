@@ -457,6 +457,13 @@ impl Conversation<'_> {
                 Some(ServerEvent::Refused { why, .. }) => {
                     return Answer::Error(clean_line(&why, MAX_REASON_LINE))
                 }
+                // No answer will come to it (a 5xx, a 401).
+                Some(ServerEvent::Failed {
+                    id: failed,
+                    failure,
+                }) if failed == id => {
+                    return Answer::Error(clean_line(&failure.message, MAX_REASON_LINE))
+                }
                 // Gone comes after everything the server sent.
                 Some(ServerEvent::Gone(gone)) => {
                     self.ended = true;
@@ -467,6 +474,7 @@ impl Conversation<'_> {
                     | ServerEvent::Overlong
                     | ServerEvent::TooLong { .. }
                     | ServerEvent::Unsent { .. }
+                    | ServerEvent::Failed { .. }
                     | ServerEvent::Draining,
                 ) => {}
                 // Every sender is gone: nothing more can arrive.

@@ -101,6 +101,13 @@ pub enum Reason {
     ResponseTooLarge,
     /// The server's answer was not a valid JSON-RPC response.
     InvalidResponse,
+    /// The request reached the server, but no answer came back (a 5xx
+    /// without a JSON-RPC answer, a connection broken after it was sent):
+    /// it may have run.
+    TransportError,
+    /// The server refused the request without running it (401, 403,
+    /// another 4xx without a JSON-RPC answer).
+    Rejected,
 }
 
 impl Reason {
@@ -117,6 +124,8 @@ impl Reason {
             Reason::DeadlineExceeded => "deadline_exceeded",
             Reason::ResponseTooLarge => "response_too_large",
             Reason::InvalidResponse => "invalid_response",
+            Reason::TransportError => "transport_error",
+            Reason::Rejected => "rejected",
         }
     }
 }

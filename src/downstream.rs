@@ -55,6 +55,11 @@ pub enum ServerEvent {
         why: String,
         retry_after: Option<Duration>,
     },
+    /// The transport got no answer to request `id` (raw, as sent) and
+    /// never will: what it knows of what happened. The transport reports
+    /// this and invents no server answer; the dispatcher answers the
+    /// client with the proxy's own error.
+    Failed { id: String, failure: Failure },
     /// The server takes no more input, but what it sent is still being
     /// delivered (stdio: the process exited with output left in the pipe);
     /// `Gone` follows. New traffic should wait for the next server.
@@ -77,6 +82,20 @@ pub struct Gone {
     /// refused, reset) or someone must fix something first ([`Heal::Fix`]:
     /// an unknown host, a certificate the server's name does not match).
     pub heal: Heal,
+}
+
+/// What a transport knows of a request it got no answer to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// For people, with the server named: `the MCP server http://h/mcp
+    /// answered 502 Bad Gateway: upstream down`.
+    pub message: String,
+    /// The HTTP status, when one came.
+    pub status: Option<u16>,
+    /// The server had all of the request, so it may have run (a 5xx, a
+    /// connection broken after the request was written); false when it was
+    /// refused and did not run (401, 403, another 4xx).
+    pub may_have_run: bool,
 }
 
 /// Why a server could not be started or connected to.

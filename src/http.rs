@@ -47,16 +47,17 @@
 //! received), so the dispatcher resends it after reconnecting; so is an
 //! `initialize` answered with 5xx, 408, 429 or a broken connection (a
 //! failed start, which the link retries with its backoff); a stream that
-//! broke after sending answers its own request with a transient error,
-//! outcome unknown (the safety gate decides), and the session and the other
+//! broke after sending is that request's `Failed` (it may have run: the
+//! dispatcher's safety gate decides), and the session and the other
 //! requests go on (a server that really went away is found by the next
 //! POST: refused, or a 404 for the session); a lost session is `Unsent`
 //! plus `Gone`, so the link
 //! re-initializes and the message goes again; 429 and 503 with
 //! `Retry-After` are `Refused` (not run, retried after the hint);
-//! 500/502/503/504 answer the request with a transient error (it may have
-//! run); other statuses answer it with a final error naming the status
-//! (2026-07-28: the server's own JSON-RPC error, when it sent one). Header
+//! 500/502/503/504 are `Failed`, may have run; other statuses are
+//! `Failed`, not run (2026-07-28: the server's own JSON-RPC error, when it
+//! sent one, is its answer). The transport never makes up a JSON-RPC
+//! answer: the dispatcher answers with the proxy's error. Header
 //! values are secrets: they never appear in a message, and the server's
 //! text is scrubbed of them. When the connection is gone, the lines still
 //! queued for the POST threads are reported `Unsent` first.
@@ -97,7 +98,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::config::{check_header, ServerConfig};
-use crate::downstream::{Downstream, Gone, Heal, OnEvent, ServerEvent};
+use crate::downstream::{Downstream, Failure, Gone, Heal, OnEvent, ServerEvent};
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::stdio::Backlog;
 
@@ -153,10 +154,6 @@ const RESUME_WAIT_MAX: Duration = Duration::from_secs(5);
 const EARLY_CANCELS: usize = 1024;
 /// Most pages of `tools/list` read after a header mismatch.
 const RELIST_PAGES: usize = 100;
-/// A final error for an HTTP status other than the transient ones.
-const REJECTED_CODE: i64 = -32600;
-/// The error for 500/502/503/504, one of the default transient codes.
-const SERVER_ERROR_CODE: i64 = -32603;
 
 /// Splits `Name: value` (the CLI's `--header`) at its first colon.
 pub fn split_header(text: &str) -> Result<(String, String), String> {
@@ -1428,10 +1425,9 @@ impl Shared {
         }
     }
 
-    /// Answers the request `post` with an error of ours naming what
-    /// happened (a notification is only logged). `ran`: it may have run (a
-    /// transient code, `data.outcome: "unknown"`); else it did not (a final
-    /// code).
+    /// Reports that request `post` gets no answer, and what happened (a
+    /// notification is only logged): `ran`, it may have run; else it did
+    /// not. The dispatcher answers it with the proxy's error.
     fn answer_error(&self, post: &Post, why: &str, status: Option<u16>, ran: bool) {
         let Some(id) = &post.request_id else {
             let what = if post.method.is_some() {
@@ -1445,21 +1441,14 @@ impl Shared {
             Some(_) => format!("the MCP server {} answered {why}", self.shown),
             None => format!("the MCP server {}: {why}", self.shown),
         };
-        let mut data = Vec::new();
-        if let Some(s) = status {
-            data.push(format!("\"httpStatus\":{s}"));
-        }
-        if ran {
-            data.push("\"outcome\":\"unknown\"".to_owned());
-        }
-        let data = (!data.is_empty()).then(|| format!("{{{}}}", data.join(",")));
-        let code = if ran {
-            SERVER_ERROR_CODE
-        } else {
-            REJECTED_CODE
-        };
-        let line = jsonrpc::error_line(Some(id), code, &message, data.as_deref());
-        self.deliver(String::from_utf8_lossy(&line).trim_end().to_owned(), None);
+        self.emit(ServerEvent::Failed {
+            id: id.clone(),
+            failure: Failure {
+                message,
+                status,
+                may_have_run: ran,
+            },
+        });
     }
 
     /// Starts the thread that keeps the server's own stream open.

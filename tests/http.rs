@@ -921,3 +921,53 @@ fn a_cut_modern_stream_is_never_resumed() {
         assert_ne!(st.call_ids[1], st.call_ids[2]);
     });
 }
+
+#[test]
+fn a_failure_after_the_tool_ran_is_the_proxys_error_and_an_outer_proxy_never_retries_it() {
+    // Two proxies in a chain; the outer one knows `write` as idempotent. The
+    // server runs the tool, then answers 502: the inner proxy reports what
+    // happened as its own error (it may have run), which no mcp-retry
+    // retries, so the tool ran once.
+    let server = Server::start();
+    let outer = format!(
+        "servers:\n  chain:\n    command: {}\n    args: [run, --url, \"{}\"]\n    retry:\n      base_delay: 0.05\n      jitter: 0\n    tools:\n      write:\n        idempotent: true\n",
+        crate::util::PROXY,
+        server.url()
+    );
+    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+        .file("c.yaml", &outer)
+        .env("NO_PROXY", "127.0.0.1")
+        .start();
+    s.initialize();
+    s.list_tools();
+    server.fault(Fault::RunThenStatus(502, "upstream down"));
+    s.call(json!(1), "write", json!({}));
+    let error = s.error(&json!(1));
+    assert_eq!(error["code"], -31000, "{error}");
+    assert_eq!(error["data"]["source"], "mcp-retry", "{error}");
+    // The inner proxy's own verdict: it does not know `write` as safe.
+    assert_eq!(error["data"]["reason"], "not_retried_unsafe", "{error}");
+    assert_eq!(error["data"]["httpStatus"], 502, "{error}");
+    assert_eq!(error["data"]["outcome"], "unknown", "{error}");
+    let message = error["message"].as_str().unwrap_or("");
+    assert!(message.contains("502 Bad Gateway"), "{error}");
+    assert_eq!(server.executions("write"), 1);
+    // Alone, the same: the proxy's error, not one dressed as the server's.
+    let mut alone = start(&server);
+    alone.list_tools();
+    server.fault(Fault::RunThenStatus(502, "upstream down"));
+    alone.call(json!(2), "write", json!({}));
+    let error = alone.error(&json!(2));
+    assert_eq!(error["data"]["source"], "mcp-retry", "{error}");
+    assert_eq!(error["data"]["reason"], "not_retried_unsafe", "{error}");
+    assert_eq!(error["data"]["httpStatus"], 502, "{error}");
+    assert_eq!(server.executions("write"), 2);
+    // A 401 that stays a 401 is final: `rejected`, not run, not retried.
+    server.fault(Fault::Status(401, None, "bad token"));
+    server.fault(Fault::Status(401, None, "bad token"));
+    alone.call(json!(3), "read", json!({}));
+    let error = alone.error(&json!(3));
+    assert_eq!(error["data"]["reason"], "rejected", "{error}");
+    assert_eq!(error["data"]["httpStatus"], 401, "{error}");
+    assert!(error["data"].get("outcome").is_none(), "{error}");
+}

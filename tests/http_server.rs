@@ -31,6 +31,9 @@ pub enum Fault {
     /// Answers this status (without running the tool); `Retry-After` if
     /// given; the body is a JSON-RPC error with this message.
     Status(u16, Option<&'static str>, &'static str),
+    /// Runs the tool, then answers this status with a JSON-RPC error body
+    /// with this message (a gateway that failed after the work was done).
+    RunThenStatus(u16, &'static str),
     /// Forgets the session and answers 404, without running the tool.
     LoseSession,
     /// Never answers; counts in `hung_closed` when the client closes the
@@ -560,6 +563,12 @@ fn serve(
                     s.executions.push(tool);
                     cv.notify_all();
                     let _ = stream.shutdown(Shutdown::Both);
+                }
+                Some(Fault::RunThenStatus(status, message)) => {
+                    s.executions.push(tool);
+                    cv.notify_all();
+                    let headers = vec![("Content-Type", "application/json".to_owned())];
+                    respond(&stream, status, &headers, &error_body(message));
                 }
                 Some(Fault::Status(status, retry_after, message)) => {
                     let mut headers = vec![("Content-Type", "application/json".to_owned())];

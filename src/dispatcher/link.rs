@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::config::Transport;
-use crate::downstream::{Downstream, Gone, Heal, Sent, ServerEvent, StartError};
+use crate::downstream::{
+    Downstream, Failure as TransportFailure, Gone, Heal, Sent, ServerEvent, StartError,
+};
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::{debug, info, warn};
 
@@ -479,6 +481,7 @@ impl Dispatcher {
                 );
             }
             ServerEvent::Unsent { lines } => self.on_unsent(lines, now),
+            ServerEvent::Failed { id, failure } => self.on_transport_failed(&id, failure, now),
             ServerEvent::Refused {
                 lines,
                 why,
@@ -538,6 +541,49 @@ impl Dispatcher {
         }
     }
 
+    /// The transport got no answer to downstream request `id`: a client
+    /// request is answered with the proxy's error saying what happened
+    /// (`transport_error` with `outcome: "unknown"` when it may have run,
+    /// `rejected` when it did not), a call attempt fails so (the policies
+    /// decide: the safety gate for one that may have run; one refused is
+    /// final), the proxy's own requests are given up.
+    fn on_transport_failed(&mut self, id: &str, failure: TransportFailure, now: Instant) {
+        let Some(down) = id.parse::<u64>().ok() else {
+            return debug!("a failure for request {id}, which the proxy never issued");
+        };
+        self.unwritten.remove(&down);
+        match self.inflight.remove(&down) {
+            Some(Inflight::Client { client_id, .. }) => {
+                let (reason, extra) = failure_error_parts(&failure);
+                warn!("answered client request {client_id}: {}", failure.message);
+                let error = super::proxy_error(reason, &failure.message, &extra);
+                let line = jsonrpc::error_response_line(&client_id, &error);
+                self.answer(&client_id, line);
+            }
+            Some(Inflight::ToolsList) => {
+                self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
+            }
+            Some(Inflight::Replay(step)) => {
+                if step == ReplayStep::Initialize {
+                    warn!(
+                        "the restarted server is not usable: {}; stopping it",
+                        failure.message
+                    );
+                    if let Link::Up(c) = &mut self.link {
+                        c.server.kill();
+                    }
+                }
+            }
+            None => {
+                let failure = match failure.may_have_run {
+                    true => Failure::Transport(failure.message, failure.status),
+                    false => Failure::Rejected(failure.message, failure.status),
+                };
+                self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
+            }
+        }
+    }
+
     /// Lines the server refused without acting on them (it is still up):
     /// call attempts fail as refused (retried after the hint, whatever the
     /// tool), client requests are answered with the refusal and the hint.
@@ -554,11 +600,15 @@ impl Dispatcher {
             };
             match self.inflight.remove(&down) {
                 Some(Inflight::Client { client_id, .. }) => {
-                    let data = retry_after
-                        .map(|d| format!("{{\"retryAfterMs\":{}}}", d.as_millis()))
-                        .unwrap_or_else(|| "{}".into());
+                    // Not run: the client may send it again, not before
+                    // the hint. The proxy's error, never one dressed as
+                    // the server's.
+                    let extra: Vec<(&str, String)> = retry_after
+                        .map(|d| ("retryAfterMs", d.as_millis().to_string()))
+                        .into_iter()
+                        .collect();
                     let message = format!("the MCP server refused the request ({why})");
-                    let error = jsonrpc::error_object(-32000, &message, Some(&data));
+                    let error = super::proxy_error(Reason::ServerUnavailable, &message, &extra);
                     let line = jsonrpc::error_response_line(&client_id, &error);
                     self.answer(&client_id, line);
                 }
@@ -863,6 +913,21 @@ impl Dispatcher {
     /// Whether the link can carry the proxy's own requests now.
     pub(super) fn link_ready(&self) -> bool {
         matches!(&self.link, Link::Up(c) if c.ready && !c.draining)
+    }
+}
+
+/// The reason and `data` members of the proxy's error for a request the
+/// transport got no answer to.
+pub(super) fn failure_error_parts(f: &TransportFailure) -> (Reason, Vec<(&'static str, String)>) {
+    let mut extra = Vec::new();
+    if let Some(status) = f.status {
+        extra.push(("httpStatus", status.to_string()));
+    }
+    if f.may_have_run {
+        extra.push(("outcome", "\"unknown\"".to_owned()));
+        (Reason::TransportError, extra)
+    } else {
+        (Reason::Rejected, extra)
     }
 }
 

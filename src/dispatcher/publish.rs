@@ -23,7 +23,7 @@ use super::{Dispatcher, Reason, Timer};
 
 /// Every reason a proxy error may carry, for the failure counters (a
 /// reason the table does not know is counted as `other`).
-const REASONS: [Reason; 11] = [
+const REASONS: [Reason; 13] = [
     Reason::ServerExited,
     Reason::ServerUnavailable,
     Reason::Overloaded,
@@ -35,6 +35,8 @@ const REASONS: [Reason; 11] = [
     Reason::DeadlineExceeded,
     Reason::ResponseTooLarge,
     Reason::InvalidResponse,
+    Reason::TransportError,
+    Reason::Rejected,
 ];
 
 /// The reason counted for an error object (raw JSON) a call ended with:

@@ -1179,3 +1179,40 @@ fn a_breaker_that_failed_calls_opened_stays_open_when_the_server_comes_back() {
     assert!(refused.contains("circuit_open"), "{refused}");
     assert!(h.try_to_server().is_none());
 }
+
+#[test]
+fn a_request_the_transport_got_no_answer_to_gets_the_proxys_error() {
+    let mut h = Harness::new();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"r","method":"resources/read","params":{"uri":"a"}}"#);
+    let sent = h.to_server();
+    let failed = |may_have_run, status| ServerEvent::Failed {
+        id: id_of(&sent).to_string(),
+        failure: crate::downstream::Failure {
+            message: "the MCP server x answered 502 Bad Gateway".into(),
+            status: Some(status),
+            may_have_run,
+        },
+    };
+    h.server_event(failed(true, 502));
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["id"], "r");
+    assert_eq!(e["error"]["code"], -31000);
+    assert_eq!(e["error"]["data"]["source"], "mcp-retry");
+    assert_eq!(e["error"]["data"]["reason"], "transport_error");
+    assert_eq!(e["error"]["data"]["httpStatus"], 502);
+    assert_eq!(e["error"]["data"]["outcome"], "unknown");
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"s","method":"resources/read","params":{"uri":"a"}}"#);
+    let sent = h.to_server();
+    h.server_event(ServerEvent::Failed {
+        id: id_of(&sent).to_string(),
+        failure: crate::downstream::Failure {
+            message: "the MCP server x answered 403 Forbidden".into(),
+            status: Some(403),
+            may_have_run: false,
+        },
+    });
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["error"]["data"]["reason"], "rejected");
+    assert!(e["error"]["data"].get("outcome").is_none());
+    h.nothing_sent();
+}

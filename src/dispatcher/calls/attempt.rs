@@ -244,8 +244,13 @@ impl Calls {
             return self.decide(id, failure, ctx, out);
         }
         let trial = std::mem::take(&mut call.trial);
-        let t = self.breaker.on_failure(trial, ctx.now);
-        self.log_transition(t, ctx, out);
+        if failure.counts() {
+            let t = self.breaker.on_failure(trial, ctx.now);
+            self.log_transition(t, ctx, out);
+        } else if trial {
+            // It says nothing of health; free the trial.
+            self.breaker.on_trial_abandoned();
+        }
         self.decide(id, failure, ctx, out);
     }
 

@@ -28,11 +28,36 @@ pub(in crate::dispatcher) enum Failure {
     /// The server refused the request without running it (HTTP 429): safe
     /// to retry, not before the hint.
     Refused(String, Option<Duration>),
+    /// The request reached the server, but no answer came back (a 5xx
+    /// without a JSON-RPC answer, a connection broken after it was sent),
+    /// with the HTTP status if one came: ambiguous.
+    Transport(String, Option<u16>),
+    /// The server refused it for good without running it (401, 403,
+    /// another 4xx): final, not retried.
+    Rejected(String, Option<u16>),
 }
 
 impl Failure {
     pub(super) fn ambiguous(&self) -> bool {
-        !matches!(self, Failure::NeverSent(_) | Failure::Refused(..))
+        !matches!(
+            self,
+            Failure::NeverSent(_) | Failure::Refused(..) | Failure::Rejected(..)
+        )
+    }
+
+    /// Whether it says something of the server's health (for the
+    /// breaker): not a request the server never had, and not one it
+    /// refused for good (a wrong token says nothing of health).
+    pub(super) fn counts(&self) -> bool {
+        !matches!(self, Failure::NeverSent(_) | Failure::Rejected(..))
+    }
+
+    /// The HTTP status that came with it, if any.
+    pub(super) fn http_status(&self) -> Option<u16> {
+        match self {
+            Failure::Transport(_, s) | Failure::Rejected(_, s) => *s,
+            _ => None,
+        }
     }
 
     /// For logs: `never_sent`, `timeout`, `server_exited`, `transient_error`.
@@ -43,6 +68,8 @@ impl Failure {
             Failure::Exited(_) => "server_exited",
             Failure::Transient(_) => "transient_error",
             Failure::Refused(..) => "refused",
+            Failure::Transport(..) => "transport_error",
+            Failure::Rejected(..) => "rejected",
         }
     }
 }

@@ -117,6 +117,10 @@ impl Calls {
         let Some(call) = self.calls.get(&id) else {
             return Verdict::GiveUp(Reason::RetriesExhausted);
         };
+        if let Failure::Rejected(..) = failure {
+            // Refused for good: the same request would be refused again.
+            return Verdict::GiveUp(Reason::Rejected);
+        }
         let retries_done = call.attempts.saturating_sub(1);
         let max_retries = self.cfg.retry.max_retries;
         if retries_done >= max_retries {
@@ -255,7 +259,7 @@ impl Calls {
         ];
         match &call.last_failure {
             Some(Failure::Transient(e)) if retry => extra.push(("lastError", e.clone())),
-            Some(Failure::Exited(_) | Failure::Timeout(_)) if retry => {
+            Some(Failure::Exited(_) | Failure::Timeout(_) | Failure::Transport(..)) if retry => {
                 extra.push(("outcome", "\"unknown\"".to_owned()))
             }
             _ => {}
@@ -282,8 +286,13 @@ impl Calls {
         };
         let message = give_up_message(&call.tool, reason, failure, call.attempts);
         let mut extra = vec![("attempts", call.attempts.to_string())];
+        if let Some(status) = failure.http_status() {
+            extra.push(("httpStatus", status.to_string()));
+        }
         match failure {
-            Failure::Exited(_) => extra.push(("outcome", "\"unknown\"".to_owned())),
+            Failure::Exited(_) | Failure::Transport(..) => {
+                extra.push(("outcome", "\"unknown\"".to_owned()))
+            }
             // The server said when to come back, past what the call may wait:
             // the client learns when.
             Failure::Refused(_, Some(hint)) => {

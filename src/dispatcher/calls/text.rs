@@ -98,6 +98,10 @@ pub(super) fn describe_failure(tool: &str, f: &Failure) -> String {
         Failure::Refused(why, _) => format!("tool \"{tool}\" was refused ({why})"),
         Failure::Timeout(d) => format!("tool \"{tool}\" timed out after {}", secs(*d)),
         Failure::Exited(why) => format!("tool \"{tool}\" lost its server before answering ({why})"),
+        Failure::Transport(why, _) => {
+            format!("tool \"{tool}\" got no answer after it was sent ({why})")
+        }
+        Failure::Rejected(why, _) => format!("tool \"{tool}\" was rejected ({why})"),
         Failure::Transient(e) => {
             let code = RawObject::parse(e)
                 .and_then(|o| o.get("code").map(|c| c.get().to_owned()))
@@ -114,7 +118,9 @@ pub(super) fn give_up_message(tool: &str, reason: Reason, f: &Failure, attempts:
         Reason::NotRetriedUnsafe | Reason::ServerExited => format!(
             "{what} and was not retried: it is not known to be idempotent (set tools.{tool}.idempotent: true if it is){}",
             match f {
-                Failure::Exited(_) | Failure::Timeout(_) => "; it may or may not have run",
+                Failure::Exited(_) | Failure::Timeout(_) | Failure::Transport(..) => {
+                    "; it may or may not have run"
+                }
                 _ => "",
             }
         ),
