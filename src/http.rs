@@ -208,8 +208,8 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         conn::Connector::new(),
         ureq::unversioned::resolver::DefaultResolver::default(),
     );
-    let (jobs, rx) = crossbeam_channel::unbounded::<Vec<u8>>();
-    let (notes, notes_rx) = crossbeam_channel::unbounded::<Vec<u8>>();
+    let (jobs, rx) = crossbeam_channel::unbounded::<Line>();
+    let (notes, notes_rx) = crossbeam_channel::unbounded::<Line>();
     let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
     let shared = Arc::new(Shared {
         url: cfg.url.clone(),
@@ -221,6 +221,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         helper_cwd: cfg.cwd.clone(),
         helper_headers: Mutex::new(None),
         needs_fix: AtomicBool::new(false),
+        order: Arc::new(Order::new()),
         posters: AtomicUsize::new(POOL),
         idle_posters: AtomicUsize::new(0),
         session: Mutex::new(SessionState::default()),
@@ -250,6 +251,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
     Ok(Http {
         shared,
         posts: rx,
+        next_seq: 0,
         jobs: Some(jobs),
         notes: Some(notes),
         stop: Some(stop),
@@ -285,10 +287,12 @@ pub struct Http {
     /// The POST threads' queue for requests; dropped when the connection
     /// closes. `posts` is its receiving end, for the threads started on
     /// demand.
-    jobs: Option<Sender<Vec<u8>>>,
-    posts: Receiver<Vec<u8>>,
+    jobs: Option<Sender<Line>>,
+    posts: Receiver<Line>,
+    /// The sequence number of the next line sent (see [`Order`]).
+    next_seq: u64,
     /// The queue for the rest (notifications, responses).
-    notes: Option<Sender<Vec<u8>>>,
+    notes: Option<Sender<Line>>,
     /// Dropped to wake the GET thread from its reconnection wait.
     stop: Option<Sender<()>>,
     shown: String,
@@ -304,6 +308,8 @@ struct Shared {
     helper_cwd: Option<std::path::PathBuf>,
     /// What `headers_helper` printed last; `None` before its first run.
     helper_headers: Mutex<Option<Vec<(String, String)>>>,
+    /// The order POSTs start in.
+    order: Arc<Order>,
     /// POST threads for requests, and how many of them wait for work.
     posters: AtomicUsize,
     idle_posters: AtomicUsize,
@@ -334,7 +340,7 @@ struct Shared {
     stopped: Receiver<()>,
     /// The POST threads' queues (requests, then the rest), for the lines
     /// no thread took when the connection is gone.
-    queued: [Receiver<Vec<u8>>; 2],
+    queued: [Receiver<Line>; 2],
     /// The bytes of the lines in `queued`, held to the stdio transport's
     /// limit: past it the client's reader waits, so a server that takes
     /// requests slower than the client sends them cannot make the queues
@@ -406,6 +412,8 @@ struct Post<'a> {
     /// A `notifications/cancelled`: the raw id of the request it cancels.
     cancels: Option<String>,
     exchange: Arc<Exchange>,
+    /// Its place in the order lines start in.
+    turn: Turn,
 }
 
 impl Post<'_> {
@@ -461,7 +469,12 @@ impl Downstream for Http {
         // Counted before a thread can take it (and count it out).
         let n = line.len();
         self.shared.backlog.add(n);
-        let sent = queue.send(line).is_ok();
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let sent = queue.send(Line { seq, bytes: line }).is_ok();
+        if !sent {
+            self.shared.order.skip(seq);
+        }
         if !sent {
             self.shared.backlog.remove(n);
         } else if is_request {
@@ -545,12 +558,147 @@ impl Http {
     }
 }
 
+/// A line for a POST thread, with its place in the order lines were sent.
+struct Line {
+    seq: u64,
+    bytes: Vec<u8>,
+}
+
+/// The order POSTs start in. Lines are sent in order but taken by several
+/// threads: a line starts once every line sent before it is released — a
+/// request once its body is completely written, a notification or a
+/// response once its POST was answered (202), `notifications/initialized`
+/// once the server's own GET stream was answered — so a server never sees
+/// `tools/list` before `notifications/initialized`. A line waits at most
+/// [`ORDER_WAIT`] for those before it: a server that never acknowledges a
+/// notification delays the rest by no more.
+struct Order {
+    state: Mutex<OrderState>,
+    moved: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct OrderState {
+    /// Every line below this one is released.
+    below: u64,
+    /// Lines above `below` released out of turn.
+    released: std::collections::BTreeSet<u64>,
+}
+
+/// How long a line waits for the lines sent before it to be released.
+const ORDER_WAIT: Duration = Duration::from_secs(2);
+
+impl Order {
+    fn new() -> Order {
+        Order {
+            state: Mutex::new(OrderState::default()),
+            moved: parking_lot::Condvar::new(),
+        }
+    }
+
+    /// Waits until every line before `seq` is released (or `ORDER_WAIT`).
+    fn wait(&self, seq: u64) {
+        let deadline = Instant::now() + ORDER_WAIT;
+        let mut st = self.state.lock();
+        while st.below < seq {
+            if self.moved.wait_until(&mut st, deadline).timed_out() {
+                // Given up on: no later line waits for those again.
+                st.below = seq;
+                let later = st.released.split_off(&seq);
+                st.released = later;
+                return crate::debug!(
+                    "line {seq} starts without waiting longer for those before it"
+                );
+            }
+        }
+    }
+
+    /// Line `seq` no longer holds the lines after it back.
+    fn release(&self, seq: u64) {
+        let mut st = self.state.lock();
+        if seq < st.below {
+            return;
+        }
+        st.released.insert(seq);
+        loop {
+            let below = st.below;
+            if !st.released.remove(&below) {
+                break;
+            }
+            st.below += 1;
+        }
+        self.moved.notify_all();
+    }
+
+    /// Line `seq` was never queued.
+    fn skip(&self, seq: u64) {
+        self.release(seq);
+    }
+}
+
+/// One line's place in the [`Order`]: released once, explicitly, or when
+/// the last holder lets it go.
+#[derive(Clone)]
+struct Turn(Arc<TurnInner>);
+
+struct TurnInner {
+    order: Arc<Order>,
+    seq: u64,
+    released: AtomicBool,
+    /// Another thread releases it (the GET stream's, for `initialized`).
+    handed: AtomicBool,
+}
+
+impl Turn {
+    /// Line `seq`'s turn, once the lines before it are released.
+    fn wait(order: &Arc<Order>, seq: u64) -> Turn {
+        order.wait(seq);
+        Turn(Arc::new(TurnInner {
+            order: order.clone(),
+            seq,
+            released: AtomicBool::new(false),
+            handed: AtomicBool::new(false),
+        }))
+    }
+
+    fn release(&self) {
+        if !self.0.released.swap(true, Ordering::SeqCst) {
+            self.0.order.release(self.0.seq);
+        }
+    }
+
+    /// The turn, for a thread that releases it later.
+    fn hand_off(&self) -> Turn {
+        self.0.handed.store(true, Ordering::SeqCst);
+        self.clone()
+    }
+}
+
+impl Drop for TurnInner {
+    fn drop(&mut self) {
+        if !self.released.swap(true, Ordering::SeqCst) {
+            self.order.release(self.seq);
+        }
+    }
+}
+
+/// Releases a POST's turn when the POST is over, unless it was handed off.
+struct TurnDone(Turn);
+
+impl Drop for TurnDone {
+    fn drop(&mut self) {
+        if !self.0 .0.handed.load(Ordering::SeqCst) {
+            self.0.release();
+        }
+    }
+}
+
 /// Starts a thread posting the lines of `rx`. One started on demand
 /// (`extra`) ends after [`POOL_IDLE_EXIT`] without work while more than
 /// [`POOL`] post requests; every one ends when the queue closes.
 fn spawn_poster(
     shared: &Arc<Shared>,
-    rx: &Receiver<Vec<u8>>,
+    rx: &Receiver<Line>,
     name: &str,
     n: usize,
     extra: bool,
@@ -573,7 +721,7 @@ fn spawn_poster(
             }
             match next {
                 Ok(line) => {
-                    shared.backlog.remove(line.len());
+                    shared.backlog.remove(line.bytes.len());
                     shared.post(line);
                 }
                 Err(RecvTimeoutError::Timeout) => {
@@ -622,7 +770,15 @@ impl Shared {
         }
         *gone = true;
         if !self.closed.swap(true, Ordering::SeqCst) {
-            let lines: Vec<Vec<u8>> = self.queued.iter().flat_map(|q| q.try_iter()).collect();
+            let lines: Vec<Vec<u8>> = self
+                .queued
+                .iter()
+                .flat_map(|q| q.try_iter())
+                .map(|l| {
+                    self.order.skip(l.seq);
+                    l.bytes
+                })
+                .collect();
             self.backlog.close();
             if !lines.is_empty() {
                 (self.on_event)(ServerEvent::Unsent { lines });
@@ -811,7 +967,13 @@ impl Shared {
     }
 
     /// Posts one line and reports what came of it.
-    fn post(self: &Arc<Shared>, line: Vec<u8>) {
+    fn post(self: &Arc<Shared>, line: Line) {
+        // Lines start in the order they were sent: this one once the
+        // requests before it were written and the notifications before it
+        // acknowledged (see `Order`). Released, at the latest, on return.
+        let turn = Turn::wait(&self.order, line.seq);
+        let _done = TurnDone(turn.clone());
+        let line = line.bytes;
         if self.is_closed() {
             return;
         }
@@ -855,7 +1017,13 @@ impl Shared {
             cancels,
             msg,
             exchange: Exchange::new(),
+            turn: turn.clone(),
         };
+        if post.request_id.is_some() {
+            // A request lets the next line start once it is written.
+            let turn = turn.clone();
+            post.exchange.when_written(move || turn.release());
+        }
         if let Some(id) = &post.request_id {
             let mut ex = self.exchanges.lock();
             if ex.early.remove(id) {
@@ -981,7 +1149,10 @@ impl Shared {
         let is_sse = kind.to_ascii_lowercase().starts_with("text/event-stream");
         let is_json = kind.to_ascii_lowercase().starts_with("application/json");
         if post.is("notifications/initialized") {
-            self.start_get_stream();
+            // The server's own stream opens before anything sent after
+            // `initialized` starts (the SDKs' order): the GET thread lets
+            // the next line go once its first GET is answered or fails.
+            self.start_get_stream(Some(post.turn.hand_off()));
         }
         let Some(until) = post.until() else {
             // A notification or a response: 202, nothing to read.
@@ -1452,9 +1623,10 @@ impl Shared {
     }
 
     /// Starts the thread that keeps the server's own stream open.
-    fn start_get_stream(self: &Arc<Shared>) {
+    fn start_get_stream(self: &Arc<Shared>, turn: Option<Turn>) {
         let mut s = self.session.lock();
         if s.get_started {
+            // Already open: nothing to wait for (`turn` is let go).
             return;
         }
         s.get_started = true;
@@ -1462,7 +1634,7 @@ impl Shared {
         let shared = self.clone();
         let spawned = std::thread::Builder::new()
             .name("http-get".into())
-            .spawn(move || shared.get_loop());
+            .spawn(move || shared.get_loop(turn));
         if let Err(e) = spawned {
             crate::warn!(
                 "cannot start the thread for the stream of {}: {e}",
@@ -1492,7 +1664,7 @@ impl Shared {
 
     /// The GET stream: open, read, wait, open again, until the connection
     /// closes or the server has none (405) or the session ends.
-    fn get_loop(&self) {
+    fn get_loop(&self, mut turn: Option<Turn>) {
         let mut delay = GET_RETRY_FIRST;
         let mut last_id: Option<String> = None;
         // `headers_helper` is run again once after a 401 or 403, as for a
@@ -1507,7 +1679,12 @@ impl Shared {
             let req = self.headed(self.agent.get(&self.url), headers, refresh);
             refresh = false;
             let mut wait = delay;
-            match req.call() {
+            let answer = req.call();
+            // Opened (or refused): what was sent after `initialized` goes.
+            if let Some(t) = turn.take() {
+                t.release();
+            }
+            match answer {
                 Ok(resp) if resp.status().as_u16() == 405 => {
                     crate::debug!("{} has no stream of its own (405)", self.shown);
                     return;

@@ -50,6 +50,8 @@ pub struct Exchange {
     closing_tx: Mutex<Option<Sender<()>>>,
     closing_rx: Receiver<()>,
     written: Mutex<Written>,
+    /// Called once, when the current request is completely written.
+    on_written: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// How much of the current request went out.
@@ -102,6 +104,7 @@ impl Exchange {
             closing_tx: Mutex::new(Some(closing_tx)),
             closing_rx,
             written: Mutex::new(Written::default()),
+            on_written: Mutex::new(None),
         })
     }
 
@@ -126,6 +129,11 @@ impl Exchange {
             body_len,
             ..Written::default()
         };
+    }
+
+    /// Has `f` called once the current request is completely written.
+    pub fn when_written(&self, f: impl FnOnce() + Send + 'static) {
+        *self.on_written.lock() = Some(Box::new(f));
     }
 
     /// Whether the whole current request (head and body) was written.
@@ -312,6 +320,12 @@ impl Transport for Tapped {
         self.inner.transmit_output(amount, timeout)?;
         if let (Some(exchange), Some(w)) = (exchange, counted) {
             *exchange.written.lock() = w;
+            if w.complete() {
+                let written = exchange.on_written.lock().take();
+                if let Some(f) = written {
+                    f();
+                }
+            }
         }
         Ok(())
     }
