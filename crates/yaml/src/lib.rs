@@ -141,9 +141,12 @@ pub fn parse(text: &str, max_depth: usize) -> Result<Node, Error> {
             None
         }
     });
-    match serde_saphyr::from_str_with_options::<Spanned<Tree>>(text, options) {
-        Ok(root) => {
-            let mut root = node(root);
+    let read = serde_saphyr::from_str_with_options::<Spanned<Tree>>(text, options);
+    // The copy of the text is needed only while the tree is built.
+    let read = read.map(node);
+    OPEN_END.with(|o| *o.borrow_mut() = None);
+    match read {
+        Ok(mut root) => {
             root.line = root.line.max(1);
             Ok(root)
         }
