@@ -9,10 +9,11 @@ FUZZ_TARGETS := jsonrpc config sse yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 STATIC_TARGET ?= x86_64-unknown-linux-musl
 # `make static` fails when the binary (with TLS) reaches these sizes: the
-# musl one is 2,795,672 bytes, under the project's 3 MB; the glibc fallback,
-# with glibc's own static code, 3,785,840 (see README.md, *Static binary*).
-STATIC_MAX_BYTES ?= 3000000
-GLIBC_STATIC_MAX_BYTES ?= 3900000
+# project's 4.5 MB for the musl one (3,287,192 bytes, 1.68 MB gzipped);
+# the glibc fallback has about 1 MB of glibc's own static code more (see
+# README.md, *Static binary*).
+STATIC_MAX_BYTES ?= 4500000
+GLIBC_STATIC_MAX_BYTES ?= 5500000
 
 WINDOWS_TARGET := x86_64-pc-windows-gnu
 # Wine's own state for `make test-windows` (a Windows "C:" drive and

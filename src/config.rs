@@ -438,7 +438,8 @@ fn format_of(path: &Path) -> anyhow::Result<Format> {
 /// Deepest nesting of YAML collections accepted (our schema needs five).
 const MAX_YAML_DEPTH: usize = 24;
 
-/// Parses YAML with the `mcp-retry-yaml` crate (our own reader).
+/// Parses YAML with the `mcp-retry-yaml` crate (serde-saphyr, with its
+/// limits set there).
 fn yaml_tree(text: &str, file: &str) -> anyhow::Result<Node> {
     // Configs are shallow; a tight nesting limit keeps deeply nested input from
     // exhausting the stack.
@@ -2352,6 +2353,69 @@ servers:
     }
 
     #[test]
+    fn a_block_scalar_ending_the_file_keeps_no_line_break_it_lacks() {
+        // Clip chomping (`|`) keeps a final line break only if there is one.
+        let env = |text: &str| match yaml(text) {
+            Ok(mut config) => config.servers.remove(0).env,
+            Err(e) => panic!("{e}"),
+        };
+        let head = "servers:\n  fs:\n    command: x\n    env:\n";
+        assert_eq!(
+            env(&format!("{head}      TOKEN: |\n        abc123")),
+            [("TOKEN".to_string(), "abc123".to_string())]
+        );
+        assert_eq!(
+            env(&format!("{head}      TOKEN: |\n        abc123\n")),
+            [("TOKEN".to_string(), "abc123\n".to_string())]
+        );
+        assert_eq!(
+            env(&format!("{head}      TOKEN: >\n        abc\n        123")),
+            [("TOKEN".to_string(), "abc 123".to_string())]
+        );
+        // An alias of a block scalar that did end with a line break keeps it.
+        assert_eq!(
+            env(&format!("{head}      A: &t |\n        abc\n      B: *t")),
+            [
+                ("A".to_string(), "abc\n".to_string()),
+                ("B".to_string(), "abc\n".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn yaml_alias_bombs_are_refused_with_the_limit_they_break() {
+        // A 1 MiB string aliased 2,000 times: 2 GB once expanded.
+        let mut text = format!(
+            "defaults: &big {}\nservers:\n  fs:\n    command: x\n    args:\n",
+            "x".repeat(1 << 20)
+        );
+        for _ in 0..2000 {
+            text.push_str("      - *big\n");
+        }
+        assert_eq!(
+            yaml_err(&text),
+            "/p/c.yaml:12:9: invalid yaml: the text of the values, aliases expanded, \
+             is over 8 MiB, the limit for a config (its anchor is at line 1, column 16)"
+        );
+        // Nested anchors, each aliasing the one before 9 times: fewer than
+        // 10 aliases per anchor, so a ratio check lets it through, and
+        // 9^30 nodes once expanded.
+        let mut text = String::from("defaults:\n  l0: &l0 [x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..30 {
+            let prev = format!("*l{}", i - 1);
+            text.push_str(&format!("  l{i}: &l{i} [{}]\n", vec![prev; 9].join(", ")));
+        }
+        assert_eq!(
+            yaml_err(&text),
+            format!(
+                "/p/c.yaml:6:32: invalid yaml: the aliases expand to more than {} nodes, \
+                 the limit for a config (its anchor is at line 5, column 11)",
+                mcp_retry_yaml::MAX_ALIAS_NODES
+            )
+        );
+    }
+
+    #[test]
     fn the_example_file_parses_and_shows_the_defaults() {
         let env = |name: &str| match name {
             "GITHUB_TOKEN" => Some("ghp_x".to_string()),
@@ -2457,11 +2521,11 @@ servers:
     fn yaml_syntax_errors() {
         assert_eq!(
             yaml_err("servers:\n  fs:\n    command: x\n   args: [a]\n"),
-            "/p/c.yaml:4:4: invalid yaml: bad indentation: a line indented 3 spaces matches no key or item above it"
+            "/p/c.yaml:4:4: invalid yaml: while parsing a block mapping, did not find expected key"
         );
         assert_eq!(
             yaml_err("servers:\n  fs: {command: \"x}\n"),
-            "/p/c.yaml:2:17: invalid yaml: unclosed double quote"
+            "/p/c.yaml:2:17: invalid yaml: unclosed quote"
         );
         assert_eq!(
             yaml_err("servers:\n  fs: {command: x}\n  fs: {command: y}\n"),
@@ -3162,7 +3226,7 @@ servers:
         let deep = format!("servers: {}{}\n", "[".repeat(5000), "]".repeat(5000));
         assert_eq!(
             yaml_err(&deep),
-            "/p/c.yaml:1:33: invalid yaml: collections nested deeper than 24 levels"
+            "/p/c.yaml:1:34: invalid yaml: collections nested deeper than 24 levels"
         );
         let deep = format!("{{\"servers\": {}{}}}", "[".repeat(5000), "]".repeat(5000));
         assert_eq!(

@@ -1,4 +1,4 @@
-//! libFuzzer target `yaml` (`make fuzz`, nightly): the config's YAML reader
+//! libFuzzer target `yaml` (`make fuzz`, nightly): the config's YAML reading
 //! on its own (`mcp_retry_fuzz::check_yaml`: no panic, the nesting limit and
 //! the alias budget hold). The checks live in the fuzz crate's library,
 //! shared with the stable `replay` binary.
