@@ -973,3 +973,28 @@ fn a_failure_after_the_tool_ran_is_the_proxys_error_and_an_outer_proxy_never_ret
     assert_eq!(error["data"]["httpStatus"], 401, "{error}");
     assert!(error["data"].get("outcome").is_none(), "{error}");
 }
+
+#[test]
+fn a_notification_is_acknowledged_before_the_next_message_is_posted() {
+    // The server takes its time to acknowledge a notification: what the
+    // client sends next still reaches it after the notification, as over
+    // stdio (tools/list before notifications/initialized would miss tools
+    // a server registers when initialized arrives).
+    let server = Server::start();
+    server.delay_acks(Duration::from_millis(300));
+    let mut s = start(&server);
+    s.list_tools();
+    s.notify("notifications/roots/list_changed", json!({}));
+    s.call(json!(1), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "read done");
+    let methods = server.with(|st| st.methods.clone());
+    let at = |m: &str| methods.iter().position(|x| x == m).unwrap_or(usize::MAX);
+    assert!(
+        at("notifications/initialized") < at("tools/list"),
+        "{methods:?}"
+    );
+    assert!(
+        at("notifications/roots/list_changed") < at("tools/call"),
+        "{methods:?}"
+    );
+}

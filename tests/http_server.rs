@@ -19,7 +19,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -123,6 +123,10 @@ pub struct State {
     pub refused_initializes: usize,
     /// Notifications are taken (recorded) but never answered.
     hang_notifications: bool,
+    /// How long a notification waits for its 202.
+    ack_delay: Option<Duration>,
+    /// The method of every POST served, in the order they were read.
+    pub methods: Vec<String>,
     /// `Fault::HeldThenLoseSession` may answer.
     released: bool,
     /// A stateless 2025-era server: `initialize` sets no session, and
@@ -211,6 +215,11 @@ impl Server {
     }
 
     /// From now on, records notifications and never answers them.
+    /// Acknowledges each notification only after `d`.
+    pub fn delay_acks(&self, d: Duration) {
+        self.state.0.lock().unwrap().ack_delay = Some(d);
+    }
+
     pub fn hang_notifications(&self) {
         self.state.0.lock().unwrap().hang_notifications = true;
     }
@@ -502,6 +511,7 @@ fn serve(
     modern: bool,
 ) {
     let method = msg["method"].as_str().unwrap_or("").to_owned();
+    s.methods.push(method.clone());
     let id = msg["id"].clone();
     if id.is_null() || msg.get("method").is_none() {
         // A notification or a response.
@@ -518,6 +528,10 @@ fn serve(
             let mut byte = [0u8; 1];
             let _ = (&stream).read(&mut byte);
             return;
+        }
+        if let Some(d) = s.ack_delay {
+            drop(s);
+            std::thread::sleep(d);
         }
         return respond(&stream, 202, &[], "");
     }
