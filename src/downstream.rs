@@ -96,6 +96,10 @@ pub struct Failure {
     /// connection broken after the request was written); false when it was
     /// refused and did not run (401, 403, another 4xx).
     pub may_have_run: bool,
+    /// It was not sent: as the client wrote it, it cannot be (a method
+    /// with a control character, which an HTTP header cannot carry). The
+    /// client's error: answered -32602.
+    pub invalid: bool,
 }
 
 /// Why a server could not be started or connected to.

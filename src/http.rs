@@ -1049,6 +1049,14 @@ impl Shared {
     }
 
     fn post_counted(self: &Arc<Shared>, post: &Post) {
+        if post.modern.is_some() {
+            let method = post.method.as_deref().unwrap_or_default();
+            if let Some(why) = modern::invalid_header("Mcp-Method", method) {
+                // This request alone: nothing is sent, the connection and
+                // the other requests go on.
+                return self.invalid(post, why);
+            }
+        }
         let mut refreshed = false;
         let mut relisted = false;
         loop {
@@ -1596,6 +1604,23 @@ impl Shared {
         }
     }
 
+    /// Request `post` cannot be sent as the client wrote it (`why`).
+    fn invalid(&self, post: &Post, why: String) {
+        crate::warn!("{}: not sent: {why}", self.shown);
+        let Some(id) = &post.request_id else {
+            return;
+        };
+        self.emit(ServerEvent::Failed {
+            id: id.clone(),
+            failure: Failure {
+                message: why,
+                status: None,
+                may_have_run: false,
+                invalid: true,
+            },
+        });
+    }
+
     /// Reports that request `post` gets no answer, and what happened (a
     /// notification is only logged): `ran`, it may have run; else it did
     /// not. The dispatcher answers it with the proxy's error.
@@ -1618,6 +1643,7 @@ impl Shared {
                 message,
                 status,
                 may_have_run: ran,
+                invalid: false,
             },
         });
     }

@@ -998,3 +998,34 @@ fn a_notification_is_acknowledged_before_the_next_message_is_posted() {
         "{methods:?}"
     );
 }
+
+#[test]
+fn a_request_whose_method_cannot_be_a_header_gets_its_own_error_and_nothing_else_is_touched() {
+    // 2026-07-28: the method goes in the Mcp-Method header, which cannot
+    // carry a control character. That request alone is answered -32602;
+    // the connection and the next calls are untouched.
+    let server = Server::start();
+    let mut s = start_modern(&config(&server));
+    modern_call(&mut s, json!(1), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(1))), "read done");
+    s.send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/li\u{7}st",
+        "params": {"_meta": envelope()}}),
+    );
+    let e = s.error(&json!(2));
+    assert_eq!(e["code"], -32602, "{e}");
+    assert_eq!(e["data"]["source"], "mcp-retry", "{e}");
+    let message = e["message"].as_str().unwrap_or("");
+    assert!(message.contains("Mcp-Method"), "{e}");
+    assert!(message.contains("0x07 at position 8"), "{e}");
+    modern_call(&mut s, json!(3), "read", json!({}));
+    assert_eq!(text_of(&s.result(&json!(3))), "read done");
+    assert_eq!(server.executions("read"), 2);
+    assert!(
+        !s.stderr().contains("could not be reached"),
+        "{}",
+        s.stderr()
+    );
+    let methods = server.with(|st| st.methods.clone());
+    assert!(methods.iter().all(|m| !m.contains('\u{7}')), "{methods:?}");
+}

@@ -403,6 +403,24 @@ impl Calls {
         Owner::Served
     }
 
+    /// Attempt `down` could not be sent as the client wrote it: its call
+    /// ends with `error` (the client's error; nothing ran, nothing counts).
+    pub(super) fn fail_attempt(&mut self, down: u64, error: &str, ctx: Ctx, out: &mut Vec<Action>) {
+        let Some(Downstream::Attempt(call)) = self.downstream.remove(&down) else {
+            return;
+        };
+        match self.calls.get_mut(&call) {
+            Some(c) if c.live == Some(down) => {
+                c.live = None;
+                if std::mem::take(&mut c.trial) {
+                    self.breaker.on_trial_abandoned();
+                }
+            }
+            _ => return,
+        }
+        self.fail(call, error, ctx, out);
+    }
+
     /// Downstream request `down` was never answered and never will be: the
     /// server was not given it ([`Failure::NeverSent`]) or refused it
     /// ([`Failure::Refused`]). A call's live attempt fails so; other ids

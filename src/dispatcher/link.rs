@@ -554,9 +554,8 @@ impl Dispatcher {
         self.unwritten.remove(&down);
         match self.inflight.remove(&down) {
             Some(Inflight::Client { client_id, .. }) => {
-                let (reason, extra) = failure_error_parts(&failure);
                 warn!("answered client request {client_id}: {}", failure.message);
-                let error = super::proxy_error(reason, &failure.message, &extra);
+                let error = failure_error(&failure);
                 let line = jsonrpc::error_response_line(&client_id, &error);
                 self.answer(&client_id, line);
             }
@@ -573,6 +572,10 @@ impl Dispatcher {
                         c.server.kill();
                     }
                 }
+            }
+            None if failure.invalid => {
+                let error = failure_error(&failure);
+                self.with_calls(now, |c, ctx, out| c.fail_attempt(down, &error, ctx, out));
             }
             None => {
                 let failure = match failure.may_have_run {
@@ -916,19 +919,26 @@ impl Dispatcher {
     }
 }
 
-/// The reason and `data` members of the proxy's error for a request the
-/// transport got no answer to.
-pub(super) fn failure_error_parts(f: &TransportFailure) -> (Reason, Vec<(&'static str, String)>) {
+/// The proxy's error object for a request the transport got no answer
+/// to: -32602 for one it could not send as the client wrote it, else the
+/// proxy's -31000 with its reason, `httpStatus` and `outcome`.
+pub(super) fn failure_error(f: &TransportFailure) -> String {
+    if f.invalid {
+        let data = "{\"source\":\"mcp-retry\",\"reason\":\"invalid_params\"}";
+        return jsonrpc::error_object(jsonrpc::INVALID_PARAMS, &f.message, Some(data));
+    }
     let mut extra = Vec::new();
     if let Some(status) = f.status {
         extra.push(("httpStatus", status.to_string()));
     }
-    if f.may_have_run {
-        extra.push(("outcome", "\"unknown\"".to_owned()));
-        (Reason::TransportError, extra)
-    } else {
-        (Reason::Rejected, extra)
-    }
+    let reason = match f.may_have_run {
+        true => {
+            extra.push(("outcome", "\"unknown\"".to_owned()));
+            Reason::TransportError
+        }
+        false => Reason::Rejected,
+    };
+    super::proxy_error(reason, &f.message, &extra)
 }
 
 /// One of the proxy's own lines to the server, read back: the message and

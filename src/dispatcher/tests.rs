@@ -1191,6 +1191,7 @@ fn a_request_the_transport_got_no_answer_to_gets_the_proxys_error() {
             message: "the MCP server x answered 502 Bad Gateway".into(),
             status: Some(status),
             may_have_run,
+            invalid: false,
         },
     };
     h.server_event(failed(true, 502));
@@ -1209,6 +1210,7 @@ fn a_request_the_transport_got_no_answer_to_gets_the_proxys_error() {
             message: "the MCP server x answered 403 Forbidden".into(),
             status: Some(403),
             may_have_run: false,
+            invalid: false,
         },
     });
     let e: Value = serde_json::from_str(&h.to_client()).unwrap();

@@ -100,6 +100,19 @@ pub fn param_headers(map: &HeaderMap, arguments: &Value) -> Vec<(String, String)
     out
 }
 
+/// Why `value` cannot be the header `name` as it is: the first byte that
+/// is not printable ASCII (a control character), with its position; `None`
+/// when it can. A server would read such a header otherwise than the body
+/// (or the request would not go out at all), so it is never sent.
+pub fn invalid_header(name: &str, value: &str) -> Option<String> {
+    let at = value.bytes().position(|b| !(0x20..=0x7e).contains(&b))?;
+    let byte = value.as_bytes()[at];
+    Some(format!(
+        "invalid params: the {name} header cannot carry byte 0x{byte:02x} at position {at} of {:?}",
+        value
+    ))
+}
+
 /// `value` as a header value: as it is when it is printable ASCII without
 /// leading or trailing whitespace, else (and when it looks like the
 /// sentinel itself) `=?base64?{base64 of its UTF-8}?=`.

@@ -27,6 +27,8 @@ use serde_json::value::RawValue;
 
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
+/// Invalid params (JSON-RPC 2.0).
+pub const INVALID_PARAMS: i64 = -32602;
 
 /// What a line turned out to be.
 #[derive(Debug)]
