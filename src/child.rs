@@ -325,7 +325,10 @@ pub fn spawn(
     let g = group.clone();
     let writer = stdio::spawn_writer("child-stdin", stdin, STDIN_BACKLOG, move |f| {
         crate::debug!("writing to the server failed: {}", f.error);
-        ev.deliver(ServerEvent::Unsent { lines: f.unsent });
+        ev.deliver(ServerEvent::Unsent {
+            lines: f.unsent,
+            why: format!("writing to the server failed: {}", f.error),
+        });
         // It cannot be told anything any more: it is of no use.
         g.kill();
     });

@@ -45,7 +45,7 @@ pub enum ServerEvent {
     /// failed; HTTP: no connection could be made, or the server no longer
     /// knew the session): the requests among them cannot have run. `Gone`
     /// follows.
-    Unsent { lines: Vec<Vec<u8>> },
+    Unsent { lines: Vec<Vec<u8>>, why: String },
     /// The server refused these lines without acting on them (HTTP 429, or
     /// 503 with `Retry-After`): the requests among them did not run and may
     /// be sent again, not before `retry_after` when there is one. The

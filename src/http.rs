@@ -781,7 +781,8 @@ impl Shared {
                 .collect();
             self.backlog.close();
             if !lines.is_empty() {
-                (self.on_event)(ServerEvent::Unsent { lines });
+                let why = format!("the connection ended before it was posted ({how})");
+                (self.on_event)(ServerEvent::Unsent { lines, why });
             }
         }
         // An unknown host or a certificate problem is not healed by
@@ -1556,12 +1557,14 @@ impl Shared {
             Class::ServerError | Class::Refused(_) | Class::Broken if handshake => {
                 self.emit(ServerEvent::Unsent {
                     lines: vec![post.line.to_vec()],
+                    why: format!("the server could not start a session ({why})"),
                 });
                 self.gone(&format!("could not start a session ({why})"), others);
             }
             Class::NeverSent => {
                 self.emit(ServerEvent::Unsent {
                     lines: vec![post.line.to_vec()],
+                    why: format!("the server could not be reached ({why})"),
                 });
                 self.gone(&format!("could not be reached ({why})"), others);
             }
@@ -1577,6 +1580,9 @@ impl Shared {
                 self.session.lock().id = None;
                 self.emit(ServerEvent::Unsent {
                     lines: vec![post.line.to_vec()],
+                    why: format!(
+                        "the server rejected the session after the request was delivered ({why}); it goes again on a new session"
+                    ),
                 });
                 self.gone(&format!("ended the session ({why})"), others);
             }

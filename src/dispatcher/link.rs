@@ -480,7 +480,7 @@ impl Dispatcher {
                     Timer::OverlongLine { generation, line },
                 );
             }
-            ServerEvent::Unsent { lines } => self.on_unsent(lines, now),
+            ServerEvent::Unsent { lines, why } => self.on_unsent(lines, &why, now),
             ServerEvent::Failed { id, failure } => self.on_transport_failed(&id, failure, now),
             ServerEvent::Refused {
                 lines,
@@ -501,7 +501,7 @@ impl Dispatcher {
     /// Lines the server was never given (its input failed): the requests
     /// among them cannot have reached it. Call attempts fail as never sent
     /// (always safe to retry); client requests wait for the next server.
-    fn on_unsent(&mut self, lines: Vec<Vec<u8>>, now: Instant) {
+    fn on_unsent(&mut self, lines: Vec<Vec<u8>>, why: &str, now: Instant) {
         if let Link::Up(c) = &mut self.link {
             c.draining = true;
         }
@@ -509,7 +509,7 @@ impl Dispatcher {
             return;
         }
         let text = format!(
-            "{} message(s) never reached the server; its connection is being closed",
+            "{} message(s) were not taken by the server ({why}); its connection is being closed",
             lines.len()
         );
         match self.recovery.outage() {
@@ -533,8 +533,7 @@ impl Dispatcher {
                 Some(Inflight::ToolsList) => self.calls.restart_tools_fetch(),
                 Some(Inflight::Replay(_)) => {}
                 None => {
-                    let why = "the server could not be written to".to_owned();
-                    let failure = Failure::NeverSent(why);
+                    let failure = Failure::NeverSent(why.to_owned());
                     self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
                 }
             }

@@ -828,6 +828,7 @@ fn lines_the_server_never_got_are_never_sent_not_ambiguous() {
             format!("{call}\n").into_bytes(),
             format!("{list}\n").into_bytes(),
         ],
+        why: "writing to the server failed".into(),
     });
     h.nothing_sent();
     h.server_event(gone("was killed by signal 9 (SIGKILL)"));
