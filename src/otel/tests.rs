@@ -455,14 +455,9 @@ fn metrics_count_calls_retries_failures_and_latency() {
             _ => None,
         })
         .unwrap();
-    let body = json::metrics(
-        &json::resource(&[]),
-        &snapshot.server,
-        &snapshot.metrics(),
-        0,
-        1,
-    );
-    let v: Json = serde_json::from_str(&body).unwrap();
+    let body = json::metrics(&[], &snapshot.server, &snapshot.metrics(), 0, 1);
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    let body = String::from_utf8(body).unwrap();
     let metrics = v["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
         .as_array()
         .unwrap();
@@ -507,7 +502,7 @@ fn spans_encode_as_otlp_json() {
     };
     t.call_ended(1, end, t0);
     let s = spans(&rx);
-    let resource = json::resource(&[("service.name".into(), "mcp-retry".into())]);
+    let resource = [("service.name".into(), "mcp-retry".into())];
     let body = json::traces(&resource, &s);
     let v: Json = serde_json::from_slice(&body).unwrap();
     let rs = &v["resourceSpans"][0];
@@ -549,7 +544,7 @@ fn names_are_escaped_and_numbers_written_in_full() {
     t.attempt_started(1, u64::MAX, t0);
     t.attempt_ended(1, None, t0);
     t.call_ended(1, CallEnd::answered(false), t0);
-    let body = json::traces(&json::resource(&[]), &spans(&rx));
+    let body = json::traces(&[], &spans(&rx));
     let v: Json = serde_json::from_slice(&body).unwrap();
     let spans = v["resourceSpans"][0]["scopeSpans"][0]["spans"]
         .as_array()
@@ -702,15 +697,15 @@ fn scripted_export() -> Json {
         }
     }
     let snapshot = snapshot.expect("a metrics snapshot");
-    let resource = json::resource(&[
+    let resource = [
         ("service.name".into(), "mcp-retry".into()),
         ("host.name".into(), "h\"1".into()),
-    ]);
+    ];
     let traces = json::traces(&resource, &spans);
     let metrics = json::metrics(&resource, &snapshot.server, &snapshot.metrics(), 5, 9);
     serde_json::json!({
         "traces": normalised(serde_json::from_slice(&traces).unwrap()),
-        "metrics": normalised(serde_json::from_str(&metrics).unwrap()),
+        "metrics": normalised(serde_json::from_slice(&metrics).unwrap()),
     })
 }
 
