@@ -194,6 +194,8 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
     if let Some(problem) = &cfg.problem {
         return Err(problem.reason.clone());
     }
+    crate::log::add_secrets(&cfg.env);
+    crate::log::add_secrets(&cfg.headers);
     let started = Instant::now();
     let (tx, events) = crossbeam_channel::unbounded();
     let server = downstream::connect(

@@ -4,14 +4,21 @@
 //! This is the only writer of our own messages to stderr (the child's stderr
 //! is copied by `child.rs`). stdout is never touched here: it carries protocol
 //! bytes only. Knows nothing of the protocol or of policies.
+//!
+//! The libraries' own lines (ureq's and rustls's, through the `log` facade)
+//! come here too: at `debug`, whatever their level, prefixed with their
+//! target and cleaned of the configured secrets and of anything that looks
+//! like a credential (`redact.rs`).
 
 #![forbid(unsafe_code)]
 
 use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::redact::Redactor;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -67,9 +74,57 @@ impl std::str::FromStr for Format {
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Info as u8);
 static FORMAT: AtomicU8 = AtomicU8::new(0);
 
+/// Sets the level and format, and sends the libraries' lines (the `log`
+/// facade) here; once, at start.
 pub fn init(level: Level, format: Format) {
     LEVEL.store(level as u8, Ordering::Relaxed);
     FORMAT.store((format == Format::Json) as u8, Ordering::Relaxed);
+    if ::log::set_logger(&Bridge).is_ok() {
+        // Their lines are shown at debug only; below it the libraries skip
+        // even formatting them.
+        ::log::set_max_level(if level >= Level::Debug {
+            ::log::LevelFilter::Debug
+        } else {
+            ::log::LevelFilter::Off
+        });
+    }
+}
+
+/// What the libraries' lines are cleaned of: the values of the configured
+/// `env:` entries and headers, added as the config is read.
+static SECRETS: RwLock<Option<Redactor>> = RwLock::new(None);
+
+/// Removes these values (those that could be secrets, as
+/// [`Redactor::new`] chooses them) from the libraries' lines from now on.
+pub fn add_secrets(values: &[(String, String)]) {
+    let mut secrets = SECRETS.write().unwrap_or_else(|e| e.into_inner());
+    secrets.get_or_insert_with(Redactor::default).add(values);
+}
+
+/// The `log` facade's records, forwarded as our own debug lines.
+struct Bridge;
+
+impl ::log::Log for Bridge {
+    fn enabled(&self, _: &::log::Metadata<'_>) -> bool {
+        enabled(Level::Debug)
+    }
+
+    fn log(&self, record: &::log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            emit(Level::Debug, format_args!("{}", bridged(record)));
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// A library's record as the text of our line: `target: message`, redacted.
+fn bridged(record: &::log::Record<'_>) -> String {
+    let text = format!("{}: {}", record.target(), record.args());
+    match &*SECRETS.read().unwrap_or_else(|e| e.into_inner()) {
+        Some(secrets) => secrets.redact(&text),
+        None => Redactor::default().redact(&text),
+    }
 }
 
 /// The server this process proxies: every JSON line carries it as `server`.
@@ -89,6 +144,10 @@ pub struct Fields<'a> {
 }
 
 pub fn enabled(level: Level) -> bool {
+    #[cfg(test)]
+    if tests::capturing() {
+        return true;
+    }
     level as u8 <= LEVEL.load(Ordering::Relaxed)
 }
 
@@ -104,6 +163,10 @@ pub fn emit_with(level: Level, fields: Fields<'_>, args: fmt::Arguments<'_>) {
         json_line(level, fields, SERVER.get().map(String::as_str), args)
     } else {
         format!("mcp-retry: {}: {args}\n", level.as_str())
+    };
+    #[cfg(test)]
+    let Some(line) = tests::captured(line) else {
+        return;
     };
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
@@ -165,6 +228,57 @@ macro_rules! debug {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The lines this thread's test captures, instead of stderr.
+        static CAPTURED: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+    }
+
+    /// Whether this thread captures (and so has every level on).
+    pub(super) fn capturing() -> bool {
+        CAPTURED.with(|c| c.borrow().is_some())
+    }
+
+    /// Keeps `line` when this thread captures; else gives it back.
+    pub(super) fn captured(line: String) -> Option<String> {
+        CAPTURED.with(|c| match c.borrow_mut().as_mut() {
+            Some(lines) => {
+                lines.push(line);
+                None
+            }
+            None => Some(line),
+        })
+    }
+
+    /// The lines `f` logs on this thread, every level on.
+    fn capture(f: impl FnOnce()) -> Vec<String> {
+        CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+        f();
+        CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default()
+    }
+
+    #[test]
+    fn library_lines_are_our_debug_lines_with_their_target_and_no_secret() {
+        add_secrets(&[("X-Tenant".into(), "tenant-canary-77".into())]);
+        let _ = ::log::set_logger(&Bridge);
+        ::log::set_max_level(::log::LevelFilter::Debug);
+        let lines = capture(|| {
+            ::log::warn!(
+                target: "rustls::conn",
+                "alert for tenant-canary-77 after Authorization: Bearer abcdef123456"
+            );
+            ::log::debug!(target: "ureq::run", "POST https://example.test/mcp?api_key=k-987654321");
+            ::log::trace!(target: "ureq_proto", "finer than debug");
+        });
+        assert_eq!(
+            lines,
+            [
+                "mcp-retry: debug: rustls::conn: alert for [redacted] after Authorization: Bearer [redacted]\n",
+                "mcp-retry: debug: ureq::run: POST https://example.test/mcp?api_key=[redacted]\n",
+            ]
+        );
+    }
 
     #[test]
     fn json_lines_carry_the_fields_as_members() {

@@ -64,6 +64,8 @@ impl Backlogs {
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let cfg = resolve(&args)?;
     crate::log::set_server(&cfg.name);
+    crate::log::add_secrets(&cfg.env);
+    crate::log::add_secrets(&cfg.headers);
     let status_writer = start_status_writer(&args, &cfg);
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<Event>();
 
@@ -200,6 +202,7 @@ fn start_otel(cfg: &ServerConfig) -> Result<Option<(otel::Handle, otel::Exporter
     };
     for (what, endpoint) in [("traces", &settings.traces), ("metrics", &settings.metrics)] {
         if let Some(e) = endpoint {
+            crate::log::add_secrets(&e.headers);
             crate::debug!(
                 "OpenTelemetry: exporting {what} to {}",
                 otel::shown_url(&e.url)

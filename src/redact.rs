@@ -78,10 +78,14 @@ impl Redactor {
             })
             .map(|(_, v)| v.to_owned())
             .collect();
-        // Longest first, so that a value containing another goes whole.
-        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        secrets.dedup();
+        sort_longest_first(&mut secrets);
         Redactor { secrets }
+    }
+
+    /// Adds the secrets among `env` (chosen as [`Redactor::new`] does).
+    pub fn add(&mut self, env: &[(String, String)]) {
+        self.secrets.extend(Redactor::new(env).secrets);
+        sort_longest_first(&mut self.secrets);
     }
 
     /// `line` with every secret replaced by [`REDACTED`].
@@ -96,6 +100,12 @@ impl Redactor {
         let out = redact_bearer_tokens(&out);
         redact_opaque_runs(&out)
     }
+}
+
+/// Longest first, so that a value containing another goes whole; each once.
+fn sort_longest_first(secrets: &mut Vec<String>) {
+    secrets.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    secrets.dedup();
 }
 
 /// Whether a name such as `GITHUB_TOKEN`, `api-key` or `Authorization`

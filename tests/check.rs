@@ -830,3 +830,43 @@ fn remote_servers_down_say_why_without_their_headers() {
         assert!(!text.contains(CANARY), "{text}");
     }
 }
+
+#[test]
+fn at_debug_the_http_library_s_own_lines_are_logged_without_secrets() {
+    const CANARY: &str = "CANARY-ureq-3f9a";
+    let dir = TempDir::new();
+    let path = dir.write(
+        "c.yaml",
+        &format!(
+            "servers:
+  refused:
+    url: https://127.0.0.1:{}/mcp?api_key={CANARY}
+    headers:
+      Authorization: Bearer {CANARY}
+",
+            closed_port()
+        ),
+    );
+    let run = |level: &str| {
+        let out = Command::new(PROXY)
+            .args(["check", "--timeout", "2", "--config"])
+            .arg(&path)
+            .env("MCP_RETRY_LOG", level)
+            .env("NO_PROXY", "127.0.0.1")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run("debug");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("mcp-retry: debug: ureq::")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(CANARY), "{stderr}");
+    let stderr = run("info");
+    assert!(!stderr.contains("ureq::"), "{stderr}");
+}

@@ -562,197 +562,169 @@ mod tests {
         }
     }
 
-    /// Validates `value` against `schema`, for the subset of JSON Schema
-    /// that [`schema`] uses (`pattern` is not checked); any other keyword
-    /// fails the test, so the checker never silently skips one.
-    fn validate(root: &Json, schema: &Json, value: &Json, at: &str, errors: &mut Vec<String>) {
-        let obj = schema.as_object().expect("a schema is an object");
-        for keyword in obj.keys() {
-            let known = [
-                "$schema",
-                "title",
-                "description",
-                "default",
-                "$defs",
-                "$ref",
-                "type",
-                "properties",
-                "additionalProperties",
-                "required",
-                "items",
-                "anyOf",
-                "minimum",
-                "maximum",
-                "exclusiveMinimum",
-                "pattern",
-                "not",
-            ];
-            assert!(
-                known.contains(&keyword.as_str()),
-                "unsupported keyword {keyword}"
-            );
+    /// Where the schema is known to the validator.
+    const SCHEMA_URL: &str = "file:///mcp-retry.schema.json";
+
+    /// `mcp-retry schema`'s output, checked against the metaschema of the
+    /// draft it declares, and compiled by a JSON Schema validator.
+    fn compiled() -> (boon::Schemas, boon::SchemaIndex) {
+        let printed: Json = serde_json::from_str(&schema_text()).expect("valid JSON");
+        let draft = printed["$schema"].as_str().expect("a declared draft");
+        let mut schemas = boon::Schemas::new();
+        let mut compiler = boon::Compiler::new();
+        let meta = compiler.compile(draft, &mut schemas).expect(draft);
+        if let Err(e) = schemas.validate(&printed, meta) {
+            panic!("the schema is not valid against {draft}: {e:#}");
         }
-        if let Some(r) = obj.get("$ref").and_then(Json::as_str) {
-            let name = r.strip_prefix("#/$defs/").expect("local refs");
-            let target = &root["$defs"][name];
-            assert!(target.is_object(), "dangling {r}");
-            validate(root, target, value, at, errors);
-        }
-        if let Some(types) = obj.get("type") {
-            let types: Vec<&str> = match types {
-                Json::String(t) => vec![t.as_str()],
-                Json::Array(ts) => ts.iter().filter_map(Json::as_str).collect(),
-                _ => panic!("bad type"),
-            };
-            let fits = types.iter().any(|t| match *t {
-                "object" => value.is_object(),
-                "array" => value.is_array(),
-                "string" => value.is_string(),
-                "boolean" => value.is_boolean(),
-                "null" => value.is_null(),
-                "number" => value.is_number(),
-                "integer" => value.is_i64() || value.is_u64(),
-                other => panic!("unknown type {other}"),
-            });
-            if !fits {
-                errors.push(format!("{at}: expected {types:?}, got {value}"));
-                return;
-            }
-        }
-        if let Some(n) = value.as_f64() {
-            let bound = |k: &str| obj.get(k).and_then(Json::as_f64);
-            if bound("minimum").is_some_and(|m| n < m)
-                || bound("maximum").is_some_and(|m| n > m)
-                || bound("exclusiveMinimum").is_some_and(|m| n <= m)
-            {
-                errors.push(format!("{at}: {n} out of range"));
-            }
-        }
-        if let Some(not) = obj.get("not") {
-            let mut e = Vec::new();
-            validate(root, not, value, at, &mut e);
-            if e.is_empty() {
-                errors.push(format!("{at}: matches not"));
-            }
-        }
-        if let Some(options) = obj.get("anyOf").and_then(Json::as_array) {
-            let fits = options.iter().any(|o| {
-                let mut e = Vec::new();
-                validate(root, o, value, at, &mut e);
-                e.is_empty()
-            });
-            if !fits {
-                errors.push(format!("{at}: matches none of anyOf"));
-            }
-        }
-        if let (Some(items), Some(values)) = (obj.get("items"), value.as_array()) {
-            for (i, v) in values.iter().enumerate() {
-                validate(root, items, v, &format!("{at}[{i}]"), errors);
-            }
-        }
-        if let Some(members) = value.as_object() {
-            let props = obj.get("properties").and_then(Json::as_object);
-            for (k, v) in members {
-                let path = format!("{at}.{k}");
-                match (
-                    props.and_then(|p| p.get(k)),
-                    obj.get("additionalProperties"),
-                ) {
-                    (Some(s), _) => validate(root, s, v, &path, errors),
-                    (None, Some(Json::Bool(false))) => errors.push(format!("{path}: not allowed")),
-                    (None, Some(s)) if s.is_object() => validate(root, s, v, &path, errors),
-                    (None, _) => {}
-                }
-            }
-            for r in obj
-                .get("required")
-                .and_then(Json::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let r = r.as_str().unwrap();
-                if !members.contains_key(r) {
-                    errors.push(format!("{at}: missing {r}"));
-                }
-            }
-        }
+        compiler.add_resource(SCHEMA_URL, printed).unwrap();
+        let index = compiler
+            .compile(SCHEMA_URL, &mut schemas)
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        (schemas, index)
     }
 
+    /// Why `value` does not fit the schema: `location: message` of each
+    /// innermost failure (none when it fits).
     fn errors_of(value: &Json) -> Vec<String> {
-        let schema = schema();
+        fn leaves(e: &boon::ValidationError<'_, '_>, out: &mut Vec<String>) {
+            if e.causes.is_empty() {
+                out.push(format!("{}: {}", e.instance_location, e.kind));
+            }
+            e.causes.iter().for_each(|c| leaves(c, out));
+        }
+        let (schemas, index) = compiled();
         let mut errors = Vec::new();
-        validate(&schema, &schema, value, "$", &mut errors);
+        if let Err(e) = schemas.validate(value, index) {
+            leaves(&e, &mut errors);
+            assert!(!errors.is_empty(), "{e:#}");
+        }
         errors
     }
 
+    /// Every example config, as JSON.
+    fn examples() -> Vec<(PathBuf, Json)> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(repo_file("examples")).unwrap() {
+            let path = entry.unwrap().path();
+            let text = || std::fs::read_to_string(&path).unwrap();
+            let value = match path.extension().and_then(|e| e.to_str()) {
+                Some("yaml" | "yml") => {
+                    let name = path.display().to_string();
+                    to_json(&crate::config::yaml_tree(&text(), &name).unwrap())
+                }
+                Some("json") => serde_json::from_str(&text()).unwrap(),
+                _ => continue,
+            };
+            found.push((path, value));
+        }
+        found
+    }
+
     #[test]
-    fn the_schema_accepts_the_example_file() {
-        let text = std::fs::read_to_string(repo_file("examples/mcp-retry.yaml")).unwrap();
-        let tree = crate::config::yaml_tree(&text, "example").unwrap();
-        let example = to_json(&tree);
-        assert!(example["defaults"]["retry"]["budget"].is_object());
-        assert_eq!(errors_of(&example), Vec::<String>::new());
-        let printed: Json = serde_json::from_str(&schema_text()).expect("valid JSON");
-        assert_eq!(printed, schema());
+    fn the_schema_is_valid_and_accepts_every_example_config() {
         assert_eq!(
-            printed["$schema"],
+            serde_json::from_str::<Json>(&schema_text()).unwrap(),
+            schema()
+        );
+        assert_eq!(
+            schema()["$schema"],
             "https://json-schema.org/draft/2020-12/schema"
         );
+        let examples = examples();
+        assert!(
+            examples.iter().any(|(p, v)| p.ends_with("mcp-retry.yaml")
+                && v["defaults"]["retry"]["budget"].is_object()),
+            "{examples:?}"
+        );
+        for (path, value) in examples {
+            assert_eq!(
+                errors_of(&value),
+                Vec::<String>::new(),
+                "{}",
+                path.display()
+            );
+        }
     }
 
     #[test]
     fn the_schema_rejects_what_the_reader_rejects() {
-        let cases = [
+        // Each innermost failure, or its start (a pattern is quoted as the
+        // validator compiled it).
+        let cases: [(Json, &[&str]); 13] = [
             (
                 json!({"servers": {"a": {"command": "x", "retyr": {}}}}),
-                "$.servers.a.retyr: not allowed",
+                &["/servers/a: additionalProperties 'retyr' not allowed"],
             ),
             (
                 json!({"servers": {"a": {"args": []}}}),
-                "$.servers.a: matches none of anyOf",
+                &[
+                    "/servers/a: missing properties 'command'",
+                    "/servers/a: missing properties 'url'",
+                ],
             ),
-            (json!({"colour": 1}), "$.colour: not allowed"),
+            (
+                json!({"colour": 1}),
+                &[": additionalProperties 'colour' not allowed"],
+            ),
             (
                 json!({"defaults": {"command": "x"}}),
-                "$.defaults.command: not allowed",
+                &["/defaults: additionalProperties 'command' not allowed"],
             ),
             (
                 json!({"defaults": {"retry": {"max_retries": 101}}}),
-                "$.defaults.retry.max_retries: 101 out of range",
+                &["/defaults/retry/max_retries: must be <=100, but got 101"],
             ),
             (
                 json!({"defaults": {"retry": {"budget": {"windows": 1}}}}),
-                "$.defaults.retry.budget.windows: not allowed",
+                &["/defaults/retry/budget: additionalProperties 'windows' not allowed"],
             ),
             (
                 json!({"defaults": {"call_timeout": true}}),
-                "$.defaults.call_timeout: matches none of anyOf",
+                &[
+                    "/defaults/call_timeout: want number, but got boolean",
+                    "/defaults/call_timeout: want string, but got boolean",
+                ],
             ),
             (
                 json!({"defaults": {"call_timeout": 0}}),
-                "$.defaults.call_timeout: matches none of anyOf",
+                &[
+                    "/defaults/call_timeout: must be > 0 but got 0",
+                    "/defaults/call_timeout: want string, but got number",
+                ],
+            ),
+            (
+                json!({"defaults": {"call_timeout": "5 minutes"}}),
+                &[
+                    "/defaults/call_timeout: want number, but got string",
+                    "/defaults/call_timeout: '5 minutes' does not match pattern",
+                ],
             ),
             (
                 json!({"defaults": {"tools": {"t": {"readonly": true}}}}),
-                "$.defaults.tools.t.readonly: not allowed",
+                &["/defaults/tools/t: additionalProperties 'readonly' not allowed"],
             ),
             (
                 json!({"servers": {"a": {"command": "x", "env": {"K": 1}}}}),
-                "$.servers.a.env.K: expected [\"string\"], got 1",
+                &["/servers/a/env/K: want string, but got number"],
+            ),
+            (json!({"servers": {}, "mcpServers": {}}), &[": not failed"]),
+            (
+                json!({"mcpServers": {"a": {"retry": {"max_retries": -1}}}}),
+                &["/mcpServers/a/retry/max_retries: must be >=0, but got -1"],
             ),
         ];
         for (value, expected) in cases {
             let errors = errors_of(&value);
-            assert!(errors.iter().any(|e| e == expected), "{value}: {errors:?}");
+            let fits = errors.len() == expected.len()
+                && errors.iter().zip(expected).all(|(e, x)| e.starts_with(x));
+            assert!(fits, "{value}: {errors:?}");
         }
-        let both = json!({"servers": {}, "mcpServers": {}});
-        assert_eq!(errors_of(&both), ["$: matches not"]);
+        // "1.5s" and " 250ms " fit the pattern.
+        let durations = json!({"defaults": {"call_timeout": "1.5s", "wait_for_server": " 250ms "}});
+        assert_eq!(errors_of(&durations), Vec::<String>::new());
         // Host files keep their own keys.
         let host = json!({"mcpServers": {"a": {"command": "x", "type": "stdio", "retry": {"max_retries": 2}}}});
         assert_eq!(errors_of(&host), Vec::<String>::new());
-        assert!(
-            !errors_of(&json!({"mcpServers": {"a": {"retry": {"max_retries": -1}}}})).is_empty()
-        );
     }
 
     #[test]

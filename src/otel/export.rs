@@ -305,7 +305,6 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
     let clock = Clock::now();
     // Per signal: [`TRACES`], [`METRICS`].
     let mut pauses = [Pause::new(), Pause::new()];
-    let mut resource = None;
     loop {
         let Ok(first) = rx.recv() else { return };
         // Let a batch gather; a full batch or the exit ends the wait.
@@ -326,7 +325,6 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
         for item in rx.try_iter().take(QUEUE_ITEMS) {
             take(item);
         }
-        let resource = resource.get_or_insert_with(|| json::resource(&settings.resource));
         if let Some(endpoint) = &settings.traces {
             let mut rest = &spans[..];
             while !rest.is_empty() {
@@ -339,14 +337,14 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
                     for r in chunk {
                         r.render(&clock, &mut rendered);
                     }
-                    json::traces(resource, &rendered)
+                    json::traces(&settings.resource, &rendered)
                 });
             }
         }
         if let (Some(m), Some(endpoint)) = (snapshot, &settings.metrics) {
             send(&agent, endpoint, METRICS, 1, shared, &mut pauses, || {
                 let (since, at) = (clock.unix_nanos(m.since), clock.unix_nanos(m.at));
-                json::metrics(resource, &m.server, &m.metrics(), since, at).into_bytes()
+                json::metrics(&settings.resource, &m.server, &m.metrics(), since, at)
             });
         }
     }

@@ -1,407 +1,475 @@
 //! OTLP/JSON encoding (the protobuf JSON mapping the OTLP/HTTP spec asks
 //! for): ids as lowercase hex, 64-bit integers and times as strings, enums
-//! as numbers, attribute values as `AnyValue` objects. Runs on the
+//! as numbers, attribute values as `AnyValue` objects. The messages are
+//! serde-derived structs over the records (borrowing, not copying, their
+//! strings and lists), written with `serde_json::to_writer`. Runs on the
 //! exporter thread only.
 
 #![forbid(unsafe_code)]
 
-use serde_json::{json, Value as Json};
+use std::fmt::{self, Display};
 
-use super::record::{Attrs, Histogram, Metrics, Span, Value, LATENCY_BOUNDS};
-use super::{decimal, write_hex};
+use serde::ser::{Serialize, Serializer};
+use serde::Serialize as DeriveSerialize;
 
-const SCOPE: &str = "mcp-retry";
+use super::record::{Attrs, Histogram, Metrics, Span, SpanEvent, Value, LATENCY_BOUNDS};
 
-fn any_value(v: &Value) -> Json {
-    match v {
-        Value::Str(_) | Value::Static(_) | Value::Shared(_) => {
-            json!({ "stringValue": v.as_str() })
-        }
-        Value::Int(n) => json!({ "intValue": n.to_string() }),
-        Value::Bool(b) => json!({ "boolValue": b }),
+const SCOPE: Scope = Scope {
+    name: "mcp-retry",
+    version: env!("CARGO_PKG_VERSION"),
+};
+
+/// OTLP `AggregationTemporality` CUMULATIVE.
+const CUMULATIVE: u8 = 2;
+/// OTLP `StatusCode` ERROR.
+const STATUS_ERROR: u8 = 2;
+
+/// A value written as a JSON string through its `Display` (the 64-bit
+/// integers of the JSON mapping).
+struct AsString<T>(T);
+
+impl<T: Display> Serialize for AsString<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
     }
 }
 
-fn attributes(attrs: &Attrs) -> Json {
-    Json::Array(
-        attrs
-            .iter()
-            .map(|(k, v)| json!({ "key": k, "value": any_value(v) }))
-            .collect(),
-    )
-}
+/// Bytes written as a lowercase hex string (trace and span ids).
+struct Hex<'a>(&'a [u8]);
 
-fn string_attributes(attrs: &[(String, String)]) -> Json {
-    Json::Array(
-        attrs
-            .iter()
-            .map(|(k, v)| json!({ "key": k, "value": { "stringValue": v } }))
-            .collect(),
-    )
-}
-
-fn scope() -> Json {
-    json!({ "name": SCOPE, "version": env!("CARGO_PKG_VERSION") })
-}
-
-/// Whether byte `b` must be escaped in a JSON string.
-fn needs_escape(b: u8) -> bool {
-    b < b' ' || b == b'"' || b == b'\\'
-}
-
-/// Appends `s` as a JSON string.
-fn push_string(out: &mut Vec<u8>, s: &str) {
-    let b = s.as_bytes();
-    out.push(b'"');
-    // Without a branch per byte, so that it vectorises: most strings
-    // need no escape and are copied whole.
-    if !b.iter().fold(false, |any, &c| any | needs_escape(c)) {
-        out.extend_from_slice(b);
-        out.push(b'"');
-        return;
+impl Display for Hex<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
     }
-    for &c in b {
-        match c {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            c if c < b' ' => {
-                out.extend_from_slice(b"\\u00");
-                push_hex(out, &[c]);
-            }
-            c => out.push(c),
-        }
+}
+
+impl Serialize for Hex<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
-    out.push(b'"');
 }
 
-/// Appends one of our own names (attribute keys, event names: ASCII that
-/// needs no escape) as a JSON string.
-fn push_name(out: &mut Vec<u8>, name: &'static str) {
-    debug_assert!(!name.bytes().any(needs_escape));
-    out.push(b'"');
-    out.extend_from_slice(name.as_bytes());
-    out.push(b'"');
-}
+/// A list written from an iterator made anew each time (no `Vec`).
+struct Seq<F>(F);
 
-/// Appends `n` in decimal.
-fn push_u64(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(decimal(n, &mut [0; 20]));
-}
-
-/// Appends `n` in decimal.
-fn push_i64(out: &mut Vec<u8>, n: i64) {
-    if n < 0 {
-        out.push(b'-');
+impl<F, I> Serialize for Seq<F>
+where
+    F: Fn() -> I,
+    I: Iterator,
+    I::Item: Serialize,
+{
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq((self.0)())
     }
-    push_u64(out, n.unsigned_abs());
 }
 
-/// Appends `[{"key":…,"value":{…}},…]`.
-fn push_attributes(out: &mut Vec<u8>, attrs: &Attrs) {
-    out.push(b'[');
-    for (i, (k, v)) in attrs.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"key\":");
-        push_name(out, k);
-        out.extend_from_slice(b",\"value\":");
+/// `AnyValue`: one member named by the value's type.
+#[derive(DeriveSerialize)]
+enum AnyValue<'a> {
+    #[serde(rename = "stringValue")]
+    Str(&'a str),
+    #[serde(rename = "intValue")]
+    Int(AsString<i64>),
+    #[serde(rename = "boolValue")]
+    Bool(bool),
+}
+
+impl<'a> From<&'a Value> for AnyValue<'a> {
+    fn from(v: &'a Value) -> AnyValue<'a> {
         match v {
-            Value::Int(n) => {
-                out.extend_from_slice(b"{\"intValue\":\"");
-                push_i64(out, *n);
-                out.push(b'"');
-            }
-            Value::Bool(b) => out.extend_from_slice(if *b {
-                b"{\"boolValue\":true"
-            } else {
-                b"{\"boolValue\":false"
-            }),
-            s => {
-                out.extend_from_slice(b"{\"stringValue\":");
-                push_string(out, s.as_str().unwrap_or_default());
-            }
+            Value::Int(n) => AnyValue::Int(AsString(*n)),
+            Value::Bool(b) => AnyValue::Bool(*b),
+            s => AnyValue::Str(s.as_str().unwrap_or_default()),
         }
-        out.extend_from_slice(b"}}");
     }
-    out.push(b']');
 }
 
-/// Appends one span (written by hand: the exporter encodes thousands a
-/// second under load, and a `serde_json::Value` tree costs several times
-/// more).
-fn push_span(out: &mut Vec<u8>, s: &Span) {
-    out.extend_from_slice(b"{\"traceId\":\"");
-    push_hex(out, &s.ctx.trace_id);
-    out.extend_from_slice(b"\",\"spanId\":\"");
-    push_hex(out, &s.ctx.span_id);
-    out.push(b'"');
+#[derive(DeriveSerialize)]
+struct KeyValue<'a> {
+    key: &'a str,
+    value: AnyValue<'a>,
+}
+
+/// `[{"key":…,"value":{…}},…]`.
+fn attributes(attrs: &Attrs) -> impl Serialize + '_ {
+    Seq(|| {
+        attrs.iter().map(|(k, v)| KeyValue {
+            key: k,
+            value: v.into(),
+        })
+    })
+}
+
+/// The resource's attributes (strings all).
+fn string_attributes(attrs: &[(String, String)]) -> impl Serialize + '_ {
+    Seq(|| {
+        attrs.iter().map(|(k, v)| KeyValue {
+            key: k,
+            value: AnyValue::Str(v),
+        })
+    })
+}
+
+#[derive(DeriveSerialize)]
+struct Resource<R> {
+    attributes: R,
+}
+
+#[derive(DeriveSerialize, Clone, Copy)]
+struct Scope {
+    name: &'static str,
+    version: &'static str,
+}
+
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct Event<A> {
+    time_unix_nano: AsString<u64>,
+    name: &'static str,
+    attributes: A,
+}
+
+fn event(e: &SpanEvent) -> Event<impl Serialize + '_> {
+    Event {
+        time_unix_nano: AsString(e.time),
+        name: e.name,
+        attributes: attributes(&e.attrs),
+    }
+}
+
+/// `{}` (unset), or ERROR with its message.
+#[derive(DeriveSerialize)]
+struct Status<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+}
+
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct SpanJson<'a, A, E> {
+    trace_id: Hex<'a>,
+    span_id: Hex<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_span_id: Option<Hex<'a>>,
+    flags: u32,
+    name: &'a str,
+    kind: u8,
+    start_time_unix_nano: AsString<u64>,
+    end_time_unix_nano: AsString<u64>,
+    attributes: A,
+    events: E,
+    status: Status<'a>,
+}
+
+fn span(s: &Span) -> SpanJson<'_, impl Serialize + '_, impl Serialize + '_> {
     // The W3C flags, and the OTLP bits saying whether the parent is known
     // to be in another process (a client's span: yes).
-    let mut flags = 256 | u64::from(s.ctx.sampled);
-    if let Some(p) = &s.parent {
-        out.extend_from_slice(b",\"parentSpanId\":\"");
-        push_hex(out, p);
-        out.push(b'"');
-        flags |= 512;
+    let flags = 256 | u32::from(s.ctx.sampled) | if s.parent.is_some() { 512 } else { 0 };
+    SpanJson {
+        trace_id: Hex(&s.ctx.trace_id),
+        span_id: Hex(&s.ctx.span_id),
+        parent_span_id: s.parent.as_ref().map(|p| Hex(p)),
+        flags,
+        name: &s.name,
+        kind: s.kind as u8,
+        start_time_unix_nano: AsString(s.start),
+        end_time_unix_nano: AsString(s.end),
+        attributes: attributes(&s.attrs),
+        events: Seq(|| s.events.iter().map(event)),
+        status: Status {
+            code: s.error.is_some().then_some(STATUS_ERROR),
+            message: s.error.as_deref(),
+        },
     }
-    out.extend_from_slice(b",\"flags\":");
-    push_u64(out, flags);
-    out.extend_from_slice(b",\"name\":");
-    push_string(out, &s.name);
-    out.extend_from_slice(b",\"kind\":");
-    push_u64(out, s.kind as u64);
-    out.extend_from_slice(b",\"startTimeUnixNano\":\"");
-    push_u64(out, s.start);
-    out.extend_from_slice(b"\",\"endTimeUnixNano\":\"");
-    push_u64(out, s.end);
-    out.extend_from_slice(b"\",\"attributes\":");
-    push_attributes(out, &s.attrs);
-    out.extend_from_slice(b",\"events\":[");
-    for (i, e) in s.events.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"timeUnixNano\":\"");
-        push_u64(out, e.time);
-        out.extend_from_slice(b"\",\"name\":");
-        push_name(out, e.name);
-        out.extend_from_slice(b",\"attributes\":");
-        push_attributes(out, &e.attrs);
-        out.push(b'}');
-    }
-    out.extend_from_slice(b"],\"status\":");
-    match &s.error {
-        Some(m) => {
-            out.extend_from_slice(b"{\"code\":2,\"message\":");
-            push_string(out, m);
-            out.push(b'}');
-        }
-        None => out.extend_from_slice(b"{}"),
-    }
-    out.push(b'}');
 }
 
-/// Appends the lowercase hex of `bytes`.
-fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    let start = out.len();
-    out.resize(start + 2 * bytes.len(), 0);
-    write_hex(&mut out[start..], bytes);
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct ScopeSpans<S> {
+    scope: Scope,
+    spans: S,
 }
 
-/// The resource's attributes as JSON, made once per session.
-pub fn resource(attrs: &[(String, String)]) -> String {
-    string_attributes(attrs).to_string()
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct ResourceSpans<R, S> {
+    resource: Resource<R>,
+    scope_spans: [ScopeSpans<S>; 1],
 }
 
-/// An `ExportTraceServiceRequest` (UTF-8 JSON); `resource` from
-/// [`resource`].
-pub fn traces(resource: &str, spans: &[Span]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(512 + 1024 * spans.len());
-    out.extend_from_slice(b"{\"resourceSpans\":[{\"resource\":{\"attributes\":");
-    out.extend_from_slice(resource.as_bytes());
-    out.extend_from_slice(b"},\"scopeSpans\":[{\"scope\":");
-    out.extend_from_slice(scope().to_string().as_bytes());
-    out.extend_from_slice(b",\"spans\":[");
-    for (i, s) in spans.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        push_span(&mut out, s);
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct TracesRequest<R, S> {
+    resource_spans: [ResourceSpans<R, S>; 1],
+}
+
+/// Writes `message` as JSON; it only fails on a non-finite float, which
+/// no record holds, and then the body is empty.
+fn encode(message: &impl Serialize, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
+    if serde_json::to_writer(&mut out, message).is_err() {
+        out.clear();
     }
-    out.extend_from_slice(b"]}]}]}");
     out
 }
 
-/// A monotonic cumulative sum metric.
-fn sum(
-    name: &str,
-    unit: &str,
-    description: &str,
-    points: Vec<(Attrs, u64)>,
+/// An `ExportTraceServiceRequest` (UTF-8 JSON) of `spans`, from a process
+/// with these resource attributes.
+pub fn traces(resource: &[(String, String)], spans: &[Span]) -> Vec<u8> {
+    let request = TracesRequest {
+        resource_spans: [ResourceSpans {
+            resource: Resource {
+                attributes: string_attributes(resource),
+            },
+            scope_spans: [ScopeSpans {
+                scope: SCOPE,
+                spans: Seq(|| spans.iter().map(span)),
+            }],
+        }],
+    };
+    encode(&request, 512 + 1024 * spans.len())
+}
+
+/// Points of a metric: each with its attributes, and the value.
+type Points<'a, T> = Vec<(Attrs, &'a T)>;
+
+/// The data points of a sum, with the times they all share.
+struct NumberPoints<'a> {
+    points: &'a [(Attrs, &'a u64)],
     start: u64,
     now: u64,
-) -> Json {
-    json!({
-        "name": name,
-        "unit": unit,
-        "description": description,
-        "sum": {
-            "aggregationTemporality": 2,
-            "isMonotonic": true,
-            "dataPoints": points.iter().map(|(a, n)| json!({
-                "attributes": attributes(a),
-                "startTimeUnixNano": start.to_string(),
-                "timeUnixNano": now.to_string(),
-                "asInt": n.to_string(),
-            })).collect::<Vec<_>>(),
-        },
-    })
 }
 
-fn histogram(name: &str, points: Vec<(Attrs, &Histogram)>, start: u64, now: u64) -> Json {
-    json!({
-        "name": name,
-        "unit": "s",
-        "description": "How long tools/call took, from the client's request to its answer, retries included",
-        "histogram": {
-            "aggregationTemporality": 2,
-            "dataPoints": points.iter().map(|(a, h)| json!({
-                "attributes": attributes(a),
-                "startTimeUnixNano": start.to_string(),
-                "timeUnixNano": now.to_string(),
-                "count": h.count.to_string(),
-                "sum": h.sum,
-                "bucketCounts": h.counts.iter().map(u64::to_string).collect::<Vec<_>>(),
-                "explicitBounds": LATENCY_BOUNDS,
-            })).collect::<Vec<_>>(),
-        },
-    })
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct NumberPoint<A> {
+    attributes: A,
+    start_time_unix_nano: AsString<u64>,
+    time_unix_nano: AsString<u64>,
+    as_int: AsString<u64>,
 }
 
-/// An `ExportMetricsServiceRequest` with every counter since `start`;
-/// `resource` from [`resource`].
-pub fn metrics(resource: &str, server: &str, m: &Metrics, start: u64, now: u64) -> String {
-    let by_tool = |map: &std::collections::BTreeMap<String, u64>| -> Vec<(Attrs, u64)> {
-        map.iter()
-            .map(|(tool, n)| {
-                (
-                    vec![
-                        ("mcp_retry.server", server.to_owned().into()),
-                        ("gen_ai.tool.name", tool.clone().into()),
-                    ],
-                    *n,
-                )
-            })
-            .collect()
+impl Serialize for NumberPoints<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.points.iter().map(|(attrs, n)| NumberPoint {
+            attributes: attributes(attrs),
+            start_time_unix_nano: AsString(self.start),
+            time_unix_nano: AsString(self.now),
+            as_int: AsString(**n),
+        }))
+    }
+}
+
+/// The data points of a histogram, with the times they all share.
+struct HistogramPoints<'a> {
+    points: &'a [(Attrs, &'a Histogram)],
+    start: u64,
+    now: u64,
+}
+
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct HistogramPoint<'a, A, B> {
+    attributes: A,
+    start_time_unix_nano: AsString<u64>,
+    time_unix_nano: AsString<u64>,
+    count: AsString<u64>,
+    sum: f64,
+    bucket_counts: B,
+    explicit_bounds: &'a [f64],
+}
+
+impl Serialize for HistogramPoints<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.points.iter().map(|(attrs, h)| HistogramPoint {
+            attributes: attributes(attrs),
+            start_time_unix_nano: AsString(self.start),
+            time_unix_nano: AsString(self.now),
+            count: AsString(h.count),
+            sum: h.sum,
+            bucket_counts: Seq(|| h.counts.iter().map(AsString)),
+            explicit_bounds: &LATENCY_BOUNDS,
+        }))
+    }
+}
+
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct Sum<'a> {
+    aggregation_temporality: u8,
+    is_monotonic: bool,
+    data_points: NumberPoints<'a>,
+}
+
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct HistogramJson<'a> {
+    aggregation_temporality: u8,
+    data_points: HistogramPoints<'a>,
+}
+
+/// A metric: a sum or a histogram.
+#[derive(DeriveSerialize)]
+struct Metric<'a> {
+    name: &'static str,
+    unit: &'static str,
+    description: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sum: Option<Sum<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    histogram: Option<HistogramJson<'a>>,
+}
+
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct ScopeMetrics<'a> {
+    scope: Scope,
+    metrics: Vec<Metric<'a>>,
+}
+
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct ResourceMetrics<'a, R> {
+    resource: Resource<R>,
+    scope_metrics: [ScopeMetrics<'a>; 1],
+}
+
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct MetricsRequest<'a, R> {
+    resource_metrics: [ResourceMetrics<'a, R>; 1],
+}
+
+/// An `ExportMetricsServiceRequest` with every counter since `start`,
+/// from a process with these resource attributes.
+pub fn metrics<'m>(
+    resource: &[(String, String)],
+    server: &str,
+    m: &'m Metrics,
+    start: u64,
+    now: u64,
+) -> Vec<u8> {
+    let server_attr = || ("mcp_retry.server", Value::from(server.to_owned()));
+    let tool_attrs = |tool: &String| vec![server_attr(), ("gen_ai.tool.name", tool.clone().into())];
+    let by_tool = |map: &'m std::collections::BTreeMap<String, u64>| -> Points<'m, u64> {
+        map.iter().map(|(tool, n)| (tool_attrs(tool), n)).collect()
     };
-    let mut list = vec![
-        sum(
-            "mcp_retry.calls",
-            "{call}",
-            "tools/call requests from the client",
-            by_tool(&m.calls),
-            start,
-            now,
-        ),
-        sum(
-            "mcp_retry.attempts",
-            "{attempt}",
-            "tools/call attempts sent to the server",
-            by_tool(&m.attempts),
-            start,
-            now,
-        ),
-        sum(
-            "mcp_retry.retries",
-            "{attempt}",
-            "attempts after a call's first",
-            by_tool(&m.retries),
-            start,
-            now,
-        ),
-        sum(
-            "mcp_retry.cache.hits",
-            "{call}",
-            "calls answered from the cache",
-            by_tool(&m.cache_hits),
-            start,
-            now,
-        ),
-        sum(
-            "mcp_retry.dedup.hits",
-            "{call}",
-            "calls that joined or replayed an identical call",
-            by_tool(&m.dedup_hits),
-            start,
-            now,
-        ),
-    ];
     let failures = m
         .failures
         .iter()
         .map(|((tool, reason), n)| {
-            (
-                vec![
-                    ("mcp_retry.server", server.to_owned().into()),
-                    ("gen_ai.tool.name", tool.clone().into()),
-                    ("error.type", reason.clone().into()),
-                ],
-                *n,
-            )
+            let mut attrs = tool_attrs(tool);
+            attrs.push(("error.type", reason.clone().into()));
+            (attrs, n)
         })
         .collect();
-    list.push(sum(
-        "mcp_retry.failures",
-        "{call}",
-        "calls answered with an error, by reason",
-        failures,
-        start,
-        now,
-    ));
     let breaker = m
         .breaker
         .iter()
         .map(|(t, n)| {
-            (
-                vec![
-                    ("mcp_retry.server", server.to_owned().into()),
-                    ("mcp_retry.breaker.transition", (*t).into()),
-                ],
-                *n,
-            )
+            let attrs = vec![server_attr(), ("mcp_retry.breaker.transition", (*t).into())];
+            (attrs, n)
         })
         .collect();
-    list.push(sum(
-        "mcp_retry.breaker.transitions",
-        "{transition}",
-        "circuit breaker state changes",
-        breaker,
-        start,
-        now,
-    ));
-    list.push(sum(
-        "mcp_retry.restarts",
-        "{restart}",
-        "times the server was started again",
-        vec![(
-            vec![("mcp_retry.server", server.to_owned().into())],
-            m.restarts,
-        )],
-        start,
-        now,
-    ));
-    let latency = m
+    let sums: [(&str, &str, &str, Points<'_, u64>); 8] = [
+        (
+            "mcp_retry.calls",
+            "{call}",
+            "tools/call requests from the client",
+            by_tool(&m.calls),
+        ),
+        (
+            "mcp_retry.attempts",
+            "{attempt}",
+            "tools/call attempts sent to the server",
+            by_tool(&m.attempts),
+        ),
+        (
+            "mcp_retry.retries",
+            "{attempt}",
+            "attempts after a call's first",
+            by_tool(&m.retries),
+        ),
+        (
+            "mcp_retry.cache.hits",
+            "{call}",
+            "calls answered from the cache",
+            by_tool(&m.cache_hits),
+        ),
+        (
+            "mcp_retry.dedup.hits",
+            "{call}",
+            "calls that joined or replayed an identical call",
+            by_tool(&m.dedup_hits),
+        ),
+        (
+            "mcp_retry.failures",
+            "{call}",
+            "calls answered with an error, by reason",
+            failures,
+        ),
+        (
+            "mcp_retry.breaker.transitions",
+            "{transition}",
+            "circuit breaker state changes",
+            breaker,
+        ),
+        (
+            "mcp_retry.restarts",
+            "{restart}",
+            "times the server was started again",
+            vec![(vec![server_attr()], &m.restarts)],
+        ),
+    ];
+    let latency: Points<'_, Histogram> = m
         .latency
         .iter()
-        .map(|(tool, h)| {
-            (
-                vec![
-                    ("mcp_retry.server", server.to_owned().into()),
-                    ("gen_ai.tool.name", tool.clone().into()),
-                ],
-                h,
-            )
+        .map(|(tool, h)| (tool_attrs(tool), h))
+        .collect();
+    // Metrics with no data point yet are left out.
+    let mut list: Vec<Metric<'_>> = sums
+        .iter()
+        .filter(|(.., points)| !points.is_empty())
+        .map(|(name, unit, description, points)| Metric {
+            name,
+            unit,
+            description,
+            sum: Some(Sum {
+                aggregation_temporality: CUMULATIVE,
+                is_monotonic: true,
+                data_points: NumberPoints { points, start, now },
+            }),
+            histogram: None,
         })
         .collect();
-    list.push(histogram("mcp_retry.call.duration", latency, start, now));
-    // Metrics with no data point yet are left out.
-    list.retain(|metric| {
-        let kind = if metric.get("sum").is_some() {
-            "sum"
-        } else {
-            "histogram"
-        };
-        metric[kind]["dataPoints"]
-            .as_array()
-            .is_some_and(|p| !p.is_empty())
-    });
-    format!(
-        "{{\"resourceMetrics\":[{{\"resource\":{{\"attributes\":{resource}}},\"scopeMetrics\":[{{\"scope\":{},\"metrics\":{}}}]}}]}}",
-        scope(),
-        Json::Array(list)
-    )
+    if !latency.is_empty() {
+        list.push(Metric {
+            name: "mcp_retry.call.duration",
+            unit: "s",
+            description: "How long tools/call took, from the client's request to its answer, retries included",
+            sum: None,
+            histogram: Some(HistogramJson {
+                aggregation_temporality: CUMULATIVE,
+                data_points: HistogramPoints {
+                    points: &latency,
+                    start,
+                    now,
+                },
+            }),
+        });
+    }
+    let request = MetricsRequest {
+        resource_metrics: [ResourceMetrics {
+            resource: Resource {
+                attributes: string_attributes(resource),
+            },
+            scope_metrics: [ScopeMetrics {
+                scope: SCOPE,
+                metrics: list,
+            }],
+        }],
+    };
+    encode(&request, 4096)
 }

@@ -1,6 +1,8 @@
 //! Unit tests of OpenTelemetry export: the OTEL_* variables, W3C
 //! traceparent, the `_meta` rewrite, the tracer's span tree and counters,
-//! and the OTLP/JSON encoding.
+//! and the OTLP/JSON encoding, also as a whole: a scripted session's export
+//! against the committed `golden-export.json` (ids and times normalised;
+//! `MCP_RETRY_WRITE_GOLDEN=1` rewrites it).
 
 #![forbid(unsafe_code)]
 
@@ -453,14 +455,9 @@ fn metrics_count_calls_retries_failures_and_latency() {
             _ => None,
         })
         .unwrap();
-    let body = json::metrics(
-        &json::resource(&[]),
-        &snapshot.server,
-        &snapshot.metrics(),
-        0,
-        1,
-    );
-    let v: Json = serde_json::from_str(&body).unwrap();
+    let body = json::metrics(&[], &snapshot.server, &snapshot.metrics(), 0, 1);
+    let v: Json = serde_json::from_slice(&body).unwrap();
+    let body = String::from_utf8(body).unwrap();
     let metrics = v["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
         .as_array()
         .unwrap();
@@ -505,7 +502,7 @@ fn spans_encode_as_otlp_json() {
     };
     t.call_ended(1, end, t0);
     let s = spans(&rx);
-    let resource = json::resource(&[("service.name".into(), "mcp-retry".into())]);
+    let resource = [("service.name".into(), "mcp-retry".into())];
     let body = json::traces(&resource, &s);
     let v: Json = serde_json::from_slice(&body).unwrap();
     let rs = &v["resourceSpans"][0];
@@ -547,7 +544,7 @@ fn names_are_escaped_and_numbers_written_in_full() {
     t.attempt_started(1, u64::MAX, t0);
     t.attempt_ended(1, None, t0);
     t.call_ended(1, CallEnd::answered(false), t0);
-    let body = json::traces(&json::resource(&[]), &spans(&rx));
+    let body = json::traces(&[], &spans(&rx));
     let v: Json = serde_json::from_slice(&body).unwrap();
     let spans = v["resourceSpans"][0]["scopeSpans"][0]["spans"]
         .as_array()
@@ -650,4 +647,142 @@ fn urls_are_logged_without_credentials() {
     assert_eq!(shown_url("https://c/x#api_key=s"), "https://c/x#[redacted]");
     assert_eq!(shown_url("c:4318"), "c:4318");
     assert_eq!(shown_url("c:4318?k=v"), "c:4318?[redacted]");
+}
+
+/// A session of every kind of telemetry: a call under the client's trace
+/// whose first attempt timed out (with events on both spans), a tool name
+/// that needs escaping, a call the breaker refused, answers from the cache
+/// and the dedup table, a failed `resources/read`, a breaker transition and
+/// a respawn. Its OTLP export, as [`normalised`].
+fn scripted_export() -> Json {
+    let (mut t, rx) = tracer();
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    let params = r#"{"name":"x","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}"#;
+    t.call_started(1, "search", "\"c1\"", Some(params), t0);
+    t.attempt_started(1, 10, t0);
+    t.attempt_event(1, "mcp_retry.cancelled_downstream", Vec::new(), ms(300));
+    t.attempt_ended(1, Some("timeout"), ms(300));
+    t.call_event(
+        1,
+        "mcp_retry.backoff",
+        vec![("mcp_retry.delay_ms", 50.into())],
+        ms(300),
+    );
+    t.attempt_started(1, 11, ms(350));
+    t.attempt_ended(1, None, ms(400));
+    t.call_ended(1, CallEnd::answered(false), ms(400));
+    t.call_started(2, "q\"b\\s\n\t\u{1}é€😀", "7", None, ms(500));
+    let refused = CallEnd {
+        outcome: "failed",
+        reason: Some("circuit_open"),
+        source: None,
+    };
+    t.call_ended(2, refused, ms(500));
+    t.answered_by_proxy("search", "\"c3\"", None, "cache", ms(600));
+    t.joined(None, "search", ms(650));
+    let request = t.request_started("resources/read", None, ms(700)).unwrap();
+    let error = br#"{"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"disk \"full\"","data":{"reason":"server_exited"}}}"#;
+    t.request_answered(&request, "4", error, ms(720));
+    t.breaker("opened");
+    t.respawned(ms(800));
+    t.flush_metrics(ms(900));
+    let clock = Clock::now();
+    let mut spans = Vec::new();
+    let mut snapshot = None;
+    for item in rx.try_iter() {
+        match item {
+            export::Item::Span(r) => r.render(&clock, &mut spans),
+            export::Item::Metrics(m) => snapshot = Some(m),
+        }
+    }
+    let snapshot = snapshot.expect("a metrics snapshot");
+    let resource = [
+        ("service.name".into(), "mcp-retry".into()),
+        ("host.name".into(), "h\"1".into()),
+    ];
+    let traces = json::traces(&resource, &spans);
+    let metrics = json::metrics(&resource, &snapshot.server, &snapshot.metrics(), 5, 9);
+    serde_json::json!({
+        "traces": normalised(serde_json::from_slice(&traces).unwrap()),
+        "metrics": normalised(serde_json::from_slice(&metrics).unwrap()),
+    })
+}
+
+/// `v` with its ids named by order of appearance (`id1`, …), its times
+/// (`…UnixNano`) made offsets from its earliest and our version a name, so
+/// that two sessions scripted alike compare equal.
+fn normalised(mut v: Json) -> Json {
+    fn times(v: &Json, out: &mut Vec<u64>) {
+        match v {
+            Json::Object(m) => {
+                for (k, x) in m {
+                    match x.as_str() {
+                        Some(s) if k.ends_with("UnixNano") => out.push(s.parse().unwrap()),
+                        _ => times(x, out),
+                    }
+                }
+            }
+            Json::Array(a) => a.iter().for_each(|x| times(x, out)),
+            _ => {}
+        }
+    }
+    fn rewrite(v: &mut Json, first: u64, ids: &mut Vec<String>) {
+        match v {
+            Json::Object(m) => {
+                for (k, x) in m.iter_mut() {
+                    match x.as_str() {
+                        Some(s) if k.ends_with("UnixNano") => {
+                            let t: u64 = s.parse().unwrap();
+                            *x = Json::from((t - first).to_string());
+                        }
+                        Some(s) if matches!(k.as_str(), "traceId" | "spanId" | "parentSpanId") => {
+                            let n = match ids.iter().position(|i| i == s) {
+                                Some(n) => n,
+                                None => {
+                                    ids.push(s.to_owned());
+                                    ids.len() - 1
+                                }
+                            };
+                            *x = Json::from(format!("id{} ({} hex digits)", n + 1, s.len()));
+                        }
+                        Some(env!("CARGO_PKG_VERSION")) if k == "version" => {
+                            *x = Json::from("CARGO_PKG_VERSION");
+                        }
+                        _ => rewrite(x, first, ids),
+                    }
+                }
+            }
+            Json::Array(a) => a.iter_mut().for_each(|x| rewrite(x, first, ids)),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    times(&v, &mut all);
+    let first = all.into_iter().min().unwrap_or(0);
+    rewrite(&mut v, first, &mut Vec::new());
+    v
+}
+
+/// The committed export of [`scripted_export`]; written instead of compared
+/// when `MCP_RETRY_WRITE_GOLDEN` is set.
+const GOLDEN: &str = "src/otel/golden-export.json";
+
+#[test]
+fn a_scripted_session_exports_the_committed_otlp_json() {
+    let got = scripted_export();
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(GOLDEN);
+    if std::env::var_os("MCP_RETRY_WRITE_GOLDEN").is_some() {
+        let text = serde_json::to_string_pretty(&got).unwrap() + "\n";
+        std::fs::write(&file, text).unwrap();
+        return;
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    let want: Json = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        got,
+        want,
+        "{GOLDEN} differs: {}",
+        serde_json::to_string_pretty(&got).unwrap()
+    );
 }
