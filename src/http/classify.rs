@@ -156,63 +156,16 @@ pub fn retry_after_delay(value: &str, now: SystemTime) -> Option<Duration> {
 /// asctime `Sun Nov  6 08:49:37 1994`. Years are 1970 to 9999 (four
 /// digits, as the grammar has them).
 pub fn http_date(text: &str) -> Option<u64> {
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let (day, month, year, time) = match words.as_slice() {
-        // IMF-fixdate: the weekday with a comma, then day month year time GMT.
-        [wd, d, m, y, t, "GMT"] if wd.ends_with(',') => (*d, *m, y.parse::<u64>().ok()?, *t),
-        // RFC 850: `Sunday, 06-Nov-94 08:49:37 GMT`.
-        [wd, dmy, t, "GMT"] if wd.ends_with(',') => {
-            let mut parts = dmy.split('-');
-            let (d, m, y) = (parts.next()?, parts.next()?, parts.next()?);
-            let yy: u64 = y.parse().ok().filter(|_| y.len() == 2)?;
-            (d, m, if yy < 70 { 2000 + yy } else { 1900 + yy }, *t)
-        }
-        // asctime: `Sun Nov  6 08:49:37 1994`.
-        [_, m, d, t, y] => (*d, *m, y.parse::<u64>().ok()?, *t),
-        _ => return None,
-    };
-    let month = MONTHS.iter().position(|m| *m == month)? as u64 + 1;
-    let day: u64 = day.parse().ok().filter(|d| (1..=31).contains(d))?;
-    let mut hms = time.split(':').map(|p| p.parse::<u64>().ok());
-    let (h, mi, s) = (hms.next()??, hms.next()??, hms.next()??);
-    if hms.next().is_some() || h > 23 || mi > 59 || s > 60 || !(1970..=9999).contains(&year) {
-        return None;
-    }
-    // Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
-    // days_from_civil, for years from 1970 on).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = (era * 146_097 + doe).checked_sub(719_468)?;
-    Some(days * 86_400 + h * 3600 + mi * 60 + s)
+    let at = httpdate::parse_http_date(text.trim()).ok()?;
+    at.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs())
 }
 
 /// The reason phrase of a status, for messages: `401 Unauthorized`.
 pub fn status_line(status: u16) -> String {
-    let phrase = match status {
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        406 => "Not Acceptable",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        413 => "Content Too Large",
-        415 => "Unsupported Media Type",
-        429 => "Too Many Requests",
-        500 => "Internal Server Error",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        _ => "",
-    };
+    let phrase = ureq::http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("");
     format!("{status} {phrase}").trim_end().to_owned()
 }
 
@@ -540,6 +493,7 @@ mod tests {
     fn status_lines_name_the_status() {
         assert_eq!(status_line(401), "401 Unauthorized");
         assert_eq!(status_line(408), "408 Request Timeout");
-        assert_eq!(status_line(418), "418");
+        assert_eq!(status_line(502), "502 Bad Gateway");
+        assert_eq!(status_line(599), "599");
     }
 }
