@@ -269,11 +269,16 @@ fn config_dir(path: &Path) -> PathBuf {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    #[cfg(unix)]
-    if dir
+    let up = dir
         .components()
-        .any(|c| c == std::path::Component::ParentDir)
-    {
+        .any(|c| c == std::path::Component::ParentDir);
+    // Rooted already (on Windows, `\w\proj` is on the current drive, as
+    // the program that reads it will take it): kept as written.
+    if dir.has_root() && !up {
+        return dir.to_path_buf();
+    }
+    #[cfg(unix)]
+    if up {
         if let Ok(real) = std::fs::canonicalize(dir) {
             return real;
         }
