@@ -272,9 +272,9 @@ fn config_dir(path: &Path) -> PathBuf {
     let up = dir
         .components()
         .any(|c| c == std::path::Component::ParentDir);
-    // Rooted already (on Windows, `\w\proj` is on the current drive, as
-    // the program that reads it will take it): kept as written.
-    if dir.has_root() && !up {
+    // On Windows, rooted but without a drive (`\w\proj`): on the current
+    // drive, as the program that reads it will take it; kept as written.
+    if dir.has_root() && !dir.is_absolute() && !up {
         return dir.to_path_buf();
     }
     #[cfg(unix)]
