@@ -117,8 +117,8 @@ Options:
   --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
   -h, --help            print help
 
-Exit codes: 0 all is well, 1 a circuit breaker is open or a server is down
-(or dormant), 2 usage error or an unusable runtime directory.
+Exit codes: 0 all is well, 1 a circuit breaker is open or a server is down,
+2 usage error or an unusable runtime directory.
 ";
 
 pub const SCHEMA_HELP: &str = "\
