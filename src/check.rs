@@ -121,7 +121,12 @@ fn probe_all(servers: &[&ServerConfig], timeout: Duration, stop: &Receiver<()>) 
             .map(|(i, cfg)| {
                 thread::Builder::new()
                     .name(format!("check-{i}"))
-                    .spawn_scoped(scope, move || probe(cfg, timeout, stop))
+                    .spawn_scoped(scope, move || {
+                        crate::guard::catch(|| probe(cfg, timeout, stop)).unwrap_or_else(|p| {
+                            p.report("this server is reported down");
+                            Err(format!("internal error in mcp-retry: {p}"))
+                        })
+                    })
                     .map_err(|e| format!("cannot start a probe thread: {e}"))
             })
             .collect();

@@ -407,33 +407,51 @@ pub fn spawn(
     let (stderr_done_tx, stderr_done) = crossbeam_channel::bounded::<()>(0);
     let started = start_thread("child-stderr", move || {
         let _done = stderr_done_tx;
-        stdio::lossy_lines(stderr, |line| {
-            if diagnostics == Diagnostics::Copy {
-                let mut err = std::io::stderr().lock();
-                let _ = err.write_all(line.as_bytes());
-                let _ = err.write_all(b"\n");
-            }
-            let mut t = tail2.lock();
-            if t.len() == STDERR_TAIL {
-                t.pop_front();
-            }
-            t.push_back(line);
-        })
+        let mut stderr = stderr;
+        let copied = crate::guard::catch(|| {
+            stdio::lossy_lines(&mut stderr, |line| {
+                if diagnostics == Diagnostics::Copy {
+                    let mut err = std::io::stderr().lock();
+                    let _ = err.write_all(line.as_bytes());
+                    let _ = err.write_all(b"\n");
+                }
+                let mut t = tail2.lock();
+                if t.len() == STDERR_TAIL {
+                    t.pop_front();
+                }
+                t.push_back(line);
+            })
+        });
+        // A bug: the rest is read and dropped, so that the server never
+        // blocks writing to a pipe nobody reads.
+        if let Err(p) = copied {
+            p.report("the server's stderr is no longer copied");
+            let _ = std::io::copy(&mut stderr, &mut std::io::sink());
+        }
     })
     .and_then(|()| {
         let ev = life.clone();
         let g = group.clone();
         start_thread("child-wait", move || {
-            let info = match child.wait() {
-                Ok(s) => ExitInfo::from(s),
-                Err(_) => ExitInfo {
-                    code: None,
-                    signal: None,
-                },
-            };
-            drop(exit_tx);
-            if ev.exited(info) {
-                drain(&ev, &g, info, &stdout_ended);
+            let waited = crate::guard::catch(|| {
+                let info = match child.wait() {
+                    Ok(s) => ExitInfo::from(s),
+                    Err(_) => ExitInfo {
+                        code: None,
+                        signal: None,
+                    },
+                };
+                drop(exit_tx);
+                if ev.exited(info) {
+                    drain(&ev, &g, info, &stdout_ended);
+                }
+            });
+            // A bug: the exit may never be seen, so the server is killed
+            // and counted as gone now.
+            if let Err(p) = waited {
+                p.report("the server is stopped");
+                g.kill();
+                ev.give_up("stopped after an internal error in mcp-retry".into());
             }
         })
         .map(|()| exit_rx)
@@ -593,7 +611,11 @@ fn stop_later(group: Group, exited: Receiver<()>, step: Duration) {
         crate::warn!("the server ignored SIGTERM; killing it");
         group.kill();
     };
-    if let Err(e) = thread::Builder::new().name("child-stop".into()).spawn(stop) {
+    let killer = g.clone();
+    let spawned = crate::guard::spawn("child-stop", "the server is killed", stop, move || {
+        killer.kill()
+    });
+    if let Err(e) = spawned {
         // No thread to wait on: skip to the end.
         crate::debug!("cannot start a thread to stop the server ({e}); killing it");
         g.kill();

@@ -26,6 +26,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::fasthash::FastMap;
+use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
 use crate::policy::recovery::Recovery;
 use crate::status::Publisher;
@@ -108,6 +109,8 @@ pub enum Reason {
     /// The server refused the request without running it (401, 403,
     /// another 4xx without a JSON-RPC answer).
     Rejected,
+    /// A bug in mcp-retry stopped the session (a panic on the dispatcher).
+    InternalError,
 }
 
 impl Reason {
@@ -126,6 +129,7 @@ impl Reason {
             Reason::InvalidResponse => "invalid_response",
             Reason::TransportError => "transport_error",
             Reason::Rejected => "rejected",
+            Reason::InternalError => "internal_error",
         }
     }
 }
@@ -257,6 +261,9 @@ pub(super) struct ServerRequest {
 struct Batch {
     outstanding: usize,
     answers: Vec<Vec<u8>>,
+    /// The ids of the requests whose answers wait in `answers`: pending
+    /// until the array is sent.
+    answered: Vec<String>,
 }
 
 /// Shutdown progress.
@@ -338,6 +345,9 @@ pub struct Dispatcher {
     /// flush is scheduled.
     otel: Option<crate::otel::Tracer>,
     otel_flush_pending: bool,
+    /// The ids of `client_requests` not yet answered, kept where a panic
+    /// here cannot lose them (see `proxy.rs`).
+    pending: Pending,
 }
 
 impl Dispatcher {
@@ -388,8 +398,15 @@ impl Dispatcher {
             handled_bytes: 0,
             otel: None,
             otel_flush_pending: false,
+            pending: Pending::default(),
             cfg,
         }
+    }
+
+    /// The ids of the client's requests not yet answered, for the guard
+    /// around [`Dispatcher::run`].
+    pub fn pending(&self) -> Pending {
+        self.pending.clone()
     }
 
     /// Sends the `--stats-file` document to `out` every few seconds while
@@ -414,7 +431,7 @@ impl Dispatcher {
     }
 
     /// Starts the server and handles events until the session ends.
-    pub fn run(mut self, inbox: Receiver<Event>) -> Outcome {
+    pub fn run(&mut self, inbox: Receiver<Event>) -> Outcome {
         self.start_server(Instant::now());
         self.status_check();
         loop {
@@ -747,7 +764,7 @@ impl Dispatcher {
             id,
             Batch {
                 outstanding: expected,
-                answers: Vec::new(),
+                ..Batch::default()
             },
         );
         for item in items {
@@ -797,6 +814,9 @@ impl Dispatcher {
             out.extend_from_slice(b"]\n");
             self.send_client(out);
         }
+        for id in &b.answered {
+            self.pending.remove(id);
+        }
     }
 
     fn on_client_request(&mut self, m: Message, batch: Option<u64>, now: Instant) {
@@ -834,6 +854,7 @@ impl Dispatcher {
                     .and_then(|t| t.request_started(&method, m.params(), now)),
             },
         );
+        self.pending.add(&client_id);
         if self.client_requests.len() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
@@ -1015,6 +1036,7 @@ impl Dispatcher {
         let Some(req) = self.client_requests.remove(&request_id) else {
             return debug!("dropped a cancel for unknown or finished request {request_id}");
         };
+        self.pending.remove(&request_id);
         if let Some(b) = req.batch {
             // A cancelled request gets no entry in its batch's answer.
             self.batch_entry(b, None);
@@ -1306,8 +1328,17 @@ impl Dispatcher {
             t.request_answered(r, client_id, &line, self.now);
         }
         match request {
-            Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
-            Some(_) => self.send_client(line),
+            Some(ClientRequest { batch: Some(b), .. }) => {
+                match self.batches.get_mut(&b) {
+                    Some(batch) => batch.answered.push(client_id.to_owned()),
+                    None => self.pending.remove(client_id),
+                }
+                self.batch_answer(b, line);
+            }
+            Some(_) => {
+                self.send_client(line);
+                self.pending.remove(client_id);
+            }
             None => debug!("dropped an answer for request {client_id}, which the client cancelled"),
         }
     }

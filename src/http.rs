@@ -513,15 +513,13 @@ impl Http {
     /// caller is the dispatcher, which must not wait for that.
     fn finish(&self, delete: Option<Duration>, how: &'static str) {
         let shared = self.shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("http-close".into())
-            .spawn(move || {
-                if let Some(step) = delete {
-                    shared.delete_session(step);
-                }
-                shared.agent.clone().shutdown();
-                shared.gone(how, true);
-            });
+        let spawned = self.shared.spawn("http-close", move || {
+            if let Some(step) = delete {
+                shared.delete_session(step);
+            }
+            shared.agent.clone().shutdown();
+            shared.gone(how, true);
+        });
         if let Err(e) = spawned {
             crate::warn!("cannot start a thread to close {}: {e}", self.shown);
             self.shared.agent.clone().shutdown();
@@ -706,9 +704,9 @@ fn spawn_poster(
     let shared = shared.clone();
     let rx = rx.clone();
     let counts = name == "http-post";
-    std::thread::Builder::new()
-        .name(format!("{name}-{n}"))
-        .spawn(move || loop {
+    let thread = shared.clone();
+    thread
+        .spawn(&format!("{name}-{n}"), move || loop {
             if counts {
                 shared.idle_posters.fetch_add(1, Ordering::SeqCst);
             }
@@ -800,6 +798,28 @@ impl Shared {
 
     fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Starts a thread of this connection. A panic in it (a bug) is
+    /// logged and ends the connection (`Gone`), so that nothing waits for
+    /// what the thread was doing; the link is then opened again.
+    fn spawn(
+        self: &Arc<Shared>,
+        name: &str,
+        f: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let shared = self.clone();
+        crate::guard::spawn(
+            name,
+            "the connection to the server is dropped",
+            f,
+            move || {
+                shared.gone(
+                    "an internal error in mcp-retry dropped the connection",
+                    true,
+                )
+            },
+        )
     }
 
     /// The configured headers, then those of `headers_helper` (run the
@@ -940,21 +960,19 @@ impl Shared {
     /// call's stream open.
     fn close_after_grace(self: &Arc<Shared>, id: &str, exchange: Arc<Exchange>) {
         let (shared, id) = (self.clone(), id.to_owned());
-        let spawned = std::thread::Builder::new()
-            .name("http-cancel".into())
-            .spawn(move || {
-                let _ = exchange.closing().recv_timeout(CANCEL_GRACE);
-                let ex = shared.exchanges.lock();
-                // Still that request's stream (not a finished one's
-                // connection, which may serve another request now).
-                if ex
-                    .live
-                    .get(&id)
-                    .is_some_and(|l| Arc::ptr_eq(&l.exchange, &exchange))
-                {
-                    exchange.close();
-                }
-            });
+        let spawned = self.spawn("http-cancel", move || {
+            let _ = exchange.closing().recv_timeout(CANCEL_GRACE);
+            let ex = shared.exchanges.lock();
+            // Still that request's stream (not a finished one's
+            // connection, which may serve another request now).
+            if ex
+                .live
+                .get(&id)
+                .is_some_and(|l| Arc::ptr_eq(&l.exchange, &exchange))
+            {
+                exchange.close();
+            }
+        });
         if let Err(e) = spawned {
             crate::warn!("cannot start a thread to close a cancelled stream: {e}");
         }
@@ -1664,9 +1682,7 @@ impl Shared {
         s.get_started = true;
         drop(s);
         let shared = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("http-get".into())
-            .spawn(move || shared.get_loop(turn));
+        let spawned = self.spawn("http-get", move || shared.get_loop(turn));
         if let Err(e) = spawned {
             crate::warn!(
                 "cannot start the thread for the stream of {}: {e}",
@@ -1818,9 +1834,10 @@ impl StallWatch {
         let (tick, ticks) = crossbeam_channel::bounded::<()>(1);
         let stalled = Arc::new(AtomicBool::new(false));
         let flag = stalled.clone();
-        let spawned = std::thread::Builder::new()
-            .name("http-stall-watch".into())
-            .spawn(move || loop {
+        let spawned = crate::guard::spawn(
+            "http-stall-watch",
+            "a resumed stream is no longer watched for a stall",
+            move || loop {
                 match ticks.recv_timeout(idle) {
                     Ok(()) => {}
                     Err(RecvTimeoutError::Timeout) => {
@@ -1829,7 +1846,9 @@ impl StallWatch {
                     }
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
-            });
+            },
+            || {},
+        );
         if let Err(e) = spawned {
             crate::warn!("cannot start a thread to watch a resumed stream: {e}");
         }
@@ -1977,14 +1996,17 @@ fn run_helper(
     let mut child = cmd.spawn().map_err(|e| format!("cannot run it: {e}"))?;
     let mut stdout = child.stdout.take().expect("piped");
     let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::Builder::new()
-        .name("headers-helper".into())
-        .spawn(move || {
+    crate::guard::spawn(
+        "headers-helper",
+        "headers_helper's output is not read",
+        move || {
             let mut out = Vec::new();
             let _ = stdout.read_to_end(&mut out);
             let _ = tx.send(out);
-        })
-        .map_err(|e| format!("cannot start its reader: {e}"))?;
+        },
+        || {},
+    )
+    .map_err(|e| format!("cannot start its reader: {e}"))?;
     let out = match rx.recv_timeout(HELPER_TIMEOUT) {
         Ok(out) => out,
         Err(_) => {

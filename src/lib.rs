@@ -16,6 +16,7 @@ pub mod config;
 mod dispatcher;
 mod downstream;
 mod fasthash;
+mod guard;
 pub mod http;
 /// JSON-RPC lines: a crate of its own (`crates/jsonrpc`) so that the hot
 /// path's parsing is compiled for speed in a binary compiled for size.

@@ -16,7 +16,7 @@ use crossbeam_channel::Sender;
 
 use crate::cli::RunArgs;
 use crate::config::{self, ServerConfig};
-use crate::dispatcher::{Dispatcher, Event, Outcome};
+use crate::dispatcher::{proxy_error, Dispatcher, Event, Outcome, Reason};
 use crate::downstream::{self, Diagnostics, ServerEvent};
 use crate::jsonrpc;
 use crate::otel;
@@ -129,6 +129,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         },
     );
     let otel = start_otel(&cfg)?;
+    // For the answers a panic of the dispatcher leaves to its guard.
+    let answers = to_client.clone();
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
         .with_inbox_backlog(backlogs.inbox.clone());
     let mut stats_writer = None;
@@ -151,17 +153,22 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     }
     let outcome = thread::Builder::new()
         .name("dispatcher".into())
-        .spawn(move || dispatcher.run(events_rx))
+        .spawn(move || guarded(dispatcher, events_rx, answers))
         .context("starting the dispatcher thread")?
         .join()
         .map_err(|_| anyhow::anyhow!("the dispatcher thread panicked"))?;
     // The dispatcher dropped its sender: the writer flushes what is queued
     // and ends. A client that stopped reading cannot hold us up forever.
     let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
-    thread::spawn(move || {
-        let _ = writer.join();
-        let _ = done_tx.send(());
-    });
+    let _ = crate::guard::spawn(
+        "client-flush",
+        "the exit does not wait for the client's output",
+        move || {
+            let _ = writer.join();
+            let _ = done_tx.send(());
+        },
+        || {},
+    );
     let _ = done_rx.recv_timeout(Duration::from_secs(2));
     if let Some(h) = stats_writer {
         let _ = h.join();
@@ -178,9 +185,49 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         let _ = h.join();
     }
     Ok(match outcome {
-        Outcome::ClientClosed => ExitCode::SUCCESS,
-        Outcome::Signalled(sig) => ExitCode::from(128u8.saturating_add(sig as u8)),
+        Some(Outcome::ClientClosed) => ExitCode::SUCCESS,
+        Some(Outcome::Signalled(sig)) => ExitCode::from(128u8.saturating_add(sig as u8)),
+        None => ExitCode::from(INTERNAL_ERROR_EXIT),
     })
+}
+
+/// The exit code after a panic of the dispatcher: EX_SOFTWARE, "an
+/// internal software error".
+const INTERNAL_ERROR_EXIT: u8 = 70;
+
+/// Runs the dispatcher; `None` if it panicked. Then the requests it left
+/// unanswered each get a proxy error (`internal_error`), queued for the
+/// client after whatever it was sent before; the server is stopped as the
+/// dispatcher is dropped, and the session ends.
+fn guarded(
+    mut dispatcher: Dispatcher,
+    inbox: crossbeam_channel::Receiver<Event>,
+    answers: stdio::Outbox,
+) -> Option<Outcome> {
+    let pending = dispatcher.pending();
+    let panic = match crate::guard::catch(|| dispatcher.run(inbox)) {
+        Ok(outcome) => return Some(outcome),
+        Err(p) => p,
+    };
+    let ids = pending.take();
+    panic.report(&format!(
+        "answering the {} request(s) in flight with an internal error, stopping the server and exiting",
+        ids.len()
+    ));
+    let error = proxy_error(
+        Reason::InternalError,
+        "mcp-retry stopped on an internal error (a bug; its log says where); \
+         whether the server received this request is unknown",
+        &[],
+    );
+    for id in ids {
+        answers.send(jsonrpc::error_response_line(&id, &error));
+    }
+    drop(answers);
+    if let Err(p) = crate::guard::catch(move || drop(dispatcher)) {
+        p.report("the server may not have been stopped");
+    }
+    None
 }
 
 /// The `otel-export` thread, when the `OTEL_*` variables ask for export.

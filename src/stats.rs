@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
 
@@ -103,9 +103,10 @@ impl Stats {
 /// Starts the thread that writes each document it receives to `path`.
 pub fn spawn_writer(path: PathBuf) -> (Sender<String>, JoinHandle<()>) {
     let (tx, rx) = crossbeam_channel::unbounded::<String>();
-    let handle = thread::Builder::new()
-        .name("stats-writer".into())
-        .spawn(move || {
+    let handle = crate::guard::spawn(
+        "stats-writer",
+        "the stats file is no longer written",
+        move || {
             let tmp = path.with_extension("tmp");
             while let Ok(mut doc) = rx.recv() {
                 // Only the newest document matters.
@@ -118,8 +119,10 @@ pub fn spawn_writer(path: PathBuf) -> (Sender<String>, JoinHandle<()>) {
                     crate::warn!("cannot write the stats file {}: {e}", path.display());
                 }
             }
-        })
-        .expect("spawning the stats writer");
+        },
+        || {},
+    )
+    .expect("spawning the stats writer");
     (tx, handle)
 }
 

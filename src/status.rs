@@ -24,7 +24,7 @@ use std::io::{self, Write};
 #[cfg(unix)]
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
@@ -602,11 +602,13 @@ pub fn spawn_writer(dir: PathBuf, id: Identity) -> io::Result<(Sender<Snapshot>,
     let (tx, rx) = crossbeam_channel::unbounded::<Snapshot>();
     let started_at = SystemTime::now();
     let pid = std::process::id();
-    let handle = thread::Builder::new()
-        .name("status-writer".into())
-        .spawn(move || {
-            let path = dir.join(format!("{pid}.json"));
-            let tmp = dir.join(format!(".{pid}.json.tmp"));
+    let path = dir.join(format!("{pid}.json"));
+    let tmp = dir.join(format!(".{pid}.json.tmp"));
+    let (stale, stale_tmp) = (path.clone(), tmp.clone());
+    let handle = crate::guard::spawn(
+        "status-writer",
+        "this proxy's status is no longer published",
+        move || {
             let redactor = Redactor::new(&id.env);
             let pid_start = own_start_ticks();
             let started_at_ms = started_at
@@ -618,7 +620,15 @@ pub fn spawn_writer(dir: PathBuf, id: Identity) -> io::Result<(Sender<Snapshot>,
                     snap = newer;
                 }
                 let (now_s, now_i) = (SystemTime::now(), Instant::now());
-                let doc = document(&id, pid_start, started_at_ms, &snap, &redactor, now_s, now_i);
+                let doc = document(
+                    &id,
+                    pid_start,
+                    started_at_ms,
+                    &snap,
+                    &redactor,
+                    now_s,
+                    now_i,
+                );
                 let mut text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
                 text.push(b'\n');
                 if let Err(e) = write_atomically(&path, &tmp, &text) {
@@ -635,7 +645,13 @@ pub fn spawn_writer(dir: PathBuf, id: Identity) -> io::Result<(Sender<Snapshot>,
             }
             let _ = fs::remove_file(&tmp);
             let _ = fs::remove_file(&path);
-        })?;
+        },
+        // What was published is no longer true.
+        move || {
+            let _ = fs::remove_file(&stale_tmp);
+            let _ = fs::remove_file(&stale);
+        },
+    )?;
     Ok((tx, handle))
 }
 

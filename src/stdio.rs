@@ -58,48 +58,81 @@ where
     thread::Builder::new()
         .name(thread_name.clone())
         .spawn(move || {
-            let mut reader = BufReader::with_capacity(64 * 1024, input);
-            let mut buf = Vec::with_capacity(LINE_BUFFER);
-            loop {
-                let mut stop = false;
-                let read = jsonrpc::read_line_watched(&mut reader, &mut buf, max_line, &mut |_| {
-                    stop = !sink(ReadItem::Overlong);
-                });
-                if stop {
-                    return;
+            // True when the input ended (or failed): the sink is told.
+            let ended = crate::guard::catch(|| {
+                let mut reader = BufReader::with_capacity(64 * 1024, input);
+                let mut buf = Vec::with_capacity(LINE_BUFFER);
+                read_lines(&mut reader, &mut buf, max_line, &mut sink, &thread_name)
+            });
+            match ended {
+                Ok(true) => {
+                    sink(ReadItem::Eof);
                 }
-                match read {
-                    Ok(Some(Line::Complete)) => {
-                        if jsonrpc::is_blank(&buf) {
-                            continue;
-                        }
-                        let line = take_line(&mut buf);
-                        if !sink(ReadItem::Line(line)) {
-                            return;
-                        }
-                    }
-                    Ok(Some(Line::TooLong {
-                        len,
-                        request_id,
-                        response_id,
-                    })) => {
-                        if !sink(ReadItem::TooLong {
-                            request_id,
-                            response_id,
-                            len,
-                        }) {
-                            return;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        crate::debug!("{thread_name}: read error: {e}");
-                        break;
+                Ok(false) => {}
+                // A bug: what the reader had is lost, and its input counts
+                // as ended, so that nobody waits for it.
+                Err(p) => {
+                    p.report("its input is treated as ended");
+                    if let Err(p) = crate::guard::catch(|| sink(ReadItem::Eof)) {
+                        p.report("its end was not reported");
                     }
                 }
             }
-            sink(ReadItem::Eof);
         })
+}
+
+/// The reader's loop: false when the sink asked it to stop, true at the
+/// end of the input (or a read error, logged).
+fn read_lines<R, F>(
+    reader: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    max_line: usize,
+    sink: &mut F,
+    thread_name: &str,
+) -> bool
+where
+    R: Read,
+    F: FnMut(ReadItem) -> bool,
+{
+    loop {
+        let mut stop = false;
+        let read = jsonrpc::read_line_watched(reader, buf, max_line, &mut |_| {
+            stop = !sink(ReadItem::Overlong);
+        });
+        if stop {
+            return false;
+        }
+        match read {
+            Ok(Some(Line::Complete)) => {
+                if jsonrpc::is_blank(buf) {
+                    continue;
+                }
+                let line = take_line(buf);
+                if !sink(ReadItem::Line(line)) {
+                    return false;
+                }
+            }
+            Ok(Some(Line::TooLong {
+                len,
+                request_id,
+                response_id,
+            })) => {
+                if !sink(ReadItem::TooLong {
+                    request_id,
+                    response_id,
+                    len,
+                }) {
+                    return false;
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                crate::debug!("{thread_name}: read error: {e}");
+                break;
+            }
+        }
+    }
+    true
 }
 
 /// The capacity a reader's line buffer starts with and returns to.
@@ -471,7 +504,13 @@ where
     let handle = thread::Builder::new()
         .name(name.to_owned())
         .spawn(move || {
-            let result = write_loop(&rx, &writer_sink, &drained);
+            let result = crate::guard::catch(|| write_loop(&rx, &writer_sink, &drained))
+                .unwrap_or_else(|p| {
+                    // A bug: the output counts as failed, so that nobody
+                    // waits for it.
+                    p.report("its output is treated as failed");
+                    Err(io::Error::other("internal error"))
+                });
             drained.close();
             if let Err(error) = result {
                 let unsent = rx
@@ -656,6 +695,58 @@ mod tests {
             erx.recv_timeout(Duration::from_secs(5)).unwrap(),
             io::ErrorKind::BrokenPipe
         );
+        drop(tx);
+        handle.join().unwrap();
+    }
+
+    /// A panic in a reader (here its sink, on the second line) ends it as
+    /// the end of its input would: nobody waits for it.
+    #[test]
+    fn a_reader_that_panics_reports_the_end_of_its_input() {
+        let input: &'static [u8] = b"a\nboom\nc\n";
+        let (tx, rx) = crossbeam_channel::unbounded();
+        spawn_reader("test-reader", input, 100, move |item| {
+            let s = match item {
+                ReadItem::Line(l) if l == b"boom" => panic!("a bug"),
+                ReadItem::Line(l) => String::from_utf8(l).unwrap(),
+                ReadItem::Eof => "eof".into(),
+                _ => "other".into(),
+            };
+            tx.send(s).is_ok()
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+        let got: Vec<String> = rx.try_iter().collect();
+        assert_eq!(got, ["a", "eof"]);
+    }
+
+    /// A panic in a writer is its output failing, reported as such.
+    #[test]
+    fn a_writer_that_panics_reports_a_failure() {
+        struct Panicking;
+        impl Write for Panicking {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                panic!("a bug")
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let (etx, erx) = crossbeam_channel::bounded(1);
+        let (tx, handle) = start_writer(
+            "test-writer",
+            Box::new(Panicking),
+            None,
+            usize::MAX,
+            move |f| {
+                etx.send(f.error.to_string()).unwrap();
+            },
+        )
+        .unwrap();
+        assert!(tx.send(b"x\n".to_vec()));
+        let error = erx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(error, "internal error");
         drop(tx);
         handle.join().unwrap();
     }

@@ -271,6 +271,40 @@ fn duplicate_in_flight_ids_are_refused() {
     h.nothing_sent();
 }
 
+/// The ids a panic would answer: every request until its answer is on
+/// its way to the client (for a batch, until the whole array is) or the
+/// client cancelled it.
+#[test]
+fn the_requests_not_yet_answered_are_kept_outside_the_dispatcher() {
+    let mut h = Harness::new();
+    let pending = h.d.pending();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-03-26"}}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"ping"}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"x"}}"#);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
+    assert_eq!(pending.ids(), ["\"a\"", "0", "2"]);
+    let (init, ping) = (id_of(&h.to_server()), id_of(&h.to_server()));
+    h.to_server();
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{init},"result":{{"protocolVersion":"2025-03-26"}}}}"#
+    ));
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{ping},"result":{{}}}}"#));
+    assert_eq!(pending.ids(), ["2"]);
+    h.client_sends(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}"#,
+    );
+    assert!(pending.ids().is_empty());
+    assert!(h.to_server().contains("notifications/cancelled"));
+    h.client_sends(
+        r#"[{"jsonrpc":"2.0","id":5,"method":"ping"},{"jsonrpc":"2.0","id":6,"method":"ping"}]"#,
+    );
+    let (five, six) = (id_of(&h.to_server()), id_of(&h.to_server()));
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{five},"result":{{}}}}"#));
+    assert_eq!(pending.ids(), ["5", "6"], "5's answer waits for the array");
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{six},"result":{{}}}}"#));
+    assert!(pending.ids().is_empty());
+}
+
 #[test]
 fn an_idle_dispatcher_has_no_timers_after_the_handshake_settles() {
     let mut h = Harness::new();

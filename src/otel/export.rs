@@ -138,6 +138,15 @@ impl Shared {
         self.paused_until[signal].store(nanos.max(1), Ordering::Relaxed);
     }
 
+    /// Export is over (its thread died): everything is dropped at once,
+    /// without queueing and without another warning.
+    fn stop(&self) {
+        self.warned.store(true, Ordering::Relaxed);
+        for until in &self.paused_until {
+            until.store(u64::MAX, Ordering::Relaxed);
+        }
+    }
+
     /// Counts `n` items lost; the first loss is said on stderr.
     fn dropped(&self, n: u64, why: &str) {
         self.dropped.fetch_add(n, Ordering::Relaxed);
@@ -248,7 +257,12 @@ impl Exporter {
         thread::Builder::new()
             .name("otel-export".into())
             .spawn(move || {
-                run(&settings, &rx, &wake_rx, &thread_shared);
+                if let Err(p) =
+                    crate::guard::catch(|| run(&settings, &rx, &wake_rx, &thread_shared))
+                {
+                    p.report("OpenTelemetry export is off");
+                    thread_shared.stop();
+                }
                 let _ = done_tx.send(());
             })?;
         Ok((handle, Exporter { done, shared }))

@@ -8,6 +8,9 @@
 use anyhow::{Context, Result};
 use std::thread;
 
+/// SIGTERM's number (Ctrl-Break's on Windows).
+const SIGTERM: i32 = 15;
+
 /// Starts the `signals` thread, which calls `on_signal` with each signal
 /// caught until it returns false.
 pub fn watch(mut on_signal: impl FnMut(i32) -> bool + Send + 'static) -> Result<()> {
@@ -15,9 +18,19 @@ pub fn watch(mut on_signal: impl FnMut(i32) -> bool + Send + 'static) -> Result<
     thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            for sig in signals.forever() {
-                if !on_signal(sig) {
-                    return;
+            let caught = crate::guard::catch(|| {
+                for sig in signals.forever() {
+                    if !on_signal(sig) {
+                        return;
+                    }
+                }
+            });
+            // A bug while a stop was asked for (this thread has nothing
+            // else to do): the session stops as on SIGTERM.
+            if let Err(p) = caught {
+                p.report("signals are no longer caught; stopping as on SIGTERM");
+                if let Err(p) = crate::guard::catch(|| on_signal(SIGTERM)) {
+                    p.report("the stop was not reported");
                 }
             }
         })

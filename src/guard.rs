@@ -1,0 +1,237 @@
+//! Panics contained: every thread of a session runs its work under
+//! [`catch`] (or [`spawn`], which starts a named thread doing so), so that a
+//! bug in one part is logged once, with its message and location, and ends
+//! only that part, as its spawner decides. Also the ids of the client's
+//! requests not yet answered ([`Pending`]), kept outside the dispatcher so
+//! that a panic there cannot lose them.
+//!
+//! Knows nothing of what a thread does or of the protocol: the spawners
+//! say what stops, and what stands in for the work that is lost.
+
+#![forbid(unsafe_code)]
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Once};
+use std::thread::{self, JoinHandle};
+
+use parking_lot::Mutex;
+
+/// A panic caught by [`catch`]: where it happened and what it said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Panic {
+    /// The thread's name.
+    pub thread: String,
+    /// `file:line:column`, when the panic hook saw it.
+    pub location: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for Panic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "thread '{}' panicked", self.thread)?;
+        if let Some(at) = &self.location {
+            write!(f, " at {at}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl Panic {
+    /// The one log line of this panic, with what stops because of it.
+    pub fn report(&self, consequence: &str) {
+        crate::error!("internal error (a bug in mcp-retry): {self}; {consequence}");
+    }
+}
+
+thread_local! {
+    /// How many [`catch`]es this thread is inside: the hook keeps the
+    /// panic's details for them instead of printing.
+    static GUARDED: Cell<u32> = const { Cell::new(0) };
+    /// What the hook saw of this thread's last panic: location, message.
+    static SEEN: RefCell<Option<(String, String)>> = const { RefCell::new(None) };
+}
+
+static HOOK: Once = Once::new();
+
+/// Installs the panic hook (once per process): on a thread inside
+/// [`catch`] it keeps the location and message for the catcher, which
+/// logs them; elsewhere it leaves the panic to the hook it replaced.
+pub fn install_hook() {
+    HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if GUARDED.with(Cell::get) == 0 {
+                return previous(info);
+            }
+            let location = info
+                .location()
+                .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()))
+                .unwrap_or_default();
+            let message = payload_text(info.payload());
+            SEEN.with(|s| *s.borrow_mut() = Some((location, message)));
+        }));
+    });
+}
+
+/// Runs `f`, turning a panic in it into a [`Panic`] (nothing is logged:
+/// the caller reports it with what it does about it).
+pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
+    install_hook();
+    GUARDED.with(|g| g.set(g.get() + 1));
+    let result = panic::catch_unwind(AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(g.get() - 1));
+    result.map_err(|payload| {
+        let seen = SEEN.with(|s| s.borrow_mut().take());
+        let (location, message) = match seen {
+            Some((at, message)) => ((!at.is_empty()).then_some(at), message),
+            None => (None, payload_text(&*payload)),
+        };
+        Panic {
+            thread: thread::current().name().unwrap_or("unnamed").to_owned(),
+            location,
+            message,
+        }
+    })
+}
+
+/// Starts a thread named `name` that runs `f`; a panic in it is reported
+/// with `consequence` (what no longer happens), then `after` runs (itself
+/// guarded) to stand in for what was lost: an end of stream, a stop.
+pub fn spawn<F, A>(
+    name: &str,
+    consequence: &'static str,
+    f: F,
+    after: A,
+) -> std::io::Result<JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+    A: FnOnce() + Send + 'static,
+{
+    thread::Builder::new().name(name.to_owned()).spawn(move || {
+        if let Err(p) = catch(f) {
+            p.report(consequence);
+            if let Err(again) = catch(after) {
+                again.report("nothing more is done about it");
+            }
+        }
+    })
+}
+
+fn payload_text(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(a panic without a message)".to_owned()
+    }
+}
+
+/// The raw ids of the client's requests that have not been answered,
+/// shared between the dispatcher (which adds and removes them as it goes)
+/// and the guard around it (which answers each after a panic). One
+/// uncontended lock per request and per answer.
+#[derive(Clone, Default)]
+pub struct Pending(Arc<Mutex<HashSet<String, rustc_hash::FxBuildHasher>>>);
+
+impl Pending {
+    pub fn add(&self, id: &str) {
+        self.0.lock().insert(id.to_owned());
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.0.lock().remove(id);
+    }
+
+    /// The ids left, sorted, leaving none.
+    pub fn take(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.0.lock().drain().collect();
+        ids.sort();
+        ids
+    }
+
+    /// The ids, sorted.
+    #[cfg(test)]
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.0.lock().iter().cloned().collect();
+        ids.sort();
+        ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caught_panic_has_its_message_location_and_thread() {
+        let p = thread::Builder::new()
+            .name("worker".into())
+            .spawn(|| catch(|| panic!("broke {}", 7)).unwrap_err())
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(p.thread, "worker");
+        assert_eq!(p.message, "broke 7");
+        let at = p.location.clone().unwrap();
+        assert!(at.starts_with("src/guard.rs:"), "{at}");
+        assert!(
+            p.to_string()
+                .starts_with("thread 'worker' panicked at src/guard.rs:"),
+            "{p}"
+        );
+        assert_eq!(catch(|| 5), Ok(5));
+    }
+
+    #[test]
+    fn nested_catches_each_see_their_own_panic() {
+        let outer = catch(|| {
+            let inner = catch(|| panic!("inner")).unwrap_err();
+            assert_eq!(inner.message, "inner");
+            panic!("outer");
+        })
+        .unwrap_err();
+        assert_eq!(outer.message, "outer");
+    }
+
+    #[test]
+    fn a_spawned_thread_runs_its_stand_in_after_a_panic() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let ok = tx.clone();
+        spawn(
+            "ok",
+            "x",
+            move || ok.send("done").unwrap(),
+            || unreachable!(),
+        )
+        .unwrap()
+        .join()
+        .unwrap();
+        spawn(
+            "bad",
+            "x",
+            || panic!("no"),
+            move || tx.send("after").unwrap(),
+        )
+        .unwrap()
+        .join()
+        .unwrap();
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), ["done", "after"]);
+    }
+
+    #[test]
+    fn pending_ids_are_kept_until_removed() {
+        let p = Pending::default();
+        p.add("2");
+        p.add("\"a\"");
+        p.add("1");
+        p.remove("2");
+        assert_eq!(p.ids(), ["\"a\"", "1"]);
+        assert_eq!(p.clone().take(), ["\"a\"", "1"]);
+        assert!(p.ids().is_empty());
+    }
+}
