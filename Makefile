@@ -26,8 +26,10 @@ WINE_ENV := WINEPREFIX=$(WINEPREFIX_DIR) WINEDEBUG=-all WINEDLLOVERRIDES='mscore
 build:
 	$(CARGO) build --release
 
+# With the fault hook of the integration tests (`fault-inject`, see
+# src/guard.rs), which no release build has.
 test:
-	$(CARGO) test --workspace --all-targets
+	$(CARGO) test --workspace --all-targets --features mcp-retry/fault-inject
 
 # The Windows build, run under Wine: the binary, the mock server and the
 # test binaries for x86_64-pc-windows-gnu, unit and integration tests run
@@ -170,7 +172,8 @@ $(OUTAGE)/node_modules/.installed: $(OUTAGE)/package.json $(OUTAGE)/package-lock
 
 # A statically linked release binary: musl when that target is (or can be)
 # installed, else glibc with crt-static. Checks that it is static, runs with
-# an empty environment and stays under STATIC_MAX_BYTES (glibc:
+# an empty environment, has no fault hook (the `fault-inject` feature of
+# the tests) and stays under STATIC_MAX_BYTES (glibc:
 # GLIBC_STATIC_MAX_BYTES); prints its path and size. TLS (rustls and ring,
 # for https:// remote servers and collectors) is about a quarter of it; a
 # build with `--no-default-features` leaves it out. .ci/run runs it, so a
@@ -194,6 +197,7 @@ static:
 	  ! ldd "$$bin" 2>&1 | grep -q '=>'; \
 	fi || { echo "make static: $$bin is not statically linked" >&2; exit 1; }; \
 	env -i "$$bin" --version >/dev/null; \
+	! grep -q MCP_RETRY_FAULT "$$bin" || { echo "make static: $$bin has the test's fault hook (fault-inject)" >&2; exit 1; }; \
 	size=$$(wc -c < "$$bin"); \
 	if [ "$$size" -ge "$$max" ]; then echo "make static: $$bin is $$size bytes, over $$max" >&2; exit 1; fi; \
 	echo "$$bin: $$size bytes ($$(awk "BEGIN { printf \"%.2f\", $$size / 1000000 }") MB), statically linked"

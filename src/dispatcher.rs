@@ -878,6 +878,10 @@ impl Dispatcher {
                     .is_none_or(|p| p.get("cursor").is_none()),
             },
             "tools/call" if self.phase == Phase::Running => {
+                #[cfg(feature = "fault-inject")]
+                if let Some(tool) = m.params().and_then(RawObject::parse) {
+                    crate::guard::fault::dispatcher_call(&tool.string("name").unwrap_or_default());
+                }
                 return self.on_tools_call(m, client_id, now);
             }
             "resources/list"

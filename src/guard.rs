@@ -3,7 +3,8 @@
 //! bug in one part is logged once, with its message and location, and ends
 //! only that part, as its spawner decides. Also the ids of the client's
 //! requests not yet answered ([`Pending`]), kept outside the dispatcher so
-//! that a panic there cannot lose them.
+//! that a panic there cannot lose them, and the fault hook that the
+//! integration tests build (`fault-inject`; never in a release build).
 //!
 //! Knows nothing of what a thread does or of the protocol: the spawners
 //! say what stops, and what stands in for the work that is lost.
@@ -160,6 +161,36 @@ impl Pending {
         let mut ids: Vec<String> = self.0.lock().iter().cloned().collect();
         ids.sort();
         ids
+    }
+}
+
+/// A fault the integration tests inject through `MCP_RETRY_FAULT` (only
+/// in builds with the `fault-inject` feature): `dispatcher:TOOL` panics
+/// the dispatcher on a `tools/call` of TOOL, `exporter` the OpenTelemetry
+/// exporter when it first exports.
+#[cfg(feature = "fault-inject")]
+pub mod fault {
+    use std::sync::OnceLock;
+
+    fn spec() -> &'static str {
+        static SPEC: OnceLock<String> = OnceLock::new();
+        SPEC.get_or_init(|| std::env::var("MCP_RETRY_FAULT").unwrap_or_default())
+    }
+
+    /// Panics when the dispatcher is to fail on a call of `tool`.
+    #[track_caller]
+    pub fn dispatcher_call(tool: &str) {
+        if spec().strip_prefix("dispatcher:") == Some(tool) {
+            panic!("injected fault: dispatcher on a call of {tool:?}");
+        }
+    }
+
+    /// Panics when the exporter is to fail.
+    #[track_caller]
+    pub fn exporter() {
+        if spec() == "exporter" {
+            panic!("injected fault: exporter");
+        }
     }
 }
 

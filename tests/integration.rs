@@ -9,6 +9,9 @@ mod bad_input;
 mod chaos;
 mod check;
 mod cli;
+// The fault hook exists only in builds with the feature (`make test`).
+#[cfg(feature = "fault-inject")]
+mod faults;
 mod hostile;
 mod http;
 mod http_server;

@@ -545,3 +545,47 @@ fn a_collector_redirecting_elsewhere_is_not_followed_and_its_query_is_not_logged
         assert!(!stderr.contains(secret), "{secret} on stderr:\n{stderr}");
     }
 }
+
+/// The exporter panics as it first exports (`MCP_RETRY_FAULT`, a
+/// `fault-inject` build): that is logged once, export is off, and the
+/// calls are answered as ever.
+#[cfg(feature = "fault-inject")]
+#[test]
+fn an_exporter_that_panics_turns_export_off_and_the_session_goes_on() {
+    let collector = Collector::start();
+    let mut s = builder("", Some(&collector.endpoint()))
+        .env("MCP_RETRY_FAULT", "exporter")
+        .start();
+    s.initialize();
+    s.call(json!(1), "echo", json!({"text": "hi"}));
+    assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
+    let reports = |s: &Session| {
+        s.stderr()
+            .lines()
+            .filter(|l| l.contains("panicked"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    eventually("the exporter's panic", || !reports(&s).is_empty());
+    for i in 2..20 {
+        s.call(json!(i), "echo", json!({"text": "hi"}));
+        assert_eq!(s.result(&json!(i))["content"][0]["text"], "hi");
+    }
+    s.close_stdin();
+    assert!(s.wait().success(), "{}", s.stderr());
+    let reports = reports(&s);
+    assert_eq!(reports.len(), 1, "{}", s.stderr());
+    assert!(
+        reports[0].contains("thread 'otel-export' panicked at src/otel/export.rs:")
+            && reports[0].contains("injected fault: exporter")
+            && reports[0].ends_with("OpenTelemetry export is off"),
+        "{}",
+        s.stderr()
+    );
+    assert!(collector.posts().is_empty(), "{:?}", collector.posts());
+    assert!(
+        !s.stderr().contains("queue is full"),
+        "export off is said once: {}",
+        s.stderr()
+    );
+}

@@ -382,6 +382,8 @@ fn send(
         shared.dropped.fetch_add(items, Ordering::Relaxed);
         return;
     }
+    #[cfg(feature = "fault-inject")]
+    crate::guard::fault::exporter();
     match post(agent, endpoint, encode()) {
         Ok(()) => {
             pause.up = true;
