@@ -244,6 +244,8 @@ struct ClientRequest {
     waited: Option<(Instant, Instant)>,
     /// For its span should it fail (export on, not `tools/call`).
     trace: Option<Box<crate::otel::RequestTrace>>,
+    /// Its id's slot in `Dispatcher::pending`.
+    pending: u32,
 }
 
 /// A request from the server to the client, waiting for the client's answer.
@@ -261,9 +263,9 @@ pub(super) struct ServerRequest {
 struct Batch {
     outstanding: usize,
     answers: Vec<Vec<u8>>,
-    /// The ids of the requests whose answers wait in `answers`: pending
-    /// until the array is sent.
-    answered: Vec<String>,
+    /// The `pending` slots of the requests whose answers wait in
+    /// `answers`: pending until the array is sent.
+    answered: Vec<u32>,
 }
 
 /// Shutdown progress.
@@ -814,8 +816,8 @@ impl Dispatcher {
             out.extend_from_slice(b"]\n");
             self.send_client(out);
         }
-        for id in &b.answered {
-            self.pending.remove(id);
+        for slot in b.answered {
+            self.pending.remove(slot);
         }
     }
 
@@ -852,9 +854,9 @@ impl Dispatcher {
                     .otel
                     .as_mut()
                     .and_then(|t| t.request_started(&method, m.params(), now)),
+                pending: self.pending.add(&client_id),
             },
         );
-        self.pending.add(&client_id);
         if self.client_requests.len() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
@@ -1040,7 +1042,7 @@ impl Dispatcher {
         let Some(req) = self.client_requests.remove(&request_id) else {
             return debug!("dropped a cancel for unknown or finished request {request_id}");
         };
-        self.pending.remove(&request_id);
+        self.pending.remove(req.pending);
         if let Some(b) = req.batch {
             // A cancelled request gets no entry in its batch's answer.
             self.batch_entry(b, None);
@@ -1332,16 +1334,20 @@ impl Dispatcher {
             t.request_answered(r, client_id, &line, self.now);
         }
         match request {
-            Some(ClientRequest { batch: Some(b), .. }) => {
+            Some(ClientRequest {
+                batch: Some(b),
+                pending,
+                ..
+            }) => {
                 match self.batches.get_mut(&b) {
-                    Some(batch) => batch.answered.push(client_id.to_owned()),
-                    None => self.pending.remove(client_id),
+                    Some(batch) => batch.answered.push(pending),
+                    None => self.pending.remove(pending),
                 }
                 self.batch_answer(b, line);
             }
-            Some(_) => {
+            Some(r) => {
                 self.send_client(line);
-                self.pending.remove(client_id);
+                self.pending.remove(r.pending);
             }
             None => debug!("dropped an answer for request {client_id}, which the client cancelled"),
         }

@@ -13,7 +13,6 @@
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Once};
@@ -134,23 +133,61 @@ fn payload_text(payload: &(dyn Any + Send)) -> String {
 
 /// The raw ids of the client's requests that have not been answered,
 /// shared between the dispatcher (which adds and removes them as it goes)
-/// and the guard around it (which answers each after a panic). One
-/// uncontended lock per request and per answer.
+/// and the guard around it (which answers each after a panic). Each id has
+/// a slot, kept by its request and reused with its buffer once free: per
+/// request and per answer one uncontended lock, no hashing and, once the
+/// slots are there, no allocation.
 #[derive(Clone, Default)]
-pub struct Pending(Arc<Mutex<HashSet<String, rustc_hash::FxBuildHasher>>>);
+pub struct Pending(Arc<Mutex<Slots>>);
+
+#[derive(Default)]
+struct Slots {
+    /// Each slot's id, and whether it is in use.
+    ids: Vec<(bool, String)>,
+    free: Vec<u32>,
+}
 
 impl Pending {
-    pub fn add(&self, id: &str) {
-        self.0.lock().insert(id.to_owned());
+    /// Keeps `id`; the slot it returns is how it is removed.
+    pub fn add(&self, id: &str) -> u32 {
+        let mut slots = self.0.lock();
+        let slot = match slots.free.pop() {
+            Some(slot) => slot,
+            None => {
+                slots.ids.push((false, String::new()));
+                u32::try_from(slots.ids.len() - 1).expect("fewer slots than requests in flight")
+            }
+        };
+        let (used, text) = &mut slots.ids[slot as usize];
+        *used = true;
+        text.clear();
+        text.push_str(id);
+        slot
     }
 
-    pub fn remove(&self, id: &str) {
-        self.0.lock().remove(id);
+    pub fn remove(&self, slot: u32) {
+        let mut slots = self.0.lock();
+        if let Some((used, _)) = slots.ids.get_mut(slot as usize) {
+            if std::mem::replace(used, false) {
+                slots.free.push(slot);
+            }
+        }
     }
 
     /// The ids left, sorted, leaving none.
     pub fn take(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.0.lock().drain().collect();
+        let mut slots = self.0.lock();
+        let mut ids: Vec<String> = slots
+            .ids
+            .iter_mut()
+            .filter(|(used, _)| *used)
+            .map(|(used, id)| {
+                *used = false;
+                std::mem::take(id)
+            })
+            .collect();
+        slots.ids.clear();
+        slots.free.clear();
         ids.sort();
         ids
     }
@@ -158,7 +195,13 @@ impl Pending {
     /// The ids, sorted.
     #[cfg(test)]
     pub fn ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.0.lock().iter().cloned().collect();
+        let slots = self.0.lock();
+        let mut ids: Vec<String> = slots
+            .ids
+            .iter()
+            .filter(|(used, _)| *used)
+            .map(|(_, id)| id.clone())
+            .collect();
         ids.sort();
         ids
     }
@@ -257,10 +300,13 @@ mod tests {
     #[test]
     fn pending_ids_are_kept_until_removed() {
         let p = Pending::default();
-        p.add("2");
+        let two = p.add("2");
         p.add("\"a\"");
+        p.remove(two);
+        p.remove(two);
         p.add("1");
-        p.remove("2");
+        assert_eq!(p.add("3"), 2, "the free slot is reused, once");
+        p.remove(2);
         assert_eq!(p.ids(), ["\"a\"", "1"]);
         assert_eq!(p.clone().take(), ["\"a\"", "1"]);
         assert!(p.ids().is_empty());
