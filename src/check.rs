@@ -199,8 +199,7 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
     if let Some(problem) = &cfg.problem {
         return Err(problem.reason.clone());
     }
-    crate::log::add_secrets(&cfg.env);
-    crate::log::add_secrets(&cfg.headers);
+    crate::log::add_secrets(&cfg.secrets());
     let started = Instant::now();
     let (tx, events) = crossbeam_channel::unbounded();
     let server = downstream::connect(
@@ -219,7 +218,7 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
         stop,
         deadline: started + timeout,
         next_id: 1,
-        redactor: Redactor::new(&cfg.env),
+        redactor: Redactor::new(&cfg.secrets()),
     };
     let outcome = talk(&mut conv, started, timeout);
     if matches!(stop.try_recv(), Err(TryRecvError::Disconnected)) {

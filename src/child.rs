@@ -475,7 +475,7 @@ pub fn spawn(
         stderr_tail: tail,
         stderr_done,
         description: format!("\"{}\" (pid {pid})", program.display()),
-        redactor: crate::redact::Redactor::new(&cfg.env),
+        redactor: crate::redact::Redactor::new(&cfg.secrets()),
         _keeper: keeper,
     })
 }

@@ -299,6 +299,26 @@ pub enum Transport {
 }
 
 impl ServerConfig {
+    /// Every configured value that may be a secret, as (name, value): the
+    /// `env:` entries, the remote server's headers, the OTLP collector's
+    /// headers and the values in its endpoint's query. One set, for every
+    /// redactor of what a person or the client is shown (`redact.rs`
+    /// chooses which values count).
+    pub fn secrets(&self) -> Vec<(String, String)> {
+        let mut out = self.env.clone();
+        out.extend(self.headers.iter().cloned());
+        out.extend(self.otel.headers.iter().cloned());
+        if let Some((_, query)) = self.otel.endpoint.split_once('?') {
+            let query = query.split('#').next().unwrap_or_default();
+            for pair in query.split('&') {
+                if let Some((k, v)) = pair.split_once('=') {
+                    out.push((k.to_owned(), v.to_owned()));
+                }
+            }
+        }
+        out
+    }
+
     /// Built-in defaults for a wrapped command (`mcp-retry run -- CMD ARGS`).
     pub fn with_defaults(name: &str, command: String, args: Vec<String>) -> ServerConfig {
         let mut server = ServerConfig {

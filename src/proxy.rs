@@ -64,8 +64,7 @@ impl Backlogs {
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let cfg = resolve(&args)?;
     crate::log::set_server(&cfg.name);
-    crate::log::add_secrets(&cfg.env);
-    crate::log::add_secrets(&cfg.headers);
+    crate::log::add_secrets(&cfg.secrets());
     let status_writer = start_status_writer(&args, &cfg);
     let (events_tx, events_rx) = crossbeam_channel::unbounded::<Event>();
 
@@ -287,7 +286,7 @@ fn start_status_writer(
             config::Transport::Http => crate::http::display_url(&cfg.url),
         },
         args: cfg.args.clone(),
-        env: cfg.env.clone(),
+        env: cfg.secrets(),
     };
     match status::spawn_writer(dir, identity) {
         Ok(w) => Some(w),

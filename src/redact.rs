@@ -4,8 +4,10 @@
 //!
 //! A server's last stderr line is quoted in the JSON-RPC error a client gets
 //! when the server dies, and in `check`'s report, which a SessionStart hook
-//! puts into the agent's context. [`Redactor`] removes the values of the
-//! server's configured `env:` entries (exact substrings) and anything that
+//! puts into the agent's context. [`Redactor`] removes the configured
+//! secrets (`ServerConfig::secrets`: `env:`, headers, the collector's
+//! headers and query), as written and as copied in another case,
+//! URL-encoded or in base64 at each byte alignment, and anything that
 //! looks like a credential: `NAME=value` and `name: value` where the name
 //! sounds secret, `Bearer` tokens, and long base64 or hex runs. Pure: no I/O,
 //! no clock; it knows nothing of processes or the protocol.
@@ -57,7 +59,22 @@ const STATUS_WORDS: &[&str] = &[
 pub struct Redactor {
     /// Exact strings to remove, longest first.
     secrets: Vec<String>,
+    /// What each secret may also appear as: any case, URL-encoded, base64
+    /// (alone or inside a larger blob, at each of the three alignments).
+    copies: Vec<Copy>,
 }
+
+/// One form a secret may be copied in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Copy {
+    text: String,
+    /// Matched whatever the ASCII case (`text` is lowercase then).
+    any_case: bool,
+}
+
+/// A base64 copy shorter than this is not looked for (too likely to occur
+/// by chance in other base64).
+const MIN_BASE64_COPY: usize = 8;
 
 impl Redactor {
     /// A redactor for a server started with these `env:` entries. Every
@@ -78,17 +95,27 @@ impl Redactor {
             })
             .map(|(_, v)| v.to_owned())
             .collect();
+        // `Authorization: Bearer abc…`: the credential alone too.
+        let credentials: Vec<String> = secrets
+            .iter()
+            .filter_map(|v| v.split_once(' ').map(|(_, c)| c.trim().to_owned()))
+            .filter(|c| c.chars().count() >= MIN_SECRET_LEN && !c.contains(' '))
+            .collect();
+        secrets.extend(credentials);
         sort_longest_first(&mut secrets);
-        Redactor { secrets }
+        let copies = copies_of(&secrets);
+        Redactor { secrets, copies }
     }
 
     /// Adds the secrets among `env` (chosen as [`Redactor::new`] does).
     pub fn add(&mut self, env: &[(String, String)]) {
         self.secrets.extend(Redactor::new(env).secrets);
         sort_longest_first(&mut self.secrets);
+        self.copies = copies_of(&self.secrets);
     }
 
-    /// `line` with every secret replaced by [`REDACTED`].
+    /// `line` with every secret replaced by [`REDACTED`], in any of the
+    /// forms it may have been copied in.
     pub fn redact(&self, line: &str) -> String {
         let mut out = line.to_owned();
         for secret in &self.secrets {
@@ -96,10 +123,105 @@ impl Redactor {
                 out = out.replace(secret.as_str(), REDACTED);
             }
         }
+        if !self.copies.is_empty() {
+            out = redact_copies(&out, &self.copies);
+        }
         let out = redact_named_values(&out);
         let out = redact_bearer_tokens(&out);
         redact_opaque_runs(&out)
     }
+}
+
+/// The forms `secrets` may be copied in besides themselves: lowercase (for
+/// a match in any case), URL-encoded, and base64 (standard and URL-safe
+/// alphabets) at the three byte alignments, so that a copy inside a larger
+/// blob (`Basic base64(user:pass)`) is found too.
+fn copies_of(secrets: &[String]) -> Vec<Copy> {
+    use base64::Engine as _;
+    let mut out: Vec<Copy> = Vec::new();
+    let mut push = |text: String, any_case: bool| {
+        let c = Copy { text, any_case };
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    };
+    for s in secrets {
+        push(s.to_ascii_lowercase(), true);
+        // URL-encoded as most encoders do, and with every byte that is not
+        // a letter or a digit encoded.
+        for encoded in [url_encode(s, b"-._~"), url_encode(s, b"")] {
+            if encoded != *s {
+                push(encoded.to_ascii_lowercase(), true);
+            }
+        }
+        for engine in [
+            &base64::engine::general_purpose::STANDARD_NO_PAD,
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        ] {
+            for k in 0..3 {
+                let mut bytes = vec![0u8; k];
+                bytes.extend_from_slice(s.as_bytes());
+                let b64 = engine.encode(&bytes);
+                // The characters made of the secret's bits alone.
+                let start = (8 * k).div_ceil(6);
+                let end = (8 * (k + s.len())) / 6;
+                if end > start && end - start >= MIN_BASE64_COPY {
+                    push(b64[start..end].to_owned(), false);
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| {
+        b.text
+            .len()
+            .cmp(&a.text.len())
+            .then_with(|| a.text.cmp(&b.text))
+    });
+    out
+}
+
+/// `s` with every byte but letters, digits and `keep` percent-encoded.
+fn url_encode(s: &str, keep: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || keep.contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `s` with every copy in `copies` replaced by [`REDACTED`].
+fn redact_copies(s: &str, copies: &[Copy]) -> String {
+    let lower = s.to_ascii_lowercase();
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    for c in copies {
+        let hay = if c.any_case { &lower } else { s };
+        let mut from = 0;
+        while let Some(at) = hay[from..].find(c.text.as_str()) {
+            let start = from + at;
+            let end = start + c.text.len();
+            ranges.push((start, end));
+            from = end;
+        }
+    }
+    if ranges.is_empty() {
+        return s.to_owned();
+    }
+    ranges.sort();
+    let mut merged: Vec<(usize, usize)> = Vec::new();
+    for (a, b) in ranges {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    // ASCII lowercasing keeps every byte where it was, and a secret is
+    // matched whole, so the ranges are on character boundaries.
+    merged.retain(|(a, b)| s.is_char_boundary(*a) && s.is_char_boundary(*b));
+    replace_ranges(s, &merged)
 }
 
 /// Longest first, so that a value containing another goes whole; each once.
@@ -546,5 +668,49 @@ mod tests {
             pick_line(&lines("Python 3 is required, found 2.7 on this system")),
             Some("Python 3 is required, found 2.7 on this system")
         );
+    }
+
+    #[test]
+    fn copies_of_a_secret_in_another_case_url_encoded_or_base64_go_too() {
+        use base64::Engine as _;
+        let secret = "s3cr3t-T0ken/with+stuff";
+        let r = Redactor::new(&[("X-Api-Key".into(), secret.into())]);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let cases = [
+            format!("echo: {}", secret.to_ascii_uppercase()),
+            format!("echo: {}", secret.to_ascii_lowercase()),
+            "echo: s3cr3t-T0ken%2Fwith%2Bstuff".to_owned(),
+            "echo: s3cr3t-t0ken%2fwith%2bstuff".to_owned(),
+            format!("echo: {}", b64.encode(secret)),
+            format!(
+                "echo: {}",
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)
+            ),
+        ];
+        for line in cases {
+            let out = r.redact(&line);
+            assert!(out.starts_with("echo: [redacted]"), "{line} -> {out}");
+        }
+        // Inside a larger blob (shorter than what is redacted as an opaque
+        // run anyway), at each of the three alignments: `base64(user:pw)`
+        // with user names of three lengths.
+        let pw = "pw-9xQz7";
+        let r = Redactor::new(&[("PASSWORD".into(), pw.into())]);
+        for user in ["a", "ab", "abc"] {
+            let blob = b64.encode(format!("{user}:{pw}"));
+            assert!(blob.len() < MIN_OPAQUE_RUN, "{blob}");
+            let out = r.redact(&format!("sent {blob} here"));
+            assert!(
+                out.contains("[redacted]") && !out.contains(&blob),
+                "{user}: {out}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_credential_of_a_header_with_a_scheme_goes_alone_too() {
+        let r = Redactor::new(&[("Authorization".into(), "Bearer tok-abcdef123".into())]);
+        assert_eq!(r.redact("got tok-abcdef123 back"), "got [redacted] back");
+        assert_eq!(r.redact("got TOK-ABCDEF123 back"), "got [redacted] back");
     }
 }

@@ -432,7 +432,8 @@ pub struct Identity {
     pub config: Option<PathBuf>,
     pub command: String,
     pub args: Vec<String>,
-    /// Builds the redactor of messages and arguments.
+    /// Every configured secret (`ServerConfig::secrets`): builds the
+    /// redactor of messages and arguments.
     pub env: Vec<(String, String)>,
 }
 

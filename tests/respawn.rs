@@ -491,3 +491,23 @@ fn a_detached_descendant_holding_stdout_does_not_hold_the_link_forever() {
     s.call(json!("after"), "echo", json!({"text": "after"}));
     assert_eq!(s.result(&json!("after"))["content"][0]["text"], "after");
 }
+
+#[test]
+fn a_secret_a_crashing_server_printed_in_another_form_is_not_quoted_to_the_client() {
+    // The server's last stderr line is quoted in the error: the env value
+    // is redacted in any case, URL-encoded or in base64.
+    let mut s = mock_with("    env:\n      API_TOKEN: s3cr3t-valu3\n").start();
+    s.initialize();
+    s.call(
+        json!(1),
+        "unsafe_echo",
+        json!({"mode": "crash",
+            "stderr": "auth failed for S3CR3T-VALU3 (s3cr3t%2Dvalu3, czNjcjN0LXZhbHUz)"}),
+    );
+    let e = s.error(&json!(1));
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("auth failed for [redacted]"), "{message}");
+    for form in ["S3CR3T", "s3cr3t", "czNjcjN0LXZhbHUz", "valu3"] {
+        assert!(!message.contains(form), "{form} in {message}");
+    }
+}
