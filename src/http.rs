@@ -931,7 +931,14 @@ impl Shared {
                 }
             }
         }
-        text
+        // Copies of them in another case, URL-encoded or in base64.
+        let values: Vec<(String, String)> = self
+            .headers
+            .iter()
+            .chain(helper.iter())
+            .map(|(_, v)| ("header-secret".to_owned(), v.clone()))
+            .collect();
+        crate::redact::Redactor::new(&values).redact_secrets(&text)
     }
 
     /// A cancel for request `id` is to be sent; says whether to POST it.

@@ -107,16 +107,9 @@ impl Redactor {
         Redactor { secrets, copies }
     }
 
-    /// Adds the secrets among `env` (chosen as [`Redactor::new`] does).
-    pub fn add(&mut self, env: &[(String, String)]) {
-        self.secrets.extend(Redactor::new(env).secrets);
-        sort_longest_first(&mut self.secrets);
-        self.copies = copies_of(&self.secrets);
-    }
-
-    /// `line` with every secret replaced by [`REDACTED`], in any of the
-    /// forms it may have been copied in.
-    pub fn redact(&self, line: &str) -> String {
+    /// `line` with the configured secrets replaced by [`REDACTED`], in any
+    /// of the forms they may have been copied in; nothing else.
+    pub fn redact_secrets(&self, line: &str) -> String {
         let mut out = line.to_owned();
         for secret in &self.secrets {
             if out.contains(secret.as_str()) {
@@ -126,6 +119,21 @@ impl Redactor {
         if !self.copies.is_empty() {
             out = redact_copies(&out, &self.copies);
         }
+        out
+    }
+
+    /// Adds the secrets among `env` (chosen as [`Redactor::new`] does).
+    pub fn add(&mut self, env: &[(String, String)]) {
+        self.secrets.extend(Redactor::new(env).secrets);
+        sort_longest_first(&mut self.secrets);
+        self.copies = copies_of(&self.secrets);
+    }
+
+    /// `line` with every secret replaced by [`REDACTED`], in any of the
+    /// forms it may have been copied in, and anything that looks like a
+    /// credential.
+    pub fn redact(&self, line: &str) -> String {
+        let out = self.redact_secrets(line);
         let out = redact_named_values(&out);
         let out = redact_bearer_tokens(&out);
         redact_opaque_runs(&out)

@@ -1029,3 +1029,23 @@ fn a_request_whose_method_cannot_be_a_header_gets_its_own_error_and_nothing_else
     let methods = server.with(|st| st.methods.clone());
     assert!(methods.iter().all(|m| !m.contains('\u{7}')), "{methods:?}");
 }
+
+#[test]
+fn a_header_value_a_server_echoes_in_another_form_is_not_shown_to_the_client() {
+    let server = Server::start();
+    let mut s = start(&server);
+    s.list_tools();
+    server.fault(Fault::Status(
+        403,
+        None,
+        "bad token CANARY-7F3A9C-SECRET (Q0FOQVJZLTdmM2E5Yy1zZWNyZXQ=, canary-7f3a9c-secret)",
+    ));
+    server.fault(Fault::Status(403, None, "still bad"));
+    s.call(json!(1), "read", json!({}));
+    let e = s.error(&json!(1));
+    let text = e.to_string();
+    assert!(text.contains("bad token [redacted]"), "{text}");
+    for form in ["CANARY", "canary", "Q0FOQVJZLTdmM2E5Yy1zZWNyZXQ"] {
+        assert!(!text.contains(form), "{form} in {text}");
+    }
+}
