@@ -657,7 +657,7 @@ impl Downstream for Child {
         // read the last lines (briefly: a descendant may hold the pipe open).
         self.wait_stderr_closed(Duration::from_millis(100));
         let tail = self.stderr_tail();
-        tail.iter().map(|l| self.redactor.redact(l)).collect()
+        self.redactor.redact_lines(&tail)
     }
 }
 

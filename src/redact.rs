@@ -122,6 +122,30 @@ impl Redactor {
         out
     }
 
+    /// Consecutive lines of one stream (oldest first), each redacted as by
+    /// [`Redactor::redact`], and a secret split across lines too: the
+    /// secrets are looked for in the lines joined, and each line loses its
+    /// part of one.
+    pub fn redact_lines(&self, lines: &[String]) -> Vec<String> {
+        let joined = lines.concat();
+        let ranges = secret_ranges(&joined, &self.copies);
+        let mut start = 0;
+        lines
+            .iter()
+            .map(|line| {
+                let end = start + line.len();
+                let local: Vec<(usize, usize)> = ranges
+                    .iter()
+                    .filter(|(a, b)| *a < end && *b > start)
+                    .map(|(a, b)| ((*a).max(start) - start, (*b).min(end) - start))
+                    .filter(|(a, b)| line.is_char_boundary(*a) && line.is_char_boundary(*b))
+                    .collect();
+                start = end;
+                self.redact(&replace_ranges(line, &local))
+            })
+            .collect()
+    }
+
     /// Adds the secrets among `env` (chosen as [`Redactor::new`] does).
     pub fn add(&mut self, env: &[(String, String)]) {
         self.secrets.extend(Redactor::new(env).secrets);
@@ -203,6 +227,16 @@ fn url_encode(s: &str, keep: &[u8]) -> String {
 
 /// `s` with every copy in `copies` replaced by [`REDACTED`].
 fn redact_copies(s: &str, copies: &[Copy]) -> String {
+    let ranges = secret_ranges(s, copies);
+    if ranges.is_empty() {
+        return s.to_owned();
+    }
+    replace_ranges(s, &ranges)
+}
+
+/// Where in `s` the copies are: byte ranges, sorted, merged, on character
+/// boundaries.
+fn secret_ranges(s: &str, copies: &[Copy]) -> Vec<(usize, usize)> {
     let lower = s.to_ascii_lowercase();
     let mut ranges: Vec<(usize, usize)> = Vec::new();
     for c in copies {
@@ -215,9 +249,6 @@ fn redact_copies(s: &str, copies: &[Copy]) -> String {
             from = end;
         }
     }
-    if ranges.is_empty() {
-        return s.to_owned();
-    }
     ranges.sort();
     let mut merged: Vec<(usize, usize)> = Vec::new();
     for (a, b) in ranges {
@@ -229,7 +260,7 @@ fn redact_copies(s: &str, copies: &[Copy]) -> String {
     // ASCII lowercasing keeps every byte where it was, and a secret is
     // matched whole, so the ranges are on character boundaries.
     merged.retain(|(a, b)| s.is_char_boundary(*a) && s.is_char_boundary(*b));
-    replace_ranges(s, &merged)
+    merged
 }
 
 /// Longest first, so that a value containing another goes whole; each once.
@@ -720,5 +751,26 @@ mod tests {
         let r = Redactor::new(&[("Authorization".into(), "Bearer tok-abcdef123".into())]);
         assert_eq!(r.redact("got tok-abcdef123 back"), "got [redacted] back");
         assert_eq!(r.redact("got TOK-ABCDEF123 back"), "got [redacted] back");
+    }
+
+    #[test]
+    fn a_secret_split_across_two_lines_goes_from_both() {
+        let r = Redactor::new(&[("API_TOKEN".into(), "s3cr3t-valu3".into())]);
+        let lines = vec![
+            "connecting with s3cr3t-".to_owned(),
+            "valu3 failed".to_owned(),
+            "plain line".to_owned(),
+        ];
+        assert_eq!(
+            r.redact_lines(&lines),
+            [
+                "connecting with [redacted]",
+                "[redacted] failed",
+                "plain line"
+            ]
+        );
+        // Each line alone is redacted as ever.
+        let lines = vec!["a S3CR3T-VALU3 b".to_owned()];
+        assert_eq!(r.redact_lines(&lines), ["a [redacted] b"]);
     }
 }

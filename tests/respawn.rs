@@ -511,3 +511,20 @@ fn a_secret_a_crashing_server_printed_in_another_form_is_not_quoted_to_the_clien
         assert!(!message.contains(form), "{form} in {message}");
     }
 }
+
+#[test]
+fn a_secret_a_crashing_server_printed_across_two_lines_is_not_quoted_to_the_client() {
+    let mut s = mock_with("    env:\n      API_TOKEN: s3cr3t-valu3\n").start();
+    s.initialize();
+    s.call(
+        json!(1),
+        "unsafe_echo",
+        json!({"mode": "crash", "stderr": "error: login with s3cr3t-\nvalu3 failed"}),
+    );
+    let e = s.error(&json!(1));
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("its stderr said:"), "{message}");
+    for part in ["s3cr3t", "valu3"] {
+        assert!(!message.contains(part), "{part} in {message}");
+    }
+}
