@@ -118,6 +118,18 @@ impl Redactor {
         }
         if !self.copies.is_empty() {
             out = redact_copies(&out, &self.copies);
+            // JSON text (a server's error object) may spell a secret with
+            // escapes (`\u002d` for `-`), which a client reads decoded.
+            if let Some((view, raw_at)) = unescaped_view(&out) {
+                let ranges: Vec<(usize, usize)> = secret_ranges(&view, &self.copies)
+                    .into_iter()
+                    .map(|(a, b)| (raw_at[a], raw_at[b]))
+                    .filter(|(a, b)| out.is_char_boundary(*a) && out.is_char_boundary(*b))
+                    .collect();
+                if !ranges.is_empty() {
+                    out = replace_ranges(&out, &ranges);
+                }
+            }
         }
         out
     }
@@ -232,6 +244,46 @@ fn redact_copies(s: &str, copies: &[Copy]) -> String {
         return s.to_owned();
     }
     replace_ranges(s, &ranges)
+}
+
+/// `s` with the JSON escapes of ASCII characters (`\u002d`, `\/`) decoded,
+/// and for each byte of that view (and its end) where it starts in `s`;
+/// `None` when `s` has none.
+fn unescaped_view(s: &str) -> Option<(String, Vec<usize>)> {
+    if !s.contains("\\u") && !s.contains("\\/") {
+        return None;
+    }
+    let bytes = s.as_bytes();
+    let mut view = String::with_capacity(s.len());
+    let mut raw_at = Vec::with_capacity(s.len() + 1);
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = match (bytes[i], bytes.get(i + 1)) {
+            (b'\\', Some(b'u')) => s
+                .get(i + 2..i + 6)
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .filter(u8::is_ascii)
+                .map(|b| (b, 6)),
+            (b'\\', Some(b'/')) => Some((b'/', 2)),
+            _ => None,
+        };
+        match escaped {
+            Some((b, len)) => {
+                raw_at.push(i);
+                view.push(b as char);
+                i += len;
+            }
+            None => {
+                let c = s[i..].chars().next().expect("on a boundary");
+                raw_at.extend(i..i + c.len_utf8());
+                view.push(c);
+                i += c.len_utf8();
+            }
+        }
+    }
+    raw_at.push(s.len());
+    Some((view, raw_at))
 }
 
 /// Where in `s` the copies are: byte ranges, sorted, merged, on character
@@ -772,5 +824,18 @@ mod tests {
         // Each line alone is redacted as ever.
         let lines = vec!["a S3CR3T-VALU3 b".to_owned()];
         assert_eq!(r.redact_lines(&lines), ["a [redacted] b"]);
+    }
+
+    #[test]
+    fn a_secret_spelled_with_json_escapes_goes_too() {
+        let r = Redactor::new(&[("API_TOKEN".into(), "s3cr3t-valu3/x".into())]);
+        let raw = r#"{"message":"bad key s3cr3t\u002dvalu3\/x, sorry \u00e9"}"#;
+        let out = r.redact_secrets(raw);
+        assert_eq!(out, r#"{"message":"bad key [redacted], sorry \u00e9"}"#);
+        // Decoded, the client would have read the secret: not any more.
+        let decoded: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(!decoded.to_string().contains("s3cr3t"));
+        // Text without escapes is left as it was.
+        assert_eq!(r.redact_secrets("nothing \\ here"), "nothing \\ here");
     }
 }

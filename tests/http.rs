@@ -1049,3 +1049,21 @@ fn a_header_value_a_server_echoes_in_another_form_is_not_shown_to_the_client() {
         assert!(!text.contains(form), "{form} in {text}");
     }
 }
+
+#[test]
+fn a_header_value_a_server_echoes_with_json_escapes_is_not_shown_to_the_client() {
+    // 2026-07-28: a 4xx whose body is the server's JSON-RPC error is
+    // passed on; the token in it, spelled with `\u002d`, is redacted
+    // before the client decodes it.
+    let server = Server::start();
+    let mut s = start_modern(&config(&server));
+    server.fault(Fault::Body(
+        400,
+        r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"bad key CANARY\u002d7f3a9c\u002dsecret"}}"#,
+    ));
+    modern_call(&mut s, json!(1), "read", json!({}));
+    let e = s.error(&json!(1));
+    let text = e.to_string();
+    assert!(text.contains("bad key [redacted]"), "{text}");
+    assert!(!text.contains("7f3a9c"), "{text}");
+}

@@ -31,6 +31,9 @@ pub enum Fault {
     /// Answers this status (without running the tool); `Retry-After` if
     /// given; the body is a JSON-RPC error with this message.
     Status(u16, Option<&'static str>, &'static str),
+    /// Answers this status with this body as it is (JSON), without
+    /// running the tool.
+    Body(u16, &'static str),
     /// Runs the tool, then answers this status with a JSON-RPC error body
     /// with this message (a gateway that failed after the work was done).
     RunThenStatus(u16, &'static str),
@@ -577,6 +580,10 @@ fn serve(
                     s.executions.push(tool);
                     cv.notify_all();
                     let _ = stream.shutdown(Shutdown::Both);
+                }
+                Some(Fault::Body(status, body)) => {
+                    let headers = vec![("Content-Type", "application/json".to_owned())];
+                    respond(&stream, status, &headers, body);
                 }
                 Some(Fault::RunThenStatus(status, message)) => {
                     s.executions.push(tool);
