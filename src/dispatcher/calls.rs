@@ -373,9 +373,10 @@ impl Calls {
         }
     }
 
-    /// The server answered downstream request `down`, but the answer cannot
-    /// be relayed (too large, invalid): a live attempt's call ends with
-    /// `reason` (the tool ran, so it is not retried).
+    /// Attempt `down` ends without an answer the client can have: the
+    /// server's cannot be relayed (too large, invalid: the tool ran, so it
+    /// is not retried), or the server is not reading its input
+    /// (overloaded: not sent). A live attempt's call ends with `reason`.
     pub(super) fn on_unusable_answer(
         &mut self,
         down: u64,
@@ -384,41 +385,41 @@ impl Calls {
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> Owner {
+        match self.downstream.get(&down) {
+            Some(Downstream::Attempt(call)) => {
+                match self.calls.get(call).filter(|c| c.live == Some(down)) {
+                    Some(c) => warn!("tool \"{}\": {message}", c.tool),
+                    // The live one may still bring a real answer.
+                    None => debug!("dropped the unusable answer of an abandoned attempt"),
+                }
+            }
+            // A late answer nobody waits for: nothing to keep.
+            Some(Downstream::Late(_)) | None => {}
+        }
+        self.fail_attempt(down, &super::proxy_error(reason, message, &[]), ctx, out)
+    }
+
+    /// Ends the call whose live attempt is `down` with `error` (raw JSON):
+    /// nothing more is awaited of that attempt. Says what `down` was.
+    pub(super) fn fail_attempt(
+        &mut self,
+        down: u64,
+        error: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> Owner {
         let call = match self.downstream.remove(&down) {
             Some(Downstream::Attempt(call)) => call,
-            // A late answer nobody waits for: nothing to keep.
             Some(Downstream::Late(_)) => return Owner::Known,
             None => return Owner::Unknown,
         };
         let Some(c) = self.calls.get_mut(&call).filter(|c| c.live == Some(down)) else {
-            // An abandoned attempt's answer; the live one may still bring a
-            // real one.
-            debug!("dropped the unusable answer of an abandoned attempt");
             return Owner::Known;
         };
-        // This attempt has answered: nothing more is awaited of it.
         c.live = None;
-        warn!("tool \"{}\": {message}", c.tool);
-        self.fail(call, &super::proxy_error(reason, message, &[]), ctx, out);
-        Owner::Served
-    }
-
-    /// Attempt `down` could not be sent as the client wrote it: its call
-    /// ends with `error` (the client's error; nothing ran, nothing counts).
-    pub(super) fn fail_attempt(&mut self, down: u64, error: &str, ctx: Ctx, out: &mut Vec<Action>) {
-        let Some(Downstream::Attempt(call)) = self.downstream.remove(&down) else {
-            return;
-        };
-        match self.calls.get_mut(&call) {
-            Some(c) if c.live == Some(down) => {
-                c.live = None;
-                if std::mem::take(&mut c.trial) {
-                    self.breaker.on_trial_abandoned();
-                }
-            }
-            _ => return,
-        }
+        // A trial it held is freed as the call ends (`fail`).
         self.fail(call, error, ctx, out);
+        Owner::Served
     }
 
     /// Downstream request `down` was never answered and never will be: the
@@ -472,8 +473,7 @@ impl Calls {
     }
 
     /// Call `id`'s attempt gave up waiting for a server that was down: it
-    /// fails with `error` (a trial it held is released), and that counts as
-    /// an outage's failure.
+    /// fails with `error`, and that counts as an outage's failure.
     pub(super) fn gave_up_waiting(
         &mut self,
         id: u64,
@@ -483,10 +483,9 @@ impl Calls {
     ) {
         if let Some(call) = self.calls.get_mut(&id) {
             call.queued = None;
-            if std::mem::take(&mut call.trial) {
-                self.breaker.on_trial_abandoned();
-            }
         }
+        // Counted outside a trial: a trial it held is freed as the call
+        // ends (`refuse_attempt`).
         self.outage_failure(ctx, out);
         self.refuse_attempt(id, error, ctx, out);
     }

@@ -214,7 +214,7 @@ impl Calls {
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {
-        let wanted = self.dedup_waiters(id) > 0;
+        let wanted = matches!(failure, Failure::NeverSent(_)) && self.dedup_waiters(id) > 0;
         let Some(call) = self.calls.get_mut(&id) else {
             return;
         };
@@ -238,10 +238,6 @@ impl Calls {
                 out.push(Action::Timer(ctx.now, CallTimer::RetryDue { call: id }));
                 return;
             }
-            if std::mem::take(&mut call.trial) {
-                self.breaker.on_trial_abandoned();
-            }
-            return self.decide(id, failure, ctx, out);
         }
         let trial = std::mem::take(&mut call.trial);
         if failure.counts() {
