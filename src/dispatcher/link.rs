@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::Transport;
@@ -21,6 +22,7 @@ use crate::downstream::{
     Downstream, Failure as TransportFailure, Gone, Heal, Sent, ServerEvent, StartError,
 };
 use crate::jsonrpc::{self, Message, RawObject};
+use crate::stdio::Backlog;
 use crate::{debug, info, warn};
 
 use super::calls::Failure;
@@ -58,6 +60,9 @@ pub(super) enum Link {
 /// One incarnation of the server.
 pub(super) struct Conn {
     pub(super) server: Box<dyn Downstream>,
+    /// The server's input backlog (`Downstream::input_backlog`), read
+    /// before every send.
+    backlog: Option<Arc<Backlog>>,
     started: Instant,
     /// It takes no more input (its process exited, or its input failed);
     /// what it sent is still being delivered, and `Gone` follows.
@@ -144,6 +149,7 @@ impl Dispatcher {
                 }
                 let replay = self.session.init_params.is_some();
                 self.link = Link::Up(Box::new(Conn {
+                    backlog: server.input_backlog(),
                     server,
                     started: now,
                     draining: false,
@@ -834,7 +840,7 @@ impl Dispatcher {
         let Link::Up(c) = &mut self.link else {
             return false;
         };
-        if let Some(b) = c.server.input_backlog() {
+        if let Some(b) = &c.backlog {
             if b.queued().saturating_add(line.len()) > b.limit().saturating_add(RESERVE) {
                 warn!(
                     "dropped a message of {} bytes for the server: it is not reading its input ({} bytes wait for it)",
@@ -863,7 +869,7 @@ impl Dispatcher {
         let Link::Up(c) = &mut self.link else {
             return SendResult::Closed;
         };
-        if let Some(b) = c.server.input_backlog() {
+        if let Some(b) = &c.backlog {
             if b.queued() > b.limit() {
                 return SendResult::Overloaded(format!(
                     "the MCP server is not reading its input ({} bytes wait for it); the request was not sent",
