@@ -1600,7 +1600,7 @@ impl Shared {
             // that really went away answers the next POST with a refused
             // connection or a 404 for the session. A notification or a
             // response the server was slow to acknowledge is only logged.
-            Class::Broken => self.answer_error(post, why, status, true),
+            Class::Broken => self.report_no_answer(post, why, status, true),
             Class::SessionLost => {
                 self.session.lock().id = None;
                 self.emit(ServerEvent::Unsent {
@@ -1627,11 +1627,13 @@ impl Shared {
                         let line = jsonrpc::error_response_line(id, &error);
                         self.deliver(String::from_utf8_lossy(&line).trim_end().to_owned(), None);
                     }
-                    _ => self.answer_error(post, why, status, false),
+                    _ => self.report_no_answer(post, why, status, false),
                 }
             }
-            Class::ServerError => self.answer_error(post, why, status, true),
-            Class::Unauthorized | Class::Rejected => self.answer_error(post, why, status, false),
+            Class::ServerError => self.report_no_answer(post, why, status, true),
+            Class::Unauthorized | Class::Rejected => {
+                self.report_no_answer(post, why, status, false)
+            }
         }
     }
 
@@ -1655,7 +1657,7 @@ impl Shared {
     /// Reports that request `post` gets no answer, and what happened (a
     /// notification is only logged): `ran`, it may have run; else it did
     /// not. The dispatcher answers it with the proxy's error.
-    fn answer_error(&self, post: &Post, why: &str, status: Option<u16>, ran: bool) {
+    fn report_no_answer(&self, post: &Post, why: &str, status: Option<u16>, ran: bool) {
         let Some(id) = &post.request_id else {
             let what = if post.method.is_some() {
                 "a notification"
