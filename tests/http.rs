@@ -142,7 +142,7 @@ fn a_server_not_listening_yet_at_the_start_is_waited_for() {
             "clientInfo": {"name": "test-client", "version": "1.0.0"}}),
     );
     crate::util::eventually("the proxy to find the port closed", || {
-        s.stderr().contains("could not be reached")
+        s.logged("could not be reached")
     });
     server.reopen();
     let init = s.response(&json!(0));
@@ -720,7 +720,7 @@ fn a_server_that_takes_no_notifications_never_grows_the_proxy_nor_wedges_the_cli
     s.request(json!("p"), "ping", json!({}));
     assert_eq!(s.result(&json!("p")), json!({}));
     crate::util::eventually("the dropped notifications to be logged", || {
-        s.stderr().contains("it is not reading its input")
+        s.logged("it is not reading its input")
     });
     let peak = s.memory_kb("VmHWM");
     assert!(

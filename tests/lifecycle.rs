@@ -41,7 +41,7 @@ fn a_server_ignoring_eof_is_terminated_then_killed() {
         took >= Duration::from_secs(3),
         "close, 2 s, SIGTERM (ignored), 2 s, SIGKILL: took {took:?}"
     );
-    assert!(s.stderr().contains("killing it"), "{}", s.stderr());
+    assert!(s.logged("killing it"), "{}", s.stderr());
 }
 
 #[cfg(unix)] // Signals to the proxy (Windows: console events, see proxy/signals.rs).
@@ -96,7 +96,7 @@ fn a_command_that_cannot_start_answers_every_request() {
     assert_eq!(e["data"]["source"], "mcp-retry");
     s.request(json!(1), "tools/list", json!({}));
     assert_eq!(s.error(&json!(1))["data"]["reason"], "server_unavailable");
-    assert!(s.stderr().contains("/nonexistent/mcp-server"));
+    assert!(s.logged("/nonexistent/mcp-server"));
     s.close_stdin();
     assert_eq!(s.wait().code(), Some(0));
 }
@@ -135,9 +135,7 @@ fn a_call_waiting_for_a_retry_at_eof_still_gets_its_answer() {
     s.request(json!("t"), "tools/list", json!({}));
     s.result(&json!("t"));
     s.call(json!("r"), "idem_echo", json!({"mode": "flaky"}));
-    crate::util::eventually("the retry to be scheduled", || {
-        s.stderr().contains("retrying in")
-    });
+    crate::util::eventually("the retry to be scheduled", || s.logged("retrying in"));
     s.close_stdin();
     let e = s.error(&json!("r"));
     assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");

@@ -37,9 +37,7 @@ fn a_remote_server_that_listens_a_second_late_gets_the_clients_initialize() {
     let mut s = remote(&server, "");
     s.request(json!(0), "initialize", initialize_params());
     // Refused for now: it waits (and the proxy probes).
-    eventually("a refused connection", || {
-        s.stderr().contains("could not be reached")
-    });
+    eventually("a refused connection", || s.logged("could not be reached"));
     std::thread::sleep(Duration::from_secs(1));
     server.reopen();
     let r = s.result(&json!(0));
@@ -59,14 +57,12 @@ fn a_call_made_while_the_endpoint_refuses_goes_through_once_when_it_is_back() {
     server.close();
     // Not a safe tool: a refused connection is never-sent, safe for any.
     s.call(json!(1), "write", json!({}));
-    eventually("a refused connection", || {
-        s.stderr().contains("could not be reached")
-    });
+    eventually("a refused connection", || s.logged("could not be reached"));
     server.reopen();
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "write done");
     assert_eq!(server.executions("write"), 1);
     assert!(
-        s.stderr().contains("reconnected to the MCP server after"),
+        s.logged("reconnected to the MCP server after"),
         "{}",
         s.stderr()
     );
@@ -126,8 +122,7 @@ fn a_probe_ends_an_outage_before_any_call_and_the_next_call_goes_straight_throug
     std::fs::remove_file(s.dir.join("down")).unwrap();
     // Nothing asked: a probe finds the server back.
     eventually("the outage to end", || {
-        s.stderr()
-            .contains("the restarted MCP server is ready after")
+        s.logged("the restarted MCP server is ready after")
     });
     let before = count(&s, "mock: started");
     s.call(json!(1), "unsafe_echo", json!({"text": "after"}));
@@ -151,9 +146,7 @@ fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
         let e = s.error(&json!(id));
         assert_eq!(e["data"]["reason"], "server_exited", "{e}");
     }
-    eventually("the breaker to open", || {
-        s.stderr().contains("opened after")
-    });
+    eventually("the breaker to open", || s.logged("opened after"));
     let opened = std::time::Instant::now();
     s.call(json!(3), "unsafe_echo", json!({}));
     let e = s.error(&json!(3));
@@ -173,7 +166,7 @@ fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
     // sent, and its answer closes the breaker.
     s.call(json!(4), "unsafe_echo", json!({"text": "trial"}));
     assert_eq!(s.result(&json!(4))["content"][0]["text"], "trial");
-    assert!(s.stderr().contains("closed: the server is answering again"));
+    assert!(s.logged("closed: the server is answering again"));
     s.call(json!(5), "unsafe_echo", json!({"text": "next"}));
     assert_eq!(s.result(&json!(5))["content"][0]["text"], "next");
 }
@@ -201,7 +194,7 @@ fn a_breaker_that_error_answers_opened_closes_only_through_the_trial_call() {
     // The trial fails: open again, for a whole cooldown.
     s.call(json!(4), "ro_echo", json!({"mode": "error"}));
     s.error(&json!(4));
-    assert!(s.stderr().contains("reopened: the trial call failed"));
+    assert!(s.logged("reopened: the trial call failed"));
     s.call(json!(5), "ro_echo", json!({}));
     assert_eq!(s.error(&json!(5))["data"]["reason"], "circuit_open");
     std::thread::sleep(Duration::from_millis(1100));

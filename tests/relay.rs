@@ -280,7 +280,7 @@ fn garbage_from_the_server_is_skipped() {
     // The harness reads stderr on a thread of its own: the warning may
     // come in after the answer.
     crate::util::eventually("the warning about the garbage line", || {
-        s.stderr().contains("not JSON")
+        s.logged("not JSON")
     });
 }
 
@@ -309,9 +309,7 @@ fn stderr_of_the_server_goes_to_stderr_only() {
     s.initialize();
     s.request(json!(1), "ping", json!({}));
     s.result(&json!(1));
-    crate::util::eventually("stderr copied", || {
-        s.stderr().contains("mock stderr line 2")
-    });
+    crate::util::eventually("stderr copied", || s.logged("mock stderr line 2"));
     s.close_stdin();
     assert!(s.wait().success());
     // Everything on stdout was JSON (recv would have panicked otherwise).

@@ -635,9 +635,7 @@ fn a_client_cancel_during_backoff_stops_all_further_executions() {
         ",
     );
     s.call(json!("c"), "idem_echo", json!({"mode": "flaky"}));
-    eventually("the retry to be scheduled", || {
-        s.stderr().contains("retrying in")
-    });
+    eventually("the retry to be scheduled", || s.logged("retrying in"));
     assert_eq!(s.executions("idem_echo"), 1);
     s.notify(
         "notifications/cancelled",
@@ -1150,7 +1148,7 @@ fn a_breaker_that_opens_answers_the_call_at_once_instead_of_scheduling_a_retry()
     // The harness reads stderr on a thread of its own: the log line may
     // come in after the answer.
     crate::util::eventually("the log line about the refused retry", || {
-        s.stderr().contains("no retry: the circuit breaker")
+        s.logged("no retry: the circuit breaker")
     });
     s.call(json!(2), "idem_echo", json!({"text": "x"}));
     assert_proxy_error(&s.error(&json!(2)), "circuit_open");
@@ -1218,9 +1216,7 @@ fn a_call_whose_server_exits_during_backoff_is_retried_on_the_restarted_server()
         "idem_echo",
         json!({"mode": "flaky", "text": "recovered"}),
     );
-    eventually("the retry to be scheduled", || {
-        s.stderr().contains("retrying in")
-    });
+    eventually("the retry to be scheduled", || s.logged("retrying in"));
     s.call(json!(2), "echo", json!({"mode": "crash"}));
     assert_proxy_error(&s.error(&json!(2)), "server_exited");
     let r = s.result(&json!(1));
@@ -1268,8 +1264,7 @@ fn the_stats_file_and_the_exit_summary_count_per_tool() {
     assert_eq!(echo["failed"], 1, "{stats}");
     assert_eq!(stats["total"]["calls"], 4, "{stats}");
     assert!(
-        s.stderr()
-            .contains("summary: 4 call(s), 4 attempt(s) sent, 1 call(s) retried"),
+        s.logged("summary: 4 call(s), 4 attempt(s) sent, 1 call(s) retried"),
         "{}",
         s.stderr()
     );
@@ -1420,8 +1415,7 @@ fn explicit_keys_are_scoped_to_the_tool_and_say_when_arguments_differ() {
     assert_eq!(s.executions("echo"), 1);
     // stderr is read by another thread than the answers: wait for it.
     eventually("the reuse to be logged", || {
-        s.stderr()
-            .contains("tool \"echo\": idempotency key \"op-9\" was reused with different arguments")
+        s.logged("tool \"echo\": idempotency key \"op-9\" was reused with different arguments")
     });
     let log = s.stderr();
     assert!(!log.contains("SECRET-VALUE"), "{log}");
@@ -1495,7 +1489,7 @@ fn the_proxys_own_tool_list_times_out_with_call_timeout() {
     assert_eq!(s.executions("idem_echo"), 1);
     // stderr is read by a thread of its own: the line may come after the answer.
     eventually("the log line about the proxy's tools/list", || {
-        s.stderr().contains("did not answer the proxy's tools/list")
+        s.logged("did not answer the proxy's tools/list")
     });
 }
 

@@ -409,7 +409,7 @@ fn a_runtime_directory_open_to_others_is_refused_and_the_proxy_runs_on() {
     let mut s = proxy(&dir, "delta", "");
     s.call(json!(1), "echo", json!({"text": "still works"}));
     s.result(&json!(1));
-    let stderr = s.stderr();
+    let stderr = s.stderr_with("has mode 0755, not 0700");
     assert_eq!(
         stderr.matches("not publishing this proxy's status").count(),
         1,

@@ -250,6 +250,25 @@ impl Session {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The stderr captured once it holds `needle`: a line the proxy logged
+    /// before an answer may still be on its way through the pipe when the
+    /// answer has been read.
+    pub fn stderr_with(&self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let stderr = self.stderr();
+            if stderr.contains(needle) || Instant::now() >= deadline {
+                return stderr;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether stderr holds `needle`, waiting for it like [`Self::stderr_with`].
+    pub fn logged(&self, needle: &str) -> bool {
+        self.stderr_with(needle).contains(needle)
+    }
+
     /// Writes raw text plus a newline to the proxy's stdin.
     pub fn send_raw(&mut self, text: &str) {
         let stdin = self.stdin.as_mut().expect("stdin open");

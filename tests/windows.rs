@@ -37,11 +37,7 @@ fn shim_round_trip(args: &[&str]) -> Value {
     s.call(json!(1), "echo", json!({"text": "via the shim"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "via the shim");
     // The log names the file that was found.
-    assert!(
-        s.stderr().contains("bin\\server.cmd\" (pid "),
-        "{}",
-        s.stderr()
-    );
+    assert!(s.logged("bin\\server.cmd\" (pid "), "{}", s.stderr());
     s.close_stdin();
     assert!(s.wait().success());
     serde_json::from_str(&std::fs::read_to_string(&args_file).unwrap()).unwrap()
@@ -132,7 +128,7 @@ fn a_server_ignoring_eof_is_terminated_with_its_job() {
     s.wait();
     assert_gone(pids, "the proxy's shutdown");
     assert!(
-        s.stderr().contains("killing it"),
+        s.logged("killing it"),
         "the job was terminated: {}",
         s.stderr()
     );
