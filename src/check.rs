@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 
 use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
-use crate::downstream::{self, Diagnostics, Downstream, Gone, ServerEvent};
+use crate::downstream::{self, Diagnostics, Downstream, Gone, Outgoing, ServerEvent};
 use crate::jsonrpc::{self, Kind, Message, Parsed};
 use crate::redact::{self, Redactor};
 
@@ -418,7 +418,8 @@ struct Conversation<'a> {
 
 impl Conversation<'_> {
     fn notify(&mut self, method: &str) {
-        self.server.send(jsonrpc::notification_line(method, None));
+        let line = jsonrpc::notification_line(method, None);
+        self.server.send(Outgoing::notification(method, line));
     }
 
     /// Stops the server and waits (a bounded while) until it is gone.
@@ -437,14 +438,14 @@ impl Conversation<'_> {
 
     /// Sends a request and waits for its answer until the deadline.
     fn request(&mut self, method: &str, params: &str) -> Answer {
-        let id = self.next_id.to_string();
+        let id = self.next_id;
         self.next_id += 1;
-        self.server
-            .send(jsonrpc::request_line(&id, method, Some(params)));
-        self.wait_for(&id)
+        let line = jsonrpc::request_line(&id.to_string(), method, Some(params));
+        self.server.send(Outgoing::request(id, method, line));
+        self.wait_for(id)
     }
 
-    fn wait_for(&mut self, id: &str) -> Answer {
+    fn wait_for(&mut self, id: u64) -> Answer {
         loop {
             let event = crossbeam_channel::select! {
                 recv(self.events) -> e => e.ok(),
@@ -453,7 +454,7 @@ impl Conversation<'_> {
             };
             match event {
                 Some(ServerEvent::Message(parsed)) => {
-                    if let Some(answer) = self.take_answer(parsed, id) {
+                    if let Some(answer) = self.take_answer(parsed, &id.to_string()) {
                         return answer;
                     }
                 }
@@ -526,7 +527,7 @@ impl Conversation<'_> {
         } else {
             jsonrpc::error_line(Some(id), -32601, "Method not found", None)
         };
-        self.server.send(line);
+        self.server.send(Outgoing::response(line));
     }
 
     /// Why the server cannot answer any more, with its most telling

@@ -33,7 +33,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
 use crate::config::ServerConfig;
-use crate::downstream::{Diagnostics, Downstream, Gone, Heal, OnEvent, ServerEvent};
+use crate::downstream::{
+    Diagnostics, Downstream, Gone, Heal, OnEvent, OutKind, Outgoing, ServerEvent,
+};
 use crate::jsonrpc::{self, Parsed};
 use crate::stdio::{self, Backlog, ReadItem};
 
@@ -111,7 +113,7 @@ impl fmt::Display for ExitInfo {
 /// group.
 pub struct Child {
     group: Group,
-    stdin: Option<stdio::Outbox>,
+    stdin: Option<stdio::Outbox<OutKind>>,
     stdin_backlog: Arc<Backlog>,
     /// Disconnected once the process has exited (any number of waiters).
     exited: Receiver<()>,
@@ -326,7 +328,11 @@ pub fn spawn(
     let writer = stdio::spawn_writer("child-stdin", stdin, STDIN_BACKLOG, move |f| {
         crate::debug!("writing to the server failed: {}", f.error);
         ev.deliver(ServerEvent::Unsent {
-            lines: f.unsent,
+            lines: f
+                .unsent
+                .into_iter()
+                .map(|(bytes, kind)| Outgoing { bytes, kind })
+                .collect(),
             why: format!("writing to the server failed: {}", f.error),
         });
         // It cannot be told anything any more: it is of no use.
@@ -544,10 +550,11 @@ fn describe_io_error(command: &str, e: &std::io::Error) -> String {
 }
 
 impl Child {
-    /// Queues a line for the child's stdin. False if stdin is already closed.
-    pub fn send(&self, line: Vec<u8>) -> bool {
+    /// Queues a message for the child's stdin. False if stdin is already
+    /// closed.
+    pub fn send(&self, out: Outgoing) -> bool {
         match &self.stdin {
-            Some(tx) => tx.send(line),
+            Some(tx) => tx.send_tagged(out.bytes, out.kind),
             None => false,
         }
     }
@@ -623,18 +630,18 @@ fn stop_later(group: Group, exited: Receiver<()>, step: Duration) {
 }
 
 impl Downstream for Child {
-    fn send(&mut self, line: Vec<u8>) -> bool {
-        Child::send(self, line)
+    fn send(&mut self, out: Outgoing) -> bool {
+        Child::send(self, out)
     }
-    fn send_now(&mut self, line: Vec<u8>) -> bool {
+    fn send_now(&mut self, out: Outgoing) -> bool {
         match &self.stdin {
-            Some(tx) => tx.send_now(line),
+            Some(tx) => tx.send_tagged_now(out.bytes, out.kind),
             None => false,
         }
     }
-    fn send_request(&mut self, line: Vec<u8>, now: bool) -> crate::stdio::Sent {
+    fn send_request(&mut self, out: Outgoing, now: bool) -> crate::stdio::Sent {
         match &self.stdin {
-            Some(tx) => tx.send_withdrawable(line, now),
+            Some(tx) => tx.send_withdrawable(out.bytes, out.kind, now),
             None => crate::stdio::Sent::Closed,
         }
     }
@@ -976,7 +983,10 @@ mod tests {
             on_event,
         )
         .unwrap();
-        assert!(child.send(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n".to_vec()));
+        assert!(child.send(Outgoing::notification(
+            "x",
+            b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n".to_vec()
+        )));
         match wait_for(&rx, is_message) {
             ServerEvent::Message(Parsed::Message(m)) => {
                 assert_eq!(m.method().as_deref(), Some("x"))

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::config::ServerConfig;
-use crate::downstream::{Downstream, Gone, Heal, ServerEvent, StartError, SHUTDOWN_STEP};
+use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::fasthash::FastMap;
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
@@ -965,7 +965,8 @@ impl Dispatcher {
             Method::ReadOnly | Method::ToolsList { .. } | Method::Initialize
         )
         .then(|| m.clone());
-        let line = m.into_line_with_id(&down.to_string());
+        let method = m.method().unwrap_or_default().into_owned();
+        let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
         self.inflight.insert(
             down,
             Inflight::Client {
@@ -977,7 +978,7 @@ impl Dispatcher {
         if let Some(r) = self.client_requests.get_mut(&client_id) {
             r.downstream = Some(down);
         }
-        if let SendResult::Overloaded(message) = self.send_server_request(down, line) {
+        if let SendResult::Overloaded(message) = self.send_server_request(out) {
             self.inflight.remove(&down);
             if is_ping {
                 // The proxy is alive, and says so, as while the server is
@@ -1008,12 +1009,16 @@ impl Dispatcher {
         }
         match self.route(now) {
             Route::Send => {
-                self.send_server(m.into_line());
+                self.send_server(Outgoing::notification(&method, m.into_line()));
             }
             Route::Queue => {
                 let expires = self.wait_until(now);
                 if self
-                    .enqueue(Queued::Notification(m.into_line()), now, expires)
+                    .enqueue(
+                        Queued::Notification(Outgoing::notification(&method, m.into_line())),
+                        now,
+                        expires,
+                    )
                     .is_none()
                 {
                     debug!("dropped a client notification ({method}): too much is queued");
@@ -1069,7 +1074,7 @@ impl Dispatcher {
             }
             let params = params.to_json_replacing("requestId", &down.to_string());
             let line = m.line_with_params(&params);
-            self.send_server(line);
+            self.send_server(Outgoing::cancel(down, line));
         }
     }
 
@@ -1085,7 +1090,7 @@ impl Dispatcher {
             return debug!("dropped the client's answer to a request of a server that has exited");
         }
         let line = m.into_line_with_id(&req.server_id);
-        self.send_server(line);
+        self.send_server(Outgoing::response(line));
     }
 
     // ----- server → client ---------------------------------------------

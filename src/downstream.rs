@@ -3,13 +3,16 @@
 //! The transports are a stdio child process (`child.rs`) and a remote
 //! Streamable HTTP server (`http.rs`).
 //!
-//! A transport accepts outgoing lines and reports what happens to it as
-//! [`ServerEvent`]s through a callback: messages, garbage, lines it could
-//! not send, and, once, that the server is [`Gone`] — only after everything
-//! the server sent has been delivered. How a server is stopped (close its
-//! input, ask it, force it) is the transport's business too. Knows nothing
-//! of MCP methods, ids or policy; the dispatcher knows nothing of processes
-//! or sockets.
+//! A transport accepts [`Outgoing`] messages (a line, and what the
+//! dispatcher knows of it: a request's id and method, the request a cancel
+//! targets) and reports what happens to it as [`ServerEvent`]s through a
+//! callback: messages, garbage, messages it could not send (given back as
+//! they came), requests it got no answer to (by id), and, once, that the
+//! server is [`Gone`] — only after everything the server sent has been
+//! delivered. A transport never parses an outgoing line to learn what it
+//! is. How a server is stopped (close its input, ask it, force it) is the
+//! transport's business too. Knows nothing of policy; the dispatcher knows
+//! nothing of processes or sockets.
 
 #![forbid(unsafe_code)]
 
@@ -22,6 +25,77 @@ use crate::jsonrpc::Parsed;
 pub use crate::policy::recovery::Heal;
 use crate::stdio::Backlog;
 pub use crate::stdio::{Sent, Withdraw};
+
+/// One message for the server: its line (newline included) and what it
+/// is, as the dispatcher that wrote it knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub bytes: Vec<u8>,
+    pub kind: OutKind,
+}
+
+/// What an [`Outgoing`] line is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OutKind {
+    /// A request, with the proxy's id for it (every request the server
+    /// gets carries one) and its method.
+    Request { id: u64, method: Box<str> },
+    /// `notifications/cancelled` for the proxy's request `target`.
+    Cancel { target: u64 },
+    /// Any other notification.
+    Notification { method: Box<str> },
+    /// An answer to one of the server's requests.
+    Response,
+}
+
+impl Outgoing {
+    pub fn request(id: u64, method: &str, bytes: Vec<u8>) -> Outgoing {
+        let method = method.into();
+        Outgoing {
+            bytes,
+            kind: OutKind::Request { id, method },
+        }
+    }
+
+    pub fn notification(method: &str, bytes: Vec<u8>) -> Outgoing {
+        let method = method.into();
+        Outgoing {
+            bytes,
+            kind: OutKind::Notification { method },
+        }
+    }
+
+    pub fn cancel(target: u64, bytes: Vec<u8>) -> Outgoing {
+        Outgoing {
+            bytes,
+            kind: OutKind::Cancel { target },
+        }
+    }
+
+    pub fn response(bytes: Vec<u8>) -> Outgoing {
+        Outgoing {
+            bytes,
+            kind: OutKind::Response,
+        }
+    }
+
+    /// The proxy's id, for a request.
+    pub fn request_id(&self) -> Option<u64> {
+        match self.kind {
+            OutKind::Request { id, .. } => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The method, for a request or a notification.
+    pub fn method(&self) -> Option<&str> {
+        match &self.kind {
+            OutKind::Request { method, .. } | OutKind::Notification { method } => Some(method),
+            OutKind::Cancel { .. } => Some("notifications/cancelled"),
+            OutKind::Response => None,
+        }
+    }
+}
 
 /// What a transport reports.
 #[derive(Debug)]
@@ -41,25 +115,25 @@ pub enum ServerEvent {
         response_id: Option<String>,
         len: usize,
     },
-    /// These lines were never handed to the server (stdio: its input
+    /// These messages were never handed to the server (stdio: its input
     /// failed; HTTP: no connection could be made, or the server no longer
     /// knew the session): the requests among them cannot have run. `Gone`
     /// follows.
-    Unsent { lines: Vec<Vec<u8>>, why: String },
+    Unsent { lines: Vec<Outgoing>, why: String },
     /// The server refused these lines without acting on them (HTTP 429, or
     /// 503 with `Retry-After`): the requests among them did not run and may
     /// be sent again, not before `retry_after` when there is one. The
     /// connection stays up.
     Refused {
-        lines: Vec<Vec<u8>>,
+        lines: Vec<Outgoing>,
         why: String,
         retry_after: Option<Duration>,
     },
-    /// The transport got no answer to request `id` (raw, as sent) and
-    /// never will: what it knows of what happened. The transport reports
-    /// this and invents no server answer; the dispatcher answers the
-    /// client with the proxy's own error.
-    Failed { id: String, failure: Failure },
+    /// The transport got no answer to request `id` (the proxy's, see
+    /// [`OutKind::Request`]) and never will: what it knows of what
+    /// happened. The transport reports this and invents no server answer;
+    /// the dispatcher answers the client with the proxy's own error.
+    Failed { id: u64, failure: Failure },
     /// The server takes no more input, but what it sent is still being
     /// delivered (stdio: the process exited with output left in the pipe);
     /// `Gone` follows. New traffic should wait for the next server.
@@ -118,21 +192,21 @@ impl std::fmt::Display for StartError {
 
 /// One live connection to the server.
 pub trait Downstream: Send {
-    /// Queues one line (newline included). False if the transport is closed.
-    fn send(&mut self, line: Vec<u8>) -> bool;
+    /// Queues one message. False if the transport is closed.
+    fn send(&mut self, out: Outgoing) -> bool;
     /// The same, for a caller with nothing else queued: the transport may
     /// write at once, if that cannot block, instead of batching.
-    fn send_now(&mut self, line: Vec<u8>) -> bool {
-        self.send(line)
+    fn send_now(&mut self, out: Outgoing) -> bool {
+        self.send(out)
     }
-    /// Queues a request line that may be withdrawn while it still waits to
-    /// be written (stdio: behind a server that is not reading); `now` as
-    /// for [`Downstream::send_now`]. Transports that cannot withdraw a line
+    /// Queues a request that may be withdrawn while it still waits to be
+    /// written (stdio: behind a server that is not reading); `now` as for
+    /// [`Downstream::send_now`]. Transports that cannot withdraw a message
     /// answer [`Sent::Written`] once it is handed over.
-    fn send_request(&mut self, line: Vec<u8>, now: bool) -> Sent {
+    fn send_request(&mut self, out: Outgoing, now: bool) -> Sent {
         let sent = match now {
-            true => self.send_now(line),
-            false => self.send(line),
+            true => self.send_now(out),
+            false => self.send(out),
         };
         match sent {
             true => Sent::Written,

@@ -98,7 +98,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::config::{check_header, ServerConfig};
-use crate::downstream::{Downstream, Failure, Gone, Heal, OnEvent, ServerEvent};
+use crate::downstream::{Downstream, Failure, Gone, Heal, OnEvent, OutKind, Outgoing, ServerEvent};
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::stdio::Backlog;
 
@@ -317,7 +317,7 @@ struct Shared {
     /// (an unknown host, TLS): `Gone` says so.
     needs_fix: AtomicBool,
     session: Mutex<SessionState>,
-    /// The requests being posted, by raw id, for cancelling them.
+    /// The requests being posted, by the proxy's id, for cancelling them.
     exchanges: Mutex<Exchanges>,
     /// 2026-07-28: the `x-mcp-header` annotations of each tool, as the
     /// server listed them last.
@@ -375,9 +375,9 @@ struct SessionState {
 /// The requests in flight, and cancels that came before their request.
 #[derive(Default)]
 struct Exchanges {
-    live: HashMap<String, Live>,
-    early: HashSet<String>,
-    early_order: VecDeque<String>,
+    live: HashMap<u64, Live>,
+    early: HashSet<u64>,
+    early_order: VecDeque<u64>,
 }
 
 struct Live {
@@ -388,9 +388,9 @@ struct Live {
 impl Exchanges {
     /// Remembers (a bounded number of) cancels for requests not being
     /// posted yet: such a request is then not sent at all.
-    fn cancel_early(&mut self, id: &str) {
-        if self.early.insert(id.to_owned()) {
-            self.early_order.push_back(id.to_owned());
+    fn cancel_early(&mut self, id: u64) {
+        if self.early.insert(id) {
+            self.early_order.push_back(id);
             if self.early_order.len() > EARLY_CANCELS {
                 if let Some(old) = self.early_order.pop_front() {
                     self.early.remove(&old);
@@ -402,15 +402,17 @@ impl Exchanges {
 
 /// One message being posted.
 struct Post<'a> {
-    line: &'a [u8],
+    out: &'a Outgoing,
+    /// Its params are read for the headers they decide (the 2026-07-28
+    /// `_meta` version, `Mcp-Name`, `x-mcp-header` arguments).
     msg: Option<Message>,
-    method: Option<String>,
-    /// The raw id of a request (None for a notification or a response).
-    request_id: Option<String>,
+    method: Option<&'a str>,
+    /// A request's id (None for a notification or a response), and as it
+    /// is written in the line, which is how the server's answer names it.
+    request_id: Option<u64>,
+    id_text: Option<String>,
     /// The 2026-07-28 version it is sent under (none: the 2025 era).
     modern: Option<String>,
-    /// A `notifications/cancelled`: the raw id of the request it cancels.
-    cancels: Option<String>,
     exchange: Arc<Exchange>,
     /// Its place in the order lines start in.
     turn: Turn,
@@ -418,7 +420,7 @@ struct Post<'a> {
 
 impl Post<'_> {
     fn is(&self, method: &str) -> bool {
-        self.method.as_deref() == Some(method)
+        self.method == Some(method)
     }
 
     fn params(&self) -> Option<&str> {
@@ -428,7 +430,7 @@ impl Post<'_> {
     /// What its answer is read until, and how.
     fn until(&self) -> Option<Until<'_>> {
         Some(Until {
-            id: self.request_id.as_deref()?,
+            id: self.id_text.as_deref()?,
             initialize: self.is("initialize"),
             screen_tools: self.modern.is_some() && self.is("tools/list"),
         })
@@ -437,7 +439,7 @@ impl Post<'_> {
 
 /// The response an answer stream is read until.
 struct Until<'a> {
-    /// Its raw id.
+    /// Its id, as written.
     id: &'a str,
     /// It answers `initialize`: it names the protocol version.
     initialize: bool,
@@ -447,31 +449,29 @@ struct Until<'a> {
 }
 
 impl Downstream for Http {
-    fn send(&mut self, line: Vec<u8>) -> bool {
+    fn send(&mut self, out: Outgoing) -> bool {
         if self.shared.is_closed() {
             return false;
         }
-        if let Some(target) = cancel_target(&line) {
-            if !self.shared.cancel(&target) {
+        if let OutKind::Cancel { target } = out.kind {
+            if !self.shared.cancel(target) {
                 return true;
             }
         }
-        let mut scan = jsonrpc::IdScanner::new();
-        scan.feed(&line);
-        let queue = match scan.request_id() {
-            Some(_) => &self.jobs,
-            None => &self.notes,
+        let is_request = out.request_id().is_some();
+        let queue = match is_request {
+            true => &self.jobs,
+            false => &self.notes,
         };
         let Some(queue) = queue else {
             return false;
         };
-        let is_request = scan.request_id().is_some();
         // Counted before a thread can take it (and count it out).
-        let n = line.len();
+        let n = out.bytes.len();
         self.shared.backlog.add(n);
         let seq = self.next_seq;
         self.next_seq += 1;
-        let sent = queue.send(Line { seq, bytes: line }).is_ok();
+        let sent = queue.send(Line { seq, out }).is_ok();
         if !sent {
             self.shared.order.skip(seq);
         }
@@ -559,7 +559,7 @@ impl Http {
 /// A line for a POST thread, with its place in the order lines were sent.
 struct Line {
     seq: u64,
-    bytes: Vec<u8>,
+    out: Outgoing,
 }
 
 /// The order POSTs start in. Lines are sent in order but taken by several
@@ -719,7 +719,7 @@ fn spawn_poster(
             }
             match next {
                 Ok(line) => {
-                    shared.backlog.remove(line.bytes.len());
+                    shared.backlog.remove(line.out.bytes.len());
                     shared.post(line);
                 }
                 Err(RecvTimeoutError::Timeout) => {
@@ -768,13 +768,13 @@ impl Shared {
         }
         *gone = true;
         if !self.closed.swap(true, Ordering::SeqCst) {
-            let lines: Vec<Vec<u8>> = self
+            let lines: Vec<Outgoing> = self
                 .queued
                 .iter()
                 .flat_map(|q| q.try_iter())
                 .map(|l| {
                     self.order.skip(l.seq);
-                    l.bytes
+                    l.out
                 })
                 .collect();
             self.backlog.close();
@@ -879,7 +879,7 @@ impl Shared {
     /// method, name and, for a `tools/call`, the arguments its tool's
     /// `x-mcp-header` annotations name.
     fn modern_headers(&self, post: &Post, version: &str) -> Vec<(String, String)> {
-        let method = post.method.as_deref().unwrap_or_default();
+        let method = post.method.unwrap_or_default();
         let params = post.params();
         let mut out = modern::standard_headers(version, method, params);
         if method == "tools/call" {
@@ -946,9 +946,9 @@ impl Shared {
     /// and nothing is posted. 2025 era: the cancel is posted, and the
     /// stream closed after that (`post`). A request not being posted yet
     /// is not sent at all.
-    fn cancel(self: &Arc<Shared>, id: &str) -> bool {
+    fn cancel(self: &Arc<Shared>, id: u64) -> bool {
         let mut ex = self.exchanges.lock();
-        if let Some(live) = ex.live.get(id) {
+        if let Some(live) = ex.live.get(&id) {
             if live.modern {
                 live.exchange.close();
                 return false;
@@ -965,8 +965,8 @@ impl Shared {
     /// [`CANCEL_GRACE`] if the cancel's POST has not returned (and closed
     /// it) by then: a server slow to take the cancel does not keep the
     /// call's stream open.
-    fn close_after_grace(self: &Arc<Shared>, id: &str, exchange: Arc<Exchange>) {
-        let (shared, id) = (self.clone(), id.to_owned());
+    fn close_after_grace(self: &Arc<Shared>, id: u64, exchange: Arc<Exchange>) {
+        let shared = self.clone();
         let spawned = self.spawn("http-cancel", move || {
             let _ = exchange.closing().recv_timeout(CANCEL_GRACE);
             let ex = shared.exchanges.lock();
@@ -986,8 +986,8 @@ impl Shared {
     }
 
     /// Closes the stream of request `id`, if it is still being read.
-    fn close_exchange(&self, id: &str) {
-        if let Some(live) = self.exchanges.lock().live.get(id) {
+    fn close_exchange(&self, id: u64) {
+        if let Some(live) = self.exchanges.lock().live.get(&id) {
             live.exchange.close();
         }
     }
@@ -999,19 +999,15 @@ impl Shared {
         // acknowledged (see `Order`). Released, at the latest, on return.
         let turn = Turn::wait(&self.order, line.seq);
         let _done = TurnDone(turn.clone());
-        let line = line.bytes;
+        let out = &line.out;
         if self.is_closed() {
             return;
         }
-        let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+        // Read for its params only: what it is, the dispatcher said.
+        let text = String::from_utf8_lossy(&out.bytes).trim_end().to_owned();
         let msg = Message::reparse(text);
-        let method = msg
-            .as_ref()
-            .and_then(|m| m.method().map(|s| s.into_owned()));
-        let request_id = msg
-            .as_ref()
-            .filter(|_| method.is_some())
-            .and_then(|m| m.id().map(str::to_owned));
+        let method = out.method();
+        let request_id = out.request_id();
         let params = msg.as_ref().and_then(Message::params);
         let modern = {
             let mut s = self.session.lock();
@@ -1022,7 +1018,7 @@ impl Shared {
                 }
                 // A client that probed with a 2026-07-28 request and then
                 // initializes speaks the 2025 era (sessionless, perhaps).
-                None if method.as_deref() == Some("initialize") => {
+                None if method == Some("initialize") => {
                     s.modern = None;
                     None
                 }
@@ -1031,16 +1027,12 @@ impl Shared {
                 None => None,
             }
         };
-        let cancels = (method.as_deref() == Some("notifications/cancelled"))
-            .then(|| params.and_then(RawObject::parse))
-            .flatten()
-            .and_then(|p| p.get("requestId").map(|r| r.get().to_owned()));
         let post = Post {
-            line: &line,
+            out,
             method,
             request_id,
+            id_text: request_id.map(|id| id.to_string()),
             modern,
-            cancels,
             msg,
             exchange: Exchange::new(),
             turn: turn.clone(),
@@ -1050,9 +1042,9 @@ impl Shared {
             let turn = turn.clone();
             post.exchange.when_written(move || turn.release());
         }
-        if let Some(id) = &post.request_id {
+        if let Some(id) = post.request_id {
             let mut ex = self.exchanges.lock();
-            if ex.early.remove(id) {
+            if ex.early.remove(&id) {
                 crate::debug!("request {id} was cancelled before it was sent");
                 return;
             }
@@ -1060,15 +1052,15 @@ impl Shared {
                 exchange: post.exchange.clone(),
                 modern: post.modern.is_some(),
             };
-            ex.live.insert(id.clone(), live);
+            ex.live.insert(id, live);
             self.requests.fetch_add(1, Ordering::SeqCst);
         }
         post.exchange.run(|| self.post_counted(&post));
-        if let Some(id) = &post.request_id {
-            self.exchanges.lock().live.remove(id);
+        if let Some(id) = post.request_id {
+            self.exchanges.lock().live.remove(&id);
             self.requests.fetch_sub(1, Ordering::SeqCst);
         }
-        if let Some(target) = &post.cancels {
+        if let OutKind::Cancel { target } = out.kind {
             // 2025 era: the cancel was posted; the stream goes too.
             self.close_exchange(target);
         }
@@ -1076,7 +1068,7 @@ impl Shared {
 
     fn post_counted(self: &Arc<Shared>, post: &Post) {
         if post.modern.is_some() {
-            let method = post.method.as_deref().unwrap_or_default();
+            let method = post.method.unwrap_or_default();
             if let Some(why) = modern::invalid_header("Mcp-Method", method) {
                 // This request alone: nothing is sent, the connection and
                 // the other requests go on.
@@ -1108,15 +1100,15 @@ impl Shared {
             let global = post
                 .request_id
                 .is_none()
-                .then(|| note_timeout(post.line.len()));
-            post.exchange.begin_request(post.line.len());
+                .then(|| note_timeout(post.out.bytes.len()));
+            post.exchange.begin_request(post.out.bytes.len());
             let result = req
                 .config()
                 .timeout_recv_response(Some(self.recv_response))
                 .timeout_recv_body(recv_body)
                 .timeout_global(global)
                 .build()
-                .send(post.line);
+                .send(&post.out.bytes[..]);
             let resp = match result {
                 Ok(resp) => resp,
                 Err(e) => {
@@ -1581,14 +1573,14 @@ impl Shared {
             // started holds nothing that could have run twice.
             Class::ServerError | Class::Refused(_) | Class::Broken if handshake => {
                 self.emit(ServerEvent::Unsent {
-                    lines: vec![post.line.to_vec()],
+                    lines: vec![post.out.clone()],
                     why: format!("the server could not start a session ({why})"),
                 });
                 self.gone(&format!("could not start a session ({why})"), others);
             }
             Class::NeverSent => {
                 self.emit(ServerEvent::Unsent {
-                    lines: vec![post.line.to_vec()],
+                    lines: vec![post.out.clone()],
                     why: format!("the server could not be reached ({why})"),
                 });
                 self.gone(&format!("could not be reached ({why})"), others);
@@ -1604,7 +1596,7 @@ impl Shared {
             Class::SessionLost => {
                 self.session.lock().id = None;
                 self.emit(ServerEvent::Unsent {
-                    lines: vec![post.line.to_vec()],
+                    lines: vec![post.out.clone()],
                     why: format!(
                         "the server rejected the session after the request was delivered ({why}); it goes again on a new session"
                     ),
@@ -1612,7 +1604,7 @@ impl Shared {
                 self.gone(&format!("ended the session ({why})"), others);
             }
             Class::Refused(retry_after) => self.emit(ServerEvent::Refused {
-                lines: vec![post.line.to_vec()],
+                lines: vec![post.out.clone()],
                 why: format!("the server answered {why}"),
                 retry_after,
             }),
@@ -1622,7 +1614,7 @@ impl Shared {
                 let error = RawObject::parse(body)
                     .and_then(|b| b.get("error").map(|e| self.scrub(e.get())))
                     .filter(|e| serde_json::from_str::<&serde_json::value::RawValue>(e).is_ok());
-                match (&post.request_id, error) {
+                match (&post.id_text, error) {
                     (Some(id), Some(error)) => {
                         let line = jsonrpc::error_response_line(id, &error);
                         self.deliver(String::from_utf8_lossy(&line).trim_end().to_owned(), None);
@@ -1640,11 +1632,11 @@ impl Shared {
     /// Request `post` cannot be sent as the client wrote it (`why`).
     fn invalid(&self, post: &Post, why: String) {
         crate::warn!("{}: not sent: {why}", self.shown);
-        let Some(id) = &post.request_id else {
+        let Some(id) = post.request_id else {
             return;
         };
         self.emit(ServerEvent::Failed {
-            id: id.clone(),
+            id,
             failure: Failure {
                 message: why,
                 status: None,
@@ -1658,7 +1650,7 @@ impl Shared {
     /// notification is only logged): `ran`, it may have run; else it did
     /// not. The dispatcher answers it with the proxy's error.
     fn report_no_answer(&self, post: &Post, why: &str, status: Option<u16>, ran: bool) {
-        let Some(id) = &post.request_id else {
+        let Some(id) = post.request_id else {
             let what = if post.method.is_some() {
                 "a notification"
             } else {
@@ -1671,7 +1663,7 @@ impl Shared {
             None => format!("the MCP server {}: {why}", self.shown),
         };
         self.emit(ServerEvent::Failed {
-            id: id.clone(),
+            id,
             failure: Failure {
                 message,
                 status,
@@ -1926,21 +1918,6 @@ fn note_timeout(len: usize) -> Duration {
 /// [`RESUME_WAIT_MAX`].
 fn resume_wait(retry: Option<Duration>) -> Duration {
     retry.map_or(Duration::ZERO, |r| r.clamp(GET_RETRY_MIN, RESUME_WAIT_MAX))
-}
-
-/// The raw `requestId` of a `notifications/cancelled` line (cancels are
-/// small: a long line is not looked into).
-fn cancel_target(line: &[u8]) -> Option<String> {
-    const NEEDLE: &[u8] = b"notifications/cancelled";
-    if line.len() > 4096 || !line.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
-        return None;
-    }
-    let m = Message::reparse(String::from_utf8_lossy(line).trim_end().to_owned())?;
-    if m.id().is_some() || m.method().as_deref() != Some("notifications/cancelled") {
-        return None;
-    }
-    let params = RawObject::parse(m.params()?)?;
-    Some(params.get("requestId")?.get().to_owned())
 }
 
 /// Whether `text` is a response to a request other than `id`.

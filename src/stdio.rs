@@ -164,14 +164,16 @@ fn take_line(buf: &mut Vec<u8>) -> Vec<u8> {
     }
 }
 
-/// A line waiting for a writer thread, and its [`Withdraw`] handle if it
-/// may be withdrawn before it is written.
-pub struct Queued {
+/// A line waiting for a writer thread, the tag its sender gave it
+/// (given back if it is never written: see [`WriteFailure`]), and its
+/// [`Withdraw`] handle if it may be withdrawn before it is written.
+pub struct Queued<T = ()> {
     pub bytes: Vec<u8>,
+    pub tag: T,
     withdraw: Option<Withdraw>,
 }
 
-impl Queued {
+impl<T> Queued<T> {
     /// Whether it is still to be written (else it was withdrawn): the
     /// writer claims it, and it can no longer be withdrawn.
     fn claim(&self) -> bool {
@@ -218,10 +220,11 @@ impl Withdraw {
 }
 
 /// Lines the writer could not deliver when its stream failed.
-pub struct WriteFailure {
+pub struct WriteFailure<T = ()> {
     pub error: io::Error,
-    /// Lines never handed to the stream (safe to treat as never sent).
-    pub unsent: Vec<Vec<u8>>,
+    /// Lines never handed to the stream (safe to treat as never sent),
+    /// with their tags.
+    pub unsent: Vec<(Vec<u8>, T)>,
 }
 
 /// How many bytes wait for a consumer (a writer thread, the dispatcher).
@@ -334,30 +337,58 @@ struct Sink {
 /// (POSIX `PIPE_BUF` is at least 512; Linux's is 4096).
 const ATOMIC_WRITE: usize = 4096;
 
-/// The sending side of a writer thread.
-#[derive(Clone)]
-pub struct Outbox {
-    tx: Sender<Queued>,
+/// The sending side of a writer thread. Each line carries a tag of type
+/// `T` that the writer gives back if it never writes the line (the server
+/// transport tags a line with what it is, see `downstream::OutKind`).
+pub struct Outbox<T = ()> {
+    tx: Sender<Queued<T>>,
     backlog: Arc<Backlog>,
     sink: Option<Arc<Sink>>,
 }
 
-impl Outbox {
+impl<T> Clone for Outbox<T> {
+    fn clone(&self) -> Self {
+        Outbox {
+            tx: self.tx.clone(),
+            backlog: self.backlog.clone(),
+            sink: self.sink.clone(),
+        }
+    }
+}
+
+impl Outbox<()> {
     /// Queues a line for the writer thread, which writes it with whatever
     /// else is queued; false if the writer has ended.
     pub fn send(&self, line: Vec<u8>) -> bool {
-        self.queue(line, None)
+        self.queue(line, (), None)
+    }
+
+    /// [`Outbox::send_tagged_now`] for untagged lines.
+    pub fn send_now(&self, line: Vec<u8>) -> bool {
+        self.send_tagged_now(line, ())
+    }
+}
+
+impl<T> Outbox<T> {
+    /// [`Outbox::send`] with a tag.
+    pub fn send_tagged(&self, line: Vec<u8>, tag: T) -> bool {
+        self.queue(line, tag, None)
     }
 
     /// Writes a line at once if that cannot block and `now` (see
-    /// [`Outbox::send_now`]), else queues it so that it may be withdrawn
-    /// until the writer begins to write it.
-    pub fn send_withdrawable(&self, line: Vec<u8>, now: bool) -> Sent {
-        if now && self.try_write_inline(&line) {
-            return Sent::Written;
-        }
+    /// [`Outbox::send_tagged_now`]), else queues it so that it may be
+    /// withdrawn until the writer begins to write it.
+    pub fn send_withdrawable(&self, line: Vec<u8>, tag: T, now: bool) -> Sent {
+        let (line, tag) = match now {
+            true => match self.try_write_inline(line, tag) {
+                Ok(true) => return Sent::Written,
+                Ok(false) => return Sent::Closed,
+                Err(unwritten) => unwritten,
+            },
+            false => (line, tag),
+        };
         let withdraw = Withdraw::default();
-        match self.queue(line, Some(withdraw.clone())) {
+        match self.queue(line, tag, Some(withdraw.clone())) {
             true => Sent::Queued(withdraw),
             false => Sent::Closed,
         }
@@ -370,53 +401,57 @@ impl Outbox {
     /// caller's thread, which saves a thread wake-up (the largest part of
     /// the proxy's latency). The write cannot block (`poll` says the pipe has
     /// room for at least `PIPE_BUF` bytes), so a slow peer still never holds
-    /// up the caller. A busy caller uses [`Outbox::send`] instead, so that
-    /// the writer batches.
-    pub fn send_now(&self, line: Vec<u8>) -> bool {
-        if self.try_write_inline(&line) {
-            return true;
+    /// up the caller. A busy caller uses [`Outbox::send_tagged`] instead,
+    /// so that the writer batches.
+    pub fn send_tagged_now(&self, line: Vec<u8>, tag: T) -> bool {
+        match self.try_write_inline(line, tag) {
+            Ok(sent) => sent,
+            Err((line, tag)) => self.queue(line, tag, None),
         }
-        self.queue(line, None)
     }
 
-    fn try_write_inline(&self, line: &[u8]) -> bool {
+    /// Writes `line` here if that cannot block: `Ok` once it is written
+    /// (or its rest queued: false if that failed), else the line and its
+    /// tag back, unwritten.
+    #[allow(clippy::result_large_err)]
+    fn try_write_inline(&self, line: Vec<u8>, tag: T) -> Result<bool, (Vec<u8>, T)> {
         let Some(sink) = &self.sink else {
-            return false;
+            return Err((line, tag));
         };
         let Some(fd) = sink.fd else {
-            return false;
+            return Err((line, tag));
         };
         if line.len() > ATOMIC_WRITE || !self.backlog.is_empty() {
-            return false;
+            return Err((line, tag));
         }
         // The writer holds the lock while it writes a batch; a held lock
         // means it is busy, and the line is queued behind its work.
         let Some(mut out) = sink.out.try_lock() else {
-            return false;
+            return Err((line, tag));
         };
         // Checked again under the lock: the writer removes a line from the
         // backlog only after writing it, under this lock.
         if !self.backlog.is_empty() || !writable_now(fd) {
-            return false;
+            return Err((line, tag));
         }
-        match out.write(line) {
-            Ok(n) if n == line.len() => true,
-            Ok(n) => {
-                // Not expected for a pipe with room; the rest goes first in
-                // the (empty) queue while the lock keeps the writer out.
-                let rest = line[n..].to_vec();
-                let _ = self.queue(rest, None);
-                true
-            }
+        match out.write(&line) {
+            Ok(n) if n == line.len() => Ok(true),
+            // Not expected for a pipe with room; the rest goes first in
+            // the (empty) queue while the lock keeps the writer out.
+            Ok(n) => Ok(self.queue(line[n..].to_vec(), tag, None)),
             // The writer will meet the error too and report it.
-            Err(_) => false,
+            Err(_) => Err((line, tag)),
         }
     }
 
-    fn queue(&self, bytes: Vec<u8>, withdraw: Option<Withdraw>) -> bool {
+    fn queue(&self, bytes: Vec<u8>, tag: T, withdraw: Option<Withdraw>) -> bool {
         let n = bytes.len();
         self.backlog.add(n);
-        match self.tx.send(Queued { bytes, withdraw }) {
+        match self.tx.send(Queued {
+            bytes,
+            tag,
+            withdraw,
+        }) {
             Ok(()) => true,
             Err(_) => {
                 self.backlog.remove(n);
@@ -431,7 +466,7 @@ impl Outbox {
 
     /// An outbox whose lines go to a channel, for in-process tests.
     #[cfg(test)]
-    pub fn to_channel() -> (Outbox, Receiver<Queued>) {
+    pub fn to_channel() -> (Outbox<T>, Receiver<Queued<T>>) {
         let (tx, rx) = crossbeam_channel::unbounded();
         (
             Outbox {
@@ -469,31 +504,33 @@ fn writable_now(fd: Fd) -> bool {
 /// It stops when every sender is dropped (closing `output`) or on a write
 /// error, which it reports through `on_error`. Its [`Backlog`] counts the
 /// bytes not yet written, against `limit`.
-pub fn spawn_writer<W, F>(
+pub fn spawn_writer<W, T, F>(
     name: &str,
     output: W,
     limit: usize,
     on_error: F,
-) -> io::Result<(Outbox, JoinHandle<()>)>
+) -> io::Result<(Outbox<T>, JoinHandle<()>)>
 where
     W: Stream,
-    F: FnOnce(WriteFailure) + Send + 'static,
+    T: Send + 'static,
+    F: FnOnce(WriteFailure<T>) + Send + 'static,
 {
     let fd = output.inline_fd();
     start_writer(name, Box::new(output), fd, limit, on_error)
 }
 
-fn start_writer<F>(
+fn start_writer<T, F>(
     name: &str,
     output: Box<dyn Write + Send>,
     fd: Option<Fd>,
     limit: usize,
     on_error: F,
-) -> io::Result<(Outbox, JoinHandle<()>)>
+) -> io::Result<(Outbox<T>, JoinHandle<()>)>
 where
-    F: FnOnce(WriteFailure) + Send + 'static,
+    T: Send + 'static,
+    F: FnOnce(WriteFailure<T>) + Send + 'static,
 {
-    let (tx, rx) = crossbeam_channel::unbounded::<Queued>();
+    let (tx, rx) = crossbeam_channel::unbounded::<Queued<T>>();
     let backlog = Backlog::new(limit);
     let drained = backlog.clone();
     let sink = Arc::new(Sink {
@@ -516,7 +553,7 @@ where
                 let unsent = rx
                     .try_iter()
                     .filter(Queued::claim)
-                    .map(|q| q.bytes)
+                    .map(|q| (q.bytes, q.tag))
                     .collect();
                 on_error(WriteFailure { error, unsent });
             }
@@ -534,7 +571,7 @@ where
 /// Writes what arrives on `rx`, a batch at a time: the sink's lock is held
 /// from the first line of a batch until it is flushed, and each line leaves
 /// the backlog only once written, so an inline write never overtakes it.
-fn write_loop(rx: &Receiver<Queued>, sink: &Sink, backlog: &Backlog) -> io::Result<()> {
+fn write_loop<T>(rx: &Receiver<Queued<T>>, sink: &Sink, backlog: &Backlog) -> io::Result<()> {
     let mut buf: Vec<u8> = Vec::new();
     let mut freed = 0usize;
     while let Ok(first) = rx.recv() {
@@ -826,10 +863,10 @@ mod tests {
         while !writing.load(Ordering::SeqCst) {
             thread::yield_now();
         }
-        let Sent::Queued(second) = tx.send_withdrawable(b"second\n".to_vec(), false) else {
+        let Sent::Queued(second) = tx.send_withdrawable(b"second\n".to_vec(), (), false) else {
             panic!("queued")
         };
-        let Sent::Queued(third) = tx.send_withdrawable(b"third\n".to_vec(), true) else {
+        let Sent::Queued(third) = tx.send_withdrawable(b"third\n".to_vec(), (), true) else {
             panic!("queued: the writer is busy, nothing is written inline")
         };
         assert!(second.withdraw(), "not written yet");
@@ -873,10 +910,12 @@ mod tests {
                 }
                 thread::sleep(std::time::Duration::from_millis(1));
             }
-            if outbox.try_write_inline(&l) {
-                inline += 1;
-            } else {
-                assert!(outbox.queue(l, None));
+            match outbox.try_write_inline(l, ()) {
+                Ok(sent) => {
+                    assert!(sent);
+                    inline += 1;
+                }
+                Err((l, ())) => assert!(outbox.queue(l, (), None)),
             }
         }
         drop(outbox);

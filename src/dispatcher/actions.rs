@@ -12,6 +12,7 @@
 
 use std::time::Instant;
 
+use crate::downstream::Outgoing;
 use crate::jsonrpc::{self, Message};
 use crate::warn;
 
@@ -155,7 +156,7 @@ impl Dispatcher {
         if line.is_empty() {
             return; // The call ended before its attempt left.
         }
-        match self.send_server_request(down, line) {
+        match self.send_server_request(Outgoing::request(down, "tools/call", line)) {
             SendResult::Sent => {}
             SendResult::Closed => {
                 self.with_calls(now, |c, ctx, out| c.attempt_unsent(down, ctx, out));
@@ -178,10 +179,8 @@ impl Dispatcher {
             "{{\"requestId\":{down},\"reason\":{}}}",
             jsonrpc::json_string(reason)
         );
-        self.send_server(jsonrpc::notification_line(
-            "notifications/cancelled",
-            Some(&params),
-        ));
+        let line = jsonrpc::notification_line("notifications/cancelled", Some(&params));
+        self.send_server(Outgoing::cancel(down, line));
     }
 
     /// Sends our own `tools/list` for one page; it gets `call_timeout` to
@@ -198,7 +197,7 @@ impl Dispatcher {
         let params = format!("{{{}}}", members.join(","));
         self.inflight.insert(down, Inflight::ToolsList);
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
-        if self.send_server(line) {
+        if self.send_server(Outgoing::request(down, "tools/list", line)) {
             let at = now + self.cfg.call_timeout;
             self.set_timer(at, Timer::ToolsListTimeout { down });
         } else {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Transport;
 use crate::downstream::{
-    Downstream, Failure as TransportFailure, Gone, Heal, Sent, ServerEvent, StartError,
+    Downstream, Failure as TransportFailure, Gone, Heal, Outgoing, Sent, ServerEvent, StartError,
 };
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::stdio::Backlog;
@@ -121,7 +121,7 @@ pub(super) enum Queued {
     },
     /// The next attempt of a `tools/call`.
     Call(u64),
-    Notification(Vec<u8>),
+    Notification(Outgoing),
 }
 
 /// Where a request goes now.
@@ -333,8 +333,8 @@ impl Dispatcher {
                         self.route_attempt(id, now);
                     }
                 }
-                Queued::Notification(line) => {
-                    self.send_server(line);
+                Queued::Notification(out) => {
+                    self.send_server(out);
                 }
             }
         }
@@ -363,11 +363,8 @@ impl Dispatcher {
         self.inflight
             .insert(down, Inflight::Replay(ReplayStep::Initialize));
         debug!("replaying the client's initialize to the new server");
-        self.send_server(jsonrpc::request_line(
-            &down.to_string(),
-            "initialize",
-            Some(&params),
-        ));
+        let line = jsonrpc::request_line(&down.to_string(), "initialize", Some(&params));
+        self.send_server(Outgoing::request(down, "initialize", line));
         // initialize is never cancelled; a server that does not answer it
         // in time is killed and counts as a failed start.
         let generation = self.generation;
@@ -407,10 +404,9 @@ impl Dispatcher {
             return;
         }
         if self.session.initialized {
-            self.send_server(jsonrpc::notification_line(
-                "notifications/initialized",
-                None,
-            ));
+            let method = "notifications/initialized";
+            let line = jsonrpc::notification_line(method, None);
+            self.send_server(Outgoing::notification(method, line));
         }
         let mut replays: Vec<(&str, String)> = Vec::new();
         if let Some(level) = &self.session.log_level {
@@ -423,11 +419,8 @@ impl Dispatcher {
             let down = self.next_id();
             self.inflight
                 .insert(down, Inflight::Replay(ReplayStep::Other));
-            self.send_server(jsonrpc::request_line(
-                &down.to_string(),
-                method,
-                Some(&params),
-            ));
+            let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
+            self.send_server(Outgoing::request(down, method, line));
         }
         if let Link::Up(c) = &mut self.link {
             c.ready = true;
@@ -487,7 +480,7 @@ impl Dispatcher {
                 );
             }
             ServerEvent::Unsent { lines, why } => self.on_unsent(lines, &why, now),
-            ServerEvent::Failed { id, failure } => self.on_transport_failed(&id, failure, now),
+            ServerEvent::Failed { id, failure } => self.on_transport_failed(id, failure, now),
             ServerEvent::Refused {
                 lines,
                 why,
@@ -507,7 +500,7 @@ impl Dispatcher {
     /// Lines the server was never given (its input failed): the requests
     /// among them cannot have reached it. Call attempts fail as never sent
     /// (always safe to retry); client requests wait for the next server.
-    fn on_unsent(&mut self, lines: Vec<Vec<u8>>, why: &str, now: Instant) {
+    fn on_unsent(&mut self, lines: Vec<Outgoing>, why: &str, now: Instant) {
         if let Link::Up(c) = &mut self.link {
             c.draining = true;
         }
@@ -523,8 +516,8 @@ impl Dispatcher {
             Some(_) => debug!("{text}"),
             None => warn!("{text}"),
         }
-        for line in lines {
-            let Some((m, down)) = own_request(line) else {
+        for out in lines {
+            let Some(down) = out.request_id() else {
                 continue;
             };
             match self.inflight.remove(&down) {
@@ -532,7 +525,13 @@ impl Dispatcher {
                     client_id, method, ..
                 }) => {
                     debug!("a request never reached the server; it waits for the next one");
-                    self.requeue_request(m, client_id, method, now);
+                    // Its line, which the proxy wrote, is read back to go
+                    // again under a new id.
+                    let text = String::from_utf8_lossy(&out.bytes).trim_end().to_owned();
+                    match Message::reparse(text) {
+                        Some(m) => self.requeue_request(m, client_id, method, now),
+                        None => self.answer_proxy_error(&client_id, Reason::ServerExited, why),
+                    }
                 }
                 // The proxy's own requests are made again for the next
                 // incarnation (the handshake replay, the tool list).
@@ -552,10 +551,7 @@ impl Dispatcher {
     /// `rejected` when it did not), a call attempt fails so (the policies
     /// decide: the safety gate for one that may have run; one refused is
     /// final), the proxy's own requests are given up.
-    fn on_transport_failed(&mut self, id: &str, failure: TransportFailure, now: Instant) {
-        let Some(down) = id.parse::<u64>().ok() else {
-            return debug!("a failure for request {id}, which the proxy never issued");
-        };
+    fn on_transport_failed(&mut self, down: u64, failure: TransportFailure, now: Instant) {
         self.unwritten.remove(&down);
         match self.inflight.remove(&down) {
             Some(Inflight::Client { client_id, .. }) => {
@@ -597,13 +593,13 @@ impl Dispatcher {
     /// tool), client requests are answered with the refusal and the hint.
     fn on_refused(
         &mut self,
-        lines: Vec<Vec<u8>>,
+        lines: Vec<Outgoing>,
         why: &str,
         retry_after: Option<Duration>,
         now: Instant,
     ) {
-        for line in lines {
-            let Some((_, down)) = own_request(line) else {
+        for out in lines {
+            let Some(down) = out.request_id() else {
                 continue;
             };
             match self.inflight.remove(&down) {
@@ -836,23 +832,23 @@ impl Dispatcher {
     /// is not reading its input gets such lines within a reserve of
     /// [`RESERVE`] past its backlog's limit; past that they are dropped
     /// and logged (true: nothing for the caller to do).
-    pub(super) fn send_server(&mut self, line: Vec<u8>) -> bool {
+    pub(super) fn send_server(&mut self, out: Outgoing) -> bool {
         let Link::Up(c) = &mut self.link else {
             return false;
         };
         if let Some(b) = &c.backlog {
-            if b.queued().saturating_add(line.len()) > b.limit().saturating_add(RESERVE) {
+            let len = out.bytes.len();
+            if b.queued().saturating_add(len) > b.limit().saturating_add(RESERVE) {
                 warn!(
-                    "dropped a message of {} bytes for the server: it is not reading its input ({} bytes wait for it)",
-                    line.len(),
+                    "dropped a message of {len} bytes for the server: it is not reading its input ({} bytes wait for it)",
                     b.queued()
                 );
                 return true;
             }
         }
         let sent = match self.eager {
-            true => c.server.send_now(line),
-            false => c.server.send(line),
+            true => c.server.send_now(out),
+            false => c.server.send(out),
         };
         if !sent {
             c.draining = true;
@@ -860,12 +856,12 @@ impl Dispatcher {
         sent
     }
 
-    /// Sends a client's request (or a call's attempt) as downstream
-    /// request `down`. A server whose input backlog is over its limit (it
-    /// is not reading) gets no new request: [`SendResult::Overloaded`]. A
-    /// line that waits in the backlog can be withdrawn until it is written
+    /// Sends a client's request (or a call's attempt), `out` (a request).
+    /// A server whose input backlog is over its limit (it is not reading)
+    /// gets no new request: [`SendResult::Overloaded`]. A line that waits
+    /// in the backlog can be withdrawn until it is written
     /// ([`Dispatcher::withdraw`]).
-    pub(super) fn send_server_request(&mut self, down: u64, line: Vec<u8>) -> SendResult {
+    pub(super) fn send_server_request(&mut self, out: Outgoing) -> SendResult {
         let Link::Up(c) = &mut self.link else {
             return SendResult::Closed;
         };
@@ -877,7 +873,8 @@ impl Dispatcher {
                 ));
             }
         }
-        match c.server.send_request(line, self.eager) {
+        let down = out.request_id().unwrap_or_default();
+        match c.server.send_request(out, self.eager) {
             Sent::Closed => {
                 c.draining = true;
                 SendResult::Closed
@@ -944,13 +941,4 @@ pub(super) fn failure_error(f: &TransportFailure) -> String {
         false => Reason::Rejected,
     };
     super::proxy_error(reason, &f.message, &extra)
-}
-
-/// One of the proxy's own lines to the server, read back: the message and
-/// its downstream id (`None` for a notification or anything not ours).
-fn own_request(line: Vec<u8>) -> Option<(Message, u64)> {
-    let text = String::from_utf8(line).ok()?;
-    let m = Message::reparse(text.trim_end().to_owned())?;
-    let down = m.id()?.parse::<u64>().ok()?;
-    Some((m, down))
 }

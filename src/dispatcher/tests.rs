@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::{Dispatcher, Event};
 use crate::config::ServerConfig;
-use crate::downstream::{Downstream, ServerEvent};
+use crate::downstream::{Downstream, Outgoing, ServerEvent};
 use crate::jsonrpc;
 use crate::stdio::Outbox;
 
@@ -25,8 +25,11 @@ struct FakeServer {
 }
 
 impl Downstream for FakeServer {
-    fn send(&mut self, line: Vec<u8>) -> bool {
-        self.sent.send(line).is_ok()
+    fn send(&mut self, out: Outgoing) -> bool {
+        // What the dispatcher says a line is, is what it is.
+        let text = String::from_utf8_lossy(&out.bytes);
+        assert_eq!(out, tagged(&text), "{text}");
+        self.sent.send(out.bytes).is_ok()
     }
     fn shutdown(&mut self, _step: Duration) {}
     fn kill(&mut self) {}
@@ -166,6 +169,21 @@ impl Harness {
             self.client.try_recv().is_err(),
             "unexpected line to the client"
         );
+    }
+}
+
+/// `line` with what it is, read from it: the tag the dispatcher must give it.
+fn tagged(line: &str) -> Outgoing {
+    let v: Value = serde_json::from_str(line).unwrap();
+    let bytes = format!("{}\n", line.trim_end()).into_bytes();
+    let method = v["method"].as_str();
+    match (v["id"].as_u64(), method) {
+        (Some(id), Some(m)) => Outgoing::request(id, m, bytes),
+        (None, Some("notifications/cancelled")) => {
+            Outgoing::cancel(v["params"]["requestId"].as_u64().unwrap(), bytes)
+        }
+        (None, Some(m)) => Outgoing::notification(m, bytes),
+        _ => Outgoing::response(bytes),
     }
 }
 
@@ -858,10 +876,7 @@ fn lines_the_server_never_got_are_never_sent_not_ambiguous() {
     h.client_sends(r#"{"jsonrpc":"2.0","id":"w","method":"tools/list"}"#);
     let list = h.to_server();
     h.server_event(ServerEvent::Unsent {
-        lines: vec![
-            format!("{call}\n").into_bytes(),
-            format!("{list}\n").into_bytes(),
-        ],
+        lines: vec![tagged(&call), tagged(&list)],
         why: "writing to the server failed".into(),
     });
     h.nothing_sent();
@@ -1013,10 +1028,7 @@ fn refused_lines_are_retried_after_the_hint_whatever_the_tool() {
     let list = h.to_server();
     let refused_at = h.now;
     h.server_event(ServerEvent::Refused {
-        lines: vec![
-            format!("{call}\n").into_bytes(),
-            format!("{list}\n").into_bytes(),
-        ],
+        lines: vec![tagged(&call), tagged(&list)],
         why: "429 Too Many Requests".into(),
         retry_after: Some(Duration::from_secs(2)),
     });
@@ -1043,7 +1055,7 @@ fn a_refusal_whose_hint_is_past_the_deadline_is_answered_at_once_with_the_hint()
     h.client_sends(&call_line(1, "t", "{}"));
     let call = h.to_server();
     h.server_event(ServerEvent::Refused {
-        lines: vec![format!("{call}\n").into_bytes()],
+        lines: vec![tagged(&call)],
         why: "429 Too Many Requests".into(),
         retry_after: Some(Duration::from_secs(60)),
     });
@@ -1221,7 +1233,7 @@ fn a_request_the_transport_got_no_answer_to_gets_the_proxys_error() {
     h.client_sends(r#"{"jsonrpc":"2.0","id":"r","method":"resources/read","params":{"uri":"a"}}"#);
     let sent = h.to_server();
     let failed = |may_have_run, status| ServerEvent::Failed {
-        id: id_of(&sent).to_string(),
+        id: id_of(&sent).as_u64().unwrap(),
         failure: crate::downstream::Failure {
             message: "the MCP server x answered 502 Bad Gateway".into(),
             status: Some(status),
@@ -1240,7 +1252,7 @@ fn a_request_the_transport_got_no_answer_to_gets_the_proxys_error() {
     h.client_sends(r#"{"jsonrpc":"2.0","id":"s","method":"resources/read","params":{"uri":"a"}}"#);
     let sent = h.to_server();
     h.server_event(ServerEvent::Failed {
-        id: id_of(&sent).to_string(),
+        id: id_of(&sent).as_u64().unwrap(),
         failure: crate::downstream::Failure {
             message: "the MCP server x answered 403 Forbidden".into(),
             status: Some(403),
