@@ -23,13 +23,8 @@
 //! more. Their streams are never resumed.
 //!
 //! An answer stream (2025 era) that breaks, or ends without the response,
-//! after events with ids is resumed with GET and `Last-Event-ID` (after
-//! the stream's `retry`, at most 5 s; again while resumptions bring new
-//! events, until 3 in a row bring none, a server polling with `retry` not
-//! counted, all within the body deadline from the first resumption; a
-//! resumed stream silent for max(`retry`, 2 s) is closed and resumed from
-//! the newest id, 3 times at most, the next one then read until the
-//! deadline): a server with an event store replays what followed, and
+//! after events with ids is resumed with GET and `Last-Event-ID`, on the
+//! same thread, as the state machine of `resume.rs` decides: a server with an event store replays what followed, and
 //! the call is not run again. Responses to other requests are dropped from
 //! a replay (and one to a request already answered, by the dispatcher, as
 //! any late duplicate); events are never told apart by id, an opaque
@@ -67,8 +62,8 @@
 //! POST within 2 s in all, so they never wait behind long calls.
 //!
 //! A cancel closes the cancelled request's stream: in the 2025 era once
-//! `notifications/cancelled` was posted or after 1 s, whichever is first;
-//! in 2026-07-28 instead of posting it (closing is the cancel there). Our
+//! `notifications/cancelled` was posted (within `CANCEL_GRACE`); in
+//! 2026-07-28 instead of posting it (closing is the cancel there). Our
 //! connector (`conn.rs`) shuts that one socket down, so the reader returns
 //! at once; a request not posted yet is not posted at all. Closing the
 //! connection (`shutdown` after its DELETE, `kill`, or dropping it) shuts
@@ -86,6 +81,7 @@
 mod classify;
 mod conn;
 mod modern;
+mod resume;
 pub mod sse;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -120,7 +116,8 @@ const NOTE_POOL: usize = 2;
 /// (an answer to `sampling/createMessage` may hold an image): the server
 /// only acknowledges it. See [`note_timeout`].
 const NOTE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a 2025-era cancel's POST may delay closing the call's stream.
+/// How long a 2025-era cancel's POST may take, and so delay closing the
+/// call's stream: a server slow to take the cancel does not keep it open.
 const CANCEL_GRACE: Duration = Duration::from_secs(1);
 /// Idle connections are dropped before the servers' usual 5 s keep-alive
 /// ends, so a request never goes out on a connection the server is closing.
@@ -131,25 +128,11 @@ const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 /// The GET stream's reconnection delays: 1 s, growing ×1.5, at most 30 s.
 const GET_RETRY_FIRST: Duration = Duration::from_secs(1);
 const GET_RETRY_MAX: Duration = Duration::from_secs(30);
-/// The shortest wait before the GET stream is opened again, or a request's
-/// answer resumed after a `retry`, whatever that `retry` (`retry: 0` must
-/// not make either a busy loop).
-const GET_RETRY_MIN: Duration = Duration::from_millis(100);
+/// The shortest wait before the GET stream is opened again, whatever its
+/// `retry` (`retry: 0` must not make a busy loop).
+const GET_RETRY_MIN: Duration = resume::RETRY_MIN;
 /// How long `headers_helper` may run.
 const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Resumptions of a request's answer stream in a row that brought no new
-/// event (a clean close after `retry`, the server polling, and a stall
-/// are not counted) before it is given up.
-const FRUITLESS_RESUMES: usize = 3;
-/// A resumed stream silent for max(`retry`, this) has stalled: it is
-/// closed and resumed again from the newest event id.
-const STALL_MIN: Duration = Duration::from_secs(2);
-/// Stalls resumed again per request; a resumed stream after that many is
-/// read, silent or not, until the request's body deadline (SSE has no
-/// liveness rule, and a long tool run is silent too).
-const STALL_RESUMES: usize = 3;
-/// The longest `retry` a resumption waits for.
-const RESUME_WAIT_MAX: Duration = Duration::from_secs(5);
 /// Cancels remembered for requests not posted yet.
 const EARLY_CANCELS: usize = 1024;
 /// Most pages of `tools/list` read after a header mismatch.
@@ -208,8 +191,8 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
         conn::Connector::new(),
         ureq::unversioned::resolver::DefaultResolver::default(),
     );
-    let (jobs, rx) = crossbeam_channel::unbounded::<Line>();
-    let (notes, notes_rx) = crossbeam_channel::unbounded::<Line>();
+    let (jobs, rx) = crossbeam_channel::unbounded::<Job>();
+    let (notes, notes_rx) = crossbeam_channel::unbounded::<Job>();
     let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
     let shared = Arc::new(Shared {
         url: cfg.url.clone(),
@@ -287,12 +270,12 @@ pub struct Http {
     /// The POST threads' queue for requests; dropped when the connection
     /// closes. `posts` is its receiving end, for the threads started on
     /// demand.
-    jobs: Option<Sender<Line>>,
-    posts: Receiver<Line>,
+    jobs: Option<Sender<Job>>,
+    posts: Receiver<Job>,
     /// The sequence number of the next line sent (see [`Order`]).
     next_seq: u64,
     /// The queue for the rest (notifications, responses).
-    notes: Option<Sender<Line>>,
+    notes: Option<Sender<Job>>,
     /// Dropped to wake the GET thread from its reconnection wait.
     stop: Option<Sender<()>>,
     shown: String,
@@ -340,7 +323,7 @@ struct Shared {
     stopped: Receiver<()>,
     /// The POST threads' queues (requests, then the rest), for the lines
     /// no thread took when the connection is gone.
-    queued: [Receiver<Line>; 2],
+    queued: [Receiver<Job>; 2],
     /// The bytes of the lines in `queued`, held to the stdio transport's
     /// limit: past it the client's reader waits, so a server that takes
     /// requests slower than the client sends them cannot make the queues
@@ -471,7 +454,7 @@ impl Downstream for Http {
         self.shared.backlog.add(n);
         let seq = self.next_seq;
         self.next_seq += 1;
-        let sent = queue.send(Line { seq, out }).is_ok();
+        let sent = queue.send(Job::Post(Line { seq, out })).is_ok();
         if !sent {
             self.shared.order.skip(seq);
         }
@@ -484,12 +467,10 @@ impl Downstream for Http {
     }
 
     fn shutdown(&mut self, step: Duration) {
-        self.close();
         self.finish(Some(step), "was closed");
     }
 
     fn kill(&mut self) {
-        self.close();
         self.finish(None, "was disconnected");
     }
 
@@ -507,24 +488,29 @@ impl Downstream for Http {
 }
 
 impl Http {
-    /// Reports `Gone` (after ending the session within `delete`, if given)
-    /// from a thread of its own: a transport thread reporting a message may
-    /// hold the lock `Gone` needs while the client is behind, and the
-    /// caller is the dispatcher, which must not wait for that.
-    fn finish(&self, delete: Option<Duration>, how: &'static str) {
-        let shared = self.shared.clone();
-        let spawned = self.shared.spawn("http-close", move || {
-            if let Some(step) = delete {
-                shared.delete_session(step);
-            }
-            shared.agent.clone().shutdown();
-            shared.gone(how, true);
-        });
-        if let Err(e) = spawned {
-            crate::warn!("cannot start a thread to close {}: {e}", self.shown);
+    /// Stops taking lines and has an `http-note` thread end the
+    /// connection: end the session within `delete`, if given (else every
+    /// exchange is interrupted at once), and report `Gone`. Not on the
+    /// caller's thread: a transport thread reporting a message may hold
+    /// the lock `Gone` needs while the client is behind, and the caller is
+    /// the dispatcher, which must not wait for that.
+    fn finish(&mut self, delete: Option<Duration>, how: &'static str) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.backlog.close();
+        if delete.is_none() {
+            self.shared.agent.clone().shutdown();
+        }
+        let closing = self
+            .notes
+            .as_ref()
+            .map(|n| n.send(Job::Close { delete, how }));
+        if closing.is_none_or(|sent| sent.is_err()) {
+            // No thread is left to take it (they all ended): nothing
+            // reports messages any more either.
             self.shared.agent.clone().shutdown();
             self.shared.gone(how, true);
         }
+        self.close();
     }
 
     fn close(&mut self) {
@@ -560,6 +546,16 @@ impl Http {
 struct Line {
     seq: u64,
     out: Outgoing,
+}
+
+/// Work for a POST thread.
+enum Job {
+    Post(Line),
+    /// The connection is closed on purpose (see [`Http::finish`]).
+    Close {
+        delete: Option<Duration>,
+        how: &'static str,
+    },
 }
 
 /// The order POSTs start in. Lines are sent in order but taken by several
@@ -696,7 +692,7 @@ impl Drop for TurnDone {
 /// [`POOL`] post requests; every one ends when the queue closes.
 fn spawn_poster(
     shared: &Arc<Shared>,
-    rx: &Receiver<Line>,
+    rx: &Receiver<Job>,
     name: &str,
     n: usize,
     extra: bool,
@@ -718,9 +714,16 @@ fn spawn_poster(
                 shared.idle_posters.fetch_sub(1, Ordering::SeqCst);
             }
             match next {
-                Ok(line) => {
+                Ok(Job::Post(line)) => {
                     shared.backlog.remove(line.out.bytes.len());
                     shared.post(line);
+                }
+                Ok(Job::Close { delete, how }) => {
+                    if let Some(step) = delete {
+                        shared.delete_session(step);
+                    }
+                    shared.agent.clone().shutdown();
+                    shared.gone(how, true);
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     let fewer =
@@ -772,9 +775,12 @@ impl Shared {
                 .queued
                 .iter()
                 .flat_map(|q| q.try_iter())
-                .map(|l| {
-                    self.order.skip(l.seq);
-                    l.out
+                .filter_map(|job| match job {
+                    Job::Post(l) => {
+                        self.order.skip(l.seq);
+                        Some(l.out)
+                    }
+                    Job::Close { .. } => None,
                 })
                 .collect();
             self.backlog.close();
@@ -943,46 +949,21 @@ impl Shared {
 
     /// A cancel for request `id` is to be sent; says whether to POST it.
     /// 2026-07-28: closing the request's stream is the cancel, done here,
-    /// and nothing is posted. 2025 era: the cancel is posted, and the
-    /// stream closed after that (`post`). A request not being posted yet
-    /// is not sent at all.
-    fn cancel(self: &Arc<Shared>, id: u64) -> bool {
+    /// and nothing is posted. 2025 era: the cancel is posted (within
+    /// [`CANCEL_GRACE`]), and the stream closed when that POST is over
+    /// (`post`). A request not being posted yet is not sent at all.
+    fn cancel(&self, id: u64) -> bool {
         let mut ex = self.exchanges.lock();
         if let Some(live) = ex.live.get(&id) {
             if live.modern {
                 live.exchange.close();
                 return false;
             }
-            self.close_after_grace(id, live.exchange.clone());
             return true;
         }
         ex.cancel_early(id);
         drop(ex);
         self.session.lock().modern.is_none()
-    }
-
-    /// 2025 era: closes the stream of the cancelled request `id` after
-    /// [`CANCEL_GRACE`] if the cancel's POST has not returned (and closed
-    /// it) by then: a server slow to take the cancel does not keep the
-    /// call's stream open.
-    fn close_after_grace(self: &Arc<Shared>, id: u64, exchange: Arc<Exchange>) {
-        let shared = self.clone();
-        let spawned = self.spawn("http-cancel", move || {
-            let _ = exchange.closing().recv_timeout(CANCEL_GRACE);
-            let ex = shared.exchanges.lock();
-            // Still that request's stream (not a finished one's
-            // connection, which may serve another request now).
-            if ex
-                .live
-                .get(&id)
-                .is_some_and(|l| Arc::ptr_eq(&l.exchange, &exchange))
-            {
-                exchange.close();
-            }
-        });
-        if let Err(e) = spawned {
-            crate::warn!("cannot start a thread to close a cancelled stream: {e}");
-        }
     }
 
     /// Closes the stream of request `id`, if it is still being read.
@@ -1096,11 +1077,13 @@ impl Shared {
             // A `subscriptions/listen` stream stays open as long as it is
             // wanted: no deadline for its body.
             let recv_body = (!post.is("subscriptions/listen")).then_some(self.recv_body);
-            // What is not a request is only acknowledged (202).
-            let global = post
-                .request_id
-                .is_none()
-                .then(|| note_timeout(post.out.bytes.len()));
+            // What is not a request is only acknowledged (202); a cancel
+            // closes its request's stream once it is over.
+            let global = match post.out.kind {
+                OutKind::Request { .. } => None,
+                OutKind::Cancel { .. } => Some(CANCEL_GRACE),
+                _ => Some(note_timeout(post.out.bytes.len())),
+            };
             post.exchange.begin_request(post.out.bytes.len());
             let result = req
                 .config()
@@ -1320,37 +1303,36 @@ impl Shared {
     }
 
     /// Resumes the broken or ended answer stream of request `until` with
-    /// GET and `Last-Event-ID`, waiting the stream's `retry` first; says
-    /// whether the response came. It goes on while resumptions bring new
-    /// events, up to [`FRUITLESS_RESUMES`] in a row that bring none (a
-    /// clean close of a stream that set `retry` is the server polling, and
-    /// does not count), all within the body deadline (`recv_body`) from
-    /// the first resumption. A
-    /// resumed stream silent for max(`retry`, [`STALL_MIN`]) is closed and
-    /// resumed again from the newest id (a stall: an event store that
-    /// replays what it has and then sends nothing more), at most
-    /// [`STALL_RESUMES`] times; the next resumed stream is read until the
-    /// deadline. Not once the request's exchange is closed (cancelled).
+    /// GET and `Last-Event-ID`, as [`resume::Resumption`] decides (waiting
+    /// the stream's `retry`, going on while resumptions bring new events,
+    /// a stalled stream closed by a per-read timeout and resumed again,
+    /// all within the body deadline `recv_body` from the first
+    /// resumption); says whether the response came. Not once the request's
+    /// exchange is closed (cancelled).
     fn resume(&self, until: &Until, cursor: &mut Cursor, exchange: &Arc<Exchange>) -> bool {
-        let deadline = Instant::now() + self.recv_body;
-        let (mut refresh, mut refreshed) = (false, false);
-        let (mut fruitless, mut stalls) = (0, 0);
-        while fruitless < FRUITLESS_RESUMES {
-            let Some(last_id) = cursor.last_id.clone() else {
+        let mut plan = resume::Resumption::new(Instant::now(), self.recv_body);
+        loop {
+            let next = plan.next(cursor.last_id.is_some(), cursor.retry, Instant::now());
+            let resume::Next::Get {
+                at,
+                refresh,
+                stall_after,
+                deadline,
+            } = next
+            else {
                 return false;
             };
-            let wait = resume_wait(cursor.retry);
-            if deadline.saturating_duration_since(Instant::now()) <= wait {
-                return false;
-            }
             // Cut short by the connection closing or the request's
             // exchange being closed (cancelled).
             crossbeam_channel::select! {
                 recv(self.stopped) -> _ => return false,
                 recv(exchange.closing()) -> _ => return false,
-                default(wait) => {}
+                recv(crossbeam_channel::at(at)) -> _ => {}
             }
             let left = deadline.saturating_duration_since(Instant::now());
+            let Some(last_id) = cursor.last_id.clone() else {
+                return false;
+            };
             if exchange.is_closed() || left.is_zero() {
                 return false;
             }
@@ -1361,7 +1343,6 @@ impl Shared {
             headers.push(("Accept".to_owned(), "text/event-stream".to_owned()));
             headers.push(("Last-Event-ID".to_owned(), last_id));
             let req = self.headed(self.agent.get(&self.url), headers, refresh);
-            refresh = false;
             crate::debug!(
                 "resuming the answer to request {} from {}",
                 until.id,
@@ -1372,59 +1353,45 @@ impl Shared {
                 .config()
                 .timeout_recv_response(Some(self.recv_response.min(left)))
                 .timeout_recv_body(Some(left))
+                .timeout_per_read(stall_after)
                 .build()
                 .call();
             let fresh = cursor.fresh;
-            let (mut polled, mut stalled) = (false, false);
-            match result {
+            let outcome = match result {
                 Ok(resp) if resp.status().is_success() => {
-                    let idle = cursor.retry.unwrap_or_default().max(STALL_MIN);
-                    // After that many stalls, a silent stream may be a long
-                    // run: it is read until the deadline.
-                    let watch =
-                        (stalls < STALL_RESUMES).then(|| StallWatch::start(exchange.clone(), idle));
-                    let body = resp.into_body().into_reader();
-                    let reader: Box<dyn Read> = match &watch {
-                        Some(w) => Box::new(w.reader(body)),
-                        None => Box::new(body),
-                    };
-                    match self.read_stream(reader, until, cursor, true) {
+                    let reader = resp.into_body().into_reader();
+                    let (polled, stalled) = match self.read_stream(reader, until, cursor, true) {
                         Ok(true) => return true,
                         // Its answer is over the limit: no use resuming.
                         _ if cursor.too_long.is_some() => return false,
-                        Ok(false) => polled = cursor.stream_retry,
-                        Err(_) => {}
-                    }
-                    stalled = watch.is_some_and(|w| w.stalled());
+                        Ok(false) => (cursor.stream_retry, false),
+                        Err(e) => (false, is_read_stall(&e)),
+                    };
                     if stalled {
-                        stalls += 1;
                         crate::debug!(
                             "{}: the resumed answer to request {} stalled; resuming again",
                             self.shown,
                             until.id
                         );
                     }
+                    resume::Outcome::Ended {
+                        fresh: cursor.fresh > fresh,
+                        polled,
+                        stalled,
+                    }
                 }
                 // New headers may help, once (as for a POST).
-                Ok(resp)
-                    if matches!(resp.status().as_u16(), 401 | 403)
-                        && self.helper.is_some()
-                        && !refreshed =>
-                {
-                    (refresh, refreshed) = (true, true);
-                    continue;
+                Ok(resp) if matches!(resp.status().as_u16(), 401 | 403) => {
+                    resume::Outcome::Unauthorized {
+                        can_refresh: self.helper.is_some(),
+                    }
                 }
                 // No resumption here (405, a lost session, …).
-                Ok(_) => return false,
-                Err(_) => {}
-            }
-            if cursor.fresh > fresh || polled || stalled {
-                fruitless = 0;
-            } else {
-                fruitless += 1;
-            }
+                Ok(_) => resume::Outcome::Refused,
+                Err(_) => resume::Outcome::Failed,
+            };
+            plan.after(outcome);
         }
-        false
     }
 
     /// 2026-07-28, after a header mismatch: reads every page of the
@@ -1823,55 +1790,12 @@ impl Shared {
     }
 }
 
-/// Watches a resumed stream for a stall: silent for `idle`, its exchange's
-/// connection is shut down (the exchange stays open: it is resumed again).
-struct StallWatch {
-    tick: Sender<()>,
-    stalled: Arc<AtomicBool>,
-}
-
-impl StallWatch {
-    fn start(exchange: Arc<Exchange>, idle: Duration) -> StallWatch {
-        let (tick, ticks) = crossbeam_channel::bounded::<()>(1);
-        let stalled = Arc::new(AtomicBool::new(false));
-        let flag = stalled.clone();
-        let spawned = crate::guard::spawn(
-            "http-stall-watch",
-            "a resumed stream is no longer watched for a stall",
-            move || loop {
-                match ticks.recv_timeout(idle) {
-                    Ok(()) => {}
-                    Err(RecvTimeoutError::Timeout) => {
-                        flag.store(true, Ordering::SeqCst);
-                        return exchange.interrupt();
-                    }
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            },
-            || {},
-        );
-        if let Err(e) = spawned {
-            crate::warn!("cannot start a thread to watch a resumed stream: {e}");
-        }
-        StallWatch { tick, stalled }
-    }
-
-    /// `inner`, telling the watch of every read.
-    fn reader<R: Read>(&self, inner: R) -> impl Read {
-        struct Ticking<R>(R, Sender<()>);
-        impl<R: Read> Read for Ticking<R> {
-            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-                let n = self.0.read(buf)?;
-                let _ = self.1.try_send(());
-                Ok(n)
-            }
-        }
-        Ticking(inner, self.tick.clone())
-    }
-
-    fn stalled(&self) -> bool {
-        self.stalled.load(Ordering::SeqCst)
-    }
+/// Whether a read failed because it was silent for its per-read timeout
+/// (a resumed stream that stalled).
+fn is_read_stall(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<ureq::Error>())
+        .is_some_and(|u| matches!(u, ureq::Error::Timeout(ureq::Timeout::PerRead)))
 }
 
 /// Takes the stream's last event id into `last_id` when it moved on
@@ -1910,14 +1834,6 @@ fn get_wait(retry: Option<Duration>) -> Duration {
 /// takes nothing still frees the thread.
 fn note_timeout(len: usize) -> Duration {
     NOTE_TIMEOUT + Duration::from_secs((len >> 20) as u64)
-}
-
-/// How long a resumption of a request's answer waits: none without a
-/// `retry`; with one, that `retry` between [`GET_RETRY_MIN`] (a server
-/// that polls with `retry: 0` must not get a busy loop of GETs) and
-/// [`RESUME_WAIT_MAX`].
-fn resume_wait(retry: Option<Duration>) -> Duration {
-    retry.map_or(Duration::ZERO, |r| r.clamp(GET_RETRY_MIN, RESUME_WAIT_MAX))
 }
 
 /// Whether `text` is a response to a request other than `id`.
@@ -2078,15 +1994,6 @@ mod tests {
         assert_eq!(note_timeout(0), NOTE_TIMEOUT);
         assert_eq!(note_timeout((1 << 20) - 1), NOTE_TIMEOUT);
         assert_eq!(note_timeout(5 << 20), NOTE_TIMEOUT + Duration::from_secs(5));
-    }
-
-    #[test]
-    fn a_resumption_waits_its_retry_between_the_floor_and_the_cap() {
-        assert_eq!(resume_wait(None), Duration::ZERO);
-        assert_eq!(resume_wait(Some(Duration::ZERO)), GET_RETRY_MIN);
-        let mid = Duration::from_millis(2500);
-        assert_eq!(resume_wait(Some(mid)), mid);
-        assert_eq!(resume_wait(Some(Duration::from_secs(60))), RESUME_WAIT_MAX);
     }
 
     #[test]

@@ -151,9 +151,8 @@ impl Exchange {
     }
 
     /// Shuts down the connection the exchange is using (if no other
-    /// exchange took it over), leaving the exchange open: a stalled stream
-    /// is ended so that it can be resumed.
-    pub fn interrupt(&self) {
+    /// exchange took it over).
+    fn interrupt(&self) {
         let conn = self.conn.lock().clone();
         if let Some(conn) = conn {
             conn.shutdown_if_owner(self.id);
