@@ -4,7 +4,7 @@ NPM ?= npm
 INTEROP := tests/interop
 # Seconds each fuzz target runs under `make fuzz`.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := jsonrpc config sse yaml
+FUZZ_TARGETS := jsonrpc config sse http yaml
 
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 STATIC_TARGET ?= x86_64-unknown-linux-musl

@@ -78,10 +78,10 @@
 
 #![forbid(unsafe_code)]
 
-mod classify;
+pub mod classify;
 mod conn;
 mod modern;
-mod resume;
+pub mod resume;
 pub mod sse;
 
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -1,6 +1,8 @@
 //! Fuzzing checks for mcp-retry's line framing, message classification,
-//! config parser, YAML reader and SSE parser, over the main crate's library
-//! (`mcp_retry::jsonrpc`, `mcp_retry::config`, `mcp_retry::http::sse`) and
+//! config parser, YAML reader, SSE parser and the HTTP transport's failure
+//! classification and resumption, over the main crate's library
+//! (`mcp_retry::jsonrpc`, `mcp_retry::config`, `mcp_retry::http::{sse,
+//! classify, resume}`) and
 //! the YAML crate (`mcp_retry_yaml`). Knows nothing of libFuzzer: the fuzz targets and the
 //! `replay` binary call the same functions.
 //!
@@ -11,7 +13,9 @@ use std::io::{self, BufRead};
 use std::path::Path;
 
 use mcp_retry::config;
-use mcp_retry::http::sse;
+use std::time::{Duration, Instant, SystemTime};
+
+use mcp_retry::http::{classify, resume, sse};
 use mcp_retry::jsonrpc::{self, Kind, Line, Message, Parsed};
 
 /// Classification, id rewriting, the overlong-line id scan and framing.
@@ -356,5 +360,106 @@ pub fn check_yaml(data: &[u8]) {
                 e.message
             );
         }
+    }
+}
+
+/// An HTTP answer as a hostile server could send it, through what the
+/// transport does with it: the status line and `Retry-After` through the
+/// failure classification, the body through the SSE parser, and the
+/// stream's `retry` and what each resumption brings through the
+/// resumption state machine, on a fake clock. Every delay a peer gives is
+/// clamped before it is added to an instant, and resumption always ends.
+///
+/// The input: two bytes of status, a `Retry-After` line, a line of flags
+/// and outcomes, then the body.
+pub fn check_http(data: &[u8]) {
+    let status = data.first().map_or(200, |b| u16::from(*b) * 3 % 600)
+        + data.get(1).map_or(0, |b| u16::from(*b) % 3);
+    let rest = data.get(2..).unwrap_or_default();
+    let (retry_after, rest) = split_line(rest);
+    let (flags, body) = split_line(rest);
+    let retry_after = String::from_utf8_lossy(retry_after);
+    let body_text = String::from_utf8_lossy(body);
+    let now = SystemTime::now();
+    let answer = classify::Answer {
+        status,
+        retry_after: Some(&retry_after),
+        sent_session: flags.first().is_some_and(|f| f & 1 == 1),
+        body: &body_text,
+        modern: flags.first().is_some_and(|f| f & 2 == 2),
+    };
+    let class = classify::of_status(&answer, now);
+    if let Some(delay) = classify::retry_after_delay(&retry_after, now) {
+        assert!(delay <= classify::MAX_PEER_DELAY, "{delay:?}");
+        assert!(Instant::now().checked_add(delay).is_some());
+    }
+    if let classify::Class::Refused(Some(delay)) = class {
+        assert!(delay <= classify::MAX_PEER_DELAY, "{delay:?}");
+    }
+    let _ = classify::status_line(status);
+
+    let mut parser = sse::Parser::new(1024);
+    let mut items = Vec::new();
+    parser.feed(body, &mut items);
+    let retry = parser.retry();
+    if let Some(r) = retry {
+        assert!(r <= sse::MAX_RETRY, "{r:?}");
+    }
+
+    // Resumption: the budget and the outcomes come from the flags; the
+    // clock moves on by each wait, and by at least 100 ms per try.
+    let budget = Duration::from_secs(u64::from(flags.get(1).copied().unwrap_or(60)));
+    let t0 = Instant::now();
+    let mut clock = t0;
+    let mut plan = resume::Resumption::new(t0, budget);
+    let outcomes = flags.get(2..).unwrap_or_default();
+    let mut tries = 0usize;
+    loop {
+        let resumable = !outcomes.is_empty() || parser.last_id().is_some();
+        let next = plan.next(resumable, retry, clock);
+        let resume::Next::Get {
+            at,
+            stall_after,
+            deadline,
+            ..
+        } = next
+        else {
+            break;
+        };
+        assert!(at >= clock && at < deadline, "a try outside the deadline");
+        assert!(deadline <= t0 + budget);
+        if let Some(s) = stall_after {
+            assert!(s >= resume::STALL_MIN);
+        }
+        let b = outcomes
+            .get(tries % outcomes.len().max(1))
+            .copied()
+            .unwrap_or(0);
+        plan.after(match b % 5 {
+            0 => resume::Outcome::Failed,
+            1 => resume::Outcome::Unauthorized {
+                can_refresh: b & 8 == 8,
+            },
+            2 if b & 16 == 16 => resume::Outcome::Refused,
+            _ => resume::Outcome::Ended {
+                fresh: b & 32 == 32,
+                polled: b & 64 == 64,
+                stalled: b & 128 == 128,
+            },
+        });
+        clock = at.max(clock + Duration::from_millis(100));
+        tries += 1;
+        assert!(
+            tries <= 3000,
+            "resumption went on past its deadline ({tries} tries)"
+        );
+    }
+}
+
+/// `data` up to its first line feed, and the rest after it.
+fn split_line(data: &[u8]) -> (&[u8], &[u8]) {
+    match data.iter().position(|b| *b == b'\n') {
+        Some(at) => (&data[..at], &data[at + 1..]),
+        None => (data, &[]),
     }
 }

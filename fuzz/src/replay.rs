@@ -1,6 +1,6 @@
 //! Runs every file in the given directories (or files) through the fuzzing
-//! checks, without libFuzzer: `replay jsonrpc DIR...`, `replay config DIR...`, `replay sse DIR...` or
-//! `replay yaml DIR...`.
+//! checks, without libFuzzer: `replay jsonrpc DIR...`, `replay config DIR...`, `replay sse DIR...`,
+//! `replay http DIR...` or `replay yaml DIR...`.
 //! Used by CI on the stable toolchain to replay the seeds.
 
 use std::path::{Path, PathBuf};
@@ -13,9 +13,10 @@ fn main() -> ExitCode {
         "jsonrpc" => mcp_retry_fuzz::check_jsonrpc,
         "config" => mcp_retry_fuzz::check_config,
         "sse" => mcp_retry_fuzz::check_sse,
+        "http" => mcp_retry_fuzz::check_http,
         "yaml" => mcp_retry_fuzz::check_yaml,
         _ => {
-            eprintln!("usage: replay jsonrpc|config|sse|yaml DIR_OR_FILE...");
+            eprintln!("usage: replay jsonrpc|config|sse|http|yaml DIR_OR_FILE...");
             return ExitCode::from(2);
         }
     };
