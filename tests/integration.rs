@@ -12,6 +12,9 @@ mod cli;
 // The fault hook exists only in builds with the feature (`make test`).
 #[cfg(feature = "fault-inject")]
 mod faults;
+// Unix only: it reads `status`, whose tests are Unix only.
+#[cfg(unix)]
+mod golden;
 mod hostile;
 mod http;
 mod http_server;

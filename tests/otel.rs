@@ -13,21 +13,21 @@ use crate::util::{eventually, read_http_request, Builder, Session, WAIT};
 
 /// One POST the receiver accepted.
 #[derive(Debug, Clone)]
-struct Post {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Value,
+pub(crate) struct Post {
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Value,
 }
 
 /// An OTLP/HTTP receiver on 127.0.0.1: HTTP/1.1 with `Content-Length`
 /// bodies and keep-alive, every POST answered 200 `{}`.
-struct Collector {
+pub(crate) struct Collector {
     port: u16,
     posts: Arc<Mutex<Vec<Post>>>,
 }
 
 impl Collector {
-    fn start() -> Collector {
+    pub(crate) fn start() -> Collector {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let posts = Arc::new(Mutex::new(Vec::new()));
@@ -42,11 +42,11 @@ impl Collector {
         Collector { port, posts }
     }
 
-    fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn posts(&self) -> Vec<Post> {
+    pub(crate) fn posts(&self) -> Vec<Post> {
         self.posts.lock().unwrap().clone()
     }
 
@@ -100,7 +100,7 @@ fn serve(stream: TcpStream, sink: &Mutex<Vec<Post>>) {
 
 /// The proxy for the mock with these policy lines, the mock's logs on,
 /// and export to `endpoint` (none: export off).
-fn builder(policy: &str, endpoint: Option<&str>) -> Builder {
+pub(crate) fn builder(policy: &str, endpoint: Option<&str>) -> Builder {
     let mut yaml = String::from("servers:\n  mock:\n    command: {mock}\n");
     for line in policy.lines().filter(|l| !l.trim().is_empty()) {
         yaml.push_str(&format!("    {line}\n"));

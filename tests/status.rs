@@ -47,13 +47,13 @@ fn proxy(dir: &Path, name: &str, extra: &str) -> Session {
     s
 }
 
-struct Output {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Output {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
-fn status(dir: &Path, args: &[&str]) -> Output {
+pub(crate) fn status(dir: &Path, args: &[&str]) -> Output {
     let out = Command::new(PROXY)
         .arg("status")
         .arg("--dir")
@@ -75,7 +75,7 @@ fn status_json(dir: &Path) -> Vec<Value> {
 }
 
 /// Polls `status --json` until `ready` holds for the documents.
-fn wait_for(dir: &Path, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+pub(crate) fn wait_for(dir: &Path, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     let deadline = Instant::now() + WAIT;
     loop {
         let docs = status_json(dir);
