@@ -30,6 +30,8 @@ use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
 use crate::downstream::{self, Diagnostics, Downstream, Gone, Outgoing, ServerEvent};
 use crate::jsonrpc::{self, Kind, Message, Parsed};
+use crate::mcp::{tools_list_params, Next, ToolsPager};
+use crate::policy::gate::ToolsPage;
 use crate::redact::{self, Redactor};
 
 /// The protocol version offered in `initialize`.
@@ -42,8 +44,6 @@ const SHUTDOWN_STEP: Duration = Duration::from_secs(1);
 /// How long a stopped server may take to be gone: the stop's two steps, and
 /// a margin for what is left of its group (the transport's business).
 const STOP_WAIT: Duration = Duration::from_secs(5);
-/// A bound on `nextCursor` pages, against a server that never stops paging.
-const MAX_TOOL_PAGES: usize = 1000;
 /// The longest stderr line quoted in a reason, in characters.
 const MAX_REASON_LINE: usize = 300;
 /// The longest quote of a non-JSON stdout line, in characters.
@@ -310,7 +310,10 @@ fn handshake(
 ) -> Result<Hello, String> {
     match conv.request("initialize", &initialize_params()) {
         Answer::Result(r) => Ok(Hello::from_result(&r, started.elapsed(), false)),
-        Answer::Error(refusal) => match conv.request("server/discover", &modern_params(None)) {
+        Answer::Error(refusal) => match conv.request(
+            "server/discover",
+            &tools_list_params(None, Some(&modern_meta())),
+        ) {
             Answer::Result(r) => Ok(Hello::from_result(&r, started.elapsed(), true)),
             _ => Err(format!("initialize failed: {refusal}")),
         },
@@ -330,13 +333,10 @@ fn handshake(
 /// Counts the tools over every `nextCursor` page, within the deadline.
 fn count_tools(conv: &mut Conversation<'_>, modern: bool) -> Tools {
     let mut count = 0;
-    let mut cursor: Option<String> = None;
-    for _ in 0..MAX_TOOL_PAGES {
-        let params = if modern {
-            modern_params(cursor.as_deref())
-        } else {
-            cursor_params(cursor.as_deref())
-        };
+    let mut pager = ToolsPager::default();
+    let meta = modern.then(modern_meta);
+    loop {
+        let params = pager.params(meta.as_deref());
         let page = match conv.request("tools/list", &params) {
             Answer::Result(page) => page,
             Answer::Error(msg) => return Tools::Failed(msg),
@@ -348,14 +348,21 @@ fn count_tools(conv: &mut Conversation<'_>, modern: bool) -> Tools {
             return Tools::Failed("the result has no \"tools\" array".into());
         };
         count += tools.len();
-        match page["nextCursor"].as_str() {
-            Some(next) if !next.is_empty() && cursor.as_deref() != Some(next) => {
-                cursor = Some(next.to_owned());
+        let next_cursor = page["nextCursor"].as_str().map(str::to_owned);
+        match pager.next(&ToolsPage {
+            tools: Vec::new(),
+            next_cursor,
+        }) {
+            Next::Page => {}
+            Next::Last => return Tools::Count(count),
+            Next::Endless => {
+                return Tools::Unknown(format!(
+                    "the tools/list pages do not end ({count} tools on more than {} pages, or a cursor again)",
+                    ToolsPager::MAX_PAGES
+                ))
             }
-            _ => return Tools::Count(count),
         }
     }
-    Tools::Unknown(format!("more than {MAX_TOOL_PAGES} pages of tools"))
 }
 
 fn initialize_params() -> String {
@@ -367,25 +374,13 @@ fn initialize_params() -> String {
     .to_string()
 }
 
-/// The `_meta` every 2026-07-28 request carries, plus a cursor if given.
-fn modern_params(cursor: Option<&str>) -> String {
-    let mut params = json!({
-        "_meta": {
-            "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
-            "io.modelcontextprotocol/clientCapabilities": {},
-        }
-    });
-    if let Some(c) = cursor {
-        params["cursor"] = c.into();
-    }
-    params.to_string()
-}
-
-fn cursor_params(cursor: Option<&str>) -> String {
-    match cursor {
-        Some(c) => json!({ "cursor": c }).to_string(),
-        None => "{}".into(),
-    }
+/// The `_meta` every 2026-07-28 request carries.
+fn modern_meta() -> String {
+    json!({
+        crate::mcp::VERSION_KEY: MODERN_VERSION,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    })
+    .to_string()
 }
 
 /// How a request ended.
@@ -896,16 +891,24 @@ mod tests {
         assert_eq!(init["capabilities"], json!({}));
         assert_eq!(init["clientInfo"]["name"], "mcp-retry");
         assert_eq!(init["clientInfo"]["version"], env!("CARGO_PKG_VERSION"));
-        let discover: Value = serde_json::from_str(&modern_params(None)).unwrap();
+        let discover = tools_list_params(None, Some(&modern_meta()));
+        let discover: Value = serde_json::from_str(&discover).unwrap();
         assert_eq!(
             discover,
             json!({"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                              "io.modelcontextprotocol/clientCapabilities": {}}})
         );
-        let page: Value = serde_json::from_str(&modern_params(Some("2"))).unwrap();
+        let mut pager = ToolsPager::default();
+        let first: Value = serde_json::from_str(&pager.params(None)).unwrap();
+        assert_eq!(first, json!({}));
+        let more = ToolsPage {
+            tools: Vec::new(),
+            next_cursor: Some("2".into()),
+        };
+        assert_eq!(pager.next(&more), Next::Page);
+        let page: Value = serde_json::from_str(&pager.params(Some(&modern_meta()))).unwrap();
         assert_eq!(page["cursor"], "2");
-        assert_eq!(cursor_params(None), "{}");
-        assert_eq!(cursor_params(Some("1")), r#"{"cursor":"1"}"#);
+        assert_eq!(page["_meta"], discover["_meta"]);
     }
 
     fn config(text: &str) -> Config {

@@ -840,7 +840,7 @@ impl Dispatcher {
             && self.session.pending_init.is_none()
             && method != "initialize"
         {
-            self.session.modern_meta = m.params().and_then(protocol_meta);
+            self.session.modern_meta = m.params().and_then(crate::mcp::envelope);
         }
         self.client_requests.insert(
             client_id.clone(),
@@ -1372,17 +1372,6 @@ impl Dispatcher {
             self.to_client.send(line);
         }
     }
-}
-
-/// The `io.modelcontextprotocol/…` members of `params._meta` as a JSON
-/// object, when they name a protocol version (a 2026-07-28 request).
-fn protocol_meta(params: &str) -> Option<String> {
-    let meta = RawObject::parse(params)?.get("_meta")?;
-    let mut meta = RawObject::parse(meta.get())?;
-    meta.get("io.modelcontextprotocol/protocolVersion")?;
-    meta.0
-        .retain(|(k, _)| k.starts_with("io.modelcontextprotocol/"));
-    Some(meta.to_json())
 }
 
 /// Why a client request must not be forwarded because a member name repeats

@@ -22,6 +22,7 @@ pub mod http;
 /// path's parsing is compiled for speed in a binary compiled for size.
 pub use mcp_retry_jsonrpc as jsonrpc;
 pub mod log;
+mod mcp;
 mod otel;
 mod policy;
 pub mod proxy;

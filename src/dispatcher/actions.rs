@@ -187,14 +187,7 @@ impl Dispatcher {
     /// be answered, like an attempt.
     pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
         let down = self.next_id();
-        let mut members = Vec::with_capacity(2);
-        if let Some(c) = cursor {
-            members.push(format!("\"cursor\":{}", jsonrpc::json_string(c)));
-        }
-        if let Some(meta) = &self.session.modern_meta {
-            members.push(format!("\"_meta\":{meta}"));
-        }
-        let params = format!("{{{}}}", members.join(","));
+        let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
         self.inflight.insert(down, Inflight::ToolsList);
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
         if self.send_server(Outgoing::request(down, "tools/list", line)) {

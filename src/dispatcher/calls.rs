@@ -103,7 +103,8 @@ pub(super) enum Action {
     /// Take the call's item with this sequence number out of the link's
     /// queue: the call ended.
     Unqueue(u64),
-    /// Ask the server for a page of its tool list (the first if `None`);
+    /// Ask the server for a page of its tool list (from `cursor`, raw
+    /// JSON as the server sent it; the first page if `None`);
     /// its answer goes to [`Calls::learn_tools`], a failure to
     /// [`Calls::tools_learned`].
     ListTools { cursor: Option<String> },

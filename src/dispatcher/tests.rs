@@ -1265,3 +1265,28 @@ fn a_request_the_transport_got_no_answer_to_gets_the_proxys_error() {
     assert!(e["error"]["data"].get("outcome").is_none());
     h.nothing_sent();
 }
+
+#[test]
+fn the_proxy_s_own_tool_listing_ends_when_the_server_repeats_its_cursor() {
+    // The proxy lists the tools after the handshake, and the server answers
+    // every page with the same cursor: the listing ends there, incomplete,
+    // instead of asking forever.
+    let mut h = Harness::with(config(|_| {}));
+    h.client_sends(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#);
+    let init = h.to_server();
+    let declared = r#""result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}}}"#;
+    answer(&mut h, &init, declared);
+    h.to_client();
+    h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    h.to_server();
+    h.fire_next_timer();
+    let first = own_tools_list(&h);
+    assert_eq!(first["params"], json!({}));
+    let page = r#""result":{"tools":[{"name":"other","inputSchema":{}}],"nextCursor":"again"}"#;
+    answer(&mut h, &first.to_string(), page);
+    let second = own_tools_list(&h);
+    assert_eq!(second["params"], json!({"cursor": "again"}));
+    answer(&mut h, &second.to_string(), page);
+    // No third page is asked for.
+    assert!(h.try_to_server().is_none());
+}

@@ -1,5 +1,5 @@
-//! The 2026-07-28 ("modern") era over Streamable HTTP, as pure functions:
-//! which messages are modern (`_meta` names the protocol version), the
+//! The 2026-07-28 ("modern") era over Streamable HTTP, as pure functions
+//! (which messages are modern is `crate::mcp::meta_version`): the
 //! headers a POST mirrors from its body (`MCP-Protocol-Version`,
 //! `Mcp-Method`, `Mcp-Name`, and `Mcp-Param-*` from the arguments a tool's
 //! `inputSchema` marks with `x-mcp-header`), the `=?base64?…?=` sentinel for
@@ -15,36 +15,11 @@ use serde_json::Value;
 
 use crate::jsonrpc::RawObject;
 
-/// The `_meta` member naming a modern request's protocol version.
-pub const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
-/// Prefix of the `_meta` members every modern request carries.
-const ENVELOPE_PREFIX: &str = "io.modelcontextprotocol/";
 const X_MCP_HEADER: &str = "x-mcp-header";
 
 /// Where a tool's arguments go as headers: the path of `properties` keys
 /// to each annotated argument, and its header token (`Mcp-Param-{token}`).
 pub type HeaderMap = Vec<(Vec<String>, String)>;
-
-/// The protocol version `params._meta` names: the message is a 2026-07-28
-/// (or later) one.
-pub fn meta_version(params: Option<&str>) -> Option<String> {
-    let meta = RawObject::parse(RawObject::parse(params?)?.get("_meta")?.get())?;
-    meta.string(VERSION_KEY)
-}
-
-/// The `io.modelcontextprotocol/*` members of `params._meta` (version,
-/// client capabilities, client info), as a JSON object: what a request of
-/// our own on the client's behalf carries.
-pub fn envelope(params: &str) -> Option<String> {
-    let meta = RawObject::parse(RawObject::parse(params)?.get("_meta")?.get())?;
-    let mut kept = RawObject::default();
-    kept.0 = meta
-        .0
-        .into_iter()
-        .filter(|(k, _)| k.starts_with(ENVELOPE_PREFIX))
-        .collect();
-    Some(kept.to_json())
-}
 
 /// The headers a modern POST of `method` carries besides `Mcp-Param-*`:
 /// `MCP-Protocol-Version`, `Mcp-Method`, and `Mcp-Name` for the methods
@@ -285,26 +260,6 @@ mod tests {
             .iter()
             .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect()
-    }
-
-    #[test]
-    fn a_modern_message_names_its_version_in_meta() {
-        let p = r#"{"name":"t","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#;
-        assert_eq!(meta_version(Some(p)).as_deref(), Some("2026-07-28"));
-        assert_eq!(meta_version(Some(r#"{"_meta":{"progressToken":1}}"#)), None);
-        assert_eq!(meta_version(Some(r#"{"name":"t"}"#)), None);
-        assert_eq!(meta_version(None), None);
-    }
-
-    #[test]
-    fn the_envelope_keeps_the_protocol_members_of_meta() {
-        let p = r#"{"_meta":{"progressToken":7,"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"a":1}}}"#;
-        assert_eq!(
-            envelope(p).as_deref(),
-            Some(
-                r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"a":1}}"#
-            )
-        );
     }
 
     #[test]

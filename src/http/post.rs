@@ -97,7 +97,7 @@ impl Shared {
         let params = msg.as_ref().and_then(Message::params);
         let modern = {
             let mut s = self.session.lock();
-            match modern::meta_version(params) {
+            match crate::mcp::meta_version(params) {
                 Some(v) => {
                     s.modern = Some(v.clone());
                     Some(v)

@@ -6,9 +6,7 @@
 #![forbid(unsafe_code)]
 
 use super::*;
-
-/// Most pages of `tools/list` read after a header mismatch.
-pub(super) const RELIST_PAGES: usize = 100;
+use crate::mcp::{Next, ToolsPager};
 
 impl Shared {
     /// Learns the tools of a screened `tools/list` page.
@@ -37,36 +35,33 @@ impl Shared {
     /// whether that worked. Nothing of it reaches the client.
     pub(super) fn relist_tools(&self, post: &Post) -> bool {
         let (Some(version), Some(envelope)) =
-            (&post.modern, post.params().and_then(modern::envelope))
+            (&post.modern, post.params().and_then(crate::mcp::envelope))
         else {
             return false;
         };
-        let mut cursor: Option<String> = None;
-        for _ in 0..RELIST_PAGES {
+        let mut pager = ToolsPager::default();
+        loop {
             let n = self.own_requests.fetch_add(1, Ordering::SeqCst) + 1;
             let id = format!("\"mcp-retry-tools-{n}\"");
-            let params = match &cursor {
-                Some(c) => format!("{{\"cursor\":{c},\"_meta\":{envelope}}}"),
-                None => format!("{{\"_meta\":{envelope}}}"),
-            };
+            let params = pager.params(Some(&envelope));
             let line = jsonrpc::request_line(&id, "tools/list", Some(&params));
             let headers = modern::standard_headers(version, "tools/list", Some(&params));
             let Some(answer) = self.own_request(&line, &id, headers, &post.exchange) else {
                 return false;
             };
-            let Some(result) = answer.result().and_then(RawObject::parse) else {
+            let Some(result) = answer.result() else {
                 return false;
             };
-            self.learn_tools(&modern::screen_tools(answer.result().unwrap_or_default()));
-            cursor = result
-                .get("nextCursor")
-                .filter(|c| c.get().starts_with('"'))
-                .map(|c| c.get().to_owned());
-            if cursor.is_none() {
-                return true;
+            let Ok(page) = crate::policy::gate::parse_tools_list(result) else {
+                return false;
+            };
+            self.learn_tools(&modern::screen_tools(result));
+            match pager.next(&page) {
+                Next::Page => {}
+                Next::Last => return true,
+                Next::Endless => return false,
             }
         }
-        false
     }
 
     /// Posts a request of our own and reads its response (JSON or SSE),

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use crate::debug;
 use crate::jsonrpc;
+use crate::mcp::{Next, ToolsPager};
 use crate::policy::canonical_json;
 use crate::policy::dedup::fingerprint;
 use crate::policy::gate;
@@ -37,6 +38,8 @@ pub(super) struct ToolsKnowledge {
     /// The listing being fetched is the first after a restart: tell the
     /// client if it differs from the one before.
     pub compare_after_restart: bool,
+    /// Where our own listing goes on.
+    pub pager: ToolsPager,
 }
 
 impl ToolsKnowledge {
@@ -45,6 +48,7 @@ impl ToolsKnowledge {
     pub fn restart_fetch(&mut self) {
         self.deferred = true;
         self.pages.clear();
+        self.pager = ToolsPager::default();
     }
 }
 
@@ -103,6 +107,7 @@ impl Calls {
         }
         self.tools.fetching = true;
         self.tools.pages.clear();
+        self.tools.pager = ToolsPager::default();
         if link.ready {
             out.push(Action::ListTools { cursor: None });
         } else {
@@ -123,8 +128,8 @@ impl Calls {
     ) {
         match gate::parse_tools_list(result) {
             Ok(page) => {
-                for (name, a) in page.tools {
-                    self.tools.annotations.insert(name, a);
+                for (name, a) in &page.tools {
+                    self.tools.annotations.insert(name.clone(), *a);
                 }
                 if first {
                     self.tools.pages.clear();
@@ -135,12 +140,27 @@ impl Calls {
                         .iter()
                         .map(|t| fingerprint(keys, &[t])),
                 );
-                match page.next_cursor {
-                    Some(c) if ours => out.push(Action::ListTools { cursor: Some(c) }),
-                    Some(_) => {}
-                    None => {
+                let next = match ours {
+                    true => self.tools.pager.next(&page),
+                    false if page.next_cursor.is_some() => return,
+                    false => Next::Last,
+                };
+                match next {
+                    Next::Page => {
+                        let cursor = self.tools.pager.cursor().map(str::to_owned);
+                        out.push(Action::ListTools { cursor });
+                    }
+                    Next::Last => {
                         self.listing_complete(out);
                         self.tools_learned(true, ctx, out)
+                    }
+                    Next::Endless => {
+                        crate::warn!(
+                            "the server's tools/list pages without end (over {} pages, or a cursor again); the tools not listed so far stay unknown",
+                            ToolsPager::MAX_PAGES
+                        );
+                        self.tools.pages.clear();
+                        self.tools_learned(false, ctx, out)
                     }
                 }
             }

@@ -1,0 +1,157 @@
+//! The few MCP request shapes the proxy reads or writes itself, in one
+//! place for the dispatcher, the HTTP transport and `check`: the 2026-07-28
+//! `_meta` envelope (`io.modelcontextprotocol/*`: the protocol version, the
+//! client's capabilities and info) that a request of our own on the
+//! client's behalf carries, and the paging of `tools/list` (cursor, the
+//! next page's params, a bound on pages and a cursor that repeats). Pure:
+//! no I/O, no policy.
+
+#![forbid(unsafe_code)]
+
+use crate::jsonrpc::{self, RawObject};
+use crate::policy::gate::ToolsPage;
+
+/// The `_meta` member naming a 2026-07-28 request's protocol version.
+pub const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
+/// Prefix of the `_meta` members every 2026-07-28 request carries.
+const ENVELOPE_PREFIX: &str = "io.modelcontextprotocol/";
+
+/// The protocol version `params._meta` names: the message is a 2026-07-28
+/// (or later) one.
+pub fn meta_version(params: Option<&str>) -> Option<String> {
+    let meta = RawObject::parse(RawObject::parse(params?)?.get("_meta")?.get())?;
+    meta.string(VERSION_KEY)
+}
+
+/// The `io.modelcontextprotocol/*` members of `params._meta`, as a JSON
+/// object, when they name a protocol version: what a request of our own
+/// on the client's behalf carries.
+pub fn envelope(params: &str) -> Option<String> {
+    let mut meta = RawObject::parse(RawObject::parse(params)?.get("_meta")?.get())?;
+    meta.get(VERSION_KEY)?;
+    meta.0.retain(|(k, _)| k.starts_with(ENVELOPE_PREFIX));
+    Some(meta.to_json())
+}
+
+/// The params of a `tools/list` request: the cursor (raw JSON, as the
+/// server sent it), and `_meta` (a JSON object) when given.
+pub fn tools_list_params(cursor: Option<&str>, meta: Option<&str>) -> String {
+    let members: Vec<String> = [("cursor", cursor), ("_meta", meta)]
+        .into_iter()
+        .filter_map(|(k, v)| Some(format!("\"{k}\":{}", v?)))
+        .collect();
+    format!("{{{}}}", members.join(","))
+}
+
+/// Reading every page of `tools/list`: where the next page starts, and
+/// when to stop.
+#[derive(Debug, Default)]
+pub struct ToolsPager {
+    /// The next page's cursor, raw JSON.
+    cursor: Option<String>,
+    pages: usize,
+}
+
+/// What follows a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Another page, from [`ToolsPager::cursor`].
+    Page,
+    /// That was the last.
+    Last,
+    /// The server pages on without end: more than [`ToolsPager::MAX_PAGES`],
+    /// or the cursor it was asked with again.
+    Endless,
+}
+
+impl ToolsPager {
+    /// The most pages read of one listing.
+    pub const MAX_PAGES: usize = 1000;
+
+    /// The cursor of the next page (raw JSON); none for the first.
+    pub fn cursor(&self) -> Option<&str> {
+        self.cursor.as_deref()
+    }
+
+    /// The params of the request for the next page, with `meta` as
+    /// `_meta`.
+    pub fn params(&self, meta: Option<&str>) -> String {
+        tools_list_params(self.cursor(), meta)
+    }
+
+    /// A page arrived: what follows it.
+    pub fn next(&mut self, page: &ToolsPage) -> Next {
+        self.pages += 1;
+        let Some(next) = page.next_cursor.as_deref().filter(|c| !c.is_empty()) else {
+            return Next::Last;
+        };
+        let next = jsonrpc::json_string(next);
+        if self.cursor.as_deref() == Some(next.as_str()) || self.pages >= Self::MAX_PAGES {
+            return Next::Endless;
+        }
+        self.cursor = Some(next);
+        Next::Page
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(cursor: Option<&str>) -> ToolsPage {
+        ToolsPage {
+            tools: Vec::new(),
+            next_cursor: cursor.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn pages_follow_the_cursor_until_the_last() {
+        let mut p = ToolsPager::default();
+        assert_eq!(p.params(None), "{}");
+        assert_eq!(p.next(&page(Some("2"))), Next::Page);
+        assert_eq!(p.params(None), r#"{"cursor":"2"}"#);
+        assert_eq!(p.next(&page(Some("a\"b"))), Next::Page);
+        assert_eq!(p.cursor(), Some(r#""a\"b""#));
+        assert_eq!(p.next(&page(None)), Next::Last);
+        let mut p = ToolsPager::default();
+        assert_eq!(p.next(&page(Some(""))), Next::Last);
+    }
+
+    #[test]
+    fn a_cursor_that_repeats_or_too_many_pages_end_the_listing() {
+        let mut p = ToolsPager::default();
+        assert_eq!(p.next(&page(Some("x"))), Next::Page);
+        assert_eq!(p.next(&page(Some("x"))), Next::Endless);
+        let mut p = ToolsPager::default();
+        for i in 1..ToolsPager::MAX_PAGES {
+            assert_eq!(p.next(&page(Some(&i.to_string()))), Next::Page, "{i}");
+        }
+        assert_eq!(p.next(&page(Some("last"))), Next::Endless);
+    }
+
+    #[test]
+    fn params_carry_the_envelope() {
+        let meta = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}"#;
+        assert_eq!(
+            tools_list_params(Some("\"c\""), Some(meta)),
+            format!(r#"{{"cursor":"c","_meta":{meta}}}"#)
+        );
+    }
+
+    #[test]
+    fn the_envelope_is_the_protocol_members_of_a_modern_request() {
+        let params = r#"{"name":"t","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"progressToken":1}}"#;
+        assert_eq!(
+            envelope(params).as_deref(),
+            Some(
+                r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#
+            )
+        );
+        assert_eq!(meta_version(Some(params)).as_deref(), Some("2026-07-28"));
+        let old = r#"{"_meta":{"progressToken":1,"io.modelcontextprotocol/x":1}}"#;
+        assert_eq!(envelope(old), None);
+        assert_eq!(meta_version(Some(old)), None);
+        assert_eq!(meta_version(None), None);
+    }
+}
