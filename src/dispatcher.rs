@@ -25,7 +25,6 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
-use crate::fasthash::FastMap;
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
 use crate::policy::recovery::Recovery;
@@ -37,12 +36,14 @@ mod actions;
 mod calls;
 mod link;
 mod publish;
+mod requests;
 #[cfg(test)]
 mod tests;
 mod trace;
 
 use calls::{Action, CallTimer, Calls, Owner};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
+use requests::{Batch, ClientRequest, Inflight, Method, Requests, ServerRequest};
 
 /// Everything that can wake the dispatcher.
 #[derive(Debug)]
@@ -198,76 +199,6 @@ struct TimerEntry {
     timer: Timer,
 }
 
-/// What a downstream id stands for, unless it is a call's (those are
-/// [`Calls`]'s).
-#[derive(Debug)]
-enum Inflight {
-    /// A client request relayed as is; `resend` keeps read-only requests,
-    /// which are sent again after a restart.
-    Client {
-        client_id: String,
-        method: Method,
-        resend: Option<Message>,
-    },
-    /// The proxy's replay of the session to a new incarnation.
-    Replay(ReplayStep),
-    /// The proxy's own `tools/list`, to learn annotations.
-    ToolsList,
-}
-
-/// Methods whose answers the dispatcher looks at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Method {
-    Initialize,
-    /// `tools/list`; `first` when it asks for the first page.
-    ToolsList {
-        first: bool,
-    },
-    /// A request that only reads: sent again after a restart.
-    ReadOnly,
-    Other,
-}
-
-/// A client request not yet answered.
-#[derive(Debug)]
-struct ClientRequest {
-    /// Where it is at the server, if it was sent.
-    downstream: Option<u64>,
-    /// The batch it belongs to.
-    batch: Option<u64>,
-    /// The `tools/call` it started or joined.
-    call: Option<u64>,
-    /// Its place in the queue while the server restarts.
-    queued: Option<u64>,
-    /// Since when, and until when, it waits (or waited) for the server:
-    /// kept when it is queued again, so it never waits longer in all.
-    waited: Option<(Instant, Instant)>,
-    /// For its span should it fail (export on, not `tools/call`).
-    trace: Option<Box<crate::otel::RequestTrace>>,
-    /// Its id's slot in `Dispatcher::pending`.
-    pending: u32,
-}
-
-/// A request from the server to the client, waiting for the client's answer.
-#[derive(Debug)]
-pub(super) struct ServerRequest {
-    generation: u64,
-    /// The server's own id, raw.
-    server_id: String,
-    /// It waits for a person (sampling, elicitation): attempt clocks pause.
-    pauses: bool,
-}
-
-/// Collects the answers to a batch (2025-03-26) into one array.
-#[derive(Debug, Default)]
-struct Batch {
-    outstanding: usize,
-    answers: Vec<Vec<u8>>,
-    /// The `pending` slots of the requests whose answers wait in
-    /// `answers`: pending until the array is sent.
-    answered: Vec<u32>,
-}
-
 /// Shutdown progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -294,19 +225,8 @@ pub struct Dispatcher {
     connect: Connector,
     link: Link,
     generation: u64,
-    next_downstream_id: u64,
-    inflight: FastMap<u64, Inflight>,
-    /// Requests whose lines still wait to be written to the server, by
-    /// downstream id: withdrawn when their call is over.
-    unwritten: FastMap<u64, crate::downstream::Withdraw>,
-    client_requests: FastMap<String, ClientRequest>,
-    server_requests: FastMap<u64, ServerRequest>,
-    /// Open server requests that pause attempt clocks, and since when.
-    pausing: usize,
-    paused_since: Option<Instant>,
-    next_server_request_id: u64,
-    batches: FastMap<u64, Batch>,
-    next_batch: u64,
+    /// Every request in flight across the proxy, and the ids given to them.
+    requests: Requests,
     /// What a restarted server must be told.
     session: Session,
     /// Traffic waiting for a (re)starting server, with sequence numbers.
@@ -347,9 +267,6 @@ pub struct Dispatcher {
     /// flush is scheduled.
     otel: Option<crate::otel::Tracer>,
     otel_flush_pending: bool,
-    /// The ids of `client_requests` not yet answered, kept where a panic
-    /// here cannot lose them (see `proxy.rs`).
-    pending: Pending,
 }
 
 impl Dispatcher {
@@ -369,16 +286,7 @@ impl Dispatcher {
                 message: "the server has not been started".into(),
             },
             generation: 0,
-            next_downstream_id: 0,
-            inflight: FastMap::default(),
-            unwritten: FastMap::default(),
-            client_requests: FastMap::default(),
-            server_requests: FastMap::default(),
-            pausing: 0,
-            paused_since: None,
-            next_server_request_id: 0,
-            batches: FastMap::default(),
-            next_batch: 0,
+            requests: Requests::default(),
             session: Session::default(),
             queue: VecDeque::new(),
             queue_seq: 0,
@@ -400,7 +308,6 @@ impl Dispatcher {
             handled_bytes: 0,
             otel: None,
             otel_flush_pending: false,
-            pending: Pending::default(),
             cfg,
         }
     }
@@ -408,7 +315,7 @@ impl Dispatcher {
     /// The ids of the client's requests not yet answered, for the guard
     /// around [`Dispatcher::run`].
     pub fn pending(&self) -> Pending {
-        self.pending.clone()
+        self.requests.pending.clone()
     }
 
     /// Sends the `--stats-file` document to `out` every few seconds while
@@ -480,7 +387,7 @@ impl Dispatcher {
     /// The session ends: requests still waiting (a call in backoff, say)
     /// get their one answer before the proxy exits.
     fn answer_remaining(&mut self) {
-        let mut ids: Vec<String> = self.client_requests.keys().cloned().collect();
+        let mut ids: Vec<String> = self.requests.client.keys().cloned().collect();
         ids.sort();
         for id in ids {
             self.answer_proxy_error(&id, Reason::ServerUnavailable, "mcp-retry is shutting down");
@@ -588,7 +495,7 @@ impl Dispatcher {
             Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),
             Timer::QueueExpired { seq } => self.queue_expired(seq, now),
             Timer::LearnTools => {
-                let client_listing = self.inflight.values().any(|f| {
+                let client_listing = self.requests.inflight.values().any(|f| {
                     matches!(
                         f,
                         Inflight::Client {
@@ -713,7 +620,7 @@ impl Dispatcher {
             "message of {len} bytes exceeds max_message_bytes ({max}) and was not forwarded"
         );
         match id {
-            Some(id) if !self.client_requests.contains_key(&id) => {
+            Some(id) if !self.requests.client.contains_key(&id) => {
                 warn!("answered a client request: {message}");
                 self.send_client(jsonrpc::error_line(
                     Some(&id),
@@ -746,8 +653,7 @@ impl Dispatcher {
             ));
             return;
         }
-        self.next_batch += 1;
-        let id = self.next_batch;
+        let id = self.requests.next_batch();
         let expected = items
             .iter()
             .filter(|p| match p {
@@ -762,7 +668,7 @@ impl Dispatcher {
             }
             return;
         }
-        self.batches.insert(
+        self.requests.batches.insert(
             id,
             Batch {
                 outstanding: expected,
@@ -786,7 +692,7 @@ impl Dispatcher {
     }
 
     fn batch_answer(&mut self, batch: u64, line: Vec<u8>) {
-        if self.batches.contains_key(&batch) {
+        if self.requests.batches.contains_key(&batch) {
             self.batch_entry(batch, Some(line));
         } else {
             self.send_client(line);
@@ -796,7 +702,7 @@ impl Dispatcher {
     /// Counts one request of a batch as done (with its answer, if any) and
     /// sends the array once all are.
     fn batch_entry(&mut self, batch: u64, line: Option<Vec<u8>>) {
-        let Some(b) = self.batches.get_mut(&batch) else {
+        let Some(b) = self.requests.batches.get_mut(&batch) else {
             return;
         };
         if let Some(mut line) = line {
@@ -809,7 +715,7 @@ impl Dispatcher {
         if b.outstanding > 0 {
             return;
         }
-        let b = self.batches.remove(&batch).expect("present");
+        let b = self.requests.batches.remove(&batch).expect("present");
         if !b.answers.is_empty() {
             let mut out = b"[".to_vec();
             out.extend_from_slice(&b.answers.join(&b","[..]));
@@ -817,13 +723,13 @@ impl Dispatcher {
             self.send_client(out);
         }
         for slot in b.answered {
-            self.pending.remove(slot);
+            self.requests.pending.remove(slot);
         }
     }
 
     fn on_client_request(&mut self, m: Message, batch: Option<u64>, now: Instant) {
         let client_id = m.id().expect("requests have ids").to_owned();
-        if self.client_requests.contains_key(&client_id) {
+        if self.requests.client.contains_key(&client_id) {
             let message =
                 format!("invalid request: a request with id {client_id} is already in flight");
             return self.refuse_invalid(&client_id, &message, batch);
@@ -842,7 +748,7 @@ impl Dispatcher {
         {
             self.session.modern_meta = m.params().and_then(crate::mcp::envelope);
         }
-        self.client_requests.insert(
+        self.requests.client.insert(
             client_id.clone(),
             ClientRequest {
                 downstream: None,
@@ -854,10 +760,10 @@ impl Dispatcher {
                     .otel
                     .as_mut()
                     .and_then(|t| t.request_started(&method, m.params(), now)),
-                pending: self.pending.add(&client_id),
+                pending: self.requests.pending.add(&client_id),
             },
         );
-        if self.client_requests.len() > self.cfg.max_in_flight {
+        if self.requests.client.len() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
                 self.cfg.max_in_flight
@@ -967,7 +873,7 @@ impl Dispatcher {
         .then(|| m.clone());
         let method = m.method().unwrap_or_default().into_owned();
         let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
-        self.inflight.insert(
+        self.requests.inflight.insert(
             down,
             Inflight::Client {
                 client_id: client_id.clone(),
@@ -975,11 +881,11 @@ impl Dispatcher {
                 resend,
             },
         );
-        if let Some(r) = self.client_requests.get_mut(&client_id) {
+        if let Some(r) = self.requests.client.get_mut(&client_id) {
             r.downstream = Some(down);
         }
         if let SendResult::Overloaded(message) = self.send_server_request(out) {
-            self.inflight.remove(&down);
+            self.requests.inflight.remove(&down);
             if is_ping {
                 // The proxy is alive, and says so, as while the server is
                 // down.
@@ -992,8 +898,7 @@ impl Dispatcher {
     }
 
     fn next_id(&mut self) -> u64 {
-        self.next_downstream_id += 1;
-        self.next_downstream_id
+        self.requests.next_downstream()
     }
 
     fn on_client_notification(&mut self, m: Message, now: Instant) {
@@ -1044,10 +949,10 @@ impl Dispatcher {
             // one (a request that never gets an answer).
             return warn!("dropped a cancel whose params repeat the member {name:?}");
         }
-        let Some(req) = self.client_requests.remove(&request_id) else {
+        let Some(req) = self.requests.client.remove(&request_id) else {
             return debug!("dropped a cancel for unknown or finished request {request_id}");
         };
-        self.pending.remove(req.pending);
+        self.requests.pending.remove(req.pending);
         if let Some(b) = req.batch {
             // A cancelled request gets no entry in its batch's answer.
             self.batch_entry(b, None);
@@ -1066,7 +971,7 @@ impl Dispatcher {
             });
         }
         if let Some(down) = req.downstream {
-            self.inflight.remove(&down);
+            self.requests.inflight.remove(&down);
             if self.withdraw(down) {
                 return debug!(
                     "withdrew downstream request {down} (the client's {request_id}) before the server read it"
@@ -1128,16 +1033,16 @@ impl Dispatcher {
         let Some(down) = id
             .parse::<u64>()
             .ok()
-            .filter(|d| *d <= self.next_downstream_id)
+            .filter(|d| *d <= self.requests.next_downstream_id)
         else {
             return warn!(
                 "dropped a response from the server with an id the proxy never issued: {id}"
             );
         };
-        if !self.unwritten.is_empty() {
-            self.unwritten.remove(&down);
+        if !self.requests.unwritten.is_empty() {
+            self.requests.unwritten.remove(&down);
         }
-        match self.inflight.remove(&down) {
+        match self.requests.inflight.remove(&down) {
             Some(Inflight::Client {
                 client_id, method, ..
             }) => {
@@ -1188,11 +1093,11 @@ impl Dispatcher {
         let Some(down) = id
             .parse::<u64>()
             .ok()
-            .filter(|d| *d <= self.next_downstream_id)
+            .filter(|d| *d <= self.requests.next_downstream_id)
         else {
             return debug!("the dropped answer had an id the proxy never issued: {id}");
         };
-        match self.inflight.remove(&down) {
+        match self.requests.inflight.remove(&down) {
             Some(Inflight::Client { client_id, .. }) => {
                 self.served();
                 warn!("answered client request {client_id} with an error: {message}");
@@ -1248,8 +1153,7 @@ impl Dispatcher {
     }
 
     fn on_server_request(&mut self, m: Message, now: Instant) {
-        self.next_server_request_id += 1;
-        let ours = self.next_server_request_id;
+        let ours = self.requests.next_server_id();
         // A person may be answering these: attempts do not time out
         // meanwhile. `ping` and `roots/list` are answered by the client
         // itself and pause nothing.
@@ -1258,12 +1162,12 @@ impl Dispatcher {
             Some("sampling/createMessage" | "elicitation/create")
         );
         if pauses {
-            if self.pausing == 0 {
-                self.paused_since = Some(now);
+            if self.requests.pausing == 0 {
+                self.requests.paused_since = Some(now);
             }
-            self.pausing += 1;
+            self.requests.pausing += 1;
         }
-        self.server_requests.insert(
+        self.requests.server.insert(
             ours,
             ServerRequest {
                 generation: self.generation,
@@ -1276,16 +1180,12 @@ impl Dispatcher {
 
     /// Forgets a request of the server's (answered, withdrawn, or its
     /// server gone); the last one that paused attempt clocks resumes them.
-    pub(super) fn close_server_request(
-        &mut self,
-        ours: u64,
-        now: Instant,
-    ) -> Option<ServerRequest> {
-        let req = self.server_requests.remove(&ours)?;
+    fn close_server_request(&mut self, ours: u64, now: Instant) -> Option<ServerRequest> {
+        let req = self.requests.server.remove(&ours)?;
         if req.pauses {
-            self.pausing -= 1;
-            if self.pausing == 0 {
-                if let Some(since) = self.paused_since.take() {
+            self.requests.pausing -= 1;
+            if self.requests.pausing == 0 {
+                if let Some(since) = self.requests.paused_since.take() {
                     self.with_calls(now, |c, ctx, out| c.resume_clocks(since, ctx, out));
                 }
             }
@@ -1313,7 +1213,8 @@ impl Dispatcher {
             };
             let generation = self.generation;
             let ours = self
-                .server_requests
+                .requests
+                .server
                 .iter()
                 .find(|(_, r)| r.generation == generation && r.server_id == server_id)
                 .map(|(k, _)| *k);
@@ -1331,7 +1232,7 @@ impl Dispatcher {
 
     /// Delivers the answer to a client request and forgets the request.
     pub(super) fn answer(&mut self, client_id: &str, line: Vec<u8>) {
-        let request = self.client_requests.remove(client_id);
+        let request = self.requests.client.remove(client_id);
         if let (Some(t), Some(r)) = (
             &mut self.otel,
             request.as_ref().and_then(|r| r.trace.as_ref()),
@@ -1344,15 +1245,15 @@ impl Dispatcher {
                 pending,
                 ..
             }) => {
-                match self.batches.get_mut(&b) {
+                match self.requests.batches.get_mut(&b) {
                     Some(batch) => batch.answered.push(pending),
-                    None => self.pending.remove(pending),
+                    None => self.requests.pending.remove(pending),
                 }
                 self.batch_answer(b, line);
             }
             Some(r) => {
                 self.send_client(line);
-                self.pending.remove(r.pending);
+                self.requests.pending.remove(r.pending);
             }
             None => debug!("dropped an answer for request {client_id}, which the client cancelled"),
         }

@@ -61,7 +61,7 @@ impl Dispatcher {
             reachable: ready || self.link_restarting(),
             initialized: self.session.initialized || self.session.modern_meta.is_some(),
             generation: self.generation_to_ask(),
-            paused: self.paused_since.is_some(),
+            paused: self.requests.paused_since.is_some(),
         }
     }
 
@@ -92,7 +92,7 @@ impl Dispatcher {
             Arrival::Joined(call) => call,
             Arrival::Started(call) => Some(call),
         };
-        if let Some(r) = self.client_requests.get_mut(&client_id) {
+        if let Some(r) = self.requests.client.get_mut(&client_id) {
             r.call = call;
         }
         if let Arrival::Started(id) = arrival {
@@ -188,13 +188,13 @@ impl Dispatcher {
     pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
         let down = self.next_id();
         let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
-        self.inflight.insert(down, Inflight::ToolsList);
+        self.requests.inflight.insert(down, Inflight::ToolsList);
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
         if self.send_server(Outgoing::request(down, "tools/list", line)) {
             let at = now + self.cfg.call_timeout;
             self.set_timer(at, Timer::ToolsListTimeout { down });
         } else {
-            self.inflight.remove(&down);
+            self.requests.inflight.remove(&down);
             self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
         }
     }
@@ -203,8 +203,8 @@ impl Dispatcher {
     /// unknown, and calls waiting for them are decided now (unknown means
     /// unsafe) rather than at their deadline.
     pub(super) fn tools_list_timed_out(&mut self, down: u64, now: Instant) {
-        if let Some(Inflight::ToolsList) = self.inflight.get(&down) {
-            self.inflight.remove(&down);
+        if let Some(Inflight::ToolsList) = self.requests.inflight.get(&down) {
+            self.requests.inflight.remove(&down);
             warn!(
                 "the server did not answer the proxy's tools/list within {}; tool annotations stay unknown",
                 super::calls::secs(self.cfg.call_timeout)

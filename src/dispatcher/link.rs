@@ -317,11 +317,12 @@ impl Dispatcher {
                     method,
                 } => {
                     let still_wanted = self
-                        .client_requests
+                        .requests
+                        .client
                         .get(&client_id)
                         .is_some_and(|r| r.queued == Some(seq));
                     if still_wanted {
-                        if let Some(r) = self.client_requests.get_mut(&client_id) {
+                        if let Some(r) = self.requests.client.get_mut(&client_id) {
                             r.queued = None;
                         }
                         self.relay_request(m, client_id, method, now);
@@ -360,7 +361,8 @@ impl Dispatcher {
     fn replay_initialize(&mut self, now: Instant) {
         let params = self.session.init_params.clone().unwrap_or_default();
         let down = self.next_id();
-        self.inflight
+        self.requests
+            .inflight
             .insert(down, Inflight::Replay(ReplayStep::Initialize));
         debug!("replaying the client's initialize to the new server");
         let line = jsonrpc::request_line(&down.to_string(), "initialize", Some(&params));
@@ -417,7 +419,8 @@ impl Dispatcher {
         }
         for (method, params) in replays {
             let down = self.next_id();
-            self.inflight
+            self.requests
+                .inflight
                 .insert(down, Inflight::Replay(ReplayStep::Other));
             let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
             self.send_server(Outgoing::request(down, method, line));
@@ -520,7 +523,7 @@ impl Dispatcher {
             let Some(down) = out.request_id() else {
                 continue;
             };
-            match self.inflight.remove(&down) {
+            match self.requests.inflight.remove(&down) {
                 Some(Inflight::Client {
                     client_id, method, ..
                 }) => {
@@ -552,8 +555,8 @@ impl Dispatcher {
     /// decide: the safety gate for one that may have run; one refused is
     /// final), the proxy's own requests are given up.
     fn on_transport_failed(&mut self, down: u64, failure: TransportFailure, now: Instant) {
-        self.unwritten.remove(&down);
-        match self.inflight.remove(&down) {
+        self.requests.unwritten.remove(&down);
+        match self.requests.inflight.remove(&down) {
             Some(Inflight::Client { client_id, .. }) => {
                 warn!("answered client request {client_id}: {}", failure.message);
                 let error = failure_error(&failure);
@@ -602,7 +605,7 @@ impl Dispatcher {
             let Some(down) = out.request_id() else {
                 continue;
             };
-            match self.inflight.remove(&down) {
+            match self.requests.inflight.remove(&down) {
                 Some(Inflight::Client { client_id, .. }) => {
                     // Not run: the client may send it again, not before
                     // the hint. The proxy's error, never one dressed as
@@ -672,7 +675,7 @@ impl Dispatcher {
             self.link = Link::Outage;
         }
         drop(conn);
-        self.unwritten.clear();
+        self.requests.unwritten.clear();
 
         // Call attempts in flight failed; the policies decide.
         let may_have_received = gone.may_have_received;
@@ -680,7 +683,7 @@ impl Dispatcher {
             c.on_link_lost(&message, may_have_received, stopping, ctx, out)
         });
         // Other requests: reads are sent again, the rest answered.
-        let mut lost: Vec<(u64, Inflight)> = self.inflight.drain().collect();
+        let mut lost: Vec<(u64, Inflight)> = self.requests.inflight.drain().collect();
         lost.sort_by_key(|(down, _)| *down);
         for (_, f) in lost {
             let Inflight::Client {
@@ -700,7 +703,7 @@ impl Dispatcher {
             }
         }
         // Requests from the dead server the client has not answered yet.
-        let mut open: Vec<u64> = self.server_requests.keys().copied().collect();
+        let mut open: Vec<u64> = self.requests.server.keys().copied().collect();
         open.sort();
         for id in open {
             self.close_server_request(id, now);
@@ -726,7 +729,7 @@ impl Dispatcher {
         method: Method,
         now: Instant,
     ) {
-        let window = self.client_requests.get(&client_id).and_then(|r| r.waited);
+        let window = self.requests.client.get(&client_id).and_then(|r| r.waited);
         let (since, expires) = window.unwrap_or((now, self.wait_until(now)));
         let item = Queued::Request {
             m,
@@ -735,7 +738,7 @@ impl Dispatcher {
         };
         match self.enqueue(item, since, expires.max(now)) {
             Some(seq) => {
-                if let Some(r) = self.client_requests.get_mut(&client_id) {
+                if let Some(r) = self.requests.client.get_mut(&client_id) {
                     r.queued = Some(seq);
                     r.downstream = None;
                     r.waited = Some((since, expires));
@@ -881,7 +884,7 @@ impl Dispatcher {
             }
             Sent::Written => SendResult::Sent,
             Sent::Queued(w) => {
-                self.unwritten.insert(down, w);
+                self.requests.unwritten.insert(down, w);
                 SendResult::Sent
             }
         }
@@ -890,7 +893,10 @@ impl Dispatcher {
     /// Withdraws request `down` if its line still waits to be written:
     /// true if it never will be (the server never sees it).
     pub(super) fn withdraw(&mut self, down: u64) -> bool {
-        self.unwritten.remove(&down).is_some_and(|w| w.withdraw())
+        self.requests
+            .unwritten
+            .remove(&down)
+            .is_some_and(|w| w.withdraw())
     }
 
     /// Whether the server is expected back: it is starting, or down for a
