@@ -7,6 +7,9 @@
 
 #![forbid(unsafe_code)]
 
+use super::env_file::parse_env_file;
+use super::server::HOST_KEYS;
+use super::suggest::edit_distance;
 use super::*;
 
 const YAML: &str = "/p/c.yaml";
