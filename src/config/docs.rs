@@ -331,7 +331,7 @@ pub fn schema() -> Json {
     server.extend(policy_properties(""));
     // The hosts' files also take other hosts' spellings of a few keys.
     let mut host_server = server.clone();
-    for (theirs, ours) in super::HOST_SPELLINGS {
+    for (theirs, ours) in super::server::HOST_SPELLINGS {
         let mut schema = server[*ours].clone();
         schema["description"] = json!(format!("Another host's spelling of `{ours}`."));
         host_server.insert(theirs.to_string(), schema);
@@ -424,7 +424,8 @@ mod tests {
     use super::super::keys::POLICY_KEYS;
     use super::text::*;
     use super::*;
-    use crate::config::{parse, Format, Node, Val};
+    use crate::config::{parse, Format};
+    use mcp_retry_yaml::{Node, Val};
     use std::path::{Path, PathBuf};
 
     fn repo_file(name: &str) -> PathBuf {
@@ -610,7 +611,7 @@ mod tests {
             let value = match path.extension().and_then(|e| e.to_str()) {
                 Some("yaml" | "yml") => {
                     let name = path.display().to_string();
-                    to_json(&crate::config::yaml_tree(&text(), &name).unwrap())
+                    to_json(&crate::config::syntax::yaml_tree(&text(), &name).unwrap())
                 }
                 Some("json") => serde_json::from_str(&text()).unwrap(),
                 _ => continue,
