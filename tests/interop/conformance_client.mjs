@@ -58,8 +58,16 @@ const scenarios = {
   tools_call: listAndCall,
   "elicitation-sep1034-client-defaults": listAndCall,
   // The server closes the call's stream after a priming event carrying
-  // `retry: 500`; the answer comes on the GET that resumes it.
-  "sse-retry": listAndCall,
+  // `retry: 500`; the answer comes on the GET that resumes it. The call is
+  // the first request after `initialized`, so the server's own GET stream
+  // must already be open when it goes out: a GET opened later would take
+  // the answer before the resumption and look like a reconnection that did
+  // not wait.
+  "sse-retry": async () => {
+    const result = await client.callTool({ name: "test_reconnection", arguments: {} });
+    record("tools/call test_reconnection", result, !result.isError);
+    record("tools/list", await client.listTools());
+  },
 };
 if (!(scenario in scenarios)) {
   console.error(`conformance_client.mjs: no client for scenario ${scenario}`);
