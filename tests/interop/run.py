@@ -799,6 +799,8 @@ def conformance_once(scenario: str, kind: str, proxy: str, base: str) -> tuple[R
         env["INTEROP_PROXY"] = json.dumps([PYTHON, os.path.join(HERE, "tap.py"), wire, "--", proxy])
     # The tool splits --command at spaces and runs it with a shell.
     client = "node " + shlex.quote(os.path.join(HERE, "conformance_client.mjs"))
+    # The tool's test servers listen on every interface: loopback.cjs would
+    # make listen() asynchronous, and the tool reads the port back at once.
     command = ["node", CONFORMANCE_CLI, "client", "--scenario", scenario, "--command", client, "-o", results]
     with open(os.path.join(run_dir, "conformance.log"), "w+", encoding="utf-8") as log:
         try:
