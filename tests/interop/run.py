@@ -19,7 +19,10 @@ and compared check by check:
 Results must be identical except for what the normalizers below remove, each
 for a stated reason. One group is different: py_faults.py puts network faults
 between mcp-retry and the Python SDK server over Streamable HTTP and judges
-each step by the server's execution log (see fault_checks). The report is one PASS/FAIL line per check and ends with
+each step by the server's execution log (see fault_checks). The official
+conformance tool's client scenarios are another: the tool's own test server
+judges conformance_client.mjs, directly and through `mcp-retry run --url`
+(see conformance_checks). The report is one PASS/FAIL line per check and ends with
 `N passed, M failed`; the exit status is 1 when anything failed.
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ import difflib
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -668,16 +672,25 @@ def cancel_checks(direct: RunResult, proxied: RunResult, http: bool) -> list[Che
     return checks
 
 
+def proxied_wire_checks(proxied: RunResult) -> list[Check]:
+    """The proxied wire alone, where the direct run has none (its client
+    speaks HTTP): each request answered once, under its id; no garbage."""
+    kinds = classify(proxied.client_wire)
+    problems = not_answered_once(kinds)
+    if not kinds["client_requests"]:
+        problems.append("the client sent no request through the proxy")
+    return [
+        Check("wire: every request got exactly one answer through mcp-retry, under the client's own id",
+              not problems, "\n".join(problems[:10])),
+        Check("wire: every line is a JSON-RPC message", not kinds["garbage"],
+              "\n".join(line for line, _ in kinds["garbage"][:5])),
+    ]
+
+
 def python_http_checks(sc: Scenario, direct: RunResult, proxied: RunResult) -> list[Check]:
     """The Python SDK server over Streamable HTTP: the proxied wire, what
     the server executed in each run, and what the fault proxy saw."""
-    checks = []
-    kinds = classify(proxied.client_wire)
-    problems = not_answered_once(kinds)
-    checks.append(Check("wire: every request got exactly one answer through mcp-retry, under the client's own id",
-                        not problems, "\n".join(problems[:10])))
-    checks.append(Check("wire: every line is a JSON-RPC message", not kinds["garbage"],
-                        "\n".join(line for line, _ in kinds["garbage"][:5])))
+    checks = proxied_wire_checks(proxied)
 
     def runs(r: RunResult) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -753,6 +766,92 @@ def fault_checks(proxy: str, base: str) -> tuple[list[Check], str]:
         return [Check(c["name"], c["ok"], c["detail"]) for c in json.load(f)["checks"]], run_dir
 
 
+# The official client conformance scenarios (@modelcontextprotocol/conformance):
+# the tool starts a test server of its own for each and runs
+# conformance_client.mjs against it, which connects directly (the SDK's
+# Streamable HTTP client) or, as a stdio client, through `mcp-retry run
+# --url`. The tool judges the server's side (checks.json); each of its
+# verdicts becomes a check here, and so does what the client got.
+CONFORMANCE_SCENARIOS = ("initialize", "tools_call", "elicitation-sep1034-client-defaults", "sse-retry")
+CONFORMANCE_CLI = os.path.join(NODE_MODULES, "@modelcontextprotocol", "conformance", "dist", "index.js")
+# The tool's verdict on reconnection timing is WARNING when the reconnect
+# came up to 200 ms after `retry:` ("acceptable but may indicate network
+# delays"): on a loaded machine that is the scheduler, not the client.
+# Anything later, or earlier, is a FAILURE, and any other WARNING fails here.
+CONFORMANCE_LATE_OK = "client-sse-retry-timing"
+
+
+def conformance_label(scenario: str) -> str:
+    return f"typescript-sdk [initialize] x conformance client scenario {scenario} over Streamable HTTP"
+
+
+def conformance_once(scenario: str, kind: str, proxy: str, base: str) -> tuple[RunResult, list[dict[str, Any]]]:
+    """One run of the conformance tool: the client's result, and the
+    tool's checks (those with a verdict: SUCCESS, FAILURE or WARNING)."""
+    run_dir = os.path.join(base, f"conformance-{scenario}-{kind}")
+    results = os.path.join(run_dir, "results")
+    os.makedirs(results)
+    result = RunResult(kind, run_dir)
+    out = os.path.join(run_dir, "client-out.json")
+    env = dict(os.environ, INTEROP_OUT=out, MCP_RETRY_LOG="info", NO_PROXY="127.0.0.1,localhost")
+    if kind == "proxied":
+        wire = os.path.join(run_dir, "client-wire.jsonl")
+        env["INTEROP_PROXY"] = json.dumps([PYTHON, os.path.join(HERE, "tap.py"), wire, "--", proxy])
+    # The tool splits --command at spaces and runs it with a shell.
+    client = "node " + shlex.quote(os.path.join(HERE, "conformance_client.mjs"))
+    # The tool's test servers listen on every interface: loopback.cjs would
+    # make listen() asynchronous, and the tool reads the port back at once.
+    command = ["node", CONFORMANCE_CLI, "client", "--scenario", scenario, "--command", client, "-o", results]
+    with open(os.path.join(run_dir, "conformance.log"), "w+", encoding="utf-8") as log:
+        try:
+            subprocess.run(command, cwd=run_dir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                           timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            result.failure = f"the conformance tool did not finish within {RUN_TIMEOUT}s"
+        log.seek(0)
+        tool_log = log.read()
+    found = {name: os.path.join(d, name) for d, _dirs, files in os.walk(results) for name in files}
+    if "stderr.txt" in found:
+        with open(found["stderr.txt"], encoding="utf-8") as f:
+            result.stderr = f.read()  # the client's stderr, and so mcp-retry's
+    if os.path.exists(out):
+        with open(out, encoding="utf-8") as f:
+            result.steps = json.load(f)["steps"]
+    elif result.failure is None:
+        tail = "\n".join(tool_log.splitlines()[-25:])
+        result.failure = f"the client did not finish the scenario; the conformance tool's output ends:\n{tail}"
+    result.client_wire = read_jsonl(os.path.join(run_dir, "client-wire.jsonl"))
+    verdicts = []
+    if "checks.json" in found:
+        with open(found["checks.json"], encoding="utf-8") as f:
+            verdicts = [c for c in json.load(f) if c.get("status") in ("SUCCESS", "FAILURE", "WARNING")]
+    return result, verdicts
+
+
+def conformance_checks(scenario: str, proxy: str, base: str) -> tuple[list[Check], list[str]]:
+    """A client scenario run directly and through mcp-retry: the tool's
+    verdicts on both, what the client got, the proxied wire and log."""
+    direct, d_verdicts = conformance_once(scenario, "direct", proxy, base)
+    proxied, p_verdicts = conformance_once(scenario, "proxied", proxy, base)
+    checks = [Check(f"the {r.kind} run completed", False, r.failure) for r in (direct, proxied) if r.failure]
+    d_status = {c["id"]: c["status"] for c in d_verdicts}
+    p_ids = [c["id"] for c in p_verdicts]
+    if not p_verdicts or sorted(p_ids) != sorted(d_status):
+        checks.append(Check("the conformance tool judged the same checks directly and through mcp-retry", False,
+                            f"direct:  {sorted(d_status)}\nproxied: {sorted(p_ids)}"))
+    for c in p_verdicts:
+        status = c["status"]
+        late = c["id"] == CONFORMANCE_LATE_OK and "slightly late" in (c.get("errorMessage") or "")
+        ok = status == "SUCCESS" or (status == "WARNING" and late)
+        name = f"conformance {c['id']}: {status} through mcp-retry ({d_status.get(c['id'], 'absent')} directly)"
+        why = c.get("errorMessage") or (c.get("details") or {}).get("message") or ""
+        checks.append(Check(name, ok, "" if ok else f"{c.get('description', '')}: {why}"))
+    checks += compare_steps(direct, proxied, False)
+    checks += proxied_wire_checks(proxied)
+    checks.append(proxy_log_check(proxied))
+    return checks, [direct.dir, proxied.dir]
+
+
 def report(label: str, checks: list[Check], dirs: list[str]) -> tuple[int, int]:
     """Prints one line per check; returns (passed, failed)."""
     for c in checks:
@@ -802,6 +901,14 @@ def main() -> int:
             checks += cancel_checks(direct, proxied, http)
             checks.append(proxy_log_check(proxied))
         p, f = report(sc.label, checks, [direct.dir, proxied.dir])
+        passed, failed = passed + p, failed + f
+    for scenario in CONFORMANCE_SCENARIOS:
+        label = conformance_label(scenario)
+        if args.only and args.only not in label:
+            continue
+        print(f"\n== {label}", flush=True)
+        checks, dirs = conformance_checks(scenario, proxy, base)
+        p, f = report(label, checks, dirs)
         passed, failed = passed + p, failed + f
     # Network faults between mcp-retry and a real server: one group, one
     # server and one session for all of them (py_faults.py).
