@@ -112,6 +112,8 @@ pub enum Reason {
     Rejected,
     /// A bug in mcp-retry stopped the session (a panic on the dispatcher).
     InternalError,
+    /// The request cannot be sent as the client wrote it (-32602).
+    InvalidParams,
 }
 
 impl Reason {
@@ -131,6 +133,62 @@ impl Reason {
             Reason::TransportError => "transport_error",
             Reason::Rejected => "rejected",
             Reason::InternalError => "internal_error",
+            Reason::InvalidParams => "invalid_params",
+        }
+    }
+}
+
+/// What a finished call reports: a result, the server's own error, or the
+/// proxy's error with its reason. The one thing the stats, `status` and
+/// OpenTelemetry count a call's end by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    Ok,
+    ServerError,
+    Proxy(Reason),
+}
+
+impl CallOutcome {
+    /// The label a failure is counted under (`server_error` or the
+    /// proxy's reason); none for a result.
+    pub fn failure_label(self) -> Option<&'static str> {
+        match self {
+            CallOutcome::Ok => None,
+            CallOutcome::ServerError => Some("server_error"),
+            CallOutcome::Proxy(r) => Some(r.as_str()),
+        }
+    }
+}
+
+/// An error a call ends with: its error object (raw JSON), and whose it
+/// is (`None`: the server's own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallError {
+    pub object: String,
+    pub reason: Option<Reason>,
+}
+
+impl CallError {
+    /// The proxy's error (see [`proxy_error`]).
+    pub fn proxy(reason: Reason, message: &str, extra: &[(&str, String)]) -> CallError {
+        CallError {
+            object: proxy_error(reason, message, extra),
+            reason: Some(reason),
+        }
+    }
+
+    /// The server's own error object.
+    pub fn server(object: String) -> CallError {
+        CallError {
+            object,
+            reason: None,
+        }
+    }
+
+    pub fn outcome(&self) -> CallOutcome {
+        match self.reason {
+            Some(r) => CallOutcome::Proxy(r),
+            None => CallOutcome::ServerError,
         }
     }
 }
@@ -567,8 +625,11 @@ impl Dispatcher {
                     "mcp-retry is shutting down",
                 ),
                 Queued::Call(id) => {
-                    let e =
-                        proxy_error(Reason::ServerUnavailable, "mcp-retry is shutting down", &[]);
+                    let e = CallError::proxy(
+                        Reason::ServerUnavailable,
+                        "mcp-retry is shutting down",
+                        &[],
+                    );
                     self.with_calls(now, |c, ctx, out| c.fail(id, &e, ctx, out));
                 }
                 Queued::Notification(_) => {}

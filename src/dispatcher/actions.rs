@@ -18,7 +18,7 @@ use crate::warn;
 
 use super::calls::{Action, Arrival, Calls, Ctx, LinkView, Trace};
 use super::link::{Queued, Route, SendResult};
-use super::{proxy_error, Dispatcher, Inflight, Method, Reason, Timer};
+use super::{CallError, Dispatcher, Inflight, Method, Reason, Timer};
 
 /// The largest action buffer kept between runs: what an ordinary event
 /// needs, many times over.
@@ -76,9 +76,12 @@ impl Dispatcher {
                 self.unqueue(seq);
             }
             Action::ListTools { cursor } => self.request_tools_page(cursor.as_deref(), now),
-            Action::Ended { tool, took, error } => {
-                self.note_call_end(&tool, took, error.as_deref())
-            }
+            Action::Ended {
+                tool,
+                took,
+                outcome,
+                error,
+            } => self.note_call_end(&tool, took, outcome, error.as_deref()),
             Action::Trace(t) => self.trace(t, now),
         }
     }
@@ -124,7 +127,7 @@ impl Dispatcher {
                     Some(seq) => self.calls.queued(id, seq),
                     None => {
                         let message = self.queue_full_message();
-                        let error = proxy_error(Reason::ServerUnavailable, message, &[]);
+                        let error = CallError::proxy(Reason::ServerUnavailable, message, &[]);
                         self.with_calls(now, |c, ctx, out| c.fail(id, &error, ctx, out));
                     }
                 }
@@ -255,7 +258,7 @@ impl Dispatcher {
             Trace::CallEnded { call, end } => {
                 self.traced(|t| t.call_ended(call, end, now));
             }
-            Trace::CallFailed { call, error } => self.trace_failed(call, &error, now),
+            Trace::CallFailed { call, reason } => self.trace_failed(call, reason, now),
             Trace::BreakerRefused { call, retry_after } => {
                 self.trace_refused(call, retry_after, now)
             }

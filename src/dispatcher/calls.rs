@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::ServerConfig;
+use crate::dispatcher::{CallError, CallOutcome};
 use crate::fasthash::FastMap;
 use crate::jsonrpc::Message;
 use crate::otel::CallEnd;
@@ -108,11 +109,13 @@ pub(super) enum Action {
     /// its answer goes to [`Calls::learn_tools`], a failure to
     /// [`Calls::tools_learned`].
     ListTools { cursor: Option<String> },
-    /// A call ended (for `status`): `took` since it arrived, if an attempt
-    /// was sent; `error` is the error object it failed with.
+    /// A call ended (for the stats, `status` and OpenTelemetry): `took`
+    /// since it arrived, if an attempt was sent; its outcome, and the
+    /// error it failed with.
     Ended {
         tool: String,
         took: Option<Duration>,
+        outcome: CallOutcome,
         error: Option<String>,
     },
     /// For the OpenTelemetry spans (only while `Ctx::tracing`).
@@ -147,10 +150,10 @@ pub(super) enum Trace {
         call: u64,
         end: CallEnd,
     },
-    /// Call `call` ended with the proxy's `error` (raw JSON).
+    /// Call `call` ended with an error (the label it is counted under).
     CallFailed {
         call: u64,
-        error: String,
+        reason: &'static str,
     },
     /// The open breaker refused call `call` an attempt.
     BreakerRefused {
@@ -397,7 +400,7 @@ impl Calls {
             // A late answer nobody waits for: nothing to keep.
             Some(Downstream::Late(_)) | None => {}
         }
-        self.fail_attempt(down, &super::proxy_error(reason, message, &[]), ctx, out)
+        self.fail_attempt(down, &CallError::proxy(reason, message, &[]), ctx, out)
     }
 
     /// Ends the call whose live attempt is `down` with `error` (raw JSON):
@@ -405,7 +408,7 @@ impl Calls {
     pub(super) fn fail_attempt(
         &mut self,
         down: u64,
-        error: &str,
+        error: &CallError,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> Owner {
@@ -478,7 +481,7 @@ impl Calls {
     pub(super) fn gave_up_waiting(
         &mut self,
         id: u64,
-        error: &str,
+        error: &CallError,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {

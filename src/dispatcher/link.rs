@@ -26,7 +26,7 @@ use crate::stdio::Backlog;
 use crate::{debug, info, warn};
 
 use super::calls::Failure;
-use super::{Dispatcher, Inflight, Method, Phase, Reason, Timer};
+use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Timer};
 
 /// A child that stays up this long resets the restart backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
@@ -282,7 +282,7 @@ impl Dispatcher {
                 self.answer_proxy_error(&client_id, Reason::ServerUnavailable, &message)
             }
             Queued::Call(id) => {
-                let error = super::proxy_error(Reason::ServerUnavailable, &message, &[]);
+                let error = super::CallError::proxy(Reason::ServerUnavailable, &message, &[]);
                 self.with_calls(now, |c, ctx, out| c.gave_up_waiting(id, &error, ctx, out));
             }
             Queued::Notification(_) => debug!("dropped a queued notification"),
@@ -560,7 +560,7 @@ impl Dispatcher {
             Some(Inflight::Client { client_id, .. }) => {
                 warn!("answered client request {client_id}: {}", failure.message);
                 let error = failure_error(&failure);
-                let line = jsonrpc::error_response_line(&client_id, &error);
+                let line = jsonrpc::error_response_line(&client_id, &error.object);
                 self.answer(&client_id, line);
             }
             Some(Inflight::ToolsList) => {
@@ -930,10 +930,16 @@ impl Dispatcher {
 /// The proxy's error object for a request the transport got no answer
 /// to: -32602 for one it could not send as the client wrote it, else the
 /// proxy's -31000 with its reason, `httpStatus` and `outcome`.
-pub(super) fn failure_error(f: &TransportFailure) -> String {
+pub(super) fn failure_error(f: &TransportFailure) -> CallError {
     if f.invalid {
-        let data = "{\"source\":\"mcp-retry\",\"reason\":\"invalid_params\"}";
-        return jsonrpc::error_object(jsonrpc::INVALID_PARAMS, &f.message, Some(data));
+        let data = format!(
+            "{{\"source\":\"mcp-retry\",\"reason\":\"{}\"}}",
+            Reason::InvalidParams.as_str()
+        );
+        return CallError {
+            object: jsonrpc::error_object(jsonrpc::INVALID_PARAMS, &f.message, Some(&data)),
+            reason: Some(Reason::InvalidParams),
+        };
     }
     let mut extra = Vec::new();
     if let Some(status) = f.status {
@@ -946,5 +952,5 @@ pub(super) fn failure_error(f: &TransportFailure) -> String {
         }
         false => Reason::Rejected,
     };
-    super::proxy_error(reason, &f.message, &extra)
+    CallError::proxy(reason, &f.message, &extra)
 }

@@ -19,44 +19,7 @@ use crate::policy::breaker::BreakerState;
 use crate::status::{BreakerShown, Headline, LinkState, Publisher, Snapshot};
 
 use super::link::Link;
-use super::{Dispatcher, Reason, Timer};
-
-/// Every reason a proxy error may carry, for the failure counters (a
-/// reason the table does not know is counted as `other`).
-const REASONS: [Reason; 13] = [
-    Reason::ServerExited,
-    Reason::ServerUnavailable,
-    Reason::Overloaded,
-    Reason::CircuitOpen,
-    Reason::RetriesExhausted,
-    Reason::Timeout,
-    Reason::NotRetriedUnsafe,
-    Reason::RetryBudgetExhausted,
-    Reason::DeadlineExceeded,
-    Reason::ResponseTooLarge,
-    Reason::InvalidResponse,
-    Reason::TransportError,
-    Reason::Rejected,
-];
-
-/// The reason counted for an error object (raw JSON) a call ended with:
-/// the proxy's `data.reason`, else `server_error`.
-pub(super) fn failure_reason(error: &RawObject) -> &'static str {
-    let data = error.get("data").and_then(|d| RawObject::parse(d.get()));
-    let ours = data
-        .as_ref()
-        .and_then(|d| d.string("source"))
-        .is_some_and(|s| s == "mcp-retry");
-    if !ours {
-        return "server_error";
-    }
-    let reason = data.as_ref().and_then(|d| d.string("reason"));
-    REASONS
-        .iter()
-        .map(|r| r.as_str())
-        .find(|r| Some(*r) == reason.as_deref())
-        .unwrap_or("other")
-}
+use super::{CallOutcome, Dispatcher, Timer};
 
 impl Dispatcher {
     /// Publishes the session's state through `out` (see `status.rs`).
@@ -136,52 +99,24 @@ impl Dispatcher {
     }
 
     /// A call ended, `took` after it arrived (`None` when no attempt was
-    /// sent); `error` is the error object (raw JSON) it failed with.
+    /// sent), with `outcome`; `error` is the error object (raw JSON) it
+    /// failed with, read for its message.
     pub(super) fn note_call_end(
         &mut self,
         tool: &str,
         took: Option<Duration>,
+        outcome: CallOutcome,
         error: Option<&str>,
     ) {
         let now = self.now;
         let Some(publisher) = self.status.as_mut() else {
             return;
         };
-        let parsed = error.map(RawObject::parse);
-        let failure = parsed.as_ref().map(|e| match e {
-            Some(e) => (failure_reason(e), e.string("message").unwrap_or_default()),
-            None => ("server_error", String::new()),
-        });
-        publisher.call_ended(
-            tool,
-            took,
-            failure.as_ref().map(|(r, m)| (*r, m.as_str())),
-            now,
-        );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::dispatcher::proxy_error;
-
-    #[test]
-    fn failures_are_counted_by_the_proxy_s_reason_or_as_server_errors() {
-        let reason = |e: &str| failure_reason(&RawObject::parse(e).unwrap());
-        let e = proxy_error(Reason::CircuitOpen, "open", &[("attempts", "1".into())]);
-        assert_eq!(reason(&e), "circuit_open");
-        assert_eq!(
-            reason(r#"{"code":-32000,"message":"busy"}"#),
-            "server_error"
-        );
-        // A server cannot choose the label.
-        assert_eq!(
-            reason(r#"{"code":1,"message":"x","data":{"source":"mcp-retry","reason":"a\"b"}}"#),
-            "other"
-        );
-        for r in REASONS {
-            assert_eq!(reason(&proxy_error(r, "m", &[])), r.as_str());
-        }
+        let message = error
+            .and_then(RawObject::parse)
+            .and_then(|e| e.string("message"))
+            .unwrap_or_default();
+        let failure = outcome.failure_label().map(|r| (r, message.as_str()));
+        publisher.call_ended(tool, took, failure, now);
     }
 }

@@ -7,10 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::jsonrpc::RawObject;
 use crate::otel::{self, CallEnd, Handle, Tracer};
 
-use super::{publish, Dispatcher, Timer};
+use super::{Dispatcher, Timer};
 
 impl Dispatcher {
     /// Exports spans and metrics through `handle`.
@@ -24,11 +23,9 @@ impl Dispatcher {
         self.otel.as_mut().map(f)
     }
 
-    /// Call `call` ends with the proxy's `error` (its reason from `data`).
-    pub(super) fn trace_failed(&mut self, call: u64, error: &str, now: Instant) {
+    /// Call `call` ends with an error, counted under `reason`.
+    pub(super) fn trace_failed(&mut self, call: u64, reason: &'static str, now: Instant) {
         if let Some(t) = &mut self.otel {
-            let reason =
-                RawObject::parse(error).map_or("server_error", |e| publish::failure_reason(&e));
             t.call_ended(call, CallEnd::failed(reason), now);
         }
     }

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use crate::dispatcher::{proxy_error, Reason};
+use crate::dispatcher::{CallError, Reason};
 use crate::jsonrpc::{Message, RawObject};
 use crate::policy::breaker::Admission;
 use crate::policy::gate;
@@ -144,7 +144,7 @@ impl Calls {
         out: &mut Vec<Action>,
     ) {
         let attempts = self.calls.get(&id).map_or(0, |c| c.attempts);
-        let error = proxy_error(reason, message, &[("attempts", attempts.to_string())]);
+        let error = CallError::proxy(reason, message, &[("attempts", attempts.to_string())]);
         self.refuse_attempt(id, &error, ctx, out);
     }
 

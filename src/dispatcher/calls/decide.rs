@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::dispatcher::{proxy_error, Reason};
+use crate::dispatcher::{CallError, Reason};
 use crate::policy::backoff;
 use crate::policy::breaker::BreakerState;
 use crate::policy::gate::{self, Safety};
@@ -264,7 +264,7 @@ impl Calls {
             }
             _ => {}
         }
-        let error = proxy_error(Reason::CircuitOpen, &message, &extra);
+        let error = CallError::proxy(Reason::CircuitOpen, &message, &extra);
         trace(ctx, out, || Trace::BreakerRefused {
             call: id,
             retry_after,
@@ -301,6 +301,6 @@ impl Calls {
             _ => {}
         }
         // A stale cached answer, or the server's own error, come first.
-        self.refuse_attempt(id, &proxy_error(reason, &message, &extra), ctx, out);
+        self.refuse_attempt(id, &CallError::proxy(reason, &message, &extra), ctx, out);
     }
 }

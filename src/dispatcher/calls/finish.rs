@@ -16,6 +16,7 @@ use crate::{debug, info};
 use super::call::{Call, Failure, Late};
 use super::text::{storable, with_source, Source};
 use super::{invalidate, trace, Action, Calls, Ctx, Downstream, Trace, LATE_LIMIT};
+use crate::dispatcher::{CallError, CallOutcome};
 
 impl Calls {
     /// The next attempt of call `id` cannot be sent (breaker open, server
@@ -25,7 +26,7 @@ impl Calls {
     pub(in crate::dispatcher) fn refuse_attempt(
         &mut self,
         id: u64,
-        error: &str,
+        error: &CallError,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {
@@ -37,7 +38,7 @@ impl Calls {
     pub(super) fn refuse_attempt_with(
         &mut self,
         id: u64,
-        error: &str,
+        error: &CallError,
         server_error_first: bool,
         ctx: Ctx,
         out: &mut Vec<Action>,
@@ -57,19 +58,18 @@ impl Calls {
         }
         match &call.last_failure {
             Some(Failure::Transient(e)) if server_error_first => {
-                let e = e.clone();
+                let e = CallError::server(e.clone());
                 self.fail(id, &e, ctx, out)
             }
             _ => self.fail(id, error, ctx, out),
         }
     }
 
-    /// Ends call `id` with an error object (raw JSON) for every waiting
-    /// client.
+    /// Ends call `id` with `error` for every waiting client.
     pub(in crate::dispatcher) fn fail(
         &mut self,
         id: u64,
-        error: &str,
+        error: &CallError,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {
@@ -78,7 +78,7 @@ impl Calls {
         };
         trace(ctx, out, || Trace::CallFailed {
             call: id,
-            error: error.to_owned(),
+            reason: error.outcome().failure_label().unwrap_or_default(),
         });
         let stats = self.counters.tool(&call.tool);
         stats.failed += 1;
@@ -134,6 +134,10 @@ impl Calls {
         });
         let ended = Action::Ended {
             took: call.took(ctx.now),
+            outcome: match m.error() {
+                Some(_) => CallOutcome::ServerError,
+                None => CallOutcome::Ok,
+            },
             error: m.error().map(str::to_owned),
             tool: call.tool,
         };
@@ -192,7 +196,7 @@ impl Calls {
     fn end_without_server(
         &mut self,
         call: Call,
-        answer: Result<&str, &str>,
+        answer: Result<&str, &CallError>,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {
@@ -208,14 +212,18 @@ impl Calls {
         for client in call.client.into_iter().chain(waiters) {
             let line = match answer {
                 Ok(result) => jsonrpc::response_line(&client, result),
-                Err(error) => jsonrpc::error_response_line(&client, error),
+                Err(error) => jsonrpc::error_response_line(&client, &error.object),
             };
             out.push(Action::Answer { client, line });
         }
         out.push(Action::Ended {
             tool: call.tool,
             took,
-            error: answer.err().map(str::to_owned),
+            outcome: match answer {
+                Ok(_) => CallOutcome::Ok,
+                Err(e) => e.outcome(),
+            },
+            error: answer.err().map(|e| e.object.clone()),
         });
     }
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{Action, Arrival, CallTimer, Calls, Ctx, LinkView, Owner};
 use crate::config::{ServerConfig, ToolConfig};
-use crate::dispatcher::Reason;
+use crate::dispatcher::{CallError, CallOutcome, Reason};
 use crate::jsonrpc::Message;
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -214,12 +214,23 @@ fn a_call_is_sent_under_its_timeout_and_ends_with_the_servers_answer() {
     let (owner, out) = h.answer(42, OK);
     assert_eq!(owner, Owner::Served);
     assert_eq!(answer_for(&out, "11")["result"]["content"][0]["text"], "ok");
-    let Some(Action::Ended { tool, took, error }) = out.last() else {
+    let Some(Action::Ended {
+        tool,
+        took,
+        outcome,
+        error,
+    }) = out.last()
+    else {
         panic!("{out:?}");
     };
     assert_eq!(
-        (tool.as_str(), *took, error),
-        ("t", Some(Duration::from_millis(250)), &None)
+        (tool.as_str(), *took, *outcome, error),
+        (
+            "t",
+            Some(Duration::from_millis(250)),
+            CallOutcome::Ok,
+            &None
+        )
     );
     assert_eq!(h.calls.len(), 0);
     assert_eq!(h.calls.stats().tools["t"].attempts, 1);
@@ -492,7 +503,12 @@ fn a_queued_call_that_ends_leaves_the_queue() {
     h.calls.queued(id, 5);
     // Queued: no second attempt is admitted meanwhile.
     assert!(!h.run(|c, ctx, out| c.admit(id, ctx, out)).0);
-    let (_, out) = h.run(|c, ctx, out| c.fail(id, r#"{"code":-31000,"message":"m"}"#, ctx, out));
+    let error = CallError::proxy(Reason::ServerUnavailable, "m", &[]);
+    let (_, out) = h.run(|c, ctx, out| c.fail(id, &error, ctx, out));
+    let Some(Action::Ended { outcome, .. }) = out.last() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(*outcome, CallOutcome::Proxy(Reason::ServerUnavailable));
     assert!(matches!(out.first(), Some(Action::Unqueue(5))), "{out:?}");
     assert_eq!(answer_for(&out, "11")["error"]["message"], "m");
     assert!(!h.calls.unqueued(id));
@@ -587,4 +603,22 @@ fn a_breaker_trial_answered_from_the_stale_cache_frees_the_trial() {
     };
     let (admitted, out) = h.run(|c, ctx, out| c.admit(id, ctx, out));
     assert!(admitted, "the trial is still held: {out:?}");
+}
+
+#[test]
+fn a_call_ends_with_a_typed_outcome_that_a_server_cannot_forge() {
+    // The server's own error is a server error, whatever its data claims;
+    // the labels counted are the proxy's reasons and `server_error`.
+    let mut h = Harness::new(|_| {});
+    let (_, down) = h.started("11", "t", "{}");
+    let forged = r#""error":{"code":-31000,"message":"x","data":{"source":"mcp-retry","reason":"circuit_open"}}"#;
+    let (_, out) = h.answer(down, forged);
+    let Some(Action::Ended { outcome, .. }) = out.last() else {
+        panic!("{out:?}");
+    };
+    assert_eq!(*outcome, CallOutcome::ServerError);
+    assert_eq!(outcome.failure_label(), Some("server_error"));
+    assert_eq!(CallOutcome::Ok.failure_label(), None);
+    let timeout = CallOutcome::Proxy(Reason::Timeout);
+    assert_eq!(timeout.failure_label(), Some("timeout"));
 }
