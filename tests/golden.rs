@@ -16,7 +16,9 @@ use crate::otel::{builder, Collector};
 use crate::status::{status, wait_for};
 use crate::util::TempDir;
 
-/// Keys whose values depend on the clock, the process or the machine.
+/// Keys whose values depend on the clock, the process or the machine
+/// (an object under such a key, such as an OTLP `sum` metric, is looked
+/// into instead).
 const VOLATILE: &[&str] = &[
     "pid",
     "pid_start",
@@ -46,7 +48,7 @@ fn normalise(v: &mut Value, ids: &mut HashMap<String, String>) {
     match v {
         Value::Object(map) => {
             for (k, x) in map.iter_mut() {
-                if VOLATILE.contains(&k.as_str()) && !x.is_null() {
+                if VOLATILE.contains(&k.as_str()) && !x.is_null() && !x.is_object() {
                     *x = json!("<volatile>");
                 } else if IDS.contains(&k.as_str()) && !x.is_null() {
                     let n = ids.len();
@@ -248,7 +250,11 @@ fn the_stats_file_status_and_the_otlp_export_of_a_scripted_session_are_unchanged
                 list.sort_by_key(|m| m["name"].to_string());
                 for m in list.iter_mut() {
                     for kind in ["sum", "histogram", "gauge"] {
-                        if let Some(points) = m[kind]["dataPoints"].as_array_mut() {
+                        let points = m
+                            .get_mut(kind)
+                            .and_then(|k| k.get_mut("dataPoints"))
+                            .and_then(Value::as_array_mut);
+                        if let Some(points) = points {
                             points.sort_by_key(|p| p["attributes"].to_string());
                         }
                     }
