@@ -95,7 +95,7 @@ docs:
 # clone shows the demo in about a minute. `install`, `static`, `bench` and
 # `build` keep the fully optimised release profile.
 demo:
-	$(CARGO) build --profile fast --bins
+	$(CARGO) build --profile fast --bins --features mock-server
 	python3 examples/demo.py $(TARGET_DIR)/fast/mcp-retry $(TARGET_DIR)/fast/mock-mcp-server
 
 install:
@@ -148,7 +148,7 @@ BENCH_OTEL ?=
 # are built with the `bench-tools` profile (opt-level 3, see Cargo.toml).
 bench:
 	$(CARGO) build --release --bin mcp-retry
-	$(CARGO) build --profile bench-tools --bin mock-mcp-server --example bench
+	$(CARGO) build --profile bench-tools --features mock-server --bin mock-mcp-server --example bench
 	MCP_RETRY_BIN=$(TARGET_DIR)/release/mcp-retry $(TARGET_DIR)/bench-tools/examples/bench $(if $(BENCH_OTEL),--otel '$(BENCH_OTEL)') --write BENCHMARKS.md
 
 # Outage recovery (see examples/outage.rs): a client calling tools every
@@ -163,7 +163,7 @@ OUTAGE_ARGS ?=
 OUTAGE := tests/outage
 outage: $(if $(shell command -v $(NPM)),$(OUTAGE)/node_modules/.installed)
 	$(CARGO) build --release --bin mcp-retry
-	$(CARGO) build --profile bench-tools --bin mock-mcp-server --example outage
+	$(CARGO) build --profile bench-tools --features mock-server --bin mock-mcp-server --example outage
 	MCP_RETRY_BIN=$(TARGET_DIR)/release/mcp-retry $(TARGET_DIR)/bench-tools/examples/outage --write BENCHMARKS.md $(OUTAGE_ARGS)
 
 $(OUTAGE)/node_modules/.installed: $(OUTAGE)/package.json $(OUTAGE)/package-lock.json
