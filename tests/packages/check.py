@@ -12,9 +12,10 @@ Usage: check.py DIST MOCK UVX
 
 Each check runs a relay round trip (initialize, then a tools/call of the
 mock's `echo`) and checks that no process is left behind. Through npx it
-also checks that stdin's end and SIGTERM reach the binary, that the
-launcher ends by the signal that ended the binary, and the errors for a
-missing platform package and for macOS. Exits non-zero on the first
+also checks that stdin's end and SIGTERM reach the binary; through the
+launcher alone, that SIGTERM, SIGINT and SIGHUP do and the binary's status
+is returned, that it ends by the signal that ended the binary, and its
+errors for a missing platform package and for macOS. Exits non-zero on the first
 failure. Knows nothing of how the packages are built.
 """
 
@@ -213,12 +214,16 @@ def npm_checks(dist, tmp):
     # The launcher itself: the binary's status is its status, and a signal
     # that ends the binary ends the launcher.
     launcher = [str(app / "node_modules" / ".bin" / "mcp-retry")]
-    s = Session([*launcher, "run", "--", str(tmp / "mock-mcp-server")])
-    s.round_trip()
-    s.proc.send_signal(signal.SIGTERM)
-    if (code := s.wait()) != 128 + signal.SIGTERM:
-        s.fail_with(f"the launcher exited {code} on SIGTERM, not the binary's 143")
-    ok("launcher: SIGTERM is passed on and the binary's status 143 returned")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        s = Session([*launcher, "run", "--", str(tmp / "mock-mcp-server")])
+        s.round_trip()
+        s.proc.send_signal(sig)
+        if (code := s.wait()) != 128 + sig:
+            s.fail_with(f"the launcher exited {code} on {sig.name}, not the binary's {128 + sig}")
+        if not any(f"received signal {int(sig)}" in line for line in s.stderr):
+            s.fail_with(f"the binary did not log {sig.name}")
+        no_process_left(tmp, f"launcher after {sig.name}")
+        ok(f"launcher: {sig.name} is passed on and the binary's status {128 + sig} returned")
     s = Session([*launcher, "run", "--", str(tmp / "mock-mcp-server")])
     s.round_trip()
     for pid in processes_under(binary.parent, by_arguments=False):
