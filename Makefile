@@ -2,6 +2,8 @@ CARGO ?= cargo
 PYTHON ?= python3
 NPM ?= npm
 INTEROP := tests/interop
+# make packages and make dist: the install checks and their venv (maturin, uv).
+PACKAGES := tests/packages
 # Seconds each fuzz target runs under `make fuzz`.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := jsonrpc config sse http yaml
@@ -21,7 +23,7 @@ WINDOWS_TARGET := x86_64-pc-windows-gnu
 WINEPREFIX_DIR ?= $(abspath $(TARGET_DIR))/wine-prefix
 WINE_ENV := WINEPREFIX=$(WINEPREFIX_DIR) WINEDEBUG=-all WINEDLLOVERRIDES='mscoree,mshtml='
 
-.PHONY: build test test-windows wine-prefix dist lint docs demo install interop fuzz fuzz-replay bench outage static
+.PHONY: build test test-windows wine-prefix dist lint docs demo install interop fuzz fuzz-replay bench outage static packages
 
 build:
 	$(CARGO) build --release
@@ -61,9 +63,36 @@ wine-prefix:
 	cp '$(TARGET_DIR)/wine/bcryptprimitives.dll' '$(WINEPREFIX_DIR)/drive_c/windows/system32/'
 
 # Release binaries for Linux (x86_64, aarch64; static, musl) and Windows
-# (x86_64) in dist/, with SHA-256 files; see .ci/dist. Not run in CI.
-dist:
-	CARGO='$(CARGO)' TARGET_DIR='$(TARGET_DIR)' WINEPREFIX_DIR='$(WINEPREFIX_DIR)' .ci/dist
+# (x86_64) in dist/, with SHA-256 files, and their npm packages, wheels and
+# the sdist; see .ci/dist. Not run in CI.
+dist: $(PACKAGES)/.venv/.installed
+	CARGO='$(CARGO)' TARGET_DIR='$(TARGET_DIR)' WINEPREFIX_DIR='$(WINEPREFIX_DIR)' \
+		MATURIN='$(PACKAGES)/.venv/bin/maturin' .ci/dist
+
+# The crates as crates.io would get them (`cargo package`: each must build
+# from its package alone), then the npm packages and the Python wheel for
+# this machine's platform only (x86_64 Linux), from the binary `make static`
+# builds (maturin finds it up to date and compiles nothing), installed and
+# run as a user would (tests/packages/check.py): npx from the tarballs, pip
+# into a fresh venv, uvx --from the wheel. `make dist` packs every
+# platform. maturin and uv (pinned) are installed into tests/packages/.venv,
+# never globally.
+PACKAGES_OUT := $(TARGET_DIR)/packages
+packages: static $(PACKAGES)/.venv/.installed
+	$(CARGO) package --workspace --locked --allow-dirty
+	$(CARGO) build --features mock-server --bin mock-mcp-server
+	rm -rf '$(PACKAGES_OUT)'
+	CC_x86_64_unknown_linux_musl=musl-gcc $(PYTHON) packaging/pack.py '$(PACKAGES_OUT)' \
+		$(PACKAGES)/.venv/bin/maturin \
+		$(STATIC_TARGET)=$(TARGET_DIR)/$(STATIC_TARGET)/release/mcp-retry
+	$(PACKAGES)/.venv/bin/python $(PACKAGES)/check.py '$(PACKAGES_OUT)' \
+		$(TARGET_DIR)/debug/mock-mcp-server $(PACKAGES)/.venv/bin/uvx
+
+$(PACKAGES)/.venv/.installed: $(PACKAGES)/requirements.txt
+	rm -rf $(PACKAGES)/.venv
+	$(PYTHON) -m venv $(PACKAGES)/.venv
+	$(PACKAGES)/.venv/bin/pip install --disable-pip-version-check --no-input -q -r $(PACKAGES)/requirements.txt
+	touch $@
 
 # Clippy for Linux, macOS (Intel and Apple silicon) and Windows: checking
 # needs only each target's std, which rustup adds when missing (no linker,
@@ -95,7 +124,7 @@ docs:
 # clone shows the demo in about a minute. `install`, `static`, `bench` and
 # `build` keep the fully optimised release profile.
 demo:
-	$(CARGO) build --profile fast --bins
+	$(CARGO) build --profile fast --bins --features mock-server
 	python3 examples/demo.py $(TARGET_DIR)/fast/mcp-retry $(TARGET_DIR)/fast/mock-mcp-server
 
 install:
@@ -148,7 +177,7 @@ BENCH_OTEL ?=
 # are built with the `bench-tools` profile (opt-level 3, see Cargo.toml).
 bench:
 	$(CARGO) build --release --bin mcp-retry
-	$(CARGO) build --profile bench-tools --bin mock-mcp-server --example bench
+	$(CARGO) build --profile bench-tools --features mock-server --bin mock-mcp-server --example bench
 	MCP_RETRY_BIN=$(TARGET_DIR)/release/mcp-retry $(TARGET_DIR)/bench-tools/examples/bench $(if $(BENCH_OTEL),--otel '$(BENCH_OTEL)') --write BENCHMARKS.md
 
 # Outage recovery (see examples/outage.rs): a client calling tools every
@@ -163,7 +192,7 @@ OUTAGE_ARGS ?=
 OUTAGE := tests/outage
 outage: $(if $(shell command -v $(NPM)),$(OUTAGE)/node_modules/.installed)
 	$(CARGO) build --release --bin mcp-retry
-	$(CARGO) build --profile bench-tools --bin mock-mcp-server --example outage
+	$(CARGO) build --profile bench-tools --features mock-server --bin mock-mcp-server --example outage
 	MCP_RETRY_BIN=$(TARGET_DIR)/release/mcp-retry $(TARGET_DIR)/bench-tools/examples/outage --write BENCHMARKS.md $(OUTAGE_ARGS)
 
 $(OUTAGE)/node_modules/.installed: $(OUTAGE)/package.json $(OUTAGE)/package-lock.json

@@ -1,0 +1,100 @@
+#!/usr/bin/env node
+// The `mcp-retry` command of the npm package: finds the prebuilt binary in
+// the platform package npm installed beside this one (an optional
+// dependency per platform: @mcp-retry/linux-x64, linux-arm64, win32-x64)
+// and runs it with the same arguments and stdio. It owns starting that
+// binary, passing stop signals on and ending with its status; it knows
+// nothing of MCP or of what the binary does.
+'use strict';
+
+const { spawn } = require('child_process');
+const os = require('os');
+
+// process.platform and process.arch to the package with that binary.
+const PACKAGES = {
+  'linux x64': '@mcp-retry/linux-x64',
+  'linux arm64': '@mcp-retry/linux-arm64',
+  'win32 x64': '@mcp-retry/win32-x64',
+};
+
+const OTHER_WAYS = [
+  '  cargo install mcp-retry --locked        (any platform with a Rust toolchain)',
+  '  pip install mcp-retry-rs                (or: uvx --from mcp-retry-rs mcp-retry)',
+  '  a binary that `make dist` builds from a checkout of the source',
+];
+
+function fail(lines) {
+  process.stderr.write(lines.map((l) => `mcp-retry: ${l}`).join('\n') + '\n');
+  process.exit(1);
+}
+
+function binaryPath() {
+  // An explicit binary, for platforms without a package or for testing one.
+  if (process.env.MCP_RETRY_BINARY) return process.env.MCP_RETRY_BINARY;
+  const platform = `${process.platform}-${process.arch}`;
+  const pkg = PACKAGES[`${process.platform} ${process.arch}`];
+  const exe = process.platform === 'win32' ? 'mcp-retry.exe' : 'mcp-retry';
+  if (pkg) {
+    try {
+      return require.resolve(`${pkg}/bin/${exe}`);
+    } catch (e) {
+      fail([
+        `the package ${pkg} with the binary for ${platform} is not installed.`,
+        'It is an optional dependency of mcp-retry: reinstall without --omit=optional',
+        '(or --no-optional), or install it by name next to mcp-retry. Other ways to install:',
+        ...OTHER_WAYS,
+      ]);
+    }
+  }
+  if (process.platform === 'darwin') {
+    fail([
+      `there is no prebuilt binary for macOS (${platform}) yet; install it with cargo:`,
+      '  cargo install mcp-retry --locked',
+      'and use the `mcp-retry` command it installs.',
+    ]);
+  }
+  fail([`there is no prebuilt binary for ${platform}. Other ways to install:`, ...OTHER_WAYS]);
+}
+
+const bin = binaryPath();
+const child = spawn(bin, process.argv.slice(2), { stdio: 'inherit', windowsHide: true });
+
+// A stop asked of this process goes to the binary, which ends the session
+// and exits. On Windows the binary gets the console's Ctrl-C and close
+// events itself (there are no signals to send), so this process only waits.
+const SIGNALS = ['SIGINT', 'SIGTERM', 'SIGHUP'];
+const forward = (sig) => {
+  if (process.platform !== 'win32') child.kill(sig);
+};
+for (const sig of SIGNALS) process.on(sig, forward);
+
+// `npx mcp-retry` runs this launcher through `sh -c` and passes a signal to
+// that shell alone, which dies of it and leaves this process behind (its
+// stdin still open). So the end of the process that started this one is a
+// stop too: the binary gets SIGTERM, as if it had been passed on.
+if (process.platform !== 'win32') {
+  const parent = process.ppid;
+  const watch = setInterval(() => {
+    if (process.ppid !== parent) {
+      clearInterval(watch);
+      forward('SIGTERM');
+    }
+  }, 200);
+  watch.unref();
+}
+
+child.on('error', (e) => {
+  fail([`cannot run ${bin}: ${e.message}`]);
+});
+
+child.on('exit', (code, signal) => {
+  if (signal) {
+    // Ended by a signal: end this process by the same one, so that whoever
+    // started it sees what happened to the binary.
+    for (const sig of SIGNALS) process.removeListener(sig, forward);
+    process.kill(process.pid, signal);
+    // A signal whose default is not to end the process: the shell's status.
+    process.exit(128 + (os.constants.signals[signal] || 0));
+  }
+  process.exit(code);
+});
