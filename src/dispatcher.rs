@@ -583,6 +583,9 @@ impl Dispatcher {
     /// Counters changed: schedule a stats flush if a file is wanted.
     fn stats_dirty(&mut self) {
         self.status_dirty();
+        if let Some(t) = &mut self.otel {
+            t.figures_changed();
+        }
         if self.stats_out.is_some() && !self.stats_flush_pending {
             self.stats_flush_pending = true;
             self.set_timer(self.now + STATS_INTERVAL, Timer::StatsFlush);

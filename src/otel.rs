@@ -33,7 +33,7 @@ use crate::jsonrpc::{Message, RawObject};
 
 mod export;
 mod json;
-mod record;
+pub(crate) mod record;
 mod tracer;
 
 #[cfg(test)]

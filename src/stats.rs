@@ -1,8 +1,11 @@
-//! Counters of what the proxy did for `tools/call`, per tool: the summary
-//! line logged at exit and the JSON written by `--stats-file`.
+//! The one store of what the proxy did for `tools/call`, per tool:
+//! counters, failures by reason, the latency histogram and the last error,
+//! plus the breaker's transitions and the restarts. The dispatcher's calls
+//! keep it; the summary line logged at exit, the `--stats-file` JSON,
+//! `mcp-retry status` and the OpenTelemetry metrics are each a view of it.
 //!
-//! The counters are plain data kept by the dispatcher's calls. The file is
-//! written by the `stats-writer` thread ([`spawn_writer`]), atomically (a
+//! Plain data: no clock (instants are given), no I/O. The file is written
+//! by the `stats-writer` thread ([`spawn_writer`]), atomically (a
 //! temporary file renamed over the target), so the dispatcher never does
 //! file I/O.
 
@@ -11,8 +14,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
+
+use crate::otel::record::Histogram as Buckets;
+use crate::status::histogram::Histogram;
 
 /// Counters for one tool.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +28,8 @@ pub struct ToolStats {
     pub calls: u64,
     /// Attempts sent to the server (first attempts and retries).
     pub attempts: u64,
+    /// Attempts after a call's first.
+    pub retries: u64,
     /// Calls that needed at least one retry.
     pub retried: u64,
     /// Retried calls that ended with a result.
@@ -35,6 +44,7 @@ impl ToolStats {
     fn add(&mut self, o: &ToolStats) {
         self.calls += o.calls;
         self.attempts += o.attempts;
+        self.retries += o.retries;
         self.retried += o.retried;
         self.recovered += o.recovered;
         self.failed += o.failed;
@@ -43,25 +53,135 @@ impl ToolStats {
     }
 }
 
-/// All counters of a session.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+/// How long the calls the server was asked to handle took, from arrival
+/// to answer: one record per call, kept in two bucketings, the fine
+/// log-linear one of `status` (p50, p95) and the OpenTelemetry one
+/// (`otel::record::LATENCY_BOUNDS`, exact at each bound).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Latency {
+    fine: Histogram,
+    exported: Buckets,
+}
+
+impl Latency {
+    pub fn record(&mut self, d: Duration) {
+        self.fine.record(d);
+        self.exported.record(d.as_secs_f64());
+    }
+
+    /// Adds `other`'s records.
+    pub fn merge(&mut self, other: &Latency) {
+        self.fine.merge(&other.fine);
+        for (a, b) in self.exported.counts.iter_mut().zip(&other.exported.counts) {
+            *a += b;
+        }
+        self.exported.count += other.exported.count;
+        self.exported.sum += other.exported.sum;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.fine.count()
+    }
+
+    pub fn sum(&self) -> Duration {
+        self.fine.sum()
+    }
+
+    pub fn quantile(&self, q: f64) -> Option<Duration> {
+        self.fine.quantile(q)
+    }
+
+    /// The OpenTelemetry histogram.
+    pub fn exported(&self) -> &Buckets {
+        &self.exported
+    }
+}
+
+/// Everything kept for one tool.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolFigures {
+    pub counters: ToolStats,
+    /// Failed calls by reason: the proxy's `Reason`, or `server_error`.
+    pub failed_by_reason: BTreeMap<&'static str, u64>,
+    pub latency: Latency,
+    /// The last error's message, and when.
+    pub last_error: Option<(String, Instant)>,
+}
+
+impl ToolFigures {
+    fn add(&mut self, o: &ToolFigures) {
+        self.counters.add(&o.counters);
+        for (reason, n) in &o.failed_by_reason {
+            *self.failed_by_reason.entry(reason).or_default() += n;
+        }
+        self.latency.merge(&o.latency);
+        if o.last_error.as_ref().map(|e| e.1) > self.last_error.as_ref().map(|e| e.1) {
+            self.last_error.clone_from(&o.last_error);
+        }
+    }
+}
+
+/// All figures of a session.
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Stats {
-    pub tools: BTreeMap<String, ToolStats>,
+    pub tools: BTreeMap<String, ToolFigures>,
     pub breaker_opens: u64,
+    /// Breaker transitions by name (`opened`, `half_opened`, `closed`,
+    /// `reopened`).
+    pub breaker: BTreeMap<&'static str, u64>,
+    /// Times the server was started again.
+    pub restarts: u64,
 }
 
 impl Stats {
-    pub fn tool(&mut self, name: &str) -> &mut ToolStats {
+    /// The figures of `name`, created on first use.
+    pub fn figures(&mut self, name: &str) -> &mut ToolFigures {
         if !self.tools.contains_key(name) {
-            self.tools.insert(name.to_owned(), ToolStats::default());
+            self.tools.insert(name.to_owned(), ToolFigures::default());
         }
         self.tools.get_mut(name).expect("inserted")
     }
 
+    /// The counters of `name`.
+    pub fn tool(&mut self, name: &str) -> &mut ToolStats {
+        &mut self.figures(name).counters
+    }
+
+    /// A call of `name` ended, `took` after it arrived (`None`: the server
+    /// was never asked); `failure`, when it failed: the label it is
+    /// counted under and its message.
+    pub fn call_ended(
+        &mut self,
+        name: &str,
+        took: Option<Duration>,
+        failure: Option<(&'static str, String)>,
+        now: Instant,
+    ) {
+        let f = self.figures(name);
+        if let Some(took) = took {
+            f.latency.record(took);
+        }
+        if let Some((reason, message)) = failure {
+            *f.failed_by_reason.entry(reason).or_default() += 1;
+            let message = crate::status::truncate(&message, crate::status::MAX_MESSAGE);
+            f.last_error = Some((message, now));
+        }
+    }
+
+    /// The counters summed over the tools.
     pub fn total(&self) -> ToolStats {
         let mut t = ToolStats::default();
         for s in self.tools.values() {
-            t.add(s);
+            t.add(&s.counters);
+        }
+        t
+    }
+
+    /// Everything summed over the tools (the newest last error).
+    pub fn total_figures(&self) -> ToolFigures {
+        let mut t = ToolFigures::default();
+        for f in self.tools.values() {
+            t.add(f);
         }
         t
     }
@@ -86,7 +206,7 @@ impl Stats {
         let tools: serde_json::Map<String, serde_json::Value> = self
             .tools
             .iter()
-            .map(|(k, v)| (k.clone(), counters(v)))
+            .map(|(k, v)| (k.clone(), counters(&v.counters)))
             .collect();
         let doc = serde_json::json!({
             "server": server,
@@ -149,5 +269,28 @@ mod tests {
         assert_eq!(v["tools"]["a"]["retried"], 1);
         assert_eq!(v["tools"]["a"]["attempts"], 3);
         assert_eq!(v["total"]["calls"], 3);
+    }
+
+    #[test]
+    fn ended_calls_count_latency_and_failures_once_for_every_view() {
+        let t0 = Instant::now();
+        let mut s = Stats::default();
+        s.call_ended("a", Some(Duration::from_millis(3)), None, t0);
+        s.call_ended("a", None, Some(("timeout", "late".into())), t0);
+        let later = t0 + Duration::from_secs(1);
+        let failure = Some(("server_error", "no".into()));
+        s.call_ended("b", Some(Duration::from_millis(30)), failure, later);
+        let a = &s.tools["a"];
+        assert_eq!(a.latency.count(), 1);
+        assert_eq!(a.latency.exported().count, 1);
+        assert_eq!(a.failed_by_reason["timeout"], 1);
+        let total = s.total_figures();
+        assert_eq!(total.latency.count(), 2);
+        assert_eq!(total.latency.exported().counts.iter().sum::<u64>(), 2);
+        assert_eq!(total.failed_by_reason.len(), 2);
+        assert_eq!(total.last_error, Some(("no".into(), later)));
+        // The fine and the exported buckets agree on what they hold.
+        assert_eq!(total.latency.sum(), Duration::from_millis(33));
+        assert!((total.latency.exported().sum - 0.033).abs() < 1e-9);
     }
 }

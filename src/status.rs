@@ -31,8 +31,7 @@ use crossbeam_channel::Sender;
 use serde::{Deserialize, Serialize};
 
 use crate::redact::Redactor;
-use crate::stats::ToolStats;
-use histogram::Histogram;
+use crate::stats::{Stats, ToolFigures, ToolStats};
 
 /// The environment variable that overrides the runtime directory.
 pub const DIR_ENV: &str = "MCP_RETRY_RUNTIME_DIR";
@@ -42,7 +41,7 @@ pub const VERSION: u32 = 1;
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest error message kept (characters), before redaction: room for the
 /// proxy's own messages and most servers' whole.
-const MAX_MESSAGE: usize = 1000;
+pub(crate) const MAX_MESSAGE: usize = 1000;
 /// Most tools published (those with the most calls); totals count all.
 const MAX_TOOLS: usize = 200;
 
@@ -294,30 +293,21 @@ pub struct Snapshot {
     pub tools: BTreeMap<String, ToolSnapshot>,
 }
 
-/// What the dispatcher keeps for one tool beyond `Stats`' counters.
-#[derive(Debug, Default, Clone)]
-struct ToolHealth {
-    latency: Histogram,
-    failed_by_reason: BTreeMap<&'static str, u64>,
-    last_error: Option<(String, Instant)>,
-}
-
-impl ToolHealth {
-    fn snapshot(&self, counters: ToolStats) -> ToolSnapshot {
-        ToolSnapshot {
-            counters,
-            failed_by_reason: self.failed_by_reason.clone(),
-            latency_count: self.latency.count(),
-            latency_sum: self.latency.sum(),
-            p50: self.latency.quantile(0.5),
-            p95: self.latency.quantile(0.95),
-            last_error: self.last_error.clone(),
-        }
+/// One tool's figures as `status` shows them.
+fn tool_snapshot(f: &ToolFigures) -> ToolSnapshot {
+    ToolSnapshot {
+        counters: f.counters,
+        failed_by_reason: f.failed_by_reason.clone(),
+        latency_count: f.latency.count(),
+        latency_sum: f.latency.sum(),
+        p50: f.latency.quantile(0.5),
+        p95: f.latency.quantile(0.95),
+        last_error: f.last_error.clone(),
     }
 }
 
 /// The dispatcher's side of publishing: where snapshots go, when the last
-/// one went, whether one is scheduled, and the figures `Stats` lacks.
+/// one went, whether one is scheduled. The figures are `Stats`'.
 #[derive(Debug)]
 pub struct Publisher {
     out: Sender<Snapshot>,
@@ -326,8 +316,6 @@ pub struct Publisher {
     pub last_sent: Option<Instant>,
     /// The headline of the last check, to notice changes.
     pub last_headline: Option<Headline>,
-    tools: BTreeMap<String, ToolHealth>,
-    total: ToolHealth,
 }
 
 impl Publisher {
@@ -337,8 +325,6 @@ impl Publisher {
             pending: false,
             last_sent: None,
             last_headline: None,
-            tools: BTreeMap::new(),
-            total: ToolHealth::default(),
         }
     }
 
@@ -350,59 +336,35 @@ impl Publisher {
         }
     }
 
-    /// A call of `tool` ended after `took` (`None`: the server was never
-    /// asked, no latency); `failure` is its reason and message when it
-    /// failed.
-    pub fn call_ended(
-        &mut self,
-        tool: &str,
-        took: Option<Duration>,
-        failure: Option<(&'static str, &str)>,
-        now: Instant,
-    ) {
-        if !self.tools.contains_key(tool) {
-            self.tools.insert(tool.to_owned(), ToolHealth::default());
-        }
-        let health = self.tools.get_mut(tool).expect("inserted");
-        for h in [health, &mut self.total] {
-            if let Some(took) = took {
-                h.latency.record(took);
-            }
-            if let Some((reason, message)) = failure {
-                *h.failed_by_reason.entry(reason).or_default() += 1;
-                h.last_error = Some((truncate(message, MAX_MESSAGE), now));
-            }
-        }
-    }
-
     /// Hands a snapshot to the writer; false if the writer is gone.
     pub fn send(
         &mut self,
         headline: Headline,
         link_message: Option<String>,
-        stats: &crate::stats::Stats,
+        stats: &Stats,
         now: Instant,
     ) -> bool {
         self.pending = false;
         self.last_sent = Some(now);
-        let mut names: Vec<(&String, &ToolStats)> = stats.tools.iter().collect();
+        let mut names: Vec<(&String, &ToolFigures)> = stats.tools.iter().collect();
         if names.len() > MAX_TOOLS {
-            names.sort_by(|a, b| b.1.calls.cmp(&a.1.calls).then(a.0.cmp(b.0)));
+            names.sort_by(|a, b| {
+                b.1.counters
+                    .calls
+                    .cmp(&a.1.counters.calls)
+                    .then(a.0.cmp(b.0))
+            });
             names.truncate(MAX_TOOLS);
         }
-        let empty = ToolHealth::default();
         let tools = names
             .into_iter()
-            .map(|(name, counters)| {
-                let health = self.tools.get(name).unwrap_or(&empty);
-                (name.clone(), health.snapshot(*counters))
-            })
+            .map(|(name, f)| (name.clone(), tool_snapshot(f)))
             .collect();
         let snapshot = Snapshot {
             taken: now,
             headline,
             link_message,
-            total: self.total.snapshot(stats.total()),
+            total: tool_snapshot(&stats.total_figures()),
             tools,
         };
         self.out.send(snapshot).is_ok()
@@ -411,7 +373,7 @@ impl Publisher {
 
 /// `s` in at most `max` characters: when longer, its first third, `…` and
 /// its end (an error message ends with its cause).
-fn truncate(s: &str, max: usize) -> String {
+pub(crate) fn truncate(s: &str, max: usize) -> String {
     let count = s.chars().count();
     if count <= max {
         return s.to_owned();
@@ -731,12 +693,12 @@ mod tests {
         let mut stats = crate::stats::Stats::default();
         stats.tool("a").calls = 2;
         stats.tool("a").failed = 1;
-        p.call_ended("a", Some(Duration::from_millis(10)), None, now_i);
-        p.call_ended("a", None, Some(("circuit_open", "no")), now_i);
-        p.call_ended(
+        stats.call_ended("a", Some(Duration::from_millis(10)), None, now_i);
+        stats.call_ended("a", None, Some(("circuit_open", "no".into())), now_i);
+        stats.call_ended(
             "a",
             Some(Duration::from_millis(30)),
-            Some(("timeout", "bad s3cr3t-value here")),
+            Some(("timeout", "bad s3cr3t-value here".into())),
             now_i,
         );
         let headline = Headline {

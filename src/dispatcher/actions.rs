@@ -76,12 +76,6 @@ impl Dispatcher {
                 self.unqueue(seq);
             }
             Action::ListTools { cursor } => self.request_tools_page(cursor.as_deref(), now),
-            Action::Ended {
-                tool,
-                took,
-                outcome,
-                error,
-            } => self.note_call_end(&tool, took, outcome, error.as_deref()),
             Action::Trace(t) => self.trace(t, now),
         }
     }
@@ -245,8 +239,8 @@ impl Dispatcher {
                 let params = a.request.params();
                 self.traced(|t| t.answered_by_proxy(&a.tool, &a.client, params, a.source, now));
             }
-            Trace::Joined { call, tool } => {
-                self.traced(|t| t.joined(call, &tool, now));
+            Trace::Joined { call } => {
+                self.traced(|t| t.joined(call, now));
             }
             Trace::AttemptEnded { call, failure } => {
                 self.traced(|t| t.attempt_ended(call, failure, now));
@@ -263,9 +257,6 @@ impl Dispatcher {
                 self.trace_refused(call, retry_after, now)
             }
             Trace::Backoff { call, delay, retry } => self.trace_backoff(call, delay, retry, now),
-            Trace::Breaker(name) => {
-                self.traced(|t| t.breaker(name));
-            }
         }
     }
 }

@@ -109,15 +109,6 @@ pub(super) enum Action {
     /// its answer goes to [`Calls::learn_tools`], a failure to
     /// [`Calls::tools_learned`].
     ListTools { cursor: Option<String> },
-    /// A call ended (for the stats, `status` and OpenTelemetry): `took`
-    /// since it arrived, if an attempt was sent; its outcome, and the
-    /// error it failed with.
-    Ended {
-        tool: String,
-        took: Option<Duration>,
-        outcome: CallOutcome,
-        error: Option<String>,
-    },
     /// For the OpenTelemetry spans (only while `Ctx::tracing`).
     Trace(Trace),
 }
@@ -135,7 +126,6 @@ pub(super) enum Trace {
     /// A call joined call `call` in flight.
     Joined {
         call: Option<u64>,
-        tool: String,
     },
     /// Call `call`'s live attempt ended (failed, if `failure`).
     AttemptEnded {
@@ -166,8 +156,6 @@ pub(super) enum Trace {
         delay: Duration,
         retry: u32,
     },
-    /// The breaker changed state.
-    Breaker(&'static str),
 }
 
 /// A call the proxy answered itself, for its span.
@@ -243,6 +231,28 @@ impl Counters {
         self.changed = true;
         self.stats.tool(name)
     }
+
+    /// A call of `tool` ended with `outcome`, `took` after it arrived if
+    /// an attempt was sent; `error` is the error object it failed with,
+    /// read for its message.
+    fn ended(
+        &mut self,
+        tool: &str,
+        took: Option<Duration>,
+        outcome: CallOutcome,
+        error: Option<&str>,
+        now: Instant,
+    ) {
+        self.changed = true;
+        let failure = outcome.failure_label().map(|label| {
+            let message = error
+                .and_then(crate::jsonrpc::RawObject::parse)
+                .and_then(|e| e.string("message"))
+                .unwrap_or_default();
+            (label, message)
+        });
+        self.stats.call_ended(tool, took, failure, now);
+    }
 }
 
 /// Every `tools/call` in flight and the policies that decide for them.
@@ -292,6 +302,12 @@ impl Calls {
             counters: Counters::default(),
             cfg,
         }
+    }
+
+    /// The server is being started again: counted.
+    pub(super) fn count_restart(&mut self) {
+        self.counters.stats.restarts += 1;
+        self.counters.changed = true;
     }
 
     /// Seeds the randomness of backoff jitter (tests replay a schedule).
@@ -471,9 +487,9 @@ impl Calls {
     /// outage's failure for the breaker (a breaker it opens closes when the
     /// link recovers). Probes that fail are not counted: only what users
     /// asked for.
-    pub(super) fn outage_failure(&mut self, ctx: Ctx, out: &mut Vec<Action>) {
-        let t = self.breaker.on_outage_failure(ctx.now);
-        self.log_transition(t, ctx, out);
+    pub(super) fn outage_failure(&mut self, now: Instant) {
+        let t = self.breaker.on_outage_failure(now);
+        self.log_transition(t);
     }
 
     /// Call `id`'s attempt gave up waiting for a server that was down: it
@@ -490,15 +506,15 @@ impl Calls {
         }
         // Counted outside a trial: a trial it held is freed as the call
         // ends (`refuse_attempt`).
-        self.outage_failure(ctx, out);
+        self.outage_failure(ctx.now);
         self.refuse_attempt(id, error, ctx, out);
     }
 
     /// A probe found the server working again: a breaker that the outage
     /// opened closes (one that failed calls opened waits for its trial).
-    pub(super) fn link_recovered(&mut self, ctx: Ctx, out: &mut Vec<Action>) {
+    pub(super) fn link_recovered(&mut self) {
         let t = self.breaker.on_link_recovered();
-        self.log_transition(t, ctx, out);
+        self.log_transition(t);
     }
 
     /// Call `id`'s deadline, if it is in flight.
@@ -568,7 +584,7 @@ impl Calls {
     }
 
     /// Logs a breaker transition, and counts it.
-    fn log_transition(&mut self, t: Option<Transition>, ctx: Ctx, out: &mut Vec<Action>) {
+    fn log_transition(&mut self, t: Option<Transition>) {
         let Some(t) = t else { return };
         let name = match t {
             Transition::Opened => "opened",
@@ -576,7 +592,8 @@ impl Calls {
             Transition::Closed => "closed",
             Transition::Reopened => "reopened",
         };
-        trace(ctx, out, || Trace::Breaker(name));
+        *self.counters.stats.breaker.entry(name).or_default() += 1;
+        self.counters.changed = true;
         let name = &self.cfg.name;
         match t {
             Transition::Opened => {

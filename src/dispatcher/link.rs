@@ -278,7 +278,7 @@ impl Dispatcher {
         );
         match item {
             Queued::Request { client_id, .. } => {
-                self.with_calls(now, |c, ctx, out| c.outage_failure(ctx, out));
+                self.with_calls(now, |c, ctx, _| c.outage_failure(ctx.now));
                 self.answer_proxy_error(&client_id, Reason::ServerUnavailable, &message)
             }
             Queued::Call(id) => {
@@ -354,7 +354,7 @@ impl Dispatcher {
                 "{what} after {} down; the session continues",
                 super::calls::secs(took)
             );
-            self.with_calls(now, |c, ctx, out| c.link_recovered(ctx, out));
+            self.with_calls(now, |c, _, _| c.link_recovered());
         }
     }
     /// Sends the client's original `initialize` to a new incarnation.
@@ -791,6 +791,8 @@ impl Dispatcher {
     /// The probe timer fired.
     pub(super) fn restart_due(&mut self, seq: u64, now: Instant) {
         if seq == self.restart_seq && matches!(self.link, Link::Outage) {
+            self.calls.count_restart();
+            self.stats_dirty();
             self.traced(|t| t.respawned(now));
             self.start_server(now);
         }

@@ -10,16 +10,15 @@
 
 #![forbid(unsafe_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
-use crate::jsonrpc::RawObject;
 use crate::policy::breaker::BreakerState;
 use crate::status::{BreakerShown, Headline, LinkState, Publisher, Snapshot};
 
 use super::link::Link;
-use super::{CallOutcome, Dispatcher, Timer};
+use super::{Dispatcher, Timer};
 
 impl Dispatcher {
     /// Publishes the session's state through `out` (see `status.rs`).
@@ -96,27 +95,5 @@ impl Dispatcher {
             crate::debug!("the status writer is gone; no more status updates");
             self.status = None;
         }
-    }
-
-    /// A call ended, `took` after it arrived (`None` when no attempt was
-    /// sent), with `outcome`; `error` is the error object (raw JSON) it
-    /// failed with, read for its message.
-    pub(super) fn note_call_end(
-        &mut self,
-        tool: &str,
-        took: Option<Duration>,
-        outcome: CallOutcome,
-        error: Option<&str>,
-    ) {
-        let now = self.now;
-        let Some(publisher) = self.status.as_mut() else {
-            return;
-        };
-        let message = error
-            .and_then(RawObject::parse)
-            .and_then(|e| e.string("message"))
-            .unwrap_or_default();
-        let failure = outcome.failure_label().map(|r| (r, message.as_str()));
-        publisher.call_ended(tool, took, failure, now);
     }
 }

@@ -456,8 +456,7 @@ fn with_export_on_a_breaker_refusal_is_an_event_and_a_transition_is_counted() {
     assert_eq!(events, ["mcp_retry.breaker_refused"]);
     let reason = span.attrs.iter().find(|(k, _)| *k == "error.type");
     assert_eq!(reason.map(|(_, v)| v.clone()), Some("circuit_open".into()));
-    let tracer = h.d.otel.as_ref().unwrap();
-    assert_eq!(tracer.metrics().breaker.get("opened"), Some(&1));
+    assert_eq!(h.d.calls.stats().breaker.get("opened"), Some(&1));
 }
 
 #[test]

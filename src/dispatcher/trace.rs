@@ -60,14 +60,14 @@ impl Dispatcher {
     pub(super) fn otel_flush(&mut self, now: Instant) {
         self.otel_flush_pending = false;
         if let Some(t) = &mut self.otel {
-            t.flush_metrics(now);
+            t.flush_metrics(self.calls.stats(), now);
         }
     }
 
     /// The session ends: open spans and the last counters go out.
     pub(super) fn otel_finish(&mut self, now: Instant) {
         if let Some(t) = &mut self.otel {
-            t.finish(now);
+            t.finish(self.calls.stats(), now);
         }
     }
 }

@@ -9,12 +9,13 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::fasthash::FastMap;
 use crate::jsonrpc::RawObject;
+
+use crate::stats::Stats;
 
 use super::record::{
     Attrs, EndedAttempt, Event, FailedRequest, Record, RecordKind, ShortId, Snapshot, ToolCounters,
@@ -76,25 +77,6 @@ impl Tools {
     }
 }
 
-/// The counters, by tool index.
-#[derive(Debug, Default)]
-struct Counters {
-    tools: Vec<ToolCounters>,
-    failures: BTreeMap<(u32, &'static str), u64>,
-    breaker: BTreeMap<&'static str, u64>,
-    restarts: u64,
-}
-
-impl Counters {
-    fn tool(&mut self, i: u32) -> &mut ToolCounters {
-        let i = i as usize;
-        if self.tools.len() <= i {
-            self.tools.resize_with(i + 1, ToolCounters::default);
-        }
-        &mut self.tools[i]
-    }
-}
-
 /// The dispatcher's side of export: open spans, counters, and the handle
 /// to the exporter thread.
 pub struct Tracer {
@@ -103,8 +85,7 @@ pub struct Tracer {
     started: Instant,
     tools: Tools,
     calls: FastMap<u64, OpenCall>,
-    counters: Counters,
-    /// Counters changed since the last snapshot handed over.
+    /// The figures changed since the last snapshot handed over.
     changed: bool,
     handle: Handle,
 }
@@ -117,7 +98,6 @@ impl Tracer {
             started: now,
             tools: Tools::default(),
             calls: FastMap::default(),
-            counters: Counters::default(),
             changed: false,
             handle,
         }
@@ -179,8 +159,6 @@ impl Tracer {
         now: Instant,
     ) {
         let tool = self.tools.intern(tool);
-        self.counters.tool(tool).calls += 1;
-        self.changed = true;
         let parent = params.and_then(client_context);
         let ctx = self.new_context(parent);
         self.calls.insert(
@@ -210,13 +188,6 @@ impl Tracer {
         now: Instant,
     ) {
         let i = self.tools.intern(tool);
-        let c = self.counters.tool(i);
-        c.calls += 1;
-        match source {
-            "cache" => c.cache_hits += 1,
-            _ => c.dedup_hits += 1,
-        }
-        self.changed = true;
         if !self.handle.traces() {
             return;
         }
@@ -247,12 +218,7 @@ impl Tracer {
     }
 
     /// A call joined one in flight (dedup): counted; its span is the other's.
-    pub fn joined(&mut self, call: Option<u64>, tool: &str, now: Instant) {
-        let i = self.tools.intern(tool);
-        let c = self.counters.tool(i);
-        c.calls += 1;
-        c.dedup_hits += 1;
-        self.changed = true;
+    pub fn joined(&mut self, call: Option<u64>, now: Instant) {
         if let Some(c) = call {
             self.call_event(c, "mcp_retry.dedup_joined", Vec::new(), now);
         }
@@ -267,12 +233,6 @@ impl Tracer {
         let span_id = self.new_span_id();
         let c = self.calls.get_mut(&call)?;
         c.attempts += 1;
-        let counters = self.counters.tool(c.tool);
-        counters.attempts += 1;
-        if c.attempts > 1 {
-            counters.retries += 1;
-        }
-        self.changed = true;
         if !self.handle.traces() {
             return None;
         }
@@ -369,8 +329,6 @@ impl Tracer {
 
     /// The server is being started again: an event on every open call.
     pub fn respawned(&mut self, now: Instant) {
-        self.counters.restarts += 1;
-        self.changed = true;
         for c in self.calls.values_mut() {
             c.events.push(Event {
                 at: now,
@@ -378,12 +336,6 @@ impl Tracer {
                 attrs: Vec::new(),
             });
         }
-    }
-
-    /// The breaker changed state (`opened`, `half_opened`, `closed`, `reopened`).
-    pub fn breaker(&mut self, transition: &'static str) {
-        *self.counters.breaker.entry(transition).or_default() += 1;
-        self.changed = true;
     }
 
     /// Call `call` ended: its span (and a live attempt's) go to the exporter.
@@ -396,14 +348,6 @@ impl Tracer {
         let Some(c) = self.calls.remove(&call) else {
             return;
         };
-        if c.attempts > 0 {
-            let took = now.saturating_duration_since(c.started).as_secs_f64();
-            self.counters.tool(c.tool).latency.record(took);
-        }
-        if let Some(reason) = end.reason {
-            *self.counters.failures.entry((c.tool, reason)).or_default() += 1;
-        }
-        self.changed = true;
         if !self.handle.traces() {
             return;
         }
@@ -494,48 +438,57 @@ impl Tracer {
         );
     }
 
-    /// The counters so far, by name.
-    #[cfg(test)]
-    pub fn metrics(&self) -> super::record::Metrics {
-        self.snapshot(self.started).metrics()
-    }
-
-    fn snapshot(&self, now: Instant) -> Snapshot {
-        let c = &self.counters;
-        let name = |i: u32| self.tools.names[i as usize].clone();
+    /// The figures of `stats` as OpenTelemetry counts them.
+    fn snapshot(&self, stats: &Stats, now: Instant) -> Snapshot {
+        let mut tools = Vec::with_capacity(stats.tools.len());
+        let mut failures = Vec::new();
+        for (name, f) in &stats.tools {
+            let name: Arc<str> = name.as_str().into();
+            for (reason, n) in &f.failed_by_reason {
+                failures.push((name.clone(), *reason, *n));
+            }
+            let c = &f.counters;
+            let counters = ToolCounters {
+                calls: c.calls,
+                attempts: c.attempts,
+                retries: c.retries,
+                cache_hits: c.cache_hits,
+                dedup_hits: c.dedup_hits,
+                latency: f.latency.exported().clone(),
+            };
+            tools.push((name, counters));
+        }
         Snapshot {
             server: self.server.clone(),
-            tools: (0..)
-                .zip(&c.tools)
-                .map(|(i, t)| (name(i), t.clone()))
-                .collect(),
-            failures: c
-                .failures
-                .iter()
-                .map(|((tool, reason), n)| (name(*tool), *reason, *n))
-                .collect(),
-            breaker: c.breaker.iter().map(|(t, n)| (*t, *n)).collect(),
-            restarts: c.restarts,
+            tools,
+            failures,
+            breaker: stats.breaker.iter().map(|(t, n)| (*t, *n)).collect(),
+            restarts: stats.restarts,
             since: self.started,
             at: now,
         }
     }
 
-    /// Counters changed since the last snapshot.
+    /// The figures changed: a flush is due (see `metrics_changed`).
+    pub fn figures_changed(&mut self) {
+        self.changed = true;
+    }
+
+    /// The figures changed since the last snapshot.
     pub fn metrics_changed(&self) -> bool {
         self.changed
     }
 
-    /// Hands the counters to the exporter.
-    pub fn flush_metrics(&mut self, now: Instant) {
+    /// Hands the figures of `stats` to the exporter.
+    pub fn flush_metrics(&mut self, stats: &Stats, now: Instant) {
         self.changed = false;
         if self.handle.metrics() {
-            self.handle.send_metrics(self.snapshot(now));
+            self.handle.send_metrics(self.snapshot(stats, now));
         }
     }
 
-    /// At exit: open spans end as they are, and the last counters go.
-    pub fn finish(&mut self, now: Instant) {
+    /// At exit: open spans end as they are, and the last figures go.
+    pub fn finish(&mut self, stats: &Stats, now: Instant) {
         let mut ids: Vec<u64> = self.calls.keys().copied().collect();
         ids.sort();
         for id in ids {
@@ -546,7 +499,7 @@ impl Tracer {
             };
             self.call_ended(id, end, now);
         }
-        self.flush_metrics(now);
+        self.flush_metrics(stats, now);
     }
 }
 

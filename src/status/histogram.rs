@@ -64,6 +64,15 @@ impl Histogram {
         self.sum_us = self.sum_us.saturating_add(us);
     }
 
+    /// Adds `other`'s records.
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a = a.saturating_add(*b);
+        }
+        self.count += other.count;
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+    }
+
     pub fn count(&self) -> u64 {
         self.count
     }

@@ -80,10 +80,7 @@ impl Calls {
             Lookup::Joined { same_args } => {
                 self.deduplicated(&new, same_args, false);
                 let call = self.by_key.get(&key).copied();
-                trace(ctx, out, || Trace::Joined {
-                    call,
-                    tool: new.tool.clone(),
-                });
+                trace(ctx, out, || Trace::Joined { call });
                 Arrival::Joined(call)
             }
             Lookup::Replay {

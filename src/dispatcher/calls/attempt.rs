@@ -45,7 +45,7 @@ impl Calls {
             Admission::Allowed => call.trial = false,
             Admission::Rejected { .. } => {}
         }
-        self.log_transition(transition, ctx, out);
+        self.log_transition(transition);
         match admission {
             Admission::Rejected { retry_after } => {
                 self.refuse_by_breaker(id, retry_after, false, ctx, out);
@@ -71,10 +71,12 @@ impl Calls {
             // It may change what cached reads returned.
             super::invalidate(&mut self.cache, &call.tool, "may write");
         }
-        self.counters.tool(&call.tool).attempts += 1;
         call.cache_epoch = self.cache.epoch();
         call.attempts += 1;
+        let counters = self.counters.tool(&call.tool);
+        counters.attempts += 1;
         if call.attempts > 1 {
+            counters.retries += 1;
             call.retried = true;
             info!(
                 fields: fields(&call.tool, call.attempts, None),
@@ -191,7 +193,7 @@ impl Calls {
         let trial = call.trial;
         if m.result().is_some() {
             let t = self.breaker.on_success(trial, ctx.now);
-            self.log_transition(t, ctx, out);
+            self.log_transition(t);
         } else if trial {
             // A final error says nothing about health; free the trial.
             self.breaker.on_trial_abandoned();
@@ -242,7 +244,7 @@ impl Calls {
         let trial = std::mem::take(&mut call.trial);
         if failure.counts() {
             let t = self.breaker.on_failure(trial, ctx.now);
-            self.log_transition(t, ctx, out);
+            self.log_transition(t);
         } else if trial {
             // It says nothing of health; free the trial.
             self.breaker.on_trial_abandoned();

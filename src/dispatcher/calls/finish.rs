@@ -132,15 +132,13 @@ impl Calls {
                 None,
             )),
         });
-        let ended = Action::Ended {
-            took: call.took(ctx.now),
-            outcome: match m.error() {
-                Some(_) => CallOutcome::ServerError,
-                None => CallOutcome::Ok,
-            },
-            error: m.error().map(str::to_owned),
-            tool: call.tool,
+        let outcome = match m.error() {
+            Some(_) => CallOutcome::ServerError,
+            None => CallOutcome::Ok,
         };
+        let took = call.took(ctx.now);
+        self.counters
+            .ended(&call.tool, took, outcome, m.error(), ctx.now);
         if let Some(client) = call.client {
             let line = m.into_line_with_id(&client);
             out.push(Action::Answer { client, line });
@@ -154,7 +152,6 @@ impl Calls {
                 out.push(Action::Answer { client, line });
             }
         }
-        out.push(ended);
     }
 
     /// The cache after `call`'s final answer: a call that may write
@@ -216,15 +213,13 @@ impl Calls {
             };
             out.push(Action::Answer { client, line });
         }
-        out.push(Action::Ended {
-            tool: call.tool,
-            took,
-            outcome: match answer {
-                Ok(_) => CallOutcome::Ok,
-                Err(e) => e.outcome(),
-            },
-            error: answer.err().map(|e| e.object.clone()),
-        });
+        let outcome = match answer {
+            Ok(_) => CallOutcome::Ok,
+            Err(e) => e.outcome(),
+        };
+        let error = answer.err().map(|e| e.object.as_str());
+        self.counters
+            .ended(&call.tool, took, outcome, error, ctx.now);
     }
 
     /// Forgets call `id` and every id that pointed at it.

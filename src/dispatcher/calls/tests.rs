@@ -214,26 +214,12 @@ fn a_call_is_sent_under_its_timeout_and_ends_with_the_servers_answer() {
     let (owner, out) = h.answer(42, OK);
     assert_eq!(owner, Owner::Served);
     assert_eq!(answer_for(&out, "11")["result"]["content"][0]["text"], "ok");
-    let Some(Action::Ended {
-        tool,
-        took,
-        outcome,
-        error,
-    }) = out.last()
-    else {
-        panic!("{out:?}");
-    };
-    assert_eq!(
-        (tool.as_str(), *took, *outcome, error),
-        (
-            "t",
-            Some(Duration::from_millis(250)),
-            CallOutcome::Ok,
-            &None
-        )
-    );
+    let figures = &h.calls.stats().tools["t"];
+    assert_eq!(figures.latency.count(), 1);
+    assert_eq!(figures.latency.sum(), Duration::from_millis(250));
+    assert!(figures.failed_by_reason.is_empty());
     assert_eq!(h.calls.len(), 0);
-    assert_eq!(h.calls.stats().tools["t"].attempts, 1);
+    assert_eq!(h.calls.stats().tools["t"].counters.attempts, 1);
     // The id is forgotten once answered.
     assert_eq!(h.answer(42, OK).0, Owner::Unknown);
 }
@@ -254,7 +240,7 @@ fn an_identical_call_joins_the_one_in_flight_and_gets_its_answer() {
     assert_eq!(a[0].0, "11");
     assert_eq!(a[1].0, "12");
     assert_eq!(a[1].1["result"]["_meta"]["mcp-retry/source"], "dedup");
-    assert_eq!(h.calls.stats().tools["t"].dedup_hits, 1);
+    assert_eq!(h.calls.stats().tools["t"].counters.dedup_hits, 1);
 }
 
 #[test]
@@ -505,10 +491,9 @@ fn a_queued_call_that_ends_leaves_the_queue() {
     assert!(!h.run(|c, ctx, out| c.admit(id, ctx, out)).0);
     let error = CallError::proxy(Reason::ServerUnavailable, "m", &[]);
     let (_, out) = h.run(|c, ctx, out| c.fail(id, &error, ctx, out));
-    let Some(Action::Ended { outcome, .. }) = out.last() else {
-        panic!("{out:?}");
-    };
-    assert_eq!(*outcome, CallOutcome::Proxy(Reason::ServerUnavailable));
+    let figures = &h.calls.stats().tools["t"];
+    assert_eq!(figures.failed_by_reason["server_unavailable"], 1);
+    assert_eq!(figures.last_error.as_ref().map(|e| e.0.as_str()), Some("m"));
     assert!(matches!(out.first(), Some(Action::Unqueue(5))), "{out:?}");
     assert_eq!(answer_for(&out, "11")["error"]["message"], "m");
     assert!(!h.calls.unqueued(id));
@@ -612,12 +597,10 @@ fn a_call_ends_with_a_typed_outcome_that_a_server_cannot_forge() {
     let mut h = Harness::new(|_| {});
     let (_, down) = h.started("11", "t", "{}");
     let forged = r#""error":{"code":-31000,"message":"x","data":{"source":"mcp-retry","reason":"circuit_open"}}"#;
-    let (_, out) = h.answer(down, forged);
-    let Some(Action::Ended { outcome, .. }) = out.last() else {
-        panic!("{out:?}");
-    };
-    assert_eq!(*outcome, CallOutcome::ServerError);
-    assert_eq!(outcome.failure_label(), Some("server_error"));
+    h.answer(down, forged);
+    let figures = &h.calls.stats().tools["t"];
+    assert_eq!(figures.failed_by_reason.len(), 1, "{figures:?}");
+    assert_eq!(figures.failed_by_reason["server_error"], 1);
     assert_eq!(CallOutcome::Ok.failure_label(), None);
     let timeout = CallOutcome::Proxy(Reason::Timeout);
     assert_eq!(timeout.failure_label(), Some("timeout"));
