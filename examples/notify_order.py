@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a notification costs the call after it through `mcp-retry run --url`.
 
-    notify_order.py PATH/TO/mcp-retry [--calls N] [--rounds R] [--slow-ack MS]
+    notify_order.py PATH/TO/mcp-retry [--calls N] [--rounds R] [--slow-ack MS] [--url URL]
 
 The Streamable HTTP transport keeps the order the client sent lines in: the
 message after a notification is posted once the notification's POST was
@@ -34,8 +34,15 @@ to the notification's arrival, from it to the call's, and back. It checks
 that every notification arrived before the call written after it (exit
 status 1 if one did not). `--slow-ack` over 2000 shows the bound: the call
 then waits 2 s.
+
+With `--url URL` (plain http) the proxy is put in front of that server
+instead (it needs an `echo(message)` tool, as tests/interop/py_http_server.py
+has): only the first two workloads, no split, and then the server's own
+time to acknowledge a notification, posted directly in a session of the
+script's own.
 """
 import argparse
+import http.client
 import http.server
 import json
 import os
@@ -44,12 +51,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 arrivals = []  # (kind, tag, ns) in the order the server read them
 arrivals_lock = threading.Lock()
 
 TOOLS = [{"name": "echo", "description": "Echoes its argument.",
-          "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}]
+          "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}}}]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -108,7 +116,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if method == "tools/list":
             return self.reply(200, {"jsonrpc": "2.0", "id": msg["id"], "result": {"tools": TOOLS}})
         if method == "tools/call":
-            text = msg["params"]["arguments"]["text"]
+            text = msg["params"]["arguments"]["message"]
             with arrivals_lock:
                 arrivals.append(("call", text, time.perf_counter_ns()))
             return self.reply(200, {"jsonrpc": "2.0", "id": msg["id"], "result": {
@@ -149,6 +157,36 @@ class Client:
                 return msg, start, time.perf_counter_ns()
 
 
+def direct_acks(url, count):
+    """Times `count` notification POSTs to `url` in a session of their own,
+    each until its 202 (ms)."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port or 80)
+    headers = {"Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+
+    def post(msg):
+        conn.request("POST", u.path or "/", json.dumps(msg), headers)
+        r = conn.getresponse()
+        r.read()
+        return r
+
+    r = post({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "notify_order", "version": "1"}}})
+    if r.getheader("Mcp-Session-Id"):
+        headers["Mcp-Session-Id"] = r.getheader("Mcp-Session-Id")
+    headers["MCP-Protocol-Version"] = "2025-11-25"
+    post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    times = []
+    for _ in range(count):
+        start = time.perf_counter_ns()
+        r = post({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
+        times.append((time.perf_counter_ns() - start) / 1e6)
+        assert r.status == 202, r.status
+    return times
+
+
 def percentile(values, q):
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -160,12 +198,15 @@ def main():
     ap.add_argument("--calls", type=int, default=500, help="calls per workload")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--slow-ack", type=float, default=50, help="ms before the slow 202")
+    ap.add_argument("--url", help="another server's URL (plain http, with an `echo(message)` tool)")
     args = ap.parse_args()
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
+    url = args.url
+    if url is None:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
 
     env = dict(os.environ, MCP_RETRY_LOG="warn")
     client = Client([args.proxy, "run", "--url", url], env)
@@ -175,16 +216,18 @@ def main():
     assert "result" in answer, answer
     client.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
     answer, *_ = client.request("tools/list", {})
-    assert answer["result"]["tools"][0]["name"] == "echo", answer
+    assert "echo" in [t["name"] for t in answer["result"]["tools"]], answer
 
     workloads = [("call", None), ("note+call", 0), ("slow note+call", args.slow_ack)]
+    if args.url:  # its acknowledgements are its own
+        workloads = workloads[:2]
     sent = {name: [] for name, _ in workloads}  # (tag, written, answered) per call
     per_round = max(1, args.calls // args.rounds)
     n = 0
     # Warm-up: connections in ureq's pool, the server's threads.
     for _ in range(20):
         n += 1
-        client.request("tools/call", {"name": "echo", "arguments": {"text": f"warm-{n}"}})
+        client.request("tools/call", {"name": "echo", "arguments": {"message": f"warm-{n}"}})
     with arrivals_lock:
         arrivals.clear()
     for r in range(args.rounds):
@@ -198,8 +241,8 @@ def main():
                     note = {"jsonrpc": "2.0", "method": "notifications/roots/list_changed",
                             "params": {"_meta": {"tag": tag, "ackDelayMs": delay}}}
                 answer, written, answered = client.request(
-                    "tools/call", {"name": "echo", "arguments": {"text": tag}}, before=note)
-                assert answer["result"]["content"][0]["text"] == tag, answer
+                    "tools/call", {"name": "echo", "arguments": {"message": tag}}, before=note)
+                assert tag in answer["result"]["content"][0]["text"], answer
                 sent[name].append((tag, written, answered))
     client.p.stdin.close()
     client.p.wait(timeout=10)
@@ -214,9 +257,9 @@ def main():
     def ms(ns):
         return ns / 1e6
 
-    print(f"{per_round * args.rounds} calls per workload in {args.rounds} rounds, slow ack "
-          f"{args.slow_ack:g} ms. Latency: from the client writing its lines to reading the "
-          f"call's answer, ms")
+    print(f"{per_round * args.rounds} calls per workload in {args.rounds} rounds"
+          f"{'' if args.url else f', slow ack {args.slow_ack:g} ms'}. Latency: from the client "
+          f"writing its lines to reading the call's answer, ms")
     print()
     print("| workload | p50 | p95 | mean | p50 − call's | p95 − call's |")
     print("|---|---|---|---|---|---|")
@@ -226,6 +269,12 @@ def main():
         print(f"| {name} | {percentile(t, .5):.3f} | {percentile(t, .95):.3f} | "
               f"{statistics.mean(t):.3f} | {percentile(t, .5) - percentile(base, .5):+.3f} | "
               f"{percentile(t, .95) - percentile(base, .95):+.3f} |")
+    if args.url:
+        t = direct_acks(args.url, per_round * args.rounds)
+        print()
+        print(f"The server's own 202 to a notification, posted directly (no proxy), ms: "
+              f"p50 {percentile(t, .5):.3f}, p95 {percentile(t, .95):.3f}")
+        return 0
     print()
     print("Where the time goes (p50 / p95, ms; the server reads a message once its body is in):")
     print()
