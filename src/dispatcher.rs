@@ -405,7 +405,7 @@ impl Dispatcher {
             if let Some(outcome) = self.finished() {
                 self.answer_remaining();
                 info!("{}", self.calls.stats().summary());
-                self.flush_stats();
+                self.on_stats_flush_due();
                 self.otel_finish(Instant::now());
                 return outcome;
             }
@@ -543,15 +543,15 @@ impl Dispatcher {
                         may_have_received: true,
                         heal: Heal::Wait,
                     };
-                    self.link_lost(gone, now);
+                    self.on_link_gone(gone, now);
                 }
             }
-            Timer::StatsFlush => self.flush_stats(),
-            Timer::OtelFlush => self.otel_flush(now),
-            Timer::StatusPublish => self.publish_status(now),
-            Timer::Restart { seq } => self.restart_due(seq, now),
-            Timer::ReplayTimeout { generation } => self.replay_timed_out(generation),
-            Timer::QueueExpired { seq } => self.queue_expired(seq, now),
+            Timer::StatsFlush => self.on_stats_flush_due(),
+            Timer::OtelFlush => self.on_otel_flush_due(now),
+            Timer::StatusPublish => self.on_status_due(now),
+            Timer::Restart { seq } => self.on_probe_due(seq, now),
+            Timer::ReplayTimeout { generation } => self.on_replay_timeout(generation),
+            Timer::QueueExpired { seq } => self.on_queue_expired(seq, now),
             Timer::LearnTools => {
                 let client_listing = self.requests.inflight.values().any(|f| {
                     matches!(
@@ -570,8 +570,8 @@ impl Dispatcher {
                     self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
                 }
             }
-            Timer::OverlongLine { generation, line } => self.overlong_line_due(generation, line),
-            Timer::ToolsListTimeout { down } => self.tools_list_timed_out(down, now),
+            Timer::OverlongLine { generation, line } => self.on_overlong_line(generation, line),
+            Timer::ToolsListTimeout { down } => self.on_tools_list_timeout(down, now),
             Timer::Call(t) => {
                 if let Some(due) = self.with_calls(now, |c, ctx, out| c.on_timer(t, ctx, out)) {
                     self.start_attempt(due, now);
@@ -592,7 +592,7 @@ impl Dispatcher {
         }
     }
 
-    fn flush_stats(&mut self) {
+    fn on_stats_flush_due(&mut self) {
         self.stats_flush_pending = false;
         if let Some(out) = &self.stats_out {
             let _ = out.send(self.calls.stats().to_json(&self.cfg.name));

@@ -199,7 +199,7 @@ impl Dispatcher {
     /// Our own `tools/list` was not answered in time: the annotations stay
     /// unknown, and calls waiting for them are decided now (unknown means
     /// unsafe) rather than at their deadline.
-    pub(super) fn tools_list_timed_out(&mut self, down: u64, now: Instant) {
+    pub(super) fn on_tools_list_timeout(&mut self, down: u64, now: Instant) {
         if let Some(Inflight::ToolsList) = self.requests.inflight.get(&down) {
             self.requests.inflight.remove(&down);
             warn!(

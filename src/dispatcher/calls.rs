@@ -207,7 +207,7 @@ pub(super) enum Owner {
 
 /// What a downstream id of the calls stands for.
 #[derive(Debug)]
-enum Downstream {
+enum Issued {
     /// An attempt (live or abandoned) of this call.
     Attempt(u64),
     /// An attempt of a call that has ended without its success reaching
@@ -263,7 +263,7 @@ pub(super) struct Calls {
     by_key: FastMap<u128, u64>,
     by_token: FastMap<String, u64>,
     /// The calls' downstream ids.
-    downstream: FastMap<u64, Downstream>,
+    downstream: FastMap<u64, Issued>,
     /// Downstream ids whose late answers are awaited, oldest first.
     late: VecDeque<u64>,
     tools: ToolsKnowledge,
@@ -381,11 +381,11 @@ impl Calls {
         out: &mut Vec<Action>,
     ) -> Owner {
         match self.downstream.remove(&down) {
-            Some(Downstream::Attempt(call)) => {
+            Some(Issued::Attempt(call)) => {
                 self.attempt_answered(call, down, m, ctx, out);
                 Owner::Served
             }
-            Some(Downstream::Late(late)) => {
+            Some(Issued::Late(late)) => {
                 self.late_answer(*late, &m, ctx.now);
                 Owner::Known
             }
@@ -406,7 +406,7 @@ impl Calls {
         out: &mut Vec<Action>,
     ) -> Owner {
         match self.downstream.get(&down) {
-            Some(Downstream::Attempt(call)) => {
+            Some(Issued::Attempt(call)) => {
                 match self.calls.get(call).filter(|c| c.live == Some(down)) {
                     Some(c) => warn!("tool \"{}\": {message}", c.tool),
                     // The live one may still bring a real answer.
@@ -414,7 +414,7 @@ impl Calls {
                 }
             }
             // A late answer nobody waits for: nothing to keep.
-            Some(Downstream::Late(_)) | None => {}
+            Some(Issued::Late(_)) | None => {}
         }
         self.fail_attempt(down, &CallError::proxy(reason, message, &[]), ctx, out)
     }
@@ -429,8 +429,8 @@ impl Calls {
         out: &mut Vec<Action>,
     ) -> Owner {
         let call = match self.downstream.remove(&down) {
-            Some(Downstream::Attempt(call)) => call,
-            Some(Downstream::Late(_)) => return Owner::Known,
+            Some(Issued::Attempt(call)) => call,
+            Some(Issued::Late(_)) => return Owner::Known,
             None => return Owner::Unknown,
         };
         let Some(c) = self.calls.get_mut(&call).filter(|c| c.live == Some(down)) else {
@@ -453,7 +453,7 @@ impl Calls {
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) {
-        if let Some(Downstream::Attempt(call)) = self.downstream.remove(&down) {
+        if let Some(Issued::Attempt(call)) = self.downstream.remove(&down) {
             match self.calls.get_mut(&call) {
                 Some(c) if c.live == Some(down) => c.live = None,
                 _ => return,

@@ -260,7 +260,7 @@ impl Dispatcher {
     }
 
     /// A queued item waited as long as it may for the server.
-    pub(super) fn queue_expired(&mut self, seq: u64, now: Instant) {
+    pub(super) fn on_queue_expired(&mut self, seq: u64, now: Instant) {
         self.queue_give_up(seq, now, "gave up after waiting");
     }
 
@@ -496,7 +496,7 @@ impl Dispatcher {
                     c.draining = true;
                 }
             }
-            ServerEvent::Gone(gone) => self.link_lost(gone, now),
+            ServerEvent::Gone(gone) => self.on_link_gone(gone, now),
         }
     }
 
@@ -631,7 +631,7 @@ impl Dispatcher {
 
     /// The current incarnation is gone: answer or re-plan everything that
     /// waited on it, then plan the next probe unless the session is ending.
-    pub(super) fn link_lost(&mut self, gone: Gone, now: Instant) {
+    pub(super) fn on_link_gone(&mut self, gone: Gone, now: Instant) {
         let old = std::mem::replace(
             &mut self.link,
             Link::Down {
@@ -789,7 +789,7 @@ impl Dispatcher {
     }
 
     /// The probe timer fired.
-    pub(super) fn restart_due(&mut self, seq: u64, now: Instant) {
+    pub(super) fn on_probe_due(&mut self, seq: u64, now: Instant) {
         if seq == self.restart_seq && matches!(self.link, Link::Outage) {
             self.calls.count_restart();
             self.stats_dirty();
@@ -801,7 +801,7 @@ impl Dispatcher {
     /// `call_timeout`: the server's output is unusable (every answer waits
     /// behind a line that is dropped anyway), so it is stopped and, like
     /// after a crash, started again.
-    pub(super) fn overlong_line_due(&mut self, generation: u64, line: u64) {
+    pub(super) fn on_overlong_line(&mut self, generation: u64, line: u64) {
         if generation != self.generation {
             return;
         }
@@ -818,7 +818,7 @@ impl Dispatcher {
     }
 
     /// The replayed initialize was not answered in time.
-    pub(super) fn replay_timed_out(&mut self, generation: u64) {
+    pub(super) fn on_replay_timeout(&mut self, generation: u64) {
         if generation != self.generation {
             return;
         }

@@ -79,7 +79,7 @@ impl Dispatcher {
     }
 
     /// `Timer::StatusPublish`: hands the snapshot to the writer.
-    pub(super) fn publish_status(&mut self, now: Instant) {
+    pub(super) fn on_status_due(&mut self, now: Instant) {
         if self.status.is_none() {
             return;
         }

@@ -57,7 +57,7 @@ impl Dispatcher {
         }
     }
 
-    pub(super) fn otel_flush(&mut self, now: Instant) {
+    pub(super) fn on_otel_flush_due(&mut self, now: Instant) {
         self.otel_flush_pending = false;
         if let Some(t) = &mut self.otel {
             t.flush_metrics(self.calls.stats(), now);

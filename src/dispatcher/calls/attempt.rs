@@ -15,7 +15,7 @@ use crate::{debug, info};
 
 use super::call::Failure;
 use super::text::fields;
-use super::{trace, Action, CallTimer, Calls, Ctx, Downstream, Trace};
+use super::{trace, Action, CallTimer, Calls, Ctx, Issued, Trace};
 
 impl Calls {
     /// Call `id` is due for an attempt: whether one may be made now. Not if
@@ -96,7 +96,7 @@ impl Calls {
         };
         let timer = CallTimer::AttemptTimeout { call: id, down };
         out.push(Action::Timer(call.attempt_deadline, timer));
-        self.downstream.insert(down, Downstream::Attempt(id));
+        self.downstream.insert(down, Issued::Attempt(id));
         out.push(Action::Attempt {
             call: id,
             down,

@@ -15,7 +15,7 @@ use crate::{debug, info};
 
 use super::call::{Call, Failure, Late};
 use super::text::{storable, with_source, Source};
-use super::{invalidate, trace, Action, Calls, Ctx, Downstream, Trace, LATE_LIMIT};
+use super::{invalidate, trace, Action, Calls, Ctx, Issued, Trace, LATE_LIMIT};
 use crate::dispatcher::{CallError, CallOutcome};
 
 impl Calls {
@@ -269,13 +269,12 @@ impl Calls {
                 keep,
                 tool: call.tool.clone(),
             };
-            self.downstream
-                .insert(down, Downstream::Late(Box::new(late)));
+            self.downstream.insert(down, Issued::Late(Box::new(late)));
             self.late.push_back(down);
         }
         while self.late.len() > LATE_LIMIT {
             if let Some(old) = self.late.pop_front() {
-                if let Some(Downstream::Late(_)) = self.downstream.get(&old) {
+                if let Some(Issued::Late(_)) = self.downstream.get(&old) {
                     self.downstream.remove(&old);
                 }
             }
