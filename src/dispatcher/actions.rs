@@ -68,7 +68,6 @@ impl Dispatcher {
     fn carry_out(&mut self, action: Action, now: Instant) {
         match action {
             Action::Answer { client, line } => self.answer(&client, line),
-            Action::Attempt { call, down, line } => self.send_attempt(call, down, line, now),
             Action::Cancel { down, reason } => self.cancel_downstream(down, &reason),
             Action::Notify(line) => self.send_client(line),
             Action::Timer(at, timer) => self.set_timer(at, Timer::Call(timer)),
@@ -114,7 +113,13 @@ impl Dispatcher {
         match self.route(now) {
             Route::Send => {
                 let down = self.next_id();
-                self.with_calls(now, |c, ctx, out| c.send(id, down, ctx, out));
+                let traceparent = self.traced(|t| t.attempt_started(id, down, now)).flatten();
+                let attempt = self.with_calls(now, |c, ctx, out| {
+                    c.send(id, down, traceparent.as_deref(), ctx, out)
+                });
+                if let Some(attempt) = attempt {
+                    self.send_attempt(attempt, now);
+                }
             }
             Route::Queue => {
                 match self.enqueue(Queued::Call(id), now, self.call_wait_until(id, now)) {
@@ -141,19 +146,11 @@ impl Dispatcher {
         self.calls.deadline(id).map_or(wait, |d| d.min(wait))
     }
 
-    /// Sends attempt `down` of call `id` (with its own `traceparent` when
-    /// export is on); a line the server cannot be given fails the attempt
-    /// as never sent.
-    fn send_attempt(&mut self, id: u64, down: u64, line: Vec<u8>, now: Instant) {
-        let line = match self.traced(|t| t.attempt_started(id, down, now)) {
-            // Export is on: the line was left for this.
-            Some(tp) => self.calls.attempt_line(id, down, tp.as_deref()),
-            None => line,
-        };
-        if line.is_empty() {
-            return; // The call ended before its attempt left.
-        }
-        match self.send_server_request(Outgoing::request(down, "tools/call", line)) {
+    /// Sends a call's attempt; one the server cannot be given fails as
+    /// never sent.
+    fn send_attempt(&mut self, attempt: Outgoing, now: Instant) {
+        let down = attempt.request_id().unwrap_or_default();
+        match self.send_server_request(attempt) {
             SendResult::Sent => {}
             SendResult::Closed => {
                 self.with_calls(now, |c, ctx, out| c.attempt_unsent(down, ctx, out));

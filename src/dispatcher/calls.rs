@@ -86,11 +86,6 @@ pub(super) struct Ctx {
 pub(super) enum Action {
     /// Answer client request `client` with `line` (a response or an error).
     Answer { client: String, line: Vec<u8> },
-    /// Send the server attempt `down` of call `call` (a request line; empty
-    /// while export is on: the dispatcher writes it with the attempt's
-    /// `traceparent`, see [`Calls::attempt_line`]). If the server cannot be
-    /// given it, report [`Calls::attempt_unsent`].
-    Attempt { call: u64, down: u64, line: Vec<u8> },
     /// Ask the server to stop working on downstream request `down`.
     Cancel {
         down: u64,
@@ -358,18 +353,6 @@ impl Calls {
     pub(super) fn started(&self, id: u64) -> Option<(&str, &str, Option<&str>)> {
         let c = self.calls.get(&id)?;
         Some((&c.tool, c.client.as_deref()?, c.request.params()))
-    }
-
-    /// Attempt `down` of call `id`: with `traceparent` in its
-    /// `params._meta` when there is one and params is an object, else as the
-    /// client sent it (under `down`).
-    pub(super) fn attempt_line(&self, id: u64, down: u64, traceparent: Option<&str>) -> Vec<u8> {
-        let Some(call) = self.calls.get(&id) else {
-            return Vec::new();
-        };
-        traceparent
-            .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
-            .unwrap_or_else(|| call.request.line_with_id(&down.to_string()))
     }
 
     /// The server answered downstream request `down`.

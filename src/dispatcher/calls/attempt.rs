@@ -8,6 +8,7 @@
 use std::time::Instant;
 
 use crate::dispatcher::{CallError, Reason};
+use crate::downstream::Outgoing;
 use crate::jsonrpc::{Message, RawObject};
 use crate::policy::breaker::Admission;
 use crate::policy::gate;
@@ -56,17 +57,18 @@ impl Calls {
     }
 
     /// The admitted attempt of call `id` goes to the server as downstream
-    /// request `down`: its timeout is set and its line pushed.
+    /// request `down` (with `traceparent` in its `_meta` when export is
+    /// on): its timeout is set and its message returned, for the
+    /// dispatcher to send; `None` if the call has ended.
     pub(in crate::dispatcher) fn send(
         &mut self,
         id: u64,
         down: u64,
+        traceparent: Option<&str>,
         ctx: Ctx,
         out: &mut Vec<Action>,
-    ) {
-        let Some(call) = self.calls.get_mut(&id) else {
-            return;
-        };
+    ) -> Option<Outgoing> {
+        let call = self.calls.get_mut(&id)?;
         if !call.read_only {
             // It may change what cached reads returned.
             super::invalidate(&mut self.cache, &call.tool, "may write");
@@ -87,21 +89,15 @@ impl Calls {
         call.live = Some(down);
         call.attempt_started = ctx.now;
         call.attempt_deadline = (ctx.now + call.attempt_timeout).min(call.deadline);
-        // With export on, the dispatcher writes the line with the attempt's
-        // own traceparent: one copy of the request, not two.
-        let line = if ctx.tracing {
-            Vec::new()
-        } else {
-            call.request.line_with_id(&down.to_string())
-        };
+        // With export on, the attempt's own traceparent goes in, written
+        // into the one copy of the request.
+        let line = traceparent
+            .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
+            .unwrap_or_else(|| call.request.line_with_id(&down.to_string()));
         let timer = CallTimer::AttemptTimeout { call: id, down };
         out.push(Action::Timer(call.attempt_deadline, timer));
         self.downstream.insert(down, Issued::Attempt(id));
-        out.push(Action::Attempt {
-            call: id,
-            down,
-            line,
-        });
+        Some(Outgoing::request(down, "tools/call", line))
     }
 
     /// The server could not be given attempt `down` (it takes no more

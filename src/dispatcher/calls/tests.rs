@@ -80,11 +80,15 @@ impl Harness {
         assert!(admitted && out.is_empty(), "{out:?}");
         self.next_down += 1;
         let down = self.next_down;
-        let (_, out) = self.run(|c, ctx, out| c.send(id, down, ctx, out));
+        let (sent, out) = self.run(|c, ctx, out| c.send(id, down, None, ctx, out));
         assert!(
-            matches!(&out[..], [Action::Timer(_, CallTimer::AttemptTimeout { .. }), Action::Attempt { down: d, .. }] if *d == down),
+            matches!(
+                &out[..],
+                [Action::Timer(_, CallTimer::AttemptTimeout { .. })]
+            ),
             "{out:?}"
         );
+        assert_eq!(sent.and_then(|s| s.request_id()), Some(down));
         down
     }
 
@@ -193,20 +197,21 @@ fn a_call_is_sent_under_its_timeout_and_ends_with_the_servers_answer() {
     assert!(matches!(arrival, Arrival::Started(1)), "{arrival:?}");
     let (admitted, _) = h.run(|c, ctx, out| c.admit(1, ctx, out));
     assert!(admitted);
-    let (_, out) = h.run(|c, ctx, out| c.send(1, 42, ctx, out));
-    let [Action::Timer(at, timer), Action::Attempt { call, down, line }] = &out[..] else {
+    let (attempt, out) = h.run(|c, ctx, out| c.send(1, 42, None, ctx, out));
+    let [Action::Timer(at, timer)] = &out[..] else {
         panic!("{out:?}");
     };
     assert_eq!(
-        (*at, *timer, *call, *down),
+        (*at, *timer),
         (
             t0 + 30 * SECOND,
-            CallTimer::AttemptTimeout { call: 1, down: 42 },
-            1,
-            42
+            CallTimer::AttemptTimeout { call: 1, down: 42 }
         )
     );
-    let sent: Value = serde_json::from_slice(line).unwrap();
+    let attempt = attempt.expect("an attempt");
+    assert_eq!(attempt.request_id(), Some(42));
+    assert_eq!(attempt.method(), Some("tools/call"));
+    let sent: Value = serde_json::from_slice(&attempt.bytes).unwrap();
     assert_eq!(sent["id"], 42);
     assert_eq!(sent["params"]["arguments"]["a"], 1);
 
