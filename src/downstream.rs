@@ -261,12 +261,9 @@ pub fn connect(
                 message: e.to_string(),
                 heal: e.heal,
             }),
-        Transport::Http => crate::http::connect(cfg, on_event)
-            .map(|c| Box::new(c) as Box<dyn Downstream>)
-            .map_err(|message| StartError {
-                message,
-                heal: Heal::Fix,
-            }),
+        Transport::Http => {
+            crate::http::connect(cfg, on_event).map(|c| Box::new(c) as Box<dyn Downstream>)
+        }
     }
 }
 

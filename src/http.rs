@@ -100,7 +100,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::config::{check_header, ServerConfig};
-use crate::downstream::{Downstream, Failure, Gone, Heal, OnEvent, OutKind, Outgoing, ServerEvent};
+use crate::downstream::{
+    Downstream, Failure, Gone, Heal, OnEvent, OutKind, Outgoing, ServerEvent, StartError,
+};
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::stdio::Backlog;
 
@@ -142,13 +144,19 @@ pub fn display_url(url: &str) -> String {
     format!("{scheme}://{host}{path}")
 }
 
-/// Connects to the remote server `cfg` names. Nothing is sent yet.
-pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
+/// Connects to the remote server `cfg` names. Nothing is sent yet. What
+/// stops it needs fixing (`Heal::Fix`): a connection that fails later is
+/// reported as `Gone`.
+pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, StartError> {
+    let fix = |message: String| StartError {
+        message,
+        heal: Heal::Fix,
+    };
     let shown = display_url(&cfg.url);
     if cfg.url.starts_with("https://") && !cfg!(feature = "tls") {
-        return Err(format!(
+        return Err(fix(format!(
             "{shown}: this build has no TLS support (the cargo feature tls is off)"
-        ));
+        )));
     }
     #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
     let mut config = ureq::Agent::config_builder()
@@ -160,13 +168,13 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
     if let Some(file) = &cfg.ca_file {
         #[cfg(feature = "tls")]
         {
-            config = config.tls_config(tls_config(file)?);
+            config = config.tls_config(tls_config(file).map_err(fix)?);
         }
         #[cfg(not(feature = "tls"))]
-        return Err(format!(
+        return Err(fix(format!(
             "ca_file {}: this build has no TLS support (the cargo feature tls is off)",
             file.display()
-        ));
+        )));
     }
     let agent = ureq::Agent::with_parts(
         config.build(),
@@ -207,11 +215,11 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, String> {
     });
     for n in 0..POOL {
         spawn_poster(&shared, &rx, "http-post", n, false)
-            .map_err(|e| format!("cannot start the HTTP threads: {e}"))?;
+            .map_err(|e| fix(format!("cannot start the HTTP threads: {e}")))?;
     }
     for n in 0..NOTE_POOL {
         spawn_poster(&shared, &notes_rx, "http-note", n, false)
-            .map_err(|e| format!("cannot start the HTTP threads: {e}"))?;
+            .map_err(|e| fix(format!("cannot start the HTTP threads: {e}")))?;
     }
     Ok(Http {
         shared,

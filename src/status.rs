@@ -80,11 +80,56 @@ fn uid() -> u32 {
     0
 }
 
+/// Why the runtime directory is not used.
+#[derive(Debug)]
+pub enum DirError {
+    /// It could not be created.
+    Create(PathBuf, io::Error),
+    /// It could not be read.
+    Io(PathBuf, io::Error),
+    /// It is not ours alone (see [`DirProblem`]).
+    Refused(PathBuf, DirProblem),
+}
+
+impl std::fmt::Display for DirError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirError::Create(dir, e) => write!(f, "cannot create {}: {e}", dir.display()),
+            DirError::Io(dir, e) => write!(f, "{}: {e}", dir.display()),
+            DirError::Refused(dir, why) => write!(f, "{}: {why}", dir.display()),
+        }
+    }
+}
+
+impl std::error::Error for DirError {}
+
+/// What is wrong with a directory that exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirProblem {
+    SymbolicLink,
+    NotADirectory,
+    Owner { owner: u32, me: u32 },
+    Mode(u32),
+}
+
+impl std::fmt::Display for DirProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DirProblem::SymbolicLink => f.write_str("is a symbolic link, not a directory"),
+            DirProblem::NotADirectory => f.write_str("is not a directory"),
+            DirProblem::Owner { owner, me } => {
+                write!(f, "is owned by uid {owner}, not by us (uid {me})")
+            }
+            DirProblem::Mode(mode) => write!(f, "has mode {mode:04o}, not 0700"),
+        }
+    }
+}
+
 /// Why `dir` must not be used: it is not a real directory owned by us with
 /// mode 0700 (a link, someone else's, or open to others).
-pub fn check_dir(dir: &Path) -> Result<(), String> {
-    let meta = fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    judge_dir(&meta_facts(&meta), uid()).map_err(|why| format!("{}: {why}", dir.display()))
+pub fn check_dir(dir: &Path) -> Result<(), DirError> {
+    let meta = fs::symlink_metadata(dir).map_err(|e| DirError::Io(dir.to_owned(), e))?;
+    judge_dir(&meta_facts(&meta), uid()).map_err(|why| DirError::Refused(dir.to_owned(), why))
 }
 
 /// What [`judge_dir`] looks at.
@@ -119,24 +164,24 @@ fn meta_facts(meta: &fs::Metadata) -> DirFacts {
 }
 
 /// The rule of [`check_dir`], pure.
-pub fn judge_dir(f: &DirFacts, me: u32) -> Result<(), String> {
+pub fn judge_dir(f: &DirFacts, me: u32) -> Result<(), DirProblem> {
     if f.is_symlink {
-        return Err("is a symbolic link, not a directory".into());
+        return Err(DirProblem::SymbolicLink);
     }
     if !f.is_dir {
-        return Err("is not a directory".into());
+        return Err(DirProblem::NotADirectory);
     }
     if f.owner != me {
-        return Err(format!("is owned by uid {}, not by us (uid {me})", f.owner));
+        return Err(DirProblem::Owner { owner: f.owner, me });
     }
     if f.mode & 0o777 != 0o700 {
-        return Err(format!("has mode {:04o}, not 0700", f.mode & 0o777));
+        return Err(DirProblem::Mode(f.mode & 0o777));
     }
     Ok(())
 }
 
 /// Creates `dir` (mode 0700) if it is missing, then [`check_dir`].
-pub fn prepare_dir(dir: &Path) -> Result<(), String> {
+pub fn prepare_dir(dir: &Path) -> Result<(), DirError> {
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -144,7 +189,7 @@ pub fn prepare_dir(dir: &Path) -> Result<(), String> {
     match builder.create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        Err(e) => return Err(DirError::Create(dir.to_owned(), e)),
     }
     check_dir(dir)
 }
@@ -631,25 +676,23 @@ mod tests {
             mode,
         };
         assert_eq!(judge_dir(&dir(0o700, 7), 7), Ok(()));
-        assert!(judge_dir(&dir(0o755, 7), 7)
-            .unwrap_err()
-            .contains("mode 0755"));
-        assert!(judge_dir(&dir(0o770, 7), 7)
-            .unwrap_err()
-            .contains("not 0700"));
-        assert!(judge_dir(&dir(0o700, 0), 7)
-            .unwrap_err()
-            .contains("owned by uid 0"));
+        let why = |f: &DirFacts| judge_dir(f, 7).unwrap_err();
+        assert_eq!(why(&dir(0o755, 7)), DirProblem::Mode(0o755));
+        assert!(why(&dir(0o755, 7)).to_string().contains("mode 0755"));
+        assert!(why(&dir(0o770, 7)).to_string().contains("not 0700"));
+        assert_eq!(why(&dir(0o700, 0)), DirProblem::Owner { owner: 0, me: 7 });
+        assert!(why(&dir(0o700, 0)).to_string().contains("owned by uid 0"));
         let link = DirFacts {
             is_symlink: true,
             ..dir(0o777, 7)
         };
-        assert!(judge_dir(&link, 7).unwrap_err().contains("symbolic link"));
+        assert_eq!(why(&link), DirProblem::SymbolicLink);
+        assert!(why(&link).to_string().contains("symbolic link"));
         let file = DirFacts {
             is_dir: false,
             ..dir(0o600, 7)
         };
-        assert!(judge_dir(&file, 7).unwrap_err().contains("not a directory"));
+        assert!(why(&file).to_string().contains("not a directory"));
     }
 
     #[test]
