@@ -1,15 +1,12 @@
 //! OpenTelemetry export: a small OTLP/HTTP receiver on loopback records
 //! what the proxy POSTs, and the mock's logs show what the server saw.
 
-use std::io::{BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, read_http_request, Builder, Session, WAIT};
+use crate::loopback::{closed_port, Loopback, Options};
+use crate::util::{eventually, Builder, Session, WAIT};
 
 /// One POST the receiver accepted.
 #[derive(Debug, Clone)]
@@ -19,35 +16,37 @@ pub(crate) struct Post {
     pub(crate) body: Value,
 }
 
-/// An OTLP/HTTP receiver on 127.0.0.1: HTTP/1.1 with `Content-Length`
-/// bodies and keep-alive, every POST answered 200 `{}`.
+/// An OTLP/HTTP receiver on 127.0.0.1: a keep-alive loopback server
+/// recording every request, each POST answered 200 `{}`.
 pub(crate) struct Collector {
-    port: u16,
-    posts: Arc<Mutex<Vec<Post>>>,
+    http: Loopback,
 }
 
 impl Collector {
     pub(crate) fn start() -> Collector {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let posts = Arc::new(Mutex::new(Vec::new()));
-        let sink = posts.clone();
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { break };
-                let sink = sink.clone();
-                thread::spawn(move || serve(stream, &sink));
-            }
+        let options = Options {
+            keep_alive: true,
+            record: true,
+            ..Options::default()
+        };
+        let http = Loopback::with(options, |_, conn| {
+            conn.respond(200, &[("Content-Type", "application/json")], "{}");
         });
-        Collector { port, posts }
+        Collector { http }
     }
 
     pub(crate) fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.http.url("")
     }
 
     pub(crate) fn posts(&self) -> Vec<Post> {
-        self.posts.lock().unwrap().clone()
+        let requests = self.http.requests();
+        let posts = requests.into_iter().map(|r| Post {
+            path: r.path().to_owned(),
+            body: serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+            headers: r.headers,
+        });
+        posts.collect()
     }
 
     /// Every span received so far.
@@ -75,26 +74,6 @@ impl Collector {
         last.body["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
             .as_array()
             .cloned()
-    }
-}
-
-fn serve(stream: TcpStream, sink: &Mutex<Vec<Post>>) {
-    let mut out = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    while let Some(request) = read_http_request(&mut r) {
-        let path = request.path().to_owned();
-        let headers = request.headers;
-        let body = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
-        sink.lock().unwrap().push(Post {
-            path,
-            headers,
-            body,
-        });
-        let answer =
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
-        if out.write_all(answer.as_bytes()).is_err() {
-            return;
-        }
     }
 }
 
@@ -300,27 +279,15 @@ fn with_export_off_the_forwarded_bytes_are_unchanged() {
 #[test]
 fn a_closed_collector_port_neither_slows_calls_nor_breaks_the_session() {
     // A port that was just ours and is closed now.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    dead_collector(&format!("http://127.0.0.1:{port}"));
+    dead_collector(&format!("http://127.0.0.1:{}", closed_port()));
 }
 
 #[test]
 fn a_collector_that_never_answers_neither_slows_calls_nor_breaks_the_session() {
-    // Accepts connections and never reads or answers: every export waits
-    // for its 2 s timeout.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in listener.incoming() {
-            held.push(stream);
-        }
-    });
-    dead_collector(&format!("http://127.0.0.1:{port}"));
+    // Takes each request and never answers: every export waits for its
+    // 2 s timeout.
+    let silent = Loopback::start(|_, conn| conn.wait_for_close());
+    dead_collector(&silent.url(""));
 }
 
 /// 50 calls are answered as ever while nothing reaches the collector
@@ -500,27 +467,15 @@ fn a_collector_redirecting_elsewhere_is_not_followed_and_its_query_is_not_logged
     // Every POST is answered 302 to another port, where a collector would
     // take it, headers (an API key) and all.
     let elsewhere = Collector::start();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let to = format!("{}/v1/traces", elsewhere.endpoint());
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { break };
-            let to = to.clone();
-            thread::spawn(move || {
-                let mut out = stream.try_clone().unwrap();
-                let mut r = BufReader::new(stream);
-                while read_http_request(&mut r).is_some() {
-                    let answer = format!(
-                        "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\n\r\n"
-                    );
-                    if out.write_all(answer.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
+    let options = Options {
+        keep_alive: true,
+        ..Options::default()
+    };
+    let redirecting = Loopback::with(options, move |_, conn| {
+        conn.respond(302, &[("Location", &to)], "");
     });
+    let port = redirecting.port();
     let endpoint = format!("http://127.0.0.1:{port}/v1/traces?api_key=QUERY-SECRET-9d1");
     let mut s = builder("", None)
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &endpoint)
