@@ -5,6 +5,7 @@
 //! loopback server that answers 401).
 
 use std::io::Read;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -29,18 +30,23 @@ impl Ran {
     }
 }
 
-/// Writes `config` (with `{mock}` and `{dir}` filled in) into `dir` and runs
-/// `mcp-retry check --config FILE ARGS`, killing it after [`WAIT`].
+/// Writes `config` (with `{mock}` and `{dir}` filled in) into `dir` as
+/// `c.yaml` and runs `mcp-retry check --config FILE ARGS` (see
+/// [`check_file`]).
 fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
     let text = config
         .replace("{mock}", MOCK)
         .replace("{dir}", &crate::util::path_text(dir.path()));
-    let path = dir.write("c.yaml", &text);
+    check_file(&dir.write("c.yaml", &text), args)
+}
+
+/// Runs `mcp-retry check --config PATH ARGS`, killing it after [`WAIT`].
+fn check_file(path: &Path, args: &[&str]) -> Ran {
     let started = Instant::now();
     let mut child = Command::new(PROXY)
         .arg("check")
         .arg("--config")
-        .arg(&path)
+        .arg(path)
         .args(args)
         .env("NO_PROXY", "127.0.0.1")
         .stdin(Stdio::null())
@@ -370,15 +376,9 @@ fn skipped_entries_are_noted_on_stderr_only() {
             "local": {{"command": "{MOCK}"}}
         }}}}"#
     );
-    let path = dir.write("c.json", &text);
-    let out = Command::new(PROXY)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let ran = check_file(&dir.write("c.json", &text), &[]);
+    let (stdout, stderr) = (&ran.stdout, &ran.stderr);
+    assert_eq!(ran.code, Some(0), "{stderr}");
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(stdout.starts_with("[UP  ] local "), "{stdout}");
     assert!(stderr.contains("skipped remote"), "{stderr}");
@@ -601,15 +601,9 @@ fn disabled_entries_and_unknown_keys_are_told_on_stderr() {
             "on": {{"command": "{MOCK}", "colour": "red", "type": "stdio", "autoApprove": []}}
         }}}}"#
     );
-    let path = dir.write("c.json", &text);
-    let out = Command::new(PROXY)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let ran = check_file(&dir.write("c.json", &text), &[]);
+    let (stdout, stderr) = (&ran.stdout, &ran.stderr);
+    assert_eq!(ran.code, Some(0), "{stderr}");
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(stdout.starts_with("[UP  ] on "), "{stdout}");
     assert!(stderr.contains("skipped off: it is disabled"), "{stderr}");
@@ -623,13 +617,9 @@ fn disabled_entries_and_unknown_keys_are_told_on_stderr() {
         "typo.json",
         &format!(r#"{{"mcpServers": {{"on": {{"command": "{MOCK}", "arg": []}}}}}}"#),
     );
-    let out = Command::new(PROXY)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let ran = check_file(&path, &[]);
+    let stderr = &ran.stderr;
+    assert_eq!(ran.code, Some(2), "{stderr}");
     assert!(
         stderr.contains("typo.json:1: mcpServers.on.arg: unknown key (did you mean args?)"),
         "{stderr}"
@@ -673,8 +663,7 @@ fn a_legacy_sse_entry_is_down_and_the_others_still_run() {
     // The file's other server runs.
     let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml", "--server", "fine"])
         .file("c.yaml", config)
-        .start();
-    s.initialize();
+        .initialized();
     assert_eq!(s.list_tools()["tools"].as_array().map(Vec::len), Some(5));
 }
 

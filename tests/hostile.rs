@@ -151,15 +151,8 @@ pub fn result_of(msg: &Value, text: &str) -> String {
 /// A proxy for `server` (`extra` config lines for the server), after the
 /// handshake and `tools/list`.
 fn proxy(server: &Server, extra: &str) -> Session {
-    let config = format!(
-        "servers:\n  remote:\n    url: {}\n    retry:\n      base_delay: 0.05\n      max_delay: 0.2\n      jitter: 0\n{extra}",
-        server.url()
-    );
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &config)
-        .env("NO_PROXY", "127.0.0.1")
-        .start();
-    s.initialize();
+    let policy = format!("retry:\n  base_delay: 0.05\n  max_delay: 0.2\n  jitter: 0\n{extra}");
+    let mut s = Builder::remote_with(&server.url(), &policy).initialized();
     s.list_tools();
     s
 }
@@ -220,7 +213,7 @@ fn an_sse_answer_over_max_message_bytes_is_final_after_one_run() {
             let _ = write!(conn, "id: e1\ndata: {}\n\n", result_of(msg, &big));
         }
     });
-    let mut s = proxy(&server, "    max_message_bytes: 1024\n");
+    let mut s = proxy(&server, "max_message_bytes: 1024");
     s.call(json!(1), "read", json!({}));
     let e = s.error(&json!(1));
     assert_eq!(
@@ -395,7 +388,7 @@ fn a_resumed_stream_that_keeps_going_silent_is_resumed_three_times_then_read_to_
         },
     );
     // Each progress event gives the call its timeout again.
-    let mut s = proxy(&server, "    call_timeout: 5\n");
+    let mut s = proxy(&server, "call_timeout: 5");
     s.call_with(
         json!(1),
         json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p"}}),

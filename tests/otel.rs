@@ -80,13 +80,7 @@ impl Collector {
 /// The proxy for the mock with these policy lines, the mock's logs on,
 /// and export to `endpoint` (none: export off).
 pub(crate) fn builder(policy: &str, endpoint: Option<&str>) -> Builder {
-    let mut yaml = String::from("servers:\n  mock:\n    command: {mock}\n");
-    for line in policy.lines().filter(|l| !l.trim().is_empty()) {
-        yaml.push_str(&format!("    {line}\n"));
-    }
-    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &yaml)
-        .with_logs()
+    Builder::mock_with(policy)
         .env("NO_PROXY", "127.0.0.1,localhost")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.unwrap_or(""))
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
@@ -137,8 +131,7 @@ fn a_timed_out_cancelled_retried_call_is_one_span_tree_under_the_client_s_trace(
         "OTEL_EXPORTER_OTLP_HEADERS",
         "authorization=Bearer%20topsecret-value",
     )
-    .start();
-    s.initialize();
+    .initialized();
     let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
     s.call_with(
         json!(1),
@@ -239,8 +232,7 @@ fn a_timed_out_cancelled_retried_call_is_one_span_tree_under_the_client_s_trace(
 #[test]
 fn a_call_without_a_client_context_starts_a_trace_and_meta_is_added() {
     let collector = Collector::start();
-    let mut s = builder("", Some(&collector.endpoint())).start();
-    s.initialize();
+    let mut s = builder("", Some(&collector.endpoint())).initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     s.result(&json!(1));
     eventually("two spans", || collector.spans().len() >= 2);
@@ -260,8 +252,7 @@ fn a_call_without_a_client_context_starts_a_trace_and_meta_is_added() {
 
 #[test]
 fn with_export_off_the_forwarded_bytes_are_unchanged() {
-    let mut s = builder("", None).start();
-    s.initialize();
+    let mut s = builder("", None).initialized();
     let params = r#"{"name":"echo", "arguments":{"text":"hi"},"_meta":{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}"#;
     s.send_raw(&format!(
         r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#
@@ -294,8 +285,7 @@ fn a_collector_that_never_answers_neither_slows_calls_nor_breaks_the_session() {
 /// (were the dispatcher to wait for each export, a collector that never
 /// answers would cost 2 s a call), and that is said once.
 fn dead_collector(endpoint: &str) {
-    let mut s = builder("", Some(endpoint)).start();
-    s.initialize();
+    let mut s = builder("", Some(endpoint)).initialized();
     let started = Instant::now();
     for i in 0..50 {
         s.call(json!(i), "echo", json!({"text": "hi"}));
@@ -319,8 +309,7 @@ fn dead_collector(endpoint: &str) {
 
 #[test]
 fn a_bad_endpoint_turns_export_off_and_the_proxy_runs_on() {
-    let mut s = builder("", Some("collector:4317")).start();
-    s.initialize();
+    let mut s = builder("", Some("collector:4317")).initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
     let exec = &s.execs_of("echo")[0];
@@ -339,8 +328,7 @@ fn the_otel_config_section_turns_export_on_with_its_headers() {
         "otel:\n  endpoint: {}\n  headers:\n    x-api-key: key-from-config\n  service_name: from-config",
         collector.endpoint()
     );
-    let mut s = builder(&policy, None).start();
-    s.initialize();
+    let mut s = builder(&policy, None).initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     s.result(&json!(1));
     eventually("two spans", || collector.spans().len() >= 2);
@@ -357,8 +345,7 @@ fn the_otel_config_section_turns_export_on_with_its_headers() {
 #[test]
 fn other_requests_get_a_span_only_when_they_fail() {
     let collector = Collector::start();
-    let mut s = builder("", Some(&collector.endpoint())).start();
-    s.initialize();
+    let mut s = builder("", Some(&collector.endpoint())).initialized();
     s.request(json!(1), "ping", json!({}));
     s.result(&json!(1));
     // No `uri`: the mock answers -32602.
@@ -405,8 +392,7 @@ fn a_per_signal_endpoint_is_used_as_it_is_with_its_headers_over_the_generic_ones
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
             "x-both=traces%20secret,x-traces=t",
         )
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     s.result(&json!(1));
     eventually("two spans", || {
@@ -445,8 +431,7 @@ fn an_exporter_set_to_none_turns_its_signal_off() {
     let collector = Collector::start();
     let mut s = builder("", Some(&collector.endpoint()))
         .env("OTEL_TRACES_EXPORTER", "none")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     s.result(&json!(1));
     s.close_stdin();
@@ -480,8 +465,7 @@ fn a_collector_redirecting_elsewhere_is_not_followed_and_its_query_is_not_logged
     let mut s = builder("", None)
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &endpoint)
         .env("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=HEADER-SECRET-4c2")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
     // The export fails on the 302 itself (a redirect would be followed
@@ -509,8 +493,7 @@ fn an_exporter_that_panics_turns_export_off_and_the_session_goes_on() {
     let collector = Collector::start();
     let mut s = builder("", Some(&collector.endpoint()))
         .env("MCP_RETRY_FAULT", "exporter")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
     let reports = |s: &Session| {
