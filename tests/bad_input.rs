@@ -12,19 +12,6 @@ use serde_json::{json, Value};
 
 use crate::util::{eventually, Builder, Session};
 
-/// A proxy with `settings` (YAML lines under the server) in front of the mock.
-fn proxy_with(settings: &str) -> Builder {
-    let mut config = String::from("servers:\n  mock:\n    command: {mock}\n");
-    for line in settings.lines() {
-        config.push_str("    ");
-        config.push_str(line);
-        config.push('\n');
-    }
-    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &config)
-        .with_logs()
-}
-
 /// The session still relays: a ping and a call get their answers.
 fn still_works(s: &mut Session, tag: &str) {
     s.request(json!(format!("ping-{tag}")), "ping", json!({}));
@@ -37,26 +24,9 @@ fn still_works(s: &mut Session, tag: &str) {
     );
 }
 
-/// Every line the server received, as text.
-fn received(s: &Session) -> Vec<String> {
-    std::fs::read_to_string(s.dir.join("recv.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-fn starts(s: &Session) -> u64 {
-    std::fs::read_to_string(s.dir.join("starts"))
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn invalid_utf8_is_a_parse_error() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     let cases: [&[u8]; 6] = [
         // A valid envelope with one bad byte in a string.
         b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"x\":\"\xff\"}",
@@ -82,7 +52,7 @@ fn invalid_utf8_is_a_parse_error() {
         );
     }
     assert!(
-        !received(&s).iter().any(|l| l.contains("\"ping\"")),
+        !s.recv_lines().iter().any(|l| l.contains("\"ping\"")),
         "nothing invalid reached the server"
     );
     still_works(&mut s, "utf8");
@@ -90,8 +60,7 @@ fn invalid_utf8_is_a_parse_error() {
 
 #[test]
 fn a_100_mb_line_is_refused_in_bounded_memory() {
-    let mut s = proxy_with("max_message_bytes: 1048576").start();
-    s.initialize();
+    let mut s = Builder::mock_with("max_message_bytes: 1048576").initialized();
     let mut stdin = s.take_stdin();
     let writer = thread::spawn(move || {
         let chunk = vec![b'x'; 64 * 1024];
@@ -152,7 +121,7 @@ fn a_100_mb_line_is_refused_in_bounded_memory() {
         started.elapsed().as_secs_f64()
     );
     assert!(
-        !received(&s).iter().any(|l| l.len() > 1024 * 1024),
+        !s.recv_lines().iter().any(|l| l.len() > 1024 * 1024),
         "nothing over the limit reached the server"
     );
     still_works(&mut s, "after 100 MB");
@@ -162,8 +131,7 @@ fn a_100_mb_line_is_refused_in_bounded_memory() {
 #[test]
 fn deeply_nested_json_gets_a_clear_error() {
     let n = 100_000;
-    let mut s = proxy_with("call_timeout: 0.5").start();
-    s.initialize();
+    let mut s = Builder::mock_with("call_timeout: 0.5").initialized();
     s.request(json!("list"), "tools/list", json!({}));
     s.result(&json!("list"));
 
@@ -204,7 +172,7 @@ fn deeply_nested_json_gets_a_clear_error() {
     assert_eq!(e["code"], json!(-31000), "{e}");
     assert!(e["message"].as_str().unwrap().contains("timed out"), "{e}");
     assert!(
-        received(&s).iter().any(|l| l.len() > 2 * n),
+        s.recv_lines().iter().any(|l| l.len() > 2 * n),
         "the deep call was relayed"
     );
 
@@ -224,8 +192,7 @@ fn deeply_nested_json_gets_a_clear_error() {
 
 #[test]
 fn ids_that_are_not_strings_or_integers_are_invalid_requests() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     for id in [
         "null",
         "1.5",
@@ -258,8 +225,7 @@ fn ids_that_are_not_strings_or_integers_are_invalid_requests() {
 
 #[test]
 fn repeated_member_names_are_refused_and_nothing_runs() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.list_tools();
     // The mock, like most JSON parsers, keeps the last of two members with
     // one name; the proxy refuses what it might read differently.
@@ -324,7 +290,8 @@ fn repeated_member_names_are_refused_and_nothing_runs() {
     assert_eq!(s.executions("destructive_echo"), 0);
     assert_eq!(s.executions("idem_echo"), 0);
     assert_eq!(s.executions("ro_echo"), 1, "only the call with no repeats");
-    let refused: Vec<String> = received(&s)
+    let refused: Vec<String> = s
+        .recv_lines()
         .into_iter()
         .filter(|l| l.contains("dup-") || l.contains("mock://b"))
         .collect();
@@ -333,8 +300,7 @@ fn repeated_member_names_are_refused_and_nothing_runs() {
 
 #[test]
 fn a_second_request_with_an_id_in_flight_is_refused() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.call(
         json!(7),
         "echo",
@@ -360,8 +326,7 @@ fn a_second_request_with_an_id_in_flight_is_refused() {
 
 #[test]
 fn responses_with_ids_the_proxy_never_issued_are_dropped() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.call(json!("first"), "echo", json!({"text": "first"}));
     s.result(&json!("first"));
     let answered = s.log("exec.log")[0]["id"].clone();
@@ -404,8 +369,7 @@ fn responses_with_ids_the_proxy_never_issued_are_dropped() {
 
 #[test]
 fn a_server_writing_an_endless_line_is_stopped_in_bounded_memory() {
-    let mut s = proxy_with("call_timeout: 0.5\nmax_message_bytes: 1048576").start();
-    s.initialize();
+    let mut s = Builder::mock_with("call_timeout: 0.5\nmax_message_bytes: 1048576").initialized();
     s.request(json!("list"), "tools/list", json!({}));
     s.result(&json!("list"));
     let started = Instant::now();
@@ -432,7 +396,7 @@ fn a_server_writing_an_endless_line_is_stopped_in_bounded_memory() {
         stderr.contains("one line over max_message_bytes (1048576) for 0.5s"),
         "{stderr}"
     );
-    assert_eq!(starts(&s), 2);
+    assert_eq!(s.starts(), 2);
     let peak = s.memory_kb("VmHWM");
     eprintln!(
         "endless line: server stopped after {:.1}s, proxy peak RSS {peak} kB",
@@ -444,8 +408,7 @@ fn a_server_writing_an_endless_line_is_stopped_in_bounded_memory() {
 
 #[test]
 fn requests_beyond_max_in_flight_are_overloaded() {
-    let mut s = proxy_with("max_in_flight: 4").start();
-    s.initialize();
+    let mut s = Builder::mock_with("max_in_flight: 4").initialized();
     for i in 0..4 {
         s.call(
             json!(format!("h{i}")),
@@ -485,7 +448,7 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
     // replay table keeps results too, within idempotency_max_bytes.
     let calls = 400;
     let bound_kb = 64 * 1024;
-    let mut s = proxy_with("max_message_bytes: 1048576\nidempotency_max_bytes: 8388608")
+    let mut s = Builder::mock_with("max_message_bytes: 1048576\nidempotency_max_bytes: 8388608")
         .unread_stdout()
         .start();
     eventually("the server to start", || s.stderr().contains("(pid "));
@@ -549,9 +512,13 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
 /// contains `tag`.
 fn downstream_id(s: &Session, tag: &str) -> Value {
     eventually(&format!("the server to receive {tag}"), || {
-        received(s).iter().any(|l| l.contains(tag))
+        s.recv_lines().iter().any(|l| l.contains(tag))
     });
-    let line = received(s).into_iter().find(|l| l.contains(tag)).unwrap();
+    let line = s
+        .recv_lines()
+        .into_iter()
+        .find(|l| l.contains(tag))
+        .unwrap();
     serde_json::from_str::<Value>(&line).unwrap()["id"].clone()
 }
 
@@ -574,20 +541,21 @@ fn no_second_answer(s: &mut Session, id: &Value, down: &Value, tag: &str) {
     s.expect_none_where(Duration::from_millis(100), |v| v.get("id") == Some(id));
 }
 
+/// Sends a `tools/list` (id `list`) tagged `tag`, to a mock that answers
+/// it late; its id, and the id the proxy gave it downstream.
+fn list_in_flight(s: &mut Session, tag: &str) -> (Value, Value) {
+    let id = json!("list");
+    s.request(id.clone(), "tools/list", json!({"_meta": {"tag": tag}}));
+    (id, downstream_id(s, tag))
+}
+
 #[test]
 fn a_request_whose_answer_is_not_valid_json_rpc_gets_an_error() {
     let mut s = Builder::wrap_mock()
         .with_logs()
         .env("MOCK_TOOLS_LIST_DELAY_MS", "1500")
-        .start();
-    s.initialize();
-    let id = json!("list");
-    s.request(
-        id.clone(),
-        "tools/list",
-        json!({"_meta": {"tag": "list-1"}}),
-    );
-    let down = downstream_id(&s, "list-1");
+        .initialized();
+    let (id, down) = list_in_flight(&mut s, "list-1");
     // An answer with both a result and an error, before the real one.
     let line = format!(
         r#"{{"jsonrpc":"2.0","id":{down},"result":{{"tools":[]}},"error":{{"code":-32000,"message":"both"}}}}"#
@@ -605,17 +573,10 @@ fn a_request_whose_answer_is_not_valid_json_rpc_gets_an_error() {
 
 #[test]
 fn a_request_whose_answer_is_over_max_message_bytes_gets_an_error() {
-    let mut s = proxy_with("max_message_bytes: 65536")
+    let mut s = Builder::mock_with("max_message_bytes: 65536")
         .env("MOCK_TOOLS_LIST_DELAY_MS", "1500")
-        .start();
-    s.initialize();
-    let id = json!("list");
-    s.request(
-        id.clone(),
-        "tools/list",
-        json!({"_meta": {"tag": "list-2"}}),
-    );
-    let down = downstream_id(&s, "list-2");
+        .initialized();
+    let (id, down) = list_in_flight(&mut s, "list-2");
     let line = format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{"tools":[],"x":"{{pad}}"}}}}"#);
     let args = json!({"mode": "raw", "line": line, "pad": 100_000, "text": "sent"});
     s.call(json!("raw"), "echo", args);
@@ -633,8 +594,7 @@ fn a_request_whose_answer_is_over_max_message_bytes_gets_an_error() {
 fn a_call_whose_answer_is_over_max_message_bytes_fails_at_once_and_runs_once() {
     // An idempotent tool, which a timeout would retry: the answer came,
     // so the tool ran, and it is not run again.
-    let mut s = proxy_with("max_message_bytes: 65536\ncall_timeout: 60s").start();
-    s.initialize();
+    let mut s = Builder::mock_with("max_message_bytes: 65536\ncall_timeout: 60s").initialized();
     s.list_tools();
     let id = json!("huge");
     s.call(
@@ -652,8 +612,7 @@ fn a_call_whose_answer_is_over_max_message_bytes_fails_at_once_and_runs_once() {
 
 #[test]
 fn a_call_whose_answer_is_not_valid_json_rpc_fails_at_once_and_runs_once() {
-    let mut s = proxy_with("call_timeout: 60s").start();
-    s.initialize();
+    let mut s = Builder::mock_with("call_timeout: 60s").initialized();
     s.list_tools();
     let id = json!("slow");
     let args = json!({"mode": "slow", "ms": 1500, "text": "call-tag-1"});
@@ -717,11 +676,10 @@ fn a_server_that_stops_reading_never_wedges_the_client() {
     // again, none of them runs. Every call gets exactly one answer.
     let limit = 2 * 1024 * 1024;
     let calls = 40;
-    let b = proxy_with(&format!(
+    let b = Builder::mock_with(&format!(
         "max_message_bytes: {limit}\ncall_timeout: 1\nretry:\n  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 1000"
     ));
-    let mut s = b.start();
-    s.initialize();
+    let mut s = b.initialized();
     // Known annotations: a timed-out call is answered, not retried.
     s.list_tools();
     s.call(json!("deaf"), "echo", json!({"mode": "deaf", "ms": 6000}));
@@ -823,8 +781,7 @@ fn notifications_for_a_server_that_pauses_reading_are_bounded_and_arrive_in_orde
     // with a log line, and keeps reading the client; the ones that went
     // arrive in order, and the ping after them is answered.
     let count = 20;
-    let mut s = proxy_with("max_message_bytes: 2097152").start();
-    s.initialize();
+    let mut s = Builder::mock_with("max_message_bytes: 2097152").initialized();
     s.list_tools();
     s.call(json!("deaf"), "echo", json!({"mode": "deaf", "ms": 4000}));
     s.result(&json!("deaf"));
@@ -839,7 +796,8 @@ fn notifications_for_a_server_that_pauses_reading_are_bounded_and_arrive_in_orde
     assert_eq!(s.result(&json!("after")), json!({}));
     until_the_server_reads(&mut s);
     still_works(&mut s, "after the pause");
-    let seen: Vec<usize> = received(&s)
+    let seen: Vec<usize> = s
+        .recv_lines()
         .into_iter()
         .filter_map(|l| {
             let v: Value = serde_json::from_str(&l).ok()?;

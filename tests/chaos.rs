@@ -36,7 +36,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{alive, eventually, gone_within, read_json_lines, status_kb, Builder, Session};
+use crate::util::{
+    alive, eventually, gone_within, pids, read_json_lines, status_kb, Builder, Session,
+};
 
 const DEFAULT_SEED: u64 = 0x00c4_a05e_ed00_2025;
 const DEFAULT_CALLS: usize = 10_000;
@@ -352,26 +354,11 @@ struct Track {
 /// Live processes whose environment holds `marker` (our servers carry the
 /// session's own MOCK_LOG path).
 fn processes_with_env(marker: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return found;
+    let holds_marker = |pid: &i32| {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) && alive(*pid)
     };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()) && alive(pid) {
-            found.push(pid);
-        }
-    }
-    found
+    pids().into_iter().filter(holds_marker).collect()
 }
 
 struct Figures {

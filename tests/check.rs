@@ -1,21 +1,20 @@
 //! `mcp-retry check` through the real binary: the report lines and their
 //! alignment, each reason a server is down, the JSON report, `--server`,
 //! parallel probing and that no process outlives the check; remote servers
-//! too (the loopback server of `http_server.rs`, a closed port, and a small
-//! server of its own here that answers 401).
+//! too (the scripted server of `http_server.rs`, a closed port, and a
+//! loopback server that answers 401).
 
-use std::io::{BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Read;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::http_server::Server;
-use crate::util::{gone_within, read_http_request, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
+use crate::loopback::{closed_port, Loopback};
+use crate::util::{gone_within, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
 
 /// What one `mcp-retry check` run did.
 struct Ran {
@@ -31,18 +30,23 @@ impl Ran {
     }
 }
 
-/// Writes `config` (with `{mock}` and `{dir}` filled in) into `dir` and runs
-/// `mcp-retry check --config FILE ARGS`, killing it after [`WAIT`].
+/// Writes `config` (with `{mock}` and `{dir}` filled in) into `dir` as
+/// `c.yaml` and runs `mcp-retry check --config FILE ARGS` (see
+/// [`check_file`]).
 fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
     let text = config
         .replace("{mock}", MOCK)
         .replace("{dir}", &crate::util::path_text(dir.path()));
-    let path = dir.write("c.yaml", &text);
+    check_file(&dir.write("c.yaml", &text), args)
+}
+
+/// Runs `mcp-retry check --config PATH ARGS`, killing it after [`WAIT`].
+fn check_file(path: &Path, args: &[&str]) -> Ran {
     let started = Instant::now();
     let mut child = Command::new(PROXY)
         .arg("check")
         .arg("--config")
-        .arg(&path)
+        .arg(path)
         .args(args)
         .env("NO_PROXY", "127.0.0.1")
         .stdin(Stdio::null())
@@ -372,15 +376,9 @@ fn skipped_entries_are_noted_on_stderr_only() {
             "local": {{"command": "{MOCK}"}}
         }}}}"#
     );
-    let path = dir.write("c.json", &text);
-    let out = Command::new(PROXY)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let ran = check_file(&dir.write("c.json", &text), &[]);
+    let (stdout, stderr) = (&ran.stdout, &ran.stderr);
+    assert_eq!(ran.code, Some(0), "{stderr}");
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(stdout.starts_with("[UP  ] local "), "{stdout}");
     assert!(stderr.contains("skipped remote"), "{stderr}");
@@ -603,15 +601,9 @@ fn disabled_entries_and_unknown_keys_are_told_on_stderr() {
             "on": {{"command": "{MOCK}", "colour": "red", "type": "stdio", "autoApprove": []}}
         }}}}"#
     );
-    let path = dir.write("c.json", &text);
-    let out = Command::new(PROXY)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let ran = check_file(&dir.write("c.json", &text), &[]);
+    let (stdout, stderr) = (&ran.stdout, &ran.stderr);
+    assert_eq!(ran.code, Some(0), "{stderr}");
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(stdout.starts_with("[UP  ] on "), "{stdout}");
     assert!(stderr.contains("skipped off: it is disabled"), "{stderr}");
@@ -625,13 +617,9 @@ fn disabled_entries_and_unknown_keys_are_told_on_stderr() {
         "typo.json",
         &format!(r#"{{"mcpServers": {{"on": {{"command": "{MOCK}", "arg": []}}}}}}"#),
     );
-    let out = Command::new(PROXY)
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let ran = check_file(&path, &[]);
+    let stderr = &ran.stderr;
+    assert_eq!(ran.code, Some(2), "{stderr}");
     assert!(
         stderr.contains("typo.json:1: mcpServers.on.arg: unknown key (did you mean args?)"),
         "{stderr}"
@@ -675,8 +663,7 @@ fn a_legacy_sse_entry_is_down_and_the_others_still_run() {
     // The file's other server runs.
     let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml", "--server", "fine"])
         .file("c.yaml", config)
-        .start();
-    s.initialize();
+        .initialized();
     assert_eq!(s.list_tools()["tools"].as_array().map(Vec::len), Some(5));
 }
 
@@ -699,71 +686,25 @@ fn json_report_of_a_remote_server() {
     server.with(|st| assert_eq!(st.deleted, ["s1"]));
 }
 
-/// A free loopback port nobody listens on.
-fn closed_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 /// A loopback server that answers every request `401 Unauthorized`, with a
 /// JSON-RPC error quoting the request's `Authorization` and `X-Tenant`
 /// headers back; it stops when dropped.
-struct Unauthorized {
-    port: u16,
-    stop: Arc<AtomicBool>,
-}
-
-impl Unauthorized {
-    fn start() -> Unauthorized {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                if stopped.load(Ordering::SeqCst) {
-                    return;
-                }
-                if let Ok(stream) = stream {
-                    answer_401(stream);
-                }
-            }
-        });
-        Unauthorized { port, stop }
-    }
-}
-
-impl Drop for Unauthorized {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
-}
-
-/// Reads one request (its body too, so that closing is not a reset) and
-/// answers it 401.
-fn answer_401(stream: TcpStream) {
-    let Some(request) = read_http_request(&mut BufReader::new(&stream)) else {
-        return;
-    };
-    let auth = request.header("authorization").unwrap_or_default();
-    let tenant = request.header("x-tenant").unwrap_or_default();
-    let answer = json!({"jsonrpc": "2.0", "id": null,
-        "error": {"code": -32001, "message": format!("no access for {auth} as {tenant}")}})
-    .to_string();
-    let mut w = &stream;
-    let _ = write!(
-        w,
-        "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-        answer.len()
-    );
+fn unauthorized() -> Loopback {
+    Loopback::start(|request, conn| {
+        let auth = request.header("authorization").unwrap_or_default();
+        let tenant = request.header("x-tenant").unwrap_or_default();
+        let answer = json!({"jsonrpc": "2.0", "id": null,
+            "error": {"code": -32001, "message": format!("no access for {auth} as {tenant}")}});
+        let headers = [("Content-Type", "application/json")];
+        conn.respond(401, &headers, &answer.to_string());
+    })
 }
 
 #[test]
 fn remote_servers_down_say_why_without_their_headers() {
     const CANARY: &str = "CANARY-check-5d1e";
     let refusing = closed_port();
-    let unauthorized = Unauthorized::start();
+    let unauthorized = unauthorized();
     let dir = TempDir::new();
     let config = format!(
         "servers:
@@ -777,7 +718,7 @@ fn remote_servers_down_say_why_without_their_headers() {
       Authorization: Bearer {CANARY}
       X-Tenant: {CANARY}
 ",
-        unauthorized.port
+        unauthorized.port()
     );
     let ran = check(&dir, &config, &["--timeout", "2"]);
     assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);

@@ -102,8 +102,7 @@ fn mcp_servers_files_work() {
                 "mock": {"command": "{mock}", "args": [], "env": {"MOCK_TOOLS": "ro_a,b"}, "type": "stdio", "timeout": 30000, "disabled": false}
             }}"#,
         )
-        .start();
-    s.initialize();
+        .initialized();
     s.request(json!(1), "tools/list", json!({}));
     let names: Vec<String> = s.result(&json!(1))["tools"]
         .as_array()
@@ -122,8 +121,7 @@ fn env_expansion_reaches_the_server() {
             "c.yaml",
             "servers:\n  mock:\n    command: {mock}\n    env:\n      MOCK_TOOLS: \"${TEST_TOOL_NAME},${UNSET_FOR_TEST:-fallback}\"\n",
         )
-        .start();
-    s.initialize();
+        .initialized();
     s.request(json!(1), "tools/list", json!({}));
     let tools = s.result(&json!(1));
     assert_eq!(tools["tools"][0]["name"], "from_env");
@@ -132,13 +130,10 @@ fn env_expansion_reaches_the_server() {
 
 #[test]
 fn a_dying_server_s_secrets_stay_out_of_the_client_s_error() {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file(
-            "c.yaml",
-            "servers:\n  mock:\n    command: {mock}\n    env:\n      TOKEN: SECRET-ENV-456\n",
-        )
-        .start();
-    s.initialize();
+    let mut s = Builder::config(
+        "servers:\n  mock:\n    command: {mock}\n    env:\n      TOKEN: SECRET-ENV-456\n",
+    )
+    .initialized();
     s.call(
         json!(1),
         "unsafe_echo",
@@ -220,8 +215,7 @@ fn env_file_reaches_the_server_under_explicit_env() {
             ".cursor/mcp.json",
             r#"{"mcpServers": {"mock": {"command": "{mock}", "envFile": ".env", "env": {"MOCK_TOOLS_VARIANT": "explicit"}}}}"#,
         )
-        .start();
-    s.initialize();
+        .initialized();
     assert_eq!(tool_names(&mut s), ["from_file", "b", "variant_explicit"]);
 }
 
@@ -238,8 +232,7 @@ fn a_missing_env_file_keeps_only_its_server_from_starting() {
   "fine": {"command": "{mock}"}
 }}"#,
         )
-        .start();
-    s.initialize();
+        .initialized();
     assert_eq!(tool_names(&mut s), ["fine_tool"]);
     let (code, _, err) = run(&[
         "run",
@@ -282,8 +275,7 @@ fn workspace_folder_is_the_absolute_folder_above_vscode_however_the_config_is_na
             .cwd(cwd)
             .file("ws/.vscode/mcp.json", mcp_json)
             .file("ws/.env", "MOCK_TOOLS_VARIANT=from_ws_env\n")
-            .start();
-        s.initialize();
+            .initialized();
         let tools = tool_names(&mut s);
         assert_eq!(
             tools,
@@ -302,8 +294,7 @@ fn a_file_with_only_defaults_wraps_a_command() {
     let mut s = Builder::proxy(&["run", "--config", "{dir}/d.yaml", "--", MOCK])
         .env("MOCK_TOOLS", "only_defaults")
         .file("d.yaml", "defaults:\n  call_timeout: 5s\n")
-        .start();
-    s.initialize();
+        .initialized();
     assert_eq!(tool_names(&mut s), ["only_defaults"]);
 }
 
@@ -330,8 +321,7 @@ fn vscode_mcp_json_runs_its_stdio_server() {
   }
 }"#,
         )
-        .start();
-    s.initialize();
+        .initialized();
     assert_eq!(tool_names(&mut s), ["vs_a"]);
     let (code, _, err) = run(&[
         "run",
@@ -351,13 +341,12 @@ fn vscode_mcp_json_runs_its_stdio_server() {
 
 #[test]
 fn run_warns_once_about_keys_it_ignores() {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/mcp.json"])
+    let s = Builder::proxy(&["run", "--config", "{dir}/mcp.json"])
         .file(
             "mcp.json",
             r#"{"mcpServers": {"mock": {"command": "{mock}", "colour": "red", "shape": 1, "autoApprove": [], "type": "stdio"}}}"#,
         )
-        .start();
-    s.initialize();
+        .initialized();
     crate::util::eventually("the warning", || s.stderr().contains("ignoring keys"));
     let stderr = s.stderr();
     assert_eq!(
@@ -388,8 +377,7 @@ fn a_header_canary_stays_out_of_the_stats_file() {
     .file("c.yaml", &config)
     .env("TOKEN", CANARY)
     .env("NO_PROXY", "127.0.0.1")
-    .start();
-    s.initialize();
+    .initialized();
     s.call(json!(1), "read", json!({}));
     s.result(&json!(1));
     // A server that quotes the token back in its refusal.
@@ -433,8 +421,7 @@ fn other_hosts_spellings_reach_a_remote_server() {
     ])
     .file("settings.json", &config)
     .env("NO_PROXY", "127.0.0.1")
-    .start();
-    s.initialize();
+    .initialized();
     s.call(json!(1), "read", json!({}));
     assert_eq!(
         s.result(&json!(1))["content"][0]["text"],

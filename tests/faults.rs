@@ -19,8 +19,7 @@ fn a_dispatcher_panic_answers_every_pending_request_and_exits_non_zero() {
     let mut s = builder
         .env("MCP_RETRY_FAULT", "dispatcher:explode")
         .env("MOCK_PID_FILE", &pid_file.display().to_string())
-        .start();
-    s.initialize();
+        .initialized();
     let server = read_pid(&pid_file);
     // Two calls the server holds, a third that joins the first (the same
     // tool and arguments) and a ping, answered: the proxy has handled all
@@ -65,8 +64,7 @@ fn a_dispatcher_panic_answers_every_pending_request_and_exits_non_zero() {
 fn a_call_of_another_tool_runs_as_ever_with_the_hook_armed() {
     let mut s = Builder::wrap_mock()
         .env("MCP_RETRY_FAULT", "dispatcher:explode")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
     s.close_stdin();

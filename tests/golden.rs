@@ -165,8 +165,7 @@ fn the_stats_file_status_and_the_otlp_export_of_a_scripted_session_are_unchanged
         .arg("--stats-file")
         .arg("{dir}/stats.json")
         .env("MCP_RETRY_RUNTIME_DIR", &run_dir.display().to_string())
-        .start();
-    s.initialize();
+        .initialized();
     s.list_tools();
     // A result, then the same read from the cache.
     s.call(json!(2), "ro_echo", json!({"text": "a"}));

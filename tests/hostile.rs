@@ -1,4 +1,4 @@
-//! Hostile remote servers on raw loopback sockets, against `run --url`:
+//! Hostile remote servers on the loopback server, against `run --url`:
 //! a server that asks for a delay past any clock, sends huge SSE ids or
 //! events without `id:` lines, answers with an event over
 //! `max_message_bytes`, or goes silent after every resumption. Each test scripts the answer to `tools/call` (and,
@@ -7,14 +7,13 @@
 //! `tools/list`, `ping`) is served plainly, one request per connection.
 //! Knows nothing of mcp-retry's internals.
 
-use std::io::{BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
-use std::thread;
+use std::io::Write;
+use std::sync::{Arc, Mutex, Weak};
 
 use serde_json::{json, Value};
 
-use crate::util::{read_http_request, Builder, HttpRequest, Session};
+use crate::loopback::{Conn, HttpRequest, Loopback};
+use crate::util::{Builder, Session};
 
 /// What the server knows of the session so far.
 #[derive(Default)]
@@ -29,13 +28,13 @@ pub struct Seen {
     pub resumed_from: Vec<String>,
 }
 
-type OnCall = dyn Fn(&mut TcpStream, &Value, &Server) + Send + Sync;
-type OnGet = dyn Fn(&mut TcpStream, &HttpRequest, &Server) + Send + Sync;
+type OnCall = dyn Fn(&mut Conn, &Value, &Server) + Send + Sync;
+type OnGet = dyn Fn(&mut Conn, &HttpRequest, &Server) + Send + Sync;
 
 /// A loopback server whose answer to each `tools/call` is `on_call`'s,
 /// and to each GET `on_get`'s (405 without one).
 pub struct Server {
-    pub port: u16,
+    http: Loopback,
     seen: Mutex<Seen>,
     on_call: Box<OnCall>,
     on_get: Option<Box<OnGet>>,
@@ -43,40 +42,37 @@ pub struct Server {
 
 impl Server {
     pub fn start(
-        on_call: impl Fn(&mut TcpStream, &Value, &Server) + Send + Sync + 'static,
+        on_call: impl Fn(&mut Conn, &Value, &Server) + Send + Sync + 'static,
     ) -> Arc<Server> {
         Server::start_inner(Box::new(on_call), None)
     }
 
     /// A server whose GETs (its own stream, resumptions) `on_get` answers.
     pub fn with_get(
-        on_get: impl Fn(&mut TcpStream, &HttpRequest, &Server) + Send + Sync + 'static,
-        on_call: impl Fn(&mut TcpStream, &Value, &Server) + Send + Sync + 'static,
+        on_get: impl Fn(&mut Conn, &HttpRequest, &Server) + Send + Sync + 'static,
+        on_call: impl Fn(&mut Conn, &Value, &Server) + Send + Sync + 'static,
     ) -> Arc<Server> {
         Server::start_inner(Box::new(on_call), Some(Box::new(on_get)))
     }
 
     fn start_inner(on_call: Box<OnCall>, on_get: Option<Box<OnGet>>) -> Arc<Server> {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        let server = Arc::new(Server {
-            port: listener.local_addr().unwrap().port(),
-            seen: Mutex::new(Seen::default()),
-            on_call,
-            on_get,
-        });
-        let s = server.clone();
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { continue };
-                let s = s.clone();
-                thread::spawn(move || s.serve(stream));
+        Arc::new_cyclic(|server: &Weak<Server>| {
+            let server = server.clone();
+            Server {
+                http: Loopback::start(move |req, conn| {
+                    if let Some(server) = server.upgrade() {
+                        server.answer(conn, &req);
+                    }
+                }),
+                seen: Mutex::new(Seen::default()),
+                on_call,
+                on_get,
             }
-        });
-        server
+        })
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
+        self.http.url("/mcp")
     }
 
     pub fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
@@ -92,17 +88,10 @@ impl Server {
         self.seen().executions
     }
 
-    fn serve(&self, mut stream: TcpStream) {
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        if let Some(req) = read_http_request(&mut reader) {
-            self.answer(&mut stream, &req);
-        }
-    }
-
     /// Answers one request (the only one on its connection).
-    fn answer(&self, stream: &mut TcpStream, req: &HttpRequest) {
+    fn answer(&self, conn: &mut Conn, req: &HttpRequest) {
         if let (Some(on_get), true) = (&self.on_get, req.start.starts_with("GET")) {
-            return on_get(stream, req, self);
+            return on_get(conn, req, self);
         }
         if !req.start.starts_with("POST") {
             // No stream of its own, and nothing to resume.
@@ -111,7 +100,7 @@ impl Server {
             } else {
                 405
             };
-            return respond(stream, status, None, "");
+            return conn.respond(status, &[], "");
         }
         let msg: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
         let id = msg["id"].clone();
@@ -121,10 +110,13 @@ impl Server {
                 let body = json!({"jsonrpc": "2.0", "id": id, "result": {
                     "protocolVersion": version, "capabilities": {"tools": {}},
                     "serverInfo": {"name": "hostile", "version": "1"}}});
-                let head = "Content-Type: application/json\r\nMcp-Session-Id: h1";
-                respond(stream, 200, Some(head), &body.to_string())
+                let headers = [
+                    ("Content-Type", "application/json"),
+                    ("Mcp-Session-Id", "h1"),
+                ];
+                conn.respond(200, &headers, &body.to_string())
             }
-            Some("tools/call") => (self.on_call)(stream, &msg, self),
+            Some("tools/call") => (self.on_call)(conn, &msg, self),
             Some(method) if !id.is_null() => {
                 let result = match method {
                     "tools/list" => json!({"tools": [
@@ -134,10 +126,9 @@ impl Server {
                     _ => json!({}),
                 };
                 let body = json!({"jsonrpc": "2.0", "id": id, "result": result});
-                respond(
-                    stream,
+                conn.respond(
                     200,
-                    Some("Content-Type: application/json"),
+                    &[("Content-Type", "application/json")],
                     &body.to_string(),
                 );
                 if method == "ping" {
@@ -145,32 +136,9 @@ impl Server {
                 }
             }
             // A notification, or an answer to a request of ours.
-            _ => respond(stream, 202, None, ""),
+            _ => conn.respond(202, &[], ""),
         }
     }
-}
-
-/// Writes a whole answer, the last on its connection.
-pub fn respond(stream: &mut TcpStream, status: u16, headers: Option<&str>, body: &str) {
-    // One request per connection: the client never sends another on one
-    // the server is closing.
-    let mut out = format!(
-        "HTTP/1.1 {status} X\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(h) = headers {
-        out.push_str(h);
-        out.push_str("\r\n");
-    }
-    out.push_str("\r\n");
-    out.push_str(body);
-    let _ = stream.write_all(out.as_bytes());
-}
-
-/// Starts an SSE answer whose body runs until the connection closes.
-pub fn start_events(stream: &mut TcpStream) {
-    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
-    let _ = stream.write_all(head.as_bytes());
 }
 
 /// The result of call `msg`, as a JSON-RPC line.
@@ -183,15 +151,8 @@ pub fn result_of(msg: &Value, text: &str) -> String {
 /// A proxy for `server` (`extra` config lines for the server), after the
 /// handshake and `tools/list`.
 fn proxy(server: &Server, extra: &str) -> Session {
-    let config = format!(
-        "servers:\n  remote:\n    url: {}\n    retry:\n      base_delay: 0.05\n      max_delay: 0.2\n      jitter: 0\n{extra}",
-        server.url()
-    );
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &config)
-        .env("NO_PROXY", "127.0.0.1")
-        .start();
-    s.initialize();
+    let policy = format!("retry:\n  base_delay: 0.05\n  max_delay: 0.2\n  jitter: 0\n{extra}");
+    let mut s = Builder::remote_with(&server.url(), &policy).initialized();
     s.list_tools();
     s
 }
@@ -200,20 +161,20 @@ fn proxy(server: &Server, extra: &str) -> Session {
 fn a_retry_after_past_any_clock_is_the_longest_delay_not_a_crash() {
     // Each call is refused once (429) with a hint too long to wait for,
     // then, answered the second time, runs.
-    let server = Server::start(|stream, msg, server| {
+    let server = Server::start(|conn, msg, server| {
         let hint = match msg["params"]["arguments"]["hint"].as_str() {
             Some(h) => h.to_owned(),
             None => {
                 server.ran();
                 let body = result_of(msg, "done");
-                respond(stream, 200, Some("Content-Type: application/json"), &body);
+                conn.respond(200, &[("Content-Type", "application/json")], &body);
                 return;
             }
         };
-        let head = format!("Content-Type: application/json\r\nRetry-After: {hint}");
+        let headers = [("Content-Type", "application/json"), ("Retry-After", &hint)];
         let body = json!({"jsonrpc": "2.0", "id": msg["id"],
             "error": {"code": -32000, "message": "slow down"}});
-        respond(stream, 429, Some(&head), &body.to_string());
+        conn.respond(429, &headers, &body.to_string());
     });
     let mut s = proxy(&server, "");
     let day_ms = json!(24 * 3600 * 1000);
@@ -238,21 +199,21 @@ fn a_retry_after_past_any_clock_is_the_longest_delay_not_a_crash() {
 
 #[test]
 fn an_sse_answer_over_max_message_bytes_is_final_after_one_run() {
-    let server = Server::start(|stream, msg, server| {
+    let server = Server::start(|conn, msg, server| {
         server.ran();
-        start_events(stream);
+        conn.start_events("");
         let big = "x".repeat(4096);
         if msg["params"]["arguments"]["note_first"] == true {
             // A notification over the limit, then the response.
             let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
                 "params": {"level": "info", "data": big}});
             let done = result_of(msg, "done");
-            let _ = write!(stream, "id: e1\ndata: {note}\n\nid: e2\ndata: {done}\n\n");
+            let _ = write!(conn, "id: e1\ndata: {note}\n\nid: e2\ndata: {done}\n\n");
         } else {
-            let _ = write!(stream, "id: e1\ndata: {}\n\n", result_of(msg, &big));
+            let _ = write!(conn, "id: e1\ndata: {}\n\n", result_of(msg, &big));
         }
     });
-    let mut s = proxy(&server, "    max_message_bytes: 1024\n");
+    let mut s = proxy(&server, "max_message_bytes: 1024");
     s.call(json!(1), "read", json!({}));
     let e = s.error(&json!(1));
     assert_eq!(
@@ -280,31 +241,31 @@ fn huge_sse_ids_neither_grow_the_proxy_nor_stall_it() {
     // two-byte comments follow until the proxy has answered a ping, then
     // the result. Ids that long are not kept (nor is the stream
     // resumable); the proxy holds none of them and reads each byte once.
-    let server = Server::start(|stream, msg, server| {
+    let server = Server::start(|conn, msg, server| {
         server.ran();
-        start_events(stream);
+        conn.start_events("");
         let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
             "params": {"level": "info", "data": "hi"}});
         let id = "i".repeat(2 << 20);
         for _ in 0..20 {
-            if write!(stream, "id: {id}\ndata: {note}\n\n").is_err() {
+            if write!(conn, "id: {id}\ndata: {note}\n\n").is_err() {
                 return;
             }
         }
         let chunk = "j".repeat(1 << 20);
-        let _ = stream.write_all(b"id: ");
+        let _ = conn.write_all(b"id: ");
         for _ in 0..32 {
-            let _ = stream.write_all(chunk.as_bytes());
+            let _ = conn.write_all(chunk.as_bytes());
         }
-        let _ = stream.write_all(b"\n");
+        let _ = conn.write_all(b"\n");
         let (mut pinged, since) = (false, std::time::Instant::now());
         while !pinged && since.elapsed() < crate::util::WAIT {
-            if stream.write_all(b":\n").is_err() {
+            if conn.write_all(b":\n").is_err() {
                 return;
             }
             pinged = server.seen().pings > 0;
         }
-        let _ = write!(stream, "data: {}\n\n", result_of(msg, "done"));
+        let _ = write!(conn, "data: {}\n\n", result_of(msg, "done"));
     });
     let mut s = proxy(&server, "");
     s.call(json!(1), "read", json!({}));
@@ -332,11 +293,11 @@ fn events_without_an_id_line_on_the_server_stream_all_reach_the_client() {
     // Four notifications, only the first with an `id:` line: the others
     // carry its id too (the SSE rules), and are not replays.
     let server = Server::with_get(
-        |stream, req, _| {
+        |conn, req, _| {
             if req.header("last-event-id").is_some() {
-                return respond(stream, 405, None, "");
+                return conn.respond(405, &[], "");
             }
-            start_events(stream);
+            conn.start_events("");
             let mut body = String::new();
             for n in 1..=4 {
                 let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
@@ -344,14 +305,14 @@ fn events_without_an_id_line_on_the_server_stream_all_reach_the_client() {
                 let id = if n == 1 { "id: g1\n" } else { "" };
                 body.push_str(&format!("{id}data: {note}\n\n"));
             }
-            let _ = stream.write_all(body.as_bytes());
+            let _ = conn.write_all(body.as_bytes());
             // Open until the client closes it: it is not opened again.
-            let _ = std::io::Read::read(stream, &mut [0u8; 1]);
+            conn.wait_for_close();
         },
-        |stream, msg, server| {
+        |conn, msg, server| {
             server.ran();
             let body = result_of(msg, "done");
-            respond(stream, 200, Some("Content-Type: application/json"), &body);
+            conn.respond(200, &[("Content-Type", "application/json")], &body);
         },
     );
     let mut s = proxy(&server, "");
@@ -372,19 +333,19 @@ fn a_resumed_answer_without_an_id_line_is_delivered_not_dropped_as_a_replay() {
     .to_string();
     let first = progress.clone();
     let server = Server::with_get(
-        move |stream, req, server| {
+        move |conn, req, server| {
             if req.header("last-event-id") != Some("e1") {
-                return respond(stream, 405, None, "");
+                return conn.respond(405, &[], "");
             }
-            start_events(stream);
+            conn.start_events("");
             let replay = server.seen().replay.clone();
-            let _ = write!(stream, "id: e1\ndata: {progress}\n\n{replay}");
+            let _ = write!(conn, "id: e1\ndata: {progress}\n\n{replay}");
         },
-        move |stream, msg, server| {
+        move |conn, msg, server| {
             server.ran();
             server.seen().replay = format!("data: {}\n\n", result_of(msg, "done"));
-            start_events(stream);
-            let _ = write!(stream, "id: e1\ndata: {first}\n\n");
+            conn.start_events("");
+            let _ = write!(conn, "id: e1\ndata: {first}\n\n");
         },
     );
     let mut s = proxy(&server, "");
@@ -406,28 +367,28 @@ fn a_resumed_stream_that_keeps_going_silent_is_resumed_three_times_then_read_to_
             "params": {"progressToken": "p", "progress": n}})
     };
     let server = Server::with_get(
-        move |stream, req, server| {
+        move |conn, req, server| {
             let Some(from) = req.header("last-event-id") else {
-                return respond(stream, 405, None, "");
+                return conn.respond(405, &[], "");
             };
             let n = {
                 let mut seen = server.seen();
                 seen.resumed_from.push(from.to_owned());
                 seen.resumed_from.len() + 1
             };
-            start_events(stream);
-            let _ = write!(stream, "id: e{n}\ndata: {}\n\n", progress(n));
+            conn.start_events("");
+            let _ = write!(conn, "id: e{n}\ndata: {}\n\n", progress(n));
             // Silent until the client closes it.
-            let _ = std::io::Read::read(stream, &mut [0u8; 1]);
+            conn.wait_for_close();
         },
-        move |stream, _, server| {
+        move |conn, _, server| {
             server.ran();
-            start_events(stream);
-            let _ = write!(stream, "retry: 10\nid: e1\ndata: {}\n\n", progress(1));
+            conn.start_events("");
+            let _ = write!(conn, "retry: 10\nid: e1\ndata: {}\n\n", progress(1));
         },
     );
     // Each progress event gives the call its timeout again.
-    let mut s = proxy(&server, "    call_timeout: 5\n");
+    let mut s = proxy(&server, "call_timeout: 5");
     s.call_with(
         json!(1),
         json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p"}}),

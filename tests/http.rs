@@ -334,8 +334,7 @@ fn run_url_with_a_header_reaches_the_server() {
     let header = format!("Authorization: Bearer {CANARY}");
     let mut s = Builder::proxy(&["run", "--url", &server.url(), "--header", &header])
         .env("NO_PROXY", "127.0.0.1")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "read", json!({}));
     assert_eq!(text_of(&s.result(&json!(1))), "read done");
     server.with(|st| assert_eq!(st.authorizations[0], format!("Bearer {CANARY}")));
@@ -380,13 +379,10 @@ fn start_with_helper(server: &Server) -> Session {
         "servers:\n  remote:\n    url: {}\n    env:\n      DIR: \"{{dir}}\"\n    headers_helper: sh helper.sh\n",
         server.url()
     );
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &text)
+    Builder::config(&text)
         .file("helper.sh", helper)
         .env("NO_PROXY", "127.0.0.1")
-        .start();
-    s.initialize();
-    s
+        .initialized()
 }
 
 /// How many times the helper of [`start_with_helper`] ran.
@@ -743,8 +739,7 @@ fn envelope() -> Value {
 /// A proxy with `config`, its client not started: a 2026-07-28 client
 /// sends no `initialize`.
 fn start_modern(config: &str) -> Session {
-    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", config)
+    Builder::config(config)
         .env("TOKEN", CANARY)
         .env("NO_PROXY", "127.0.0.1")
         .start()
@@ -936,11 +931,9 @@ fn a_failure_after_the_tool_ran_is_the_proxys_error_and_an_outer_proxy_never_ret
         crate::util::PROXY,
         server.url()
     );
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &outer)
+    let mut s = Builder::config(&outer)
         .env("NO_PROXY", "127.0.0.1")
-        .start();
-    s.initialize();
+        .initialized();
     s.list_tools();
     server.fault(Fault::RunThenStatus(502, "upstream down"));
     s.call(json!(1), "write", json!({}));

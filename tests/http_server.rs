@@ -1,6 +1,6 @@
-//! A scripted Streamable HTTP MCP server for the tests, on 127.0.0.1 only:
-//! std `TcpListener`, one thread per connection, just enough HTTP/1.1
-//! (`Content-Length` bodies, `Connection: close` on every answer) and SSE.
+//! A scripted Streamable HTTP MCP server for the tests: a handler on the
+//! loopback server (`loopback.rs`), one request per connection,
+//! `Connection: close` on every answer, JSON or SSE.
 //!
 //! It keeps a session (`Mcp-Session-Id`, checked with the negotiated
 //! `MCP-Protocol-Version` on every later request), two tools (`read`,
@@ -15,13 +15,14 @@
 //! quoting the `Authorization` header. Knows nothing of mcp-retry.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpStream;
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use crate::loopback::{Conn, HttpRequest, Loopback, Options};
 
 /// What the server does with one `tools/call`.
 #[derive(Debug, Clone)]
@@ -102,8 +103,6 @@ pub struct State {
     polls_left: usize,
     /// `Last-Event-ID`s received.
     pub resumed_from: Vec<String>,
-    /// Accepting connections; false: the port is closed.
-    listening: bool,
     /// The open GET streams of the current session.
     pub streams: Vec<TcpStream>,
     /// Notifications POSTed to it (method and params).
@@ -138,61 +137,35 @@ pub struct State {
 }
 
 pub struct Server {
-    pub port: u16,
+    http: Loopback,
     state: Arc<(Mutex<State>, Condvar)>,
-    /// The thread accepting connections; it owns the listener.
-    acceptor: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
 impl Server {
     pub fn start() -> Server {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        let port = listener.local_addr().unwrap().port();
         let state = Arc::new((Mutex::new(State::default()), Condvar::new()));
-        let server = Server {
-            port,
-            state,
-            acceptor: Mutex::new(None),
+        let (heads, requests) = (state.clone(), state.clone());
+        let options = Options {
+            before_body: Some(Box::new(move |head| !drops_body(head, &heads))),
+            ..Options::default()
         };
-        server.listen(listener);
-        server
+        let http = Loopback::with(options, move |req, conn| handle(&req, conn, &requests));
+        Server { http, state }
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-
-    fn listen(&self, listener: TcpListener) {
-        self.state.0.lock().unwrap().listening = true;
-        let state = self.state.clone();
-        let acceptor = thread::spawn(move || {
-            for stream in listener.incoming() {
-                if !state.0.lock().unwrap().listening {
-                    return;
-                }
-                let Ok(stream) = stream else { continue };
-                let state = state.clone();
-                thread::spawn(move || handle(stream, &state));
-            }
-        });
-        *self.acceptor.lock().unwrap() = Some(acceptor);
+        self.http.url("/mcp")
     }
 
     /// Closes the port: when this returns, connections are refused until
     /// [`Server::reopen`].
     pub fn close(&self) {
-        self.state.0.lock().unwrap().listening = false;
-        // Wakes the accept loop, which then returns and drops the listener.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
-        if let Some(acceptor) = self.acceptor.lock().unwrap().take() {
-            acceptor.join().unwrap();
-        }
+        self.http.close();
     }
 
     /// Listens on the same port again.
     pub fn reopen(&self) {
-        let listener = TcpListener::bind(("127.0.0.1", self.port)).expect("rebinding the port");
-        self.listen(listener);
+        self.http.reopen();
     }
 
     /// Serves the 2025 era without sessions from now on.
@@ -254,105 +227,49 @@ impl Server {
     }
 }
 
-struct Request {
-    method: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+/// Whether a `Fault::DropBeforeBody` takes this request (a POST with a
+/// body over 1 MB), its body to be left unread.
+fn drops_body(head: &HttpRequest, state: &(Mutex<State>, Condvar)) -> bool {
+    if head.content_length() <= 1_000_000 {
+        return false;
     }
-}
-
-/// Reads a request; `None` when the connection ends first, or when a
-/// `Fault::DropBeforeBody` takes it (its body left unread).
-fn read_request(stream: &TcpStream, state: &(Mutex<State>, Condvar)) -> Option<Request> {
-    let mut r = BufReader::new(stream);
-    let mut line = String::new();
-    r.read_line(&mut line).ok()?;
-    let method = line.split(' ').next()?.to_owned();
-    let mut headers = Vec::new();
-    loop {
-        let mut h = String::new();
-        r.read_line(&mut h).ok()?;
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        let (n, v) = h.split_once(':')?;
-        headers.push((n.trim().to_owned(), v.trim().to_owned()));
+    let mut s = state.0.lock().unwrap();
+    if !matches!(s.faults.front(), Some(Fault::DropBeforeBody)) {
+        return false;
     }
-    let len: usize = headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-        .map_or(0, |(_, v)| v.parse().unwrap_or(0));
-    if len > 1_000_000 {
-        let mut s = state.0.lock().unwrap();
-        if matches!(s.faults.front(), Some(Fault::DropBeforeBody)) {
-            s.faults.pop_front();
-            s.dropped_bodies += 1;
-            state.1.notify_all();
-            return None;
-        }
-    }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body).ok()?;
-    Some(Request {
-        method,
-        headers,
-        body,
-    })
-}
-
-fn respond(mut stream: &TcpStream, status: u16, headers: &[(&str, String)], body: &str) {
-    let mut out = format!(
-        "HTTP/1.1 {status} X\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (n, v) in headers {
-        out.push_str(&format!("{n}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    out.push_str(body);
-    let _ = stream.write_all(out.as_bytes());
-    let _ = stream.shutdown(Shutdown::Both);
+    s.faults.pop_front();
+    s.dropped_bodies += 1;
+    state.1.notify_all();
+    true
 }
 
 fn error_body(message: &str) -> String {
     json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32000, "message": message}}).to_string()
 }
 
-fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
-    let Some(req) = read_request(&stream, state) else {
-        return;
-    };
-    let (lock, cv) = &**state;
+fn handle(req: &HttpRequest, conn: &mut Conn, state: &(Mutex<State>, Condvar)) {
+    let (lock, cv) = state;
     let mut s = lock.lock().unwrap();
     if let Some(auth) = req.header("authorization") {
         s.authorizations.push(auth.to_owned());
     }
     cv.notify_all();
-    match req.method.as_str() {
+    match req.method() {
         "DELETE" => {
             if req.header("mcp-protocol-version") != s.version.as_deref() {
                 s.bad_headers += 1;
                 cv.notify_all();
-                return respond(&stream, 400, &[], &error_body("Bad Request: no version"));
+                return conn.respond(400, &[], &error_body("Bad Request: no version"));
             }
             let id = req.header("mcp-session-id").unwrap_or("").to_owned();
             s.deleted.push(id);
             cv.notify_all();
-            return respond(&stream, 200, &[], "");
+            return conn.respond(200, &[], "");
         }
         "POST" => {}
         "GET" if !s.get_statuses.is_empty() => {
             let status = s.get_statuses.pop_front().unwrap_or(500);
-            return respond(&stream, status, &[], &error_body("refused"));
+            return conn.respond(status, &[], &error_body("refused"));
         }
         "GET" if req.header("last-event-id").is_some() => {
             let from = req.header("last-event-id").unwrap_or("").to_owned();
@@ -361,21 +278,17 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
             if s.polls_left > 0 && from == "e1" {
                 // The call still runs: come back after `retry`.
                 s.polls_left -= 1;
-                return respond(
-                    &stream,
+                return conn.respond(
                     200,
-                    &[("Content-Type", "text/event-stream".into())],
+                    &[("Content-Type", "text/event-stream")],
                     "retry: 10\n\n",
                 );
             }
             if let (Some((first, _)), "e1") = (&s.stalling_replay, from.as_str()) {
                 // What is stored so far, then nothing: the call still runs.
-                let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
-                let mut w = &stream;
-                let _ = w.write_all(format!("{head}{first}").as_bytes());
+                conn.start_events(first);
                 drop(s);
-                let mut byte = [0u8; 1];
-                let _ = (&stream).read(&mut byte);
+                conn.wait_for_close();
                 let mut s = lock.lock().unwrap();
                 s.stalls_closed += 1;
                 cv.notify_all();
@@ -383,33 +296,22 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
             }
             if let (Some((_, rest)), "e2") = (&s.stalling_replay, from.as_str()) {
                 let rest = rest.clone();
-                return respond(
-                    &stream,
-                    200,
-                    &[("Content-Type", "text/event-stream".into())],
-                    &rest,
-                );
+                return conn.respond(200, &[("Content-Type", "text/event-stream")], &rest);
             }
             return match (&s.replay, from.as_str()) {
-                (Some(replay), "e1") => respond(
-                    &stream,
-                    200,
-                    &[("Content-Type", "text/event-stream".into())],
-                    replay,
-                ),
-                _ => respond(&stream, 404, &[], ""),
+                (Some(replay), "e1") => {
+                    conn.respond(200, &[("Content-Type", "text/event-stream")], replay)
+                }
+                _ => conn.respond(404, &[], ""),
             };
         }
         "GET" if s.session.is_some() && req.header("mcp-session-id") == s.session.as_deref() => {
-            let head =
-                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
-            let mut w = &stream;
-            if w.write_all(head.as_bytes()).is_ok() {
-                s.streams.push(stream);
+            if conn.start_events("") {
+                s.streams.push(conn.keep());
             }
             return;
         }
-        _ => return respond(&stream, 405, &[], ""),
+        _ => return conn.respond(405, &[], ""),
     }
     let msg: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     let method = msg["method"].as_str().unwrap_or("").to_owned();
@@ -417,26 +319,26 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
     if let Some(version) = msg["params"]["_meta"][MODERN_KEY].as_str() {
         s.modern_posts.push((req.headers.clone(), msg.clone()));
         cv.notify_all();
-        if let Err(why) = modern_headers_match(&req, &msg, version) {
+        if let Err(why) = modern_headers_match(req, &msg, version) {
             s.mismatches += 1;
             let body = json!({"jsonrpc": "2.0", "id": id,
                 "error": {"code": -32020, "message": why}});
-            return respond(&stream, 400, &[], &body.to_string());
+            return conn.respond(400, &[], &body.to_string());
         }
         if method == "prompts/get" {
             // A server quoting a header back in its error.
             let auth = req.header("authorization").unwrap_or("");
             let body = json!({"jsonrpc": "2.0", "id": id,
                 "error": {"code": -32602, "message": format!("no prompt for {auth}")}});
-            return respond(&stream, 400, &[], &body.to_string());
+            return conn.respond(400, &[], &body.to_string());
         }
-        return serve(stream, lock, cv, s, &msg, true);
+        return serve(conn, lock, cv, s, &msg, true);
     }
     if method == "initialize" {
         if let Some(status) = s.initialize_statuses.pop_front() {
             s.refused_initializes += 1;
             cv.notify_all();
-            return respond(&stream, status, &[], &error_body("starting up"));
+            return conn.respond(status, &[], &error_body("starting up"));
         }
         s.initializes += 1;
         let session = format!("s{}", s.initializes);
@@ -450,35 +352,34 @@ fn handle(stream: TcpStream, state: &Arc<(Mutex<State>, Condvar)>) {
         let result = json!({"jsonrpc": "2.0", "id": id, "result": {
             "protocolVersion": version, "capabilities": {"tools": {}},
             "serverInfo": {"name": "http-test", "version": "1"}}});
-        let mut headers = vec![("Content-Type", "application/json".to_owned())];
+        let mut headers = vec![("Content-Type", "application/json")];
         if !s.stateless {
-            headers.push(("Mcp-Session-Id", session));
+            headers.push(("Mcp-Session-Id", &session));
         }
-        return respond(&stream, 200, &headers, &result.to_string());
+        return conn.respond(200, &headers, &result.to_string());
     }
     let session_ok = s.stateless && req.header("mcp-session-id").is_none()
         || req.header("mcp-session-id").is_some()
             && req.header("mcp-session-id") == s.session.as_deref();
     if !session_ok && req.header("mcp-session-id").is_some() {
-        return respond(&stream, 404, &[], &error_body("Session not found"));
+        return conn.respond(404, &[], &error_body("Session not found"));
     }
     if !session_ok || req.header("mcp-protocol-version") != s.version.as_deref() {
         s.bad_headers += 1;
-        return respond(
-            &stream,
+        return conn.respond(
             400,
             &[],
             &error_body("Bad Request: missing session or version"),
         );
     }
-    serve(stream, lock, cv, s, &msg, false)
+    serve(conn, lock, cv, s, &msg, false)
 }
 
 /// The `_meta` member of a 2026-07-28 request naming its version.
 pub const MODERN_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 
 /// Whether a 2026-07-28 request's headers say what its body says.
-fn modern_headers_match(req: &Request, msg: &Value, version: &str) -> Result<(), String> {
+fn modern_headers_match(req: &HttpRequest, msg: &Value, version: &str) -> Result<(), String> {
     let want = |name: &str, value: Option<&str>| {
         if req.header(name) == value {
             Ok(())
@@ -506,7 +407,7 @@ fn modern_headers_match(req: &Request, msg: &Value, version: &str) -> Result<(),
 
 /// Serves a request or notification whose headers were accepted.
 fn serve(
-    stream: TcpStream,
+    conn: &mut Conn,
     lock: &Mutex<State>,
     cv: &Condvar,
     mut s: std::sync::MutexGuard<'_, State>,
@@ -528,24 +429,22 @@ fn serve(
         }
         if s.hang_notifications {
             drop(s);
-            let mut byte = [0u8; 1];
-            let _ = (&stream).read(&mut byte);
+            conn.wait_for_close();
             return;
         }
         if let Some(d) = s.ack_delay {
             drop(s);
             std::thread::sleep(d);
         }
-        return respond(&stream, 202, &[], "");
+        return conn.respond(202, &[], "");
     }
     match method.as_str() {
         "ping" if modern => {
             let body = json!({"jsonrpc": "2.0", "id": id,
                 "error": {"code": -32601, "message": "Method not found", "data": "ping"}});
-            respond(
-                &stream,
+            conn.respond(
                 404,
-                &[("Content-Type", "application/json".into())],
+                &[("Content-Type", "application/json")],
                 &body.to_string(),
             )
         }
@@ -562,10 +461,9 @@ fn serve(
                     "properties": {"x": {"type": "number", "x-mcp-header": "X"}}}}));
             }
             let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"tools": tools}});
-            respond(
-                &stream,
+            conn.respond(
                 200,
-                &[("Content-Type", "application/json".into())],
+                &[("Content-Type", "application/json")],
                 &answer.to_string(),
             )
         }
@@ -579,24 +477,24 @@ fn serve(
                 Some(Fault::RunThenCut) => {
                     s.executions.push(tool);
                     cv.notify_all();
-                    let _ = stream.shutdown(Shutdown::Both);
+                    conn.cut();
                 }
                 Some(Fault::Body(status, body)) => {
-                    let headers = vec![("Content-Type", "application/json".to_owned())];
-                    respond(&stream, status, &headers, body);
+                    let headers = vec![("Content-Type", "application/json")];
+                    conn.respond(status, &headers, body);
                 }
                 Some(Fault::RunThenStatus(status, message)) => {
                     s.executions.push(tool);
                     cv.notify_all();
-                    let headers = vec![("Content-Type", "application/json".to_owned())];
-                    respond(&stream, status, &headers, &error_body(message));
+                    let headers = vec![("Content-Type", "application/json")];
+                    conn.respond(status, &headers, &error_body(message));
                 }
                 Some(Fault::Status(status, retry_after, message)) => {
-                    let mut headers = vec![("Content-Type", "application/json".to_owned())];
+                    let mut headers = vec![("Content-Type", "application/json")];
                     if let Some(ra) = retry_after {
-                        headers.push(("Retry-After", ra.to_owned()));
+                        headers.push(("Retry-After", ra));
                     }
-                    respond(&stream, status, &headers, &error_body(message));
+                    conn.respond(status, &headers, &error_body(message));
                 }
                 Some(Fault::RunThenCutAfterProgress | Fault::RunThenCutThenPoll) => {
                     if matches!(fault, Some(Fault::RunThenCutThenPoll)) {
@@ -611,19 +509,14 @@ fn serve(
                         "retry: 10\nid: e1\ndata: {progress}\n\nid: e2\ndata: {result}\n\n"
                     ));
                     cv.notify_all();
-                    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
                     let body =
                         format!("id: prime\ndata:\n\nretry: 10\nid: e1\ndata: {progress}\n\n");
-                    let mut w = &stream;
-                    let _ = w.write_all(format!("{head}{body}").as_bytes());
-                    let _ = stream.shutdown(Shutdown::Both);
+                    conn.start_events(&body);
+                    conn.cut();
                 }
-                Some(Fault::Json(body)) => respond(
-                    &stream,
-                    200,
-                    &[("Content-Type", "application/json".into())],
-                    body,
-                ),
+                Some(Fault::Json(body)) => {
+                    conn.respond(200, &[("Content-Type", "application/json")], body)
+                }
                 Some(Fault::RunThenCutThenStall) => {
                     s.executions.push(tool.clone());
                     let progress = |n: u32| {
@@ -637,11 +530,9 @@ fn serve(
                         format!("id: e3\ndata: {result}\n\n"),
                     ));
                     cv.notify_all();
-                    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
                     let body = format!("retry: 10\nid: e1\ndata: {}\n\n", progress(1));
-                    let mut w = &stream;
-                    let _ = w.write_all(format!("{head}{body}").as_bytes());
-                    let _ = stream.shutdown(Shutdown::Both);
+                    conn.start_events(&body);
+                    conn.cut();
                 }
                 Some(Fault::RunThenCutInsideResult) => {
                     s.executions.push(tool.clone());
@@ -652,18 +543,15 @@ fn serve(
                     .to_string();
                     s.replay = Some(format!("id: e2\ndata: {result}\n\n"));
                     cv.notify_all();
-                    let head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
                     let cut = &result[..result.len() / 2];
                     let body =
                         format!("retry: 10\nid: e1\ndata: {progress}\n\nid: e2\ndata: {cut}");
-                    let mut w = &stream;
-                    let _ = w.write_all(format!("{head}{body}").as_bytes());
-                    let _ = stream.shutdown(Shutdown::Both);
+                    conn.start_events(&body);
+                    conn.cut();
                 }
                 Some(Fault::Hang) => {
                     drop(s);
-                    let mut byte = [0u8; 1];
-                    let _ = (&stream).read(&mut byte);
+                    conn.wait_for_close();
                     let mut s = lock.lock().unwrap();
                     s.hung_closed += 1;
                     s.events.push("hung closed");
@@ -672,11 +560,11 @@ fn serve(
                 Some(Fault::HeldThenLoseSession) => {
                     let mut s = cv.wait_while(s, |s| !s.released).unwrap();
                     s.session = None;
-                    respond(&stream, 404, &[], &error_body("Session not found"));
+                    conn.respond(404, &[], &error_body("Session not found"));
                 }
                 Some(Fault::LoseSession) => {
                     s.session = None;
-                    respond(&stream, 404, &[], &error_body("Session not found"));
+                    conn.respond(404, &[], &error_body("Session not found"));
                 }
                 // DropBeforeBody applies to big requests only (read_request).
                 None | Some(Fault::DropBeforeBody) => {
@@ -697,21 +585,15 @@ fn serve(
                     let result = json!({"jsonrpc": "2.0", "id": id, "result": {
                         "content": [{"type": "text", "text": format!("{tool} done")}]}});
                     body.push_str(&format!("id: e2\ndata: {result}\n\n"));
-                    respond(
-                        &stream,
-                        200,
-                        &[("Content-Type", "text/event-stream".into())],
-                        &body,
-                    )
+                    conn.respond(200, &[("Content-Type", "text/event-stream")], &body)
                 }
             }
         }
         _ => {
             let answer = json!({"jsonrpc": "2.0", "id": id, "result": {}});
-            respond(
-                &stream,
+            conn.respond(
                 200,
-                &[("Content-Type", "application/json".into())],
+                &[("Content-Type", "application/json")],
                 &answer.to_string(),
             )
         }

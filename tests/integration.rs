@@ -1,6 +1,8 @@
 //! The one integration test target: drives the real `mcp-retry` binary
-//! against the scripted mock server. See `util.rs` for the harness.
+//! against the scripted mock server. See `util.rs` for the harness and
+//! `loopback.rs` for the HTTP server the remote servers are built on.
 
+mod loopback;
 mod util;
 
 mod bad_input;

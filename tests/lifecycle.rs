@@ -7,18 +7,23 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 #[cfg(unix)]
-use crate::util::{alive, eventually, MOCK, WAIT};
-use crate::util::{gone_within, read_pid, Builder};
+use crate::util::{alive, eventually, pids, stat_fields, MOCK, WAIT};
+use crate::util::{gone_within, read_pid, Builder, Session};
+
+/// The wrapped mock, initialized, with a grandchild of its own; and the
+/// grandchild's pid.
+fn with_grandchild() -> (Session, i32) {
+    let s = Builder::wrap_mock()
+        .with_logs()
+        .env("MOCK_GRANDCHILD", "1")
+        .initialized();
+    let grandchild = read_pid(&s.dir.join("grandchild.pid"));
+    (s, grandchild)
+}
 
 #[test]
 fn stdin_eof_stops_the_server_and_exits_zero() {
-    let mut s = Builder::wrap_mock()
-        .with_logs()
-        .env("MOCK_GRANDCHILD", "1")
-        .start();
-    s.initialize();
-    let pid_file = s.dir.join("grandchild.pid");
-    let grandchild = read_pid(&pid_file);
+    let (mut s, grandchild) = with_grandchild();
     s.close_stdin();
     let status = s.wait();
     assert_eq!(status.code(), Some(0), "stderr:\n{}", s.stderr());
@@ -30,8 +35,9 @@ fn stdin_eof_stops_the_server_and_exits_zero() {
 
 #[test]
 fn a_server_ignoring_eof_is_terminated_then_killed() {
-    let mut s = Builder::wrap_mock().env("MOCK_IGNORE_EOF", "1").start();
-    s.initialize();
+    let mut s = Builder::wrap_mock()
+        .env("MOCK_IGNORE_EOF", "1")
+        .initialized();
     let started = Instant::now();
     s.close_stdin();
     let status = s.wait();
@@ -48,12 +54,7 @@ fn a_server_ignoring_eof_is_terminated_then_killed() {
 #[test]
 fn sigterm_stops_the_server_and_its_group() {
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        let mut s = Builder::wrap_mock()
-            .with_logs()
-            .env("MOCK_GRANDCHILD", "1")
-            .start();
-        s.initialize();
-        let grandchild = read_pid(&s.dir.join("grandchild.pid"));
+        let (mut s, grandchild) = with_grandchild();
         s.signal(sig);
         let status = s.wait();
         assert_eq!(status.code(), Some(128 + sig), "stderr:\n{}", s.stderr());
@@ -70,8 +71,7 @@ fn a_sigkilled_proxy_leaves_no_server_behind() {
     let pid_file = pid_dir.join("server.pid");
     let mut s = Builder::wrap_mock()
         .env("MOCK_PID_FILE", &pid_file.display().to_string())
-        .start();
-    s.initialize();
+        .initialized();
     let server = read_pid(&pid_file);
     // SIGKILL; on Windows TerminateProcess, as End Task does.
     crate::util::kill_pid(s.pid() as i32);
@@ -103,8 +103,7 @@ fn a_command_that_cannot_start_answers_every_request() {
 
 #[test]
 fn calls_in_flight_when_the_server_exits_get_exactly_one_answer() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     s.call(json!("slow"), "echo", json!({"mode": "hang"}));
     s.call(
         json!("boom"),
@@ -125,13 +124,10 @@ fn calls_in_flight_when_the_server_exits_get_exactly_one_answer() {
 
 #[test]
 fn a_call_waiting_for_a_retry_at_eof_still_gets_its_answer() {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file(
-            "c.yaml",
-            "servers:\n  m:\n    command: {mock}\n    retry:\n      base_delay: 5\n      jitter: 0\n",
-        )
-        .start();
-    s.initialize();
+    let mut s = Builder::config(
+        "servers:\n  m:\n    command: {mock}\n    retry:\n      base_delay: 5\n      jitter: 0\n",
+    )
+    .initialized();
     s.request(json!("t"), "tools/list", json!({}));
     s.result(&json!("t"));
     s.call(json!("r"), "idem_echo", json!({"mode": "flaky"}));
@@ -150,26 +146,11 @@ fn a_call_waiting_for_a_retry_at_eof_still_gets_its_answer() {
 /// gone) is left.
 #[cfg(unix)]
 fn live_group_members(pgid: i32) -> Vec<i32> {
-    let mut members = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // After the command name: state, ppid, pgrp, ...
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        if fields.len() > 2 && fields[2] == pgid.to_string() && !matches!(fields[0], "Z" | "X") {
-            members.push(pid);
-        }
-    }
-    members
+    let pgid = pgid.to_string();
+    let member = |pid: &i32| {
+        stat_fields(*pid).is_some_and(|f| f.len() > 2 && f[2] == pgid && f[0] != "Z" && f[0] != "X")
+    };
+    pids().into_iter().filter(member).collect()
 }
 
 /// Whether `cond` holds within `d` (polled; true as soon as it does).
@@ -189,34 +170,24 @@ fn within(d: Duration, cond: impl Fn() -> bool) -> bool {
 /// `needle`.
 #[cfg(unix)]
 fn children_matching(ppid: u32, needle: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
+    let ppid = ppid.to_string();
+    let matching = |pid: &i32| {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if fields.len() > 1
-            && fields[1] == ppid.to_string()
-            && alive(pid)
+        stat_fields(*pid).is_some_and(|f| f.len() > 1 && f[1] == ppid)
+            && alive(*pid)
             && String::from_utf8_lossy(&cmdline).contains(needle)
-        {
-            found.push(pid);
-        }
-    }
-    found
+    };
+    pids().into_iter().filter(matching).collect()
+}
+
+/// Asserts that the process group `pgid` has no live member within `d`.
+#[cfg(unix)]
+fn assert_group_ends(pgid: i32, d: Duration) {
+    assert!(
+        within(d, || live_group_members(pgid).is_empty()),
+        "left behind in group {pgid}: {:?}",
+        live_group_members(pgid)
+    );
 }
 
 /// `sh` as the server: it writes its pid (its process group id) to
@@ -230,8 +201,8 @@ fn forking_server(extra: &str) -> String {
 #[cfg(unix)]
 #[test]
 fn a_sigkilled_proxy_leaves_nothing_of_the_servers_group() {
-    let mut s = Builder::proxy(&["run", "--", "sh", "-c", &forking_server("sleep 300")]).start();
-    s.initialize();
+    let mut s =
+        Builder::proxy(&["run", "--", "sh", "-c", &forking_server("sleep 300")]).initialized();
     let pgid = read_pid(&s.dir.join("server.pid"));
     assert!(
         within(WAIT, || live_group_members(pgid).len() >= 2),
@@ -242,12 +213,7 @@ fn a_sigkilled_proxy_leaves_nothing_of_the_servers_group() {
     s.wait();
     // The parent-death signal only reaches the server itself; its child is
     // the watchdog's to stop.
-    assert!(
-        within(Duration::from_secs(2), || live_group_members(pgid)
-            .is_empty()),
-        "left behind in group {pgid}: {:?}",
-        live_group_members(pgid)
-    );
+    assert_group_ends(pgid, Duration::from_secs(2));
 }
 
 #[cfg(unix)]
@@ -261,19 +227,14 @@ fn what_ignores_sigterm_gets_the_grace_then_sigkill() {
     let stubborn = format!(
         "(trap 'echo term >> {marker}' TERM; while :; do sleep 300 & echo up > {{dir}}/up; wait; done) 2>/dev/null"
     );
-    let mut s = Builder::proxy(&["run", "--", "sh", "-c", &forking_server(&stubborn)]).start();
-    s.initialize();
+    let mut s =
+        Builder::proxy(&["run", "--", "sh", "-c", &forking_server(&stubborn)]).initialized();
     let pgid = read_pid(&s.dir.join("server.pid"));
     let up = s.dir.join("up");
     eventually("the stubborn child to be up", || up.exists());
     s.signal(libc::SIGKILL);
     s.wait();
-    assert!(
-        within(Duration::from_secs(5), || live_group_members(pgid)
-            .is_empty()),
-        "left behind in group {pgid}: {:?}",
-        live_group_members(pgid)
-    );
+    assert_group_ends(pgid, Duration::from_secs(5));
     let said = std::fs::read_to_string(s.dir.join("got-term")).unwrap_or_default();
     assert_eq!(said.trim(), "term", "SIGTERM did not come first");
 }
@@ -281,8 +242,7 @@ fn what_ignores_sigterm_gets_the_grace_then_sigkill() {
 #[cfg(unix)]
 #[test]
 fn the_watchdog_goes_by_the_binary_s_name_holds_none_of_the_clients_pipes_and_has_its_own_group() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     let watchdogs = children_matching(s.pid(), "__watchdog");
     assert_eq!(watchdogs.len(), 1, "one watchdog per server: {watchdogs:?}");
     let w = watchdogs[0];
@@ -319,15 +279,7 @@ fn the_watchdog_goes_by_the_binary_s_name_holds_none_of_the_clients_pipes_and_ha
     }
     assert_eq!(fd_target(w, "1"), "/dev/null");
     assert_eq!(fd_target(w, "2"), "/dev/null");
-    let stat = std::fs::read_to_string(format!("/proc/{w}/stat")).unwrap();
-    let pgrp = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(2)
-        .unwrap()
-        .to_owned();
+    let pgrp = stat_fields(w).expect("the watchdog's stat")[2].clone();
     assert_eq!(
         pgrp,
         w.to_string(),
@@ -343,8 +295,7 @@ fn the_watchdog_goes_by_the_binary_s_name_holds_none_of_the_clients_pipes_and_ha
 #[cfg(unix)]
 #[test]
 fn a_restarted_server_gets_a_new_watchdog_and_the_old_one_ends() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     let first = children_matching(s.pid(), "__watchdog");
     assert_eq!(first.len(), 1, "{first:?}");
     s.request(json!("list"), "tools/list", json!({}));
@@ -382,10 +333,5 @@ fn a_sigkilled_check_leaves_nothing_of_the_servers_group() {
     );
     s.signal(libc::SIGKILL);
     s.wait();
-    assert!(
-        within(Duration::from_secs(2), || live_group_members(pgid)
-            .is_empty()),
-        "left behind in group {pgid}: {:?}",
-        live_group_members(pgid)
-    );
+    assert_group_ends(pgid, Duration::from_secs(2));
 }

@@ -1,15 +1,12 @@
 //! OpenTelemetry export: a small OTLP/HTTP receiver on loopback records
 //! what the proxy POSTs, and the mock's logs show what the server saw.
 
-use std::io::{BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, read_http_request, Builder, Session, WAIT};
+use crate::loopback::{closed_port, Loopback, Options};
+use crate::util::{eventually, Builder, Session, WAIT};
 
 /// One POST the receiver accepted.
 #[derive(Debug, Clone)]
@@ -19,35 +16,37 @@ pub(crate) struct Post {
     pub(crate) body: Value,
 }
 
-/// An OTLP/HTTP receiver on 127.0.0.1: HTTP/1.1 with `Content-Length`
-/// bodies and keep-alive, every POST answered 200 `{}`.
+/// An OTLP/HTTP receiver on 127.0.0.1: a keep-alive loopback server
+/// recording every request, each POST answered 200 `{}`.
 pub(crate) struct Collector {
-    port: u16,
-    posts: Arc<Mutex<Vec<Post>>>,
+    http: Loopback,
 }
 
 impl Collector {
     pub(crate) fn start() -> Collector {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let posts = Arc::new(Mutex::new(Vec::new()));
-        let sink = posts.clone();
-        thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(stream) = stream else { break };
-                let sink = sink.clone();
-                thread::spawn(move || serve(stream, &sink));
-            }
+        let options = Options {
+            keep_alive: true,
+            record: true,
+            ..Options::default()
+        };
+        let http = Loopback::with(options, |_, conn| {
+            conn.respond(200, &[("Content-Type", "application/json")], "{}");
         });
-        Collector { port, posts }
+        Collector { http }
     }
 
     pub(crate) fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.http.url("")
     }
 
     pub(crate) fn posts(&self) -> Vec<Post> {
-        self.posts.lock().unwrap().clone()
+        let requests = self.http.requests();
+        let posts = requests.into_iter().map(|r| Post {
+            path: r.path().to_owned(),
+            body: serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+            headers: r.headers,
+        });
+        posts.collect()
     }
 
     /// Every span received so far.
@@ -78,36 +77,10 @@ impl Collector {
     }
 }
 
-fn serve(stream: TcpStream, sink: &Mutex<Vec<Post>>) {
-    let mut out = stream.try_clone().unwrap();
-    let mut r = BufReader::new(stream);
-    while let Some(request) = read_http_request(&mut r) {
-        let path = request.path().to_owned();
-        let headers = request.headers;
-        let body = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
-        sink.lock().unwrap().push(Post {
-            path,
-            headers,
-            body,
-        });
-        let answer =
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
-        if out.write_all(answer.as_bytes()).is_err() {
-            return;
-        }
-    }
-}
-
 /// The proxy for the mock with these policy lines, the mock's logs on,
 /// and export to `endpoint` (none: export off).
 pub(crate) fn builder(policy: &str, endpoint: Option<&str>) -> Builder {
-    let mut yaml = String::from("servers:\n  mock:\n    command: {mock}\n");
-    for line in policy.lines().filter(|l| !l.trim().is_empty()) {
-        yaml.push_str(&format!("    {line}\n"));
-    }
-    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &yaml)
-        .with_logs()
+    Builder::mock_with(policy)
         .env("NO_PROXY", "127.0.0.1,localhost")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.unwrap_or(""))
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
@@ -158,8 +131,7 @@ fn a_timed_out_cancelled_retried_call_is_one_span_tree_under_the_client_s_trace(
         "OTEL_EXPORTER_OTLP_HEADERS",
         "authorization=Bearer%20topsecret-value",
     )
-    .start();
-    s.initialize();
+    .initialized();
     let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
     s.call_with(
         json!(1),
@@ -260,8 +232,7 @@ fn a_timed_out_cancelled_retried_call_is_one_span_tree_under_the_client_s_trace(
 #[test]
 fn a_call_without_a_client_context_starts_a_trace_and_meta_is_added() {
     let collector = Collector::start();
-    let mut s = builder("", Some(&collector.endpoint())).start();
-    s.initialize();
+    let mut s = builder("", Some(&collector.endpoint())).initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     s.result(&json!(1));
     eventually("two spans", || collector.spans().len() >= 2);
@@ -281,8 +252,7 @@ fn a_call_without_a_client_context_starts_a_trace_and_meta_is_added() {
 
 #[test]
 fn with_export_off_the_forwarded_bytes_are_unchanged() {
-    let mut s = builder("", None).start();
-    s.initialize();
+    let mut s = builder("", None).initialized();
     let params = r#"{"name":"echo", "arguments":{"text":"hi"},"_meta":{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}"#;
     s.send_raw(&format!(
         r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#
@@ -300,35 +270,22 @@ fn with_export_off_the_forwarded_bytes_are_unchanged() {
 #[test]
 fn a_closed_collector_port_neither_slows_calls_nor_breaks_the_session() {
     // A port that was just ours and is closed now.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    dead_collector(&format!("http://127.0.0.1:{port}"));
+    dead_collector(&format!("http://127.0.0.1:{}", closed_port()));
 }
 
 #[test]
 fn a_collector_that_never_answers_neither_slows_calls_nor_breaks_the_session() {
-    // Accepts connections and never reads or answers: every export waits
-    // for its 2 s timeout.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    thread::spawn(move || {
-        let mut held = Vec::new();
-        for stream in listener.incoming() {
-            held.push(stream);
-        }
-    });
-    dead_collector(&format!("http://127.0.0.1:{port}"));
+    // Takes each request and never answers: every export waits for its
+    // 2 s timeout.
+    let silent = Loopback::start(|_, conn| conn.wait_for_close());
+    dead_collector(&silent.url(""));
 }
 
 /// 50 calls are answered as ever while nothing reaches the collector
 /// (were the dispatcher to wait for each export, a collector that never
 /// answers would cost 2 s a call), and that is said once.
 fn dead_collector(endpoint: &str) {
-    let mut s = builder("", Some(endpoint)).start();
-    s.initialize();
+    let mut s = builder("", Some(endpoint)).initialized();
     let started = Instant::now();
     for i in 0..50 {
         s.call(json!(i), "echo", json!({"text": "hi"}));
@@ -352,8 +309,7 @@ fn dead_collector(endpoint: &str) {
 
 #[test]
 fn a_bad_endpoint_turns_export_off_and_the_proxy_runs_on() {
-    let mut s = builder("", Some("collector:4317")).start();
-    s.initialize();
+    let mut s = builder("", Some("collector:4317")).initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
     let exec = &s.execs_of("echo")[0];
@@ -372,8 +328,7 @@ fn the_otel_config_section_turns_export_on_with_its_headers() {
         "otel:\n  endpoint: {}\n  headers:\n    x-api-key: key-from-config\n  service_name: from-config",
         collector.endpoint()
     );
-    let mut s = builder(&policy, None).start();
-    s.initialize();
+    let mut s = builder(&policy, None).initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     s.result(&json!(1));
     eventually("two spans", || collector.spans().len() >= 2);
@@ -390,8 +345,7 @@ fn the_otel_config_section_turns_export_on_with_its_headers() {
 #[test]
 fn other_requests_get_a_span_only_when_they_fail() {
     let collector = Collector::start();
-    let mut s = builder("", Some(&collector.endpoint())).start();
-    s.initialize();
+    let mut s = builder("", Some(&collector.endpoint())).initialized();
     s.request(json!(1), "ping", json!({}));
     s.result(&json!(1));
     // No `uri`: the mock answers -32602.
@@ -438,8 +392,7 @@ fn a_per_signal_endpoint_is_used_as_it_is_with_its_headers_over_the_generic_ones
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
             "x-both=traces%20secret,x-traces=t",
         )
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     s.result(&json!(1));
     eventually("two spans", || {
@@ -478,8 +431,7 @@ fn an_exporter_set_to_none_turns_its_signal_off() {
     let collector = Collector::start();
     let mut s = builder("", Some(&collector.endpoint()))
         .env("OTEL_TRACES_EXPORTER", "none")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     s.result(&json!(1));
     s.close_stdin();
@@ -500,33 +452,20 @@ fn a_collector_redirecting_elsewhere_is_not_followed_and_its_query_is_not_logged
     // Every POST is answered 302 to another port, where a collector would
     // take it, headers (an API key) and all.
     let elsewhere = Collector::start();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
     let to = format!("{}/v1/traces", elsewhere.endpoint());
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { break };
-            let to = to.clone();
-            thread::spawn(move || {
-                let mut out = stream.try_clone().unwrap();
-                let mut r = BufReader::new(stream);
-                while read_http_request(&mut r).is_some() {
-                    let answer = format!(
-                        "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\n\r\n"
-                    );
-                    if out.write_all(answer.as_bytes()).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
+    let options = Options {
+        keep_alive: true,
+        ..Options::default()
+    };
+    let redirecting = Loopback::with(options, move |_, conn| {
+        conn.respond(302, &[("Location", &to)], "");
     });
+    let port = redirecting.port();
     let endpoint = format!("http://127.0.0.1:{port}/v1/traces?api_key=QUERY-SECRET-9d1");
     let mut s = builder("", None)
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &endpoint)
         .env("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=HEADER-SECRET-4c2")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
     // The export fails on the 302 itself (a redirect would be followed
@@ -554,8 +493,7 @@ fn an_exporter_that_panics_turns_export_off_and_the_session_goes_on() {
     let collector = Collector::start();
     let mut s = builder("", Some(&collector.endpoint()))
         .env("MCP_RETRY_FAULT", "exporter")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "echo", json!({"text": "hi"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "hi");
     let reports = |s: &Session| {

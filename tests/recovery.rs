@@ -11,14 +11,7 @@ use crate::util::{eventually, Builder, Session};
 
 /// A remote server's proxy with `extra` keys for the server entry.
 fn remote(server: &Server, extra: &str) -> Session {
-    let config = format!(
-        "servers:\n  remote:\n    url: {}\n    call_timeout: 10\n{extra}",
-        server.url()
-    );
-    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &config)
-        .env("NO_PROXY", "127.0.0.1")
-        .start()
+    Builder::remote_with(&server.url(), &format!("call_timeout: 10\n{extra}")).start()
 }
 
 fn initialize_params() -> Value {
@@ -73,7 +66,7 @@ fn idle_reconnects_never_open_the_breaker() {
     let server = Server::start();
     let mut s = remote(
         &server,
-        "    wait_for_server: 0.5\n    circuit_breaker:\n      failure_threshold: 2\n",
+        "wait_for_server: 0.5\ncircuit_breaker:\n  failure_threshold: 2\n",
     );
     s.initialize();
     server.close();
@@ -98,10 +91,7 @@ fn stdio_with_down_switch(extra: &str) -> Session {
     let config = format!(
         "servers:\n  m:\n    command: sh\n    args: [\"-c\", \"if [ -e '{{dir}}/down' ]; then echo 'mock: down' >&2; exit 1; fi; exec '{{mock}}'\"]\n    env:\n      MOCK_PID_FILE: \"{{dir}}/mock.pid\"\n{extra}"
     );
-    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &config)
-        .with_logs()
-        .start()
+    Builder::config(&config).with_logs().start()
 }
 
 #[cfg(unix)]
@@ -173,14 +163,9 @@ fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
 
 #[test]
 fn a_breaker_that_error_answers_opened_closes_only_through_the_trial_call() {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file(
-            "c.yaml",
-            "servers:\n  m:\n    command: {mock}\n    retry:\n      max_retries: 0\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 1\n",
-        )
+    let mut s = Builder::config("servers:\n  m:\n    command: {mock}\n    retry:\n      max_retries: 0\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 1\n")
         .with_logs()
-        .start();
-    s.initialize();
+        .initialized();
     s.list_tools();
     for id in [1, 2] {
         s.call(json!(id), "ro_echo", json!({"mode": "error"}));

@@ -39,8 +39,7 @@ fn initialize_and_lists_match_a_direct_connection() {
 
 #[test]
 fn client_ids_come_back_exactly() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     let ids = [
         "7",
         "\"7\"",
@@ -78,8 +77,7 @@ fn client_ids_come_back_exactly() {
 
 #[test]
 fn two_hundred_concurrent_calls_get_their_own_answers() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     for i in 0..200 {
         s.call(
             json!(i),
@@ -100,8 +98,7 @@ fn two_hundred_concurrent_calls_get_their_own_answers() {
 
 #[test]
 fn params_and_results_pass_byte_for_byte() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     let raw = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"big":12345678901234567890,"f":1.0,"e":1E+2,"u":"\u00e9\ud83d\ude00"},"_meta":{"com.example/x":[1.50,{"b":2,"a":1}]}},"extra":{"keep":true}}"#;
     s.send_raw(raw);
     s.result(&json!(5));
@@ -121,8 +118,7 @@ fn params_and_results_pass_byte_for_byte() {
 
 #[test]
 fn server_to_client_requests_round_trip() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     s.call(json!("c1"), "echo", json!({"mode": "sample"}));
     let req = s.recv_where("sampling request", |v| {
         v["method"] == "sampling/createMessage"
@@ -142,8 +138,7 @@ fn server_to_client_requests_round_trip() {
 
 #[test]
 fn progress_notifications_reach_the_client() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     s.request(
         json!(9),
         "tools/call",
@@ -164,8 +159,7 @@ fn progress_notifications_reach_the_client() {
 
 #[test]
 fn client_cancel_is_forwarded_under_the_downstream_id_and_nothing_comes_back() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.call(json!("long"), "echo", json!({"mode": "hang"}));
     crate::util::eventually("the call reached the server", || s.executions("echo") == 1);
     s.notify(
@@ -193,8 +187,7 @@ fn client_cancel_is_forwarded_under_the_downstream_id_and_nothing_comes_back() {
 
 #[test]
 fn cancel_for_an_unknown_request_is_dropped() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.notify("notifications/cancelled", json!({"requestId": 424242}));
     s.request(json!(1), "ping", json!({}));
     s.result(&json!(1));
@@ -204,8 +197,7 @@ fn cancel_for_an_unknown_request_is_dropped() {
 
 #[test]
 fn malformed_client_lines_get_errors_and_the_session_goes_on() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     s.send_raw("this is not json");
     let e = s.recv();
     assert_eq!(e["id"], Value::Null);
@@ -251,8 +243,7 @@ fn batches_are_answered_as_one_array_on_2025_03_26() {
 
 #[test]
 fn large_results_pass_intact() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     s.call(
         json!(1),
         "echo",
@@ -269,8 +260,7 @@ fn large_results_pass_intact() {
 fn garbage_from_the_server_is_skipped() {
     let mut s = Builder::wrap_mock()
         .env("MOCK_WRITE_GARBAGE_AT_START", "1")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(
         json!(1),
         "echo",
@@ -305,8 +295,9 @@ fn server_notifications_and_requests_before_initialize_pass_through() {
 
 #[test]
 fn stderr_of_the_server_goes_to_stderr_only() {
-    let mut s = Builder::wrap_mock().env("MOCK_STDERR_LINES", "3").start();
-    s.initialize();
+    let mut s = Builder::wrap_mock()
+        .env("MOCK_STDERR_LINES", "3")
+        .initialized();
     s.request(json!(1), "ping", json!({}));
     s.result(&json!(1));
     crate::util::eventually("stderr copied", || s.logged("mock stderr line 2"));
@@ -318,13 +309,8 @@ fn stderr_of_the_server_goes_to_stderr_only() {
 
 #[test]
 fn an_attempt_does_not_time_out_while_the_client_answers_a_server_request() {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file(
-            "c.yaml",
-            "servers:\n  m:\n    command: {mock}\n    call_timeout: 1\n    env:\n      MOCK_LOG: \"{dir}/exec.log\"\n",
-        )
-        .start();
-    s.initialize();
+    let mut s = Builder::config("servers:\n  m:\n    command: {mock}\n    call_timeout: 1\n    env:\n      MOCK_LOG: \"{dir}/exec.log\"\n")
+        .initialized();
     s.call(json!(1), "idem_echo", json!({"mode": "sample"}));
     let req = s.recv_where("sampling request", |v| {
         v["method"] == "sampling/createMessage"

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, source_marker, Builder, Session};
+use crate::util::{dedent, eventually, source_marker, Builder, Session};
 
 /// The code of every error the proxy originates.
 const PROXY_ERROR: i64 = -31000;
@@ -27,43 +27,9 @@ retry:
   jitter: 0
 ";
 
-/// Removes the common leading indentation of `text` (blank lines ignored).
-fn dedent(text: &str) -> String {
-    let indent = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.len() - l.trim_start().len())
-        .min()
-        .unwrap_or(0);
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| format!("{}\n", &l[indent..]))
-        .collect()
-}
-
-/// A proxy for the mock with these policy keys (YAML, any common indent)
-/// under `servers.mock`, with the mock's logs on.
-fn builder(policy: &str) -> Builder {
-    builder_with_args(policy, &[])
-}
-
-fn builder_with_args(policy: &str, extra: &[&str]) -> Builder {
-    let mut yaml = String::from("servers:\n  mock:\n    command: {mock}\n");
-    for line in dedent(policy).lines() {
-        yaml.push_str("    ");
-        yaml.push_str(line);
-        yaml.push('\n');
-    }
-    let mut args = vec!["run", "--config", "{dir}/c.yaml"];
-    args.extend_from_slice(extra);
-    Builder::proxy(&args).file("c.yaml", &yaml).with_logs()
-}
-
 /// Started and initialized (the client has NOT listed the tools).
 fn start(policy: &str) -> Session {
-    let mut s = builder(policy).start();
-    s.initialize();
-    s
+    Builder::mock_with(policy).initialized()
 }
 
 fn text(result: &Value) -> &str {
@@ -379,8 +345,9 @@ fn the_proxy_fetches_the_tool_list_itself_before_deciding_on_a_retry() {
 
 #[test]
 fn the_proxy_waits_for_a_slow_tool_list_rather_than_guessing() {
-    let mut s = builder(FAST).env("MOCK_TOOLS_LIST_DELAY_MS", "500").start();
-    s.initialize();
+    let mut s = Builder::mock_with(FAST)
+        .env("MOCK_TOOLS_LIST_DELAY_MS", "500")
+        .initialized();
     s.call(
         json!(1),
         "idem_echo",
@@ -395,17 +362,17 @@ fn a_tool_list_that_does_not_come_by_the_deadline_means_unsafe() {
     // The annotations would say "safe", but they arrive after total_timeout:
     // at the deadline the call is answered as unknown = unsafe.
     // (info logging: should the proxy spin, its debug lines would flood stderr.)
-    let mut s = builder_with_args(
+    let mut s = Builder::mock_with(
         "
         retry:
           base_delay: 0.05
           total_timeout: 1
         ",
-        &["--log-level", "info"],
     )
+    .arg("--log-level")
+    .arg("info")
     .env("MOCK_TOOLS_LIST_DELAY_MS", "4000")
-    .start();
-    s.initialize();
+    .initialized();
     s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
     let Some(r) = s.response_within(&json!(1), Duration::from_millis(3000)) else {
         panic!("no answer within 3 s, though retry.total_timeout is 1 s");
@@ -422,11 +389,10 @@ fn a_tool_list_that_does_not_come_by_the_deadline_means_unsafe() {
 
 #[test]
 fn the_proxy_reads_every_page_of_the_tool_list() {
-    let mut s = builder(FAST)
+    let mut s = Builder::mock_with(FAST)
         .env("MOCK_TOOLS", "a,b,c,d,idem_last")
         .env("MOCK_TOOLS_PAGE_SIZE", "2")
-        .start();
-    s.initialize();
+        .initialized();
     s.call(
         json!(1),
         "idem_last",
@@ -1056,8 +1022,9 @@ fn the_breaker_opens_fails_fast_then_closes_after_a_successful_trial() {
     assert_eq!(s.executions("echo"), 5);
 }
 
-#[test]
-fn a_failed_trial_reopens_the_breaker() {
+/// A proxy whose breaker (threshold 1, cooldown 0.5 s) one error opened,
+/// its cooldown over: the next call is the trial.
+fn half_open_breaker() -> Session {
     let mut s = start(
         "
         circuit_breaker:
@@ -1068,6 +1035,12 @@ fn a_failed_trial_reopens_the_breaker() {
     s.call(json!(1), "echo", json!({"mode": "error"}));
     s.error(&json!(1));
     thread::sleep(Duration::from_millis(700));
+    s
+}
+
+#[test]
+fn a_failed_trial_reopens_the_breaker() {
+    let mut s = half_open_breaker();
     s.call(
         json!(2),
         "echo",
@@ -1176,16 +1149,7 @@ fn timeouts_count_toward_the_breaker() {
 
 #[test]
 fn only_one_trial_goes_through_while_half_open() {
-    let mut s = start(
-        "
-        circuit_breaker:
-          failure_threshold: 1
-          cooldown_seconds: 0.5
-        ",
-    );
-    s.call(json!(1), "echo", json!({"mode": "error"}));
-    s.error(&json!(1));
-    thread::sleep(Duration::from_millis(700));
+    let mut s = half_open_breaker();
     s.call(
         json!("trial"),
         "echo",
@@ -1228,8 +1192,10 @@ fn a_call_whose_server_exits_during_backoff_is_retried_on_the_restarted_server()
 
 #[test]
 fn the_stats_file_and_the_exit_summary_count_per_tool() {
-    let mut s = builder_with_args(FAST, &["--stats-file", "{dir}/stats.json"]).start();
-    s.initialize();
+    let mut s = Builder::mock_with(FAST)
+        .arg("--stats-file")
+        .arg("{dir}/stats.json")
+        .initialized();
     s.call(
         json!(1),
         "idem_echo",
@@ -1272,17 +1238,17 @@ fn the_stats_file_and_the_exit_summary_count_per_tool() {
 
 #[test]
 fn a_retried_call_that_still_fails_counts_as_retried() {
-    let mut s = builder_with_args(
+    let mut s = Builder::mock_with(
         "
         retry:
           max_retries: 1
           base_delay: 0.05
           jitter: 0
         ",
-        &["--stats-file", "{dir}/stats.json"],
     )
-    .start();
-    s.initialize();
+    .arg("--stats-file")
+    .arg("{dir}/stats.json")
+    .initialized();
     s.call(
         json!(1),
         "idem_echo",
@@ -1441,13 +1407,12 @@ fn a_call_that_crashes_the_server_before_the_tools_are_known_is_decided_by_the_n
 
 #[test]
 fn a_tool_that_became_destructive_on_the_restarted_server_is_not_retried() {
-    let mut s = builder(FAST)
+    let mut s = Builder::mock_with(FAST)
         .file(
             "annotations.json",
             r#"{"flip": {"readOnlyHint": false, "idempotentHint": true}}"#,
         )
-        .start();
-    s.initialize();
+        .initialized();
     s.list_tools();
     // The next incarnation (a new version, say) calls it destructive.
     s.dir.write(
@@ -1470,7 +1435,7 @@ fn the_proxys_own_tool_list_times_out_with_call_timeout() {
     // The list would come after 120 s; the call's total_timeout is 180 s.
     // The decision (unknown = unsafe) comes when our tools/list times out,
     // after 0.4 s (60 s leaves room for a loaded machine).
-    let mut s = builder(
+    let mut s = Builder::mock_with(
         "
         call_timeout: 0.4
         retry:
@@ -1479,8 +1444,7 @@ fn the_proxys_own_tool_list_times_out_with_call_timeout() {
         ",
     )
     .env("MOCK_TOOLS_LIST_DELAY_MS", "120000")
-    .start();
-    s.initialize();
+    .initialized();
     s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
     let Some(r) = s.response_within(&json!(1), Duration::from_secs(60)) else {
         panic!("no answer within 60 s: the tool list was waited for until it came");
@@ -1635,12 +1599,7 @@ fn a_call_that_may_write_empties_the_cache() {
 
 #[test]
 fn a_server_that_cannot_be_started_fails_requests_at_once_with_what_to_fix() {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file(
-            "c.yaml",
-            "servers:\n  x:\n    command: /nonexistent/mcp-server\n",
-        )
-        .start();
+    let mut s = Builder::config("servers:\n  x:\n    command: /nonexistent/mcp-server\n").start();
     let started = Instant::now();
     s.request(
         json!(1),
@@ -1662,8 +1621,10 @@ fn a_server_that_cannot_be_started_fails_requests_at_once_with_what_to_fix() {
 
 #[test]
 fn json_log_lines_carry_server_tool_attempt_and_reason_as_fields() {
-    let mut s = builder_with_args(FAST, &["--log-format", "json"]).start();
-    s.initialize();
+    let mut s = Builder::mock_with(FAST)
+        .arg("--log-format")
+        .arg("json")
+        .initialized();
     s.list_tools();
     s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
     s.result(&json!(1));

@@ -7,23 +7,8 @@ use serde_json::{json, Value};
 
 use crate::util::{eventually, Builder, Session};
 
-fn starts(s: &Session) -> u32 {
-    std::fs::read_to_string(s.dir.join("starts"))
-        .ok()
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn received(s: &Session) -> Vec<String> {
-    std::fs::read_to_string(s.dir.join("recv.log"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 fn methods_received(s: &Session) -> Vec<String> {
-    received(s)
+    s.recv_lines()
         .iter()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter_map(|m| m["method"].as_str().map(str::to_owned))
@@ -32,7 +17,7 @@ fn methods_received(s: &Session) -> Vec<String> {
 
 /// The params text of every `initialize` the server received, byte for byte.
 fn initialize_params(s: &Session) -> Vec<String> {
-    received(s)
+    s.recv_lines()
         .iter()
         .filter(|l| l.contains("\"initialize\""))
         .map(|l| {
@@ -44,8 +29,7 @@ fn initialize_params(s: &Session) -> Vec<String> {
 
 #[test]
 fn a_safe_call_survives_a_crash_transparently() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.request(json!("list"), "tools/list", json!({}));
     s.result(&json!("list"));
     s.call(
@@ -56,7 +40,7 @@ fn a_safe_call_survives_a_crash_transparently() {
     let r = s.result(&json!(1));
     assert_eq!(r["content"][0]["text"], "done");
     assert_eq!(s.executions("idem_echo"), 2);
-    assert_eq!(starts(&s), 2);
+    assert_eq!(s.starts(), 2);
     // The replayed initialize is the client's, byte for byte.
     let inits = initialize_params(&s);
     assert_eq!(inits.len(), 2, "{inits:?}");
@@ -81,8 +65,7 @@ fn a_safe_call_survives_a_crash_transparently() {
 
 #[test]
 fn an_unsafe_call_is_not_re_executed_after_a_crash() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.request(json!("list"), "tools/list", json!({}));
     s.result(&json!("list"));
     s.call(
@@ -97,7 +80,7 @@ fn an_unsafe_call_is_not_re_executed_after_a_crash() {
     // Without the client doing anything, the next call works.
     s.call(json!(2), "unsafe_echo", json!({"text": "next"}));
     assert_eq!(s.result(&json!(2))["content"][0]["text"], "next");
-    assert_eq!(starts(&s), 2);
+    assert_eq!(s.starts(), 2);
 }
 
 #[test]
@@ -105,8 +88,7 @@ fn a_server_that_crashes_on_rare_calls_is_restarted_at_once_every_time() {
     // Each incarnation answers a call before a poison call kills it: that is
     // not a crash loop, so no restart waits (the backoff would otherwise
     // reach 2 s at the fourth crash and refuse calls in the meantime).
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     let t = Instant::now();
     for i in 0..6 {
         let text = format!("fine {i}");
@@ -125,7 +107,7 @@ fn a_server_that_crashes_on_rare_calls_is_restarted_at_once_every_time() {
     }
     s.call(json!("last"), "echo", json!({"text": "still fine"}));
     assert_eq!(s.result(&json!("last"))["content"][0]["text"], "still fine");
-    assert_eq!(starts(&s), 7);
+    assert_eq!(s.starts(), 7);
     assert!(
         !s.stderr().contains("restarting the server in"),
         "no restart was delayed: {}",
@@ -136,8 +118,7 @@ fn a_server_that_crashes_on_rare_calls_is_restarted_at_once_every_time() {
 
 #[test]
 fn read_requests_in_flight_are_sent_again() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     // A crash while a read is pending at the server.
     s.call(
         json!("c"),
@@ -152,8 +133,7 @@ fn read_requests_in_flight_are_sent_again() {
 
 #[test]
 fn log_level_and_subscriptions_are_replayed() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.request(json!("l"), "logging/setLevel", json!({"level": "warning"}));
     s.result(&json!("l"));
     s.request(
@@ -182,7 +162,7 @@ fn log_level_and_subscriptions_are_replayed() {
         let m = methods_received(&s);
         m.iter().filter(|x| *x == "logging/setLevel").count() == 2
     });
-    let lines = received(&s);
+    let lines = s.recv_lines();
     let after_restart: Vec<&String> = lines
         .iter()
         .skip_while(|l| !l.contains("\"mode\":\"crash\""))
@@ -220,20 +200,18 @@ fn a_server_crashing_at_start_once_is_restarted() {
         .with_logs()
         .env("MOCK_CRASH_STARTS", "1")
         .start();
-    eventually("the second start", || starts(&s) >= 2);
+    eventually("the second start", || s.starts() >= 2);
     s.initialize();
     s.call(json!(1), "echo", json!({"text": "up"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "up");
-    assert_eq!(starts(&s), 2);
+    assert_eq!(s.starts(), 2);
 }
 
 /// `mcp-retry run --config c.yaml` over the mock, with `extra` policy keys
 /// and the mock's logs in the session's directory.
 fn mock_with(extra: &str) -> Builder {
     let text = format!("servers:\n  m:\n    command: {{mock}}\n{extra}");
-    Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file("c.yaml", &text)
-        .with_logs()
+    Builder::config(&text).with_logs()
 }
 
 #[test]
@@ -265,7 +243,7 @@ fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server(
         .env("MOCK_CRASH_STARTS", "1000")
         .start();
     std::thread::sleep(Duration::from_secs(3));
-    let n = starts(&s);
+    let n = s.starts();
     // 0, 0, 1, 3 s: about four starts in three seconds while nothing
     // waits, not hundreds (fewer on a loaded machine, where each start
     // takes longer; the exact schedule is checked on a fake clock in the
@@ -280,7 +258,7 @@ fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server(
     let message = e["message"].as_str().unwrap();
     assert!(message.contains("exited with status 4"), "{e}");
     // While it waited, the server was probed about every 0.5 s.
-    assert!(starts(&s) >= n + 2, "{} starts after {n}", starts(&s));
+    assert!(s.starts() >= n + 2, "{} starts after {n}", s.starts());
 }
 
 #[test]
@@ -291,7 +269,7 @@ fn failed_probes_never_open_the_breaker() {
             .start();
     // Six failed starts, with nobody asking: the last of them is about 15 s
     // in; three or more fail within four seconds.
-    eventually("three failed starts", || starts(&s) >= 3);
+    eventually("three failed starts", || s.starts() >= 3);
     assert!(!s.stderr().contains("circuit breaker"), "{}", s.stderr());
     // A request brings the next probe forward, waits for it, and is
     // answered by the server once a start works.
@@ -299,14 +277,13 @@ fn failed_probes_never_open_the_breaker() {
     s.result(&json!(1));
     s.request(json!(2), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
     s.result(&json!(2));
-    assert!(starts(&s) >= 7, "{} starts", starts(&s));
+    assert!(s.starts() >= 7, "{} starts", s.starts());
     assert!(!s.stderr().contains("circuit breaker"), "{}", s.stderr());
 }
 
 #[test]
 fn a_changed_tool_list_after_restart_is_announced() {
-    let mut s = Builder::wrap_mock().with_logs().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().with_logs().initialized();
     s.request(json!("t"), "tools/list", json!({}));
     s.result(&json!("t"));
     // The next incarnation lists one more tool (the mock reads the file at start).
@@ -320,8 +297,7 @@ fn a_changed_tool_list_after_restart_is_announced() {
 
 #[test]
 fn server_requests_of_a_dead_server_are_cancelled_for_the_client() {
-    let mut s = Builder::wrap_mock().start();
-    s.initialize();
+    let mut s = Builder::wrap_mock().initialized();
     s.call(json!(1), "echo", json!({"mode": "sample"}));
     let req = s.recv_where("sampling", |v| v["method"] == "sampling/createMessage");
     // Kill the server from the side: it sees its process group signalled.
@@ -343,8 +319,7 @@ fn a_server_killed_between_calls_is_back_for_the_next_call() {
     let mut s = Builder::wrap_mock()
         .with_logs()
         .env("MOCK_PID_FILE", &pid_file.display().to_string())
-        .start();
-    s.initialize();
+        .initialized();
     s.call(json!(1), "unsafe_echo", json!({"text": "before"}));
     s.result(&json!(1));
     let first = crate::util::read_pid(&pid_file);
@@ -419,7 +394,7 @@ fn an_answer_written_before_the_server_exits_reaches_a_client_that_reads_late() 
     s.call(json!("after"), "echo", json!({"text": "after"}));
     assert_eq!(s.result(&json!("after"))["content"][0]["text"], "after");
     assert_eq!(s.executions("idem_echo"), 1);
-    assert_eq!(starts(&s), 2, "the server was started again once");
+    assert_eq!(s.starts(), 2, "the server was started again once");
 }
 
 /// The pids of the processes the mock started to hold its stdout open.
@@ -449,8 +424,7 @@ fn a_descendant_holding_the_exited_servers_stdout_is_stopped() {
     let mut s = Builder::wrap_mock()
         .with_logs()
         .env("MOCK_ORPHAN_STDOUT", "group")
-        .start();
-    s.initialize();
+        .initialized();
     eventually("the stdout holder to start", || !holders(&s).is_empty());
     let _cleanup = KillHolders(s.dir.join("holders.pid"));
     let holder = holders(&s)[0];
@@ -473,8 +447,7 @@ fn a_detached_descendant_holding_stdout_does_not_hold_the_link_forever() {
     let mut s = Builder::wrap_mock()
         .with_logs()
         .env("MOCK_ORPHAN_STDOUT", "setsid")
-        .start();
-    s.initialize();
+        .initialized();
     eventually("the stdout holder to start", || !holders(&s).is_empty());
     let _cleanup = KillHolders(s.dir.join("holders.pid"));
     s.call(json!("crash"), "unsafe_echo", json!({"mode": "crash"}));
@@ -495,8 +468,7 @@ fn a_detached_descendant_holding_stdout_does_not_hold_the_link_forever() {
 fn a_secret_a_crashing_server_printed_in_another_form_is_not_quoted_to_the_client() {
     // The server's last stderr line is quoted in the error: the env value
     // is redacted in any case, URL-encoded or in base64.
-    let mut s = mock_with("    env:\n      API_TOKEN: s3cr3t-valu3\n").start();
-    s.initialize();
+    let mut s = mock_with("    env:\n      API_TOKEN: s3cr3t-valu3\n").initialized();
     s.call(
         json!(1),
         "unsafe_echo",
@@ -513,8 +485,7 @@ fn a_secret_a_crashing_server_printed_in_another_form_is_not_quoted_to_the_clien
 
 #[test]
 fn a_secret_a_crashing_server_printed_across_two_lines_is_not_quoted_to_the_client() {
-    let mut s = mock_with("    env:\n      API_TOKEN: s3cr3t-valu3\n").start();
-    s.initialize();
+    let mut s = mock_with("    env:\n      API_TOKEN: s3cr3t-valu3\n").initialized();
     s.call(
         json!(1),
         "unsafe_echo",

@@ -36,14 +36,11 @@ impl Runtime {
 /// `mcp-retry run` of server `name` (the mock, with `extra` config lines),
 /// publishing into `dir`, after the handshake.
 fn proxy(dir: &Path, name: &str, extra: &str) -> Session {
-    let mut s = Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
-        .file(
-            "c.yaml",
-            &format!("servers:\n  {name}:\n    command: {{mock}}\n{extra}"),
-        )
-        .env("MCP_RETRY_RUNTIME_DIR", &dir.display().to_string())
-        .start();
-    s.initialize();
+    let s = Builder::config(&format!(
+        "servers:\n  {name}:\n    command: {{mock}}\n{extra}"
+    ))
+    .env("MCP_RETRY_RUNTIME_DIR", &dir.display().to_string())
+    .initialized();
     s
 }
 

@@ -92,6 +92,23 @@ impl Builder {
     pub fn wrap_mock() -> Builder {
         Builder::proxy(&["run", "--", MOCK])
     }
+    /// `mcp-retry run --config c.yaml` with this config (written as
+    /// [`Builder::file`] writes it).
+    pub fn config(yaml: &str) -> Builder {
+        Builder::proxy(&["run", "--config", "{dir}/c.yaml"]).file("c.yaml", yaml)
+    }
+    /// [`Builder::config`] naming the mock `mock` with `policy` (YAML
+    /// lines, any common indent) under it; the mock's logs on.
+    pub fn mock_with(policy: &str) -> Builder {
+        Builder::config(&server_entry("mock:\n  command: {mock}", policy)).with_logs()
+    }
+    /// [`Builder::config`] naming the server at `url` `remote`, with
+    /// `policy` (YAML lines, any common indent) under it; no proxy for
+    /// loopback.
+    pub fn remote_with(url: &str, policy: &str) -> Builder {
+        let entry = format!("remote:\n  url: {url}");
+        Builder::config(&server_entry(&entry, policy)).env("NO_PROXY", "127.0.0.1")
+    }
     /// `mcp-retry ARGS` (paths relative to the session's temp dir work via `{dir}`).
     pub fn proxy(args: &[&str]) -> Builder {
         Builder {
@@ -152,6 +169,12 @@ impl Builder {
             .env("MOCK_RECV_LOG", &d.join("recv.log").display().to_string())
             .env("MOCK_STATE_DIR", &d.display().to_string())
     }
+    /// Started, and through the handshake a client does.
+    pub fn initialized(self) -> Session {
+        let mut s = self.start();
+        s.initialize();
+        s
+    }
     pub fn start(self) -> Session {
         let dir = path_text(self.dir.path());
         let args: Vec<String> = self.args.iter().map(|a| a.replace("{dir}", &dir)).collect();
@@ -202,6 +225,33 @@ impl Builder {
             dir: self.dir,
         }
     }
+}
+
+/// A config of one server: `servers:` above `entry` (its name line and
+/// first key) and `policy` (any common indent) under the name.
+fn server_entry(entry: &str, policy: &str) -> String {
+    let mut yaml = String::from("servers:\n");
+    for line in entry.lines() {
+        yaml.push_str(&format!("  {line}\n"));
+    }
+    for line in dedent(policy).lines() {
+        yaml.push_str(&format!("    {line}\n"));
+    }
+    yaml
+}
+
+/// `text` without its common leading indentation, blank lines dropped.
+pub fn dedent(text: &str) -> String {
+    let indent = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| format!("{}\n", &l[indent..]))
+        .collect()
 }
 
 fn spawn_line_reader(stdout: ChildStdout, tx: crossbeam_channel::Sender<String>) {
@@ -521,6 +571,24 @@ impl Session {
         self.log("recv.log")
     }
 
+    /// Every line the mock read (MOCK_RECV_LOG), as text.
+    pub fn recv_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("recv.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// How many times the mock started (its MOCK_STATE_DIR count); 0
+    /// before the first.
+    pub fn starts(&self) -> u32 {
+        std::fs::read_to_string(self.dir.join("starts"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// The messages the mock read with this `method`.
     pub fn received(&self, method: &str) -> Vec<Value> {
         self.recv_log()
@@ -648,13 +716,27 @@ pub fn alive(pid: i32) -> bool {
 /// True while a process with this pid exists (and is not a zombie).
 #[cfg(unix)]
 pub fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
-            !state.starts_with('Z') && !state.starts_with('X')
-        }
-        Err(_) => false,
-    }
+    stat_fields(pid).is_some_and(|f| !f.first().is_some_and(|s| s == "Z" || s == "X"))
+}
+
+/// Every process in /proc, by pid.
+#[cfg(unix)]
+pub fn pids() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect()
+}
+
+/// The fields of `/proc/PID/stat` after the command name: state, ppid,
+/// pgrp, ...; `None` once the process is gone.
+#[cfg(unix)]
+pub fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = stat.rsplit(')').next().unwrap_or("");
+    Some(after_name.split_whitespace().map(str::to_owned).collect())
 }
 
 /// Waits until `pid` is gone; false if it is still alive after `d`.
@@ -713,63 +795,4 @@ impl Session {
         }
         got
     }
-}
-
-/// One HTTP/1.1 request as a test's loopback server reads it.
-pub struct HttpRequest {
-    /// `POST /v1/traces HTTP/1.1`.
-    pub start: String,
-    /// Header names in lowercase, values trimmed, in order.
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl HttpRequest {
-    /// The request target: `/v1/traces`.
-    pub fn path(&self) -> &str {
-        self.start.split_whitespace().nth(1).unwrap_or("")
-    }
-
-    /// The first header named `name` (lowercase).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Reads the next request (its body too, so that closing afterwards is not
-/// a reset); `None` at the end of the connection or on a broken one.
-pub fn read_http_request(r: &mut impl BufRead) -> Option<HttpRequest> {
-    let mut start = String::new();
-    if r.read_line(&mut start).ok()? == 0 {
-        return None;
-    }
-    let mut headers = Vec::new();
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
-        }
-    }
-    let request = HttpRequest {
-        start: start.trim_end().to_owned(),
-        headers,
-        body: Vec::new(),
-    };
-    let length = request
-        .header("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; length];
-    std::io::Read::read_exact(r, &mut body).ok()?;
-    Some(HttpRequest { body, ..request })
 }

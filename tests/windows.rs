@@ -32,8 +32,7 @@ fn shim_round_trip(args: &[&str]) -> Value {
     for a in args {
         b = b.arg(a);
     }
-    let mut s = b.start();
-    s.initialize();
+    let mut s = b.initialized();
     s.call(json!(1), "echo", json!({"text": "via the shim"}));
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "via the shim");
     // The log names the file that was found.
@@ -93,11 +92,10 @@ fn start_with_grandchild(b: Builder) -> (Session, [(&'static str, i32); 2]) {
     let b = b.env("MOCK_GRANDCHILD", "1");
     let state = b.dir().join("state");
     let pid_file = b.dir().join("server.pid");
-    let mut s = b
+    let s = b
         .env("MOCK_STATE_DIR", &state.display().to_string())
         .env("MOCK_PID_FILE", &pid_file.display().to_string())
-        .start();
-    s.initialize();
+        .initialized();
     let server = read_pid(&pid_file);
     let grandchild = read_pid(&state.join("grandchild.pid"));
     (s, [("server", server), ("grandchild", grandchild)])
