@@ -226,7 +226,7 @@ macro_rules! debug {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::cell::RefCell;
 
@@ -252,7 +252,7 @@ mod tests {
     }
 
     /// The lines `f` logs on this thread, every level on.
-    fn capture(f: impl FnOnce()) -> Vec<String> {
+    pub(crate) fn capture(f: impl FnOnce()) -> Vec<String> {
         CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
         f();
         CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default()

@@ -67,7 +67,7 @@ pub fn runtime_dir(explicit: Option<&Path>) -> PathBuf {
 }
 
 #[cfg(unix)]
-fn uid() -> u32 {
+pub(crate) fn uid() -> u32 {
     // SAFETY: getuid(2) has no preconditions and cannot fail.
     unsafe { libc::getuid() }
 }
@@ -76,7 +76,7 @@ fn uid() -> u32 {
 /// which its ACL keeps to the user), so no uid is needed to tell users'
 /// directories apart, nor a mode to check; 0 stands for "us".
 #[cfg(windows)]
-fn uid() -> u32 {
+pub(crate) fn uid() -> u32 {
     0
 }
 
