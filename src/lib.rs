@@ -17,6 +17,7 @@ mod dispatcher;
 mod downstream;
 mod fasthash;
 mod guard;
+mod handshake_cache;
 pub mod http;
 /// JSON-RPC lines: a crate of its own (`crates/jsonrpc`) so that the hot
 /// path's parsing is compiled for speed in a binary compiled for size.

@@ -1,0 +1,608 @@
+//! The handshake cache's storage (issue "Instant start"): per server, the
+//! `initialize` result for the protocol version the client asked for and
+//! the complete `tools/list`, `prompts/list`, `resources/list` and
+//! `resources/templates/list` results, kept between sessions so that a
+//! later session can answer them before the server is up.
+//!
+//! Owns where the cache lives ([`cache_dir`]: [`DIR_ENV`], else
+//! `$XDG_CACHE_HOME/mcp-retry` or `~/.cache/mcp-retry` on Unix,
+//! `~/Library/Caches/mcp-retry` on macOS, `%LOCALAPPDATA%\mcp-retry\cache`
+//! on Windows), the per-user key kept beside the entries (`key`, 32 random
+//! bytes from the operating system), an entry's name (BLAKE3 in keyed mode
+//! over a server's [`Identity`], hex, `<hex>.json`) and its file
+//! ([`Entry`], JSON). The directory must be ours with mode 0700 (created
+//! so, the rule of `status::judge_dir`); the key and the entries must be
+//! regular files of ours with mode 0600, written atomically (a temporary
+//! file of the same directory, then linked or renamed). Anything else is
+//! ignored with a warning: no cache, never a failure. On Windows only the
+//! kind of file is checked, as for the runtime directory: the files keep
+//! the ACL they inherit from the user's profile (`%LOCALAPPDATA%`), which
+//! keeps them to the user; no ACL of our own is set.
+//!
+//! An entry never holds an env value, a header value or a tool result: the
+//! identity is only hashed into the name, and the lists are what the server
+//! declares, not what its tools return.
+//!
+//! Knows nothing of the dispatcher, the protocol's messages or the config
+//! file's keys: the proxy hands it an [`Identity`] (from a
+//! `config::ServerConfig`) and the raw JSON of the results. Not wired yet:
+//! the dispatcher (answering from an entry, storing the real server's
+//! answers), `check` (warming) and the `instant_start` key will use
+//! [`Cache::open_default`], [`Cache::load`], [`Cache::store`] and
+//! [`Cache::invalidate`]; until then only the tests use the module, which
+//! allows dead code for that reason alone.
+
+#![forbid(unsafe_code)]
+#![allow(dead_code)] // Until the wiring described above.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs;
+use std::io::{self, Read, Write};
+#[cfg(unix)]
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::config::{ServerConfig, Transport};
+use crate::status::{self, DirError};
+
+/// The environment variable that overrides the cache directory.
+pub const DIR_ENV: &str = "MCP_RETRY_CACHE_DIR";
+/// The largest entry file read; a larger one is ignored.
+pub const MAX_ENTRY_BYTES: u64 = 8 * 1024 * 1024;
+/// The key's length in bytes (BLAKE3's key).
+pub const KEY_LEN: usize = 32;
+/// The key's file name, beside the entries.
+const KEY_FILE: &str = "key";
+/// The format of an entry file; other formats are a miss.
+const FORMAT: u32 = 1;
+
+// ----- where it lives ------------------------------------------------------------
+
+/// The cache directory from the process's environment; `None` when no
+/// home (or `%LOCALAPPDATA%`) is known.
+pub fn cache_dir() -> Option<PathBuf> {
+    cache_dir_from(|name| std::env::var_os(name))
+}
+
+/// [`cache_dir`] with the environment as a function, for the tests.
+/// Relative paths in the variables are not used.
+fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    let path = |name: &str| {
+        var(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    if let Some(p) = path(DIR_ENV) {
+        return Some(p);
+    }
+    if cfg!(windows) {
+        return path("LOCALAPPDATA").map(|p| p.join("mcp-retry").join("cache"));
+    }
+    if cfg!(target_os = "macos") {
+        return path("HOME").map(|p| p.join("Library").join("Caches").join("mcp-retry"));
+    }
+    if let Some(p) = path("XDG_CACHE_HOME") {
+        return Some(p.join("mcp-retry"));
+    }
+    path("HOME").map(|p| p.join(".cache").join("mcp-retry"))
+}
+
+// ----- what a file must be ---------------------------------------------------------
+
+/// What [`judge_file`] looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileFacts {
+    pub is_file: bool,
+    pub is_symlink: bool,
+    pub owner: u32,
+    pub mode: u32,
+    pub len: u64,
+}
+
+/// What is wrong with the key or an entry file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileProblem {
+    SymbolicLink,
+    NotAFile,
+    Owner {
+        owner: u32,
+        me: u32,
+    },
+    Mode(u32),
+    /// Larger than the bound (`len`, `max`).
+    TooLarge(u64, u64),
+    /// Not [`KEY_LEN`] bytes (the key).
+    WrongSize(u64),
+}
+
+impl fmt::Display for FileProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FileProblem::SymbolicLink => f.write_str("is a symbolic link, not a file"),
+            FileProblem::NotAFile => f.write_str("is not a regular file"),
+            FileProblem::Owner { owner, me } => {
+                write!(f, "is owned by uid {owner}, not by us (uid {me})")
+            }
+            FileProblem::Mode(mode) => write!(f, "has mode {mode:04o}, not 0600"),
+            FileProblem::TooLarge(len, max) => write!(f, "has {len} bytes, more than {max}"),
+            FileProblem::WrongSize(len) => write!(f, "has {len} bytes, not {KEY_LEN}"),
+        }
+    }
+}
+
+/// The rule for the key and the entries, pure: a regular file (not a
+/// link) owned by `me`, mode 0600, of at most `max_len` bytes.
+pub fn judge_file(f: &FileFacts, me: u32, max_len: u64) -> Result<(), FileProblem> {
+    if f.is_symlink {
+        return Err(FileProblem::SymbolicLink);
+    }
+    if !f.is_file {
+        return Err(FileProblem::NotAFile);
+    }
+    if f.owner != me {
+        return Err(FileProblem::Owner { owner: f.owner, me });
+    }
+    if f.mode & 0o777 != 0o600 {
+        return Err(FileProblem::Mode(f.mode & 0o777));
+    }
+    if f.len > max_len {
+        return Err(FileProblem::TooLarge(f.len, max_len));
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn file_facts(meta: &fs::Metadata) -> FileFacts {
+    FileFacts {
+        is_file: meta.is_file(),
+        is_symlink: meta.file_type().is_symlink(),
+        owner: meta.uid(),
+        mode: meta.mode() & 0o7777,
+        len: meta.len(),
+    }
+}
+
+/// Windows: ownership and access are the profile's ACL (see the module
+/// doc); only the kind of file and its size are checked.
+#[cfg(windows)]
+fn file_facts(meta: &fs::Metadata) -> FileFacts {
+    FileFacts {
+        is_file: meta.is_file(),
+        is_symlink: meta.file_type().is_symlink(),
+        owner: status::uid(),
+        mode: 0o600,
+        len: meta.len(),
+    }
+}
+
+/// Why a file was not read.
+#[derive(Debug)]
+pub enum ReadError {
+    /// There is none (a plain miss).
+    Missing,
+    Io(io::Error),
+    /// It is not ours alone, or too large (see [`FileProblem`]).
+    Refused(FileProblem),
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Missing => f.write_str("does not exist"),
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Refused(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+/// Reads `path` if it passes [`judge_file`] with `max_len`: looked at
+/// without following a link, then opened without following one and
+/// without blocking (Unix: a FIFO put there cannot hang the proxy), judged
+/// again as opened, and read no further than `max_len` bytes.
+fn read_checked(path: &Path, max_len: u64) -> Result<Vec<u8>, ReadError> {
+    let judge = |meta: &fs::Metadata| {
+        judge_file(&file_facts(meta), status::uid(), max_len).map_err(ReadError::Refused)
+    };
+    let meta = fs::symlink_metadata(path).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => ReadError::Missing,
+        _ => ReadError::Io(e),
+    })?;
+    judge(&meta)?;
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    options.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
+    let file = options.open(path).map_err(ReadError::Io)?;
+    let meta = file.metadata().map_err(ReadError::Io)?;
+    judge(&meta)?;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(max_len + 1)
+        .read_to_end(&mut bytes)
+        .map_err(ReadError::Io)?;
+    if bytes.len() as u64 > max_len {
+        let len = bytes.len() as u64;
+        return Err(ReadError::Refused(FileProblem::TooLarge(len, max_len)));
+    }
+    Ok(bytes)
+}
+
+/// A new file of `dir`, mode 0600 (whatever the umask), holding `bytes`,
+/// under a name no one else uses: the caller links or renames it into
+/// place, and removes it if that fails.
+fn write_temporary(dir: &Path, stem: &str, bytes: &[u8]) -> io::Result<PathBuf> {
+    loop {
+        let tmp = dir.join(format!(
+            ".{stem}.{}.{:016x}.tmp",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        options.mode(0o600);
+        let mut file = match options.open(&tmp) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        };
+        // The mode asked for went through the umask; make sure of 0600.
+        #[cfg(unix)]
+        let written = file
+            .set_permissions(fs::Permissions::from_mode(0o600))
+            .and_then(|()| file.write_all(bytes));
+        #[cfg(not(unix))]
+        let written = file.write_all(bytes);
+        return match written {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
+        };
+    }
+}
+
+// ----- the key ---------------------------------------------------------------------
+
+/// Why the cache cannot be used at all.
+#[derive(Debug)]
+pub enum OpenError {
+    /// No directory is known (no home).
+    NoDirectory,
+    Dir(DirError),
+    /// The key could not be read or refused (see [`ReadError`]).
+    Key(PathBuf, ReadError),
+    /// A new key could not be made or written.
+    NewKey(PathBuf, io::Error),
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::NoDirectory => {
+                write!(f, "no cache directory (set HOME or {DIR_ENV})")
+            }
+            OpenError::Dir(e) => write!(f, "{e}"),
+            OpenError::Key(path, e) => write!(f, "{}: {e}", path.display()),
+            OpenError::NewKey(path, e) => write!(f, "cannot create {}: {e}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// The key in `dir`, made on first use: 32 bytes of the operating
+/// system's randomness written to a temporary file, then linked as `key`,
+/// which fails if it exists (as `create_new` does), so that two proxies
+/// starting at once both end up with the one that got there first, whole.
+fn key_in(dir: &Path) -> Result<[u8; KEY_LEN], OpenError> {
+    let path = dir.join(KEY_FILE);
+    match read_key(&path) {
+        Err(ReadError::Missing) => {}
+        other => return other.map_err(|e| OpenError::Key(path, e)),
+    }
+    let mut key = [0u8; KEY_LEN];
+    getrandom::fill(&mut key)
+        .map_err(|e| OpenError::NewKey(path.clone(), io::Error::other(e.to_string())))?;
+    let tmp =
+        write_temporary(dir, KEY_FILE, &key).map_err(|e| OpenError::NewKey(path.clone(), e))?;
+    let linked = fs::hard_link(&tmp, &path);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(key),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            read_key(&path).map_err(|e| OpenError::Key(path, e))
+        }
+        Err(e) => Err(OpenError::NewKey(path, e)),
+    }
+}
+
+fn read_key(path: &Path) -> Result<[u8; KEY_LEN], ReadError> {
+    let bytes = read_checked(path, KEY_LEN as u64).map_err(|e| match e {
+        ReadError::Refused(FileProblem::TooLarge(len, _)) => {
+            ReadError::Refused(FileProblem::WrongSize(len))
+        }
+        e => e,
+    })?;
+    bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| ReadError::Refused(FileProblem::WrongSize(b.len() as u64)))
+}
+
+// ----- the identity ------------------------------------------------------------------
+
+/// What identifies a server to the cache: how it is started or reached,
+/// and the proxy's version. Only ever hashed: its values (env, headers)
+/// are secrets.
+#[derive(Debug, Clone)]
+pub struct Identity<'a> {
+    pub transport: Transport,
+    pub command: &'a str,
+    pub args: &'a [String],
+    pub cwd: Option<&'a Path>,
+    pub url: &'a str,
+    pub env: &'a [(String, String)],
+    pub headers: &'a [(String, String)],
+    /// The command, not its output (which rotates).
+    pub headers_helper: Option<&'a str>,
+    pub version: &'a str,
+}
+
+impl<'a> Identity<'a> {
+    /// `server`'s identity, with this proxy's version.
+    pub fn of(server: &'a ServerConfig) -> Identity<'a> {
+        Identity {
+            transport: server.transport,
+            command: &server.command,
+            args: &server.args,
+            cwd: server.cwd.as_deref(),
+            url: &server.url,
+            env: &server.env,
+            headers: &server.headers,
+            headers_helper: server.headers_helper.as_deref(),
+            version: env!("CARGO_PKG_VERSION"),
+        }
+    }
+
+    /// Every field into `h`, each length-prefixed (lists by their count,
+    /// absent values by a tag), so that no two identities feed the same
+    /// bytes.
+    fn feed(&self, h: &mut blake3::Hasher) {
+        fn bytes(h: &mut blake3::Hasher, b: &[u8]) {
+            h.update(&(b.len() as u64).to_le_bytes());
+            h.update(b);
+        }
+        fn count(h: &mut blake3::Hasher, n: usize) {
+            h.update(&(n as u64).to_le_bytes());
+        }
+        fn optional(h: &mut blake3::Hasher, b: Option<&[u8]>) {
+            match b {
+                None => {
+                    h.update(&[0]);
+                }
+                Some(b) => {
+                    h.update(&[1]);
+                    bytes(h, b);
+                }
+            }
+        }
+        fn pairs(h: &mut blake3::Hasher, list: &[(String, String)]) {
+            count(h, list.len());
+            for (name, value) in list {
+                bytes(h, name.as_bytes());
+                bytes(h, value.as_bytes());
+            }
+        }
+        bytes(h, b"mcp-retry handshake cache identity 1");
+        bytes(h, self.version.as_bytes());
+        h.update(&[match self.transport {
+            Transport::Stdio => 0,
+            Transport::Http => 1,
+        }]);
+        bytes(h, self.command.as_bytes());
+        count(h, self.args.len());
+        for arg in self.args {
+            bytes(h, arg.as_bytes());
+        }
+        optional(h, self.cwd.map(|p| p.as_os_str().as_encoded_bytes()));
+        bytes(h, self.url.as_bytes());
+        pairs(h, self.env);
+        pairs(h, self.headers);
+        optional(h, self.headers_helper.map(str::as_bytes));
+    }
+}
+
+// ----- the entry -----------------------------------------------------------------------
+
+/// What the cache keeps of one server's handshake. The results are the
+/// servers' raw JSON: `initialize`'s `result`, and each list's items,
+/// all pages merged (`{"tools":[...]}`); a list is `None` when the
+/// server did not declare it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Entry {
+    /// The protocol version the client asked for in its `initialize`.
+    pub protocol_version: String,
+    pub initialize: Box<RawValue>,
+    pub tools: Option<Box<RawValue>>,
+    pub prompts: Option<Box<RawValue>>,
+    pub resources: Option<Box<RawValue>>,
+    pub resource_templates: Option<Box<RawValue>>,
+    /// When it was stored, in milliseconds since the UNIX epoch.
+    pub stored_at_ms: u64,
+}
+
+impl Entry {
+    /// An entry stored now, with no lists yet.
+    pub fn new(protocol_version: &str, initialize: Box<RawValue>) -> Entry {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Entry {
+            protocol_version: protocol_version.to_owned(),
+            initialize,
+            tools: None,
+            prompts: None,
+            resources: None,
+            resource_templates: None,
+            stored_at_ms: now,
+        }
+    }
+}
+
+/// The file: the entry with its format.
+#[derive(Serialize, Deserialize)]
+struct EntryFile<E> {
+    format: u32,
+    entry: E,
+}
+
+/// Why [`Cache::load`] found no entry.
+#[derive(Debug)]
+pub enum LoadError {
+    Read(ReadError),
+    /// Not JSON of an entry (cut short, corrupt, another format).
+    Corrupt(String),
+    /// Stored for another protocol version (the one it has).
+    OtherVersion(String),
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Read(e) => write!(f, "{e}"),
+            LoadError::Corrupt(e) => write!(f, "is not a cache entry ({e})"),
+            LoadError::OtherVersion(v) => write!(f, "is for protocol version {v}"),
+        }
+    }
+}
+
+// ----- the cache -----------------------------------------------------------------------
+
+/// An open cache: its directory (checked) and its key.
+pub struct Cache {
+    dir: PathBuf,
+    key: [u8; KEY_LEN],
+}
+
+impl fmt::Debug for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the key.
+        f.debug_struct("Cache").field("dir", &self.dir).finish()
+    }
+}
+
+impl Cache {
+    /// The cache at [`cache_dir`], or `None` with a warning saying why it
+    /// is not used.
+    pub fn open_default() -> Option<Cache> {
+        let opened = cache_dir()
+            .ok_or(OpenError::NoDirectory)
+            .and_then(|dir| Cache::open(&dir));
+        match opened {
+            Ok(cache) => Some(cache),
+            Err(e) => {
+                crate::warn!("handshake cache not used: {e}");
+                None
+            }
+        }
+    }
+
+    /// The cache at `dir`: created (0700) if missing, refused unless it is
+    /// ours with mode 0700; its key read, or made on first use.
+    pub fn open(dir: &Path) -> Result<Cache, OpenError> {
+        status::prepare_dir(dir).map_err(OpenError::Dir)?;
+        let key = key_in(dir)?;
+        Ok(Cache {
+            dir: dir.to_owned(),
+            key,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The entry's file name for `id`: `<hex of the keyed hash>.json`.
+    pub fn name(&self, id: &Identity<'_>) -> String {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        id.feed(&mut h);
+        format!("{}.json", h.finalize().to_hex())
+    }
+
+    fn path(&self, id: &Identity<'_>) -> PathBuf {
+        self.dir.join(self.name(id))
+    }
+
+    /// `id`'s entry for `protocol_version`, if there is a usable one. A
+    /// file that is not ours alone, is too large or is not an entry is
+    /// ignored with a warning; another version is a miss.
+    pub fn load(&self, id: &Identity<'_>, protocol_version: &str) -> Option<Entry> {
+        let path = self.path(id);
+        match self.read_at(&path, protocol_version) {
+            Ok(entry) => Some(entry),
+            Err(LoadError::Read(ReadError::Missing)) => None,
+            Err(e @ LoadError::OtherVersion(_)) => {
+                crate::debug!(
+                    "handshake cache: {} {e}, not {protocol_version}",
+                    path.display()
+                );
+                None
+            }
+            Err(e) => {
+                crate::warn!("handshake cache: ignoring {}: {e}", path.display());
+                None
+            }
+        }
+    }
+
+    /// [`Cache::load`] with the reason for a miss, for a caller that
+    /// reports it.
+    pub fn read(&self, id: &Identity<'_>, protocol_version: &str) -> Result<Entry, LoadError> {
+        self.read_at(&self.path(id), protocol_version)
+    }
+
+    fn read_at(&self, path: &Path, protocol_version: &str) -> Result<Entry, LoadError> {
+        let bytes = read_checked(path, MAX_ENTRY_BYTES).map_err(LoadError::Read)?;
+        let file: EntryFile<Entry> =
+            serde_json::from_slice(&bytes).map_err(|e| LoadError::Corrupt(e.to_string()))?;
+        if file.format != FORMAT {
+            return Err(LoadError::Corrupt(format!("format {}", file.format)));
+        }
+        if file.entry.protocol_version != protocol_version {
+            return Err(LoadError::OtherVersion(file.entry.protocol_version));
+        }
+        Ok(file.entry)
+    }
+
+    /// Stores `entry` as `id`'s, replacing the one there: written whole to
+    /// a temporary file (0600) of the directory, then renamed over it.
+    pub fn store(&self, id: &Identity<'_>, entry: &Entry) -> io::Result<()> {
+        let name = self.name(id);
+        let text = serde_json::to_vec(&EntryFile {
+            format: FORMAT,
+            entry,
+        })?;
+        let tmp = write_temporary(&self.dir, &name, &text)?;
+        fs::rename(&tmp, self.dir.join(&name)).inspect_err(|_| {
+            let _ = fs::remove_file(&tmp);
+        })
+    }
+
+    /// Removes `id`'s entry (the server's answers contradict it); none is
+    /// not an error.
+    pub fn invalidate(&self, id: &Identity<'_>) -> io::Result<()> {
+        match fs::remove_file(self.path(id)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
