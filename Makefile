@@ -13,7 +13,7 @@ STATIC_TARGET ?= x86_64-unknown-linux-musl
 # `make static` fails when the binary (with TLS) reaches these sizes: the
 # project's 4.5 MB for the musl one (3,840,248 bytes, 1.95 MB gzipped);
 # the glibc fallback has about 1 MB of glibc's own static code more (see
-# README.md, *Static binary*).
+# docs/platforms.md, *Static binary*).
 STATIC_MAX_BYTES ?= 4500000
 GLIBC_STATIC_MAX_BYTES ?= 5500000
 
@@ -114,11 +114,11 @@ lint:
 	$(CARGO) clippy --no-default-features --target aarch64-apple-darwin --all-targets -- -D warnings
 	$(CARGO) clippy --no-default-features --target $(WINDOWS_TARGET) --bins --tests -- -D warnings
 
-# Regenerates README.md's config key table and the `defaults:` part of
+# Regenerates docs/configuration.md's config key table and the `defaults:` part of
 # examples/mcp-retry.yaml from the key table in src/config/keys.rs. The test
 # that otherwise fails when they are out of date writes them instead.
 docs:
-	MCP_RETRY_WRITE_DOCS=1 $(CARGO) test --quiet --lib config::docs::tests::readme_and_example_are_up_to_date
+	MCP_RETRY_WRITE_DOCS=1 $(CARGO) test --quiet --lib config::docs::tests::key_table_and_example_are_up_to_date
 
 # The `fast` profile (Cargo.toml): no LTO, parallel codegen, so a fresh
 # clone shows the demo in about a minute. `install`, `static`, `bench` and

@@ -15,8 +15,8 @@
 //! and defaults), `values.rs` (typed values), `expand.rs` (`${VAR}`),
 //! `env_file.rs` (dotenv), `duration.rs`, `suggest.rs` ("did you mean").
 //! The keys themselves are spelled once, in the tables of `keys.rs`;
-//! `docs.rs` makes the JSON Schema, the README's key table and the
-//! example's `defaults:` from the same tables.
+//! `docs.rs` makes the JSON Schema, the key table of
+//! docs/configuration.md and the example's `defaults:` from the same tables.
 
 #![forbid(unsafe_code)]
 

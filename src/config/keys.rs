@@ -7,8 +7,8 @@
 //! An entry names its key, how its value is read and checked ([`Kind`]), its
 //! default ([`Def`]), one line of documentation and the field of
 //! [`ServerConfig`] (or [`ToolConfig`]) it sets. The walker reads, merges
-//! and applies policy keys through these tables alone; the README's key
-//! table, `examples/mcp-retry.yaml`'s `defaults:` and the JSON Schema are
+//! and applies policy keys through these tables alone; the key table of
+//! docs/configuration.md, `examples/mcp-retry.yaml`'s `defaults:` and the JSON Schema are
 //! generated from them (`docs.rs`). Adding a policy key is one entry here
 //! plus the field that uses it. Knows nothing of files or the node tree.
 
@@ -66,7 +66,7 @@ pub(super) enum Def {
     /// A duration in seconds.
     Secs(f64),
     Int(u64),
-    /// A count of bytes (shown as MiB in the README).
+    /// A count of bytes (shown as MiB in the key table).
     Bytes(u64),
     Bool(bool),
     Number(f64),
