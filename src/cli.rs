@@ -18,7 +18,7 @@ use crate::log;
 
 pub const HELP: &str = "\
 mcp-retry: makes MCP servers reliable (safe retries, timeouts, dedup, caching,
-a circuit breaker and respawn) as a transparent stdio proxy
+a circuit breaker and respawn) as a transparent proxy, for local (stdio) and remote servers
 
 Usage:
   mcp-retry run --config FILE [--server NAME]

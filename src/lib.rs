@@ -1,4 +1,4 @@
-//! mcp-retry: a transparent stdio proxy that makes MCP servers reliable.
+//! mcp-retry: a transparent proxy that makes MCP servers (stdio or remote) reliable.
 //!
 //! The library holds everything the `mcp-retry` binary does: one module per
 //! mode (`proxy` for `run`, `check`, `status::report`), the parts they are
