@@ -18,8 +18,8 @@ mod downstream;
 mod fasthash;
 mod guard;
 pub mod http;
-/// JSON-RPC lines: a crate of its own (`crates/jsonrpc`) so that the hot
-/// path's parsing is compiled for speed in a binary compiled for size.
+/// JSON-RPC lines: a crate of its own (`crates/jsonrpc`), which knows
+/// nothing of the proxy's modules, threads or policies.
 pub use mcp_retry_jsonrpc as jsonrpc;
 pub mod log;
 mod otel;
