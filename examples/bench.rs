@@ -20,9 +20,11 @@
 //! ratios to the relay) and, with `--write FILE`, replaces the results block of
 //! `FILE` (between `<!-- bench:begin -->` and `<!-- bench:end -->`).
 //!
-//! Usage: `bench [--reps N] [--quick] [--baseline MCP_RETRY] [--otel ENDPOINT]
-//! [--write FILE]` (`--baseline` measures another mcp-retry binary in the
-//! same rounds, for before/after figures; `--otel` measures mcp-retry with
+//! Usage: `bench [--reps N] [--quick] [--baseline [LABEL=]MCP_RETRY]...
+//! [--otel ENDPOINT] [--write FILE]` (`--baseline` measures another
+//! mcp-retry binary in the same rounds, for before/after figures; given
+//! more than once, each is a target of its own, named by its LABEL;
+//! `--otel` measures mcp-retry with
 //! OpenTelemetry export to ENDPOINT in the same rounds: `closed` for a
 //! loopback port nothing listens on, `sink` for a receiver in this process
 //! that takes every POST and answers 200), or `bench relay|staged -- COMMAND
@@ -82,7 +84,7 @@ fn main() {
         reps: 5,
         quick: false,
         write: None,
-        baseline: None,
+        baseline: Vec::new(),
         otel: None,
         pressure_only: false,
     };
@@ -99,11 +101,10 @@ fn main() {
             "--quick" => opts.quick = true,
             "--pressure-only" => opts.pressure_only = true,
             "--baseline" => {
-                opts.baseline = Some(
-                    it.next()
-                        .map(PathBuf::from)
-                        .unwrap_or_else(|| fail("--baseline needs an mcp-retry binary")),
-                )
+                let arg = it
+                    .next()
+                    .unwrap_or_else(|| fail("--baseline needs an mcp-retry binary"));
+                opts.baseline.push(labelled(&arg));
             }
             "--otel" => {
                 opts.otel = Some(
@@ -120,13 +121,24 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--baseline MCP_RETRY] [--otel ENDPOINT|closed] [--write FILE]");
+                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
         }
     }
     run_all(&opts);
+}
+
+/// A `--baseline` argument: `LABEL=PATH` (a label has no `/`), or a path,
+/// which is then its own label.
+fn labelled(arg: &str) -> (String, PathBuf) {
+    match arg.split_once('=') {
+        Some((label, path)) if !label.is_empty() && !label.contains('/') => {
+            (label.to_owned(), PathBuf::from(path))
+        }
+        _ => (arg.to_owned(), PathBuf::from(arg)),
+    }
 }
 
 /// `--otel`'s endpoint: `closed` is a loopback port that was free a
@@ -213,8 +225,8 @@ struct Options {
     /// Fewer calls, for trying the bench itself.
     quick: bool,
     write: Option<PathBuf>,
-    /// Another mcp-retry binary to measure in the same rounds.
-    baseline: Option<PathBuf>,
+    /// Other mcp-retry binaries to measure in the same rounds, with labels.
+    baseline: Vec<(String, PathBuf)>,
     /// Also measure mcp-retry exporting to this OTLP endpoint.
     otel: Option<String>,
     /// Only the memory scenarios under pressure (printed, never written).
@@ -388,9 +400,9 @@ enum Via {
     Relay,
     Staged,
     Proxy,
-    /// Another mcp-retry binary (`--baseline`), for before/after figures
-    /// taken in the same rounds.
-    Baseline,
+    /// Another mcp-retry binary (the `--baseline` of this index), for
+    /// before/after figures taken in the same rounds.
+    Baseline(usize),
     /// mcp-retry with OpenTelemetry export on (`--otel`).
     Export,
 }
@@ -405,7 +417,7 @@ impl Via {
             Via::Relay => "relay",
             Via::Staged => "staged relay",
             Via::Proxy => "mcp-retry",
-            Via::Baseline => "baseline mcp-retry",
+            Via::Baseline(_) => "baseline mcp-retry",
             Via::Export => "mcp-retry, export on",
         }
     }
@@ -413,7 +425,7 @@ impl Via {
 
 struct Bins {
     proxy: PathBuf,
-    baseline: Option<PathBuf>,
+    baseline: Vec<(String, PathBuf)>,
     /// The endpoint of the export-on target.
     otel: Option<String>,
     mock: PathBuf,
@@ -441,7 +453,7 @@ impl Bins {
         };
         Bins {
             proxy: pick("MCP_RETRY_BIN", "mcp-retry"),
-            baseline: None,
+            baseline: Vec::new(),
             otel: None,
             mock: pick("MOCK_BIN", "mock-mcp-server"),
             me,
@@ -458,9 +470,9 @@ impl Bins {
                 c.args([mode, "--", server[0]]);
                 c
             }
-            Via::Proxy | Via::Baseline | Via::Export => {
-                let bin = match (via, &self.baseline) {
-                    (Via::Baseline, Some(b)) => b,
+            Via::Proxy | Via::Baseline(_) | Via::Export => {
+                let bin = match via {
+                    Via::Baseline(i) => &self.baseline[i].1,
                     _ => &self.proxy,
                 };
                 let mut c = Command::new(bin);
@@ -486,9 +498,7 @@ impl Bins {
     /// The targets of the hot-path workloads, the relay at [`RELAY`].
     fn targets(&self) -> Vec<Via> {
         let mut v = vec![Via::Direct, Via::Relay, Via::Staged, Via::Proxy];
-        if self.baseline.is_some() {
-            v.push(Via::Baseline);
-        }
+        v.extend((0..self.baseline.len()).map(Via::Baseline));
         if self.otel.is_some() {
             v.push(Via::Export);
         }
@@ -947,7 +957,7 @@ impl PressureClient {
         fs::write(&cfg, text)
             .unwrap_or_else(|e| fail(&format!("cannot write {}: {e}", cfg.display())));
         let mut cmd = bins.command(via, &bins.scripted_server());
-        if matches!(via, Via::Proxy | Via::Baseline | Via::Export) {
+        if matches!(via, Via::Proxy | Via::Baseline(_) | Via::Export) {
             // `run --config FILE`: its one server is the mock.
             let program = cmd.get_program().to_owned();
             cmd = Command::new(program);
@@ -1557,23 +1567,29 @@ fn machine() -> String {
     )
 }
 
-/// The memory scenarios as a Markdown table, mcp-retry (and the baseline)
+/// The memory scenarios as a Markdown table, mcp-retry (and the baselines)
 /// against the target.
 fn pressure_table(bins: &Bins) -> String {
     eprintln!("bench: memory under pressure ...");
     let proxy = pressure(bins, Via::Proxy);
-    let base = bins.baseline.as_ref().map(|_| {
-        eprintln!("bench: memory under pressure, baseline ...");
-        pressure(bins, Via::Baseline)
-    });
+    let bases: Vec<_> = (0..bins.baseline.len())
+        .map(|i| {
+            eprintln!(
+                "bench: memory under pressure, {} ...",
+                baseline_name(bins, i)
+            );
+            pressure(bins, Via::Baseline(i))
+        })
+        .collect();
     let mut t = String::from(
         "| scenario | max_message_bytes | peak RSS (VmHWM; for the calls, while the server did not read) | RSS after the load (VmRSS) | outcome | target: peak < 64 MiB + 2 × max, after < 16 MB | met |",
     );
-    if base.is_some() {
-        t.push_str(" baseline peak | baseline after | baseline outcome |");
+    for i in 0..bases.len() {
+        let b = baseline_name(bins, i);
+        let _ = write!(t, " {b} peak | {b} after | {b} outcome |");
     }
     t.push_str("\n|---|--:|--:|--:|---|---|:-:|");
-    if base.is_some() {
+    for _ in &bases {
         t.push_str("--:|--:|---|");
     }
     t.push('\n');
@@ -1593,7 +1609,7 @@ fn pressure_table(bins: &Bins) -> String {
             bound_kb / 1024,
             verdict(met)
         );
-        if let Some(b) = base.as_ref().map(|b| &b[i].2) {
+        for b in bases.iter().map(|b| &b[i].2) {
             let _ = write!(
                 t,
                 " {} | {} | {} |",
@@ -1605,6 +1621,15 @@ fn pressure_table(bins: &Bins) -> String {
         t.push('\n');
     }
     t
+}
+
+/// How the tables name the `i`th baseline: "baseline" when there is one,
+/// else its label.
+fn baseline_name(bins: &Bins, i: usize) -> String {
+    match bins.baseline.as_slice() {
+        [_] => "baseline".to_owned(),
+        all => all[i].0.clone(),
+    }
 }
 
 fn run_all(opts: &Options) {
@@ -1801,43 +1826,105 @@ fn run_all(opts: &Options) {
         verdict(start_med.map(|d| d < Duration::from_millis(5))),
     ]);
 
-    let baseline_table = bins
-        .index(Via::Baseline)
-        .map(|i| &hot[i])
-        .zip(bins.baseline.as_ref())
-        .map(|(b, path)| {
-        eprintln!("bench: memory of the baseline with {HELD_CALLS} calls held ...");
-        let mem_base = memory(&bins, Via::Baseline, HELD_CALLS);
-        let mut t = String::from(
-            "| measure | baseline | baseline / relay | mcp-retry | mcp-retry / relay |\n|---|--:|--:|--:|--:|\n",
-        );
-        let mut row = |what: &str, cells: [String; 4]| {
-            let _ = writeln!(t, "| {what} | {} |", cells.join(" | "));
-        };
+    let baseline_table = (!bins.baseline.is_empty()).then(|| {
+        let bases: Vec<(&RepResult, Memory, Vec<Duration>)> = (0..bins.baseline.len())
+            .map(|i| {
+                let via = Via::Baseline(i);
+                let name = baseline_name(&bins, i);
+                eprintln!("bench: memory of the {name} with {HELD_CALLS} calls held ...");
+                let mem = memory(&bins, via, HELD_CALLS);
+                let start = startup(&bins.baseline[i].1, &["--version"], STARTUP_RUNS);
+                (&hot[bins.index(via).expect("a target")], mem, start)
+            })
+            .collect();
+        let mut t = String::from("| measure |");
+        for i in 0..bases.len() {
+            let b = baseline_name(&bins, i);
+            let _ = write!(t, " {b} | {b} / relay |");
+        }
+        t.push_str(" mcp-retry | mcp-retry / relay |\n|---|");
+        t.push_str(&"--:|--:|".repeat(bases.len() + 1));
+        t.push('\n');
+        let mut row =
+            |what: &str, cells: &dyn Fn(&RepResult) -> [String; 2], proxy: [String; 2]| {
+                let _ = write!(t, "| {what} |");
+                for (b, _, _) in &bases {
+                    let _ = write!(t, " {} |", cells(b).join(" | "));
+                }
+                let _ = writeln!(t, " {} |", proxy.join(" | "));
+            };
         let r2 = |x: Option<f64>| fmt_ratio(x);
-        row("sequential p50", [us(median_d(&b.p50)), r2(median_f(&b.p50_vs_relay)), us(p50[3]), r2(p50_ratio)]);
-        row("sequential p99", [us(median_d(&b.p99)), r2(median_f(&b.p99_vs_relay)), us(p99[3]), r2(p99_ratio)]);
+        let none = String::new;
+        row(
+            "sequential p50",
+            &|b| [us(median_d(&b.p50)), r2(median_f(&b.p50_vs_relay))],
+            [us(p50[3]), r2(p50_ratio)],
+        );
+        row(
+            "sequential p99",
+            &|b| [us(median_d(&b.p99)), r2(median_f(&b.p99_vs_relay))],
+            [us(p99[3]), r2(p99_ratio)],
+        );
         row(
             "pipelined calls/s",
-            [calls(median_f(&b.calls_per_s)), r2(median_f(&b.calls_vs_relay)), calls(tput[3]), r2(tput_ratio)],
+            &|b| {
+                [
+                    calls(median_f(&b.calls_per_s)),
+                    r2(median_f(&b.calls_vs_relay)),
+                ]
+            },
+            [calls(tput[3]), r2(tput_ratio)],
         );
         row(
             "pipelined CPU per call",
-            [us(median_d(&b.cpu_per_call)), String::new(), us(cpu[2]), String::new()],
+            &|b| [us(median_d(&b.cpu_per_call)), none()],
+            [us(cpu[2]), none()],
         );
         row(
             "1 MB results",
-            [mbs(median_f(&b.mb_per_s)), r2(median_f(&b.mb_vs_relay)), mbs(mbps[3]), r2(mbps_ratio)],
+            &|b| [mbs(median_f(&b.mb_per_s)), r2(median_f(&b.mb_vs_relay))],
+            [mbs(mbps[3]), r2(mbps_ratio)],
         );
         row(
             "1 MB results, VmHWM",
-            [mb(median_u(&b.large_hwm_kb)), String::new(), hwm[2].clone(), String::new()],
+            &|b| [mb(median_u(&b.large_hwm_kb)), none()],
+            [hwm[2].clone(), none()],
         );
-        row(
+        // The figures that are not per round, in the same row layout.
+        let mut extra = |what: &str, cells: Vec<String>, proxy: String| {
+            let _ = write!(t, "| {what} |");
+            for c in cells {
+                let _ = write!(t, " {c} | |");
+            }
+            let _ = writeln!(t, " {proxy} | |");
+        };
+        extra(
             &format!("{HELD_CALLS} calls in flight, VmHWM"),
-            [mb(mem_base.held_hwm_kb), String::new(), mb(mem_proxy.held_hwm_kb), String::new()],
+            bases.iter().map(|(_, m, _)| mb(m.held_hwm_kb)).collect(),
+            mb(mem_proxy.held_hwm_kb),
         );
-        format!("\nBefore and after, in the same rounds (baseline: {}):\n\n{t}", path.display())
+        extra(
+            "start-up, `--version`",
+            bases.iter().map(|(_, _, s)| ms(median_d(s))).collect(),
+            ms(start_med),
+        );
+        let which: Vec<String> = bins
+            .baseline
+            .iter()
+            .map(|(label, path)| match path.display().to_string() {
+                shown if shown == *label => shown,
+                shown => format!("{label}: {shown}"),
+            })
+            .collect();
+        let what = if bases.len() == 1 {
+            "baseline"
+        } else {
+            "baselines"
+        };
+        format!(
+            "\nBefore and after, in the same rounds ({what}: {}):\n\n{t}",
+            which.join("; ")
+        )
     });
 
     let export_table = bins
@@ -1904,7 +1991,7 @@ fn run_all(opts: &Options) {
         report,
         "Figures are medians of {reps} repetitions{}. Each repetition runs every workload in {BLOCKS} rounds, the {} targets taking turns in rotating order; the ratio to the relay is the median over all rounds of mcp-retry's figure over the relay's in the same round, so load from elsewhere on the machine cancels out. Total bench time {:.0} s.\n",
         if opts.quick { ", --quick (fewer calls than labelled)" } else { "" },
-        ["no", "one", "two", "three", "four", "five", "six"][bins.targets().len().min(6)],
+        ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"][bins.targets().len().min(9)],
         started.elapsed().as_secs_f64()
     );
     report.push_str(&t.0);

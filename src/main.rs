@@ -1,6 +1,7 @@
 //! The `mcp-retry` binary: parses the command line, calls the mode the
 //! library (`src/lib.rs`) implements, and maps its result to an exit code.
-//! Besides choosing the log level, it holds no logic of its own.
+//! Besides choosing the log level (and, for x86_64 musl, the allocator), it
+//! holds no logic of its own.
 
 #![forbid(unsafe_code)]
 
@@ -14,7 +15,19 @@ use mcp_retry::cli::{self, Command};
 use mcp_retry::watchdog;
 use mcp_retry::{check, config, log, proxy, status};
 
+// The allocator of the static x86_64 musl binary (`make static`, `make
+// dist`): musl's own malloc is slow under the proxy's pattern (many small
+// blocks, freed by another thread than the one that allocated them), so
+// that binary uses mimalloc; see BENCHMARKS.md (*The static binary's
+// allocator*). Every other target keeps its C library's malloc: glibc's is
+// as fast, and aarch64 musl is built with a glibc cross compiler, which
+// cannot build mimalloc's C against musl's headers.
+#[cfg(all(target_env = "musl", target_arch = "x86_64"))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
+    mcp_retry::allocator::configure();
     match run() {
         Ok(code) => code,
         Err(err) => {

@@ -640,7 +640,8 @@ pub const RELEASE_AFTER: usize = 8 * 1024 * 1024;
 /// hot path keeps glibc's fast reuse of warm memory. (Fixing the mmap
 /// threshold instead cost 14 % of the 1 MB results' MB/s: every large
 /// buffer faulted its pages in afresh. musl returns large blocks by
-/// itself.)
+/// itself, and so does mimalloc in the static x86_64 musl binary, as
+/// `allocator::configure` sets it.)
 pub fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim has no preconditions; it takes the allocator's
