@@ -252,12 +252,15 @@ fn write_temporary(dir: &Path, stem: &str, bytes: &[u8]) -> io::Result<PathBuf> 
             Err(e) => return Err(e),
         };
         // The mode asked for went through the umask; make sure of 0600.
+        // On disk before it is linked or renamed into place, so that a
+        // crash cannot leave an empty key or entry under the real name.
         #[cfg(unix)]
         let written = file
             .set_permissions(fs::Permissions::from_mode(0o600))
-            .and_then(|()| file.write_all(bytes));
+            .and_then(|()| file.write_all(bytes))
+            .and_then(|()| file.sync_all());
         #[cfg(not(unix))]
-        let written = file.write_all(bytes);
+        let written = file.write_all(bytes).and_then(|()| file.sync_all());
         return match written {
             Ok(()) => Ok(tmp),
             Err(e) => {
@@ -588,6 +591,13 @@ impl Cache {
             format: FORMAT,
             entry,
         })?;
+        if text.len() as u64 > MAX_ENTRY_BYTES {
+            // It would be refused at every load.
+            return Err(io::Error::other(format!(
+                "an entry of {} bytes is over the limit of {MAX_ENTRY_BYTES}",
+                text.len()
+            )));
+        }
         let tmp = write_temporary(&self.dir, &name, &text)?;
         fs::rename(&tmp, self.dir.join(&name)).inspect_err(|_| {
             let _ = fs::remove_file(&tmp);

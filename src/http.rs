@@ -422,20 +422,22 @@ impl Http {
     /// the lock `Gone` needs while the client is behind, and the caller is
     /// the dispatcher, which must not wait for that.
     fn finish(&mut self, delete: Option<Duration>, how: &'static str) {
+        let Some(notes) = self.notes.take() else {
+            // Already closing (a kill after a shutdown): what is in flight,
+            // the DELETE included, is interrupted now; the close job
+            // queued before reports `Gone`.
+            self.shared.agent.clone().shutdown();
+            return;
+        };
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.backlog.close();
         if delete.is_none() {
             self.shared.agent.clone().shutdown();
         }
-        let closing = self
-            .notes
-            .as_ref()
-            .map(|n| n.send(Job::Close { delete, how }));
-        if closing.is_none_or(|sent| sent.is_err()) {
-            // No thread is left to take it (they all ended): nothing
-            // reports messages any more either.
+        if notes.send(Job::Close { delete, how }).is_err() {
+            // The note threads end only with their queue, or by a panic,
+            // whose guard has reported `Gone` already.
             self.shared.agent.clone().shutdown();
-            self.shared.gone(how, true);
         }
         self.close();
     }
@@ -667,5 +669,161 @@ mod tests {
             display_url("http://127.0.0.1:3000"),
             "http://127.0.0.1:3000"
         );
+    }
+
+    #[test]
+    fn a_kill_after_a_shutdown_never_waits_for_a_report_the_client_holds_up() {
+        use std::io::{Read, Write};
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let mut s = s.unwrap();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    let _ = s.read(&mut buf);
+                    let body = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n";
+                    let _ = write!(
+                        s,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n{body}"
+                    );
+                    let _ = s.flush();
+                    std::thread::sleep(Duration::from_secs(30));
+                });
+            }
+        });
+        let text = format!("servers:\n  r:\n    url: http://127.0.0.1:{port}/mcp\n");
+        let cfg = crate::config::parse(
+            &text,
+            std::path::Path::new("c.yaml"),
+            crate::config::Format::Yaml,
+            &|_| None,
+        )
+        .unwrap()
+        .servers
+        .remove(0);
+        let (hold_tx, hold_rx) = crossbeam_channel::bounded::<()>(0);
+        let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
+        let on_event: OnEvent = Box::new(move |ev| {
+            if let ServerEvent::Message(_) = ev {
+                let _ = seen_tx.send(());
+                let _ = hold_rx.recv();
+            }
+        });
+        let mut http = connect(&cfg, on_event).unwrap();
+        let line =
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{}}\n".to_vec();
+        assert!(Downstream::send(
+            &mut http,
+            Outgoing::request(1, "tools/call", line)
+        ));
+        seen_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            http.shutdown(Duration::from_millis(100));
+            let _ = done_tx.send("shutdown");
+            http.kill();
+            let _ = done_tx.send("kill");
+            drop(http)
+        });
+        let a = done_rx.recv_timeout(Duration::from_secs(5));
+        let b = done_rx.recv_timeout(Duration::from_secs(5));
+        drop(hold_tx);
+        assert_eq!(
+            (a, b),
+            (Ok("shutdown"), Ok("kill")),
+            "kill after shutdown blocked"
+        );
+    }
+
+    #[test]
+    fn a_resumed_get_slow_to_send_its_headers_is_a_stall_and_still_gets_the_answer() {
+        use std::io::{BufRead, BufReader, Read, Write};
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let s = s.unwrap();
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(s.try_clone().unwrap());
+                    let mut w = s;
+                    let mut first = String::new();
+                    r.read_line(&mut first).unwrap();
+                    let mut len = 0usize;
+                    loop {
+                        let mut h = String::new();
+                        r.read_line(&mut h).unwrap();
+                        if h.trim().is_empty() {
+                            break;
+                        }
+                        let l = h.to_ascii_lowercase();
+                        if let Some(v) = l.strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0u8; len];
+                    r.read_exact(&mut body).unwrap();
+                    let body = String::from_utf8_lossy(&body).to_string();
+                    if first.starts_with("GET") {
+                        std::thread::sleep(Duration::from_secs(3));
+                        let ev = "id: 2\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n\n";
+                        let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n{ev}");
+                    } else if body.contains("\"initialize\"") {
+                        let b = "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"serverInfo\":{\"name\":\"x\",\"version\":\"1\"}}}";
+                        let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nMcp-Session-Id: s1\r\nContent-Length: {}\r\n\r\n{b}", b.len());
+                    } else {
+                        let ev = "id: 1\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n";
+                        let _ = write!(w, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n{ev}");
+                    }
+                    let _ = w.flush();
+                });
+            }
+        });
+        let text = format!("servers:\n  r:\n    url: http://127.0.0.1:{port}/mcp\n");
+        let cfg = crate::config::parse(
+            &text,
+            std::path::Path::new("c.yaml"),
+            crate::config::Format::Yaml,
+            &|_| None,
+        )
+        .unwrap()
+        .servers
+        .remove(0);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let on_event: OnEvent = Box::new(move |ev| {
+            let _ = tx.send(ev);
+        });
+        let mut http = connect(&cfg, on_event).unwrap();
+        let init = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{},\"clientInfo\":{\"name\":\"c\",\"version\":\"1\"}}}\n".to_vec();
+        assert!(Downstream::send(
+            &mut http,
+            Outgoing::request(1, "initialize", init)
+        ));
+        let line = b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/call\",\"params\":{\"name\":\"t\"}}\n".to_vec();
+        // after the initialize answer
+        loop {
+            match rx.recv_timeout(Duration::from_secs(5)).unwrap() {
+                ServerEvent::Message(crate::jsonrpc::Parsed::Message(m)) if m.id() == Some("1") => {
+                    break
+                }
+                _ => {}
+            }
+        }
+        assert!(Downstream::send(
+            &mut http,
+            Outgoing::request(2, "tools/call", line)
+        ));
+        let end = loop {
+            match rx.recv_timeout(Duration::from_secs(30)).unwrap() {
+                ServerEvent::Message(crate::jsonrpc::Parsed::Message(m)) if m.id() == Some("2") => {
+                    break "answered"
+                }
+                ServerEvent::Failed { id: 2, .. } => break "failed",
+                _ => {}
+            }
+        };
+        assert_eq!(end, "answered");
     }
 }

@@ -121,6 +121,13 @@ impl ToolFigures {
     }
 }
 
+/// The most tool names kept figures of their own (the names come from
+/// the client): the calls of any further name are counted together under
+/// [`OTHER_TOOLS`].
+pub const MAX_TOOL_NAMES: usize = 1000;
+/// Where the calls of the names past [`MAX_TOOL_NAMES`] are counted.
+pub const OTHER_TOOLS: &str = "(other tools)";
+
 /// All figures of a session.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Stats {
@@ -134,8 +141,13 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// The figures of `name`, created on first use.
+    /// The figures of `name`, created on first use (past
+    /// [`MAX_TOOL_NAMES`], those of [`OTHER_TOOLS`]).
     pub fn figures(&mut self, name: &str) -> &mut ToolFigures {
+        let name = match self.tools.contains_key(name) || self.tools.len() < MAX_TOOL_NAMES {
+            true => name,
+            false => OTHER_TOOLS,
+        };
         if !self.tools.contains_key(name) {
             self.tools.insert(name.to_owned(), ToolFigures::default());
         }
@@ -269,6 +281,20 @@ mod tests {
         assert_eq!(v["tools"]["a"]["retried"], 1);
         assert_eq!(v["tools"]["a"]["attempts"], 3);
         assert_eq!(v["total"]["calls"], 3);
+    }
+
+    #[test]
+    fn tool_names_past_the_bound_are_counted_together() {
+        let mut s = Stats::default();
+        for i in 0..MAX_TOOL_NAMES + 50 {
+            s.tool(&format!("t{i}")).calls += 1;
+        }
+        assert_eq!(s.tools.len(), MAX_TOOL_NAMES + 1);
+        assert_eq!(s.tools[OTHER_TOOLS].counters.calls, 50);
+        assert_eq!(s.total().calls, (MAX_TOOL_NAMES + 50) as u64);
+        // A name already kept keeps its own figures.
+        s.tool("t0").calls += 1;
+        assert_eq!(s.tools["t0"].counters.calls, 2);
     }
 
     #[test]

@@ -525,15 +525,28 @@ impl Dispatcher {
             };
             match self.requests.inflight.remove(&down) {
                 Some(Inflight::Client {
-                    client_id, method, ..
+                    client_id,
+                    method,
+                    resend,
                 }) => {
-                    debug!("a request never reached the server; it waits for the next one");
                     // Its line, which the proxy wrote, is read back to go
-                    // again under a new id.
+                    // again under a new id. Only the rest of a line that was
+                    // partly written comes back: that request stays in
+                    // flight, for the lost link to decide.
                     let text = String::from_utf8_lossy(&out.bytes).trim_end().to_owned();
                     match Message::reparse(text) {
-                        Some(m) => self.requeue_request(m, client_id, method, now),
-                        None => self.answer_proxy_error(&client_id, Reason::ServerExited, why),
+                        Some(m) => {
+                            debug!("a request never reached the server; it waits for the next one");
+                            self.requeue_request(m, client_id, method, now)
+                        }
+                        None => {
+                            let back = Inflight::Client {
+                                client_id,
+                                method,
+                                resend,
+                            };
+                            self.requests.inflight.insert(down, back);
+                        }
                     }
                 }
                 // The proxy's own requests are made again for the next

@@ -614,3 +614,26 @@ fn the_directory_follows_the_platform() {
     assert_eq!(cache_dir_from(env(relative)), None);
     assert_eq!(cache_dir_from(env(Vec::new())), None);
 }
+
+#[test]
+fn an_entry_over_the_bound_is_not_written() {
+    // It would be refused at every load: it is refused once, here.
+    let s = scratch("store-oversized");
+    let cache = Cache::open(&s.dir).unwrap();
+    let config = server();
+    let id = Identity::of(&config);
+    let mut e = entry(V);
+    let huge = format!(
+        r#"{{"tools":[{{"name":"{}"}}]}}"#,
+        "x".repeat(MAX_ENTRY_BYTES as usize)
+    );
+    e.tools = Some(raw(&huge));
+    assert!(cache.store(&id, &e).is_err());
+    assert!(!s.dir.join(cache.name(&id)).exists());
+    let left: Vec<_> = fs::read_dir(&s.dir)
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

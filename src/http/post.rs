@@ -83,7 +83,16 @@ impl Shared {
         // Lines start in the order they were sent: this one once the
         // requests before it were written and the notifications before it
         // acknowledged (see `Order`). Released, at the latest, on return.
-        let turn = Turn::wait(&self.order, line.seq);
+        // A cancel of a request already being posted need not wait for
+        // the lines before it: its request went first.
+        let target_live = match line.out.kind {
+            OutKind::Cancel { target } => self.exchanges.lock().live.contains_key(&target),
+            _ => false,
+        };
+        let turn = match target_live {
+            true => Turn::now(&self.order, line.seq),
+            false => Turn::wait(&self.order, line.seq),
+        };
         let _done = TurnDone(turn.clone());
         let out = &line.out;
         if self.is_closed() {
@@ -269,6 +278,12 @@ impl Shared {
                 "{}: the stream of a cancelled request was closed",
                 self.shown
             );
+        }
+        if matches!(post.out.kind, OutKind::Cancel { .. }) && class == Class::NeverSent {
+            // A cancel is best effort, and its request's stream is closed
+            // anyway: one that could not be sent within `CANCEL_GRACE`
+            // (a new connection slow to set up) does not end the session.
+            return crate::warn!("{}: a cancel was not sent: {why}", self.shown);
         }
         let others = self.requests.load(Ordering::SeqCst) > usize::from(post.request_id.is_some());
         let handshake = post.is("initialize") && post.modern.is_none();

@@ -330,6 +330,14 @@ impl Shared {
                 }
                 // No resumption here (405, a lost session, …).
                 Ok(_) => resume::Outcome::Refused,
+                // Silent for the stall limit before its headers came (an
+                // event store slow to replay): a stall too, so that after
+                // `resume::STALLS` the next GET waits without that limit.
+                Err(ureq::Error::Timeout(ureq::Timeout::PerRead)) => resume::Outcome::Ended {
+                    fresh: false,
+                    polled: false,
+                    stalled: true,
+                },
                 Err(_) => resume::Outcome::Failed,
             };
             plan.after(outcome);
