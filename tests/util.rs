@@ -767,7 +767,13 @@ pub fn read_pid(path: &Path) -> i32 {
 
 /// Waits until `cond` holds.
 pub fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + WAIT;
+    eventually_within(WAIT, what, cond)
+}
+
+/// Waits up to `wait` until `cond` holds: for a step that starts many
+/// threads or connections, which a loaded machine makes slow.
+pub fn eventually_within(wait: Duration, what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + wait;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         thread::sleep(Duration::from_millis(20));
