@@ -132,7 +132,6 @@ pub const OTHER_TOOLS: &str = "(other tools)";
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Stats {
     pub tools: BTreeMap<String, ToolFigures>,
-    pub breaker_opens: u64,
     /// Breaker transitions by name (`opened`, `half_opened`, `closed`,
     /// `reopened`).
     pub breaker: BTreeMap<&'static str, u64>,
@@ -180,6 +179,15 @@ impl Stats {
         }
     }
 
+    /// Times the breaker opened: first openings and reopenings after a
+    /// failed trial.
+    pub fn breaker_opens(&self) -> u64 {
+        ["opened", "reopened"]
+            .iter()
+            .filter_map(|t| self.breaker.get(t))
+            .sum()
+    }
+
     /// The counters summed over the tools.
     pub fn total(&self) -> ToolStats {
         let mut t = ToolStats::default();
@@ -203,7 +211,7 @@ impl Stats {
         let t = self.total();
         format!(
             "summary: {} call(s), {} attempt(s) sent, {} call(s) retried, {} recovered by retry, {} failed, {} cache hit(s), {} dedup hit(s), {} breaker open(s)",
-            t.calls, t.attempts, t.retried, t.recovered, t.failed, t.cache_hits, t.dedup_hits, self.breaker_opens
+            t.calls, t.attempts, t.retried, t.recovered, t.failed, t.cache_hits, t.dedup_hits, self.breaker_opens()
         )
     }
 
@@ -223,7 +231,7 @@ impl Stats {
         let doc = serde_json::json!({
             "server": server,
             "total": counters(&self.total()),
-            "breaker_opens": self.breaker_opens,
+            "breaker_opens": self.breaker_opens(),
             "tools": tools,
         });
         let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
@@ -270,7 +278,8 @@ mod tests {
         s.tool("a").retried = 1;
         s.tool("b").calls = 1;
         s.tool("b").cache_hits = 1;
-        s.breaker_opens = 1;
+        s.breaker.insert("opened", 1);
+        s.breaker.insert("closed", 1);
         assert_eq!(s.total().calls, 3);
         assert_eq!(
             s.summary(),

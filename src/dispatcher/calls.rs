@@ -580,8 +580,6 @@ impl Calls {
         let name = &self.cfg.name;
         match t {
             Transition::Opened => {
-                self.counters.stats.breaker_opens += 1;
-                self.counters.changed = true;
                 warn!(
                     "circuit breaker for \"{name}\" opened after {} consecutive failures; calls fail fast for {:.0}s",
                     self.cfg.circuit_breaker.failure_threshold,
@@ -595,8 +593,6 @@ impl Calls {
                 info!("circuit breaker for \"{name}\" closed: the server is answering again")
             }
             Transition::Reopened => {
-                self.counters.stats.breaker_opens += 1;
-                self.counters.changed = true;
                 warn!("circuit breaker for \"{name}\" reopened: the trial call failed")
             }
         }
