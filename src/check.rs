@@ -31,7 +31,6 @@ use crate::config::{self, Config, ServerConfig};
 use crate::downstream::{self, Diagnostics, Downstream, Gone, Outgoing, ServerEvent};
 use crate::jsonrpc::{self, Kind, Message, Parsed};
 use crate::mcp::{tools_list_params, Next, ToolsPager};
-use crate::policy::gate::ToolsPage;
 use crate::redact::{self, Redactor};
 
 /// The protocol version offered in `initialize`.
@@ -348,11 +347,7 @@ fn count_tools(conv: &mut Conversation<'_>, modern: bool) -> Tools {
             return Tools::Failed("the result has no \"tools\" array".into());
         };
         count += tools.len();
-        let next_cursor = page["nextCursor"].as_str().map(str::to_owned);
-        match pager.next(&ToolsPage {
-            tools: Vec::new(),
-            next_cursor,
-        }) {
+        match pager.next(page["nextCursor"].as_str()) {
             Next::Page => {}
             Next::Last => return Tools::Count(count),
             Next::Endless => {
@@ -901,11 +896,7 @@ mod tests {
         let mut pager = ToolsPager::default();
         let first: Value = serde_json::from_str(&pager.params(None)).unwrap();
         assert_eq!(first, json!({}));
-        let more = ToolsPage {
-            tools: Vec::new(),
-            next_cursor: Some("2".into()),
-        };
-        assert_eq!(pager.next(&more), Next::Page);
+        assert_eq!(pager.next(Some("2")), Next::Page);
         let page: Value = serde_json::from_str(&pager.params(Some(&modern_meta()))).unwrap();
         assert_eq!(page["cursor"], "2");
         assert_eq!(page["_meta"], discover["_meta"]);

@@ -9,7 +9,6 @@
 #![forbid(unsafe_code)]
 
 use crate::jsonrpc::{self, RawObject};
-use crate::policy::gate::ToolsPage;
 
 /// The `_meta` member naming a 2026-07-28 request's protocol version.
 pub const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
@@ -79,10 +78,11 @@ impl ToolsPager {
         tools_list_params(self.cursor(), meta)
     }
 
-    /// A page arrived: what follows it.
-    pub fn next(&mut self, page: &ToolsPage) -> Next {
+    /// A page arrived, with `next_cursor` (its `nextCursor`, when that is
+    /// a string): what follows it.
+    pub fn next(&mut self, next_cursor: Option<&str>) -> Next {
         self.pages += 1;
-        let Some(next) = page.next_cursor.as_deref().filter(|c| !c.is_empty()) else {
+        let Some(next) = next_cursor.filter(|c| !c.is_empty()) else {
             return Next::Last;
         };
         let next = jsonrpc::json_string(next);
@@ -98,36 +98,29 @@ impl ToolsPager {
 mod tests {
     use super::*;
 
-    fn page(cursor: Option<&str>) -> ToolsPage {
-        ToolsPage {
-            tools: Vec::new(),
-            next_cursor: cursor.map(str::to_owned),
-        }
-    }
-
     #[test]
     fn pages_follow_the_cursor_until_the_last() {
         let mut p = ToolsPager::default();
         assert_eq!(p.params(None), "{}");
-        assert_eq!(p.next(&page(Some("2"))), Next::Page);
+        assert_eq!(p.next(Some("2")), Next::Page);
         assert_eq!(p.params(None), r#"{"cursor":"2"}"#);
-        assert_eq!(p.next(&page(Some("a\"b"))), Next::Page);
+        assert_eq!(p.next(Some("a\"b")), Next::Page);
         assert_eq!(p.cursor(), Some(r#""a\"b""#));
-        assert_eq!(p.next(&page(None)), Next::Last);
+        assert_eq!(p.next(None), Next::Last);
         let mut p = ToolsPager::default();
-        assert_eq!(p.next(&page(Some(""))), Next::Last);
+        assert_eq!(p.next(Some("")), Next::Last);
     }
 
     #[test]
     fn a_cursor_that_repeats_or_too_many_pages_end_the_listing() {
         let mut p = ToolsPager::default();
-        assert_eq!(p.next(&page(Some("x"))), Next::Page);
-        assert_eq!(p.next(&page(Some("x"))), Next::Endless);
+        assert_eq!(p.next(Some("x")), Next::Page);
+        assert_eq!(p.next(Some("x")), Next::Endless);
         let mut p = ToolsPager::default();
         for i in 1..ToolsPager::MAX_PAGES {
-            assert_eq!(p.next(&page(Some(&i.to_string()))), Next::Page, "{i}");
+            assert_eq!(p.next(Some(&i.to_string())), Next::Page, "{i}");
         }
-        assert_eq!(p.next(&page(Some("last"))), Next::Endless);
+        assert_eq!(p.next(Some("last")), Next::Endless);
     }
 
     #[test]

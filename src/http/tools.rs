@@ -52,11 +52,11 @@ impl Shared {
             let Some(result) = answer.result() else {
                 return false;
             };
-            let Ok(page) = crate::policy::gate::parse_tools_list(result) else {
+            let Some(page) = RawObject::parse(result) else {
                 return false;
             };
             self.learn_tools(&modern::screen_tools(result));
-            match pager.next(&page) {
+            match pager.next(page.string("nextCursor").as_deref()) {
                 Next::Page => {}
                 Next::Last => return true,
                 Next::Endless => return false,

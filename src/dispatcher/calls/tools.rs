@@ -141,7 +141,7 @@ impl Calls {
                         .map(|t| fingerprint(keys, &[t])),
                 );
                 let next = match ours {
-                    true => self.tools.pager.next(&page),
+                    true => self.tools.pager.next(page.next_cursor.as_deref()),
                     false if page.next_cursor.is_some() => return,
                     false => Next::Last,
                 };
