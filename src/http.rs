@@ -429,17 +429,14 @@ impl Http {
             self.shared.agent.clone().shutdown();
             return;
         };
-        self.shared.closed.store(true, Ordering::SeqCst);
-        self.shared.backlog.close();
-        if delete.is_none() {
-            self.shared.agent.clone().shutdown();
-        }
-        if notes.send(Job::Close { delete, how }).is_err() {
-            // The note threads end only with their queue, or by a panic,
-            // whose guard has reported `Gone` already.
-            self.shared.agent.clone().shutdown();
-        }
         self.close();
+        // The note threads end only with their queue, or by a panic, whose
+        // guard has reported `Gone` already: then only the interruption is
+        // left to do.
+        let queued = notes.send(Job::Close { delete, how }).is_ok();
+        if delete.is_none() || !queued {
+            self.shared.agent.clone().shutdown();
+        }
     }
 
     fn close(&mut self) {
@@ -671,6 +668,14 @@ mod tests {
         );
     }
 
+    /// The config of a remote server on a loopback port.
+    fn remote(port: u16) -> ServerConfig {
+        let text = format!("servers:\n  r:\n    url: http://127.0.0.1:{port}/mcp\n");
+        let path = std::path::Path::new("c.yaml");
+        let config = crate::config::parse(&text, path, crate::config::Format::Yaml, &|_| None);
+        config.unwrap().servers.remove(0)
+    }
+
     #[test]
     fn a_kill_after_a_shutdown_never_waits_for_a_report_the_client_holds_up() {
         use std::io::{Read, Write};
@@ -693,16 +698,7 @@ mod tests {
                 });
             }
         });
-        let text = format!("servers:\n  r:\n    url: http://127.0.0.1:{port}/mcp\n");
-        let cfg = crate::config::parse(
-            &text,
-            std::path::Path::new("c.yaml"),
-            crate::config::Format::Yaml,
-            &|_| None,
-        )
-        .unwrap()
-        .servers
-        .remove(0);
+        let cfg = remote(port);
         let (hold_tx, hold_rx) = crossbeam_channel::bounded::<()>(0);
         let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
         let on_event: OnEvent = Box::new(move |ev| {
@@ -781,16 +777,7 @@ mod tests {
                 });
             }
         });
-        let text = format!("servers:\n  r:\n    url: http://127.0.0.1:{port}/mcp\n");
-        let cfg = crate::config::parse(
-            &text,
-            std::path::Path::new("c.yaml"),
-            crate::config::Format::Yaml,
-            &|_| None,
-        )
-        .unwrap()
-        .servers
-        .remove(0);
+        let cfg = remote(port);
         let (tx, rx) = crossbeam_channel::unbounded();
         let on_event: OnEvent = Box::new(move |ev| {
             let _ = tx.send(ev);
