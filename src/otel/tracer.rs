@@ -48,7 +48,7 @@ struct OpenAttempt {
 struct OpenCall {
     ctx: SpanContext,
     parent: Option<[u8; 8]>,
-    tool: u32,
+    tool: Arc<str>,
     client_id: ShortId,
     started: Instant,
     attempts: u32,
@@ -57,23 +57,24 @@ struct OpenCall {
     ended: Option<EndedAttempt>,
 }
 
-/// Tool names, each kept once: an index for the counters, an `Arc` for
-/// the records.
+/// Tool names, each kept once and shared by the records, for as many
+/// names as the figures keep (`stats::MAX_TOOL_NAMES`): a name past
+/// those is not kept, and lives as long as its records.
 #[derive(Debug, Default)]
 struct Tools {
-    index: FastMap<Box<str>, u32>,
-    names: Vec<Arc<str>>,
+    names: FastMap<Box<str>, Arc<str>>,
 }
 
 impl Tools {
-    fn intern(&mut self, tool: &str) -> u32 {
-        if let Some(i) = self.index.get(tool) {
-            return *i;
+    fn intern(&mut self, tool: &str) -> Arc<str> {
+        if let Some(name) = self.names.get(tool) {
+            return name.clone();
         }
-        let i = self.names.len() as u32;
-        self.index.insert(tool.into(), i);
-        self.names.push(tool.into());
-        i
+        let name: Arc<str> = tool.into();
+        if self.names.len() < crate::stats::MAX_TOOL_NAMES {
+            self.names.insert(tool.into(), name.clone());
+        }
+        name
     }
 }
 
@@ -187,10 +188,10 @@ impl Tracer {
         source: &'static str,
         now: Instant,
     ) {
-        let i = self.tools.intern(tool);
         if !self.handle.traces() {
             return;
         }
+        let tool = self.tools.intern(tool);
         let parent = params.and_then(client_context);
         let ctx = self.new_context(parent);
         self.send(
@@ -202,7 +203,7 @@ impl Tracer {
                 end: now,
                 events: Vec::new(),
                 kind: RecordKind::Call {
-                    tool: self.tools.names[i as usize].clone(),
+                    tool,
                     client_id: ShortId::new(client_id),
                     attempts: 0,
                     end: CallEnd {
@@ -307,7 +308,7 @@ impl Tracer {
             end: earlier.end,
             events: earlier.events,
             kind: RecordKind::Attempt {
-                tool: self.tools.names[c.tool as usize].clone(),
+                tool: c.tool.clone(),
                 down: earlier.down,
                 number: earlier.number,
                 failure: earlier.failure,
@@ -360,7 +361,7 @@ impl Tracer {
                 end: now,
                 events: c.events,
                 kind: RecordKind::Call {
-                    tool: self.tools.names[c.tool as usize].clone(),
+                    tool: c.tool,
                     client_id: c.client_id,
                     attempts: c.attempts,
                     end,
