@@ -85,6 +85,8 @@ pub struct ServerConfig {
     pub call_timeout: Duration,
     /// How long a request waits for a server that is down (default 30 s).
     pub wait_for_server: Duration,
+    /// Answer the handshake from the cache while the server starts (default false).
+    pub instant_start: bool,
     pub retry: RetryConfig,
     pub cache: CacheConfig,
     pub circuit_breaker: BreakerConfig,

@@ -546,14 +546,19 @@ impl Cache {
     /// file that is not ours alone, is too large or is not an entry is
     /// ignored with a warning; another version is a miss.
     pub fn load(&self, id: &Identity<'_>, protocol_version: &str) -> Option<Entry> {
-        let path = self.path(id);
+        self.load_named(&self.name(id), Some(protocol_version))
+    }
+
+    fn load_named(&self, name: &str, protocol_version: Option<&str>) -> Option<Entry> {
+        let path = self.dir.join(name);
         match self.read_at(&path, protocol_version) {
             Ok(entry) => Some(entry),
             Err(LoadError::Read(ReadError::Missing)) => None,
             Err(e @ LoadError::OtherVersion(_)) => {
                 crate::debug!(
-                    "handshake cache: {} {e}, not {protocol_version}",
-                    path.display()
+                    "handshake cache: {} {e}, not {}",
+                    path.display(),
+                    protocol_version.unwrap_or_default()
                 );
                 None
             }
@@ -567,26 +572,32 @@ impl Cache {
     /// [`Cache::load`] with the reason for a miss, for a caller that
     /// reports it.
     pub fn read(&self, id: &Identity<'_>, protocol_version: &str) -> Result<Entry, LoadError> {
-        self.read_at(&self.path(id), protocol_version)
+        self.read_at(&self.path(id), Some(protocol_version))
     }
 
-    fn read_at(&self, path: &Path, protocol_version: &str) -> Result<Entry, LoadError> {
+    /// The entry at `path`, for `protocol_version` when one is named.
+    fn read_at(&self, path: &Path, protocol_version: Option<&str>) -> Result<Entry, LoadError> {
         let bytes = read_checked(path, MAX_ENTRY_BYTES).map_err(LoadError::Read)?;
         let file: EntryFile<Entry> =
             serde_json::from_slice(&bytes).map_err(|e| LoadError::Corrupt(e.to_string()))?;
         if file.format != FORMAT {
             return Err(LoadError::Corrupt(format!("format {}", file.format)));
         }
-        if file.entry.protocol_version != protocol_version {
-            return Err(LoadError::OtherVersion(file.entry.protocol_version));
+        match protocol_version {
+            Some(v) if file.entry.protocol_version != v => {
+                Err(LoadError::OtherVersion(file.entry.protocol_version))
+            }
+            _ => Ok(file.entry),
         }
-        Ok(file.entry)
     }
 
     /// Stores `entry` as `id`'s, replacing the one there: written whole to
     /// a temporary file (0600) of the directory, then renamed over it.
     pub fn store(&self, id: &Identity<'_>, entry: &Entry) -> io::Result<()> {
-        let name = self.name(id);
+        self.store_named(&self.name(id), entry)
+    }
+
+    fn store_named(&self, name: &str, entry: &Entry) -> io::Result<()> {
         let text = serde_json::to_vec(&EntryFile {
             format: FORMAT,
             entry,
@@ -598,8 +609,8 @@ impl Cache {
                 text.len()
             )));
         }
-        let tmp = write_temporary(&self.dir, &name, &text)?;
-        fs::rename(&tmp, self.dir.join(&name)).inspect_err(|_| {
+        let tmp = write_temporary(&self.dir, name, &text)?;
+        fs::rename(&tmp, self.dir.join(name)).inspect_err(|_| {
             let _ = fs::remove_file(&tmp);
         })
     }
@@ -607,10 +618,49 @@ impl Cache {
     /// Removes `id`'s entry (the server's answers contradict it); none is
     /// not an error.
     pub fn invalidate(&self, id: &Identity<'_>) -> io::Result<()> {
-        match fs::remove_file(self.path(id)) {
+        self.invalidate_named(&self.name(id))
+    }
+
+    fn invalidate_named(&self, name: &str) -> io::Result<()> {
+        match fs::remove_file(self.dir.join(name)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// `id`'s place in this cache, which needs no config any more (for a
+    /// thread that outlives the borrow).
+    pub fn slot(self, id: &Identity<'_>) -> Slot {
+        let name = self.name(id);
+        Slot { cache: self, name }
+    }
+}
+
+/// One server's entry in an open cache: what `run` reads when it starts
+/// and its writer thread replaces or removes.
+#[derive(Debug)]
+pub struct Slot {
+    cache: Cache,
+    name: String,
+}
+
+impl Slot {
+    /// The entry, whatever its protocol version (the caller compares it
+    /// with the client's), ignored with a warning as [`Cache::load`] says.
+    pub fn load(&self) -> Option<Entry> {
+        self.cache.load_named(&self.name, None)
+    }
+
+    pub fn store(&self, entry: &Entry) -> io::Result<()> {
+        self.cache.store_named(&self.name, entry)
+    }
+
+    pub fn invalidate(&self) -> io::Result<()> {
+        self.cache.invalidate_named(&self.name)
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.cache.dir.join(&self.name)
     }
 }
 

@@ -399,6 +399,11 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
         "How long a request that arrives while the server is down (crashed, restarting, \
          unreachable) waits for it to come back before it fails with server_unavailable; \
          never past a call's own deadline. 0: fail at once.";
+    "instant_start" => instant_start, Kind::Bool, Def::Bool(false),
+        "Answer the client's initialize and its tools/prompts/resources lists at once from the \
+         handshake cache (the server's answers of an earlier session or `check`, for the same \
+         protocol version) while the real server starts in the background; calls wait for it. \
+         The client is told listChanged, and sent list_changed when the server's lists differ.";
     "retry.max_retries" => retry.max_retries, Kind::Count { min: 0, max: 100 }, Def::Int(3),
         "Retries after the first attempt (0 disables retrying; at most 100).";
     "retry.base_delay" => retry.base_delay, Kind::Duration(Zero::Allowed), Def::Secs(0.5),

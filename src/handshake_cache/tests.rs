@@ -314,6 +314,25 @@ fn an_entry_stored_is_loaded_whole_for_its_protocol_version_only() {
 }
 
 #[test]
+fn a_slot_is_the_identitys_entry_whatever_its_protocol_version() {
+    let s = scratch("slot");
+    let cache = Cache::open(&s.dir).unwrap();
+    let config = server();
+    let id = Identity::of(&config);
+    let name = cache.name(&id);
+    let slot = Cache::open(&s.dir).unwrap().slot(&id);
+    assert_eq!(slot.path(), s.dir.join(&name));
+    assert!(slot.load().is_none(), "empty cache");
+    slot.store(&entry("2024-11-05")).unwrap();
+    assert_eq!(slot.load().unwrap().protocol_version, "2024-11-05");
+    assert!(cache.load(&id, "2024-11-05").is_some(), "the same file");
+    assert!(cache.load(&id, "2025-06-18").is_none());
+    slot.invalidate().unwrap();
+    assert!(slot.load().is_none());
+    slot.invalidate().unwrap();
+}
+
+#[test]
 fn no_env_or_header_value_is_written() {
     let st = stored("secrets");
     let mut files = 0;
