@@ -34,6 +34,7 @@ use crate::{debug, info, warn};
 
 mod actions;
 mod calls;
+mod instant;
 mod link;
 mod publish;
 mod requests;
@@ -42,6 +43,7 @@ mod tests;
 mod trace;
 
 use calls::{Action, CallTimer, Calls, Owner};
+use instant::{InstantStart, List};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
 use requests::{Batch, ClientRequest, Inflight, Method, Requests, ServerRequest};
 
@@ -229,6 +231,9 @@ pub enum Timer {
     LearnTools,
     /// The proxy's own `tools/list` request `down` must be answered by now.
     ToolsListTimeout { down: u64 },
+    /// The proxy's own list request `down` (the handshake cache's) must be
+    /// answered by now.
+    ListingTimeout { down: u64 },
     /// Line number `line` over `max_message_bytes` of incarnation
     /// `generation` must have ended by now.
     OverlongLine { generation: u64, line: u64 },
@@ -274,6 +279,9 @@ pub enum Outcome {
     ClientClosed,
     /// Stopped by this signal.
     Signalled(i32),
+    /// The server's handshake contradicted the cached one the session
+    /// began with: the host must connect again.
+    HandshakeChanged,
 }
 
 pub struct Dispatcher {
@@ -325,6 +333,14 @@ pub struct Dispatcher {
     /// flush is scheduled.
     otel: Option<crate::otel::Tracer>,
     otel_flush_pending: bool,
+    /// Instant start, when on and the cache is usable (`instant.rs`).
+    instant: Option<Box<InstantStart>>,
+    /// The session ends because the server contradicted the cache.
+    handshake_changed: bool,
+    /// When the proxy started, and when the server first accepted the
+    /// client's handshake (shown by `status`).
+    started_at: Instant,
+    ready_at: Option<Instant>,
 }
 
 impl Dispatcher {
@@ -366,6 +382,10 @@ impl Dispatcher {
             handled_bytes: 0,
             otel: None,
             otel_flush_pending: false,
+            instant: None,
+            handshake_changed: false,
+            started_at: Instant::now(),
+            ready_at: None,
             cfg,
         }
     }
@@ -399,7 +419,8 @@ impl Dispatcher {
 
     /// Starts the server and handles events until the session ends.
     pub fn run(&mut self, inbox: Receiver<Event>) -> Outcome {
-        self.start_server(Instant::now());
+        self.started_at = Instant::now();
+        self.start_server(self.started_at);
         self.status_check();
         loop {
             if let Some(outcome) = self.finished() {
@@ -457,6 +478,7 @@ impl Dispatcher {
             (Phase::Stopping { signal }, link) if !matches!(link, Link::Up(_)) => {
                 Some(match signal {
                     Some(s) => Outcome::Signalled(s),
+                    None if self.handshake_changed => Outcome::HandshakeChanged,
                     None => Outcome::ClientClosed,
                 })
             }
@@ -572,6 +594,13 @@ impl Dispatcher {
             }
             Timer::OverlongLine { generation, line } => self.on_overlong_line(generation, line),
             Timer::ToolsListTimeout { down } => self.on_tools_list_timeout(down, now),
+            Timer::ListingTimeout { down } => {
+                if let Some(Inflight::Listing { list, .. }) = self.requests.inflight.get(&down) {
+                    let list = *list;
+                    self.requests.inflight.remove(&down);
+                    self.instant_list_failed(list);
+                }
+            }
             Timer::Call(t) => {
                 if let Some(due) = self.with_calls(now, |c, ctx, out| c.on_timer(t, ctx, out)) {
                     self.start_attempt(due, now);
@@ -835,11 +864,17 @@ impl Dispatcher {
             warn!("{message}");
             return self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
+        if self.instant_list(&client_id, &method, m.params()) {
+            return;
+        }
         let kind = match method.as_ref() {
             "initialize" => {
                 // A probing client fell back to the handshake: it speaks
                 // the older era after all.
                 self.session.modern_meta = None;
+                if batch.is_none() && self.instant_initialize(&client_id, &m) {
+                    return;
+                }
                 self.session.pending_init = m.params().map(str::to_owned);
                 Method::Initialize
             }
@@ -979,7 +1014,14 @@ impl Dispatcher {
         match self.route(now) {
             Route::Send => {
                 self.send_server(Outgoing::notification(&method, m.into_line()));
+                if method == "notifications/initialized" {
+                    self.instant_read_lists(now);
+                }
             }
+            // The replay of the handshake to the server that is starting
+            // sends it.
+            Route::Queue
+                if method == "notifications/initialized" && self.session.init_params.is_some() => {}
             Route::Queue => {
                 let expires = self.wait_until(now);
                 if self
@@ -1112,23 +1154,30 @@ impl Dispatcher {
             }) => {
                 self.served();
                 match method {
-                    Method::Initialize => self.observe_initialize(&m),
+                    Method::Initialize => self.observe_initialize(&m, now),
                     Method::ToolsList { first } => {
                         if let Some(r) = m.result() {
                             self.with_calls(now, |c, ctx, out| {
                                 c.learn_tools(r, false, first, ctx, out)
                             });
                         }
+                        self.instant_page(List::Tools, m.result(), first, now);
                     }
                     Method::ReadOnly | Method::Other => {}
                 }
                 let line = m.into_line_with_id(&client_id);
                 self.answer(&client_id, line);
             }
-            Some(Inflight::ToolsList) => self.with_calls(now, |c, ctx, out| match m.result() {
-                Some(r) => c.learn_tools(r, true, false, ctx, out),
-                None => c.tools_learned(false, ctx, out),
-            }),
+            Some(Inflight::ToolsList { first }) => {
+                self.with_calls(now, |c, ctx, out| match m.result() {
+                    Some(r) => c.learn_tools(r, true, false, ctx, out),
+                    None => c.tools_learned(false, ctx, out),
+                });
+                self.instant_page(List::Tools, m.result(), first, now);
+            }
+            Some(Inflight::Listing { list, first }) => {
+                self.instant_page(list, m.result(), first, now)
+            }
             Some(Inflight::Replay(step)) => self.on_replay_response(step, &m, now),
             // Late answers of abandoned attempts still route to their call.
             None => match self.with_calls(now, |c, ctx, out| c.on_answer(down, m, ctx, out)) {
@@ -1167,9 +1216,10 @@ impl Dispatcher {
                 warn!("answered client request {client_id} with an error: {message}");
                 self.answer_proxy_error(&client_id, reason, message);
             }
-            Some(Inflight::ToolsList) => {
+            Some(Inflight::ToolsList { .. }) => {
                 self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
             }
+            Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
             Some(Inflight::Replay(step)) => {
                 if step == ReplayStep::Initialize {
                     warn!("the restarted server is not usable: {message}; stopping it");
@@ -1195,15 +1245,32 @@ impl Dispatcher {
 
     /// The server accepted the client's `initialize`: keep what a restart
     /// must replay.
-    fn observe_initialize(&mut self, m: &Message) {
-        let Some(result) = m.result().and_then(RawObject::parse) else {
+    fn observe_initialize(&mut self, m: &Message, now: Instant) {
+        let Some(raw) = m.result() else {
             return;
         };
+        let Some(result) = RawObject::parse(raw) else {
+            return;
+        };
+        self.instant_accepted(raw);
         self.session.init_params = self.session.pending_init.take();
+        self.ready_at.get_or_insert(now);
         if let Some(v) = result.string("protocolVersion") {
             debug!("negotiated protocol version {v}");
             self.session.protocol_version = Some(v);
         }
+        self.observe_capabilities(raw);
+        // A client that did not wait for this answer said `initialized`
+        // already.
+        self.instant_read_lists(now);
+    }
+
+    /// What the server's `initialize` result (raw) declares that the
+    /// proxy acts on.
+    fn observe_capabilities(&mut self, raw: &str) {
+        let Some(result) = RawObject::parse(raw) else {
+            return;
+        };
         let tools = result
             .get("capabilities")
             .and_then(|c| RawObject::parse(c.get()))

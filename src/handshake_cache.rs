@@ -25,15 +25,12 @@
 //!
 //! Knows nothing of the dispatcher, the protocol's messages or the config
 //! file's keys: the proxy hands it an [`Identity`] (from a
-//! `config::ServerConfig`) and the raw JSON of the results. Not wired yet:
-//! the dispatcher (answering from an entry, storing the real server's
-//! answers), `check` (warming) and the `instant_start` key will use
-//! [`Cache::open_default`], [`Cache::load`], [`Cache::store`] and
-//! [`Cache::invalidate`]; until then only the tests use the module, which
-//! allows dead code for that reason alone.
+//! `config::ServerConfig`) and the raw JSON of the results. `run` with
+//! `instant_start` reads its server's [`Slot`] when it starts and hands it
+//! to the `cache-writer` thread ([`spawn_writer`]), which stores and
+//! removes the entry as the dispatcher asks ([`CacheJob`]).
 
 #![forbid(unsafe_code)]
-#![allow(dead_code)] // Until the wiring described above.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -42,8 +39,10 @@ use std::io::{self, Read, Write};
 #[cfg(unix)]
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crossbeam_channel::Sender;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -662,6 +661,44 @@ impl Slot {
     pub fn path(&self) -> PathBuf {
         self.cache.dir.join(&self.name)
     }
+}
+
+/// What the `cache-writer` thread is asked to do with its server's entry.
+#[derive(Debug)]
+pub enum CacheJob {
+    Store(Entry),
+    /// The server contradicted the entry: remove it.
+    Invalidate,
+}
+
+/// Starts the `cache-writer` thread, which owns `slot` and does what it is
+/// asked until the sender is dropped (the session's end): file I/O stays
+/// off the dispatcher. A failure is a warning, never the session's.
+pub fn spawn_writer(slot: Slot) -> io::Result<(Sender<CacheJob>, JoinHandle<()>)> {
+    let (tx, rx) = crossbeam_channel::unbounded::<CacheJob>();
+    let handle = crate::guard::spawn(
+        "cache-writer",
+        "the handshake cache is not updated",
+        move || {
+            for job in rx {
+                let (what, done) = match job {
+                    CacheJob::Store(entry) => ("store", slot.store(&entry)),
+                    CacheJob::Invalidate => ("remove", slot.invalidate()),
+                };
+                match done {
+                    Ok(()) => {
+                        crate::debug!("handshake cache: did {what} {}", slot.path().display())
+                    }
+                    Err(e) => crate::warn!(
+                        "handshake cache: could not {what} {}: {e}",
+                        slot.path().display()
+                    ),
+                }
+            }
+        },
+        || {},
+    )?;
+    Ok((tx, handle))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use crate::cli::RunArgs;
 use crate::config::{self, ServerConfig};
 use crate::dispatcher::{proxy_error, Dispatcher, Event, Outcome, Reason};
 use crate::downstream::{self, Diagnostics, ServerEvent};
+use crate::handshake_cache;
 use crate::jsonrpc;
 use crate::otel;
 use crate::stats;
@@ -128,6 +129,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         },
     );
     let otel = start_otel(&cfg)?;
+    let cache = start_cache_writer(&cfg);
     // For the answers a panic of the dispatcher leaves to its guard.
     let answers = to_client.clone();
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
@@ -145,6 +147,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         }
         None => None,
     };
+    let mut cache_writer = None;
+    if let Some((entry, jobs, handle)) = cache {
+        dispatcher = dispatcher.with_instant_start(entry, jobs);
+        cache_writer = Some(handle);
+    }
     let mut status_handle = None;
     if let Some((tx, handle)) = status_writer {
         dispatcher = dispatcher.with_status_output(tx);
@@ -179,6 +186,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             crate::info!("OpenTelemetry: {dropped} span(s) or snapshot(s) were dropped");
         }
     }
+    // A store under way is finished: the next session reads it.
+    if let Some(h) = cache_writer {
+        let _ = h.join();
+    }
     // It removes our status file.
     if let Some(h) = status_handle {
         let _ = h.join();
@@ -186,8 +197,42 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     Ok(match outcome {
         Some(Outcome::ClientClosed) => ExitCode::SUCCESS,
         Some(Outcome::Signalled(sig)) => ExitCode::from(128u8.saturating_add(sig as u8)),
+        Some(Outcome::HandshakeChanged) => ExitCode::from(HANDSHAKE_CHANGED_EXIT),
         None => ExitCode::from(INTERNAL_ERROR_EXIT),
     })
+}
+
+/// The exit code when the server contradicted the cached handshake the
+/// session began with: EX_TEMPFAIL, "try again" (the entry is gone).
+const HANDSHAKE_CHANGED_EXIT: u8 = 75;
+
+/// With `instant_start`, the handshake cache: the server's entry as found
+/// now, and the `cache-writer` thread that stores the next one. `None`
+/// (with a warning saying why) when the cache cannot be used.
+fn start_cache_writer(
+    cfg: &ServerConfig,
+) -> Option<(
+    Option<handshake_cache::Entry>,
+    Sender<handshake_cache::CacheJob>,
+    thread::JoinHandle<()>,
+)> {
+    if !cfg.instant_start {
+        return None;
+    }
+    let slot = handshake_cache::Cache::open_default()?.slot(&handshake_cache::Identity::of(cfg));
+    let entry = slot.load();
+    crate::debug!(
+        "handshake cache: {} {}",
+        slot.path().display(),
+        if entry.is_some() { "found" } else { "is empty" }
+    );
+    match handshake_cache::spawn_writer(slot) {
+        Ok((jobs, handle)) => Some((entry, jobs, handle)),
+        Err(e) => {
+            crate::warn!("handshake cache not used: cannot start its writer: {e}");
+            None
+        }
+    }
 }
 
 /// The exit code after a panic of the dispatcher: EX_SOFTWARE, "an

@@ -20,6 +20,7 @@ mod golden;
 mod hostile;
 mod http;
 mod http_server;
+mod instant_start;
 mod lifecycle;
 mod otel;
 mod recovery;

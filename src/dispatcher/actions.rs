@@ -182,7 +182,10 @@ impl Dispatcher {
     pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
         let down = self.next_id();
         let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
-        self.requests.inflight.insert(down, Inflight::ToolsList);
+        let first = cursor.is_none();
+        self.requests
+            .inflight
+            .insert(down, Inflight::ToolsList { first });
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
         if self.send_server(Outgoing::request(down, "tools/list", line)) {
             let at = now + self.cfg.call_timeout;
@@ -197,7 +200,7 @@ impl Dispatcher {
     /// unknown, and calls waiting for them are decided now (unknown means
     /// unsafe) rather than at their deadline.
     pub(super) fn on_tools_list_timeout(&mut self, down: u64, now: Instant) {
-        if let Some(Inflight::ToolsList) = self.requests.inflight.get(&down) {
+        if let Some(Inflight::ToolsList { .. }) = self.requests.inflight.get(&down) {
             self.requests.inflight.remove(&down);
             warn!(
                 "the server did not answer the proxy's tools/list within {}; tool annotations stay unknown",

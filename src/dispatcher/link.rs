@@ -66,7 +66,7 @@ pub(super) struct Conn {
     started: Instant,
     /// It takes no more input (its process exited, or its input failed);
     /// what it sent is still being delivered, and `Gone` follows.
-    draining: bool,
+    pub(super) draining: bool,
     /// The handshake is replayed (or there was none to replay): traffic flows.
     pub(super) ready: bool,
     /// The server has sent at least one message.
@@ -358,7 +358,7 @@ impl Dispatcher {
         }
     }
     /// Sends the client's original `initialize` to a new incarnation.
-    fn replay_initialize(&mut self, now: Instant) {
+    pub(super) fn replay_initialize(&mut self, now: Instant) {
         let params = self.session.init_params.clone().unwrap_or_default();
         let down = self.next_id();
         self.requests
@@ -371,7 +371,7 @@ impl Dispatcher {
         // in time is killed and counts as a failed start.
         let generation = self.generation;
         self.set_timer(
-            now + self.cfg.call_timeout,
+            now + self.replay_wait(),
             Timer::ReplayTimeout { generation },
         );
     }
@@ -398,6 +398,15 @@ impl Dispatcher {
             )),
             _ => None,
         };
+        if self.instant_unchecked() {
+            let checked = match &problem {
+                Some(p) => Err(p.clone()),
+                None => self.instant_check(m, now),
+            };
+            if let Err(p) = checked {
+                return self.instant_contradicted(&p, now);
+            }
+        }
         if let Some(problem) = problem {
             warn!("the restarted server is not usable: {problem}; stopping it");
             if let Link::Up(c) = &mut self.link {
@@ -436,6 +445,7 @@ impl Dispatcher {
                 c.compare_tools_after_restart(ctx.link, out)
             });
         }
+        self.instant_read_lists(now);
     }
 
     /// Something happened to the current incarnation.
@@ -551,7 +561,8 @@ impl Dispatcher {
                 }
                 // The proxy's own requests are made again for the next
                 // incarnation (the handshake replay, the tool list).
-                Some(Inflight::ToolsList) => self.calls.restart_tools_fetch(),
+                Some(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
+                Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
                 Some(Inflight::Replay(_)) => {}
                 None => {
                     let failure = Failure::NeverSent(why.to_owned());
@@ -576,9 +587,10 @@ impl Dispatcher {
                 let line = jsonrpc::error_response_line(&client_id, &error.object);
                 self.answer(&client_id, line);
             }
-            Some(Inflight::ToolsList) => {
+            Some(Inflight::ToolsList { .. }) => {
                 self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
             }
+            Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
             Some(Inflight::Replay(step)) => {
                 if step == ReplayStep::Initialize {
                     warn!(
@@ -632,7 +644,8 @@ impl Dispatcher {
                     let line = jsonrpc::error_response_line(&client_id, &error);
                     self.answer(&client_id, line);
                 }
-                Some(Inflight::ToolsList) => self.calls.restart_tools_fetch(),
+                Some(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
+                Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
                 Some(Inflight::Replay(_)) => {}
                 None => {
                     let failure = Failure::Refused(why.to_owned(), retry_after);
@@ -689,6 +702,9 @@ impl Dispatcher {
         }
         drop(conn);
         self.requests.unwritten.clear();
+        if let Some(instant) = &mut self.instant {
+            instant.reading.link_lost();
+        }
 
         // Call attempts in flight failed; the policies decide.
         let may_have_received = gone.may_have_received;

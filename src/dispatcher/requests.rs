@@ -74,8 +74,11 @@ pub(super) enum Inflight {
     },
     /// The proxy's replay of the session to a new incarnation.
     Replay(ReplayStep),
-    /// The proxy's own `tools/list`, to learn annotations.
-    ToolsList,
+    /// The proxy's own `tools/list`, to learn annotations (`first`: a
+    /// first page).
+    ToolsList { first: bool },
+    /// The proxy's own request for a list the handshake cache keeps.
+    Listing { list: super::List, first: bool },
 }
 
 /// Methods whose answers the dispatcher looks at.

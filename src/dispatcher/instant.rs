@@ -1,0 +1,735 @@
+//! Instant start (`instant_start`): the client's `initialize` answered at
+//! once from the handshake cache, its list requests too until the real
+//! server is ready; the real server's handshake checked against what the
+//! client was told; and, once a session, the server's complete lists read
+//! to keep the cache up to date and to tell the client of a list that
+//! differs from the one it was given.
+//!
+//! Owns [`InstantStart`]: the entry loaded when the proxy started, what the
+//! client was told, and the reading of the lists ([`Reading`], which does
+//! no I/O and is unit-tested alone). The dispatcher's side (answering,
+//! sending the proxy's own list requests, closing a session whose server
+//! contradicts the cache) is the `impl Dispatcher` below.
+//!
+//! Knows nothing of files: entries go to and from the `cache-writer`
+//! thread as [`CacheJob`]s (`handshake_cache` does the I/O). Never answers
+//! a call: calls and every other request wait for the real server.
+
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::downstream::Outgoing;
+use crate::handshake_cache::{CacheJob, Entry, MAX_ENTRY_BYTES};
+use crate::jsonrpc::{self, Message, RawObject};
+use crate::mcp::{Next, ToolsPager};
+use crate::{debug, info, warn};
+
+use super::link::Link;
+use super::{Dispatcher, Inflight, Reason, Timer};
+
+/// How long a server started behind a cached handshake may take to answer
+/// its `initialize` (or `call_timeout`, if longer) before it is stopped
+/// and started again: a cold `npx -y` or `uvx` may need minutes, and
+/// nobody waits on it (requests wait `wait_for_server` at most).
+pub(super) const STARTUP_ALLOWANCE: Duration = Duration::from_secs(300);
+
+/// One of the lists the cache keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum List {
+    Tools,
+    Prompts,
+    Resources,
+    Templates,
+}
+
+impl List {
+    pub(super) const ALL: [List; 4] =
+        [List::Tools, List::Prompts, List::Resources, List::Templates];
+
+    pub(super) fn method(self) -> &'static str {
+        match self {
+            List::Tools => "tools/list",
+            List::Prompts => "prompts/list",
+            List::Resources => "resources/list",
+            List::Templates => "resources/templates/list",
+        }
+    }
+
+    /// The result's member holding the items.
+    fn member(self) -> &'static str {
+        match self {
+            List::Tools => "tools",
+            List::Prompts => "prompts",
+            List::Resources => "resources",
+            List::Templates => "resourceTemplates",
+        }
+    }
+
+    /// The capability that declares it.
+    fn capability(self) -> &'static str {
+        match self {
+            List::Tools => "tools",
+            List::Prompts => "prompts",
+            List::Resources | List::Templates => "resources",
+        }
+    }
+
+    /// What tells a client it changed.
+    fn changed(self) -> &'static str {
+        match self {
+            List::Tools => "notifications/tools/list_changed",
+            List::Prompts => "notifications/prompts/list_changed",
+            List::Resources | List::Templates => "notifications/resources/list_changed",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn of_method(method: &str) -> Option<List> {
+        List::ALL.into_iter().find(|l| l.method() == method)
+    }
+
+    fn of_entry(self, e: &Entry) -> Option<&RawValue> {
+        match self {
+            List::Tools => e.tools.as_deref(),
+            List::Prompts => e.prompts.as_deref(),
+            List::Resources => e.resources.as_deref(),
+            List::Templates => e.resource_templates.as_deref(),
+        }
+    }
+}
+
+/// Where the reading of one list is.
+#[derive(Debug, Default)]
+enum ListRead {
+    /// Not declared by the server: nothing to read.
+    #[default]
+    Absent,
+    /// Declared; not asked for yet (tools: no page seen yet).
+    Wanted,
+    /// Pages are arriving: the items so far, raw.
+    Paging {
+        pager: ToolsPager,
+        items: Vec<String>,
+    },
+    /// Complete: `{"<member>":[...]}`.
+    Done(String),
+    /// It could not be read whole this session.
+    Failed,
+}
+
+/// Reading the server's complete lists, once a session, to store them
+/// with its `initialize` result. Pure: pages in, verdicts out.
+#[derive(Debug, Default)]
+pub(super) struct Reading {
+    /// The protocol version the client asked for, and the server's
+    /// `initialize` result (raw): set when the server accepted the
+    /// handshake; the reading starts then.
+    init: Option<(String, String)>,
+    lists: [ListRead; 4],
+    /// Bytes of items held, bounded by the entry's own limit.
+    bytes: usize,
+    /// Stored (or given up on): nothing more to read this session.
+    finished: bool,
+}
+
+/// What became of a page.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Paged {
+    /// Ask for the next page with this cursor (raw JSON).
+    Next(String),
+    /// The list is complete.
+    Complete,
+    /// Nothing to do (not being read, or it failed).
+    Nothing,
+}
+
+impl Reading {
+    /// The server accepted the handshake the client asked for with
+    /// `protocol_version`: read what its `result` declares.
+    pub(super) fn begin(&mut self, protocol_version: &str, result: &str) {
+        if self.finished || self.init.is_some() {
+            return;
+        }
+        let caps = RawObject::parse(result).and_then(|r| {
+            r.get("capabilities")
+                .and_then(|c| RawObject::parse(c.get()))
+        });
+        for list in List::ALL {
+            let declared = caps
+                .as_ref()
+                .is_some_and(|c| c.get(list.capability()).is_some());
+            self.lists[list.index()] = match declared {
+                true => ListRead::Wanted,
+                false => ListRead::Absent,
+            };
+        }
+        self.init = Some((protocol_version.to_owned(), result.to_owned()));
+    }
+
+    /// Whether the lists are being read.
+    pub(super) fn active(&self) -> bool {
+        self.init.is_some() && !self.finished
+    }
+
+    /// The lists the proxy must ask for itself now (not tools: every
+    /// `tools/list` page that passes by is read, the client's or the one
+    /// the calls ask for to learn annotations). They are marked asked.
+    pub(super) fn take_unasked(&mut self) -> Vec<List> {
+        if !self.active() {
+            return Vec::new();
+        }
+        let mut asked = Vec::new();
+        for list in [List::Prompts, List::Resources, List::Templates] {
+            let slot = &mut self.lists[list.index()];
+            if matches!(slot, ListRead::Wanted) {
+                *slot = ListRead::Paging {
+                    pager: ToolsPager::default(),
+                    items: Vec::new(),
+                };
+                asked.push(list);
+            }
+        }
+        asked
+    }
+
+    /// Whether `list` is declared and no listing of it has begun.
+    pub(super) fn wants(&self, list: List) -> bool {
+        self.active() && matches!(self.lists[list.index()], ListRead::Wanted)
+    }
+
+    /// The server's link was lost: lists not complete are asked of the
+    /// next incarnation.
+    pub(super) fn link_lost(&mut self) {
+        for slot in &mut self.lists {
+            if let ListRead::Paging { items, .. } = slot {
+                self.bytes = self
+                    .bytes
+                    .saturating_sub(items.iter().map(String::len).sum());
+                *slot = ListRead::Wanted;
+            }
+        }
+    }
+
+    /// A page of `list` (its `result`, raw); `first` when it answers a
+    /// request without a cursor (a listing starts over).
+    pub(super) fn page(&mut self, list: List, result: &str, first: bool) -> Paged {
+        if !self.active() {
+            return Paged::Nothing;
+        }
+        let slot = &mut self.lists[list.index()];
+        let starts = match slot {
+            // Not read, or read already (the first complete listing counts).
+            ListRead::Absent | ListRead::Failed | ListRead::Done(_) => return Paged::Nothing,
+            // Tools are read from whichever listing passes by, from its
+            // first page; other lists only from the proxy's own requests.
+            ListRead::Wanted => list == List::Tools && first,
+            ListRead::Paging { .. } => first,
+        };
+        if !starts && matches!(slot, ListRead::Wanted) {
+            return Paged::Nothing;
+        }
+        if starts {
+            if let ListRead::Paging { items, .. } = slot {
+                self.bytes = self
+                    .bytes
+                    .saturating_sub(items.iter().map(String::len).sum());
+            }
+            *slot = ListRead::Paging {
+                pager: ToolsPager::default(),
+                items: Vec::new(),
+            };
+        }
+        let ListRead::Paging { pager, items } = slot else {
+            return Paged::Nothing;
+        };
+        let parsed = RawObject::parse(result).and_then(|r| {
+            let page: Vec<Box<RawValue>> =
+                serde_json::from_str(r.get(list.member())?.get()).ok()?;
+            Some((page, r.string("nextCursor")))
+        });
+        let Some((page, next_cursor)) = parsed else {
+            debug!(
+                "handshake cache: the server's {} page has no items",
+                list.method()
+            );
+            return self.fail(list);
+        };
+        for item in page {
+            self.bytes = self.bytes.saturating_add(item.get().len() + 1);
+            items.push(item.get().to_owned());
+        }
+        if self.bytes as u64 > MAX_ENTRY_BYTES {
+            debug!(
+                "handshake cache: the server's lists are over {MAX_ENTRY_BYTES} bytes; not kept"
+            );
+            return self.fail(list);
+        }
+        match pager.next(next_cursor.as_deref()) {
+            Next::Page => Paged::Next(pager.cursor().unwrap_or_default().to_owned()),
+            Next::Endless => self.fail(list),
+            Next::Last => {
+                let text = format!(
+                    "{{{}:[{}]}}",
+                    jsonrpc::json_string(list.member()),
+                    items.join(",")
+                );
+                *slot = ListRead::Done(text);
+                Paged::Complete
+            }
+        }
+    }
+
+    /// `list` cannot be read whole this session (an error, no answer):
+    /// the entry is not stored (the one there stays).
+    pub(super) fn fail(&mut self, list: List) -> Paged {
+        if self.active() && !matches!(self.lists[list.index()], ListRead::Absent) {
+            debug!(
+                "handshake cache: could not read the server's {}; the entry is not updated",
+                list.method()
+            );
+            self.lists[list.index()] = ListRead::Failed;
+        }
+        Paged::Nothing
+    }
+
+    /// `list` as read, when complete.
+    pub(super) fn done(&self, list: List) -> Option<&str> {
+        match &self.lists[list.index()] {
+            ListRead::Done(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The entry to store, once every declared list is complete; `None`
+    /// while one is still read. The reading is over once it returns an
+    /// entry or a list failed.
+    pub(super) fn take_entry(&mut self) -> Option<Entry> {
+        if !self.active() {
+            return None;
+        }
+        if self.lists.iter().any(|l| matches!(l, ListRead::Failed)) {
+            self.finished = true;
+            return None;
+        }
+        if self
+            .lists
+            .iter()
+            .any(|l| !matches!(l, ListRead::Absent | ListRead::Done(_)))
+        {
+            return None;
+        }
+        self.finished = true;
+        let (version, result) = self.init.take()?;
+        let raw = |t: String| RawValue::from_string(t).ok();
+        let mut entry = Entry::new(&version, raw(result)?);
+        let mut lists = std::mem::take(&mut self.lists).map(|l| match l {
+            ListRead::Done(t) => raw(t),
+            _ => None,
+        });
+        entry.tools = lists[0].take();
+        entry.prompts = lists[1].take();
+        entry.resources = lists[2].take();
+        entry.resource_templates = lists[3].take();
+        self.bytes = 0;
+        Some(entry)
+    }
+}
+
+/// Instant start for this session.
+#[derive(Debug)]
+pub(super) struct InstantStart {
+    jobs: Sender<CacheJob>,
+    /// The entry found when the proxy started, until the client's
+    /// `initialize` uses it (or not).
+    entry: Option<Entry>,
+    /// The entry the client's handshake was answered from, until the real
+    /// server's handshake is checked against it.
+    pub(super) told: Option<Entry>,
+    /// The lists the client was given from the cache (raw, by
+    /// [`List`]), once the real server's handshake was checked: a list
+    /// read that differs is announced.
+    told_lists: Option<[Option<String>; 4]>,
+    /// The session began from the cache.
+    pub(super) from_cache: bool,
+    pub(super) reading: Reading,
+}
+
+impl InstantStart {
+    pub(super) fn new(entry: Option<Entry>, jobs: Sender<CacheJob>) -> InstantStart {
+        InstantStart {
+            jobs,
+            entry,
+            told: None,
+            told_lists: None,
+            from_cache: false,
+            reading: Reading::default(),
+        }
+    }
+
+    fn send(&self, job: CacheJob) {
+        if self.jobs.send(job).is_err() {
+            debug!("handshake cache: the writer is gone");
+        }
+    }
+}
+
+/// The cached `initialize` result as the client is given it: every list
+/// capability the server declared says `listChanged`, so that the client
+/// listens for the changes reconciling may announce.
+pub(super) fn told_result(cached: &str) -> Option<String> {
+    let mut result: Value = serde_json::from_str(cached).ok()?;
+    let caps = result.get_mut("capabilities")?.as_object_mut()?;
+    for name in ["tools", "prompts", "resources"] {
+        if let Some(Value::Object(c)) = caps.get_mut(name) {
+            c.insert("listChanged".into(), Value::Bool(true));
+        }
+    }
+    Some(result.to_string())
+}
+
+/// Why the real server's `initialize` result contradicts the cached one
+/// the client was given: another protocol version, or a capability
+/// missing.
+pub(super) fn contradiction(told: &str, real: &str) -> Option<String> {
+    let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap_or(Value::Null);
+    let (told, real) = (parse(told), parse(real));
+    let version = |v: &Value| v["protocolVersion"].as_str().map(str::to_owned);
+    if version(&told) != version(&real) {
+        return Some(format!(
+            "it chose protocol version {}, the cache said {}",
+            version(&real).unwrap_or_else(|| "none".into()),
+            version(&told).unwrap_or_else(|| "none".into()),
+        ));
+    }
+    let missing: Vec<&String> = told["capabilities"]
+        .as_object()
+        .map(|caps| {
+            caps.keys()
+                .filter(|k| real["capabilities"].get(k.as_str()).is_none())
+                .collect()
+        })
+        .unwrap_or_default();
+    (!missing.is_empty()).then(|| {
+        let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+        format!(
+            "it lacks the capabilities {} the client was told about",
+            names.join(", ")
+        )
+    })
+}
+
+/// Whether two lists differ, as JSON (member order and spacing aside).
+fn lists_differ(a: &str, b: &str) -> bool {
+    use crate::policy::canonical_json;
+    match (canonical_json(a), canonical_json(b)) {
+        (Ok(a), Ok(b)) => a != b,
+        _ => true,
+    }
+}
+
+impl Dispatcher {
+    /// Instant start for this session, with the entry found at start.
+    pub fn with_instant_start(
+        mut self,
+        entry: Option<Entry>,
+        jobs: Sender<CacheJob>,
+    ) -> Dispatcher {
+        self.instant = Some(Box::new(InstantStart::new(entry, jobs)));
+        self
+    }
+
+    /// The client's `initialize`: answered from the cache when an entry
+    /// matches its protocol version (then the real server gets it in the
+    /// background). Whether it was answered.
+    pub(super) fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
+        let Some(instant) = self.instant.as_mut() else {
+            return false;
+        };
+        let asked = m
+            .params()
+            .and_then(RawObject::parse)
+            .and_then(|p| p.string("protocolVersion"));
+        let first = self.session.init_params.is_none() && self.session.pending_init.is_none();
+        let Some(entry) = instant.entry.take() else {
+            return false;
+        };
+        if !first || asked.as_deref() != Some(entry.protocol_version.as_str()) {
+            debug!(
+                "handshake cache: the entry is for protocol version {}, the client asked for {}",
+                entry.protocol_version,
+                asked.as_deref().unwrap_or("none")
+            );
+            return false;
+        }
+        let Some(result) = told_result(entry.initialize.get()) else {
+            warn!("handshake cache: the cached initialize result is not an object; not used");
+            return false;
+        };
+        instant.from_cache = true;
+        let cached_version =
+            RawObject::parse(entry.initialize.get()).and_then(|r| r.string("protocolVersion"));
+        instant.told = Some(entry);
+        // The session is the client's from now on, as if the server had
+        // accepted it: a start replays it.
+        self.session.init_params = m.params().map(str::to_owned);
+        self.session.protocol_version = cached_version;
+        self.observe_capabilities(&result);
+        // It told the client `listChanged`: a restarted server's tools are
+        // compared too.
+        self.session.tools_list_changed = self.session.has_tools;
+        info!(
+            "answered initialize from the handshake cache; the MCP server starts in the background"
+        );
+        self.answer(client_id, jsonrpc::response_line(client_id, &result));
+        match &mut self.link {
+            Link::Up(c) if !c.draining => {
+                c.ready = false;
+                self.replay_initialize(self.now);
+            }
+            // Down or between starts: the next start replays it.
+            _ => {}
+        }
+        self.status_dirty();
+        true
+    }
+
+    /// Whether the real server's handshake is still to be checked against
+    /// the cached one the client was told.
+    pub(super) fn instant_unchecked(&self) -> bool {
+        self.instant.as_ref().is_some_and(|i| i.told.is_some())
+    }
+
+    /// How long the handshake replayed to a new incarnation may take.
+    pub(super) fn replay_wait(&self) -> Duration {
+        match self.instant_unchecked() {
+            true => self.cfg.call_timeout.max(STARTUP_ALLOWANCE),
+            false => self.cfg.call_timeout,
+        }
+    }
+
+    /// A list request from the client, answered from the cache while the
+    /// server is not ready yet (a first page only: the cache keeps whole
+    /// lists). Whether it was answered.
+    pub(super) fn instant_list(
+        &mut self,
+        client_id: &str,
+        method: &str,
+        params: Option<&str>,
+    ) -> bool {
+        let Some(list) = List::of_method(method) else {
+            return false;
+        };
+        let Some(told) = self.instant.as_ref().and_then(|i| i.told.as_ref()) else {
+            return false;
+        };
+        let paged = params
+            .and_then(RawObject::parse)
+            .is_some_and(|p| p.get("cursor").is_some());
+        let Some(cached) = list.of_entry(told).filter(|_| !paged) else {
+            return false;
+        };
+        let line = jsonrpc::response_line(client_id, cached.get());
+        debug!("answered {method} from the handshake cache");
+        self.answer(client_id, line);
+        true
+    }
+
+    /// The answer to the handshake replayed to the first server of a
+    /// session that began from the cache: `Err` with why when it
+    /// contradicts what the client was told (the session then ends).
+    pub(super) fn instant_check(&mut self, m: &Message, now: Instant) -> Result<(), String> {
+        let Some(told) = self.instant.as_mut().and_then(|i| i.told.as_ref()) else {
+            return Ok(());
+        };
+        let Some(real) = m.result() else {
+            return Err(format!(
+                "it answered initialize with {}",
+                m.error().unwrap_or("no result")
+            ));
+        };
+        if let Some(problem) = contradiction(told.initialize.get(), real) {
+            return Err(problem);
+        }
+        info!(
+            "the MCP server is ready after {}; the session began from the handshake cache",
+            super::calls::secs(now.saturating_duration_since(self.started_at))
+        );
+        self.ready_at.get_or_insert(now);
+        let version = self.client_version();
+        if let Some(instant) = self.instant.as_mut() {
+            let told = instant.told.take().expect("checked above");
+            instant.told_lists =
+                Some(List::ALL.map(|l| l.of_entry(&told).map(|r| r.get().to_owned())));
+            instant.reading.begin(&version, real);
+        }
+        Ok(())
+    }
+
+    /// The real server contradicts the cached handshake the client was
+    /// given: the entry goes, every pending request gets the proxy's error
+    /// and the session ends, so that the host connects again and gets the
+    /// server's own handshake.
+    pub(super) fn instant_contradicted(&mut self, problem: &str, now: Instant) {
+        let message = format!(
+            "the MCP server's handshake differs from the cached one the session began with ({problem}); the cache entry was removed and the session ends: reconnect"
+        );
+        warn!("{message}");
+        if let Some(instant) = self.instant.as_mut() {
+            instant.told = None;
+            instant.send(CacheJob::Invalidate);
+        }
+        self.handshake_changed = true;
+        let mut ids: Vec<String> = self.requests.client.keys().cloned().collect();
+        ids.sort();
+        for id in ids {
+            self.answer_proxy_error(&id, Reason::ServerUnavailable, &message);
+        }
+        self.begin_shutdown(None, now);
+    }
+
+    /// The protocol version the client asked for in its `initialize`.
+    fn client_version(&self) -> String {
+        self.session
+            .init_params
+            .as_deref()
+            .or(self.session.pending_init.as_deref())
+            .and_then(RawObject::parse)
+            .and_then(|p| p.string("protocolVersion"))
+            .unwrap_or_default()
+    }
+
+    /// The server accepted the client's own `initialize` (no cache hit):
+    /// its lists are read for the next session.
+    pub(super) fn instant_accepted(&mut self, result: &str) {
+        let version = self.client_version();
+        if let Some(instant) = self.instant.as_mut() {
+            instant.reading.begin(&version, result);
+        }
+    }
+
+    /// The link is ready and the session initialized: ask for the lists
+    /// still to be read.
+    pub(super) fn instant_read_lists(&mut self, now: Instant) {
+        if !self.session.initialized || !self.link_ready() {
+            return;
+        }
+        let Some(instant) = self.instant.as_mut() else {
+            return;
+        };
+        // A client given the tools from the cache does not list them from
+        // the server: the calls' own listing is read (it learns the
+        // annotations too).
+        let tools = instant.from_cache && instant.reading.wants(List::Tools);
+        for list in instant.reading.take_unasked() {
+            self.request_list_page(list, None, now);
+        }
+        if tools {
+            self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
+        }
+    }
+
+    /// Sends the proxy's own request for a page of `list`.
+    fn request_list_page(&mut self, list: List, cursor: Option<&str>, now: Instant) {
+        let down = self.next_id();
+        let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
+        self.requests.inflight.insert(
+            down,
+            Inflight::Listing {
+                list,
+                first: cursor.is_none(),
+            },
+        );
+        let line = jsonrpc::request_line(&down.to_string(), list.method(), Some(&params));
+        if self.send_server(Outgoing::request(down, list.method(), line)) {
+            self.set_timer(now + self.cfg.call_timeout, Timer::ListingTimeout { down });
+        } else {
+            self.requests.inflight.remove(&down);
+            self.instant_list_failed(list);
+        }
+    }
+
+    /// A page of `list` passed by: the proxy's own, the client's, or the
+    /// calls' `tools/list`. `result` is `None` for an error answer.
+    pub(super) fn instant_page(
+        &mut self,
+        list: List,
+        result: Option<&str>,
+        first: bool,
+        now: Instant,
+    ) {
+        let Some(instant) = self.instant.as_mut() else {
+            return;
+        };
+        let paged = match result {
+            Some(r) => instant.reading.page(list, r, first),
+            None => instant.reading.fail(list),
+        };
+        match paged {
+            Paged::Next(cursor) if list != List::Tools => {
+                self.request_list_page(list, Some(&cursor), now)
+            }
+            // The client, or the calls, ask for the tools' next pages.
+            Paged::Next(_) | Paged::Nothing => self.instant_store_if_complete(),
+            Paged::Complete => {
+                self.instant_reconcile(list);
+                self.instant_store_if_complete();
+            }
+        }
+    }
+
+    /// The proxy's own request for a page of `list` got no answer.
+    pub(super) fn instant_list_failed(&mut self, list: List) {
+        if let Some(instant) = self.instant.as_mut() {
+            instant.reading.fail(list);
+        }
+        self.instant_store_if_complete();
+    }
+
+    /// `list` was read whole: a client given a different one from the
+    /// cache is told it changed (it lists again, from the server).
+    fn instant_reconcile(&mut self, list: List) {
+        let Some(instant) = self.instant.as_ref() else {
+            return;
+        };
+        if !instant.from_cache {
+            return;
+        }
+        let (Some(read), Some(told)) = (
+            instant.reading.done(list),
+            instant
+                .told_lists
+                .as_ref()
+                .and_then(|t| t[list.index()].as_deref()),
+        ) else {
+            return;
+        };
+        if lists_differ(read, told) {
+            info!(
+                "the MCP server's {} differs from the cached one; telling the client",
+                list.method()
+            );
+            self.send_client(jsonrpc::notification_line(list.changed(), None));
+        }
+    }
+
+    fn instant_store_if_complete(&mut self) {
+        let Some(instant) = self.instant.as_mut() else {
+            return;
+        };
+        if let Some(entry) = instant.reading.take_entry() {
+            debug!("handshake cache: storing the server's handshake and lists");
+            instant.send(CacheJob::Store(entry));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

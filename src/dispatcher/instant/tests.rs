@@ -1,0 +1,220 @@
+//! Instant start's pure parts: reading the lists, what the client is told,
+//! and what contradicts it.
+
+#![forbid(unsafe_code)]
+
+use super::*;
+
+const RESULT: &str = r#"{"protocolVersion":"2025-06-18","capabilities":{"tools":{},"prompts":{"listChanged":false},"resources":{"subscribe":true},"logging":{}},"serverInfo":{"name":"s","version":"1"},"instructions":"be kind"}"#;
+
+fn reading() -> Reading {
+    let mut r = Reading::default();
+    r.begin("2025-11-25", RESULT);
+    r
+}
+
+/// Reads the three lists the proxy asks for, each in one page.
+fn read_the_others(r: &mut Reading) {
+    assert_eq!(
+        r.take_unasked(),
+        vec![List::Prompts, List::Resources, List::Templates]
+    );
+    assert!(r.take_unasked().is_empty(), "asked once");
+    for (list, page) in [
+        (List::Prompts, r#"{"prompts":[{"name":"p"}]}"#),
+        (List::Resources, r#"{"resources":[]}"#),
+        (
+            List::Templates,
+            r#"{"resourceTemplates":[{"uriTemplate":"x://{a}"}]}"#,
+        ),
+    ] {
+        assert_eq!(r.page(list, page, true), Paged::Complete);
+    }
+}
+
+#[test]
+fn every_declared_list_is_read_whole_before_the_entry_is_stored() {
+    let mut r = reading();
+    assert!(r.active());
+    assert!(r.wants(List::Tools));
+    read_the_others(&mut r);
+    assert!(r.take_entry().is_none(), "the tools are still unread");
+    assert_eq!(
+        r.page(
+            List::Tools,
+            r#"{"tools":[{"name":"a"}],"nextCursor":"2"}"#,
+            true
+        ),
+        Paged::Next("\"2\"".into())
+    );
+    assert!(r.take_entry().is_none(), "a page is missing");
+    assert_eq!(
+        r.page(List::Tools, r#"{"tools":[{"name":"b"}]}"#, false),
+        Paged::Complete
+    );
+    assert_eq!(
+        r.done(List::Tools),
+        Some(r#"{"tools":[{"name":"a"},{"name":"b"}]}"#)
+    );
+    let e = r.take_entry().expect("complete");
+    assert_eq!(e.protocol_version, "2025-11-25");
+    assert_eq!(e.initialize.get(), RESULT);
+    assert_eq!(
+        e.tools.unwrap().get(),
+        r#"{"tools":[{"name":"a"},{"name":"b"}]}"#
+    );
+    assert_eq!(e.prompts.unwrap().get(), r#"{"prompts":[{"name":"p"}]}"#);
+    assert_eq!(e.resources.unwrap().get(), r#"{"resources":[]}"#);
+    assert_eq!(
+        e.resource_templates.unwrap().get(),
+        r#"{"resourceTemplates":[{"uriTemplate":"x://{a}"}]}"#
+    );
+    // Once a session.
+    assert!(!r.active());
+    assert!(r.take_entry().is_none());
+    r.begin("2025-11-25", RESULT);
+    assert!(!r.active());
+}
+
+#[test]
+fn undeclared_lists_are_not_read_and_are_kept_as_none() {
+    let mut r = Reading::default();
+    r.begin(
+        "v",
+        r#"{"protocolVersion":"v","capabilities":{"tools":{}}}"#,
+    );
+    assert!(r.take_unasked().is_empty());
+    assert_eq!(
+        r.page(List::Prompts, r#"{"prompts":[]}"#, true),
+        Paged::Nothing
+    );
+    assert_eq!(
+        r.page(List::Tools, r#"{"tools":[]}"#, true),
+        Paged::Complete
+    );
+    let e = r.take_entry().unwrap();
+    assert!(e.prompts.is_none() && e.resources.is_none() && e.resource_templates.is_none());
+}
+
+#[test]
+fn a_listing_that_starts_over_replaces_the_pages_read_so_far() {
+    let mut r = reading();
+    read_the_others(&mut r);
+    // A tools page that is not a first page, before any first: not read.
+    assert_eq!(
+        r.page(List::Tools, r#"{"tools":[{"name":"z"}]}"#, false),
+        Paged::Nothing
+    );
+    r.page(
+        List::Tools,
+        r#"{"tools":[{"name":"a"}],"nextCursor":"1"}"#,
+        true,
+    );
+    r.page(List::Tools, r#"{"tools":[{"name":"b"}]}"#, true);
+    assert_eq!(r.done(List::Tools), Some(r#"{"tools":[{"name":"b"}]}"#));
+    // A later listing does not change what was read.
+    assert_eq!(r.page(List::Tools, r#"{"tools":[]}"#, true), Paged::Nothing);
+}
+
+#[test]
+fn a_list_that_fails_or_pages_without_end_means_no_store() {
+    for how in ["error", "endless", "garbage"] {
+        let mut r = reading();
+        read_the_others(&mut r);
+        match how {
+            "error" => {
+                r.fail(List::Tools);
+            }
+            "endless" => {
+                r.page(List::Tools, r#"{"tools":[],"nextCursor":"x"}"#, true);
+                assert_eq!(
+                    r.page(List::Tools, r#"{"tools":[],"nextCursor":"x"}"#, false),
+                    Paged::Nothing
+                );
+            }
+            _ => {
+                assert_eq!(
+                    r.page(List::Tools, r#"{"nothing":1}"#, true),
+                    Paged::Nothing
+                );
+            }
+        }
+        assert!(r.take_entry().is_none(), "{how}");
+        assert!(!r.active(), "{how}: over");
+    }
+}
+
+#[test]
+fn a_lost_link_asks_the_next_server_for_what_was_not_complete() {
+    let mut r = reading();
+    assert_eq!(r.take_unasked().len(), 3);
+    r.page(List::Prompts, r#"{"prompts":[]}"#, true);
+    r.page(
+        List::Tools,
+        r#"{"tools":[{"name":"a"}],"nextCursor":"1"}"#,
+        true,
+    );
+    r.link_lost();
+    assert!(r.wants(List::Tools));
+    assert_eq!(r.take_unasked(), vec![List::Resources, List::Templates]);
+    assert!(r.done(List::Prompts).is_some());
+}
+
+#[test]
+fn lists_over_the_entry_limit_are_not_kept() {
+    let mut r = reading();
+    read_the_others(&mut r);
+    let big = format!(
+        r#"{{"tools":[{{"d":"{}"}}],"nextCursor":"1"}}"#,
+        "x".repeat(5 << 20)
+    );
+    assert!(matches!(r.page(List::Tools, &big, true), Paged::Next(_)));
+    let big2 = big.replace("\"1\"", "\"2\"");
+    assert_eq!(r.page(List::Tools, &big2, false), Paged::Nothing);
+    assert!(r.take_entry().is_none());
+}
+
+#[test]
+fn the_client_is_told_list_changed_for_every_list_capability() {
+    let told: Value = serde_json::from_str(&told_result(RESULT).unwrap()).unwrap();
+    let caps = &told["capabilities"];
+    assert_eq!(caps["tools"]["listChanged"], true);
+    assert_eq!(caps["prompts"]["listChanged"], true);
+    assert_eq!(caps["resources"]["listChanged"], true);
+    assert_eq!(caps["resources"]["subscribe"], true);
+    assert!(caps["logging"].get("listChanged").is_none());
+    assert_eq!(told["instructions"], "be kind");
+    assert_eq!(told["protocolVersion"], "2025-06-18");
+    assert!(told_result("[1]").is_none());
+    assert!(told_result("{}").is_none());
+}
+
+#[test]
+fn another_version_or_a_missing_capability_contradicts_the_cache() {
+    assert_eq!(contradiction(RESULT, RESULT), None);
+    let more = RESULT.replace(r#""logging":{}"#, r#""logging":{},"completions":{}"#);
+    assert_eq!(contradiction(RESULT, &more), None, "more is fine");
+    let other = RESULT.replace("2025-06-18", "2024-11-05");
+    assert_eq!(
+        contradiction(RESULT, &other).unwrap(),
+        "it chose protocol version 2024-11-05, the cache said 2025-06-18"
+    );
+    let fewer = RESULT.replace(r#""prompts":{"listChanged":false},"#, "");
+    assert_eq!(
+        contradiction(RESULT, &fewer).unwrap(),
+        "it lacks the capabilities prompts the client was told about"
+    );
+}
+
+#[test]
+fn lists_compare_as_json() {
+    assert!(!lists_differ(
+        r#"{"tools":[{"a":1,"b":2}]}"#,
+        r#"{ "tools": [ {"b":2, "a":1} ] }"#
+    ));
+    assert!(lists_differ(
+        r#"{"tools":[{"a":1}]}"#,
+        r#"{"tools":[{"a":2}]}"#
+    ));
+    assert!(lists_differ(r#"{"tools":[{"a":1}]}"#, "not json"));
+}

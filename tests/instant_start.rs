@@ -1,0 +1,350 @@
+//! Instant start (`instant_start: true`) through the real binary: a first
+//! session fills the handshake cache, a second one whose server takes long
+//! to start gets `initialize` and its lists from the cache before the
+//! server has read a byte, and its calls once the server is up. Also what
+//! changes the answer: another protocol version, a changed tool list, a
+//! server that contradicts the cache, and cache files that must not be
+//! trusted.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::http_server::Server;
+use crate::util::{eventually, Builder, Session, TempDir};
+
+/// How long the slow server sleeps before it reads its input.
+const SLOW_START_MS: &str = "5000";
+
+/// The client's `initialize` params, asking for `version`.
+fn init_params(version: &str) -> Value {
+    json!({"protocolVersion": version, "capabilities": {"roots": {}},
+           "clientInfo": {"name": "test-client", "version": "1.0.0"}})
+}
+
+/// The newest protocol version, which `Session::initialize` asks for.
+const VERSION: &str = "2025-11-25";
+
+/// A cache directory the proxy creates itself (mode 0700), inside `dir`.
+fn cache_in(dir: &TempDir) -> PathBuf {
+    dir.join("cache")
+}
+
+/// A session of the mock under `instant_start`, with its cache in `cache`
+/// and `policy` lines beside it.
+fn session(cache: &Path, policy: &str) -> Builder {
+    Builder::mock_with(&format!("instant_start: true\n{policy}"))
+        .env("MCP_RETRY_CACHE_DIR", &cache.display().to_string())
+}
+
+/// The cache's entries (every file but the key).
+fn entries(cache: &Path) -> Vec<PathBuf> {
+    let Ok(dir) = fs::read_dir(cache) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = dir
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    found.sort();
+    found
+}
+
+/// The one entry's JSON.
+fn entry(cache: &Path) -> Value {
+    let found = entries(cache);
+    assert_eq!(found.len(), 1, "{found:?}");
+    serde_json::from_slice(&fs::read(&found[0]).unwrap()).unwrap()
+}
+
+/// The one entry's JSON, if it is there and whole.
+fn entry_if_any(cache: &Path) -> Option<Value> {
+    let found = entries(cache);
+    serde_json::from_slice(&fs::read(found.first()?).ok()?).ok()
+}
+
+/// A first session that fills the cache: the handshake, then the lists
+/// the proxy reads itself; ended once the entry is there.
+fn warm(cache: &Path, policy: &str, env: &[(&str, &str)]) {
+    let mut b = session(cache, policy);
+    for (k, v) in env {
+        b = b.env(k, v);
+    }
+    let mut s = b.initialized();
+    eventually("the handshake cache entry", || entries(cache).len() == 1);
+    s.close_stdin();
+    assert!(s.wait().success(), "{}", s.stderr());
+}
+
+/// Whether the slow server has read anything yet.
+fn server_read_nothing(s: &Session) -> bool {
+    s.recv_lines().is_empty()
+}
+
+#[test]
+fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_calls_after() {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "", &[]);
+    let stored = entry(&cache);
+    assert_eq!(stored["entry"]["protocol_version"], VERSION);
+    let cached_tools = stored["entry"]["tools"]["tools"].as_array().unwrap().len();
+    assert!(cached_tools > 3, "{stored}");
+    assert!(stored["entry"]["prompts"]["prompts"].is_array(), "{stored}");
+    assert!(
+        stored["entry"]["resources"]["resources"].is_array(),
+        "{stored}"
+    );
+    assert!(stored["entry"]["resource_templates"]["resourceTemplates"].is_array());
+
+    let mut s = session(&cache, "")
+        .env("MOCK_START_DELAY_MS", SLOW_START_MS)
+        .start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    let init = s.result(&json!(0));
+    s.notify("notifications/initialized", json!({}));
+    s.request(json!(1), "tools/list", json!({}));
+    let tools = s.result(&json!(1));
+    s.request(json!(2), "prompts/list", json!({}));
+    let prompts = s.result(&json!(2));
+    s.request(json!(3), "resources/templates/list", json!({}));
+    let templates = s.result(&json!(3));
+    assert!(
+        server_read_nothing(&s),
+        "answered from the cache, before the server read anything: {:?}",
+        s.recv_lines()
+    );
+    assert_eq!(init["serverInfo"]["name"], "mock-mcp-server");
+    assert_eq!(init["protocolVersion"], VERSION);
+    for cap in ["tools", "prompts", "resources"] {
+        assert_eq!(init["capabilities"][cap]["listChanged"], true, "{init}");
+    }
+    assert_eq!(tools["tools"].as_array().unwrap().len(), cached_tools);
+    assert_eq!(prompts, stored["entry"]["prompts"]);
+    assert_eq!(templates, stored["entry"]["resource_templates"]);
+    // A ping is the proxy's to answer while the server starts.
+    s.request(json!(4), "ping", json!({}));
+    assert_eq!(s.result(&json!(4)), json!({}));
+
+    // A call made at once waits for the server, and runs once.
+    s.call(json!(5), "echo", json!({"text": "after the start"}));
+    let r = s.result(&json!(5));
+    assert_eq!(r["content"][0]["text"], "after the start", "{r}");
+    assert_eq!(s.executions("echo"), 1);
+    // The server got the client's own handshake, once.
+    let inits = s.received("initialize");
+    assert_eq!(inits.len(), 1, "{inits:?}");
+    assert_eq!(inits[0]["params"]["clientInfo"]["name"], "test-client");
+    assert_eq!(inits[0]["params"]["capabilities"], json!({"roots": {}}));
+    eventually("the server is sent initialized", || {
+        s.received("notifications/initialized").len() == 1
+    });
+    assert!(s.logged("answered initialize from the handshake cache"));
+    s.stderr_with("the session began from the handshake cache");
+    // Once ready, the lists are the server's: a list request reaches it.
+    s.request(json!(6), "prompts/list", json!({}));
+    s.result(&json!(6));
+    eventually("the client's prompts/list reached the server", || {
+        s.received("prompts/list")
+            .iter()
+            .any(|m| m["params"].get("cursor").is_none() && m["id"] != json!(null))
+    });
+    s.close_stdin();
+    assert!(s.wait().success());
+    assert_eq!(
+        s.received("notifications/initialized").len(),
+        1,
+        "initialized reached the server once"
+    );
+}
+
+#[test]
+fn a_changed_tool_list_is_announced_and_served_from_the_server_then() {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "", &[]);
+    let mut s = session(&cache, "")
+        .env("MOCK_START_DELAY_MS", "500")
+        .env("MOCK_TOOLS_VARIANT", "fresh")
+        .start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    s.result(&json!(0));
+    s.notify("notifications/initialized", json!({}));
+    let old = s.list_tools();
+    let names = |list: &Value| -> Vec<String> {
+        list["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(!names(&old).iter().any(|n| n.contains("fresh")), "{old}");
+    s.recv_where("tools/list_changed", |v| {
+        v["method"] == "notifications/tools/list_changed"
+    });
+    let new = s.list_tools();
+    assert!(names(&new).iter().any(|n| n.contains("fresh")), "{new}");
+    // The prompts did not change: no word about them.
+    s.expect_none_where(std::time::Duration::from_millis(300), |v| {
+        v["method"] == "notifications/prompts/list_changed"
+    });
+    // The next session gets the new list.
+    eventually("the entry has the new tool", || {
+        entry(&cache)["entry"]["tools"]
+            .to_string()
+            .contains("fresh")
+    });
+    s.close_stdin();
+    s.wait();
+}
+
+#[test]
+fn another_protocol_version_gets_no_answer_from_the_cache() {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "", &[]);
+    let mut s = session(&cache, "")
+        .env("MOCK_START_DELAY_MS", "300")
+        .start();
+    s.request(json!(0), "initialize", init_params("2025-06-18"));
+    let init = s.result(&json!(0));
+    assert_eq!(init["protocolVersion"], "2025-06-18");
+    assert_eq!(
+        s.received("initialize").len(),
+        1,
+        "the server answered it itself"
+    );
+    assert!(!s.logged("answered initialize from the handshake cache"));
+    // That session's handshake is the one kept now.
+    s.notify("notifications/initialized", json!({}));
+    eventually("the entry for the other version", || {
+        entry_if_any(&cache).is_some_and(|e| e["entry"]["protocol_version"] == "2025-06-18")
+    });
+    s.close_stdin();
+    s.wait();
+}
+
+#[test]
+fn a_server_that_contradicts_the_cache_ends_the_session_and_the_entry() {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "", &[]);
+    let mut s = session(&cache, "")
+        .env("MOCK_START_DELAY_MS", "300")
+        .env("MOCK_PROTOCOL_VERSION", "2024-11-05")
+        .start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    assert_eq!(s.result(&json!(0))["protocolVersion"], VERSION);
+    s.notify("notifications/initialized", json!({}));
+    s.call(json!(1), "echo", json!({"text": "x"}));
+    let e = s.error(&json!(1));
+    assert_eq!(e["data"]["source"], "mcp-retry", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("differs from the cached one"), "{message}");
+    assert!(message.contains("2024-11-05"), "{message}");
+    let status = s.wait();
+    assert_eq!(status.code(), Some(75), "{}", s.stderr());
+    assert_eq!(s.executions("echo"), 0);
+    assert!(entries(&cache).is_empty(), "the entry is gone");
+}
+
+#[cfg(unix)]
+#[test]
+fn an_entry_another_user_could_write_is_ignored_with_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "", &[]);
+    let file = entries(&cache).remove(0);
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
+    let mut s = session(&cache, "").start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    s.result(&json!(0));
+    assert_eq!(s.received("initialize").len(), 1, "the server answered");
+    assert!(!s.logged("answered initialize from the handshake cache"));
+    let warning = s.stderr_with("handshake cache: ignoring");
+    assert!(
+        warning.contains("0644") || warning.contains("mode"),
+        "{warning}"
+    );
+    s.close_stdin();
+    s.wait();
+}
+
+#[test]
+fn a_truncated_or_corrupt_entry_is_ignored() {
+    for (what, cut) in [("truncated", true), ("corrupt", false)] {
+        let tmp = TempDir::new();
+        let cache = cache_in(&tmp);
+        warm(&cache, "", &[]);
+        let file = entries(&cache).remove(0);
+        let bytes = fs::read(&file).unwrap();
+        let spoiled = match cut {
+            true => bytes[..bytes.len() / 2].to_vec(),
+            false => b"{\"format\":1,\"entry\":[]}".to_vec(),
+        };
+        fs::write(&file, spoiled).unwrap();
+        let mut s = session(&cache, "").start();
+        s.request(json!(0), "initialize", init_params(VERSION));
+        s.result(&json!(0));
+        assert_eq!(
+            s.received("initialize").len(),
+            1,
+            "{what}: the server answered"
+        );
+        s.stderr_with("handshake cache: ignoring");
+        // And the session writes a good one again.
+        s.notify("notifications/initialized", json!({}));
+        eventually("a good entry again", || {
+            entry_if_any(&cache).is_some_and(|e| e["entry"]["protocol_version"] == VERSION)
+        });
+        s.close_stdin();
+        s.wait();
+    }
+}
+
+#[test]
+fn no_env_value_reaches_the_cache() {
+    const SECRET: &str = "env-SECRET-9c1f7e";
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, &format!("env:\n  API_TOKEN: {SECRET}"), &[]);
+    assert_files_free_of(&cache, SECRET);
+}
+
+#[test]
+fn no_header_value_reaches_the_cache() {
+    const SECRET: &str = "header-SECRET-4b2d8a";
+    let server = Server::start();
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    let config = format!(
+        "servers:\n  remote:\n    url: {}\n    instant_start: true\n    headers:\n      Authorization: Bearer {SECRET}\n",
+        server.url()
+    );
+    let mut s = Builder::config(&config)
+        .env("NO_PROXY", "127.0.0.1")
+        .env("MCP_RETRY_CACHE_DIR", &cache.display().to_string())
+        .initialized();
+    eventually("the handshake cache entry", || entries(&cache).len() == 1);
+    s.close_stdin();
+    s.wait();
+    server.with(|st| assert_eq!(st.authorizations[0], format!("Bearer {SECRET}")));
+    assert_files_free_of(&cache, SECRET);
+}
+
+/// No file in `dir` holds `secret`.
+fn assert_files_free_of(dir: &Path, secret: &str) {
+    let mut files = 0;
+    for e in fs::read_dir(dir).unwrap() {
+        let bytes = fs::read(e.unwrap().path()).unwrap();
+        files += 1;
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "a cache file holds the secret"
+        );
+    }
+    assert!(files >= 2, "the key and an entry");
+}
