@@ -62,7 +62,7 @@ const MAX_REASON_LINE: usize = 300;
 const MAX_NON_JSON_QUOTE: usize = 80;
 /// A server that takes longer than this to answer `initialize` gets the
 /// hint to turn on `instant_start` (unless it is on).
-pub const SLOW_START: Duration = Duration::from_secs(10);
+const SLOW_START: Duration = Duration::from_secs(10);
 
 pub fn run(args: CheckArgs) -> Result<ExitCode> {
     let config = config::load(&args.config)?;
@@ -80,15 +80,8 @@ pub fn run(args: CheckArgs) -> Result<ExitCode> {
         crate::warn!("interrupted by signal {sig}; every server was stopped");
         return Ok(ExitCode::from(128u8.saturating_add(sig as u8)));
     }
-    for r in reports.iter().filter(|r| r.suggests_instant_start()) {
-        if let Ok(up) = &r.outcome {
-            crate::info!(
-                "server {:?} started in {} (over {}): with `instant_start: true` a host gets its tools at once from the handshake cache, while it starts",
-                r.name,
-                seconds(up.start),
-                seconds(SLOW_START)
-            );
-        }
+    for hint in reports.iter().filter_map(Report::instant_start_hint) {
+        crate::info!("{hint}");
     }
     let mut out = io::stdout().lock();
     if args.json {
@@ -199,6 +192,22 @@ impl Report {
     /// `instant_start` is off for it.
     fn suggests_instant_start(&self) -> bool {
         !self.instant_start && matches!(&self.outcome, Ok(up) if up.start > SLOW_START)
+    }
+
+    /// The hint on stderr for a server that [suggests instant
+    /// start](Report::suggests_instant_start).
+    fn instant_start_hint(&self) -> Option<String> {
+        let up = self
+            .outcome
+            .as_ref()
+            .ok()
+            .filter(|_| self.suggests_instant_start())?;
+        Some(format!(
+            "server {:?} took {} to start (more than {}): with `instant_start: true` a host gets its tools at once from the handshake cache while it starts",
+            self.name,
+            seconds(up.start),
+            seconds(SLOW_START)
+        ))
     }
 }
 
@@ -1015,8 +1024,9 @@ mod tests {
     #[test]
     fn instant_start_is_suggested_past_the_slow_start_only_when_off() {
         let ms = SLOW_START.as_secs_f64() * 1000.0;
-        let slow = report("slow", up(ms + 1.0, Tools::Count(1), None, None));
-        assert!(slow.suggests_instant_start());
+        let just_over = report("over", up(ms + 1.0, Tools::Count(1), None, None));
+        assert!(just_over.suggests_instant_start());
+        let slow = report("slow", up(ms + 2500.0, Tools::Count(1), None, None));
         let on = Report {
             instant_start: true,
             ..slow.clone()
@@ -1025,6 +1035,12 @@ mod tests {
         let at_limit = report("at", up(ms, Tools::Count(1), None, None));
         assert!(!at_limit.suggests_instant_start());
         assert!(!report("down", Err("no response within 60.0s".into())).suggests_instant_start());
+        assert_eq!(
+            slow.instant_start_hint().as_deref(),
+            Some("server \"slow\" took 12.5s to start (more than 10.0s): with `instant_start: true` a host gets its tools at once from the handshake cache while it starts")
+        );
+        assert_eq!(on.instant_start_hint(), None);
+        assert_eq!(at_limit.instant_start_hint(), None);
         let v: Value = serde_json::from_str(&json_report(&[slow, on, at_limit])).unwrap();
         let flags: Vec<&Value> = (0..3)
             .map(|i| &v["servers"][i]["suggest_instant_start"])
