@@ -5,7 +5,7 @@
 //! handshake in the handshake cache, and prints one `[UP  ]`/`[DOWN]` line
 //! per server (with its start time) or a JSON report, and on stderr the
 //! hint to turn on `instant_start` for a server slower to start than
-//! [`SLOW_START`].
+//! `SLOW_START`.
 //!
 //! Owns the probe's short conversation, the reasons a server counts as down,
 //! what of a handshake becomes a cache entry (an `initialize` handshake
