@@ -1328,6 +1328,8 @@ fn check(bins: &Bins, reps: usize) -> Result<Vec<Duration>, String> {
             .arg("--config")
             .arg(&config)
             .env_remove("MCP_RETRY_LOG")
+            // The handshakes it stores stay in the bench's directory.
+            .env("MCP_RETRY_CACHE_DIR", dir.join("cache"))
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("n/a ({e})"))?;

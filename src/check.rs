@@ -1,16 +1,24 @@
 //! The `check` mode: starts every selected server at once (one thread each),
-//! asks it `initialize` (or `server/discover`) and `tools/list` under one
-//! deadline, stops it, and prints one `[UP  ]`/`[DOWN]` line per server or a
-//! JSON report.
+//! asks it `initialize` (or `server/discover`) and every list it declares
+//! (`tools/list`, `prompts/list`, `resources/list`,
+//! `resources/templates/list`) under one deadline, stops it, stores its
+//! handshake in the handshake cache, and prints one `[UP  ]`/`[DOWN]` line
+//! per server (with its start time) or a JSON report, and on stderr the
+//! hint to turn on `instant_start` for a server slower to start than
+//! `SLOW_START`.
 //!
-//! Owns the probe's short conversation, the reasons a server counts as down
-//! and the report formats. Starting and stopping processes belongs to
-//! `child.rs` and reading the config to `config.rs`; this module knows
-//! nothing of the dispatcher, retries or any other policy. Our stdout is the
-//! report only: the servers' stderr is kept (never copied) and only its most
-//! telling line ([`redact::pick_line`]) is quoted in a reason. Everything a
-//! server said that reaches the report goes through its [`Redactor`] first:
-//! a SessionStart hook puts the report into the agent's context.
+//! Owns the probe's short conversation, the reasons a server counts as down,
+//! what of a handshake becomes a cache entry (an `initialize` handshake
+//! only: `server/discover` has none to replay) and the report formats.
+//! Starting and stopping processes belongs to `child.rs`, reading the config
+//! to `config.rs` and the cache's files to `handshake_cache.rs`; this module
+//! knows nothing of the dispatcher, retries or any other policy. Our stdout
+//! is the report only: the servers' stderr is kept (never copied) and only
+//! its most telling line ([`redact::pick_line`]) is quoted in a reason.
+//! Everything a server said that reaches the report goes through its
+//! [`Redactor`] first: a SessionStart hook puts the report into the agent's
+//! context. The cache entry holds the server's own answers, unchanged, as
+//! `run` stores them.
 
 #![forbid(unsafe_code)]
 
@@ -24,16 +32,21 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
 use crate::downstream::{self, Diagnostics, Downstream, Gone, Outgoing, ServerEvent};
-use crate::jsonrpc::{self, Kind, Message, Parsed};
+use crate::handshake_cache::{Cache, Entry, Identity};
+use crate::jsonrpc::{self, Kind, Message, Parsed, RawObject};
 use crate::mcp::{tools_list_params, Next, ToolsPager};
 use crate::redact::{self, Redactor};
 
-/// The protocol version offered in `initialize`.
+/// The protocol version offered in `initialize`: the newest the proxy
+/// speaks over `initialize`, and the one Claude Code sends, so that the
+/// handshake cache entries `check` stores are the ones a host's session
+/// looks up (an entry is for one protocol version).
 const LEGACY_VERSION: &str = "2025-11-25";
 /// The protocol version asked for with `server/discover`.
 const MODERN_VERSION: &str = "2026-07-28";
@@ -47,6 +60,9 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 const MAX_REASON_LINE: usize = 300;
 /// The longest quote of a non-JSON stdout line, in characters.
 const MAX_NON_JSON_QUOTE: usize = 80;
+/// A server that takes longer than this to answer `initialize` gets the
+/// hint to turn on `instant_start` (unless it is on).
+const SLOW_START: Duration = Duration::from_secs(10);
 
 pub fn run(args: CheckArgs) -> Result<ExitCode> {
     let config = config::load(&args.config)?;
@@ -55,11 +71,17 @@ pub fn run(args: CheckArgs) -> Result<ExitCode> {
     }
     let servers = select(&config, &args.servers)?;
     let (stop, caught) = watch_signals()?;
-    let reports = probe_all(&servers, args.timeout, &stop);
+    // Every server's handshake is stored, whether `instant_start` is on for
+    // it or not: turning it on later finds the cache warm.
+    let cache = Cache::open_default();
+    let reports = probe_all(&servers, args.timeout, &stop, cache.as_ref());
     let sig = caught.load(Ordering::SeqCst);
     if sig != 0 {
         crate::warn!("interrupted by signal {sig}; every server was stopped");
         return Ok(ExitCode::from(128u8.saturating_add(sig as u8)));
+    }
+    for hint in reports.iter().filter_map(Report::instant_start_hint) {
+        crate::info!("{hint}");
     }
     let mut out = io::stdout().lock();
     if args.json {
@@ -111,8 +133,14 @@ fn watch_signals() -> Result<(Receiver<()>, Arc<AtomicI32>)> {
     Ok((rx, caught))
 }
 
-/// Probes every server on its own thread; the reports keep the input order.
-fn probe_all(servers: &[&ServerConfig], timeout: Duration, stop: &Receiver<()>) -> Vec<Report> {
+/// Probes every server on its own thread, storing each `initialize`
+/// handshake in `cache`; the reports keep the input order.
+fn probe_all(
+    servers: &[&ServerConfig],
+    timeout: Duration,
+    stop: &Receiver<()>,
+    cache: Option<&Cache>,
+) -> Vec<Report> {
     thread::scope(|scope| {
         let handles: Vec<_> = servers
             .iter()
@@ -121,10 +149,12 @@ fn probe_all(servers: &[&ServerConfig], timeout: Duration, stop: &Receiver<()>) 
                 thread::Builder::new()
                     .name(format!("check-{i}"))
                     .spawn_scoped(scope, move || {
-                        crate::guard::catch(|| probe(cfg, timeout, stop)).unwrap_or_else(|p| {
-                            p.report("this server is reported down");
-                            Err(format!("internal error in mcp-retry: {p}"))
-                        })
+                        crate::guard::catch(|| probe(cfg, timeout, stop, cache)).unwrap_or_else(
+                            |p| {
+                                p.report("this server is reported down");
+                                Err(format!("internal error in mcp-retry: {p}"))
+                            },
+                        )
                     })
                     .map_err(|e| format!("cannot start a probe thread: {e}"))
             })
@@ -139,6 +169,7 @@ fn probe_all(servers: &[&ServerConfig], timeout: Duration, stop: &Receiver<()>) 
                 });
                 Report {
                     name: cfg.name.clone(),
+                    instant_start: cfg.instant_start,
                     outcome,
                 }
             })
@@ -150,15 +181,42 @@ fn probe_all(servers: &[&ServerConfig], timeout: Duration, stop: &Receiver<()>) 
 #[derive(Debug, Clone, PartialEq)]
 struct Report {
     name: String,
+    /// Its `instant_start` setting.
+    instant_start: bool,
     /// What it said, or why it counts as down.
     outcome: Result<Up, String>,
+}
+
+impl Report {
+    /// It is up, took longer than [`SLOW_START`] to start, and
+    /// `instant_start` is off for it.
+    fn suggests_instant_start(&self) -> bool {
+        !self.instant_start && matches!(&self.outcome, Ok(up) if up.start > SLOW_START)
+    }
+
+    /// The hint on stderr for a server that [suggests instant
+    /// start](Report::suggests_instant_start).
+    fn instant_start_hint(&self) -> Option<String> {
+        let up = self
+            .outcome
+            .as_ref()
+            .ok()
+            .filter(|_| self.suggests_instant_start())?;
+        Some(format!(
+            "server {:?} took {} to start (more than {}): with `instant_start: true` a host gets its tools at once from the handshake cache while it starts",
+            self.name,
+            seconds(up.start),
+            seconds(SLOW_START)
+        ))
+    }
 }
 
 /// A server that answered.
 #[derive(Debug, Clone, PartialEq)]
 struct Up {
-    /// From spawn to the answer.
-    latency: Duration,
+    /// Its start time: from spawn to the answer to `initialize` (or
+    /// `server/discover`).
+    start: Duration,
     protocol_version: Option<String>,
     server_name: Option<String>,
     server_version: Option<String>,
@@ -193,8 +251,102 @@ impl Tools {
     }
 }
 
-/// Starts one server, talks to it, stops it.
-fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<Up, String> {
+impl From<&Listing> for Tools {
+    fn from(listing: &Listing) -> Tools {
+        match listing {
+            Listing::Items(items) => Tools::Count(items.len()),
+            Listing::Failed(msg) => Tools::Failed(msg.clone()),
+            Listing::Unknown(why) => Tools::Unknown(why.clone()),
+        }
+    }
+}
+
+/// A list request of MCP, and the member of its result that holds the
+/// items.
+struct List {
+    method: &'static str,
+    key: &'static str,
+}
+
+const TOOLS: List = List {
+    method: "tools/list",
+    key: "tools",
+};
+const PROMPTS: List = List {
+    method: "prompts/list",
+    key: "prompts",
+};
+const RESOURCES: List = List {
+    method: "resources/list",
+    key: "resources",
+};
+const RESOURCE_TEMPLATES: List = List {
+    method: "resources/templates/list",
+    key: "resourceTemplates",
+};
+
+/// A list read over all its pages.
+#[derive(Debug)]
+enum Listing {
+    /// Every item of every page, in order, as the server wrote it.
+    Items(Vec<Box<RawValue>>),
+    /// It answered with an error (its message), or not with a list.
+    Failed(String),
+    /// It did not answer (why), or its pages did not end.
+    Unknown(String),
+}
+
+impl Listing {
+    /// The whole list as one result, `{"KEY":[...]}`, when it was read to
+    /// its end.
+    fn merged(&self, key: &str) -> Option<Box<RawValue>> {
+        let Listing::Items(items) = self else {
+            return None;
+        };
+        let items: Vec<&str> = items.iter().map(|item| item.get()).collect();
+        RawValue::from_string(format!("{{\"{key}\":[{}]}}", items.join(","))).ok()
+    }
+}
+
+/// One page of a list: its items and its `nextCursor` (when a string);
+/// `None` when the result has no such array.
+fn page_items(result: &str, key: &str) -> Option<(Vec<Box<RawValue>>, Option<String>)> {
+    let page = RawObject::parse(result)?;
+    let items = serde_json::from_str(page.get(key)?.get()).ok()?;
+    Some((items, page.string("nextCursor")))
+}
+
+/// What the probe read of a server declaring each capability (`None`:
+/// not declared, not asked).
+#[derive(Debug, Default)]
+struct Lists {
+    tools: Option<Listing>,
+    prompts: Option<Listing>,
+    resources: Option<Listing>,
+    resource_templates: Option<Listing>,
+}
+
+/// The handshake cache's entry for an `initialize` handshake: the
+/// server's result as it wrote it, and each list read to its end (a list
+/// not declared, failed or cut short is left out).
+fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Entry {
+    let merged = |listing: &Option<Listing>, list: &List| listing.as_ref()?.merged(list.key);
+    let mut entry = Entry::new(LEGACY_VERSION, initialize);
+    entry.tools = merged(&lists.tools, &TOOLS);
+    entry.prompts = merged(&lists.prompts, &PROMPTS);
+    entry.resources = merged(&lists.resources, &RESOURCES);
+    entry.resource_templates = merged(&lists.resource_templates, &RESOURCE_TEMPLATES);
+    entry
+}
+
+/// Starts one server, talks to it, stops it, and stores its handshake in
+/// `cache`.
+fn probe(
+    cfg: &ServerConfig,
+    timeout: Duration,
+    stop: &Receiver<()>,
+    cache: Option<&Cache>,
+) -> Result<Up, String> {
     if let Some(problem) = &cfg.problem {
         return Err(problem.reason.clone());
     }
@@ -224,45 +376,77 @@ fn probe(cfg: &ServerConfig, timeout: Duration, stop: &Receiver<()>) -> Result<U
         // Interrupted: no time for the whole stop sequence. Dropping the
         // server stops it quickly (stdio: SIGTERM and a second before
         // SIGKILL; its watchdog does the same for what is left of its group).
-        return outcome;
+        return outcome.map(|(up, _)| up);
     }
     conv.stop();
-    outcome
+    let (up, entry) = outcome?;
+    if let (Some(cache), Some(entry)) = (cache, entry) {
+        if let Err(e) = cache.store(&Identity::of(cfg), &entry) {
+            crate::warn!(
+                "server {:?}: cannot store its handshake in the cache {}: {e}",
+                cfg.name,
+                cache.dir().display()
+            );
+        }
+    }
+    Ok(up)
 }
 
-/// The handshake, then the tool count.
-fn talk(conv: &mut Conversation<'_>, started: Instant, timeout: Duration) -> Result<Up, String> {
+/// The handshake, then every list the server declares: what the report
+/// says, and the cache entry of an `initialize` handshake.
+fn talk(
+    conv: &mut Conversation<'_>,
+    started: Instant,
+    timeout: Duration,
+) -> Result<(Up, Option<Entry>), String> {
     let hello = handshake(conv, started, timeout)?;
     if !hello.modern {
         conv.notify("notifications/initialized");
     }
-    let tools = if hello.has_tools {
-        count_tools(conv, hello.modern)
-    } else {
-        Tools::Count(0)
-    };
-    Ok(Up {
-        latency: hello.latency,
+    let meta = hello.modern.then(modern_meta);
+    let tools = hello
+        .has_tools
+        .then(|| read_list(conv, &TOOLS, meta.as_deref()));
+    let up = Up {
+        start: hello.start,
         protocol_version: hello.protocol_version,
         server_name: hello.server_name,
         server_version: hello.server_version,
+        tools: tools.as_ref().map_or(Tools::Count(0), Tools::from),
+    };
+    // Only an `initialize` handshake is cached (the era `run` replays).
+    let Some(initialize) = hello.initialize else {
+        return Ok((up, None));
+    };
+    let mut read = |declared: bool, list: &List| declared.then(|| read_list(conv, list, None));
+    let lists = Lists {
         tools,
-    })
+        prompts: read(hello.has_prompts, &PROMPTS),
+        resources: read(hello.has_resources, &RESOURCES),
+        resource_templates: read(hello.has_resources, &RESOURCE_TEMPLATES),
+    };
+    Ok((up, Some(cache_entry(initialize, &lists))))
 }
 
 /// What the server said about itself.
 struct Hello {
-    latency: Duration,
+    start: Duration,
     modern: bool,
     protocol_version: Option<String>,
     server_name: Option<String>,
     server_version: Option<String>,
     /// Whether it declared the `tools` capability (assumed when unclear).
     has_tools: bool,
+    /// Whether it declared `prompts`, `resources`.
+    has_prompts: bool,
+    has_resources: bool,
+    /// The `initialize` result as the server wrote it, when it is an
+    /// object (none from `server/discover`).
+    initialize: Option<Box<RawValue>>,
 }
 
 impl Hello {
-    fn from_result(result: &Value, latency: Duration, modern: bool) -> Hello {
+    fn from_result(result: &Value, start: Duration, modern: bool) -> Hello {
         let info = &result["serverInfo"];
         // A blank name or version counts as none (`ok (3 tools, srv)`, not
         // `srv ` with a space at the end).
@@ -277,17 +461,30 @@ impl Hello {
         } else {
             text(&result["protocolVersion"])
         };
+        let caps = result["capabilities"].as_object();
+        let declares = |name: &str| caps.is_some_and(|caps| caps.contains_key(name));
         Hello {
-            latency,
+            start,
             modern,
             protocol_version,
             server_name: text(&info["name"]),
             server_version: text(&info["version"]),
-            has_tools: match result["capabilities"].as_object() {
-                Some(caps) => caps.contains_key("tools"),
-                None => true,
-            },
+            has_tools: caps.is_none() || declares("tools"),
+            has_prompts: declares("prompts"),
+            has_resources: declares("resources"),
+            initialize: None,
         }
+    }
+
+    /// [`Hello::from_result`] of an `initialize` result (raw JSON), which
+    /// it keeps for the cache.
+    fn of_initialize(raw: String, start: Duration) -> Hello {
+        let value: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
+        let mut hello = Hello::from_result(&value, start, false);
+        if value.is_object() {
+            hello.initialize = RawValue::from_string(raw).ok();
+        }
+        hello
     }
 }
 
@@ -308,12 +505,16 @@ fn handshake(
     timeout: Duration,
 ) -> Result<Hello, String> {
     match conv.request("initialize", &initialize_params()) {
-        Answer::Result(r) => Ok(Hello::from_result(&r, started.elapsed(), false)),
+        Answer::Result(r) => Ok(Hello::of_initialize(r, started.elapsed())),
         Answer::Error(refusal) => match conv.request(
             "server/discover",
             &tools_list_params(None, Some(&modern_meta())),
         ) {
-            Answer::Result(r) => Ok(Hello::from_result(&r, started.elapsed(), true)),
+            Answer::Result(r) => Ok(Hello::from_result(
+                &serde_json::from_str(&r).unwrap_or(Value::Null),
+                started.elapsed(),
+                true,
+            )),
             _ => Err(format!("initialize failed: {refusal}")),
         },
         Answer::TimedOut => Err(match &conv.non_json {
@@ -329,30 +530,32 @@ fn handshake(
     }
 }
 
-/// Counts the tools over every `nextCursor` page, within the deadline.
-fn count_tools(conv: &mut Conversation<'_>, modern: bool) -> Tools {
-    let mut count = 0;
+/// Reads `list` over every `nextCursor` page, within the deadline.
+fn read_list(conv: &mut Conversation<'_>, list: &List, meta: Option<&str>) -> Listing {
+    let mut items = Vec::new();
     let mut pager = ToolsPager::default();
-    let meta = modern.then(modern_meta);
     loop {
-        let params = pager.params(meta.as_deref());
-        let page = match conv.request("tools/list", &params) {
+        let params = pager.params(meta);
+        let page = match conv.request(list.method, &params) {
             Answer::Result(page) => page,
-            Answer::Error(msg) => return Tools::Failed(msg),
-            Answer::TimedOut => return Tools::Unknown("no answer to tools/list".into()),
-            Answer::Gone(why) => return Tools::Unknown(why),
-            Answer::Stopped => return Tools::Unknown("interrupted".into()),
+            Answer::Error(msg) => return Listing::Failed(msg),
+            Answer::TimedOut => return Listing::Unknown(format!("no answer to {}", list.method)),
+            Answer::Gone(why) => return Listing::Unknown(why),
+            Answer::Stopped => return Listing::Unknown("interrupted".into()),
         };
-        let Some(tools) = page["tools"].as_array() else {
-            return Tools::Failed("the result has no \"tools\" array".into());
+        let Some((page, next_cursor)) = page_items(&page, list.key) else {
+            return Listing::Failed(format!("the result has no \"{}\" array", list.key));
         };
-        count += tools.len();
-        match pager.next(page["nextCursor"].as_str()) {
+        items.extend(page);
+        match pager.next(next_cursor.as_deref()) {
             Next::Page => {}
-            Next::Last => return Tools::Count(count),
+            Next::Last => return Listing::Items(items),
             Next::Endless => {
-                return Tools::Unknown(format!(
-                    "the tools/list pages do not end ({count} tools on more than {} pages, or a cursor again)",
+                return Listing::Unknown(format!(
+                    "the {} pages do not end ({} {} on more than {} pages, or a cursor again)",
+                    list.method,
+                    items.len(),
+                    list.key,
                     ToolsPager::MAX_PAGES
                 ))
             }
@@ -380,7 +583,8 @@ fn modern_meta() -> String {
 
 /// How a request ended.
 enum Answer {
-    Result(Value),
+    /// Its result, raw JSON.
+    Result(String),
     /// A JSON-RPC error: its message.
     Error(String),
     /// The deadline passed first.
@@ -544,7 +748,7 @@ impl Conversation<'_> {
 fn answer_of(m: &Message, redactor: &Redactor) -> Answer {
     let parse = |raw: &str| serde_json::from_str::<Value>(raw).unwrap_or(Value::Null);
     if let Some(result) = m.result() {
-        return Answer::Result(parse(result));
+        return Answer::Result(result.to_owned());
     }
     let error = m.error().map(parse).unwrap_or(Value::Null);
     let text = match error["message"].as_str() {
@@ -593,30 +797,31 @@ fn millis(d: Duration) -> String {
     format!("{:.1}ms", d.as_secs_f64() * 1000.0)
 }
 
-/// One line per report, name and latency columns padded to their widest.
+/// One line per report, name and start time columns padded to their
+/// widest.
 fn text_lines(reports: &[Report]) -> Vec<String> {
-    let latencies: Vec<String> = reports
+    let starts: Vec<String> = reports
         .iter()
         .map(|r| match &r.outcome {
-            Ok(up) => millis(up.latency),
+            Ok(up) => millis(up.start),
             Err(_) => "-".into(),
         })
         .collect();
     let name_width = reports.iter().map(|r| r.name.chars().count()).max();
-    let latency_width = latencies.iter().map(|l| l.chars().count()).max();
+    let start_width = starts.iter().map(|l| l.chars().count()).max();
     reports
         .iter()
-        .zip(&latencies)
-        .map(|(r, latency)| {
+        .zip(&starts)
+        .map(|(r, start)| {
             let (status, detail) = match &r.outcome {
                 Ok(up) => ("[UP  ]", up_detail(up)),
                 Err(why) => ("[DOWN]", why.clone()),
             };
             format!(
-                "{status} {:<nw$}   {latency:<lw$}  {detail}",
+                "{status} {:<nw$}   {start:<lw$}  {detail}",
                 r.name,
                 nw = name_width.unwrap_or(0),
-                lw = latency_width.unwrap_or(0),
+                lw = start_width.unwrap_or(0),
             )
         })
         .collect()
@@ -641,7 +846,8 @@ fn up_detail(up: &Up) -> String {
 }
 
 /// `{"servers": [...]}`, null where unknown. `error` says why a server is
-/// down, or why an up server's tool count is missing.
+/// down, or why an up server's tool count is missing; `start_ms` is its
+/// start time.
 fn json_report(reports: &[Report]) -> String {
     let report = JsonReport {
         servers: reports.iter().map(JsonServer::from).collect(),
@@ -659,12 +865,13 @@ struct JsonReport<'a> {
 struct JsonServer<'a> {
     name: &'a str,
     up: bool,
-    latency_ms: Option<f64>,
+    start_ms: Option<f64>,
     error: Option<String>,
     protocol_version: Option<&'a str>,
     server_name: Option<&'a str>,
     server_version: Option<&'a str>,
     tools: Option<usize>,
+    suggest_instant_start: bool,
 }
 
 impl<'a> From<&'a Report> for JsonServer<'a> {
@@ -673,22 +880,24 @@ impl<'a> From<&'a Report> for JsonServer<'a> {
             Ok(up) => JsonServer {
                 name: &r.name,
                 up: true,
-                latency_ms: Some((up.latency.as_secs_f64() * 10_000.0).round() / 10.0),
+                start_ms: Some((up.start.as_secs_f64() * 10_000.0).round() / 10.0),
                 error: up.tools.problem(),
                 protocol_version: up.protocol_version.as_deref(),
                 server_name: up.server_name.as_deref(),
                 server_version: up.server_version.as_deref(),
                 tools: up.tools.count(),
+                suggest_instant_start: r.suggests_instant_start(),
             },
             Err(why) => JsonServer {
                 name: &r.name,
                 up: false,
-                latency_ms: None,
+                start_ms: None,
                 error: Some(why.clone()),
                 protocol_version: None,
                 server_name: None,
                 server_version: None,
                 tools: None,
+                suggest_instant_start: false,
             },
         }
     }
@@ -701,7 +910,7 @@ mod tests {
 
     fn up(ms: f64, tools: Tools, name: Option<&str>, version: Option<&str>) -> Result<Up, String> {
         Ok(Up {
-            latency: Duration::from_secs_f64(ms / 1000.0),
+            start: Duration::from_secs_f64(ms / 1000.0),
             protocol_version: Some(LEGACY_VERSION.into()),
             server_name: name.map(str::to_owned),
             server_version: version.map(str::to_owned),
@@ -712,6 +921,7 @@ mod tests {
     fn report(name: &str, outcome: Result<Up, String>) -> Report {
         Report {
             name: name.into(),
+            instant_start: false,
             outcome,
         }
     }
@@ -750,7 +960,7 @@ mod tests {
     }
 
     #[test]
-    fn the_latency_column_takes_the_widest_value() {
+    fn the_start_column_takes_the_widest_value() {
         let reports = [
             report("a", up(5.0, Tools::Count(1), Some("s"), None)),
             report("bb", up(1234.56, Tools::Count(0), None, None)),
@@ -797,18 +1007,143 @@ mod tests {
         assert_eq!(
             v,
             json!({"servers": [
-                {"name": "up", "up": true, "latency_ms": 12.3, "error": null,
+                {"name": "up", "up": true, "start_ms": 12.3, "error": null,
                  "protocol_version": "2025-11-25", "server_name": "srv",
-                 "server_version": "2.0", "tools": 3},
-                {"name": "down", "up": false, "latency_ms": null, "error": "why",
+                 "server_version": "2.0", "tools": 3, "suggest_instant_start": false},
+                {"name": "down", "up": false, "start_ms": null, "error": "why",
                  "protocol_version": null, "server_name": null,
-                 "server_version": null, "tools": null},
+                 "server_version": null, "tools": null, "suggest_instant_start": false},
             ]})
         );
         let name = text.find("\"name\"").unwrap();
         let up = text.find("\"up\"").unwrap();
         let tools = text.find("\"tools\"").unwrap();
         assert!(name < up && up < tools, "{text}");
+    }
+
+    #[test]
+    fn instant_start_is_suggested_past_the_slow_start_only_when_off() {
+        let ms = SLOW_START.as_secs_f64() * 1000.0;
+        let just_over = report("over", up(ms + 1.0, Tools::Count(1), None, None));
+        assert!(just_over.suggests_instant_start());
+        let slow = report("slow", up(ms + 2500.0, Tools::Count(1), None, None));
+        let on = Report {
+            instant_start: true,
+            ..slow.clone()
+        };
+        assert!(!on.suggests_instant_start());
+        let at_limit = report("at", up(ms, Tools::Count(1), None, None));
+        assert!(!at_limit.suggests_instant_start());
+        assert!(!report("down", Err("no response within 60.0s".into())).suggests_instant_start());
+        assert_eq!(
+            slow.instant_start_hint().as_deref(),
+            Some("server \"slow\" took 12.5s to start (more than 10.0s): with `instant_start: true` a host gets its tools at once from the handshake cache while it starts")
+        );
+        assert_eq!(on.instant_start_hint(), None);
+        assert_eq!(at_limit.instant_start_hint(), None);
+        let v: Value = serde_json::from_str(&json_report(&[slow, on, at_limit])).unwrap();
+        let flags: Vec<&Value> = (0..3)
+            .map(|i| &v["servers"][i]["suggest_instant_start"])
+            .collect();
+        assert_eq!(flags, [&json!(true), &json!(false), &json!(false)]);
+    }
+
+    fn raw(text: &str) -> Box<RawValue> {
+        RawValue::from_string(text.to_owned()).unwrap()
+    }
+
+    /// A list read from these pages (raw results), as [`read_list`] does.
+    fn listing(pages: &[&str], key: &str) -> Listing {
+        let mut items = Vec::new();
+        for page in pages {
+            let (page, _) = page_items(page, key).expect("a page");
+            items.extend(page);
+        }
+        Listing::Items(items)
+    }
+
+    #[test]
+    fn pages_are_read_as_written() {
+        let (items, next) = page_items(
+            r#"{"tools":[{"name":"a", "x":1.50}],"nextCursor":"p2"}"#,
+            "tools",
+        )
+        .unwrap();
+        assert_eq!(
+            items.iter().map(|i| i.get()).collect::<Vec<_>>(),
+            [r#"{"name":"a", "x":1.50}"#]
+        );
+        assert_eq!(next.as_deref(), Some("p2"));
+        let (_, next) = page_items(r#"{"prompts":[],"nextCursor":7}"#, "prompts").unwrap();
+        assert_eq!(next, None, "a cursor that is not a string ends the list");
+        assert!(page_items(r#"{"tools":{}}"#, "tools").is_none());
+        assert!(page_items(r#"{"items":[]}"#, "tools").is_none());
+        assert!(page_items("[]", "tools").is_none());
+    }
+
+    #[test]
+    fn the_cache_entry_holds_the_answers_as_written_with_the_pages_merged() {
+        let init = r#"{"protocolVersion":"2025-11-25","serverInfo":{"name":"s","version":"1"},"capabilities":{"tools":{},"prompts":{}}}"#;
+        let lists = Lists {
+            tools: Some(listing(
+                &[
+                    r#"{"tools":[{"name":"b"},{"name":"a"}],"nextCursor":"1"}"#,
+                    r#"{"tools":[{"name":"c","inputSchema":{"z":1,"a":2}}]}"#,
+                ],
+                "tools",
+            )),
+            prompts: Some(listing(&[r#"{"prompts":[]}"#], "prompts")),
+            resources: Some(Listing::Failed("Method not found".into())),
+            resource_templates: Some(Listing::Unknown("no answer".into())),
+        };
+        let entry = cache_entry(raw(init), &lists);
+        assert_eq!(entry.protocol_version, LEGACY_VERSION);
+        assert_eq!(entry.initialize.get(), init);
+        assert_eq!(
+            entry.tools.as_ref().map(|t| t.get()),
+            Some(
+                r#"{"tools":[{"name":"b"},{"name":"a"},{"name":"c","inputSchema":{"z":1,"a":2}}]}"#
+            )
+        );
+        assert_eq!(
+            entry.prompts.as_ref().map(|p| p.get()),
+            Some(r#"{"prompts":[]}"#)
+        );
+        assert!(entry.resources.is_none(), "a failed list is left out");
+        assert!(
+            entry.resource_templates.is_none(),
+            "an unfinished list is left out"
+        );
+        let templates = Lists {
+            resource_templates: Some(listing(
+                &[r#"{"resourceTemplates":[{"uriTemplate":"m://{n}"}]}"#],
+                "resourceTemplates",
+            )),
+            ..Lists::default()
+        };
+        let entry = cache_entry(raw(init), &templates);
+        assert!(
+            entry.tools.is_none() && entry.prompts.is_none(),
+            "not declared"
+        );
+        assert_eq!(
+            entry.resource_templates.as_ref().map(|t| t.get()),
+            Some(r#"{"resourceTemplates":[{"uriTemplate":"m://{n}"}]}"#)
+        );
+    }
+
+    #[test]
+    fn only_an_initialize_result_that_is_an_object_is_kept() {
+        let init = r#"{"capabilities": {"resources": {}}, "serverInfo": {"name": "n"}}"#;
+        let h = Hello::of_initialize(init.into(), Duration::ZERO);
+        assert_eq!(h.initialize.as_ref().map(|r| r.get()), Some(init));
+        assert!(h.has_resources && !h.has_prompts && !h.has_tools);
+        assert!(Hello::of_initialize("null".into(), Duration::ZERO)
+            .initialize
+            .is_none());
+        assert!(Hello::of_initialize("[1]".into(), Duration::ZERO)
+            .initialize
+            .is_none());
     }
 
     #[test]
@@ -952,7 +1287,7 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let (_keep, stop) = crossbeam_channel::bounded::<()>(0);
-        probe(&cfg, timeout, &stop)
+        probe(&cfg, timeout, &stop, None)
     }
 
     #[cfg(unix)] // Drives `sh` scripts.

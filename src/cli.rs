@@ -82,7 +82,10 @@ Exit codes: 0 normal exit, 2 usage or configuration error.
 
 pub const CHECK_HELP: &str = "\
 mcp-retry check: start every configured server in parallel, send it
-`initialize`, and print one [UP]/[DOWN] line per server
+`initialize`, and print one [UP]/[DOWN] line per server with its start time.
+Each handshake is stored in the handshake cache that `instant_start` answers
+from ($MCP_RETRY_CACHE_DIR, else $XDG_CACHE_HOME/mcp-retry or the platform's
+cache directory)
 
 Usage:
   mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--json]

@@ -1,11 +1,13 @@
 //! `mcp-retry check` through the real binary: the report lines and their
 //! alignment, each reason a server is down, the JSON report, `--server`,
-//! parallel probing and that no process outlives the check; remote servers
-//! too (the scripted server of `http_server.rs`, a closed port, and a
-//! loopback server that answers 401).
+//! parallel probing and that no process outlives the check; the handshakes
+//! it stores in the handshake cache (each run's cache is `cache/` beside
+//! its config); remote servers too (the scripted server of
+//! `http_server.rs`, a closed port, and a loopback server that answers
+//! 401).
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -15,6 +17,9 @@ use serde_json::{json, Value};
 use crate::http_server::Server;
 use crate::loopback::{closed_port, Loopback};
 use crate::util::{gone_within, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
+
+/// `handshake_cache::DIR_ENV`: where the proxy keeps its handshake cache.
+const CACHE_DIR_ENV: &str = "MCP_RETRY_CACHE_DIR";
 
 /// What one `mcp-retry check` run did.
 struct Ran {
@@ -40,14 +45,26 @@ fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
     check_file(&dir.write("c.yaml", &text), args)
 }
 
-/// Runs `mcp-retry check --config PATH ARGS`, killing it after [`WAIT`].
+/// Runs `mcp-retry check --config PATH ARGS`, killing it after [`WAIT`];
+/// its handshake cache is `cache/` beside the config.
 fn check_file(path: &Path, args: &[&str]) -> Ran {
+    check_with_cache(path, &cache_beside(path), args)
+}
+
+/// The handshake cache [`check_file`] gives the check of `config`.
+fn cache_beside(config: &Path) -> PathBuf {
+    config.parent().unwrap().join("cache")
+}
+
+/// [`check_file`] with the handshake cache at `cache`.
+fn check_with_cache(path: &Path, cache: &Path, args: &[&str]) -> Ran {
     let started = Instant::now();
     let mut child = Command::new(PROXY)
         .arg("check")
         .arg("--config")
         .arg(path)
         .args(args)
+        .env(CACHE_DIR_ENV, cache)
         .env("NO_PROXY", "127.0.0.1")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -88,41 +105,41 @@ fn read_all(mut r: impl Read + Send + 'static) -> thread::JoinHandle<String> {
 struct Line {
     status: String,
     name: String,
-    latency: String,
+    start: String,
     detail: String,
-    latency_at: usize,
+    start_at: usize,
     detail_at: usize,
 }
 
-/// Cuts `[UP  ] NAME   LATENCY  DETAIL` (name and latency hold no spaces).
+/// Cuts `[UP  ] NAME   START  DETAIL` (name and start hold no spaces).
 fn columns(line: &str) -> Line {
     let (status, rest) = line.split_at(7);
     let name_end = 7 + rest.find(' ').unwrap();
-    let latency_at = name_end + line[name_end..].find(|c| c != ' ').unwrap();
-    let latency_end = latency_at + line[latency_at..].find(' ').unwrap();
-    let detail_at = latency_end + line[latency_end..].find(|c| c != ' ').unwrap();
+    let start_at = name_end + line[name_end..].find(|c| c != ' ').unwrap();
+    let start_end = start_at + line[start_at..].find(' ').unwrap();
+    let detail_at = start_end + line[start_end..].find(|c| c != ' ').unwrap();
     Line {
         status: status.trim_end().to_owned(),
         name: line[7..name_end].to_owned(),
-        latency: line[latency_at..latency_end].to_owned(),
+        start: line[start_at..start_end].to_owned(),
         detail: line[detail_at..].to_owned(),
-        latency_at,
+        start_at,
         detail_at,
     }
 }
 
-/// Cuts every line and checks the alignment: the latency column starts three
-/// spaces after the longest name, the detail two after the widest latency.
+/// Cuts every line and checks the alignment: the start time column begins three
+/// spaces after the longest name, the detail two after the widest start time.
 fn report(ran: &Ran) -> Vec<Line> {
     let lines: Vec<Line> = ran.lines().into_iter().map(columns).collect();
     assert!(!lines.is_empty(), "no report; stderr:\n{}", ran.stderr);
     let longest_name = lines.iter().map(|l| l.name.len()).max().unwrap();
-    let widest_latency = lines.iter().map(|l| l.latency.len()).max().unwrap();
+    let widest_start = lines.iter().map(|l| l.start.len()).max().unwrap();
     for l in &lines {
-        assert_eq!(l.latency_at, 7 + longest_name + 3, "{l:?}\n{}", ran.stdout);
+        assert_eq!(l.start_at, 7 + longest_name + 3, "{l:?}\n{}", ran.stdout);
         assert_eq!(
             l.detail_at,
-            l.latency_at + widest_latency + 2,
+            l.start_at + widest_start + 2,
             "{l:?}\n{}",
             ran.stdout
         );
@@ -130,10 +147,10 @@ fn report(ran: &Ran) -> Vec<Line> {
     lines
 }
 
-/// A latency like `12.3ms`, in milliseconds.
-fn latency_ms(l: &Line) -> f64 {
+/// A start like `12.3ms`, in milliseconds.
+fn start_ms(l: &Line) -> f64 {
     let digits = l
-        .latency
+        .start
         .strip_suffix("ms")
         .unwrap_or_else(|| panic!("{l:?}"));
     let tenths = digits.split_once('.').map(|(_, t)| t);
@@ -147,13 +164,13 @@ fn assert_up(l: &Line, name: &str, detail: &str) {
         ("[UP  ]", name),
         "{l:?}"
     );
-    assert!(latency_ms(l) > 0.0, "{l:?}");
+    assert!(start_ms(l) > 0.0, "{l:?}");
     assert_eq!(l.detail, detail);
 }
 
 fn assert_down(l: &Line, name: &str, detail: &str) {
     assert_eq!(
-        (l.status.as_str(), l.name.as_str(), l.latency.as_str()),
+        (l.status.as_str(), l.name.as_str(), l.start.as_str()),
         ("[DOWN]", name, "-"),
         "{l:?}"
     );
@@ -268,13 +285,13 @@ fn a_modern_only_server_is_up_through_server_discover() {
     assert_eq!(v["servers"][0]["tools"], 5);
 }
 
-/// The `--json` report, its first server's latency (which must be
+/// The `--json` report, its first server's start time (which must be
 /// positive) set to null.
-fn json_with_first_latency_nulled(ran: &Ran) -> Value {
+fn json_with_first_start_nulled(ran: &Ran) -> Value {
     let mut v: Value =
         serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
-    let latency = v["servers"][0]["latency_ms"].take();
-    assert!(latency.as_f64().is_some_and(|ms| ms > 0.0), "{latency}");
+    let start = v["servers"][0]["start_ms"].take();
+    assert!(start.as_f64().is_some_and(|ms| ms > 0.0), "{start}");
     v
 }
 
@@ -298,15 +315,15 @@ fn json_report_parses_and_matches() {
     );
     assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
     assert_eq!(
-        json_with_first_latency_nulled(&ran),
+        json_with_first_start_nulled(&ran),
         json!({"servers": [
-            {"name": "up", "up": true, "latency_ms": null, "error": null,
+            {"name": "up", "up": true, "start_ms": null, "error": null,
              "protocol_version": "2025-06-18", "server_name": "mock-mcp-server",
-             "server_version": "1.0.0", "tools": 2},
-            {"name": "crash", "up": false, "latency_ms": null,
+             "server_version": "1.0.0", "tools": 2, "suggest_instant_start": false},
+            {"name": "crash", "up": false, "start_ms": null,
              "error": "exited with status 7 before answering: mock: crashing at start as asked",
              "protocol_version": null, "server_name": null, "server_version": null,
-             "tools": null},
+             "tools": null, "suggest_instant_start": false},
         ]})
     );
 }
@@ -329,7 +346,7 @@ fn servers_are_probed_in_parallel() {
     let lines = report(&ran);
     assert_eq!(lines.len(), 4);
     for l in &lines {
-        assert!(latency_ms(l) >= 1500.0, "{l:?}");
+        assert!(start_ms(l) >= 1500.0, "{l:?}");
     }
     // One after the other would take at least 6 s.
     assert!(
@@ -675,11 +692,11 @@ fn json_report_of_a_remote_server() {
     let ran = check(&dir, &config, &["--json"]);
     assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
     assert_eq!(
-        json_with_first_latency_nulled(&ran),
+        json_with_first_start_nulled(&ran),
         json!({"servers": [
-            {"name": "remote", "up": true, "latency_ms": null, "error": null,
+            {"name": "remote", "up": true, "start_ms": null, "error": null,
              "protocol_version": "2025-11-25", "server_name": "http-test",
-             "server_version": "1", "tools": 2},
+             "server_version": "1", "tools": 2, "suggest_instant_start": false},
         ]})
     );
     // The session it opened was ended.
@@ -792,6 +809,7 @@ fn at_debug_the_http_library_s_own_lines_are_logged_without_secrets() {
         let out = Command::new(PROXY)
             .args(["check", "--timeout", "2", "--config"])
             .arg(&path)
+            .env(CACHE_DIR_ENV, cache_beside(&path))
             .env("MCP_RETRY_LOG", level)
             .env("NO_PROXY", "127.0.0.1")
             .stdin(Stdio::null())
@@ -810,4 +828,167 @@ fn at_debug_the_http_library_s_own_lines_are_logged_without_secrets() {
     assert!(!stderr.contains(CANARY), "{stderr}");
     let stderr = run("info");
     assert!(!stderr.contains("ureq::"), "{stderr}");
+}
+
+/// The entries (`*.json`) of the handshake cache at `dir`, parsed, each
+/// checked to be a file of mode 0600 (Unix) in a directory of mode 0700.
+fn cache_entries(dir: &Path) -> Vec<Value> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(dir), 0o700, "{}", dir.display());
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+    }
+    let mut entries: Vec<Value> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .map(|p| serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap())
+        .collect();
+    // In the order of their servers' names.
+    entries.sort_by_key(|e| e["entry"]["initialize"]["serverInfo"]["name"].to_string());
+    entries
+}
+
+/// Asserts that no file of `dir` holds `needle`, in any of its bytes.
+fn assert_no_file_holds(dir: &Path, needle: &str) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(
+            !bytes.windows(needle.len()).any(|w| w == needle.as_bytes()),
+            "{} holds {needle}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn each_handshake_is_stored_in_the_cache_without_secrets() {
+    const ENV_CANARY: &str = "CANARY-env-check-91c2";
+    const HEADER_CANARY: &str = "CANARY-header-check-4b7e";
+    let remote = Server::start();
+    let dir = TempDir::new();
+    let config = format!(
+        "servers:
+  paged:
+    command: {{mock}}
+    env:
+      MOCK_TOOLS_PAGE_SIZE: \"2\"
+      API_TOKEN: {ENV_CANARY}
+  remote:
+    url: {}
+    headers:
+      Authorization: Bearer {HEADER_CANARY}
+",
+        remote.url()
+    );
+    let ran = check(&dir, &config, &[]);
+    assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+    let cache = dir.join("cache");
+    let entries = cache_entries(&cache);
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    let (http, mock) = (&entries[0], &entries[1]);
+    assert_eq!(mock["format"], 1);
+    let mock = &mock["entry"];
+    // The version a host's session asks for, and the mock's result for it.
+    assert_eq!(mock["protocol_version"], "2025-11-25");
+    assert_eq!(
+        mock["initialize"],
+        json!({"protocolVersion": "2025-11-25",
+               "capabilities": {"tools": {"listChanged": true},
+                                "resources": {"subscribe": true, "listChanged": true},
+                                "prompts": {"listChanged": true}, "logging": {}},
+               "serverInfo": {"name": "mock-mcp-server", "version": "1.0.0"}})
+    );
+    // Every page's tools, as the mock lists them unpaged.
+    let mut direct = Builder::direct_mock().start();
+    direct.initialize();
+    let all_tools = direct.list_tools();
+    assert_eq!(all_tools["tools"].as_array().map(Vec::len), Some(5));
+    assert_eq!(mock["tools"], all_tools);
+    assert_eq!(mock["prompts"]["prompts"][0]["name"], "greeting");
+    assert_eq!(mock["prompts"]["prompts"].as_array().map(Vec::len), Some(1));
+    let uris: Vec<&Value> = mock["resources"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["uri"])
+        .collect();
+    assert_eq!(uris, [&json!("mock://a"), &json!("mock://b")]);
+    assert_eq!(
+        mock["resource_templates"],
+        json!({"resourceTemplates": [{"uriTemplate": "mock://{name}",
+               "name": "mock-template", "mimeType": "text/plain"}]})
+    );
+    assert!(mock["stored_at_ms"].as_u64().is_some_and(|ms| ms > 0));
+    assert_eq!(
+        http["entry"]["initialize"]["serverInfo"]["name"],
+        "http-test"
+    );
+    assert_eq!(
+        http["entry"]["tools"]["tools"].as_array().map(Vec::len),
+        Some(2)
+    );
+    for canary in [ENV_CANARY, HEADER_CANARY] {
+        assert_no_file_holds(&cache, canary);
+    }
+    // Another check replaces the entries.
+    let ran = check(&dir, &config, &[]);
+    assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+    assert_eq!(cache_entries(&cache).len(), 2);
+}
+
+#[test]
+fn a_server_without_an_initialize_handshake_stores_nothing() {
+    let dir = TempDir::new();
+    let ran = check(
+        &dir,
+        "servers:
+  refuses:
+    command: {mock}
+    env:
+      MOCK_INIT_ERROR: \"1\"
+  crashes:
+    command: {mock}
+    env:
+      MOCK_CRASH_ON_INIT: \"1\"
+  modern:
+    command: {mock}
+    env:
+      MOCK_INIT_ERROR: \"1\"
+      MOCK_MODERN: \"1\"
+",
+        &[],
+    );
+    assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(lines[0].status, "[DOWN]", "{}", ran.stdout);
+    assert_eq!(lines[1].status, "[DOWN]", "{}", ran.stdout);
+    // Up through `server/discover`: that era has no handshake to replay.
+    assert_up(&lines[2], "modern", OK_MOCK);
+    assert_eq!(cache_entries(&dir.join("cache")), Vec::<Value>::new());
+}
+
+#[test]
+fn a_cache_that_cannot_be_used_is_a_warning() {
+    let dir = TempDir::new();
+    let path = dir.write(
+        "c.yaml",
+        &format!("servers:\n  fine:\n    command: {MOCK}\n"),
+    );
+    // A file where the cache directory should be.
+    let not_a_dir = dir.write("cache", "");
+    let ran = check_with_cache(&path, &not_a_dir, &[]);
+    assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+    assert_up(&report(&ran)[0], "fine", OK_MOCK);
+    assert!(
+        ran.stderr.contains("handshake cache not used"),
+        "{}",
+        ran.stderr
+    );
 }

@@ -460,6 +460,7 @@ fn check_probes_a_remote_server() {
     let out = std::process::Command::new(crate::util::PROXY)
         .args(["check", "--config"])
         .arg(&path)
+        .env("MCP_RETRY_CACHE_DIR", dir.join("cache"))
         .env("TOKEN", CANARY)
         .env("NO_PROXY", "127.0.0.1")
         .output()

@@ -319,13 +319,14 @@ fn a_restarted_server_gets_a_new_watchdog_and_the_old_one_ends() {
 #[test]
 fn a_sigkilled_check_leaves_nothing_of_the_servers_group() {
     let server = forking_server("sleep 300");
-    let mut s = Builder::proxy(&["check", "--config", "{dir}/c.yaml", "--timeout", "60"])
+    let check = Builder::proxy(&["check", "--config", "{dir}/c.yaml", "--timeout", "60"])
         .file(
             "c.yaml",
             &format!("servers:\n  m:\n    command: sh\n    args: ['-c', '{server}']\n"),
         )
-        .env("MOCK_NO_INIT_ANSWER", "1")
-        .start();
+        .env("MOCK_NO_INIT_ANSWER", "1");
+    let cache = crate::util::path_text(&check.dir().join("cache"));
+    let mut s = check.env("MCP_RETRY_CACHE_DIR", &cache).start();
     let pgid = read_pid(&s.dir.join("server.pid"));
     assert!(
         within(WAIT, || live_group_members(pgid).len() >= 2),
