@@ -464,14 +464,12 @@ struct EntryFile<E> {
     entry: E,
 }
 
-/// Why [`Cache::load`] found no entry.
+/// Why [`Slot::load`] found no entry.
 #[derive(Debug)]
 pub enum LoadError {
     Read(ReadError),
     /// Not JSON of an entry (cut short, corrupt, another format).
     Corrupt(String),
-    /// Stored for another protocol version (the one it has).
-    OtherVersion(String),
 }
 
 impl fmt::Display for LoadError {
@@ -479,9 +477,19 @@ impl fmt::Display for LoadError {
         match self {
             LoadError::Read(e) => write!(f, "{e}"),
             LoadError::Corrupt(e) => write!(f, "is not a cache entry ({e})"),
-            LoadError::OtherVersion(v) => write!(f, "is for protocol version {v}"),
         }
     }
+}
+
+/// The entry in the file at `path`.
+fn read_entry(path: &Path) -> Result<Entry, LoadError> {
+    let bytes = read_checked(path, MAX_ENTRY_BYTES).map_err(LoadError::Read)?;
+    let file: EntryFile<Entry> =
+        serde_json::from_slice(&bytes).map_err(|e| LoadError::Corrupt(e.to_string()))?;
+    if file.format != FORMAT {
+        return Err(LoadError::Corrupt(format!("format {}", file.format)));
+    }
+    Ok(file.entry)
 }
 
 // ----- the cache -----------------------------------------------------------------------
@@ -537,56 +545,18 @@ impl Cache {
         format!("{}.json", h.finalize().to_hex())
     }
 
-    fn path(&self, id: &Identity<'_>) -> PathBuf {
-        self.dir.join(self.name(id))
-    }
-
-    /// `id`'s entry for `protocol_version`, if there is a usable one. A
-    /// file that is not ours alone, is too large or is not an entry is
-    /// ignored with a warning; another version is a miss.
-    pub fn load(&self, id: &Identity<'_>, protocol_version: &str) -> Option<Entry> {
-        self.load_named(&self.name(id), Some(protocol_version))
-    }
-
-    fn load_named(&self, name: &str, protocol_version: Option<&str>) -> Option<Entry> {
+    /// The entry named `name`, whatever its protocol version: `None` when
+    /// there is none, or (with a warning) when the file is not ours alone,
+    /// too large or not an entry.
+    fn load_named(&self, name: &str) -> Option<Entry> {
         let path = self.dir.join(name);
-        match self.read_at(&path, protocol_version) {
+        match read_entry(&path) {
             Ok(entry) => Some(entry),
             Err(LoadError::Read(ReadError::Missing)) => None,
-            Err(e @ LoadError::OtherVersion(_)) => {
-                crate::debug!(
-                    "handshake cache: {} {e}, not {}",
-                    path.display(),
-                    protocol_version.unwrap_or_default()
-                );
-                None
-            }
             Err(e) => {
                 crate::warn!("handshake cache: ignoring {}: {e}", path.display());
                 None
             }
-        }
-    }
-
-    /// [`Cache::load`] with the reason for a miss, for a caller that
-    /// reports it.
-    pub fn read(&self, id: &Identity<'_>, protocol_version: &str) -> Result<Entry, LoadError> {
-        self.read_at(&self.path(id), Some(protocol_version))
-    }
-
-    /// The entry at `path`, for `protocol_version` when one is named.
-    fn read_at(&self, path: &Path, protocol_version: Option<&str>) -> Result<Entry, LoadError> {
-        let bytes = read_checked(path, MAX_ENTRY_BYTES).map_err(LoadError::Read)?;
-        let file: EntryFile<Entry> =
-            serde_json::from_slice(&bytes).map_err(|e| LoadError::Corrupt(e.to_string()))?;
-        if file.format != FORMAT {
-            return Err(LoadError::Corrupt(format!("format {}", file.format)));
-        }
-        match protocol_version {
-            Some(v) if file.entry.protocol_version != v => {
-                Err(LoadError::OtherVersion(file.entry.protocol_version))
-            }
-            _ => Ok(file.entry),
         }
     }
 
@@ -614,12 +584,7 @@ impl Cache {
         })
     }
 
-    /// Removes `id`'s entry (the server's answers contradict it); none is
-    /// not an error.
-    pub fn invalidate(&self, id: &Identity<'_>) -> io::Result<()> {
-        self.invalidate_named(&self.name(id))
-    }
-
+    /// Removes the entry named `name`; none is not an error.
     fn invalidate_named(&self, name: &str) -> io::Result<()> {
         match fs::remove_file(self.dir.join(name)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -645,9 +610,10 @@ pub struct Slot {
 
 impl Slot {
     /// The entry, whatever its protocol version (the caller compares it
-    /// with the client's), ignored with a warning as [`Cache::load`] says.
+    /// with the client's); a file that is not ours alone, is too large or
+    /// is not an entry is ignored with a warning.
     pub fn load(&self) -> Option<Entry> {
-        self.cache.load_named(&self.name, None)
+        self.cache.load_named(&self.name)
     }
 
     pub fn store(&self, entry: &Entry) -> io::Result<()> {
