@@ -215,6 +215,9 @@ pub struct Document {
     pub updated_at_ms: u64,
     pub restarts: u64,
     pub link: LinkDoc,
+    /// How the session's handshake went (older proxies wrote none).
+    #[serde(default)]
+    pub handshake: HandshakeDoc,
     pub breaker: BreakerDoc,
     pub in_flight: u64,
     pub total: ToolDoc,
@@ -230,6 +233,18 @@ pub struct LinkDoc {
     pub until_ms: Option<u64>,
     /// Why it is not up (redacted).
     pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HandshakeDoc {
+    /// The client's `initialize` was answered from the handshake cache
+    /// (`instant_start`).
+    pub from_cache: bool,
+    /// When the server first accepted the client's handshake (for a
+    /// session begun from the cache: the server's own answer, later).
+    pub ready_at_ms: Option<u64>,
+    /// That, after the proxy started.
+    pub ready_after_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -314,6 +329,10 @@ pub struct Headline {
     pub breaker_until: Option<Instant>,
     pub restarts: u64,
     pub in_flight: u64,
+    /// The session began from the handshake cache.
+    pub from_cache: bool,
+    /// When the server first accepted the client's handshake.
+    pub ready_at: Option<Instant>,
 }
 
 /// One tool's figures at the time of a snapshot.
@@ -508,6 +527,11 @@ fn document(
         started_at_ms,
         updated_at_ms: wall(now_i),
         restarts: h.restarts,
+        handshake: HandshakeDoc {
+            from_cache: h.from_cache,
+            ready_at_ms: h.ready_at.map(wall),
+            ready_after_ms: h.ready_at.map(|at| wall(at).saturating_sub(started_at_ms)),
+        },
         link: LinkDoc {
             state: h.link.as_str().into(),
             until_ms: h.link_until.map(wall),
@@ -751,6 +775,8 @@ mod tests {
             breaker_until: Some(now_i + Duration::from_secs(60)),
             restarts: 3,
             in_flight: 1,
+            from_cache: true,
+            ready_at: Some(now_i),
         };
         assert!(p.send(headline, Some("exited: s3cr3t-value".into()), &stats, now_i));
         assert_eq!(p.due(now_i), now_i + MIN_INTERVAL);

@@ -26,6 +26,8 @@ const VOLATILE: &[&str] = &[
     "updated_at_ms",
     "at_ms",
     "until_ms",
+    "ready_at_ms",
+    "ready_after_ms",
     "latency_sum_ms",
     "p50_ms",
     "p95_ms",

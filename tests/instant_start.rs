@@ -123,6 +123,16 @@ fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_call
     assert_eq!(tools["tools"].as_array().unwrap().len(), cached_tools);
     assert_eq!(prompts, stored["entry"]["prompts"]);
     assert_eq!(templates, stored["entry"]["resource_templates"]);
+    #[cfg(unix)]
+    {
+        let runtime = s.dir.join("runtime");
+        crate::status::wait_for(&runtime, "a cached start, not ready", |docs| {
+            docs.len() == 1
+                && docs[0]["handshake"]["from_cache"] == true
+                && docs[0]["handshake"]["ready_at_ms"].is_null()
+                && docs[0]["link"]["state"] == "starting"
+        });
+    }
     // A ping is the proxy's to answer while the server starts.
     s.request(json!(4), "ping", json!({}));
     assert_eq!(s.result(&json!(4)), json!({}));
@@ -142,6 +152,18 @@ fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_call
     });
     assert!(s.logged("answered initialize from the handshake cache"));
     s.stderr_with("the session began from the handshake cache");
+    #[cfg(unix)]
+    {
+        let runtime = s.dir.join("runtime");
+        let docs = crate::status::wait_for(&runtime, "the server ready", |docs| {
+            docs.len() == 1 && docs[0]["handshake"]["ready_after_ms"].is_u64()
+        });
+        let after = docs[0]["handshake"]["ready_after_ms"].as_u64().unwrap();
+        let delay: u64 = SLOW_START_MS.parse().unwrap();
+        assert!(after >= delay, "ready {after} ms after the start");
+        let table = crate::status::status(&runtime, &[]).stdout;
+        assert!(table.contains("up (cached start, ready in "), "{table}");
+    }
     // Once ready, the lists are the server's: a list request reaches it.
     s.request(json!(6), "prompts/list", json!({}));
     s.result(&json!(6));

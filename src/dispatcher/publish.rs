@@ -3,7 +3,8 @@
 //! handing the snapshot to the `status-writer` thread.
 //!
 //! The file is out of date when a counter moves (`stats_dirty`) or when
-//! the [`Headline`] (link, breaker, restarts, calls in flight) differs from
+//! the [`Headline`] (link, breaker, restarts, calls in flight, the
+//! handshake) differs from
 //! the last one seen; both only happen while handling an event or a timer.
 //! Nothing here sets a timer otherwise: an idle proxy never wakes up to
 //! publish. Builds no JSON and does no I/O (see `status.rs`).
@@ -48,6 +49,8 @@ impl Dispatcher {
             breaker_until,
             restarts: self.generation.saturating_sub(1),
             in_flight: self.calls.len() as u64,
+            from_cache: self.instant.as_ref().is_some_and(|i| i.from_cache),
+            ready_at: self.ready_at,
         }
     }
 

@@ -364,6 +364,16 @@ fn row(doc: &Document, now: u64) -> [String; 12] {
         }
         (s, _) => s.to_owned(),
     };
+    // A session begun from the handshake cache says so, and when its
+    // server caught up.
+    let state = match (doc.handshake.from_cache, doc.handshake.ready_after_ms) {
+        (true, Some(ms)) => format!(
+            "{state} (cached start, ready in {})",
+            fmt_latency(Some(ms as f64))
+        ),
+        (true, None) => format!("{state} (cached start)"),
+        _ => state,
+    };
     let breaker = match (breaker_at(doc, now), doc.breaker.until_ms) {
         ("open", Some(until)) => format!("open {}", fmt_age(until - now + 999)),
         (b, _) => b.to_owned(),
@@ -671,6 +681,7 @@ mod tests {
             started_at_ms: NOW - 125_000,
             updated_at_ms: NOW,
             restarts: 0,
+            handshake: Default::default(),
             link: LinkDoc {
                 state: link.into(),
                 until_ms: None,
@@ -688,6 +699,20 @@ mod tests {
 
     fn live(d: Document) -> Live {
         Live { doc: d }
+    }
+
+    #[test]
+    fn a_session_begun_from_the_cache_says_so_and_when_its_server_was_ready() {
+        let mut d = doc("slow", 7, "starting", "closed");
+        assert_eq!(row(&d, NOW)[2], "starting");
+        d.handshake.from_cache = true;
+        assert_eq!(row(&d, NOW)[2], "starting (cached start)");
+        d.link.state = "up".into();
+        d.handshake.ready_after_ms = Some(5_012);
+        assert_eq!(row(&d, NOW)[2], "up (cached start, ready in 5.0s)");
+        // Not begun from the cache: the state alone.
+        d.handshake.from_cache = false;
+        assert_eq!(row(&d, NOW)[2], "up");
     }
 
     #[test]
