@@ -1289,3 +1289,243 @@ fn the_proxy_s_own_tool_listing_ends_when_the_server_repeats_its_cursor() {
     // No third page is asked for.
     assert!(h.try_to_server().is_none());
 }
+
+// ----- instant start ---------------------------------------------------------------
+
+mod instant_start {
+    use super::*;
+    use crate::handshake_cache::{CacheJob, Entry};
+    use serde_json::value::RawValue;
+
+    const INIT: &str = r#"{"protocolVersion":"2025-11-25","capabilities":{"tools":{},"prompts":{}},"serverInfo":{"name":"cached","version":"1"}}"#;
+    const TOOLS: &str = r#"{"tools":[{"name":"old","inputSchema":{"type":"object"}}]}"#;
+    const PROMPTS: &str = r#"{"prompts":[{"name":"p"}]}"#;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_owned()).unwrap()
+    }
+
+    /// A dispatcher with instant start and an entry for 2025-11-25.
+    fn harness() -> (Harness, Receiver<CacheJob>) {
+        let mut h = Harness::new();
+        let mut entry = Entry::new("2025-11-25", raw(INIT));
+        entry.tools = Some(raw(TOOLS));
+        entry.prompts = Some(raw(PROMPTS));
+        let (jobs, got) = crossbeam_channel::unbounded();
+        h.d.instant = Some(Box::new(super::super::InstantStart::new(Some(entry), jobs)));
+        (h, got)
+    }
+
+    fn initialize(h: &mut Harness, version: &str) {
+        h.client_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"{version}","capabilities":{{}},"clientInfo":{{"name":"c","version":"1"}}}}}}"#
+        ));
+    }
+
+    /// Every line the server was sent so far, parsed.
+    fn sent(h: &Harness) -> Vec<Value> {
+        std::iter::from_fn(|| h.try_to_server())
+            .map(|l| serde_json::from_str(&l).unwrap())
+            .collect()
+    }
+
+    fn find<'v>(lines: &'v [Value], method: &str) -> &'v Value {
+        lines
+            .iter()
+            .find(|v| v["method"] == method)
+            .unwrap_or_else(|| panic!("no {method} in {lines:?}"))
+    }
+
+    #[test]
+    fn the_handshake_and_lists_come_from_the_cache_until_the_server_answers() {
+        let (mut h, jobs) = harness();
+        initialize(&mut h, "2025-11-25");
+        let init: Value = serde_json::from_str(&h.to_client()).unwrap();
+        assert_eq!(init["id"], 0);
+        assert_eq!(init["result"]["serverInfo"]["name"], "cached");
+        assert_eq!(init["result"]["capabilities"]["tools"]["listChanged"], true);
+        assert_eq!(
+            init["result"]["capabilities"]["prompts"]["listChanged"],
+            true
+        );
+        // The server gets the client's own initialize, and nothing else yet.
+        let first = sent(&h);
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(first[0]["method"], "initialize");
+        assert_eq!(first[0]["params"]["clientInfo"]["name"], "c");
+        let replay = first[0]["id"].clone();
+
+        h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+        assert_eq!(
+            h.to_client(),
+            format!(r#"{{"jsonrpc":"2.0","id":1,"result":{TOOLS}}}"#)
+        );
+        h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"prompts/list","params":{}}"#);
+        assert_eq!(
+            h.to_client(),
+            format!(r#"{{"jsonrpc":"2.0","id":2,"result":{PROMPTS}}}"#)
+        );
+        // A page by cursor, and a call, wait for the server; a ping does not.
+        h.client_sends(r#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"cursor":"2"}}"#);
+        h.client_sends(r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"old","arguments":{}}}"#);
+        h.client_sends(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#);
+        assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":5,"result":{}}"#);
+        h.nothing_sent();
+
+        // The server answers as the cache said.
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{replay},"result":{INIT}}}"#
+        ));
+        let after = sent(&h);
+        let methods: Vec<&str> = after.iter().filter_map(|v| v["method"].as_str()).collect();
+        assert_eq!(
+            methods
+                .iter()
+                .filter(|m| **m == "notifications/initialized")
+                .count(),
+            1,
+            "{methods:?}"
+        );
+        assert_eq!(methods[0], "notifications/initialized", "{methods:?}");
+        let call = find(&after, "tools/call");
+        let paged = after
+            .iter()
+            .find(|v| v["method"] == "tools/list" && v["params"]["cursor"] == "2")
+            .expect("the client's page");
+        let ours = after
+            .iter()
+            .find(|v| v["method"] == "tools/list" && v["params"].get("cursor").is_none())
+            .expect("the proxy reads the tools");
+        let prompts = find(&after, "prompts/list");
+        assert!(!methods.contains(&"resources/list"), "not declared");
+
+        // The tools changed, the prompts did not.
+        let new_tools = r#"{"tools":[{"name":"new","inputSchema":{"type":"object"}}]}"#;
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{new_tools}}}"#,
+            ours["id"]
+        ));
+        assert_eq!(
+            h.to_client(),
+            r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#
+        );
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{{"prompts":[{{"name":"p"}}]}}}}"#,
+            prompts["id"]
+        ));
+        let Ok(CacheJob::Store(stored)) = jobs.try_recv() else {
+            panic!("the entry is stored")
+        };
+        assert_eq!(stored.protocol_version, "2025-11-25");
+        assert_eq!(stored.tools.unwrap().get(), new_tools);
+        assert_eq!(stored.prompts.unwrap().get(), PROMPTS);
+        assert!(stored.resources.is_none());
+        h.nothing_sent();
+
+        // The call and the page went to the server and are answered by it.
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[]}}}}"#,
+            call["id"]
+        ));
+        assert_eq!(
+            h.to_client(),
+            r#"{"jsonrpc":"2.0","id":4,"result":{"content":[]}}"#
+        );
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{{"tools":[]}}}}"#,
+            paged["id"]
+        ));
+        assert_eq!(
+            h.to_client(),
+            r#"{"jsonrpc":"2.0","id":3,"result":{"tools":[]}}"#
+        );
+        // From now on the lists are the server's.
+        h.client_sends(r#"{"jsonrpc":"2.0","id":6,"method":"prompts/list"}"#);
+        assert_eq!(find(&sent(&h), "prompts/list")["method"], "prompts/list");
+        assert!(jobs.try_recv().is_err(), "stored once");
+    }
+
+    #[test]
+    fn another_protocol_version_goes_to_the_server() {
+        let (mut h, jobs) = harness();
+        initialize(&mut h, "2025-06-18");
+        let to_server: Value = serde_json::from_str(&h.to_server()).unwrap();
+        assert_eq!(to_server["method"], "initialize");
+        h.nothing_sent();
+        // The server's answer goes to the client, and its lists are read
+        // once the client is initialized.
+        let result = INIT.replace("2025-11-25", "2025-06-18");
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{result}}}"#,
+            to_server["id"]
+        ));
+        let init: Value = serde_json::from_str(&h.to_client()).unwrap();
+        assert_eq!(init["result"]["serverInfo"]["name"], "cached");
+        assert!(init["result"]["capabilities"]["tools"]
+            .get("listChanged")
+            .is_none());
+        h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        let after = sent(&h);
+        find(&after, "prompts/list");
+        assert!(jobs.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_server_that_contradicts_the_cache_ends_the_session() {
+        let (mut h, jobs) = harness();
+        initialize(&mut h, "2025-11-25");
+        h.to_client();
+        let replay = id_of(&h.to_server());
+        h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"old","arguments":{}}}"#);
+        h.client_sends(
+            r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"x"}}"#,
+        );
+        let other = INIT.replace(r#","prompts":{}"#, "");
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{replay},"result":{other}}}"#
+        ));
+        let mut answered: Vec<Value> = std::iter::from_fn(|| h.client.try_recv().ok())
+            .map(|q| serde_json::from_slice(&q.bytes).unwrap())
+            .collect();
+        answered.sort_by_key(|v| v["id"].as_u64());
+        assert_eq!(answered.len(), 2, "{answered:?}");
+        for a in &answered {
+            let message = a["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("lacks the capabilities prompts"),
+                "{message}"
+            );
+            assert_eq!(a["error"]["data"]["source"], "mcp-retry");
+        }
+        assert!(matches!(jobs.try_recv(), Ok(CacheJob::Invalidate)));
+        assert!(h.d.handshake_changed);
+        assert!(matches!(
+            h.d.phase,
+            super::super::Phase::Stopping { signal: None }
+        ));
+        // Nothing of the session reaches the server.
+        assert!(sent(&h).iter().all(|v| v["method"] != "tools/call"));
+    }
+
+    #[test]
+    fn a_server_slow_to_answer_its_handshake_gets_the_startup_allowance() {
+        let (mut h, _jobs) = harness();
+        let t0 = h.now;
+        initialize(&mut h, "2025-11-25");
+        h.to_client();
+        h.to_server();
+        let replay_timeouts: Vec<Instant> =
+            h.d.timers
+                .iter()
+                .filter(|Reverse(t)| matches!(t.timer, super::super::Timer::ReplayTimeout { .. }))
+                .map(|Reverse(t)| t.at)
+                .collect();
+        assert_eq!(
+            replay_timeouts,
+            vec![t0 + super::super::instant::STARTUP_ALLOWANCE],
+            "not call_timeout ({:?})",
+            h.d.cfg.call_timeout
+        );
+    }
+}
