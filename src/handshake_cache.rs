@@ -363,7 +363,12 @@ impl<'a> Identity<'a> {
             transport: server.transport,
             command: &server.command,
             args: &server.args,
-            cwd: server.cwd.as_deref(),
+            // A remote server's working directory is only where its
+            // headers_helper runs.
+            cwd: match (server.transport, &server.headers_helper) {
+                (Transport::Http, None) => None,
+                _ => server.cwd.as_deref(),
+            },
             url: &server.url,
             env: &server.env,
             headers: &server.headers,

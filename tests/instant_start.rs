@@ -370,3 +370,80 @@ fn assert_files_free_of(dir: &Path, secret: &str) {
     }
     assert!(files >= 2, "the key and an entry");
 }
+
+#[test]
+fn check_warms_the_cache_a_session_then_starts_from() {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    let config = tmp.write(
+        "c.yaml",
+        &format!(
+            "servers:\n  mock:\n    command: {}\n    instant_start: true\n",
+            crate::util::MOCK
+        ),
+    );
+    let out = std::process::Command::new(crate::util::PROXY)
+        .args(["check", "--config"])
+        .arg(&config)
+        .env("MCP_RETRY_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(entry(&cache)["entry"]["protocol_version"], VERSION);
+
+    let mut s = session(&cache, "")
+        .env("MOCK_START_DELAY_MS", "1000")
+        .start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    s.result(&json!(0));
+    let tools = s.list_tools();
+    assert!(server_read_nothing(&s), "{:?}", s.recv_lines());
+    assert!(tools["tools"].as_array().unwrap().len() > 3, "{tools}");
+    assert!(s.logged("answered initialize from the handshake cache"));
+    s.close_stdin();
+    s.wait();
+}
+
+#[test]
+fn a_remote_server_starts_from_the_cache_too() {
+    let server = Server::start();
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    let config = format!(
+        "servers:\n  remote:\n    url: {}\n    instant_start: true\n",
+        server.url()
+    );
+    // Each session's config is a file of its own, in a directory of its
+    // own: without a headers_helper, that is not part of the identity.
+    let remote = || {
+        Builder::config(&config)
+            .env("NO_PROXY", "127.0.0.1")
+            .env("MCP_RETRY_CACHE_DIR", &cache.display().to_string())
+    };
+    let mut s = remote().initialized();
+    let first = s.list_tools();
+    eventually("the handshake cache entry", || entries(&cache).len() == 1);
+    s.close_stdin();
+    s.wait();
+
+    let mut s = remote().start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    s.result(&json!(0));
+    s.notify("notifications/initialized", json!({}));
+    assert_eq!(s.list_tools(), first);
+    assert!(
+        s.logged("answered initialize from the handshake cache"),
+        "{}",
+        s.stderr()
+    );
+    s.call(json!(1), "read", json!({}));
+    let r = s.result(&json!(1));
+    assert_eq!(r["content"][0]["text"], "read done", "{r}");
+    s.stderr_with("the session began from the handshake cache");
+    s.close_stdin();
+    s.wait();
+}

@@ -248,6 +248,19 @@ fn the_same_identity_has_the_same_name_and_every_field_changes_it() {
         }
     }
 
+    // A remote server's working directory counts only with a
+    // headers_helper (it is where the helper runs).
+    let mut remote = server();
+    remote.transport = Transport::Http;
+    remote.headers_helper = None;
+    let here = cache.name(&Identity::of(&remote));
+    remote.cwd = Some(PathBuf::from("/another/project"));
+    assert_eq!(cache.name(&Identity::of(&remote)), here);
+    remote.headers_helper = Some("./token.sh".into());
+    let with_helper = cache.name(&Identity::of(&remote));
+    remote.cwd = Some(PathBuf::from("/srv/work"));
+    assert_ne!(cache.name(&Identity::of(&remote)), with_helper);
+
     // Another user's key names the same server differently.
     let other_scratch = scratch("names-other-key");
     let other = Cache::open(&other_scratch.dir).unwrap();
