@@ -447,3 +447,26 @@ fn a_remote_server_starts_from_the_cache_too() {
     s.close_stdin();
     s.wait();
 }
+
+#[test]
+fn a_server_that_never_comes_up_fails_the_calls_with_the_cause() {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "wait_for_server: 1", &[]);
+    let mut s = session(&cache, "wait_for_server: 1")
+        .env("MOCK_CRASH_AT_START", "3")
+        .env("MOCK_CRASH_MESSAGE", "mock: the licence server is down")
+        .start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    s.result(&json!(0));
+    s.notify("notifications/initialized", json!({}));
+    assert!(!s.list_tools()["tools"].as_array().unwrap().is_empty());
+    s.call(json!(1), "echo", json!({"text": "x"}));
+    let e = s.error(&json!(1));
+    assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
+    let message = e["message"].as_str().unwrap();
+    assert!(message.contains("the licence server is down"), "{message}");
+    s.close_stdin();
+    s.wait();
+    assert_eq!(entries(&cache).len(), 1, "the entry stays");
+}
