@@ -625,9 +625,11 @@ impl Dispatcher {
             return;
         };
         // A client given the tools from the cache does not list them from
-        // the server: the calls' own listing is read (it learns the
-        // annotations too).
-        let tools = instant.from_cache && instant.reading.wants(List::Tools);
+        // the server, nor does a client after a restart: the calls' own
+        // listing is read (it learns the annotations too). Otherwise the
+        // client's first listing is, or the calls' (`Timer::LearnTools`).
+        let tools =
+            instant.reading.wants(List::Tools) && (instant.from_cache || self.generation > 1);
         for list in instant.reading.take_unasked() {
             self.request_list_page(list, None, now);
         }
