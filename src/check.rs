@@ -39,8 +39,8 @@ use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
 use crate::downstream::{self, Diagnostics, Downstream, Gone, Outgoing, ServerEvent};
 use crate::handshake_cache::{Cache, Entry, Identity};
-use crate::jsonrpc::{self, Kind, Message, Parsed, RawObject};
-use crate::mcp::{tools_list_params, Next, ToolsPager};
+use crate::jsonrpc::{self, Kind, Message, Parsed};
+use crate::mcp::{tools_list_params, List, Next, ToolsPager};
 use crate::redact::{self, Redactor};
 
 /// The protocol version offered in `initialize`: the newest the proxy
@@ -261,30 +261,6 @@ impl From<&Listing> for Tools {
     }
 }
 
-/// A list request of MCP, and the member of its result that holds the
-/// items.
-struct List {
-    method: &'static str,
-    key: &'static str,
-}
-
-const TOOLS: List = List {
-    method: "tools/list",
-    key: "tools",
-};
-const PROMPTS: List = List {
-    method: "prompts/list",
-    key: "prompts",
-};
-const RESOURCES: List = List {
-    method: "resources/list",
-    key: "resources",
-};
-const RESOURCE_TEMPLATES: List = List {
-    method: "resources/templates/list",
-    key: "resourceTemplates",
-};
-
 /// A list read over all its pages.
 #[derive(Debug)]
 enum Listing {
@@ -297,23 +273,15 @@ enum Listing {
 }
 
 impl Listing {
-    /// The whole list as one result, `{"KEY":[...]}`, when it was read to
-    /// its end.
-    fn merged(&self, key: &str) -> Option<Box<RawValue>> {
+    /// The whole list as one result, `{"<member>":[...]}`, when it was
+    /// read to its end.
+    fn merged(&self, list: List) -> Option<Box<RawValue>> {
         let Listing::Items(items) = self else {
             return None;
         };
         let items: Vec<&str> = items.iter().map(|item| item.get()).collect();
-        RawValue::from_string(format!("{{\"{key}\":[{}]}}", items.join(","))).ok()
+        RawValue::from_string(list.merged(&items)).ok()
     }
-}
-
-/// One page of a list: its items and its `nextCursor` (when a string);
-/// `None` when the result has no such array.
-fn page_items(result: &str, key: &str) -> Option<(Vec<Box<RawValue>>, Option<String>)> {
-    let page = RawObject::parse(result)?;
-    let items = serde_json::from_str(page.get(key)?.get()).ok()?;
-    Some((items, page.string("nextCursor")))
 }
 
 /// What the probe read of a server declaring each capability (`None`:
@@ -330,12 +298,15 @@ struct Lists {
 /// server's result as it wrote it, and each list read to its end (a list
 /// not declared, failed or cut short is left out).
 fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Entry {
-    let merged = |listing: &Option<Listing>, list: &List| listing.as_ref()?.merged(list.key);
     let mut entry = Entry::new(LEGACY_VERSION, initialize);
-    entry.tools = merged(&lists.tools, &TOOLS);
-    entry.prompts = merged(&lists.prompts, &PROMPTS);
-    entry.resources = merged(&lists.resources, &RESOURCES);
-    entry.resource_templates = merged(&lists.resource_templates, &RESOURCE_TEMPLATES);
+    for (list, listing) in [
+        (List::Tools, &lists.tools),
+        (List::Prompts, &lists.prompts),
+        (List::Resources, &lists.resources),
+        (List::Templates, &lists.resource_templates),
+    ] {
+        entry.set_list(list, listing.as_ref().and_then(|l| l.merged(list)));
+    }
     entry
 }
 
@@ -406,7 +377,7 @@ fn talk(
     let meta = hello.modern.then(modern_meta);
     let tools = hello
         .has_tools
-        .then(|| read_list(conv, &TOOLS, meta.as_deref()));
+        .then(|| read_list(conv, List::Tools, meta.as_deref()));
     let up = Up {
         start: hello.start,
         protocol_version: hello.protocol_version,
@@ -418,12 +389,12 @@ fn talk(
     let Some(initialize) = hello.initialize else {
         return Ok((up, None));
     };
-    let mut read = |declared: bool, list: &List| declared.then(|| read_list(conv, list, None));
+    let mut read = |declared: bool, list: List| declared.then(|| read_list(conv, list, None));
     let lists = Lists {
         tools,
-        prompts: read(hello.has_prompts, &PROMPTS),
-        resources: read(hello.has_resources, &RESOURCES),
-        resource_templates: read(hello.has_resources, &RESOURCE_TEMPLATES),
+        prompts: read(hello.has_prompts, List::Prompts),
+        resources: read(hello.has_resources, List::Resources),
+        resource_templates: read(hello.has_resources, List::Templates),
     };
     Ok((up, Some(cache_entry(initialize, &lists))))
 }
@@ -531,20 +502,20 @@ fn handshake(
 }
 
 /// Reads `list` over every `nextCursor` page, within the deadline.
-fn read_list(conv: &mut Conversation<'_>, list: &List, meta: Option<&str>) -> Listing {
+fn read_list(conv: &mut Conversation<'_>, list: List, meta: Option<&str>) -> Listing {
     let mut items = Vec::new();
     let mut pager = ToolsPager::default();
     loop {
         let params = pager.params(meta);
-        let page = match conv.request(list.method, &params) {
+        let page = match conv.request(list.method(), &params) {
             Answer::Result(page) => page,
             Answer::Error(msg) => return Listing::Failed(msg),
-            Answer::TimedOut => return Listing::Unknown(format!("no answer to {}", list.method)),
+            Answer::TimedOut => return Listing::Unknown(format!("no answer to {}", list.method())),
             Answer::Gone(why) => return Listing::Unknown(why),
             Answer::Stopped => return Listing::Unknown("interrupted".into()),
         };
-        let Some((page, next_cursor)) = page_items(&page, list.key) else {
-            return Listing::Failed(format!("the result has no \"{}\" array", list.key));
+        let Some((page, next_cursor)) = list.page(&page) else {
+            return Listing::Failed(format!("the result has no \"{}\" array", list.member()));
         };
         items.extend(page);
         match pager.next(next_cursor.as_deref()) {
@@ -553,9 +524,9 @@ fn read_list(conv: &mut Conversation<'_>, list: &List, meta: Option<&str>) -> Li
             Next::Endless => {
                 return Listing::Unknown(format!(
                     "the {} pages do not end ({} {} on more than {} pages, or a cursor again)",
-                    list.method,
+                    list.method(),
                     items.len(),
-                    list.key,
+                    list.member(),
                     ToolsPager::MAX_PAGES
                 ))
             }
@@ -1053,32 +1024,13 @@ mod tests {
     }
 
     /// A list read from these pages (raw results), as [`read_list`] does.
-    fn listing(pages: &[&str], key: &str) -> Listing {
+    fn listing(pages: &[&str], list: List) -> Listing {
         let mut items = Vec::new();
         for page in pages {
-            let (page, _) = page_items(page, key).expect("a page");
+            let (page, _) = list.page(page).expect("a page");
             items.extend(page);
         }
         Listing::Items(items)
-    }
-
-    #[test]
-    fn pages_are_read_as_written() {
-        let (items, next) = page_items(
-            r#"{"tools":[{"name":"a", "x":1.50}],"nextCursor":"p2"}"#,
-            "tools",
-        )
-        .unwrap();
-        assert_eq!(
-            items.iter().map(|i| i.get()).collect::<Vec<_>>(),
-            [r#"{"name":"a", "x":1.50}"#]
-        );
-        assert_eq!(next.as_deref(), Some("p2"));
-        let (_, next) = page_items(r#"{"prompts":[],"nextCursor":7}"#, "prompts").unwrap();
-        assert_eq!(next, None, "a cursor that is not a string ends the list");
-        assert!(page_items(r#"{"tools":{}}"#, "tools").is_none());
-        assert!(page_items(r#"{"items":[]}"#, "tools").is_none());
-        assert!(page_items("[]", "tools").is_none());
     }
 
     #[test]
@@ -1090,9 +1042,9 @@ mod tests {
                     r#"{"tools":[{"name":"b"},{"name":"a"}],"nextCursor":"1"}"#,
                     r#"{"tools":[{"name":"c","inputSchema":{"z":1,"a":2}}]}"#,
                 ],
-                "tools",
+                List::Tools,
             )),
-            prompts: Some(listing(&[r#"{"prompts":[]}"#], "prompts")),
+            prompts: Some(listing(&[r#"{"prompts":[]}"#], List::Prompts)),
             resources: Some(Listing::Failed("Method not found".into())),
             resource_templates: Some(Listing::Unknown("no answer".into())),
         };
@@ -1117,7 +1069,7 @@ mod tests {
         let templates = Lists {
             resource_templates: Some(listing(
                 &[r#"{"resourceTemplates":[{"uriTemplate":"m://{n}"}]}"#],
-                "resourceTemplates",
+                List::Templates,
             )),
             ..Lists::default()
         };

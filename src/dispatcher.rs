@@ -42,8 +42,9 @@ mod requests;
 mod tests;
 mod trace;
 
+use crate::mcp::List;
 use calls::{Action, CallTimer, Calls, Owner};
-use instant::{InstantStart, List};
+use instant::InstantStart;
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
 use requests::{Batch, ClientRequest, Inflight, Method, Requests, ServerRequest};
 

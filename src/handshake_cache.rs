@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::config::{ServerConfig, Transport};
+use crate::mcp::List;
 use crate::status::{self, DirError};
 
 /// The environment variable that overrides the cache directory.
@@ -445,6 +446,34 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// `list`'s result, if kept.
+    pub fn list(&self, list: List) -> Option<&RawValue> {
+        self.list_slot(list).as_deref()
+    }
+
+    /// Keeps `result` (`{"<member>":[...]}`) as `list`'s, or none.
+    pub fn set_list(&mut self, list: List, result: Option<Box<RawValue>>) {
+        *self.list_mut(list) = result;
+    }
+
+    fn list_slot(&self, list: List) -> &Option<Box<RawValue>> {
+        match list {
+            List::Tools => &self.tools,
+            List::Prompts => &self.prompts,
+            List::Resources => &self.resources,
+            List::Templates => &self.resource_templates,
+        }
+    }
+
+    fn list_mut(&mut self, list: List) -> &mut Option<Box<RawValue>> {
+        match list {
+            List::Tools => &mut self.tools,
+            List::Prompts => &mut self.prompts,
+            List::Resources => &mut self.resources,
+            List::Templates => &mut self.resource_templates,
+        }
+    }
+
     /// An entry stored now, with no lists yet.
     pub fn new(protocol_version: &str, initialize: Box<RawValue>) -> Entry {
         let now = SystemTime::now()

@@ -2,11 +2,14 @@
 //! place for the dispatcher, the HTTP transport and `check`: the 2026-07-28
 //! `_meta` envelope (`io.modelcontextprotocol/*`: the protocol version, the
 //! client's capabilities and info) that a request of our own on the
-//! client's behalf carries, and the paging of `tools/list` (cursor, the
-//! next page's params, a bound on pages and a cursor that repeats). Pure:
+//! client's behalf carries, the paging of `tools/list` (cursor, the
+//! next page's params, a bound on pages and a cursor that repeats; any
+//! list pages so), and the lists a server declares ([`List`]). Pure:
 //! no I/O, no policy.
 
 #![forbid(unsafe_code)]
+
+use serde_json::value::RawValue;
 
 use crate::jsonrpc::{self, RawObject};
 
@@ -94,6 +97,77 @@ impl ToolsPager {
     }
 }
 
+/// The lists a server declares in its capabilities and the handshake
+/// cache keeps: their methods, the result's member holding the items, the
+/// capability that declares them and the notification that they changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum List {
+    Tools,
+    Prompts,
+    Resources,
+    Templates,
+}
+
+impl List {
+    pub const ALL: [List; 4] = [List::Tools, List::Prompts, List::Resources, List::Templates];
+
+    pub fn method(self) -> &'static str {
+        match self {
+            List::Tools => "tools/list",
+            List::Prompts => "prompts/list",
+            List::Resources => "resources/list",
+            List::Templates => "resources/templates/list",
+        }
+    }
+
+    /// The result's member holding the items.
+    pub fn member(self) -> &'static str {
+        match self {
+            List::Tools => "tools",
+            List::Prompts => "prompts",
+            List::Resources => "resources",
+            List::Templates => "resourceTemplates",
+        }
+    }
+
+    /// The capability that declares it.
+    pub fn capability(self) -> &'static str {
+        match self {
+            List::Tools => "tools",
+            List::Prompts => "prompts",
+            List::Resources | List::Templates => "resources",
+        }
+    }
+
+    /// What tells a client it changed.
+    pub fn changed(self) -> &'static str {
+        match self {
+            List::Tools => "notifications/tools/list_changed",
+            List::Prompts => "notifications/prompts/list_changed",
+            List::Resources | List::Templates => "notifications/resources/list_changed",
+        }
+    }
+
+    /// The list answering `method`.
+    pub fn of_method(method: &str) -> Option<List> {
+        List::ALL.into_iter().find(|l| l.method() == method)
+    }
+
+    /// One page's items (raw) and its `nextCursor` (when a string); `None`
+    /// when the result has no such array.
+    pub fn page(self, result: &str) -> Option<(Vec<Box<RawValue>>, Option<String>)> {
+        let page = RawObject::parse(result)?;
+        let items = serde_json::from_str(page.get(self.member())?.get()).ok()?;
+        Some((items, page.string("nextCursor")))
+    }
+
+    /// The whole list as one result, `{"<member>":[...]}`.
+    pub fn merged<S: AsRef<str>>(self, items: &[S]) -> String {
+        let items: Vec<&str> = items.iter().map(AsRef::as_ref).collect();
+        format!("{{\"{}\":[{}]}}", self.member(), items.join(","))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,5 +220,38 @@ mod tests {
         assert_eq!(envelope(old), None);
         assert_eq!(meta_version(Some(old)), None);
         assert_eq!(meta_version(None), None);
+    }
+
+    #[test]
+    fn pages_are_read_as_written() {
+        let (items, next) = List::Tools
+            .page(r#"{"tools":[{"name":"a", "x":1.50}],"nextCursor":"p2"}"#)
+            .unwrap();
+        assert_eq!(
+            items.iter().map(|i| i.get()).collect::<Vec<_>>(),
+            [r#"{"name":"a", "x":1.50}"#]
+        );
+        assert_eq!(next.as_deref(), Some("p2"));
+        let (_, next) = List::Prompts
+            .page(r#"{"prompts":[],"nextCursor":7}"#)
+            .unwrap();
+        assert_eq!(next, None, "a cursor that is not a string ends the list");
+        assert!(List::Tools.page(r#"{"tools":{}}"#).is_none());
+        assert!(List::Tools.page(r#"{"items":[]}"#).is_none());
+        assert!(List::Tools.page("[]").is_none());
+    }
+
+    #[test]
+    fn a_list_merged_is_one_result_of_its_items() {
+        assert_eq!(
+            List::Templates.merged(&["{\"a\":1}", "{}"]),
+            r#"{"resourceTemplates":[{"a":1},{}]}"#
+        );
+        assert_eq!(List::Tools.merged::<&str>(&[]), r#"{"tools":[]}"#);
+        assert_eq!(
+            List::of_method("resources/templates/list"),
+            Some(List::Templates)
+        );
+        assert_eq!(List::of_method("tools/call"), None);
     }
 }

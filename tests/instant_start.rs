@@ -77,6 +77,29 @@ fn warm(cache: &Path, policy: &str, env: &[(&str, &str)]) {
     assert!(s.wait().success(), "{}", s.stderr());
 }
 
+/// A cache (in a temp dir kept alive by the first value) warmed by one
+/// session with `policy`.
+fn warmed(policy: &str) -> (TempDir, PathBuf) {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, policy, &[]);
+    (tmp, cache)
+}
+
+/// A session with `policy` and the mock's `env`, through the client's
+/// handshake (asking for [`VERSION`]); with its `initialize` result.
+fn handshaken(cache: &Path, policy: &str, env: &[(&str, &str)]) -> (Session, Value) {
+    let mut b = session(cache, policy);
+    for (k, v) in env {
+        b = b.env(k, v);
+    }
+    let mut s = b.start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    let init = s.result(&json!(0));
+    s.notify("notifications/initialized", json!({}));
+    (s, init)
+}
+
 /// Whether the slow server has read anything yet.
 fn server_read_nothing(s: &Session) -> bool {
     s.recv_lines().is_empty()
@@ -84,9 +107,7 @@ fn server_read_nothing(s: &Session) -> bool {
 
 #[test]
 fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_calls_after() {
-    let tmp = TempDir::new();
-    let cache = cache_in(&tmp);
-    warm(&cache, "", &[]);
+    let (_tmp, cache) = warmed("");
     let stored = entry(&cache);
     assert_eq!(stored["entry"]["protocol_version"], VERSION);
     let cached_tools = stored["entry"]["tools"]["tools"].as_array().unwrap().len();
@@ -183,16 +204,12 @@ fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_call
 
 #[test]
 fn a_changed_tool_list_is_announced_and_served_from_the_server_then() {
-    let tmp = TempDir::new();
-    let cache = cache_in(&tmp);
-    warm(&cache, "", &[]);
-    let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", "500")
-        .env("MOCK_TOOLS_VARIANT", "fresh")
-        .start();
-    s.request(json!(0), "initialize", init_params(VERSION));
-    s.result(&json!(0));
-    s.notify("notifications/initialized", json!({}));
+    let (_tmp, cache) = warmed("");
+    let env = [
+        ("MOCK_START_DELAY_MS", "500"),
+        ("MOCK_TOOLS_VARIANT", "fresh"),
+    ];
+    let (mut s, _) = handshaken(&cache, "", &env);
     let old = s.list_tools();
     let names = |list: &Value| -> Vec<String> {
         list["tools"]
@@ -224,9 +241,7 @@ fn a_changed_tool_list_is_announced_and_served_from_the_server_then() {
 
 #[test]
 fn another_protocol_version_gets_no_answer_from_the_cache() {
-    let tmp = TempDir::new();
-    let cache = cache_in(&tmp);
-    warm(&cache, "", &[]);
+    let (_tmp, cache) = warmed("");
     let mut s = session(&cache, "")
         .env("MOCK_START_DELAY_MS", "300")
         .start();
@@ -250,16 +265,13 @@ fn another_protocol_version_gets_no_answer_from_the_cache() {
 
 #[test]
 fn a_server_that_contradicts_the_cache_ends_the_session_and_the_entry() {
-    let tmp = TempDir::new();
-    let cache = cache_in(&tmp);
-    warm(&cache, "", &[]);
-    let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", "300")
-        .env("MOCK_PROTOCOL_VERSION", "2024-11-05")
-        .start();
-    s.request(json!(0), "initialize", init_params(VERSION));
-    assert_eq!(s.result(&json!(0))["protocolVersion"], VERSION);
-    s.notify("notifications/initialized", json!({}));
+    let (_tmp, cache) = warmed("");
+    let env = [
+        ("MOCK_START_DELAY_MS", "300"),
+        ("MOCK_PROTOCOL_VERSION", "2024-11-05"),
+    ];
+    let (mut s, init) = handshaken(&cache, "", &env);
+    assert_eq!(init["protocolVersion"], VERSION);
     s.call(json!(1), "echo", json!({"text": "x"}));
     let e = s.error(&json!(1));
     assert_eq!(e["data"]["source"], "mcp-retry", "{e}");
@@ -276,9 +288,7 @@ fn a_server_that_contradicts_the_cache_ends_the_session_and_the_entry() {
 #[test]
 fn an_entry_another_user_could_write_is_ignored_with_a_warning() {
     use std::os::unix::fs::PermissionsExt;
-    let tmp = TempDir::new();
-    let cache = cache_in(&tmp);
-    warm(&cache, "", &[]);
+    let (_tmp, cache) = warmed("");
     let file = entries(&cache).remove(0);
     fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
     let mut s = session(&cache, "").start();
@@ -298,9 +308,7 @@ fn an_entry_another_user_could_write_is_ignored_with_a_warning() {
 #[test]
 fn a_truncated_or_corrupt_entry_is_ignored() {
     for (what, cut) in [("truncated", true), ("corrupt", false)] {
-        let tmp = TempDir::new();
-        let cache = cache_in(&tmp);
-        warm(&cache, "", &[]);
+        let (_tmp, cache) = warmed("");
         let file = entries(&cache).remove(0);
         let bytes = fs::read(&file).unwrap();
         let spoiled = match cut {
@@ -450,16 +458,12 @@ fn a_remote_server_starts_from_the_cache_too() {
 
 #[test]
 fn a_server_that_never_comes_up_fails_the_calls_with_the_cause() {
-    let tmp = TempDir::new();
-    let cache = cache_in(&tmp);
-    warm(&cache, "wait_for_server: 1", &[]);
-    let mut s = session(&cache, "wait_for_server: 1")
-        .env("MOCK_CRASH_AT_START", "3")
-        .env("MOCK_CRASH_MESSAGE", "mock: the licence server is down")
-        .start();
-    s.request(json!(0), "initialize", init_params(VERSION));
-    s.result(&json!(0));
-    s.notify("notifications/initialized", json!({}));
+    let (_tmp, cache) = warmed("wait_for_server: 1");
+    let env = [
+        ("MOCK_CRASH_AT_START", "3"),
+        ("MOCK_CRASH_MESSAGE", "mock: the licence server is down"),
+    ];
+    let (mut s, _) = handshaken(&cache, "wait_for_server: 1", &env);
     assert!(!s.list_tools()["tools"].as_array().unwrap().is_empty());
     s.call(json!(1), "echo", json!({"text": "x"}));
     let e = s.error(&json!(1));

@@ -26,7 +26,7 @@ use serde_json::Value;
 use crate::downstream::Outgoing;
 use crate::handshake_cache::{CacheJob, Entry, MAX_ENTRY_BYTES};
 use crate::jsonrpc::{self, Message, RawObject};
-use crate::mcp::{Next, ToolsPager};
+use crate::mcp::{List, Next, ToolsPager};
 use crate::{debug, info, warn};
 
 use super::link::Link;
@@ -38,72 +38,9 @@ use super::{Dispatcher, Inflight, Reason, Timer};
 /// nobody waits on it (requests wait `wait_for_server` at most).
 pub(super) const STARTUP_ALLOWANCE: Duration = Duration::from_secs(300);
 
-/// One of the lists the cache keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum List {
-    Tools,
-    Prompts,
-    Resources,
-    Templates,
-}
-
-impl List {
-    pub(super) const ALL: [List; 4] =
-        [List::Tools, List::Prompts, List::Resources, List::Templates];
-
-    pub(super) fn method(self) -> &'static str {
-        match self {
-            List::Tools => "tools/list",
-            List::Prompts => "prompts/list",
-            List::Resources => "resources/list",
-            List::Templates => "resources/templates/list",
-        }
-    }
-
-    /// The result's member holding the items.
-    fn member(self) -> &'static str {
-        match self {
-            List::Tools => "tools",
-            List::Prompts => "prompts",
-            List::Resources => "resources",
-            List::Templates => "resourceTemplates",
-        }
-    }
-
-    /// The capability that declares it.
-    fn capability(self) -> &'static str {
-        match self {
-            List::Tools => "tools",
-            List::Prompts => "prompts",
-            List::Resources | List::Templates => "resources",
-        }
-    }
-
-    /// What tells a client it changed.
-    fn changed(self) -> &'static str {
-        match self {
-            List::Tools => "notifications/tools/list_changed",
-            List::Prompts => "notifications/prompts/list_changed",
-            List::Resources | List::Templates => "notifications/resources/list_changed",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-
-    fn of_method(method: &str) -> Option<List> {
-        List::ALL.into_iter().find(|l| l.method() == method)
-    }
-
-    fn of_entry(self, e: &Entry) -> Option<&RawValue> {
-        match self {
-            List::Tools => e.tools.as_deref(),
-            List::Prompts => e.prompts.as_deref(),
-            List::Resources => e.resources.as_deref(),
-            List::Templates => e.resource_templates.as_deref(),
-        }
-    }
+/// `list`'s place in arrays by list.
+fn index(list: List) -> usize {
+    list as usize
 }
 
 /// Where the reading of one list is.
@@ -166,7 +103,7 @@ impl Reading {
             let declared = caps
                 .as_ref()
                 .is_some_and(|c| c.get(list.capability()).is_some());
-            self.lists[list.index()] = match declared {
+            self.lists[index(list)] = match declared {
                 true => ListRead::Wanted,
                 false => ListRead::Absent,
             };
@@ -188,7 +125,7 @@ impl Reading {
         }
         let mut asked = Vec::new();
         for list in [List::Prompts, List::Resources, List::Templates] {
-            let slot = &mut self.lists[list.index()];
+            let slot = &mut self.lists[index(list)];
             if matches!(slot, ListRead::Wanted) {
                 *slot = ListRead::Paging {
                     pager: ToolsPager::default(),
@@ -202,7 +139,7 @@ impl Reading {
 
     /// Whether `list` is declared and no listing of it has begun.
     pub(super) fn wants(&self, list: List) -> bool {
-        self.active() && matches!(self.lists[list.index()], ListRead::Wanted)
+        self.active() && matches!(self.lists[index(list)], ListRead::Wanted)
     }
 
     /// The server's link was lost: lists not complete are asked of the
@@ -224,7 +161,7 @@ impl Reading {
         if !self.active() {
             return Paged::Nothing;
         }
-        let slot = &mut self.lists[list.index()];
+        let slot = &mut self.lists[index(list)];
         let starts = match slot {
             // Not read, or read already (the first complete listing counts).
             ListRead::Absent | ListRead::Failed | ListRead::Done(_) => return Paged::Nothing,
@@ -250,12 +187,7 @@ impl Reading {
         let ListRead::Paging { pager, items } = slot else {
             return Paged::Nothing;
         };
-        let parsed = RawObject::parse(result).and_then(|r| {
-            let page: Vec<Box<RawValue>> =
-                serde_json::from_str(r.get(list.member())?.get()).ok()?;
-            Some((page, r.string("nextCursor")))
-        });
-        let Some((page, next_cursor)) = parsed else {
+        let Some((page, next_cursor)) = list.page(result) else {
             debug!(
                 "handshake cache: the server's {} page has no items",
                 list.method()
@@ -276,12 +208,7 @@ impl Reading {
             Next::Page => Paged::Next(pager.cursor().unwrap_or_default().to_owned()),
             Next::Endless => self.fail(list),
             Next::Last => {
-                let text = format!(
-                    "{{{}:[{}]}}",
-                    jsonrpc::json_string(list.member()),
-                    items.join(",")
-                );
-                *slot = ListRead::Done(text);
+                *slot = ListRead::Done(list.merged(items));
                 Paged::Complete
             }
         }
@@ -290,19 +217,19 @@ impl Reading {
     /// `list` cannot be read whole this session (an error, no answer):
     /// the entry is not stored (the one there stays).
     pub(super) fn fail(&mut self, list: List) -> Paged {
-        if self.active() && !matches!(self.lists[list.index()], ListRead::Absent) {
+        if self.active() && !matches!(self.lists[index(list)], ListRead::Absent) {
             debug!(
                 "handshake cache: could not read the server's {}; the entry is not updated",
                 list.method()
             );
-            self.lists[list.index()] = ListRead::Failed;
+            self.lists[index(list)] = ListRead::Failed;
         }
         Paged::Nothing
     }
 
     /// `list` as read, when complete.
     pub(super) fn done(&self, list: List) -> Option<&str> {
-        match &self.lists[list.index()] {
+        match &self.lists[index(list)] {
             ListRead::Done(t) => Some(t),
             _ => None,
         }
@@ -330,14 +257,12 @@ impl Reading {
         let (version, result) = self.init.take()?;
         let raw = |t: String| RawValue::from_string(t).ok();
         let mut entry = Entry::new(&version, raw(result)?);
-        let mut lists = std::mem::take(&mut self.lists).map(|l| match l {
-            ListRead::Done(t) => raw(t),
-            _ => None,
-        });
-        entry.tools = lists[0].take();
-        entry.prompts = lists[1].take();
-        entry.resources = lists[2].take();
-        entry.resource_templates = lists[3].take();
+        let lists = std::mem::take(&mut self.lists);
+        for (list, read) in List::ALL.into_iter().zip(lists) {
+            if let ListRead::Done(t) = read {
+                entry.set_list(list, raw(t));
+            }
+        }
         self.bytes = 0;
         Some(entry)
     }
@@ -533,7 +458,7 @@ impl Dispatcher {
         let paged = params
             .and_then(RawObject::parse)
             .is_some_and(|p| p.get("cursor").is_some());
-        let Some(cached) = list.of_entry(told).filter(|_| !paged) else {
+        let Some(cached) = told.list(list).filter(|_| !paged) else {
             return false;
         };
         let line = jsonrpc::response_line(client_id, cached.get());
@@ -566,8 +491,7 @@ impl Dispatcher {
         let version = self.client_version();
         if let Some(instant) = self.instant.as_mut() {
             let told = instant.told.take().expect("checked above");
-            instant.told_lists =
-                Some(List::ALL.map(|l| l.of_entry(&told).map(|r| r.get().to_owned())));
+            instant.told_lists = Some(List::ALL.map(|l| told.list(l).map(|r| r.get().to_owned())));
             instant.reading.begin(&version, real);
         }
         Ok(())
@@ -709,7 +633,7 @@ impl Dispatcher {
             instant
                 .told_lists
                 .as_ref()
-                .and_then(|t| t[list.index()].as_deref()),
+                .and_then(|t| t[index(list)].as_deref()),
         ) else {
             return;
         };

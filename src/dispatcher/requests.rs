@@ -78,7 +78,7 @@ pub(super) enum Inflight {
     /// first page).
     ToolsList { first: bool },
     /// The proxy's own request for a list the handshake cache keeps.
-    Listing { list: super::List, first: bool },
+    Listing { list: crate::mcp::List, first: bool },
 }
 
 /// Methods whose answers the dispatcher looks at.
