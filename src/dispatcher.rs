@@ -595,13 +595,7 @@ impl Dispatcher {
             }
             Timer::OverlongLine { generation, line } => self.on_overlong_line(generation, line),
             Timer::ToolsListTimeout { down } => self.on_tools_list_timeout(down, now),
-            Timer::ListingTimeout { down } => {
-                if let Some(Inflight::Listing { list, .. }) = self.requests.inflight.get(&down) {
-                    let list = *list;
-                    self.requests.inflight.remove(&down);
-                    self.instant_list_failed(list);
-                }
-            }
+            Timer::ListingTimeout { down } => self.on_listing_timeout(down),
             Timer::Call(t) => {
                 if let Some(due) = self.with_calls(now, |c, ctx, out| c.on_timer(t, ctx, out)) {
                     self.start_attempt(due, now);

@@ -611,6 +611,16 @@ impl Dispatcher {
         }
     }
 
+    /// `Timer::ListingTimeout`: the proxy's own list request `down` was
+    /// not answered in time.
+    pub(super) fn on_listing_timeout(&mut self, down: u64) {
+        if let Some(Inflight::Listing { list, .. }) = self.requests.inflight.get(&down) {
+            let list = *list;
+            self.requests.inflight.remove(&down);
+            self.instant_list_failed(list);
+        }
+    }
+
     /// The proxy's own request for a page of `list` got no answer.
     pub(super) fn instant_list_failed(&mut self, list: List) {
         if let Some(instant) = self.instant.as_mut() {
