@@ -20,7 +20,18 @@
 //! ratios to the relay) and, with `--write FILE`, replaces the results block of
 //! `FILE` (between `<!-- bench:begin -->` and `<!-- bench:end -->`).
 //!
-//! Usage: `bench [--reps N] [--quick] [--baseline [LABEL=]MCP_RETRY]...
+//! It also measures, for the mock's scripted mode taking 5 s to start
+//! (`MOCK_START_DELAY_MS`), the time from spawning to the answer to a host's
+//! first `tools/list` three ways: the mock directly, through `mcp-retry run`,
+//! and through `mcp-retry run` with `instant_start: true` and a handshake
+//! cache warmed by one session before (in a temporary `MCP_RETRY_CACHE_DIR`;
+//! the bench stops if that row takes over 1 s, i.e. was not answered from the
+//! cache). `--start-only` runs just that section; with `--write FILE` it
+//! replaces just that section of the results block. (`--pressure-only` runs
+//! just the memory scenarios under pressure, printed only.)
+//!
+//! Usage: `bench [--reps N] [--quick] [--pressure-only] [--start-only]
+//! [--baseline [LABEL=]MCP_RETRY]...
 //! [--otel ENDPOINT] [--write FILE]` (`--baseline` measures another
 //! mcp-retry binary in the same rounds, for before/after figures; given
 //! more than once, each is a target of its own, named by its LABEL;
@@ -87,6 +98,7 @@ fn main() {
         baseline: Vec::new(),
         otel: None,
         pressure_only: false,
+        start_only: false,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -100,6 +112,7 @@ fn main() {
             }
             "--quick" => opts.quick = true,
             "--pressure-only" => opts.pressure_only = true,
+            "--start-only" => opts.start_only = true,
             "--baseline" => {
                 let arg = it
                     .next()
@@ -121,7 +134,7 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
+                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
@@ -231,6 +244,9 @@ struct Options {
     otel: Option<String>,
     /// Only the memory scenarios under pressure (printed, never written).
     pressure_only: bool,
+    /// Only the time to the first `tools/list` of a slow server (printed;
+    /// with `--write`, replaces just that section of the results block).
+    start_only: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -527,8 +543,14 @@ struct Session {
 
 impl Session {
     fn start(bins: &Bins, via: Via, server: &[&str]) -> Session {
-        let mut child = bins
-            .command(via, server)
+        Session::start_command(bins.command(via, server), via)
+    }
+
+    /// [`Session::start`] with the command already made (`via` names it):
+    /// spawned, then the handshake a host makes, through the answer to its
+    /// first `tools/list`.
+    fn start_command(mut command: Command, via: Via) -> Session {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -1352,6 +1374,233 @@ fn check(bins: &Bins, reps: usize) -> Result<Vec<Duration>, String> {
     Ok(times)
 }
 
+/// How long the slow server of the first-`tools/list` section sleeps
+/// before it reads its input.
+const FIRST_LIST_DELAY_MS: u64 = 5000;
+/// Runs of the rows that wait for that server, and of the instant row.
+const FIRST_LIST_SLOW_RUNS: usize = 3;
+const FIRST_LIST_INSTANT_RUNS: usize = 10;
+/// An instant-start answer slower than this was not served from the cache:
+/// the bench stops rather than report it.
+const FIRST_LIST_INSTANT_MAX: Duration = Duration::from_secs(1);
+
+/// Time from spawning the target to the answer to its first `tools/list`
+/// (after `initialize` and `notifications/initialized`, as a host does), for
+/// a server that takes [`FIRST_LIST_DELAY_MS`] to start.
+struct FirstList {
+    /// The mock itself.
+    direct: Vec<Duration>,
+    /// `mcp-retry run` with a config without `instant_start`.
+    proxied: Vec<Duration>,
+    /// `mcp-retry run` with `instant_start: true` and a warm cache.
+    instant: Vec<Duration>,
+}
+
+fn first_list(bins: &Bins, quick: bool) -> FirstList {
+    let (slow_runs, instant_runs) = if quick {
+        (1, 3)
+    } else {
+        (FIRST_LIST_SLOW_RUNS, FIRST_LIST_INSTANT_RUNS)
+    };
+    let dir = std::env::temp_dir().join(format!("mcp-retry-bench-start-{}", process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let give_up = |why: String| -> ! {
+        let _ = fs::remove_dir_all(&dir);
+        fail(&why)
+    };
+    if let Err(e) = fs::create_dir_all(&dir) {
+        give_up(format!("cannot create {}: {e}", dir.display()));
+    }
+    // The proxy creates its cache directory itself (mode 0700).
+    let cache = dir.join("cache");
+    // One server, the same in both configs but for `instant_start` (which
+    // is not part of the cache's key): the slow start is in its config.
+    let config = |name: &str, extra: &str| {
+        let path = dir.join(name);
+        let yaml = format!(
+            "servers:\n  slow:\n    command: {}\n    env:\n      MOCK_START_DELAY_MS: \"{FIRST_LIST_DELAY_MS}\"\n{extra}",
+            // A JSON string is a YAML double-quoted string.
+            serde_json::to_string(&bins.mock.display().to_string()).expect("a string")
+        );
+        if let Err(e) = fs::write(&path, yaml) {
+            give_up(format!("cannot write {}: {e}", path.display()));
+        }
+        path
+    };
+    let plain = config("plain.yaml", "");
+    let instant = config("instant.yaml", "    instant_start: true\n");
+    let direct = || {
+        let mut c = Command::new(&bins.mock);
+        c.env("MOCK_START_DELAY_MS", FIRST_LIST_DELAY_MS.to_string());
+        c
+    };
+    let proxied = |config: &Path| {
+        let mut c = Command::new(&bins.proxy);
+        c.args(["run", "--config"])
+            .arg(config)
+            .args(["--server", "slow"]);
+        for var in OTEL_VARS {
+            c.env_remove(var);
+        }
+        // Every session's cache stays in the bench's directory.
+        c.env("MCP_RETRY_CACHE_DIR", &cache);
+        c
+    };
+
+    // Warm the cache with one whole session of the instant config, as a
+    // host's first session would: its handshake goes to the server, then
+    // the proxy reads the lists and stores the entry.
+    eprintln!("bench: first tools/list: warming the handshake cache ...");
+    let s = Session::start_command(proxied(&instant), Via::Proxy);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cache_entries(&cache).is_empty() {
+        if Instant::now() > deadline {
+            give_up(format!(
+                "no handshake cache entry in {} 30 s after a session's handshake",
+                cache.display()
+            ));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    close_with_server(s);
+    let entry = cache_entries(&cache);
+    if entry.len() != 1 {
+        give_up(format!("expected one cache entry, found {entry:?}"));
+    }
+
+    let mut f = FirstList {
+        direct: Vec::new(),
+        proxied: Vec::new(),
+        instant: Vec::new(),
+    };
+    for i in 0..slow_runs.max(instant_runs) {
+        if i < slow_runs {
+            eprintln!(
+                "bench: first tools/list, direct and mcp-retry, run {} ...",
+                i + 1
+            );
+            f.direct.push(time_to_first_list(direct(), Via::Direct));
+            f.proxied
+                .push(time_to_first_list(proxied(&plain), Via::Proxy));
+        }
+        let took = time_to_first_list(proxied(&instant), Via::Proxy);
+        if took > FIRST_LIST_INSTANT_MAX {
+            give_up(format!(
+                "with instant_start and a warm cache, the first tools/list took {:.2} s: not answered from the cache",
+                took.as_secs_f64()
+            ));
+        }
+        f.instant.push(took);
+    }
+    if cache_entries(&cache) != entry {
+        give_up(format!(
+            "the cache entry changed under the runs: {:?}",
+            cache_entries(&cache)
+        ));
+    }
+    let _ = fs::remove_dir_all(&dir);
+    f
+}
+
+/// The handshake cache's entries (every `.json` file; the key is not one).
+fn cache_entries(cache: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = fs::read_dir(cache)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "json"))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+/// Spawns `command` and makes a host's handshake through the answer to the
+/// first `tools/list`: the time that took. The session is then closed.
+fn time_to_first_list(command: Command, via: Via) -> Duration {
+    let t = Instant::now();
+    let s = Session::start_command(command, via);
+    let took = t.elapsed();
+    close_with_server(s);
+    took
+}
+
+/// Closes a session and makes sure that its processes are gone: the target,
+/// and what it started (a proxy's server and watchdog). What is left 10 s
+/// after the target's exit is reported and killed.
+fn close_with_server(s: Session) {
+    let mut left = Vec::new();
+    let mut pending = vec![s.pid()];
+    while let Some(pid) = pending.pop() {
+        let kids = children(pid);
+        pending.extend(&kids);
+        left.extend(kids);
+    }
+    s.close();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        left.retain(|pid| alive(*pid));
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("bench: processes left after the session ended: {left:?}; killing them");
+    for pid in left {
+        // SAFETY: kill(2) with a pid read from /proc just now.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
+}
+
+/// Whether `pid` is there and not a zombie.
+fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses.
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// The first-`tools/list` section: its heading line and table, between
+/// markers of its own, so that `--start-only --write` can replace just it.
+fn first_list_section(f: &FirstList) -> String {
+    let secs = |d: Option<Duration>| {
+        d.map_or("n/a".into(), |d| {
+            if d >= Duration::from_secs(1) {
+                format!("{:.2} s", d.as_secs_f64())
+            } else {
+                format!("{:.1} ms", d.as_secs_f64() * 1e3)
+            }
+        })
+    };
+    let mut t = format!(
+        "{START_BEGIN}\nTime to the first `tools/list` answer for a server that takes {:.0} s to start (from spawning the target; `initialize`, `notifications/initialized`, `tools/list`, as a host does):\n\n| target | runs | median | min | max |\n|---|--:|--:|--:|--:|\n",
+        FIRST_LIST_DELAY_MS as f64 / 1000.0
+    );
+    for (what, v) in [
+        ("direct", &f.direct),
+        ("mcp-retry", &f.proxied),
+        ("mcp-retry, `instant_start: true`, warm cache", &f.instant),
+    ] {
+        let _ = writeln!(
+            t,
+            "| {what} | {} | {} | {} | {} |",
+            v.len(),
+            secs(median_d(v)),
+            secs(v.iter().min().copied()),
+            secs(v.iter().max().copied())
+        );
+    }
+    t.push_str(START_END);
+    t.push('\n');
+    t
+}
+
 /// Wall time of `program args` to exit, `runs` times, sorted.
 fn startup(program: &Path, args: &[&str], runs: usize) -> Vec<Duration> {
     let mut times: Vec<Duration> = (0..runs)
@@ -1644,6 +1893,17 @@ fn run_all(opts: &Options) {
         println!("{}", pressure_table(&bins));
         return;
     }
+    if opts.start_only {
+        let section = first_list_section(&first_list(&bins, opts.quick));
+        println!("{section}");
+        if let Some(path) = &opts.write {
+            match write_start_section(path, &section) {
+                Ok(()) => eprintln!("bench: section written to {}", path.display()),
+                Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
+            }
+        }
+        return;
+    }
 
     let hot = hot_path(&bins, reps, opts.quick);
     eprintln!("bench: memory with {HELD_CALLS} calls held ...");
@@ -1659,6 +1919,7 @@ fn run_all(opts: &Options) {
     let (idle_relay, idle_proxy) = (&idles[0], &idles[1]);
     eprintln!("bench: check ...");
     let check = check(&bins, 3);
+    let first = first_list(&bins, opts.quick);
     eprintln!("bench: start-up ...");
     let start_proxy = startup(&bins.proxy, &["--version"], STARTUP_RUNS);
     let start_true = startup(Path::new("/bin/true"), &[], STARTUP_RUNS);
@@ -1997,6 +2258,8 @@ fn run_all(opts: &Options) {
         started.elapsed().as_secs_f64()
     );
     report.push_str(&t.0);
+    report.push('\n');
+    report.push_str(&first_list_section(&first));
     let _ = write!(
         report,
         "\nMemory under pressure (each scenario in a fresh process; the mock's `deaf` mode stops reading its stdin for {:.0} s):\n\n{pressure}",
@@ -2019,6 +2282,29 @@ fn run_all(opts: &Options) {
 
 const BEGIN: &str = "<!-- bench:begin -->";
 const END: &str = "<!-- bench:end -->";
+/// The first-`tools/list` section's own markers, inside the results block.
+const START_BEGIN: &str = "<!-- bench:start:begin -->";
+const START_END: &str = "<!-- bench:start:end -->";
+
+/// Replaces the first-`tools/list` section in the results block of `path`
+/// (`--start-only --write`); an error if the file has none.
+fn write_start_section(path: &Path, section: &str) -> io::Result<()> {
+    let old = fs::read_to_string(path)?;
+    let new = match (old.find(START_BEGIN), old.find(START_END)) {
+        (Some(b), Some(e)) if b < e => format!(
+            "{}{}{}",
+            &old[..b],
+            section.trim_end(),
+            &old[e + START_END.len()..]
+        ),
+        _ => {
+            return Err(io::Error::other(format!(
+                "no {START_BEGIN} … {START_END} section (run the whole bench with --write first)"
+            )))
+        }
+    };
+    fs::write(path, new)
+}
 
 /// Replaces the block between the markers in `path` (or appends one).
 fn write_results(path: &Path, report: &str) -> io::Result<()> {
