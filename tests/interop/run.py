@@ -22,7 +22,9 @@ between mcp-retry and the Python SDK server over Streamable HTTP and judges
 each step by the server's execution log (see fault_checks). The official
 conformance tool's client scenarios are another: the tool's own test server
 judges conformance_client.mjs, directly and through `mcp-retry run --url`
-(see conformance_checks). The report is one PASS/FAIL line per check and ends with
+(see conformance_checks). py_instant.py's group hides a slow start (npx on an
+empty npm cache) behind instant_start and times the second session's
+handshake (see instant_checks). The report is one PASS/FAIL line per check and ends with
 `N passed, M failed`; the exit status is 1 when anything failed.
 """
 from __future__ import annotations
@@ -766,6 +768,34 @@ def fault_checks(proxy: str, base: str) -> tuple[list[Check], str]:
         return [Check(c["name"], c["ok"], c["detail"]) for c in json.load(f)["checks"]], run_dir
 
 
+INSTANT_LABEL = ("python-sdk [initialize] x server-everything and server-filesystem through npx on an empty "
+                 "npm cache, with instant_start")
+
+
+def instant_checks(proxy: str, base: str) -> tuple[list[Check], str]:
+    """py_instant.py's group: its checks, and its run directory."""
+    run_dir = os.path.join(base, "instant-start")
+    os.makedirs(run_dir)
+    out = os.path.join(run_dir, "checks.json")
+    with open(os.path.join(run_dir, "stderr.log"), "w+", encoding="utf-8") as err:
+        try:
+            subprocess.run([PYTHON, os.path.join(HERE, "py_instant.py"), proxy, run_dir, out], cwd=run_dir,
+                           stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=6 * RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pass
+        err.seek(0)
+        log = err.read().splitlines()
+    # Its timings, for the report.
+    for line in log:
+        if line.startswith("py_instant: "):
+            print("      " + line[len("py_instant: "):])
+    if not os.path.exists(out):
+        tail = "\n".join(log[-25:])
+        return [Check("the instant start sessions completed", False, f"no checks written; stderr ends:\n{tail}")], run_dir
+    with open(out, encoding="utf-8") as f:
+        return [Check(c["name"], c["ok"], c["detail"]) for c in json.load(f)["checks"]], run_dir
+
+
 # The official client conformance scenarios (@modelcontextprotocol/conformance):
 # the tool starts a test server of its own for each and runs
 # conformance_client.mjs against it, which connects directly (the SDK's
@@ -916,6 +946,13 @@ def main() -> int:
         print(f"\n== {FAULTS_LABEL}", flush=True)
         checks, run_dir = fault_checks(proxy, base)
         p, f = report(FAULTS_LABEL, checks, [run_dir])
+        passed, failed = passed + p, failed + f
+    # A slow start hidden from the client: npx on an empty npm cache, two
+    # sessions per server, the second answered from the handshake cache.
+    if not args.only or args.only in INSTANT_LABEL:
+        print(f"\n== {INSTANT_LABEL}", flush=True)
+        checks, run_dir = instant_checks(proxy, base)
+        p, f = report(INSTANT_LABEL, checks, [run_dir])
         passed, failed = passed + p, failed + f
     if failed == 0 and not args.keep:
         shutil.rmtree(base, ignore_errors=True)
