@@ -14,10 +14,10 @@
 //! so, the rule of `status::judge_dir`); the key and the entries must be
 //! regular files of ours with mode 0600, written atomically (a temporary
 //! file of the same directory, then linked or renamed). Anything else is
-//! ignored with a warning: no cache, never a failure. On Windows only the
-//! kind of file is checked, as for the runtime directory: the files keep
-//! the ACL they inherit from the user's profile (`%LOCALAPPDATA%`), which
-//! keeps them to the user; no ACL of our own is set.
+//! ignored with a warning: no cache, never a failure. On Windows the
+//! directory gets a DACL for the current user alone, which the key and the
+//! entries inherit (`status::prepare_dir`, `status/owner_only.rs`), and
+//! only the kind of file is checked, as for the runtime directory.
 //!
 //! An entry never holds an env value, a header value or a tool result: the
 //! identity is only hashed into the name, and the lists are what the server
@@ -168,8 +168,9 @@ fn file_facts(meta: &fs::Metadata) -> FileFacts {
     }
 }
 
-/// Windows: ownership and access are the profile's ACL (see the module
-/// doc); only the kind of file and its size are checked.
+/// Windows: ownership and access are the directory's DACL, which the file
+/// inherits (see the module doc); only the kind of file and its size are
+/// checked.
 #[cfg(windows)]
 fn file_facts(meta: &fs::Metadata) -> FileFacts {
     FileFacts {

@@ -79,6 +79,7 @@ mod tests {
         "child/unix.rs",
         "child/windows.rs",
         "proxy/signals.rs",
+        "status/owner_only.rs",
     ];
 
     #[test]

@@ -12,10 +12,14 @@
 //! The directory is `$MCP_RETRY_RUNTIME_DIR`, else
 //! `$XDG_RUNTIME_DIR/mcp-retry`, else `mcp-retry-<uid>` in the temporary
 //! directory. It must be a directory of ours with mode 0700 (created so
-//! when missing); otherwise nothing is published (or read). Files are 0600.
+//! when missing; on Windows, with a DACL for the current user alone,
+//! `status/owner_only.rs`); otherwise nothing is published (or read).
+//! Files are 0600.
 //! The `status` command itself is `status/report.rs`.
 
 pub mod histogram;
+#[cfg(windows)]
+pub mod owner_only;
 pub mod report;
 
 use std::collections::BTreeMap;
@@ -72,9 +76,10 @@ pub(crate) fn uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
-/// Windows: the temporary directory is the user's own (under the profile,
-/// which its ACL keeps to the user), so no uid is needed to tell users'
-/// directories apart, nor a mode to check; 0 stands for "us".
+/// Windows: the temporary directory is the user's own (under the profile),
+/// and [`prepare_dir`] gives our directories a DACL for the current user
+/// alone, so no uid is needed to tell users' directories apart, nor a mode
+/// to check; 0 stands for "us".
 #[cfg(windows)]
 pub(crate) fn uid() -> u32 {
     0
@@ -89,6 +94,9 @@ pub enum DirError {
     Io(PathBuf, io::Error),
     /// It is not ours alone (see [`DirProblem`]).
     Refused(PathBuf, DirProblem),
+    /// Windows: its DACL could not be set to the current user's alone.
+    #[cfg(windows)]
+    Restrict(PathBuf, io::Error),
 }
 
 impl std::fmt::Display for DirError {
@@ -97,6 +105,14 @@ impl std::fmt::Display for DirError {
             DirError::Create(dir, e) => write!(f, "cannot create {}: {e}", dir.display()),
             DirError::Io(dir, e) => write!(f, "{}: {e}", dir.display()),
             DirError::Refused(dir, why) => write!(f, "{}: {why}", dir.display()),
+            #[cfg(windows)]
+            DirError::Restrict(dir, e) => {
+                write!(
+                    f,
+                    "cannot restrict {} to the current user: {e}",
+                    dir.display()
+                )
+            }
         }
     }
 }
@@ -151,7 +167,7 @@ fn meta_facts(meta: &fs::Metadata) -> DirFacts {
     }
 }
 
-/// Windows: ownership and access are ACLs, left to the profile's (see
+/// Windows: ownership and access are the DACL [`prepare_dir`] sets (see
 /// [`uid`]); only the kind of file is checked.
 #[cfg(windows)]
 fn meta_facts(meta: &fs::Metadata) -> DirFacts {
@@ -180,7 +196,9 @@ pub fn judge_dir(f: &DirFacts, me: u32) -> Result<(), DirProblem> {
     Ok(())
 }
 
-/// Creates `dir` (mode 0700) if it is missing, then [`check_dir`].
+/// Creates `dir` (mode 0700) if it is missing, then [`check_dir`]. On
+/// Windows, gives it (again) a DACL for the current user alone
+/// ([`owner_only`]), which what is made in it inherits.
 pub fn prepare_dir(dir: &Path) -> Result<(), DirError> {
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true);
@@ -191,7 +209,10 @@ pub fn prepare_dir(dir: &Path) -> Result<(), DirError> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(DirError::Create(dir.to_owned(), e)),
     }
-    check_dir(dir)
+    check_dir(dir)?;
+    #[cfg(windows)]
+    owner_only::restrict(dir).map_err(|e| DirError::Restrict(dir.to_owned(), e))?;
+    Ok(())
 }
 
 // ----- the document -------------------------------------------------------------
