@@ -32,6 +32,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::borrow::Cow;
 use std::ffi::OsString;
 use std::fmt;
 use std::fs;
@@ -343,13 +344,15 @@ fn read_key(path: &Path) -> Result<[u8; KEY_LEN], ReadError> {
 
 /// What identifies a server to the cache: how it is started or reached,
 /// and the proxy's version. Only ever hashed: its values (env, headers)
-/// are secrets.
-#[derive(Debug, Clone)]
+/// are secrets (so it has no `Debug`).
+#[derive(Clone)]
 pub struct Identity<'a> {
     pub transport: Transport,
     pub command: &'a str,
     pub args: &'a [String],
-    pub cwd: Option<&'a Path>,
+    /// Where the server (or a remote server's `headers_helper`) runs: its
+    /// `cwd`, else the proxy's own working directory, which it inherits.
+    pub cwd: Option<Cow<'a, Path>>,
     pub url: &'a str,
     pub env: &'a [(String, String)],
     pub headers: &'a [(String, String)],
@@ -366,10 +369,14 @@ impl<'a> Identity<'a> {
             command: &server.command,
             args: &server.args,
             // A remote server's working directory is only where its
-            // headers_helper runs.
+            // headers_helper runs. A server without `cwd` runs in ours:
+            // one config used from two projects is two servers.
             cwd: match (server.transport, &server.headers_helper) {
                 (Transport::Http, None) => None,
-                _ => server.cwd.as_deref(),
+                _ => match server.cwd.as_deref() {
+                    Some(cwd) => Some(Cow::Borrowed(cwd)),
+                    None => std::env::current_dir().ok().map(Cow::Owned),
+                },
             },
             url: &server.url,
             env: &server.env,
@@ -419,7 +426,12 @@ impl<'a> Identity<'a> {
         for arg in self.args {
             bytes(h, arg.as_bytes());
         }
-        optional(h, self.cwd.map(|p| p.as_os_str().as_encoded_bytes()));
+        optional(
+            h,
+            self.cwd
+                .as_deref()
+                .map(|p| p.as_os_str().as_encoded_bytes()),
+        );
         bytes(h, self.url.as_bytes());
         pairs(h, self.env);
         pairs(h, self.headers);

@@ -164,7 +164,7 @@ fn the_same_identity_has_the_same_name_and_every_field_changes_it() {
         (
             "cwd",
             Identity {
-                cwd: Some(Path::new("/srv/other")),
+                cwd: Some(Path::new("/srv/other").into()),
                 ..id.clone()
             },
         ),
@@ -260,6 +260,22 @@ fn the_same_identity_has_the_same_name_and_every_field_changes_it() {
     let with_helper = cache.name(&Identity::of(&remote));
     remote.cwd = Some(PathBuf::from("/srv/work"));
     assert_ne!(cache.name(&Identity::of(&remote)), with_helper);
+
+    // A local server without `cwd` runs in the proxy's working directory:
+    // that is its identity's, so one config used from two projects names
+    // two entries.
+    let mut local = server();
+    local.cwd = None;
+    let here = std::env::current_dir().unwrap();
+    let inherited = {
+        let id = Identity::of(&local);
+        assert_eq!(id.cwd.as_deref(), Some(here.as_path()));
+        cache.name(&id)
+    };
+    local.cwd = Some(here.clone());
+    assert_eq!(cache.name(&Identity::of(&local)), inherited);
+    local.cwd = Some(here.join("elsewhere"));
+    assert_ne!(cache.name(&Identity::of(&local)), inherited);
 
     // Another user's key names the same server differently.
     let other_scratch = scratch("names-other-key");
