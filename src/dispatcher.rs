@@ -44,7 +44,7 @@ mod trace;
 
 use crate::mcp::List;
 use calls::{Action, CallTimer, Calls, Owner};
-use instant::InstantStart;
+use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
 use requests::{Batch, ClientRequest, Inflight, Method, Requests, ServerRequest};
 
@@ -1156,7 +1156,7 @@ impl Dispatcher {
                                 c.learn_tools(r, false, first, ctx, out)
                             });
                         }
-                        self.instant_page(List::Tools, m.result(), first, now);
+                        self.instant_page(List::Tools, m.result(), first, Source::Client, now);
                     }
                     Method::ReadOnly | Method::Other => {}
                 }
@@ -1168,10 +1168,10 @@ impl Dispatcher {
                     Some(r) => c.learn_tools(r, true, false, ctx, out),
                     None => c.tools_learned(false, ctx, out),
                 });
-                self.instant_page(List::Tools, m.result(), first, now);
+                self.instant_page(List::Tools, m.result(), first, Source::Proxy, now);
             }
             Some(Inflight::Listing { list, first }) => {
-                self.instant_page(list, m.result(), first, now)
+                self.instant_page(list, m.result(), first, Source::Proxy, now)
             }
             Some(Inflight::Replay(step)) => self.on_replay_response(step, &m, now),
             // Late answers of abandoned attempts still route to their call.

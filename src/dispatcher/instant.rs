@@ -30,7 +30,7 @@ use crate::mcp::{List, Next, ToolsPager};
 use crate::{debug, info, warn};
 
 use super::link::Link;
-use super::{Dispatcher, Inflight, Reason, Timer};
+use super::{Dispatcher, Inflight, Phase, Reason, Timer};
 
 /// How long a server started behind a cached handshake may take to answer
 /// its `initialize` (or `call_timeout`, if longer) before it is stopped
@@ -43,18 +43,30 @@ fn index(list: List) -> usize {
     list as usize
 }
 
+/// Whose listing a page answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    /// The client's own list request.
+    Client,
+    /// The proxy's: its request for a list the cache keeps, or the calls'
+    /// `tools/list` (to learn annotations).
+    Proxy,
+}
+
 /// Where the reading of one list is.
 #[derive(Debug, Default)]
 enum ListRead {
-    /// Not declared by the server: nothing to read.
+    /// Not declared by the server, or refused by it (an error answer to
+    /// the first page): nothing to keep.
     #[default]
     Absent,
     /// Declared; not asked for yet (tools: no page seen yet).
     Wanted,
-    /// Pages are arriving: the items so far, raw.
+    /// Pages of `source`'s listing are arriving: the items so far, raw.
     Paging {
         pager: ToolsPager,
         items: Vec<String>,
+        source: Source,
     },
     /// Complete: `{"<member>":[...]}`.
     Done(String),
@@ -130,6 +142,7 @@ impl Reading {
                 *slot = ListRead::Paging {
                     pager: ToolsPager::default(),
                     items: Vec::new(),
+                    source: Source::Proxy,
                 };
                 asked.push(list);
             }
@@ -155,36 +168,71 @@ impl Reading {
         }
     }
 
-    /// A page of `list` (its `result`, raw); `first` when it answers a
-    /// request without a cursor (a listing starts over).
-    pub(super) fn page(&mut self, list: List, result: &str, first: bool) -> Paged {
+    /// Whether a page of `source`'s listing of `list` (`first`: it
+    /// answers a request without a cursor) is read, and whether it starts
+    /// the reading over. One listing is read at a time, so that pages of
+    /// two listings running alongside are never mixed: tools from
+    /// whichever listing passes by first, a client's giving way to the
+    /// proxy's (which pages to its end), other lists only from the
+    /// proxy's own requests.
+    fn takes(&self, list: List, first: bool, source: Source) -> Option<bool> {
+        match &self.lists[index(list)] {
+            // Not read, or read already (the first complete listing counts).
+            ListRead::Absent | ListRead::Failed | ListRead::Done(_) => None,
+            ListRead::Wanted => (list == List::Tools && first).then_some(true),
+            ListRead::Paging { source: s, .. } if *s == source => Some(first),
+            ListRead::Paging { .. } => (first && source == Source::Proxy).then_some(true),
+        }
+    }
+
+    /// Starts the reading of `list` over, for `source`'s listing.
+    fn start(&mut self, list: List, source: Source) {
+        let slot = &mut self.lists[index(list)];
+        if let ListRead::Paging { items, .. } = slot {
+            self.bytes = self
+                .bytes
+                .saturating_sub(items.iter().map(String::len).sum());
+        }
+        *slot = ListRead::Paging {
+            pager: ToolsPager::default(),
+            items: Vec::new(),
+            source,
+        };
+    }
+
+    /// The server answered a request of `source`'s listing of `list` with
+    /// an error: refused at its first page, the list is not kept (the
+    /// server does not serve it); later, the reading failed.
+    pub(super) fn refused(&mut self, list: List, first: bool, source: Source) -> Paged {
+        if !self.active() || self.takes(list, first, source).is_none() {
+            return Paged::Nothing;
+        }
+        if !first {
+            return self.fail(list);
+        }
+        self.start(list, source);
+        debug!(
+            "handshake cache: the server refused {}; it is not kept",
+            list.method()
+        );
+        self.lists[index(list)] = ListRead::Absent;
+        Paged::Nothing
+    }
+
+    /// A page of `source`'s listing of `list` (its `result`, raw);
+    /// `first` when it answers a request without a cursor (a listing
+    /// starts over).
+    pub(super) fn page(&mut self, list: List, result: &str, first: bool, source: Source) -> Paged {
         if !self.active() {
             return Paged::Nothing;
         }
+        match self.takes(list, first, source) {
+            None => return Paged::Nothing,
+            Some(true) => self.start(list, source),
+            Some(false) => {}
+        }
         let slot = &mut self.lists[index(list)];
-        let starts = match slot {
-            // Not read, or read already (the first complete listing counts).
-            ListRead::Absent | ListRead::Failed | ListRead::Done(_) => return Paged::Nothing,
-            // Tools are read from whichever listing passes by, from its
-            // first page; other lists only from the proxy's own requests.
-            ListRead::Wanted => list == List::Tools && first,
-            ListRead::Paging { .. } => first,
-        };
-        if !starts && matches!(slot, ListRead::Wanted) {
-            return Paged::Nothing;
-        }
-        if starts {
-            if let ListRead::Paging { items, .. } = slot {
-                self.bytes = self
-                    .bytes
-                    .saturating_sub(items.iter().map(String::len).sum());
-            }
-            *slot = ListRead::Paging {
-                pager: ToolsPager::default(),
-                items: Vec::new(),
-            };
-        }
-        let ListRead::Paging { pager, items } = slot else {
+        let ListRead::Paging { pager, items, .. } = slot else {
             return Paged::Nothing;
         };
         let Some((page, next_cursor)) = list.page(result) else {
@@ -351,11 +399,21 @@ pub(super) fn contradiction(told: &str, real: &str) -> Option<String> {
     })
 }
 
-/// Whether two lists differ, as JSON (member order and spacing aside).
-fn lists_differ(a: &str, b: &str) -> bool {
-    use crate::policy::canonical_json;
-    match (canonical_json(a), canonical_json(b)) {
-        (Ok(a), Ok(b)) => a != b,
+/// Whether two results of `list` differ in their items, as JSON (member
+/// order and spacing aside) and in any order: a server listing the same
+/// tools in another order has not changed them.
+fn lists_differ(list: List, a: &str, b: &str) -> bool {
+    let items = |result: &str| -> Option<Vec<String>> {
+        let (page, _) = list.page(result)?;
+        let mut items = page
+            .iter()
+            .map(|item| crate::policy::canonical_json(item.get()).ok())
+            .collect::<Option<Vec<_>>>()?;
+        items.sort_unstable();
+        Some(items)
+    };
+    match (items(a), items(b)) {
+        (Some(a), Some(b)) => a != b,
         _ => true,
     }
 }
@@ -510,7 +568,11 @@ impl Dispatcher {
             instant.told = None;
             instant.send(CacheJob::Invalidate);
         }
-        self.handshake_changed = true;
+        // Exit 75 asks the host to connect again; a session the client
+        // ended already just ends.
+        if !matches!(self.phase, Phase::Stopping { .. }) {
+            self.handshake_changed = true;
+        }
         let mut ids: Vec<String> = self.requests.client.keys().cloned().collect();
         ids.sort();
         for id in ids {
@@ -589,14 +651,15 @@ impl Dispatcher {
         list: List,
         result: Option<&str>,
         first: bool,
+        source: Source,
         now: Instant,
     ) {
         let Some(instant) = self.instant.as_mut() else {
             return;
         };
         let paged = match result {
-            Some(r) => instant.reading.page(list, r, first),
-            None => instant.reading.fail(list),
+            Some(r) => instant.reading.page(list, r, first, source),
+            None => instant.reading.refused(list, first, source),
         };
         match paged {
             Paged::Next(cursor) if list != List::Tools => {
@@ -647,7 +710,7 @@ impl Dispatcher {
         ) else {
             return;
         };
-        if lists_differ(read, told) {
+        if lists_differ(list, read, told) {
             info!(
                 "the MCP server's {} differs from the cached one; telling the client",
                 list.method()

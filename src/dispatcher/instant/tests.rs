@@ -28,7 +28,7 @@ fn read_the_others(r: &mut Reading) {
             r#"{"resourceTemplates":[{"uriTemplate":"x://{a}"}]}"#,
         ),
     ] {
-        assert_eq!(r.page(list, page, true), Paged::Complete);
+        assert_eq!(r.page(list, page, true, Source::Proxy), Paged::Complete);
     }
 }
 
@@ -43,13 +43,19 @@ fn every_declared_list_is_read_whole_before_the_entry_is_stored() {
         r.page(
             List::Tools,
             r#"{"tools":[{"name":"a"}],"nextCursor":"2"}"#,
-            true
+            true,
+            Source::Proxy
         ),
         Paged::Next("\"2\"".into())
     );
     assert!(r.take_entry().is_none(), "a page is missing");
     assert_eq!(
-        r.page(List::Tools, r#"{"tools":[{"name":"b"}]}"#, false),
+        r.page(
+            List::Tools,
+            r#"{"tools":[{"name":"b"}]}"#,
+            false,
+            Source::Proxy
+        ),
         Paged::Complete
     );
     assert_eq!(
@@ -85,11 +91,11 @@ fn undeclared_lists_are_not_read_and_are_kept_as_none() {
     );
     assert!(r.take_unasked().is_empty());
     assert_eq!(
-        r.page(List::Prompts, r#"{"prompts":[]}"#, true),
+        r.page(List::Prompts, r#"{"prompts":[]}"#, true, Source::Proxy),
         Paged::Nothing
     );
     assert_eq!(
-        r.page(List::Tools, r#"{"tools":[]}"#, true),
+        r.page(List::Tools, r#"{"tools":[]}"#, true, Source::Proxy),
         Paged::Complete
     );
     let e = r.take_entry().unwrap();
@@ -102,18 +108,32 @@ fn a_listing_that_starts_over_replaces_the_pages_read_so_far() {
     read_the_others(&mut r);
     // A tools page that is not a first page, before any first: not read.
     assert_eq!(
-        r.page(List::Tools, r#"{"tools":[{"name":"z"}]}"#, false),
+        r.page(
+            List::Tools,
+            r#"{"tools":[{"name":"z"}]}"#,
+            false,
+            Source::Proxy
+        ),
         Paged::Nothing
     );
     r.page(
         List::Tools,
         r#"{"tools":[{"name":"a"}],"nextCursor":"1"}"#,
         true,
+        Source::Proxy,
     );
-    r.page(List::Tools, r#"{"tools":[{"name":"b"}]}"#, true);
+    r.page(
+        List::Tools,
+        r#"{"tools":[{"name":"b"}]}"#,
+        true,
+        Source::Proxy,
+    );
     assert_eq!(r.done(List::Tools), Some(r#"{"tools":[{"name":"b"}]}"#));
     // A later listing does not change what was read.
-    assert_eq!(r.page(List::Tools, r#"{"tools":[]}"#, true), Paged::Nothing);
+    assert_eq!(
+        r.page(List::Tools, r#"{"tools":[]}"#, true, Source::Proxy),
+        Paged::Nothing
+    );
 }
 
 #[test]
@@ -126,15 +146,25 @@ fn a_list_that_fails_or_pages_without_end_means_no_store() {
                 r.fail(List::Tools);
             }
             "endless" => {
-                r.page(List::Tools, r#"{"tools":[],"nextCursor":"x"}"#, true);
+                r.page(
+                    List::Tools,
+                    r#"{"tools":[],"nextCursor":"x"}"#,
+                    true,
+                    Source::Proxy,
+                );
                 assert_eq!(
-                    r.page(List::Tools, r#"{"tools":[],"nextCursor":"x"}"#, false),
+                    r.page(
+                        List::Tools,
+                        r#"{"tools":[],"nextCursor":"x"}"#,
+                        false,
+                        Source::Proxy
+                    ),
                     Paged::Nothing
                 );
             }
             _ => {
                 assert_eq!(
-                    r.page(List::Tools, r#"{"nothing":1}"#, true),
+                    r.page(List::Tools, r#"{"nothing":1}"#, true, Source::Proxy),
                     Paged::Nothing
                 );
             }
@@ -148,11 +178,12 @@ fn a_list_that_fails_or_pages_without_end_means_no_store() {
 fn a_lost_link_asks_the_next_server_for_what_was_not_complete() {
     let mut r = reading();
     assert_eq!(r.take_unasked().len(), 3);
-    r.page(List::Prompts, r#"{"prompts":[]}"#, true);
+    r.page(List::Prompts, r#"{"prompts":[]}"#, true, Source::Proxy);
     r.page(
         List::Tools,
         r#"{"tools":[{"name":"a"}],"nextCursor":"1"}"#,
         true,
+        Source::Proxy,
     );
     r.link_lost();
     assert!(r.wants(List::Tools));
@@ -168,9 +199,15 @@ fn lists_over_the_entry_limit_are_not_kept() {
         r#"{{"tools":[{{"d":"{}"}}],"nextCursor":"1"}}"#,
         "x".repeat(5 << 20)
     );
-    assert!(matches!(r.page(List::Tools, &big, true), Paged::Next(_)));
+    assert!(matches!(
+        r.page(List::Tools, &big, true, Source::Proxy),
+        Paged::Next(_)
+    ));
     let big2 = big.replace("\"1\"", "\"2\"");
-    assert_eq!(r.page(List::Tools, &big2, false), Paged::Nothing);
+    assert_eq!(
+        r.page(List::Tools, &big2, false, Source::Proxy),
+        Paged::Nothing
+    );
     assert!(r.take_entry().is_none());
 }
 
@@ -207,14 +244,134 @@ fn another_version_or_a_missing_capability_contradicts_the_cache() {
 }
 
 #[test]
-fn lists_compare_as_json() {
+fn lists_compare_as_json_in_any_order() {
+    let t = List::Tools;
     assert!(!lists_differ(
+        t,
         r#"{"tools":[{"a":1,"b":2}]}"#,
         r#"{ "tools": [ {"b":2, "a":1} ] }"#
     ));
+    assert!(!lists_differ(
+        t,
+        r#"{"tools":[{"name":"x"},{"name":"y"}]}"#,
+        r#"{"tools":[{"name":"y"},{"name":"x"}]}"#
+    ));
     assert!(lists_differ(
+        t,
         r#"{"tools":[{"a":1}]}"#,
         r#"{"tools":[{"a":2}]}"#
     ));
-    assert!(lists_differ(r#"{"tools":[{"a":1}]}"#, "not json"));
+    assert!(lists_differ(
+        t,
+        r#"{"tools":[{"name":"x"},{"name":"x"}]}"#,
+        r#"{"tools":[{"name":"x"}]}"#
+    ));
+    assert!(lists_differ(t, r#"{"tools":[{"a":1}]}"#, "not json"));
+    assert!(lists_differ(
+        List::Prompts,
+        r#"{"prompts":[]}"#,
+        r#"{"prompts":[{"name":"p"}]}"#
+    ));
+}
+
+#[test]
+fn a_list_the_server_refuses_is_left_out_and_the_rest_is_stored() {
+    let mut r = reading();
+    assert_eq!(r.take_unasked().len(), 3);
+    // A server declaring `resources` that has no templates (-32601).
+    assert_eq!(
+        r.refused(List::Templates, true, Source::Proxy),
+        Paged::Nothing
+    );
+    for (list, page) in [
+        (List::Prompts, r#"{"prompts":[]}"#),
+        (List::Resources, r#"{"resources":[]}"#),
+        (List::Tools, r#"{"tools":[{"name":"a"}]}"#),
+    ] {
+        assert_eq!(r.page(list, page, true, Source::Proxy), Paged::Complete);
+    }
+    let e = r.take_entry().expect("stored without the templates");
+    assert!(e.resource_templates.is_none());
+    assert_eq!(e.tools.unwrap().get(), r#"{"tools":[{"name":"a"}]}"#);
+
+    // Refused after a first page: the list is cut short, nothing stored.
+    let mut r = reading();
+    read_the_others(&mut r);
+    r.page(
+        List::Tools,
+        r#"{"tools":[{"name":"a"}],"nextCursor":"2"}"#,
+        true,
+        Source::Proxy,
+    );
+    r.refused(List::Tools, false, Source::Proxy);
+    assert!(r.take_entry().is_none());
+    assert!(!r.active());
+}
+
+#[test]
+fn pages_of_two_listings_running_alongside_are_never_mixed() {
+    let tools = |names: &[&str], next: Option<&str>| {
+        let items: Vec<String> = names
+            .iter()
+            .map(|n| format!(r#"{{"name":"{n}"}}"#))
+            .collect();
+        match next {
+            Some(c) => format!(r#"{{"tools":[{}],"nextCursor":"{c}"}}"#, items.join(",")),
+            None => format!(r#"{{"tools":[{}]}}"#, items.join(",")),
+        }
+    };
+    // The proxy's listing is read to its end; the client's, begun
+    // alongside, is not read at all (nor its error).
+    let mut r = reading();
+    read_the_others(&mut r);
+    let proxy = Source::Proxy;
+    let client = Source::Client;
+    assert!(matches!(
+        r.page(List::Tools, &tools(&["a"], Some("2")), true, proxy),
+        Paged::Next(_)
+    ));
+    assert_eq!(
+        r.page(List::Tools, &tools(&["a"], Some("2")), true, client),
+        Paged::Nothing
+    );
+    assert_eq!(
+        r.page(List::Tools, &tools(&["b"], Some("3")), false, client),
+        Paged::Nothing
+    );
+    assert_eq!(r.refused(List::Tools, false, client), Paged::Nothing);
+    assert!(matches!(
+        r.page(List::Tools, &tools(&["b"], Some("3")), false, proxy),
+        Paged::Next(_)
+    ));
+    assert_eq!(
+        r.page(List::Tools, &tools(&["c"], None), false, proxy),
+        Paged::Complete
+    );
+    assert_eq!(
+        r.done(List::Tools),
+        Some(tools(&["a", "b", "c"], None).as_str())
+    );
+
+    // A client's listing gives way to the proxy's, which pages to its end;
+    // the client's later pages are not read.
+    let mut r = reading();
+    read_the_others(&mut r);
+    assert!(matches!(
+        r.page(List::Tools, &tools(&["x"], Some("2")), true, client),
+        Paged::Next(_)
+    ));
+    assert!(matches!(
+        r.page(List::Tools, &tools(&["a"], Some("2")), true, proxy),
+        Paged::Next(_)
+    ));
+    assert_eq!(
+        r.page(List::Tools, &tools(&["y"], None), false, client),
+        Paged::Nothing
+    );
+    assert_eq!(
+        r.page(List::Tools, &tools(&["b"], None), false, proxy),
+        Paged::Complete
+    );
+    assert_eq!(r.done(List::Tools), Some(tools(&["a", "b"], None).as_str()));
+    assert!(r.take_entry().is_some());
 }
