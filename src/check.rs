@@ -296,8 +296,19 @@ struct Lists {
 
 /// The handshake cache's entry for an `initialize` handshake: the
 /// server's result as it wrote it, and each list read to its end (a list
-/// not declared, failed or cut short is left out).
-fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Entry {
+/// not declared or refused with an error is left out). `None` when a list
+/// was cut short (no answer in time, pages without end): a partial
+/// reading never replaces the entry there, as in `run`.
+fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Option<Entry> {
+    let all = [
+        &lists.tools,
+        &lists.prompts,
+        &lists.resources,
+        &lists.resource_templates,
+    ];
+    if all.iter().any(|l| matches!(l, Some(Listing::Unknown(_)))) {
+        return None;
+    }
     let mut entry = Entry::new(LEGACY_VERSION, initialize);
     for (list, listing) in [
         (List::Tools, &lists.tools),
@@ -307,7 +318,7 @@ fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Entry {
     ] {
         entry.set_list(list, listing.as_ref().and_then(|l| l.merged(list)));
     }
-    entry
+    Some(entry)
 }
 
 /// Starts one server, talks to it, stops it, and stores its handshake in
@@ -396,7 +407,7 @@ fn talk(
         resources: read(hello.has_resources, List::Resources),
         resource_templates: read(hello.has_resources, List::Templates),
     };
-    Ok((up, Some(cache_entry(initialize, &lists))))
+    Ok((up, cache_entry(initialize, &lists)))
 }
 
 /// What the server said about itself.
@@ -501,7 +512,9 @@ fn handshake(
     }
 }
 
-/// Reads `list` over every `nextCursor` page, within the deadline.
+/// Reads `list` over every `nextCursor` page, within the deadline. An
+/// error answer to the first page refuses the list; to a later one, it
+/// cuts the list short.
 fn read_list(conv: &mut Conversation<'_>, list: List, meta: Option<&str>) -> Listing {
     let mut items = Vec::new();
     let mut pager = ToolsPager::default();
@@ -509,7 +522,10 @@ fn read_list(conv: &mut Conversation<'_>, list: List, meta: Option<&str>) -> Lis
         let params = pager.params(meta);
         let page = match conv.request(list.method(), &params) {
             Answer::Result(page) => page,
-            Answer::Error(msg) => return Listing::Failed(msg),
+            Answer::Error(msg) if pager.cursor().is_none() => return Listing::Failed(msg),
+            Answer::Error(msg) => {
+                return Listing::Unknown(format!("{} refused a later page: {msg}", list.method()))
+            }
             Answer::TimedOut => return Listing::Unknown(format!("no answer to {}", list.method())),
             Answer::Gone(why) => return Listing::Unknown(why),
             Answer::Stopped => return Listing::Unknown("interrupted".into()),
@@ -1046,9 +1062,9 @@ mod tests {
             )),
             prompts: Some(listing(&[r#"{"prompts":[]}"#], List::Prompts)),
             resources: Some(Listing::Failed("Method not found".into())),
-            resource_templates: Some(Listing::Unknown("no answer".into())),
+            resource_templates: None,
         };
-        let entry = cache_entry(raw(init), &lists);
+        let entry = cache_entry(raw(init), &lists).expect("every list answered");
         assert_eq!(entry.protocol_version, LEGACY_VERSION);
         assert_eq!(entry.initialize.get(), init);
         assert_eq!(
@@ -1061,11 +1077,15 @@ mod tests {
             entry.prompts.as_ref().map(|p| p.get()),
             Some(r#"{"prompts":[]}"#)
         );
-        assert!(entry.resources.is_none(), "a failed list is left out");
-        assert!(
-            entry.resource_templates.is_none(),
-            "an unfinished list is left out"
-        );
+        assert!(entry.resources.is_none(), "a refused list is left out");
+        assert!(entry.resource_templates.is_none(), "not declared");
+        // A list cut short (no answer, pages without end): no entry, so
+        // that the one there stays whole.
+        let cut = Lists {
+            resource_templates: Some(Listing::Unknown("no answer".into())),
+            ..lists
+        };
+        assert!(cache_entry(raw(init), &cut).is_none());
         let templates = Lists {
             resource_templates: Some(listing(
                 &[r#"{"resourceTemplates":[{"uriTemplate":"m://{n}"}]}"#],
@@ -1073,7 +1093,7 @@ mod tests {
             )),
             ..Lists::default()
         };
-        let entry = cache_entry(raw(init), &templates);
+        let entry = cache_entry(raw(init), &templates).expect("complete");
         assert!(
             entry.tools.is_none() && entry.prompts.is_none(),
             "not declared"
