@@ -692,3 +692,20 @@ fn an_entry_over_the_bound_is_not_written() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn an_entry_open_for_reading_is_replaced_once_it_is_closed() {
+    // On Windows (and Wine) a file that is open cannot be renamed over:
+    // a reader holding the entry briefly must not lose the store.
+    let s = stored("replace-open");
+    let reader = fs::File::open(&s.path).unwrap();
+    let held = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(reader);
+    });
+    let id = Identity::of(&s.config);
+    s.cache.store(&id, &entry("2025-11-25")).unwrap();
+    held.join().unwrap();
+    assert!(load_for(&s.cache, &id, "2025-11-25").is_some());
+    let _ = &s.scratch;
+}
