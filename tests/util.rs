@@ -182,7 +182,7 @@ impl Builder {
         if let Some(rel) = &self.cwd {
             command.current_dir(self.dir.join(rel));
         }
-        let mut child = command
+        command
             .args(&args)
             // What `run` publishes for `status` stays in the session's
             // temp dir (unless the test chooses a directory).
@@ -191,9 +191,9 @@ impl Builder {
             .env("MCP_RETRY_LOG", "debug")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.program));
+            .stderr(Stdio::piped());
+        let mut child =
+            spawn(&mut command).unwrap_or_else(|e| panic!("cannot start {}: {e}", self.program));
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = crossbeam_channel::unbounded();
         let unread = if self.read_stdout {
@@ -762,6 +762,22 @@ pub fn read_pid(path: &Path) -> i32 {
         }
         assert!(Instant::now() < deadline, "no pid in {path:?}");
         thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Spawns `command`. Under Wine, process creation on a loaded machine now
+/// and then fails with ERROR_INTERNAL_ERROR (1359) and works when tried
+/// again: the emulator's, not the proxy's, so it is tried again a few times.
+pub fn spawn(command: &mut Command) -> std::io::Result<Child> {
+    let mut tries = 0;
+    loop {
+        match command.spawn() {
+            Err(e) if cfg!(windows) && e.raw_os_error() == Some(1359) && tries < 5 => {
+                tries += 1;
+                thread::sleep(Duration::from_millis(100));
+            }
+            done => return done,
+        }
     }
 }
 
