@@ -419,12 +419,31 @@ impl Dispatcher {
             let line = jsonrpc::notification_line(method, None);
             self.send_server(Outgoing::notification(method, line));
         }
+        // The session's state, but for what the client's own requests
+        // still queued set anyway (flushed below): a `logging/setLevel` or
+        // `resources/subscribe` sent while the server started would
+        // otherwise reach it twice.
+        let queued: Vec<(String, Option<&str>)> = self
+            .queue
+            .iter()
+            .filter_map(|(_, _, item)| match item {
+                Queued::Request { m, .. } => Some((m.method()?.into_owned(), m.params())),
+                _ => None,
+            })
+            .collect();
         let mut replays: Vec<(&str, String)> = Vec::new();
         if let Some(level) = &self.session.log_level {
-            replays.push(("logging/setLevel", level.clone()));
+            if !queued.iter().any(|(m, _)| m == "logging/setLevel") {
+                replays.push(("logging/setLevel", level.clone()));
+            }
         }
         for params in self.session.subscriptions.values() {
-            replays.push(("resources/subscribe", params.clone()));
+            let pending = |(m, p): &(String, Option<&str>)| {
+                m == "resources/subscribe" && *p == Some(params.as_str())
+            };
+            if !queued.iter().any(pending) {
+                replays.push(("resources/subscribe", params.clone()));
+            }
         }
         for (method, params) in replays {
             let down = self.next_id();

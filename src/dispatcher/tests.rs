@@ -1528,4 +1528,39 @@ mod instant_start {
             h.d.cfg.call_timeout
         );
     }
+
+    #[test]
+    fn state_requests_sent_while_the_server_starts_reach_it_once() {
+        let (mut h, _jobs) = harness();
+        initialize(&mut h, "2025-11-25");
+        h.to_client();
+        let replay = h.to_server();
+        let replay: Value = serde_json::from_str(&replay).unwrap();
+        h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        h.client_sends(
+            r#"{"jsonrpc":"2.0","id":1,"method":"logging/setLevel","params":{"level":"debug"}}"#,
+        );
+        h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"resources/subscribe","params":{"uri":"file:///a"}}"#);
+        h.nothing_sent();
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{INIT}}}"#,
+            replay["id"]
+        ));
+        let after = sent(&h);
+        let count = |method: &str| after.iter().filter(|v| v["method"] == method).count();
+        assert_eq!(count("logging/setLevel"), 1, "{after:?}");
+        assert_eq!(count("resources/subscribe"), 1, "{after:?}");
+        // The client's own, each answered once under its id.
+        for (id, method) in [(1, "logging/setLevel"), (2, "resources/subscribe")] {
+            let sent = find(&after, method);
+            h.server_sends(&format!(
+                r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
+                sent["id"]
+            ));
+            assert_eq!(
+                h.to_client(),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#)
+            );
+        }
+    }
 }
