@@ -300,22 +300,20 @@ struct Lists {
 /// was cut short (no answer in time, pages without end): a partial
 /// reading never replaces the entry there, as in `run`.
 fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Option<Entry> {
-    let all = [
-        &lists.tools,
-        &lists.prompts,
-        &lists.resources,
-        &lists.resource_templates,
-    ];
-    if all.iter().any(|l| matches!(l, Some(Listing::Unknown(_)))) {
-        return None;
-    }
-    let mut entry = Entry::new(LEGACY_VERSION, initialize);
-    for (list, listing) in [
+    let lists = [
         (List::Tools, &lists.tools),
         (List::Prompts, &lists.prompts),
         (List::Resources, &lists.resources),
         (List::Templates, &lists.resource_templates),
-    ] {
+    ];
+    if lists
+        .iter()
+        .any(|(_, l)| matches!(l, Some(Listing::Unknown(_))))
+    {
+        return None;
+    }
+    let mut entry = Entry::new(LEGACY_VERSION, initialize);
+    for (list, listing) in lists {
         entry.set_list(list, listing.as_ref().and_then(|l| l.merged(list)));
     }
     Some(entry)

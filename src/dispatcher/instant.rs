@@ -158,14 +158,23 @@ impl Reading {
     /// The server's link was lost: lists not complete are asked of the
     /// next incarnation.
     pub(super) fn link_lost(&mut self) {
-        for slot in &mut self.lists {
-            if let ListRead::Paging { items, .. } = slot {
-                self.bytes = self
-                    .bytes
-                    .saturating_sub(items.iter().map(String::len).sum());
-                *slot = ListRead::Wanted;
+        for list in List::ALL {
+            if matches!(self.lists[index(list)], ListRead::Paging { .. }) {
+                self.set(list, ListRead::Wanted);
             }
         }
+    }
+
+    /// Puts `list`'s reading in `state`, giving back the bytes of the
+    /// pages it held.
+    fn set(&mut self, list: List, state: ListRead) {
+        let slot = &mut self.lists[index(list)];
+        if let ListRead::Paging { items, .. } = slot {
+            self.bytes = self
+                .bytes
+                .saturating_sub(items.iter().map(String::len).sum());
+        }
+        *slot = state;
     }
 
     /// Whether a page of `source`'s listing of `list` (`first`: it
@@ -187,17 +196,14 @@ impl Reading {
 
     /// Starts the reading of `list` over, for `source`'s listing.
     fn start(&mut self, list: List, source: Source) {
-        let slot = &mut self.lists[index(list)];
-        if let ListRead::Paging { items, .. } = slot {
-            self.bytes = self
-                .bytes
-                .saturating_sub(items.iter().map(String::len).sum());
-        }
-        *slot = ListRead::Paging {
-            pager: ToolsPager::default(),
-            items: Vec::new(),
-            source,
-        };
+        self.set(
+            list,
+            ListRead::Paging {
+                pager: ToolsPager::default(),
+                items: Vec::new(),
+                source,
+            },
+        );
     }
 
     /// The server answered a request of `source`'s listing of `list` with
@@ -210,12 +216,11 @@ impl Reading {
         if !first {
             return self.fail(list);
         }
-        self.start(list, source);
         debug!(
             "handshake cache: the server refused {}; it is not kept",
             list.method()
         );
-        self.lists[index(list)] = ListRead::Absent;
+        self.set(list, ListRead::Absent);
         Paged::Nothing
     }
 
