@@ -700,7 +700,9 @@ fn an_entry_open_for_reading_is_replaced_once_it_is_closed() {
     let s = stored("replace-open");
     let reader = fs::File::open(&s.path).unwrap();
     let held = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Well inside the half second the store keeps trying, also on a
+        // loaded machine.
+        std::thread::sleep(std::time::Duration::from_millis(50));
         drop(reader);
     });
     let id = Identity::of(&s.config);
