@@ -273,23 +273,6 @@ fn write_temporary(dir: &Path, stem: &str, bytes: &[u8]) -> io::Result<PathBuf> 
     }
 }
 
-/// Renames `tmp` over `dest`. On Windows a file someone has open (a
-/// `check` or a session reading the entry, a virus scanner) cannot be
-/// replaced: access denied, for as long as it is open, which is briefly;
-/// the rename is tried again for up to half a second.
-fn replace(tmp: &Path, dest: &Path) -> io::Result<()> {
-    #[cfg(windows)]
-    for _ in 0..20 {
-        match fs::rename(tmp, dest) {
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                std::thread::sleep(std::time::Duration::from_millis(25));
-            }
-            done => return done,
-        }
-    }
-    fs::rename(tmp, dest)
-}
-
 // ----- the key ---------------------------------------------------------------------
 
 /// Why the cache cannot be used at all.
@@ -643,7 +626,7 @@ impl Cache {
             )));
         }
         let tmp = write_temporary(&self.dir, name, &text)?;
-        replace(&tmp, &self.dir.join(name)).inspect_err(|_| {
+        status::replace_file(&tmp, &self.dir.join(name)).inspect_err(|_| {
             let _ = fs::remove_file(&tmp);
         })
     }

@@ -253,8 +253,8 @@ pub fn spawn_writer(path: PathBuf) -> (Sender<String>, JoinHandle<()>) {
                 while let Ok(newer) = rx.try_recv() {
                     doc = newer;
                 }
-                let result =
-                    std::fs::write(&tmp, doc.as_bytes()).and_then(|_| std::fs::rename(&tmp, &path));
+                let result = std::fs::write(&tmp, doc.as_bytes())
+                    .and_then(|_| crate::status::replace_file(&tmp, &path));
                 if let Err(e) = result {
                     crate::warn!("cannot write the stats file {}: {e}", path.display());
                 }

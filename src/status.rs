@@ -586,7 +586,25 @@ fn write_atomically(path: &Path, tmp: &Path, text: &[u8]) -> io::Result<()> {
     f.set_permissions(fs::Permissions::from_mode(0o600))?;
     f.write_all(text)?;
     drop(f);
-    fs::rename(tmp, path)
+    replace_file(tmp, path)
+}
+
+/// Renames `tmp` over `dest`, the last step of every atomic write (status
+/// documents, the stats file, handshake cache entries). On Windows a file
+/// someone has open (`status` or `check` reading it, a virus scanner)
+/// cannot be replaced: access denied, for as long as it is open, which is
+/// briefly; the rename is tried again for up to half a second.
+pub fn replace_file(tmp: &Path, dest: &Path) -> io::Result<()> {
+    #[cfg(windows)]
+    for _ in 0..20 {
+        match fs::rename(tmp, dest) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            done => return done,
+        }
+    }
+    fs::rename(tmp, dest)
 }
 
 /// Whether process `pid` is still running, for pruning the documents of

@@ -582,7 +582,11 @@ fn bump_counter_file(path: &Path) -> u64 {
         .saturating_add(1);
     let mut temp = OsString::from(path.as_os_str());
     temp.push(format!(".tmp{}", process::id()));
-    if let Err(err) = fs::write(&temp, count.to_string()).and_then(|()| fs::rename(&temp, path)) {
+    // The proxy's own atomic rename: on Windows it waits out a test that
+    // has the counter open for reading.
+    let replaced = fs::write(&temp, count.to_string())
+        .and_then(|()| mcp_retry::status::replace_file(Path::new(&temp), path));
+    if let Err(err) = replaced {
         eprintln!("mock: cannot update counter {}: {err}", path.display());
     }
     count
