@@ -63,29 +63,37 @@ wine-prefix:
 	fi
 	cp '$(TARGET_DIR)/wine/bcryptprimitives.dll' '$(WINEPREFIX_DIR)/drive_c/windows/system32/'
 
-# Release binaries for Linux (x86_64, aarch64; static, musl) and Windows
-# (x86_64) in dist/, with SHA-256 files, and their npm packages, wheels and
-# the sdist; see .ci/dist. Not run in CI.
-dist: $(PACKAGES)/.venv/.installed
+# Release binaries for Linux (x86_64, aarch64; static, musl), Windows
+# (x86_64) and macOS (arm64, x86_64; `make darwin`) in dist/, with SHA-256
+# files, and their npm packages, wheels and the sdist; see .ci/dist. Not run
+# in CI (`make packages` is, with the macOS binaries).
+dist: $(PACKAGES)/.venv/.installed darwin
 	CARGO='$(CARGO)' TARGET_DIR='$(TARGET_DIR)' WINEPREFIX_DIR='$(WINEPREFIX_DIR)' \
+		DARWIN_OUT='$(DARWIN_OUT)' DARWIN_MAX_BYTES='$(DARWIN_MAX_BYTES)' $(ZIG_PATH) \
 		MATURIN='$(PACKAGES)/.venv/bin/maturin' .ci/dist
 
 # The crates as crates.io would get them (`cargo package`: each must build
-# from its package alone), then the npm packages and the Python wheel for
-# this machine's platform only (x86_64 Linux), from the binary `make static`
-# builds (maturin finds it up to date and compiles nothing), installed and
-# run as a user would (tests/packages/check.py): npx from the tarballs, pip
-# into a fresh venv, uvx --from the wheel. `make dist` packs every
-# platform. maturin and uv (pinned) are installed into tests/packages/.venv,
-# never globally.
+# from its package alone), then the npm packages and the Python wheels for
+# x86_64 Linux, from the binary `make static` builds, and for macOS, from
+# the binaries `make darwin` builds (maturin finds them up to date and
+# compiles nothing). The Linux ones are installed and run as a user would
+# (tests/packages/check.py): npx from the tarballs, pip into a fresh venv,
+# uvx --from the wheel; the macOS ones are checked as far as Linux can
+# (tests/packages/macho.py on the binary each package carries), and the
+# launcher's choice of package under a faked platform by node's test
+# runner (tests/packages/launcher.test.js). `make dist` packs every
+# platform. maturin, uv and zig (pinned) are installed into
+# tests/packages/.venv, never globally.
 PACKAGES_OUT := $(TARGET_DIR)/packages
-packages: static $(PACKAGES)/.venv/.installed
+packages: static darwin $(PACKAGES)/.venv/.installed
+	node --test $(PACKAGES)/launcher.test.js
 	$(CARGO) package --workspace --locked --allow-dirty
 	$(CARGO) build --features mock-server --bin mock-mcp-server
 	rm -rf '$(PACKAGES_OUT)'
-	CC_x86_64_unknown_linux_musl=musl-gcc $(PYTHON) packaging/pack.py '$(PACKAGES_OUT)' \
+	CC_x86_64_unknown_linux_musl=musl-gcc $(ZIG_PATH) $(PYTHON) packaging/pack.py '$(PACKAGES_OUT)' \
 		$(PACKAGES)/.venv/bin/maturin \
-		$(STATIC_TARGET)=$(TARGET_DIR)/$(STATIC_TARGET)/release/mcp-retry
+		$(STATIC_TARGET)=$(TARGET_DIR)/$(STATIC_TARGET)/release/mcp-retry \
+		$(foreach t,$(DARWIN_TARGETS),$(t)=$(DARWIN_OUT)/mcp-retry-$(t))
 	$(PACKAGES)/.venv/bin/python $(PACKAGES)/check.py '$(PACKAGES_OUT)' \
 		$(TARGET_DIR)/debug/mock-mcp-server $(PACKAGES)/.venv/bin/uvx
 
