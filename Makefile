@@ -137,6 +137,7 @@ darwin: $(PACKAGES)/.venv/.installed $(RCODESIGN)
 	$(PYTHON) $(PACKAGES)/macho.py arm64 11.0 '$(DARWIN_OUT)/mcp-retry-aarch64-apple-darwin'
 	$(PYTHON) $(PACKAGES)/macho.py x86_64 10.12 '$(DARWIN_OUT)/mcp-retry-x86_64-apple-darwin'
 	MACHO_TEST_BINARY='$(DARWIN_OUT)/mcp-retry-aarch64-apple-darwin' \
+		MACHO_TEST_BINARY_X86_64='$(DARWIN_OUT)/mcp-retry-x86_64-apple-darwin' \
 		$(PYTHON) -m unittest discover -s $(PACKAGES) -p 'test_macho.py'
 
 # Without the `notarize` feature (an AWS SDK for Apple's notary service,
@@ -167,8 +168,8 @@ lint:
 	  rustup target list --installed | grep -qx "$$t" || rustup target add "$$t" || exit 1; \
 	done
 	@# Without the `tls` feature: ring's C code needs a C compiler for the
-	@# target, which a Linux machine has not for macOS (and not yet for
-	@# Windows when lint runs first; `make test-windows` builds with TLS).
+	@# target, which lint does not install (zig for macOS comes with
+	@# `make darwin`, mingw with `make test-windows`; both build with TLS).
 	$(CARGO) clippy --no-default-features --target x86_64-apple-darwin --all-targets -- -D warnings
 	$(CARGO) clippy --no-default-features --target aarch64-apple-darwin --all-targets -- -D warnings
 	$(CARGO) clippy --no-default-features --target $(WINDOWS_TARGET) --bins --tests -- -D warnings

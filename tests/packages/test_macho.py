@@ -1,6 +1,7 @@
-"""Tests of macho.py on a signed macOS release binary (`make darwin` runs
-them with MACHO_TEST_BINARY naming its arm64 one): it passes as built, and
-each check fails on a copy changed in the one place it looks at."""
+"""Tests of macho.py on the signed macOS release binaries (`make darwin` runs
+them with MACHO_TEST_BINARY naming its arm64 one and MACHO_TEST_BINARY_X86_64
+its Intel one): they pass as built, and each check fails on a copy changed in
+the one place it looks at."""
 
 import os
 import struct
@@ -82,6 +83,14 @@ class MachO(unittest.TestCase):
             if cmd == macho.LC_CODE_SIGNATURE:
                 struct.pack_into("<I", self.data, offset, 0x7FFFFFF0)  # an unknown command
         self.assertProblem("is not signed")
+
+    def test_the_intel_binary_and_its_minimum_version_command(self):
+        # The x86_64 binary states its minimum in LC_VERSION_MIN_MACOSX.
+        self.data = bytearray(Path(os.environ["MACHO_TEST_BINARY_X86_64"]).read_bytes())
+        self.assertEqual(self.problems(arch="x86_64", min_macos="10.12"), [])
+        (offset,) = [o for c, o, _ in commands(self.data) if c == macho.LC_VERSION_MIN_MACOSX]
+        struct.pack_into("<I", self.data, offset + 8, (10 << 16) | (15 << 8))
+        self.assertProblem("needs macOS 10.15, not 10.12", arch="x86_64", min_macos="10.12")
 
     def test_a_universal_file_is_refused(self):
         struct.pack_into(">I", self.data, 0, macho.FAT_MAGIC)
