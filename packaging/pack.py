@@ -5,7 +5,8 @@ Usage: pack.py [--sdist] OUT MATURIN TARGET=BINARY...
   OUT     the directory the packages go to
   MATURIN the maturin executable
   TARGET  a Rust target (x86_64-unknown-linux-musl, aarch64-unknown-linux-musl,
-          x86_64-pc-windows-gnu), BINARY the release mcp-retry built for it
+          aarch64-apple-darwin, x86_64-apple-darwin, x86_64-pc-windows-gnu),
+          BINARY the release mcp-retry built for it
 
 npm: `mcp-retry` (the launcher, packaging/npm/mcp-retry), which names every
 platform package as an optional dependency, and one `@mcp-retry/<platform>`
@@ -13,16 +14,21 @@ package per binary given, each made with `npm pack`, all with the crate's
 version (Cargo.toml).
 
 Python: one wheel per binary, by maturin (pyproject.toml), Linux ones tagged
-both manylinux2014 and musllinux_1_2 (the binaries are static). maturin runs
-cargo for the target, which finds the release build that made BINARY up to
-date and builds nothing (given the same environment, e.g. the target's CC);
-the wheel must carry BINARY byte for byte. --sdist adds the source
-distribution.
+both manylinux2014 and musllinux_1_2 (the binaries are static), macOS ones
+by maturin's default deployment targets (macosx_11_0_arm64,
+macosx_10_12_x86_64). maturin runs cargo for the target, which finds the
+release build that made BINARY up to date and builds nothing (given the same
+environment, e.g. the target's CC; for macOS, `maturin --zig`, as the build
+was); the wheel must carry BINARY byte for byte, except that a macOS binary
+is signed after cargo built it: the wheel's unsigned copy is replaced by
+BINARY (and its RECORD line). --sdist adds the source distribution.
 
 Prints the path of each file made. Knows nothing of how the binaries are
 built or tested.
 """
 
+import base64
+import hashlib
 import json
 import os
 import time
@@ -41,6 +47,8 @@ NPM = os.environ.get("NPM", "npm")
 PLATFORMS = {
     "x86_64-unknown-linux-musl": ("linux-x64", "linux", "x64"),
     "aarch64-unknown-linux-musl": ("linux-arm64", "linux", "arm64"),
+    "aarch64-apple-darwin": ("darwin-arm64", "darwin", "arm64"),
+    "x86_64-apple-darwin": ("darwin-x64", "darwin", "x64"),
     "x86_64-pc-windows-gnu": ("win32-x64", "win32", "x64"),
 }
 
@@ -129,16 +137,47 @@ def maturin(maturin, *args):
     return Path(built[-1].rsplit(" to ", 1)[1].strip())
 
 
+def replace_in_wheel(path, name, data):
+    """Writes the wheel at `path` again with `data` as its file `name` and
+    that file's line in RECORD (hash and size) to match."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    rewritten = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(rewritten, "w") as dst:
+        for info in src.infolist():
+            body = src.read(info)
+            if info.filename == name:
+                body = data
+            elif info.filename.endswith(".dist-info/RECORD"):
+                lines = [
+                    f"{name},sha256={digest},{len(data)}" if line.split(",", 1)[0] == name else line
+                    for line in body.decode().splitlines()
+                ]
+                body = ("\n".join(lines) + "\n").encode()
+            dst.writestr(info, body)
+    rewritten.replace(path)
+
+
 def wheel(maturin_bin, target, binary, out):
     started = time.monotonic()
-    linux = ["--compatibility", "manylinux2014", "musllinux_1_2"] if "linux" in target else []
-    path = maturin(maturin_bin, "build", "--release", "--target", target, *linux, "--out", str(out))
+    if "linux" in target:
+        options = ["--compatibility", "manylinux2014", "musllinux_1_2"]
+    elif "apple" in target:
+        options = ["--zig"]
+    else:
+        options = []
+    path = maturin(maturin_bin, "build", "--release", "--target", target, *options, "--out", str(out))
     seconds = time.monotonic() - started
     exe = "mcp-retry.exe" if "windows" in target else "mcp-retry"
+    data = Path(binary).read_bytes()
     with zipfile.ZipFile(path) as whl:
         inside = [n for n in whl.namelist() if n.endswith(f".data/scripts/{exe}")]
-        if len(inside) != 1 or whl.read(inside[0]) != Path(binary).read_bytes():
+        carried = whl.read(inside[0]) if len(inside) == 1 else None
+    if carried is None:
+        sys.exit(f"pack.py: {path.name} has no {exe}")
+    if carried != data:
+        if "apple" not in target:
             sys.exit(f"pack.py: {path.name} does not carry {binary}")
+        replace_in_wheel(path, inside[0], data)
     print(f"pack.py: {path.name} in {seconds:.1f} s", file=sys.stderr)
     return path
 

@@ -4,9 +4,16 @@ built, the way a user would, and runs mcp-retry through each: the launcher
 and its platform package from their tarballs (`npx mcp-retry`), the wheel in
 a fresh venv (`pip install`), and the wheel through `uvx --from`.
 
+Then the macOS packages, which this machine cannot run: the binary in each
+npm package (@mcp-retry/darwin-arm64, darwin-x64) and in each wheel
+(macosx_11_0_arm64, macosx_10_12_x86_64) is the same file, recorded in the
+wheel's RECORD, and passes macho.py (architecture, minimum macOS, system
+libraries only, ad-hoc signature); the package's os and cpu fields are
+macOS's and the launcher names it as an optional dependency.
+
 Usage: check.py DIST MOCK UVX
   DIST  the directory with mcp-retry-X.tgz, mcp-retry-linux-x64-X.tgz and a
-        linux x86_64 mcp_retry_rs wheel
+        linux x86_64 mcp_retry_rs wheel, and the macOS packages
   MOCK  the mock MCP server binary (tests/support/mock_server.rs)
   UVX   the uvx executable (uv's)
 
@@ -15,11 +22,13 @@ mock's `echo`) and checks that no process is left behind. Through npx it
 also checks that stdin's end and SIGTERM reach the binary; through the
 launcher alone, that SIGTERM, SIGINT and SIGHUP do and the binary's status
 is returned, that it ends by the signal that ended the binary, and its
-errors for a missing platform package and for macOS. Exits non-zero on the first
+error for a missing platform package. Exits non-zero on the first
 failure. Knows nothing of how the packages are built.
 """
 
+import base64
 import glob
+import hashlib
 import json
 import os
 import queue
@@ -27,10 +36,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
+import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import macho  # noqa: E402
 
 WAIT = 60  # seconds any one expectation may take (npm and uv start slowly)
 CHECKS = 0
@@ -234,7 +248,7 @@ def npm_checks(dist, tmp):
     ok("launcher: ends by the signal that ended the binary")
 
     # Without the platform package: an error naming the platform and the
-    # other ways to install; on macOS, cargo install.
+    # other ways to install.
     bare = tmp / "npm-bare"
     bare.mkdir()
     done = run(["npm", "install", "--no-audit", "--no-fund", "--omit=optional", main], cwd=bare)
@@ -245,18 +259,10 @@ def npm_checks(dist, tmp):
             or "linux-x64" not in done.stderr or "cargo install" not in done.stderr:
         fail(f"without the platform package: status {done.returncode}, {done.stderr!r}")
     ok("without @mcp-retry/linux-x64: " + done.stderr.splitlines()[0])
-    shim = tmp / "darwin.js"
-    shim.write_text("Object.defineProperty(process, 'platform', { value: 'darwin' });\n")
-    script = bare / "node_modules" / "mcp-retry" / "bin" / "mcp-retry.js"
-    done = run(["node", "--require", str(shim), str(script), "--version"])
-    if done.returncode == 0 or "macOS" not in done.stderr \
-            or "cargo install mcp-retry" not in done.stderr:
-        fail(f"on macOS: status {done.returncode}, {done.stderr!r}")
-    ok("on macOS: " + done.stderr.splitlines()[0])
 
 
 def python_checks(dist, tmp, uvx):
-    wheel = one(str(dist / "mcp_retry_rs-*x86_64*.whl"))
+    wheel = one(str(dist / "mcp_retry_rs-*manylinux*x86_64*.whl"))
     venv = tmp / "venv"
     run([sys.executable, "-m", "venv", str(venv)]).check_returncode()
     done = run([str(venv / "bin" / "pip"), "install", "--no-index", "-q", wheel])
@@ -276,6 +282,49 @@ def python_checks(dist, tmp, uvx):
     no_process_left(tmp / "uv-cache", "uvx")
 
 
+# npm package suffix, process.arch, Mach-O architecture, minimum macOS, wheel tag.
+DARWIN = [
+    ("darwin-arm64", "arm64", "arm64", "11.0", "macosx_11_0_arm64"),
+    ("darwin-x64", "x64", "x86_64", "10.12", "macosx_10_12_x86_64"),
+]
+
+
+def darwin_checks(dist):
+    with tarfile.open(one(str(dist / "mcp-retry-[0-9]*.tgz"))) as tgz:
+        launcher = json.load(tgz.extractfile("package/package.json"))
+    for suffix, cpu, arch, min_macos, tag in DARWIN:
+        name = f"@mcp-retry/{suffix}"
+        if name not in launcher.get("optionalDependencies", {}):
+            fail(f"the launcher does not name {name} as an optional dependency")
+        with tarfile.open(one(str(dist / f"mcp-retry-{suffix}-[0-9]*.tgz"))) as tgz:
+            manifest = json.load(tgz.extractfile("package/package.json"))
+            member = tgz.getmember("package/bin/mcp-retry")
+            binary = tgz.extractfile(member).read()
+        if manifest["name"] != name or manifest["os"] != ["darwin"] or manifest["cpu"] != [cpu]:
+            fail(f"{name}: package.json names {manifest['name']}, os {manifest['os']}, cpu {manifest['cpu']}")
+        if member.mode & 0o111 != 0o111:
+            fail(f"{name}: bin/mcp-retry is not executable (mode {member.mode:o})")
+        wheel = one(str(dist / f"mcp_retry_rs-*-{tag}.whl"))
+        with zipfile.ZipFile(wheel) as whl:
+            (script,) = [n for n in whl.namelist() if n.endswith(".data/scripts/mcp-retry")]
+            carried = whl.read(script)
+            (record,) = [n for n in whl.namelist() if n.endswith(".dist-info/RECORD")]
+            lines = whl.read(record).decode().splitlines()
+        if carried != binary:
+            fail(f"{Path(wheel).name} and {name} carry different binaries")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(carried).digest()).rstrip(b"=").decode()
+        if f"{script},sha256={digest},{len(carried)}" not in lines:
+            fail(f"{Path(wheel).name}: RECORD does not match {script}")
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(binary)
+            f.flush()
+            problems, b = macho.check(f.name, arch, min_macos)
+        if problems:
+            fail(f"{name}'s binary: {'; '.join(problems)}")
+        ok(f"{name} and {Path(wheel).name}: the same {len(binary)} bytes, a Mach-O {arch} "
+           f"executable for macOS {min_macos} or later, system libraries only, ad-hoc signed")
+
+
 def main(argv):
     if len(argv) != 3:
         sys.exit(__doc__)
@@ -287,6 +336,7 @@ def main(argv):
         shutil.copy2(mock, tmp / "mock-mcp-server")
         npm_checks(dist, tmp)
         python_checks(dist, tmp, uvx)
+    darwin_checks(dist)
     print(f"{CHECKS} passed, 0 failed")
 
 
