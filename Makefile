@@ -24,7 +24,7 @@ WINDOWS_TARGET := x86_64-pc-windows-gnu
 WINEPREFIX_DIR ?= $(abspath $(TARGET_DIR))/wine-prefix
 WINE_ENV := WINEPREFIX=$(WINEPREFIX_DIR) WINEDEBUG=-all WINEDLLOVERRIDES='mscoree,mshtml='
 
-.PHONY: build test test-windows wine-prefix dist lint docs demo install interop fuzz fuzz-replay bench outage static packages darwin
+.PHONY: build test test-windows wine-prefix dist dist-plan lint docs demo install interop fuzz fuzz-replay bench outage static packages darwin
 
 build:
 	$(CARGO) build --release
@@ -66,11 +66,15 @@ wine-prefix:
 # Release binaries for Linux (x86_64, aarch64; static, musl), Windows
 # (x86_64) and macOS (arm64, x86_64; `make darwin`) in dist/, with SHA-256
 # files, and their npm packages, wheels and the sdist; see .ci/dist. Not run
-# in CI (`make packages` is, with the macOS binaries).
-dist: $(PACKAGES)/.venv/.installed darwin
+# in CI (`make packages` is, with the macOS binaries). It first says what it
+# will install (.ci/dist-plan): rustup targets, Debian packages, local tools.
+dist: dist-plan $(PACKAGES)/.venv/.installed darwin
 	CARGO='$(CARGO)' TARGET_DIR='$(TARGET_DIR)' WINEPREFIX_DIR='$(WINEPREFIX_DIR)' \
 		DARWIN_OUT='$(DARWIN_OUT)' DARWIN_MAX_BYTES='$(DARWIN_MAX_BYTES)' $(ZIG_PATH) \
 		MATURIN='$(PACKAGES)/.venv/bin/maturin' .ci/dist
+
+dist-plan:
+	@TARGET_DIR='$(TARGET_DIR)' RCODESIGN='$(RCODESIGN)' .ci/dist-plan
 
 # The crates as crates.io would get them (`cargo package`: each must build
 # from its package alone), then the npm packages and the Python wheels for

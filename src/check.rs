@@ -73,8 +73,8 @@ pub fn run(args: CheckArgs) -> Result<ExitCode> {
     let (stop, caught) = watch_signals()?;
     // Every server's handshake is stored, whether `instant_start` is on for
     // it or not: turning it on later finds the cache warm.
-    let cache = Cache::open_default();
-    let reports = probe_all(&servers, args.timeout, &stop, cache.as_ref());
+    let cache = Cache::open_default().map(Arc::new);
+    let reports = probe_all(&servers, args.timeout, &stop, cache);
     let sig = caught.load(Ordering::SeqCst);
     if sig != 0 {
         crate::warn!("interrupted by signal {sig}; every server was stopped");
@@ -133,48 +133,120 @@ fn watch_signals() -> Result<(Receiver<()>, Arc<AtomicI32>)> {
     Ok((rx, caught))
 }
 
+/// What a probe thread tells `probe_all`.
+enum Probed {
+    /// What the server did (sent before it is stopped).
+    Outcome(Result<Up, String>),
+    /// It is stopped and its handshake stored: the thread is done.
+    Done,
+}
+
+/// How long past `--timeout` the report waits for a probe that has not
+/// said how its server did (one stuck in a system call); it is then
+/// reported down, and its thread left behind.
+const REPORT_MARGIN: Duration = Duration::from_millis(500);
+/// After a signal, how long the probes get to stop their servers (a
+/// server dropped gets SIGTERM and a second before SIGKILL; its
+/// watchdog stops what is left after that), so that `check` ends within
+/// 2 s even when a probe is stuck.
+const SIGNAL_STOP_WAIT: Duration = Duration::from_millis(1500);
+
 /// Probes every server on its own thread, storing each `initialize`
-/// handshake in `cache`; the reports keep the input order.
+/// handshake in `cache`; the reports keep the input order. The threads are
+/// not joined: the report is made by `--timeout` and [`REPORT_MARGIN`]
+/// whatever a probe is stuck in, and after a signal it is not made at
+/// all. A probe that said how its server did gets up to [`STOP_WAIT`]
+/// more to stop it and store its handshake ([`SIGNAL_STOP_WAIT`] after a
+/// signal).
 fn probe_all(
     servers: &[&ServerConfig],
     timeout: Duration,
     stop: &Receiver<()>,
-    cache: Option<&Cache>,
+    cache: Option<Arc<Cache>>,
 ) -> Vec<Report> {
-    thread::scope(|scope| {
-        let handles: Vec<_> = servers
-            .iter()
-            .enumerate()
-            .map(|(i, cfg)| {
-                thread::Builder::new()
-                    .name(format!("check-{i}"))
-                    .spawn_scoped(scope, move || {
-                        crate::guard::catch(|| probe(cfg, timeout, stop, cache)).unwrap_or_else(
-                            |p| {
-                                p.report("this server is reported down");
-                                Err(format!("internal error in mcp-retry: {p}"))
-                            },
-                        )
+    let (tx, rx) = crossbeam_channel::unbounded::<(usize, Probed)>();
+    let mut outcomes: Vec<Option<Result<Up, String>>> = vec![None; servers.len()];
+    for (i, cfg) in servers.iter().enumerate() {
+        let (cfg, stop, cache, tx) = ((*cfg).clone(), stop.clone(), cache.clone(), tx.clone());
+        let spawned = thread::Builder::new()
+            .name(format!("check-{i}"))
+            .spawn(move || {
+                let sent = std::cell::Cell::new(false);
+                let outcome = crate::guard::catch(|| {
+                    probe(&cfg, timeout, &stop, cache.as_deref(), &|o| {
+                        sent.set(true);
+                        let _ = tx.send((i, Probed::Outcome(o.clone())));
                     })
-                    .map_err(|e| format!("cannot start a probe thread: {e}"))
-            })
-            .collect();
-        servers
-            .iter()
-            .zip(handles)
-            .map(|(cfg, handle)| {
-                let outcome = handle.and_then(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("the probe thread panicked".into()))
+                })
+                .unwrap_or_else(|p| {
+                    p.report("this server is reported down");
+                    Err(format!("internal error in mcp-retry: {p}"))
                 });
-                Report {
-                    name: cfg.name.clone(),
-                    instant_start: cfg.instant_start,
-                    outcome,
+                if !sent.get() {
+                    let _ = tx.send((i, Probed::Outcome(outcome)));
                 }
-            })
-            .collect()
-    })
+                let _ = tx.send((i, Probed::Done));
+            });
+        if let Err(e) = spawned {
+            outcomes[i] = Some(Err(format!("cannot start a probe thread: {e}")));
+        }
+    }
+    drop(tx);
+    let mut done = vec![false; servers.len()];
+    let mut interrupted = false;
+    let report_by = Instant::now() + timeout + REPORT_MARGIN;
+    // Every outcome, by the deadline or a signal.
+    while !interrupted && outcomes.iter().any(Option::is_none) {
+        crossbeam_channel::select! {
+            recv(rx) -> got => match got {
+                Ok((i, Probed::Outcome(o))) => outcomes[i] = Some(o),
+                Ok((i, Probed::Done)) => done[i] = true,
+                Err(_) => break,
+            },
+            recv(stop) -> _ => interrupted = true,
+            recv(crossbeam_channel::at(report_by)) -> _ => break,
+        }
+    }
+    // The servers of the probes that answered are stopped, their
+    // handshakes stored; a probe still stuck is not waited for. A signal
+    // meanwhile cuts the wait short.
+    let mut stop_by = Instant::now()
+        + if interrupted {
+            SIGNAL_STOP_WAIT
+        } else {
+            STOP_WAIT
+        };
+    let answered: Vec<bool> = outcomes.iter().map(Option::is_some).collect();
+    let never = crossbeam_channel::never::<()>();
+    while (0..servers.len()).any(|i| (answered[i] || interrupted) && !done[i]) {
+        let signals = if interrupted { &never } else { stop };
+        crossbeam_channel::select! {
+            recv(rx) -> got => match got {
+                Ok((i, Probed::Done)) => done[i] = true,
+                Ok((_, Probed::Outcome(_))) => {}
+                Err(_) => break,
+            },
+            recv(signals) -> _ => {
+                interrupted = true;
+                stop_by = stop_by.min(Instant::now() + SIGNAL_STOP_WAIT);
+            }
+            recv(crossbeam_channel::at(stop_by)) -> _ => break,
+        }
+    }
+    servers
+        .iter()
+        .zip(outcomes)
+        .map(|(cfg, outcome)| Report {
+            name: cfg.name.clone(),
+            instant_start: cfg.instant_start,
+            outcome: outcome.unwrap_or_else(|| {
+                Err(format!(
+                    "no response within {} (its probe is stuck)",
+                    seconds(timeout)
+                ))
+            }),
+        })
+        .collect()
 }
 
 /// What one server did.
@@ -319,17 +391,20 @@ fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Option<Entry> {
     Some(entry)
 }
 
-/// Starts one server, talks to it, stops it, and stores its handshake in
-/// `cache`.
+/// Starts one server, talks to it, tells `outcome` how it did, stops it,
+/// and stores its handshake in `cache`.
 fn probe(
     cfg: &ServerConfig,
     timeout: Duration,
     stop: &Receiver<()>,
     cache: Option<&Cache>,
+    outcome_is: &dyn Fn(&Result<Up, String>),
 ) -> Result<Up, String> {
     if let Some(problem) = &cfg.problem {
         return Err(problem.reason.clone());
     }
+    #[cfg(feature = "fault-inject")]
+    crate::guard::fault::probe_stuck(&cfg.name);
     crate::log::add_secrets(&cfg.secrets());
     let started = Instant::now();
     let (tx, events) = crossbeam_channel::unbounded();
@@ -352,6 +427,12 @@ fn probe(
         redactor: Redactor::new(&cfg.secrets()),
     };
     let outcome = talk(&mut conv, started, timeout);
+    outcome_is(
+        &outcome
+            .as_ref()
+            .map(|(up, _)| up.clone())
+            .map_err(Clone::clone),
+    );
     if matches!(stop.try_recv(), Err(TryRecvError::Disconnected)) {
         // Interrupted: no time for the whole stop sequence. Dropping the
         // server stops it quickly (stdio: SIGTERM and a second before
@@ -832,12 +913,19 @@ fn up_detail(up: &Up) -> String {
 
 /// `{"servers": [...]}`, null where unknown. `error` says why a server is
 /// down, or why an up server's tool count is missing; `start_ms` is its
-/// start time.
+/// start time, and `latency_ms` the same value under its former name.
+/// The fields are a stable contract (docs/check.md): added to, never
+/// renamed or removed.
 fn json_report(reports: &[Report]) -> String {
     let report = JsonReport {
         servers: reports.iter().map(JsonServer::from).collect(),
     };
     serde_json::to_string_pretty(&report).unwrap_or_default()
+}
+
+/// Milliseconds to a tenth.
+fn tenths_of_ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
 
 #[derive(Serialize)]
@@ -851,6 +939,8 @@ struct JsonServer<'a> {
     name: &'a str,
     up: bool,
     start_ms: Option<f64>,
+    /// `start_ms`'s former name, kept for the scripts that read it.
+    latency_ms: Option<f64>,
     error: Option<String>,
     protocol_version: Option<&'a str>,
     server_name: Option<&'a str>,
@@ -865,7 +955,8 @@ impl<'a> From<&'a Report> for JsonServer<'a> {
             Ok(up) => JsonServer {
                 name: &r.name,
                 up: true,
-                start_ms: Some((up.start.as_secs_f64() * 10_000.0).round() / 10.0),
+                start_ms: Some(tenths_of_ms(up.start)),
+                latency_ms: Some(tenths_of_ms(up.start)),
                 error: up.tools.problem(),
                 protocol_version: up.protocol_version.as_deref(),
                 server_name: up.server_name.as_deref(),
@@ -877,6 +968,7 @@ impl<'a> From<&'a Report> for JsonServer<'a> {
                 name: &r.name,
                 up: false,
                 start_ms: None,
+                latency_ms: None,
                 error: Some(why.clone()),
                 protocol_version: None,
                 server_name: None,
@@ -992,10 +1084,10 @@ mod tests {
         assert_eq!(
             v,
             json!({"servers": [
-                {"name": "up", "up": true, "start_ms": 12.3, "error": null,
+                {"name": "up", "up": true, "start_ms": 12.3, "latency_ms": 12.3, "error": null,
                  "protocol_version": "2025-11-25", "server_name": "srv",
                  "server_version": "2.0", "tools": 3, "suggest_instant_start": false},
-                {"name": "down", "up": false, "start_ms": null, "error": "why",
+                {"name": "down", "up": false, "start_ms": null, "latency_ms": null, "error": "why",
                  "protocol_version": null, "server_name": null,
                  "server_version": null, "tools": null, "suggest_instant_start": false},
             ]})
@@ -1257,7 +1349,7 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let (_keep, stop) = crossbeam_channel::bounded::<()>(0);
-        probe(&cfg, timeout, &stop, None)
+        probe(&cfg, timeout, &stop, None, &|_| {})
     }
 
     #[cfg(unix)] // Drives `sh` scripts.

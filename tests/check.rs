@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::http_server::Server;
 use crate::loopback::{closed_port, Loopback};
-use crate::util::{gone_within, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
+use crate::util::{gone_within, read_pid, BadFile, Builder, TempDir, MOCK, PROXY, WAIT};
 
 /// `handshake_cache::DIR_ENV`: where the proxy keeps its handshake cache.
 const CACHE_DIR_ENV: &str = "MCP_RETRY_CACHE_DIR";
@@ -58,6 +58,17 @@ fn cache_beside(config: &Path) -> PathBuf {
 
 /// [`check_file`] with the handshake cache at `cache`.
 fn check_with_cache(path: &Path, cache: &Path, args: &[&str]) -> Ran {
+    check_in(path, cache, args, &[])
+}
+
+/// [`check_file`] with more environment variables.
+#[cfg(feature = "fault-inject")]
+fn check_command(path: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
+    check_in(path, &cache_beside(path), args, env)
+}
+
+/// [`check_with_cache`] with more environment variables.
+fn check_in(path: &Path, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
     let started = Instant::now();
     let mut child = Command::new(PROXY)
         .arg("check")
@@ -66,6 +77,7 @@ fn check_with_cache(path: &Path, cache: &Path, args: &[&str]) -> Ran {
         .args(args)
         .env(CACHE_DIR_ENV, cache)
         .env("NO_PROXY", "127.0.0.1")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -73,22 +85,27 @@ fn check_with_cache(path: &Path, cache: &Path, args: &[&str]) -> Ran {
         .unwrap();
     let out = read_all(child.stdout.take().unwrap());
     let err = read_all(child.stderr.take().unwrap());
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > WAIT {
-            let _ = child.kill();
-            panic!("check did not finish within {WAIT:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
+    let status = exit_of(&mut child, started);
     let took = started.elapsed();
     Ran {
         code: status.code(),
         stdout: out.join().unwrap(),
         stderr: err.join().unwrap(),
         took,
+    }
+}
+
+/// How `child`, started at `started`, exits (killed after [`WAIT`]).
+fn exit_of(child: &mut std::process::Child, started: Instant) -> std::process::ExitStatus {
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            panic!("check did not finish within {WAIT:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -286,12 +303,14 @@ fn a_modern_only_server_is_up_through_server_discover() {
 }
 
 /// The `--json` report, its first server's start time (which must be
-/// positive) set to null.
+/// positive, and the same under its former name `latency_ms`) set to null.
 fn json_with_first_start_nulled(ran: &Ran) -> Value {
     let mut v: Value =
         serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
     let start = v["servers"][0]["start_ms"].take();
     assert!(start.as_f64().is_some_and(|ms| ms > 0.0), "{start}");
+    let latency = v["servers"][0]["latency_ms"].take();
+    assert_eq!(latency, start, "latency_ms is start_ms");
     v
 }
 
@@ -317,10 +336,10 @@ fn json_report_parses_and_matches() {
     assert_eq!(
         json_with_first_start_nulled(&ran),
         json!({"servers": [
-            {"name": "up", "up": true, "start_ms": null, "error": null,
+            {"name": "up", "up": true, "start_ms": null, "latency_ms": null, "error": null,
              "protocol_version": "2025-06-18", "server_name": "mock-mcp-server",
              "server_version": "1.0.0", "tools": 2, "suggest_instant_start": false},
-            {"name": "crash", "up": false, "start_ms": null,
+            {"name": "crash", "up": false, "start_ms": null, "latency_ms": null,
              "error": "exited with status 7 before answering: mock: crashing at start as asked",
              "protocol_version": null, "server_name": null, "server_version": null,
              "tools": null, "suggest_instant_start": false},
@@ -694,7 +713,7 @@ fn json_report_of_a_remote_server() {
     assert_eq!(
         json_with_first_start_nulled(&ran),
         json!({"servers": [
-            {"name": "remote", "up": true, "start_ms": null, "error": null,
+            {"name": "remote", "up": true, "start_ms": null, "latency_ms": null, "error": null,
              "protocol_version": "2025-11-25", "server_name": "http-test",
              "server_version": "1", "tools": 2, "suggest_instant_start": false},
         ]})
@@ -991,4 +1010,178 @@ fn a_cache_that_cannot_be_used_is_a_warning() {
         "{}",
         ran.stderr
     );
+}
+
+// The helper is a sh script (Windows runs helpers with cmd /C).
+#[cfg(unix)]
+#[test]
+fn a_helper_key_a_server_repeats_is_not_in_the_report_or_the_log() {
+    let server = Server::start();
+    // The first initialize is refused: the helper runs again and prints
+    // the next key, which tools/list's error quotes.
+    server.refuse_initialize(401);
+    server.echo_api_key_on_list();
+    let dir = TempDir::new();
+    dir.write(
+        "helper.sh",
+        "n=$(cat \"$DIR/n\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$DIR/n\"\n\
+         printf '{\"X-Api-Key\": \"HELPERKEY-%s-c4x8w1\"}' $n\n",
+    );
+    let config = format!(
+        "servers:\n  remote:\n    url: {}\n    env:\n      DIR: \"{{dir}}\"\n    headers_helper: sh helper.sh\n",
+        server.url()
+    );
+    for args in [&["--timeout", "5"][..], &["--timeout", "5", "--json"]] {
+        let ran = check(&dir, &config, args);
+        assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+        assert!(
+            ran.stdout
+                .contains("tools/list failed: upstream rejected key [redacted]"),
+            "{}",
+            ran.stdout
+        );
+        for text in [&ran.stdout, &ran.stderr] {
+            assert!(!text.to_ascii_uppercase().contains("HELPERKEY"), "{text}");
+        }
+    }
+    server.with(|st| {
+        assert!(
+            st.api_keys.iter().any(|k| k == "HELPERKEY-2-c4x8w1"),
+            "the helper rotated: {:?}",
+            st.api_keys
+        )
+    });
+}
+
+/// `config::MAX_CONFIG_BYTES`, `env_file::MAX_ENV_FILE_BYTES` and
+/// `http::MAX_CA_FILE_BYTES`.
+const CONFIG_CAP: u64 = 4 << 20;
+const ENV_FILE_CAP: u64 = 1 << 20;
+const CA_FILE_CAP: u64 = 4 << 20;
+
+/// `check --timeout 2` whose report comes within 3 s.
+fn check_soon(dir: &TempDir, config: &str) -> Ran {
+    let ran = check(dir, config, &["--timeout", "2"]);
+    assert!(ran.took < Duration::from_secs(3), "took {:?}", ran.took);
+    ran
+}
+
+#[test]
+fn a_config_that_is_a_fifo_a_device_or_too_large_is_refused_at_once() {
+    for bad in BadFile::all(CONFIG_CAP) {
+        let dir = TempDir::new();
+        let path = dir.join("c.yaml");
+        bad.make(&path);
+        let started = Instant::now();
+        let ran = check_file(&path, &["--timeout", "2"]);
+        assert!(started.elapsed() < Duration::from_secs(3), "{bad:?}");
+        assert_eq!(ran.code, Some(2), "{bad:?}: {}", ran.stderr);
+        let want = format!("cannot read config {}: {}", path.display(), bad.reason());
+        assert!(ran.stderr.contains(&want), "{bad:?}: {}", ran.stderr);
+    }
+}
+
+#[test]
+fn an_env_file_or_ca_file_that_is_a_fifo_a_device_or_too_large_is_a_down_server_at_once() {
+    let closed = closed_port();
+    for (key, cap, entry) in [
+        (
+            "env file",
+            ENV_FILE_CAP,
+            "command: {mock}\n    envFile: named",
+        ),
+        (
+            "ca_file",
+            CA_FILE_CAP,
+            &*format!("url: http://127.0.0.1:{closed}/mcp\n    ca_file: named"),
+        ),
+    ] {
+        for bad in BadFile::all(cap) {
+            let dir = TempDir::new();
+            bad.make(&dir.join("named"));
+            let config = format!("servers:\n  bad:\n    {entry}\n  good:\n    command: {{mock}}\n");
+            let ran = check_soon(&dir, &config);
+            assert_eq!(ran.code, Some(1), "{key} {bad:?}: {}", ran.stderr);
+            let lines = report(&ran);
+            assert_eq!(lines[0].status, "[DOWN]", "{key} {bad:?}: {}", ran.stdout);
+            let want = format!(
+                "cannot read {key} {}: {}",
+                dir.join("named").display(),
+                bad.reason()
+            );
+            assert!(
+                lines[0].detail.contains(&want),
+                "{key} {bad:?}: {:?}",
+                lines[0]
+            );
+            assert_eq!(lines[1].status, "[UP  ]", "{key} {bad:?}: {}", ran.stdout);
+        }
+    }
+}
+
+/// A config of two mock servers, `stuck` and `good`, for
+/// `MCP_RETRY_FAULT=probe-stuck:stuck`: the probe of `stuck` is held in
+/// its thread for a minute, as one blocked in a system call would be.
+#[cfg(feature = "fault-inject")]
+const STUCK: &str = "servers:\n  stuck:\n    command: {mock}\n  good:\n    command: {mock}\n";
+
+// The fault hook exists only in builds with the feature (`make test`).
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_probe_stuck_past_the_timeout_is_down_and_the_report_comes_on_time() {
+    let dir = TempDir::new();
+    let path = dir.write("c.yaml", &STUCK.replace("{mock}", MOCK));
+    let ran = check_command(
+        &path,
+        &["--timeout", "2"],
+        &[("MCP_RETRY_FAULT", "probe-stuck:stuck")],
+    );
+    assert!(ran.took < Duration::from_secs(3), "took {:?}", ran.took);
+    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(
+        (lines[0].status.as_str(), lines[0].detail.as_str()),
+        ("[DOWN]", "no response within 2.0s (its probe is stuck)"),
+        "{}",
+        ran.stdout
+    );
+    assert_eq!(lines[1].status, "[UP  ]", "{}", ran.stdout);
+}
+
+// The fault hook exists only in builds with the feature; SIGTERM is Unix's.
+#[cfg(all(unix, feature = "fault-inject"))]
+#[test]
+fn sigterm_ends_a_check_whose_probe_is_stuck() {
+    let dir = TempDir::new();
+    let path = dir.write("c.yaml", &STUCK.replace("{mock}", MOCK));
+    let mut child = Command::new(PROXY)
+        .args(["check", "--timeout", "30", "--config"])
+        .arg(&path)
+        .env(CACHE_DIR_ENV, cache_beside(&path))
+        .env("MCP_RETRY_FAULT", "probe-stuck:stuck")
+        .env("MCP_RETRY_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The good server has been stored: its probe is over, the other stuck.
+    crate::util::eventually("the good server's handshake to be stored", || {
+        std::fs::read_dir(cache_beside(&path))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            })
+            .unwrap_or(false)
+    });
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let status = exit_of(&mut child, signalled);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
 }
