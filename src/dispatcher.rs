@@ -228,6 +228,9 @@ pub enum Timer {
     ReplayTimeout { generation: u64 },
     /// A queued item waited `call_timeout` for the server.
     QueueExpired { seq: u64 },
+    /// The client's `initialize`, sent as downstream request `down` before
+    /// the session's first handshake, must be answered by now.
+    FirstInitialize { down: u64 },
     /// After the handshake: list the tools if nobody has.
     LearnTools,
     /// The proxy's own `tools/list` request `down` must be answered by now.
@@ -575,6 +578,7 @@ impl Dispatcher {
             Timer::Restart { seq } => self.on_probe_due(seq, now),
             Timer::ReplayTimeout { generation } => self.on_replay_timeout(generation),
             Timer::QueueExpired { seq } => self.on_queue_expired(seq, now),
+            Timer::FirstInitialize { down } => self.on_first_initialize_due(down, now),
             Timer::LearnTools => {
                 let client_listing = self.requests.inflight.values().any(|f| {
                     matches!(
@@ -975,8 +979,18 @@ impl Dispatcher {
                 resend,
             },
         );
-        if let Some(r) = self.requests.client.get_mut(&client_id) {
-            r.downstream = Some(down);
+        let waited = match self.requests.client.get_mut(&client_id) {
+            Some(r) => {
+                r.downstream = Some(down);
+                r.waited
+            }
+            None => None,
+        };
+        if kind == Method::Initialize && !self.recovery.is_handshaken() {
+            // Before the first handshake a server that never answers is
+            // waited for as long as one that is down.
+            let (_, until) = waited.unwrap_or((now, self.wait_until(now)));
+            self.set_timer(until.max(now), Timer::FirstInitialize { down });
         }
         if let SendResult::Overloaded(message) = self.send_server_request(out) {
             self.requests.inflight.remove(&down);
@@ -1149,7 +1163,11 @@ impl Dispatcher {
             }) => {
                 self.served();
                 match method {
-                    Method::Initialize => self.observe_initialize(&m, now),
+                    Method::Initialize => {
+                        let first = Timer::FirstInitialize { down };
+                        self.timers.retain(|Reverse(t)| t.timer != first);
+                        self.observe_initialize(&m, now)
+                    }
                     Method::ToolsList { first } => {
                         if let Some(r) = m.result() {
                             self.with_calls(now, |c, ctx, out| {
@@ -1191,6 +1209,7 @@ impl Dispatcher {
         if let Link::Up(c) = &mut self.link {
             c.served = true;
         }
+        self.recovery.handshaken();
     }
 
     /// The server answered downstream request `id` (raw), but the answer
@@ -1250,6 +1269,7 @@ impl Dispatcher {
         self.instant_accepted(raw);
         self.session.init_params = self.session.pending_init.take();
         self.ready_at.get_or_insert(now);
+        self.recovery.handshaken();
         if let Some(v) = result.string("protocolVersion") {
             debug!("negotiated protocol version {v}");
             self.session.protocol_version = Some(v);

@@ -220,7 +220,7 @@ fn a_server_crashing_on_every_initialize_gets_one_answer() {
     // answered, goes again to each new one (probes, at most 0.5 s apart
     // while it waits), until it has waited wait_for_server: then exactly
     // one error, which says how long it waited.
-    let mut s = mock_with("    wait_for_server: 2\n")
+    let mut s = mock_with("    wait_for_server: 2\n    fail_fast_at_start: false\n")
         .env("MOCK_CRASH_ON_INIT", "1")
         .start();
     s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
@@ -239,7 +239,7 @@ fn a_server_crashing_on_every_initialize_gets_one_answer() {
 
 #[test]
 fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server() {
-    let mut s = mock_with("    wait_for_server: 1\n")
+    let mut s = mock_with("    wait_for_server: 1\n    fail_fast_at_start: false\n")
         .env("MOCK_CRASH_STARTS", "1000")
         .start();
     std::thread::sleep(Duration::from_secs(3));
@@ -264,7 +264,7 @@ fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server(
 #[test]
 fn failed_probes_never_open_the_breaker() {
     let mut s =
-        mock_with("    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 30\n")
+        mock_with("    fail_fast_at_start: false\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 30\n")
             .env("MOCK_CRASH_STARTS", "6")
             .start();
     // Six failed starts, with nobody asking: the last of them is about 15 s

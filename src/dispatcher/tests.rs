@@ -811,6 +811,125 @@ fn a_start_that_needs_fixing_fails_waiting_requests_at_once() {
     assert!(h.to_client().contains("server_unavailable"));
 }
 
+const INITIALIZE: &str =
+    r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}"#;
+
+#[test]
+fn three_exits_alike_before_the_first_handshake_answer_what_waits_at_once() {
+    let mut h = Harness::new();
+    h.client_sends(INITIALIZE);
+    h.to_server();
+    h.server_event(gone("exited with status 3"));
+    // Sent again to the next start (probed at once), which exits alike.
+    h.fire_next_timer();
+    h.to_server();
+    h.server_event(gone("exited with status 3"));
+    h.fire_next_timer();
+    h.to_server();
+    assert!(h.client.is_empty(), "two exits are not a crash loop");
+    h.server_event(gone("exited with status 3"));
+    let answer = h.to_client();
+    assert!(answer.contains("server_unavailable"), "{answer}");
+    assert!(answer.contains("at its last 3 starts"), "{answer}");
+    // A request now is refused at once; probes go on, and a server that
+    // comes up gets the next one.
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    assert!(h.to_client().contains("at its last 3 starts"));
+    h.fire_next_timer();
+    assert_eq!(h.starts.lock().unwrap().len(), 4);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    assert!(h.to_server().contains("tools/list"));
+}
+
+#[test]
+fn exits_that_differ_or_follow_a_handshake_are_waited_for() {
+    // The handshake goes to each start, which exits `how`.
+    let exits = |h: &mut Harness, hows: [&str; 3]| {
+        h.client_sends(INITIALIZE);
+        h.to_server();
+        for how in hows {
+            h.server_event(gone(how));
+            h.fire_next_timer();
+            h.to_server();
+        }
+        assert!(h.client.is_empty(), "no answer yet");
+    };
+    let (three, one) = ("exited with status 3", "exited with status 1");
+    exits(&mut Harness::new(), [three, one, three]);
+    // Fail-fast off: three alike are waited for too.
+    exits(
+        &mut Harness::with(config(|c| c.fail_fast_at_start = false)),
+        [three; 3],
+    );
+    // After a handshake, a server that crashes alike is restarted and
+    // waited for (its handshake replayed each time).
+    let mut h = Harness::new();
+    handshake(&mut h);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    h.to_server();
+    for _ in 0..3 {
+        h.server_event(gone("exited with status 3"));
+        while h.server.is_empty() {
+            h.fire_next_timer();
+        }
+        assert!(h.to_server().contains("initialize"));
+    }
+    assert!(h.client.is_empty(), "no answer yet");
+}
+
+/// How long a request waits for a server that exits and then fails every
+/// start.
+fn waited_for_a_dead_server(h: &mut Harness) -> Duration {
+    h.failing_starts.lock().unwrap().extend([true; 200]);
+    h.server_event(gone("exited with status 1"));
+    let asked = h.now;
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"resources/list"}"#);
+    while h.client.is_empty() {
+        h.fire_next_timer();
+    }
+    h.now - asked
+}
+
+#[test]
+fn before_the_first_handshake_a_request_waits_twenty_seconds_after_it_thirty() {
+    let mut h = Harness::new();
+    assert_eq!(waited_for_a_dead_server(&mut h), 20 * SECOND);
+    assert!(h.to_client().contains("gave up after waiting 20s"));
+    // Set in the config, it is the same before the first handshake.
+    let mut h = Harness::with(config(|c| {
+        c.wait_for_server = 30 * SECOND;
+        c.wait_for_server_set = true;
+    }));
+    assert_eq!(waited_for_a_dead_server(&mut h), 30 * SECOND);
+    // After a handshake: 30 s.
+    let mut h = Harness::new();
+    handshake(&mut h);
+    assert_eq!(waited_for_a_dead_server(&mut h), 30 * SECOND);
+}
+
+#[test]
+fn an_initialize_the_first_server_never_answers_is_answered_after_twenty_seconds() {
+    let mut h = Harness::new();
+    h.client_sends(INITIALIZE);
+    h.to_server();
+    let asked = h.now;
+    h.fire_next_timer();
+    assert_eq!(h.now - asked, 20 * SECOND);
+    let answer = h.to_client();
+    assert!(answer.contains("server_unavailable"), "{answer}");
+    assert!(
+        answer.contains("did not answer initialize within 20s"),
+        "{answer}"
+    );
+    // Answered in time, it sets no deadline that outlives it.
+    let mut h = Harness::new();
+    h.client_sends(INITIALIZE);
+    let down = id_of(&h.to_server());
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{"protocolVersion":"2025-11-25","capabilities":{{}}}}}}"#));
+    assert!(h.to_client().contains("protocolVersion"));
+    assert!(h.d.timers.is_empty());
+}
+
 #[test]
 fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
     let mut h = Harness::new();
