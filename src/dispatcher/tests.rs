@@ -930,6 +930,85 @@ fn an_initialize_the_first_server_never_answers_is_answered_after_twenty_seconds
     assert!(h.d.timers.is_empty());
 }
 
+/// The client's `notifications/progress` lines so far: (token, value,
+/// message).
+fn progress_to_client(h: &Harness) -> Vec<(Value, f64, Option<String>)> {
+    let mut seen = Vec::new();
+    while let Ok(q) = h.client.try_recv() {
+        let v: Value = serde_json::from_slice(&q.bytes).unwrap();
+        assert_eq!(v["method"], "notifications/progress", "{v}");
+        let params = &v["params"];
+        let message = params["message"].as_str().map(str::to_owned);
+        seen.push((
+            params["progressToken"].clone(),
+            params["progress"].as_f64().unwrap(),
+            message,
+        ));
+    }
+    seen
+}
+
+#[test]
+fn a_call_that_waits_tells_a_client_with_a_progress_token_every_five_seconds() {
+    let mut h = Harness::with(config(|_| {}));
+    h.failing_starts.lock().unwrap().extend([true; 100]);
+    h.server_event(gone("exited with status 1"));
+    h.client_sends(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{"progressToken":"tok"}}}"#,
+    );
+    let first = progress_to_client(&h);
+    assert_eq!(first.len(), 1, "told at once: {first:?}");
+    assert_eq!(first[0].0, json!("tok"));
+    assert_eq!(
+        first[0].2.as_deref(),
+        Some("waiting for the MCP server to come back, attempt 1")
+    );
+    let mut values = vec![first[0].1];
+    for _ in 0..3 {
+        h.advance(5 * SECOND);
+        let more = progress_to_client(&h);
+        assert_eq!(more.len(), 1, "{more:?}");
+        values.push(more[0].1);
+    }
+    // The server is back: the attempt goes out and the proxy says no more;
+    // the server's own progress, above the proxy's values, reaches the client.
+    h.failing_starts.lock().unwrap().clear();
+    while h.server.is_empty() {
+        h.fire_next_timer();
+    }
+    let attempt = h.to_server();
+    assert!(attempt.contains("\"progressToken\":\"tok\""), "{attempt}");
+    progress_to_client(&h);
+    h.advance(6 * SECOND);
+    assert!(progress_to_client(&h).is_empty(), "no notice while it runs");
+    h.server_sends(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"tok","progress":1,"total":3}}"#);
+    let own = progress_to_client(&h);
+    assert_eq!(own.len(), 1, "{own:?}");
+    values.push(own[0].1);
+    assert_eq!(own[0].1, 1.0);
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+    // It fails (a transient error): the backoff is a wait too.
+    answer(&mut h, &attempt, TRANSIENT);
+    let backoff = progress_to_client(&h);
+    assert_eq!(backoff.len(), 1, "{backoff:?}");
+    assert!(backoff[0].1 > 1.0, "{backoff:?}");
+    let message = backoff[0].2.clone().unwrap();
+    assert!(
+        message.starts_with("waiting ") && message.ends_with("to retry, attempt 2 of 4"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_call_without_a_progress_token_waits_in_silence() {
+    let mut h = Harness::with(config(|_| {}));
+    h.failing_starts.lock().unwrap().extend([true; 100]);
+    h.server_event(gone("exited with status 1"));
+    h.client_sends(&call_line(1, "t", "{}"));
+    h.advance(12 * SECOND);
+    assert!(h.client.is_empty());
+}
+
 #[test]
 fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
     let mut h = Harness::new();
