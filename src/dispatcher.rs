@@ -27,6 +27,7 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
+use crate::policy::ramp::Ramp;
 use crate::policy::recovery::Recovery;
 use crate::status::Publisher;
 use crate::stdio::{self, Backlog, Outbox};
@@ -231,6 +232,8 @@ pub enum Timer {
     /// The client's `initialize`, sent as downstream request `down` before
     /// the session's first handshake, must be answered by now.
     FirstInitialize { down: u64 },
+    /// The ramp releasing what waited may have stalled.
+    RampStall,
     /// After the handshake: list the tools if nobody has.
     LearnTools,
     /// The proxy's own `tools/list` request `down` must be answered by now.
@@ -304,6 +307,8 @@ pub struct Dispatcher {
     queue_seq: u64,
     /// The link's health while it is down, and when to probe it.
     recovery: Recovery,
+    /// How fast what waited for the server is released when it is back.
+    ramp: Ramp,
     /// The newest probe timer (older ones are void).
     restart_seq: u64,
     timers: BinaryHeap<Reverse<TimerEntry>>,
@@ -369,6 +374,7 @@ impl Dispatcher {
             queue: VecDeque::new(),
             queue_seq: 0,
             recovery: Recovery::new(),
+            ramp: Ramp::new(),
             restart_seq: 0,
             timers: BinaryHeap::new(),
             timer_seq: 0,
@@ -579,6 +585,7 @@ impl Dispatcher {
             Timer::ReplayTimeout { generation } => self.on_replay_timeout(generation),
             Timer::QueueExpired { seq } => self.on_queue_expired(seq, now),
             Timer::FirstInitialize { down } => self.on_first_initialize_due(down, now),
+            Timer::RampStall => self.on_ramp_stall(now),
             Timer::LearnTools => {
                 let client_listing = self.requests.inflight.values().any(|f| {
                     matches!(
@@ -1161,7 +1168,7 @@ impl Dispatcher {
             Some(Inflight::Client {
                 client_id, method, ..
             }) => {
-                self.served();
+                self.served(now);
                 match method {
                     Method::Initialize => {
                         let first = Timer::FirstInitialize { down };
@@ -1194,7 +1201,7 @@ impl Dispatcher {
             Some(Inflight::Replay(step)) => self.on_replay_response(step, &m, now),
             // Late answers of abandoned attempts still route to their call.
             None => match self.with_calls(now, |c, ctx, out| c.on_answer(down, m, ctx, out)) {
-                Owner::Served => self.served(),
+                Owner::Served => self.served(now),
                 Owner::Known => {}
                 Owner::Unknown => debug!(
                     "dropped the server's answer to request {down}, which was cancelled or abandoned"
@@ -1205,11 +1212,12 @@ impl Dispatcher {
 
     /// The current incarnation answered a client request or a call attempt:
     /// it did useful work.
-    fn served(&mut self) {
+    fn served(&mut self, now: Instant) {
         if let Link::Up(c) = &mut self.link {
             c.served = true;
         }
         self.recovery.handshaken();
+        self.ramp_answered(now);
     }
 
     /// The server answered downstream request `id` (raw), but the answer
@@ -1226,7 +1234,7 @@ impl Dispatcher {
         };
         match self.requests.inflight.remove(&down) {
             Some(Inflight::Client { client_id, .. }) => {
-                self.served();
+                self.served(now);
                 warn!("answered client request {client_id} with an error: {message}");
                 self.answer_proxy_error(&client_id, reason, message);
             }
@@ -1247,7 +1255,7 @@ impl Dispatcher {
                     c.on_unusable_answer(down, reason, message, ctx, out)
                 });
                 match owner {
-                    Owner::Served => self.served(),
+                    Owner::Served => self.served(now),
                     Owner::Known => {}
                     Owner::Unknown => debug!(
                         "dropped an unusable answer to request {down}, which nobody waits for"

@@ -170,7 +170,8 @@ impl Dispatcher {
                 } else {
                     // Nothing to replay: traffic flows at once; the outage
                     // ends with the server's first message.
-                    self.flush_queue(now);
+                    let back = self.recovery.outage().is_some();
+                    self.flush_queue(back, now);
                     self.fetch_deferred_tools(now);
                 }
             }
@@ -360,37 +361,93 @@ impl Dispatcher {
         }
     }
 
-    /// The server is ready: send what waited, in order.
-    fn flush_queue(&mut self, now: Instant) {
-        let items: Vec<(u64, Instant, Queued)> = self.queue.drain(..).collect();
-        for (seq, _, item) in items {
-            match item {
-                Queued::Request {
-                    m,
-                    client_id,
-                    method,
-                } => {
-                    let still_wanted = self
-                        .requests
-                        .client
-                        .get(&client_id)
-                        .is_some_and(|r| r.queued == Some(seq));
-                    if still_wanted {
-                        if let Some(r) = self.requests.client.get_mut(&client_id) {
-                            r.queued = None;
-                        }
-                        self.relay_request(m, client_id, method, now);
+    /// The server is ready: what waited goes, in order; for a server that
+    /// is `back` from an outage, in a ramp (`policy::ramp`): the oldest
+    /// first, then two more for each answer.
+    fn flush_queue(&mut self, back: bool, now: Instant) {
+        if back && !self.queue.is_empty() {
+            self.ramp.begin(now);
+        }
+        self.release_queue(now);
+    }
+
+    /// Sends what waited, in order, as far as the ramp allows (a
+    /// notification waits only for what is before it). What comes meanwhile
+    /// goes at once: the ramp holds the backlog, not the session's new
+    /// traffic.
+    pub(super) fn release_queue(&mut self, now: Instant) {
+        while self.link_ready() {
+            let Some((_, _, item)) = self.queue.front() else {
+                break;
+            };
+            if !matches!(item, Queued::Notification(_)) && !self.ramp.room() {
+                break;
+            }
+            let Some((seq, _, item)) = self.queue.pop_front() else {
+                break;
+            };
+            if self.release(seq, item, now) {
+                self.ramp.released(now);
+            }
+        }
+        match self.queue.is_empty() {
+            true => self.ramp.end(),
+            false => {
+                if let Some(at) = self.ramp.stall_at() {
+                    self.set_timer(at, Timer::RampStall);
+                }
+            }
+        }
+    }
+
+    /// Nothing released was answered for a while: more may go.
+    pub(super) fn on_ramp_stall(&mut self, now: Instant) {
+        if self.ramp.stalled(now) {
+            self.release_queue(now);
+        }
+    }
+
+    /// The server answered a request: while a ramp runs, more may go.
+    pub(super) fn ramp_answered(&mut self, now: Instant) {
+        if self.ramp.active() {
+            self.ramp.answered(now);
+            self.release_queue(now);
+        }
+    }
+
+    /// Sends queued item `seq`; true if a request or a call's attempt went
+    /// (not one the client gave up meanwhile, nor a notification).
+    fn release(&mut self, seq: u64, item: Queued, now: Instant) -> bool {
+        match item {
+            Queued::Request {
+                m,
+                client_id,
+                method,
+            } => {
+                let still_wanted = self
+                    .requests
+                    .client
+                    .get(&client_id)
+                    .is_some_and(|r| r.queued == Some(seq));
+                if still_wanted {
+                    if let Some(r) = self.requests.client.get_mut(&client_id) {
+                        r.queued = None;
                     }
+                    self.relay_request(m, client_id, method, now);
                 }
-                Queued::Call(id) => {
-                    // Admitted by the breaker before it was queued.
-                    if self.calls.unqueued(id) {
-                        self.route_attempt(id, now);
-                    }
+                still_wanted
+            }
+            Queued::Call(id) => {
+                // Admitted by the breaker before it was queued.
+                let wanted = self.calls.unqueued(id);
+                if wanted {
+                    self.route_attempt(id, now);
                 }
-                Queued::Notification(out) => {
-                    self.send_server(out);
-                }
+                wanted
+            }
+            Queued::Notification(out) => {
+                self.send_server(out);
+                false
             }
         }
     }
@@ -398,8 +455,10 @@ impl Dispatcher {
     /// The server works again (its handshake was replayed, or it sent its
     /// first message): the outage, if there was one, is over; what waited
     /// goes out.
-    fn server_up(&mut self, now: Instant) {
-        if let Some(took) = self.recovery.up(now) {
+    /// True if an outage ended.
+    fn server_up(&mut self, now: Instant) -> bool {
+        let ended = self.recovery.up(now);
+        if let Some(took) = ended {
             let what = match self.remote() {
                 true => "reconnected to the MCP server",
                 false => "the restarted MCP server is ready",
@@ -410,7 +469,9 @@ impl Dispatcher {
             );
             self.with_calls(now, |c, _, _| c.link_recovered());
         }
+        ended.is_some()
     }
+
     /// Sends the client's original `initialize` to a new incarnation.
     pub(super) fn replay_initialize(&mut self, now: Instant) {
         let params = self.session.init_params.clone().unwrap_or_default();
@@ -511,8 +572,8 @@ impl Dispatcher {
             c.ready = true;
         }
         self.recovery.handshaken();
-        self.server_up(now);
-        self.flush_queue(now);
+        let back = self.server_up(now);
+        self.flush_queue(back, now);
         self.fetch_deferred_tools(now);
         if self.session.tools_list_changed {
             self.with_calls(now, |c, ctx, out| {

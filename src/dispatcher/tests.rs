@@ -1009,6 +1009,89 @@ fn a_call_without_a_progress_token_waits_in_silence() {
     assert!(h.client.is_empty());
 }
 
+/// The `resources/read` requests sent to the server so far: (uri, line).
+fn reads_sent(h: &Harness) -> Vec<(String, String)> {
+    let mut reads = Vec::new();
+    while let Some(line) = h.try_to_server() {
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["method"] == "resources/read" {
+            reads.push((v["params"]["uri"].as_str().unwrap().to_owned(), line));
+        }
+    }
+    reads
+}
+
+/// The client reads `uri` (its request id is the uri's number).
+fn read(h: &mut Harness, n: u32) {
+    h.client_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{n},"method":"resources/read","params":{{"uri":"u{n}"}}}}"#
+    ));
+}
+
+/// A session whose server went down, with the reads `1..=n` waiting for
+/// it, and came back: its handshake replayed and answered.
+fn back_with_reads_waiting(n: u32) -> Harness {
+    let mut h = Harness::new();
+    handshake(&mut h);
+    h.failing_starts.lock().unwrap().extend([true; 3]);
+    h.server_event(gone("exited with status 1"));
+    for i in 1..=n {
+        read(&mut h, i);
+    }
+    let replay = loop {
+        match h.try_to_server() {
+            Some(line) if line.contains("\"initialize\"") => break line,
+            Some(_) => {}
+            None => {
+                h.fire_next_timer();
+            }
+        }
+    };
+    answer(
+        &mut h,
+        &replay,
+        r#""result":{"protocolVersion":"2025-11-25","capabilities":{}}"#,
+    );
+    h
+}
+
+fn uris(reads: &[(String, String)]) -> Vec<&str> {
+    reads.iter().map(|(u, _)| u.as_str()).collect()
+}
+
+#[test]
+fn what_waited_for_a_server_that_came_back_goes_oldest_first_then_two_per_answer() {
+    let mut h = back_with_reads_waiting(7);
+    let first = reads_sent(&h);
+    assert_eq!(uris(&first), ["u1"], "the oldest, alone");
+    answer(&mut h, &first[0].1, r#""result":{"contents":[]}"#);
+    let second = reads_sent(&h);
+    assert_eq!(uris(&second), ["u2", "u3"]);
+    // A request that comes now is new traffic, not the backlog: it goes.
+    read(&mut h, 8);
+    assert_eq!(uris(&reads_sent(&h)), ["u8"]);
+    let mut third = Vec::new();
+    for (_, line) in &second {
+        answer(&mut h, line, r#""result":{"contents":[]}"#);
+        third.extend(reads_sent(&h));
+    }
+    assert_eq!(uris(&third), ["u4", "u5", "u6", "u7"]);
+    assert!(h.d.queue.is_empty() && !h.d.ramp.active());
+}
+
+#[test]
+fn a_ramp_nobody_answers_lets_more_go_every_second() {
+    let mut h = back_with_reads_waiting(4);
+    assert_eq!(uris(&reads_sent(&h)), ["u1"]);
+    let t0 = h.now;
+    h.advance(crate::policy::ramp::STALL / 2);
+    assert!(reads_sent(&h).is_empty());
+    h.at(t0 + crate::policy::ramp::STALL);
+    assert_eq!(uris(&reads_sent(&h)), ["u2"]);
+    h.advance(crate::policy::ramp::STALL);
+    assert_eq!(uris(&reads_sent(&h)), ["u3", "u4"]);
+}
+
 #[test]
 fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
     let mut h = Harness::new();
