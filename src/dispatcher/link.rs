@@ -372,9 +372,10 @@ impl Dispatcher {
     }
 
     /// Sends what waited, in order, as far as the ramp allows (a
-    /// notification waits only for what is before it). What comes meanwhile
-    /// goes at once: the ramp holds the backlog, not the session's new
-    /// traffic.
+    /// notification waits only for what is before it). The ramp holds the
+    /// backlog, not the session's new traffic: what comes meanwhile goes at
+    /// once, and so does what waited less than `ramp::FRESH` (it just
+    /// missed the connection).
     pub(super) fn release_queue(&mut self, now: Instant) {
         while self.link_ready() {
             let Some((_, _, item)) = self.queue.front() else {
@@ -388,6 +389,21 @@ impl Dispatcher {
             };
             if self.release(seq, item, now) {
                 self.ramp.released(now);
+            }
+        }
+        if self.ramp.active() {
+            let backlog = crate::policy::ramp::backlog;
+            let fresh: Vec<u64> = (self.queue.iter())
+                .filter(|(_, since, _)| !backlog(*since, now))
+                .map(|(seq, ..)| *seq)
+                .collect();
+            for seq in fresh {
+                if !self.link_ready() {
+                    break;
+                }
+                if let Some(item) = self.unqueue(seq) {
+                    self.release(seq, item, now);
+                }
             }
         }
         match self.queue.is_empty() {

@@ -1038,6 +1038,8 @@ fn back_with_reads_waiting(n: u32) -> Harness {
     for i in 1..=n {
         read(&mut h, i);
     }
+    // Long enough to be backlog when the server is back.
+    h.advance(crate::policy::ramp::FRESH);
     let replay = loop {
         match h.try_to_server() {
             Some(line) if line.contains("\"initialize\"") => break line,
@@ -1077,6 +1079,28 @@ fn what_waited_for_a_server_that_came_back_goes_oldest_first_then_two_per_answer
     }
     assert_eq!(uris(&third), ["u4", "u5", "u6", "u7"]);
     assert!(h.d.queue.is_empty() && !h.d.ramp.active());
+}
+
+#[test]
+fn what_waited_less_than_a_second_is_new_traffic_and_goes_at_once() {
+    let mut h = Harness::new();
+    handshake(&mut h);
+    h.server_event(gone("exited with status 1"));
+    for i in 1..=3 {
+        read(&mut h, i);
+    }
+    h.advance(crate::policy::ramp::FRESH);
+    read(&mut h, 4);
+    read(&mut h, 5);
+    let replay = h.to_server();
+    assert!(replay.contains("\"initialize\""), "{replay}");
+    answer(
+        &mut h,
+        &replay,
+        r#""result":{"protocolVersion":"2025-11-25","capabilities":{}}"#,
+    );
+    // The oldest of the backlog, and what just missed the connection.
+    assert_eq!(uris(&reads_sent(&h)), ["u1", "u4", "u5"]);
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! round of answers), so the first answer comes back promptly and a server
 //! that just came back never takes the whole backlog at once. A release
 //! that stalls (nothing answered for [`STALL`]: a slow tool) doubles the
-//! window anyway, so one slow call never holds the rest for long.
+//! window anyway, so one slow call never holds the rest for long. What
+//! waited less than [`FRESH`] is not backlog.
 //!
 //! Pure: `now` is a parameter; it counts and knows nothing of requests,
 //! queues or the link.
@@ -15,6 +16,15 @@ use std::time::{Duration, Instant};
 
 /// How long a ramp waits for an answer before it lets more go anyway.
 pub const STALL: Duration = Duration::from_secs(1);
+/// A request that waited less than this when the server came back is new
+/// traffic that just missed the connection (probes go at most half a
+/// second apart), not backlog: it goes at once, as new traffic does.
+pub const FRESH: Duration = Duration::from_secs(1);
+
+/// Whether a request that began waiting at `since` is backlog at `now`.
+pub fn backlog(since: Instant, now: Instant) -> bool {
+    now.saturating_duration_since(since) >= FRESH
+}
 
 /// A ramp in progress, or none (everything goes at once).
 #[derive(Debug, Default)]
@@ -131,6 +141,14 @@ mod tests {
         assert_eq!(rounds, [1, 2, 4, 8, 16, 9]);
         r.end();
         assert!(r.room() && !r.active() && r.stall_at().is_none());
+    }
+
+    #[test]
+    fn what_waited_less_than_a_second_is_not_backlog() {
+        let t0 = Instant::now();
+        assert!(!backlog(t0, t0 + FRESH / 2));
+        assert!(backlog(t0, t0 + FRESH));
+        assert!(!backlog(t0 + FRESH, t0), "a clock that went back");
     }
 
     #[test]
