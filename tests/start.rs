@@ -95,6 +95,13 @@ fn fail_fast_at_start_false_waits_for_a_server_that_exits_at_every_start() {
 }
 
 #[test]
+fn a_command_that_cannot_be_started_is_named_within_three_seconds() {
+    let mut s = Builder::proxy(&["run", "--", "/nonexistent/mcp-server"]).start();
+    let words = ["cannot start \"/nonexistent/mcp-server\""];
+    unavailable_within(&mut s, Duration::from_secs(3), &words);
+}
+
+#[test]
 fn an_unresolvable_host_is_named_within_three_seconds() {
     // RFC 6761: a name under .invalid does not exist, and resolvers say so
     // (NXDOMAIN) without asking the network.
