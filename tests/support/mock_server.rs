@@ -585,7 +585,7 @@ fn bump_counter_file(path: &Path) -> u64 {
     // The proxy's own atomic rename: on Windows it waits out a test that
     // has the counter open for reading.
     let replaced = fs::write(&temp, count.to_string())
-        .and_then(|()| mcp_retry::status::replace_file(Path::new(&temp), path));
+        .and_then(|()| mcp_retry::private_files::replace_file(Path::new(&temp), path));
     if let Err(err) = replaced {
         eprintln!("mock: cannot update counter {}: {err}", path.display());
     }
