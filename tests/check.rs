@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::http_server::Server;
 use crate::loopback::{closed_port, Loopback};
-use crate::util::{gone_within, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
+use crate::util::{gone_within, read_pid, wait, Builder, TempDir, MOCK, PROXY};
 
 /// `handshake_cache::DIR_ENV`: where the proxy keeps its handshake cache.
 const CACHE_DIR_ENV: &str = "MCP_RETRY_CACHE_DIR";
@@ -45,7 +45,7 @@ fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
     check_file(&dir.write("c.yaml", &text), args)
 }
 
-/// Runs `mcp-retry check --config PATH ARGS`, killing it after [`WAIT`];
+/// Runs `mcp-retry check --config PATH ARGS`, killing it after [`wait`];
 /// its handshake cache is `cache/` beside the config.
 fn check_file(path: &Path, args: &[&str]) -> Ran {
     check_with_cache(path, &cache_beside(path), args)
@@ -77,9 +77,9 @@ fn check_with_cache(path: &Path, cache: &Path, args: &[&str]) -> Ran {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        if started.elapsed() > WAIT {
+        if started.elapsed() > wait() {
             let _ = child.kill();
-            panic!("check did not finish within {WAIT:?}");
+            panic!("check did not finish within {:?}", wait());
         }
         thread::sleep(Duration::from_millis(10));
     };
@@ -263,7 +263,7 @@ fn down_servers_say_why_and_exit_one() {
         "refuses",
         "initialize failed: unsupported protocol version",
     );
-    assert!(ran.took < Duration::from_secs(5), "took {:?}", ran.took);
+    assert!(ran.took < crate::util::ms(5000), "took {:?}", ran.took);
 }
 
 #[test]
@@ -349,11 +349,7 @@ fn servers_are_probed_in_parallel() {
         assert!(start_ms(l) >= 1500.0, "{l:?}");
     }
     // One after the other would take at least 6 s.
-    assert!(
-        ran.took < Duration::from_millis(4500),
-        "took {:?}",
-        ran.took
-    );
+    assert!(ran.took < crate::util::ms(4500), "took {:?}", ran.took);
 }
 
 const THREE: &str = "servers:
@@ -419,11 +415,11 @@ fn a_server_ignoring_eof_is_still_stopped() {
     assert_up(&report(&ran)[0], "stubborn", OK_MOCK);
     let pid = read_pid(&dir.join("stubborn.pid"));
     assert!(
-        gone_within(pid, Duration::from_secs(2)),
+        gone_within(pid, crate::util::ms(2000)),
         "server {pid} survived"
     );
     // Close stdin, 1 s, SIGTERM (ignored), 1 s, SIGKILL.
-    assert!(ran.took < Duration::from_secs(5), "took {:?}", ran.took);
+    assert!(ran.took < crate::util::ms(5000), "took {:?}", ran.took);
 }
 
 #[test]
@@ -451,7 +447,7 @@ fn no_process_outlives_the_check() {
         for file in ["server.pid", "grandchild.pid"] {
             let pid = read_pid(&dir.join(name).join(file));
             assert!(
-                gone_within(pid, Duration::from_secs(2)),
+                gone_within(pid, crate::util::ms(2000)),
                 "{name}: {file} {pid} survived"
             );
         }

@@ -259,7 +259,7 @@ fn huge_sse_ids_neither_grow_the_proxy_nor_stall_it() {
         }
         let _ = conn.write_all(b"\n");
         let (mut pinged, since) = (false, std::time::Instant::now());
-        while !pinged && since.elapsed() < crate::util::WAIT {
+        while !pinged && since.elapsed() < crate::util::wait() {
             if conn.write_all(b":\n").is_err() {
                 return;
             }
@@ -273,7 +273,7 @@ fn huge_sse_ids_neither_grow_the_proxy_nor_stall_it() {
     assert_eq!(s.result(&json!("ping")), json!({}));
     let result = s.result(&json!(1));
     assert_eq!(result["content"][0]["text"], "done");
-    let notes = s.recv_until_quiet(std::time::Duration::from_millis(100));
+    let notes = s.recv_until_quiet(crate::util::ms(100));
     let relayed = notes
         .iter()
         .filter(|m| m["method"] == "notifications/message")

@@ -6,7 +6,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use crate::loopback::{closed_port, Loopback, Options};
-use crate::util::{eventually, Builder, Session, WAIT};
+use crate::util::{eventually, wait, Builder, Session};
 
 /// One POST the receiver accepted.
 #[derive(Debug, Clone)]
@@ -292,7 +292,7 @@ fn dead_collector(endpoint: &str) {
         let r = s.result(&json!(i));
         assert_eq!(r["content"][0]["text"], "hi");
     }
-    assert!(started.elapsed() < WAIT / 2, "{:?}", started.elapsed());
+    assert!(started.elapsed() < wait() / 2, "{:?}", started.elapsed());
     let warned = |s: &Session| {
         s.stderr()
             .lines()

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, Builder, Session, TempDir, PROXY, WAIT};
+use crate::util::{eventually, wait, Builder, Session, TempDir, PROXY};
 
 /// A runtime directory for one test, created by the first proxy.
 struct Runtime {
@@ -73,7 +73,7 @@ fn status_json(dir: &Path) -> Vec<Value> {
 
 /// Polls `status --json` until `ready` holds for the documents.
 pub(crate) fn wait_for(dir: &Path, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait();
     loop {
         let docs = status_json(dir);
         if ready(&docs) {
@@ -384,7 +384,7 @@ fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
     use std::os::unix::fs::MetadataExt;
     let before = stamp();
     let text = std::fs::read_to_string(&file).unwrap();
-    let until = Instant::now() + Duration::from_secs(3);
+    let until = Instant::now() + crate::util::ms(3000);
     while Instant::now() < until {
         assert_eq!(stamp(), before, "the file was rewritten while idle");
         thread::sleep(Duration::from_millis(100));
@@ -475,7 +475,7 @@ fn status_with_nothing_running_usage_errors_and_watch() {
             }
         }
     });
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait();
     let mut seen = Vec::new();
     while seen
         .iter()
@@ -517,7 +517,7 @@ fn status_skips_a_fifo_or_an_oversized_file_named_like_a_document_instead_of_han
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait();
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
