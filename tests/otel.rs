@@ -80,8 +80,13 @@ impl Collector {
 /// The proxy for the mock with these policy lines, the mock's logs on,
 /// and export to `endpoint` (none: export off).
 pub(crate) fn builder(policy: &str, endpoint: Option<&str>) -> Builder {
-    Builder::mock_with(policy)
-        .env("NO_PROXY", "127.0.0.1,localhost")
+    exporting(Builder::mock_with(policy), endpoint)
+}
+
+/// `b` exporting to `endpoint` (none: export off), whatever the host's
+/// `OTEL_*` variables say.
+pub(crate) fn exporting(b: Builder, endpoint: Option<&str>) -> Builder {
+    b.env("NO_PROXY", "127.0.0.1,localhost")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.unwrap_or(""))
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
         .env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "")

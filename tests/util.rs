@@ -229,6 +229,15 @@ impl Builder {
     pub fn mock_with(policy: &str) -> Builder {
         Builder::config(&server_entry("mock:\n  command: {mock}", policy)).with_logs()
     }
+    /// [`Builder::mock_with`] with the durations as written, whatever
+    /// [`time_scale`]: for a session whose durations are part of what it
+    /// is compared with (`tests/golden.rs`).
+    pub fn mock_with_unscaled(policy: &str) -> Builder {
+        let yaml = server_entry("mock:\n  command: {mock}", policy);
+        Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+            .file_unscaled("c.yaml", &yaml)
+            .with_logs()
+    }
     /// [`Builder::config`] naming the server at `url` `remote`, with
     /// `policy` (YAML lines, any common indent) under it; no proxy for
     /// loopback.
@@ -272,10 +281,13 @@ impl Builder {
     /// ([`scale_durations`]).
     pub fn file(self, name: &str, text: &str) -> Builder {
         let is_config = [".yaml", ".yml", ".json"].iter().any(|e| name.ends_with(e));
-        let text = match is_config {
-            true => scale_durations(text),
-            false => text.to_owned(),
-        };
+        match is_config {
+            true => self.file_unscaled(name, &scale_durations(text)),
+            false => self.file_unscaled(name, text),
+        }
+    }
+    /// [`Builder::file`] with the durations as written.
+    pub fn file_unscaled(self, name: &str, text: &str) -> Builder {
         let text = text
             .replace("{dir}", &path_text(self.dir.path()))
             .replace("{mock}", MOCK);
@@ -951,6 +963,19 @@ pub fn eventually_within(wait: Duration, what: &str, cond: impl Fn() -> bool) {
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A duration as the proxy writes it in its messages: `250ms`, `2s`,
+/// `1.5s` (for an expected message with a [`scaled`] duration in it).
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{}ms", d.as_millis())
+    } else if s.fract() < 0.05 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s:.1}s")
     }
 }
 
