@@ -86,32 +86,14 @@ mod tests {
 
     #[test]
     fn only_the_io_modules_may_use_unsafe() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut missing = Vec::new();
-        let mut stack = vec![src.clone()];
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap() {
-                let path = entry.unwrap().path();
-                // Forward slashes on every platform, as in the list.
-                let name = path
-                    .strip_prefix(&src)
-                    .unwrap()
-                    .display()
-                    .to_string()
-                    .replace('\\', "/");
-                if path.is_dir() {
-                    stack.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs")
-                    && !MAY_USE_UNSAFE.contains(&name.as_str())
-                {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    if !text.contains("\n#![forbid(unsafe_code)]\n") {
-                        missing.push(name);
-                    }
-                }
-            }
-        }
-        missing.sort();
+        let missing: Vec<String> = sources()
+            .into_iter()
+            .filter(|(name, text)| {
+                !MAY_USE_UNSAFE.contains(&name.as_str())
+                    && !text.contains("\n#![forbid(unsafe_code)]\n")
+            })
+            .map(|(name, _)| name)
+            .collect();
         assert!(
             missing.is_empty(),
             "files without #![forbid(unsafe_code)] (add it, or move the unsafe \
@@ -123,9 +105,9 @@ mod tests {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/ARCHITECTURE.md")).unwrap()
     }
 
-    /// The text of every `.rs` file under src/ without its tests (a
-    /// `tests.rs`, or from `#[cfg(test)] mod tests` on), by path from src/.
-    fn sources_without_tests() -> Vec<(String, String)> {
+    /// Every `.rs` file under src/ and its text, by path from src/ (with
+    /// forward slashes on every platform, as in `MAY_USE_UNSAFE`), sorted.
+    fn sources() -> Vec<(String, String)> {
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut files = Vec::new();
         let mut stack = vec![src.clone()];
@@ -134,21 +116,30 @@ mod tests {
                 let path = entry.unwrap().path();
                 if path.is_dir() {
                     stack.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs")
-                    && path.file_name().is_some_and(|n| n != "tests.rs")
-                {
-                    let text = std::fs::read_to_string(&path).unwrap();
-                    let code = match text.find("\n#[cfg(test)]\nmod tests") {
-                        Some(i) => text[..i].to_owned(),
-                        None => text,
-                    };
+                } else if path.extension().is_some_and(|e| e == "rs") {
                     let name = path.strip_prefix(&src).unwrap().display().to_string();
-                    files.push((name.replace('\\', "/"), code));
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    files.push((name.replace('\\', "/"), text));
                 }
             }
         }
         files.sort();
         files
+    }
+
+    /// [`sources`] without their tests: no `tests.rs`, and each file up to
+    /// its `#[cfg(test)] mod tests`.
+    fn sources_without_tests() -> Vec<(String, String)> {
+        sources()
+            .into_iter()
+            .filter(|(name, _)| name != "tests.rs" && !name.ends_with("/tests.rs"))
+            .map(
+                |(name, text)| match text.find("\n#[cfg(test)]\nmod tests") {
+                    Some(i) => (name, text[..i].to_owned()),
+                    None => (name, text),
+                },
+            )
+            .collect()
     }
 
     /// The backquoted words of `text` (`` `a.rs` `` gives `a.rs`).
