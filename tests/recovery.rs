@@ -2,8 +2,6 @@
 //! server that is down, probes (not user calls) end the outage, the breaker
 //! counts only what users asked for, and its trial call goes through.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::http_server::Server;
@@ -145,7 +143,7 @@ fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
     assert_eq!(e["data"]["reason"], "circuit_open", "{e}");
     let after = e["data"]["retryAfterMs"].as_u64().unwrap();
     assert!(after as u128 <= crate::util::ms(2000).as_millis(), "{e}");
-    let cooldown_over = std::time::Instant::now() + Duration::from_millis(after + 50);
+    let cooldown_over = std::time::Instant::now() + std::time::Duration::from_millis(after + 50);
     // The server goes down, and its restarts fail for now.
     eventually("the server back", || s.dir.join("mock.pid").exists());
     std::fs::write(s.dir.join("down"), "").unwrap();
