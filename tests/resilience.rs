@@ -1491,14 +1491,13 @@ fn a_server_ping_the_client_never_answers_pauses_nothing() {
         "answered after {took:?}: the unanswered ping paused the attempt"
     );
     // The message gives the time it really took (about 300 ms, scaled).
-    let taken: u128 = message
-        .split("timed out after ")
-        .nth(1)
-        .and_then(|t| t.split("ms").next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no time in ms: {message}"));
-    let timeout = crate::util::ms(300).as_millis();
-    assert!((timeout..timeout + 1000).contains(&taken), "{message}");
+    let taken = crate::util::duration_after(&message, "timed out after ")
+        .unwrap_or_else(|| panic!("no time: {message}"));
+    let timeout = crate::util::ms(300);
+    assert!(
+        taken >= timeout && taken < timeout + Duration::from_secs(5),
+        "{message}"
+    );
 }
 
 #[test]

@@ -979,6 +979,24 @@ pub fn human(d: Duration) -> String {
     }
 }
 
+/// The duration the proxy wrote right after `before` in `message`
+/// (`900ms`, `2s`, `2.2s`, as [`human`] writes it).
+pub fn duration_after(message: &str, before: &str) -> Option<Duration> {
+    let rest = message.split(before).nth(1)?;
+    let number = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
+    let n: f64 = rest[..number].parse().ok()?;
+    let unit = &rest[number..];
+    if unit.starts_with("ms") {
+        Some(Duration::from_secs_f64(n / 1000.0))
+    } else if unit.starts_with('s') {
+        Some(Duration::from_secs_f64(n))
+    } else {
+        None
+    }
+}
+
 /// Sleeps until the cooldown of an open breaker is over: `error` is its
 /// `circuit_open` error, just read, whose `data.retryAfterMs` is what is left
 /// of the cooldown (a real-time wait: the breaker's clock is the proxy's);
