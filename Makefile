@@ -24,7 +24,7 @@ WINDOWS_TARGET := x86_64-pc-windows-gnu
 WINEPREFIX_DIR ?= $(abspath $(TARGET_DIR))/wine-prefix
 WINE_ENV := WINEPREFIX=$(WINEPREFIX_DIR) WINEDEBUG=-all WINEDLLOVERRIDES='mscoree,mshtml='
 
-.PHONY: build test test-windows wine-prefix dist dist-plan lint docs demo install interop fuzz fuzz-replay bench outage static packages darwin
+.PHONY: build test test-stress test-windows wine-prefix dist dist-plan lint docs demo install interop fuzz fuzz-replay bench outage static packages darwin
 
 build:
 	$(CARGO) build --release
@@ -33,6 +33,23 @@ build:
 # src/guard.rs), which no release build has.
 test:
 	$(CARGO) test --workspace --all-targets --features mcp-retry/fault-inject
+
+# `make test` on a loaded machine, with every test duration three times
+# longer (MCP_RETRY_TEST_TIME_SCALE, see docs/testing.md): two busy loops
+# and a `cargo build -j2` of the crate into a target directory of its own
+# (built again from scratch until the tests end) take the cores meanwhile.
+# What a shared CI machine does to `make test`; it must pass every time.
+STRESS_SCALE ?= 3
+STRESS_BUILD_DIR := $(abspath $(TARGET_DIR))/stress-build
+test-stress:
+	$(CARGO) test --workspace --all-targets --features mcp-retry/fault-inject --no-run
+	@load=; \
+	for i in 1 2; do setsid sh -c 'while :; do :; done' & load="$$load $$!"; done; \
+	setsid sh -c 'while :; do $(CARGO) build -j2 --quiet --target-dir "$(STRESS_BUILD_DIR)" >/dev/null 2>&1; rm -rf "$(STRESS_BUILD_DIR)"; done' & \
+	load="$$load $$!"; \
+	trap 'for p in $$load; do kill -- -$$p 2>/dev/null; done; rm -rf "$(STRESS_BUILD_DIR)"' EXIT INT TERM; \
+	echo "make test-stress: MCP_RETRY_TEST_TIME_SCALE=$(STRESS_SCALE), load:$$load"; \
+	MCP_RETRY_TEST_TIME_SCALE=$(STRESS_SCALE) $(CARGO) test --workspace --all-targets --features mcp-retry/fault-inject
 
 # The Windows build, run under Wine: the binary, the mock server and the
 # test binaries for x86_64-pc-windows-gnu, unit and integration tests run

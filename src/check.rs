@@ -1374,7 +1374,8 @@ exit 1"#;
     #[test]
     fn a_server_writing_non_json_says_so() {
         let why = probe_script(
-            "echo 'Server running on stdio, key=abcdef'; sleep 30",
+            // Reads to the end of its input: it ends when the probe stops it.
+            "echo 'Server running on stdio, key=abcdef'; cat >/dev/null",
             Duration::from_millis(500),
         )
         .unwrap_err();
@@ -1431,7 +1432,7 @@ read l"#;
     fn tools_list_gets_what_is_left_of_the_deadline() {
         let started = Instant::now();
         let up = probe_script(
-            r#"read l; echo '{"jsonrpc":"2.0","id":1,"result":{}}'; sleep 30"#,
+            r#"read l; echo '{"jsonrpc":"2.0","id":1,"result":{}}'; cat >/dev/null"#,
             Duration::from_millis(500),
         )
         .unwrap();

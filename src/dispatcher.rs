@@ -1456,7 +1456,6 @@ fn repeated_param(method: &str, params: Option<&str>) -> Option<String> {
 /// dispatcher spins once, for this long, after its last event.
 const SPIN: Duration = Duration::from_micros(15);
 
-/// The next event if one arrives within [`SPIN`].
 impl Dispatcher {
     /// About to sleep after `RELEASE_AFTER` bytes of messages: gives the
     /// memory they left free back to the system.
@@ -1468,6 +1467,7 @@ impl Dispatcher {
     }
 }
 
+/// The next event if one arrives within [`SPIN`].
 fn spin_for_event(inbox: &Receiver<Event>) -> Option<Event> {
     let start = Instant::now();
     loop {

@@ -10,14 +10,12 @@
 //! on Windows), the per-user key kept beside the entries (`key`, 32 random
 //! bytes from the operating system), an entry's name (BLAKE3 in keyed mode
 //! over a server's [`Identity`], hex, `<hex>.json`) and its file
-//! ([`Entry`], JSON). The directory must be ours with mode 0700 (created
-//! so, the rule of `status::judge_dir`); the key and the entries must be
-//! regular files of ours with mode 0600, written atomically (a temporary
-//! file of the same directory, then linked or renamed). Anything else is
-//! ignored with a warning: no cache, never a failure. On Windows the
-//! directory gets a DACL for the current user alone, which the key and the
-//! entries inherit (`status::prepare_dir`, `status/owner_only.rs`), and
-//! only the kind of file is checked, as for the runtime directory.
+//! ([`Entry`], JSON). The directory must be ours with mode 0700, the key
+//! and the entries regular files of ours with mode 0600, written
+//! atomically (a temporary file of the same directory, then linked or
+//! renamed): the rules of `private_files.rs`, shared with the status
+//! documents. Anything else is ignored with a warning: no cache, never a
+//! failure.
 //!
 //! An entry never holds an env value, a header value or a tool result: the
 //! identity is only hashed into the name, and the lists are what the server
@@ -36,9 +34,7 @@ use std::borrow::Cow;
 use std::ffi::OsString;
 use std::fmt;
 use std::fs;
-use std::io::{self, Read, Write};
-#[cfg(unix)]
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -49,7 +45,9 @@ use serde_json::value::RawValue;
 
 use crate::config::{ServerConfig, Transport};
 use crate::mcp::List;
-use crate::status::{self, DirError};
+use crate::private_files::{
+    read_checked, replace_file, write_temporary, DirError, FileProblem, ReadError,
+};
 
 /// The environment variable that overrides the cache directory.
 pub const DIR_ENV: &str = "MCP_RETRY_CACHE_DIR";
@@ -92,185 +90,6 @@ fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
         return Some(p.join("mcp-retry"));
     }
     path("HOME").map(|p| p.join(".cache").join("mcp-retry"))
-}
-
-// ----- what a file must be ---------------------------------------------------------
-
-/// What [`judge_file`] looks at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileFacts {
-    pub is_file: bool,
-    pub is_symlink: bool,
-    pub owner: u32,
-    pub mode: u32,
-    pub len: u64,
-}
-
-/// What is wrong with the key or an entry file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileProblem {
-    SymbolicLink,
-    NotAFile,
-    Owner {
-        owner: u32,
-        me: u32,
-    },
-    Mode(u32),
-    /// Larger than the bound (`len`, `max`).
-    TooLarge(u64, u64),
-    /// Not [`KEY_LEN`] bytes (the key).
-    WrongSize(u64),
-}
-
-impl fmt::Display for FileProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FileProblem::SymbolicLink => f.write_str("is a symbolic link, not a file"),
-            FileProblem::NotAFile => f.write_str("is not a regular file"),
-            FileProblem::Owner { owner, me } => {
-                write!(f, "is owned by uid {owner}, not by us (uid {me})")
-            }
-            FileProblem::Mode(mode) => write!(f, "has mode {mode:04o}, not 0600"),
-            FileProblem::TooLarge(len, max) => write!(f, "has {len} bytes, more than {max}"),
-            FileProblem::WrongSize(len) => write!(f, "has {len} bytes, not {KEY_LEN}"),
-        }
-    }
-}
-
-/// The rule for the key and the entries, pure: a regular file (not a
-/// link) owned by `me`, mode 0600, of at most `max_len` bytes.
-pub fn judge_file(f: &FileFacts, me: u32, max_len: u64) -> Result<(), FileProblem> {
-    if f.is_symlink {
-        return Err(FileProblem::SymbolicLink);
-    }
-    if !f.is_file {
-        return Err(FileProblem::NotAFile);
-    }
-    if f.owner != me {
-        return Err(FileProblem::Owner { owner: f.owner, me });
-    }
-    if f.mode & 0o777 != 0o600 {
-        return Err(FileProblem::Mode(f.mode & 0o777));
-    }
-    if f.len > max_len {
-        return Err(FileProblem::TooLarge(f.len, max_len));
-    }
-    Ok(())
-}
-
-#[cfg(unix)]
-fn file_facts(meta: &fs::Metadata) -> FileFacts {
-    FileFacts {
-        is_file: meta.is_file(),
-        is_symlink: meta.file_type().is_symlink(),
-        owner: meta.uid(),
-        mode: meta.mode() & 0o7777,
-        len: meta.len(),
-    }
-}
-
-/// Windows: ownership and access are the directory's DACL, which the file
-/// inherits (see the module doc); only the kind of file and its size are
-/// checked.
-#[cfg(windows)]
-fn file_facts(meta: &fs::Metadata) -> FileFacts {
-    FileFacts {
-        is_file: meta.is_file(),
-        is_symlink: meta.file_type().is_symlink(),
-        owner: status::uid(),
-        mode: 0o600,
-        len: meta.len(),
-    }
-}
-
-/// Why a file was not read.
-#[derive(Debug)]
-pub enum ReadError {
-    /// There is none (a plain miss).
-    Missing,
-    Io(io::Error),
-    /// It is not ours alone, or too large (see [`FileProblem`]).
-    Refused(FileProblem),
-}
-
-impl fmt::Display for ReadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReadError::Missing => f.write_str("does not exist"),
-            ReadError::Io(e) => write!(f, "{e}"),
-            ReadError::Refused(why) => write!(f, "{why}"),
-        }
-    }
-}
-
-/// Reads `path` if it passes [`judge_file`] with `max_len`: looked at
-/// without following a link, then opened without following one and
-/// without blocking (Unix: a FIFO put there cannot hang the proxy), judged
-/// again as opened, and read no further than `max_len` bytes.
-fn read_checked(path: &Path, max_len: u64) -> Result<Vec<u8>, ReadError> {
-    let judge = |meta: &fs::Metadata| {
-        judge_file(&file_facts(meta), status::uid(), max_len).map_err(ReadError::Refused)
-    };
-    let meta = fs::symlink_metadata(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => ReadError::Missing,
-        _ => ReadError::Io(e),
-    })?;
-    judge(&meta)?;
-    let mut options = fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    options.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
-    let file = options.open(path).map_err(ReadError::Io)?;
-    let meta = file.metadata().map_err(ReadError::Io)?;
-    judge(&meta)?;
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(max_len + 1)
-        .read_to_end(&mut bytes)
-        .map_err(ReadError::Io)?;
-    if bytes.len() as u64 > max_len {
-        let len = bytes.len() as u64;
-        return Err(ReadError::Refused(FileProblem::TooLarge(len, max_len)));
-    }
-    Ok(bytes)
-}
-
-/// A new file of `dir`, mode 0600 (whatever the umask), holding `bytes`,
-/// under a name no one else uses: the caller links or renames it into
-/// place, and removes it if that fails.
-fn write_temporary(dir: &Path, stem: &str, bytes: &[u8]) -> io::Result<PathBuf> {
-    loop {
-        let tmp = dir.join(format!(
-            ".{stem}.{}.{:016x}.tmp",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        let mut options = fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        options.mode(0o600);
-        let mut file = match options.open(&tmp) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        };
-        // The mode asked for went through the umask; make sure of 0600.
-        // On disk before it is linked or renamed into place, so that a
-        // crash cannot leave an empty key or entry under the real name.
-        #[cfg(unix)]
-        let written = file
-            .set_permissions(fs::Permissions::from_mode(0o600))
-            .and_then(|()| file.write_all(bytes))
-            .and_then(|()| file.sync_all());
-        #[cfg(not(unix))]
-        let written = file.write_all(bytes).and_then(|()| file.sync_all());
-        return match written {
-            Ok(()) => Ok(tmp),
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                Err(e)
-            }
-        };
-    }
 }
 
 // ----- the key ---------------------------------------------------------------------
@@ -331,13 +150,13 @@ fn key_in(dir: &Path) -> Result<[u8; KEY_LEN], OpenError> {
 fn read_key(path: &Path) -> Result<[u8; KEY_LEN], ReadError> {
     let bytes = read_checked(path, KEY_LEN as u64).map_err(|e| match e {
         ReadError::Refused(FileProblem::TooLarge(len, _)) => {
-            ReadError::Refused(FileProblem::WrongSize(len))
+            ReadError::Refused(FileProblem::WrongSize(len, KEY_LEN as u64))
         }
         e => e,
     })?;
-    bytes
-        .try_into()
-        .map_err(|b: Vec<u8>| ReadError::Refused(FileProblem::WrongSize(b.len() as u64)))
+    bytes.try_into().map_err(|b: Vec<u8>| {
+        ReadError::Refused(FileProblem::WrongSize(b.len() as u64, KEY_LEN as u64))
+    })
 }
 
 // ----- the identity ------------------------------------------------------------------
@@ -573,7 +392,7 @@ impl Cache {
     /// The cache at `dir`: created (0700) if missing, refused unless it is
     /// ours with mode 0700; its key read, or made on first use.
     pub fn open(dir: &Path) -> Result<Cache, OpenError> {
-        status::prepare_dir(dir).map_err(OpenError::Dir)?;
+        crate::private_files::prepare_dir(dir).map_err(OpenError::Dir)?;
         let key = key_in(dir)?;
         Ok(Cache {
             dir: dir.to_owned(),
@@ -626,7 +445,7 @@ impl Cache {
             )));
         }
         let tmp = write_temporary(&self.dir, name, &text)?;
-        status::replace_file(&tmp, &self.dir.join(name)).inspect_err(|_| {
+        replace_file(&tmp, &self.dir.join(name)).inspect_err(|_| {
             let _ = fs::remove_file(&tmp);
         })
     }

@@ -254,7 +254,7 @@ pub fn spawn_writer(path: PathBuf) -> (Sender<String>, JoinHandle<()>) {
                     doc = newer;
                 }
                 let result = std::fs::write(&tmp, doc.as_bytes())
-                    .and_then(|_| crate::status::replace_file(&tmp, &path));
+                    .and_then(|_| crate::private_files::replace_file(&tmp, &path));
                 if let Err(e) = result {
                     crate::warn!("cannot write the stats file {}: {e}", path.display());
                 }

@@ -13,20 +13,16 @@
 //! `$XDG_RUNTIME_DIR/mcp-retry`, else `mcp-retry-<uid>` in the temporary
 //! directory. It must be a directory of ours with mode 0700 (created so
 //! when missing; on Windows, with a DACL for the current user alone,
-//! `status/owner_only.rs`); otherwise nothing is published (or read).
+//! `private_files.rs`); otherwise nothing is published (or read).
 //! Files are 0600.
 //! The `status` command itself is `status/report.rs`.
 
 pub mod histogram;
-#[cfg(windows)]
-pub mod owner_only;
 pub mod report;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
-#[cfg(unix)]
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -34,6 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::Sender;
 use serde::{Deserialize, Serialize};
 
+pub use crate::private_files::{prepare_dir, replace_file, DirError};
+use crate::private_files::{uid, write_atomically};
 use crate::redact::Redactor;
 use crate::stats::{Stats, ToolFigures, ToolStats};
 
@@ -68,151 +66,6 @@ pub fn runtime_dir(explicit: Option<&Path>) -> PathBuf {
         }
     }
     std::env::temp_dir().join(format!("mcp-retry-{}", uid()))
-}
-
-#[cfg(unix)]
-pub(crate) fn uid() -> u32 {
-    // SAFETY: getuid(2) has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
-}
-
-/// Windows: the temporary directory is the user's own (under the profile),
-/// and [`prepare_dir`] gives our directories a DACL for the current user
-/// alone, so no uid is needed to tell users' directories apart, nor a mode
-/// to check; 0 stands for "us".
-#[cfg(windows)]
-pub(crate) fn uid() -> u32 {
-    0
-}
-
-/// Why the runtime directory is not used.
-#[derive(Debug)]
-pub enum DirError {
-    /// It could not be created.
-    Create(PathBuf, io::Error),
-    /// It could not be read.
-    Io(PathBuf, io::Error),
-    /// It is not ours alone (see [`DirProblem`]).
-    Refused(PathBuf, DirProblem),
-    /// Windows: its DACL could not be set to the current user's alone.
-    #[cfg(windows)]
-    Restrict(PathBuf, io::Error),
-}
-
-impl std::fmt::Display for DirError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DirError::Create(dir, e) => write!(f, "cannot create {}: {e}", dir.display()),
-            DirError::Io(dir, e) => write!(f, "{}: {e}", dir.display()),
-            DirError::Refused(dir, why) => write!(f, "{}: {why}", dir.display()),
-            #[cfg(windows)]
-            DirError::Restrict(dir, e) => {
-                write!(
-                    f,
-                    "cannot restrict {} to the current user: {e}",
-                    dir.display()
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for DirError {}
-
-/// What is wrong with a directory that exists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DirProblem {
-    SymbolicLink,
-    NotADirectory,
-    Owner { owner: u32, me: u32 },
-    Mode(u32),
-}
-
-impl std::fmt::Display for DirProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DirProblem::SymbolicLink => f.write_str("is a symbolic link, not a directory"),
-            DirProblem::NotADirectory => f.write_str("is not a directory"),
-            DirProblem::Owner { owner, me } => {
-                write!(f, "is owned by uid {owner}, not by us (uid {me})")
-            }
-            DirProblem::Mode(mode) => write!(f, "has mode {mode:04o}, not 0700"),
-        }
-    }
-}
-
-/// Why `dir` must not be used: it is not a real directory owned by us with
-/// mode 0700 (a link, someone else's, or open to others).
-pub fn check_dir(dir: &Path) -> Result<(), DirError> {
-    let meta = fs::symlink_metadata(dir).map_err(|e| DirError::Io(dir.to_owned(), e))?;
-    judge_dir(&meta_facts(&meta), uid()).map_err(|why| DirError::Refused(dir.to_owned(), why))
-}
-
-/// What [`judge_dir`] looks at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DirFacts {
-    pub is_dir: bool,
-    pub is_symlink: bool,
-    pub owner: u32,
-    pub mode: u32,
-}
-
-#[cfg(unix)]
-fn meta_facts(meta: &fs::Metadata) -> DirFacts {
-    DirFacts {
-        is_dir: meta.is_dir(),
-        is_symlink: meta.file_type().is_symlink(),
-        owner: meta.uid(),
-        mode: meta.mode() & 0o7777,
-    }
-}
-
-/// Windows: ownership and access are the DACL [`prepare_dir`] sets (see
-/// [`uid`]); only the kind of file is checked.
-#[cfg(windows)]
-fn meta_facts(meta: &fs::Metadata) -> DirFacts {
-    DirFacts {
-        is_dir: meta.is_dir(),
-        is_symlink: meta.file_type().is_symlink(),
-        owner: uid(),
-        mode: 0o700,
-    }
-}
-
-/// The rule of [`check_dir`], pure.
-pub fn judge_dir(f: &DirFacts, me: u32) -> Result<(), DirProblem> {
-    if f.is_symlink {
-        return Err(DirProblem::SymbolicLink);
-    }
-    if !f.is_dir {
-        return Err(DirProblem::NotADirectory);
-    }
-    if f.owner != me {
-        return Err(DirProblem::Owner { owner: f.owner, me });
-    }
-    if f.mode & 0o777 != 0o700 {
-        return Err(DirProblem::Mode(f.mode & 0o777));
-    }
-    Ok(())
-}
-
-/// Creates `dir` (mode 0700) if it is missing, then [`check_dir`]. On
-/// Windows, gives it (again) a DACL for the current user alone
-/// ([`owner_only`]), which what is made in it inherits.
-pub fn prepare_dir(dir: &Path) -> Result<(), DirError> {
-    let mut builder = fs::DirBuilder::new();
-    builder.recursive(true);
-    #[cfg(unix)]
-    builder.mode(0o700);
-    match builder.create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(DirError::Create(dir.to_owned(), e)),
-    }
-    check_dir(dir)?;
-    #[cfg(windows)]
-    owner_only::restrict(dir).map_err(|e| DirError::Restrict(dir.to_owned(), e))?;
-    Ok(())
 }
 
 // ----- the document -------------------------------------------------------------
@@ -572,41 +425,6 @@ fn document(
     }
 }
 
-/// Writes `text` to `path` through a temporary file (mode 0600) renamed
-/// over it.
-fn write_atomically(path: &Path, tmp: &Path, text: &[u8]) -> io::Result<()> {
-    let _ = fs::remove_file(tmp);
-    let mut options = fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    options.mode(0o600);
-    let mut f = options.open(tmp)?;
-    // The mode asked for went through the umask; make sure of 0600.
-    #[cfg(unix)]
-    f.set_permissions(fs::Permissions::from_mode(0o600))?;
-    f.write_all(text)?;
-    drop(f);
-    replace_file(tmp, path)
-}
-
-/// Renames `tmp` over `dest`, the last step of every atomic write (status
-/// documents, the stats file, handshake cache entries). On Windows a file
-/// someone has open (`status` or `check` reading it, a virus scanner)
-/// cannot be replaced: access denied, for as long as it is open, which is
-/// briefly; the rename is tried again for up to half a second.
-pub fn replace_file(tmp: &Path, dest: &Path) -> io::Result<()> {
-    #[cfg(windows)]
-    for _ in 0..20 {
-        match fs::rename(tmp, dest) {
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                std::thread::sleep(Duration::from_millis(25));
-            }
-            done => return done,
-        }
-    }
-    fs::rename(tmp, dest)
-}
-
 /// Whether process `pid` is still running, for pruning the documents of
 /// dead proxies (Windows: it has not exited).
 #[cfg(windows)]
@@ -729,34 +547,6 @@ pub fn spawn_writer(dir: PathBuf, id: Identity) -> io::Result<(Sender<Snapshot>,
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_private_directory_of_ours_is_used() {
-        let dir = |mode, owner| DirFacts {
-            is_dir: true,
-            is_symlink: false,
-            owner,
-            mode,
-        };
-        assert_eq!(judge_dir(&dir(0o700, 7), 7), Ok(()));
-        let why = |f: &DirFacts| judge_dir(f, 7).unwrap_err();
-        assert_eq!(why(&dir(0o755, 7)), DirProblem::Mode(0o755));
-        assert!(why(&dir(0o755, 7)).to_string().contains("mode 0755"));
-        assert!(why(&dir(0o770, 7)).to_string().contains("not 0700"));
-        assert_eq!(why(&dir(0o700, 0)), DirProblem::Owner { owner: 0, me: 7 });
-        assert!(why(&dir(0o700, 0)).to_string().contains("owned by uid 0"));
-        let link = DirFacts {
-            is_symlink: true,
-            ..dir(0o777, 7)
-        };
-        assert_eq!(why(&link), DirProblem::SymbolicLink);
-        assert!(why(&link).to_string().contains("symbolic link"));
-        let file = DirFacts {
-            is_dir: false,
-            ..dir(0o600, 7)
-        };
-        assert!(why(&file).to_string().contains("not a directory"));
-    }
 
     #[test]
     fn start_ticks_are_field_22_even_with_parentheses_in_the_name() {

@@ -125,7 +125,7 @@ fn a_100_mb_line_is_refused_in_bounded_memory() {
         "nothing over the limit reached the server"
     );
     still_works(&mut s, "after 100 MB");
-    s.expect_none_where(Duration::from_millis(200), |v| v["id"] == "late");
+    s.expect_none_where(crate::util::ms(200), |v| v["id"] == "late");
 }
 
 #[test]
@@ -349,9 +349,7 @@ fn responses_with_ids_the_proxy_never_issued_are_dropped() {
         let r = s.result(&id);
         assert_eq!(r["content"][0]["text"], format!("raw {i}"), "{r}");
     }
-    s.expect_none_where(Duration::from_millis(300), |v| {
-        v.to_string().contains("forged")
-    });
+    s.expect_none_where(crate::util::ms(300), |v| v.to_string().contains("forged"));
     let stderr = s.stderr();
     assert_eq!(
         stderr.matches("an id the proxy never issued").count(),
@@ -391,11 +389,12 @@ fn a_server_writing_an_endless_line_is_stopped_in_bounded_memory() {
     assert_eq!(s.result(&json!("behind"))["content"][0]["text"], "behind");
     assert_eq!(s.result(&json!("ping")), json!({}));
     let took = started.elapsed();
-    let stderr = s.stderr_with("one line over max_message_bytes (1048576) for 0.5s");
-    assert!(
-        stderr.contains("one line over max_message_bytes (1048576) for 0.5s"),
-        "{stderr}"
+    let logged = format!(
+        "one line over max_message_bytes (1048576) for {:.1}s",
+        crate::util::ms(500).as_secs_f64()
     );
+    let stderr = s.stderr_with(&logged);
+    assert!(stderr.contains(&logged), "{stderr}");
     assert_eq!(s.starts(), 2);
     let peak = s.memory_kb("VmHWM");
     eprintln!(
@@ -465,7 +464,7 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
     });
     // Wait until the proxy has taken in all it takes in: its memory stays
     // flat for two seconds once every call has run (or it goes over).
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + crate::util::ms(30000);
     let mut samples: Vec<u64> = Vec::new();
     loop {
         thread::sleep(Duration::from_millis(100));
@@ -538,7 +537,7 @@ fn no_second_answer(s: &mut Session, id: &Value, down: &Value, tag: &str) {
     });
     // Anything relayed before the ping's answer has reached us by now.
     still_works(s, tag);
-    s.expect_none_where(Duration::from_millis(100), |v| v.get("id") == Some(id));
+    s.expect_none_where(crate::util::ms(100), |v| v.get("id") == Some(id));
 }
 
 /// Sends a `tools/list` (id `list`) tagged `tag`, to a mock that answers
@@ -603,7 +602,7 @@ fn a_call_whose_answer_is_over_max_message_bytes_fails_at_once_and_runs_once() {
         json!({"mode": "huge", "bytes": 100_000}),
     );
     let e = s
-        .response_within(&id, Duration::from_secs(20))
+        .response_within(&id, crate::util::ms(20000))
         .expect("an answer well before call_timeout");
     assert_proxy_error(&e["error"], "response_too_large");
     still_works(&mut s, "huge call");
@@ -652,7 +651,7 @@ fn padded_call(id: usize, pad: usize) -> String {
 /// Calls `echo` until a call is not refused `overloaded`: the server has
 /// read what waited for it.
 fn until_the_server_reads(s: &mut Session) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + crate::util::ms(30000);
     for i in 0.. {
         let id = json!(format!("back-{i}"));
         s.call(id.clone(), "echo", json!({"text": "back"}));

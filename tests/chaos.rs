@@ -32,7 +32,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
@@ -619,7 +619,7 @@ fn chaos_run() {
     let leftover: Vec<i64> = server_pids
         .iter()
         .copied()
-        .filter(|pid| !gone_within(*pid as i32, Duration::from_secs(5)))
+        .filter(|pid| !gone_within(*pid as i32, crate::util::ms(5000)))
         .collect();
     if !leftover.is_empty() {
         violations.push(format!("server processes left behind: {leftover:?}"));

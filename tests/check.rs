@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::http_server::Server;
 use crate::loopback::{closed_port, Loopback};
-use crate::util::{gone_within, read_pid, BadFile, Builder, TempDir, MOCK, PROXY, WAIT};
+use crate::util::{gone_within, read_pid, wait, BadFile, Builder, TempDir, MOCK, PROXY};
 
 /// `handshake_cache::DIR_ENV`: where the proxy keeps its handshake cache.
 const CACHE_DIR_ENV: &str = "MCP_RETRY_CACHE_DIR";
@@ -45,7 +45,7 @@ fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
     check_file(&dir.write("c.yaml", &text), args)
 }
 
-/// Runs `mcp-retry check --config PATH ARGS`, killing it after [`WAIT`];
+/// Runs `mcp-retry check --config PATH ARGS`, killing it after [`wait`];
 /// its handshake cache is `cache/` beside the config.
 fn check_file(path: &Path, args: &[&str]) -> Ran {
     check_with_cache(path, &cache_beside(path), args)
@@ -95,15 +95,15 @@ fn check_in(path: &Path, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> R
     }
 }
 
-/// How `child`, started at `started`, exits (killed after [`WAIT`]).
+/// How `child`, started at `started`, exits (killed after [`wait()`]).
 fn exit_of(child: &mut std::process::Child, started: Instant) -> std::process::ExitStatus {
     loop {
         if let Some(s) = child.try_wait().unwrap() {
             return s;
         }
-        if started.elapsed() > WAIT {
+        if started.elapsed() > wait() {
             let _ = child.kill();
-            panic!("check did not finish within {WAIT:?}");
+            panic!("check did not finish within {:?}", wait());
         }
         thread::sleep(Duration::from_millis(10));
     }
@@ -237,6 +237,7 @@ fn every_server_up_exits_zero_with_aligned_lines() {
 #[test]
 fn down_servers_say_why_and_exit_one() {
     let dir = TempDir::new();
+    let timeout = crate::util::ms(2000);
     let ran = check(
         &dir,
         "servers:
@@ -258,7 +259,8 @@ fn down_servers_say_why_and_exit_one() {
     env:
       MOCK_INIT_ERROR: \"1\"
 ",
-        &["--timeout", "1"],
+        // Time for a slow start (Wine on a loaded machine) of the fine one.
+        &["--timeout", &timeout.as_secs_f64().to_string()],
     );
     assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
     let lines = report(&ran);
@@ -269,7 +271,8 @@ fn down_servers_say_why_and_exit_one() {
         "github",
         "exited with status 1 before answering: Error: GITHUB_TOKEN is not set",
     );
-    assert_down(&lines[2], "everything", "no response within 1.0s");
+    let silent = format!("no response within {:.1}s", timeout.as_secs_f64());
+    assert_down(&lines[2], "everything", &silent);
     assert_down(
         &lines[3],
         "ghost",
@@ -280,7 +283,7 @@ fn down_servers_say_why_and_exit_one() {
         "refuses",
         "initialize failed: unsupported protocol version",
     );
-    assert!(ran.took < Duration::from_secs(5), "took {:?}", ran.took);
+    assert!(ran.took < crate::util::ms(5000), "took {:?}", ran.took);
 }
 
 #[test]
@@ -368,11 +371,7 @@ fn servers_are_probed_in_parallel() {
         assert!(start_ms(l) >= 1500.0, "{l:?}");
     }
     // One after the other would take at least 6 s.
-    assert!(
-        ran.took < Duration::from_millis(4500),
-        "took {:?}",
-        ran.took
-    );
+    assert!(ran.took < crate::util::ms(4500), "took {:?}", ran.took);
 }
 
 const THREE: &str = "servers:
@@ -438,11 +437,11 @@ fn a_server_ignoring_eof_is_still_stopped() {
     assert_up(&report(&ran)[0], "stubborn", OK_MOCK);
     let pid = read_pid(&dir.join("stubborn.pid"));
     assert!(
-        gone_within(pid, Duration::from_secs(2)),
+        gone_within(pid, crate::util::ms(2000)),
         "server {pid} survived"
     );
     // Close stdin, 1 s, SIGTERM (ignored), 1 s, SIGKILL.
-    assert!(ran.took < Duration::from_secs(5), "took {:?}", ran.took);
+    assert!(ran.took < crate::util::ms(5000), "took {:?}", ran.took);
 }
 
 #[test]
@@ -470,7 +469,7 @@ fn no_process_outlives_the_check() {
         for file in ["server.pid", "grandchild.pid"] {
             let pid = read_pid(&dir.join(name).join(file));
             assert!(
-                gone_within(pid, Duration::from_secs(2)),
+                gone_within(pid, crate::util::ms(2000)),
                 "{name}: {file} {pid} survived"
             );
         }

@@ -5,11 +5,9 @@
 //! proxy exits non-zero. (The exporter's fault is in `otel.rs`, with its
 //! collector.)
 
-use std::time::Duration;
-
 use serde_json::json;
 
-use crate::util::{eventually, gone_within, read_pid, Builder, WAIT};
+use crate::util::{eventually, gone_within, read_pid, wait, Builder};
 
 #[test]
 fn a_dispatcher_panic_answers_every_pending_request_and_exits_non_zero() {
@@ -47,8 +45,8 @@ fn a_dispatcher_panic_answers_every_pending_request_and_exits_non_zero() {
     let status = s.wait();
     assert_eq!(status.code(), Some(70), "{}", s.stderr());
     // Exactly one answer each: nothing more came before stdout closed.
-    s.expect_none_where(Duration::from_secs(1), |v| v.get("id").is_some());
-    assert!(gone_within(server, WAIT), "the server was left running");
+    s.expect_none_where(crate::util::ms(1000), |v| v.get("id").is_some());
+    assert!(gone_within(server, wait()), "the server was left running");
     let stderr = s.stderr();
     let reports: Vec<&str> = stderr.lines().filter(|l| l.contains("panicked")).collect();
     assert_eq!(reports.len(), 1, "{stderr}");

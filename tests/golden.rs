@@ -12,9 +12,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::otel::{builder, Collector};
+use crate::otel::{exporting, Collector};
 use crate::status::{status, wait_for};
-use crate::util::TempDir;
+use crate::util::{Builder, TempDir};
 
 /// Keys whose values depend on the clock, the process or the machine
 /// (an object under such a key, such as an OTLP `sum` metric, is looked
@@ -67,8 +67,8 @@ fn normalise(v: &mut Value, ids: &mut HashMap<String, String>) {
     }
 }
 
-/// `text` with each measured time in it ("timed out after 502ms")
-/// normalised.
+/// `text` with each measured time in it ("timed out after 502ms", or
+/// "after 1.0s" on a machine slow enough) normalised.
 fn elapsed_normalised(text: &str) -> String {
     let mut out = String::new();
     let mut rest = text;
@@ -76,7 +76,14 @@ fn elapsed_normalised(text: &str) -> String {
         out.push_str(&rest[..at + 6]);
         rest = &rest[at + 6..];
         let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits > 0 && rest[digits..].starts_with("ms") {
+        let seconds = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_digit() || *b == b'.')
+            .count();
+        if digits > 0 && rest[seconds..].starts_with('s') {
+            out.push_str("<n>ms");
+            rest = &rest[seconds + 1..];
+        } else if digits > 0 && rest[digits..].starts_with("ms") {
             out.push_str("<n>");
             rest = &rest[digits..];
         }
@@ -163,11 +170,15 @@ fn the_stats_file_status_and_the_otlp_export_of_a_scripted_session_are_unchanged
     let runtime = TempDir::new();
     let run_dir = runtime.join("run");
     let policy = "call_timeout: 0.5\nretry:\n  base_delay: 0.01\n  jitter: 0\ncache:\n  tools:\n    ro_echo: 60";
-    let mut s = builder(policy, Some(&collector.endpoint()))
-        .arg("--stats-file")
-        .arg("{dir}/stats.json")
-        .env("MCP_RETRY_RUNTIME_DIR", &run_dir.display().to_string())
-        .initialized();
+    // Its durations are in what is compared: never scaled.
+    let mut s = exporting(
+        Builder::mock_with_unscaled(policy),
+        Some(&collector.endpoint()),
+    )
+    .arg("--stats-file")
+    .arg("{dir}/stats.json")
+    .env("MCP_RETRY_RUNTIME_DIR", &run_dir.display().to_string())
+    .initialized();
     s.list_tools();
     // A result, then the same read from the cache.
     s.call(json!(2), "ro_echo", json!({"text": "a"}));

@@ -99,7 +99,7 @@ fn a_refused_connection_is_retried_for_any_tool() {
     s.call(json!(1), "write", json!({}));
     // The proxy tried and found the port closed before it is opened again:
     // the call waits (wait_for_server) while the proxy probes.
-    let deadline = std::time::Instant::now() + crate::util::WAIT;
+    let deadline = std::time::Instant::now() + crate::util::wait();
     while !s.stderr().contains("could not be reached") {
         assert!(
             std::time::Instant::now() < deadline,
@@ -262,16 +262,17 @@ fn an_open_breaker_sends_no_call_to_the_server_until_its_cooldown() {
     }
     server.with(|st| assert_eq!(st.calls_at.len(), 2));
     // Open: both tools fail fast, and no POST of theirs reaches the server.
+    let mut open = Value::Null;
     for (id, tool) in [(3, "write"), (4, "read")] {
         s.call(json!(id), tool, json!({}));
-        let error = s.error(&json!(id));
-        let message = error["message"].as_str().unwrap_or("");
-        assert!(message.contains("circuit breaker"), "{error}");
+        open = s.error(&json!(id));
+        let message = open["message"].as_str().unwrap_or("");
+        assert!(message.contains("circuit breaker"), "{open}");
     }
     server.with(|st| assert_eq!(st.calls_at.len(), 2));
     assert_eq!(server.executions("write") + server.executions("read"), 0);
     // After the cooldown one trial goes through, and closes it again.
-    std::thread::sleep(Duration::from_millis(1500));
+    crate::util::sleep_out_cooldown(&open);
     s.call(json!(5), "write", json!({}));
     assert_eq!(text_of(&s.result(&json!(5))), "write done");
     s.call(json!(6), "read", json!({}));
@@ -501,7 +502,7 @@ fn a_broken_stream_leaves_the_other_requests_in_flight_alone() {
     assert_eq!(text_of(&s.result(&json!(2))), "read done");
     // The other call is still waiting for its answer, on the same session:
     // its outcome was not made unknown by another request's cut stream.
-    s.expect_none_where(Duration::from_millis(200), |m| m["id"] == 1);
+    s.expect_none_where(crate::util::ms(200), |m| m["id"] == 1);
     server.with(|st| {
         assert_eq!(st.hung_closed, 0);
         assert_eq!(st.initializes, 1);
@@ -532,7 +533,7 @@ fn a_cut_answer_stream_with_event_ids_is_resumed_not_run_again() {
         assert_eq!(st.resumed_from, ["e1"]);
         assert_eq!(st.initializes, 1);
     });
-    s.expect_none_where(Duration::from_millis(200), |m| {
+    s.expect_none_where(crate::util::ms(200), |m| {
         m["method"] == "notifications/progress"
     });
 }
@@ -611,7 +612,7 @@ fn a_cancelled_call_is_cancelled_then_its_stream_closed() {
     // No answer for the cancelled call; the session goes on.
     s.call(json!(2), "read", json!({}));
     assert_eq!(text_of(&s.result(&json!(2))), "read done");
-    s.expect_none_where(Duration::from_millis(200), |m| m["id"] == 1);
+    s.expect_none_where(crate::util::ms(200), |m| m["id"] == 1);
     server.with(|st| assert_eq!(st.initializes, 1));
 }
 
@@ -660,9 +661,11 @@ fn calls_no_thread_took_when_the_session_is_lost_are_sent_again_for_any_tool() {
         s.call(json!(id), "write", json!({ "n": id }));
     }
     // 63 threads and connections on both sides: slow on a loaded machine.
-    crate::util::eventually_within(3 * crate::util::WAIT, "the hanging calls to arrive", || {
-        server.with(|st| st.calls_at.len() == busy)
-    });
+    crate::util::eventually_within(
+        3 * crate::util::wait(),
+        "the hanging calls to arrive",
+        || server.with(|st| st.calls_at.len() == busy),
+    );
     server.fault(Fault::HeldThenLoseSession);
     let held = busy + 1;
     s.call(json!(held), "write", json!({ "n": held }));
@@ -877,7 +880,7 @@ fn a_header_mismatch_reads_the_tools_again_and_resends_once() {
         assert_eq!(again.1["id"], st.modern_posts[0].1["id"]);
     });
     // Nothing of the proxy's own listing reaches the client.
-    s.expect_none_where(Duration::from_millis(200), |m| m.get("result").is_some());
+    s.expect_none_where(crate::util::ms(200), |m| m.get("result").is_some());
 }
 
 #[test]
@@ -893,7 +896,7 @@ fn a_modern_cancel_closes_the_stream_and_posts_nothing() {
     });
     modern_call(&mut s, json!(2), "read", json!({}));
     assert_eq!(text_of(&s.result(&json!(2))), "read done");
-    s.expect_none_where(Duration::from_millis(200), |m| m["id"] == 1);
+    s.expect_none_where(crate::util::ms(200), |m| m["id"] == 1);
     // Closing the stream was the cancel: nothing was posted for it.
     server.with(|st| assert!(st.notified.is_empty(), "{:?}", st.notified));
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 #[cfg(unix)]
-use crate::util::{alive, eventually, pids, stat_fields, MOCK, WAIT};
+use crate::util::{alive, eventually, pids, stat_fields, wait, MOCK};
 use crate::util::{gone_within, read_pid, Builder, Session};
 
 /// The wrapped mock, initialized, with a grandchild of its own; and the
@@ -28,7 +28,7 @@ fn stdin_eof_stops_the_server_and_exits_zero() {
     let status = s.wait();
     assert_eq!(status.code(), Some(0), "stderr:\n{}", s.stderr());
     assert!(
-        gone_within(grandchild, Duration::from_secs(5)),
+        gone_within(grandchild, crate::util::ms(5000)),
         "grandchild {grandchild} survived"
     );
 }
@@ -59,7 +59,7 @@ fn sigterm_stops_the_server_and_its_group() {
         let status = s.wait();
         assert_eq!(status.code(), Some(128 + sig), "stderr:\n{}", s.stderr());
         assert!(
-            gone_within(grandchild, Duration::from_secs(5)),
+            gone_within(grandchild, crate::util::ms(5000)),
             "signal {sig}: grandchild survived"
         );
     }
@@ -77,7 +77,7 @@ fn a_sigkilled_proxy_leaves_no_server_behind() {
     crate::util::kill_pid(s.pid() as i32);
     s.wait();
     assert!(
-        gone_within(server, Duration::from_secs(5)),
+        gone_within(server, crate::util::ms(5000)),
         "server {server} outlived a SIGKILLed proxy"
     );
 }
@@ -119,7 +119,7 @@ fn calls_in_flight_when_the_server_exits_get_exactly_one_answer() {
             "{e}"
         );
     }
-    s.expect_none_where(Duration::from_millis(300), |v| v.get("id").is_some());
+    s.expect_none_where(crate::util::ms(300), |v| v.get("id").is_some());
 }
 
 #[test]
@@ -205,7 +205,7 @@ fn a_sigkilled_proxy_leaves_nothing_of_the_servers_group() {
         Builder::proxy(&["run", "--", "sh", "-c", &forking_server("sleep 300")]).initialized();
     let pgid = read_pid(&s.dir.join("server.pid"));
     assert!(
-        within(WAIT, || live_group_members(pgid).len() >= 2),
+        within(wait(), || live_group_members(pgid).len() >= 2),
         "the server and its sleep never ran together: {:?}",
         live_group_members(pgid)
     );
@@ -213,7 +213,7 @@ fn a_sigkilled_proxy_leaves_nothing_of_the_servers_group() {
     s.wait();
     // The parent-death signal only reaches the server itself; its child is
     // the watchdog's to stop.
-    assert_group_ends(pgid, Duration::from_secs(2));
+    assert_group_ends(pgid, crate::util::ms(2000));
 }
 
 #[cfg(unix)]
@@ -234,7 +234,7 @@ fn what_ignores_sigterm_gets_the_grace_then_sigkill() {
     eventually("the stubborn child to be up", || up.exists());
     s.signal(libc::SIGKILL);
     s.wait();
-    assert_group_ends(pgid, Duration::from_secs(5));
+    assert_group_ends(pgid, crate::util::ms(5000));
     let said = std::fs::read_to_string(s.dir.join("got-term")).unwrap_or_default();
     assert_eq!(said.trim(), "term", "SIGTERM did not come first");
 }
@@ -289,7 +289,7 @@ fn the_watchdog_goes_by_the_binary_s_name_holds_none_of_the_clients_pipes_and_ha
     // A normal exit ends it too.
     s.close_stdin();
     assert_eq!(s.wait().code(), Some(0));
-    assert!(gone_within(w, WAIT), "watchdog {w} outlived the proxy");
+    assert!(gone_within(w, wait()), "watchdog {w} outlived the proxy");
 }
 
 #[cfg(unix)]
@@ -307,7 +307,7 @@ fn a_restarted_server_gets_a_new_watchdog_and_the_old_one_ends() {
     );
     assert_eq!(s.result(&json!(1))["content"][0]["text"], "done");
     assert!(
-        gone_within(first[0], WAIT),
+        gone_within(first[0], wait()),
         "the first watchdog is still there"
     );
     let now = children_matching(s.pid(), "__watchdog");
@@ -329,10 +329,10 @@ fn a_sigkilled_check_leaves_nothing_of_the_servers_group() {
     let mut s = check.env("MCP_RETRY_CACHE_DIR", &cache).start();
     let pgid = read_pid(&s.dir.join("server.pid"));
     assert!(
-        within(WAIT, || live_group_members(pgid).len() >= 2),
+        within(wait(), || live_group_members(pgid).len() >= 2),
         "the server and its sleep never ran together"
     );
     s.signal(libc::SIGKILL);
     s.wait();
-    assert_group_ends(pgid, Duration::from_secs(2));
+    assert_group_ends(pgid, crate::util::ms(2000));
 }

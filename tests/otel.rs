@@ -6,7 +6,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use crate::loopback::{closed_port, Loopback, Options};
-use crate::util::{eventually, Builder, Session, WAIT};
+use crate::util::{eventually, wait, Builder, Session};
 
 /// One POST the receiver accepted.
 #[derive(Debug, Clone)]
@@ -80,8 +80,13 @@ impl Collector {
 /// The proxy for the mock with these policy lines, the mock's logs on,
 /// and export to `endpoint` (none: export off).
 pub(crate) fn builder(policy: &str, endpoint: Option<&str>) -> Builder {
-    Builder::mock_with(policy)
-        .env("NO_PROXY", "127.0.0.1,localhost")
+    exporting(Builder::mock_with(policy), endpoint)
+}
+
+/// `b` exporting to `endpoint` (none: export off), whatever the host's
+/// `OTEL_*` variables say.
+pub(crate) fn exporting(b: Builder, endpoint: Option<&str>) -> Builder {
+    b.env("NO_PROXY", "127.0.0.1,localhost")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.unwrap_or(""))
         .env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
         .env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "")
@@ -292,7 +297,7 @@ fn dead_collector(endpoint: &str) {
         let r = s.result(&json!(i));
         assert_eq!(r["content"][0]["text"], "hi");
     }
-    assert!(started.elapsed() < WAIT / 2, "{:?}", started.elapsed());
+    assert!(started.elapsed() < wait() / 2, "{:?}", started.elapsed());
     let warned = |s: &Session| {
         s.stderr()
             .lines()

@@ -2,8 +2,6 @@
 //! server that is down, probes (not user calls) end the outage, the breaker
 //! counts only what users asked for, and its trial call goes through.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::http_server::Server;
@@ -31,7 +29,10 @@ fn a_remote_server_that_listens_a_second_late_gets_the_clients_initialize() {
     s.request(json!(0), "initialize", initialize_params());
     // Refused for now: it waits (and the proxy probes).
     eventually("a refused connection", || s.logged("could not be reached"));
-    std::thread::sleep(Duration::from_secs(1));
+    // It goes on waiting: probed again, refused again.
+    eventually("a second refused connection", || {
+        count(&s, "could not be reached") >= 2
+    });
     server.reopen();
     let r = s.result(&json!(0));
     assert!(r["protocolVersion"].is_string(), "{r}");
@@ -124,7 +125,7 @@ fn a_probe_ends_an_outage_before_any_call_and_the_next_call_goes_straight_throug
 #[test]
 fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
     let mut s = stdio_with_down_switch(
-        "    retry:\n      max_retries: 0\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 3\n",
+        "    retry:\n      max_retries: 0\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 2\n",
     );
     s.initialize();
     s.list_tools();
@@ -137,20 +138,20 @@ fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
         assert_eq!(e["data"]["reason"], "server_exited", "{e}");
     }
     eventually("the breaker to open", || s.logged("opened after"));
-    let opened = std::time::Instant::now();
     s.call(json!(3), "unsafe_echo", json!({}));
     let e = s.error(&json!(3));
     assert_eq!(e["data"]["reason"], "circuit_open", "{e}");
-    assert!(e["data"]["retryAfterMs"].as_u64().unwrap() <= 3000, "{e}");
+    let after = e["data"]["retryAfterMs"].as_u64().unwrap();
+    assert!(after as u128 <= crate::util::ms(2000).as_millis(), "{e}");
+    let cooldown_over = std::time::Instant::now() + std::time::Duration::from_millis(after + 50);
     // The server goes down, and its restarts fail for now.
     eventually("the server back", || s.dir.join("mock.pid").exists());
     std::fs::write(s.dir.join("down"), "").unwrap();
     kill_the_server(&s);
     eventually("a failed probe", || count(&s, "mock: down") >= 1);
-    // The cooldown passes while the server is still down.
-    std::thread::sleep(
-        (opened + Duration::from_millis(3200)).saturating_duration_since(std::time::Instant::now()),
-    );
+    // The cooldown passes (the proxy's real time) while the server is
+    // still down.
+    std::thread::sleep(cooldown_over.saturating_duration_since(std::time::Instant::now()));
     std::fs::remove_file(s.dir.join("down")).unwrap();
     // The first call after it is the trial: it waits for the server, is
     // sent, and its answer closes the breaker.
@@ -163,7 +164,7 @@ fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
 
 #[test]
 fn a_breaker_that_error_answers_opened_closes_only_through_the_trial_call() {
-    let mut s = Builder::config("servers:\n  m:\n    command: {mock}\n    retry:\n      max_retries: 0\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 1\n")
+    let mut s = Builder::config("servers:\n  m:\n    command: {mock}\n    retry:\n      max_retries: 0\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 0.6\n")
         .with_logs()
         .initialized();
     s.list_tools();
@@ -174,15 +175,16 @@ fn a_breaker_that_error_answers_opened_closes_only_through_the_trial_call() {
     s.call(json!(3), "ro_echo", json!({}));
     let e = s.error(&json!(3));
     assert_eq!(e["data"]["reason"], "circuit_open", "{e}");
+    crate::util::sleep_out_cooldown(&e);
     assert_eq!(s.executions("ro_echo"), 2, "refused calls never ran");
-    std::thread::sleep(Duration::from_millis(1100));
     // The trial fails: open again, for a whole cooldown.
     s.call(json!(4), "ro_echo", json!({"mode": "error"}));
     s.error(&json!(4));
     assert!(s.logged("reopened: the trial call failed"));
     s.call(json!(5), "ro_echo", json!({}));
-    assert_eq!(s.error(&json!(5))["data"]["reason"], "circuit_open");
-    std::thread::sleep(Duration::from_millis(1100));
+    let e = s.error(&json!(5));
+    assert_eq!(e["data"]["reason"], "circuit_open");
+    crate::util::sleep_out_cooldown(&e);
     s.call(json!(6), "ro_echo", json!({"text": "ok"}));
     assert_eq!(s.result(&json!(6))["content"][0]["text"], "ok");
     assert_eq!(s.executions("ro_echo"), 4);

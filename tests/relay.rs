@@ -1,8 +1,6 @@
 //! The relay contract: ids, byte-for-byte passthrough, server→client
 //! requests, notifications, cancellation and bad input.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::util::{Builder, MOCK};
@@ -168,7 +166,7 @@ fn client_cancel_is_forwarded_under_the_downstream_id_and_nothing_comes_back() {
     );
     s.request(json!("after"), "ping", json!({}));
     s.result(&json!("after"));
-    s.expect_none_where(Duration::from_millis(300), |v| {
+    s.expect_none_where(crate::util::ms(300), |v| {
         v.get("id") == Some(&json!("long"))
     });
     let exec = &s.log("exec.log")[0];
@@ -309,14 +307,15 @@ fn stderr_of_the_server_goes_to_stderr_only() {
 
 #[test]
 fn an_attempt_does_not_time_out_while_the_client_answers_a_server_request() {
-    let mut s = Builder::config("servers:\n  m:\n    command: {mock}\n    call_timeout: 1\n    env:\n      MOCK_LOG: \"{dir}/exec.log\"\n")
+    let mut s = Builder::config("servers:\n  m:\n    command: {mock}\n    call_timeout: 0.5\n    env:\n      MOCK_LOG: \"{dir}/exec.log\"\n")
         .initialized();
     s.call(json!(1), "idem_echo", json!({"mode": "sample"}));
     let req = s.recv_where("sampling request", |v| {
         v["method"] == "sampling/createMessage"
     });
-    // A person takes a while to approve the sampling request.
-    std::thread::sleep(Duration::from_millis(2500));
+    // A person takes a while to approve the sampling request: real time,
+    // more than twice the call's timeout, which must not run meanwhile.
+    std::thread::sleep(crate::util::ms(1200));
     s.send(json!({"jsonrpc": "2.0", "id": req["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "approved"}, "model": "m"}}));
     let r = s.result(&json!(1));
     assert!(

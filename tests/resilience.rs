@@ -374,13 +374,13 @@ fn a_tool_list_that_does_not_come_by_the_deadline_means_unsafe() {
     .env("MOCK_TOOLS_LIST_DELAY_MS", "4000")
     .initialized();
     s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
-    let Some(r) = s.response_within(&json!(1), Duration::from_millis(3000)) else {
+    let Some(r) = s.response_within(&json!(1), crate::util::ms(3000)) else {
         panic!("no answer within 3 s, though retry.total_timeout is 1 s");
     };
     assert_server_error(&r["error"], -32000, "flaky failure 1 of 1");
     s.request(json!("p"), "ping", json!({}));
     assert!(
-        s.response_within(&json!("p"), Duration::from_millis(2000))
+        s.response_within(&json!("p"), crate::util::ms(2000))
             .is_some(),
         "the proxy stopped answering"
     );
@@ -522,7 +522,7 @@ fn a_per_tool_timeout_replaces_call_timeout() {
     s.call(json!(1), "echo", json!({"mode": "hang"}));
     assert_proxy_error(&s.error(&json!(1)), "not_retried_unsafe");
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        started.elapsed() < crate::util::ms(10000),
         "took {:?}",
         started.elapsed()
     );
@@ -549,14 +549,12 @@ fn a_late_answer_from_an_abandoned_attempt_is_used() {
     );
     assert_eq!(text(&s.result(&json!(1))), "late but fine");
     assert!(
-        started.elapsed() < Duration::from_millis(2000),
+        started.elapsed() < crate::util::ms(2000),
         "answered only after {:?}",
         started.elapsed()
     );
     assert_executions_stay(&mut s, "idem_echo", 1);
-    s.expect_none_where(Duration::from_millis(100), |v| {
-        v.get("id") == Some(&json!(1))
-    });
+    s.expect_none_where(crate::util::ms(100), |v| v.get("id") == Some(&json!(1)));
 }
 
 #[test]
@@ -607,9 +605,7 @@ fn a_client_cancel_during_backoff_stops_all_further_executions() {
         "notifications/cancelled",
         json!({"requestId": "c", "reason": "user gave up"}),
     );
-    s.expect_none_where(Duration::from_millis(2500), |v| {
-        v.get("id") == Some(&json!("c"))
-    });
+    s.expect_none_where(crate::util::ms(2500), |v| v.get("id") == Some(&json!("c")));
     assert_eq!(
         s.executions("idem_echo"),
         1,
@@ -685,7 +681,7 @@ fn total_timeout_bounds_all_attempts_and_waits() {
     let e = s.error(&json!(1));
     let took = started.elapsed();
     assert_proxy_error(&e, "deadline_exceeded");
-    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    assert!(took < crate::util::ms(2500), "took {took:?}");
     assert!(
         took >= Duration::from_millis(900),
         "gave up before the deadline: {took:?}"
@@ -775,7 +771,7 @@ fn a_joined_call_still_gets_its_answer_when_the_first_caller_cancels() {
     let r = s.result(&json!("joined"));
     assert_eq!(text(&r), "shared");
     assert_eq!(source_marker(&r), Some("dedup"), "{r}");
-    s.expect_none_where(Duration::from_millis(300), |v| {
+    s.expect_none_where(crate::util::ms(300), |v| {
         v.get("id") == Some(&json!("first"))
     });
     assert_eq!(s.executions("echo"), 1);
@@ -917,7 +913,7 @@ fn a_stale_entry_is_served_when_retries_are_exhausted() {
           jitter: 0
         cache:
           tools:
-            ro_echo: 0.3
+            ro_echo: 0.1
           stale_if_error: 60
         ",
     );
@@ -927,7 +923,8 @@ fn a_stale_entry_is_served_when_retries_are_exhausted() {
     let args = json!({"mode": "flaky", "key": "stale", "fail_times": 100, "text": "fresh"});
     s.call(json!(1), "ro_echo", args.clone());
     assert_eq!(text(&s.result(&json!(1))), "fresh");
-    thread::sleep(Duration::from_millis(500));
+    // Past the entry's TTL (stored before its answer was sent).
+    thread::sleep(crate::util::ms(150));
     // ...and back before them for the second.
     std::fs::write(s.dir.join("count-stale"), "0").unwrap();
     s.call(json!(2), "ro_echo", args);
@@ -946,14 +943,15 @@ fn a_stale_entry_is_served_when_the_breaker_is_open() {
           cooldown_seconds: 30
         cache:
           tools:
-            ro_echo: 0.3
+            ro_echo: 0.1
           stale_if_error: 60
         ",
     );
     s.list_tools();
     s.call(json!(1), "ro_echo", json!({"text": "fresh"}));
     s.result(&json!(1));
-    thread::sleep(Duration::from_millis(500));
+    // Past the entry's TTL (stored before its answer was sent).
+    thread::sleep(crate::util::ms(150));
     // One transient failure of a read opens the breaker (a call that may
     // write would have emptied the cache).
     s.call(json!(2), "ro_echo", json!({"mode": "error"}));
@@ -980,7 +978,7 @@ fn a_stale_entry_is_served_when_the_breaker_is_open() {
 fn the_breaker_opens_fails_fast_then_closes_after_a_successful_trial() {
     // The exact schedule is tested on a fake clock (dispatcher tests); this
     // is the wiring, with a cooldown long enough that a loaded machine does
-    // not reach it by accident.
+    // not reach it by accident before the checks of the open breaker.
     let mut s = start(
         "
         call_timeout: 1
@@ -989,14 +987,13 @@ fn the_breaker_opens_fails_fast_then_closes_after_a_successful_trial() {
           jitter: 0
         circuit_breaker:
           failure_threshold: 3
-          cooldown_seconds: 3
+          cooldown_seconds: 1.5
         ",
     );
     for id in 1..=3 {
         s.call(json!(id), "echo", json!({"mode": "error"}));
         assert_eq!(s.error(&json!(id))["code"], -32000);
     }
-    let opened = Instant::now();
     assert_eq!(s.executions("echo"), 3);
     let calls_sent = s.received("tools/call").len();
 
@@ -1004,7 +1001,11 @@ fn the_breaker_opens_fails_fast_then_closes_after_a_successful_trial() {
     let e = s.error(&json!(4));
     let message = assert_proxy_error(&e, "circuit_open");
     let after = e["data"]["retryAfterMs"].as_u64().expect("retryAfterMs");
-    assert!(after > 0 && after <= 3000, "{e}");
+    let cooldown_over = Instant::now() + Duration::from_millis(after);
+    assert!(
+        after > 0 && after as u128 <= crate::util::ms(1500).as_millis(),
+        "{e}"
+    );
     assert!(message.contains("circuit breaker"), "{message}");
     assert_executions_stay(&mut s, "echo", 3);
     assert_eq!(
@@ -1013,8 +1014,10 @@ fn the_breaker_opens_fails_fast_then_closes_after_a_successful_trial() {
         "nothing written to the child"
     );
 
-    let cooldown = Duration::from_secs(3);
-    thread::sleep(cooldown.saturating_sub(opened.elapsed()) + Duration::from_millis(200));
+    // The cooldown's end, as the proxy counts it (real time).
+    thread::sleep(
+        cooldown_over.saturating_duration_since(Instant::now()) + Duration::from_millis(50),
+    );
     s.call(json!(5), "echo", json!({"text": "trial"}));
     assert_eq!(text(&s.result(&json!(5))), "trial");
     s.call(json!(6), "echo", json!({"text": "closed again"}));
@@ -1022,19 +1025,20 @@ fn the_breaker_opens_fails_fast_then_closes_after_a_successful_trial() {
     assert_eq!(s.executions("echo"), 5);
 }
 
-/// A proxy whose breaker (threshold 1, cooldown 0.5 s) one error opened,
+/// A proxy whose breaker (threshold 1, cooldown 0.3 s) one error opened,
 /// its cooldown over: the next call is the trial.
 fn half_open_breaker() -> Session {
     let mut s = start(
         "
         circuit_breaker:
           failure_threshold: 1
-          cooldown_seconds: 0.5
+          cooldown_seconds: 0.3
         ",
     );
     s.call(json!(1), "echo", json!({"mode": "error"}));
     s.error(&json!(1));
-    thread::sleep(Duration::from_millis(700));
+    // The breaker opened before that error was sent: the cooldown is over.
+    thread::sleep(crate::util::ms(350));
     s
 }
 
@@ -1114,7 +1118,7 @@ fn a_breaker_that_opens_answers_the_call_at_once_instead_of_scheduling_a_retry()
         "{e}"
     );
     assert!(
-        took < Duration::from_millis(2500),
+        took < crate::util::ms(2500),
         "answered after {took:?}: the refused retry was waited for"
     );
     assert_eq!(s.executions("idem_echo"), 2);
@@ -1446,7 +1450,7 @@ fn the_proxys_own_tool_list_times_out_with_call_timeout() {
     .env("MOCK_TOOLS_LIST_DELAY_MS", "120000")
     .initialized();
     s.call(json!(1), "idem_echo", json!({"mode": "flaky"}));
-    let Some(r) = s.response_within(&json!(1), Duration::from_secs(60)) else {
+    let Some(r) = s.response_within(&json!(1), crate::util::ms(60000)) else {
         panic!("no answer within 60 s: the tool list was waited for until it came");
     };
     assert_server_error(&r["error"], -32000, "flaky failure 1 of 1");
@@ -1483,12 +1487,17 @@ fn a_server_ping_the_client_never_answers_pauses_nothing() {
     let took = started.elapsed();
     let message = assert_proxy_error(&e, "not_retried_unsafe");
     assert!(
-        took < Duration::from_secs(10),
+        took < crate::util::ms(10000),
         "answered after {took:?}: the unanswered ping paused the attempt"
     );
-    // The message gives the time it really took (about 300 ms).
-    assert!(message.contains("timed out after 3"), "{message}");
-    assert!(message.contains("ms"), "{message}");
+    // The message gives the time it really took (about 300 ms, scaled).
+    let taken = crate::util::duration_after(&message, "timed out after ")
+        .unwrap_or_else(|| panic!("no time: {message}"));
+    let timeout = crate::util::ms(300);
+    assert!(
+        taken >= timeout && taken < timeout + Duration::from_secs(5),
+        "{message}"
+    );
 }
 
 #[test]
@@ -1514,8 +1523,12 @@ fn an_unanswered_sampling_request_pauses_attempts_only_until_total_timeout() {
         took >= Duration::from_millis(1400),
         "timed out after {took:?}: the attempt clock did not pause"
     );
-    assert!(took < Duration::from_secs(10), "answered after {took:?}");
-    assert!(message.contains("timed out after 1.5s"), "{message}");
+    assert!(took < crate::util::ms(10000), "answered after {took:?}");
+    let after = format!(
+        "timed out after {}",
+        crate::util::human(crate::util::ms(1500))
+    );
+    assert!(message.contains(&after), "{message}");
 }
 
 #[test]
@@ -1622,7 +1635,7 @@ fn a_server_that_cannot_be_started_fails_requests_at_once_with_what_to_fix() {
         "{message}"
     );
     // Waiting cannot heal a missing command: no wait_for_server (30 s).
-    assert!(took < Duration::from_secs(20), "{message} (after {took:?})");
+    assert!(took < crate::util::ms(20000), "{message} (after {took:?})");
 }
 
 #[test]

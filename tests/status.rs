@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, Builder, Session, TempDir, PROXY, WAIT};
+use crate::util::{eventually, wait, Builder, Session, TempDir, PROXY};
 
 /// A runtime directory for one test, created by the first proxy.
 struct Runtime {
@@ -73,7 +73,7 @@ fn status_json(dir: &Path) -> Vec<Value> {
 
 /// Polls `status --json` until `ready` holds for the documents.
 pub(crate) fn wait_for(dir: &Path, what: &str, ready: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait();
     loop {
         let docs = status_json(dir);
         if ready(&docs) {
@@ -207,7 +207,8 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    assert!(until > now_ms && until <= now_ms + 60_000, "{a}");
+    let cooldown = crate::util::ms(60_000).as_millis() as u64;
+    assert!(until > now_ms && until <= now_ms + cooldown, "{a}");
     assert_eq!(a["link"]["state"], "up");
     let echo = &a["tools"]["echo"];
     assert_eq!(
@@ -375,8 +376,9 @@ fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
     assert_eq!(mode(&rt.dir()), 0o700);
     assert_eq!(mode(&file), 0o600);
 
-    // Idle: at most one write a second was allowed while it was busy; now
-    // nothing changes, so nothing is written for three times as long.
+    // Idle: at most one write a second (`MIN_INTERVAL`, the proxy's own
+    // clock) was allowed while it was busy; now nothing changes, so nothing
+    // is written for one and a half times as long.
     let stamp = || {
         let m = std::fs::metadata(&file).unwrap();
         (m.modified().unwrap(), m.ino())
@@ -384,7 +386,7 @@ fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
     use std::os::unix::fs::MetadataExt;
     let before = stamp();
     let text = std::fs::read_to_string(&file).unwrap();
-    let until = Instant::now() + Duration::from_secs(3);
+    let until = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until {
         assert_eq!(stamp(), before, "the file was rewritten while idle");
         thread::sleep(Duration::from_millis(100));
@@ -475,7 +477,7 @@ fn status_with_nothing_running_usage_errors_and_watch() {
             }
         }
     });
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait();
     let mut seen = Vec::new();
     while seen
         .iter()
@@ -517,7 +519,7 @@ fn status_skips_a_fifo_or_an_oversized_file_named_like_a_document_instead_of_han
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait();
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();

@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -22,8 +22,135 @@ use serde_json::{json, Value};
 pub const PROXY: &str = env!("CARGO_BIN_EXE_mcp-retry");
 pub const MOCK: &str = env!("CARGO_BIN_EXE_mock-mcp-server");
 
-/// How long any single expectation may wait. Generous: CI machines are slow.
+/// How long any single expectation may wait at scale 1 (see [`wait`]).
+/// Generous: CI machines are slow.
 pub const WAIT: Duration = Duration::from_secs(20);
+
+/// The variable that slows every test's clock down: [`time_scale`].
+pub const TIME_SCALE_ENV: &str = "MCP_RETRY_TEST_TIME_SCALE";
+
+/// How many times slower than an idle machine this one is taken to be:
+/// `MCP_RETRY_TEST_TIME_SCALE`, default 1 (`make test-stress` sets 3).
+/// Every duration of a test's config ([`Builder::file`]), every delay it
+/// asks of the mock (the mock reads the variable too) and every wait of
+/// the harness ([`wait`], [`scaled`]) is multiplied by it.
+pub fn time_scale() -> f64 {
+    static SCALE: OnceLock<f64> = OnceLock::new();
+    *SCALE.get_or_init(|| match std::env::var(TIME_SCALE_ENV) {
+        Err(_) => 1.0,
+        Ok(v) => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or_else(|| panic!("{TIME_SCALE_ENV}={v:?}: expected a positive number")),
+    })
+}
+
+/// `d` times [`time_scale`]: a test's interval or wait on this machine.
+pub fn scaled(d: Duration) -> Duration {
+    d.mul_f64(time_scale())
+}
+
+/// [`scaled`] milliseconds.
+pub fn ms(n: u64) -> Duration {
+    scaled(Duration::from_millis(n))
+}
+
+/// [`WAIT`] scaled: how long any single expectation may wait.
+pub fn wait() -> Duration {
+    scaled(WAIT)
+}
+
+/// The config keys whose value is a duration (config/keys.rs, `Kind::Duration`):
+/// a bare number after one of them is seconds.
+const DURATION_KEYS: &[&str] = &[
+    "call_timeout",
+    "wait_for_server",
+    "base_delay",
+    "max_delay",
+    "total_timeout",
+    "window",
+    "default_ttl",
+    "stale_if_error",
+    "cooldown_seconds",
+    "idempotency_ttl",
+    "timeout",
+];
+
+/// A config's text with every duration multiplied by [`time_scale`]: a
+/// number with a unit (`250ms`, `1.5s`, `2m`, `1h`, written back in
+/// milliseconds) anywhere, and a bare number of seconds after a key of
+/// [`DURATION_KEYS`]. Unchanged at scale 1.
+pub fn scale_durations(text: &str) -> String {
+    scale_durations_by(text, time_scale())
+}
+
+/// [`scale_durations`] by `scale`.
+fn scale_durations_by(text: &str, scale: f64) -> String {
+    if scale == 1.0 {
+        return text.to_owned();
+    }
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts_word =
+            i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || b"._-".contains(&bytes[i - 1]));
+        if !(starts_word && bytes[i].is_ascii_digit()) {
+            let c = text[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+            continue;
+        }
+        let digits = i + bytes[i..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit() || **b == b'.')
+            .count();
+        let unit = bytes[digits..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .count();
+        let ends_word = bytes
+            .get(digits + unit)
+            .is_none_or(|b| !(b.is_ascii_alphanumeric() || b"._-".contains(b)));
+        let per_unit = match &text[digits..digits + unit] {
+            "ms" => Some(1.0),
+            "s" => Some(1e3),
+            "m" => Some(60e3),
+            "h" => Some(3600e3),
+            _ => None,
+        };
+        match (text[i..digits].parse::<f64>(), per_unit) {
+            (Ok(n), Some(per_unit)) if ends_word => {
+                out.push_str(&format!("{}ms", (n * per_unit * scale).round() as u64));
+                i = digits + unit;
+            }
+            (Ok(n), None) if unit == 0 && ends_word && duration_key_before(&text[..i]) => {
+                out.push_str(&format!("{}", (n * scale * 1000.0).round() / 1000.0));
+                i = digits;
+            }
+            _ => {
+                out.push_str(&text[i..digits + unit]);
+                i = digits + unit;
+            }
+        }
+    }
+    out
+}
+
+/// Whether `before` ends with `KEY:` (quotes and spaces allowed) for a key
+/// of [`DURATION_KEYS`].
+fn duration_key_before(before: &str) -> bool {
+    let Some(key) = before.trim_end_matches([' ', '"', '\'']).strip_suffix(':') else {
+        return false;
+    };
+    let key = key.trim_end_matches(['"', '\'']);
+    let start = key
+        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .map_or(0, |p| p + 1);
+    DURATION_KEYS.contains(&&key[start..])
+}
 
 /// A temporary directory, removed on drop.
 pub struct TempDir(PathBuf);
@@ -102,6 +229,15 @@ impl Builder {
     pub fn mock_with(policy: &str) -> Builder {
         Builder::config(&server_entry("mock:\n  command: {mock}", policy)).with_logs()
     }
+    /// [`Builder::mock_with`] with the durations as written, whatever
+    /// [`time_scale`]: for a session whose durations are part of what it
+    /// is compared with (`tests/golden.rs`).
+    pub fn mock_with_unscaled(policy: &str) -> Builder {
+        let yaml = server_entry("mock:\n  command: {mock}", policy);
+        Builder::proxy(&["run", "--config", "{dir}/c.yaml"])
+            .file_unscaled("c.yaml", &yaml)
+            .with_logs()
+    }
     /// [`Builder::config`] naming the server at `url` `remote`, with
     /// `policy` (YAML lines, any common indent) under it; no proxy for
     /// loopback.
@@ -140,8 +276,18 @@ impl Builder {
         self
     }
     /// Writes a file into the session's temp dir; `{dir}` in the text is
-    /// replaced by that dir, `{mock}` by the mock's path.
+    /// replaced by that dir, `{mock}` by the mock's path. A config
+    /// (`.yaml`, `.yml`, `.json`) has its durations scaled
+    /// ([`scale_durations`]).
     pub fn file(self, name: &str, text: &str) -> Builder {
+        let is_config = [".yaml", ".yml", ".json"].iter().any(|e| name.ends_with(e));
+        match is_config {
+            true => self.file_unscaled(name, &scale_durations(text)),
+            false => self.file_unscaled(name, text),
+        }
+    }
+    /// [`Builder::file`] with the durations as written.
+    pub fn file_unscaled(self, name: &str, text: &str) -> Builder {
         let text = text
             .replace("{dir}", &path_text(self.dir.path()))
             .replace("{mock}", MOCK);
@@ -304,7 +450,7 @@ impl Session {
     /// before an answer may still be on its way through the pipe when the
     /// answer has been read.
     pub fn stderr_with(&self, needle: &str) -> String {
-        let deadline = Instant::now() + WAIT;
+        let deadline = Instant::now() + wait();
         loop {
             let stderr = self.stderr();
             if stderr.contains(needle) || Instant::now() >= deadline {
@@ -317,6 +463,28 @@ impl Session {
     /// Whether stderr holds `needle`, waiting for it like [`Self::stderr_with`].
     pub fn logged(&self, needle: &str) -> bool {
         self.stderr_with(needle).contains(needle)
+    }
+
+    /// True when stderr does not hold `needle` once the proxy has handled
+    /// everything sent before: after a `ping` round trip, and after the
+    /// debug line of a cancel sent behind it for a request that never was
+    /// (stderr is one ordered pipe, so what the proxy logged before that
+    /// line has been read). Instead of waiting [`WAIT`] for nothing.
+    pub fn not_logged(&mut self, needle: &str) -> bool {
+        static SYNCS: AtomicU64 = AtomicU64::new(0);
+        let n = SYNCS.fetch_add(1, Ordering::Relaxed);
+        let id = json!(format!("not-logged-{n}"));
+        self.request(id.clone(), "ping", json!({}));
+        self.response(&id);
+        let marker = format!("not-logged-cancel-{n}");
+        self.notify("notifications/cancelled", json!({"requestId": marker}));
+        let line = format!("dropped a cancel for unknown or finished request \"{marker}\"");
+        let stderr = self.stderr_with(&line);
+        assert!(
+            stderr.contains(&line),
+            "the proxy did not log the cancel sent to synchronise on; stderr:\n{stderr}"
+        );
+        !stderr.contains(needle)
     }
 
     /// Writes raw text plus a newline to the proxy's stdin.
@@ -400,10 +568,10 @@ impl Session {
 
     /// The next line on stdout, raw.
     pub fn recv_raw(&mut self) -> String {
-        let deadline = Instant::now() + WAIT;
+        let deadline = Instant::now() + wait();
         match self.next_line(deadline) {
             Some(l) => l,
-            None => panic!("no output within {WAIT:?}; stderr:\n{}", self.stderr()),
+            None => panic!("no output within {:?}; stderr:\n{}", wait(), self.stderr()),
         }
     }
 
@@ -422,11 +590,12 @@ impl Session {
         if let Some(i) = self.backlog.iter().position(&pred) {
             return self.backlog.remove(i).unwrap();
         }
-        let deadline = Instant::now() + WAIT;
+        let deadline = Instant::now() + wait();
         loop {
             let Some(line) = self.next_line(deadline) else {
                 panic!(
-                    "no {what} within {WAIT:?}; other messages: {:?}\nstderr:\n{}",
+                    "no {what} within {:?}; other messages: {:?}\nstderr:\n{}",
+                    wait(),
                     self.backlog,
                     self.stderr()
                 );
@@ -522,9 +691,9 @@ impl Session {
         self.stdin = None;
     }
 
-    /// Waits for the process to exit (killing it after `WAIT`).
+    /// Waits for the process to exit (killing it after [`wait`]).
     pub fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + WAIT;
+        let deadline = Instant::now() + wait();
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
                 return s;
@@ -532,7 +701,8 @@ impl Session {
             if Instant::now() > deadline {
                 let _ = self.child.kill();
                 panic!(
-                    "process did not exit within {WAIT:?}; stderr:\n{}",
+                    "process did not exit within {:?}; stderr:\n{}",
+                    wait(),
                     self.stderr()
                 );
             }
@@ -753,7 +923,7 @@ pub fn gone_within(pid: i32, d: Duration) -> bool {
 
 /// Waits for a file to exist and hold a pid.
 pub fn read_pid(path: &Path) -> i32 {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait();
     loop {
         if let Ok(s) = std::fs::read_to_string(path) {
             if let Ok(p) = s.trim().parse() {
@@ -783,7 +953,7 @@ pub fn spawn(command: &mut Command) -> std::io::Result<Child> {
 
 /// Waits until `cond` holds.
 pub fn eventually(what: &str, cond: impl Fn() -> bool) {
-    eventually_within(WAIT, what, cond)
+    eventually_within(wait(), what, cond)
 }
 
 /// Waits up to `wait` until `cond` holds: for a step that starts many
@@ -794,6 +964,48 @@ pub fn eventually_within(wait: Duration, what: &str, cond: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A duration as the proxy writes it in its messages: `250ms`, `2s`,
+/// `1.5s` (for an expected message with a [`scaled`] duration in it).
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{}ms", d.as_millis())
+    } else if s.fract() < 0.05 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s:.1}s")
+    }
+}
+
+/// The duration the proxy wrote right after `before` in `message`
+/// (`900ms`, `2s`, `2.2s`, as [`human`] writes it).
+pub fn duration_after(message: &str, before: &str) -> Option<Duration> {
+    let rest = message.split(before).nth(1)?;
+    let number = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
+    let n: f64 = rest[..number].parse().ok()?;
+    let unit = &rest[number..];
+    if unit.starts_with("ms") {
+        Some(Duration::from_secs_f64(n / 1000.0))
+    } else if unit.starts_with('s') {
+        Some(Duration::from_secs_f64(n))
+    } else {
+        None
+    }
+}
+
+/// Sleeps until the cooldown of an open breaker is over: `error` is its
+/// `circuit_open` error, just read, whose `data.retryAfterMs` is what is left
+/// of the cooldown (a real-time wait: the breaker's clock is the proxy's);
+/// then 50 ms more, for the proxy's clock tick and rounding.
+pub fn sleep_out_cooldown(error: &Value) {
+    let left = error["data"]["retryAfterMs"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no data.retryAfterMs in {error}"));
+    thread::sleep(Duration::from_millis(left + 50));
 }
 
 /// `result._meta["mcp-retry/source"]`, if the proxy marked the answer.
@@ -869,4 +1081,19 @@ impl BadFile {
             BadFile::Oversized(_) => "larger than ",
         }
     }
+}
+
+#[test]
+fn config_durations_are_scaled_and_nothing_else() {
+    let yaml = "servers:\n  m1:\n    command: {mock}\n    call_timeout: 2\n    retry:\n      base_delay: 50ms\n      max_retries: 3\n    circuit_breaker: {cooldown_seconds: 1.5, failure_threshold: 2}\n    tools:\n      t1: {timeout: \"1.5s\"}\n    env:\n      MOCK_X: \"2m\"\n      MOCK_ID: m2s\n";
+    assert_eq!(
+        scale_durations_by(yaml, 3.0),
+        "servers:\n  m1:\n    command: {mock}\n    call_timeout: 6\n    retry:\n      base_delay: 150ms\n      max_retries: 3\n    circuit_breaker: {cooldown_seconds: 4.5, failure_threshold: 2}\n    tools:\n      t1: {timeout: \"4500ms\"}\n    env:\n      MOCK_X: \"360000ms\"\n      MOCK_ID: m2s\n"
+    );
+    let json = r#"{"mcpServers": {"m": {"call_timeout": 1, "retry": {"max_retries": 2}}}}"#;
+    assert_eq!(
+        scale_durations_by(json, 2.0),
+        r#"{"mcpServers": {"m": {"call_timeout": 2, "retry": {"max_retries": 2}}}}"#
+    );
+    assert_eq!(scale_durations_by(yaml, 1.0), yaml);
 }

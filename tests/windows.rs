@@ -2,8 +2,6 @@
 //! name found through PATHEXT, a `.cmd` shim with its arguments intact) and
 //! that the server's job takes the whole process tree down with the proxy.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::util::{gone_within, kill_pid, read_pid, Builder, Session, MOCK};
@@ -105,7 +103,7 @@ fn start_with_grandchild(b: Builder) -> (Session, [(&'static str, i32); 2]) {
 fn assert_gone(pids: [(&str, i32); 2], after: &str) {
     for (what, pid) in pids {
         assert!(
-            gone_within(pid, Duration::from_secs(10)),
+            gone_within(pid, crate::util::ms(10000)),
             "the {what} (pid {pid}) outlived {after}"
         );
     }

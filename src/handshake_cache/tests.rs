@@ -5,6 +5,9 @@
 
 use super::*;
 use crate::log::tests::capture;
+use std::io::Write;
+#[cfg(unix)]
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 /// A fresh directory for one test (removed first if a run left it, and
 /// when dropped), with the cache directory inside it, not yet created.
@@ -383,62 +386,6 @@ fn no_env_or_header_value_is_written() {
     assert_eq!(files, 2, "the key and the entry");
 }
 
-#[test]
-fn only_a_regular_file_of_ours_with_mode_0600_is_read() {
-    let ok = FileFacts {
-        is_file: true,
-        is_symlink: false,
-        owner: 7,
-        mode: 0o600,
-        len: 10,
-    };
-    assert_eq!(judge_file(&ok, 7, 10), Ok(()));
-    assert_eq!(
-        judge_file(&ok, 8, 10),
-        Err(FileProblem::Owner { owner: 7, me: 8 })
-    );
-    assert_eq!(
-        judge_file(&FileFacts { mode: 0o644, ..ok }, 7, 10),
-        Err(FileProblem::Mode(0o644))
-    );
-    assert_eq!(
-        judge_file(
-            &FileFacts {
-                mode: 0o100600,
-                ..ok
-            },
-            7,
-            10
-        ),
-        Ok(()),
-        "the file type bits are not the mode"
-    );
-    assert_eq!(
-        judge_file(
-            &FileFacts {
-                is_symlink: true,
-                is_file: false,
-                ..ok
-            },
-            7,
-            10
-        ),
-        Err(FileProblem::SymbolicLink)
-    );
-    assert_eq!(
-        judge_file(
-            &FileFacts {
-                is_file: false,
-                ..ok
-            },
-            7,
-            10
-        ),
-        Err(FileProblem::NotAFile)
-    );
-    assert_eq!(judge_file(&ok, 7, 9), Err(FileProblem::TooLarge(10, 9)));
-}
-
 #[cfg(unix)]
 #[test]
 fn an_entry_open_to_others_is_ignored_with_a_warning() {
@@ -591,7 +538,7 @@ fn a_key_of_the_wrong_size_or_mode_is_refused() {
         fs::write(&key_path, bad).unwrap();
         match Cache::open(&dir) {
             Err(OpenError::Key(_, ReadError::Refused(p))) => {
-                assert_eq!(p, FileProblem::WrongSize(bad.len() as u64));
+                assert_eq!(p, FileProblem::WrongSize(bad.len() as u64, KEY_LEN as u64));
                 assert!(p.to_string().contains("not 32"), "{p}");
             }
             other => panic!("{} bytes: {other:?}", bad.len()),
@@ -624,7 +571,7 @@ fn a_directory_open_to_others_is_not_used() {
     set_mode(&dir, 0o755);
     match Cache::open(&dir) {
         Err(OpenError::Dir(DirError::Refused(_, why))) => {
-            assert_eq!(why, status::DirProblem::Mode(0o755))
+            assert_eq!(why, crate::private_files::DirProblem::Mode(0o755))
         }
         other => panic!("{other:?}"),
     }

@@ -312,4 +312,41 @@ mod tests {
             Next::Get { .. }
         ));
     }
+
+    /// A server whose every resumed GET sends its headers 3 s late (an
+    /// event store slow to replay), past the stall limit: each of the
+    /// first `STALLS` GETs ends at its stall limit as a stall (see
+    /// `stream::unanswered_get`), none counts as fruitless, and the next
+    /// waits without a limit and gets the answer: at 3 × 2 s + 3 s.
+    #[test]
+    fn a_resumed_get_slow_to_send_its_headers_stalls_three_times_then_waits_for_them() {
+        let t0 = Instant::now();
+        let headers_after = Duration::from_secs(3);
+        let mut r = Resumption::new(t0, Duration::from_secs(60));
+        let mut now = t0;
+        let mut stalls = 0;
+        let answered = loop {
+            let Next::Get {
+                at, stall_after, ..
+            } = r.next(true, None, now)
+            else {
+                panic!("gave up after {stalls} stalls");
+            };
+            now = at;
+            match stall_after {
+                Some(limit) if limit < headers_after => {
+                    now += limit;
+                    stalls += 1;
+                    r.after(Outcome::Ended {
+                        fresh: false,
+                        polled: false,
+                        stalled: true,
+                    });
+                }
+                _ => break now + headers_after,
+            }
+        };
+        assert_eq!(stalls, STALLS);
+        assert_eq!(answered, t0 + STALL_MIN * STALLS as u32 + headers_after);
+    }
 }

@@ -43,6 +43,22 @@ pub(super) fn is_read_stall(e: &std::io::Error) -> bool {
         .is_some_and(|u| matches!(u, ureq::Error::Timeout(ureq::Timeout::PerRead)))
 }
 
+/// What a resuming GET that got no response came to. Silent for the stall
+/// limit (its per-read timeout) before its headers came, as an event store
+/// slow to replay is: a stall, not a failure, so that after
+/// `resume::STALLS` the next GET waits without that limit (instead of
+/// being given up as fruitless).
+pub(super) fn unanswered_get(e: &ureq::Error) -> resume::Outcome {
+    match e {
+        ureq::Error::Timeout(ureq::Timeout::PerRead) => resume::Outcome::Ended {
+            fresh: false,
+            polled: false,
+            stalled: true,
+        },
+        _ => resume::Outcome::Failed,
+    }
+}
+
 /// Takes the stream's last event id into `last_id` when it moved on
 /// (counted in `moved`; copied only then, an id being up to
 /// [`sse::MAX_ID`] bytes); an id too long to keep leaves none: the stream
@@ -330,15 +346,7 @@ impl Shared {
                 }
                 // No resumption here (405, a lost session, …).
                 Ok(_) => resume::Outcome::Refused,
-                // Silent for the stall limit before its headers came (an
-                // event store slow to replay): a stall too, so that after
-                // `resume::STALLS` the next GET waits without that limit.
-                Err(ureq::Error::Timeout(ureq::Timeout::PerRead)) => resume::Outcome::Ended {
-                    fresh: false,
-                    polled: false,
-                    stalled: true,
-                },
-                Err(_) => resume::Outcome::Failed,
+                Err(e) => unanswered_get(&e),
             };
             plan.after(outcome);
         }
@@ -378,6 +386,52 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A resuming GET whose server takes longer than the stall limit to
+    /// send its headers ends with ureq's per-read timeout (a real socket,
+    /// a limit of 100 ms), which counts as a stall. The sequence that
+    /// follows is `resume.rs`'s
+    /// `a_resumed_get_slow_to_send_its_headers_stalls_three_times_then_waits_for_them`.
+    #[test]
+    fn a_get_whose_headers_come_after_the_stall_limit_is_a_stall() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
+        let server = std::thread::spawn(move || {
+            // Takes the request and says nothing until the test is over.
+            let (_socket, _) = listener.accept().unwrap();
+            let _ = done_rx.recv();
+        });
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let started = Instant::now();
+        let e = agent
+            .get(&url)
+            .config()
+            .timeout_per_read(Some(Duration::from_millis(100)))
+            .timeout_recv_response(Some(Duration::from_secs(30)))
+            .build()
+            .call()
+            .expect_err("no headers came");
+        drop(done_tx);
+        server.join().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(30), "{e}");
+        assert_eq!(
+            unanswered_get(&e),
+            resume::Outcome::Ended {
+                fresh: false,
+                polled: false,
+                stalled: true
+            },
+            "{e:?}"
+        );
+        assert_eq!(
+            unanswered_get(&ureq::Error::Timeout(ureq::Timeout::Connect)),
+            resume::Outcome::Failed
+        );
+    }
 
     #[test]
     fn the_protocol_version_comes_from_the_initialize_result() {

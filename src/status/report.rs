@@ -116,7 +116,7 @@ pub fn collect(dir: &Path) -> Result<Vec<Live>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
     };
-    if let Err(why) = super::check_dir(dir) {
+    if let Err(why) = crate::private_files::check_dir(dir) {
         bail!("refusing to read the runtime directory {why}");
     }
     let now = now_ms();

@@ -105,6 +105,9 @@
 //! ## Modes
 //!
 //! Arguments are optional; integers must be JSON integers (null = absent).
+//! Every sleep of `ms` (these modes', `MOCK_START_DELAY_MS`,
+//! `MOCK_TOOLS_LIST_DELAY_MS`) is multiplied by `MCP_RETRY_TEST_TIME_SCALE`,
+//! as the tests' configs and waits are.
 //!
 //! | `mode`             | arguments (default)                 | behaviour |
 //! |--------------------|-------------------------------------|-----------|
@@ -389,6 +392,21 @@ fn env_flag(name: &str) -> bool {
     env_string(name).is_some_and(|value| value != "0" && !value.eq_ignore_ascii_case("false"))
 }
 
+/// `ms` milliseconds times `MCP_RETRY_TEST_TIME_SCALE` (default 1), the
+/// factor the tests scale their configs and waits by: every delay a test
+/// asks of the mock keeps its proportion to them on a slow machine.
+fn scaled_ms(ms: u64) -> Duration {
+    static SCALE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let scale = *SCALE.get_or_init(|| {
+        std::env::var("MCP_RETRY_TEST_TIME_SCALE")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .unwrap_or(1.0)
+    });
+    Duration::from_millis(ms).mul_f64(scale)
+}
+
 /// A numeric environment variable; an unparsable value is reported and ignored.
 fn env_u64(name: &str) -> Option<u64> {
     let value = env_string(name)?;
@@ -459,7 +477,7 @@ fn run_startup(config: &Config) {
         }
     }
     if let Some(ms) = env_u64("MOCK_START_DELAY_MS") {
-        thread::sleep(Duration::from_millis(ms));
+        thread::sleep(scaled_ms(ms));
     }
 }
 
@@ -585,7 +603,7 @@ fn bump_counter_file(path: &Path) -> u64 {
     // The proxy's own atomic rename: on Windows it waits out a test that
     // has the counter open for reading.
     let replaced = fs::write(&temp, count.to_string())
-        .and_then(|()| mcp_retry::status::replace_file(Path::new(&temp), path));
+        .and_then(|()| mcp_retry::private_files::replace_file(Path::new(&temp), path));
     if let Err(err) = replaced {
         eprintln!("mock: cannot update counter {}: {err}", path.display());
     }
@@ -1030,15 +1048,13 @@ impl CallState {
 
     /// Sleeps `ms` milliseconds; false if cancelled or abandoned (even before).
     fn sleep(&self, ms: u64) -> bool {
-        !self
-            .wait(Some(Duration::from_millis(ms)), CallInner::stopped)
-            .stopped()
+        !self.wait(Some(scaled_ms(ms)), CallInner::stopped).stopped()
     }
 
     /// Sleeps `ms` milliseconds, ignoring cancellation; false if abandoned.
     fn sleep_uncancellable(&self, ms: u64) -> bool {
         !self
-            .wait(Some(Duration::from_millis(ms)), |inner| inner.abandoned)
+            .wait(Some(scaled_ms(ms)), |inner| inner.abandoned)
             .abandoned
     }
 
@@ -1210,7 +1226,7 @@ fn handle_request(server: &Arc<Server>, request: &Request) {
                 let reply = tools_list(&server.config, params);
                 let (server, id) = (Arc::clone(server), request.id.to_owned());
                 thread::spawn(move || {
-                    thread::sleep(Duration::from_millis(ms));
+                    thread::sleep(scaled_ms(ms));
                     match reply {
                         Ok(result) => server.send_result(&id, &result.to_string()),
                         Err(error) => server.send_error(&id, &error),
@@ -1838,7 +1854,7 @@ fn handle_tools_call(server: &Arc<Server>, request: &Request) {
             server.send_result(&call.id, &echo_answer(server, &call, echo_text(&call)));
             eprintln!("mock: not reading stdin as asked");
             match ms {
-                Some(ms) => thread::sleep(Duration::from_millis(ms)),
+                Some(ms) => thread::sleep(scaled_ms(ms)),
                 None => loop {
                     thread::park();
                 },

@@ -6,7 +6,7 @@
 //! `windows-sys` bindings (SDDL in, a DACL out); the SDDL it sets is
 //! [`sddl`], which the tests read back.
 //!
-//! Knows nothing of what the directory holds; `status::prepare_dir` calls
+//! Knows nothing of what the directory holds; `private_files::prepare_dir` calls
 //! it after creating the directory (or finding it), every time, so a
 //! directory made by an older release gets the DACL too (and its files,
 //! which inherit it).
@@ -265,8 +265,8 @@ mod tests {
         let old = base.join("old");
         fs::create_dir_all(&old).expect("made");
         fs::write(old.join("key"), b"k").expect("written");
-        crate::status::prepare_dir(&fresh).expect("prepared");
-        crate::status::prepare_dir(&old).expect("prepared");
+        crate::private_files::prepare_dir(&fresh).expect("prepared");
+        crate::private_files::prepare_dir(&old).expect("prepared");
         fs::write(fresh.join("entry.json"), b"{}").expect("written");
         let sid = current_user_sid().expect("the current user's SID");
         if under_wine() {
