@@ -89,8 +89,17 @@ fn fail_fast_at_start_false_waits_for_a_server_that_exits_at_every_start() {
     s.request(json!(0), "initialize", initialize_params());
     let e = s.error(&json!(0));
     assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
     let message = e["message"].as_str().unwrap();
-    assert!(message.contains("gave up after waiting 2"), "{message}");
+    // The answer says what it waited for: the queue's wait, or (on a slow
+    // machine, where the last start is still under way when the wait ends)
+    // that start's handshake; never the fail-fast diagnosis.
+    assert!(
+        message.contains("gave up after waiting 2")
+            || message.contains("did not answer initialize within 2s"),
+        "{message}"
+    );
+    assert!(!message.contains("fail_fast_at_start"), "{message}");
     assert!(s.starts() >= 3, "{} starts", s.starts());
 }
 
