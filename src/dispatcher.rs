@@ -117,6 +117,9 @@ pub enum Reason {
     InternalError,
     /// The request cannot be sent as the client wrote it (-32602).
     InvalidParams,
+    /// An earlier call with the same idempotency key may have run, and its
+    /// outcome is unknown: this one is not run.
+    EarlierAttemptUnknown,
 }
 
 impl Reason {
@@ -137,6 +140,7 @@ impl Reason {
             Reason::Rejected => "rejected",
             Reason::InternalError => "internal_error",
             Reason::InvalidParams => "invalid_params",
+            Reason::EarlierAttemptUnknown => "earlier_attempt_unknown",
         }
     }
 }

@@ -237,7 +237,7 @@ impl Dispatcher {
             }
             Trace::AnsweredByProxy(a) => {
                 let params = a.request.params();
-                self.traced(|t| t.answered_by_proxy(&a.tool, &a.client, params, a.source, now));
+                self.traced(|t| t.answered_by_proxy(&a.tool, &a.client, params, a.end, now));
             }
             Trace::Joined { call } => {
                 self.traced(|t| t.joined(call, now));

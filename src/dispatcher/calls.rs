@@ -159,7 +159,7 @@ pub(super) struct ProxyAnswer {
     pub tool: String,
     pub client: String,
     pub request: Message,
-    pub source: &'static str,
+    pub end: CallEnd,
 }
 
 /// A deadline of a call, and what it is for.

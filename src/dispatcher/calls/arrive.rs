@@ -1,18 +1,21 @@
 //! A client's `tools/call` arrives: it is read once (tool, keys, argument
 //! fingerprint, safety), answered from the cache or the idempotency table
-//! when they hold its answer, joined to an identical call in flight, or
-//! made a new [`Call`] whose first attempt the dispatcher starts.
+//! when they hold its answer (or refused when an earlier call with its key
+//! may have run), joined to an identical call in flight, or made a new
+//! [`Call`] whose first attempt the dispatcher starts.
 
 #![forbid(unsafe_code)]
 
+use crate::dispatcher::{CallError, CallOutcome, Reason};
 use crate::jsonrpc::{self, Message};
-use crate::policy::dedup::{fingerprint, fingerprint_json, Lookup};
+use crate::otel::CallEnd;
+use crate::policy::dedup::{fingerprint, fingerprint_json, Lookup, Mark};
 use crate::policy::gate;
 use crate::policy::progress::ProgressFilter;
 use crate::{info, warn};
 
 use super::call::{Call, ParsedCall};
-use super::text::{with_source, Source};
+use super::text::{secs, with_source, Source};
 use super::{trace, Action, Arrival, Calls, Ctx, ProxyAnswer, Trace};
 
 /// What a call's arrival establishes, read once from its request.
@@ -91,11 +94,59 @@ impl Calls {
                 self.deduplicated(&new, same_args, true);
                 answered_at_once(m, new.tool, waiter, &result, Source::Dedup, ctx, out)
             }
+            Lookup::Marked { mark, waiter, .. } => {
+                self.not_run_again(m, new, mark, waiter, ctx, out)
+            }
             Lookup::Execute(client) => {
                 self.dedup.start(&key, new.dedup_args, ctx.now);
                 Arrival::Started(self.open(m, new, client, ctx, out))
             }
         }
+    }
+
+    /// An earlier call with this call's key may have run (`mark`): `client`
+    /// gets the proxy's error saying so, and the tool is not called.
+    fn not_run_again(
+        &mut self,
+        m: Message,
+        new: Arriving,
+        mark: Mark,
+        client: String,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> Arrival {
+        let tool = new.tool;
+        let key = jsonrpc::json_string(new.explicit_key.as_deref().unwrap_or_default());
+        let ago = ctx.now.saturating_duration_since(mark.since);
+        let message = format!(
+            "tool \"{tool}\" was not called: an earlier call with idempotency key {key} started {} ago and its outcome is unknown ({}): it may have run. The key is not run again within idempotency_ttl; check whether that call took effect, then use a new key to run it again",
+            secs(ago),
+            mark.cause
+        );
+        warn!("tool \"{tool}\": idempotency key {key} not run again: an earlier call started {} ago and its outcome is unknown ({})", secs(ago), mark.cause);
+        let reason = Reason::EarlierAttemptUnknown;
+        let extra = [
+            ("attempts", "0".to_owned()),
+            ("outcome", "\"unknown\"".to_owned()),
+            ("cause", jsonrpc::json_string(mark.cause)),
+            ("startedMsAgo", ago.as_millis().to_string()),
+        ];
+        let error = CallError::proxy(reason, &message, &extra);
+        trace(ctx, out, || {
+            Trace::AnsweredByProxy(Box::new(ProxyAnswer {
+                tool: tool.clone(),
+                client: client.clone(),
+                request: m,
+                end: CallEnd::failed(reason.as_str()),
+            }))
+        });
+        self.counters.tool(&tool).failed += 1;
+        let outcome = CallOutcome::Proxy(reason);
+        self.counters
+            .ended(&tool, None, outcome, Some(&error.object), ctx.now);
+        let line = jsonrpc::error_response_line(&client, &error.object);
+        out.push(Action::Answer { client, line });
+        Arrival::Answered
     }
 
     /// Reads what the policies need of a call, once: its safety, and one
@@ -261,7 +312,7 @@ fn answered_at_once(
             tool,
             client: client.clone(),
             request,
-            source: source.as_str(),
+            end: CallEnd::from_proxy(source.as_str()),
         }))
     });
     out.push(Action::Answer { client, line });

@@ -154,6 +154,8 @@ pub(super) struct Late {
     pub args: u128,
     pub keep: Keep,
     pub tool: String,
+    /// When its call started: a late error lifts only that call's mark.
+    pub started: Instant,
 }
 
 /// The parts of a `tools/call` the policies look at.

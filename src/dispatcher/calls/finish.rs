@@ -2,7 +2,9 @@
 //! idempotency table when it may be), with an error (or a stale cached
 //! answer instead), or dropped when every client waiting for it cancelled.
 //! Every client of the call gets its one answer, its indexes are cleared,
-//! and its attempts that may still answer are remembered as late.
+//! and its attempts that may still answer are remembered as late. A keyed
+//! call of a tool not known to be safe that may have run without an
+//! outcome leaves its key marked, so that it is not run again.
 
 #![forbid(unsafe_code)]
 
@@ -10,7 +12,8 @@ use std::borrow::Cow;
 
 use crate::jsonrpc::{self, Message};
 use crate::otel::CallEnd;
-use crate::policy::dedup::Keep;
+use crate::policy::dedup::{Keep, Mark};
+use crate::policy::gate::{self, Safety};
 use crate::{debug, info};
 
 use super::call::{Call, Failure, Late};
@@ -200,9 +203,10 @@ impl Calls {
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
-        let waiters = match &call.dedup_key {
-            Some(k) => self.dedup.complete(k, None, ctx.now),
-            None => Vec::new(),
+        let waiters = match (&call.dedup_key, self.unknown_outcome(&call, false)) {
+            (Some(k), Some(mark)) => self.dedup.complete_unknown(k, mark, ctx.now),
+            (Some(k), None) => self.dedup.complete(k, None, ctx.now),
+            (None, _) => Vec::new(),
         };
         self.keep_late_answers(&call);
         let took = call.took(ctx.now);
@@ -220,6 +224,29 @@ impl Calls {
         let error = answer.err().map(|e| e.object.as_str());
         self.counters
             .ended(&call.tool, took, outcome, error, ctx.now);
+    }
+
+    /// Whether `call`, ending without an answer from the server, leaves
+    /// its key marked, and why: it carries an explicit key (one operation),
+    /// the tool is not known to be safe to run twice, and an attempt may
+    /// have run without an outcome (its last failure was ambiguous, or,
+    /// when the client `cancelled`, an attempt was at the server).
+    fn unknown_outcome(&self, call: &Call, cancelled: bool) -> Option<Mark> {
+        call.explicit_key.as_ref()?;
+        let cause = match &call.last_failure {
+            Some(f @ (Failure::Timeout(_) | Failure::Exited(_) | Failure::Transport(..))) => {
+                f.kind()
+            }
+            _ if cancelled && call.live.is_some() => "cancelled",
+            _ => return None,
+        };
+        match gate::classify_safety(&self.gate_input(&call.tool, call.key_honored)) {
+            Safety::Safe(_) => None,
+            Safety::Unsafe => Some(Mark {
+                cause,
+                since: call.started,
+            }),
+        }
     }
 
     /// Forgets call `id` and every id that pointed at it.
@@ -268,6 +295,7 @@ impl Calls {
                 args: call.dedup_args,
                 keep,
                 tool: call.tool.clone(),
+                started: call.started,
             };
             self.downstream.insert(down, Issued::Late(Box::new(late)));
             self.late.push_back(down);
@@ -282,8 +310,11 @@ impl Calls {
     }
 
     /// An answer to an attempt whose call had already ended.
+    /// A definite answer that is not kept (an error) lifts the mark of
+    /// the call's key: its outcome is known.
     pub(super) fn late_answer(&mut self, late: Late, m: &Message, now: std::time::Instant) {
         let Some(result) = m.result() else {
+            self.dedup.release(&late.key, late.started);
             return debug!(
                 "dropped a late error for tool \"{}\", whose call had ended",
                 late.tool
@@ -291,6 +322,7 @@ impl Calls {
         };
         invalidate(&mut self.cache, &late.tool, "ran late");
         if !storable(result) {
+            self.dedup.release(&late.key, late.started);
             return;
         }
         info!(
@@ -323,8 +355,14 @@ impl Calls {
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
-        if let Some(k) = &call.dedup_key {
-            self.dedup.abandon(k);
+        match (&call.dedup_key, self.unknown_outcome(&call, true)) {
+            (Some(k), Some(mark)) => {
+                self.dedup.complete_unknown(k, mark, ctx.now);
+            }
+            (Some(k), None) => {
+                self.dedup.abandon(k);
+            }
+            (None, _) => {}
         }
         self.keep_late_answers(&call);
         debug!(
