@@ -120,6 +120,9 @@ pub enum Reason {
     /// An earlier call with the same idempotency key may have run, and its
     /// outcome is unknown: this one is not run.
     EarlierAttemptUnknown,
+    /// An earlier call with the same idempotency key succeeded, with a
+    /// result too large to keep: this one is not run.
+    AlreadyRan,
 }
 
 impl Reason {
@@ -141,6 +144,7 @@ impl Reason {
             Reason::InternalError => "internal_error",
             Reason::InvalidParams => "invalid_params",
             Reason::EarlierAttemptUnknown => "earlier_attempt_unknown",
+            Reason::AlreadyRan => "already_ran",
         }
     }
 }

@@ -919,6 +919,30 @@ fn an_unknown_outcome_of_a_crash_or_a_cancel_keeps_its_key_from_running() {
 }
 
 #[test]
+fn a_keyed_success_too_large_to_keep_is_not_run_again() {
+    let mut s = start(&format!("{FAST}idempotency_max_bytes: 2048\n"));
+    let keyed = json!({"name": "echo", "arguments": {"mode": "huge", "bytes": 4096},
+        "_meta": {"idempotencyKey": "big-1"}});
+    s.call_with(json!(1), keyed.clone());
+    assert_eq!(text(&s.result(&json!(1))).len(), 4096);
+    s.call_with(json!(2), keyed);
+    let e = s.error(&json!(2));
+    let message = assert_proxy_error(&e, "already_ran");
+    assert_eq!(e["data"]["outcome"], "succeeded", "{e}");
+    assert!(e["data"]["ranMsAgo"].is_u64(), "{e}");
+    assert!(message.contains("too large to keep"), "{message}");
+    assert_eq!(s.executions("echo"), 1);
+    // A result that fits is replayed as ever.
+    let small = json!({"name": "echo", "arguments": {"text": "small"},
+        "_meta": {"idempotencyKey": "small-1"}});
+    s.call_with(json!(3), small.clone());
+    s.result(&json!(3));
+    s.call_with(json!(4), small);
+    assert_eq!(source_marker(&s.result(&json!(4))), Some("dedup"));
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
 fn a_key_is_released_when_its_outcome_is_known_or_the_tool_is_safe() {
     let mut s = start(&format!(
         "{FAST}  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 100\n"

@@ -32,6 +32,7 @@
 //!   `ttl`: a later call with that key is not run ([`Lookup::Marked`]). A
 //!   late success replaces the mark ([`DedupTable::store_late`]); a late
 //!   definite answer that is not kept lifts it ([`DedupTable::release`]).
+//!   So is a key whose success was too large to keep ([`Mark::Ran`]).
 //!   Marks count toward both bounds like completed entries, but are evicted
 //!   only when no completed result is left to evict.
 
@@ -132,12 +133,14 @@ pub enum Lookup<W> {
 
 /// Why a key is not to run again, and since when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mark {
-    /// What ended the earlier execution without an outcome (`timeout`,
-    /// `server_exited`, `transport_error`, `cancelled`).
-    pub cause: &'static str,
-    /// When the earlier call started.
-    pub since: Instant,
+pub enum Mark {
+    /// The earlier execution, which started at `since`, may have run:
+    /// `cause` ended it without an outcome (`timeout`, `server_exited`,
+    /// `transport_error`, `cancelled`).
+    Unknown { cause: &'static str, since: Instant },
+    /// The earlier execution succeeded at `at`, with a result too large
+    /// to keep.
+    Ran { at: Instant },
 }
 
 #[derive(Debug)]
@@ -294,8 +297,16 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
             return Vec::new();
         };
         self.purge_expired(now);
-        if self.ttl.is_zero() || self.max_entries == 0 || ENTRY_BYTES > self.max_bytes {
-            return waiters;
+        if !self.ttl.is_zero() && self.max_entries > 0 {
+            self.mark(key, args, mark, now);
+        }
+        waiters
+    }
+
+    /// Marks `key` until `now + ttl` (if a mark fits at all).
+    fn mark(&mut self, key: K, args: u128, mark: Mark, now: Instant) {
+        if ENTRY_BYTES > self.max_bytes {
+            return;
         }
         self.make_room(1);
         self.make_room_for_bytes(ENTRY_BYTES);
@@ -313,7 +324,6 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
                 args,
             },
         );
-        waiters
     }
 
     /// A definite answer that is not kept (an error) came late for the
@@ -321,8 +331,12 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
     /// the mark is lifted. Anything else under `key` (a result, another
     /// execution's mark) stays.
     pub fn release(&mut self, key: &K, since: Instant) {
-        if let Some(Slot::Marked { mark, .. }) = self.slots.get(key) {
-            if mark.since == since {
+        if let Some(Slot::Marked {
+            mark: Mark::Unknown { since: s, .. },
+            ..
+        }) = self.slots.get(key)
+        {
+            if *s == since {
                 self.forget(key);
             }
         }
@@ -343,7 +357,15 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
     fn store(&mut self, key: K, args: u128, result: String, keep: Keep, now: Instant) {
         self.purge_expired(now);
         let size = result.len() + ENTRY_BYTES;
-        if self.ttl.is_zero() || self.max_entries == 0 || size > self.max_bytes {
+        if self.ttl.is_zero() || self.max_entries == 0 {
+            return;
+        }
+        if size > self.max_bytes {
+            // An explicit key is one operation: it ran, even if its result
+            // cannot be replayed.
+            if keep == Keep::Always {
+                self.mark(key, args, Mark::Ran { at: now }, now);
+            }
             return;
         }
         self.make_room(1);
@@ -781,7 +803,8 @@ mod tests {
         assert_eq!(call(&mut t, "a", 2, t0), Lookup::Execute(2));
         // An entry over the bound is not kept, and evicts nothing.
         call(&mut t, "big", 0, t0);
-        t.complete(&"big", always(&"x".repeat(ENTRY_BYTES + 11)), t0);
+        let big = "x".repeat(ENTRY_BYTES + 11);
+        t.complete(&"big", Some((big, Keep::Once)), t0);
         assert_eq!(call(&mut t, "big", 3, t0), Lookup::Execute(3));
         assert_eq!(call(&mut t, "c", 4, t0), replay("cccc", 4));
         // Re-executing a completed key gives its bytes back.
@@ -842,7 +865,7 @@ mod tests {
     }
 
     fn mark(since: Instant) -> Mark {
-        Mark {
+        Mark::Unknown {
             cause: "timeout",
             since,
         }
@@ -941,6 +964,32 @@ mod tests {
         call(&mut t, "e", 0, t0 + secs(2));
         assert_eq!(call(&mut t, "m", 2, t0 + secs(2)), Lookup::Execute(2));
         assert_eq!(t.bytes, 0);
+    }
+
+    #[test]
+    fn a_keyed_success_too_large_to_keep_marks_the_key_as_ran() {
+        let t0 = Instant::now();
+        let mut t: Table = DedupTable::new(TTL, 100, 2 * ENTRY_BYTES);
+        call(&mut t, "k", 1, t0);
+        assert_eq!(call(&mut t, "k", 2, t0), JOINED);
+        let big = "x".repeat(ENTRY_BYTES + 1);
+        let done = t0 + secs(1);
+        assert_eq!(t.complete(&"k", always(&big), done), vec![2]);
+        assert_eq!(t.bytes, ENTRY_BYTES);
+        let ran = Mark::Ran { at: done };
+        assert_eq!(call(&mut t, "k", 3, done), marked(ran, 3));
+        // Not lifted by a late error, replaced by a late success that fits.
+        t.release(&"k", t0);
+        t.release(&"k", done);
+        assert_eq!(call(&mut t, "k", 4, done), marked(ran, 4));
+        t.store_late("k", ARGS, "R".into(), Keep::Always, done);
+        assert_eq!(call(&mut t, "k", 5, done), replay("R", 5));
+        // Too large for a keyless call: simply not kept.
+        call(&mut t, "once", 6, t0);
+        t.complete(&"once", Some((big, Keep::Once)), done);
+        assert_eq!(call(&mut t, "once", 7, done), Lookup::Execute(7));
+        // Expired with the TTL.
+        assert_eq!(call(&mut t, "k", 8, done + TTL), Lookup::Execute(8));
     }
 
     #[test]

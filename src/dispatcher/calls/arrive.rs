@@ -104,8 +104,9 @@ impl Calls {
         }
     }
 
-    /// An earlier call with this call's key may have run (`mark`): `client`
-    /// gets the proxy's error saying so, and the tool is not called.
+    /// An earlier call with this call's key may have run, or ran with a
+    /// result too large to keep (`mark`): `client` gets the proxy's error
+    /// saying so, and the tool is not called.
     fn not_run_again(
         &mut self,
         m: Message,
@@ -117,20 +118,38 @@ impl Calls {
     ) -> Arrival {
         let tool = new.tool;
         let key = jsonrpc::json_string(new.explicit_key.as_deref().unwrap_or_default());
-        let ago = ctx.now.saturating_duration_since(mark.since);
-        let message = format!(
-            "tool \"{tool}\" was not called: an earlier call with idempotency key {key} started {} ago and its outcome is unknown ({}): it may have run. The key is not run again within idempotency_ttl; check whether that call took effect, then use a new key to run it again",
-            secs(ago),
-            mark.cause
-        );
-        warn!("tool \"{tool}\": idempotency key {key} not run again: an earlier call started {} ago and its outcome is unknown ({})", secs(ago), mark.cause);
-        let reason = Reason::EarlierAttemptUnknown;
-        let extra = [
-            ("attempts", "0".to_owned()),
-            ("outcome", "\"unknown\"".to_owned()),
-            ("cause", jsonrpc::json_string(mark.cause)),
-            ("startedMsAgo", ago.as_millis().to_string()),
-        ];
+        let mut extra = vec![("attempts", "0".to_owned())];
+        let (reason, message) = match mark {
+            Mark::Unknown { cause, since } => {
+                let ago = ctx.now.saturating_duration_since(since);
+                warn!(
+                    "tool \"{tool}\": idempotency key {key} not run again: an earlier call started {} ago and its outcome is unknown ({cause})",
+                    secs(ago)
+                );
+                extra.push(("outcome", "\"unknown\"".to_owned()));
+                extra.push(("cause", jsonrpc::json_string(cause)));
+                extra.push(("startedMsAgo", ago.as_millis().to_string()));
+                let message = format!(
+                    "tool \"{tool}\" was not called: an earlier call with idempotency key {key} started {} ago and its outcome is unknown ({cause}): it may have run. The key is not run again within idempotency_ttl; check whether that call took effect, then use a new key to run it again",
+                    secs(ago)
+                );
+                (Reason::EarlierAttemptUnknown, message)
+            }
+            Mark::Ran { at } => {
+                let ago = ctx.now.saturating_duration_since(at);
+                warn!(
+                    "tool \"{tool}\": idempotency key {key} not run again: an earlier call succeeded {} ago",
+                    secs(ago)
+                );
+                extra.push(("outcome", "\"succeeded\"".to_owned()));
+                extra.push(("ranMsAgo", ago.as_millis().to_string()));
+                let message = format!(
+                    "tool \"{tool}\" was not called: an earlier call with idempotency key {key} succeeded {} ago, and its result was too large to keep (idempotency_max_bytes). The key is not run again within idempotency_ttl; use a new key to run it again",
+                    secs(ago)
+                );
+                (Reason::AlreadyRan, message)
+            }
+        };
         let error = CallError::proxy(reason, &message, &extra);
         trace(ctx, out, || {
             Trace::AnsweredByProxy(Box::new(ProxyAnswer {

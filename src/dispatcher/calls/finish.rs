@@ -242,7 +242,7 @@ impl Calls {
         };
         match gate::classify_safety(&self.gate_input(&call.tool, call.key_honored)) {
             Safety::Safe(_) => None,
-            Safety::Unsafe => Some(Mark {
+            Safety::Unsafe => Some(Mark::Unknown {
                 cause,
                 since: call.started,
             }),
