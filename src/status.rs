@@ -35,7 +35,7 @@ use crossbeam_channel::Sender;
 use serde::{Deserialize, Serialize};
 
 use crate::redact::Redactor;
-use crate::stats::{Stats, ToolFigures, ToolStats};
+use crate::stats::{Stats, ToolFigures, ToolStats, UnknownOutcome};
 
 /// The environment variable that overrides the runtime directory.
 pub const DIR_ENV: &str = "MCP_RETRY_RUNTIME_DIR";
@@ -243,6 +243,25 @@ pub struct Document {
     pub in_flight: u64,
     pub total: ToolDoc,
     pub tools: BTreeMap<String, ToolDoc>,
+    /// Keyed calls whose outcome is unknown, newest first (older proxies
+    /// wrote none).
+    #[serde(default)]
+    pub unknown_outcomes: Vec<UnknownDoc>,
+}
+
+/// A keyed call that may have run without an outcome: its key is not run
+/// again until `until_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnknownDoc {
+    pub tool: String,
+    /// The client's idempotency key (redacted, shortened past 200
+    /// characters).
+    pub key: String,
+    pub started_at_ms: u64,
+    /// What ended it: `timeout`, `server_exited`, `transport_error`,
+    /// `cancelled`.
+    pub cause: String,
+    pub until_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -376,6 +395,9 @@ pub struct Snapshot {
     pub link_message: Option<String>,
     pub total: ToolSnapshot,
     pub tools: BTreeMap<String, ToolSnapshot>,
+    /// Keyed calls whose outcome is unknown and whose keys are still held,
+    /// newest first.
+    pub unknown: Vec<UnknownOutcome>,
 }
 
 /// One tool's figures as `status` shows them.
@@ -451,6 +473,12 @@ impl Publisher {
             link_message,
             total: tool_snapshot(&stats.total_figures()),
             tools,
+            unknown: stats
+                .unknown
+                .iter()
+                .filter(|u| u.until > now)
+                .cloned()
+                .collect(),
         };
         self.out.send(snapshot).is_ok()
     }
@@ -568,6 +596,17 @@ fn document(
             .tools
             .iter()
             .map(|(k, v)| (k.clone(), tool(v)))
+            .collect(),
+        unknown_outcomes: snap
+            .unknown
+            .iter()
+            .map(|u| UnknownDoc {
+                tool: u.tool.clone(),
+                key: redactor.redact(&u.key),
+                started_at_ms: wall(u.started),
+                cause: u.cause.to_owned(),
+                until_ms: wall(u.until),
+            })
             .collect(),
     }
 }

@@ -396,6 +396,11 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
         }
     }
 
+    /// Whether `key` is marked not to run again.
+    pub fn is_marked(&self, key: &K) -> bool {
+        matches!(self.slots.get(key), Some(Slot::Marked { .. }))
+    }
+
     /// Entries held, in flight and completed.
     #[cfg(test)]
     pub fn len(&self) -> usize {

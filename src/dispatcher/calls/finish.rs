@@ -14,6 +14,7 @@ use crate::jsonrpc::{self, Message};
 use crate::otel::CallEnd;
 use crate::policy::dedup::{Keep, Mark};
 use crate::policy::gate::{self, Safety};
+use crate::stats::UnknownOutcome;
 use crate::{debug, info};
 
 use super::call::{Call, Failure, Late};
@@ -204,7 +205,7 @@ impl Calls {
             self.breaker.on_trial_abandoned();
         }
         let waiters = match (&call.dedup_key, self.unknown_outcome(&call, false)) {
-            (Some(k), Some(mark)) => self.dedup.complete_unknown(k, mark, ctx.now),
+            (Some(k), Some(mark)) => self.mark_unknown(&call, *k, mark, ctx),
             (Some(k), None) => self.dedup.complete(k, None, ctx.now),
             (None, _) => Vec::new(),
         };
@@ -247,6 +248,24 @@ impl Calls {
                 since: call.started,
             }),
         }
+    }
+
+    /// Marks `call`'s `key` as run with an unknown outcome (`mark`), for
+    /// the idempotency table and for `status`; returns its joined waiters.
+    fn mark_unknown(&mut self, call: &Call, key: u128, mark: Mark, ctx: Ctx) -> Vec<String> {
+        let waiters = self.dedup.complete_unknown(&key, mark, ctx.now);
+        if let (Mark::Unknown { cause, since }, true) = (mark, self.dedup.is_marked(&key)) {
+            self.counters.changed = true;
+            self.counters.stats.unknown_outcome(UnknownOutcome {
+                tool: call.tool.clone(),
+                key: call.explicit_key.clone().unwrap_or_default(),
+                started: since,
+                cause,
+                until: crate::policy::instant_add(ctx.now, self.cfg.idempotency_ttl),
+                fingerprint: key,
+            });
+        }
+        waiters
     }
 
     /// Forgets call `id` and every id that pointed at it.
@@ -314,7 +333,7 @@ impl Calls {
     /// the call's key: its outcome is known.
     pub(super) fn late_answer(&mut self, late: Late, m: &Message, now: std::time::Instant) {
         let Some(result) = m.result() else {
-            self.dedup.release(&late.key, late.started);
+            self.release_late(&late);
             return debug!(
                 "dropped a late error for tool \"{}\", whose call had ended",
                 late.tool
@@ -322,7 +341,7 @@ impl Calls {
         };
         invalidate(&mut self.cache, &late.tool, "ran late");
         if !storable(result) {
-            self.dedup.release(&late.key, late.started);
+            self.release_late(&late);
             return;
         }
         info!(
@@ -331,6 +350,29 @@ impl Calls {
         );
         self.dedup
             .store_late(late.key, late.args, result.to_owned(), late.keep, now);
+        self.known_now(late.key);
+    }
+
+    /// A late definite answer that is not kept lifts the mark of `late`'s
+    /// key.
+    fn release_late(&mut self, late: &Late) {
+        self.dedup.release(&late.key, late.started);
+        self.known_now(late.key);
+    }
+
+    /// `status` no longer lists `key` once it is not marked any more.
+    fn known_now(&mut self, key: u128) {
+        if !self.dedup.is_marked(&key)
+            && self
+                .counters
+                .stats
+                .unknown
+                .iter()
+                .any(|u| u.fingerprint == key)
+        {
+            self.counters.stats.forget_unknown(key);
+            self.counters.changed = true;
+        }
     }
 
     /// Stops call `id`, which nobody waits for any more: its live attempt
@@ -357,7 +399,7 @@ impl Calls {
         }
         match (&call.dedup_key, self.unknown_outcome(&call, true)) {
             (Some(k), Some(mark)) => {
-                self.dedup.complete_unknown(k, mark, ctx.now);
+                self.mark_unknown(&call, *k, mark, ctx);
             }
             (Some(k), None) => {
                 self.dedup.abandon(k);
