@@ -255,20 +255,22 @@ impl Stats {
 
     /// The `--stats-file` document.
     pub fn to_json(&self, server: &str) -> String {
-        let counters = |s: &ToolStats| {
+        let counters = |f: &ToolFigures| {
+            let s = &f.counters;
             serde_json::json!({
                 "calls": s.calls, "attempts": s.attempts, "retried": s.retried, "recovered": s.recovered,
-                "failed": s.failed, "cache_hits": s.cache_hits, "dedup_hits": s.dedup_hits,
+                "failed": s.failed, "failed_by_reason": f.failed_by_reason,
+                "cache_hits": s.cache_hits, "dedup_hits": s.dedup_hits,
             })
         };
         let tools: serde_json::Map<String, serde_json::Value> = self
             .tools
             .iter()
-            .map(|(k, v)| (k.clone(), counters(&v.counters)))
+            .map(|(k, v)| (k.clone(), counters(v)))
             .collect();
         let doc = serde_json::json!({
             "server": server,
-            "total": counters(&self.total()),
+            "total": counters(&self.total_figures()),
             "breaker_opens": self.breaker_opens(),
             "tools": tools,
         });
@@ -347,6 +349,12 @@ mod tests {
         s.tool("a").retried = 1;
         s.tool("b").calls = 1;
         s.tool("b").cache_hits = 1;
+        s.call_ended(
+            "b",
+            None,
+            Some(("earlier_attempt_unknown", "m".into())),
+            Instant::now(),
+        );
         s.breaker.insert("opened", 1);
         s.breaker.insert("closed", 1);
         assert_eq!(s.total().calls, 3);
@@ -359,6 +367,10 @@ mod tests {
         assert_eq!(v["tools"]["a"]["retried"], 1);
         assert_eq!(v["tools"]["a"]["attempts"], 3);
         assert_eq!(v["total"]["calls"], 3);
+        let unknown = serde_json::json!({"earlier_attempt_unknown": 1});
+        assert_eq!(v["tools"]["b"]["failed_by_reason"], unknown);
+        assert_eq!(v["total"]["failed_by_reason"], unknown);
+        assert_eq!(v["tools"]["a"]["failed_by_reason"], serde_json::json!({}));
     }
 
     #[test]
