@@ -610,3 +610,94 @@ fn a_call_ends_with_a_typed_outcome_that_a_server_cannot_forge() {
     let timeout = CallOutcome::Proxy(Reason::Timeout);
     assert_eq!(timeout.failure_label(), Some("timeout"));
 }
+
+/// The calls of a server whose tool `pay` is configured unsafe (or safe),
+/// with a 10 s attempt timeout.
+fn with_pay(idempotent: bool) -> Harness {
+    Harness::new(|c| {
+        c.call_timeout = 10 * SECOND;
+        c.retry.max_retries = 0;
+        let pay = tool(|t| t.idempotent = Some(idempotent));
+        c.tools.insert("pay".into(), pay);
+    })
+}
+
+const KEYED: &str = r#"{"_idempotency_key":"K-1"}"#;
+
+#[test]
+fn a_keyed_unsafe_call_whose_outcome_is_unknown_is_not_run_again_until_its_late_answer() {
+    let mut h = with_pay(false);
+    let t0 = h.now;
+    let (id, down) = h.started("1", "pay", KEYED);
+    h.now += 10 * SECOND;
+    let (_, out) = h.timer(CallTimer::AttemptTimeout { call: id, down });
+    let e = &answer_for(&out, "1")["error"];
+    assert_eq!(e["data"]["reason"], "not_retried_unsafe", "{e}");
+    // The same key again: answered at once, nothing is sent.
+    h.now += SECOND;
+    let (arrival, out) = h.arrive("2", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Answered), "{arrival:?}");
+    let e = &answer_for(&out, "2")["error"];
+    assert_eq!(e["data"]["reason"], "earlier_attempt_unknown", "{e}");
+    assert_eq!(e["data"]["outcome"], "unknown", "{e}");
+    assert_eq!(e["data"]["cause"], "timeout", "{e}");
+    assert_eq!(e["data"]["startedMsAgo"], 11_000, "{e}");
+    assert_eq!(h.calls.len(), 0);
+    let figures = &h.calls.stats().tools["pay"];
+    assert_eq!(figures.failed_by_reason["earlier_attempt_unknown"], 1);
+    let unknown = &h.calls.stats().unknown;
+    assert_eq!(unknown.len(), 1);
+    assert_eq!(
+        (unknown[0].key.as_str(), unknown[0].cause),
+        ("K-1", "timeout")
+    );
+    assert_eq!(unknown[0].started, t0);
+    // The first attempt's success comes late: it is the outcome.
+    assert_eq!(h.answer(down, OK).0, Owner::Known);
+    assert!(h.calls.stats().unknown.is_empty());
+    let (arrival, out) = h.arrive("3", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Answered), "{arrival:?}");
+    let r = &answer_for(&out, "3")["result"];
+    assert_eq!(r["content"][0]["text"], "ok", "{r}");
+    assert_eq!(r["_meta"]["mcp-retry/source"], "dedup", "{r}");
+}
+
+#[test]
+fn a_cancelled_keyed_call_is_marked_and_a_late_error_lifts_the_mark() {
+    let mut h = with_pay(false);
+    let (id, down) = h.started("1", "pay", KEYED);
+    let (_, out) = h.run(|c, ctx, out| c.cancel_member(id, "1", "the user stopped it", ctx, out));
+    assert_eq!(
+        cancels(&out),
+        vec![(down, "the user stopped it".to_owned())]
+    );
+    let (_, out) = h.arrive("2", "pay", KEYED);
+    let e = &answer_for(&out, "2")["error"];
+    assert_eq!(e["data"]["cause"], "cancelled", "{e}");
+    // The server says it failed: the outcome is known, the key runs again.
+    assert_eq!(h.answer(down, TRANSIENT).0, Owner::Known);
+    assert!(h.calls.stats().unknown.is_empty());
+    let (arrival, _) = h.arrive("3", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
+}
+
+#[test]
+fn a_keyed_call_of_a_safe_tool_or_without_an_attempt_is_not_marked() {
+    let mut h = with_pay(true);
+    let (id, down) = h.started("1", "pay", KEYED);
+    h.now += 10 * SECOND;
+    let (_, out) = h.timer(CallTimer::AttemptTimeout { call: id, down });
+    assert_eq!(answer_for(&out, "1")["error"]["data"]["reason"], "timeout");
+    let (arrival, _) = h.arrive("2", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
+    // An unsafe call cancelled before its attempt was sent never ran.
+    let mut h = with_pay(false);
+    let (arrival, _) = h.arrive("1", "pay", KEYED);
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    h.run(|c, ctx, out| c.cancel_member(id, "1", "stopped", ctx, out));
+    let (arrival, _) = h.arrive("2", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
+    assert!(h.calls.stats().unknown.is_empty());
+}
