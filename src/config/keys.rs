@@ -453,7 +453,8 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
          key (replayed to later calls of the same tool with that key), or a success that \
          arrived after the client was told the call failed or had cancelled it (handed once \
          to the next identical call). A result the client received is never replayed to a \
-         keyless call.";
+         keyless call. Also how long a key whose call may have run without an outcome (a \
+         tool not known to be safe) is not run again.";
     "idempotency_max_entries" => idempotency_max_entries, Kind::Count { min: 0, max: USIZE_MAX },
         Def::Int(10_000),
         "Most results kept for replay.";
