@@ -396,9 +396,12 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
         }
     }
 
-    /// Whether `key` is marked not to run again.
-    pub fn is_marked(&self, key: &K) -> bool {
-        matches!(self.slots.get(key), Some(Slot::Marked { .. }))
+    /// The mark that keeps `key` from running again, if any.
+    pub fn mark_of(&self, key: &K) -> Option<Mark> {
+        match self.slots.get(key) {
+            Some(Slot::Marked { mark, .. }) => Some(*mark),
+            _ => None,
+        }
     }
 
     /// Entries held, in flight and completed.

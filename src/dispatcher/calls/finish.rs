@@ -254,7 +254,7 @@ impl Calls {
     /// the idempotency table and for `status`; returns its joined waiters.
     fn mark_unknown(&mut self, call: &Call, key: u128, mark: Mark, ctx: Ctx) -> Vec<String> {
         let waiters = self.dedup.complete_unknown(&key, mark, ctx.now);
-        if let (Mark::Unknown { cause, since }, true) = (mark, self.dedup.is_marked(&key)) {
+        if let Some(Mark::Unknown { cause, since }) = self.dedup.mark_of(&key) {
             self.counters.changed = true;
             self.counters.stats.unknown_outcome(UnknownOutcome {
                 tool: call.tool.clone(),
@@ -328,9 +328,10 @@ impl Calls {
         }
     }
 
-    /// An answer to an attempt whose call had already ended.
-    /// A definite answer that is not kept (an error) lifts the mark of
-    /// the call's key: its outcome is known.
+    /// An answer to an attempt whose call had already ended. A success is
+    /// kept for the next identical call (replacing the mark of an unknown
+    /// outcome); a definite answer that is not kept (an error) lifts the
+    /// mark: the outcome is known.
     pub(super) fn late_answer(&mut self, late: Late, m: &Message, now: std::time::Instant) {
         let Some(result) = m.result() else {
             self.release_late(&late);
@@ -360,9 +361,11 @@ impl Calls {
         self.known_now(late.key);
     }
 
-    /// `status` no longer lists `key` once it is not marked any more.
+    /// `status` no longer lists `key` once its outcome is not unknown any
+    /// more (a result, a lifted mark, a success too large to keep).
     fn known_now(&mut self, key: u128) {
-        if !self.dedup.is_marked(&key)
+        let unknown = matches!(self.dedup.mark_of(&key), Some(Mark::Unknown { .. }));
+        if !unknown
             && self
                 .counters
                 .stats

@@ -701,3 +701,27 @@ fn a_keyed_call_of_a_safe_tool_or_without_an_attempt_is_not_marked() {
     assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
     assert!(h.calls.stats().unknown.is_empty());
 }
+
+#[test]
+fn a_late_success_too_large_to_keep_turns_an_unknown_outcome_into_already_ran() {
+    let mut h = Harness::new(|c| {
+        c.call_timeout = 10 * SECOND;
+        c.idempotency_max_bytes = 200;
+        c.tools
+            .insert("pay".into(), tool(|t| t.idempotent = Some(false)));
+    });
+    let (id, down) = h.started("1", "pay", KEYED);
+    h.now += 10 * SECOND;
+    h.timer(CallTimer::AttemptTimeout { call: id, down });
+    assert_eq!(h.calls.stats().unknown.len(), 1);
+    let big = format!(
+        r#""result":{{"content":[{{"type":"text","text":"{}"}}]}}"#,
+        "x".repeat(300)
+    );
+    assert_eq!(h.answer(down, &big).0, Owner::Known);
+    assert!(h.calls.stats().unknown.is_empty(), "its outcome is known");
+    let (_, out) = h.arrive("2", "pay", KEYED);
+    let e = &answer_for(&out, "2")["error"];
+    assert_eq!(e["data"]["reason"], "already_ran", "{e}");
+    assert_eq!(e["data"]["outcome"], "succeeded", "{e}");
+}
