@@ -159,7 +159,7 @@ pub fn judge_file(f: &FileFacts, me: u32, max_len: u64) -> Result<(), FileProble
 }
 
 #[cfg(unix)]
-fn file_facts(meta: &fs::Metadata) -> FileFacts {
+pub(crate) fn file_facts(meta: &fs::Metadata) -> FileFacts {
     FileFacts {
         is_file: meta.is_file(),
         is_symlink: meta.file_type().is_symlink(),
@@ -173,7 +173,7 @@ fn file_facts(meta: &fs::Metadata) -> FileFacts {
 /// inherits (see the module doc); only the kind of file and its size are
 /// checked.
 #[cfg(windows)]
-fn file_facts(meta: &fs::Metadata) -> FileFacts {
+pub(crate) fn file_facts(meta: &fs::Metadata) -> FileFacts {
     FileFacts {
         is_file: meta.is_file(),
         is_symlink: meta.file_type().is_symlink(),
