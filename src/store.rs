@@ -19,6 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 
 pub mod local;
+pub mod thread;
 
 /// A record's name: BLAKE3 of its scope, tool and key ([`record_id`]).
 pub type Id = [u8; 32];

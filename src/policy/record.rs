@@ -12,8 +12,8 @@
 //! Rules:
 //! * **Claim** only if absent (or expired): the caller owns the record and
 //!   runs the call. The record lives at least `ttl`; the owner's liveness is
-//!   a separate lease (`lease_until`), renewed every third of its length,
-//!   and each renewal also extends the record to `now +
+//!   a separate lease (`lease_until`), renewed every third of its length
+//!   ([`renew_due`]), and each renewal also extends the record to `now +
 //!   ttl`, so the record outlives its call.
 //! * A claim on a record another owner holds with a live lease is **busy**
 //!   (a twin waits and claims again later); one whose lease is gone becomes
@@ -147,6 +147,12 @@ pub enum Write {
 /// Whether `record` is gone at `now`.
 pub fn expired(record: &Record, now: Millis) -> bool {
     now >= record.expires
+}
+
+/// When a lease taken or renewed at `at` is to be renewed: after a third
+/// of its length.
+pub fn renew_due(at: Millis, lease: Millis) -> Millis {
+    at.saturating_add((lease / 3).max(1))
 }
 
 /// The step of one operation: the reply and the write, from the record
@@ -380,6 +386,7 @@ mod tests {
     fn renewal_extends_lease_and_record_for_the_owner_only() {
         let mut s = One(None);
         s.run(&claim("a", "x"), 0);
+        assert_eq!(renew_due(0, T.lease), 1_000);
         assert_eq!(s.run(&renew("b"), 1_000), Reply::NotOwner);
         assert_eq!(
             s.0.as_ref().unwrap().state,
@@ -392,7 +399,7 @@ mod tests {
         // A call that lives past the ttl keeps its record alive.
         let mut t = 1_000;
         while t < 100_000 {
-            t += T.lease / 3;
+            t = renew_due(t, T.lease);
             assert_eq!(s.run(&renew("a"), t), Reply::Written);
         }
         assert!(s.0.as_ref().unwrap().expires >= t + T.ttl);
