@@ -389,7 +389,7 @@ impl<'a> Identity<'a> {
     /// Every field into `h`, each length-prefixed (lists by their count,
     /// absent values by a tag), so that no two identities feed the same
     /// bytes.
-    fn feed(&self, h: &mut blake3::Hasher) {
+    pub(crate) fn feed(&self, h: &mut blake3::Hasher) {
         fn bytes(h: &mut blake3::Hasher, b: &[u8]) {
             h.update(&(b.len() as u64).to_le_bytes());
             h.update(b);

@@ -32,7 +32,7 @@ mod redact;
 mod stats;
 pub mod status;
 mod stdio;
-pub mod store;
+mod store;
 #[cfg(unix)]
 pub mod watchdog;
 

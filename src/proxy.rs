@@ -130,6 +130,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     );
     let otel = start_otel(&cfg)?;
     let cache = start_cache_writer(&cfg);
+    let store = start_store(&args, &cfg, events_tx.clone())?;
     // For the answers a panic of the dispatcher leaves to its guard.
     let answers = to_client.clone();
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
@@ -151,6 +152,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some((entry, jobs, handle)) = cache {
         dispatcher = dispatcher.with_instant_start(entry, jobs);
         cache_writer = Some(handle);
+    }
+    let mut store_thread = None;
+    if let Some((keys, handle)) = store {
+        dispatcher = dispatcher.with_store(keys);
+        store_thread = Some(handle);
     }
     let mut status_handle = None;
     if let Some((tx, handle)) = status_writer {
@@ -186,6 +192,24 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             crate::info!("OpenTelemetry: {dropped} span(s) or snapshot(s) were dropped");
         }
     }
+    // The dispatcher let go of the store's channel: the store thread marks
+    // this process's keyed calls still in flight unknown, then ends (a
+    // store another process holds locked gets 2 s).
+    if let Some(h) = store_thread {
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+        let _ = crate::guard::spawn(
+            "store-join",
+            "the exit does not wait for the store",
+            move || {
+                let _ = h.join();
+                let _ = done_tx.send(());
+            },
+            || {},
+        );
+        if done_rx.recv_timeout(Duration::from_secs(2)).is_err() {
+            crate::warn!("store: the keyed calls in flight were not all marked unknown within 2 s");
+        }
+    }
     // A store under way is finished: the next session reads it.
     if let Some(h) = cache_writer {
         let _ = h.join();
@@ -205,6 +229,75 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 /// The exit code when the server contradicted the cached handshake the
 /// session began with: EX_TEMPFAIL, "try again" (the entry is gone).
 const HANDSHAKE_CHANGED_EXIT: u8 = 75;
+
+/// The environment variable that chooses the store (under `--store`).
+pub const STORE_ENV: &str = "MCP_RETRY_STORE";
+
+/// The store in use: `--store`, else `MCP_RETRY_STORE`, else the config's
+/// `store:`; a value that is not one is refused, naming where it came from.
+fn store_choice(args: &RunArgs, cfg: &ServerConfig) -> Result<String> {
+    let env = std::env::var(STORE_ENV).ok().filter(|v| !v.is_empty());
+    let (value, from) = match (&args.store, env) {
+        (Some(v), _) => (v.clone(), "--store"),
+        (None, Some(v)) => (v, STORE_ENV),
+        (None, None) => return Ok(cfg.store.clone()),
+    };
+    match value.as_str() {
+        "memory" | "local" => Ok(value),
+        v if v.starts_with("redis://") || v.starts_with("rediss://") => anyhow::bail!(
+            "{from}: store: Redis stores are not supported yet; expected one of memory, local"
+        ),
+        v => anyhow::bail!(
+            "{from}: store: expected one of memory, local, got {}",
+            jsonrpc::json_string(v)
+        ),
+    }
+}
+
+/// With `store: local`, the `store` thread (which opens the file in the
+/// state directory on its own time) and the calls' handle on it. `None`
+/// with `memory`.
+fn start_store(
+    args: &RunArgs,
+    cfg: &ServerConfig,
+    events: Sender<Event>,
+) -> Result<Option<(crate::dispatcher::KeyStore, thread::JoinHandle<()>)>> {
+    if store_choice(args, cfg)? != "local" {
+        return Ok(None);
+    }
+    use crate::store::{local, thread as store_thread, wall_clock, Engine, Memory, StoreError};
+    let refuse = cfg.store_unavailable == "refuse";
+    let open: store_thread::Opener = Box::new(move || {
+        let opened = local::state_dir()
+            .ok_or_else(|| {
+                StoreError::Engine(format!(
+                    "no state directory (set {} or HOME)",
+                    local::DIR_ENV
+                ))
+            })
+            .and_then(|dir| local::Local::open(&dir, local::MAX_BYTES, wall_clock()));
+        match opened {
+            Ok(e) => Ok(Box::new(e) as Box<dyn Engine>),
+            // store_unavailable: local: this process's memory instead.
+            Err(e) if !refuse => {
+                crate::warn!("store: local unavailable ({e}); keys are kept in this process only");
+                Ok(Box::new(Memory::new(local::MAX_BYTES, wall_clock())))
+            }
+            Err(e) => Err(e),
+        }
+    });
+    let deliver: store_thread::Deliver = Box::new(move |answer| {
+        let _ = events.send(Event::Store(answer));
+    });
+    let (tx, handle) = store_thread::spawn(open, deliver, wall_clock())
+        .context("cannot start the store thread")?;
+    let unavailable = match refuse {
+        true => crate::dispatcher::Unavailable::Refuse,
+        false => crate::dispatcher::Unavailable::Local,
+    };
+    let keys = crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable);
+    Ok(Some((keys, handle)))
+}
 
 /// With `instant_start`, the handshake cache: the server's entry as found
 /// now, and the `cache-writer` thread that stores the next one. `None`

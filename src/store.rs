@@ -51,6 +51,25 @@ pub fn record_id(scope: &[u8; 32], tool: &str, key: &str) -> Id {
     *h.finalize().as_bytes()
 }
 
+/// The scope of `server`'s records: BLAKE3 over its identity (transport,
+/// command, args, cwd, URL, and the values of env and headers: hashed,
+/// never stored) without the proxy's version, so two servers or two sets
+/// of credentials never share records and two proxy versions always do;
+/// or over its `store_scope` when set.
+pub fn scope(server: &crate::config::ServerConfig) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    if server.store_scope.is_empty() {
+        h.update(b"mcp-retry store scope: identity\0");
+        let mut id = crate::handshake_cache::Identity::of(server);
+        id.version = "";
+        id.feed(&mut h);
+    } else {
+        h.update(b"mcp-retry store scope: named\0");
+        h.update(server.store_scope.as_bytes());
+    }
+    *h.finalize().as_bytes()
+}
+
 /// Why an engine could not do an operation. The caller treats every
 /// error alike (the store is unavailable for that call); the text is for
 /// the log and `status`.
@@ -90,6 +109,8 @@ pub trait Engine: Send {
     fn count(&mut self) -> Result<u64, StoreError>;
     /// The engine's name, for logs and `status`: `memory`, `local`.
     fn name(&self) -> &'static str;
+    /// Where it keeps records, for logs and `status`.
+    fn place(&self) -> String;
 }
 
 /// What a record costs in the byte bound: its JSON text and its name.
@@ -181,6 +202,10 @@ impl Engine for Memory {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn place(&self) -> String {
+        "this process".into()
     }
 }
 
@@ -290,6 +315,30 @@ pub(crate) mod tests {
         let id = record_id(&[0; 32], "t", "new");
         assert_eq!(m.apply(&id, &claim("o")).unwrap(), Reply::Claimed);
         assert_eq!(m.count().unwrap(), 1);
+    }
+
+    #[test]
+    fn a_scope_hashes_the_identity_without_the_version_or_names_it() {
+        use crate::config::ServerConfig;
+        let mut a = ServerConfig::with_defaults("a", "srv".into(), vec!["x".into()]);
+        a.cwd = Some("/w".into());
+        a.env = vec![("TOKEN".into(), "one".into())];
+        let base = scope(&a);
+        assert_eq!(base, scope(&a.clone()));
+        let mut b = a.clone();
+        b.env = vec![("TOKEN".into(), "two".into())];
+        assert_ne!(base, scope(&b), "other credentials, other records");
+        let mut c = a.clone();
+        c.args.push("y".into());
+        assert_ne!(base, scope(&c));
+        // The name of the entry is no part of it.
+        let mut d = a.clone();
+        d.name = "other".into();
+        assert_eq!(base, scope(&d));
+        b.store_scope = "fleet".into();
+        c.store_scope = "fleet".into();
+        assert_eq!(scope(&b), scope(&c));
+        assert_ne!(scope(&b), base);
     }
 
     #[test]

@@ -76,6 +76,7 @@ impl Dispatcher {
             }
             Action::ListTools { cursor } => self.request_tools_page(cursor.as_deref(), now),
             Action::Trace(t) => self.trace(t, now),
+            Action::Store(req) => self.calls.store_send(req),
         }
     }
 

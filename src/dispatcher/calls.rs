@@ -45,6 +45,7 @@ mod attempt;
 mod call;
 mod decide;
 mod finish;
+mod keys;
 #[cfg(test)]
 mod tests;
 mod text;
@@ -52,6 +53,7 @@ mod tools;
 
 pub(super) use call::Failure;
 use call::{Call, Late};
+pub(crate) use keys::{KeyStore, Unavailable};
 pub(super) use text::secs;
 use tools::ToolsKnowledge;
 
@@ -106,6 +108,8 @@ pub(super) enum Action {
     ListTools { cursor: Option<String> },
     /// For the OpenTelemetry spans (only while `Ctx::tracing`).
     Trace(Trace),
+    /// Hand this to the store thread (`keys.rs`).
+    Store(crate::store::thread::Request),
 }
 
 /// What the tracer is told about the calls.
@@ -271,6 +275,8 @@ pub(super) struct Calls {
     backoff: Backoff,
     rng: fastrand::Rng,
     counters: Counters,
+    /// The store of keys that outlives the process, when one is used.
+    keys: Option<KeyStore>,
 }
 
 impl Calls {
@@ -295,6 +301,7 @@ impl Calls {
             backoff: Backoff::from_config(&cfg.retry),
             rng: fastrand::Rng::new(),
             counters: Counters::default(),
+            keys: None,
             cfg,
         }
     }
@@ -369,7 +376,7 @@ impl Calls {
                 Owner::Served
             }
             Some(Issued::Late(late)) => {
-                self.late_answer(*late, &m, ctx.now);
+                self.late_answer(*late, &m, ctx.now, out);
                 Owner::Known
             }
             None => Owner::Unknown,

@@ -123,10 +123,6 @@ impl Local {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The write transaction of one operation.
     fn step(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
         let tx = self.db.begin_write().map_err(engine_err)?;
@@ -269,6 +265,10 @@ impl Engine for Local {
 
     fn name(&self) -> &'static str {
         "local"
+    }
+
+    fn place(&self) -> String {
+        self.path.display().to_string()
     }
 }
 

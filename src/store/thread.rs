@@ -8,7 +8,7 @@
 //! every third of their length, the waiting twins (a claim found busy is
 //! tried again on a timer, 20 ms doubling to 250 ms, until it is decided
 //! or its caller's deadline), purging expired records, and, at the end
-//! (the channel closed or [`Request::Stop`]), marking this process's
+//! (the channel closed), marking this process's
 //! claims still in flight `unknown` (`proxy_exited`). It never sleeps
 //! except in `recv_deadline`. It must not know the dispatcher, calls or
 //! JSON-RPC: a [`Deliver`] callback takes the answers.
@@ -53,8 +53,6 @@ pub enum Request {
         outcome: Outcome,
         timing: Timing,
     },
-    /// Mark this process's claims in flight unknown and end.
-    Stop,
 }
 
 /// The store's answer to a [`Request::Claim`].
@@ -110,7 +108,7 @@ pub struct Worker {
 }
 
 /// Starts the `store` thread: it opens the engine with `open`, then does
-/// what it is asked until the sender is dropped or told to stop. Answers
+/// what it is asked until the sender is dropped. Answers
 /// go to `deliver`; `clock` is the store's clock for the answers' times.
 pub fn spawn(
     open: Opener,
@@ -123,8 +121,11 @@ pub fn spawn(
         "keyed calls are not recorded in the store any more",
         move || {
             let engine = match open() {
-                Ok(e) => {
-                    crate::debug!("store: {} open", e.name());
+                Ok(mut e) => {
+                    match e.count() {
+                        Ok(n) => crate::debug!("store: {} ({}): {n} records", e.name(), e.place()),
+                        Err(err) => crate::warn!("store: {} ({}): {err}", e.name(), e.place()),
+                    }
                     Ok(e)
                 }
                 Err(e) => {
@@ -165,7 +166,7 @@ impl Worker {
                 None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
             match got {
-                Ok(Request::Stop) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Disconnected) => break,
                 Ok(req) => self.handle(req, Instant::now()),
                 Err(RecvTimeoutError::Timeout) => {}
             }
@@ -244,7 +245,6 @@ impl Worker {
                 outcome,
                 timing,
             } => self.finish(id, outcome, timing, now),
-            Request::Stop => {}
         }
     }
 
@@ -263,6 +263,8 @@ impl Worker {
 
     fn finish(&mut self, id: Id, outcome: Outcome, timing: Timing, now: Instant) {
         let Some(own) = self.own.get(&id) else {
+            // A twin whose call ended while it waited waits no more.
+            self.waiting.retain(|w| w.id != id);
             return;
         };
         let op = Op::Finish {
@@ -445,6 +447,33 @@ mod tests {
         assert_eq!(log[1].call, 2);
         assert!(matches!(&log[1].reply, Ok(Reply::Replay { result, .. }) if result == "42"));
         assert!(w.waiting.is_empty());
+    }
+
+    #[test]
+    fn a_twin_whose_call_ended_waits_no_more() {
+        let (mut w, log, _) = worker();
+        let id = record_id(&[0; 32], "t", "k");
+        let now = Instant::now();
+        let far = now + Duration::from_secs(60);
+        let other = Op::Claim {
+            owner: "elsewhere".into(),
+            args: "a".into(),
+            timing: T,
+        };
+        assert_eq!(w.apply(&id, &other), Ok(Reply::Claimed));
+        w.handle(claim(1, id, far), now);
+        assert_eq!(w.waiting.len(), 1);
+        w.handle(
+            Request::Finish {
+                id,
+                outcome: Outcome::Released,
+                timing: T,
+            },
+            now,
+        );
+        assert!(w.waiting.is_empty());
+        assert_eq!(w.next_due(), Some(w.next_purge));
+        assert!(log.lock().unwrap().is_empty());
     }
 
     #[test]

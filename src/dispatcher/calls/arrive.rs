@@ -99,7 +99,10 @@ impl Calls {
             }
             Lookup::Execute(client) => {
                 self.dedup.start(&key, new.dedup_args, ctx.now);
-                Arrival::Started(self.open(m, new, client, ctx, out))
+                let id = self.open(m, new, client, ctx, out);
+                // With a store, its first attempt waits for its claim.
+                self.claim_first(id, out);
+                Arrival::Started(id)
             }
         }
     }
@@ -117,39 +120,8 @@ impl Calls {
         out: &mut Vec<Action>,
     ) -> Arrival {
         let tool = new.tool;
-        let key = jsonrpc::json_string(new.explicit_key.as_deref().unwrap_or_default());
-        let mut extra = vec![("attempts", "0".to_owned())];
-        let (reason, message) = match mark {
-            Mark::Unknown { cause, since } => {
-                let ago = ctx.now.saturating_duration_since(since);
-                warn!(
-                    "tool \"{tool}\": idempotency key {key} not run again: an earlier call started {} ago and its outcome is unknown ({cause})",
-                    secs(ago)
-                );
-                extra.push(("outcome", "\"unknown\"".to_owned()));
-                extra.push(("cause", jsonrpc::json_string(cause)));
-                extra.push(("startedMsAgo", ago.as_millis().to_string()));
-                let message = format!(
-                    "tool \"{tool}\" was not called: an earlier call with idempotency key {key} started {} ago and its outcome is unknown ({cause}): it may have run. The key is not run again within idempotency_ttl; check whether that call took effect, then use a new key to run it again",
-                    secs(ago)
-                );
-                (Reason::EarlierAttemptUnknown, message)
-            }
-            Mark::Ran { at } => {
-                let ago = ctx.now.saturating_duration_since(at);
-                warn!(
-                    "tool \"{tool}\": idempotency key {key} not run again: an earlier call succeeded {} ago",
-                    secs(ago)
-                );
-                extra.push(("outcome", "\"succeeded\"".to_owned()));
-                extra.push(("ranMsAgo", ago.as_millis().to_string()));
-                let message = format!(
-                    "tool \"{tool}\" was not called: an earlier call with idempotency key {key} succeeded {} ago, and its result was too large to keep (idempotency_max_bytes). The key is not run again within idempotency_ttl; use a new key to run it again",
-                    secs(ago)
-                );
-                (Reason::AlreadyRan, message)
-            }
-        };
+        let key = new.explicit_key.as_deref().unwrap_or_default();
+        let (reason, message, extra) = not_run_error(&tool, key, mark, ctx.now);
         let error = CallError::proxy(reason, &message, &extra);
         trace(ctx, out, || {
             Trace::AnsweredByProxy(Box::new(ProxyAnswer {
@@ -307,12 +279,57 @@ impl Calls {
                 queued: None,
                 waited_for_tools: None,
                 retried: false,
+                claim: None,
             },
         );
         trace(ctx, out, || Trace::CallStarted { call: id });
         self.budget.record_first_attempt(now);
         id
     }
+}
+
+/// The proxy's error for a call of `tool` with idempotency `key` that is
+/// not run because of `mark`: its reason, message and `data` members.
+pub(super) fn not_run_error(
+    tool: &str,
+    key: &str,
+    mark: Mark,
+    now: std::time::Instant,
+) -> (Reason, String, Vec<(&'static str, String)>) {
+    let key = jsonrpc::json_string(key);
+    let mut extra = vec![("attempts", "0".to_owned())];
+    let (reason, message) = match mark {
+        Mark::Unknown { cause, since } => {
+            let ago = now.saturating_duration_since(since);
+            warn!(
+                "tool \"{tool}\": idempotency key {key} not run again: an earlier call started {} ago and its outcome is unknown ({cause})",
+                secs(ago)
+            );
+            extra.push(("outcome", "\"unknown\"".to_owned()));
+            extra.push(("cause", jsonrpc::json_string(cause)));
+            extra.push(("startedMsAgo", ago.as_millis().to_string()));
+            let message = format!(
+                "tool \"{tool}\" was not called: an earlier call with idempotency key {key} started {} ago and its outcome is unknown ({cause}): it may have run. The key is not run again within idempotency_ttl; check whether that call took effect, then use a new key to run it again",
+                secs(ago)
+            );
+            (Reason::EarlierAttemptUnknown, message)
+        }
+        Mark::Ran { at } => {
+            let ago = now.saturating_duration_since(at);
+            warn!(
+                "tool \"{tool}\": idempotency key {key} not run again: an earlier call succeeded {} ago",
+                secs(ago)
+            );
+            extra.push(("outcome", "\"succeeded\"".to_owned()));
+            extra.push(("ranMsAgo", ago.as_millis().to_string()));
+            let message = format!(
+                "tool \"{tool}\" was not called: an earlier call with idempotency key {key} succeeded {} ago, and its result was too large to keep (idempotency_max_bytes). The key is not run again within idempotency_ttl; use a new key to run it again",
+                secs(ago)
+            );
+            (Reason::AlreadyRan, message)
+        }
+    };
+    (reason, message, extra)
 }
 
 /// Answers `client` at once with `result` the proxy holds.

@@ -35,6 +35,10 @@ impl Calls {
         if call.queued.is_some() {
             return false;
         }
+        if matches!(call.claim, Some(super::keys::Claim::Pending(_))) {
+            // It is started when the store answers its claim.
+            return false;
+        }
         if call.trial {
             // It holds the half-open trial already (its attempt never
             // reached the server): it is that trial still.

@@ -18,9 +18,11 @@ use crate::stats::UnknownOutcome;
 use crate::{debug, info};
 
 use super::call::{Call, Failure, Late};
+use super::keys::Claim;
 use super::text::{storable, with_source, Source};
 use super::{invalidate, trace, Action, Calls, Ctx, Issued, Trace, LATE_LIMIT};
 use crate::dispatcher::{CallError, CallOutcome};
+use crate::policy::record::Outcome;
 
 impl Calls {
     /// The next attempt of call `id` cannot be sent (breaker open, server
@@ -118,6 +120,11 @@ impl Calls {
         }
         let success = m.result().filter(|r| storable(r));
         self.store_success(&call, success, ctx);
+        let recorded = match success {
+            Some(r) => self.success_outcome(r),
+            None => Outcome::Released,
+        };
+        self.record_end(&call, recorded, out);
         // The client gets this answer: only an explicit key replays it.
         let store = match (&call.explicit_key, success) {
             (Some(_), Some(r)) => Some((r.to_owned(), Keep::Always)),
@@ -204,7 +211,9 @@ impl Calls {
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
-        let waiters = match (&call.dedup_key, self.unknown_outcome(&call, false)) {
+        let unknown = self.unknown_outcome(&call, false);
+        self.record_end(&call, recorded_end(unknown), out);
+        let waiters = match (&call.dedup_key, unknown) {
             (Some(k), Some(mark)) => self.mark_unknown(&call, *k, mark, ctx),
             (Some(k), None) => self.dedup.complete(k, None, ctx.now),
             (None, _) => Vec::new(),
@@ -269,7 +278,7 @@ impl Calls {
     }
 
     /// Forgets call `id` and every id that pointed at it.
-    fn remove_call(&mut self, id: u64, out: &mut Vec<Action>) -> Option<Call> {
+    pub(super) fn remove_call(&mut self, id: u64, out: &mut Vec<Action>) -> Option<Call> {
         let call = self.calls.remove(&id)?;
         if let Some(seq) = call.queued {
             out.push(Action::Unqueue(seq));
@@ -315,6 +324,10 @@ impl Calls {
                 keep,
                 tool: call.tool.clone(),
                 started: call.started,
+                record: match call.claim {
+                    Some(Claim::Held(id)) => Some(id),
+                    _ => None,
+                },
             };
             self.downstream.insert(down, Issued::Late(Box::new(late)));
             self.late.push_back(down);
@@ -332,7 +345,20 @@ impl Calls {
     /// kept for the next identical call (replacing the mark of an unknown
     /// outcome); a definite answer that is not kept (an error) lifts the
     /// mark: the outcome is known.
-    pub(super) fn late_answer(&mut self, late: Late, m: &Message, now: std::time::Instant) {
+    pub(super) fn late_answer(
+        &mut self,
+        late: Late,
+        m: &Message,
+        now: std::time::Instant,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(id) = late.record {
+            let outcome = match m.result().filter(|r| storable(r)) {
+                Some(r) => self.success_outcome(r),
+                None => Outcome::Released,
+            };
+            self.record_late(id, outcome, out);
+        }
         let Some(result) = m.result() else {
             self.release_late(&late);
             return debug!(
@@ -400,7 +426,9 @@ impl Calls {
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
-        match (&call.dedup_key, self.unknown_outcome(&call, true)) {
+        let unknown = self.unknown_outcome(&call, true);
+        self.record_end(&call, recorded_end(unknown), out);
+        match (&call.dedup_key, unknown) {
             (Some(k), Some(mark)) => {
                 self.mark_unknown(&call, *k, mark, ctx);
             }
@@ -448,5 +476,14 @@ impl Calls {
         } else {
             debug!("a joined request was cancelled; the call continues for the others");
         }
+    }
+}
+
+/// What a call that ended without the server's answer records in the
+/// store: unknown when it may have run (`unknown`), else released.
+fn recorded_end(unknown: Option<Mark>) -> Outcome {
+    match unknown {
+        Some(Mark::Unknown { cause, .. }) => Outcome::Unknown(cause.to_owned()),
+        _ => Outcome::Released,
     }
 }
