@@ -171,17 +171,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         .map_err(|_| anyhow::anyhow!("the dispatcher thread panicked"))?;
     // The dispatcher dropped its sender: the writer flushes what is queued
     // and ends. A client that stopped reading cannot hold us up forever.
-    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
-    let _ = crate::guard::spawn(
+    join_within(
+        writer,
         "client-flush",
         "the exit does not wait for the client's output",
-        move || {
-            let _ = writer.join();
-            let _ = done_tx.send(());
-        },
-        || {},
     );
-    let _ = done_rx.recv_timeout(Duration::from_secs(2));
     if let Some(h) = stats_writer {
         let _ = h.join();
     }
@@ -196,17 +190,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     // this process's keyed calls still in flight unknown, then ends (a
     // store another process holds locked gets 2 s).
     if let Some(h) = store_thread {
-        let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
-        let _ = crate::guard::spawn(
-            "store-join",
-            "the exit does not wait for the store",
-            move || {
-                let _ = h.join();
-                let _ = done_tx.send(());
-            },
-            || {},
-        );
-        if done_rx.recv_timeout(Duration::from_secs(2)).is_err() {
+        if !join_within(h, "store-join", "the exit does not wait for the store") {
             crate::warn!("store: the keyed calls in flight were not all marked unknown within 2 s");
         }
     }
@@ -229,6 +213,22 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 /// The exit code when the server contradicted the cached handshake the
 /// session began with: EX_TEMPFAIL, "try again" (the entry is gone).
 const HANDSHAKE_CHANGED_EXIT: u8 = 75;
+
+/// Waits at most 2 s for `handle`'s thread to end, from a thread named
+/// `name` (`consequence`: what a panic there costs); whether it ended.
+fn join_within(handle: thread::JoinHandle<()>, name: &str, consequence: &'static str) -> bool {
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+    let _ = crate::guard::spawn(
+        name,
+        consequence,
+        move || {
+            let _ = handle.join();
+            let _ = done_tx.send(());
+        },
+        || {},
+    );
+    done_rx.recv_timeout(Duration::from_secs(2)).is_ok()
+}
 
 /// The environment variable that chooses the store (under `--store`).
 pub const STORE_ENV: &str = "MCP_RETRY_STORE";

@@ -27,7 +27,7 @@ use redb::{
 };
 
 use super::{record_bytes, Clock, Engine, Id, StoreError, RECORD_OVERHEAD};
-use crate::handshake_cache::{file_facts, judge_file};
+use crate::handshake_cache::{file_facts, judge_file, UserDir};
 use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 use crate::status;
 
@@ -58,29 +58,14 @@ pub fn state_dir() -> Option<PathBuf> {
 /// [`state_dir`] with the environment as a function, for the tests.
 /// Relative paths in the variables are not used.
 fn state_dir_from(var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
-    let path = |name: &str| {
-        var(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
+    let places = UserDir {
+        explicit: DIR_ENV,
+        windows: &["mcp-retry", "state"],
+        macos: &["Library", "Application Support", "mcp-retry"],
+        xdg: "XDG_STATE_HOME",
+        home: &[".local", "state", "mcp-retry"],
     };
-    if let Some(p) = path(DIR_ENV) {
-        return Some(p);
-    }
-    if cfg!(windows) {
-        return path("LOCALAPPDATA").map(|p| p.join("mcp-retry").join("state"));
-    }
-    if cfg!(target_os = "macos") {
-        return path("HOME").map(|p| {
-            p.join("Library")
-                .join("Application Support")
-                .join("mcp-retry")
-        });
-    }
-    if let Some(p) = path("XDG_STATE_HOME") {
-        return Some(p.join("mcp-retry"));
-    }
-    path("HOME").map(|p| p.join(".local").join("state").join("mcp-retry"))
+    places.find(var)
 }
 
 fn engine_err(e: impl Into<redb::Error>) -> StoreError {
