@@ -276,6 +276,7 @@ impl Calls {
                 if let Some(failure) = self.calls.get_mut(&call).and_then(|c| c.parked.take()) {
                     self.decide(call, failure, ctx, out);
                 }
+                self.claim_overdue(call, ctx, out);
             }
         }
         None

@@ -28,11 +28,14 @@ use crate::{info, warn};
 
 use super::call::Call;
 use super::text::{with_source, Source};
-use super::{Action, Calls, Ctx, Trace};
+use super::{Action, CallTimer, Calls, Ctx, Trace};
 use crate::otel::CallEnd;
 
 /// How long a claim's owner is taken for alive without renewing it.
 pub const LEASE: Duration = Duration::from_secs(10);
+/// How long past its deadline a call waits for the store's answer to its
+/// claim before it ends without it.
+const CLAIM_GRACE: Duration = Duration::from_secs(1);
 
 /// What to do with a keyed call of a tool not known to be safe when the
 /// store cannot be asked.
@@ -124,6 +127,13 @@ impl Calls {
             timing,
             wait_until: call.deadline,
         }));
+        // The store answers by the deadline (a twin still waiting is told
+        // so); this is the backstop for a store that never answers.
+        let backstop = call.deadline + CLAIM_GRACE;
+        out.push(Action::Timer(
+            backstop,
+            CallTimer::CallDeadline { call: id },
+        ));
         true
     }
 
@@ -180,6 +190,20 @@ impl Calls {
             Ok(Reply::Written | Reply::NotOwner) => None,
             Err(why) => self.store_unavailable(id, &why, ctx, out),
         }
+    }
+
+    /// Call `id`'s deadline passed: if it still waits for its claim, the
+    /// store did not answer; it ends without running.
+    pub(super) fn claim_overdue(&mut self, id: u64, ctx: Ctx, out: &mut Vec<Action>) {
+        let Some(Claim::Pending(_)) = self.calls.get(&id).and_then(|c| c.claim) else {
+            return;
+        };
+        // Its end gives back whatever the store did with the claim (the
+        // store thread takes requests in order).
+        let message = "the tool was not called: the store of idempotency keys did not answer within the call's deadline";
+        let extra = [("attempts", "0".to_owned())];
+        let error = CallError::proxy(Reason::DeadlineExceeded, message, &extra);
+        self.fail(id, &error, ctx, out);
     }
 
     fn set_claim(&mut self, id: u64, claim: Option<Claim>) {

@@ -774,6 +774,37 @@ fn claiming(h: &mut Harness, client: &str) -> (u64, crate::store::Id) {
     (id, record)
 }
 
+#[test]
+fn a_claim_the_store_never_answers_ends_its_call_after_the_deadline() {
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let (arrival, out) = h.arrive("1", "pay", KEYED);
+    let Arrival::Started(id) = arrival else {
+        panic!()
+    };
+    let deadline = h.now + h.calls.cfg.retry.total_timeout;
+    assert!(out.iter().any(|a| matches!(a,
+        Action::Timer(at, CallTimer::CallDeadline { call }) if *call == id && *at == deadline + SECOND)));
+    h.now = deadline + SECOND;
+    let (_, out) = h.timer(CallTimer::CallDeadline { call: id });
+    let e = &answer_for(&out, "1")["error"];
+    assert_eq!(e["data"]["reason"], "deadline_exceeded", "{e}");
+    assert_eq!(h.calls.len(), 0);
+    let reqs = store_requests(out);
+    assert!(
+        matches!(
+            &reqs[..],
+            [Request::Finish {
+                outcome: Recorded::Released,
+                ..
+            }]
+        ),
+        "whatever became of the claim is given back: {reqs:?}"
+    );
+    // A claim answered since is not the call's any more.
+    let (start, out) = store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    assert_eq!((start, out.len()), (None, 0));
+}
+
 fn store_answers(
     h: &mut Harness,
     call: u64,
