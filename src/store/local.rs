@@ -355,14 +355,37 @@ mod tests {
     use crate::store::record_id;
     use crate::store::tests::{claim, engine_contract, fake_clock, finish};
 
-    fn temp_dir(name: &str) -> PathBuf {
+    /// A directory removed when dropped: declared before the engines of
+    /// a test, it goes after them (Windows removes no file still open).
+    struct Tmp(PathBuf);
+
+    impl std::ops::Deref for Tmp {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.0
+        }
+    }
+
+    impl AsRef<Path> for Tmp {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn temp_dir(name: &str) -> Tmp {
         let d = std::env::temp_dir().join(format!(
             "mcp-retry-store-{name}-{}-{}",
             std::process::id(),
             fastrand::u64(..)
         ));
         let _ = fs::remove_dir_all(&d);
-        d
+        Tmp(d)
     }
 
     #[test]
@@ -371,7 +394,6 @@ mod tests {
         let (clock, t) = fake_clock();
         let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
         engine_contract(&mut e, &t);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -397,7 +419,6 @@ mod tests {
             c.apply(&id, &claim("c")).unwrap(),
             Reply::Replay { result, .. } if result == "7"
         ));
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -422,7 +443,6 @@ mod tests {
             Reply::Claimed
         );
         assert_eq!(e.count().unwrap(), 1);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -445,7 +465,6 @@ mod tests {
             fs::read(dir.join(&aside[0])).unwrap(),
             vec![0x5a; 64 * 1024]
         );
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[cfg(unix)]
@@ -472,7 +491,6 @@ mod tests {
             0o600
         );
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 2);
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

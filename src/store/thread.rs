@@ -571,6 +571,6 @@ mod tests {
             Ok(Reply::Unknown { cause, .. }) if cause == PROXY_EXITED
         ));
         drop(e);
-        std::fs::remove_dir_all(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
