@@ -11,12 +11,13 @@ FUZZ_TARGETS := jsonrpc config sse http yaml
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 STATIC_TARGET ?= x86_64-unknown-linux-musl
 # `make static` fails when the binary (with TLS) reaches these sizes: the
-# project's 4.5 MB for the musl one (4,174,136 bytes, 2.11 MB gzipped, at
-# opt-level "s" with mimalloc; at opt-level 3 it would be 5.37 MB);
-# the glibc fallback has about 1 MB of glibc's own static code more (see
+# project's 6 MB for the musl one (4,174,136 bytes, 2.11 MB gzipped, at
+# opt-level "s" with mimalloc, before redb's ~700 KB; at opt-level 3 it
+# would be 5.37 MB); the glibc fallback has about 1 MB of glibc's own
+# static code more (see
 # docs/platforms.md, *Static binary*).
-STATIC_MAX_BYTES ?= 4500000
-GLIBC_STATIC_MAX_BYTES ?= 5500000
+STATIC_MAX_BYTES ?= 6000000
+GLIBC_STATIC_MAX_BYTES ?= 7000000
 
 WINDOWS_TARGET := x86_64-pc-windows-gnu
 # Wine's own state for `make test-windows` (a Windows "C:" drive and

@@ -65,6 +65,8 @@ Options:
   --header 'N: V'       an HTTP header for --url (repeatable; `${VAR}` is not
                         expanded here: let the shell do it)
   --stats-file PATH     write per-tool counters as JSON every few seconds and at exit
+  --store STORE         where idempotency keys are kept: memory or local (over the
+                        config's `store:`; env MCP_RETRY_STORE)
   --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
   --log-format FMT      text or json (default text)
   -h, --help            print help
@@ -180,6 +182,8 @@ pub struct RunArgs {
     /// `--header` values, split at the first colon. Secrets: never shown.
     pub headers: Vec<(String, String)>,
     pub stats_file: Option<PathBuf>,
+    /// `--store`: where idempotency keys are kept (over the config's).
+    pub store: Option<String>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -317,6 +321,7 @@ fn parse_run(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Comma
             Short('c') | Long("config") => args.config = Some(p.value()?.into()),
             Short('s') | Long("server") => args.server = Some(p.value()?.string()?),
             Long("stats-file") => args.stats_file = Some(p.value()?.into()),
+            Long("store") => args.store = Some(p.value()?.string()?),
             Long("url") => args.url = Some(p.value()?.string()?),
             Long("header") => {
                 let text = p.value()?.string()?;
@@ -463,6 +468,19 @@ mod tests {
             Command::Run(RunArgs {
                 config: Some("c.yaml".into()),
                 server: Some("fs".into()),
+                ..RunArgs::default()
+            })
+        );
+    }
+
+    #[test]
+    fn run_with_a_store() {
+        let (_, c) = ok(&["run", "--store", "local", "--", "srv"]);
+        assert_eq!(
+            c,
+            Command::Run(RunArgs {
+                store: Some("local".into()),
+                command: vec!["srv".into()],
                 ..RunArgs::default()
             })
         );

@@ -114,6 +114,12 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// Most client requests in flight before answering `overloaded` (default 10 000).
     pub max_in_flight: usize,
+    /// `store`: `memory` or `local`.
+    pub store: String,
+    /// `store_unavailable`: `local` or `refuse`.
+    pub store_unavailable: String,
+    /// `store_scope`: replaces the server's identity in record names.
+    pub store_scope: String,
     /// OpenTelemetry export (the `OTEL_*` variables win).
     pub otel: OtelConfig,
     /// Why this server cannot be started although the file is valid (a

@@ -45,6 +45,7 @@ mod trace;
 
 use crate::mcp::List;
 use calls::{Action, CallTimer, Calls, Owner};
+pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
 use requests::{Batch, ClientRequest, Inflight, Method, Requests, ServerRequest};
@@ -65,6 +66,8 @@ pub enum Event {
     Server { generation: u64, event: ServerEvent },
     /// SIGTERM, SIGINT or SIGHUP.
     Signal(i32),
+    /// The store answered a keyed call's claim.
+    Store(crate::store::thread::Answer),
 }
 
 impl Event {
@@ -118,6 +121,16 @@ pub enum Reason {
     InternalError,
     /// The request cannot be sent as the client wrote it (-32602).
     InvalidParams,
+    /// An earlier call with the same idempotency key may have run, and its
+    /// outcome is unknown: this one is not run.
+    EarlierAttemptUnknown,
+    /// An earlier call with the same idempotency key succeeded, with a
+    /// result too large to keep: this one is not run.
+    AlreadyRan,
+    /// The store of idempotency keys cannot be asked, and
+    /// `store_unavailable` is `refuse`: a keyed call of a tool not known
+    /// to be safe is not run.
+    StoreUnavailable,
 }
 
 impl Reason {
@@ -138,6 +151,9 @@ impl Reason {
             Reason::Rejected => "rejected",
             Reason::InternalError => "internal_error",
             Reason::InvalidParams => "invalid_params",
+            Reason::EarlierAttemptUnknown => "earlier_attempt_unknown",
+            Reason::AlreadyRan => "already_ran",
+            Reason::StoreUnavailable => "store_unavailable",
         }
     }
 }
@@ -421,6 +437,13 @@ impl Dispatcher {
         self
     }
 
+    /// Keyed calls claim their records in the store behind `store` (the
+    /// `store` thread's requests) first; its state is the calls' own.
+    pub fn with_store(mut self, store: KeyStore) -> Dispatcher {
+        self.calls.use_store(store);
+        self
+    }
+
     /// Takes `event.size()` off `backlog` for every event it receives.
     pub fn with_inbox_backlog(mut self, backlog: Arc<Backlog>) -> Dispatcher {
         self.inbox_backlog = Some(backlog);
@@ -517,6 +540,11 @@ impl Dispatcher {
             Event::Signal(sig) => {
                 info!("received signal {sig}; stopping the server");
                 self.begin_shutdown(Some(sig), now);
+            }
+            Event::Store(answer) => {
+                if let Some(id) = self.with_calls(now, |c, ctx, out| c.claimed(answer, ctx, out)) {
+                    self.start_attempt(id, now);
+                }
             }
         }
         self.status_check();

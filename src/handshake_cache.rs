@@ -71,25 +71,54 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// [`cache_dir`] with the environment as a function, for the tests.
 /// Relative paths in the variables are not used.
 fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
-    let path = |name: &str| {
-        var(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .filter(|p| p.is_absolute())
+    let places = UserDir {
+        explicit: DIR_ENV,
+        windows: &["mcp-retry", "cache"],
+        macos: &["Library", "Caches", "mcp-retry"],
+        xdg: "XDG_CACHE_HOME",
+        home: &[".cache", "mcp-retry"],
     };
-    if let Some(p) = path(DIR_ENV) {
-        return Some(p);
+    places.find(var)
+}
+
+/// Where a per-user directory of ours is on each platform: `explicit` (a
+/// variable naming it), else under `%LOCALAPPDATA%` (Windows), `$HOME`
+/// (macOS), the XDG variable `xdg`, or `$HOME` (other Unix).
+pub(crate) struct UserDir {
+    pub explicit: &'static str,
+    pub windows: &'static [&'static str],
+    pub macos: &'static [&'static str],
+    pub xdg: &'static str,
+    pub home: &'static [&'static str],
+}
+
+impl UserDir {
+    /// The directory with the environment as a function; relative paths
+    /// in the variables are not used.
+    pub(crate) fn find(&self, var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+        let path = |name: &str| {
+            var(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+        };
+        let under = |base: Option<PathBuf>, parts: &[&str]| {
+            base.map(|b| parts.iter().fold(b, |p, part| p.join(part)))
+        };
+        if let Some(p) = path(self.explicit) {
+            return Some(p);
+        }
+        if cfg!(windows) {
+            return under(path("LOCALAPPDATA"), self.windows);
+        }
+        if cfg!(target_os = "macos") {
+            return under(path("HOME"), self.macos);
+        }
+        if let Some(p) = path(self.xdg) {
+            return Some(p.join("mcp-retry"));
+        }
+        under(path("HOME"), self.home)
     }
-    if cfg!(windows) {
-        return path("LOCALAPPDATA").map(|p| p.join("mcp-retry").join("cache"));
-    }
-    if cfg!(target_os = "macos") {
-        return path("HOME").map(|p| p.join("Library").join("Caches").join("mcp-retry"));
-    }
-    if let Some(p) = path("XDG_CACHE_HOME") {
-        return Some(p.join("mcp-retry"));
-    }
-    path("HOME").map(|p| p.join(".cache").join("mcp-retry"))
 }
 
 // ----- the key ---------------------------------------------------------------------
@@ -208,7 +237,7 @@ impl<'a> Identity<'a> {
     /// Every field into `h`, each length-prefixed (lists by their count,
     /// absent values by a tag), so that no two identities feed the same
     /// bytes.
-    fn feed(&self, h: &mut blake3::Hasher) {
+    pub(crate) fn feed(&self, h: &mut blake3::Hasher) {
         fn bytes(h: &mut blake3::Hasher, b: &[u8]) {
             h.update(&(b.len() as u64).to_le_bytes());
             h.update(b);

@@ -34,6 +34,7 @@ mod resolve;
 mod stats;
 pub mod status;
 mod stdio;
+mod store;
 #[cfg(unix)]
 pub mod watchdog;
 

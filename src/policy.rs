@@ -24,6 +24,7 @@ pub mod dedup;
 pub mod gate;
 pub mod progress;
 pub mod ramp;
+pub mod record;
 pub mod recovery;
 
 /// Deepest nesting of arrays and objects [`canonical_json`] accepts (the same

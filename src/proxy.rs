@@ -130,6 +130,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     );
     let otel = start_otel(&cfg)?;
     let cache = start_cache_writer(&cfg);
+    let store = start_store(&args, &cfg, events_tx.clone())?;
     // For the answers a panic of the dispatcher leaves to its guard.
     let answers = to_client.clone();
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
@@ -152,6 +153,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         dispatcher = dispatcher.with_instant_start(entry, jobs);
         cache_writer = Some(handle);
     }
+    let mut store_thread = None;
+    if let Some((keys, handle)) = store {
+        dispatcher = dispatcher.with_store(keys);
+        store_thread = Some(handle);
+    }
     let mut status_handle = None;
     if let Some((tx, handle)) = status_writer {
         dispatcher = dispatcher.with_status_output(tx);
@@ -165,17 +171,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         .map_err(|_| anyhow::anyhow!("the dispatcher thread panicked"))?;
     // The dispatcher dropped its sender: the writer flushes what is queued
     // and ends. A client that stopped reading cannot hold us up forever.
-    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
-    let _ = crate::guard::spawn(
+    join_within(
+        writer,
         "client-flush",
         "the exit does not wait for the client's output",
-        move || {
-            let _ = writer.join();
-            let _ = done_tx.send(());
-        },
-        || {},
     );
-    let _ = done_rx.recv_timeout(Duration::from_secs(2));
     if let Some(h) = stats_writer {
         let _ = h.join();
     }
@@ -184,6 +184,14 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         let dropped = exporter.finish(Duration::from_secs(1));
         if dropped > 0 {
             crate::info!("OpenTelemetry: {dropped} span(s) or snapshot(s) were dropped");
+        }
+    }
+    // The dispatcher let go of the store's channel: the store thread marks
+    // this process's keyed calls still in flight unknown, then ends (a
+    // store another process holds locked gets 2 s).
+    if let Some(h) = store_thread {
+        if !join_within(h, "store-join", "the exit does not wait for the store") {
+            crate::warn!("store: the keyed calls in flight were not all marked unknown within 2 s");
         }
     }
     // A store under way is finished: the next session reads it.
@@ -205,6 +213,91 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 /// The exit code when the server contradicted the cached handshake the
 /// session began with: EX_TEMPFAIL, "try again" (the entry is gone).
 const HANDSHAKE_CHANGED_EXIT: u8 = 75;
+
+/// Waits at most 2 s for `handle`'s thread to end, from a thread named
+/// `name` (`consequence`: what a panic there costs); whether it ended.
+fn join_within(handle: thread::JoinHandle<()>, name: &str, consequence: &'static str) -> bool {
+    let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+    let _ = crate::guard::spawn(
+        name,
+        consequence,
+        move || {
+            let _ = handle.join();
+            let _ = done_tx.send(());
+        },
+        || {},
+    );
+    done_rx.recv_timeout(Duration::from_secs(2)).is_ok()
+}
+
+/// The environment variable that chooses the store (under `--store`).
+pub const STORE_ENV: &str = "MCP_RETRY_STORE";
+
+/// The store in use: `--store`, else `MCP_RETRY_STORE`, else the config's
+/// `store:`; a value that is not one is refused, naming where it came from.
+fn store_choice(args: &RunArgs, cfg: &ServerConfig) -> Result<String> {
+    let env = std::env::var(STORE_ENV).ok().filter(|v| !v.is_empty());
+    let (value, from) = match (&args.store, env) {
+        (Some(v), _) => (v.clone(), "--store"),
+        (None, Some(v)) => (v, STORE_ENV),
+        (None, None) => return Ok(cfg.store.clone()),
+    };
+    match value.as_str() {
+        "memory" | "local" => Ok(value),
+        v if v.starts_with("redis://") || v.starts_with("rediss://") => anyhow::bail!(
+            "{from}: store: Redis stores are not supported yet; expected one of memory, local"
+        ),
+        v => anyhow::bail!(
+            "{from}: store: expected one of memory, local, got {}",
+            jsonrpc::json_string(v)
+        ),
+    }
+}
+
+/// With `store: local`, the `store` thread (which opens the file in the
+/// state directory on its own time) and the calls' handle on it. `None`
+/// with `memory`.
+fn start_store(
+    args: &RunArgs,
+    cfg: &ServerConfig,
+    events: Sender<Event>,
+) -> Result<Option<(crate::dispatcher::KeyStore, thread::JoinHandle<()>)>> {
+    if store_choice(args, cfg)? != "local" {
+        return Ok(None);
+    }
+    use crate::store::{local, thread as keeper, wall_clock, Engine, Memory, StoreError};
+    let refuse = cfg.store_unavailable == "refuse";
+    let open: keeper::Opener = Box::new(move || {
+        let opened = local::state_dir()
+            .ok_or_else(|| {
+                StoreError::Engine(format!(
+                    "no state directory (set {} or HOME)",
+                    local::DIR_ENV
+                ))
+            })
+            .and_then(|dir| local::Local::open(&dir, local::MAX_BYTES, wall_clock()));
+        match opened {
+            Ok(e) => Ok(Box::new(e) as Box<dyn Engine>),
+            // store_unavailable: local: this process's memory instead.
+            Err(e) if !refuse => {
+                crate::warn!("store: local unavailable ({e}); keys are kept in this process only");
+                Ok(Box::new(Memory::new(local::MAX_BYTES, wall_clock())))
+            }
+            Err(e) => Err(e),
+        }
+    });
+    let deliver: keeper::Deliver = Box::new(move |answer| {
+        let _ = events.send(Event::Store(answer));
+    });
+    let (tx, handle) =
+        keeper::spawn(open, deliver, wall_clock()).context("cannot start the store thread")?;
+    let unavailable = match refuse {
+        true => crate::dispatcher::Unavailable::Refuse,
+        false => crate::dispatcher::Unavailable::Local,
+    };
+    let keys = crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable);
+    Ok(Some((keys, handle)))
+}
 
 /// With `instant_start`, the handshake cache: the server's entry as found
 /// now, and the `cache-writer` thread that stores the next one. `None`

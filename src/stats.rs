@@ -11,7 +11,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -128,6 +128,27 @@ pub const MAX_TOOL_NAMES: usize = 1000;
 /// Where the calls of the names past [`MAX_TOOL_NAMES`] are counted.
 pub const OTHER_TOOLS: &str = "(other tools)";
 
+/// The most unknown outcomes kept for `status`, newest first.
+pub const MAX_UNKNOWN: usize = 32;
+/// The most characters of an idempotency key kept for `status`.
+pub const MAX_KEY_CHARS: usize = 200;
+
+/// A keyed call that may have run without an outcome, whose key is not
+/// run again until `until`: shown by `status` so that a person can check
+/// whether it took effect.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnknownOutcome {
+    pub tool: String,
+    /// The client's idempotency key (at most [`MAX_KEY_CHARS`]).
+    pub key: String,
+    pub started: Instant,
+    /// What ended it (`timeout`, `server_exited`, …).
+    pub cause: &'static str,
+    pub until: Instant,
+    /// The key's fingerprint in the idempotency table.
+    pub fingerprint: u128,
+}
+
 /// All figures of a session.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Stats {
@@ -137,6 +158,9 @@ pub struct Stats {
     pub breaker: BTreeMap<&'static str, u64>,
     /// Times the server was started again.
     pub restarts: u64,
+    /// Keyed calls whose outcome is unknown, newest first (at most
+    /// [`MAX_UNKNOWN`]).
+    pub unknown: VecDeque<UnknownOutcome>,
 }
 
 impl Stats {
@@ -151,6 +175,20 @@ impl Stats {
             self.tools.insert(name.to_owned(), ToolFigures::default());
         }
         self.tools.get_mut(name).expect("inserted")
+    }
+
+    /// A keyed call's outcome is unknown (the newest first; the oldest
+    /// beyond [`MAX_UNKNOWN`] are no longer shown).
+    pub fn unknown_outcome(&mut self, mut u: UnknownOutcome) {
+        self.forget_unknown(u.fingerprint);
+        u.key = crate::status::truncate(&u.key, MAX_KEY_CHARS);
+        self.unknown.push_front(u);
+        self.unknown.truncate(MAX_UNKNOWN);
+    }
+
+    /// The outcome of the call whose key has `fingerprint` is known now.
+    pub fn forget_unknown(&mut self, fingerprint: u128) {
+        self.unknown.retain(|u| u.fingerprint != fingerprint);
     }
 
     /// The counters of `name`.
@@ -217,20 +255,22 @@ impl Stats {
 
     /// The `--stats-file` document.
     pub fn to_json(&self, server: &str) -> String {
-        let counters = |s: &ToolStats| {
+        let counters = |f: &ToolFigures| {
+            let s = &f.counters;
             serde_json::json!({
                 "calls": s.calls, "attempts": s.attempts, "retried": s.retried, "recovered": s.recovered,
-                "failed": s.failed, "cache_hits": s.cache_hits, "dedup_hits": s.dedup_hits,
+                "failed": s.failed, "failed_by_reason": f.failed_by_reason,
+                "cache_hits": s.cache_hits, "dedup_hits": s.dedup_hits,
             })
         };
         let tools: serde_json::Map<String, serde_json::Value> = self
             .tools
             .iter()
-            .map(|(k, v)| (k.clone(), counters(&v.counters)))
+            .map(|(k, v)| (k.clone(), counters(v)))
             .collect();
         let doc = serde_json::json!({
             "server": server,
-            "total": counters(&self.total()),
+            "total": counters(&self.total_figures()),
             "breaker_opens": self.breaker_opens(),
             "tools": tools,
         });
@@ -271,6 +311,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn unknown_outcomes_are_bounded_newest_first_and_forgotten_when_known() {
+        let t0 = Instant::now();
+        let mut s = Stats::default();
+        let u = |n: u128| UnknownOutcome {
+            tool: "t".into(),
+            key: format!("k{n}"),
+            started: t0,
+            cause: "timeout",
+            until: t0,
+            fingerprint: n,
+        };
+        for n in 0..(MAX_UNKNOWN as u128 + 5) {
+            s.unknown_outcome(u(n));
+        }
+        assert_eq!(s.unknown.len(), MAX_UNKNOWN);
+        assert_eq!(s.unknown[0].key, format!("k{}", MAX_UNKNOWN + 4));
+        s.forget_unknown(MAX_UNKNOWN as u128 + 4);
+        assert_eq!(s.unknown.len(), MAX_UNKNOWN - 1);
+        assert_eq!(s.unknown[0].key, format!("k{}", MAX_UNKNOWN + 3));
+        // The same key again moves to the front, once.
+        s.unknown_outcome(u(10));
+        assert_eq!(s.unknown.len(), MAX_UNKNOWN - 1);
+        assert_eq!(s.unknown[0].key, "k10");
+        // A long key is shortened.
+        let mut long = u(99);
+        long.key = "x".repeat(1000);
+        s.unknown_outcome(long);
+        assert_eq!(s.unknown[0].key.chars().count(), MAX_KEY_CHARS);
+    }
+
+    #[test]
     fn totals_summary_and_json() {
         let mut s = Stats::default();
         s.tool("a").calls = 2;
@@ -278,6 +349,12 @@ mod tests {
         s.tool("a").retried = 1;
         s.tool("b").calls = 1;
         s.tool("b").cache_hits = 1;
+        s.call_ended(
+            "b",
+            None,
+            Some(("earlier_attempt_unknown", "m".into())),
+            Instant::now(),
+        );
         s.breaker.insert("opened", 1);
         s.breaker.insert("closed", 1);
         assert_eq!(s.total().calls, 3);
@@ -290,6 +367,10 @@ mod tests {
         assert_eq!(v["tools"]["a"]["retried"], 1);
         assert_eq!(v["tools"]["a"]["attempts"], 3);
         assert_eq!(v["total"]["calls"], 3);
+        let unknown = serde_json::json!({"earlier_attempt_unknown": 1});
+        assert_eq!(v["tools"]["b"]["failed_by_reason"], unknown);
+        assert_eq!(v["total"]["failed_by_reason"], unknown);
+        assert_eq!(v["tools"]["a"]["failed_by_reason"], serde_json::json!({}));
     }
 
     #[test]

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::private_files::{prepare_dir, replace_file, DirError};
 use crate::private_files::{uid, write_atomically};
 use crate::redact::Redactor;
-use crate::stats::{Stats, ToolFigures, ToolStats};
+use crate::stats::{Stats, ToolFigures, ToolStats, UnknownOutcome};
 
 /// The environment variable that overrides the runtime directory.
 pub const DIR_ENV: &str = "MCP_RETRY_RUNTIME_DIR";
@@ -96,6 +96,25 @@ pub struct Document {
     pub in_flight: u64,
     pub total: ToolDoc,
     pub tools: BTreeMap<String, ToolDoc>,
+    /// Keyed calls whose outcome is unknown, newest first (older proxies
+    /// wrote none).
+    #[serde(default)]
+    pub unknown_outcomes: Vec<UnknownDoc>,
+}
+
+/// A keyed call that may have run without an outcome: its key is not run
+/// again until `until_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnknownDoc {
+    pub tool: String,
+    /// The client's idempotency key (redacted, shortened past 200
+    /// characters).
+    pub key: String,
+    pub started_at_ms: u64,
+    /// What ended it: `timeout`, `server_exited`, `transport_error`,
+    /// `cancelled`.
+    pub cause: String,
+    pub until_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -229,6 +248,9 @@ pub struct Snapshot {
     pub link_message: Option<String>,
     pub total: ToolSnapshot,
     pub tools: BTreeMap<String, ToolSnapshot>,
+    /// Keyed calls whose outcome is unknown and whose keys are still held,
+    /// newest first.
+    pub unknown: Vec<UnknownOutcome>,
 }
 
 /// One tool's figures as `status` shows them.
@@ -304,6 +326,12 @@ impl Publisher {
             link_message,
             total: tool_snapshot(&stats.total_figures()),
             tools,
+            unknown: stats
+                .unknown
+                .iter()
+                .filter(|u| u.until > now)
+                .cloned()
+                .collect(),
         };
         self.out.send(snapshot).is_ok()
     }
@@ -421,6 +449,17 @@ fn document(
             .tools
             .iter()
             .map(|(k, v)| (k.clone(), tool(v)))
+            .collect(),
+        unknown_outcomes: snap
+            .unknown
+            .iter()
+            .map(|u| UnknownDoc {
+                tool: u.tool.clone(),
+                key: redactor.redact(&u.key),
+                started_at_ms: wall(u.started),
+                cause: u.cause.to_owned(),
+                until_ms: wall(u.until),
+            })
             .collect(),
     }
 }

@@ -28,6 +28,7 @@ mod relay;
 mod resilience;
 mod respawn;
 mod start;
+mod store;
 // Unix only: file modes and owners of the status directory, /proc start times.
 #[cfg(unix)]
 mod status;

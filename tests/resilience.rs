@@ -845,6 +845,133 @@ fn an_argument_idempotency_key_dedups_and_never_reaches_the_server() {
     assert!(!raw.contains("_idempotency_key"), "{raw}");
 }
 
+/// Asserts the error of a keyed call not run again because an earlier one
+/// may have run (`cause`); returns how long ago that one started (ms).
+fn assert_not_run_again(e: &Value, cause: &str) -> u64 {
+    let message = assert_proxy_error(e, "earlier_attempt_unknown");
+    assert_eq!(e["data"]["outcome"], "unknown", "{e}");
+    assert_eq!(e["data"]["cause"], cause, "{e}");
+    assert!(message.contains("it may have run"), "{message}");
+    e["data"]["startedMsAgo"]
+        .as_u64()
+        .expect("data.startedMsAgo")
+}
+
+#[test]
+fn a_keyed_call_whose_outcome_is_unknown_is_never_run_again() {
+    // The first call times out at the server and is not retried (the tool
+    // is not known to be safe): it may have run. The same key again is the
+    // same operation: it is not run, and says when the first started.
+    let mut s = start(FAST);
+    s.list_tools();
+    let keyed = json!({"name": "echo",
+        "arguments": {"mode": "slow", "ms": 2500, "cancellable": false, "text": "paid"},
+        "_meta": {"idempotencyKey": "K-123"}});
+    s.call_with(json!(1), keyed.clone());
+    assert_proxy_error(&s.error(&json!(1)), "not_retried_unsafe");
+    s.call_with(json!(2), keyed.clone());
+    let ago = assert_not_run_again(&s.error(&json!(2)), "timeout");
+    assert!(ago >= 1000, "started before its 1s timeout: {ago}");
+    // Other arguments under the key are the same operation all the same.
+    let mut other = keyed.clone();
+    other["arguments"]["text"] = json!("other");
+    s.call_with(json!(3), other);
+    assert_not_run_again(&s.error(&json!(3)), "timeout");
+    assert_eq!(s.executions("echo"), 1);
+    // The first call's success comes late: it replaces the unknown outcome.
+    eventually("the late success to be kept", || {
+        s.logged("a late success arrived")
+    });
+    s.call_with(json!(4), keyed);
+    let r = s.result(&json!(4));
+    assert_eq!(text(&r), "paid");
+    assert_eq!(source_marker(&r), Some("dedup"), "{r}");
+    assert_eq!(s.executions("echo"), 1);
+}
+
+#[test]
+fn an_unknown_outcome_of_a_crash_or_a_cancel_keeps_its_key_from_running() {
+    let mut s = start(FAST);
+    s.list_tools();
+    // The server crashes with the call: it may have run.
+    let crash = json!({"name": "echo", "arguments": {"mode": "crash"},
+        "_meta": {"idempotencyKey": "crash-1"}});
+    s.call_with(json!(1), crash.clone());
+    assert_proxy_error(&s.error(&json!(1)), "server_exited");
+    s.call_with(json!(2), crash);
+    assert_not_run_again(&s.error(&json!(2)), "server_exited");
+    // The client cancels a call the server has: it may have run.
+    let hang = json!({"name": "echo", "arguments": {"mode": "hang"},
+        "_meta": {"idempotencyKey": "cancel-1"}});
+    s.call_with(json!(3), hang.clone());
+    eventually("the call reached the server", || s.executions("echo") == 2);
+    s.notify("notifications/cancelled", json!({"requestId": 3}));
+    eventually("the cancel to reach the server", || {
+        !s.received("notifications/cancelled").is_empty()
+    });
+    s.call_with(json!(4), hang);
+    assert_not_run_again(&s.error(&json!(4)), "cancelled");
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn a_keyed_success_too_large_to_keep_is_not_run_again() {
+    let mut s = start(&format!("{FAST}idempotency_max_bytes: 2048\n"));
+    let keyed = json!({"name": "echo", "arguments": {"mode": "huge", "bytes": 4096},
+        "_meta": {"idempotencyKey": "big-1"}});
+    s.call_with(json!(1), keyed.clone());
+    assert_eq!(text(&s.result(&json!(1))).len(), 4096);
+    s.call_with(json!(2), keyed);
+    let e = s.error(&json!(2));
+    let message = assert_proxy_error(&e, "already_ran");
+    assert_eq!(e["data"]["outcome"], "succeeded", "{e}");
+    assert!(e["data"]["ranMsAgo"].is_u64(), "{e}");
+    assert!(message.contains("too large to keep"), "{message}");
+    assert_eq!(s.executions("echo"), 1);
+    // A result that fits is replayed as ever.
+    let small = json!({"name": "echo", "arguments": {"text": "small"},
+        "_meta": {"idempotencyKey": "small-1"}});
+    s.call_with(json!(3), small.clone());
+    s.result(&json!(3));
+    s.call_with(json!(4), small);
+    assert_eq!(source_marker(&s.result(&json!(4))), Some("dedup"));
+    assert_eq!(s.executions("echo"), 2);
+}
+
+#[test]
+fn a_key_is_released_when_its_outcome_is_known_or_the_tool_is_safe() {
+    let mut s = start(&format!(
+        "{FAST}  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 100\n"
+    ));
+    s.list_tools();
+    // The server's definite error: the next call with the key runs.
+    let failing = json!({"name": "echo", "arguments": {"mode": "error"},
+        "_meta": {"idempotencyKey": "err-1"}});
+    for id in 1..=2 {
+        s.call_with(json!(id), failing.clone());
+        assert_server_error(&s.error(&json!(id)), -32000, "mock error");
+    }
+    assert_eq!(s.executions("echo"), 2);
+    // A tool that is safe to run twice is not held back by its timeout.
+    let idem = json!({"name": "idem_echo", "arguments": {"mode": "hang"},
+        "_meta": {"idempotencyKey": "idem-1"}});
+    s.call_with(json!(3), idem.clone());
+    s.error(&json!(3));
+    let runs = s.executions("idem_echo");
+    s.call_with(json!(4), idem);
+    let e = s.error(&json!(4));
+    assert_ne!(e["data"]["reason"], "earlier_attempt_unknown", "{e}");
+    assert!(s.executions("idem_echo") > runs);
+    // Without a key, a call that timed out is not held back either.
+    let keyless = json!({"name": "echo", "arguments": {"mode": "slow", "ms": 1500}});
+    s.call_with(json!(5), keyless.clone());
+    assert_proxy_error(&s.error(&json!(5)), "not_retried_unsafe");
+    s.call_with(json!(6), keyless);
+    let e = s.error(&json!(6));
+    assert_ne!(e["data"]["reason"], "earlier_attempt_unknown", "{e}");
+    assert_eq!(s.executions("echo"), 4, "{e}");
+}
+
 #[test]
 fn identical_calls_to_a_read_only_tool_re_execute() {
     let mut s = start(FAST);

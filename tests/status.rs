@@ -358,6 +358,56 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
 }
 
 #[test]
+fn status_lists_keyed_calls_whose_outcome_is_unknown_until_a_late_answer_settles_them() {
+    let rt = Runtime::new();
+    let dir = rt.dir();
+    let mut s = proxy(&dir, "delta", "    call_timeout: 1\n");
+    s.list_tools();
+    let keyed = |key: &str, ms: u64| {
+        json!({"name": "echo", "arguments": {"mode": "slow", "ms": ms, "cancellable": false},
+            "_meta": {"idempotencyKey": key}})
+    };
+    // One call that never answers in time, one that answers late.
+    s.call_with(json!(1), keyed("pay-late", 5000));
+    s.error(&json!(1));
+    s.call_with(json!(2), keyed("pay-lost", 60_000));
+    s.error(&json!(2));
+    let docs = wait_for(&dir, "two unknown outcomes", |docs| {
+        doc(docs, "delta").is_some_and(|d| {
+            d["unknown_outcomes"]
+                .as_array()
+                .is_some_and(|u| u.len() == 2)
+        })
+    });
+    let unknown = doc(&docs, "delta").unwrap()["unknown_outcomes"].clone();
+    // Newest first.
+    assert_eq!(unknown[0]["key"], "pay-lost", "{unknown}");
+    assert_eq!(unknown[1]["key"], "pay-late", "{unknown}");
+    for u in unknown.as_array().unwrap() {
+        assert_eq!(u["tool"], "echo", "{u}");
+        assert_eq!(u["cause"], "timeout", "{u}");
+        let started = u["started_at_ms"].as_u64().unwrap();
+        assert!(u["until_ms"].as_u64().unwrap() > started, "{u}");
+    }
+    let table = status(&dir, &[]).stdout;
+    assert!(table.contains("calls whose outcome is unknown"), "{table}");
+    let line = table
+        .lines()
+        .find(|l| l.contains("\"pay-lost\""))
+        .unwrap_or_else(|| panic!("no pay-lost line: {table}"));
+    assert!(line.starts_with("delta") && line.contains("echo"), "{line}");
+    assert!(line.trim_end().ends_with("timeout"), "{line}");
+    // The late success settles one: only the other is listed.
+    wait_for(&dir, "the late success to settle pay-late", |docs| {
+        doc(docs, "delta").is_some_and(|d| {
+            d["unknown_outcomes"]
+                .as_array()
+                .is_some_and(|u| u.len() == 1 && u[0]["key"] == "pay-lost")
+        })
+    });
+}
+
+#[test]
 fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
     let rt = Runtime::new();
     let mut s = proxy(&rt.dir(), "gamma", "");

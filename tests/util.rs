@@ -333,6 +333,8 @@ impl Builder {
             // What `run` publishes for `status` stays in the session's
             // temp dir (unless the test chooses a directory).
             .env("MCP_RETRY_RUNTIME_DIR", self.dir.join("runtime"))
+            // Nor does the store of keys (`store: local`) touch the user's.
+            .env("MCP_RETRY_STATE_DIR", self.dir.join("state"))
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("MCP_RETRY_LOG", "debug")
             .stdin(Stdio::piped())

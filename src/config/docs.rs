@@ -182,6 +182,11 @@ defaults:
             Kind::Durations => "tool name → duration".to_string(),
             Kind::Tools => "tool name → mapping".to_string(),
             Kind::Text => "string".to_string(),
+            Kind::Choice(choices) => choices
+                .iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(" or "),
             Kind::TextMap => "name → string".to_string(),
         }
     }
@@ -258,6 +263,11 @@ fn kind_schema(kind: Kind) -> Json {
             "additionalProperties": {"$ref": "#/$defs/tool"},
         }),
         Kind::Text => json!({"type": "string"}),
+        // A `${VAR}` is expanded before the value is checked.
+        Kind::Choice(choices) => json!({
+            "type": "string",
+            "anyOf": [{"enum": choices}, {"pattern": "\\$\\{"}]
+        }),
         Kind::TextMap => json!({
             "type": "object",
             "additionalProperties": {"type": "string"},

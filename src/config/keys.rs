@@ -56,6 +56,8 @@ pub(super) enum Kind {
     Tools,
     /// A string (`${VAR}` expanded).
     Text,
+    /// One of these strings (`${VAR}` expanded).
+    Choice(&'static [&'static str]),
     /// Name → string (`${VAR}` expanded), such as request headers.
     TextMap,
 }
@@ -461,7 +463,8 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
          key (replayed to later calls of the same tool with that key), or a success that \
          arrived after the client was told the call failed or had cancelled it (handed once \
          to the next identical call). A result the client received is never replayed to a \
-         keyless call.";
+         keyless call. Also how long a key whose call may have run without an outcome (a \
+         tool not known to be safe) is not run again.";
     "idempotency_max_entries" => idempotency_max_entries, Kind::Count { min: 0, max: USIZE_MAX },
         Def::Int(10_000),
         "Most results kept for replay.";
@@ -497,6 +500,20 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
          their values are never logged.";
     "otel.service_name" => otel.service_name, Kind::Text, Def::Text("mcp-retry"),
         "The `service.name` resource attribute.";
+    "store" => store, Kind::Choice(&["memory", "local"]), Def::Text("memory"),
+        "Where explicit idempotency keys are kept (usually set at the top level of the file; \
+         `mcp-retry run --store` and MCP_RETRY_STORE win over it). `memory`: in this process \
+         only. `local`: in a database file per user (see docs/store.md) that every mcp-retry \
+         process of the user on the host shares, so a key outlives a restart of the proxy. \
+         Redis (`redis://`) is not supported yet.";
+    "store_unavailable" => store_unavailable, Kind::Choice(&["local", "refuse"]), Def::Text("local"),
+        "When the store cannot be used: `local` runs keyed calls with this process's memory \
+         alone; `refuse` answers a keyed call of a tool not known to be safe with the error \
+         store_unavailable instead of running it.";
+    "store_scope" => store_scope, Kind::Text, Def::Text(""),
+        "Names this server's records in the store instead of its identity (transport, \
+         command, args, cwd, URL, env and header values, hashed): for servers that differ in \
+         paths or rotate tokens but must share keys. Empty: the identity.";
 };
 
 /// The keys of one entry of `tools:`; unset keys fall back to the tool's

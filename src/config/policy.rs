@@ -111,6 +111,23 @@ impl Walker<'_> {
                 let text = self.expanded(node, path)?;
                 at(Value::Text(text), node, path)
             }
+            Kind::Choice(choices) => {
+                let text = self.expanded(node, path)?;
+                if !choices.contains(&text.as_str()) {
+                    let expected = choices.join(", ");
+                    let msg = if text.starts_with("redis://") || text.starts_with("rediss://") {
+                        format!("Redis stores are not supported yet; expected one of {expected}")
+                    } else {
+                        format!(
+                            "expected one of {expected}, got {}",
+                            crate::jsonrpc::json_string(&text)
+                        )
+                    };
+                    self.error(node.line, path, msg);
+                    return None;
+                }
+                at(Value::Text(text), node, path)
+            }
             Kind::TextMap => {
                 let map = self.env_map(node, path)?;
                 at(Value::TextMap(map), node, path)

@@ -102,7 +102,7 @@ impl Unusable {
 /// At most this many problems are listed.
 const MAX_ERRORS: usize = 20;
 
-const TOP_KEYS: &[&str] = &["servers", "defaults"];
+const TOP_KEYS: &[&str] = &["servers", "defaults", "store"];
 
 impl Walker<'_> {
     pub(super) fn error(&mut self, line: usize, path: &str, msg: impl fmt::Display) {
@@ -199,6 +199,10 @@ impl Walker<'_> {
         for entry in top {
             match entry.key.as_str() {
                 "servers" => {}
+                // The store every server uses unless it says otherwise.
+                "store" => {
+                    self.policy_key(&mut defaults, "", "store", &entry.value, "store");
+                }
                 "defaults" => {
                     if let Some(items) = self.map(&entry.value, "defaults") {
                         for item in items {

@@ -84,6 +84,7 @@ impl Dispatcher {
             }
             Action::ListTools { cursor } => self.request_tools_page(cursor.as_deref(), now),
             Action::Trace(t) => self.trace(t, now),
+            Action::Store(req) => self.calls.store_send(req),
         }
     }
 
@@ -251,7 +252,7 @@ impl Dispatcher {
             }
             Trace::AnsweredByProxy(a) => {
                 let params = a.request.params();
-                self.traced(|t| t.answered_by_proxy(&a.tool, &a.client, params, a.source, now));
+                self.traced(|t| t.answered_by_proxy(&a.tool, &a.client, params, a.end, now));
             }
             Trace::Joined { call } => {
                 self.traced(|t| t.joined(call, now));

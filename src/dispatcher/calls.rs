@@ -45,6 +45,7 @@ mod attempt;
 mod call;
 mod decide;
 mod finish;
+mod keys;
 #[cfg(test)]
 mod tests;
 mod text;
@@ -52,6 +53,7 @@ mod tools;
 
 pub(super) use call::Failure;
 use call::{Call, Late};
+pub(crate) use keys::{KeyStore, Unavailable};
 pub(super) use text::secs;
 use tools::ToolsKnowledge;
 
@@ -109,6 +111,8 @@ pub(super) enum Action {
     ListTools { cursor: Option<String> },
     /// For the OpenTelemetry spans (only while `Ctx::tracing`).
     Trace(Trace),
+    /// Hand this to the store thread (`keys.rs`).
+    Store(crate::store::thread::Request),
 }
 
 /// What the tracer is told about the calls.
@@ -162,7 +166,7 @@ pub(super) struct ProxyAnswer {
     pub tool: String,
     pub client: String,
     pub request: Message,
-    pub source: &'static str,
+    pub end: CallEnd,
 }
 
 /// A deadline of a call, and what it is for.
@@ -286,6 +290,8 @@ pub(super) struct Calls {
     backoff: Backoff,
     rng: fastrand::Rng,
     counters: Counters,
+    /// The store of keys that outlives the process, when one is used.
+    keys: Option<KeyStore>,
 }
 
 impl Calls {
@@ -310,6 +316,7 @@ impl Calls {
             backoff: Backoff::from_config(&cfg.retry),
             rng: fastrand::Rng::new(),
             counters: Counters::default(),
+            keys: None,
             cfg,
         }
     }
@@ -391,7 +398,7 @@ impl Calls {
                 Owner::Served
             }
             Some(Issued::Late(late)) => {
-                self.late_answer(*late, &m, ctx.now);
+                self.late_answer(*late, &m, ctx.now, out);
                 Owner::Known
             }
             None => Owner::Unknown,

@@ -677,7 +677,13 @@ fn scripted_export() -> Json {
         source: None,
     };
     t.call_ended(2, refused, ms(500));
-    t.answered_by_proxy("search", "\"c3\"", None, "cache", ms(600));
+    t.answered_by_proxy(
+        "search",
+        "\"c3\"",
+        None,
+        CallEnd::from_proxy("cache"),
+        ms(600),
+    );
     t.joined(None, ms(650));
     let request = t.request_started("resources/read", None, ms(700)).unwrap();
     let error = br#"{"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"disk \"full\"","data":{"reason":"server_exited"}}}"#;

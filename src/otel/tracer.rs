@@ -185,7 +185,7 @@ impl Tracer {
         tool: &str,
         client_id: &str,
         params: Option<&str>,
-        source: &'static str,
+        end: CallEnd,
         now: Instant,
     ) {
         if !self.handle.traces() {
@@ -206,11 +206,7 @@ impl Tracer {
                     tool,
                     client_id: ShortId::new(client_id),
                     attempts: 0,
-                    end: CallEnd {
-                        outcome: "ok",
-                        reason: None,
-                        source: Some(source),
-                    },
+                    end,
                     last: None,
                 },
             },

@@ -27,6 +27,14 @@
 //! * The bound `max_bytes` counts the bytes of completed results plus
 //!   [`ENTRY_BYTES`] for each entry's key and bookkeeping; the oldest are
 //!   evicted to stay within it. A result larger than the bound is not kept.
+//! * A key whose execution may have run without a result to give (its
+//!   outcome is unknown: [`DedupTable::complete_unknown`]) is *marked* for
+//!   `ttl`: a later call with that key is not run ([`Lookup::Marked`]). A
+//!   late success replaces the mark ([`DedupTable::store_late`]); a late
+//!   definite answer that is not kept lifts it ([`DedupTable::release`]).
+//!   So is a key whose success was too large to keep ([`Mark::Ran`]).
+//!   Marks count toward both bounds like completed entries, but are evicted
+//!   only when no completed result is left to evict.
 
 #![forbid(unsafe_code)]
 
@@ -114,6 +122,25 @@ pub enum Lookup<W> {
         waiter: W,
         same_args: bool,
     },
+    /// An earlier execution of the key may have run and is not to run
+    /// again: answer the waiter with what the mark says.
+    Marked {
+        mark: Mark,
+        waiter: W,
+        same_args: bool,
+    },
+}
+
+/// Why a key is not to run again, and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// The earlier execution, which started at `since`, may have run:
+    /// `cause` ended it without an outcome (`timeout`, `server_exited`,
+    /// `transport_error`, `cancelled`).
+    Unknown { cause: &'static str, since: Instant },
+    /// The earlier execution succeeded at `at`, with a result too large
+    /// to keep.
+    Ran { at: Instant },
 }
 
 #[derive(Debug)]
@@ -129,6 +156,12 @@ enum Slot<W> {
         keep: Keep,
         args: u128,
     },
+    Marked {
+        mark: Mark,
+        expires: Instant,
+        seq: u64,
+        args: u128,
+    },
 }
 
 #[derive(Debug)]
@@ -141,6 +174,8 @@ pub struct DedupTable<K, W> {
     slots: FastMap<K, Slot<W>>,
     /// Completed entries, oldest completion first.
     completed: BTreeMap<u64, K>,
+    /// Marked entries, oldest mark first.
+    marked: BTreeMap<u64, K>,
     next_seq: u64,
 }
 
@@ -154,6 +189,7 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
             bytes: 0,
             slots: FastMap::default(),
             completed: BTreeMap::new(),
+            marked: BTreeMap::new(),
             next_seq: 0,
         }
     }
@@ -179,6 +215,13 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
                 };
             }
             Some(Slot::Done { args: a, keep, .. }) if replay => (*a == args, *keep),
+            Some(Slot::Marked { mark, args: a, .. }) => {
+                return Lookup::Marked {
+                    mark: *mark,
+                    waiter,
+                    same_args: *a == args,
+                }
+            }
             _ => return Lookup::Execute(waiter),
         };
         let result = match (keep, self.slots.get(key)) {
@@ -245,9 +288,64 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
         waiters
     }
 
+    /// The in-flight execution of `key` ended without an outcome (it may
+    /// have run; `mark` says why and since when): the key is marked until
+    /// `now + ttl`, so that it does not run again. Returns its joined
+    /// waiters. Not in flight: nothing.
+    pub fn complete_unknown(&mut self, key: &K, mark: Mark, now: Instant) -> Vec<W> {
+        let Some((key, Slot::InFlight { waiters, args })) = self.take_in_flight(key) else {
+            return Vec::new();
+        };
+        self.purge_expired(now);
+        if !self.ttl.is_zero() && self.max_entries > 0 {
+            self.mark(key, args, mark, now);
+        }
+        waiters
+    }
+
+    /// Marks `key` until `now + ttl` (if a mark fits at all).
+    fn mark(&mut self, key: K, args: u128, mark: Mark, now: Instant) {
+        if ENTRY_BYTES > self.max_bytes {
+            return;
+        }
+        self.make_room(1);
+        self.make_room_for_bytes(ENTRY_BYTES);
+        self.bytes += ENTRY_BYTES;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.marked.insert(seq, key.clone());
+        let expires = instant_add(now, self.ttl);
+        self.slots.insert(
+            key,
+            Slot::Marked {
+                mark,
+                expires,
+                seq,
+                args,
+            },
+        );
+    }
+
+    /// A definite answer that is not kept (an error) came late for the
+    /// execution marked `since` under `key`: its outcome is known now, and
+    /// the mark is lifted. Anything else under `key` (a result, another
+    /// execution's mark) stays.
+    pub fn release(&mut self, key: &K, since: Instant) {
+        if let Some(Slot::Marked {
+            mark: Mark::Unknown { since: s, .. },
+            ..
+        }) = self.slots.get(key)
+        {
+            if *s == since {
+                self.forget(key);
+            }
+        }
+    }
+
     /// A success arrived for an execution that had already ended (the client
-    /// got an error or cancelled): keep it to replay, unless an identical
-    /// execution is in flight again (its own answer will do).
+    /// got an error or cancelled): keep it to replay (replacing a mark),
+    /// unless an identical execution is in flight again (its own answer
+    /// will do).
     pub fn store_late(&mut self, key: K, args: u128, result: String, keep: Keep, now: Instant) {
         if let Some(Slot::InFlight { .. }) = self.slots.get(&key) {
             return;
@@ -259,7 +357,15 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
     fn store(&mut self, key: K, args: u128, result: String, keep: Keep, now: Instant) {
         self.purge_expired(now);
         let size = result.len() + ENTRY_BYTES;
-        if self.ttl.is_zero() || self.max_entries == 0 || size > self.max_bytes {
+        if self.ttl.is_zero() || self.max_entries == 0 {
+            return;
+        }
+        if size > self.max_bytes {
+            // An explicit key is one operation: it ran, even if its result
+            // cannot be replayed.
+            if keep == Keep::Always {
+                self.mark(key, args, Mark::Ran { at: now }, now);
+            }
             return;
         }
         self.make_room(1);
@@ -287,6 +393,14 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
         match self.take_in_flight(key) {
             Some((_, Slot::InFlight { waiters, .. })) => waiters,
             _ => Vec::new(),
+        }
+    }
+
+    /// The mark that keeps `key` from running again, if any.
+    pub fn mark_of(&self, key: &K) -> Option<Mark> {
+        match self.slots.get(key) {
+            Some(Slot::Marked { mark, .. }) => Some(*mark),
+            _ => None,
         }
     }
 
@@ -322,6 +436,11 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
                 self.bytes -= result.len() + ENTRY_BYTES;
                 Some(result)
             }
+            Slot::Marked { seq, .. } => {
+                self.marked.remove(&seq);
+                self.bytes -= ENTRY_BYTES;
+                None
+            }
             Slot::InFlight { .. } => None,
         }
     }
@@ -345,19 +464,26 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
         }
     }
 
-    /// Drops the oldest completed entry; false if there is none.
+    /// Drops the oldest completed entry, or when there is none the oldest
+    /// mark; false if there is neither.
     fn evict_oldest(&mut self) -> bool {
-        let Some((_, key)) = self.completed.pop_first() else {
-            return false;
+        let key = match self.completed.pop_first() {
+            Some((_, key)) => key,
+            None => match self.marked.pop_first() {
+                Some((_, key)) => key,
+                None => return false,
+            },
         };
-        if let Some(Slot::Done { result, .. }) = self.slots.remove(&key) {
-            self.bytes -= result.len() + ENTRY_BYTES;
+        match self.slots.remove(&key) {
+            Some(Slot::Done { result, .. }) => self.bytes -= result.len() + ENTRY_BYTES,
+            Some(Slot::Marked { .. }) => self.bytes -= ENTRY_BYTES,
+            _ => {}
         }
         true
     }
 
-    /// Drops completed entries whose TTL is over. They complete in order with
-    /// one TTL, so they expire in order too.
+    /// Drops completed entries and marks whose TTL is over. Each kind is
+    /// made in order with one TTL, so it expires in order too.
     fn purge_expired(&mut self, now: Instant) {
         while let Some((_, key)) = self.completed.first_key_value() {
             match self.slots.get(key) {
@@ -366,6 +492,24 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
                     self.evict_oldest();
                 }
             }
+        }
+        while let Some((&seq, key)) = self.marked.first_key_value() {
+            match self.slots.get(key) {
+                Some(Slot::Marked { expires, .. }) if *expires > now => break,
+                _ => {
+                    let key = key.clone();
+                    self.marked.remove(&seq);
+                    self.forget_marked(&key);
+                }
+            }
+        }
+    }
+
+    /// Removes the mark of `key`, if it has one.
+    fn forget_marked(&mut self, key: &K) {
+        if let Some(Slot::Marked { .. }) = self.slots.get(key) {
+            self.slots.remove(key);
+            self.bytes -= ENTRY_BYTES;
         }
     }
 }
@@ -667,7 +811,8 @@ mod tests {
         assert_eq!(call(&mut t, "a", 2, t0), Lookup::Execute(2));
         // An entry over the bound is not kept, and evicts nothing.
         call(&mut t, "big", 0, t0);
-        t.complete(&"big", always(&"x".repeat(ENTRY_BYTES + 11)), t0);
+        let big = "x".repeat(ENTRY_BYTES + 11);
+        t.complete(&"big", Some((big, Keep::Once)), t0);
         assert_eq!(call(&mut t, "big", 3, t0), Lookup::Execute(3));
         assert_eq!(call(&mut t, "c", 4, t0), replay("cccc", 4));
         // Re-executing a completed key gives its bytes back.
@@ -725,6 +870,145 @@ mod tests {
         assert_eq!(call(&mut t, "k", 2, t0), JOINED);
         assert_eq!(t.complete(&"k", always("R"), t0), vec![2]);
         assert!(t.is_empty());
+    }
+
+    fn mark(since: Instant) -> Mark {
+        Mark::Unknown {
+            cause: "timeout",
+            since,
+        }
+    }
+
+    fn marked(m: Mark, waiter: u32) -> Lookup<u32> {
+        Lookup::Marked {
+            mark: m,
+            waiter,
+            same_args: true,
+        }
+    }
+
+    #[test]
+    fn an_unknown_outcome_marks_the_key_until_the_ttl() {
+        let t0 = Instant::now();
+        let mut t = table(100);
+        call(&mut t, "k", 1, t0);
+        assert_eq!(call(&mut t, "k", 2, t0), JOINED);
+        let ended = t0 + secs(1);
+        assert_eq!(t.complete_unknown(&"k", mark(t0), ended), vec![2]);
+        assert!(!t.in_flight(&"k"));
+        assert_eq!(t.bytes, ENTRY_BYTES);
+        // Not run again, whatever the arguments, and not forgotten by asking.
+        assert_eq!(call(&mut t, "k", 3, ended), marked(mark(t0), 3));
+        assert_eq!(
+            t.lookup_or_join(&"k", ARGS + 1, 4, false, ended + TTL - secs(1)),
+            Lookup::Marked {
+                mark: mark(t0),
+                waiter: 4,
+                same_args: false
+            }
+        );
+        // Another key runs.
+        assert_eq!(call(&mut t, "other", 5, ended), Lookup::Execute(5));
+        // At the mark + TTL it has expired: the key runs again.
+        assert_eq!(call(&mut t, "k", 6, ended + TTL), Lookup::Execute(6));
+        assert!(t.in_flight(&"k"));
+        assert_eq!(t.bytes, 0);
+    }
+
+    #[test]
+    fn complete_unknown_of_a_key_not_in_flight_marks_nothing() {
+        let t0 = Instant::now();
+        let mut t = table(100);
+        assert!(t.complete_unknown(&"k", mark(t0), t0).is_empty());
+        assert!(t.is_empty());
+        call(&mut t, "k", 1, t0);
+        t.complete(&"k", always("R"), t0);
+        assert!(t.complete_unknown(&"k", mark(t0), t0).is_empty());
+        assert_eq!(call(&mut t, "k", 2, t0), replay("R", 2));
+    }
+
+    #[test]
+    fn a_late_success_replaces_a_mark_and_a_late_error_lifts_it() {
+        let t0 = Instant::now();
+        let mut t = table(100);
+        call(&mut t, "k", 1, t0);
+        t.complete_unknown(&"k", mark(t0), t0 + secs(1));
+        t.store_late("k", ARGS, "late".into(), Keep::Always, t0 + secs(2));
+        assert_eq!(t.bytes, 4 + ENTRY_BYTES);
+        assert_eq!(call(&mut t, "k", 2, t0 + secs(3)), replay("late", 2));
+        assert_eq!(call(&mut t, "k", 3, t0 + secs(3)), replay("late", 3));
+        // A release leaves a result alone...
+        t.release(&"k", t0);
+        assert_eq!(call(&mut t, "k", 4, t0 + secs(3)), replay("late", 4));
+        // ...and lifts a mark: the key runs again.
+        call(&mut t, "m", 5, t0);
+        t.complete_unknown(&"m", mark(t0), t0);
+        t.release(&"m", t0 + secs(1));
+        assert_eq!(call(&mut t, "m", 7, t0), marked(mark(t0), 7), "another's");
+        t.release(&"m", t0);
+        assert_eq!(t.bytes, 4 + ENTRY_BYTES);
+        assert_eq!(call(&mut t, "m", 6, t0), Lookup::Execute(6));
+        // An in-flight execution is no mark either.
+        t.release(&"m", t0);
+        assert!(t.in_flight(&"m"));
+    }
+
+    #[test]
+    fn marks_are_evicted_only_when_no_result_is_left() {
+        let t0 = Instant::now();
+        let mut t = table(3);
+        call(&mut t, "m", 0, t0);
+        t.complete_unknown(&"m", mark(t0), t0);
+        for k in ["a", "b"] {
+            call(&mut t, k, 0, t0 + secs(1));
+            t.complete(&k, always("R"), t0 + secs(1));
+        }
+        // Full: new executions evict the results, older or not, first.
+        call(&mut t, "c", 0, t0 + secs(2));
+        call(&mut t, "d", 0, t0 + secs(2));
+        assert_eq!(call(&mut t, "m", 1, t0 + secs(2)), marked(mark(t0), 1));
+        assert_eq!(t.len(), 3);
+        // With only marks and executions left, the mark goes.
+        call(&mut t, "e", 0, t0 + secs(2));
+        assert_eq!(call(&mut t, "m", 2, t0 + secs(2)), Lookup::Execute(2));
+        assert_eq!(t.bytes, 0);
+    }
+
+    #[test]
+    fn a_keyed_success_too_large_to_keep_marks_the_key_as_ran() {
+        let t0 = Instant::now();
+        let mut t: Table = DedupTable::new(TTL, 100, 2 * ENTRY_BYTES);
+        call(&mut t, "k", 1, t0);
+        assert_eq!(call(&mut t, "k", 2, t0), JOINED);
+        let big = "x".repeat(ENTRY_BYTES + 1);
+        let done = t0 + secs(1);
+        assert_eq!(t.complete(&"k", always(&big), done), vec![2]);
+        assert_eq!(t.bytes, ENTRY_BYTES);
+        let ran = Mark::Ran { at: done };
+        assert_eq!(call(&mut t, "k", 3, done), marked(ran, 3));
+        // Not lifted by a late error, replaced by a late success that fits.
+        t.release(&"k", t0);
+        t.release(&"k", done);
+        assert_eq!(call(&mut t, "k", 4, done), marked(ran, 4));
+        t.store_late("k", ARGS, "R".into(), Keep::Always, done);
+        assert_eq!(call(&mut t, "k", 5, done), replay("R", 5));
+        // Too large for a keyless call: simply not kept.
+        call(&mut t, "once", 6, t0);
+        t.complete(&"once", Some((big, Keep::Once)), done);
+        assert_eq!(call(&mut t, "once", 7, done), Lookup::Execute(7));
+        // Expired with the TTL.
+        assert_eq!(call(&mut t, "k", 8, done + TTL), Lookup::Execute(8));
+    }
+
+    #[test]
+    fn zero_ttl_marks_nothing() {
+        let t0 = Instant::now();
+        let mut t: Table = DedupTable::new(Duration::ZERO, 100, usize::MAX);
+        call(&mut t, "k", 1, t0);
+        assert_eq!(call(&mut t, "k", 2, t0), JOINED);
+        assert_eq!(t.complete_unknown(&"k", mark(t0), t0), vec![2]);
+        assert!(t.is_empty());
+        assert_eq!(call(&mut t, "k", 3, t0), Lookup::Execute(3));
     }
 
     #[test]

@@ -21,8 +21,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
-use super::{Document, ToolDoc, VERSION};
+use super::{Document, ToolDoc, UnknownDoc, VERSION};
 use crate::cli::{StatusArgs, StatusFormat};
+use crate::jsonrpc;
 
 /// The largest status document read (a proxy writes at most 200 tools,
 /// far less than this); a larger file is skipped.
@@ -395,7 +396,8 @@ fn row(doc: &Document, now: u64) -> [String; 12] {
     ]
 }
 
-/// The aligned table, one line per proxy.
+/// The aligned table, one line per proxy, then the keyed calls whose
+/// outcome is unknown, if any.
 pub fn table(live: &[Live], now: u64, dir: &Path) -> String {
     if live.is_empty() {
         return format!(
@@ -407,21 +409,68 @@ pub fn table(live: &[Live], now: u64, dir: &Path) -> String {
     let rows: Vec<[String; 12]> = std::iter::once(header)
         .chain(live.iter().map(|l| row(&l.doc, now)))
         .collect();
-    let mut widths = [0usize; 12];
-    for r in &rows {
+    let mut out = aligned(&rows, &RIGHT);
+    out.push_str(&unknown_outcomes(live, now));
+    out
+}
+
+/// The headings of the unknown outcomes' table.
+const UNKNOWN_COLUMNS: [&str; 5] = ["SERVER", "TOOL", "KEY", "STARTED", "CAUSE"];
+
+/// The keyed calls of every proxy whose outcome is unknown and whose keys
+/// are still held, newest first, under a line saying what to do; nothing
+/// when there are none.
+fn unknown_outcomes(live: &[Live], now: u64) -> String {
+    let mut all: Vec<(&str, &UnknownDoc)> = live
+        .iter()
+        .flat_map(|l| {
+            l.doc
+                .unknown_outcomes
+                .iter()
+                .map(|u| (l.doc.server.as_str(), u))
+        })
+        .filter(|(_, u)| u.until_ms > now)
+        .collect();
+    if all.is_empty() {
+        return String::new();
+    }
+    all.sort_by_key(|(_, u)| std::cmp::Reverse(u.started_at_ms));
+    let header = UNKNOWN_COLUMNS.map(str::to_owned);
+    let rows: Vec<[String; 5]> = std::iter::once(header)
+        .chain(all.iter().map(|(server, u)| {
+            [
+                one_line(server, 24),
+                one_line(&u.tool, 32),
+                one_line(&jsonrpc::json_string(&u.key), 48),
+                format!("{} ago", fmt_age(now.saturating_sub(u.started_at_ms))),
+                u.cause.clone(),
+            ]
+        }))
+        .collect();
+    format!(
+        "\ncalls whose outcome is unknown (they may have run; their keys are not run again within idempotency_ttl; check whether each took effect):\n{}",
+        aligned(&rows, &[false; 5])
+    )
+}
+
+/// `rows` as lines of columns two spaces apart, each as wide as its
+/// widest cell; numbers (`right`) aligned to the right.
+fn aligned<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
+    let mut widths = [0usize; N];
+    for r in rows {
         for (w, cell) in widths.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for r in &rows {
+    for r in rows {
         let mut line = String::new();
         for (i, cell) in r.iter().enumerate() {
             if i > 0 {
                 line.push_str("  ");
             }
             let pad = widths[i] - cell.chars().count();
-            if RIGHT[i] {
+            if right[i] {
                 line.extend(std::iter::repeat_n(' ', pad));
                 line.push_str(cell);
             } else if i + 1 < r.len() {
@@ -694,6 +743,7 @@ mod tests {
             in_flight: 0,
             total: ToolDoc::default(),
             tools: BTreeMap::new(),
+            unknown_outcomes: Vec::new(),
         }
     }
 
@@ -842,6 +892,40 @@ mod tests {
             ours("tool \"search\" failed with transient error -32000 (retries are off: retry.max_retries is 0)"),
             "search: …-32000 (retries are off: retry.max_retries is 0)"
         );
+    }
+
+    #[test]
+    fn unknown_outcomes_are_listed_newest_first_while_their_keys_are_held() {
+        let u = |key: &str, started: u64, until: u64| UnknownDoc {
+            tool: "pay".into(),
+            key: key.into(),
+            started_at_ms: started,
+            cause: "timeout".into(),
+            until_ms: until,
+        };
+        let mut a = doc("alpha", 1, "up", "closed");
+        a.unknown_outcomes = vec![
+            u("old", NOW - 600_000, NOW + 1),
+            u("gone", NOW - 5_000, NOW),
+        ];
+        let mut b = doc("beta", 2, "up", "closed");
+        b.unknown_outcomes = vec![u("new\"est", NOW - 12_000, NOW + 1)];
+        let text = unknown_outcomes(&[live(a.clone()), live(b)], NOW);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert!(
+            lines[1].starts_with("calls whose outcome is unknown"),
+            "{text}"
+        );
+        assert_eq!(lines[2], "SERVER  TOOL  KEY         STARTED     CAUSE");
+        assert_eq!(
+            lines[3],
+            "beta    pay   \"new\\\"est\"  12s ago     timeout"
+        );
+        assert_eq!(lines[4], "alpha   pay   \"old\"       10m00s ago  timeout");
+        // Nothing held: nothing said.
+        a.unknown_outcomes.truncate(0);
+        assert_eq!(unknown_outcomes(&[live(a)], NOW), "");
     }
 
     #[test]

@@ -1,18 +1,21 @@
 //! A client's `tools/call` arrives: it is read once (tool, keys, argument
 //! fingerprint, safety), answered from the cache or the idempotency table
-//! when they hold its answer, joined to an identical call in flight, or
-//! made a new [`Call`] whose first attempt the dispatcher starts.
+//! when they hold its answer (or refused when an earlier call with its key
+//! may have run), joined to an identical call in flight, or made a new
+//! [`Call`] whose first attempt the dispatcher starts.
 
 #![forbid(unsafe_code)]
 
+use crate::dispatcher::{CallError, CallOutcome, Reason};
 use crate::jsonrpc::{self, Message};
-use crate::policy::dedup::{fingerprint, fingerprint_json, Lookup};
+use crate::otel::CallEnd;
+use crate::policy::dedup::{fingerprint, fingerprint_json, Lookup, Mark};
 use crate::policy::gate;
 use crate::policy::progress::ProgressFilter;
 use crate::{info, warn};
 
 use super::call::{Call, ParsedCall};
-use super::text::{with_source, Source};
+use super::text::{secs, with_source, Source};
 use super::{trace, Action, Arrival, Calls, Ctx, ProxyAnswer, Trace};
 
 /// What a call's arrival establishes, read once from its request.
@@ -91,11 +94,50 @@ impl Calls {
                 self.deduplicated(&new, same_args, true);
                 answered_at_once(m, new.tool, waiter, &result, Source::Dedup, ctx, out)
             }
+            Lookup::Marked { mark, waiter, .. } => {
+                self.not_run_again(m, new, mark, waiter, ctx, out)
+            }
             Lookup::Execute(client) => {
                 self.dedup.start(&key, new.dedup_args, ctx.now);
-                Arrival::Started(self.open(m, new, client, ctx, out))
+                let id = self.open(m, new, client, ctx, out);
+                // With a store, its first attempt waits for its claim.
+                self.claim_first(id, out);
+                Arrival::Started(id)
             }
         }
+    }
+
+    /// An earlier call with this call's key may have run, or ran with a
+    /// result too large to keep (`mark`): `client` gets the proxy's error
+    /// saying so, and the tool is not called.
+    fn not_run_again(
+        &mut self,
+        m: Message,
+        new: Arriving,
+        mark: Mark,
+        client: String,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> Arrival {
+        let tool = new.tool;
+        let key = new.explicit_key.as_deref().unwrap_or_default();
+        let (reason, message, extra) = not_run_error(&tool, key, mark, ctx.now);
+        let error = CallError::proxy(reason, &message, &extra);
+        trace(ctx, out, || {
+            Trace::AnsweredByProxy(Box::new(ProxyAnswer {
+                tool: tool.clone(),
+                client: client.clone(),
+                request: m,
+                end: CallEnd::failed(reason.as_str()),
+            }))
+        });
+        self.counters.tool(&tool).failed += 1;
+        let outcome = CallOutcome::Proxy(reason);
+        self.counters
+            .ended(&tool, None, outcome, Some(&error.object), ctx.now);
+        let line = jsonrpc::error_response_line(&client, &error.object);
+        out.push(Action::Answer { client, line });
+        Arrival::Answered
     }
 
     /// Reads what the policies need of a call, once: its safety, and one
@@ -238,12 +280,57 @@ impl Calls {
                 queued: None,
                 waited_for_tools: None,
                 retried: false,
+                claim: None,
             },
         );
         trace(ctx, out, || Trace::CallStarted { call: id });
         self.budget.record_first_attempt(now);
         id
     }
+}
+
+/// The proxy's error for a call of `tool` with idempotency `key` that is
+/// not run because of `mark`: its reason, message and `data` members.
+pub(super) fn not_run_error(
+    tool: &str,
+    key: &str,
+    mark: Mark,
+    now: std::time::Instant,
+) -> (Reason, String, Vec<(&'static str, String)>) {
+    let key = jsonrpc::json_string(key);
+    let mut extra = vec![("attempts", "0".to_owned())];
+    let (reason, message) = match mark {
+        Mark::Unknown { cause, since } => {
+            let ago = now.saturating_duration_since(since);
+            warn!(
+                "tool \"{tool}\": idempotency key {key} not run again: an earlier call started {} ago and its outcome is unknown ({cause})",
+                secs(ago)
+            );
+            extra.push(("outcome", "\"unknown\"".to_owned()));
+            extra.push(("cause", jsonrpc::json_string(cause)));
+            extra.push(("startedMsAgo", ago.as_millis().to_string()));
+            let message = format!(
+                "tool \"{tool}\" was not called: an earlier call with idempotency key {key} started {} ago and its outcome is unknown ({cause}): it may have run. The key is not run again within idempotency_ttl; check whether that call took effect, then use a new key to run it again",
+                secs(ago)
+            );
+            (Reason::EarlierAttemptUnknown, message)
+        }
+        Mark::Ran { at } => {
+            let ago = now.saturating_duration_since(at);
+            warn!(
+                "tool \"{tool}\": idempotency key {key} not run again: an earlier call succeeded {} ago",
+                secs(ago)
+            );
+            extra.push(("outcome", "\"succeeded\"".to_owned()));
+            extra.push(("ranMsAgo", ago.as_millis().to_string()));
+            let message = format!(
+                "tool \"{tool}\" was not called: an earlier call with idempotency key {key} succeeded {} ago, and its result was too large to keep (idempotency_max_bytes). The key is not run again within idempotency_ttl; use a new key to run it again",
+                secs(ago)
+            );
+            (Reason::AlreadyRan, message)
+        }
+    };
+    (reason, message, extra)
 }
 
 /// Answers `client` at once with `result` the proxy holds.
@@ -262,7 +349,7 @@ fn answered_at_once(
             tool,
             client: client.clone(),
             request,
-            source: source.as_str(),
+            end: CallEnd::from_proxy(source.as_str()),
         }))
     });
     out.push(Action::Answer { client, line });

@@ -42,6 +42,10 @@ impl Calls {
         if call.queued.is_some() {
             return false;
         }
+        if matches!(call.claim, Some(super::keys::Claim::Pending(_))) {
+            // It is started when the store answers its claim.
+            return false;
+        }
         if call.trial {
             // It holds the half-open trial already (its attempt never
             // reached the server): it is that trial still.
@@ -286,6 +290,7 @@ impl Calls {
                 if let Some(failure) = self.calls.get_mut(&call).and_then(|c| c.parked.take()) {
                     self.decide(call, failure, ctx, out);
                 }
+                self.claim_overdue(call, ctx, out);
             }
             CallTimer::WaitNotice { call } => {
                 let due = self.calls.get(&call).and_then(|c| c.notice_at);

@@ -133,6 +133,8 @@ pub(super) struct Call {
     /// unknown after that means unsafe.
     pub waited_for_tools: Option<u64>,
     pub retried: bool,
+    /// Its record in the store, for a keyed call when a store is used.
+    pub claim: Option<super::keys::Claim>,
 }
 
 impl Call {
@@ -163,6 +165,10 @@ pub(super) struct Late {
     pub args: u128,
     pub keep: Keep,
     pub tool: String,
+    /// When its call started: a late error lifts only that call's mark.
+    pub started: Instant,
+    /// Its call's record in the store, told of the late answer.
+    pub record: Option<crate::store::Id>,
 }
 
 /// The parts of a `tools/call` the policies look at.

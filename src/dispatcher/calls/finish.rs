@@ -2,7 +2,9 @@
 //! idempotency table when it may be), with an error (or a stale cached
 //! answer instead), or dropped when every client waiting for it cancelled.
 //! Every client of the call gets its one answer, its indexes are cleared,
-//! and its attempts that may still answer are remembered as late.
+//! and its attempts that may still answer are remembered as late. A keyed
+//! call of a tool not known to be safe that may have run without an
+//! outcome leaves its key marked, so that it is not run again.
 
 #![forbid(unsafe_code)]
 
@@ -10,13 +12,17 @@ use std::borrow::Cow;
 
 use crate::jsonrpc::{self, Message};
 use crate::otel::CallEnd;
-use crate::policy::dedup::Keep;
+use crate::policy::dedup::{Keep, Mark};
+use crate::policy::gate::{self, Safety};
+use crate::stats::UnknownOutcome;
 use crate::{debug, info};
 
 use super::call::{Call, Failure, Late};
+use super::keys::Claim;
 use super::text::{storable, with_source, Source};
 use super::{invalidate, trace, Action, Calls, Ctx, Issued, Trace, LATE_LIMIT};
 use crate::dispatcher::{CallError, CallOutcome};
+use crate::policy::record::Outcome;
 
 impl Calls {
     /// The next attempt of call `id` cannot be sent (breaker open, server
@@ -114,6 +120,11 @@ impl Calls {
         }
         let success = m.result().filter(|r| storable(r));
         self.store_success(&call, success, ctx);
+        let recorded = match success {
+            Some(r) => self.success_outcome(r),
+            None => Outcome::Released,
+        };
+        self.record_end(&call, recorded, out);
         // The client gets this answer: only an explicit key replays it.
         let store = match (&call.explicit_key, success) {
             (Some(_), Some(r)) => Some((r.to_owned(), Keep::Always)),
@@ -200,9 +211,12 @@ impl Calls {
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
-        let waiters = match &call.dedup_key {
-            Some(k) => self.dedup.complete(k, None, ctx.now),
-            None => Vec::new(),
+        let unknown = self.unknown_outcome(&call, false);
+        self.record_end(&call, recorded_end(unknown), out);
+        let waiters = match (&call.dedup_key, unknown) {
+            (Some(k), Some(mark)) => self.mark_unknown(&call, *k, mark, ctx),
+            (Some(k), None) => self.dedup.complete(k, None, ctx.now),
+            (None, _) => Vec::new(),
         };
         self.keep_late_answers(&call);
         let took = call.took(ctx.now);
@@ -222,8 +236,49 @@ impl Calls {
             .ended(&call.tool, took, outcome, error, ctx.now);
     }
 
+    /// Whether `call`, ending without an answer from the server, leaves
+    /// its key marked, and why: it carries an explicit key (one operation),
+    /// the tool is not known to be safe to run twice, and an attempt may
+    /// have run without an outcome (its last failure was ambiguous, or,
+    /// when the client `cancelled`, an attempt was at the server).
+    fn unknown_outcome(&self, call: &Call, cancelled: bool) -> Option<Mark> {
+        call.explicit_key.as_ref()?;
+        let cause = match &call.last_failure {
+            Some(f @ (Failure::Timeout(_) | Failure::Exited(_) | Failure::Transport(..))) => {
+                f.kind()
+            }
+            _ if cancelled && call.live.is_some() => "cancelled",
+            _ => return None,
+        };
+        match gate::classify_safety(&self.gate_input(&call.tool, call.key_honored)) {
+            Safety::Safe(_) => None,
+            Safety::Unsafe => Some(Mark::Unknown {
+                cause,
+                since: call.started,
+            }),
+        }
+    }
+
+    /// Marks `call`'s `key` as run with an unknown outcome (`mark`), for
+    /// the idempotency table and for `status`; returns its joined waiters.
+    fn mark_unknown(&mut self, call: &Call, key: u128, mark: Mark, ctx: Ctx) -> Vec<String> {
+        let waiters = self.dedup.complete_unknown(&key, mark, ctx.now);
+        if let Some(Mark::Unknown { cause, since }) = self.dedup.mark_of(&key) {
+            self.counters.changed = true;
+            self.counters.stats.unknown_outcome(UnknownOutcome {
+                tool: call.tool.clone(),
+                key: call.explicit_key.clone().unwrap_or_default(),
+                started: since,
+                cause,
+                until: crate::policy::instant_add(ctx.now, self.cfg.idempotency_ttl),
+                fingerprint: key,
+            });
+        }
+        waiters
+    }
+
     /// Forgets call `id` and every id that pointed at it.
-    fn remove_call(&mut self, id: u64, out: &mut Vec<Action>) -> Option<Call> {
+    pub(super) fn remove_call(&mut self, id: u64, out: &mut Vec<Action>) -> Option<Call> {
         let call = self.calls.remove(&id)?;
         if let Some(seq) = call.queued {
             out.push(Action::Unqueue(seq));
@@ -268,6 +323,11 @@ impl Calls {
                 args: call.dedup_args,
                 keep,
                 tool: call.tool.clone(),
+                started: call.started,
+                record: match call.claim {
+                    Some(Claim::Held(id)) => Some(id),
+                    _ => None,
+                },
             };
             self.downstream.insert(down, Issued::Late(Box::new(late)));
             self.late.push_back(down);
@@ -281,9 +341,26 @@ impl Calls {
         }
     }
 
-    /// An answer to an attempt whose call had already ended.
-    pub(super) fn late_answer(&mut self, late: Late, m: &Message, now: std::time::Instant) {
+    /// An answer to an attempt whose call had already ended. A success is
+    /// kept for the next identical call (replacing the mark of an unknown
+    /// outcome); a definite answer that is not kept (an error) lifts the
+    /// mark: the outcome is known.
+    pub(super) fn late_answer(
+        &mut self,
+        late: Late,
+        m: &Message,
+        now: std::time::Instant,
+        out: &mut Vec<Action>,
+    ) {
+        if let Some(id) = late.record {
+            let outcome = match m.result().filter(|r| storable(r)) {
+                Some(r) => self.success_outcome(r),
+                None => Outcome::Released,
+            };
+            self.record_late(id, outcome, out);
+        }
         let Some(result) = m.result() else {
+            self.release_late(&late);
             return debug!(
                 "dropped a late error for tool \"{}\", whose call had ended",
                 late.tool
@@ -291,6 +368,7 @@ impl Calls {
         };
         invalidate(&mut self.cache, &late.tool, "ran late");
         if !storable(result) {
+            self.release_late(&late);
             return;
         }
         info!(
@@ -299,6 +377,31 @@ impl Calls {
         );
         self.dedup
             .store_late(late.key, late.args, result.to_owned(), late.keep, now);
+        self.known_now(late.key);
+    }
+
+    /// A late definite answer that is not kept lifts the mark of `late`'s
+    /// key.
+    fn release_late(&mut self, late: &Late) {
+        self.dedup.release(&late.key, late.started);
+        self.known_now(late.key);
+    }
+
+    /// `status` no longer lists `key` once its outcome is not unknown any
+    /// more (a result, a lifted mark, a success too large to keep).
+    fn known_now(&mut self, key: u128) {
+        let unknown = matches!(self.dedup.mark_of(&key), Some(Mark::Unknown { .. }));
+        if !unknown
+            && self
+                .counters
+                .stats
+                .unknown
+                .iter()
+                .any(|u| u.fingerprint == key)
+        {
+            self.counters.stats.forget_unknown(key);
+            self.counters.changed = true;
+        }
     }
 
     /// Stops call `id`, which nobody waits for any more: its live attempt
@@ -328,8 +431,16 @@ impl Calls {
         if call.trial {
             self.breaker.on_trial_abandoned();
         }
-        if let Some(k) = &call.dedup_key {
-            self.dedup.abandon(k);
+        let unknown = self.unknown_outcome(&call, true);
+        self.record_end(&call, recorded_end(unknown), out);
+        match (&call.dedup_key, unknown) {
+            (Some(k), Some(mark)) => {
+                self.mark_unknown(&call, *k, mark, ctx);
+            }
+            (Some(k), None) => {
+                self.dedup.abandon(k);
+            }
+            (None, _) => {}
         }
         self.keep_late_answers(&call);
         debug!(
@@ -370,5 +481,14 @@ impl Calls {
         } else {
             debug!("a joined request was cancelled; the call continues for the others");
         }
+    }
+}
+
+/// What a call that ended without the server's answer records in the
+/// store: unknown when it may have run (`unknown`), else released.
+fn recorded_end(unknown: Option<Mark>) -> Outcome {
+    match unknown {
+        Some(Mark::Unknown { cause, .. }) => Outcome::Unknown(cause.to_owned()),
+        _ => Outcome::Released,
     }
 }

@@ -612,3 +612,329 @@ fn a_call_ends_with_a_typed_outcome_that_a_server_cannot_forge() {
     let timeout = CallOutcome::Proxy(Reason::Timeout);
     assert_eq!(timeout.failure_label(), Some("timeout"));
 }
+
+/// The calls of a server whose tool `pay` is configured unsafe (or safe),
+/// with a 10 s attempt timeout.
+fn with_pay(idempotent: bool) -> Harness {
+    Harness::new(|c| {
+        c.call_timeout = 10 * SECOND;
+        c.retry.max_retries = 0;
+        let pay = tool(|t| t.idempotent = Some(idempotent));
+        c.tools.insert("pay".into(), pay);
+    })
+}
+
+const KEYED: &str = r#"{"_idempotency_key":"K-1"}"#;
+
+#[test]
+fn a_keyed_unsafe_call_whose_outcome_is_unknown_is_not_run_again_until_its_late_answer() {
+    let mut h = with_pay(false);
+    let t0 = h.now;
+    let (id, down) = h.started("1", "pay", KEYED);
+    h.now += 10 * SECOND;
+    let (_, out) = h.timer(CallTimer::AttemptTimeout { call: id, down });
+    let e = &answer_for(&out, "1")["error"];
+    assert_eq!(e["data"]["reason"], "not_retried_unsafe", "{e}");
+    // The same key again: answered at once, nothing is sent.
+    h.now += SECOND;
+    let (arrival, out) = h.arrive("2", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Answered), "{arrival:?}");
+    let e = &answer_for(&out, "2")["error"];
+    assert_eq!(e["data"]["reason"], "earlier_attempt_unknown", "{e}");
+    assert_eq!(e["data"]["outcome"], "unknown", "{e}");
+    assert_eq!(e["data"]["cause"], "timeout", "{e}");
+    assert_eq!(e["data"]["startedMsAgo"], 11_000, "{e}");
+    assert_eq!(h.calls.len(), 0);
+    let figures = &h.calls.stats().tools["pay"];
+    assert_eq!(figures.failed_by_reason["earlier_attempt_unknown"], 1);
+    let unknown = &h.calls.stats().unknown;
+    assert_eq!(unknown.len(), 1);
+    assert_eq!(
+        (unknown[0].key.as_str(), unknown[0].cause),
+        ("K-1", "timeout")
+    );
+    assert_eq!(unknown[0].started, t0);
+    // The first attempt's success comes late: it is the outcome.
+    assert_eq!(h.answer(down, OK).0, Owner::Known);
+    assert!(h.calls.stats().unknown.is_empty());
+    let (arrival, out) = h.arrive("3", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Answered), "{arrival:?}");
+    let r = &answer_for(&out, "3")["result"];
+    assert_eq!(r["content"][0]["text"], "ok", "{r}");
+    assert_eq!(r["_meta"]["mcp-retry/source"], "dedup", "{r}");
+}
+
+#[test]
+fn a_cancelled_keyed_call_is_marked_and_a_late_error_lifts_the_mark() {
+    let mut h = with_pay(false);
+    let (id, down) = h.started("1", "pay", KEYED);
+    let (_, out) = h.run(|c, ctx, out| c.cancel_member(id, "1", "the user stopped it", ctx, out));
+    assert_eq!(
+        cancels(&out),
+        vec![(down, "the user stopped it".to_owned())]
+    );
+    let (_, out) = h.arrive("2", "pay", KEYED);
+    let e = &answer_for(&out, "2")["error"];
+    assert_eq!(e["data"]["cause"], "cancelled", "{e}");
+    // The server says it failed: the outcome is known, the key runs again.
+    assert_eq!(h.answer(down, TRANSIENT).0, Owner::Known);
+    assert!(h.calls.stats().unknown.is_empty());
+    let (arrival, _) = h.arrive("3", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
+}
+
+#[test]
+fn a_keyed_call_of_a_safe_tool_or_without_an_attempt_is_not_marked() {
+    let mut h = with_pay(true);
+    let (id, down) = h.started("1", "pay", KEYED);
+    h.now += 10 * SECOND;
+    let (_, out) = h.timer(CallTimer::AttemptTimeout { call: id, down });
+    assert_eq!(answer_for(&out, "1")["error"]["data"]["reason"], "timeout");
+    let (arrival, _) = h.arrive("2", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
+    // An unsafe call cancelled before its attempt was sent never ran.
+    let mut h = with_pay(false);
+    let (arrival, _) = h.arrive("1", "pay", KEYED);
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    h.run(|c, ctx, out| c.cancel_member(id, "1", "stopped", ctx, out));
+    let (arrival, _) = h.arrive("2", "pay", KEYED);
+    assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
+    assert!(h.calls.stats().unknown.is_empty());
+}
+
+#[test]
+fn a_late_success_too_large_to_keep_turns_an_unknown_outcome_into_already_ran() {
+    let mut h = Harness::new(|c| {
+        c.call_timeout = 10 * SECOND;
+        c.idempotency_max_bytes = 200;
+        c.tools
+            .insert("pay".into(), tool(|t| t.idempotent = Some(false)));
+    });
+    let (id, down) = h.started("1", "pay", KEYED);
+    h.now += 10 * SECOND;
+    h.timer(CallTimer::AttemptTimeout { call: id, down });
+    assert_eq!(h.calls.stats().unknown.len(), 1);
+    let big = format!(
+        r#""result":{{"content":[{{"type":"text","text":"{}"}}]}}"#,
+        "x".repeat(300)
+    );
+    assert_eq!(h.answer(down, &big).0, Owner::Known);
+    assert!(h.calls.stats().unknown.is_empty(), "its outcome is known");
+    let (_, out) = h.arrive("2", "pay", KEYED);
+    let e = &answer_for(&out, "2")["error"];
+    assert_eq!(e["data"]["reason"], "already_ran", "{e}");
+    assert_eq!(e["data"]["outcome"], "succeeded", "{e}");
+}
+
+// ----- with a store of keys (`store: local`) -----------------------------------
+
+use crate::policy::record::{Outcome as Recorded, Reply};
+use crate::store::thread::{Answer, Request};
+
+/// `with_pay(false)` with a store behind a channel the test reads.
+fn with_store(unavailable: super::Unavailable) -> (Harness, crossbeam_channel::Receiver<Request>) {
+    let mut h = with_pay(false);
+    let (tx, rx) = crossbeam_channel::unbounded();
+    h.calls
+        .use_store(super::KeyStore::new(tx, [9; 32], unavailable));
+    (h, rx)
+}
+
+/// The store requests among `out`.
+fn store_requests(out: Vec<Action>) -> Vec<Request> {
+    out.into_iter()
+        .filter_map(|a| match a {
+            Action::Store(r) => Some(r),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A keyed call arrives: it claims its record and is not admitted until
+/// the store answers. Its id and the claim's record.
+fn claiming(h: &mut Harness, client: &str) -> (u64, crate::store::Id) {
+    let (arrival, out) = h.arrive(client, "pay", KEYED);
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}")
+    };
+    let mut reqs = store_requests(out);
+    let Some(Request::Claim {
+        call,
+        id: record,
+        wait_until,
+        ..
+    }) = reqs.pop()
+    else {
+        panic!("no claim: {reqs:?}")
+    };
+    assert_eq!(call, id);
+    assert_eq!(wait_until, h.now + h.calls.cfg.retry.total_timeout);
+    let (admitted, _) = h.run(|c, ctx, out| c.admit(id, ctx, out));
+    assert!(!admitted, "its attempt waits for the claim");
+    (id, record)
+}
+
+#[test]
+fn a_claim_the_store_never_answers_ends_its_call_after_the_deadline() {
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let (arrival, out) = h.arrive("1", "pay", KEYED);
+    let Arrival::Started(id) = arrival else {
+        panic!()
+    };
+    let deadline = h.now + h.calls.cfg.retry.total_timeout;
+    assert!(out.iter().any(|a| matches!(a,
+        Action::Timer(at, CallTimer::CallDeadline { call }) if *call == id && *at == deadline + SECOND)));
+    h.now = deadline + SECOND;
+    let (_, out) = h.timer(CallTimer::CallDeadline { call: id });
+    let e = &answer_for(&out, "1")["error"];
+    assert_eq!(e["data"]["reason"], "deadline_exceeded", "{e}");
+    assert_eq!(h.calls.len(), 0);
+    let reqs = store_requests(out);
+    assert!(
+        matches!(
+            &reqs[..],
+            [Request::Finish {
+                outcome: Recorded::Released,
+                ..
+            }]
+        ),
+        "whatever became of the claim is given back: {reqs:?}"
+    );
+    // A claim answered since is not the call's any more.
+    let (start, out) = store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    assert_eq!((start, out.len()), (None, 0));
+}
+
+fn store_answers(
+    h: &mut Harness,
+    call: u64,
+    reply: Result<Reply, String>,
+    now_ms: u64,
+) -> (Option<u64>, Vec<Action>) {
+    let answer = Answer {
+        call,
+        reply,
+        now_ms,
+    };
+    h.run(|c, ctx, out| c.claimed(answer, ctx, out))
+}
+
+#[test]
+fn a_keyed_call_claims_first_and_records_its_outcome() {
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let (id, record) = claiming(&mut h, "1");
+    let (start, out) = store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    assert_eq!(start, Some(id));
+    assert!(out.is_empty(), "{out:?}");
+    let down = h.attempt(id);
+    let (_, out) = h.answer(down, OK);
+    let reqs = store_requests(out);
+    assert!(
+        matches!(&reqs[..], [Request::Finish { id: r, outcome: Recorded::Result(text), .. }]
+            if *r == record && text.contains("\"ok\"")),
+        "{reqs:?}"
+    );
+    // A keyless call never asks the store.
+    let (arrival, out) = h.arrive("2", "pay", "{}");
+    assert!(matches!(arrival, Arrival::Started(_)));
+    assert!(store_requests(out).is_empty());
+}
+
+#[test]
+fn a_kept_result_is_replayed_and_an_unknown_record_is_not_run() {
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let (id, _) = claiming(&mut h, "1");
+    let replay = Reply::Replay {
+        result: r#"{"content":[]}"#.into(),
+        at: 1,
+        same_args: true,
+    };
+    let (start, out) = store_answers(&mut h, id, Ok(replay), 2);
+    assert_eq!(start, None);
+    let r = &answer_for(&out, "1")["result"];
+    assert_eq!(r["_meta"]["mcp-retry/source"], "dedup", "{r}");
+    assert_eq!(h.calls.len(), 0);
+    // Another key... the same one again, now answered unknown by the store.
+    let (arrival, out) = h.arrive("2", "pay", r#"{"_idempotency_key":"K-2"}"#);
+    let Arrival::Started(id) = arrival else {
+        panic!()
+    };
+    assert_eq!(store_requests(out).len(), 1);
+    let unknown = Reply::Unknown {
+        cause: "owner_lost".into(),
+        started: 1_000,
+        same_args: true,
+    };
+    let (start, out) = store_answers(&mut h, id, Ok(unknown), 4_000);
+    assert_eq!(start, None);
+    let e = &answer_for(&out, "2")["error"];
+    assert_eq!(e["data"]["reason"], "earlier_attempt_unknown", "{e}");
+    assert_eq!(e["data"]["cause"], "owner_lost", "{e}");
+    assert_eq!(e["data"]["startedMsAgo"], 3_000, "{e}");
+    assert!(
+        store_requests(out).is_empty(),
+        "nothing recorded for a call not run"
+    );
+}
+
+#[test]
+fn an_unavailable_store_runs_the_call_or_refuses_it() {
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let (id, _) = claiming(&mut h, "1");
+    let (start, _) = store_answers(&mut h, id, Err("disk gone".into()), 0);
+    assert_eq!(start, Some(id), "store_unavailable: local runs it");
+    let (mut h, _rx) = with_store(super::Unavailable::Refuse);
+    let (id, _) = claiming(&mut h, "1");
+    let (start, out) = store_answers(&mut h, id, Err("disk gone".into()), 0);
+    assert_eq!(start, None);
+    let e = &answer_for(&out, "1")["error"];
+    assert_eq!(e["data"]["reason"], "store_unavailable", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("disk gone"), "{e}");
+}
+
+#[test]
+fn a_keyed_call_that_times_out_or_errs_records_unknown_or_released() {
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let (id, _) = claiming(&mut h, "1");
+    store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    let down = h.attempt(id);
+    h.now += 10 * SECOND;
+    let (_, out) = h.timer(CallTimer::AttemptTimeout { call: id, down });
+    let reqs = store_requests(out);
+    assert!(
+        matches!(&reqs[..], [Request::Finish { outcome: Recorded::Unknown(c), .. }] if c == "timeout"),
+        "{reqs:?}"
+    );
+    // Its late success is recorded too.
+    let (_, out) = h.answer(down, OK);
+    let reqs = store_requests(out);
+    assert!(
+        matches!(
+            &reqs[..],
+            [Request::Finish {
+                outcome: Recorded::Result(_),
+                ..
+            }]
+        ),
+        "{reqs:?}"
+    );
+    // A definite error releases.
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let (id, _) = claiming(&mut h, "2");
+    store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    let down = h.attempt(id);
+    let (_, out) = h.answer(down, r#""error":{"code":-32602,"message":"bad"}"#);
+    let reqs = store_requests(out);
+    assert!(
+        matches!(
+            &reqs[..],
+            [Request::Finish {
+                outcome: Recorded::Released,
+                ..
+            }]
+        ),
+        "{reqs:?}"
+    );
+}

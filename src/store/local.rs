@@ -1,0 +1,533 @@
+//! The `local` engine: the records in one embedded database file (redb)
+//! per user, shared by every mcp-retry process of that user on the host.
+//!
+//! Owns where the file lives (the state directory, [`state_dir`]), its
+//! name (the record format's version: [`FILE_NAME`]), what it must be (ours,
+//! mode 0600, in a 0700 directory), setting aside a file that is not (or
+//! does not open as a database) with a warning, and the tables: records by
+//! name, and an index by expiry for purging. It must not know the rules of
+//! a record (`policy::record`) or who calls it (the store thread).
+//!
+//! Several processes write the file at once (`ConcurrencyMode::MultiWriter`:
+//! one write transaction at a time, byte-range locks); every operation is
+//! one write transaction, so the read and the write of a record are atomic
+//! across processes. Every commit in that mode is durable (fsync).
+
+#![forbid(unsafe_code)]
+
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use redb::{
+    ConcurrencyMode, Database, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    TableDefinition,
+};
+
+use super::{record_bytes, Clock, Engine, Id, StoreError, RECORD_OVERHEAD};
+use crate::handshake_cache::UserDir;
+use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
+use crate::private_files::{self, file_facts, judge_file};
+
+/// The environment variable naming the state directory.
+pub const DIR_ENV: &str = "MCP_RETRY_STATE_DIR";
+/// The file's name: the record format's version is in it, so that two
+/// mcp-retry versions with other formats never share a file.
+pub const FILE_NAME: &str = "store-v1.redb";
+/// The file's size cap: live records beyond it are refused (the caller
+/// follows `store_unavailable`).
+pub const MAX_BYTES: u64 = 256 * 1024 * 1024;
+/// redb's page cache for the file.
+const CACHE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Records by name: the record's JSON text.
+const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
+/// (expiry, name) for every record, to purge the expired first.
+const EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("expiry");
+/// Counters: `bytes`, the bytes of records held (with their overhead).
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// The state directory from the process's environment; `None` when no
+/// home (or `%LOCALAPPDATA%`) is known.
+pub fn state_dir() -> Option<PathBuf> {
+    state_dir_from(|name| std::env::var_os(name))
+}
+
+/// [`state_dir`] with the environment as a function, for the tests.
+/// Relative paths in the variables are not used.
+fn state_dir_from(var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    let places = UserDir {
+        explicit: DIR_ENV,
+        windows: &["mcp-retry", "state"],
+        macos: &["Library", "Application Support", "mcp-retry"],
+        xdg: "XDG_STATE_HOME",
+        home: &[".local", "state", "mcp-retry"],
+    };
+    places.find(var)
+}
+
+fn engine_err(e: impl Into<redb::Error>) -> StoreError {
+    StoreError::Engine(e.into().to_string())
+}
+
+/// The `local` engine over one open file.
+pub struct Local {
+    db: Database,
+    path: PathBuf,
+    max_bytes: u64,
+    clock: Clock,
+}
+
+impl Local {
+    /// Opens (or creates) the file in `dir`, creating `dir` (0700) if it is
+    /// missing. A file that is not ours alone, not mode 0600, or does not
+    /// open as a database is renamed aside (`<name>.set-aside-<ms>`) with a
+    /// warning and a new one made. Err when the directory is refused or the
+    /// file cannot be opened at all (another process's lock protocol, I/O).
+    pub fn open(dir: &Path, max_bytes: u64, clock: Clock) -> Result<Local, StoreError> {
+        private_files::prepare_dir(dir).map_err(|e| StoreError::Engine(e.to_string()))?;
+        let path = dir.join(FILE_NAME);
+        if let Some(why) = refused(&path) {
+            set_aside(&path, &why, &clock)?;
+        }
+        let db = match open_db(&path) {
+            Ok(db) => db,
+            Err(Bad::Unusable(why)) => {
+                set_aside(&path, &why, &clock)?;
+                open_db(&path).map_err(|e| StoreError::Engine(e.to_string()))?
+            }
+            Err(Bad::Other(e)) => return Err(StoreError::Engine(e)),
+        };
+        Ok(Local {
+            db,
+            path,
+            max_bytes,
+            clock,
+        })
+    }
+
+    /// The write transaction of one operation.
+    fn step(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
+        let tx = self.db.begin_write().map_err(engine_err)?;
+        let (reply, wrote) = {
+            let mut records = tx.open_table(RECORDS).map_err(engine_err)?;
+            let mut expiry = tx.open_table(EXPIRY).map_err(engine_err)?;
+            let mut meta = tx.open_table(META).map_err(engine_err)?;
+            let now = (self.clock)();
+            let current: Option<(Record, u64)> = match records.get(&id[..]).map_err(engine_err)? {
+                None => None,
+                Some(v) => {
+                    let bytes = v.value();
+                    let r: Record = serde_json::from_slice(bytes)
+                        .map_err(|e| StoreError::BadRecord(e.to_string()))?;
+                    Some((r, bytes.len() as u64 + RECORD_OVERHEAD))
+                }
+            };
+            let (reply, write) = record::apply(current.as_ref().map(|(r, _)| r), op, now);
+            let mut held = meta
+                .get("bytes")
+                .map_err(engine_err)?
+                .map_or(0, |v| v.value());
+            let old_cost = current.as_ref().map_or(0, |(_, c)| *c);
+            let wrote = match write {
+                Write::Keep => false,
+                Write::Delete => {
+                    if let Some((r, cost)) = &current {
+                        records.remove(&id[..]).map_err(engine_err)?;
+                        expiry.remove((r.expires, &id[..])).map_err(engine_err)?;
+                        held = held.saturating_sub(*cost);
+                    }
+                    true
+                }
+                Write::Put(r) => {
+                    let text = record_bytes(&r)?;
+                    let cost = text.len() as u64 + RECORD_OVERHEAD;
+                    if held.saturating_sub(old_cost) + cost > self.max_bytes {
+                        let (_, freed) = purge_in(&mut records, &mut expiry, now, usize::MAX, id)?;
+                        held = held.saturating_sub(freed);
+                        if held.saturating_sub(old_cost) + cost > self.max_bytes {
+                            return Err(StoreError::Full {
+                                max: self.max_bytes,
+                            });
+                        }
+                    }
+                    if let Some((old, _)) = &current {
+                        expiry.remove((old.expires, &id[..])).map_err(engine_err)?;
+                    }
+                    records.insert(&id[..], &text[..]).map_err(engine_err)?;
+                    expiry
+                        .insert((r.expires, &id[..]), ())
+                        .map_err(engine_err)?;
+                    held = held.saturating_sub(old_cost) + cost;
+                    true
+                }
+            };
+            if wrote {
+                meta.insert("bytes", held).map_err(engine_err)?;
+            }
+            (reply, wrote)
+        };
+        if wrote {
+            tx.commit().map_err(engine_err)?;
+        } else {
+            tx.abort().map_err(engine_err)?;
+        }
+        Ok(reply)
+    }
+}
+
+/// Removes up to `max` records expired at `now` (never `keep`, the record
+/// being written): how many, and their bytes.
+fn purge_in(
+    records: &mut redb::Table<&[u8], &[u8]>,
+    expiry: &mut redb::Table<(u64, &[u8]), ()>,
+    now: Millis,
+    max: usize,
+    keep: &Id,
+) -> Result<(usize, u64), StoreError> {
+    let mut due: Vec<(u64, Vec<u8>)> = Vec::new();
+    for entry in expiry
+        .range(..(now.saturating_add(1), &[][..]))
+        .map_err(engine_err)?
+    {
+        let (k, ()) = entry.map(|(k, v)| (k, v.value())).map_err(engine_err)?;
+        let (at, id) = k.value();
+        if id != &keep[..] {
+            due.push((at, id.to_vec()));
+        }
+        if due.len() >= max {
+            break;
+        }
+    }
+    let mut freed = 0;
+    for (at, id) in &due {
+        expiry.remove((*at, &id[..])).map_err(engine_err)?;
+        if let Some(v) = records.remove(&id[..]).map_err(engine_err)? {
+            freed += v.value().len() as u64 + RECORD_OVERHEAD;
+        }
+    }
+    Ok((due.len(), freed))
+}
+
+impl Engine for Local {
+    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
+        self.step(id, op)
+    }
+
+    fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
+        let tx = self.db.begin_write().map_err(engine_err)?;
+        let purged = {
+            let mut records = tx.open_table(RECORDS).map_err(engine_err)?;
+            let mut expiry = tx.open_table(EXPIRY).map_err(engine_err)?;
+            let mut meta = tx.open_table(META).map_err(engine_err)?;
+            let now = (self.clock)();
+            let (n, freed) = purge_in(&mut records, &mut expiry, now, max, &[0xff; 32])?;
+            if n > 0 {
+                let held = meta
+                    .get("bytes")
+                    .map_err(engine_err)?
+                    .map_or(0, |v| v.value());
+                meta.insert("bytes", held.saturating_sub(freed))
+                    .map_err(engine_err)?;
+            }
+            n
+        };
+        if purged > 0 {
+            tx.commit().map_err(engine_err)?;
+        } else {
+            tx.abort().map_err(engine_err)?;
+        }
+        Ok(purged)
+    }
+
+    fn count(&mut self) -> Result<u64, StoreError> {
+        let tx = self.db.begin_read().map_err(engine_err)?;
+        let records = tx.open_table(RECORDS).map_err(engine_err)?;
+        records.len().map_err(engine_err)
+    }
+
+    fn name(&self) -> &'static str {
+        "local"
+    }
+
+    fn place(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// Why an open failed.
+enum Bad {
+    /// The file is not a database of ours (corrupt, foreign, another
+    /// format): set it aside.
+    Unusable(String),
+    /// Anything else: the store is unavailable.
+    Other(String),
+}
+
+impl std::fmt::Display for Bad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bad::Unusable(e) | Bad::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Opens the database at `path` (created 0600 if missing), every table
+/// made. redb checks every page of a file it did not close cleanly and
+/// repairs it; a file it cannot read is [`Bad::Unusable`] (a panic of the
+/// engine's reading included).
+fn open_db(path: &Path) -> Result<Database, Bad> {
+    create_private(path).map_err(|e| Bad::Other(format!("{}: {e}", path.display())))?;
+    let opened = catch_unwind(AssertUnwindSafe(|| {
+        let db = redb::Builder::new()
+            .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+            .set_cache_size(CACHE_BYTES)
+            .create(path)?;
+        let tx = db.begin_write()?;
+        tx.open_table(RECORDS)?;
+        tx.open_table(EXPIRY)?;
+        tx.open_table(META)?;
+        tx.commit()?;
+        Ok::<_, redb::Error>(db)
+    }));
+    match opened {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => match e {
+            redb::Error::Corrupted(_)
+            | redb::Error::UpgradeRequired(_)
+            | redb::Error::TableTypeMismatch { .. }
+            | redb::Error::TypeDefinitionChanged { .. } => Err(Bad::Unusable(e.to_string())),
+            redb::Error::Io(io) if io.kind() == io::ErrorKind::InvalidData => {
+                Err(Bad::Unusable(io.to_string()))
+            }
+            other => Err(Bad::Other(format!("{}: {other}", path.display()))),
+        },
+        Err(_) => Err(Bad::Unusable("the file does not read as a database".into())),
+    }
+}
+
+/// Creates `path` with mode 0600 if it is missing (Windows: it inherits
+/// the directory's owner-only DACL).
+fn create_private(path: &Path) -> io::Result<()> {
+    let mut opts = fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    opts.open(path).map(drop)
+}
+
+/// Why the file at `path` is not to be opened (not ours alone, not 0600,
+/// not a regular file); `None` when it is fine or missing.
+fn refused(path: &Path) -> Option<String> {
+    let meta = fs::symlink_metadata(path).ok()?;
+    judge_file(&file_facts(&meta), private_files::uid(), u64::MAX)
+        .err()
+        .map(|p| p.to_string())
+}
+
+/// Renames the file at `path` aside, with a warning saying why.
+fn set_aside(path: &Path, why: &str, clock: &Clock) -> Result<(), StoreError> {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".set-aside-{}", clock()));
+    let aside = PathBuf::from(aside);
+    fs::rename(path, &aside).map_err(|e| {
+        StoreError::Engine(format!(
+            "{}: {why}, and cannot be set aside: {e}",
+            path.display()
+        ))
+    })?;
+    crate::warn!(
+        "store: {}: {why}; set aside as {} and a new one made",
+        path.display(),
+        aside.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::policy::record::Outcome;
+    use crate::store::record_id;
+    use crate::store::tests::{claim, engine_contract, fake_clock, finish};
+
+    /// A directory removed when dropped: declared before the engines of
+    /// a test, it goes after them (Windows removes no file still open).
+    struct Tmp(PathBuf);
+
+    impl std::ops::Deref for Tmp {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.0
+        }
+    }
+
+    impl AsRef<Path> for Tmp {
+        fn as_ref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn temp_dir(name: &str) -> Tmp {
+        let d = std::env::temp_dir().join(format!(
+            "mcp-retry-store-{name}-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let _ = fs::remove_dir_all(&d);
+        Tmp(d)
+    }
+
+    #[test]
+    fn the_local_engine_keeps_the_contract() {
+        let dir = temp_dir("contract");
+        let (clock, t) = fake_clock();
+        let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
+        engine_contract(&mut e, &t);
+    }
+
+    #[test]
+    fn records_outlive_the_handle_and_two_handles_share_them() {
+        let dir = temp_dir("share");
+        let (c1, _t) = fake_clock();
+        let (c2, _) = fake_clock();
+        let id = record_id(&[3; 32], "pay", "K-1");
+        let mut a = Local::open(&dir, 1 << 20, c1).unwrap();
+        let mut b = Local::open(&dir, 1 << 20, c2).unwrap();
+        assert_eq!(a.apply(&id, &claim("a")).unwrap(), Reply::Claimed);
+        assert!(matches!(
+            b.apply(&id, &claim("b")).unwrap(),
+            Reply::Busy { .. }
+        ));
+        a.apply(&id, &finish("a", Outcome::Result("7".into())))
+            .unwrap();
+        drop(a);
+        drop(b);
+        let (c3, _) = fake_clock();
+        let mut c = Local::open(&dir, 1 << 20, c3).unwrap();
+        assert!(matches!(
+            c.apply(&id, &claim("c")).unwrap(),
+            Reply::Replay { result, .. } if result == "7"
+        ));
+    }
+
+    #[test]
+    fn a_full_file_refuses_new_claims_and_purging_frees_room() {
+        let dir = temp_dir("full");
+        let (clock, t) = fake_clock();
+        let mut e = Local::open(&dir, 1000, clock).unwrap();
+        let mut n = 0;
+        let err = loop {
+            match e.apply(&record_id(&[0; 32], "t", &n.to_string()), &claim("o")) {
+                Ok(Reply::Claimed) => n += 1,
+                Ok(other) => panic!("{other:?}"),
+                Err(err) => break err,
+            }
+        };
+        assert!(matches!(err, StoreError::Full { max: 1000 }), "{err}");
+        assert_eq!(e.count().unwrap(), n);
+        t.fetch_add(120_000, Ordering::SeqCst);
+        assert_eq!(
+            e.apply(&record_id(&[0; 32], "t", "x"), &claim("o"))
+                .unwrap(),
+            Reply::Claimed
+        );
+        assert_eq!(e.count().unwrap(), 1);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_database_is_set_aside() {
+        let dir = temp_dir("corrupt");
+        private_files::prepare_dir(&dir).unwrap();
+        let path = dir.join(FILE_NAME);
+        create_private(&path).unwrap();
+        fs::write(&path, vec![0x5a; 64 * 1024]).unwrap();
+        let (clock, _) = fake_clock();
+        let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
+        assert_eq!(e.count().unwrap(), 0);
+        let aside: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|d| d.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with("store-v1.redb.set-aside-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(
+            fs::read(dir.join(&aside[0])).unwrap(),
+            vec![0x5a; 64 * 1024]
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_file_of_the_wrong_mode_is_set_aside_and_the_new_one_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp_dir("mode");
+        let (clock, _) = fake_clock();
+        drop(Local::open(&dir, 1 << 20, clock).unwrap());
+        let path = dir.join(FILE_NAME);
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let (clock, _) = fake_clock();
+        drop(Local::open(&dir, 1 << 20, clock).unwrap());
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn the_state_directory_follows_the_platform() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        assert_eq!(
+            state_dir_from(env(&[(DIR_ENV, "/explicit"), ("HOME", "/h")]))
+                .map(|p| p.to_string_lossy().into_owned()),
+            if cfg!(windows) {
+                None
+            } else {
+                Some("/explicit".into())
+            }
+        );
+        assert_eq!(state_dir_from(env(&[(DIR_ENV, "relative")])), None);
+        #[cfg(all(unix, not(target_os = "macos")))]
+        {
+            assert_eq!(
+                state_dir_from(env(&[("HOME", "/h")])),
+                Some(PathBuf::from("/h/.local/state/mcp-retry"))
+            );
+            assert_eq!(
+                state_dir_from(env(&[("HOME", "/h"), ("XDG_STATE_HOME", "/x")])),
+                Some(PathBuf::from("/x/mcp-retry"))
+            );
+        }
+        #[cfg(target_os = "macos")]
+        assert_eq!(
+            state_dir_from(env(&[("HOME", "/h")])),
+            Some(PathBuf::from("/h/Library/Application Support/mcp-retry"))
+        );
+    }
+}

@@ -1,0 +1,576 @@
+//! The `store` thread: it owns the engine, does every store operation the
+//! dispatcher asks for over a channel, and answers over a callback, so the
+//! dispatcher never waits on the store's I/O.
+//!
+//! Owns opening the engine (on the thread, so neither `initialize` nor a
+//! keyless call waits for it, nor for the engine's repair after a crash),
+//! this process's claims and their owner tokens, renewing their leases
+//! every third of their length, the waiting twins (a claim found busy is
+//! tried again on a timer, 20 ms doubling to 250 ms, until it is decided
+//! or its caller's deadline), purging expired records, and, at the end
+//! (the channel closed), marking this process's
+//! claims still in flight `unknown` (`proxy_exited`). It never sleeps
+//! except in `recv_deadline`. It must not know the dispatcher, calls or
+//! JSON-RPC: a [`Deliver`] callback takes the answers.
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::{Engine, Id, StoreError};
+use crate::policy::record::{self, Millis, Op, Outcome, Reply, Timing};
+
+/// A waiting twin's first pause before it claims again.
+pub const POLL_FIRST: Duration = Duration::from_millis(20);
+/// Its longest pause.
+pub const POLL_MAX: Duration = Duration::from_millis(250);
+/// How often expired records are purged.
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+/// Most expired records purged at once.
+const PURGE_BATCH: usize = 1000;
+/// Why this process's claims in flight are unknown when it ends.
+pub const PROXY_EXITED: &str = "proxy_exited";
+
+/// What the dispatcher asks of the store.
+#[derive(Debug)]
+pub enum Request {
+    /// Claim record `id` for call `call`; a busy record is tried again
+    /// until `wait_until`.
+    Claim {
+        call: u64,
+        id: Id,
+        args: String,
+        timing: Timing,
+        wait_until: Instant,
+    },
+    /// This process's call on record `id` ended with `outcome` (also a
+    /// late answer after an unknown outcome).
+    Finish {
+        id: Id,
+        outcome: Outcome,
+        timing: Timing,
+    },
+}
+
+/// The store's answer to a [`Request::Claim`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub call: u64,
+    /// What the claim found (`Busy`: still busy at `wait_until`), or why
+    /// the store could not be asked.
+    pub reply: Result<Reply, String>,
+    /// The store's clock when it answered, to tell how long ago the
+    /// reply's times were.
+    pub now_ms: Millis,
+}
+
+/// Where answers go (the dispatcher's inbox).
+pub type Deliver = Box<dyn Fn(Answer) + Send>;
+
+/// Opens the engine, on the store thread.
+pub type Opener = Box<dyn FnOnce() -> Result<Box<dyn Engine>, StoreError> + Send>;
+
+/// A claim of this process.
+struct Own {
+    owner: String,
+    timing: Timing,
+    /// When its lease is to be renewed; `None` once the call ended with an
+    /// unknown outcome (the owner is kept for a late answer).
+    renew_at: Option<Instant>,
+    /// When it is forgotten (after an unknown outcome: its ttl).
+    forget_at: Option<Instant>,
+}
+
+/// A twin waiting for a busy record.
+struct Waiting {
+    call: u64,
+    id: Id,
+    owner: String,
+    args: String,
+    timing: Timing,
+    wait_until: Instant,
+    next: Instant,
+    pause: Duration,
+}
+
+/// The thread's state, with the engine once it is open.
+pub struct Worker {
+    engine: Result<Box<dyn Engine>, String>,
+    deliver: Deliver,
+    clock: Box<dyn Fn() -> Millis + Send>,
+    own: HashMap<Id, Own>,
+    waiting: Vec<Waiting>,
+    next_purge: Instant,
+    rng: fastrand::Rng,
+}
+
+/// Starts the `store` thread: it opens the engine with `open`, then does
+/// what it is asked until the sender is dropped. Answers
+/// go to `deliver`; `clock` is the store's clock for the answers' times.
+pub fn spawn(
+    open: Opener,
+    deliver: Deliver,
+    clock: Box<dyn Fn() -> Millis + Send>,
+) -> std::io::Result<(Sender<Request>, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = crossbeam_channel::unbounded::<Request>();
+    let handle = crate::guard::spawn(
+        "store",
+        "keyed calls are not recorded in the store any more",
+        move || {
+            let engine = match open() {
+                Ok(mut e) => {
+                    match e.count() {
+                        Ok(n) => crate::debug!("store: {} ({}): {n} records", e.name(), e.place()),
+                        Err(err) => crate::warn!("store: {} ({}): {err}", e.name(), e.place()),
+                    }
+                    Ok(e)
+                }
+                Err(e) => {
+                    crate::warn!("store unavailable: {e}");
+                    Err(e.to_string())
+                }
+            };
+            Worker::new(engine, deliver, clock).run(&rx);
+        },
+        || {},
+    )?;
+    Ok((tx, handle))
+}
+
+impl Worker {
+    pub fn new(
+        engine: Result<Box<dyn Engine>, String>,
+        deliver: Deliver,
+        clock: Box<dyn Fn() -> Millis + Send>,
+    ) -> Worker {
+        Worker {
+            engine,
+            deliver,
+            clock,
+            own: HashMap::new(),
+            waiting: Vec::new(),
+            next_purge: Instant::now(),
+            rng: fastrand::Rng::new(),
+        }
+    }
+
+    /// Handles requests and timers until the channel closes or `Stop`.
+    pub fn run(mut self, rx: &Receiver<Request>) {
+        loop {
+            let next = self.next_due();
+            let got = match next {
+                Some(at) => rx.recv_deadline(at),
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            match got {
+                Err(RecvTimeoutError::Disconnected) => break,
+                Ok(req) => self.handle(req, Instant::now()),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            self.tick(Instant::now());
+        }
+        self.stop();
+    }
+
+    /// The earliest timer: a renewal, a twin's poll, the purge.
+    pub fn next_due(&self) -> Option<Instant> {
+        let renew = self.own.values().filter_map(|o| o.renew_at.or(o.forget_at));
+        let polls = self.waiting.iter().map(|w| w.next);
+        let purge = self.engine.is_ok().then_some(self.next_purge);
+        renew.chain(polls).chain(purge).min()
+    }
+
+    fn token(&mut self) -> String {
+        format!("{:016x}{:016x}", self.rng.u64(..), self.rng.u64(..))
+    }
+
+    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, String> {
+        match &mut self.engine {
+            Ok(e) => e.apply(id, op).map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    fn answer(&self, call: u64, reply: Result<Reply, String>) {
+        let now_ms = (self.clock)();
+        (self.deliver)(Answer {
+            call,
+            reply,
+            now_ms,
+        });
+    }
+
+    /// One request at `now`.
+    pub fn handle(&mut self, req: Request, now: Instant) {
+        match req {
+            Request::Claim {
+                call,
+                id,
+                args,
+                timing,
+                wait_until,
+            } => {
+                let owner = self.token();
+                let op = Op::Claim {
+                    owner: owner.clone(),
+                    args: args.clone(),
+                    timing,
+                };
+                match self.apply(&id, &op) {
+                    Ok(Reply::Busy { .. }) if now < wait_until => {
+                        self.waiting.push(Waiting {
+                            call,
+                            id,
+                            owner,
+                            args,
+                            timing,
+                            wait_until,
+                            next: now + POLL_FIRST,
+                            pause: POLL_FIRST,
+                        });
+                    }
+                    reply => {
+                        if reply == Ok(Reply::Claimed) {
+                            self.own(id, owner, timing, now);
+                        }
+                        self.answer(call, reply);
+                    }
+                }
+            }
+            Request::Finish {
+                id,
+                outcome,
+                timing,
+            } => self.finish(id, outcome, timing, now),
+        }
+    }
+
+    fn own(&mut self, id: Id, owner: String, timing: Timing, now: Instant) {
+        let renew_at = now + renew_pause(timing);
+        self.own.insert(
+            id,
+            Own {
+                owner,
+                timing,
+                renew_at: Some(renew_at),
+                forget_at: None,
+            },
+        );
+    }
+
+    fn finish(&mut self, id: Id, outcome: Outcome, timing: Timing, now: Instant) {
+        let Some(own) = self.own.get(&id) else {
+            // A twin whose call ended while it waited waits no more.
+            self.waiting.retain(|w| w.id != id);
+            return;
+        };
+        let op = Op::Finish {
+            owner: own.owner.clone(),
+            outcome: outcome.clone(),
+            timing,
+        };
+        if let Err(e) = self.apply(&id, &op) {
+            crate::warn!("store: a call's outcome was not recorded: {e}");
+        }
+        match outcome {
+            Outcome::Unknown(_) => {
+                if let Some(own) = self.own.get_mut(&id) {
+                    own.renew_at = None;
+                    own.forget_at = Some(now + Duration::from_millis(timing.ttl));
+                }
+            }
+            _ => {
+                self.own.remove(&id);
+            }
+        }
+    }
+
+    /// Everything due at `now`: renewals, twins' polls, the purge.
+    pub fn tick(&mut self, now: Instant) {
+        let due: Vec<Id> = self
+            .own
+            .iter()
+            .filter(|(_, o)| o.renew_at.is_some_and(|t| t <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            let Some(own) = self.own.get(&id) else {
+                continue;
+            };
+            let (owner, timing) = (own.owner.clone(), own.timing);
+            let op = Op::Renew { owner, timing };
+            match self.apply(&id, &op) {
+                Ok(Reply::Written) => {}
+                Ok(_) => crate::warn!(
+                    "store: a call in flight lost its claim (its lease ran out): another process may report it unknown"
+                ),
+                Err(e) => crate::warn!("store: a claim could not be renewed: {e}"),
+            }
+            if let Some(own) = self.own.get_mut(&id) {
+                own.renew_at = Some(now + renew_pause(timing));
+            }
+        }
+        self.own.retain(|_, o| o.forget_at.is_none_or(|t| t > now));
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].next > now {
+                i += 1;
+                continue;
+            }
+            let w = self.waiting.swap_remove(i);
+            let op = Op::Claim {
+                owner: w.owner.clone(),
+                args: w.args.clone(),
+                timing: w.timing,
+            };
+            match self.apply(&w.id, &op) {
+                Ok(Reply::Busy { .. }) if now < w.wait_until => {
+                    let pause = (w.pause * 2).min(POLL_MAX);
+                    self.waiting.push(Waiting {
+                        next: (now + pause).min(w.wait_until),
+                        pause,
+                        ..w
+                    });
+                }
+                reply => {
+                    if reply == Ok(Reply::Claimed) {
+                        self.own(w.id, w.owner, w.timing, now);
+                    }
+                    self.answer(w.call, reply);
+                }
+            }
+        }
+        if self.engine.is_ok() && self.next_purge <= now {
+            self.next_purge = now + PURGE_EVERY;
+            if let Ok(e) = &mut self.engine {
+                match e.purge(PURGE_BATCH) {
+                    Ok(0) => {}
+                    Ok(n) => crate::debug!("store: purged {n} expired records"),
+                    Err(e) => crate::warn!("store: expired records not purged: {e}"),
+                }
+            }
+        }
+    }
+
+    /// The end: this process's claims in flight are unknown from now on.
+    pub fn stop(mut self) {
+        let live: Vec<(Id, Timing)> = self
+            .own
+            .iter()
+            .filter(|(_, o)| o.renew_at.is_some())
+            .map(|(id, o)| (*id, o.timing))
+            .collect();
+        let now = Instant::now();
+        for (id, timing) in live {
+            self.finish(id, Outcome::Unknown(PROXY_EXITED.into()), timing, now);
+        }
+    }
+}
+
+/// How long until a lease is renewed: a third of it.
+fn renew_pause(timing: Timing) -> Duration {
+    Duration::from_millis(record::renew_due(0, timing.lease))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::store::tests::{fake_clock, T};
+    use crate::store::{record_id, Memory};
+
+    type Log = Arc<Mutex<Vec<Answer>>>;
+
+    fn worker() -> (Worker, Log, Arc<std::sync::atomic::AtomicU64>) {
+        let (clock, t) = fake_clock();
+        let t2 = t.clone();
+        let log: Log = Arc::default();
+        let l = log.clone();
+        let w = Worker::new(
+            Ok(Box::new(Memory::new(1 << 20, clock))),
+            Box::new(move |a| l.lock().unwrap().push(a)),
+            Box::new(move || t2.load(Ordering::SeqCst)),
+        );
+        (w, log, t)
+    }
+
+    fn claim(call: u64, id: Id, until: Instant) -> Request {
+        Request::Claim {
+            call,
+            id,
+            args: "a".into(),
+            timing: T,
+            wait_until: until,
+        }
+    }
+
+    #[test]
+    fn a_twin_polls_20ms_doubling_to_250ms_and_gets_the_result() {
+        let (mut w, log, _) = worker();
+        let id = record_id(&[0; 32], "t", "k");
+        let now = Instant::now();
+        let far = now + Duration::from_secs(60);
+        w.handle(claim(1, id, far), now);
+        assert_eq!(log.lock().unwrap()[0].reply, Ok(Reply::Claimed));
+        // The twin (another process in life: a second worker shares no
+        // memory engine, so the record is claimed again under another
+        // owner here by hand).
+        w.handle(claim(2, id, far), now);
+        assert_eq!(log.lock().unwrap().len(), 1, "the twin waits");
+        let mut polls = Vec::new();
+        let mut t = now;
+        for _ in 0..6 {
+            let due = w.waiting[0].next;
+            polls.push(due - t);
+            t = due;
+            w.tick(t);
+        }
+        let ms: Vec<u128> = polls.iter().map(|d| d.as_millis()).collect();
+        assert_eq!(ms, [20, 40, 80, 160, 250, 250]);
+        w.handle(
+            Request::Finish {
+                id,
+                outcome: Outcome::Result("42".into()),
+                timing: T,
+            },
+            t,
+        );
+        let due = w.waiting[0].next;
+        w.tick(due);
+        let log = log.lock().unwrap();
+        assert_eq!(log.len(), 2);
+        assert_eq!(log[1].call, 2);
+        assert!(matches!(&log[1].reply, Ok(Reply::Replay { result, .. }) if result == "42"));
+        assert!(w.waiting.is_empty());
+    }
+
+    #[test]
+    fn a_twin_whose_call_ended_waits_no_more() {
+        let (mut w, log, _) = worker();
+        let id = record_id(&[0; 32], "t", "k");
+        let now = Instant::now();
+        let far = now + Duration::from_secs(60);
+        let other = Op::Claim {
+            owner: "elsewhere".into(),
+            args: "a".into(),
+            timing: T,
+        };
+        assert_eq!(w.apply(&id, &other), Ok(Reply::Claimed));
+        w.handle(claim(1, id, far), now);
+        assert_eq!(w.waiting.len(), 1);
+        w.handle(
+            Request::Finish {
+                id,
+                outcome: Outcome::Released,
+                timing: T,
+            },
+            now,
+        );
+        assert!(w.waiting.is_empty());
+        assert_eq!(w.next_due(), Some(w.next_purge));
+        assert!(log.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_twin_still_busy_at_its_deadline_is_answered_busy() {
+        let (mut w, log, _) = worker();
+        let id = record_id(&[0; 32], "t", "k");
+        let now = Instant::now();
+        w.handle(claim(1, id, now), now);
+        w.handle(claim(2, id, now + Duration::from_millis(30)), now);
+        w.tick(now + Duration::from_millis(20));
+        assert_eq!(log.lock().unwrap().len(), 1);
+        assert_eq!(w.waiting[0].next, now + Duration::from_millis(30));
+        w.tick(now + Duration::from_millis(30));
+        let log = log.lock().unwrap();
+        assert!(matches!(log[1].reply, Ok(Reply::Busy { .. })), "{log:?}");
+    }
+
+    #[test]
+    fn leases_are_renewed_every_third_while_the_call_lives() {
+        let (mut w, log, t) = worker();
+        let id = record_id(&[0; 32], "t", "k");
+        let now = Instant::now();
+        w.handle(claim(1, id, now), now);
+        assert!(w.next_due() <= Some(now), "the first purge is due");
+        w.tick(now);
+        assert_eq!(w.next_due(), Some(now + Duration::from_millis(1000)));
+        // Ten leases later the claim is still live: it was renewed.
+        for i in 1..=30u32 {
+            t.fetch_add(1000, Ordering::SeqCst);
+            w.tick(now + Duration::from_millis(1000) * i);
+        }
+        let other = Op::Claim {
+            owner: "x".into(),
+            args: "a".into(),
+            timing: T,
+        };
+        assert!(matches!(w.apply(&id, &other), Ok(Reply::Busy { .. })));
+        w.handle(claim(2, id, now), now);
+        assert!(matches!(
+            log.lock().unwrap()[1].reply,
+            Ok(Reply::Busy { .. })
+        ));
+    }
+
+    #[test]
+    fn an_unavailable_store_answers_every_claim_with_why() {
+        let log: Log = Arc::default();
+        let l = log.clone();
+        let mut w = Worker::new(
+            Err("no state directory".into()),
+            Box::new(move |a| l.lock().unwrap().push(a)),
+            Box::new(|| 5),
+        );
+        let now = Instant::now();
+        w.handle(claim(9, [0; 32], now), now);
+        assert_eq!(w.next_due(), None);
+        let log = log.lock().unwrap();
+        assert_eq!(log[0].reply, Err("no state directory".into()));
+        assert_eq!(log[0].now_ms, 5);
+    }
+
+    #[test]
+    fn the_thread_ends_when_its_sender_is_dropped_marking_its_claims() {
+        let dir = std::env::temp_dir().join(format!(
+            "mcp-retry-store-thread-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        let d = dir.clone();
+        let (tx_a, rx_a) = crossbeam_channel::unbounded();
+        let (tx, handle) = spawn(
+            Box::new(move || {
+                crate::store::local::Local::open(&d, 1 << 20, crate::store::wall_clock())
+                    .map(|e| Box::new(e) as Box<dyn Engine>)
+            }),
+            Box::new(move |a| drop(tx_a.send(a))),
+            crate::store::wall_clock(),
+        )
+        .unwrap();
+        let id = record_id(&[0; 32], "t", "k");
+        let far = Instant::now() + Duration::from_secs(60);
+        tx.send(claim(1, id, far)).unwrap();
+        assert_eq!(rx_a.recv().unwrap().reply, Ok(Reply::Claimed));
+        drop(tx);
+        handle.join().unwrap();
+        let mut e =
+            crate::store::local::Local::open(&dir, 1 << 20, crate::store::wall_clock()).unwrap();
+        let op = Op::Claim {
+            owner: "y".into(),
+            args: "a".into(),
+            timing: T,
+        };
+        assert!(matches!(
+            e.apply(&id, &op),
+            Ok(Reply::Unknown { cause, .. }) if cause == PROXY_EXITED
+        ));
+        drop(e);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
