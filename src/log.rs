@@ -164,6 +164,9 @@ pub fn emit_with(level: Level, fields: Fields<'_>, args: fmt::Arguments<'_>) {
     } else {
         format!("mcp-retry: {}: {args}\n", level.as_str())
     };
+    // A value a `headers_helper` printed never reaches the log, even
+    // quoted in a server's message.
+    let line = crate::redact::redact_learned(&line).into_owned();
     #[cfg(test)]
     let Some(line) = tests::captured(line) else {
         return;

@@ -11,6 +11,12 @@
 //! looks like a credential: `NAME=value` and `name: value` where the name
 //! sounds secret, `Bearer` tokens, and long base64 or hex runs. Pure: no I/O,
 //! no clock; it knows nothing of processes or the protocol.
+//!
+//! The one set that grows at run time is [`learn`]'s: the values a
+//! `headers_helper` printed in this process (the newest
+//! [`MAX_LEARNED_SECRETS`]), which every `Redactor` removes too, so that
+//! what the helper prints after a rotation goes from the status, the log,
+//! `check` and proxy errors as a configured header would.
 
 #![forbid(unsafe_code)]
 
@@ -53,8 +59,66 @@ const STATUS_WORDS: &[&str] = &[
     "authentication",
 ];
 
+/// How many values learned at run time ([`learn`]) are kept: a helper that
+/// rotates its token on every 401 adds one each time, and the oldest goes.
+pub const MAX_LEARNED_SECRETS: usize = 64;
+
+/// The values learned at run time, oldest first, and their copies.
+#[derive(Debug, Default)]
+struct Learned {
+    values: std::collections::VecDeque<String>,
+    copies: Vec<Copy>,
+}
+
+impl Learned {
+    /// Adds `values` (each once, as the newest), dropping the oldest past
+    /// [`MAX_LEARNED_SECRETS`]. Header values: every one that is long
+    /// enough counts, and the credential of `Bearer …` alone too.
+    fn add<'a>(&mut self, values: impl IntoIterator<Item = &'a str>) {
+        let named: Vec<(String, String)> = values
+            .into_iter()
+            .map(|v| ("header-secret".to_owned(), v.to_owned()))
+            .collect();
+        let new = Redactor::new(&named).secrets;
+        if new.iter().all(|v| self.values.contains(v)) {
+            return;
+        }
+        for v in new {
+            self.values.retain(|old| *old != v);
+            self.values.push_back(v);
+        }
+        while self.values.len() > MAX_LEARNED_SECRETS {
+            self.values.pop_front();
+        }
+        let mut secrets: Vec<String> = self.values.iter().cloned().collect();
+        sort_longest_first(&mut secrets);
+        self.copies = copies_of(&secrets);
+    }
+}
+
+/// What this process learned at run time ([`learn`]).
+static LEARNED: std::sync::RwLock<Option<Learned>> = std::sync::RwLock::new(None);
+
+/// Adds header values a `headers_helper` printed to the secrets every
+/// [`Redactor`] of this process removes, from now on (the newest
+/// [`MAX_LEARNED_SECRETS`] are kept).
+pub fn learn<'a>(values: impl IntoIterator<Item = &'a str>) {
+    let mut learned = LEARNED.write().unwrap_or_else(|e| e.into_inner());
+    learned.get_or_insert_with(Learned::default).add(values);
+}
+
+/// `text` without the values [`learn`]ed so far (our own log lines: they
+/// quote a server's words at times, never a configured value).
+pub fn redact_learned(text: &str) -> std::borrow::Cow<'_, str> {
+    let learned = LEARNED.read().unwrap_or_else(|e| e.into_inner());
+    match learned.as_ref().filter(|l| !l.copies.is_empty()) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some(l) => std::borrow::Cow::Owned(redact_copies(text, &l.copies)),
+    }
+}
+
 /// Removes secrets from lines a server wrote before they are shown to a
-/// client.
+/// client: those it was made with, and those [`learn`]ed at run time.
 #[derive(Debug, Clone, Default)]
 pub struct Redactor {
     /// Exact strings to remove, longest first.
@@ -110,14 +174,15 @@ impl Redactor {
     /// `line` with the configured secrets replaced by [`REDACTED`], in any
     /// of the forms they may have been copied in; nothing else.
     pub fn redact_secrets(&self, line: &str) -> String {
+        let copies = self.all_copies();
         let mut out = line.to_owned();
-        if !self.copies.is_empty() {
+        if !copies.is_empty() {
             // The copies include each secret itself (matched in any case).
-            out = redact_copies(&out, &self.copies);
+            out = redact_copies(&out, &copies);
             // JSON text (a server's error object) may spell a secret with
             // escapes (`\u002d` for `-`), which a client reads decoded.
             if let Some((view, raw_at)) = unescaped_view(&out) {
-                let ranges: Vec<(usize, usize)> = secret_ranges(&view, &self.copies)
+                let ranges: Vec<(usize, usize)> = secret_ranges(&view, &copies)
                     .into_iter()
                     .map(|(a, b)| (raw_at[a], raw_at[b]))
                     .filter(|(a, b)| out.is_char_boundary(*a) && out.is_char_boundary(*b))
@@ -136,7 +201,7 @@ impl Redactor {
     /// part of one.
     pub fn redact_lines(&self, lines: &[String]) -> Vec<String> {
         let joined = lines.concat();
-        let ranges = secret_ranges(&joined, &self.copies);
+        let ranges = secret_ranges(&joined, &self.all_copies());
         let mut start = 0;
         lines
             .iter()
@@ -152,6 +217,24 @@ impl Redactor {
                 self.redact(&replace_ranges(line, &local))
             })
             .collect()
+    }
+
+    /// Its own copies and those of the values [`learn`]ed so far.
+    fn all_copies(&self) -> std::borrow::Cow<'_, [Copy]> {
+        let learned = LEARNED.read().unwrap_or_else(|e| e.into_inner());
+        match learned.as_ref().filter(|l| !l.copies.is_empty()) {
+            None => std::borrow::Cow::Borrowed(&self.copies),
+            Some(l) => {
+                let mut all = self.copies.clone();
+                all.extend(
+                    l.copies
+                        .iter()
+                        .filter(|c| !self.copies.contains(c))
+                        .cloned(),
+                );
+                std::borrow::Cow::Owned(all)
+            }
+        }
     }
 
     /// Adds the secrets among `env` (chosen as [`Redactor::new`] does).
@@ -820,6 +903,40 @@ mod tests {
         // Each line alone is redacted as ever.
         let lines = vec!["a S3CR3T-VALU3 b".to_owned()];
         assert_eq!(r.redact_lines(&lines), ["a [redacted] b"]);
+    }
+
+    #[test]
+    fn learned_values_are_kept_newest_first_up_to_the_bound() {
+        let mut l = Learned::default();
+        l.add(["Bearer tok-first-0001"]);
+        assert!(l.values.contains(&"tok-first-0001".to_owned()));
+        for i in 0..MAX_LEARNED_SECRETS {
+            l.add([format!("rotated-{i:04}").as_str()]);
+        }
+        assert_eq!(l.values.len(), MAX_LEARNED_SECRETS);
+        assert!(!l.values.iter().any(|v| v.contains("first")), "oldest gone");
+        assert_eq!(
+            l.values.back().unwrap(),
+            &format!("rotated-{:04}", MAX_LEARNED_SECRETS - 1)
+        );
+        // Too short to be told from an ordinary word: not a secret.
+        l.add(["abc"]);
+        assert!(!l.values.contains(&"abc".to_owned()));
+    }
+
+    #[test]
+    fn every_redactor_removes_what_was_learned_after_it_was_made() {
+        let r = Redactor::new(&[]);
+        assert_eq!(
+            r.redact_secrets("key LEARNED-KEY-8812"),
+            "key LEARNED-KEY-8812"
+        );
+        learn(["LEARNED-KEY-8812"]);
+        assert_eq!(r.redact_secrets("key LEARNED-KEY-8812"), "key [redacted]");
+        assert_eq!(
+            r.redact_lines(&["key learned-key-8812".into()]),
+            ["key [redacted]"]
+        );
     }
 
     #[test]

@@ -992,3 +992,44 @@ fn a_cache_that_cannot_be_used_is_a_warning() {
         ran.stderr
     );
 }
+
+// The helper is a sh script (Windows runs helpers with cmd /C).
+#[cfg(unix)]
+#[test]
+fn a_helper_key_a_server_repeats_is_not_in_the_report_or_the_log() {
+    let server = Server::start();
+    // The first initialize is refused: the helper runs again and prints
+    // the next key, which tools/list's error quotes.
+    server.refuse_initialize(401);
+    server.echo_api_key_on_list();
+    let dir = TempDir::new();
+    dir.write(
+        "helper.sh",
+        "n=$(cat \"$DIR/n\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$DIR/n\"\n\
+         printf '{\"X-Api-Key\": \"HELPERKEY-%s-c4x8w1\"}' $n\n",
+    );
+    let config = format!(
+        "servers:\n  remote:\n    url: {}\n    env:\n      DIR: \"{{dir}}\"\n    headers_helper: sh helper.sh\n",
+        server.url()
+    );
+    for args in [&["--timeout", "5"][..], &["--timeout", "5", "--json"]] {
+        let ran = check(&dir, &config, args);
+        assert_eq!(ran.code, Some(0), "stderr:\n{}", ran.stderr);
+        assert!(
+            ran.stdout
+                .contains("tools/list failed: upstream rejected key [redacted]"),
+            "{}",
+            ran.stdout
+        );
+        for text in [&ran.stdout, &ran.stderr] {
+            assert!(!text.to_ascii_uppercase().contains("HELPERKEY"), "{text}");
+        }
+    }
+    server.with(|st| {
+        assert!(
+            st.api_keys.iter().any(|k| k == "HELPERKEY-2-c4x8w1"),
+            "the helper rotated: {:?}",
+            st.api_keys
+        )
+    });
+}

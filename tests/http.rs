@@ -1062,3 +1062,93 @@ fn a_header_value_a_server_echoes_with_json_escapes_is_not_shown_to_the_client()
     assert!(text.contains("bad key [redacted]"), "{text}");
     assert!(!text.contains("7f3a9c"), "{text}");
 }
+
+/// Every `X-Api-Key` the helper of the rotation test printed: run `n` of
+/// it prints `HELPERKEY-<n>-q7zv9k2m`.
+#[cfg(unix)]
+const HELPER_KEY_PREFIX: &str = "HELPERKEY-";
+
+/// Whether `text` holds a helper's key, in any case.
+#[cfg(unix)]
+fn holds_helper_key(text: &str) -> bool {
+    text.to_ascii_uppercase().contains(HELPER_KEY_PREFIX)
+}
+
+// The helper is a sh script (Windows runs helpers with cmd /C); `status`
+// is read as its Unix tests read it.
+#[cfg(unix)]
+#[test]
+fn a_helper_key_the_server_repeats_is_never_in_the_status_its_file_or_the_log_after_two_rotations()
+{
+    let server = Server::start();
+    let helper = "n=$(cat \"$DIR/n\" 2>/dev/null || echo 0); n=$((n+1)); echo $n > \"$DIR/n\"\n\
+                  printf '{\"X-Api-Key\": \"HELPERKEY-%s-q7zv9k2m\"}' $n\n";
+    let text = format!(
+        "servers:\n  remote:\n    url: {}\n    env:\n      DIR: \"{{dir}}\"\n    headers_helper: sh helper.sh\n",
+        server.url()
+    );
+    let mut s = Builder::config(&text)
+        .file("helper.sh", helper)
+        .env("NO_PROXY", "127.0.0.1")
+        .initialized();
+    let runtime = s.dir.join("runtime");
+    // Each call: a 401 (the helper prints the next key), then the call
+    // again, answered with an error that quotes the new key.
+    for (n, id) in [(2, 1), (3, 2)] {
+        server.fault(Fault::Status(401, None, "key expired"));
+        server.fault(Fault::EchoApiKey);
+        s.call(json!(id), "write", json!({}));
+        let answer = s.error(&json!(id));
+        // The client gets the server's own answer, unchanged.
+        let key = format!("{HELPER_KEY_PREFIX}{n}-q7zv9k2m");
+        assert_eq!(
+            answer["message"],
+            format!("upstream rejected key {key}"),
+            "{answer}"
+        );
+        assert_eq!(helper_runs(&s), n.to_string());
+        let docs = crate::status::wait_for(&runtime, "the error in the status", |docs| {
+            docs.iter().any(|d| {
+                d["tools"]["write"]["failed"] == json!(id)
+                    && d["tools"]["write"]["last_error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("upstream rejected key"))
+            })
+        });
+        let shown = serde_json::to_string(&docs).unwrap();
+        assert!(!holds_helper_key(&shown), "status --json: {shown}");
+        assert!(
+            shown.contains("upstream rejected key [redacted]"),
+            "{shown}"
+        );
+    }
+    let table = crate::status::status(&runtime, &[]);
+    assert!(!holds_helper_key(&table.stdout), "{}", table.stdout);
+    let prom = crate::status::status(&runtime, &["--prometheus"]);
+    assert!(!holds_helper_key(&prom.stdout), "{}", prom.stdout);
+    for file in std::fs::read_dir(&runtime).unwrap() {
+        let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
+        assert!(!holds_helper_key(&text), "{text}");
+        assert!(text.contains("[redacted]"), "{text}");
+    }
+    s.close_stdin();
+    s.wait();
+    server.with(|st| {
+        assert_eq!(
+            st.api_keys
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            3,
+            "{:?}",
+            st.api_keys
+        )
+    });
+    // The log (at debug) never holds one either.
+    let log = s.stderr();
+    assert!(
+        log.contains("upstream rejected key") || log.contains("401"),
+        "{log}"
+    );
+    assert!(!holds_helper_key(&log), "{log}");
+}

@@ -66,6 +66,10 @@ pub enum Fault {
     /// Waits until [`Server::release`], then forgets the session and
     /// answers 404, without running the tool.
     HeldThenLoseSession,
+    /// Answers the call with a JSON-RPC error quoting the `X-Api-Key` it
+    /// came with, without running the tool (an upstream that repeats the
+    /// key it rejects).
+    EchoApiKey,
     /// For a POST with a body over 1 MB: reads its head only, then closes
     /// the connection (a reset, as the body is left unread), so the client
     /// cannot write it all.
@@ -84,6 +88,11 @@ pub struct State {
     pub faults: VecDeque<Fault>,
     /// Every value of the Authorization header received.
     pub authorizations: Vec<String>,
+    /// Every value of the X-Api-Key header received.
+    pub api_keys: Vec<String>,
+    /// `tools/list` is answered with a JSON-RPC error quoting the last
+    /// `X-Api-Key`.
+    echo_api_key_on_list: bool,
     /// Session ids sent with DELETE (and the negotiated version).
     pub deleted: Vec<String>,
     /// Requests refused because the session or version header was wrong.
@@ -180,6 +189,13 @@ impl Server {
         self.state.0.lock().unwrap().get_statuses.push_back(status);
     }
 
+    /// From now on answers `tools/list` with an error quoting the last
+    /// `X-Api-Key` received.
+    #[cfg(unix)]
+    pub fn echo_api_key_on_list(&self) {
+        self.state.0.lock().unwrap().echo_api_key_on_list = true;
+    }
+
     /// Answers the next `initialize` with `status`.
     pub fn refuse_initialize(&self, status: u16) {
         self.state
@@ -243,6 +259,14 @@ fn drops_body(head: &HttpRequest, state: &(Mutex<State>, Condvar)) -> bool {
     true
 }
 
+/// A JSON-RPC error answering `id` that quotes the last `X-Api-Key`.
+fn echo_api_key(s: &State, id: &Value) -> String {
+    let key = s.api_keys.last().map_or("", String::as_str);
+    json!({"jsonrpc": "2.0", "id": id,
+        "error": {"code": -32010, "message": format!("upstream rejected key {key}")}})
+    .to_string()
+}
+
 fn error_body(message: &str) -> String {
     json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32000, "message": message}}).to_string()
 }
@@ -252,6 +276,9 @@ fn handle(req: &HttpRequest, conn: &mut Conn, state: &(Mutex<State>, Condvar)) {
     let mut s = lock.lock().unwrap();
     if let Some(auth) = req.header("authorization") {
         s.authorizations.push(auth.to_owned());
+    }
+    if let Some(key) = req.header("x-api-key") {
+        s.api_keys.push(key.to_owned());
     }
     cv.notify_all();
     match req.method() {
@@ -448,6 +475,11 @@ fn serve(
                 &body.to_string(),
             )
         }
+        "tools/list" if s.echo_api_key_on_list => conn.respond(
+            200,
+            &[("Content-Type", "application/json")],
+            &echo_api_key(&s, &id),
+        ),
         "tools/list" => {
             let mut tools = json!([
                 {"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}},
@@ -514,6 +546,11 @@ fn serve(
                     conn.start_events(&body);
                     conn.cut();
                 }
+                Some(Fault::EchoApiKey) => conn.respond(
+                    200,
+                    &[("Content-Type", "application/json")],
+                    &echo_api_key(&s, &id),
+                ),
                 Some(Fault::Json(body)) => {
                     conn.respond(200, &[("Content-Type", "application/json")], body)
                 }

@@ -10,6 +10,8 @@ use super::*;
 
 /// How long `headers_helper` may run.
 pub(super) const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most a `headers_helper` may print: a JSON object of a few headers.
+pub(super) const MAX_HELPER_OUTPUT: u64 = 64 * 1024;
 
 /// Splits `Name: value` (the CLI's `--header`) at its first colon.
 pub fn split_header(text: &str) -> Result<(String, String), String> {
@@ -30,8 +32,9 @@ pub(super) fn header(resp: &ureq::http::Response<ureq::Body>, name: &str) -> Opt
 }
 
 /// Runs `headers_helper` with `sh -c` (`cmd /C` on Windows), within 10 s,
-/// and reads the JSON object of headers it prints. The error never quotes
-/// its output.
+/// and reads the JSON object of headers it prints (at most
+/// [`MAX_HELPER_OUTPUT`] bytes). Every value it printed joins the secrets
+/// of this process (`redact::learn`). The error never quotes its output.
 pub(super) fn run_helper(
     helper: &str,
     env: &[(String, String)],
@@ -62,13 +65,23 @@ pub(super) fn run_helper(
         "headers_helper's output is not read",
         move || {
             let mut out = Vec::new();
-            let _ = stdout.read_to_end(&mut out);
+            let _ = (&mut stdout)
+                .take(MAX_HELPER_OUTPUT + 1)
+                .read_to_end(&mut out);
             let _ = tx.send(out);
         },
         || {},
     )
     .map_err(|e| format!("cannot start its reader: {e}"))?;
     let out = match rx.recv_timeout(HELPER_TIMEOUT) {
+        Ok(out) if out.len() as u64 > MAX_HELPER_OUTPUT => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "it printed more than {} KiB",
+                MAX_HELPER_OUTPUT / 1024
+            ));
+        }
         Ok(out) => out,
         Err(_) => {
             let _ = child.kill();
@@ -85,6 +98,9 @@ pub(super) fn run_helper(
     }
     let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&out)
         .map_err(|_| "it did not print a JSON object of headers".to_owned())?;
+    // Secrets from now on, whatever follows: a value it printed may come
+    // back in any text, even one this run does not use.
+    crate::redact::learn(map.values().filter_map(|v| v.as_str()));
     let mut headers = Vec::new();
     for (name, value) in map {
         let Some(value) = value.as_str() else {
