@@ -30,6 +30,7 @@ mod docs;
 mod duration;
 mod env_file;
 mod expand;
+mod file;
 mod keys;
 mod policy;
 mod server;
@@ -202,11 +203,18 @@ pub enum Format {
     Json,
 }
 
-/// Reads the file at `path` and parses it, choosing the format from the extension
-/// (`.yaml`/`.yml` or `.json`) and expanding `${VAR}` from the process environment.
+pub use file::{read_named, FileError};
+
+/// The largest config file read.
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+/// Reads the file at `path` (a regular file of at most
+/// [`MAX_CONFIG_BYTES`], opened without waiting: `file.rs`) and parses it,
+/// choosing the format from the extension (`.yaml`/`.yml` or `.json`) and
+/// expanding `${VAR}` from the process environment.
 pub fn load(path: &Path) -> anyhow::Result<Config> {
     let format = format_of(path)?;
-    let text = std::fs::read_to_string(path)
+    let text = file::read_named_text(path, MAX_CONFIG_BYTES)
         .map_err(|e| anyhow!("cannot read config {}: {e}", path.display()))?;
     let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
     parse(&text, path, format, &env)

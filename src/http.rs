@@ -232,11 +232,15 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, StartError
     })
 }
 
+/// The largest `ca_file` read (a whole public bundle is under 300 KiB).
+#[cfg(feature = "tls")]
+const MAX_CA_FILE_BYTES: u64 = 4 << 20;
+
 #[cfg(feature = "tls")]
 fn tls_config(file: &std::path::Path) -> Result<ureq::tls::TlsConfig, String> {
     use ureq::tls::{PemItem, RootCerts, TlsConfig};
-    let pem =
-        std::fs::read(file).map_err(|e| format!("cannot read ca_file {}: {e}", file.display()))?;
+    let pem = crate::config::read_named(file, MAX_CA_FILE_BYTES)
+        .map_err(|e| format!("cannot read ca_file {}: {e}", file.display()))?;
     let mut certs = Vec::new();
     for item in ureq::tls::parse_pem(&pem) {
         match item {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, Builder, Session};
+use crate::util::{eventually, BadFile, Builder, Session};
 
 /// The session still relays: a ping and a call get their answers.
 fn still_works(s: &mut Session, tag: &str) {
@@ -816,4 +816,63 @@ fn notifications_for_a_server_that_pauses_reading_are_bounded_and_arrive_in_orde
     }
     let peak = s.memory_kb("VmHWM");
     assert!(peak < 96 * 1024, "peak RSS {peak} kB");
+}
+
+/// `config::MAX_CONFIG_BYTES`, `env_file::MAX_ENV_FILE_BYTES` and
+/// `http::MAX_CA_FILE_BYTES`.
+const CONFIG_CAP: u64 = 4 << 20;
+const ENV_FILE_CAP: u64 = 1 << 20;
+const CA_FILE_CAP: u64 = 4 << 20;
+
+#[test]
+fn a_config_or_env_file_that_is_a_fifo_a_device_or_too_large_is_refused_at_once() {
+    for (what, cap) in [("config", CONFIG_CAP), ("env file", ENV_FILE_CAP)] {
+        for bad in BadFile::all(cap) {
+            let b = Builder::config("servers:\n  s:\n    command: {mock}\n    envFile: named\n");
+            let named = b
+                .dir()
+                .join(if what == "config" { "c.yaml" } else { "named" });
+            if what == "config" {
+                std::fs::remove_file(&named).unwrap();
+            }
+            bad.make(&named);
+            let mut s = b.start();
+            let status = s.wait();
+            assert_eq!(status.code(), Some(2), "{what} {bad:?}: {}", s.stderr());
+            let want = format!("cannot read {what} {}: {}", named.display(), bad.reason());
+            // Its stderr is read to the end by a thread of the harness.
+            eventually(&format!("{what} {bad:?}: {want}"), || {
+                s.stderr().contains(&want)
+            });
+        }
+    }
+}
+
+#[test]
+fn a_ca_file_that_is_a_fifo_a_device_or_too_large_fails_the_start_and_the_proxy_still_answers() {
+    for bad in BadFile::all(CA_FILE_CAP) {
+        let b = Builder::config(&format!(
+            "servers:\n  s:\n    url: http://127.0.0.1:{}/mcp\n    ca_file: ca.pem\n",
+            crate::loopback::closed_port()
+        ));
+        let ca = b.dir().join("ca.pem");
+        bad.make(&ca);
+        let mut s = b.start();
+        // The start fails for a reason only a fix heals: initialize gets
+        // it at once.
+        let answer = s.initialize();
+        let want = format!("cannot read ca_file {}: {}", ca.display(), bad.reason());
+        assert!(answer.to_string().contains(&want), "{bad:?}: {answer}");
+        #[cfg(unix)]
+        {
+            s.signal(libc::SIGTERM);
+            let status = s.wait();
+            assert_eq!(
+                status.code(),
+                Some(128 + libc::SIGTERM),
+                "{bad:?}: {}",
+                s.stderr()
+            );
+        }
+    }
 }

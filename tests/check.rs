@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::http_server::Server;
 use crate::loopback::{closed_port, Loopback};
-use crate::util::{gone_within, read_pid, Builder, TempDir, MOCK, PROXY, WAIT};
+use crate::util::{gone_within, read_pid, BadFile, Builder, TempDir, MOCK, PROXY, WAIT};
 
 /// `handshake_cache::DIR_ENV`: where the proxy keeps its handshake cache.
 const CACHE_DIR_ENV: &str = "MCP_RETRY_CACHE_DIR";
@@ -1032,4 +1032,70 @@ fn a_helper_key_a_server_repeats_is_not_in_the_report_or_the_log() {
             st.api_keys
         )
     });
+}
+
+/// `config::MAX_CONFIG_BYTES`, `env_file::MAX_ENV_FILE_BYTES` and
+/// `http::MAX_CA_FILE_BYTES`.
+const CONFIG_CAP: u64 = 4 << 20;
+const ENV_FILE_CAP: u64 = 1 << 20;
+const CA_FILE_CAP: u64 = 4 << 20;
+
+/// `check --timeout 2` whose report comes within 3 s.
+fn check_soon(dir: &TempDir, config: &str) -> Ran {
+    let ran = check(dir, config, &["--timeout", "2"]);
+    assert!(ran.took < Duration::from_secs(3), "took {:?}", ran.took);
+    ran
+}
+
+#[test]
+fn a_config_that_is_a_fifo_a_device_or_too_large_is_refused_at_once() {
+    for bad in BadFile::all(CONFIG_CAP) {
+        let dir = TempDir::new();
+        let path = dir.join("c.yaml");
+        bad.make(&path);
+        let started = Instant::now();
+        let ran = check_file(&path, &["--timeout", "2"]);
+        assert!(started.elapsed() < Duration::from_secs(3), "{bad:?}");
+        assert_eq!(ran.code, Some(2), "{bad:?}: {}", ran.stderr);
+        let want = format!("cannot read config {}: {}", path.display(), bad.reason());
+        assert!(ran.stderr.contains(&want), "{bad:?}: {}", ran.stderr);
+    }
+}
+
+#[test]
+fn an_env_file_or_ca_file_that_is_a_fifo_a_device_or_too_large_is_a_down_server_at_once() {
+    let closed = closed_port();
+    for (key, cap, entry) in [
+        (
+            "env file",
+            ENV_FILE_CAP,
+            "command: {mock}\n    envFile: named",
+        ),
+        (
+            "ca_file",
+            CA_FILE_CAP,
+            &*format!("url: http://127.0.0.1:{closed}/mcp\n    ca_file: named"),
+        ),
+    ] {
+        for bad in BadFile::all(cap) {
+            let dir = TempDir::new();
+            bad.make(&dir.join("named"));
+            let config = format!("servers:\n  bad:\n    {entry}\n  good:\n    command: {{mock}}\n");
+            let ran = check_soon(&dir, &config);
+            assert_eq!(ran.code, Some(1), "{key} {bad:?}: {}", ran.stderr);
+            let lines = report(&ran);
+            assert_eq!(lines[0].status, "[DOWN]", "{key} {bad:?}: {}", ran.stdout);
+            let want = format!(
+                "cannot read {key} {}: {}",
+                dir.join("named").display(),
+                bad.reason()
+            );
+            assert!(
+                lines[0].detail.contains(&want),
+                "{key} {bad:?}: {:?}",
+                lines[0]
+            );
+            assert_eq!(lines[1].status, "[UP  ]", "{key} {bad:?}: {}", ran.stdout);
+        }
+    }
 }

@@ -818,3 +818,55 @@ impl Session {
         got
     }
 }
+
+/// A file a config may name that must not be read: it would hang the
+/// open or a read, or fill the memory.
+#[derive(Debug, Clone, Copy)]
+pub enum BadFile {
+    /// A FIFO nobody writes to.
+    #[cfg(unix)]
+    Fifo,
+    /// A symbolic link to `/dev/zero`.
+    #[cfg(unix)]
+    DevZero,
+    /// A regular file one byte over this cap.
+    Oversized(u64),
+}
+
+impl BadFile {
+    /// Every kind there is on this platform, oversized over `cap`.
+    pub fn all(cap: u64) -> Vec<BadFile> {
+        vec![
+            #[cfg(unix)]
+            BadFile::Fifo,
+            #[cfg(unix)]
+            BadFile::DevZero,
+            BadFile::Oversized(cap),
+        ]
+    }
+
+    /// Makes it at `path`.
+    pub fn make(self, path: &Path) {
+        match self {
+            #[cfg(unix)]
+            BadFile::Fifo => {
+                let made = Command::new("mkfifo").arg(path).status().unwrap();
+                assert!(made.success(), "mkfifo {}", path.display());
+            }
+            #[cfg(unix)]
+            BadFile::DevZero => std::os::unix::fs::symlink("/dev/zero", path).unwrap(),
+            BadFile::Oversized(cap) => std::fs::write(path, vec![b'#'; cap as usize + 1]).unwrap(),
+        }
+    }
+
+    /// What the error says of it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            #[cfg(unix)]
+            BadFile::Fifo => "not a regular file (a FIFO)",
+            #[cfg(unix)]
+            BadFile::DevZero => "not a regular file (a device)",
+            BadFile::Oversized(_) => "larger than ",
+        }
+    }
+}

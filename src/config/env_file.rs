@@ -1,5 +1,6 @@
 //! `envFile`: reading a dotenv file named by a server entry (relative to the
-//! config file; a regular file of at most 1 MiB) and its syntax. A file that
+//! config file; a regular file of at most 1 MiB, read by `file.rs`) and its
+//! syntax. A file that
 //! is missing or malformed keeps only its server from starting.
 //!
 //! Reads no file but the one named; its values are merged under the entry's
@@ -47,19 +48,8 @@ impl Walker<'_> {
 }
 
 /// Reads an `envFile`: a regular file of at most [`MAX_ENV_FILE_BYTES`].
-fn read_env_file(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut text = String::new();
-    file.take(MAX_ENV_FILE_BYTES + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_ENV_FILE_BYTES {
-        return Err(std::io::Error::other("larger than 1 MiB"));
-    }
-    Ok(text)
+fn read_env_file(path: &Path) -> Result<String, super::FileError> {
+    super::file::read_named_text(path, MAX_ENV_FILE_BYTES)
 }
 
 /// Parses a dotenv file: `KEY=VALUE` lines, `#` comments, an optional
