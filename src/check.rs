@@ -73,8 +73,8 @@ pub fn run(args: CheckArgs) -> Result<ExitCode> {
     let (stop, caught) = watch_signals()?;
     // Every server's handshake is stored, whether `instant_start` is on for
     // it or not: turning it on later finds the cache warm.
-    let cache = Cache::open_default();
-    let reports = probe_all(&servers, args.timeout, &stop, cache.as_ref());
+    let cache = Cache::open_default().map(Arc::new);
+    let reports = probe_all(&servers, args.timeout, &stop, cache);
     let sig = caught.load(Ordering::SeqCst);
     if sig != 0 {
         crate::warn!("interrupted by signal {sig}; every server was stopped");
@@ -133,48 +133,109 @@ fn watch_signals() -> Result<(Receiver<()>, Arc<AtomicI32>)> {
     Ok((rx, caught))
 }
 
+/// What a probe thread tells `probe_all`.
+enum Probed {
+    /// What the server did (sent before it is stopped).
+    Outcome(Result<Up, String>),
+    /// It is stopped and its handshake stored: the thread is done.
+    Done,
+}
+
+/// How long past `--timeout` the report waits for a probe that has not
+/// said how its server did (one stuck in a system call); it is then
+/// reported down, and its thread left behind.
+const REPORT_MARGIN: Duration = Duration::from_millis(500);
+/// After a signal, how long the probes get to stop their servers (a
+/// server dropped gets SIGTERM and a second before SIGKILL; its
+/// watchdog stops what is left after that).
+const SIGNAL_STOP_WAIT: Duration = Duration::from_secs(2);
+
 /// Probes every server on its own thread, storing each `initialize`
-/// handshake in `cache`; the reports keep the input order.
+/// handshake in `cache`; the reports keep the input order. The threads are
+/// not joined: the report is made by `--timeout` and [`REPORT_MARGIN`]
+/// whatever a probe is stuck in, and after a signal it is not made at
+/// all. A probe that said how its server did gets up to [`STOP_WAIT`]
+/// more to stop it and store its handshake ([`SIGNAL_STOP_WAIT`] after a
+/// signal).
 fn probe_all(
     servers: &[&ServerConfig],
     timeout: Duration,
     stop: &Receiver<()>,
-    cache: Option<&Cache>,
+    cache: Option<Arc<Cache>>,
 ) -> Vec<Report> {
-    thread::scope(|scope| {
-        let handles: Vec<_> = servers
-            .iter()
-            .enumerate()
-            .map(|(i, cfg)| {
-                thread::Builder::new()
-                    .name(format!("check-{i}"))
-                    .spawn_scoped(scope, move || {
-                        crate::guard::catch(|| probe(cfg, timeout, stop, cache)).unwrap_or_else(
-                            |p| {
-                                p.report("this server is reported down");
-                                Err(format!("internal error in mcp-retry: {p}"))
-                            },
-                        )
+    let (tx, rx) = crossbeam_channel::unbounded::<(usize, Probed)>();
+    let mut outcomes: Vec<Option<Result<Up, String>>> = vec![None; servers.len()];
+    for (i, cfg) in servers.iter().enumerate() {
+        let (cfg, stop, cache, tx) = ((*cfg).clone(), stop.clone(), cache.clone(), tx.clone());
+        let spawned = thread::Builder::new()
+            .name(format!("check-{i}"))
+            .spawn(move || {
+                let sent = std::cell::Cell::new(false);
+                let outcome = crate::guard::catch(|| {
+                    probe(&cfg, timeout, &stop, cache.as_deref(), &|o| {
+                        sent.set(true);
+                        let _ = tx.send((i, Probed::Outcome(o.clone())));
                     })
-                    .map_err(|e| format!("cannot start a probe thread: {e}"))
-            })
-            .collect();
-        servers
-            .iter()
-            .zip(handles)
-            .map(|(cfg, handle)| {
-                let outcome = handle.and_then(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("the probe thread panicked".into()))
+                })
+                .unwrap_or_else(|p| {
+                    p.report("this server is reported down");
+                    Err(format!("internal error in mcp-retry: {p}"))
                 });
-                Report {
-                    name: cfg.name.clone(),
-                    instant_start: cfg.instant_start,
-                    outcome,
+                if !sent.get() {
+                    let _ = tx.send((i, Probed::Outcome(outcome)));
                 }
-            })
-            .collect()
-    })
+                let _ = tx.send((i, Probed::Done));
+            });
+        if let Err(e) = spawned {
+            outcomes[i] = Some(Err(format!("cannot start a probe thread: {e}")));
+        }
+    }
+    drop(tx);
+    let mut done = vec![false; servers.len()];
+    let mut interrupted = false;
+    let report_by = Instant::now() + timeout + REPORT_MARGIN;
+    // Every outcome, by the deadline or a signal.
+    while !interrupted && outcomes.iter().any(Option::is_none) {
+        crossbeam_channel::select! {
+            recv(rx) -> got => match got {
+                Ok((i, Probed::Outcome(o))) => outcomes[i] = Some(o),
+                Ok((i, Probed::Done)) => done[i] = true,
+                Err(_) => break,
+            },
+            recv(stop) -> _ => interrupted = true,
+            recv(crossbeam_channel::at(report_by)) -> _ => break,
+        }
+    }
+    // The servers of the probes that answered are stopped, their
+    // handshakes stored; a probe still stuck is not waited for.
+    let stop_by = Instant::now()
+        + if interrupted {
+            SIGNAL_STOP_WAIT
+        } else {
+            STOP_WAIT
+        };
+    let answered: Vec<bool> = outcomes.iter().map(Option::is_some).collect();
+    while (0..servers.len()).any(|i| (answered[i] || interrupted) && !done[i]) {
+        match rx.recv_deadline(stop_by) {
+            Ok((i, Probed::Done)) => done[i] = true,
+            Ok((_, Probed::Outcome(_))) => {}
+            Err(_) => break,
+        }
+    }
+    servers
+        .iter()
+        .zip(outcomes)
+        .map(|(cfg, outcome)| Report {
+            name: cfg.name.clone(),
+            instant_start: cfg.instant_start,
+            outcome: outcome.unwrap_or_else(|| {
+                Err(format!(
+                    "no response within {} (its probe is stuck)",
+                    seconds(timeout)
+                ))
+            }),
+        })
+        .collect()
 }
 
 /// What one server did.
@@ -319,17 +380,20 @@ fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Option<Entry> {
     Some(entry)
 }
 
-/// Starts one server, talks to it, stops it, and stores its handshake in
-/// `cache`.
+/// Starts one server, talks to it, tells `outcome` how it did, stops it,
+/// and stores its handshake in `cache`.
 fn probe(
     cfg: &ServerConfig,
     timeout: Duration,
     stop: &Receiver<()>,
     cache: Option<&Cache>,
+    outcome_is: &dyn Fn(&Result<Up, String>),
 ) -> Result<Up, String> {
     if let Some(problem) = &cfg.problem {
         return Err(problem.reason.clone());
     }
+    #[cfg(feature = "fault-inject")]
+    crate::guard::fault::probe_stuck(&cfg.name);
     crate::log::add_secrets(&cfg.secrets());
     let started = Instant::now();
     let (tx, events) = crossbeam_channel::unbounded();
@@ -352,6 +416,12 @@ fn probe(
         redactor: Redactor::new(&cfg.secrets()),
     };
     let outcome = talk(&mut conv, started, timeout);
+    outcome_is(
+        &outcome
+            .as_ref()
+            .map(|(up, _)| up.clone())
+            .map_err(Clone::clone),
+    );
     if matches!(stop.try_recv(), Err(TryRecvError::Disconnected)) {
         // Interrupted: no time for the whole stop sequence. Dropping the
         // server stops it quickly (stdio: SIGTERM and a second before
@@ -1257,7 +1327,7 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let (_keep, stop) = crossbeam_channel::bounded::<()>(0);
-        probe(&cfg, timeout, &stop, None)
+        probe(&cfg, timeout, &stop, None, &|_| {})
     }
 
     #[cfg(unix)] // Drives `sh` scripts.

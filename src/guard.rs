@@ -210,7 +210,8 @@ impl Pending {
 /// A fault the integration tests inject through `MCP_RETRY_FAULT` (only
 /// in builds with the `fault-inject` feature): `dispatcher:TOOL` panics
 /// the dispatcher on a `tools/call` of TOOL, `exporter` the OpenTelemetry
-/// exporter when it first exports.
+/// exporter when it first exports; `probe-stuck:NAME` holds `check`'s
+/// probe of server NAME for a minute (a probe stuck in a system call).
 #[cfg(feature = "fault-inject")]
 pub mod fault {
     use std::sync::OnceLock;
@@ -225,6 +226,14 @@ pub mod fault {
     pub fn dispatcher_call(tool: &str) {
         if spec().strip_prefix("dispatcher:") == Some(tool) {
             panic!("injected fault: dispatcher on a call of {tool:?}");
+        }
+    }
+
+    /// Holds the calling probe thread when `check`'s probe of `server` is
+    /// to be stuck.
+    pub fn probe_stuck(server: &str) {
+        if spec().strip_prefix("probe-stuck:") == Some(server) {
+            std::thread::sleep(std::time::Duration::from_secs(60));
         }
     }
 

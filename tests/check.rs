@@ -58,6 +58,17 @@ fn cache_beside(config: &Path) -> PathBuf {
 
 /// [`check_file`] with the handshake cache at `cache`.
 fn check_with_cache(path: &Path, cache: &Path, args: &[&str]) -> Ran {
+    check_in(path, cache, args, &[])
+}
+
+/// [`check_file`] with more environment variables.
+#[cfg(feature = "fault-inject")]
+fn check_command(path: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
+    check_in(path, &cache_beside(path), args, env)
+}
+
+/// [`check_with_cache`] with more environment variables.
+fn check_in(path: &Path, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
     let started = Instant::now();
     let mut child = Command::new(PROXY)
         .arg("check")
@@ -66,6 +77,7 @@ fn check_with_cache(path: &Path, cache: &Path, args: &[&str]) -> Ran {
         .args(args)
         .env(CACHE_DIR_ENV, cache)
         .env("NO_PROXY", "127.0.0.1")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1098,4 +1110,80 @@ fn an_env_file_or_ca_file_that_is_a_fifo_a_device_or_too_large_is_a_down_server_
             assert_eq!(lines[1].status, "[UP  ]", "{key} {bad:?}: {}", ran.stdout);
         }
     }
+}
+
+/// A config of two mock servers, `stuck` and `good`, for
+/// `MCP_RETRY_FAULT=probe-stuck:stuck`: the probe of `stuck` is held in
+/// its thread for a minute, as one blocked in a system call would be.
+#[cfg(feature = "fault-inject")]
+const STUCK: &str = "servers:\n  stuck:\n    command: {mock}\n  good:\n    command: {mock}\n";
+
+// The fault hook exists only in builds with the feature (`make test`).
+#[cfg(feature = "fault-inject")]
+#[test]
+fn a_probe_stuck_past_the_timeout_is_down_and_the_report_comes_on_time() {
+    let dir = TempDir::new();
+    let path = dir.write("c.yaml", &STUCK.replace("{mock}", MOCK));
+    let ran = check_command(
+        &path,
+        &["--timeout", "2"],
+        &[("MCP_RETRY_FAULT", "probe-stuck:stuck")],
+    );
+    assert!(ran.took < Duration::from_secs(3), "took {:?}", ran.took);
+    assert_eq!(ran.code, Some(1), "{}", ran.stderr);
+    let lines = report(&ran);
+    assert_eq!(
+        (lines[0].status.as_str(), lines[0].detail.as_str()),
+        ("[DOWN]", "no response within 2.0s (its probe is stuck)"),
+        "{}",
+        ran.stdout
+    );
+    assert_eq!(lines[1].status, "[UP  ]", "{}", ran.stdout);
+}
+
+// The fault hook exists only in builds with the feature; SIGTERM is Unix's.
+#[cfg(all(unix, feature = "fault-inject"))]
+#[test]
+fn sigterm_ends_a_check_whose_probe_is_stuck() {
+    let dir = TempDir::new();
+    let path = dir.write("c.yaml", &STUCK.replace("{mock}", MOCK));
+    let mut child = Command::new(PROXY)
+        .args(["check", "--timeout", "30", "--config"])
+        .arg(&path)
+        .env(CACHE_DIR_ENV, cache_beside(&path))
+        .env("MCP_RETRY_FAULT", "probe-stuck:stuck")
+        .env("MCP_RETRY_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The good server has been stored: its probe is over, the other stuck.
+    crate::util::eventually("the good server's handshake to be stored", || {
+        std::fs::read_dir(cache_beside(&path))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".json"))
+            })
+            .unwrap_or(false)
+    });
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if signalled.elapsed() > WAIT {
+            let _ = child.kill();
+            panic!("check did not end after SIGTERM");
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
 }
