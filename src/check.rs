@@ -902,12 +902,19 @@ fn up_detail(up: &Up) -> String {
 
 /// `{"servers": [...]}`, null where unknown. `error` says why a server is
 /// down, or why an up server's tool count is missing; `start_ms` is its
-/// start time.
+/// start time, and `latency_ms` the same value under its former name.
+/// The fields are a stable contract (docs/check.md): added to, never
+/// renamed or removed.
 fn json_report(reports: &[Report]) -> String {
     let report = JsonReport {
         servers: reports.iter().map(JsonServer::from).collect(),
     };
     serde_json::to_string_pretty(&report).unwrap_or_default()
+}
+
+/// Milliseconds to a tenth.
+fn tenths_of_ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10_000.0).round() / 10.0
 }
 
 #[derive(Serialize)]
@@ -921,6 +928,8 @@ struct JsonServer<'a> {
     name: &'a str,
     up: bool,
     start_ms: Option<f64>,
+    /// `start_ms`'s former name, kept for the scripts that read it.
+    latency_ms: Option<f64>,
     error: Option<String>,
     protocol_version: Option<&'a str>,
     server_name: Option<&'a str>,
@@ -935,7 +944,8 @@ impl<'a> From<&'a Report> for JsonServer<'a> {
             Ok(up) => JsonServer {
                 name: &r.name,
                 up: true,
-                start_ms: Some((up.start.as_secs_f64() * 10_000.0).round() / 10.0),
+                start_ms: Some(tenths_of_ms(up.start)),
+                latency_ms: Some(tenths_of_ms(up.start)),
                 error: up.tools.problem(),
                 protocol_version: up.protocol_version.as_deref(),
                 server_name: up.server_name.as_deref(),
@@ -947,6 +957,7 @@ impl<'a> From<&'a Report> for JsonServer<'a> {
                 name: &r.name,
                 up: false,
                 start_ms: None,
+                latency_ms: None,
                 error: Some(why.clone()),
                 protocol_version: None,
                 server_name: None,
@@ -1062,10 +1073,10 @@ mod tests {
         assert_eq!(
             v,
             json!({"servers": [
-                {"name": "up", "up": true, "start_ms": 12.3, "error": null,
+                {"name": "up", "up": true, "start_ms": 12.3, "latency_ms": 12.3, "error": null,
                  "protocol_version": "2025-11-25", "server_name": "srv",
                  "server_version": "2.0", "tools": 3, "suggest_instant_start": false},
-                {"name": "down", "up": false, "start_ms": null, "error": "why",
+                {"name": "down", "up": false, "start_ms": null, "latency_ms": null, "error": "why",
                  "protocol_version": null, "server_name": null,
                  "server_version": null, "tools": null, "suggest_instant_start": false},
             ]})

@@ -298,12 +298,14 @@ fn a_modern_only_server_is_up_through_server_discover() {
 }
 
 /// The `--json` report, its first server's start time (which must be
-/// positive) set to null.
+/// positive, and the same under its former name `latency_ms`) set to null.
 fn json_with_first_start_nulled(ran: &Ran) -> Value {
     let mut v: Value =
         serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("{e}: {}", ran.stdout));
     let start = v["servers"][0]["start_ms"].take();
     assert!(start.as_f64().is_some_and(|ms| ms > 0.0), "{start}");
+    let latency = v["servers"][0]["latency_ms"].take();
+    assert_eq!(latency, start, "latency_ms is start_ms");
     v
 }
 
@@ -329,10 +331,10 @@ fn json_report_parses_and_matches() {
     assert_eq!(
         json_with_first_start_nulled(&ran),
         json!({"servers": [
-            {"name": "up", "up": true, "start_ms": null, "error": null,
+            {"name": "up", "up": true, "start_ms": null, "latency_ms": null, "error": null,
              "protocol_version": "2025-06-18", "server_name": "mock-mcp-server",
              "server_version": "1.0.0", "tools": 2, "suggest_instant_start": false},
-            {"name": "crash", "up": false, "start_ms": null,
+            {"name": "crash", "up": false, "start_ms": null, "latency_ms": null,
              "error": "exited with status 7 before answering: mock: crashing at start as asked",
              "protocol_version": null, "server_name": null, "server_version": null,
              "tools": null, "suggest_instant_start": false},
@@ -706,7 +708,7 @@ fn json_report_of_a_remote_server() {
     assert_eq!(
         json_with_first_start_nulled(&ran),
         json!({"servers": [
-            {"name": "remote", "up": true, "start_ms": null, "error": null,
+            {"name": "remote", "up": true, "start_ms": null, "latency_ms": null, "error": null,
              "protocol_version": "2025-11-25", "server_name": "http-test",
              "server_version": "1", "tools": 2, "suggest_instant_start": false},
         ]})
