@@ -876,3 +876,32 @@ fn a_ca_file_that_is_a_fifo_a_device_or_too_large_fails_the_start_and_the_proxy_
         }
     }
 }
+
+#[test]
+fn a_call_withdrawn_before_its_line_was_written_is_not_counted_as_sent() {
+    // The server stops reading: a large call fills the pipe and stays
+    // half written, a small one waits behind it. Both time out; the
+    // small one is withdrawn unwritten, so the exit summary counts two
+    // attempts sent (the call that made the server deaf, and the large
+    // one), not three.
+    let b = Builder::mock_with("call_timeout: 1\nretry:\n  max_retries: 0");
+    let mut s = b.initialized();
+    s.list_tools();
+    s.call(json!("deaf"), "echo", json!({"mode": "deaf", "ms": 4000}));
+    s.result(&json!("deaf"));
+    s.send_raw(padded_call(1, 256 * 1024).trim_end());
+    s.send_raw(padded_call(2, 10).trim_end());
+    for id in [1, 2] {
+        let r = s.response(&json!(id));
+        assert!(timed_out(&r), "{r}");
+    }
+    assert!(s.logged("withdrew downstream request"), "{}", s.stderr());
+    s.close_stdin();
+    s.wait();
+    eventually("the summary", || s.logged("summary: "));
+    assert!(
+        s.logged("summary: 3 call(s), 2 attempt(s) sent"),
+        "{}",
+        s.stderr_with("summary")
+    );
+}

@@ -68,7 +68,15 @@ impl Dispatcher {
     fn carry_out(&mut self, action: Action, now: Instant) {
         match action {
             Action::Answer { client, line } => self.answer(&client, line),
-            Action::Cancel { down, reason } => self.cancel_downstream(down, &reason),
+            Action::Cancel {
+                down,
+                reason,
+                attempt: (tool, retry),
+            } => {
+                if self.cancel_downstream(down, &reason) {
+                    self.calls.withdrawn(&tool, retry);
+                }
+            }
             Action::Notify(line) => self.send_client(line),
             Action::Timer(at, timer) => self.set_timer(at, Timer::Call(timer)),
             Action::Unqueue(seq) => {
@@ -164,10 +172,12 @@ impl Dispatcher {
     }
 
     /// Sends the server a cancel for one of our downstream ids, unless its
-    /// request never left the proxy (withdrawn: nothing to cancel).
-    fn cancel_downstream(&mut self, down: u64, reason: &str) {
+    /// request never left the proxy (withdrawn: nothing to cancel, and
+    /// true).
+    fn cancel_downstream(&mut self, down: u64, reason: &str) -> bool {
         if self.withdraw(down) {
-            return crate::debug!("withdrew downstream request {down} before the server read it");
+            crate::debug!("withdrew downstream request {down} before the server read it");
+            return true;
         }
         let params = format!(
             "{{\"requestId\":{down},\"reason\":{}}}",
@@ -175,6 +185,7 @@ impl Dispatcher {
         );
         let line = jsonrpc::notification_line("notifications/cancelled", Some(&params));
         self.send_server(Outgoing::cancel(down, line));
+        false
     }
 
     /// Sends our own `tools/list` for one page; it gets `call_timeout` to

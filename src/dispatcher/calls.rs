@@ -90,6 +90,9 @@ pub(super) enum Action {
     Cancel {
         down: u64,
         reason: Cow<'static, str>,
+        /// The attempt's tool and whether it was a retry: uncounted if
+        /// its line is withdrawn unwritten.
+        attempt: (String, bool),
     },
     /// A line for the client that answers no request (progress, a changed
     /// tool list).
@@ -227,6 +230,16 @@ impl Counters {
         self.stats.tool(name)
     }
 
+    /// An attempt of `tool` counted as sent never reached the server (its
+    /// line was withdrawn, or never written): it is not counted.
+    fn never_sent(&mut self, tool: &str, retry: bool) {
+        let t = self.tool(tool);
+        t.attempts = t.attempts.saturating_sub(1);
+        if retry {
+            t.retries = t.retries.saturating_sub(1);
+        }
+    }
+
     /// A call of `tool` ended with `outcome`, `took` after it arrived if
     /// an attempt was sent; `error` is the error object it failed with,
     /// read for its message.
@@ -334,6 +347,13 @@ impl Calls {
     }
 
     /// Whether a counter moved since the last time this was asked.
+    /// The dispatcher withdrew an attempt of `tool` (a retry if `retry`)
+    /// whose call had let it go ([`Action::Cancel`]) before its line was
+    /// written: it was never sent.
+    pub(super) fn withdrawn(&mut self, tool: &str, retry: bool) {
+        self.counters.never_sent(tool, retry);
+    }
+
     pub(super) fn take_stats_changed(&mut self) -> bool {
         std::mem::take(&mut self.counters.changed)
     }

@@ -177,7 +177,12 @@ impl Calls {
             if let Some(live) = call.live.take() {
                 self.downstream.remove(&live);
                 let reason = "superseded by an earlier attempt's answer".into();
-                out.push(Action::Cancel { down: live, reason });
+                let attempt = call.live_attempt();
+                out.push(Action::Cancel {
+                    down: live,
+                    reason,
+                    attempt,
+                });
             }
         }
         if transient {
@@ -222,6 +227,8 @@ impl Calls {
             failure: Some(kind),
         });
         if let Failure::NeverSent(_) = failure {
+            // Not sent: not counted as sent (a retry neither).
+            self.counters.never_sent(&call.tool, call.attempts > 1);
             // The server never had it: not the server's failure (the link's
             // probes deal with that) and no retry used. It goes again as a
             // new call would, waiting for the server if it is down, within
@@ -301,7 +308,12 @@ impl Calls {
         let took = ctx.now.saturating_duration_since(call.attempt_started);
         trace(ctx, out, || Trace::CancelledDownstream { call: id });
         let reason = "timed out (mcp-retry)".into();
-        out.push(Action::Cancel { down, reason });
+        let attempt = call.live_attempt();
+        out.push(Action::Cancel {
+            down,
+            reason,
+            attempt,
+        });
         self.attempt_failed(id, Failure::Timeout(took), ctx, out);
     }
 

@@ -139,6 +139,12 @@ impl Call {
         (self.attempts > 0).then(|| now.saturating_duration_since(self.started))
     }
 
+    /// Its live attempt's tool and whether it is a retry (for
+    /// [`super::Action::Cancel`]).
+    pub fn live_attempt(&self) -> (String, bool) {
+        (self.tool.clone(), self.attempts > 1)
+    }
+
     /// Whether it still has an attempt that counts: live, abandoned but
     /// able to answer, or a retry planned.
     pub fn has_attempts(&self) -> bool {

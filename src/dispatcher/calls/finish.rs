@@ -314,7 +314,12 @@ impl Calls {
             return;
         };
         if let Some(live) = call.live {
-            out.push(Action::Cancel { down: live, reason });
+            let attempt = call.live_attempt();
+            out.push(Action::Cancel {
+                down: live,
+                reason,
+                attempt,
+            });
         }
         trace(ctx, out, || Trace::CallEnded {
             call: id,

@@ -180,7 +180,7 @@ fn timers(out: &[Action]) -> Vec<(Instant, CallTimer)> {
 fn cancels(out: &[Action]) -> Vec<(u64, String)> {
     out.iter()
         .filter_map(|a| match a {
-            Action::Cancel { down, reason } => Some((*down, reason.to_string())),
+            Action::Cancel { down, reason, .. } => Some((*down, reason.to_string())),
             _ => None,
         })
         .collect()
@@ -463,6 +463,8 @@ fn an_attempt_that_never_left_is_retried_whatever_the_tool() {
     // that is no retry: the server never had it.
     assert_eq!(timers(&out), [(h.now, CallTimer::RetryDue { call: id })]);
     assert_eq!(h.calls.calls[&id].attempts, 0);
+    // Nor is it counted as sent.
+    assert_eq!(h.calls.stats().tools["write"].counters.attempts, 0);
     // The same for attempts in flight on a link that the transport knows
     // never delivered them.
     let (id, _) = h.started("12", "write", r#"{"n":2}"#);
