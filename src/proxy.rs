@@ -380,8 +380,9 @@ fn resolve(args: &RunArgs) -> Result<ServerConfig> {
         (Some(cfg), Some(name)) => cfg.select(Some(name))?.clone(),
         (Some(cfg), None) => cfg.defaults.clone(),
         (None, Some(_)) => anyhow::bail!("--server needs --config"),
-        (None, None) => ServerConfig::with_defaults("wrapped", command.clone(), rest.clone()),
+        (None, None) => ServerConfig::with_defaults("", command.clone(), rest.clone()),
     };
+    // Named by its command's file name (`status` tells two apart by it).
     if server.name.is_empty() || server.name == "default" {
         server.name = std::path::Path::new(&command)
             .file_name()

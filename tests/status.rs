@@ -539,3 +539,36 @@ fn status_skips_a_fifo_or_an_oversized_file_named_like_a_document_instead_of_han
         "only documents of gone proxies are removed"
     );
 }
+
+#[test]
+fn a_wrapped_command_is_listed_under_its_file_name() {
+    // Two `run -- COMMAND` proxies without a config: each is named by its
+    // command's file name, so the two are told apart.
+    let rt = Runtime::new();
+    let dir = rt.dir();
+    let links = TempDir::new();
+    let second = links.join("second-server");
+    std::os::unix::fs::symlink(crate::util::MOCK, &second).unwrap();
+    let second = second.display().to_string();
+    let _a = Builder::wrap_mock()
+        .env("MCP_RETRY_RUNTIME_DIR", &dir.display().to_string())
+        .initialized();
+    let _b = Builder::proxy(&["run", "--", &second])
+        .env("MCP_RETRY_RUNTIME_DIR", &dir.display().to_string())
+        .initialized();
+    let docs = wait_for(&dir, "both proxies", |docs| docs.len() == 2);
+    let mut names: Vec<&str> = docs.iter().filter_map(|d| d["server"].as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["mock-mcp-server", "second-server"], "{docs:#?}");
+    let table = status(&dir, &[]);
+    let mut lines = table.stdout.lines();
+    let header = lines.next().unwrap();
+    let mut shown: Vec<&str> = lines.map(|l| cell(header, l, "SERVER")).collect();
+    shown.sort();
+    assert_eq!(
+        shown,
+        ["mock-mcp-server", "second-server"],
+        "{}",
+        table.stdout
+    );
+}
