@@ -65,7 +65,8 @@ wine-prefix:
 
 # Release binaries for Linux (x86_64, aarch64; static, musl) and Windows
 # (x86_64) in dist/, with SHA-256 files, and their npm packages, wheels and
-# the sdist; see .ci/dist. Not run in CI.
+# the sdist; see .ci/dist, which first says what it installs (rustup targets,
+# Debian packages through apt-get). Not run in CI.
 dist: $(PACKAGES)/.venv/.installed
 	CARGO='$(CARGO)' TARGET_DIR='$(TARGET_DIR)' WINEPREFIX_DIR='$(WINEPREFIX_DIR)' \
 		MATURIN='$(PACKAGES)/.venv/bin/maturin' .ci/dist
