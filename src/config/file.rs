@@ -37,9 +37,9 @@ impl std::error::Error for FileError {}
 
 /// `cap` in the unit a person reads it in (`1 MiB`, `64 KiB`).
 fn size(cap: u64) -> String {
-    if cap >= 1 << 20 && cap % (1 << 20) == 0 {
+    if cap >= 1 << 20 && cap.is_multiple_of(1 << 20) {
         format!("{} MiB", cap >> 20)
-    } else if cap >= 1 << 10 && cap % (1 << 10) == 0 {
+    } else if cap >= 1 << 10 && cap.is_multiple_of(1 << 10) {
         format!("{} KiB", cap >> 10)
     } else {
         format!("{cap} bytes")
