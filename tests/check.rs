@@ -85,22 +85,27 @@ fn check_in(path: &Path, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> R
         .unwrap();
     let out = read_all(child.stdout.take().unwrap());
     let err = read_all(child.stderr.take().unwrap());
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > WAIT {
-            let _ = child.kill();
-            panic!("check did not finish within {WAIT:?}");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
+    let status = exit_of(&mut child, started);
     let took = started.elapsed();
     Ran {
         code: status.code(),
         stdout: out.join().unwrap(),
         stderr: err.join().unwrap(),
         took,
+    }
+}
+
+/// How `child`, started at `started`, exits (killed after [`WAIT`]).
+fn exit_of(child: &mut std::process::Child, started: Instant) -> std::process::ExitStatus {
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if started.elapsed() > WAIT {
+            let _ = child.kill();
+            panic!("check did not finish within {WAIT:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
     }
 }
 
@@ -1172,16 +1177,7 @@ fn sigterm_ends_a_check_whose_probe_is_stuck() {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let signalled = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if signalled.elapsed() > WAIT {
-            let _ = child.kill();
-            panic!("check did not end after SIGTERM");
-        }
-        thread::sleep(Duration::from_millis(10));
-    };
+    let status = exit_of(&mut child, signalled);
     assert!(
         signalled.elapsed() < Duration::from_secs(3),
         "{:?}",
