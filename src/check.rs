@@ -208,19 +208,29 @@ fn probe_all(
         }
     }
     // The servers of the probes that answered are stopped, their
-    // handshakes stored; a probe still stuck is not waited for.
-    let stop_by = Instant::now()
+    // handshakes stored; a probe still stuck is not waited for. A signal
+    // meanwhile cuts the wait short.
+    let mut stop_by = Instant::now()
         + if interrupted {
             SIGNAL_STOP_WAIT
         } else {
             STOP_WAIT
         };
     let answered: Vec<bool> = outcomes.iter().map(Option::is_some).collect();
+    let never = crossbeam_channel::never::<()>();
     while (0..servers.len()).any(|i| (answered[i] || interrupted) && !done[i]) {
-        match rx.recv_deadline(stop_by) {
-            Ok((i, Probed::Done)) => done[i] = true,
-            Ok((_, Probed::Outcome(_))) => {}
-            Err(_) => break,
+        let signals = if interrupted { &never } else { stop };
+        crossbeam_channel::select! {
+            recv(rx) -> got => match got {
+                Ok((i, Probed::Done)) => done[i] = true,
+                Ok((_, Probed::Outcome(_))) => {}
+                Err(_) => break,
+            },
+            recv(signals) -> _ => {
+                interrupted = true;
+                stop_by = stop_by.min(Instant::now() + SIGNAL_STOP_WAIT);
+            }
+            recv(crossbeam_channel::at(stop_by)) -> _ => break,
         }
     }
     servers
