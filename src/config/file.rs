@@ -137,11 +137,13 @@ mod tests {
             FileError::TooLarge(1 << 20).to_string(),
             "larger than 1 MiB"
         );
+        // A directory: Unix opens it and it is refused; Windows does not
+        // open one for reading at all.
         let e = read_named(&dir, 10).unwrap_err().to_string();
-        assert!(
-            e.starts_with("not a regular file") || e.contains("directory"),
-            "{e}"
-        );
+        #[cfg(unix)]
+        assert_eq!(e, "not a regular file (a directory)");
+        #[cfg(windows)]
+        assert!(!e.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
