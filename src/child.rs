@@ -41,6 +41,7 @@ use crate::stdio::{self, Backlog, ReadItem};
 
 #[cfg(any(windows, test))]
 mod pathext;
+mod repeats;
 #[cfg(unix)]
 mod unix;
 #[cfg(unix)]
@@ -54,6 +55,12 @@ use sys::Group;
 
 /// How many of the child's last stderr lines are kept for messages.
 const STDERR_TAIL: usize = 20;
+/// The stderr lines copied lately, across incarnations (a crash loop's
+/// are copied once, then with a count).
+static REPEATS: Mutex<repeats::Repeats> = Mutex::new(repeats::Repeats::new());
+/// Numbers the children this process starts (incarnations, for
+/// [`REPEATS`]).
+static INCARNATION: AtomicU64 = AtomicU64::new(0);
 /// How many bytes of the last non-JSON stdout line are kept for messages.
 const NON_JSON_HEAD: usize = 200;
 
@@ -411,15 +418,25 @@ pub fn spawn(
     let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
     let tail2 = tail.clone();
     let (stderr_done_tx, stderr_done) = crossbeam_channel::bounded::<()>(0);
+    let incarnation = INCARNATION.fetch_add(1, Ordering::Relaxed);
     let started = start_thread("child-stderr", move || {
         let _done = stderr_done_tx;
         let mut stderr = stderr;
         let copied = crate::guard::catch(|| {
             stdio::lossy_lines(&mut stderr, |line| {
                 if diagnostics == Diagnostics::Copy {
-                    let mut err = std::io::stderr().lock();
-                    let _ = err.write_all(line.as_bytes());
-                    let _ = err.write_all(b"\n");
+                    let show = REPEATS.lock().line(&line, incarnation, Instant::now());
+                    let suffix = match show {
+                        repeats::Show::Line => Some(String::new()),
+                        repeats::Show::Repeated(n) => Some(format!(" (repeated {n} times)")),
+                        repeats::Show::Hidden => None,
+                    };
+                    if let Some(suffix) = suffix {
+                        let mut err = std::io::stderr().lock();
+                        let _ = err.write_all(line.as_bytes());
+                        let _ = err.write_all(suffix.as_bytes());
+                        let _ = err.write_all(b"\n");
+                    }
                 }
                 let mut t = tail2.lock();
                 if t.len() == STDERR_TAIL {

@@ -84,8 +84,14 @@ pub struct ServerConfig {
     pub ca_file: Option<PathBuf>,
     /// Per attempt of a `tools/call` (default 60 s).
     pub call_timeout: Duration,
-    /// How long a request waits for a server that is down (default 30 s).
+    /// How long a request waits for a server that is down (default 30 s;
+    /// 20 s before the first handshake unless set).
     pub wait_for_server: Duration,
+    /// The config set `wait_for_server` (else it is shorter before the
+    /// session's first handshake).
+    pub wait_for_server_set: bool,
+    /// A server that exits at every start fails waiting requests at once.
+    pub fail_fast_at_start: bool,
     /// Answer the handshake from the cache while the server starts (default false).
     pub instant_start: bool,
     pub retry: RetryConfig,

@@ -27,6 +27,7 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
+use crate::policy::ramp::Ramp;
 use crate::policy::recovery::Recovery;
 use crate::status::Publisher;
 use crate::stdio::{self, Backlog, Outbox};
@@ -228,6 +229,11 @@ pub enum Timer {
     ReplayTimeout { generation: u64 },
     /// A queued item waited `call_timeout` for the server.
     QueueExpired { seq: u64 },
+    /// The client's `initialize`, sent as downstream request `down` before
+    /// the session's first handshake, must be answered by now.
+    FirstInitialize { down: u64 },
+    /// The ramp releasing what waited may have stalled.
+    RampStall,
     /// After the handshake: list the tools if nobody has.
     LearnTools,
     /// The proxy's own `tools/list` request `down` must be answered by now.
@@ -301,6 +307,8 @@ pub struct Dispatcher {
     queue_seq: u64,
     /// The link's health while it is down, and when to probe it.
     recovery: Recovery,
+    /// How fast what waited for the server is released when it is back.
+    ramp: Ramp,
     /// The newest probe timer (older ones are void).
     restart_seq: u64,
     timers: BinaryHeap<Reverse<TimerEntry>>,
@@ -366,6 +374,7 @@ impl Dispatcher {
             queue: VecDeque::new(),
             queue_seq: 0,
             recovery: Recovery::new(),
+            ramp: Ramp::new(),
             restart_seq: 0,
             timers: BinaryHeap::new(),
             timer_seq: 0,
@@ -575,6 +584,8 @@ impl Dispatcher {
             Timer::Restart { seq } => self.on_probe_due(seq, now),
             Timer::ReplayTimeout { generation } => self.on_replay_timeout(generation),
             Timer::QueueExpired { seq } => self.on_queue_expired(seq, now),
+            Timer::FirstInitialize { down } => self.on_first_initialize_due(down, now),
+            Timer::RampStall => self.on_ramp_stall(now),
             Timer::LearnTools => {
                 let client_listing = self.requests.inflight.values().any(|f| {
                     matches!(
@@ -975,8 +986,18 @@ impl Dispatcher {
                 resend,
             },
         );
-        if let Some(r) = self.requests.client.get_mut(&client_id) {
-            r.downstream = Some(down);
+        let waited = match self.requests.client.get_mut(&client_id) {
+            Some(r) => {
+                r.downstream = Some(down);
+                r.waited
+            }
+            None => None,
+        };
+        if kind == Method::Initialize && !self.recovery.is_handshaken() {
+            // Before the first handshake a server that never answers is
+            // waited for as long as one that is down.
+            let (_, until) = waited.unwrap_or((now, self.wait_until(now)));
+            self.set_timer(until.max(now), Timer::FirstInitialize { down });
         }
         if let SendResult::Overloaded(message) = self.send_server_request(out) {
             self.requests.inflight.remove(&down);
@@ -1147,9 +1168,13 @@ impl Dispatcher {
             Some(Inflight::Client {
                 client_id, method, ..
             }) => {
-                self.served();
+                self.served(now);
                 match method {
-                    Method::Initialize => self.observe_initialize(&m, now),
+                    Method::Initialize => {
+                        let first = Timer::FirstInitialize { down };
+                        self.timers.retain(|Reverse(t)| t.timer != first);
+                        self.observe_initialize(&m, now)
+                    }
                     Method::ToolsList { first } => {
                         if let Some(r) = m.result() {
                             self.with_calls(now, |c, ctx, out| {
@@ -1176,7 +1201,7 @@ impl Dispatcher {
             Some(Inflight::Replay(step)) => self.on_replay_response(step, &m, now),
             // Late answers of abandoned attempts still route to their call.
             None => match self.with_calls(now, |c, ctx, out| c.on_answer(down, m, ctx, out)) {
-                Owner::Served => self.served(),
+                Owner::Served => self.served(now),
                 Owner::Known => {}
                 Owner::Unknown => debug!(
                     "dropped the server's answer to request {down}, which was cancelled or abandoned"
@@ -1187,10 +1212,12 @@ impl Dispatcher {
 
     /// The current incarnation answered a client request or a call attempt:
     /// it did useful work.
-    fn served(&mut self) {
+    fn served(&mut self, now: Instant) {
         if let Link::Up(c) = &mut self.link {
             c.served = true;
         }
+        self.recovery.handshaken();
+        self.ramp_answered(now);
     }
 
     /// The server answered downstream request `id` (raw), but the answer
@@ -1207,7 +1234,7 @@ impl Dispatcher {
         };
         match self.requests.inflight.remove(&down) {
             Some(Inflight::Client { client_id, .. }) => {
-                self.served();
+                self.served(now);
                 warn!("answered client request {client_id} with an error: {message}");
                 self.answer_proxy_error(&client_id, reason, message);
             }
@@ -1228,7 +1255,7 @@ impl Dispatcher {
                     c.on_unusable_answer(down, reason, message, ctx, out)
                 });
                 match owner {
-                    Owner::Served => self.served(),
+                    Owner::Served => self.served(now),
                     Owner::Known => {}
                     Owner::Unknown => debug!(
                         "dropped an unusable answer to request {down}, which nobody waits for"
@@ -1250,6 +1277,7 @@ impl Dispatcher {
         self.instant_accepted(raw);
         self.session.init_params = self.session.pending_init.take();
         self.ready_at.get_or_insert(now);
+        self.recovery.handshaken();
         if let Some(v) = result.string("protocolVersion") {
             debug!("negotiated protocol version {v}");
             self.session.protocol_version = Some(v);

@@ -29,6 +29,7 @@ mod otel;
 mod policy;
 pub mod proxy;
 mod redact;
+mod resolve;
 mod stats;
 pub mod status;
 mod stdio;
@@ -73,6 +74,7 @@ mod tests {
         "allocator.rs",
         "child.rs",
         "proxy.rs",
+        "resolve.rs",
         "status.rs",
         "stdio.rs",
         "watchdog.rs",

@@ -23,6 +23,7 @@ pub mod cache;
 pub mod dedup;
 pub mod gate;
 pub mod progress;
+pub mod ramp;
 pub mod recovery;
 
 /// Deepest nesting of arrays and objects [`canonical_json`] accepts (the same

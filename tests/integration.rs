@@ -27,6 +27,7 @@ mod recovery;
 mod relay;
 mod resilience;
 mod respawn;
+mod start;
 // Unix only: file modes and owners of the status directory, /proc start times.
 #[cfg(unix)]
 mod status;

@@ -1538,7 +1538,7 @@ fn progress_from_a_retry_keeps_it_alive_before_it_is_forwarded() {
             "arguments": {"mode": "flaky", "how": "progress_hang", "steps": 6, "ms": 100,
                 "then": "progress", "text": "done"}}),
     );
-    let mut seen = Vec::new();
+    let (mut seen, mut all) = (Vec::new(), Vec::new());
     loop {
         let v = s.recv();
         if v.get("id") == Some(&json!(1)) {
@@ -1546,11 +1546,17 @@ fn progress_from_a_retry_keeps_it_alive_before_it_is_forwarded() {
             break;
         }
         if v["method"] == "notifications/progress" {
-            seen.push(v["params"]["progress"].as_f64().unwrap());
+            let value = v["params"]["progress"].as_f64().unwrap();
+            all.push(value);
+            // The proxy's own notice of the backoff says what it waits for.
+            if v["params"]["message"].is_null() {
+                seen.push(value);
+            }
         }
     }
     assert_eq!(s.executions("idem_echo"), 2);
     assert_eq!(seen, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0], "forwarded once each");
+    assert!(all.windows(2).all(|w| w[0] < w[1]), "{all:?}");
 }
 
 // ----- the cache after a write ----------------------------------------------

@@ -220,7 +220,7 @@ fn a_server_crashing_on_every_initialize_gets_one_answer() {
     // answered, goes again to each new one (probes, at most 0.5 s apart
     // while it waits), until it has waited wait_for_server: then exactly
     // one error, which says how long it waited.
-    let mut s = mock_with("    wait_for_server: 2\n")
+    let mut s = mock_with("    wait_for_server: 2\n    fail_fast_at_start: false\n")
         .env("MOCK_CRASH_ON_INIT", "1")
         .start();
     s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
@@ -239,7 +239,7 @@ fn a_server_crashing_on_every_initialize_gets_one_answer() {
 
 #[test]
 fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server() {
-    let mut s = mock_with("    wait_for_server: 1\n")
+    let mut s = mock_with("    wait_for_server: 1\n    fail_fast_at_start: false\n")
         .env("MOCK_CRASH_STARTS", "1000")
         .start();
     std::thread::sleep(Duration::from_secs(3));
@@ -264,7 +264,7 @@ fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server(
 #[test]
 fn failed_probes_never_open_the_breaker() {
     let mut s =
-        mock_with("    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 30\n")
+        mock_with("    fail_fast_at_start: false\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 30\n")
             .env("MOCK_CRASH_STARTS", "6")
             .start();
     // Six failed starts, with nobody asking: the last of them is about 15 s
@@ -497,4 +497,55 @@ fn a_secret_a_crashing_server_printed_across_two_lines_is_not_quoted_to_the_clie
     for part in ["s3cr3t", "valu3"] {
         assert!(!message.contains(part), "{part} in {message}");
     }
+}
+
+#[test]
+fn a_call_waiting_to_retry_after_a_crash_tells_the_client_and_the_servers_progress_follows() {
+    // The first execution crashes the server; the retry waits 6 s (its
+    // backoff), then runs on the restarted server and reports progress.
+    let mut s = mock_with("    retry:\n      base_delay: 6\n      max_delay: 6\n      jitter: 0\n")
+        .initialized();
+    s.list_tools();
+    s.call_with(
+        json!(1),
+        json!({"name": "ro_echo", "arguments": {"mode": "flaky", "how": "crash", "then": "progress", "steps": 3}, "_meta": {"progressToken": "tok-1"}}),
+    );
+    let r = s.result(&json!(1));
+    assert!(r["content"].is_array(), "{r}");
+    let progress: Vec<Value> = s
+        .recv_until_quiet(Duration::from_millis(200))
+        .into_iter()
+        .filter(|v| v["method"] == "notifications/progress")
+        .collect();
+    let waits: Vec<&Value> = progress
+        .iter()
+        .filter(|v| v["params"]["message"].is_string())
+        .collect();
+    // At the start of the 6 s wait and 5 s into it (and, before it, while
+    // the restarted server's tool list was read).
+    let retries = waits
+        .iter()
+        .filter(|w| {
+            w["params"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("to retry, attempt 2 of 4")
+        })
+        .count();
+    assert_eq!(retries, 2, "{progress:?}");
+    for w in &waits {
+        assert_eq!(w["params"]["progressToken"], "tok-1", "{w}");
+    }
+    let values: Vec<f64> = progress
+        .iter()
+        .map(|v| v["params"]["progress"].as_f64().unwrap())
+        .collect();
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+    // The server's own 1, 2, 3 (with their total) after the proxy's.
+    let own: Vec<&Value> = progress
+        .iter()
+        .filter(|v| v["params"]["total"] == 3)
+        .collect();
+    assert_eq!(own.len(), 3, "{progress:?}");
+    assert_eq!(values.last(), Some(&3.0));
 }

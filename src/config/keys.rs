@@ -398,7 +398,15 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
     "wait_for_server" => wait_for_server, Kind::Duration(Zero::Allowed), Def::Secs(30.0),
         "How long a request that arrives while the server is down (crashed, restarting, \
          unreachable) waits for it to come back before it fails with server_unavailable; \
-         never past a call's own deadline. 0: fail at once.";
+         never past a call's own deadline. 0: fail at once. Unset, it is 20 s until the \
+         session's first handshake (an answer before the host's own 30 s start timeout, such \
+         as Claude Code's MCP_TIMEOUT), 30 s after; for a server slow to start (`docker run` \
+         pulling an image), raise both.";
+    "fail_fast_at_start" => fail_fast_at_start, Kind::Bool, Def::Bool(true),
+        "Before the session's first handshake, a server that exits three starts in a row the \
+         same way (status or signal) before answering initialize fails the waiting requests at \
+         once, with its stderr, instead of after wait_for_server; probes go on. False: wait \
+         (a server expected to crash a few times while a dependency starts).";
     "instant_start" => instant_start, Kind::Bool, Def::Bool(false),
         "Answer the client's initialize and its tools/prompts/resources lists at once from the \
          handshake cache (the server's answers of an earlier session or `check`, for the same \

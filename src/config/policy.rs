@@ -143,6 +143,7 @@ impl Walker<'_> {
     /// other (only when `check`, so that one mistake is not reported twice).
     pub(super) fn resolve(&mut self, mut s: ServerConfig, p: &Policy, check: bool) -> ServerConfig {
         p.apply(&mut s);
+        s.wait_for_server_set = p.get("wait_for_server").is_some();
         let (base, max) = (s.retry.base_delay, s.retry.max_delay);
         if check && max < base {
             // Blame the key set closest to the server: a server's key over a

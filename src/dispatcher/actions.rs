@@ -131,7 +131,10 @@ impl Dispatcher {
             }
             Route::Queue => {
                 match self.enqueue(Queued::Call(id), now, self.call_wait_until(id, now)) {
-                    Some(seq) => self.calls.queued(id, seq),
+                    Some(seq) => {
+                        self.calls.queued(id, seq);
+                        self.with_calls(now, |c, ctx, out| c.wait_began(id, ctx, out));
+                    }
                     None => {
                         let message = self.queue_full_message();
                         let error = CallError::proxy(Reason::ServerUnavailable, message, &[]);

@@ -174,6 +174,8 @@ pub enum CallTimer {
     RetryDue { call: u64 },
     /// A call waiting for annotations must decide now.
     CallDeadline { call: u64 },
+    /// A call that waits tells its client again, if it still waits.
+    WaitNotice { call: u64 },
 }
 
 /// What became of a client's `tools/call`.

@@ -22,6 +22,7 @@ use crate::downstream::{
     Downstream, Failure as TransportFailure, Gone, Heal, Outgoing, Sent, ServerEvent, StartError,
 };
 use crate::jsonrpc::{self, Message, RawObject};
+use crate::policy::recovery::CRASH_LOOP;
 use crate::stdio::Backlog;
 use crate::{debug, info, warn};
 
@@ -30,6 +31,11 @@ use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Timer};
 
 /// A child that stays up this long resets the restart backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// How long a request waits for the server before the session's first
+/// handshake when `wait_for_server` is not set: the answer reaches a host
+/// whose own start timeout is 30 s (Claude Code's `MCP_TIMEOUT`) before it
+/// gives up.
+const FIRST_WAIT: Duration = Duration::from_secs(20);
 /// Most requests waiting for a restarting server.
 pub(super) const QUEUE_LIMIT: usize = 1000;
 /// How far past its input backlog's limit a server that is not reading may
@@ -164,11 +170,13 @@ impl Dispatcher {
                 } else {
                     // Nothing to replay: traffic flows at once; the outage
                     // ends with the server's first message.
-                    self.flush_queue(now);
+                    let back = self.recovery.outage().is_some();
+                    self.flush_queue(back, now);
                     self.fetch_deferred_tools(now);
                 }
             }
             Err(StartError { message, heal }) => {
+                self.recovery.start_ended(None);
                 match self.recovery.outage() {
                     Some(_) => debug!("{message}"),
                     None => crate::error!("{message}"),
@@ -203,7 +211,7 @@ impl Dispatcher {
                 if heal == Heal::Fix {
                     return Route::Refuse(Reason::ServerUnavailable, message);
                 }
-                if self.cfg.wait_for_server.is_zero() {
+                if self.wait_for_server().is_zero() {
                     return Route::Refuse(
                         Reason::ServerUnavailable,
                         format!("{message}; not waiting for it (wait_for_server is 0)"),
@@ -246,7 +254,54 @@ impl Dispatcher {
 
     /// How long something that starts waiting now may wait.
     pub(super) fn wait_until(&self, now: Instant) -> Instant {
-        crate::policy::instant_add(now, self.cfg.wait_for_server)
+        crate::policy::instant_add(now, self.wait_for_server())
+    }
+
+    /// `wait_for_server`, or [`FIRST_WAIT`] at most before the session's
+    /// first handshake when the config does not set it.
+    fn wait_for_server(&self) -> Duration {
+        let wait = self.cfg.wait_for_server;
+        match self.cfg.wait_for_server_set || self.recovery.is_handshaken() {
+            true => wait,
+            false => wait.min(FIRST_WAIT),
+        }
+    }
+
+    /// The client's `initialize`, sent before the session's first
+    /// handshake, is still unanswered after as long as a request waits for
+    /// the server: it is answered, saying so (the server, which may answer
+    /// it later, is left running: its late answer is dropped).
+    pub(super) fn on_first_initialize_due(&mut self, down: u64, now: Instant) {
+        if !matches!(
+            self.requests.inflight.get(&down),
+            Some(Inflight::Client { .. })
+        ) {
+            return;
+        }
+        let Some(Inflight::Client { client_id, .. }) = self.requests.inflight.remove(&down) else {
+            return;
+        };
+        self.requests.unwritten.remove(&down);
+        let since = self
+            .requests
+            .client
+            .get(&client_id)
+            .and_then(|r| r.waited)
+            .map_or(now, |(since, _)| since);
+        let waited = now
+            .saturating_duration_since(since)
+            .max(self.wait_for_server());
+        let what = match &self.link {
+            Link::Up(c) => c.server.describe(),
+            _ => "the MCP server".to_owned(),
+        };
+        let message = format!(
+            "the MCP server {what} did not answer initialize within {}; check that it starts (run its command by hand); a server this slow to start needs a larger wait_for_server, and the host a larger start timeout (MCP_TIMEOUT for Claude Code)",
+            super::calls::secs(waited)
+        );
+        warn!("{message}");
+        self.with_calls(now, |c, ctx, _| c.outage_failure(ctx.now));
+        self.answer_proxy_error(&client_id, Reason::ServerUnavailable, &message);
     }
 
     pub(super) fn unqueue(&mut self, seq: u64) -> Option<Queued> {
@@ -306,37 +361,93 @@ impl Dispatcher {
         }
     }
 
-    /// The server is ready: send what waited, in order.
-    fn flush_queue(&mut self, now: Instant) {
-        let items: Vec<(u64, Instant, Queued)> = self.queue.drain(..).collect();
-        for (seq, _, item) in items {
-            match item {
-                Queued::Request {
-                    m,
-                    client_id,
-                    method,
-                } => {
-                    let still_wanted = self
-                        .requests
-                        .client
-                        .get(&client_id)
-                        .is_some_and(|r| r.queued == Some(seq));
-                    if still_wanted {
-                        if let Some(r) = self.requests.client.get_mut(&client_id) {
-                            r.queued = None;
-                        }
-                        self.relay_request(m, client_id, method, now);
+    /// The server is ready: what waited goes, in order; for a server that
+    /// is `back` from an outage, in a ramp (`policy::ramp`): the oldest
+    /// first, then two more for each answer.
+    fn flush_queue(&mut self, back: bool, now: Instant) {
+        if back && !self.queue.is_empty() {
+            self.ramp.begin(now);
+        }
+        self.release_queue(now);
+    }
+
+    /// Sends what waited, in order, as far as the ramp allows (a
+    /// notification waits only for what is before it). What comes meanwhile
+    /// goes at once: the ramp holds the backlog, not the session's new
+    /// traffic.
+    pub(super) fn release_queue(&mut self, now: Instant) {
+        while self.link_ready() {
+            let Some((_, _, item)) = self.queue.front() else {
+                break;
+            };
+            if !matches!(item, Queued::Notification(_)) && !self.ramp.room() {
+                break;
+            }
+            let Some((seq, _, item)) = self.queue.pop_front() else {
+                break;
+            };
+            if self.release(seq, item, now) {
+                self.ramp.released(now);
+            }
+        }
+        match self.queue.is_empty() {
+            true => self.ramp.end(),
+            false => {
+                if let Some(at) = self.ramp.stall_at() {
+                    self.set_timer(at, Timer::RampStall);
+                }
+            }
+        }
+    }
+
+    /// Nothing released was answered for a while: more may go.
+    pub(super) fn on_ramp_stall(&mut self, now: Instant) {
+        if self.ramp.stalled(now) {
+            self.release_queue(now);
+        }
+    }
+
+    /// The server answered a request: while a ramp runs, more may go.
+    pub(super) fn ramp_answered(&mut self, now: Instant) {
+        if self.ramp.active() {
+            self.ramp.answered(now);
+            self.release_queue(now);
+        }
+    }
+
+    /// Sends queued item `seq`; true if a request or a call's attempt went
+    /// (not one the client gave up meanwhile, nor a notification).
+    fn release(&mut self, seq: u64, item: Queued, now: Instant) -> bool {
+        match item {
+            Queued::Request {
+                m,
+                client_id,
+                method,
+            } => {
+                let still_wanted = self
+                    .requests
+                    .client
+                    .get(&client_id)
+                    .is_some_and(|r| r.queued == Some(seq));
+                if still_wanted {
+                    if let Some(r) = self.requests.client.get_mut(&client_id) {
+                        r.queued = None;
                     }
+                    self.relay_request(m, client_id, method, now);
                 }
-                Queued::Call(id) => {
-                    // Admitted by the breaker before it was queued.
-                    if self.calls.unqueued(id) {
-                        self.route_attempt(id, now);
-                    }
+                still_wanted
+            }
+            Queued::Call(id) => {
+                // Admitted by the breaker before it was queued.
+                let wanted = self.calls.unqueued(id);
+                if wanted {
+                    self.route_attempt(id, now);
                 }
-                Queued::Notification(out) => {
-                    self.send_server(out);
-                }
+                wanted
+            }
+            Queued::Notification(out) => {
+                self.send_server(out);
+                false
             }
         }
     }
@@ -344,8 +455,10 @@ impl Dispatcher {
     /// The server works again (its handshake was replayed, or it sent its
     /// first message): the outage, if there was one, is over; what waited
     /// goes out.
-    fn server_up(&mut self, now: Instant) {
-        if let Some(took) = self.recovery.up(now) {
+    /// True if an outage ended.
+    fn server_up(&mut self, now: Instant) -> bool {
+        let ended = self.recovery.up(now);
+        if let Some(took) = ended {
             let what = match self.remote() {
                 true => "reconnected to the MCP server",
                 false => "the restarted MCP server is ready",
@@ -356,7 +469,9 @@ impl Dispatcher {
             );
             self.with_calls(now, |c, _, _| c.link_recovered());
         }
+        ended.is_some()
     }
+
     /// Sends the client's original `initialize` to a new incarnation.
     pub(super) fn replay_initialize(&mut self, now: Instant) {
         let params = self.session.init_params.clone().unwrap_or_default();
@@ -456,8 +571,9 @@ impl Dispatcher {
         if let Link::Up(c) = &mut self.link {
             c.ready = true;
         }
-        self.server_up(now);
-        self.flush_queue(now);
+        self.recovery.handshaken();
+        let back = self.server_up(now);
+        self.flush_queue(back, now);
         self.fetch_deferred_tools(now);
         if self.session.tools_list_changed {
             self.with_calls(now, |c, ctx, out| {
@@ -719,6 +835,21 @@ impl Dispatcher {
             // While requests are re-planned below, they wait for the server.
             self.link = Link::Outage;
         }
+        let mut heal = gone.heal;
+        if !stopping && !self.remote() {
+            let same = self.recovery.start_ended(Some(&how));
+            if same >= CRASH_LOOP && self.cfg.fail_fast_at_start && heal == Heal::Wait {
+                // It will not come up by waiting: what waits is answered
+                // now, with its words; probes go on.
+                message.push_str(&format!(
+                    "; it ended so at its last {same} starts, before answering initialize: check its command, arguments and environment (fail_fast_at_start: false waits for it instead)"
+                ));
+                if same == CRASH_LOOP {
+                    crate::error!("{message}");
+                }
+                heal = Heal::Fix;
+            }
+        }
         drop(conn);
         self.requests.unwritten.clear();
         if let Some(instant) = &mut self.instant {
@@ -762,7 +893,7 @@ impl Dispatcher {
             ));
         }
         if !stopping {
-            self.link_down(message, gone.heal, now);
+            self.link_down(message, heal, now);
         }
     }
 
@@ -954,7 +1085,7 @@ impl Dispatcher {
     pub(super) fn link_restarting(&self) -> bool {
         match &self.link {
             Link::Outage => {
-                !self.cfg.wait_for_server.is_zero()
+                !self.wait_for_server().is_zero()
                     && self.recovery.outage().is_none_or(|o| o.heal == Heal::Wait)
             }
             Link::Up(c) => !c.ready || c.draining,

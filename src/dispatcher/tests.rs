@@ -811,6 +811,287 @@ fn a_start_that_needs_fixing_fails_waiting_requests_at_once() {
     assert!(h.to_client().contains("server_unavailable"));
 }
 
+const INITIALIZE: &str =
+    r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}"#;
+
+#[test]
+fn three_exits_alike_before_the_first_handshake_answer_what_waits_at_once() {
+    let mut h = Harness::new();
+    h.client_sends(INITIALIZE);
+    h.to_server();
+    h.server_event(gone("exited with status 3"));
+    // Sent again to the next start (probed at once), which exits alike.
+    h.fire_next_timer();
+    h.to_server();
+    h.server_event(gone("exited with status 3"));
+    h.fire_next_timer();
+    h.to_server();
+    assert!(h.client.is_empty(), "two exits are not a crash loop");
+    h.server_event(gone("exited with status 3"));
+    let answer = h.to_client();
+    assert!(answer.contains("server_unavailable"), "{answer}");
+    assert!(answer.contains("at its last 3 starts"), "{answer}");
+    // A request now is refused at once; probes go on, and a server that
+    // comes up gets the next one.
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    assert!(h.to_client().contains("at its last 3 starts"));
+    h.fire_next_timer();
+    assert_eq!(h.starts.lock().unwrap().len(), 4);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    assert!(h.to_server().contains("tools/list"));
+}
+
+#[test]
+fn exits_that_differ_or_follow_a_handshake_are_waited_for() {
+    // The handshake goes to each start, which exits `how`.
+    let exits = |h: &mut Harness, hows: [&str; 3]| {
+        h.client_sends(INITIALIZE);
+        h.to_server();
+        for how in hows {
+            h.server_event(gone(how));
+            h.fire_next_timer();
+            h.to_server();
+        }
+        assert!(h.client.is_empty(), "no answer yet");
+    };
+    let (three, one) = ("exited with status 3", "exited with status 1");
+    exits(&mut Harness::new(), [three, one, three]);
+    // Fail-fast off: three alike are waited for too.
+    exits(
+        &mut Harness::with(config(|c| c.fail_fast_at_start = false)),
+        [three; 3],
+    );
+    // After a handshake, a server that crashes alike is restarted and
+    // waited for (its handshake replayed each time).
+    let mut h = Harness::new();
+    handshake(&mut h);
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    h.to_server();
+    for _ in 0..3 {
+        h.server_event(gone("exited with status 3"));
+        while h.server.is_empty() {
+            h.fire_next_timer();
+        }
+        assert!(h.to_server().contains("initialize"));
+    }
+    assert!(h.client.is_empty(), "no answer yet");
+}
+
+/// How long a request waits for a server that exits and then fails every
+/// start.
+fn waited_for_a_dead_server(h: &mut Harness) -> Duration {
+    h.failing_starts.lock().unwrap().extend([true; 200]);
+    h.server_event(gone("exited with status 1"));
+    let asked = h.now;
+    h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"resources/list"}"#);
+    while h.client.is_empty() {
+        h.fire_next_timer();
+    }
+    h.now - asked
+}
+
+#[test]
+fn before_the_first_handshake_a_request_waits_twenty_seconds_after_it_thirty() {
+    let mut h = Harness::new();
+    assert_eq!(waited_for_a_dead_server(&mut h), 20 * SECOND);
+    assert!(h.to_client().contains("gave up after waiting 20s"));
+    // Set in the config, it is the same before the first handshake.
+    let mut h = Harness::with(config(|c| {
+        c.wait_for_server = 30 * SECOND;
+        c.wait_for_server_set = true;
+    }));
+    assert_eq!(waited_for_a_dead_server(&mut h), 30 * SECOND);
+    // After a handshake: 30 s.
+    let mut h = Harness::new();
+    handshake(&mut h);
+    assert_eq!(waited_for_a_dead_server(&mut h), 30 * SECOND);
+}
+
+#[test]
+fn an_initialize_the_first_server_never_answers_is_answered_after_twenty_seconds() {
+    let mut h = Harness::new();
+    h.client_sends(INITIALIZE);
+    h.to_server();
+    let asked = h.now;
+    h.fire_next_timer();
+    assert_eq!(h.now - asked, 20 * SECOND);
+    let answer = h.to_client();
+    assert!(answer.contains("server_unavailable"), "{answer}");
+    assert!(
+        answer.contains("did not answer initialize within 20s"),
+        "{answer}"
+    );
+    // Answered in time, it sets no deadline that outlives it.
+    let mut h = Harness::new();
+    h.client_sends(INITIALIZE);
+    let down = id_of(&h.to_server());
+    h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{"protocolVersion":"2025-11-25","capabilities":{{}}}}}}"#));
+    assert!(h.to_client().contains("protocolVersion"));
+    assert!(h.d.timers.is_empty());
+}
+
+/// The client's `notifications/progress` lines so far: (token, value,
+/// message).
+fn progress_to_client(h: &Harness) -> Vec<(Value, f64, Option<String>)> {
+    let mut seen = Vec::new();
+    while let Ok(q) = h.client.try_recv() {
+        let v: Value = serde_json::from_slice(&q.bytes).unwrap();
+        assert_eq!(v["method"], "notifications/progress", "{v}");
+        let params = &v["params"];
+        let message = params["message"].as_str().map(str::to_owned);
+        seen.push((
+            params["progressToken"].clone(),
+            params["progress"].as_f64().unwrap(),
+            message,
+        ));
+    }
+    seen
+}
+
+#[test]
+fn a_call_that_waits_tells_a_client_with_a_progress_token_every_five_seconds() {
+    let mut h = Harness::with(config(|_| {}));
+    h.failing_starts.lock().unwrap().extend([true; 100]);
+    h.server_event(gone("exited with status 1"));
+    h.client_sends(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{"progressToken":"tok"}}}"#,
+    );
+    let first = progress_to_client(&h);
+    assert_eq!(first.len(), 1, "told at once: {first:?}");
+    assert_eq!(first[0].0, json!("tok"));
+    assert_eq!(
+        first[0].2.as_deref(),
+        Some("waiting for the MCP server to come back, attempt 1")
+    );
+    let mut values = vec![first[0].1];
+    for _ in 0..3 {
+        h.advance(5 * SECOND);
+        let more = progress_to_client(&h);
+        assert_eq!(more.len(), 1, "{more:?}");
+        values.push(more[0].1);
+    }
+    // The server is back: the attempt goes out and the proxy says no more;
+    // the server's own progress, above the proxy's values, reaches the client.
+    h.failing_starts.lock().unwrap().clear();
+    while h.server.is_empty() {
+        h.fire_next_timer();
+    }
+    let attempt = h.to_server();
+    assert!(attempt.contains("\"progressToken\":\"tok\""), "{attempt}");
+    progress_to_client(&h);
+    h.advance(6 * SECOND);
+    assert!(progress_to_client(&h).is_empty(), "no notice while it runs");
+    h.server_sends(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":"tok","progress":1,"total":3}}"#);
+    let own = progress_to_client(&h);
+    assert_eq!(own.len(), 1, "{own:?}");
+    values.push(own[0].1);
+    assert_eq!(own[0].1, 1.0);
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
+    // It fails (a transient error): the backoff is a wait too.
+    answer(&mut h, &attempt, TRANSIENT);
+    let backoff = progress_to_client(&h);
+    assert_eq!(backoff.len(), 1, "{backoff:?}");
+    assert!(backoff[0].1 > 1.0, "{backoff:?}");
+    let message = backoff[0].2.clone().unwrap();
+    assert!(
+        message.starts_with("waiting ") && message.ends_with("to retry, attempt 2 of 4"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_call_without_a_progress_token_waits_in_silence() {
+    let mut h = Harness::with(config(|_| {}));
+    h.failing_starts.lock().unwrap().extend([true; 100]);
+    h.server_event(gone("exited with status 1"));
+    h.client_sends(&call_line(1, "t", "{}"));
+    h.advance(12 * SECOND);
+    assert!(h.client.is_empty());
+}
+
+/// The `resources/read` requests sent to the server so far: (uri, line).
+fn reads_sent(h: &Harness) -> Vec<(String, String)> {
+    let mut reads = Vec::new();
+    while let Some(line) = h.try_to_server() {
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["method"] == "resources/read" {
+            reads.push((v["params"]["uri"].as_str().unwrap().to_owned(), line));
+        }
+    }
+    reads
+}
+
+/// The client reads `uri` (its request id is the uri's number).
+fn read(h: &mut Harness, n: u32) {
+    h.client_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{n},"method":"resources/read","params":{{"uri":"u{n}"}}}}"#
+    ));
+}
+
+/// A session whose server went down, with the reads `1..=n` waiting for
+/// it, and came back: its handshake replayed and answered.
+fn back_with_reads_waiting(n: u32) -> Harness {
+    let mut h = Harness::new();
+    handshake(&mut h);
+    h.failing_starts.lock().unwrap().extend([true; 3]);
+    h.server_event(gone("exited with status 1"));
+    for i in 1..=n {
+        read(&mut h, i);
+    }
+    let replay = loop {
+        match h.try_to_server() {
+            Some(line) if line.contains("\"initialize\"") => break line,
+            Some(_) => {}
+            None => {
+                h.fire_next_timer();
+            }
+        }
+    };
+    answer(
+        &mut h,
+        &replay,
+        r#""result":{"protocolVersion":"2025-11-25","capabilities":{}}"#,
+    );
+    h
+}
+
+fn uris(reads: &[(String, String)]) -> Vec<&str> {
+    reads.iter().map(|(u, _)| u.as_str()).collect()
+}
+
+#[test]
+fn what_waited_for_a_server_that_came_back_goes_oldest_first_then_two_per_answer() {
+    let mut h = back_with_reads_waiting(7);
+    let first = reads_sent(&h);
+    assert_eq!(uris(&first), ["u1"], "the oldest, alone");
+    answer(&mut h, &first[0].1, r#""result":{"contents":[]}"#);
+    let second = reads_sent(&h);
+    assert_eq!(uris(&second), ["u2", "u3"]);
+    // A request that comes now is new traffic, not the backlog: it goes.
+    read(&mut h, 8);
+    assert_eq!(uris(&reads_sent(&h)), ["u8"]);
+    let mut third = Vec::new();
+    for (_, line) in &second {
+        answer(&mut h, line, r#""result":{"contents":[]}"#);
+        third.extend(reads_sent(&h));
+    }
+    assert_eq!(uris(&third), ["u4", "u5", "u6", "u7"]);
+    assert!(h.d.queue.is_empty() && !h.d.ramp.active());
+}
+
+#[test]
+fn a_ramp_nobody_answers_lets_more_go_every_second() {
+    let mut h = back_with_reads_waiting(4);
+    assert_eq!(uris(&reads_sent(&h)), ["u1"]);
+    let t0 = h.now;
+    h.advance(crate::policy::ramp::STALL / 2);
+    assert!(reads_sent(&h).is_empty());
+    h.at(t0 + crate::policy::ramp::STALL);
+    assert_eq!(uris(&reads_sent(&h)), ["u2"]);
+    h.advance(crate::policy::ramp::STALL);
+    assert_eq!(uris(&reads_sent(&h)), ["u3", "u4"]);
+}
+
 #[test]
 fn a_client_that_reads_only_first_pages_of_the_tool_list_keeps_one_page() {
     let mut h = Harness::new();

@@ -76,16 +76,25 @@ pub fn of_error(e: &ureq::Error, written: bool) -> Class {
 }
 
 /// Whether waiting may heal a connection that could not be made: not an
-/// unknown host, a bad URL or proxy, or a TLS failure (a certificate the
+/// unknown host (`HostNotFound`, or a lookup the resolver answered with
+/// "no such name"), a bad URL or proxy, or a TLS failure (a certificate the
 /// name does not match, an unknown authority) — someone must fix those.
 pub fn heal(e: &ureq::Error) -> Heal {
     match e {
-        ureq::Error::HostNotFound
-        | ureq::Error::BadUri(_)
-        | ureq::Error::Tls(_)
-        | ureq::Error::InvalidProxyUrl => Heal::Fix,
+        ureq::Error::BadUri(_) | ureq::Error::Tls(_) | ureq::Error::InvalidProxyUrl => Heal::Fix,
         ureq::Error::Io(io) if io.kind() == ErrorKind::InvalidData => Heal::Fix,
+        _ if unknown_host(e) => Heal::Fix,
         _ => Heal::Wait,
+    }
+}
+
+/// Whether the resolver said that the host name does not exist (not: it
+/// could not ask, which may heal).
+pub fn unknown_host(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::HostNotFound => true,
+        ureq::Error::Io(io) => crate::resolve::no_such_host(io),
+        _ => false,
     }
 }
 
@@ -215,6 +224,20 @@ mod tests {
     /// A 2026-07-28 answer.
     fn modern(status: u16, body: &str) -> Class {
         class_of(status, None, false, body, true)
+    }
+
+    #[test]
+    fn a_name_that_does_not_exist_needs_fixing_a_lookup_that_failed_may_heal() {
+        use std::net::ToSocketAddrs;
+        let missing = "mcp-retry-test.invalid:80".to_socket_addrs().unwrap_err();
+        assert_eq!(heal(&ureq::Error::Io(missing)), Heal::Fix);
+        assert_eq!(heal(&ureq::Error::HostNotFound), Heal::Fix);
+        assert_eq!(
+            heal(&ureq::Error::Timeout(ureq::Timeout::Resolve)),
+            Heal::Wait
+        );
+        let refused = io_err(ErrorKind::ConnectionRefused);
+        assert_eq!(heal(&refused), Heal::Wait);
     }
 
     #[test]

@@ -213,7 +213,10 @@ impl Shared {
                     if class == Class::NeverSent && classify::heal(&e) == Heal::Fix {
                         self.needs_fix.store(true, Ordering::SeqCst);
                     }
-                    let why = self.scrub(&e.to_string());
+                    let mut why = self.scrub(&e.to_string());
+                    if classify::unknown_host(&e) {
+                        why.push_str(": the host name does not exist; check the url");
+                    }
                     return self.failed(post, class, &why, None, "");
                 }
             };

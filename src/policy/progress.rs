@@ -4,7 +4,8 @@
 //! values for one call, so a retried attempt that starts counting from zero
 //! again doesn't make the client's progress bar run backwards. It must not
 //! know of tokens, attempts or messages: one filter per client call, fed the
-//! numbers.
+//! numbers. The proxy's own notices of a wait take the smallest step above
+//! the last value ([`ProgressFilter::own`]).
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +28,19 @@ impl ProgressFilter {
         }
         self.last = Some(value);
         true
+    }
+
+    /// A value of the proxy's own (a wait's notice), let through: the last
+    /// value plus the smallest step (0 for the first), so that the server's
+    /// own next value, above the last, still passes. None when there is no
+    /// larger finite value.
+    pub fn own(&mut self) -> Option<f64> {
+        let value = self.last.map_or(0.0, f64::next_up);
+        if !value.is_finite() {
+            return None;
+        }
+        self.last = Some(value);
+        Some(value)
     }
 
     /// The last value let through.
@@ -61,6 +75,24 @@ mod tests {
         assert!(f.admit(-3.0));
         assert!(!f.admit(-3.0));
         assert!(f.admit(-2.5));
+    }
+
+    #[test]
+    fn the_proxys_own_values_step_by_the_least_and_leave_room_for_the_servers() {
+        let mut f = ProgressFilter::new();
+        assert_eq!(f.own(), Some(0.0));
+        let second = f.own().unwrap();
+        assert!(second > 0.0 && second < 1e-300, "{second}");
+        assert!(f.admit(1.0), "the server's next value passes");
+        let third = f.own().unwrap();
+        assert!(third > 1.0 && third < 1.000001, "{third}");
+        assert!(f.admit(2.0));
+        assert!(!f.admit(1.5));
+        let mut top = ProgressFilter::new();
+        assert!(top.admit(f64::MAX));
+        assert_eq!(top.own(), None, "nothing above the largest value");
+        assert!(top.admit(f64::INFINITY));
+        assert_eq!(top.own(), None);
     }
 
     #[test]

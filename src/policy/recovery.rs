@@ -11,6 +11,10 @@
 //! session's handshake (stdio), or a connection and an `initialize`
 //! (remote); the dispatcher carries it out. Probes never overlap.
 //!
+//! Also owns the crash-loop verdict: before the session's first handshake,
+//! a server that exits [`CRASH_LOOP`] starts in a row the same way (the
+//! same status or signal) will not come up by waiting.
+//!
 //! Pure: `now` is a parameter, randomness comes from the caller's
 //! `fastrand::Rng`; it knows nothing of processes, sockets, requests or
 //! the circuit breaker (probe failures never reach it).
@@ -30,6 +34,9 @@ pub const IDLE_PROBE_BASE: Duration = Duration::from_secs(1);
 pub const IDLE_PROBE_MAX: Duration = Duration::from_secs(30);
 /// Jitter of every probe delay (±20%).
 const JITTER: f64 = 0.2;
+/// Starts in a row that end the same way, before the session's first
+/// handshake, that make a crash loop.
+pub const CRASH_LOOP: u32 = 3;
 
 /// Whether waiting can heal what stopped the last start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +68,11 @@ pub struct Recovery {
     last_probe: Option<Instant>,
     /// When the next probe is due, if one is planned (none while one runs).
     next: Option<Instant>,
+    /// A server has completed a handshake in this session.
+    handshaken: bool,
+    /// How the last starts before the first handshake ended, and how many
+    /// in a row ended so.
+    start_exits: Option<(String, u32)>,
 }
 
 impl Default for Recovery {
@@ -76,7 +88,40 @@ impl Recovery {
             failures: 0,
             last_probe: None,
             next: None,
+            handshaken: false,
+            start_exits: None,
         }
+    }
+
+    /// A server completed a handshake (or answered a request): from now on
+    /// no exit makes a crash loop.
+    pub fn handshaken(&mut self) {
+        self.handshaken = true;
+        self.start_exits = None;
+    }
+
+    /// Whether a server has completed a handshake in this session.
+    pub fn is_handshaken(&self) -> bool {
+        self.handshaken
+    }
+
+    /// A start ended before the session's first handshake: the server
+    /// exited (`Some(how)`: its status or signal, as the transport words
+    /// it) or failed otherwise (`None`, which breaks a streak). Returns how
+    /// many starts in a row ended that same way (0 after a handshake).
+    pub fn start_ended(&mut self, how: Option<&str>) -> u32 {
+        if self.handshaken {
+            return 0;
+        }
+        let Some(how) = how else {
+            self.start_exits = None;
+            return 0;
+        };
+        match &mut self.start_exits {
+            Some((last, n)) if last == how => *n = n.saturating_add(1),
+            _ => self.start_exits = Some((how.to_owned(), 1)),
+        }
+        self.start_exits.as_ref().map_or(0, |(_, n)| *n)
     }
 
     /// The outage in progress, if any.
@@ -310,6 +355,33 @@ mod tests {
         r.stable();
         let next = r.lost("exited".into(), Heal::Wait, true, now, &mut rng);
         assert_eq!(next, now);
+    }
+
+    #[test]
+    fn three_starts_ending_the_same_way_before_a_handshake_make_a_crash_loop() {
+        let mut r = Recovery::new();
+        assert_eq!(r.start_ended(Some("exited with status 3")), 1);
+        assert_eq!(r.start_ended(Some("exited with status 3")), 2);
+        assert_eq!(r.start_ended(Some("exited with status 3")), CRASH_LOOP);
+        assert_eq!(r.start_ended(Some("exited with status 3")), 4);
+        // Another status, or another kind of failure, starts a new streak.
+        assert_eq!(r.start_ended(Some("killed by signal 9")), 1);
+        assert_eq!(r.start_ended(Some("killed by signal 9")), 2);
+        assert_eq!(r.start_ended(None), 0);
+        assert_eq!(r.start_ended(Some("killed by signal 9")), 1);
+    }
+
+    #[test]
+    fn after_a_handshake_no_exit_makes_a_crash_loop() {
+        let mut r = Recovery::new();
+        r.start_ended(Some("exited with status 3"));
+        r.start_ended(Some("exited with status 3"));
+        assert!(!r.is_handshaken());
+        r.handshaken();
+        assert!(r.is_handshaken());
+        for _ in 0..5 {
+            assert_eq!(r.start_ended(Some("exited with status 3")), 0);
+        }
     }
 
     #[test]

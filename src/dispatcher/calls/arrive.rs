@@ -233,6 +233,7 @@ impl Calls {
                 parked: None,
                 last_failure: None,
                 progress: ProgressFilter::new(),
+                notice_at: None,
                 trial: false,
                 queued: None,
                 waited_for_tools: None,

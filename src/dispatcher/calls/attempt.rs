@@ -1,11 +1,13 @@
 //! The attempts of a call: admission by the breaker, sending (the
 //! dispatcher routes and sends; the call records it), the answer, and the
 //! ways an attempt fails (a transient error, a timeout, a line never
-//! delivered), with progress keeping an attempt alive.
+//! delivered), with progress keeping an attempt alive, and a client that
+//! gave a progress token told, at least every [`WAIT_NOTICE`], what a call
+//! that waits waits for.
 
 #![forbid(unsafe_code)]
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::dispatcher::{CallError, Reason};
 use crate::downstream::Outgoing;
@@ -17,6 +19,11 @@ use crate::{debug, info};
 use super::call::Failure;
 use super::text::fields;
 use super::{trace, Action, CallTimer, Calls, Ctx, Issued, Trace};
+
+/// How often a call that waits tells a client that gave a progress token
+/// (half of the 10 s a host's idle timer must be reset within, so a loaded
+/// machine still meets it).
+pub(in crate::dispatcher) const WAIT_NOTICE: Duration = Duration::from_secs(5);
 
 impl Calls {
     /// Call `id` is due for an attempt: whether one may be made now. Not if
@@ -280,8 +287,60 @@ impl Calls {
                     self.decide(call, failure, ctx, out);
                 }
             }
+            CallTimer::WaitNotice { call } => {
+                let due = self.calls.get(&call).and_then(|c| c.notice_at);
+                if due.is_some_and(|at| at <= ctx.now) {
+                    self.notice_wait(call, ctx, out);
+                }
+            }
         }
         None
+    }
+
+    /// Call `id` began to wait (for the server, a backoff, the tool list):
+    /// a client that gave a progress token is told now, and again every
+    /// [`WAIT_NOTICE`] while it waits (a notice set for an earlier wait
+    /// gives way).
+    pub(in crate::dispatcher) fn wait_began(&mut self, id: u64, ctx: Ctx, out: &mut Vec<Action>) {
+        self.notice_wait(id, ctx, out);
+    }
+
+    /// Tells the client of call `id` what it waits for, with a progress
+    /// value of the proxy's own, if it waits; then again after
+    /// [`WAIT_NOTICE`].
+    fn notice_wait(&mut self, id: u64, ctx: Ctx, out: &mut Vec<Action>) {
+        let tries = self.cfg.retry.max_retries.saturating_add(1);
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        call.notice_at = None;
+        let (Some(token), true) = (&call.progress_token, call.client.is_some()) else {
+            return;
+        };
+        let next = call.attempts.saturating_add(1);
+        let what = match (call.queued, call.retry_at, &call.parked) {
+            _ if call.live.is_some() => return,
+            (Some(_), ..) => format!("waiting for the MCP server to come back, attempt {next}"),
+            (None, Some(at), _) if at > ctx.now => format!(
+                "waiting {} to retry, attempt {next} of {tries}",
+                super::secs(at - ctx.now)
+            ),
+            (None, _, Some(_)) => "waiting for the tool list to decide on a retry".to_owned(),
+            _ => return,
+        };
+        let Some(value) = call.progress.own() else {
+            return;
+        };
+        let params = format!(
+            "{{\"progressToken\":{token},\"progress\":{},\"message\":{}}}",
+            serde_json::Value::from(value),
+            crate::jsonrpc::json_string(&what)
+        );
+        let line = crate::jsonrpc::notification_line("notifications/progress", Some(&params));
+        out.push(Action::Notify(line));
+        let at = ctx.now + WAIT_NOTICE;
+        call.notice_at = Some(at);
+        out.push(Action::Timer(at, CallTimer::WaitNotice { call: id }));
     }
 
     /// Attempt `down` of call `id` may have run out of time.

@@ -121,6 +121,9 @@ pub(super) struct Call {
     pub parked: Option<Failure>,
     pub last_failure: Option<Failure>,
     pub progress: ProgressFilter,
+    /// When the client, which gave a progress token, is next told that the
+    /// call still waits (a `CallTimer::WaitNotice` is set for then).
+    pub notice_at: Option<Instant>,
     /// This call holds the breaker's half-open trial.
     pub trial: bool,
     /// Its next attempt waits in the link's queue (this sequence number)

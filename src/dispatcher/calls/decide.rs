@@ -83,6 +83,7 @@ impl Calls {
             delay,
             retry,
         });
+        self.wait_began(id, ctx, out);
     }
 
     /// Says why call `id` is not retried (`what` happened; the breaker is
@@ -228,6 +229,7 @@ impl Calls {
         let timer = CallTimer::CallDeadline { call: id };
         out.push(Action::Timer(call.deadline, timer));
         self.fetch_tools(ctx.link, out);
+        self.wait_began(id, ctx, out);
     }
 
     /// Answers call `id` refused an attempt by the open breaker (for
