@@ -838,13 +838,20 @@ impl Dispatcher {
         let mut heal = gone.heal;
         if !stopping && !self.remote() {
             let same = self.recovery.start_ended(Some(&how));
-            if same >= CRASH_LOOP && self.cfg.fail_fast_at_start && heal == Heal::Wait {
+            // `check` wants the truth now: one start tells it.
+            let (enough, fail_fast) = match self.check_mode {
+                true => (1, true),
+                false => (CRASH_LOOP, self.cfg.fail_fast_at_start),
+            };
+            if same >= enough && fail_fast && heal == Heal::Wait {
                 // It will not come up by waiting: what waits is answered
                 // now, with its words; probes go on.
-                message.push_str(&format!(
-                    "; it ended so at its last {same} starts, before answering initialize: check its command, arguments and environment (fail_fast_at_start: false waits for it instead)"
-                ));
-                if same == CRASH_LOOP {
+                if !self.check_mode {
+                    message.push_str(&format!(
+                        "; it ended so at its last {same} starts, before answering initialize: check its command, arguments and environment (fail_fast_at_start: false waits for it instead)"
+                    ));
+                }
+                if same == enough {
                     crate::error!("{message}");
                 }
                 heal = Heal::Fix;

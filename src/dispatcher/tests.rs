@@ -842,6 +842,26 @@ fn three_exits_alike_before_the_first_handshake_answer_what_waits_at_once() {
 }
 
 #[test]
+fn under_check_the_first_exit_before_the_handshake_answers_what_waits() {
+    let mut h = Harness::new();
+    h.d.check_mode = true;
+    h.client_sends(INITIALIZE);
+    h.to_server();
+    h.server_event(gone("exited with status 3"));
+    let answer = h.to_client();
+    assert!(answer.contains("server_unavailable"), "{answer}");
+    assert!(answer.contains("exited with status 3"), "{answer}");
+    assert!(!answer.contains("at its last"), "{answer}");
+    // Even with fail_fast_at_start off: check wants the truth now.
+    let mut h = Harness::with(config(|c| c.fail_fast_at_start = false));
+    h.d.check_mode = true;
+    h.client_sends(INITIALIZE);
+    h.to_server();
+    h.server_event(gone("exited with status 3"));
+    assert!(h.to_client().contains("server_unavailable"));
+}
+
+#[test]
 fn exits_that_differ_or_follow_a_handshake_are_waited_for() {
     // The handshake goes to each start, which exits `how`.
     let exits = |h: &mut Harness, hows: [&str; 3]| {

@@ -164,6 +164,8 @@
 //!    its arguments (after the program name) as a JSON array of strings.
 //! 4. `MOCK_CRASH_AT_START=CODE`: print `MOCK_CRASH_MESSAGE` (default `mock:
 //!    crashing at start as asked`) to stderr and exit with CODE.
+//!    `MOCK_CRASH_IF_EXISTS=path`: the same (code 1) when `path` exists, so
+//!    that a server can die without its environment changing.
 //! 5. `MOCK_CRASH_STARTS=N` (needs `MOCK_STATE_DIR`): while `starts` <= N, exit
 //!    with code 4 at once.
 //! 6. `MOCK_IGNORE_EOF=1`: SIGTERM is ignored (only SIGKILL stops the process),
@@ -425,6 +427,14 @@ fn run_startup(config: &Config) {
             env_string("MOCK_CRASH_MESSAGE").unwrap_or_else(|| DEFAULT_CRASH_MESSAGE.into());
         eprintln!("{message}");
         process::exit(code.trim().parse().unwrap_or(1));
+    }
+    if let Some(path) = env_string("MOCK_CRASH_IF_EXISTS") {
+        if Path::new(&path).exists() {
+            let message =
+                env_string("MOCK_CRASH_MESSAGE").unwrap_or_else(|| DEFAULT_CRASH_MESSAGE.into());
+            eprintln!("{message}");
+            process::exit(1);
+        }
     }
     if let Some(limit) = env_u64("MOCK_CRASH_STARTS") {
         match starts {
