@@ -474,7 +474,14 @@ impl Dispatcher {
 
     /// Sends the client's original `initialize` to a new incarnation.
     pub(super) fn replay_initialize(&mut self, now: Instant) {
-        let params = self.session.init_params.clone().unwrap_or_default();
+        let mut params = self.session.init_params.clone().unwrap_or_default();
+        // A session begun from the cache asks for the version the client
+        // was told: a server that still speaks it answers in it.
+        if let (true, Some(told)) = (self.instant_unchecked(), &self.session.protocol_version) {
+            if let Some(asking) = super::instant::asking_for(&params, told) {
+                params = asking;
+            }
+        }
         let down = self.next_id();
         self.requests
             .inflight

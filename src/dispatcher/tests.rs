@@ -1782,7 +1782,7 @@ mod instant_start {
         h.client_sends(
             r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"x"}}"#,
         );
-        let other = INIT.replace(r#","prompts":{}"#, "");
+        let other = INIT.replace("2025-11-25", "2024-11-05");
         h.server_sends(&format!(
             r#"{{"jsonrpc":"2.0","id":{replay},"result":{other}}}"#
         ));
@@ -1793,10 +1793,8 @@ mod instant_start {
         assert_eq!(answered.len(), 2, "{answered:?}");
         for a in &answered {
             let message = a["error"]["message"].as_str().unwrap();
-            assert!(
-                message.contains("lacks the capabilities prompts"),
-                "{message}"
-            );
+            assert!(message.contains("2024-11-05"), "{message}");
+            assert!(message.contains("(in Claude Code: /mcp)"), "{message}");
             assert_eq!(a["error"]["data"]["source"], "mcp-retry");
         }
         assert!(matches!(jobs.try_recv(), Ok(CacheJob::Invalidate)));
@@ -1807,6 +1805,36 @@ mod instant_start {
         ));
         // Nothing of the session reaches the server.
         assert!(sent(&h).iter().all(|v| v["method"] != "tools/call"));
+    }
+
+    #[test]
+    fn a_server_that_lost_a_list_keeps_the_session_with_that_list_empty() {
+        let (mut h, jobs) = harness();
+        initialize(&mut h, "2025-11-25");
+        h.to_client();
+        let replay = id_of(&h.to_server());
+        let fewer = INIT.replace(r#","prompts":{}"#, "");
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{replay},"result":{fewer}}}"#
+        ));
+        assert_eq!(
+            h.to_client(),
+            r#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#
+        );
+        h.client_sends(r#"{"jsonrpc":"2.0","id":5,"method":"prompts/list"}"#);
+        assert_eq!(
+            h.to_client(),
+            r#"{"jsonrpc":"2.0","id":5,"result":{"prompts":[]}}"#
+        );
+        // The session goes on; the entry is not removed.
+        assert!(!h.d.handshake_changed);
+        assert!(matches!(h.d.phase, super::super::Phase::Running));
+        assert!(jobs.try_recv().is_err());
+        h.client_sends(r#"{"jsonrpc":"2.0","id":6,"method":"prompts/get","params":{"name":"p"}}"#);
+        assert!(
+            sent(&h).iter().any(|v| v["method"] == "prompts/get"),
+            "the server answers"
+        );
     }
 
     #[test]

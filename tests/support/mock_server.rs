@@ -28,7 +28,9 @@
 //!   "prompts": {"listChanged": true}, "logging": {}}, "serverInfo": {"name":
 //!   "mock-mcp-server", "version": "1.0.0"}}`, where V is `MOCK_PROTOCOL_VERSION`
 //!   if set, else the requested `params.protocolVersion`, else `"2025-06-18"`.
-//!   `MOCK_SERVER_VERSION` (set, even empty) replaces the `"1.0.0"`.
+//!   `MOCK_SERVER_VERSION` (set, even empty) replaces the `"1.0.0"`;
+//!   `MOCK_CAPABILITIES` (a JSON object) replaces the capabilities (the
+//!   methods are served all the same).
 //! * `ping`, `resources/subscribe`, `resources/unsubscribe`, `logging/setLevel`
 //!   → `{}`.
 //! * `tools/list` → `{"tools": [...]}`, see *Tools*. When `MOCK_TOOLS_PAGE_SIZE=N`
@@ -1277,14 +1279,20 @@ fn initialize(server: &Server, params: Option<&Value>) -> Option<Result<Value, R
         .as_deref()
         .or(requested)
         .unwrap_or(DEFAULT_PROTOCOL_VERSION);
+    let capabilities = env_string("MOCK_CAPABILITIES")
+        .and_then(|c| serde_json::from_str::<Value>(&c).ok())
+        .filter(Value::is_object)
+        .unwrap_or_else(|| {
+            json!({
+                "tools": {"listChanged": true},
+                "resources": {"subscribe": true, "listChanged": true},
+                "prompts": {"listChanged": true},
+                "logging": {},
+            })
+        });
     Some(Ok(json!({
         "protocolVersion": version,
-        "capabilities": {
-            "tools": {"listChanged": true},
-            "resources": {"subscribe": true, "listChanged": true},
-            "prompts": {"listChanged": true},
-            "logging": {},
-        },
+        "capabilities": capabilities,
         "serverInfo": server_info(config),
     })))
 }
