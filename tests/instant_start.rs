@@ -588,3 +588,28 @@ fn a_server_that_refuses_initialize_ends_the_session_saying_how_to_reconnect() {
     assert_eq!(s.wait().code(), Some(75), "{}", s.stderr());
     assert_eq!(s.executions("echo"), 0);
 }
+
+#[test]
+fn an_entry_is_stored_by_a_session_that_never_lists() {
+    // A server with lists: the proxy reads them itself, tools included.
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    let mut s = session(&cache, "").initialized();
+    eventually("the entry", || {
+        entry_if_any(&cache).is_some_and(|e| e["entry"]["tools"]["tools"].is_array())
+    });
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
+    // A server that declares no list: its handshake alone.
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    let mut s = session(&cache, "")
+        .env("MOCK_CAPABILITIES", r#"{"logging":{}}"#)
+        .initialized();
+    eventually("the entry", || {
+        entry_if_any(&cache)
+            .is_some_and(|e| e["entry"]["initialize"]["capabilities"] == json!({"logging": {}}))
+    });
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
+}

@@ -733,6 +733,8 @@ impl Dispatcher {
         if tools {
             self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
         }
+        // A server that declares no list is stored at once.
+        self.instant_store_if_complete();
     }
 
     /// Sends the proxy's own request for a page of `list`.
