@@ -540,6 +540,8 @@ fn a_server_that_gained_a_capability_keeps_the_session_says_so_and_updates_the_e
     s.result(&json!(1));
     let warning = s.stderr_with("start a new session");
     assert!(warning.contains("prompts, resources"), "{warning}");
+    // `status` shows it (its tests, and so this helper, are Unix only).
+    #[cfg(unix)]
     crate::status::wait_for(&runtime, "the note", |docs| {
         docs.iter().any(|d| {
             d["link"]["message"]
