@@ -1287,3 +1287,35 @@ fn the_entry_check_refreshes_from_another_folder_is_the_one_a_session_in_the_pro
     s.close_stdin();
     s.wait();
 }
+
+#[test]
+fn cwd_says_where_servers_without_one_start() {
+    let dir = TempDir::new();
+    host_project(dir.path(), "      MOCK_TOOLS: \"a\"\n");
+    // Not a host's file: its servers start in check's own folder, unless
+    // --cwd says where. `srv.yaml` is found only in the project.
+    let mcp = json!({"servers": {"tiny": {
+        "command": PROXY,
+        "args": ["run", "--config", "srv.yaml", "--server", "tiny"],
+    }}});
+    let config = dir.write("elsewhere.json", &mcp.to_string());
+    let cache = dir.join("cache");
+    let ran = check_with_cache(&config, &cache, &[]);
+    assert_eq!(ran.code, Some(1), "{}\n{}", ran.stdout, ran.stderr);
+    assert!(ran.stdout.contains("srv.yaml"), "{}", ran.stdout);
+    let proj = dir.join("proj");
+    let ran = check_with_cache(&config, &cache, &["--cwd", &proj.display().to_string()]);
+    assert_eq!(ran.code, Some(0), "{}\n{}", ran.stdout, ran.stderr);
+    assert_up(
+        &report(&ran)[0],
+        "tiny",
+        "ok (1 tool, mock-mcp-server 1.0.0)",
+    );
+    let ran = check_with_cache(
+        &config,
+        &cache,
+        &["--cwd", &dir.join("nope").display().to_string()],
+    );
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("--cwd"), "{}", ran.stderr);
+}
