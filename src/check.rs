@@ -152,9 +152,10 @@ fn host_root(path: &Path) -> Option<PathBuf> {
     let sub = || dir.file_name().and_then(|n| n.to_str());
     match name {
         ".mcp.json" => Some(dir.to_path_buf()),
-        "mcp.json" if matches!(sub(), Some(".vscode" | ".cursor")) => {
-            Some(dir.parent().unwrap_or(Path::new(".")).to_path_buf())
-        }
+        "mcp.json" if matches!(sub(), Some(".vscode" | ".cursor")) => match dir.parent() {
+            Some(root) if !root.as_os_str().is_empty() => Some(root.to_path_buf()),
+            _ => Some(PathBuf::from(".")),
+        },
         _ => None,
     }
 }
@@ -1445,7 +1446,7 @@ mod tests {
         assert_eq!(root(".mcp.json"), Some(".".into()));
         assert_eq!(root("/w/proj/.vscode/mcp.json"), Some("/w/proj".into()));
         assert_eq!(root("/w/proj/.cursor/mcp.json"), Some("/w/proj".into()));
-        assert_eq!(root(".cursor/mcp.json"), Some("".into()));
+        assert_eq!(root(".cursor/mcp.json"), Some(".".into()));
         // Other files: check's own folder.
         assert_eq!(root("/w/proj/mcp.json"), None);
         assert_eq!(root("/w/proj/.idea/mcp.json"), None);
