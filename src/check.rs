@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
@@ -64,12 +65,35 @@ const MAX_NON_JSON_QUOTE: usize = 80;
 /// hint to turn on `instant_start` (unless it is on).
 const SLOW_START: Duration = Duration::from_secs(10);
 
+/// The environment variable `check` starts every server with (`1`). An
+/// mcp-retry that sees it (a host's entry wrapping its server) answers for
+/// its server: no cached handshake, a server that cannot start named at
+/// its first start, and its cache entry refreshed.
+pub const CHECK_ENV: &str = "MCP_RETRY_CHECK";
+
+/// Whether this process was started by `check` ([`CHECK_ENV`] is `1`).
+pub fn checked_by_env() -> bool {
+    std::env::var_os(CHECK_ENV).is_some_and(|v| v == "1")
+}
+
 pub fn run(args: CheckArgs) -> Result<ExitCode> {
     let config = config::load(&args.config)?;
     for note in &config.notes {
         crate::warn!("{}: {note}", config.path.display());
     }
-    let servers = select(&config, &args.servers)?;
+    let selected = select(&config, &args.servers)?;
+    // A server without `cwd` starts where its host would start it.
+    let start_dir = match &args.cwd {
+        Some(dir) => Some(
+            physical(dir).map_err(|e| anyhow::anyhow!("check: --cwd {}: {e}", dir.display()))?,
+        ),
+        None => host_root(&config.path).and_then(|root| physical(&root).ok()),
+    };
+    let owned: Vec<ServerConfig> = selected
+        .into_iter()
+        .map(|s| started_in(s, start_dir.as_deref()))
+        .collect();
+    let servers: Vec<&ServerConfig> = owned.iter().collect();
     let (stop, caught) = watch_signals()?;
     // Every server's handshake is stored, whether `instant_start` is on for
     // it or not: turning it on later finds the cache warm.
@@ -82,6 +106,22 @@ pub fn run(args: CheckArgs) -> Result<ExitCode> {
     }
     for hint in reports.iter().filter_map(Report::instant_start_hint) {
         crate::info!("{hint}");
+    }
+    let refreshed: Vec<String> = reports
+        .iter()
+        .filter(|r| r.refreshed)
+        .map(|r| format!("{:?}", r.name))
+        .collect();
+    if !refreshed.is_empty() {
+        let started = start_dir
+            .as_deref()
+            .map_or_else(std::env::current_dir, |d| Ok(d.to_path_buf()))
+            .map(|d| format!(" (servers without cwd started in {})", d.display()))
+            .unwrap_or_default();
+        crate::info!(
+            "handshake cache: refreshed the entries of {}{started}",
+            refreshed.join(", ")
+        );
     }
     let mut out = io::stdout().lock();
     if args.json {
@@ -97,6 +137,56 @@ pub fn run(args: CheckArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The folder a host starts the servers of the config at `path` in, when
+/// it is a host's project file: `.mcp.json` (Claude Code) in the project's
+/// root, `.vscode/mcp.json` and `.cursor/mcp.json` in the root's
+/// subfolder. `None` for any other file (`check`'s own folder then).
+fn host_root(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let sub = || dir.file_name().and_then(|n| n.to_str());
+    match name {
+        ".mcp.json" => Some(dir.to_path_buf()),
+        "mcp.json" if matches!(sub(), Some(".vscode" | ".cursor")) => match dir.parent() {
+            Some(root) if !root.as_os_str().is_empty() => Some(root.to_path_buf()),
+            _ => Some(PathBuf::from(".")),
+        },
+        _ => None,
+    }
+}
+
+/// `dir` as a process started in it sees its working directory (an
+/// absolute path; on Unix with symbolic links resolved, as `getcwd` gives
+/// it), so that the cache entry's identity is the one a session computes.
+fn physical(dir: &Path) -> io::Result<PathBuf> {
+    if !dir.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "not a directory that exists",
+        ));
+    }
+    #[cfg(unix)]
+    return std::fs::canonicalize(dir);
+    #[cfg(not(unix))]
+    return std::path::absolute(dir);
+}
+
+/// `server` as probed: started in `dir` when it has no `cwd` of its own
+/// and runs anything locally (a remote server only runs its
+/// `headers_helper`).
+fn started_in(server: &ServerConfig, dir: Option<&Path>) -> ServerConfig {
+    let mut server = server.clone();
+    let runs_locally =
+        server.transport == config::Transport::Stdio || server.headers_helper.is_some();
+    if server.cwd.is_none() && runs_locally {
+        server.cwd = dir.map(Path::to_path_buf);
+    }
+    server
 }
 
 /// The servers to probe, in config order: all of them, or those named
@@ -137,8 +227,9 @@ fn watch_signals() -> Result<(Receiver<()>, Arc<AtomicI32>)> {
 enum Probed {
     /// What the server did (sent before it is stopped).
     Outcome(Result<Up, String>),
-    /// It is stopped and its handshake stored: the thread is done.
-    Done,
+    /// It is stopped and its handshake stored (whether a cache entry was
+    /// refreshed, by us or by the mcp-retry it runs): the thread is done.
+    Done { refreshed: bool },
 }
 
 /// How long past `--timeout` the report waits for a probe that has not
@@ -172,7 +263,7 @@ fn probe_all(
             .name(format!("check-{i}"))
             .spawn(move || {
                 let sent = std::cell::Cell::new(false);
-                let outcome = crate::guard::catch(|| {
+                let (outcome, refreshed) = crate::guard::catch(|| {
                     probe(&cfg, timeout, &stop, cache.as_deref(), &|o| {
                         sent.set(true);
                         let _ = tx.send((i, Probed::Outcome(o.clone())));
@@ -180,12 +271,12 @@ fn probe_all(
                 })
                 .unwrap_or_else(|p| {
                     p.report("this server is reported down");
-                    Err(format!("internal error in mcp-retry: {p}"))
+                    (Err(format!("internal error in mcp-retry: {p}")), false)
                 });
                 if !sent.get() {
                     let _ = tx.send((i, Probed::Outcome(outcome)));
                 }
-                let _ = tx.send((i, Probed::Done));
+                let _ = tx.send((i, Probed::Done { refreshed }));
             });
         if let Err(e) = spawned {
             outcomes[i] = Some(Err(format!("cannot start a probe thread: {e}")));
@@ -193,6 +284,7 @@ fn probe_all(
     }
     drop(tx);
     let mut done = vec![false; servers.len()];
+    let mut refreshed = vec![false; servers.len()];
     let mut interrupted = false;
     let report_by = Instant::now() + timeout + REPORT_MARGIN;
     // Every outcome, by the deadline or a signal.
@@ -200,7 +292,7 @@ fn probe_all(
         crossbeam_channel::select! {
             recv(rx) -> got => match got {
                 Ok((i, Probed::Outcome(o))) => outcomes[i] = Some(o),
-                Ok((i, Probed::Done)) => done[i] = true,
+                Ok((i, Probed::Done { refreshed: r })) => (done[i], refreshed[i]) = (true, r),
                 Err(_) => break,
             },
             recv(stop) -> _ => interrupted = true,
@@ -222,7 +314,7 @@ fn probe_all(
         let signals = if interrupted { &never } else { stop };
         crossbeam_channel::select! {
             recv(rx) -> got => match got {
-                Ok((i, Probed::Done)) => done[i] = true,
+                Ok((i, Probed::Done { refreshed: r })) => (done[i], refreshed[i]) = (true, r),
                 Ok((_, Probed::Outcome(_))) => {}
                 Err(_) => break,
             },
@@ -236,9 +328,11 @@ fn probe_all(
     servers
         .iter()
         .zip(outcomes)
-        .map(|(cfg, outcome)| Report {
+        .zip(refreshed)
+        .map(|((cfg, outcome), refreshed)| Report {
             name: cfg.name.clone(),
             instant_start: cfg.instant_start,
+            refreshed,
             outcome: outcome.unwrap_or_else(|| {
                 Err(format!(
                     "no response within {} (its probe is stuck)",
@@ -255,6 +349,8 @@ struct Report {
     name: String,
     /// Its `instant_start` setting.
     instant_start: bool,
+    /// A handshake cache entry was refreshed for it.
+    refreshed: bool,
     /// What it said, or why it counts as down.
     outcome: Result<Up, String>,
 }
@@ -391,15 +487,30 @@ fn cache_entry(initialize: Box<RawValue>, lists: &Lists) -> Option<Entry> {
     Some(entry)
 }
 
-/// Starts one server, talks to it, tells `outcome` how it did, stops it,
-/// and stores its handshake in `cache`.
+/// Starts one server (with [`CHECK_ENV`] set), talks to it, tells
+/// `outcome` how it did, stops it, and stores its handshake in `cache`
+/// unless the mcp-retry it runs said it refreshed its own server's entry.
+/// Also whether an entry was refreshed.
 fn probe(
     cfg: &ServerConfig,
     timeout: Duration,
     stop: &Receiver<()>,
     cache: Option<&Cache>,
     outcome_is: &dyn Fn(&Result<Up, String>),
-) -> Result<Up, String> {
+) -> (Result<Up, String>, bool) {
+    match probe_inner(cfg, timeout, stop, cache, outcome_is) {
+        Ok((up, refreshed)) => (Ok(up), refreshed),
+        Err(why) => (Err(why), false),
+    }
+}
+
+fn probe_inner(
+    cfg: &ServerConfig,
+    timeout: Duration,
+    stop: &Receiver<()>,
+    cache: Option<&Cache>,
+    outcome_is: &dyn Fn(&Result<Up, String>),
+) -> Result<(Up, bool), String> {
     if let Some(problem) = &cfg.problem {
         return Err(problem.reason.clone());
     }
@@ -408,8 +519,12 @@ fn probe(
     crate::log::add_secrets(&cfg.secrets());
     let started = Instant::now();
     let (tx, events) = crossbeam_channel::unbounded();
+    // Only the process gets the variable: the cache entry's identity is the
+    // server's as a host starts it.
+    let mut as_checked = cfg.clone();
+    as_checked.env.push((CHECK_ENV.into(), "1".into()));
     let server = downstream::connect(
-        cfg,
+        &as_checked,
         Diagnostics::Keep,
         Box::new(move |event| {
             let _ = tx.send(event);
@@ -437,20 +552,34 @@ fn probe(
         // Interrupted: no time for the whole stop sequence. Dropping the
         // server stops it quickly (stdio: SIGTERM and a second before
         // SIGKILL; its watchdog does the same for what is left of its group).
-        return outcome.map(|(up, _)| up);
+        return outcome.map(|(up, _)| (up, false));
     }
     conv.stop();
     let (up, entry) = outcome?;
-    if let (Some(cache), Some(entry)) = (cache, entry) {
-        if let Err(e) = cache.store(&Identity::of(cfg), &entry) {
+    // An mcp-retry in front of the server refreshed the entry its host's
+    // sessions use; an entry for the mcp-retry itself none would use.
+    let theirs = conv
+        .server
+        .diagnostics()
+        .iter()
+        .any(|line| line.contains(crate::handshake_cache::REFRESHED_NOTE));
+    if theirs {
+        return Ok((up, true));
+    }
+    let (Some(cache), Some(entry)) = (cache, entry) else {
+        return Ok((up, false));
+    };
+    match cache.store(&Identity::of(cfg), &entry) {
+        Ok(()) => Ok((up, true)),
+        Err(e) => {
             crate::warn!(
                 "server {:?}: cannot store its handshake in the cache {}: {e}",
                 cfg.name,
                 cache.dir().display()
             );
+            Ok((up, false))
         }
     }
-    Ok(up)
 }
 
 /// The handshake, then every list the server declares: what the report
@@ -947,6 +1076,8 @@ struct JsonServer<'a> {
     server_version: Option<&'a str>,
     tools: Option<usize>,
     suggest_instant_start: bool,
+    /// A handshake cache entry was refreshed for it.
+    cache_refreshed: bool,
 }
 
 impl<'a> From<&'a Report> for JsonServer<'a> {
@@ -963,6 +1094,7 @@ impl<'a> From<&'a Report> for JsonServer<'a> {
                 server_version: up.server_version.as_deref(),
                 tools: up.tools.count(),
                 suggest_instant_start: r.suggests_instant_start(),
+                cache_refreshed: r.refreshed,
             },
             Err(why) => JsonServer {
                 name: &r.name,
@@ -975,6 +1107,7 @@ impl<'a> From<&'a Report> for JsonServer<'a> {
                 server_version: None,
                 tools: None,
                 suggest_instant_start: false,
+                cache_refreshed: false,
             },
         }
     }
@@ -999,6 +1132,7 @@ mod tests {
         Report {
             name: name.into(),
             instant_start: false,
+            refreshed: false,
             outcome,
         }
     }
@@ -1086,10 +1220,12 @@ mod tests {
             json!({"servers": [
                 {"name": "up", "up": true, "start_ms": 12.3, "latency_ms": 12.3, "error": null,
                  "protocol_version": "2025-11-25", "server_name": "srv",
-                 "server_version": "2.0", "tools": 3, "suggest_instant_start": false},
+                 "server_version": "2.0", "tools": 3, "suggest_instant_start": false,
+                 "cache_refreshed": false},
                 {"name": "down", "up": false, "start_ms": null, "latency_ms": null, "error": "why",
                  "protocol_version": null, "server_name": null,
-                 "server_version": null, "tools": null, "suggest_instant_start": false},
+                 "server_version": null, "tools": null, "suggest_instant_start": false,
+                 "cache_refreshed": false},
             ]})
         );
         let name = text.find("\"name\"").unwrap();
@@ -1304,6 +1440,40 @@ mod tests {
     }
 
     #[test]
+    fn a_host_s_project_file_names_the_folder_its_servers_start_in() {
+        let root = |p: &str| host_root(Path::new(p));
+        assert_eq!(root("/w/proj/.mcp.json"), Some("/w/proj".into()));
+        assert_eq!(root(".mcp.json"), Some(".".into()));
+        assert_eq!(root("/w/proj/.vscode/mcp.json"), Some("/w/proj".into()));
+        assert_eq!(root("/w/proj/.cursor/mcp.json"), Some("/w/proj".into()));
+        assert_eq!(root(".cursor/mcp.json"), Some(".".into()));
+        // Other files: check's own folder.
+        assert_eq!(root("/w/proj/mcp.json"), None);
+        assert_eq!(root("/w/proj/.idea/mcp.json"), None);
+        assert_eq!(root("/w/mcp-retry.yaml"), None);
+        assert_eq!(root("/w/claude_desktop_config.json"), None);
+    }
+
+    #[test]
+    fn only_servers_without_cwd_that_run_locally_are_moved() {
+        let dir = Path::new("/w/proj");
+        let local = ServerConfig::with_defaults("l", "x".into(), vec![]);
+        assert_eq!(started_in(&local, Some(dir)).cwd.as_deref(), Some(dir));
+        assert_eq!(started_in(&local, None).cwd, None);
+        let mut own = local.clone();
+        own.cwd = Some("/elsewhere".into());
+        assert_eq!(
+            started_in(&own, Some(dir)).cwd.as_deref(),
+            Some(Path::new("/elsewhere"))
+        );
+        let mut remote = local.clone();
+        remote.transport = config::Transport::Http;
+        assert_eq!(started_in(&remote, Some(dir)).cwd, None);
+        remote.headers_helper = Some("get-token".into());
+        assert_eq!(started_in(&remote, Some(dir)).cwd.as_deref(), Some(dir));
+    }
+
+    #[test]
     fn selection_keeps_config_order_and_names_the_choices() {
         let c =
             config("servers:\n  a:\n    command: x\n  b:\n    command: y\n  c:\n    command: z\n");
@@ -1349,7 +1519,7 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let (_keep, stop) = crossbeam_channel::bounded::<()>(0);
-        probe(&cfg, timeout, &stop, None, &|_| {})
+        probe(&cfg, timeout, &stop, None, &|_| {}).0
     }
 
     #[cfg(unix)] // Drives `sh` scripts.

@@ -90,13 +90,16 @@ from ($MCP_RETRY_CACHE_DIR, else $XDG_CACHE_HOME/mcp-retry or the platform's
 cache directory)
 
 Usage:
-  mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--json]
+  mcp-retry check --config FILE [--server NAME]... [--timeout DURATION] [--cwd DIR] [--json]
 
 Options:
   -c, --config FILE     the same config files as `run`
   -s, --server NAME     check only this server (repeatable)
   -t, --timeout DUR     how long each server has to answer: seconds (2.5) or
                         a duration like 250ms, 30s, 2m (default 10s)
+  --cwd DIR             start servers without `cwd` in DIR (default: for a
+                        host's .mcp.json, .vscode/ or .cursor/mcp.json, the
+                        project's root, as the host starts them; else here)
   --json                print a JSON report instead of text
   --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
   --log-format FMT      text or json (default text)
@@ -189,6 +192,9 @@ pub struct RunArgs {
 #[derive(Debug, PartialEq)]
 pub struct CheckArgs {
     pub config: PathBuf,
+    /// Where servers without `cwd` start (else the host's project root
+    /// for a host's file, or check's own folder).
+    pub cwd: Option<PathBuf>,
     pub servers: Vec<String>,
     pub timeout: Duration,
     pub json: bool,
@@ -361,11 +367,13 @@ fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Com
     let mut servers = Vec::new();
     let mut timeout = Duration::from_secs(10);
     let mut json = false;
+    let mut cwd = None;
     while let Some(arg) = p.next()? {
         match arg {
             Long("log-level") => global.log_level = Some(log_option("--log-level", p.value()?)?),
             Long("log-format") => global.log_format = Some(log_option("--log-format", p.value()?)?),
             Short('c') | Long("config") => config = Some(PathBuf::from(p.value()?)),
+            Long("cwd") => cwd = Some(PathBuf::from(p.value()?)),
             Short('s') | Long("server") => servers.push(p.value()?.string()?),
             Short('t') | Long("timeout") => {
                 let v = p.value()?.string()?;
@@ -381,6 +389,7 @@ fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Com
         global,
         Command::Check(CheckArgs {
             config,
+            cwd,
             servers,
             timeout,
             json,
@@ -602,12 +611,15 @@ mod tests {
             "b",
             "--timeout",
             "2.5",
+            "--cwd",
+            "proj",
             "--json",
         ]);
         assert_eq!(
             c,
             Command::Check(CheckArgs {
                 config: "c.yaml".into(),
+                cwd: Some("proj".into()),
                 servers: vec!["a".into(), "b".into()],
                 timeout: Duration::from_millis(2500),
                 json: true,

@@ -362,6 +362,9 @@ pub struct Dispatcher {
     instant: Option<Box<InstantStart>>,
     /// The session ends because the server contradicted the cache.
     handshake_changed: bool,
+    /// Started by `check` (`MCP_RETRY_CHECK=1`): the first start that ends
+    /// before the handshake answers what waits.
+    check_mode: bool,
     /// When the proxy started, and when the server first accepted the
     /// client's handshake (shown by `status`).
     started_at: Instant,
@@ -410,6 +413,7 @@ impl Dispatcher {
             otel_flush_pending: false,
             instant: None,
             handshake_changed: false,
+            check_mode: false,
             started_at: Instant::now(),
             ready_at: None,
             cfg,
@@ -441,6 +445,13 @@ impl Dispatcher {
     /// `store` thread's requests) first; its state is the calls' own.
     pub fn with_store(mut self, store: KeyStore) -> Dispatcher {
         self.calls.use_store(store);
+        self
+    }
+
+    /// Started by `check`: a server that cannot start is named at its
+    /// first start, not its third (`fail_fast_at_start` aside).
+    pub fn with_check_mode(mut self, on: bool) -> Dispatcher {
+        self.check_mode = on;
         self
     }
 

@@ -532,10 +532,15 @@ pub enum CacheJob {
     Invalidate,
 }
 
+/// What the `cache-writer` thread of a proxy started by `check` says on
+/// stderr when it stored its server's entry; `check` looks for it.
+pub const REFRESHED_NOTE: &str = "handshake cache: refreshed the entry of this server";
+
 /// Starts the `cache-writer` thread, which owns `slot` and does what it is
 /// asked until the sender is dropped (the session's end): file I/O stays
-/// off the dispatcher. A failure is a warning, never the session's.
-pub fn spawn_writer(slot: Slot) -> io::Result<(Sender<CacheJob>, JoinHandle<()>)> {
+/// off the dispatcher. A failure is a warning, never the session's. With
+/// `announce`, each store is said at `info` ([`REFRESHED_NOTE`]).
+pub fn spawn_writer(slot: Slot, announce: bool) -> io::Result<(Sender<CacheJob>, JoinHandle<()>)> {
     let (tx, rx) = crossbeam_channel::unbounded::<CacheJob>();
     let handle = crate::guard::spawn(
         "cache-writer",
@@ -547,6 +552,9 @@ pub fn spawn_writer(slot: Slot) -> io::Result<(Sender<CacheJob>, JoinHandle<()>)
                     CacheJob::Invalidate => ("remove", slot.invalidate()),
                 };
                 match done {
+                    Ok(()) if announce && what == "store" => {
+                        crate::info!("{REFRESHED_NOTE} ({})", slot.path().display())
+                    }
                     Ok(()) => {
                         crate::debug!("handshake cache: did {what} {}", slot.path().display())
                     }

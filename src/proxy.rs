@@ -129,12 +129,17 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         },
     );
     let otel = start_otel(&cfg)?;
-    let cache = start_cache_writer(&cfg);
+    let checked = crate::check::checked_by_env();
+    if checked {
+        crate::debug!("started by `mcp-retry check`: no cached handshake, and a server that cannot start is named at once");
+    }
+    let cache = start_cache_writer(&cfg, checked);
     let store = start_store(&args, &cfg, events_tx.clone())?;
     // For the answers a panic of the dispatcher leaves to its guard.
     let answers = to_client.clone();
     let mut dispatcher = Dispatcher::new(cfg, to_client, events_tx, connect)
-        .with_inbox_backlog(backlogs.inbox.clone());
+        .with_inbox_backlog(backlogs.inbox.clone())
+        .with_check_mode(checked);
     let mut stats_writer = None;
     if let Some(path) = &args.stats_file {
         let (tx, handle) = stats::spawn_writer(path.clone());
@@ -301,25 +306,29 @@ fn start_store(
 
 /// With `instant_start`, the handshake cache: the server's entry as found
 /// now, and the `cache-writer` thread that stores the next one. `None`
-/// (with a warning saying why) when the cache cannot be used.
+/// (with a warning saying why) when the cache cannot be used. Started by
+/// `check` (`checked`), whatever `instant_start` says: no entry is used,
+/// the one the server's handshake makes is stored, and the store is
+/// announced on stderr for `check` to report.
 fn start_cache_writer(
     cfg: &ServerConfig,
+    checked: bool,
 ) -> Option<(
     Option<handshake_cache::Entry>,
     Sender<handshake_cache::CacheJob>,
     thread::JoinHandle<()>,
 )> {
-    if !cfg.instant_start {
+    if !cfg.instant_start && !checked {
         return None;
     }
     let slot = handshake_cache::Cache::open_default()?.slot(&handshake_cache::Identity::of(cfg));
-    let entry = slot.load();
+    let entry = if checked { None } else { slot.load() };
     crate::debug!(
         "handshake cache: {} {}",
         slot.path().display(),
         if entry.is_some() { "found" } else { "is empty" }
     );
-    match handshake_cache::spawn_writer(slot) {
+    match handshake_cache::spawn_writer(slot, checked) {
         Ok((jobs, handle)) => Some((entry, jobs, handle)),
         Err(e) => {
             crate::warn!("handshake cache not used: cannot start its writer: {e}");

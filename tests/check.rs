@@ -341,11 +341,12 @@ fn json_report_parses_and_matches() {
         json!({"servers": [
             {"name": "up", "up": true, "start_ms": null, "latency_ms": null, "error": null,
              "protocol_version": "2025-06-18", "server_name": "mock-mcp-server",
-             "server_version": "1.0.0", "tools": 2, "suggest_instant_start": false},
+             "server_version": "1.0.0", "tools": 2, "suggest_instant_start": false,
+             "cache_refreshed": true},
             {"name": "crash", "up": false, "start_ms": null, "latency_ms": null,
              "error": "exited with status 7 before answering: mock: crashing at start as asked",
              "protocol_version": null, "server_name": null, "server_version": null,
-             "tools": null, "suggest_instant_start": false},
+             "tools": null, "suggest_instant_start": false, "cache_refreshed": false},
         ]})
     );
 }
@@ -714,7 +715,8 @@ fn json_report_of_a_remote_server() {
         json!({"servers": [
             {"name": "remote", "up": true, "start_ms": null, "latency_ms": null, "error": null,
              "protocol_version": "2025-11-25", "server_name": "http-test",
-             "server_version": "1", "tools": 2, "suggest_instant_start": false},
+             "server_version": "1", "tools": 2, "suggest_instant_start": false,
+             "cache_refreshed": true},
         ]})
     );
     // The session it opened was ended.
@@ -1183,4 +1185,136 @@ fn sigterm_ends_a_check_whose_probe_is_stuck() {
         signalled.elapsed()
     );
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+}
+
+/// A Claude Code project at `base/proj`: `.mcp.json` runs `tiny` through
+/// `mcp-retry run --config srv.yaml` (relative: the host starts it in the
+/// project's root), and `srv.yaml` runs the mock with `instant_start`
+/// and `env` (YAML lines under `env:`). The path of `.mcp.json`.
+fn host_project(base: &Path, env: &str) -> PathBuf {
+    let proj = base.join("proj");
+    std::fs::create_dir_all(&proj).unwrap();
+    std::fs::write(
+        proj.join("srv.yaml"),
+        format!("servers:\n  tiny:\n    command: {MOCK}\n    instant_start: true\n    env:\n{env}"),
+    )
+    .unwrap();
+    let mcp = json!({"mcpServers": {"tiny": {
+        "command": PROXY,
+        "args": ["run", "--config", "srv.yaml", "--server", "tiny"],
+    }}});
+    std::fs::write(proj.join(".mcp.json"), mcp.to_string()).unwrap();
+    proj.join(".mcp.json")
+}
+
+#[test]
+fn a_dead_server_behind_mcp_retry_with_a_warm_cache_is_down_with_its_words() {
+    let dir = TempDir::new();
+    let dead = dir.join("dead");
+    let config = host_project(
+        dir.path(),
+        &format!(
+            "      MOCK_CRASH_IF_EXISTS: \"{}\"\n      MOCK_CRASH_MESSAGE: \"Error: TINY_API_KEY is not set\"\n",
+            crate::util::path_text(&dead)
+        ),
+    );
+    let cache = dir.join("cache");
+    // Alive: the server's own handshake, and the entry of the server its
+    // sessions use refreshed by the mcp-retry in front of it (not one
+    // for that mcp-retry itself).
+    let ran = check_with_cache(&config, &cache, &[]);
+    assert_eq!(ran.code, Some(0), "{}\n{}", ran.stdout, ran.stderr);
+    assert_up(&report(&ran)[0], "tiny", OK_MOCK);
+    assert!(
+        ran.stderr
+            .contains("handshake cache: refreshed the entries of \"tiny\""),
+        "{}",
+        ran.stderr
+    );
+    assert_eq!(cache_entries(&cache).len(), 1);
+    // Dead, with the cache warm and `instant_start` on: down, in the
+    // server's words, and nothing refreshed.
+    std::fs::write(&dead, "").unwrap();
+    let ran = check_with_cache(&config, &cache, &["--json"]);
+    assert_eq!(ran.code, Some(1), "{}\n{}", ran.stdout, ran.stderr);
+    let v: Value = serde_json::from_str(&ran.stdout).unwrap();
+    let tiny = &v["servers"][0];
+    assert_eq!(tiny["up"], false, "{v}");
+    assert_eq!(tiny["cache_refreshed"], false, "{v}");
+    let error = tiny["error"].as_str().unwrap();
+    assert!(error.contains("Error: TINY_API_KEY is not set"), "{error}");
+    assert!(
+        !ran.stderr.contains("refreshed the entries"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[test]
+fn the_entry_check_refreshes_from_another_folder_is_the_one_a_session_in_the_project_uses() {
+    // The host's session: `.mcp.json`'s command, started in the project.
+    let host = Builder::proxy(&["run", "--config", "srv.yaml", "--server", "tiny"]).cwd("proj");
+    let config = host_project(host.dir(), "      MOCK_START_DELAY_MS: \"3000\"\n");
+    let cache = host.dir().join("cache");
+    // `check` runs in the test's own folder, not the project's.
+    let ran = check_with_cache(&config, &cache, &["--timeout", "30s"]);
+    assert_eq!(ran.code, Some(0), "{}\n{}", ran.stdout, ran.stderr);
+    // As a process started there sees its folder.
+    #[cfg(unix)]
+    let root = std::fs::canonicalize(host.dir().join("proj")).unwrap();
+    #[cfg(not(unix))]
+    let root = std::path::absolute(host.dir().join("proj")).unwrap();
+    assert!(
+        ran.stderr.contains(&format!(
+            "refreshed the entries of \"tiny\" (servers without cwd started in {})",
+            root.display()
+        )),
+        "{}",
+        ran.stderr
+    );
+    // Its session is answered from the entry check refreshed, before the
+    // server is up.
+    let mut s = host
+        .env(CACHE_DIR_ENV, &cache.display().to_string())
+        .start();
+    s.initialize();
+    assert!(
+        s.logged("answered initialize from the handshake cache"),
+        "{}",
+        s.stderr()
+    );
+    s.close_stdin();
+    s.wait();
+}
+
+#[test]
+fn cwd_says_where_servers_without_one_start() {
+    let dir = TempDir::new();
+    host_project(dir.path(), "      MOCK_TOOLS: \"a\"\n");
+    // Not a host's file: its servers start in check's own folder, unless
+    // --cwd says where. `srv.yaml` is found only in the project.
+    let mcp = json!({"servers": {"tiny": {
+        "command": PROXY,
+        "args": ["run", "--config", "srv.yaml", "--server", "tiny"],
+    }}});
+    let config = dir.write("elsewhere.json", &mcp.to_string());
+    let cache = dir.join("cache");
+    let ran = check_with_cache(&config, &cache, &[]);
+    assert_eq!(ran.code, Some(1), "{}\n{}", ran.stdout, ran.stderr);
+    assert!(ran.stdout.contains("srv.yaml"), "{}", ran.stdout);
+    let proj = dir.join("proj");
+    let ran = check_with_cache(&config, &cache, &["--cwd", &proj.display().to_string()]);
+    assert_eq!(ran.code, Some(0), "{}\n{}", ran.stdout, ran.stderr);
+    assert_up(
+        &report(&ran)[0],
+        "tiny",
+        "ok (1 tool, mock-mcp-server 1.0.0)",
+    );
+    let ran = check_with_cache(
+        &config,
+        &cache,
+        &["--cwd", &dir.join("nope").display().to_string()],
+    );
+    assert_eq!(ran.code, Some(2), "{}", ran.stderr);
+    assert!(ran.stderr.contains("--cwd"), "{}", ran.stderr);
 }

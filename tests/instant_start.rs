@@ -280,6 +280,7 @@ fn a_server_that_contradicts_the_cache_ends_the_session_and_the_entry() {
     let message = e["message"].as_str().unwrap();
     assert!(message.contains("differs from the cached one"), "{message}");
     assert!(message.contains("2024-11-05"), "{message}");
+    assert!(message.contains("(in Claude Code: /mcp)"), "{message}");
     let status = s.wait();
     assert_eq!(status.code(), Some(75), "{}", s.stderr());
     assert_eq!(s.executions("echo"), 0);
@@ -475,4 +476,144 @@ fn a_server_that_never_comes_up_fails_the_calls_with_the_cause() {
     s.close_stdin();
     s.wait();
     assert_eq!(entries(&cache).len(), 1, "the entry stays");
+}
+
+/// The mock's capabilities without prompts and resources.
+const TOOLS_ONLY: &str = r#"{"tools":{"listChanged":true},"logging":{}}"#;
+
+#[test]
+fn a_server_that_lost_lists_keeps_the_session_with_them_empty() {
+    let (_tmp, cache) = warmed("");
+    let env = [
+        ("MOCK_START_DELAY_MS", "300"),
+        ("MOCK_CAPABILITIES", TOOLS_ONLY),
+    ];
+    let (mut s, init) = handshaken(&cache, "", &env);
+    assert!(
+        init["capabilities"]["prompts"].is_object(),
+        "told from the cache"
+    );
+    // Once the server answered: each lost list changed, and is empty.
+    s.recv_where("prompts list_changed", |m| {
+        m["method"] == "notifications/prompts/list_changed"
+    });
+    s.recv_where("resources list_changed", |m| {
+        m["method"] == "notifications/resources/list_changed"
+    });
+    s.request(json!(1), "prompts/list", json!({}));
+    assert_eq!(s.result(&json!(1)), json!({"prompts": []}));
+    s.request(json!(2), "resources/templates/list", json!({}));
+    assert_eq!(s.result(&json!(2)), json!({"resourceTemplates": []}));
+    // Anything else goes to the server, whose answer it is.
+    s.request(json!(3), "prompts/get", json!({"name": "greeting"}));
+    s.response(&json!(3));
+    assert_eq!(s.received("prompts/get").len(), 1);
+    s.call(json!(4), "echo", json!({"text": "x"}));
+    s.result(&json!(4));
+    // The next session is told the truth.
+    eventually("the entry without prompts", || {
+        entry_if_any(&cache).is_some_and(|e| {
+            e["entry"]["initialize"]["capabilities"]["prompts"].is_null()
+                && e["entry"]["prompts"].is_null()
+        })
+    });
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
+}
+
+#[test]
+fn a_server_that_gained_a_capability_keeps_the_session_says_so_and_updates_the_entry() {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "", &[("MOCK_CAPABILITIES", TOOLS_ONLY)]);
+    let runtime = tmp.join("runtime");
+    let mut s = session(&cache, "")
+        .env("MOCK_START_DELAY_MS", "300")
+        .env("MCP_RETRY_RUNTIME_DIR", &runtime.display().to_string())
+        .start();
+    s.request(json!(0), "initialize", init_params(VERSION));
+    let init = s.result(&json!(0));
+    s.notify("notifications/initialized", json!({}));
+    assert!(
+        init["capabilities"]["prompts"].is_null(),
+        "told from the cache"
+    );
+    s.call(json!(1), "echo", json!({"text": "x"}));
+    s.result(&json!(1));
+    let warning = s.stderr_with("start a new session");
+    assert!(warning.contains("prompts, resources"), "{warning}");
+    // `status` shows it (its tests, and so this helper, are Unix only).
+    #[cfg(unix)]
+    crate::status::wait_for(&runtime, "the note", |docs| {
+        docs.iter().any(|d| {
+            d["link"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("start a new session"))
+        })
+    });
+    eventually("the entry with prompts", || {
+        entry_if_any(&cache).is_some_and(|e| e["entry"]["prompts"]["prompts"].is_array())
+    });
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
+}
+
+#[test]
+fn a_server_asked_for_the_version_the_client_was_told_answers_in_it() {
+    // The cache's server chose 2025-06-18 for a client asking 2025-11-25.
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "", &[("MOCK_PROTOCOL_VERSION", "2025-06-18")]);
+    // This one answers in whatever it is asked for.
+    let (mut s, init) = handshaken(&cache, "", &[("MOCK_START_DELAY_MS", "300")]);
+    assert_eq!(init["protocolVersion"], "2025-06-18");
+    s.call(json!(1), "echo", json!({"text": "x"}));
+    s.result(&json!(1));
+    let asked = s.received("initialize");
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0]["params"]["protocolVersion"], "2025-06-18");
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
+}
+
+#[test]
+fn a_server_that_refuses_initialize_ends_the_session_saying_how_to_reconnect() {
+    let (_tmp, cache) = warmed("");
+    let env = [("MOCK_START_DELAY_MS", "300"), ("MOCK_INIT_ERROR", "1")];
+    let (mut s, _) = handshaken(&cache, "", &env);
+    s.call(json!(1), "echo", json!({"text": "x"}));
+    let e = s.error(&json!(1));
+    let message = e["message"].as_str().unwrap();
+    assert!(
+        message.contains("unsupported protocol version"),
+        "{message}"
+    );
+    assert!(message.contains("(in Claude Code: /mcp)"), "{message}");
+    assert_eq!(s.wait().code(), Some(75), "{}", s.stderr());
+    assert_eq!(s.executions("echo"), 0);
+}
+
+#[test]
+fn an_entry_is_stored_by_a_session_that_never_lists() {
+    // A server with lists: the proxy reads them itself, tools included.
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    let mut s = session(&cache, "").initialized();
+    eventually("the entry", || {
+        entry_if_any(&cache).is_some_and(|e| e["entry"]["tools"]["tools"].is_array())
+    });
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
+    // A server that declares no list: its handshake alone.
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    let mut s = session(&cache, "")
+        .env("MOCK_CAPABILITIES", r#"{"logging":{}}"#)
+        .initialized();
+    eventually("the entry", || {
+        entry_if_any(&cache)
+            .is_some_and(|e| e["entry"]["initialize"]["capabilities"] == json!({"logging": {}}))
+    });
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
 }

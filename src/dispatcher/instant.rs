@@ -1,15 +1,17 @@
 //! Instant start (`instant_start`): the client's `initialize` answered at
 //! once from the handshake cache, its list requests too until the real
 //! server is ready; the real server's handshake checked against what the
-//! client was told; and, once a session, the server's complete lists read
+//! client was told (lost lists answered empty, gained capabilities warned
+//! of, another protocol version the session's end); and, once a session, the server's complete lists read
 //! to keep the cache up to date and to tell the client of a list that
 //! differs from the one it was given.
 //!
 //! Owns [`InstantStart`]: the entry loaded when the proxy started, what the
 //! client was told, and the reading of the lists ([`Reading`], which does
 //! no I/O and is unit-tested alone). The dispatcher's side (answering,
-//! sending the proxy's own list requests, closing a session whose server
-//! contradicts the cache) is the `impl Dispatcher` below.
+//! sending the proxy's own list requests, bridging a changed server or
+//! closing a session whose server contradicts the cache) is the
+//! `impl Dispatcher` below.
 //!
 //! Knows nothing of files: entries go to and from the `cache-writer`
 //! thread as [`CacheJob`]s (`handshake_cache` does the I/O). Never answers
@@ -337,6 +339,12 @@ pub(super) struct InstantStart {
     told_lists: Option<[Option<String>; 4]>,
     /// The session began from the cache.
     pub(super) from_cache: bool,
+    /// Lists the client was told of that the server no longer has:
+    /// answered empty.
+    lost: Vec<List>,
+    /// What the server gained that this session cannot show (for
+    /// `status`).
+    pub(super) note: Option<String>,
     pub(super) reading: Reading,
 }
 
@@ -348,6 +356,8 @@ impl InstantStart {
             told: None,
             told_lists: None,
             from_cache: false,
+            lost: Vec::new(),
+            note: None,
             reading: Reading::default(),
         }
     }
@@ -373,35 +383,75 @@ pub(super) fn told_result(cached: &str) -> Option<String> {
     Some(result.to_string())
 }
 
-/// Why the real server's `initialize` result contradicts the cached one
-/// the client was given: another protocol version, or a capability
-/// missing.
-pub(super) fn contradiction(told: &str, real: &str) -> Option<String> {
+/// How the real server's handshake differs from the cached one the client
+/// was told, where the session can go on.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Bridge {
+    /// The lists whose capability the client was told of and the server
+    /// no longer declares: answered empty from now on.
+    pub(super) lost: Vec<List>,
+    /// The capabilities the server declares now that the client was not
+    /// told of: they cannot be announced in this session.
+    pub(super) gained: Vec<String>,
+}
+
+/// The real server's `initialize` result against the cached one the
+/// client was told: `Err` with why when the session cannot go on (another
+/// protocol version: every message would be read by other rules), else
+/// what changed ([`Bridge`]). A capability lost that is not a list's
+/// (`logging`, `completions`) needs nothing: its requests get the
+/// server's own error.
+pub(super) fn compare(told: &str, real: &str) -> Result<Bridge, String> {
     let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap_or(Value::Null);
     let (told, real) = (parse(told), parse(real));
     let version = |v: &Value| v["protocolVersion"].as_str().map(str::to_owned);
     if version(&told) != version(&real) {
-        return Some(format!(
+        return Err(format!(
             "it chose protocol version {}, the cache said {}",
             version(&real).unwrap_or_else(|| "none".into()),
             version(&told).unwrap_or_else(|| "none".into()),
         ));
     }
-    let missing: Vec<&String> = told["capabilities"]
-        .as_object()
-        .map(|caps| {
-            caps.keys()
-                .filter(|k| real["capabilities"].get(k.as_str()).is_none())
-                .collect()
+    let names = |v: &Value| -> Vec<String> {
+        v["capabilities"]
+            .as_object()
+            .map(|caps| caps.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let (told, real) = (names(&told), names(&real));
+    let lost = List::ALL
+        .into_iter()
+        .filter(|l| {
+            let cap = l.capability().to_owned();
+            told.contains(&cap) && !real.contains(&cap)
         })
-        .unwrap_or_default();
-    (!missing.is_empty()).then(|| {
-        let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
-        format!(
-            "it lacks the capabilities {} the client was told about",
-            names.join(", ")
-        )
-    })
+        .collect();
+    let gained = real.into_iter().filter(|c| !told.contains(c)).collect();
+    Ok(Bridge { lost, gained })
+}
+
+/// The client's `initialize` params asking for `version` (the one the
+/// client was told), for the server of a session that began from the
+/// cache; `None` when they ask for it already or are not an object.
+pub(super) fn asking_for(params: &str, version: &str) -> Option<String> {
+    let mut p: Value = serde_json::from_str(params).ok()?;
+    let obj = p.as_object_mut()?;
+    if obj.get("protocolVersion").and_then(Value::as_str) == Some(version) {
+        return None;
+    }
+    obj.insert("protocolVersion".into(), Value::String(version.to_owned()));
+    Some(p.to_string())
+}
+
+/// `a, b` of capability names, each once.
+fn caps_named<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for n in names {
+        if !seen.contains(&n) {
+            seen.push(n);
+        }
+    }
+    seen.join(", ")
 }
 
 /// Whether two results of `list` differ in their items, as JSON (member
@@ -515,6 +565,17 @@ impl Dispatcher {
         let Some(list) = List::of_method(method) else {
             return false;
         };
+        if self
+            .instant
+            .as_ref()
+            .is_some_and(|i| i.lost.contains(&list))
+        {
+            // Its server no longer has it: empty, as told by list_changed.
+            let result = format!("{{\"{}\":[]}}", list.member());
+            debug!("answered {method} empty: the MCP server no longer lists them");
+            self.answer(client_id, jsonrpc::response_line(client_id, &result));
+            return true;
+        }
         let Some(told) = self.instant.as_ref().and_then(|i| i.told.as_ref()) else {
             return false;
         };
@@ -531,8 +592,11 @@ impl Dispatcher {
     }
 
     /// The answer to the handshake replayed to the first server of a
-    /// session that began from the cache: `Err` with why when it
-    /// contradicts what the client was told (the session then ends).
+    /// session that began from the cache: `Err` with why when the session
+    /// cannot go on (it then ends). A list the server lost is answered
+    /// empty from now on, and its `list_changed` sent; a capability it
+    /// gained is warned of (and shown by `status`): the entry stored next
+    /// has it, for the next session.
     pub(super) fn instant_check(&mut self, m: &Message, now: Instant) -> Result<(), String> {
         let Some(told) = self.instant.as_mut().and_then(|i| i.told.as_ref()) else {
             return Ok(());
@@ -543,9 +607,8 @@ impl Dispatcher {
                 m.error().unwrap_or("no result")
             ));
         };
-        if let Some(problem) = contradiction(told.initialize.get(), real) {
-            return Err(problem);
-        }
+        let bridge = compare(told.initialize.get(), real)?;
+        self.instant_bridge(bridge);
         info!(
             "the MCP server is ready after {}; the session began from the handshake cache",
             super::calls::secs(now.saturating_duration_since(self.started_at))
@@ -560,13 +623,56 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Goes on past what the server lost or gained since the cached
+    /// handshake the client was told.
+    fn instant_bridge(&mut self, bridge: Bridge) {
+        let Some(instant) = self.instant.as_mut() else {
+            return;
+        };
+        let mut changed: Vec<&str> = Vec::new();
+        for list in &bridge.lost {
+            if !changed.contains(&list.changed()) {
+                changed.push(list.changed());
+            }
+        }
+        if !bridge.lost.is_empty() {
+            let methods: Vec<&str> = bridge.lost.iter().map(|l| l.method()).collect();
+            warn!(
+                "the MCP server no longer declares {}; the session goes on with {} answered empty",
+                caps_named(bridge.lost.iter().map(|l| l.capability())),
+                methods.join(", ")
+            );
+        }
+        instant.lost = bridge.lost;
+        if !bridge.gained.is_empty() {
+            let note = format!(
+                "the MCP server now declares {} too, which this session cannot show: start a new session to use them",
+                caps_named(bridge.gained.iter().map(String::as_str))
+            );
+            warn!("{note}");
+            instant.note = Some(note);
+        }
+        if instant.lost.contains(&List::Tools) {
+            self.session.has_tools = false;
+        }
+        for method in changed {
+            self.send_client(jsonrpc::notification_line(method, None));
+        }
+        self.status_dirty();
+    }
+
+    /// What the session cannot show of its server, for `status`.
+    pub(super) fn instant_note(&self) -> Option<String> {
+        self.instant.as_ref().and_then(|i| i.note.clone())
+    }
+
     /// The real server contradicts the cached handshake the client was
-    /// given: the entry goes, every pending request gets the proxy's error
-    /// and the session ends, so that the host connects again and gets the
-    /// server's own handshake.
+    /// given where no bridge holds: the entry goes, every pending request
+    /// gets the proxy's error and the session ends, so that the host
+    /// connects again and gets the server's own handshake.
     pub(super) fn instant_contradicted(&mut self, problem: &str, now: Instant) {
         let message = format!(
-            "the MCP server's handshake differs from the cached one the session began with ({problem}); the cache entry was removed and the session ends: reconnect"
+            "the MCP server's handshake differs from the cached one the session began with ({problem}); the cache entry was removed and the session ends: reconnect to the server (in Claude Code: /mcp)"
         );
         warn!("{message}");
         if let Some(instant) = self.instant.as_mut() {
@@ -627,6 +733,8 @@ impl Dispatcher {
         if tools {
             self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
         }
+        // A server that declares no list is stored at once.
+        self.instant_store_if_complete();
     }
 
     /// Sends the proxy's own request for a page of `list`.

@@ -490,7 +490,14 @@ impl Dispatcher {
 
     /// Sends the client's original `initialize` to a new incarnation.
     pub(super) fn replay_initialize(&mut self, now: Instant) {
-        let params = self.session.init_params.clone().unwrap_or_default();
+        let mut params = self.session.init_params.clone().unwrap_or_default();
+        // A session begun from the cache asks for the version the client
+        // was told: a server that still speaks it answers in it.
+        if let (true, Some(told)) = (self.instant_unchecked(), &self.session.protocol_version) {
+            if let Some(asking) = super::instant::asking_for(&params, told) {
+                params = asking;
+            }
+        }
         let down = self.next_id();
         self.requests
             .inflight
@@ -854,13 +861,20 @@ impl Dispatcher {
         let mut heal = gone.heal;
         if !stopping && !self.remote() {
             let same = self.recovery.start_ended(Some(&how));
-            if same >= CRASH_LOOP && self.cfg.fail_fast_at_start && heal == Heal::Wait {
+            // `check` wants the truth now: one start tells it.
+            let (enough, fail_fast) = match self.check_mode {
+                true => (1, true),
+                false => (CRASH_LOOP, self.cfg.fail_fast_at_start),
+            };
+            if same >= enough && fail_fast && heal == Heal::Wait {
                 // It will not come up by waiting: what waits is answered
                 // now, with its words; probes go on.
-                message.push_str(&format!(
-                    "; it ended so at its last {same} starts, before answering initialize: check its command, arguments and environment (fail_fast_at_start: false waits for it instead)"
-                ));
-                if same == CRASH_LOOP {
+                if !self.check_mode {
+                    message.push_str(&format!(
+                        "; it ended so at its last {same} starts, before answering initialize: check its command, arguments and environment (fail_fast_at_start: false waits for it instead)"
+                    ));
+                }
+                if same == enough {
                     crate::error!("{message}");
                 }
                 heal = Heal::Fix;

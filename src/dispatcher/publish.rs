@@ -90,7 +90,7 @@ impl Dispatcher {
         let message = match (&self.link, self.recovery.outage()) {
             (Link::Down { message, .. }, _) => Some(message.clone()),
             (_, Some(o)) => Some(o.message.clone()),
-            (_, None) => None,
+            (_, None) => self.instant_note(),
         };
         let publisher = self.status.as_mut().expect("checked");
         publisher.last_headline = Some(headline);

@@ -842,6 +842,26 @@ fn three_exits_alike_before_the_first_handshake_answer_what_waits_at_once() {
 }
 
 #[test]
+fn under_check_the_first_exit_before_the_handshake_answers_what_waits() {
+    let mut h = Harness::new();
+    h.d.check_mode = true;
+    h.client_sends(INITIALIZE);
+    h.to_server();
+    h.server_event(gone("exited with status 3"));
+    let answer = h.to_client();
+    assert!(answer.contains("server_unavailable"), "{answer}");
+    assert!(answer.contains("exited with status 3"), "{answer}");
+    assert!(!answer.contains("at its last"), "{answer}");
+    // Even with fail_fast_at_start off: check wants the truth now.
+    let mut h = Harness::with(config(|c| c.fail_fast_at_start = false));
+    h.d.check_mode = true;
+    h.client_sends(INITIALIZE);
+    h.to_server();
+    h.server_event(gone("exited with status 3"));
+    assert!(h.to_client().contains("server_unavailable"));
+}
+
+#[test]
 fn exits_that_differ_or_follow_a_handshake_are_waited_for() {
     // The handshake goes to each start, which exits `how`.
     let exits = |h: &mut Harness, hows: [&str; 3]| {
@@ -1786,7 +1806,7 @@ mod instant_start {
         h.client_sends(
             r#"{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"x"}}"#,
         );
-        let other = INIT.replace(r#","prompts":{}"#, "");
+        let other = INIT.replace("2025-11-25", "2024-11-05");
         h.server_sends(&format!(
             r#"{{"jsonrpc":"2.0","id":{replay},"result":{other}}}"#
         ));
@@ -1797,10 +1817,8 @@ mod instant_start {
         assert_eq!(answered.len(), 2, "{answered:?}");
         for a in &answered {
             let message = a["error"]["message"].as_str().unwrap();
-            assert!(
-                message.contains("lacks the capabilities prompts"),
-                "{message}"
-            );
+            assert!(message.contains("2024-11-05"), "{message}");
+            assert!(message.contains("(in Claude Code: /mcp)"), "{message}");
             assert_eq!(a["error"]["data"]["source"], "mcp-retry");
         }
         assert!(matches!(jobs.try_recv(), Ok(CacheJob::Invalidate)));
@@ -1811,6 +1829,36 @@ mod instant_start {
         ));
         // Nothing of the session reaches the server.
         assert!(sent(&h).iter().all(|v| v["method"] != "tools/call"));
+    }
+
+    #[test]
+    fn a_server_that_lost_a_list_keeps_the_session_with_that_list_empty() {
+        let (mut h, jobs) = harness();
+        initialize(&mut h, "2025-11-25");
+        h.to_client();
+        let replay = id_of(&h.to_server());
+        let fewer = INIT.replace(r#","prompts":{}"#, "");
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{replay},"result":{fewer}}}"#
+        ));
+        assert_eq!(
+            h.to_client(),
+            r#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#
+        );
+        h.client_sends(r#"{"jsonrpc":"2.0","id":5,"method":"prompts/list"}"#);
+        assert_eq!(
+            h.to_client(),
+            r#"{"jsonrpc":"2.0","id":5,"result":{"prompts":[]}}"#
+        );
+        // The session goes on; the entry is not removed.
+        assert!(!h.d.handshake_changed);
+        assert!(matches!(h.d.phase, super::super::Phase::Running));
+        assert!(jobs.try_recv().is_err());
+        h.client_sends(r#"{"jsonrpc":"2.0","id":6,"method":"prompts/get","params":{"name":"p"}}"#);
+        assert!(
+            sent(&h).iter().any(|v| v["method"] == "prompts/get"),
+            "the server answers"
+        );
     }
 
     #[test]

@@ -19,7 +19,9 @@ Usage: check.py DIST MOCK UVX
 
 Each check runs a relay round trip (initialize, then a tools/call of the
 mock's `echo`) and checks that no process is left behind. Through npx it
-also checks that stdin's end and SIGTERM reach the binary; through the
+also checks that stdin's end and SIGTERM reach the binary, and that
+`check` of a `.mcp.json` running `npx mcp-retry run` reports a dead server
+in its own words despite a warm handshake cache; through the
 launcher alone, that SIGTERM, SIGINT and SIGHUP do and the binary's status
 is returned, that it ends by the signal that ended the binary, and its
 error for a missing platform package. Exits non-zero on the first
@@ -197,6 +199,38 @@ def version(cmd, what, cwd=None, env=None):
     ok(f"{what} --version: {done.stdout.strip()}")
 
 
+def check_through_npx(app, tmp, binary):
+    """A project's `.mcp.json` whose entry is `npx mcp-retry run` with
+    `instant_start`, checked from another folder: up and its entry
+    refreshed, then, with the cache warm, down in the server's words once
+    the server dies."""
+    dead = tmp / "dead"
+    (app / "srv.yaml").write_text(
+        "servers:\n  tiny:\n"
+        f"    command: {tmp / 'mock-mcp-server'}\n"
+        "    instant_start: true\n    env:\n"
+        f"      MOCK_CRASH_IF_EXISTS: {json.dumps(str(dead))}\n"
+        '      MOCK_CRASH_MESSAGE: "Error: TINY_API_KEY is not set"\n')
+    (app / ".mcp.json").write_text(json.dumps({"mcpServers": {"tiny": {
+        "command": "npx",
+        "args": ["--no-install", "mcp-retry", "run", "--config", "srv.yaml"],
+    }}}))
+    env = dict(os.environ, MCP_RETRY_CACHE_DIR=str(tmp / "check-cache"))
+    cmd = [str(binary), "check", "--config", str(app / ".mcp.json")]
+    done = run(cmd, cwd=tmp, env=env)
+    if done.returncode != 0 or not done.stdout.startswith("[UP  ] tiny") \
+            or 'refreshed the entries of "tiny"' not in done.stderr:
+        fail(f"check of npx mcp-retry: status {done.returncode}, {done.stdout!r} {done.stderr!r}")
+    dead.write_text("")
+    done = run(cmd, cwd=tmp, env=env)
+    if done.returncode != 1 or not done.stdout.startswith("[DOWN] tiny") \
+            or "Error: TINY_API_KEY is not set" not in done.stdout:
+        fail(f"check of a dead server behind npx mcp-retry: status {done.returncode}, "
+             f"{done.stdout!r} {done.stderr!r}")
+    no_process_left(tmp, "check through npx mcp-retry")
+    ok("check of .mcp.json through npx mcp-retry: down in the server's words despite a warm cache")
+
+
 def npm_checks(dist, tmp):
     main = one(str(dist / "mcp-retry-[0-9]*.tgz"))
     platform = one(str(dist / "mcp-retry-linux-x64-[0-9]*.tgz"))
@@ -213,6 +247,8 @@ def npm_checks(dist, tmp):
     npx = ["npx", "--no-install", "mcp-retry"]
     version(npx, "npx mcp-retry", cwd=app)
     relay(npx, tmp, "npx mcp-retry", cwd=app)
+
+    check_through_npx(app, tmp, binary)
 
     # SIGTERM to npx, as a host stops the command it started: the binary
     # gets it (its log says so), stops the server and nothing is left.

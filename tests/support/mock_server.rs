@@ -28,7 +28,9 @@
 //!   "prompts": {"listChanged": true}, "logging": {}}, "serverInfo": {"name":
 //!   "mock-mcp-server", "version": "1.0.0"}}`, where V is `MOCK_PROTOCOL_VERSION`
 //!   if set, else the requested `params.protocolVersion`, else `"2025-06-18"`.
-//!   `MOCK_SERVER_VERSION` (set, even empty) replaces the `"1.0.0"`.
+//!   `MOCK_SERVER_VERSION` (set, even empty) replaces the `"1.0.0"`;
+//!   `MOCK_CAPABILITIES` (a JSON object) replaces the capabilities (the
+//!   methods are served all the same).
 //! * `ping`, `resources/subscribe`, `resources/unsubscribe`, `logging/setLevel`
 //!   → `{}`.
 //! * `tools/list` → `{"tools": [...]}`, see *Tools*. When `MOCK_TOOLS_PAGE_SIZE=N`
@@ -167,6 +169,8 @@
 //!    its arguments (after the program name) as a JSON array of strings.
 //! 4. `MOCK_CRASH_AT_START=CODE`: print `MOCK_CRASH_MESSAGE` (default `mock:
 //!    crashing at start as asked`) to stderr and exit with CODE.
+//!    `MOCK_CRASH_IF_EXISTS=path`: the same (code 1) when `path` exists, so
+//!    that a server can die without its environment changing.
 //! 5. `MOCK_CRASH_STARTS=N` (needs `MOCK_STATE_DIR`): while `starts` <= N, exit
 //!    with code 4 at once.
 //! 6. `MOCK_IGNORE_EOF=1`: SIGTERM is ignored (only SIGKILL stops the process),
@@ -443,6 +447,14 @@ fn run_startup(config: &Config) {
             env_string("MOCK_CRASH_MESSAGE").unwrap_or_else(|| DEFAULT_CRASH_MESSAGE.into());
         eprintln!("{message}");
         process::exit(code.trim().parse().unwrap_or(1));
+    }
+    if let Some(path) = env_string("MOCK_CRASH_IF_EXISTS") {
+        if Path::new(&path).exists() {
+            let message =
+                env_string("MOCK_CRASH_MESSAGE").unwrap_or_else(|| DEFAULT_CRASH_MESSAGE.into());
+            eprintln!("{message}");
+            process::exit(1);
+        }
     }
     if let Some(limit) = env_u64("MOCK_CRASH_STARTS") {
         match starts {
@@ -1283,14 +1295,20 @@ fn initialize(server: &Server, params: Option<&Value>) -> Option<Result<Value, R
         .as_deref()
         .or(requested)
         .unwrap_or(DEFAULT_PROTOCOL_VERSION);
+    let capabilities = env_string("MOCK_CAPABILITIES")
+        .and_then(|c| serde_json::from_str::<Value>(&c).ok())
+        .filter(Value::is_object)
+        .unwrap_or_else(|| {
+            json!({
+                "tools": {"listChanged": true},
+                "resources": {"subscribe": true, "listChanged": true},
+                "prompts": {"listChanged": true},
+                "logging": {},
+            })
+        });
     Some(Ok(json!({
         "protocolVersion": version,
-        "capabilities": {
-            "tools": {"listChanged": true},
-            "resources": {"subscribe": true, "listChanged": true},
-            "prompts": {"listChanged": true},
-            "logging": {},
-        },
+        "capabilities": capabilities,
         "serverInfo": server_info(config),
     })))
 }

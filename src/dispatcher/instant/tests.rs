@@ -227,20 +227,53 @@ fn the_client_is_told_list_changed_for_every_list_capability() {
 }
 
 #[test]
-fn another_version_or_a_missing_capability_contradicts_the_cache() {
-    assert_eq!(contradiction(RESULT, RESULT), None);
-    let more = RESULT.replace(r#""logging":{}"#, r#""logging":{},"completions":{}"#);
-    assert_eq!(contradiction(RESULT, &more), None, "more is fine");
+fn only_another_version_ends_the_session_lists_lost_and_capabilities_gained_are_bridged() {
+    assert_eq!(compare(RESULT, RESULT), Ok(Bridge::default()));
     let other = RESULT.replace("2025-06-18", "2024-11-05");
     assert_eq!(
-        contradiction(RESULT, &other).unwrap(),
+        compare(RESULT, &other).unwrap_err(),
         "it chose protocol version 2024-11-05, the cache said 2025-06-18"
+    );
+    let more = RESULT.replace(r#""logging":{}"#, r#""logging":{},"completions":{}"#);
+    assert_eq!(
+        compare(RESULT, &more),
+        Ok(Bridge {
+            lost: vec![],
+            gained: vec!["completions".into()]
+        })
     );
     let fewer = RESULT.replace(r#""prompts":{"listChanged":false},"#, "");
     assert_eq!(
-        contradiction(RESULT, &fewer).unwrap(),
-        "it lacks the capabilities prompts the client was told about"
+        compare(RESULT, &fewer),
+        Ok(Bridge {
+            lost: vec![List::Prompts],
+            gained: vec![]
+        })
     );
+    // Resources lost: both of its lists; logging lost: nothing to bridge
+    // (its requests get the server's error); tools gained at once.
+    let told = r#"{"protocolVersion":"v","capabilities":{"resources":{},"logging":{}}}"#;
+    let real = r#"{"protocolVersion":"v","capabilities":{"tools":{}}}"#;
+    assert_eq!(
+        compare(told, real),
+        Ok(Bridge {
+            lost: vec![List::Resources, List::Templates],
+            gained: vec!["tools".into()]
+        })
+    );
+    assert!(compare(told, "not json").is_err(), "no version at all");
+}
+
+#[test]
+fn the_replayed_initialize_asks_for_the_version_the_client_was_told() {
+    let params =
+        r#"{"protocolVersion":"2025-11-25","capabilities":{"roots":{}},"clientInfo":{"name":"c"}}"#;
+    let asked: Value = serde_json::from_str(&asking_for(params, "2025-06-18").unwrap()).unwrap();
+    assert_eq!(asked["protocolVersion"], "2025-06-18");
+    assert_eq!(asked["capabilities"]["roots"], serde_json::json!({}));
+    assert_eq!(asked["clientInfo"]["name"], "c");
+    assert_eq!(asking_for(params, "2025-11-25"), None, "as sent");
+    assert_eq!(asking_for("[1]", "v"), None);
 }
 
 #[test]
