@@ -307,6 +307,12 @@ def run_once(sc: Scenario, kind: str, proxy: str, base: str) -> RunResult:
 #    The direct run has no stdio wire (its client speaks HTTP): the wire is
 #    checked on the proxied side alone (one answer per request, under its
 #    id), and the server's execution log is compared instead.
+# 8. mcp-retry's own progress while a call waits (a retry's backoff, a
+#    server coming back) is not in the direct run: a notification with no
+#    `total` whose message says what it waits for ("waiting …"). It is
+#    taken out of the proxied run's progress before comparing, and checked
+#    on its own (`wait_notice_checks`): every progress value of a token,
+#    the proxy's and the server's, is above the one before.
 
 TIME_RE = re.compile(r"created at \d{1,2}:\d{2}:\d{2}(?:\s?[AP]M)?")
 OUR_META = "mcp-retry/source"
@@ -416,6 +422,50 @@ def without_setup_notes(value: Any) -> Any:
     return value
 
 
+def is_wait_notice(v: Any) -> bool:
+    """Normalizer 8: one of mcp-retry's own progress notifications while a
+    call waits, as a notification or as a client's progress record."""
+    if not isinstance(v, dict):
+        return False
+    params = v.get("params") if v.get("method") == "notifications/progress" else v
+    return (isinstance(params, dict) and params.get("total") is None
+            and str(params.get("message") or "").startswith("waiting "))
+
+
+def without_wait_notices(value: Any) -> Any:
+    """Normalizer 8, for a list of notifications or progress records."""
+    if isinstance(value, list):
+        return [v for v in value if not is_wait_notice(v)]
+    return value
+
+
+def wait_notice_checks(proxied: RunResult) -> list[Check]:
+    """Normalizer 8's own check: through mcp-retry, each progress token's
+    values only increase, the proxy's wait notices among them."""
+    checks = []
+    for step in proxied.steps:
+        if step["name"] != "notifications received" or not isinstance(step["value"], list):
+            continue
+        last: dict[str, float] = {}
+        bad = []
+        notices = 0
+        for v in step["value"]:
+            if not (isinstance(v, dict) and v.get("method") == "notifications/progress"):
+                continue
+            params = v.get("params") or {}
+            token = json.dumps(params.get("progressToken"))
+            value = params.get("progress")
+            notices += is_wait_notice(v)
+            if isinstance(value, (int, float)):
+                if token in last and value <= last[token]:
+                    bad.append(f"{token}: {value} after {last[token]}")
+                last[token] = value
+        if notices:
+            checks.append(Check(f"mcp-retry's {notices} wait notice(s) keep every token's progress increasing",
+                                not bad, "\n".join(bad)))
+    return checks
+
+
 def renumbered_tokens(value: Any) -> Any:
     """Normalizer 7, for a list of notifications."""
     if not isinstance(value, list):
@@ -443,6 +493,8 @@ def compare_steps(direct: RunResult, proxied: RunResult, http: bool, tokens: boo
         dv, pv = normalize(d["value"], direct.dir), normalize(p["value"], proxied.dir)
         if http and name == "notifications received":
             dv, pv = without_setup_notes(dv), without_setup_notes(pv)
+        if name in ("notifications received", "progress notifications of the cut count"):
+            pv = without_wait_notices(pv)
         if tokens and name == "notifications received":
             dv, pv = renumbered_tokens(dv), renumbered_tokens(pv)
         if not d["ok"]:
@@ -452,7 +504,7 @@ def compare_steps(direct: RunResult, proxied: RunResult, http: bool, tokens: boo
             checks.append(Check(name, False, diff(dv, pv)))
         else:
             checks.append(Check(name, True))
-    return checks
+    return checks + wait_notice_checks(proxied)
 
 
 def classify(wire: list[dict[str, Any]]) -> dict[str, list[tuple[str, Any]]]:
