@@ -108,6 +108,20 @@ mod tests {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/ARCHITECTURE.md")).unwrap()
     }
 
+    /// README and ARCHITECTURE stay short enough to be read whole: a new
+    /// paragraph costs an old sentence.
+    #[test]
+    fn the_readme_and_the_architecture_stay_within_their_lengths() {
+        let lines = |name: &str| {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name);
+            std::fs::read_to_string(path).unwrap().lines().count()
+        };
+        for (name, most) in [("README.md", 450), ("ARCHITECTURE.md", 550)] {
+            let n = lines(name);
+            assert!(n <= most, "{name} has {n} lines, more than {most}");
+        }
+    }
+
     /// Every `.rs` file under src/ and its text, by path from src/ (with
     /// forward slashes on every platform, as in `MAY_USE_UNSAFE`), sorted.
     fn sources() -> Vec<(String, String)> {
