@@ -252,6 +252,9 @@ pub enum Timer {
     RampStall,
     /// After the handshake: list the tools if nobody has.
     LearnTools,
+    /// The server did not answer the client's `initialize` within
+    /// `instant::GRACE`: the cached answer is given.
+    InstantGrace,
     /// The proxy's own `tools/list` request `down` must be answered by now.
     ToolsListTimeout { down: u64 },
     /// The proxy's own list request `down` (the handshake cache's) must be
@@ -625,6 +628,7 @@ impl Dispatcher {
             Timer::QueueExpired { seq } => self.on_queue_expired(seq, now),
             Timer::FirstInitialize { down } => self.on_first_initialize_due(down, now),
             Timer::RampStall => self.on_ramp_stall(now),
+            Timer::InstantGrace => self.instant_grace_over(),
             Timer::LearnTools => {
                 let client_listing = self.requests.inflight.values().any(|f| {
                     matches!(

@@ -18,6 +18,9 @@ use crate::util::{eventually, Builder, Session, TempDir};
 /// for everything the test checks before it is up (the status document at
 /// most a second after the start among them).
 const SLOW_START_MS: &str = "3000";
+/// A start slower than the grace a server gets to answer `initialize`
+/// itself (1 s), but not by much: its session begins from the cache.
+const PAST_GRACE_MS: &str = "2500";
 
 /// The client's `initialize` params, asking for `version`.
 fn init_params(version: &str) -> Value {
@@ -208,7 +211,7 @@ fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_call
 fn a_changed_tool_list_is_announced_and_served_from_the_server_then() {
     let (_tmp, cache) = warmed("");
     let env = [
-        ("MOCK_START_DELAY_MS", "500"),
+        ("MOCK_START_DELAY_MS", PAST_GRACE_MS),
         ("MOCK_TOOLS_VARIANT", "fresh"),
     ];
     let (mut s, _) = handshaken(&cache, "", &env);
@@ -245,7 +248,7 @@ fn a_changed_tool_list_is_announced_and_served_from_the_server_then() {
 fn another_protocol_version_gets_no_answer_from_the_cache() {
     let (_tmp, cache) = warmed("");
     let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", "300")
+        .env("MOCK_START_DELAY_MS", PAST_GRACE_MS)
         .start();
     s.request(json!(0), "initialize", init_params("2025-06-18"));
     let init = s.result(&json!(0));
@@ -269,7 +272,7 @@ fn another_protocol_version_gets_no_answer_from_the_cache() {
 fn a_server_that_contradicts_the_cache_ends_the_session_and_the_entry() {
     let (_tmp, cache) = warmed("");
     let env = [
-        ("MOCK_START_DELAY_MS", "300"),
+        ("MOCK_START_DELAY_MS", PAST_GRACE_MS),
         ("MOCK_PROTOCOL_VERSION", "2024-11-05"),
     ];
     let (mut s, init) = handshaken(&cache, "", &env);
@@ -407,7 +410,7 @@ fn check_warms_the_cache_a_session_then_starts_from() {
     assert_eq!(entry(&cache)["entry"]["protocol_version"], VERSION);
 
     let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", "1000")
+        .env("MOCK_START_DELAY_MS", PAST_GRACE_MS)
         .start();
     s.request(json!(0), "initialize", init_params(VERSION));
     s.result(&json!(0));
@@ -441,6 +444,8 @@ fn a_remote_server_starts_from_the_cache_too() {
     s.close_stdin();
     s.wait();
 
+    // Out of reach past the grace: the session begins from the cache.
+    server.close();
     let mut s = remote().start();
     s.request(json!(0), "initialize", init_params(VERSION));
     s.result(&json!(0));
@@ -451,6 +456,7 @@ fn a_remote_server_starts_from_the_cache_too() {
         "{}",
         s.stderr()
     );
+    server.reopen();
     s.call(json!(1), "read", json!({}));
     let r = s.result(&json!(1));
     assert_eq!(r["content"][0]["text"], "read done", "{r}");
@@ -485,7 +491,7 @@ const TOOLS_ONLY: &str = r#"{"tools":{"listChanged":true},"logging":{}}"#;
 fn a_server_that_lost_lists_keeps_the_session_with_them_empty() {
     let (_tmp, cache) = warmed("");
     let env = [
-        ("MOCK_START_DELAY_MS", "300"),
+        ("MOCK_START_DELAY_MS", PAST_GRACE_MS),
         ("MOCK_CAPABILITIES", TOOLS_ONLY),
     ];
     let (mut s, init) = handshaken(&cache, "", &env);
@@ -528,7 +534,7 @@ fn a_server_that_gained_a_capability_keeps_the_session_says_so_and_updates_the_e
     warm(&cache, "", &[("MOCK_CAPABILITIES", TOOLS_ONLY)]);
     let runtime = tmp.join("runtime");
     let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", "300")
+        .env("MOCK_START_DELAY_MS", PAST_GRACE_MS)
         .env("MCP_RETRY_RUNTIME_DIR", &runtime.display().to_string())
         .start();
     s.request(json!(0), "initialize", init_params(VERSION));
@@ -565,7 +571,7 @@ fn a_server_asked_for_the_version_the_client_was_told_answers_in_it() {
     let cache = cache_in(&tmp);
     warm(&cache, "", &[("MOCK_PROTOCOL_VERSION", "2025-06-18")]);
     // This one answers in whatever it is asked for.
-    let (mut s, init) = handshaken(&cache, "", &[("MOCK_START_DELAY_MS", "300")]);
+    let (mut s, init) = handshaken(&cache, "", &[("MOCK_START_DELAY_MS", PAST_GRACE_MS)]);
     assert_eq!(init["protocolVersion"], "2025-06-18");
     s.call(json!(1), "echo", json!({"text": "x"}));
     s.result(&json!(1));
@@ -579,7 +585,10 @@ fn a_server_asked_for_the_version_the_client_was_told_answers_in_it() {
 #[test]
 fn a_server_that_refuses_initialize_ends_the_session_saying_how_to_reconnect() {
     let (_tmp, cache) = warmed("");
-    let env = [("MOCK_START_DELAY_MS", "300"), ("MOCK_INIT_ERROR", "1")];
+    let env = [
+        ("MOCK_START_DELAY_MS", PAST_GRACE_MS),
+        ("MOCK_INIT_ERROR", "1"),
+    ];
     let (mut s, _) = handshaken(&cache, "", &env);
     s.call(json!(1), "echo", json!({"text": "x"}));
     let e = s.error(&json!(1));
@@ -614,6 +623,27 @@ fn an_entry_is_stored_by_a_session_that_never_lists() {
         entry_if_any(&cache)
             .is_some_and(|e| e["entry"]["initialize"]["capabilities"] == json!({"logging": {}}))
     });
+    s.close_stdin();
+    assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
+}
+
+#[test]
+fn a_fast_server_whose_tools_changed_gives_the_new_list_in_that_session() {
+    let tmp = TempDir::new();
+    let cache = cache_in(&tmp);
+    warm(&cache, "", &[("MOCK_TOOLS", "a,b")]);
+    // It answers within the grace: its own handshake and tools.
+    let (mut s, init) = handshaken(&cache, "", &[("MOCK_TOOLS", "a,b,c")]);
+    assert_eq!(init["serverInfo"]["name"], "mock-mcp-server");
+    let tools = s.list_tools();
+    let names: Vec<&Value> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["name"])
+        .collect();
+    assert_eq!(names, [&json!("a"), &json!("b"), &json!("c")]);
+    assert!(!s.logged("answered initialize from the handshake cache"));
     s.close_stdin();
     assert_eq!(s.wait().code(), Some(0), "{}", s.stderr());
 }

@@ -40,6 +40,11 @@ use super::{Dispatcher, Inflight, Phase, Reason, Timer};
 /// nobody waits on it (requests wait `wait_for_server` at most).
 pub(super) const STARTUP_ALLOWANCE: Duration = Duration::from_secs(300);
 
+/// How long the server has to answer the client's `initialize` itself
+/// before the cached answer is given: a fast server's session gets the
+/// server's own handshake and lists, never stale ones.
+pub(super) const GRACE: Duration = Duration::from_secs(1);
+
 /// `list`'s place in arrays by list.
 fn index(list: List) -> usize {
     list as usize
@@ -339,6 +344,9 @@ pub(super) struct InstantStart {
     told_lists: Option<[Option<String>; 4]>,
     /// The session began from the cache.
     pub(super) from_cache: bool,
+    /// The client's `initialize` (its id) and the cached answer, held for
+    /// [`GRACE`] while the server may answer it itself.
+    held: Option<(String, String)>,
     /// Lists the client was told of that the server no longer has:
     /// answered empty.
     lost: Vec<List>,
@@ -356,6 +364,7 @@ impl InstantStart {
             told: None,
             told_lists: None,
             from_cache: false,
+            held: None,
             lost: Vec::new(),
             note: None,
             reading: Reading::default(),
@@ -484,9 +493,11 @@ impl Dispatcher {
         self
     }
 
-    /// The client's `initialize`: answered from the cache when an entry
-    /// matches its protocol version (then the real server gets it in the
-    /// background). Whether it was answered.
+    /// The client's `initialize`, when an entry matches its protocol
+    /// version: the real server gets it (asking for the version the entry
+    /// says), and the cached answer is given if the server has not
+    /// answered within [`GRACE`] (`Timer::InstantGrace`). Whether it was
+    /// taken (it is answered either way).
     pub(super) fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
         let Some(instant) = self.instant.as_mut() else {
             return false;
@@ -523,10 +534,10 @@ impl Dispatcher {
         // It told the client `listChanged`: a restarted server's tools are
         // compared too.
         self.session.tools_list_changed = self.session.has_tools;
-        info!(
-            "answered initialize from the handshake cache; the MCP server starts in the background"
-        );
-        self.answer(client_id, jsonrpc::response_line(client_id, &result));
+        if let Some(instant) = self.instant.as_mut() {
+            instant.held = Some((client_id.to_owned(), result));
+        }
+        self.set_timer(self.now + GRACE, Timer::InstantGrace);
         match &mut self.link {
             Link::Up(c) if !c.draining => {
                 c.ready = false;
@@ -535,6 +546,47 @@ impl Dispatcher {
             // Down or between starts: the next start replays it.
             _ => {}
         }
+        self.status_dirty();
+        true
+    }
+
+    /// `Timer::InstantGrace`: the server did not answer `initialize` in
+    /// time; the client gets the cached answer.
+    pub(super) fn instant_grace_over(&mut self) {
+        let Some((client_id, result)) = self.instant.as_mut().and_then(|i| i.held.take()) else {
+            return;
+        };
+        info!(
+            "answered initialize from the handshake cache; the MCP server starts in the background"
+        );
+        self.answer(&client_id, jsonrpc::response_line(&client_id, &result));
+    }
+
+    /// The server answered the `initialize` replayed for a held cached
+    /// answer within [`GRACE`], with `real`: the client gets the server's
+    /// own answer and the session is the server's, as without the cache.
+    /// Whether an answer was held.
+    pub(super) fn instant_answered_in_grace(&mut self, real: Option<&str>, now: Instant) -> bool {
+        let Some(instant) = self.instant.as_mut() else {
+            return false;
+        };
+        let (Some((client_id, _)), Some(real)) = (instant.held.as_ref(), real) else {
+            // A refusal is a contradiction, which answers what is held.
+            return false;
+        };
+        let client_id = client_id.clone();
+        instant.held = None;
+        instant.told = None;
+        instant.from_cache = false;
+        debug!(
+            "the MCP server answered initialize within {GRACE:?}; the cached answer is not used"
+        );
+        self.session.protocol_version =
+            RawObject::parse(real).and_then(|r| r.string("protocolVersion"));
+        self.observe_capabilities(real);
+        self.ready_at.get_or_insert(now);
+        self.instant_accepted(real);
+        self.answer(&client_id, jsonrpc::response_line(&client_id, real));
         self.status_dirty();
         true
     }
@@ -677,6 +729,9 @@ impl Dispatcher {
         warn!("{message}");
         if let Some(instant) = self.instant.as_mut() {
             instant.told = None;
+            // A held answer is the client's pending `initialize`, answered
+            // below with the others.
+            instant.held = None;
             instant.send(CacheJob::Invalidate);
         }
         // Exit 75 asks the host to connect again; a session the client

@@ -522,6 +522,8 @@ impl Dispatcher {
             }
             return;
         }
+        // Within the grace the client gets the server's own answer.
+        self.instant_answered_in_grace(m.result(), now);
         let version = m
             .result()
             .and_then(RawObject::parse)

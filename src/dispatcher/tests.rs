@@ -1641,10 +1641,43 @@ mod instant_start {
         (h, got)
     }
 
+    /// The client's `initialize`, and the grace the server gets to answer
+    /// it gone by.
     fn initialize(h: &mut Harness, version: &str) {
+        initialize_now(h, version);
+        h.advance(super::super::instant::GRACE);
+    }
+
+    fn initialize_now(h: &mut Harness, version: &str) {
         h.client_sends(&format!(
             r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"{version}","capabilities":{{}},"clientInfo":{{"name":"c","version":"1"}}}}}}"#
         ));
+    }
+
+    #[test]
+    fn a_server_answering_within_the_grace_gives_the_client_its_own_handshake() {
+        let (mut h, jobs) = harness();
+        initialize_now(&mut h, "2025-11-25");
+        assert!(h.client.try_recv().is_err(), "held for the grace");
+        let replay = id_of(&h.to_server());
+        h.advance(super::super::instant::GRACE / 2);
+        let real = INIT.replace("cached", "real");
+        h.server_sends(&format!(
+            r#"{{"jsonrpc":"2.0","id":{replay},"result":{real}}}"#
+        ));
+        let init: Value = serde_json::from_str(&h.to_client()).unwrap();
+        assert_eq!(init["id"], 0);
+        assert_eq!(init["result"]["serverInfo"]["name"], "real");
+        assert!(init["result"]["capabilities"]["tools"]["listChanged"].is_null());
+        // The grace's end gives nothing more; the lists are the server's.
+        h.advance(super::super::instant::GRACE);
+        assert!(h.client.try_recv().is_err(), "answered once");
+        h.client_sends(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+        assert!(sent(&h).iter().any(|v| v["method"] == "tools/list"));
+        assert!(h.client.try_recv().is_err(), "not from the cache");
+        assert!(!h.d.instant.as_ref().unwrap().from_cache);
+        assert!(jobs.try_recv().is_err(), "nothing stored or removed yet");
     }
 
     /// Every line the server was sent so far, parsed.
