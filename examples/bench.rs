@@ -25,8 +25,8 @@
 //! first `tools/list` three ways: the mock directly, through `mcp-retry run`,
 //! and through `mcp-retry run` with `instant_start: true` and a handshake
 //! cache warmed by one session before (in a temporary `MCP_RETRY_CACHE_DIR`;
-//! the bench stops if that row takes over 1 s, i.e. was not answered from the
-//! cache). `--start-only` runs just that section; with `--write FILE` it
+//! the bench stops if that row takes over 2 s, i.e. was not answered from the
+//! cache after the 1 s grace in which the server may answer itself). `--start-only` runs just that section; with `--write FILE` it
 //! replaces just that section of the results block. (`--pressure-only` runs
 //! just the memory scenarios under pressure, printed only.)
 //!
@@ -1380,9 +1380,10 @@ const FIRST_LIST_DELAY_MS: u64 = 5000;
 /// Runs of the rows that wait for that server, and of the instant row.
 const FIRST_LIST_SLOW_RUNS: usize = 3;
 const FIRST_LIST_INSTANT_RUNS: usize = 10;
-/// An instant-start answer slower than this was not served from the cache:
-/// the bench stops rather than report it.
-const FIRST_LIST_INSTANT_MAX: Duration = Duration::from_secs(1);
+/// An instant-start answer slower than this was not served from the cache
+/// (which answers after the server's 1 s grace): the bench stops rather than
+/// report it.
+const FIRST_LIST_INSTANT_MAX: Duration = Duration::from_secs(2);
 
 /// Time from spawning the target to the answer to its first `tools/list`
 /// (after `initialize` and `notifications/initialized`, as a host does), for

@@ -14,8 +14,9 @@ directory (MCP_RETRY_CACHE_DIR) and the same, emptied, npm cache:
    entry holds the tool list (the proxy stores it once it has read the
    server's lists);
 2. the second begins from the cache: the client's `initialize` and
-   `list_tools` must complete in under 100 ms (timed here, from launching the
-   proxy to the tool list), with the tool list of the first session, while
+   `list_tools` must complete in under 1.5 s (timed here, from launching the
+   proxy to the tool list: the server's 1 s grace to answer `initialize`
+   itself, then the cache's answer), with the tool list of the first session, while
    npx is still fetching the server; then a tool call waits for the real
    server and works, once.
 
@@ -42,8 +43,10 @@ from mcp.shared.exceptions import MCPError
 from py_client import dump
 from run import HERE
 
-# The instant answer's budget, from launching the proxy to the tool list.
-INSTANT_BUDGET = 0.100
+# The instant answer's budget, from launching the proxy to the tool list:
+# the grace in which the server may answer `initialize` itself (1 s), then
+# the cached answer, with room for a loaded machine.
+INSTANT_BUDGET = 1.500
 # How long a session may take to start its server through npx on a cold
 # cache, and the first session to store its entry.
 SLOW_START = 180
