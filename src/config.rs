@@ -94,6 +94,9 @@ pub struct ServerConfig {
     pub fail_fast_at_start: bool,
     /// Answer the handshake from the cache while the server starts (default false).
     pub instant_start: bool,
+    /// How long the server may take to answer the client's `initialize`
+    /// itself before instant start answers from the cache (default 1 s).
+    pub instant_start_grace: Duration,
     pub retry: RetryConfig,
     pub cache: CacheConfig,
     pub circuit_breaker: BreakerConfig,

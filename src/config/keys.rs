@@ -414,6 +414,10 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
          handshake cache (the server's answers of an earlier session or `check`, for the same \
          protocol version) while the real server starts in the background; calls wait for it. \
          The client is told listChanged, and sent list_changed when the server's lists differ.";
+    "instant_start_grace" => instant_start_grace, Kind::Duration(Zero::Allowed), Def::Secs(1.0),
+        "With instant_start, how long the server may take to answer the client's initialize \
+         itself (its own handshake and lists, never stale) before the cache answers. 0: the \
+         cache answers at once.";
     "retry.max_retries" => retry.max_retries, Kind::Count { min: 0, max: 100 }, Def::Int(3),
         "Retries after the first attempt (0 disables retrying; at most 100).";
     "retry.base_delay" => retry.base_delay, Kind::Duration(Zero::Allowed), Def::Secs(0.5),

@@ -72,7 +72,7 @@ fn assert_same_policy(a: &ServerConfig, b: &ServerConfig) {
 }
 
 const SERVER_KEY_LIST: &str =
-        "command, args, env, envFile, cwd, url, type, headers, headers_helper, ca_file, disabled, call_timeout, wait_for_server, fail_fast_at_start, instant_start, retry, cache, \
+        "command, args, env, envFile, cwd, url, type, headers, headers_helper, ca_file, disabled, call_timeout, wait_for_server, fail_fast_at_start, instant_start, instant_start_grace, retry, cache, \
         circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
         assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight, otel, store, store_unavailable, store_scope";
 
@@ -972,7 +972,7 @@ fn unknown_key_in_defaults() {
     assert_eq!(
             yaml_err("defaults:\n  command: x\nservers: {}\n"),
             "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, \
-             wait_for_server, fail_fast_at_start, instant_start, retry, cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
+             wait_for_server, fail_fast_at_start, instant_start, instant_start_grace, retry, cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
              idempotency_max_bytes, assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, \
              max_in_flight, otel, store, store_unavailable, store_scope)"
         );

@@ -40,9 +40,10 @@ use super::{Dispatcher, Inflight, Phase, Reason, Timer};
 /// nobody waits on it (requests wait `wait_for_server` at most).
 pub(super) const STARTUP_ALLOWANCE: Duration = Duration::from_secs(300);
 
-/// How long the server has to answer the client's `initialize` itself
-/// before the cached answer is given: a fast server's session gets the
-/// server's own handshake and lists, never stale ones.
+/// `instant_start_grace`'s default, for the tests: how long the server has
+/// to answer the client's `initialize` itself before the cached answer is
+/// given, so that a fast server's session gets its own handshake and lists.
+#[cfg(test)]
 pub(super) const GRACE: Duration = Duration::from_secs(1);
 
 /// `list`'s place in arrays by list.
@@ -345,7 +346,7 @@ pub(super) struct InstantStart {
     /// The session began from the cache.
     pub(super) from_cache: bool,
     /// The client's `initialize` (its id) and the cached answer, held for
-    /// [`GRACE`] while the server may answer it itself.
+    /// `instant_start_grace` while the server may answer it itself.
     held: Option<(String, String)>,
     /// Lists the client was told of that the server no longer has:
     /// answered empty.
@@ -496,7 +497,7 @@ impl Dispatcher {
     /// The client's `initialize`, when an entry matches its protocol
     /// version: the real server gets it (asking for the version the entry
     /// says), and the cached answer is given if the server has not
-    /// answered within [`GRACE`] (`Timer::InstantGrace`). Whether it was
+    /// answered within `instant_start_grace` (`Timer::InstantGrace`). Whether it was
     /// taken (it is answered either way).
     pub(super) fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
         let Some(instant) = self.instant.as_mut() else {
@@ -537,7 +538,7 @@ impl Dispatcher {
         if let Some(instant) = self.instant.as_mut() {
             instant.held = Some((client_id.to_owned(), result));
         }
-        self.set_timer(self.now + GRACE, Timer::InstantGrace);
+        self.set_timer(self.now + self.cfg.instant_start_grace, Timer::InstantGrace);
         match &mut self.link {
             Link::Up(c) if !c.draining => {
                 c.ready = false;
@@ -563,7 +564,7 @@ impl Dispatcher {
     }
 
     /// The server answered the `initialize` replayed for a held cached
-    /// answer within [`GRACE`], with `real`: the client gets the server's
+    /// answer within `instant_start_grace`, with `real`: the client gets the server's
     /// own answer and the session is the server's, as without the cache.
     /// Whether an answer was held.
     pub(super) fn instant_answered_in_grace(&mut self, real: Option<&str>, now: Instant) -> bool {
@@ -579,7 +580,8 @@ impl Dispatcher {
         instant.told = None;
         instant.from_cache = false;
         debug!(
-            "the MCP server answered initialize within {GRACE:?}; the cached answer is not used"
+            "the MCP server answered initialize within {:?}; the cached answer is not used",
+            self.cfg.instant_start_grace
         );
         self.session.protocol_version =
             RawObject::parse(real).and_then(|r| r.string("protocolVersion"));

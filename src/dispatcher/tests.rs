@@ -1632,7 +1632,10 @@ mod instant_start {
 
     /// A dispatcher with instant start and an entry for 2025-11-25.
     fn harness() -> (Harness, Receiver<CacheJob>) {
-        let mut h = Harness::new();
+        harness_with(Harness::new())
+    }
+
+    fn harness_with(mut h: Harness) -> (Harness, Receiver<CacheJob>) {
         let mut entry = Entry::new("2025-11-25", raw(INIT));
         entry.tools = Some(raw(TOOLS));
         entry.prompts = Some(raw(PROMPTS));
@@ -1678,6 +1681,17 @@ mod instant_start {
         assert!(h.client.try_recv().is_err(), "not from the cache");
         assert!(!h.d.instant.as_ref().unwrap().from_cache);
         assert!(jobs.try_recv().is_err(), "nothing stored or removed yet");
+    }
+
+    #[test]
+    fn a_grace_of_zero_answers_from_the_cache_at_once() {
+        let cfg = super::config(|c| c.instant_start_grace = Duration::ZERO);
+        let (mut h, _jobs) = harness_with(Harness::with(cfg));
+        initialize_now(&mut h, "2025-11-25");
+        h.advance(Duration::ZERO);
+        let init: Value = serde_json::from_str(&h.to_client()).unwrap();
+        assert_eq!(init["id"], 0);
+        assert_eq!(init["result"]["serverInfo"]["name"], "cached");
     }
 
     /// Every line the server was sent so far, parsed.
