@@ -46,7 +46,7 @@ use serde_json::value::RawValue;
 use crate::config::{ServerConfig, Transport};
 use crate::mcp::List;
 use crate::private_files::{
-    read_checked, replace_file, write_temporary, DirError, FileProblem, ReadError,
+    read_checked, replace_file, write_temporary, DirError, FileProblem, ReadError, UserDir,
 };
 
 /// The environment variable that overrides the cache directory.
@@ -79,46 +79,6 @@ fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
         home: &[".cache", "mcp-retry"],
     };
     places.find(var)
-}
-
-/// Where a per-user directory of ours is on each platform: `explicit` (a
-/// variable naming it), else under `%LOCALAPPDATA%` (Windows), `$HOME`
-/// (macOS), the XDG variable `xdg`, or `$HOME` (other Unix).
-pub(crate) struct UserDir {
-    pub explicit: &'static str,
-    pub windows: &'static [&'static str],
-    pub macos: &'static [&'static str],
-    pub xdg: &'static str,
-    pub home: &'static [&'static str],
-}
-
-impl UserDir {
-    /// The directory with the environment as a function; relative paths
-    /// in the variables are not used.
-    pub(crate) fn find(&self, var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
-        let path = |name: &str| {
-            var(name)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-                .filter(|p| p.is_absolute())
-        };
-        let under = |base: Option<PathBuf>, parts: &[&str]| {
-            base.map(|b| parts.iter().fold(b, |p, part| p.join(part)))
-        };
-        if let Some(p) = path(self.explicit) {
-            return Some(p);
-        }
-        if cfg!(windows) {
-            return under(path("LOCALAPPDATA"), self.windows);
-        }
-        if cfg!(target_os = "macos") {
-            return under(path("HOME"), self.macos);
-        }
-        if let Some(p) = path(self.xdg) {
-            return Some(p.join("mcp-retry"));
-        }
-        under(path("HOME"), self.home)
-    }
 }
 
 // ----- the key ---------------------------------------------------------------------

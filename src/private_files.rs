@@ -1,6 +1,7 @@
 //! Files and directories that are the current user's alone: the status
 //! runtime directory and its documents, the stats file, the handshake
-//! cache's directory, key and entries. Owns the rules (a directory of ours
+//! cache's directory, key and entries, the store's state directory. Owns
+//! where a per-user directory is on each platform ([`UserDir`]), the rules (a directory of ours
 //! with mode 0700, a regular file of ours with mode 0600 of bounded size,
 //! never through a symbolic link), creating such a directory
 //! ([`prepare_dir`]; on Windows a DACL for the current user alone,
@@ -13,6 +14,7 @@
 #[cfg(windows)]
 pub mod owner_only;
 
+use std::ffi::OsString;
 use std::fmt;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -381,6 +383,46 @@ pub fn replace_file(tmp: &Path, dest: &Path) -> io::Result<()> {
         }
     }
     fs::rename(tmp, dest)
+}
+
+/// Where a per-user directory of ours is on each platform: `explicit` (a
+/// variable naming it), else under `%LOCALAPPDATA%` (Windows), `$HOME`
+/// (macOS), the XDG variable `xdg`, or `$HOME` (other Unix).
+pub struct UserDir {
+    pub explicit: &'static str,
+    pub windows: &'static [&'static str],
+    pub macos: &'static [&'static str],
+    pub xdg: &'static str,
+    pub home: &'static [&'static str],
+}
+
+impl UserDir {
+    /// The directory with the environment as a function; relative paths
+    /// in the variables are not used.
+    pub fn find(&self, var: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+        let path = |name: &str| {
+            var(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+        };
+        let under = |base: Option<PathBuf>, parts: &[&str]| {
+            base.map(|b| parts.iter().fold(b, |p, part| p.join(part)))
+        };
+        if let Some(p) = path(self.explicit) {
+            return Some(p);
+        }
+        if cfg!(windows) {
+            return under(path("LOCALAPPDATA"), self.windows);
+        }
+        if cfg!(target_os = "macos") {
+            return under(path("HOME"), self.macos);
+        }
+        if let Some(p) = path(self.xdg) {
+            return Some(p.join("mcp-retry"));
+        }
+        under(path("HOME"), self.home)
+    }
 }
 
 #[cfg(test)]

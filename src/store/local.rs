@@ -27,9 +27,8 @@ use redb::{
 };
 
 use super::{record_bytes, Clock, Engine, Id, StoreError, RECORD_OVERHEAD};
-use crate::handshake_cache::UserDir;
 use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
-use crate::private_files::{self, file_facts, judge_file};
+use crate::private_files::{self, file_facts, judge_file, UserDir};
 
 /// The environment variable naming the state directory.
 pub const DIR_ENV: &str = "MCP_RETRY_STATE_DIR";
