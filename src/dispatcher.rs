@@ -48,7 +48,7 @@ use calls::{Action, CallTimer, Calls, Owner};
 pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
-use requests::{Batch, ClientRequest, Inflight, Method, Requests, ServerRequest};
+use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
 
 /// Everything that can wake the dispatcher.
 #[derive(Debug)]
@@ -426,7 +426,7 @@ impl Dispatcher {
     /// The ids of the client's requests not yet answered, for the guard
     /// around [`Dispatcher::run`].
     pub fn pending(&self) -> Pending {
-        self.requests.pending.clone()
+        self.requests.pending()
     }
 
     /// Sends the `--stats-file` document to `out` every few seconds while
@@ -513,9 +513,7 @@ impl Dispatcher {
     /// The session ends: requests still waiting (a call in backoff, say)
     /// get their one answer before the proxy exits.
     fn answer_remaining(&mut self) {
-        let mut ids: Vec<String> = self.requests.client.keys().cloned().collect();
-        ids.sort();
-        for id in ids {
+        for id in self.requests.open_ids() {
             self.answer_proxy_error(&id, Reason::ServerUnavailable, "mcp-retry is shutting down");
         }
     }
@@ -630,15 +628,7 @@ impl Dispatcher {
             Timer::RampStall => self.on_ramp_stall(now),
             Timer::InstantGrace => self.instant_grace_over(),
             Timer::LearnTools => {
-                let client_listing = self.requests.inflight.values().any(|f| {
-                    matches!(
-                        f,
-                        Inflight::Client {
-                            method: Method::ToolsList { .. },
-                            ..
-                        }
-                    )
-                });
+                let client_listing = self.requests.client_listing_tools();
                 if self.session.has_tools
                     && self.calls.tools_unknown()
                     && !client_listing
@@ -762,7 +752,7 @@ impl Dispatcher {
             "message of {len} bytes exceeds max_message_bytes ({max}) and was not forwarded"
         );
         match id {
-            Some(id) if !self.requests.client.contains_key(&id) => {
+            Some(id) if !self.requests.is_open(&id) => {
                 warn!("answered a client request: {message}");
                 self.send_client(jsonrpc::error_line(
                     Some(&id),
@@ -795,7 +785,6 @@ impl Dispatcher {
             ));
             return;
         }
-        let id = self.requests.next_batch();
         let expected = items
             .iter()
             .filter(|p| match p {
@@ -810,13 +799,7 @@ impl Dispatcher {
             }
             return;
         }
-        self.requests.batches.insert(
-            id,
-            Batch {
-                outstanding: expected,
-                ..Batch::default()
-            },
-        );
+        let id = self.requests.open_batch(expected);
         for item in items {
             match item {
                 Parsed::Batch(_) => self.batch_answer(
@@ -834,7 +817,7 @@ impl Dispatcher {
     }
 
     fn batch_answer(&mut self, batch: u64, line: Vec<u8>) {
-        if self.requests.batches.contains_key(&batch) {
+        if self.requests.collecting(batch) {
             self.batch_entry(batch, Some(line));
         } else {
             self.send_client(line);
@@ -844,34 +827,14 @@ impl Dispatcher {
     /// Counts one request of a batch as done (with its answer, if any) and
     /// sends the array once all are.
     fn batch_entry(&mut self, batch: u64, line: Option<Vec<u8>>) {
-        let Some(b) = self.requests.batches.get_mut(&batch) else {
-            return;
-        };
-        if let Some(mut line) = line {
-            if line.last() == Some(&b'\n') {
-                line.pop();
-            }
-            b.answers.push(line);
-        }
-        b.outstanding -= 1;
-        if b.outstanding > 0 {
-            return;
-        }
-        let b = self.requests.batches.remove(&batch).expect("present");
-        if !b.answers.is_empty() {
-            let mut out = b"[".to_vec();
-            out.extend_from_slice(&b.answers.join(&b","[..]));
-            out.extend_from_slice(b"]\n");
-            self.send_client(out);
-        }
-        for slot in b.answered {
-            self.requests.pending.remove(slot);
+        if let Some(array) = self.requests.batch_entry(batch, line) {
+            self.send_client(array);
         }
     }
 
     fn on_client_request(&mut self, m: Message, batch: Option<u64>, now: Instant) {
         let client_id = m.id().expect("requests have ids").to_owned();
-        if self.requests.client.contains_key(&client_id) {
+        if self.requests.is_open(&client_id) {
             let message =
                 format!("invalid request: a request with id {client_id} is already in flight");
             return self.refuse_invalid(&client_id, &message, batch);
@@ -890,22 +853,12 @@ impl Dispatcher {
         {
             self.session.modern_meta = m.params().and_then(crate::mcp::envelope);
         }
-        self.requests.client.insert(
-            client_id.clone(),
-            ClientRequest {
-                downstream: None,
-                batch,
-                call: None,
-                queued: None,
-                waited: None,
-                trace: self
-                    .otel
-                    .as_mut()
-                    .and_then(|t| t.request_started(&method, m.params(), now)),
-                pending: self.requests.pending.add(&client_id),
-            },
-        );
-        if self.requests.client.len() > self.cfg.max_in_flight {
+        let trace = self
+            .otel
+            .as_mut()
+            .and_then(|t| t.request_started(&method, m.params(), now));
+        self.requests.register(&client_id, batch, trace);
+        if self.requests.open_count() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
                 self.cfg.max_in_flight
@@ -961,7 +914,7 @@ impl Dispatcher {
     }
 
     /// Answers a client request that is not forwarded with -32600 (it was
-    /// never counted in `client_requests`).
+    /// never registered in `Requests`).
     fn refuse_invalid(&mut self, client_id: &str, message: &str, batch: Option<u64>) {
         warn!("answered a client request {client_id}: {message}");
         let line = jsonrpc::error_line(Some(client_id), jsonrpc::INVALID_REQUEST, message, None);
@@ -1011,7 +964,6 @@ impl Dispatcher {
                 return self.answer_proxy_error(&client_id, reason, &message)
             }
         }
-        let down = self.next_id();
         // Reads, and a handshake the server never answered, are safe to send
         // again to a restarted server.
         let resend = matches!(
@@ -1019,23 +971,14 @@ impl Dispatcher {
             Method::ReadOnly | Method::ToolsList { .. } | Method::Initialize
         )
         .then(|| m.clone());
+        let down = self.requests.issue(Inflight::Client {
+            client_id: client_id.clone(),
+            method: kind,
+            resend,
+        });
         let method = m.method().unwrap_or_default().into_owned();
         let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
-        self.requests.inflight.insert(
-            down,
-            Inflight::Client {
-                client_id: client_id.clone(),
-                method: kind,
-                resend,
-            },
-        );
-        let waited = match self.requests.client.get_mut(&client_id) {
-            Some(r) => {
-                r.downstream = Some(down);
-                r.waited
-            }
-            None => None,
-        };
+        let waited = self.requests.sent(&client_id, down);
         if kind == Method::Initialize && !self.recovery.is_handshaken() {
             // Before the first handshake a server that never answers is
             // waited for as long as one that is down.
@@ -1043,7 +986,7 @@ impl Dispatcher {
             self.set_timer(until.max(now), Timer::FirstInitialize { down });
         }
         if let SendResult::Overloaded(message) = self.send_server_request(out) {
-            self.requests.inflight.remove(&down);
+            self.requests.forget(down);
             if is_ping {
                 // The proxy is alive, and says so, as while the server is
                 // down.
@@ -1053,10 +996,6 @@ impl Dispatcher {
             warn!("answered client request {client_id}: {message}");
             self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
-    }
-
-    fn next_id(&mut self) -> u64 {
-        self.requests.next_downstream()
     }
 
     fn on_client_notification(&mut self, m: Message, now: Instant) {
@@ -1114,10 +1053,9 @@ impl Dispatcher {
             // one (a request that never gets an answer).
             return warn!("dropped a cancel whose params repeat the member {name:?}");
         }
-        let Some(req) = self.requests.client.remove(&request_id) else {
+        let Some(req) = self.requests.cancel(&request_id) else {
             return debug!("dropped a cancel for unknown or finished request {request_id}");
         };
-        self.requests.pending.remove(req.pending);
         if let Some(b) = req.batch {
             // A cancelled request gets no entry in its batch's answer.
             self.batch_entry(b, None);
@@ -1136,7 +1074,7 @@ impl Dispatcher {
             });
         }
         if let Some(down) = req.downstream {
-            self.requests.inflight.remove(&down);
+            self.requests.forget(down);
             if self.withdraw(down) {
                 return debug!(
                     "withdrew downstream request {down} (the client's {request_id}) before the server read it"
@@ -1195,22 +1133,21 @@ impl Dispatcher {
 
     fn on_server_response(&mut self, m: Message, now: Instant) {
         let id = m.id().unwrap_or("null");
-        let Some(down) = id
-            .parse::<u64>()
-            .ok()
-            .filter(|d| *d <= self.requests.next_downstream_id)
-        else {
-            return warn!(
-                "dropped a response from the server with an id the proxy never issued: {id}"
-            );
+        let owner = match self.requests.resolve(id) {
+            (_, Resolved::Never) => {
+                return warn!(
+                    "dropped a response from the server with an id the proxy never issued: {id}"
+                )
+            }
+            (down, owner) => {
+                self.requests.written(down);
+                (down, owner)
+            }
         };
-        if !self.requests.unwritten.is_empty() {
-            self.requests.unwritten.remove(&down);
-        }
-        match self.requests.inflight.remove(&down) {
-            Some(Inflight::Client {
+        match owner {
+            (down, Resolved::Ours(Inflight::Client {
                 client_id, method, ..
-            }) => {
+            })) => {
                 self.served(now);
                 match method {
                     Method::Initialize => {
@@ -1231,19 +1168,19 @@ impl Dispatcher {
                 let line = m.into_line_with_id(&client_id);
                 self.answer(&client_id, line);
             }
-            Some(Inflight::ToolsList { first }) => {
+            (_, Resolved::Ours(Inflight::ToolsList { first })) => {
                 self.with_calls(now, |c, ctx, out| match m.result() {
                     Some(r) => c.learn_tools(r, true, false, ctx, out),
                     None => c.tools_learned(false, ctx, out),
                 });
                 self.instant_page(List::Tools, m.result(), first, Source::Proxy, now);
             }
-            Some(Inflight::Listing { list, first }) => {
+            (_, Resolved::Ours(Inflight::Listing { list, first })) => {
                 self.instant_page(list, m.result(), first, Source::Proxy, now)
             }
-            Some(Inflight::Replay(step)) => self.on_replay_response(step, &m, now),
+            (_, Resolved::Ours(Inflight::Replay(step))) => self.on_replay_response(step, &m, now),
             // Late answers of abandoned attempts still route to their call.
-            None => match self.with_calls(now, |c, ctx, out| c.on_answer(down, m, ctx, out)) {
+            (down, _) => match self.with_calls(now, |c, ctx, out| c.on_answer(down, m, ctx, out)) {
                 Owner::Served => self.served(now),
                 Owner::Known => {}
                 Owner::Unknown => debug!(
@@ -1268,14 +1205,15 @@ impl Dispatcher {
     /// one answer, now: an error saying why. The server did answer, so this
     /// is final; a call attempt is not retried (its tool ran).
     fn on_dropped_response(&mut self, id: &str, reason: Reason, message: &str, now: Instant) {
-        let Some(down) = id
-            .parse::<u64>()
-            .ok()
-            .filter(|d| *d <= self.requests.next_downstream_id)
-        else {
-            return debug!("the dropped answer had an id the proxy never issued: {id}");
+        let (down, owner) = self.requests.resolve(id);
+        let owner = match owner {
+            Resolved::Never => {
+                return debug!("the dropped answer had an id the proxy never issued: {id}")
+            }
+            Resolved::Ours(f) => Some(f),
+            Resolved::Calls => None,
         };
-        match self.requests.inflight.remove(&down) {
+        match owner {
             Some(Inflight::Client { client_id, .. }) => {
                 self.served(now);
                 warn!("answered client request {client_id} with an error: {message}");
@@ -1350,7 +1288,6 @@ impl Dispatcher {
     }
 
     fn on_server_request(&mut self, m: Message, now: Instant) {
-        let ours = self.requests.next_server_id();
         // A person may be answering these: attempts do not time out
         // meanwhile. `ping` and `roots/list` are answered by the client
         // itself and pause nothing.
@@ -1358,34 +1295,19 @@ impl Dispatcher {
             m.method().as_deref(),
             Some("sampling/createMessage" | "elicitation/create")
         );
-        if pauses {
-            if self.requests.pausing == 0 {
-                self.requests.paused_since = Some(now);
-            }
-            self.requests.pausing += 1;
-        }
-        self.requests.server.insert(
-            ours,
-            ServerRequest {
-                generation: self.generation,
-                server_id: m.id().expect("requests have ids").to_owned(),
-                pauses,
-            },
-        );
+        let server_id = m.id().expect("requests have ids");
+        let ours = self
+            .requests
+            .open_server_request(self.generation, server_id, pauses, now);
         self.send_client(m.into_line_with_id(&ours.to_string()));
     }
 
     /// Forgets a request of the server's (answered, withdrawn, or its
     /// server gone); the last one that paused attempt clocks resumes them.
     fn close_server_request(&mut self, ours: u64, now: Instant) -> Option<ServerRequest> {
-        let req = self.requests.server.remove(&ours)?;
-        if req.pauses {
-            self.requests.pausing -= 1;
-            if self.requests.pausing == 0 {
-                if let Some(since) = self.requests.paused_since.take() {
-                    self.with_calls(now, |c, ctx, out| c.resume_clocks(since, ctx, out));
-                }
-            }
+        let (req, resumed) = self.requests.close_server_request(ours)?;
+        if let Some(since) = resumed {
+            self.with_calls(now, |c, ctx, out| c.resume_clocks(since, ctx, out));
         }
         Some(req)
     }
@@ -1408,13 +1330,9 @@ impl Dispatcher {
             let Some(server_id) = params.get("requestId").map(|r| r.get().to_owned()) else {
                 return;
             };
-            let generation = self.generation;
             let ours = self
                 .requests
-                .server
-                .iter()
-                .find(|(_, r)| r.generation == generation && r.server_id == server_id)
-                .map(|(k, _)| *k);
+                .find_server_request(self.generation, &server_id);
             let Some(ours) = ours else {
                 return debug!("dropped the server's cancel for unknown request {server_id}");
             };
@@ -1429,7 +1347,7 @@ impl Dispatcher {
 
     /// Delivers the answer to a client request and forgets the request.
     pub(super) fn answer(&mut self, client_id: &str, line: Vec<u8>) {
-        let request = self.requests.client.remove(client_id);
+        let request = self.requests.complete(client_id);
         if let (Some(t), Some(r)) = (
             &mut self.otel,
             request.as_ref().and_then(|r| r.trace.as_ref()),
@@ -1437,21 +1355,8 @@ impl Dispatcher {
             t.request_answered(r, client_id, &line, self.now);
         }
         match request {
-            Some(ClientRequest {
-                batch: Some(b),
-                pending,
-                ..
-            }) => {
-                match self.requests.batches.get_mut(&b) {
-                    Some(batch) => batch.answered.push(pending),
-                    None => self.requests.pending.remove(pending),
-                }
-                self.batch_answer(b, line);
-            }
-            Some(r) => {
-                self.send_client(line);
-                self.requests.pending.remove(r.pending);
-            }
+            Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
+            Some(_) => self.send_client(line),
             None => debug!("dropped an answer for request {client_id}, which the client cancelled"),
         }
     }

@@ -27,7 +27,7 @@ use crate::stdio::Backlog;
 use crate::{debug, info, warn};
 
 use super::calls::Failure;
-use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Timer};
+use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Resolved, Timer};
 
 /// A child that stays up this long resets the restart backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
@@ -272,21 +272,14 @@ impl Dispatcher {
     /// the server: it is answered, saying so (the server, which may answer
     /// it later, is left running: its late answer is dropped).
     pub(super) fn on_first_initialize_due(&mut self, down: u64, now: Instant) {
-        if !matches!(
-            self.requests.inflight.get(&down),
-            Some(Inflight::Client { .. })
-        ) {
-            return;
-        }
-        let Some(Inflight::Client { client_id, .. }) = self.requests.inflight.remove(&down) else {
+        let client = |f: &Inflight| matches!(f, Inflight::Client { .. });
+        let Some(Inflight::Client { client_id, .. }) = self.requests.take_if(down, client) else {
             return;
         };
-        self.requests.unwritten.remove(&down);
+        self.requests.written(down);
         let since = self
             .requests
-            .client
-            .get(&client_id)
-            .and_then(|r| r.waited)
+            .waited(&client_id)
             .map_or(now, |(since, _)| since);
         let waited = now
             .saturating_duration_since(since)
@@ -440,15 +433,8 @@ impl Dispatcher {
                 client_id,
                 method,
             } => {
-                let still_wanted = self
-                    .requests
-                    .client
-                    .get(&client_id)
-                    .is_some_and(|r| r.queued == Some(seq));
+                let still_wanted = self.requests.unqueued(&client_id, seq);
                 if still_wanted {
-                    if let Some(r) = self.requests.client.get_mut(&client_id) {
-                        r.queued = None;
-                    }
                     self.relay_request(m, client_id, method, now);
                 }
                 still_wanted
@@ -498,10 +484,9 @@ impl Dispatcher {
                 params = asking;
             }
         }
-        let down = self.next_id();
-        self.requests
-            .inflight
-            .insert(down, Inflight::Replay(ReplayStep::Initialize));
+        let down = self
+            .requests
+            .issue(Inflight::Replay(ReplayStep::Initialize));
         debug!("replaying the client's initialize to the new server");
         let line = jsonrpc::request_line(&down.to_string(), "initialize", Some(&params));
         self.send_server(Outgoing::request(down, "initialize", line));
@@ -586,10 +571,7 @@ impl Dispatcher {
             }
         }
         for (method, params) in replays {
-            let down = self.next_id();
-            self.requests
-                .inflight
-                .insert(down, Inflight::Replay(ReplayStep::Other));
+            let down = self.requests.issue(Inflight::Replay(ReplayStep::Other));
             let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
             self.send_server(Outgoing::request(down, method, line));
         }
@@ -693,8 +675,8 @@ impl Dispatcher {
             let Some(down) = out.request_id() else {
                 continue;
             };
-            match self.requests.inflight.remove(&down) {
-                Some(Inflight::Client {
+            match self.requests.resolve_issued(down) {
+                Resolved::Ours(Inflight::Client {
                     client_id,
                     method,
                     resend,
@@ -715,16 +697,16 @@ impl Dispatcher {
                                 method,
                                 resend,
                             };
-                            self.requests.inflight.insert(down, back);
+                            self.requests.restore(down, back);
                         }
                     }
                 }
                 // The proxy's own requests are made again for the next
                 // incarnation (the handshake replay, the tool list).
-                Some(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
-                Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-                Some(Inflight::Replay(_)) => {}
-                None => {
+                Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
+                Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
+                Resolved::Ours(Inflight::Replay(_)) => {}
+                Resolved::Calls | Resolved::Never => {
                     let failure = Failure::NeverSent(why.to_owned());
                     self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
                 }
@@ -739,19 +721,19 @@ impl Dispatcher {
     /// decide: the safety gate for one that may have run; one refused is
     /// final), the proxy's own requests are given up.
     fn on_transport_failed(&mut self, down: u64, failure: TransportFailure, now: Instant) {
-        self.requests.unwritten.remove(&down);
-        match self.requests.inflight.remove(&down) {
-            Some(Inflight::Client { client_id, .. }) => {
+        self.requests.written(down);
+        match self.requests.resolve_issued(down) {
+            Resolved::Ours(Inflight::Client { client_id, .. }) => {
                 warn!("answered client request {client_id}: {}", failure.message);
                 let error = failure_error(&failure);
                 let line = jsonrpc::error_response_line(&client_id, &error.object);
                 self.answer(&client_id, line);
             }
-            Some(Inflight::ToolsList { .. }) => {
+            Resolved::Ours(Inflight::ToolsList { .. }) => {
                 self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
             }
-            Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-            Some(Inflight::Replay(step)) => {
+            Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
+            Resolved::Ours(Inflight::Replay(step)) => {
                 if step == ReplayStep::Initialize {
                     warn!(
                         "the restarted server is not usable: {}; stopping it",
@@ -762,11 +744,11 @@ impl Dispatcher {
                     }
                 }
             }
-            None if failure.invalid => {
+            Resolved::Calls | Resolved::Never if failure.invalid => {
                 let error = failure_error(&failure);
                 self.with_calls(now, |c, ctx, out| c.fail_attempt(down, &error, ctx, out));
             }
-            None => {
+            Resolved::Calls | Resolved::Never => {
                 let failure = match failure.may_have_run {
                     true => Failure::Transport(failure.message, failure.status),
                     false => Failure::Rejected(failure.message, failure.status),
@@ -790,8 +772,8 @@ impl Dispatcher {
             let Some(down) = out.request_id() else {
                 continue;
             };
-            match self.requests.inflight.remove(&down) {
-                Some(Inflight::Client { client_id, .. }) => {
+            match self.requests.resolve_issued(down) {
+                Resolved::Ours(Inflight::Client { client_id, .. }) => {
                     // Not run: the client may send it again, not before
                     // the hint. The proxy's error, never one dressed as
                     // the server's.
@@ -804,10 +786,10 @@ impl Dispatcher {
                     let line = jsonrpc::error_response_line(&client_id, &error);
                     self.answer(&client_id, line);
                 }
-                Some(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
-                Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-                Some(Inflight::Replay(_)) => {}
-                None => {
+                Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
+                Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
+                Resolved::Ours(Inflight::Replay(_)) => {}
+                Resolved::Calls | Resolved::Never => {
                     let failure = Failure::Refused(why.to_owned(), retry_after);
                     self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
                 }
@@ -883,7 +865,7 @@ impl Dispatcher {
             }
         }
         drop(conn);
-        self.requests.unwritten.clear();
+        self.requests.link_lost();
         if let Some(instant) = &mut self.instant {
             instant.reading.link_lost();
         }
@@ -894,9 +876,7 @@ impl Dispatcher {
             c.on_link_lost(&message, may_have_received, stopping, ctx, out)
         });
         // Other requests: reads are sent again, the rest answered.
-        let mut lost: Vec<(u64, Inflight)> = self.requests.inflight.drain().collect();
-        lost.sort_by_key(|(down, _)| *down);
-        for (_, f) in lost {
+        for (_, f) in self.requests.drain_lost() {
             let Inflight::Client {
                 client_id,
                 method,
@@ -914,9 +894,7 @@ impl Dispatcher {
             }
         }
         // Requests from the dead server the client has not answered yet.
-        let mut open: Vec<u64> = self.requests.server.keys().copied().collect();
-        open.sort();
-        for id in open {
+        for id in self.requests.open_server_requests() {
             self.close_server_request(id, now);
             let params = format!("{{\"requestId\":{id},\"reason\":\"the MCP server exited\"}}");
             self.send_client(jsonrpc::notification_line(
@@ -940,7 +918,7 @@ impl Dispatcher {
         method: Method,
         now: Instant,
     ) {
-        let window = self.requests.client.get(&client_id).and_then(|r| r.waited);
+        let window = self.requests.waited(&client_id);
         let (since, expires) = window.unwrap_or((now, self.wait_until(now)));
         let item = Queued::Request {
             m,
@@ -948,13 +926,7 @@ impl Dispatcher {
             method,
         };
         match self.enqueue(item, since, expires.max(now)) {
-            Some(seq) => {
-                if let Some(r) = self.requests.client.get_mut(&client_id) {
-                    r.queued = Some(seq);
-                    r.downstream = None;
-                    r.waited = Some((since, expires));
-                }
-            }
+            Some(seq) => self.requests.queued(&client_id, seq, since, expires),
             None => {
                 let msg = self.queue_full_message();
                 self.answer_proxy_error(&client_id, Reason::ServerUnavailable, msg);
@@ -1097,7 +1069,7 @@ impl Dispatcher {
             }
             Sent::Written => SendResult::Sent,
             Sent::Queued(w) => {
-                self.requests.unwritten.insert(down, w);
+                self.requests.unwritten(down, w);
                 SendResult::Sent
             }
         }
@@ -1106,10 +1078,7 @@ impl Dispatcher {
     /// Withdraws request `down` if its line still waits to be written:
     /// true if it never will be (the server never sees it).
     pub(super) fn withdraw(&mut self, down: u64) -> bool {
-        self.requests
-            .unwritten
-            .remove(&down)
-            .is_some_and(|w| w.withdraw())
+        self.requests.withdraw(down)
     }
 
     /// Whether the server is expected back: it is starting, or down for a
