@@ -10,6 +10,32 @@
 //! requests waiting for the server. Talks to the server only through
 //! [`Downstream`]; knows nothing of processes. Probe failures never reach
 //! the circuit breaker; a request that gave up waiting does.
+//!
+//! The link's life ([`Link`]; `generation` counts incarnations):
+//!
+//! ```text
+//!  Down (not started) ── run: start_server ──┐
+//!                                            ▼
+//!     ┌──────────── start failed ◄──── connect (generation + 1)
+//!     │                                      │ started
+//!     │                                      ▼
+//!     │        Up { ready: false } ── replay initialize, then the
+//!     │              │        │        session (initialized, level,
+//!     │              │        │        subscriptions): `ready`
+//!     │  replay timed out /   ▼
+//!     │  refused: kill   Up { ready } ── queue released (ramp),
+//!     │              │        │          traffic flows
+//!     │              ▼        ▼ input failed: draining
+//!     │           Gone (after all the server sent) ── on_link_gone:
+//!     │              calls' attempts fail, reads requeued, the rest
+//!     │              answered, server requests cancelled
+//!     ▼              ▼
+//!  Outage ── Timer::Restart (recovery: eager while something waits,
+//!     │       backing off while nothing does) ──► connect
+//!     └── Heal::Fix (or a crash loop): what waits answered now;
+//!         probes go on
+//!  Stopping (client gone, signal): shutdown(step) ──► Gone ──► Down
+//! ```
 
 #![forbid(unsafe_code)]
 
