@@ -16,8 +16,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +40,7 @@ mod publish;
 mod requests;
 #[cfg(test)]
 mod tests;
+mod timers;
 mod trace;
 
 use crate::mcp::List;
@@ -49,6 +49,10 @@ pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
 use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
+pub use timers::Timer;
+use timers::Timers;
+#[cfg(test)]
+use timers::MIN_TIMERS_TO_PRUNE;
 
 /// Everything that can wake the dispatcher.
 #[derive(Debug)]
@@ -226,47 +230,6 @@ pub fn proxy_error(reason: Reason, message: &str, extra: &[(&str, String)]) -> S
     jsonrpc::error_object(PROXY_ERROR, message, Some(&data))
 }
 
-/// A deadline and the reason it exists.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Timer {
-    /// Shutdown: the transport's stop sequence should be over by now; a
-    /// backstop, so that the proxy exits even if the server is never
-    /// reported gone.
-    ShutdownGiveUp,
-    /// A deadline of a `tools/call` (`calls.rs`).
-    Call(CallTimer),
-    /// Time to write the stats file.
-    StatsFlush,
-    /// Time to hand the status snapshot to its writer.
-    StatusPublish,
-    /// Start the server again (valid for the newest `seq` only).
-    Restart { seq: u64 },
-    /// The replayed `initialize` of incarnation `generation` must be answered.
-    ReplayTimeout { generation: u64 },
-    /// A queued item waited `call_timeout` for the server.
-    QueueExpired { seq: u64 },
-    /// The client's `initialize`, sent as downstream request `down` before
-    /// the session's first handshake, must be answered by now.
-    FirstInitialize { down: u64 },
-    /// The ramp releasing what waited may have stalled.
-    RampStall,
-    /// After the handshake: list the tools if nobody has.
-    LearnTools,
-    /// The server did not answer the client's `initialize` within
-    /// `instant::GRACE`: the cached answer is given.
-    InstantGrace,
-    /// The proxy's own `tools/list` request `down` must be answered by now.
-    ToolsListTimeout { down: u64 },
-    /// The proxy's own list request `down` (the handshake cache's) must be
-    /// answered by now.
-    ListingTimeout { down: u64 },
-    /// Line number `line` over `max_message_bytes` of incarnation
-    /// `generation` must have ended by now.
-    OverlongLine { generation: u64, line: u64 },
-    /// Time to hand the OpenTelemetry counters to the exporter.
-    OtelFlush,
-}
-
 /// How long after its stop sequence a server may take to be reported gone
 /// (what is left of its group, its last output) before the proxy exits
 /// without it.
@@ -275,18 +238,9 @@ const SHUTDOWN_BACKSTOP: Duration = Duration::from_secs(3);
 /// How long after the handshake the proxy waits for the client to list the
 /// tools before it asks the server itself.
 const TOOLS_AFTER_HANDSHAKE: Duration = Duration::from_millis(200);
-/// Below this many timers the heap is never pruned.
-const MIN_TIMERS_TO_PRUNE: usize = 1024;
 
 /// How often `--stats-file` is rewritten while counters change.
 const STATS_INTERVAL: Duration = Duration::from_secs(3);
-
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct TimerEntry {
-    at: Instant,
-    seq: u64,
-    timer: Timer,
-}
 
 /// Shutdown progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -330,10 +284,7 @@ pub struct Dispatcher {
     ramp: Ramp,
     /// The newest probe timer (older ones are void).
     restart_seq: u64,
-    timers: BinaryHeap<Reverse<TimerEntry>>,
-    timer_seq: u64,
-    /// Timers left by the last pruning.
-    timers_kept: usize,
+    timers: Timers,
     phase: Phase,
     /// Every `tools/call` in flight, with the policies.
     calls: Calls,
@@ -398,9 +349,7 @@ impl Dispatcher {
             recovery: Recovery::new(),
             ramp: Ramp::new(),
             restart_seq: 0,
-            timers: BinaryHeap::new(),
-            timer_seq: 0,
-            timers_kept: 0,
+            timers: Timers::default(),
             phase: Phase::Running,
             calls: Calls::new(cfg.clone()),
             actions: Vec::new(),
@@ -481,8 +430,8 @@ impl Dispatcher {
                 Some(e) => Some(e),
                 None => {
                     self.release_memory_if_due();
-                    match self.timers.peek() {
-                        Some(Reverse(t)) => match inbox.recv_deadline(t.at) {
+                    match self.timers.next_at() {
+                        Some(at) => match inbox.recv_deadline(at) {
                             Ok(e) => Some(e),
                             Err(RecvTimeoutError::Timeout) => None,
                             Err(RecvTimeoutError::Disconnected) => return Outcome::ClientClosed,
@@ -565,27 +514,18 @@ impl Dispatcher {
 
     fn fire_timers(&mut self, now: Instant) {
         self.now = now;
-        while let Some(Reverse(t)) = self.timers.peek() {
-            if t.at > now {
-                break;
-            }
-            let Reverse(t) = self.timers.pop().expect("peeked");
-            self.on_timer(t.timer, now);
+        while let Some(timer) = self.timers.pop_due(now) {
+            self.on_timer(timer, now);
         }
         self.status_check();
         self.otel_schedule();
     }
 
     fn set_timer(&mut self, at: Instant, timer: Timer) {
-        if self.timers.len() >= 2 * self.timers_kept.max(MIN_TIMERS_TO_PRUNE) {
+        if self.timers.due_for_pruning() {
             self.prune_timers();
         }
-        self.timer_seq += 1;
-        self.timers.push(Reverse(TimerEntry {
-            at,
-            seq: self.timer_seq,
-            timer,
-        }));
+        self.timers.set(at, timer);
     }
 
     /// Drops the timeouts of attempts that are over (answered, abandoned, or
@@ -596,13 +536,12 @@ impl Dispatcher {
     /// doubled since the last pruning, so it costs O(1) per timer set.
     fn prune_timers(&mut self) {
         let calls = &self.calls;
-        self.timers.retain(|Reverse(t)| match t.timer {
+        self.timers.prune(|t| match *t {
             Timer::Call(CallTimer::AttemptTimeout { call, down }) => {
                 calls.attempt_is_live(call, down)
             }
             _ => true,
         });
-        self.timers_kept = self.timers.len();
     }
 
     fn on_timer(&mut self, timer: Timer, now: Instant) {
@@ -1152,7 +1091,7 @@ impl Dispatcher {
                 match method {
                     Method::Initialize => {
                         let first = Timer::FirstInitialize { down };
-                        self.timers.retain(|Reverse(t)| t.timer != first);
+                        self.timers.cancel(&first);
                         self.observe_initialize(&m, now)
                     }
                     Method::ToolsList { first } => {
