@@ -28,7 +28,6 @@ use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
 use crate::policy::ramp::Ramp;
 use crate::policy::recovery::Recovery;
-use crate::status::Publisher;
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
@@ -37,6 +36,7 @@ mod calls;
 mod instant;
 mod link;
 mod publish;
+mod reporting;
 mod requests;
 #[cfg(test)]
 mod tests;
@@ -48,6 +48,7 @@ use calls::{Action, CallTimer, Calls, Owner};
 pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
+use reporting::Reporting;
 use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
 pub use timers::Timer;
 use timers::Timers;
@@ -239,9 +240,6 @@ const SHUTDOWN_BACKSTOP: Duration = Duration::from_secs(3);
 /// tools before it asks the server itself.
 const TOOLS_AFTER_HANDSHAKE: Duration = Duration::from_millis(200);
 
-/// How often `--stats-file` is rewritten while counters change.
-const STATS_INTERVAL: Duration = Duration::from_secs(3);
-
 /// Shutdown progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -295,11 +293,8 @@ pub struct Dispatcher {
     /// The time of the event or timer being handled: the dispatcher's only
     /// clock (read by `run`, set by the caller of `handle_event`).
     now: Instant,
-    /// Where `--stats-file` documents go, and whether a flush is scheduled.
-    stats_out: Option<Sender<String>>,
-    stats_flush_pending: bool,
-    /// What `mcp-retry status` is told, if anything (`publish.rs`).
-    status: Option<Publisher>,
+    /// The stats file, `status`, OpenTelemetry, start and ready times.
+    reporting: Reporting,
     /// Nothing else waits in the inbox: lines may be written at once
     /// rather than handed to the writer threads (see `Outbox::send_now`).
     eager: bool,
@@ -308,10 +303,6 @@ pub struct Dispatcher {
     inbox_backlog: Option<Arc<Backlog>>,
     /// Bytes of messages handled since free memory was last given back.
     handled_bytes: usize,
-    /// OpenTelemetry export, when on (`trace.rs`), and whether a metrics
-    /// flush is scheduled.
-    otel: Option<crate::otel::Tracer>,
-    otel_flush_pending: bool,
     /// Instant start, when on and the cache is usable (`instant.rs`).
     instant: Option<Box<InstantStart>>,
     /// The session ends because the server contradicted the cache.
@@ -319,10 +310,6 @@ pub struct Dispatcher {
     /// Started by `check` (`MCP_RETRY_CHECK=1`): the first start that ends
     /// before the handshake answers what waits.
     check_mode: bool,
-    /// When the proxy started, and when the server first accepted the
-    /// client's handshake (shown by `status`).
-    started_at: Instant,
-    ready_at: Option<Instant>,
 }
 
 impl Dispatcher {
@@ -355,19 +342,13 @@ impl Dispatcher {
             actions: Vec::new(),
             rng: fastrand::Rng::new(),
             now: Instant::now(),
-            stats_out: None,
-            stats_flush_pending: false,
-            status: None,
+            reporting: Reporting::new(Instant::now()),
             eager: false,
             inbox_backlog: None,
             handled_bytes: 0,
-            otel: None,
-            otel_flush_pending: false,
             instant: None,
             handshake_changed: false,
             check_mode: false,
-            started_at: Instant::now(),
-            ready_at: None,
             cfg,
         }
     }
@@ -381,7 +362,7 @@ impl Dispatcher {
     /// Sends the `--stats-file` document to `out` every few seconds while
     /// counters change, and at exit.
     pub fn with_stats_output(mut self, out: Sender<String>) -> Dispatcher {
-        self.stats_out = Some(out);
+        self.reporting.stats_to(out);
         self
     }
 
@@ -415,8 +396,9 @@ impl Dispatcher {
 
     /// Starts the server and handles events until the session ends.
     pub fn run(&mut self, inbox: Receiver<Event>) -> Outcome {
-        self.started_at = Instant::now();
-        self.start_server(self.started_at);
+        let started = Instant::now();
+        self.reporting.started(started);
+        self.start_server(started);
         self.status_check();
         loop {
             if let Some(outcome) = self.finished() {
@@ -589,21 +571,19 @@ impl Dispatcher {
 
     /// Counters changed: schedule a stats flush if a file is wanted.
     fn stats_dirty(&mut self) {
-        self.status_dirty();
-        if let Some(t) = &mut self.otel {
-            t.figures_changed();
-        }
-        if self.stats_out.is_some() && !self.stats_flush_pending {
-            self.stats_flush_pending = true;
-            self.set_timer(self.now + STATS_INTERVAL, Timer::StatsFlush);
+        for (at, timer) in self
+            .reporting
+            .counters_changed(self.now)
+            .into_iter()
+            .flatten()
+        {
+            self.set_timer(at, timer);
         }
     }
 
     fn on_stats_flush_due(&mut self) {
-        self.stats_flush_pending = false;
-        if let Some(out) = &self.stats_out {
-            let _ = out.send(self.calls.stats().to_json(&self.cfg.name));
-        }
+        self.reporting
+            .flush_stats(self.calls.stats(), &self.cfg.name);
     }
 
     fn shutdown_step(&self) -> Duration {
@@ -793,8 +773,8 @@ impl Dispatcher {
             self.session.modern_meta = m.params().and_then(crate::mcp::envelope);
         }
         let trace = self
-            .otel
-            .as_mut()
+            .reporting
+            .tracer()
             .and_then(|t| t.request_started(&method, m.params(), now));
         self.requests.register(&client_id, batch, trace);
         if self.requests.open_count() > self.cfg.max_in_flight {
@@ -1196,7 +1176,7 @@ impl Dispatcher {
         };
         self.instant_accepted(raw);
         self.session.init_params = self.session.pending_init.take();
-        self.ready_at.get_or_insert(now);
+        self.reporting.ready(now);
         self.recovery.handshaken();
         if let Some(v) = result.string("protocolVersion") {
             debug!("negotiated protocol version {v}");
@@ -1288,7 +1268,7 @@ impl Dispatcher {
     pub(super) fn answer(&mut self, client_id: &str, line: Vec<u8>) {
         let request = self.requests.complete(client_id);
         if let (Some(t), Some(r)) = (
-            &mut self.otel,
+            self.reporting.tracer(),
             request.as_ref().and_then(|r| r.trace.as_ref()),
         ) {
             t.request_answered(r, client_id, &line, self.now);

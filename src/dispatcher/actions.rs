@@ -34,7 +34,7 @@ impl Dispatcher {
         let ctx = Ctx {
             now,
             link: self.link_view(),
-            tracing: self.otel.is_some(),
+            tracing: self.reporting.tracing(),
         };
         // Nested runs (an action that reports back) start with an empty
         // buffer; the largest one is kept, unless a burst (a link lost with
@@ -240,7 +240,7 @@ impl Dispatcher {
         match t {
             Trace::CallStarted { call } => {
                 if let (Some(tracer), Some((tool, client, params))) =
-                    (&mut self.otel, self.calls.started(call))
+                    (self.reporting.tracer(), self.calls.started(call))
                 {
                     tracer.call_started(call, tool, client, params, now);
                 }

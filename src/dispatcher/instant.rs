@@ -586,7 +586,7 @@ impl Dispatcher {
         self.session.protocol_version =
             RawObject::parse(real).and_then(|r| r.string("protocolVersion"));
         self.observe_capabilities(real);
-        self.ready_at.get_or_insert(now);
+        self.reporting.ready(now);
         self.instant_accepted(real);
         self.answer(&client_id, jsonrpc::response_line(&client_id, real));
         self.status_dirty();
@@ -665,9 +665,9 @@ impl Dispatcher {
         self.instant_bridge(bridge);
         info!(
             "the MCP server is ready after {}; the session began from the handshake cache",
-            super::calls::secs(now.saturating_duration_since(self.started_at))
+            super::calls::secs(now.saturating_duration_since(self.reporting.started_at()))
         );
-        self.ready_at.get_or_insert(now);
+        self.reporting.ready(now);
         let version = self.client_version();
         if let Some(instant) = self.instant.as_mut() {
             let told = instant.told.take().expect("checked above");

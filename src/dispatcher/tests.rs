@@ -1285,7 +1285,7 @@ fn status_timers(h: &Harness) -> Vec<Instant> {
 fn status_is_published_after_a_change_at_most_once_a_second_and_never_while_idle() {
     let (tx, published) = crossbeam_channel::unbounded();
     let mut h = Harness::with(config(|_| {}));
-    h.d.status = Some(crate::status::Publisher::new(tx));
+    h.d.reporting.status_to(tx);
     let t0 = h.now;
     // The first state goes out at once.
     h.d.now = t0;
