@@ -97,7 +97,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::config::{check_header, ServerConfig};
 use crate::downstream::{
@@ -204,7 +204,8 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, StartError
         warned_tools: Mutex::new(HashSet::new()),
         on_event,
         closed: AtomicBool::new(false),
-        gone: Mutex::new(false),
+        reports: Mutex::new(Reports::default()),
+        reported: Condvar::new(),
         requests: AtomicUsize::new(0),
         max_message_bytes: cfg.max_message_bytes,
         recv_response: cfg.call_timeout + Duration::from_secs(5),
@@ -306,9 +307,12 @@ struct Shared {
     on_event: OnEvent,
     /// No more lines are taken (shutdown, kill, drop, or gone).
     closed: AtomicBool,
-    /// `Gone` was reported. Held while an event is reported, which may
-    /// block (the client is behind): the dispatcher's thread never takes it.
-    gone: Mutex<bool>,
+    /// Whether `Gone` was reported, and how many events are being
+    /// reported meanwhile (a report may block while the client is behind;
+    /// no lock is held while it does).
+    reports: Mutex<Reports>,
+    /// Signalled when the last event being reported is delivered.
+    reported: Condvar,
     /// Requests (not notifications) being posted.
     requests: AtomicUsize,
     max_message_bytes: usize,
@@ -323,6 +327,14 @@ struct Shared {
     /// requests slower than the client sends them cannot make the queues
     /// grow without bound.
     backlog: Arc<Backlog>,
+}
+
+/// What the connection has reported: `Gone` (nothing is reported after
+/// it), and the events being reported now, which `Gone` waits for.
+#[derive(Default)]
+struct Reports {
+    gone: bool,
+    reporting: usize,
 }
 
 #[derive(Default)]
@@ -422,9 +434,9 @@ impl Http {
     /// Stops taking lines and has an `http-note` thread end the
     /// connection: end the session within `delete`, if given (else every
     /// exchange is interrupted at once), and report `Gone`. Not on the
-    /// caller's thread: a transport thread reporting a message may hold
-    /// the lock `Gone` needs while the client is behind, and the caller is
-    /// the dispatcher, which must not wait for that.
+    /// caller's thread: `Gone` waits for a message a transport thread is
+    /// reporting while the client is behind, and the caller is the
+    /// dispatcher, which must not wait for that.
     fn finish(&mut self, delete: Option<Duration>, how: &'static str) {
         let Some(notes) = self.notes.take() else {
             // Already closing (a kill after a shutdown): what is in flight,
@@ -555,22 +567,46 @@ impl Drop for Http {
 
 impl Shared {
     /// Reports an event unless the connection was already reported gone.
+    /// The report is made without a lock held: `Gone` waits for it.
     fn emit(&self, event: ServerEvent) {
-        let gone = self.gone.lock();
-        if !*gone {
-            (self.on_event)(event);
+        {
+            let mut reports = self.reports.lock();
+            if reports.gone {
+                return;
+            }
+            reports.reporting += 1;
         }
+        // Counted out however the report ends (a panic in it too, before
+        // the thread's guard reports `Gone`).
+        struct Reported<'a>(&'a Shared);
+        impl Drop for Reported<'_> {
+            fn drop(&mut self) {
+                let mut reports = self.0.reports.lock();
+                reports.reporting -= 1;
+                if reports.reporting == 0 {
+                    self.0.reported.notify_all();
+                }
+            }
+        }
+        let _reported = Reported(self);
+        (self.on_event)(event);
     }
 
-    /// Reports `Gone`, once; nothing is reported after it. When the
-    /// connection failed (it was not closed on purpose), the lines still
-    /// queued, which no thread took, are reported `Unsent` first.
+    /// Reports `Gone`, once, after the events being reported; nothing is
+    /// reported after it. When the connection failed (it was not closed
+    /// on purpose), the lines still queued, which no thread took, are
+    /// reported `Unsent` first.
     fn gone(&self, how: &str, may_have_received: bool) {
-        let mut gone = self.gone.lock();
-        if *gone {
-            return;
+        {
+            let mut reports = self.reports.lock();
+            if reports.gone {
+                return;
+            }
+            reports.gone = true;
+            while reports.reporting > 0 {
+                self.reported.wait(&mut reports);
+            }
         }
-        *gone = true;
         if !self.closed.swap(true, Ordering::SeqCst) {
             let lines: Vec<Outgoing> = self
                 .queued
@@ -680,8 +716,9 @@ mod tests {
         config.unwrap().servers.remove(0)
     }
 
-    #[test]
-    fn a_kill_after_a_shutdown_never_waits_for_a_report_the_client_holds_up() {
+    /// A server answering every POST with one event, then keeping the
+    /// stream open; its port.
+    fn one_event_server() -> u16 {
         use std::io::{Read, Write};
         use std::net::TcpListener;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -702,7 +739,47 @@ mod tests {
                 });
             }
         });
-        let cfg = remote(port);
+        port
+    }
+
+    #[test]
+    fn a_report_held_up_by_the_client_holds_up_no_other_and_gone_waits_for_it() {
+        let cfg = remote(one_event_server());
+        let (hold_tx, hold_rx) = crossbeam_channel::bounded::<()>(0);
+        let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
+        let on_event: OnEvent = Box::new(move |ev| {
+            let gone = matches!(ev, ServerEvent::Gone(_));
+            let _ = seen_tx.send(gone);
+            if !gone {
+                let _ = hold_rx.recv_timeout(Duration::from_secs(10));
+            }
+        });
+        let mut http = connect(&cfg, on_event).unwrap();
+        for id in [1, 2] {
+            let line = format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{}}}}\n"
+            );
+            assert!(Downstream::send(
+                &mut http,
+                Outgoing::request(id, "tools/call", line.into_bytes())
+            ));
+        }
+        // Both reports are under way at once: neither waits for the other.
+        let wait = Duration::from_secs(5);
+        assert_eq!(seen_rx.recv_timeout(wait), Ok(false));
+        assert_eq!(seen_rx.recv_timeout(wait), Ok(false));
+        // `Gone` comes only once both are delivered.
+        http.kill();
+        assert!(seen_rx.recv_timeout(Duration::from_millis(300)).is_err());
+        drop(hold_tx);
+        // (The interrupted streams' failures may be reported before it.)
+        while !seen_rx.recv_timeout(wait).expect("Gone is reported") {}
+        assert!(seen_rx.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn a_kill_after_a_shutdown_never_waits_for_a_report_the_client_holds_up() {
+        let cfg = remote(one_event_server());
         let (hold_tx, hold_rx) = crossbeam_channel::bounded::<()>(0);
         let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
         let on_event: OnEvent = Box::new(move |ev| {
