@@ -91,28 +91,22 @@ mod stream;
 mod tools;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 
-use crate::config::{check_header, ServerConfig};
+use crate::config::ServerConfig;
 use crate::downstream::{
-    Downstream, Failure, Gone, Heal, OnEvent, OutKind, Outgoing, ServerEvent, StartError,
+    Downstream, Gone, Heal, OnEvent, OutKind, Outgoing, ServerEvent, StartError,
 };
-use crate::jsonrpc::{self, Message, RawObject};
 use crate::stdio::Backlog;
 
-use classify::Class;
 use conn::Exchange;
-use headers::header;
 pub use headers::split_header;
-use order::{Order, Turn, TurnDone};
-use post::Post;
-use stream::{note_last_id, Until};
+use order::Order;
 
 /// Threads making POSTs that are always there.
 const POOL: usize = 8;

@@ -4,7 +4,15 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::io::Read;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::RecvTimeoutError;
+
+use super::order::Turn;
+use super::stream::note_last_id;
+use super::{classify, resume, sse, Shared};
 
 /// The GET stream's reconnection delays: 1 s, growing ×1.5, at most 30 s.
 pub(super) const GET_RETRY_FIRST: Duration = Duration::from_secs(1);

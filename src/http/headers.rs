@@ -6,7 +6,14 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::io::Read;
+use std::time::Duration;
+
+use crate::config::check_header;
+use crate::jsonrpc::RawObject;
+
+use super::post::Post;
+use super::{modern, Shared};
 
 /// How long `headers_helper` may run.
 pub(super) const HELPER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -6,7 +6,19 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::downstream::{Failure, Heal, OutKind, Outgoing, ServerEvent};
+use crate::jsonrpc::{self, Message, RawObject};
+
+use super::classify::Class;
+use super::conn::Exchange;
+use super::headers::header;
+use super::order::{Turn, TurnDone};
+use super::stream::Until;
+use super::{classify, modern, Line, Live, Shared};
 
 /// How long such a POST may take in all, plus a second per MiB it carries
 /// (an answer to `sampling/createMessage` may hold an image): the server

@@ -7,7 +7,18 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::io::Read;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::downstream::ServerEvent;
+use crate::jsonrpc::{self, Message};
+
+use super::classify::Class;
+use super::conn::Exchange;
+use super::headers::header;
+use super::post::Post;
+use super::{resume, sse, Shared};
 
 /// Where a request's answer stream is: its last event id and `retry`.
 #[derive(Default)]
