@@ -186,7 +186,8 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, StartError
         helper: cfg.headers_helper.clone(),
         helper_env: cfg.env.clone(),
         helper_cwd: cfg.cwd.clone(),
-        helper_headers: Mutex::new(None),
+        helper_headers: Mutex::new(HelperHeaders::default()),
+        helper_ran: Condvar::new(),
         needs_fix: AtomicBool::new(false),
         order: Arc::new(Order::new()),
         posters: AtomicUsize::new(POOL),
@@ -270,6 +271,22 @@ pub struct Http {
     shown: String,
 }
 
+/// What the threads of one connection share.
+///
+/// Every lock of the transport (parking_lot; none is held across a
+/// request's I/O, while an event is reported, or while `headers_helper`
+/// runs):
+///
+/// | lock | guards | taken by |
+/// |---|---|---|
+/// | `Shared::session` | session id, protocol version, the GET started, the 2026-07-28 version | POST and GET threads; the dispatcher's thread (`cancel`) |
+/// | `Shared::exchanges` | requests being posted, early cancels | POST threads; the dispatcher's thread (`cancel`) |
+/// | `Shared::helper_headers` (+ `helper_ran`) | `headers_helper`'s last output, a run under way | POST and GET threads building headers, scrubbing text |
+/// | `Shared::tool_headers`, `Shared::warned_tools` | 2026-07-28 `x-mcp-header` maps, tools warned about | POST threads (`tools.rs`, `headers.rs`) |
+/// | `Shared::reports` (+ `reported`) | `Gone` reported, events being reported | every thread reporting (`emit`, `gone`) |
+/// | `Order::state` (+ `moved`) | which lines have started | POST threads waiting for their turn |
+/// | `Exchange::{conn, closing_tx, written, on_written}` | an exchange's connection, close, bytes written, callback (called after the lock) | the exchange's POST or GET thread; `close` from any |
+/// | `ConnState::owner` | the exchange using a connection | the connector (in ureq's calls), `close`; held across a socket's `shutdown(2)` (which does not block), as `exchanges` is when `cancel` closes a stream |
 struct Shared {
     url: String,
     shown: String,
@@ -278,8 +295,10 @@ struct Shared {
     helper: Option<String>,
     helper_env: Vec<(String, String)>,
     helper_cwd: Option<std::path::PathBuf>,
-    /// What `headers_helper` printed last; `None` before its first run.
-    helper_headers: Mutex<Option<Vec<(String, String)>>>,
+    /// What `headers_helper` printed last, and whether it runs now (it
+    /// runs without the lock held; `helper_ran` says when it is done).
+    helper_headers: Mutex<HelperHeaders>,
+    helper_ran: Condvar,
     /// The order POSTs start in.
     order: Arc<Order>,
     /// POST threads for requests, and how many of them wait for work.
@@ -321,6 +340,14 @@ struct Shared {
     /// requests slower than the client sends them cannot make the queues
     /// grow without bound.
     backlog: Arc<Backlog>,
+}
+
+/// What `headers_helper` printed last (`None` before its first run), and
+/// whether a thread runs it now.
+#[derive(Default)]
+struct HelperHeaders {
+    last: Option<Vec<(String, String)>>,
+    running: bool,
 }
 
 /// What the connection has reported: `Gone` (nothing is reported after
