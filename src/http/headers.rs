@@ -188,15 +188,7 @@ impl Shared {
     /// The 2025-era session headers: the session id and the negotiated
     /// version, once `initialize` set them.
     pub(super) fn session_headers(&self) -> Vec<(String, String)> {
-        let s = self.session.lock();
-        let mut out = Vec::new();
-        if let Some(id) = &s.id {
-            out.push(("Mcp-Session-Id".to_owned(), id.clone()));
-        }
-        if let Some(v) = &s.protocol_version {
-            out.push(("MCP-Protocol-Version".to_owned(), v.clone()));
-        }
-        out
+        self.session.headers()
     }
 
     /// The headers a 2026-07-28 POST mirrors from its body: version,

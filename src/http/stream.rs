@@ -116,7 +116,7 @@ impl Shared {
         resp: ureq::http::Response<ureq::Body>,
     ) {
         if post.is("initialize") {
-            self.session.lock().id = header(&resp, "mcp-session-id");
+            self.session.set_id(header(&resp, "mcp-session-id"));
         }
         let kind = header(&resp, "content-type").unwrap_or_default();
         let is_sse = kind.to_ascii_lowercase().starts_with("text/event-stream");
@@ -371,8 +371,8 @@ impl Shared {
                 let mut m = m;
                 if let Some(u) = answer {
                     if u.initialize {
-                        self.session.lock().protocol_version =
-                            protocol_version(&String::from_utf8_lossy(&m.line()));
+                        let version = protocol_version(&String::from_utf8_lossy(&m.line()));
+                        self.session.set_protocol_version(version);
                     }
                     if u.screen_tools {
                         m = self.screened(m);
