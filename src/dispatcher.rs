@@ -16,7 +16,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +25,6 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
-use crate::policy::ramp::Ramp;
 use crate::policy::recovery::Recovery;
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
@@ -36,6 +34,7 @@ mod calls;
 mod instant;
 mod link;
 mod publish;
+mod queue;
 mod reporting;
 mod requests;
 #[cfg(test)]
@@ -48,6 +47,7 @@ use calls::{Action, CallTimer, Calls, Owner};
 pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
+use queue::Queue;
 use reporting::Reporting;
 use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
 pub use timers::Timer;
@@ -273,13 +273,10 @@ pub struct Dispatcher {
     requests: Requests,
     /// What a restarted server must be told.
     session: Session,
-    /// Traffic waiting for a (re)starting server, with sequence numbers.
-    queue: VecDeque<(u64, Instant, Queued)>,
-    queue_seq: u64,
+    /// Traffic waiting for a (re)starting server, and its ramp.
+    queue: Queue,
     /// The link's health while it is down, and when to probe it.
     recovery: Recovery,
-    /// How fast what waited for the server is released when it is back.
-    ramp: Ramp,
     /// The newest probe timer (older ones are void).
     restart_seq: u64,
     timers: Timers,
@@ -331,10 +328,8 @@ impl Dispatcher {
             generation: 0,
             requests: Requests::default(),
             session: Session::default(),
-            queue: VecDeque::new(),
-            queue_seq: 0,
+            queue: Queue::new(),
             recovery: Recovery::new(),
-            ramp: Ramp::new(),
             restart_seq: 0,
             timers: Timers::default(),
             phase: Phase::Running,
@@ -606,8 +601,7 @@ impl Dispatcher {
         }
         self.phase = Phase::Stopping { signal };
         // Nothing queued will be sent any more.
-        let queued: Vec<(u64, Instant, Queued)> = self.queue.drain(..).collect();
-        for (_, _, item) in queued {
+        for (_, _, item) in self.queue.drain() {
             match item {
                 Queued::Request { client_id, .. } => self.answer_proxy_error(
                     &client_id,

@@ -62,8 +62,6 @@ const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// whose own start timeout is 30 s (Claude Code's `MCP_TIMEOUT`) before it
 /// gives up.
 const FIRST_WAIT: Duration = Duration::from_secs(20);
-/// Most requests waiting for a restarting server.
-pub(super) const QUEUE_LIMIT: usize = 1000;
 /// How far past its input backlog's limit a server that is not reading may
 /// still be sent cancels, notifications and answers to its own requests.
 const RESERVE: usize = 64 * 1024;
@@ -268,12 +266,7 @@ impl Dispatcher {
         since: Instant,
         expires: Instant,
     ) -> Option<u64> {
-        if self.queue.len() >= QUEUE_LIMIT {
-            return None;
-        }
-        self.queue_seq += 1;
-        let seq = self.queue_seq;
-        self.queue.push_back((seq, since, item));
+        let seq = self.queue.push(item, since)?;
         self.set_timer(expires, Timer::QueueExpired { seq });
         Some(seq)
     }
@@ -324,13 +317,7 @@ impl Dispatcher {
     }
 
     pub(super) fn unqueue(&mut self, seq: u64) -> Option<Queued> {
-        self.unqueue_timed(seq).map(|(_, q)| q)
-    }
-
-    /// Takes item `seq` out of the queue, with when it began waiting.
-    fn unqueue_timed(&mut self, seq: u64) -> Option<(Instant, Queued)> {
-        let i = self.queue.iter().position(|(s, ..)| *s == seq)?;
-        self.queue.remove(i).map(|(_, at, q)| (at, q))
+        self.queue.take(seq).map(|(_, q)| q)
     }
 
     /// A queued item waited as long as it may for the server.
@@ -342,7 +329,7 @@ impl Dispatcher {
     /// message says how long it really waited. A request that gave up
     /// waiting counts toward the circuit breaker (an outage's failure).
     fn queue_give_up(&mut self, seq: u64, now: Instant, what: &str) {
-        let Some((since, item)) = self.unqueue_timed(seq) else {
+        let Some((since, item)) = self.queue.take(seq) else {
             return;
         };
         let message = format!(
@@ -384,8 +371,8 @@ impl Dispatcher {
     /// is `back` from an outage, in a ramp (`policy::ramp`): the oldest
     /// first, then two more for each answer.
     fn flush_queue(&mut self, back: bool, now: Instant) {
-        if back && !self.queue.is_empty() {
-            self.ramp.begin(now);
+        if back {
+            self.queue.begin_ramp(now);
         }
         self.release_queue(now);
     }
@@ -397,55 +384,36 @@ impl Dispatcher {
     /// missed the connection).
     pub(super) fn release_queue(&mut self, now: Instant) {
         while self.link_ready() {
-            let Some((_, _, item)) = self.queue.front() else {
-                break;
-            };
-            if !matches!(item, Queued::Notification(_)) && !self.ramp.room() {
-                break;
-            }
-            let Some((seq, _, item)) = self.queue.pop_front() else {
+            let Some((seq, item)) = self.queue.pop_releasable() else {
                 break;
             };
             if self.release(seq, item, now) {
-                self.ramp.released(now);
+                self.queue.released(now);
             }
         }
-        if self.ramp.active() {
-            let backlog = crate::policy::ramp::backlog;
-            let fresh: Vec<u64> = (self.queue.iter())
-                .filter(|(_, since, _)| !backlog(*since, now))
-                .map(|(seq, ..)| *seq)
-                .collect();
-            for seq in fresh {
-                if !self.link_ready() {
-                    break;
-                }
-                if let Some(item) = self.unqueue(seq) {
-                    self.release(seq, item, now);
-                }
+        for seq in self.queue.fresh(now) {
+            if !self.link_ready() {
+                break;
+            }
+            if let Some(item) = self.unqueue(seq) {
+                self.release(seq, item, now);
             }
         }
-        match self.queue.is_empty() {
-            true => self.ramp.end(),
-            false => {
-                if let Some(at) = self.ramp.stall_at() {
-                    self.set_timer(at, Timer::RampStall);
-                }
-            }
+        if let Some(at) = self.queue.settle() {
+            self.set_timer(at, Timer::RampStall);
         }
     }
 
     /// Nothing released was answered for a while: more may go.
     pub(super) fn on_ramp_stall(&mut self, now: Instant) {
-        if self.ramp.stalled(now) {
+        if self.queue.stalled(now) {
             self.release_queue(now);
         }
     }
 
     /// The server answered a request: while a ramp runs, more may go.
     pub(super) fn ramp_answered(&mut self, now: Instant) {
-        if self.ramp.active() {
-            self.ramp.answered(now);
+        if self.queue.answered(now) {
             self.release_queue(now);
         }
     }
@@ -576,8 +544,8 @@ impl Dispatcher {
         // otherwise reach it twice.
         let queued: Vec<(String, Option<&str>)> = self
             .queue
-            .iter()
-            .filter_map(|(_, _, item)| match item {
+            .items()
+            .filter_map(|item| match item {
                 Queued::Request { m, .. } => Some((m.method()?.into_owned(), m.params())),
                 _ => None,
             })
@@ -963,8 +931,7 @@ impl Dispatcher {
     /// Answers everything queued: the server will not be there without
     /// someone fixing something.
     fn refuse_queue(&mut self, now: Instant) {
-        let seqs: Vec<u64> = self.queue.iter().map(|(s, ..)| *s).collect();
-        for seq in seqs {
+        for seq in self.queue.seqs() {
             self.queue_give_up(seq, now, "stopped waiting after");
         }
     }

@@ -1098,7 +1098,7 @@ fn what_waited_for_a_server_that_came_back_goes_oldest_first_then_two_per_answer
         third.extend(reads_sent(&h));
     }
     assert_eq!(uris(&third), ["u4", "u5", "u6", "u7"]);
-    assert!(h.d.queue.is_empty() && !h.d.ramp.active());
+    assert!(h.d.queue.is_empty() && !h.d.queue.ramping());
 }
 
 #[test]
