@@ -135,3 +135,76 @@ impl Queue {
         self.ramp.active()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::downstream::Outgoing;
+    use std::time::Duration;
+
+    fn note() -> Queued {
+        Queued::Notification(Outgoing::notification("n", b"{}\n".to_vec()))
+    }
+
+    #[test]
+    fn items_are_numbered_taken_by_number_and_bounded() {
+        let t0 = Instant::now();
+        let mut q = Queue::new();
+        assert_eq!(q.push(Queued::Call(7), t0), Some(1));
+        assert_eq!(q.push(note(), t0), Some(2));
+        assert!(matches!(q.take(1), Some((t, Queued::Call(7))) if t == t0));
+        assert!(q.take(1).is_none());
+        assert_eq!(q.seqs(), [2]);
+        while q.push(Queued::Call(0), t0).is_some() {}
+        assert_eq!(q.seqs().len(), QUEUE_LIMIT);
+        assert_eq!(q.drain().len(), QUEUE_LIMIT);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_ramp_releases_the_oldest_alone_and_more_per_answer() {
+        let t0 = Instant::now();
+        let mut q = Queue::new();
+        for call in 1..=4 {
+            q.push(Queued::Call(call), t0);
+        }
+        let back = t0 + Duration::from_secs(5);
+        q.begin_ramp(back);
+        assert!(matches!(q.pop_releasable(), Some((1, Queued::Call(1)))));
+        q.released(back);
+        assert!(q.pop_releasable().is_none(), "one out at first");
+        // A notification waits only for what is before it.
+        let mut q2 = Queue::new();
+        q2.push(note(), t0);
+        q2.push(Queued::Call(1), t0);
+        q2.begin_ramp(back);
+        q2.released(back);
+        assert!(matches!(
+            q2.pop_releasable(),
+            Some((1, Queued::Notification(_)))
+        ));
+        // An answer lets two more go.
+        assert!(q.answered(back));
+        assert!(matches!(q.pop_releasable(), Some((2, _))));
+        q.released(back);
+        assert!(matches!(q.pop_releasable(), Some((3, _))));
+        q.released(back);
+        assert!(q.pop_releasable().is_none());
+        assert_eq!(q.settle(), Some(back + crate::policy::ramp::STALL));
+        q.take(4);
+        assert_eq!(q.settle(), None);
+        assert!(!q.ramping() && !q.answered(back));
+    }
+
+    #[test]
+    fn what_waited_too_little_is_not_held_by_the_ramp() {
+        let t0 = Instant::now();
+        let mut q = Queue::new();
+        q.push(Queued::Call(1), t0);
+        let back = t0 + Duration::from_secs(5);
+        q.push(Queued::Call(2), back);
+        assert!(q.fresh(back).is_empty(), "no ramp: nothing held");
+        q.begin_ramp(back);
+        assert_eq!(q.fresh(back), [2]);
+    }
+}

@@ -469,3 +469,94 @@ struct Batch {
     /// `answers`: pending until the array is sent.
     answered: Vec<u32>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listing() -> Inflight {
+        Inflight::ToolsList { first: true }
+    }
+
+    #[test]
+    fn an_id_is_issued_with_its_owner_and_resolved_once() {
+        let mut r = Requests::default();
+        let ours = r.issue(listing());
+        let attempt = r.issue_attempt();
+        assert_eq!((ours, attempt), (1, 2), "one counter, never reused");
+        assert!(matches!(
+            r.resolve("1"),
+            (1, Resolved::Ours(Inflight::ToolsList { first: true }))
+        ));
+        // Resolved once: then it is no longer the dispatcher's.
+        assert!(matches!(r.resolve("1"), (1, Resolved::Calls)));
+        assert!(matches!(r.resolve("2"), (2, Resolved::Calls)));
+        for never in ["3", "\"1\"", "-1", "null"] {
+            assert!(matches!(r.resolve(never), (_, Resolved::Never)), "{never}");
+        }
+    }
+
+    #[test]
+    fn a_timer_takes_only_the_entry_it_expects() {
+        let mut r = Requests::default();
+        let down = r.issue(listing());
+        let replay = |f: &Inflight| matches!(f, Inflight::Replay(_));
+        assert!(r.take_if(down, replay).is_none());
+        let tools = |f: &Inflight| matches!(f, Inflight::ToolsList { .. });
+        assert!(r.take_if(down, tools).is_some());
+        assert!(r.take_if(down, tools).is_none());
+    }
+
+    #[test]
+    fn a_client_request_is_pending_until_completed_or_cancelled() {
+        let mut r = Requests::default();
+        r.register("1", None, None);
+        r.register("2", None, None);
+        assert_eq!(r.open_count(), 2);
+        assert!(r.complete("1").is_some());
+        assert!(r.complete("1").is_none(), "answered once");
+        assert!(r.cancel("2").is_some());
+        assert!(!r.is_open("2"));
+        assert!(r.pending().take().is_empty());
+    }
+
+    #[test]
+    fn a_batch_answer_is_pending_until_the_array_goes() {
+        let mut r = Requests::default();
+        let b = r.open_batch(2);
+        r.register("a", Some(b), None);
+        r.register("b", Some(b), None);
+        r.complete("a");
+        assert_eq!(r.batch_entry(b, Some(b"{\"id\":\"a\"}\n".to_vec())), None);
+        r.cancel("b");
+        assert_eq!(
+            r.batch_entry(b, None).as_deref(),
+            Some(&b"[{\"id\":\"a\"}]\n"[..])
+        );
+        assert!(!r.collecting(b));
+        assert!(r.pending().take().is_empty());
+        // Answered, but in a batch whose array has not gone: pending.
+        let b = r.open_batch(2);
+        r.register("c", Some(b), None);
+        r.complete("c");
+        assert_eq!(r.pending().take(), ["c"]);
+    }
+
+    #[test]
+    fn the_last_pausing_server_request_resumes_the_clocks() {
+        let mut r = Requests::default();
+        let t0 = Instant::now();
+        let a = r.open_server_request(1, "\"x\"", true, t0);
+        let b = r.open_server_request(1, "7", true, t0);
+        let c = r.open_server_request(1, "8", false, t0);
+        assert!(r.paused());
+        assert_eq!(r.find_server_request(1, "7"), Some(b));
+        assert_eq!(r.find_server_request(2, "7"), None);
+        assert!(matches!(r.close_server_request(c), Some((_, None))));
+        assert!(matches!(r.close_server_request(a), Some((_, None))));
+        assert!(r.paused());
+        assert!(matches!(r.close_server_request(b), Some((_, Some(t))) if t == t0));
+        assert!(!r.paused());
+        assert!(r.close_server_request(b).is_none());
+    }
+}

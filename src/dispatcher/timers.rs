@@ -132,3 +132,56 @@ impl Timers {
         self.heap.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn timers_fire_earliest_first_and_in_the_order_set_at_one_time() {
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_secs(1);
+        let mut t = Timers::default();
+        t.set(later, Timer::StatsFlush);
+        t.set(t0, Timer::OtelFlush);
+        t.set(t0, Timer::RampStall);
+        assert_eq!(t.next_at(), Some(t0));
+        assert_eq!(t.pop_due(t0), Some(Timer::OtelFlush));
+        assert_eq!(t.pop_due(t0), Some(Timer::RampStall));
+        assert_eq!(t.pop_due(t0), None, "not due yet");
+        assert_eq!(t.pop_due(later), Some(Timer::StatsFlush));
+        assert_eq!(t.next_at(), None);
+    }
+
+    #[test]
+    fn pruning_keeps_what_may_matter_and_waits_for_the_heap_to_double() {
+        let t0 = Instant::now();
+        let mut t = Timers::default();
+        for line in 0..MIN_TIMERS_TO_PRUNE as u64 {
+            t.set(
+                t0,
+                Timer::OverlongLine {
+                    generation: 1,
+                    line,
+                },
+            );
+        }
+        assert!(!t.due_for_pruning());
+        t.set(t0, Timer::StatsFlush);
+        t.cancel(&Timer::StatsFlush);
+        for line in 0..MIN_TIMERS_TO_PRUNE as u64 {
+            t.set(
+                t0,
+                Timer::OverlongLine {
+                    generation: 2,
+                    line,
+                },
+            );
+        }
+        assert!(t.due_for_pruning());
+        t.prune(|timer| matches!(timer, Timer::OverlongLine { generation: 2, .. }));
+        assert_eq!(t.len(), MIN_TIMERS_TO_PRUNE);
+        assert!(!t.due_for_pruning());
+    }
+}
