@@ -105,8 +105,21 @@ impl Dispatcher {
 
     /// Sends the next attempt of call `id`, if the breaker and the link
     /// allow: queued while the server restarts, refused when it cannot be
-    /// reached.
+    /// reached. With the link ready, one run of the calls admits and
+    /// records it, under the id issued next.
     pub(super) fn start_attempt(&mut self, id: u64, now: Instant) {
+        if self.link_ready() {
+            let down = self.requests.next_attempt_id();
+            if self.with_calls(now, |c, ctx, out| c.start(id, down, ctx, out)) {
+                let issued = self.requests.issue_attempt();
+                debug_assert_eq!(issued, down, "an id was issued while the calls ran");
+                let traceparent = self.traced(|t| t.attempt_started(id, down, now)).flatten();
+                if let Some(attempt) = self.calls.attempt_line(id, down, traceparent.as_deref()) {
+                    self.send_attempt(attempt, now);
+                }
+            }
+            return;
+        }
         if !self.with_calls(now, |c, ctx, out| c.admit(id, ctx, out)) {
             return;
         }

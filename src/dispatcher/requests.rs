@@ -77,6 +77,12 @@ impl Requests {
         self.next_downstream_id
     }
 
+    /// The id [`Requests::issue_attempt`] will give next (for the calls to
+    /// record an attempt under, in the run that decides it goes).
+    pub(super) fn next_attempt_id(&self) -> u64 {
+        self.next_downstream_id + 1
+    }
+
     /// Whose downstream id `id` (raw, as the server sent it) is: the
     /// dispatcher's own entry leaves the table.
     pub(super) fn resolve(&mut self, id: &str) -> (u64, Resolved) {

@@ -69,6 +69,21 @@ impl Calls {
         }
     }
 
+    /// Call `id` is due for an attempt and the link is ready: admitted
+    /// ([`Calls::admit`]), the attempt goes as downstream request `down`
+    /// (the id the dispatcher will issue next), recorded as
+    /// [`Calls::send`] does; true if it goes: the dispatcher then issues
+    /// `down` and sends [`Calls::attempt_line`]. One run of the calls.
+    pub(in crate::dispatcher) fn start(
+        &mut self,
+        id: u64,
+        down: u64,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        self.admit(id, ctx, out) && self.record_attempt(id, down, ctx, out)
+    }
+
     /// The admitted attempt of call `id` goes to the server as downstream
     /// request `down` (with `traceparent` in its `_meta` when export is
     /// on): its timeout is set and its message returned, for the
@@ -81,7 +96,34 @@ impl Calls {
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> Option<Outgoing> {
-        let call = self.calls.get_mut(&id)?;
+        if !self.record_attempt(id, down, ctx, out) {
+            return None;
+        }
+        self.attempt_line(id, down, traceparent)
+    }
+
+    /// The message of call `id`'s attempt `down` (with `traceparent` in its
+    /// `_meta` when export is on), written into the one copy of the
+    /// request.
+    pub(in crate::dispatcher) fn attempt_line(
+        &self,
+        id: u64,
+        down: u64,
+        traceparent: Option<&str>,
+    ) -> Option<Outgoing> {
+        let call = self.calls.get(&id)?;
+        let line = traceparent
+            .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
+            .unwrap_or_else(|| call.request.line_with_id(&down.to_string()));
+        Some(Outgoing::request(down, "tools/call", line))
+    }
+
+    /// Call `id`'s admitted attempt is downstream request `down`: counted,
+    /// live, its timeout set. False if the call has ended.
+    fn record_attempt(&mut self, id: u64, down: u64, ctx: Ctx, out: &mut Vec<Action>) -> bool {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return false;
+        };
         if !call.read_only {
             // It may change what cached reads returned.
             super::invalidate(&mut self.cache, &call.tool, "may write");
@@ -102,15 +144,10 @@ impl Calls {
         call.phase = Phase::InFlight(down);
         call.attempt_started = ctx.now;
         call.attempt_deadline = (ctx.now + call.attempt_timeout).min(call.deadline);
-        // With export on, the attempt's own traceparent goes in, written
-        // into the one copy of the request.
-        let line = traceparent
-            .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
-            .unwrap_or_else(|| call.request.line_with_id(&down.to_string()));
         let timer = CallTimer::AttemptTimeout { call: id, down };
         out.push(Action::Timer(call.attempt_deadline, timer));
         self.downstream.insert(down, Issued::Attempt(id));
-        Some(Outgoing::request(down, "tools/call", line))
+        true
     }
 
     /// The server could not be given attempt `down` (it takes no more
