@@ -36,7 +36,6 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::cli::CheckArgs;
 use crate::config::{self, Config, ServerConfig};
 use crate::downstream::{self, Diagnostics, Downstream, Gone, Outgoing, ServerEvent};
 use crate::handshake_cache::{Cache, Entry, Identity};
@@ -76,7 +75,19 @@ pub fn checked_by_env() -> bool {
     std::env::var_os(CHECK_ENV).is_some_and(|v| v == "1")
 }
 
-pub fn run(args: CheckArgs) -> Result<ExitCode> {
+#[derive(Debug, PartialEq)]
+/// What `check` is asked to do (from the command line).
+pub struct CheckOptions {
+    pub config: PathBuf,
+    /// Where servers without `cwd` start (else the host's project root
+    /// for a host's file, or check's own folder).
+    pub cwd: Option<PathBuf>,
+    pub servers: Vec<String>,
+    pub timeout: Duration,
+    pub json: bool,
+}
+
+pub fn run(args: CheckOptions) -> Result<ExitCode> {
     let config = config::load(&args.config)?;
     for note in &config.notes {
         crate::warn!("{}: {note}", config.path.display());

@@ -14,7 +14,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use lexopt::prelude::*;
 
+use crate::check::CheckOptions;
 use crate::log;
+use crate::proxy::RunOptions;
+use crate::status::report::{StatusFormat, StatusOptions};
 
 pub const HELP: &str = "\
 mcp-retry: makes MCP servers reliable (safe retries, timeouts, dedup, caching,
@@ -157,9 +160,9 @@ pub enum Command {
     /// No command given: print the top-level help on stderr and exit 2.
     Usage,
     Version,
-    Run(RunArgs),
-    Check(CheckArgs),
-    Status(StatusArgs),
+    Run(RunOptions),
+    Check(CheckOptions),
+    Status(StatusOptions),
     /// Print the config file's JSON Schema on stdout.
     Schema,
     /// The hidden `__watchdog` subcommand (`watchdog.rs`): not in the help,
@@ -172,49 +175,6 @@ pub enum Command {
 pub struct Global {
     pub log_level: Option<log::Level>,
     pub log_format: Option<log::Format>,
-}
-
-#[derive(Debug, Default, PartialEq)]
-pub struct RunArgs {
-    pub config: Option<PathBuf>,
-    pub server: Option<String>,
-    /// The wrapped command and its arguments (empty when the config names it).
-    pub command: Vec<String>,
-    /// A remote server's endpoint (`--url`), instead of a command.
-    pub url: Option<String>,
-    /// `--header` values, split at the first colon. Secrets: never shown.
-    pub headers: Vec<(String, String)>,
-    pub stats_file: Option<PathBuf>,
-    /// `--store`: where idempotency keys are kept (over the config's).
-    pub store: Option<String>,
-}
-
-#[derive(Debug, PartialEq)]
-pub struct CheckArgs {
-    pub config: PathBuf,
-    /// Where servers without `cwd` start (else the host's project root
-    /// for a host's file, or check's own folder).
-    pub cwd: Option<PathBuf>,
-    pub servers: Vec<String>,
-    pub timeout: Duration,
-    pub json: bool,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum StatusFormat {
-    #[default]
-    Table,
-    Json,
-    Prometheus,
-}
-
-#[derive(Debug, Default, PartialEq)]
-pub struct StatusArgs {
-    pub format: StatusFormat,
-    /// Redraw this often (`--watch`).
-    pub watch: Option<Duration>,
-    /// The runtime directory (`--dir`), else the default.
-    pub dir: Option<PathBuf>,
 }
 
 /// Parses the process's arguments.
@@ -301,7 +261,7 @@ fn log_option<T: std::str::FromStr<Err = String>>(flag: &str, value: OsString) -
 }
 
 fn parse_run(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Command)> {
-    let mut args = RunArgs::default();
+    let mut args = RunOptions::default();
     loop {
         // Everything after `--` belongs to the command, including arguments
         // that look like our options.
@@ -387,7 +347,7 @@ fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Com
     let config = config.context("check needs --config FILE (see `mcp-retry check --help`)")?;
     Ok((
         global,
-        Command::Check(CheckArgs {
+        Command::Check(CheckOptions {
             config,
             cwd,
             servers,
@@ -398,7 +358,7 @@ fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Com
 }
 
 fn parse_status(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Command)> {
-    let mut args = StatusArgs::default();
+    let mut args = StatusOptions::default();
     let mut formats = Vec::new();
     // `--watch` takes an optional value: `--watch=5`, or `--watch 5` (the
     // command takes no other words).
@@ -474,10 +434,10 @@ mod tests {
         let (_, c) = ok(&["run", "--config", "c.yaml", "--server", "fs"]);
         assert_eq!(
             c,
-            Command::Run(RunArgs {
+            Command::Run(RunOptions {
                 config: Some("c.yaml".into()),
                 server: Some("fs".into()),
-                ..RunArgs::default()
+                ..RunOptions::default()
             })
         );
     }
@@ -487,10 +447,10 @@ mod tests {
         let (_, c) = ok(&["run", "--store", "local", "--", "srv"]);
         assert_eq!(
             c,
-            Command::Run(RunArgs {
+            Command::Run(RunOptions {
                 store: Some("local".into()),
                 command: vec!["srv".into()],
-                ..RunArgs::default()
+                ..RunOptions::default()
             })
         );
     }
@@ -617,7 +577,7 @@ mod tests {
         ]);
         assert_eq!(
             c,
-            Command::Check(CheckArgs {
+            Command::Check(CheckOptions {
                 config: "c.yaml".into(),
                 cwd: Some("proj".into()),
                 servers: vec!["a".into(), "b".into()],
@@ -633,7 +593,7 @@ mod tests {
             Command::Status(s) => s,
             other => panic!("{other:?}"),
         };
-        assert_eq!(status(&["status"]), StatusArgs::default());
+        assert_eq!(status(&["status"]), StatusOptions::default());
         let s = status(&["status", "--json", "--dir", "/r", "--watch"]);
         assert_eq!(s.format, StatusFormat::Json);
         assert_eq!(s.dir, Some("/r".into()));

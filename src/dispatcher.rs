@@ -16,8 +16,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,9 +25,7 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
-use crate::policy::ramp::Ramp;
 use crate::policy::recovery::Recovery;
-use crate::status::Publisher;
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
@@ -38,9 +34,12 @@ mod calls;
 mod instant;
 mod link;
 mod publish;
+mod queue;
+mod reporting;
 mod requests;
 #[cfg(test)]
 mod tests;
+mod timers;
 mod trace;
 
 use crate::mcp::List;
@@ -48,7 +47,13 @@ use calls::{Action, CallTimer, Calls, Owner};
 pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
-use requests::{Batch, ClientRequest, Inflight, Method, Requests, ServerRequest};
+use queue::Queue;
+use reporting::Reporting;
+use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
+pub use timers::Timer;
+use timers::Timers;
+#[cfg(test)]
+use timers::MIN_TIMERS_TO_PRUNE;
 
 /// Everything that can wake the dispatcher.
 #[derive(Debug)]
@@ -226,47 +231,6 @@ pub fn proxy_error(reason: Reason, message: &str, extra: &[(&str, String)]) -> S
     jsonrpc::error_object(PROXY_ERROR, message, Some(&data))
 }
 
-/// A deadline and the reason it exists.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Timer {
-    /// Shutdown: the transport's stop sequence should be over by now; a
-    /// backstop, so that the proxy exits even if the server is never
-    /// reported gone.
-    ShutdownGiveUp,
-    /// A deadline of a `tools/call` (`calls.rs`).
-    Call(CallTimer),
-    /// Time to write the stats file.
-    StatsFlush,
-    /// Time to hand the status snapshot to its writer.
-    StatusPublish,
-    /// Start the server again (valid for the newest `seq` only).
-    Restart { seq: u64 },
-    /// The replayed `initialize` of incarnation `generation` must be answered.
-    ReplayTimeout { generation: u64 },
-    /// A queued item waited `call_timeout` for the server.
-    QueueExpired { seq: u64 },
-    /// The client's `initialize`, sent as downstream request `down` before
-    /// the session's first handshake, must be answered by now.
-    FirstInitialize { down: u64 },
-    /// The ramp releasing what waited may have stalled.
-    RampStall,
-    /// After the handshake: list the tools if nobody has.
-    LearnTools,
-    /// The server did not answer the client's `initialize` within
-    /// `instant::GRACE`: the cached answer is given.
-    InstantGrace,
-    /// The proxy's own `tools/list` request `down` must be answered by now.
-    ToolsListTimeout { down: u64 },
-    /// The proxy's own list request `down` (the handshake cache's) must be
-    /// answered by now.
-    ListingTimeout { down: u64 },
-    /// Line number `line` over `max_message_bytes` of incarnation
-    /// `generation` must have ended by now.
-    OverlongLine { generation: u64, line: u64 },
-    /// Time to hand the OpenTelemetry counters to the exporter.
-    OtelFlush,
-}
-
 /// How long after its stop sequence a server may take to be reported gone
 /// (what is left of its group, its last output) before the proxy exits
 /// without it.
@@ -275,18 +239,6 @@ const SHUTDOWN_BACKSTOP: Duration = Duration::from_secs(3);
 /// How long after the handshake the proxy waits for the client to list the
 /// tools before it asks the server itself.
 const TOOLS_AFTER_HANDSHAKE: Duration = Duration::from_millis(200);
-/// Below this many timers the heap is never pruned.
-const MIN_TIMERS_TO_PRUNE: usize = 1024;
-
-/// How often `--stats-file` is rewritten while counters change.
-const STATS_INTERVAL: Duration = Duration::from_secs(3);
-
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct TimerEntry {
-    at: Instant,
-    seq: u64,
-    timer: Timer,
-}
 
 /// Shutdown progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,19 +273,13 @@ pub struct Dispatcher {
     requests: Requests,
     /// What a restarted server must be told.
     session: Session,
-    /// Traffic waiting for a (re)starting server, with sequence numbers.
-    queue: VecDeque<(u64, Instant, Queued)>,
-    queue_seq: u64,
+    /// Traffic waiting for a (re)starting server, and its ramp.
+    queue: Queue,
     /// The link's health while it is down, and when to probe it.
     recovery: Recovery,
-    /// How fast what waited for the server is released when it is back.
-    ramp: Ramp,
     /// The newest probe timer (older ones are void).
     restart_seq: u64,
-    timers: BinaryHeap<Reverse<TimerEntry>>,
-    timer_seq: u64,
-    /// Timers left by the last pruning.
-    timers_kept: usize,
+    timers: Timers,
     phase: Phase,
     /// Every `tools/call` in flight, with the policies.
     calls: Calls,
@@ -344,11 +290,8 @@ pub struct Dispatcher {
     /// The time of the event or timer being handled: the dispatcher's only
     /// clock (read by `run`, set by the caller of `handle_event`).
     now: Instant,
-    /// Where `--stats-file` documents go, and whether a flush is scheduled.
-    stats_out: Option<Sender<String>>,
-    stats_flush_pending: bool,
-    /// What `mcp-retry status` is told, if anything (`publish.rs`).
-    status: Option<Publisher>,
+    /// The stats file, `status`, OpenTelemetry, start and ready times.
+    reporting: Reporting,
     /// Nothing else waits in the inbox: lines may be written at once
     /// rather than handed to the writer threads (see `Outbox::send_now`).
     eager: bool,
@@ -357,10 +300,6 @@ pub struct Dispatcher {
     inbox_backlog: Option<Arc<Backlog>>,
     /// Bytes of messages handled since free memory was last given back.
     handled_bytes: usize,
-    /// OpenTelemetry export, when on (`trace.rs`), and whether a metrics
-    /// flush is scheduled.
-    otel: Option<crate::otel::Tracer>,
-    otel_flush_pending: bool,
     /// Instant start, when on and the cache is usable (`instant.rs`).
     instant: Option<Box<InstantStart>>,
     /// The session ends because the server contradicted the cache.
@@ -368,10 +307,6 @@ pub struct Dispatcher {
     /// Started by `check` (`MCP_RETRY_CHECK=1`): the first start that ends
     /// before the handshake answers what waits.
     check_mode: bool,
-    /// When the proxy started, and when the server first accepted the
-    /// client's handshake (shown by `status`).
-    started_at: Instant,
-    ready_at: Option<Instant>,
 }
 
 impl Dispatcher {
@@ -393,32 +328,22 @@ impl Dispatcher {
             generation: 0,
             requests: Requests::default(),
             session: Session::default(),
-            queue: VecDeque::new(),
-            queue_seq: 0,
+            queue: Queue::new(),
             recovery: Recovery::new(),
-            ramp: Ramp::new(),
             restart_seq: 0,
-            timers: BinaryHeap::new(),
-            timer_seq: 0,
-            timers_kept: 0,
+            timers: Timers::default(),
             phase: Phase::Running,
             calls: Calls::new(cfg.clone()),
             actions: Vec::new(),
             rng: fastrand::Rng::new(),
             now: Instant::now(),
-            stats_out: None,
-            stats_flush_pending: false,
-            status: None,
+            reporting: Reporting::new(Instant::now()),
             eager: false,
             inbox_backlog: None,
             handled_bytes: 0,
-            otel: None,
-            otel_flush_pending: false,
             instant: None,
             handshake_changed: false,
             check_mode: false,
-            started_at: Instant::now(),
-            ready_at: None,
             cfg,
         }
     }
@@ -426,13 +351,13 @@ impl Dispatcher {
     /// The ids of the client's requests not yet answered, for the guard
     /// around [`Dispatcher::run`].
     pub fn pending(&self) -> Pending {
-        self.requests.pending.clone()
+        self.requests.pending()
     }
 
     /// Sends the `--stats-file` document to `out` every few seconds while
     /// counters change, and at exit.
     pub fn with_stats_output(mut self, out: Sender<String>) -> Dispatcher {
-        self.stats_out = Some(out);
+        self.reporting.stats_to(out);
         self
     }
 
@@ -466,8 +391,9 @@ impl Dispatcher {
 
     /// Starts the server and handles events until the session ends.
     pub fn run(&mut self, inbox: Receiver<Event>) -> Outcome {
-        self.started_at = Instant::now();
-        self.start_server(self.started_at);
+        let started = Instant::now();
+        self.reporting.started(started);
+        self.start_server(started);
         self.status_check();
         loop {
             if let Some(outcome) = self.finished() {
@@ -481,8 +407,8 @@ impl Dispatcher {
                 Some(e) => Some(e),
                 None => {
                     self.release_memory_if_due();
-                    match self.timers.peek() {
-                        Some(Reverse(t)) => match inbox.recv_deadline(t.at) {
+                    match self.timers.next_at() {
+                        Some(at) => match inbox.recv_deadline(at) {
                             Ok(e) => Some(e),
                             Err(RecvTimeoutError::Timeout) => None,
                             Err(RecvTimeoutError::Disconnected) => return Outcome::ClientClosed,
@@ -513,9 +439,7 @@ impl Dispatcher {
     /// The session ends: requests still waiting (a call in backoff, say)
     /// get their one answer before the proxy exits.
     fn answer_remaining(&mut self) {
-        let mut ids: Vec<String> = self.requests.client.keys().cloned().collect();
-        ids.sort();
-        for id in ids {
+        for id in self.requests.open_ids() {
             self.answer_proxy_error(&id, Reason::ServerUnavailable, "mcp-retry is shutting down");
         }
     }
@@ -567,27 +491,18 @@ impl Dispatcher {
 
     fn fire_timers(&mut self, now: Instant) {
         self.now = now;
-        while let Some(Reverse(t)) = self.timers.peek() {
-            if t.at > now {
-                break;
-            }
-            let Reverse(t) = self.timers.pop().expect("peeked");
-            self.on_timer(t.timer, now);
+        while let Some(timer) = self.timers.pop_due(now) {
+            self.on_timer(timer, now);
         }
         self.status_check();
         self.otel_schedule();
     }
 
     fn set_timer(&mut self, at: Instant, timer: Timer) {
-        if self.timers.len() >= 2 * self.timers_kept.max(MIN_TIMERS_TO_PRUNE) {
+        if self.timers.due_for_pruning() {
             self.prune_timers();
         }
-        self.timer_seq += 1;
-        self.timers.push(Reverse(TimerEntry {
-            at,
-            seq: self.timer_seq,
-            timer,
-        }));
+        self.timers.set(at, timer);
     }
 
     /// Drops the timeouts of attempts that are over (answered, abandoned, or
@@ -598,13 +513,12 @@ impl Dispatcher {
     /// doubled since the last pruning, so it costs O(1) per timer set.
     fn prune_timers(&mut self) {
         let calls = &self.calls;
-        self.timers.retain(|Reverse(t)| match t.timer {
+        self.timers.prune(|t| match *t {
             Timer::Call(CallTimer::AttemptTimeout { call, down }) => {
                 calls.attempt_is_live(call, down)
             }
             _ => true,
         });
-        self.timers_kept = self.timers.len();
     }
 
     fn on_timer(&mut self, timer: Timer, now: Instant) {
@@ -630,15 +544,7 @@ impl Dispatcher {
             Timer::RampStall => self.on_ramp_stall(now),
             Timer::InstantGrace => self.instant_grace_over(),
             Timer::LearnTools => {
-                let client_listing = self.requests.inflight.values().any(|f| {
-                    matches!(
-                        f,
-                        Inflight::Client {
-                            method: Method::ToolsList { .. },
-                            ..
-                        }
-                    )
-                });
+                let client_listing = self.requests.client_listing_tools();
                 if self.session.has_tools
                     && self.calls.tools_unknown()
                     && !client_listing
@@ -660,21 +566,19 @@ impl Dispatcher {
 
     /// Counters changed: schedule a stats flush if a file is wanted.
     fn stats_dirty(&mut self) {
-        self.status_dirty();
-        if let Some(t) = &mut self.otel {
-            t.figures_changed();
-        }
-        if self.stats_out.is_some() && !self.stats_flush_pending {
-            self.stats_flush_pending = true;
-            self.set_timer(self.now + STATS_INTERVAL, Timer::StatsFlush);
+        for (at, timer) in self
+            .reporting
+            .counters_changed(self.now)
+            .into_iter()
+            .flatten()
+        {
+            self.set_timer(at, timer);
         }
     }
 
     fn on_stats_flush_due(&mut self) {
-        self.stats_flush_pending = false;
-        if let Some(out) = &self.stats_out {
-            let _ = out.send(self.calls.stats().to_json(&self.cfg.name));
-        }
+        self.reporting
+            .flush_stats(self.calls.stats(), &self.cfg.name);
     }
 
     fn shutdown_step(&self) -> Duration {
@@ -697,8 +601,7 @@ impl Dispatcher {
         }
         self.phase = Phase::Stopping { signal };
         // Nothing queued will be sent any more.
-        let queued: Vec<(u64, Instant, Queued)> = self.queue.drain(..).collect();
-        for (_, _, item) in queued {
+        for (_, _, item) in self.queue.drain() {
             match item {
                 Queued::Request { client_id, .. } => self.answer_proxy_error(
                     &client_id,
@@ -762,7 +665,7 @@ impl Dispatcher {
             "message of {len} bytes exceeds max_message_bytes ({max}) and was not forwarded"
         );
         match id {
-            Some(id) if !self.requests.client.contains_key(&id) => {
+            Some(id) if !self.requests.is_open(&id) => {
                 warn!("answered a client request: {message}");
                 self.send_client(jsonrpc::error_line(
                     Some(&id),
@@ -795,7 +698,6 @@ impl Dispatcher {
             ));
             return;
         }
-        let id = self.requests.next_batch();
         let expected = items
             .iter()
             .filter(|p| match p {
@@ -810,13 +712,7 @@ impl Dispatcher {
             }
             return;
         }
-        self.requests.batches.insert(
-            id,
-            Batch {
-                outstanding: expected,
-                ..Batch::default()
-            },
-        );
+        let id = self.requests.open_batch(expected);
         for item in items {
             match item {
                 Parsed::Batch(_) => self.batch_answer(
@@ -834,7 +730,7 @@ impl Dispatcher {
     }
 
     fn batch_answer(&mut self, batch: u64, line: Vec<u8>) {
-        if self.requests.batches.contains_key(&batch) {
+        if self.requests.collecting(batch) {
             self.batch_entry(batch, Some(line));
         } else {
             self.send_client(line);
@@ -844,34 +740,14 @@ impl Dispatcher {
     /// Counts one request of a batch as done (with its answer, if any) and
     /// sends the array once all are.
     fn batch_entry(&mut self, batch: u64, line: Option<Vec<u8>>) {
-        let Some(b) = self.requests.batches.get_mut(&batch) else {
-            return;
-        };
-        if let Some(mut line) = line {
-            if line.last() == Some(&b'\n') {
-                line.pop();
-            }
-            b.answers.push(line);
-        }
-        b.outstanding -= 1;
-        if b.outstanding > 0 {
-            return;
-        }
-        let b = self.requests.batches.remove(&batch).expect("present");
-        if !b.answers.is_empty() {
-            let mut out = b"[".to_vec();
-            out.extend_from_slice(&b.answers.join(&b","[..]));
-            out.extend_from_slice(b"]\n");
-            self.send_client(out);
-        }
-        for slot in b.answered {
-            self.requests.pending.remove(slot);
+        if let Some(array) = self.requests.batch_entry(batch, line) {
+            self.send_client(array);
         }
     }
 
     fn on_client_request(&mut self, m: Message, batch: Option<u64>, now: Instant) {
         let client_id = m.id().expect("requests have ids").to_owned();
-        if self.requests.client.contains_key(&client_id) {
+        if self.requests.is_open(&client_id) {
             let message =
                 format!("invalid request: a request with id {client_id} is already in flight");
             return self.refuse_invalid(&client_id, &message, batch);
@@ -890,22 +766,12 @@ impl Dispatcher {
         {
             self.session.modern_meta = m.params().and_then(crate::mcp::envelope);
         }
-        self.requests.client.insert(
-            client_id.clone(),
-            ClientRequest {
-                downstream: None,
-                batch,
-                call: None,
-                queued: None,
-                waited: None,
-                trace: self
-                    .otel
-                    .as_mut()
-                    .and_then(|t| t.request_started(&method, m.params(), now)),
-                pending: self.requests.pending.add(&client_id),
-            },
-        );
-        if self.requests.client.len() > self.cfg.max_in_flight {
+        let trace = self
+            .reporting
+            .tracer()
+            .and_then(|t| t.request_started(&method, m.params(), now));
+        self.requests.register(&client_id, batch, trace);
+        if self.requests.open_count() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
                 self.cfg.max_in_flight
@@ -961,7 +827,7 @@ impl Dispatcher {
     }
 
     /// Answers a client request that is not forwarded with -32600 (it was
-    /// never counted in `client_requests`).
+    /// never registered in `Requests`).
     fn refuse_invalid(&mut self, client_id: &str, message: &str, batch: Option<u64>) {
         warn!("answered a client request {client_id}: {message}");
         let line = jsonrpc::error_line(Some(client_id), jsonrpc::INVALID_REQUEST, message, None);
@@ -1011,7 +877,6 @@ impl Dispatcher {
                 return self.answer_proxy_error(&client_id, reason, &message)
             }
         }
-        let down = self.next_id();
         // Reads, and a handshake the server never answered, are safe to send
         // again to a restarted server.
         let resend = matches!(
@@ -1019,23 +884,14 @@ impl Dispatcher {
             Method::ReadOnly | Method::ToolsList { .. } | Method::Initialize
         )
         .then(|| m.clone());
+        let down = self.requests.issue(Inflight::Client {
+            client_id: client_id.clone(),
+            method: kind,
+            resend,
+        });
         let method = m.method().unwrap_or_default().into_owned();
         let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
-        self.requests.inflight.insert(
-            down,
-            Inflight::Client {
-                client_id: client_id.clone(),
-                method: kind,
-                resend,
-            },
-        );
-        let waited = match self.requests.client.get_mut(&client_id) {
-            Some(r) => {
-                r.downstream = Some(down);
-                r.waited
-            }
-            None => None,
-        };
+        let waited = self.requests.sent(&client_id, down);
         if kind == Method::Initialize && !self.recovery.is_handshaken() {
             // Before the first handshake a server that never answers is
             // waited for as long as one that is down.
@@ -1043,7 +899,7 @@ impl Dispatcher {
             self.set_timer(until.max(now), Timer::FirstInitialize { down });
         }
         if let SendResult::Overloaded(message) = self.send_server_request(out) {
-            self.requests.inflight.remove(&down);
+            self.requests.forget(down);
             if is_ping {
                 // The proxy is alive, and says so, as while the server is
                 // down.
@@ -1053,10 +909,6 @@ impl Dispatcher {
             warn!("answered client request {client_id}: {message}");
             self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
-    }
-
-    fn next_id(&mut self) -> u64 {
-        self.requests.next_downstream()
     }
 
     fn on_client_notification(&mut self, m: Message, now: Instant) {
@@ -1114,10 +966,9 @@ impl Dispatcher {
             // one (a request that never gets an answer).
             return warn!("dropped a cancel whose params repeat the member {name:?}");
         }
-        let Some(req) = self.requests.client.remove(&request_id) else {
+        let Some(req) = self.requests.cancel(&request_id) else {
             return debug!("dropped a cancel for unknown or finished request {request_id}");
         };
-        self.requests.pending.remove(req.pending);
         if let Some(b) = req.batch {
             // A cancelled request gets no entry in its batch's answer.
             self.batch_entry(b, None);
@@ -1136,7 +987,7 @@ impl Dispatcher {
             });
         }
         if let Some(down) = req.downstream {
-            self.requests.inflight.remove(&down);
+            self.requests.forget(down);
             if self.withdraw(down) {
                 return debug!(
                     "withdrew downstream request {down} (the client's {request_id}) before the server read it"
@@ -1195,27 +1046,26 @@ impl Dispatcher {
 
     fn on_server_response(&mut self, m: Message, now: Instant) {
         let id = m.id().unwrap_or("null");
-        let Some(down) = id
-            .parse::<u64>()
-            .ok()
-            .filter(|d| *d <= self.requests.next_downstream_id)
-        else {
-            return warn!(
-                "dropped a response from the server with an id the proxy never issued: {id}"
-            );
+        let owner = match self.requests.resolve(id) {
+            (_, Resolved::Never) => {
+                return warn!(
+                    "dropped a response from the server with an id the proxy never issued: {id}"
+                )
+            }
+            (down, owner) => {
+                self.requests.written(down);
+                (down, owner)
+            }
         };
-        if !self.requests.unwritten.is_empty() {
-            self.requests.unwritten.remove(&down);
-        }
-        match self.requests.inflight.remove(&down) {
-            Some(Inflight::Client {
+        match owner {
+            (down, Resolved::Ours(Inflight::Client {
                 client_id, method, ..
-            }) => {
+            })) => {
                 self.served(now);
                 match method {
                     Method::Initialize => {
                         let first = Timer::FirstInitialize { down };
-                        self.timers.retain(|Reverse(t)| t.timer != first);
+                        self.timers.cancel(&first);
                         self.observe_initialize(&m, now)
                     }
                     Method::ToolsList { first } => {
@@ -1231,19 +1081,19 @@ impl Dispatcher {
                 let line = m.into_line_with_id(&client_id);
                 self.answer(&client_id, line);
             }
-            Some(Inflight::ToolsList { first }) => {
+            (_, Resolved::Ours(Inflight::ToolsList { first })) => {
                 self.with_calls(now, |c, ctx, out| match m.result() {
                     Some(r) => c.learn_tools(r, true, false, ctx, out),
                     None => c.tools_learned(false, ctx, out),
                 });
                 self.instant_page(List::Tools, m.result(), first, Source::Proxy, now);
             }
-            Some(Inflight::Listing { list, first }) => {
+            (_, Resolved::Ours(Inflight::Listing { list, first })) => {
                 self.instant_page(list, m.result(), first, Source::Proxy, now)
             }
-            Some(Inflight::Replay(step)) => self.on_replay_response(step, &m, now),
+            (_, Resolved::Ours(Inflight::Replay(step))) => self.on_replay_response(step, &m, now),
             // Late answers of abandoned attempts still route to their call.
-            None => match self.with_calls(now, |c, ctx, out| c.on_answer(down, m, ctx, out)) {
+            (down, _) => match self.with_calls(now, |c, ctx, out| c.on_answer(down, m, ctx, out)) {
                 Owner::Served => self.served(now),
                 Owner::Known => {}
                 Owner::Unknown => debug!(
@@ -1268,14 +1118,15 @@ impl Dispatcher {
     /// one answer, now: an error saying why. The server did answer, so this
     /// is final; a call attempt is not retried (its tool ran).
     fn on_dropped_response(&mut self, id: &str, reason: Reason, message: &str, now: Instant) {
-        let Some(down) = id
-            .parse::<u64>()
-            .ok()
-            .filter(|d| *d <= self.requests.next_downstream_id)
-        else {
-            return debug!("the dropped answer had an id the proxy never issued: {id}");
+        let (down, owner) = self.requests.resolve(id);
+        let owner = match owner {
+            Resolved::Never => {
+                return debug!("the dropped answer had an id the proxy never issued: {id}")
+            }
+            Resolved::Ours(f) => Some(f),
+            Resolved::Calls => None,
         };
-        match self.requests.inflight.remove(&down) {
+        match owner {
             Some(Inflight::Client { client_id, .. }) => {
                 self.served(now);
                 warn!("answered client request {client_id} with an error: {message}");
@@ -1319,7 +1170,7 @@ impl Dispatcher {
         };
         self.instant_accepted(raw);
         self.session.init_params = self.session.pending_init.take();
-        self.ready_at.get_or_insert(now);
+        self.reporting.ready(now);
         self.recovery.handshaken();
         if let Some(v) = result.string("protocolVersion") {
             debug!("negotiated protocol version {v}");
@@ -1350,7 +1201,6 @@ impl Dispatcher {
     }
 
     fn on_server_request(&mut self, m: Message, now: Instant) {
-        let ours = self.requests.next_server_id();
         // A person may be answering these: attempts do not time out
         // meanwhile. `ping` and `roots/list` are answered by the client
         // itself and pause nothing.
@@ -1358,34 +1208,19 @@ impl Dispatcher {
             m.method().as_deref(),
             Some("sampling/createMessage" | "elicitation/create")
         );
-        if pauses {
-            if self.requests.pausing == 0 {
-                self.requests.paused_since = Some(now);
-            }
-            self.requests.pausing += 1;
-        }
-        self.requests.server.insert(
-            ours,
-            ServerRequest {
-                generation: self.generation,
-                server_id: m.id().expect("requests have ids").to_owned(),
-                pauses,
-            },
-        );
+        let server_id = m.id().expect("requests have ids");
+        let ours = self
+            .requests
+            .open_server_request(self.generation, server_id, pauses, now);
         self.send_client(m.into_line_with_id(&ours.to_string()));
     }
 
     /// Forgets a request of the server's (answered, withdrawn, or its
     /// server gone); the last one that paused attempt clocks resumes them.
     fn close_server_request(&mut self, ours: u64, now: Instant) -> Option<ServerRequest> {
-        let req = self.requests.server.remove(&ours)?;
-        if req.pauses {
-            self.requests.pausing -= 1;
-            if self.requests.pausing == 0 {
-                if let Some(since) = self.requests.paused_since.take() {
-                    self.with_calls(now, |c, ctx, out| c.resume_clocks(since, ctx, out));
-                }
-            }
+        let (req, resumed) = self.requests.close_server_request(ours)?;
+        if let Some(since) = resumed {
+            self.with_calls(now, |c, ctx, out| c.resume_clocks(since, ctx, out));
         }
         Some(req)
     }
@@ -1408,13 +1243,9 @@ impl Dispatcher {
             let Some(server_id) = params.get("requestId").map(|r| r.get().to_owned()) else {
                 return;
             };
-            let generation = self.generation;
             let ours = self
                 .requests
-                .server
-                .iter()
-                .find(|(_, r)| r.generation == generation && r.server_id == server_id)
-                .map(|(k, _)| *k);
+                .find_server_request(self.generation, &server_id);
             let Some(ours) = ours else {
                 return debug!("dropped the server's cancel for unknown request {server_id}");
             };
@@ -1429,29 +1260,16 @@ impl Dispatcher {
 
     /// Delivers the answer to a client request and forgets the request.
     pub(super) fn answer(&mut self, client_id: &str, line: Vec<u8>) {
-        let request = self.requests.client.remove(client_id);
+        let request = self.requests.complete(client_id);
         if let (Some(t), Some(r)) = (
-            &mut self.otel,
+            self.reporting.tracer(),
             request.as_ref().and_then(|r| r.trace.as_ref()),
         ) {
             t.request_answered(r, client_id, &line, self.now);
         }
         match request {
-            Some(ClientRequest {
-                batch: Some(b),
-                pending,
-                ..
-            }) => {
-                match self.requests.batches.get_mut(&b) {
-                    Some(batch) => batch.answered.push(pending),
-                    None => self.requests.pending.remove(pending),
-                }
-                self.batch_answer(b, line);
-            }
-            Some(r) => {
-                self.send_client(line);
-                self.requests.pending.remove(r.pending);
-            }
+            Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
+            Some(_) => self.send_client(line),
             None => debug!("dropped an answer for request {client_id}, which the client cancelled"),
         }
     }

@@ -22,9 +22,19 @@ use std::sync::Arc;
 
 use crate::config::{ServerConfig, Transport};
 use crate::jsonrpc::Parsed;
-pub use crate::policy::recovery::Heal;
 use crate::stdio::Backlog;
 pub use crate::stdio::{Sent, Withdraw};
+
+/// Whether waiting can heal what stopped a start, or ended a link: what a
+/// transport reports of a failure, for the dispatcher's recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heal {
+    /// Refused, reset, an exit at start, a 5xx: the server may come back.
+    Wait,
+    /// Command not found, a TLS or certificate error, 401/403, an unknown
+    /// host name: someone must fix something first.
+    Fix,
+}
 
 /// One message for the server: its line (newline included) and what it
 /// is, as the dispatcher that wrote it knows.

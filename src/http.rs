@@ -91,28 +91,22 @@ mod stream;
 mod tools;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
-use crate::config::{check_header, ServerConfig};
+use crate::config::ServerConfig;
 use crate::downstream::{
-    Downstream, Failure, Gone, Heal, OnEvent, OutKind, Outgoing, ServerEvent, StartError,
+    Downstream, Gone, Heal, OnEvent, OutKind, Outgoing, ServerEvent, StartError,
 };
-use crate::jsonrpc::{self, Message, RawObject};
 use crate::stdio::Backlog;
 
-use classify::Class;
 use conn::Exchange;
-use headers::header;
 pub use headers::split_header;
-use order::{Order, Turn, TurnDone};
-use post::Post;
-use stream::{note_last_id, Until};
+use order::Order;
 
 /// Threads making POSTs that are always there.
 const POOL: usize = 8;
@@ -192,26 +186,30 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, StartError
         helper: cfg.headers_helper.clone(),
         helper_env: cfg.env.clone(),
         helper_cwd: cfg.cwd.clone(),
-        helper_headers: Mutex::new(None),
+        helper_headers: Mutex::new(HelperHeaders::default()),
+        helper_ran: Condvar::new(),
         needs_fix: AtomicBool::new(false),
         order: Arc::new(Order::new()),
-        posters: AtomicUsize::new(POOL),
-        idle_posters: AtomicUsize::new(0),
-        session: Mutex::new(SessionState::default()),
-        exchanges: Mutex::new(Exchanges::default()),
+        session: Session::default(),
+        exchanges: Exchanges::default(),
         tool_headers: Mutex::new(HashMap::new()),
         own_requests: AtomicUsize::new(0),
         warned_tools: Mutex::new(HashSet::new()),
         on_event,
         closed: AtomicBool::new(false),
-        gone: Mutex::new(false),
+        reports: Mutex::new(Reports::default()),
+        reported: Condvar::new(),
         requests: AtomicUsize::new(0),
         max_message_bytes: cfg.max_message_bytes,
         recv_response: cfg.call_timeout + Duration::from_secs(5),
         recv_body: cfg.call_timeout.max(cfg.retry.total_timeout) + Duration::from_secs(5),
         stopped,
-        queued: [rx.clone(), notes_rx.clone()],
-        backlog: Backlog::new(crate::child::STDIN_BACKLOG),
+        pool: Pool {
+            posters: AtomicUsize::new(POOL),
+            idle: AtomicUsize::new(0),
+            queued: [rx.clone(), notes_rx.clone()],
+            backlog: Backlog::new(crate::child::STDIN_BACKLOG),
+        },
     });
     for n in 0..POOL {
         spawn_poster(&shared, &rx, "http-post", n, false)
@@ -275,6 +273,24 @@ pub struct Http {
     shown: String,
 }
 
+/// What the threads of one connection share: its settings, and by
+/// concern the [`Session`], the [`Pool`] of POST threads and the
+/// [`Exchanges`] being posted, each changed through its own methods.
+///
+/// Every lock of the transport (parking_lot; none is held across a
+/// request's I/O, while an event is reported, or while `headers_helper`
+/// runs):
+///
+/// | lock | guards | taken by |
+/// |---|---|---|
+/// | `Session::state` | session id, protocol version, the GET started, the 2026-07-28 version | POST and GET threads; the dispatcher's thread (`cancel`) |
+/// | `Exchanges::table` | requests being posted, early cancels | POST threads; the dispatcher's thread (`cancel`) |
+/// | `Shared::helper_headers` (+ `helper_ran`) | `headers_helper`'s last output, a run under way | POST and GET threads building headers, scrubbing text |
+/// | `Shared::tool_headers`, `Shared::warned_tools` | 2026-07-28 `x-mcp-header` maps, tools warned about | POST threads (`tools.rs`, `headers.rs`) |
+/// | `Shared::reports` (+ `reported`) | `Gone` reported, events being reported | every thread reporting (`emit`, `gone`) |
+/// | `Order::state` (+ `moved`) | which lines have started | POST threads waiting for their turn |
+/// | `Exchange::{conn, closing_tx, written, on_written}` | an exchange's connection, close, bytes written, callback (called after the lock) | the exchange's POST or GET thread; `close` from any |
+/// | `ConnState::owner` | the exchange using a connection | the connector (in ureq's calls), `close`; held across a socket's `shutdown(2)` (which does not block), as `exchanges` is when `cancel` closes a stream |
 struct Shared {
     url: String,
     shown: String,
@@ -283,19 +299,18 @@ struct Shared {
     helper: Option<String>,
     helper_env: Vec<(String, String)>,
     helper_cwd: Option<std::path::PathBuf>,
-    /// What `headers_helper` printed last; `None` before its first run.
-    helper_headers: Mutex<Option<Vec<(String, String)>>>,
+    /// What `headers_helper` printed last, and whether it runs now (it
+    /// runs without the lock held; `helper_ran` says when it is done).
+    helper_headers: Mutex<HelperHeaders>,
+    helper_ran: Condvar,
     /// The order POSTs start in.
     order: Arc<Order>,
-    /// POST threads for requests, and how many of them wait for work.
-    posters: AtomicUsize,
-    idle_posters: AtomicUsize,
     /// A request could not be sent for a reason waiting does not heal
     /// (an unknown host, TLS): `Gone` says so.
     needs_fix: AtomicBool,
-    session: Mutex<SessionState>,
+    session: Session,
     /// The requests being posted, by the proxy's id, for cancelling them.
-    exchanges: Mutex<Exchanges>,
+    exchanges: Exchanges,
     /// 2026-07-28: the `x-mcp-header` annotations of each tool, as the
     /// server listed them last.
     tool_headers: Mutex<HashMap<String, modern::HeaderMap>>,
@@ -306,15 +321,26 @@ struct Shared {
     on_event: OnEvent,
     /// No more lines are taken (shutdown, kill, drop, or gone).
     closed: AtomicBool,
-    /// `Gone` was reported. Held while an event is reported, which may
-    /// block (the client is behind): the dispatcher's thread never takes it.
-    gone: Mutex<bool>,
+    /// Whether `Gone` was reported, and how many events are being
+    /// reported meanwhile (a report may block while the client is behind;
+    /// no lock is held while it does).
+    reports: Mutex<Reports>,
+    /// Signalled when the last event being reported is delivered.
+    reported: Condvar,
     /// Requests (not notifications) being posted.
     requests: AtomicUsize,
     max_message_bytes: usize,
     recv_response: Duration,
     recv_body: Duration,
     stopped: Receiver<()>,
+    pool: Pool,
+}
+
+/// The POST threads and their queues: one concern, counted in atomics.
+struct Pool {
+    /// POST threads for requests, and how many of them wait for work.
+    posters: AtomicUsize,
+    idle: AtomicUsize,
     /// The POST threads' queues (requests, then the rest), for the lines
     /// no thread took when the connection is gone.
     queued: [Receiver<Job>; 2],
@@ -323,6 +349,87 @@ struct Shared {
     /// requests slower than the client sends them cannot make the queues
     /// grow without bound.
     backlog: Arc<Backlog>,
+}
+
+impl Pool {
+    /// The number for one more POST thread for requests, if `waiting`
+    /// requests are more than the idle threads and [`POOL_MAX`] allows;
+    /// [`Pool::not_started`] if it could not be started.
+    fn one_more(&self, waiting: usize) -> Option<usize> {
+        if self.idle.load(Ordering::SeqCst) >= waiting {
+            return None;
+        }
+        let n = self.posters.fetch_add(1, Ordering::SeqCst);
+        if n >= POOL_MAX {
+            self.posters.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(n)
+    }
+
+    fn not_started(&self) {
+        self.posters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A POST thread for requests waits for work (`true`), or has some.
+    fn waiting(&self, idle: bool) {
+        match idle {
+            true => self.idle.fetch_add(1, Ordering::SeqCst),
+            false => self.idle.fetch_sub(1, Ordering::SeqCst),
+        };
+    }
+
+    /// A thread started on demand found no work: whether it ends (while
+    /// more than [`POOL`] are left).
+    fn retire(&self) -> bool {
+        self.posters
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                (t > POOL).then(|| t - 1)
+            })
+            .is_ok()
+    }
+
+    /// The connection is gone: the lines no thread took, each skipped in
+    /// `order`; no more are taken.
+    fn unsent(&self, order: &Order) -> Vec<Outgoing> {
+        let lines = self
+            .queued
+            .iter()
+            .flat_map(|q| q.try_iter())
+            .filter_map(|job| match job {
+                Job::Post(l) => {
+                    order.skip(l.seq);
+                    Some(l.out)
+                }
+                Job::Close { .. } => None,
+            })
+            .collect();
+        self.backlog.close();
+        lines
+    }
+}
+
+/// What `headers_helper` printed last (`None` before its first run), and
+/// whether a thread runs it now.
+#[derive(Default)]
+struct HelperHeaders {
+    last: Option<Vec<(String, String)>>,
+    running: bool,
+}
+
+/// What the connection has reported: `Gone` (nothing is reported after
+/// it), and the events being reported now, which `Gone` waits for.
+#[derive(Default)]
+struct Reports {
+    gone: bool,
+    reporting: usize,
+}
+
+/// The 2025-era session and the era the client speaks: one concern,
+/// behind its own lock.
+#[derive(Default)]
+struct Session {
+    state: Mutex<SessionState>,
 }
 
 #[derive(Default)]
@@ -334,9 +441,78 @@ struct SessionState {
     modern: Option<String>,
 }
 
-/// The requests in flight, and cancels that came before their request.
+impl Session {
+    /// Whether the server's own stream is to be opened now (once).
+    fn begin_get(&self) -> bool {
+        let mut s = self.state.lock();
+        !std::mem::replace(&mut s.get_started, true)
+    }
+
+    fn has_id(&self) -> bool {
+        self.state.lock().id.is_some()
+    }
+
+    /// The session id the server set (`None`: it set none, or the session
+    /// is lost).
+    fn set_id(&self, id: Option<String>) {
+        self.state.lock().id = id;
+    }
+
+    fn set_protocol_version(&self, version: Option<String>) {
+        self.state.lock().protocol_version = version;
+    }
+
+    /// The 2025-era session headers: the session id and the negotiated
+    /// version, once `initialize` set them.
+    fn headers(&self) -> Vec<(String, String)> {
+        let s = self.state.lock();
+        let mut out = Vec::new();
+        if let Some(id) = &s.id {
+            out.push(("Mcp-Session-Id".to_owned(), id.clone()));
+        }
+        if let Some(v) = &s.protocol_version {
+            out.push(("MCP-Protocol-Version".to_owned(), v.clone()));
+        }
+        out
+    }
+
+    /// The 2026-07-28 version a line is sent in (`None`: the 2025 era),
+    /// from the version its params name (`named`), learning the client's.
+    fn era(&self, named: Option<String>, initialize: bool, request: bool) -> Option<String> {
+        let mut s = self.state.lock();
+        match named {
+            Some(v) => {
+                s.modern = Some(v.clone());
+                Some(v)
+            }
+            // A client that probed with a 2026-07-28 request and then
+            // initializes speaks the 2025 era (sessionless, perhaps).
+            None if initialize => {
+                s.modern = None;
+                None
+            }
+            // A notification of a 2026-07-28 client names no version.
+            None if !request && s.id.is_none() => s.modern.clone(),
+            None => None,
+        }
+    }
+
+    /// Whether no client request named a 2026-07-28 version yet.
+    fn classic(&self) -> bool {
+        self.state.lock().modern.is_none()
+    }
+}
+
+/// The requests being posted, by the proxy's id, for cancelling them, and
+/// cancels that came before their request: one concern, behind its own
+/// lock.
 #[derive(Default)]
 struct Exchanges {
+    table: Mutex<ExchangeTable>,
+}
+
+#[derive(Default)]
+struct ExchangeTable {
     live: HashMap<u64, Live>,
     early: HashSet<u64>,
     early_order: VecDeque<u64>,
@@ -348,16 +524,55 @@ struct Live {
 }
 
 impl Exchanges {
-    /// Remembers (a bounded number of) cancels for requests not being
-    /// posted yet: such a request is then not sent at all.
-    fn cancel_early(&mut self, id: u64) {
-        if self.early.insert(id) {
-            self.early_order.push_back(id);
-            if self.early_order.len() > EARLY_CANCELS {
-                if let Some(old) = self.early_order.pop_front() {
-                    self.early.remove(&old);
+    /// Whether request `id` is being posted.
+    fn is_live(&self, id: u64) -> bool {
+        self.table.lock().live.contains_key(&id)
+    }
+
+    /// Request `id` is posted through `exchange`; false if it was cancelled
+    /// before: it is not sent at all.
+    fn start(&self, id: u64, exchange: Arc<Exchange>, modern: bool) -> bool {
+        let mut t = self.table.lock();
+        if t.early.remove(&id) {
+            return false;
+        }
+        t.live.insert(id, Live { exchange, modern });
+        true
+    }
+
+    /// Request `id` is posted no more.
+    fn end(&self, id: u64) {
+        self.table.lock().live.remove(&id);
+    }
+
+    /// A cancel of request `id`: `Some(post it)` for a request being
+    /// posted (a 2026-07-28 one's stream is closed here, and the cancel
+    /// not posted); `None` for one not posted yet, remembered (a bounded
+    /// number of them) so that it is not sent at all.
+    fn cancel(&self, id: u64) -> Option<bool> {
+        let mut t = self.table.lock();
+        if let Some(live) = t.live.get(&id) {
+            if live.modern {
+                live.exchange.close();
+                return Some(false);
+            }
+            return Some(true);
+        }
+        if t.early.insert(id) {
+            t.early_order.push_back(id);
+            if t.early_order.len() > EARLY_CANCELS {
+                if let Some(old) = t.early_order.pop_front() {
+                    t.early.remove(&old);
                 }
             }
+        }
+        None
+    }
+
+    /// Closes the stream of request `id`, if it is still being read.
+    fn close(&self, id: u64) {
+        if let Some(live) = self.table.lock().live.get(&id) {
+            live.exchange.close();
         }
     }
 }
@@ -382,7 +597,7 @@ impl Downstream for Http {
         };
         // Counted before a thread can take it (and count it out).
         let n = out.bytes.len();
-        self.shared.backlog.add(n);
+        self.shared.pool.backlog.add(n);
         let seq = self.next_seq;
         self.next_seq += 1;
         let sent = queue.send(Job::Post(Line { seq, out })).is_ok();
@@ -390,7 +605,7 @@ impl Downstream for Http {
             self.shared.order.skip(seq);
         }
         if !sent {
-            self.shared.backlog.remove(n);
+            self.shared.pool.backlog.remove(n);
         } else if is_request {
             self.more_posters();
         }
@@ -406,7 +621,7 @@ impl Downstream for Http {
     }
 
     fn input_backlog(&self) -> Option<Arc<Backlog>> {
-        Some(self.shared.backlog.clone())
+        Some(self.shared.pool.backlog.clone())
     }
 
     fn describe(&self) -> String {
@@ -422,9 +637,9 @@ impl Http {
     /// Stops taking lines and has an `http-note` thread end the
     /// connection: end the session within `delete`, if given (else every
     /// exchange is interrupted at once), and report `Gone`. Not on the
-    /// caller's thread: a transport thread reporting a message may hold
-    /// the lock `Gone` needs while the client is behind, and the caller is
-    /// the dispatcher, which must not wait for that.
+    /// caller's thread: `Gone` waits for a message a transport thread is
+    /// reporting while the client is behind, and the caller is the
+    /// dispatcher, which must not wait for that.
     fn finish(&mut self, delete: Option<Duration>, how: &'static str) {
         let Some(notes) = self.notes.take() else {
             // Already closing (a kill after a shutdown): what is in flight,
@@ -445,7 +660,7 @@ impl Http {
 
     fn close(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
-        self.shared.backlog.close();
+        self.shared.pool.backlog.close();
         self.jobs = None;
         self.notes = None;
         self.stop = None;
@@ -457,16 +672,11 @@ impl Http {
     /// work, one more is started (up to [`POOL_MAX`]).
     fn more_posters(&self) {
         let shared = &self.shared;
-        if shared.idle_posters.load(Ordering::SeqCst) >= self.posts.len() {
+        let Some(n) = shared.pool.one_more(self.posts.len()) else {
             return;
-        }
-        let n = shared.posters.fetch_add(1, Ordering::SeqCst);
-        if n >= POOL_MAX {
-            shared.posters.fetch_sub(1, Ordering::SeqCst);
-            return;
-        }
+        };
         if let Err(e) = spawn_poster(shared, &self.posts, "http-post", n, true) {
-            shared.posters.fetch_sub(1, Ordering::SeqCst);
+            shared.pool.not_started();
             crate::debug!("cannot start another HTTP thread: {e}");
         }
     }
@@ -505,18 +715,18 @@ fn spawn_poster(
     thread
         .spawn(&format!("{name}-{n}"), move || loop {
             if counts {
-                shared.idle_posters.fetch_add(1, Ordering::SeqCst);
+                shared.pool.waiting(true);
             }
             let next = match extra {
                 true => rx.recv_timeout(POOL_IDLE_EXIT),
                 false => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
             if counts {
-                shared.idle_posters.fetch_sub(1, Ordering::SeqCst);
+                shared.pool.waiting(false);
             }
             match next {
                 Ok(Job::Post(line)) => {
-                    shared.backlog.remove(line.out.bytes.len());
+                    shared.pool.backlog.remove(line.out.bytes.len());
                     shared.post(line);
                 }
                 Ok(Job::Close { delete, how }) => {
@@ -527,13 +737,7 @@ fn spawn_poster(
                     shared.gone(how, true);
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    let fewer =
-                        shared
-                            .posters
-                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
-                                (t > POOL).then(|| t - 1)
-                            });
-                    if fewer.is_ok() {
+                    if shared.pool.retire() {
                         return;
                     }
                 }
@@ -555,36 +759,48 @@ impl Drop for Http {
 
 impl Shared {
     /// Reports an event unless the connection was already reported gone.
+    /// The report is made without a lock held: `Gone` waits for it.
     fn emit(&self, event: ServerEvent) {
-        let gone = self.gone.lock();
-        if !*gone {
-            (self.on_event)(event);
+        {
+            let mut reports = self.reports.lock();
+            if reports.gone {
+                return;
+            }
+            reports.reporting += 1;
         }
+        // Counted out however the report ends (a panic in it too, before
+        // the thread's guard reports `Gone`).
+        struct Reported<'a>(&'a Shared);
+        impl Drop for Reported<'_> {
+            fn drop(&mut self) {
+                let mut reports = self.0.reports.lock();
+                reports.reporting -= 1;
+                if reports.reporting == 0 {
+                    self.0.reported.notify_all();
+                }
+            }
+        }
+        let _reported = Reported(self);
+        (self.on_event)(event);
     }
 
-    /// Reports `Gone`, once; nothing is reported after it. When the
-    /// connection failed (it was not closed on purpose), the lines still
-    /// queued, which no thread took, are reported `Unsent` first.
+    /// Reports `Gone`, once, after the events being reported; nothing is
+    /// reported after it. When the connection failed (it was not closed
+    /// on purpose), the lines still queued, which no thread took, are
+    /// reported `Unsent` first.
     fn gone(&self, how: &str, may_have_received: bool) {
-        let mut gone = self.gone.lock();
-        if *gone {
-            return;
+        {
+            let mut reports = self.reports.lock();
+            if reports.gone {
+                return;
+            }
+            reports.gone = true;
+            while reports.reporting > 0 {
+                self.reported.wait(&mut reports);
+            }
         }
-        *gone = true;
         if !self.closed.swap(true, Ordering::SeqCst) {
-            let lines: Vec<Outgoing> = self
-                .queued
-                .iter()
-                .flat_map(|q| q.try_iter())
-                .filter_map(|job| match job {
-                    Job::Post(l) => {
-                        self.order.skip(l.seq);
-                        Some(l.out)
-                    }
-                    Job::Close { .. } => None,
-                })
-                .collect();
-            self.backlog.close();
+            let lines = self.pool.unsent(&self.order);
             if !lines.is_empty() {
                 let why = format!("the connection ended before it was posted ({how})");
                 (self.on_event)(ServerEvent::Unsent { lines, why });
@@ -635,23 +851,9 @@ impl Shared {
     /// [`CANCEL_GRACE`]), and the stream closed when that POST is over
     /// (`post`). A request not being posted yet is not sent at all.
     fn cancel(&self, id: u64) -> bool {
-        let mut ex = self.exchanges.lock();
-        if let Some(live) = ex.live.get(&id) {
-            if live.modern {
-                live.exchange.close();
-                return false;
-            }
-            return true;
-        }
-        ex.cancel_early(id);
-        drop(ex);
-        self.session.lock().modern.is_none()
-    }
-
-    /// Closes the stream of request `id`, if it is still being read.
-    fn close_exchange(&self, id: u64) {
-        if let Some(live) = self.exchanges.lock().live.get(&id) {
-            live.exchange.close();
+        match self.exchanges.cancel(id) {
+            Some(post) => post,
+            None => self.session.classic(),
         }
     }
 }
@@ -680,8 +882,9 @@ mod tests {
         config.unwrap().servers.remove(0)
     }
 
-    #[test]
-    fn a_kill_after_a_shutdown_never_waits_for_a_report_the_client_holds_up() {
+    /// A server answering every POST with one event, then keeping the
+    /// stream open; its port.
+    fn one_event_server() -> u16 {
         use std::io::{Read, Write};
         use std::net::TcpListener;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -702,7 +905,47 @@ mod tests {
                 });
             }
         });
-        let cfg = remote(port);
+        port
+    }
+
+    #[test]
+    fn a_report_held_up_by_the_client_holds_up_no_other_and_gone_waits_for_it() {
+        let cfg = remote(one_event_server());
+        let (hold_tx, hold_rx) = crossbeam_channel::bounded::<()>(0);
+        let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
+        let on_event: OnEvent = Box::new(move |ev| {
+            let gone = matches!(ev, ServerEvent::Gone(_));
+            let _ = seen_tx.send(gone);
+            if !gone {
+                let _ = hold_rx.recv_timeout(Duration::from_secs(10));
+            }
+        });
+        let mut http = connect(&cfg, on_event).unwrap();
+        for id in [1, 2] {
+            let line = format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{}}}}\n"
+            );
+            assert!(Downstream::send(
+                &mut http,
+                Outgoing::request(id, "tools/call", line.into_bytes())
+            ));
+        }
+        // Both reports are under way at once: neither waits for the other.
+        let wait = Duration::from_secs(5);
+        assert_eq!(seen_rx.recv_timeout(wait), Ok(false));
+        assert_eq!(seen_rx.recv_timeout(wait), Ok(false));
+        // `Gone` comes only once both are delivered.
+        http.kill();
+        assert!(seen_rx.recv_timeout(Duration::from_millis(300)).is_err());
+        drop(hold_tx);
+        // (The interrupted streams' failures may be reported before it.)
+        while !seen_rx.recv_timeout(wait).expect("Gone is reported") {}
+        assert!(seen_rx.recv_timeout(Duration::from_millis(200)).is_err());
+    }
+
+    #[test]
+    fn a_kill_after_a_shutdown_never_waits_for_a_report_the_client_holds_up() {
+        let cfg = remote(one_event_server());
         let (hold_tx, hold_rx) = crossbeam_channel::bounded::<()>(0);
         let (seen_tx, seen_rx) = crossbeam_channel::unbounded();
         let on_event: OnEvent = Box::new(move |ev| {

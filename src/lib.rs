@@ -104,6 +104,32 @@ mod tests {
         );
     }
 
+    /// The layers' import rules: a transport reports in its own vocabulary
+    /// and clamps with its own constants, so it takes nothing from
+    /// `policy/`; a mode takes typed options, not the command line's.
+    #[test]
+    fn transports_import_no_policy_and_modes_no_cli() {
+        let transport = |name: &str| {
+            ["downstream.rs", "http.rs", "child.rs", "stdio.rs"].contains(&name)
+                || name.starts_with("http/")
+                || name.starts_with("child/")
+        };
+        let mode =
+            |name: &str| ["check.rs", "proxy.rs"].contains(&name) || name.starts_with("status");
+        let broken: Vec<String> = sources()
+            .into_iter()
+            .filter(|(name, text)| {
+                (transport(name) && text.contains("crate::policy"))
+                    || (mode(name) && text.contains("crate::cli"))
+            })
+            .map(|(name, _)| name)
+            .collect();
+        assert!(
+            broken.is_empty(),
+            "files breaking the import rules: {broken:?}"
+        );
+    }
+
     fn architecture() -> String {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/ARCHITECTURE.md")).unwrap()
     }

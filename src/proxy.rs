@@ -6,6 +6,7 @@
 //! (that is `child.rs`).
 
 use std::io;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::thread;
@@ -14,7 +15,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use crossbeam_channel::Sender;
 
-use crate::cli::RunArgs;
 use crate::config::{self, ServerConfig};
 use crate::dispatcher::{proxy_error, Dispatcher, Event, Outcome, Reason};
 use crate::downstream::{self, Diagnostics, ServerEvent};
@@ -62,7 +62,23 @@ impl Backlogs {
     }
 }
 
-pub fn run(args: RunArgs) -> Result<ExitCode> {
+#[derive(Debug, Default, PartialEq)]
+/// What `run` is asked to do (from the command line).
+pub struct RunOptions {
+    pub config: Option<PathBuf>,
+    pub server: Option<String>,
+    /// The wrapped command and its arguments (empty when the config names it).
+    pub command: Vec<String>,
+    /// A remote server's endpoint (`--url`), instead of a command.
+    pub url: Option<String>,
+    /// `--header` values, split at the first colon. Secrets: never shown.
+    pub headers: Vec<(String, String)>,
+    pub stats_file: Option<PathBuf>,
+    /// `--store`: where idempotency keys are kept (over the config's).
+    pub store: Option<String>,
+}
+
+pub fn run(args: RunOptions) -> Result<ExitCode> {
     let cfg = resolve(&args)?;
     crate::log::set_server(&cfg.name);
     crate::log::add_secrets(&cfg.secrets());
@@ -240,7 +256,7 @@ pub const STORE_ENV: &str = "MCP_RETRY_STORE";
 
 /// The store in use: `--store`, else `MCP_RETRY_STORE`, else the config's
 /// `store:`; a value that is not one is refused, naming where it came from.
-fn store_choice(args: &RunArgs, cfg: &ServerConfig) -> Result<String> {
+fn store_choice(args: &RunOptions, cfg: &ServerConfig) -> Result<String> {
     let env = std::env::var(STORE_ENV).ok().filter(|v| !v.is_empty());
     let (value, from) = match (&args.store, env) {
         (Some(v), _) => (v.clone(), "--store"),
@@ -263,7 +279,7 @@ fn store_choice(args: &RunArgs, cfg: &ServerConfig) -> Result<String> {
 /// state directory on its own time) and the calls' handle on it. `None`
 /// with `memory`.
 fn start_store(
-    args: &RunArgs,
+    args: &RunOptions,
     cfg: &ServerConfig,
     events: Sender<Event>,
 ) -> Result<Option<(crate::dispatcher::KeyStore, thread::JoinHandle<()>)>> {
@@ -414,7 +430,7 @@ fn start_otel(cfg: &ServerConfig) -> Result<Option<(otel::Handle, otel::Exporter
 /// The `status-writer` thread, unless the runtime directory cannot be
 /// used (said once; the proxy runs on without publishing).
 fn start_status_writer(
-    args: &RunArgs,
+    args: &RunOptions,
     cfg: &ServerConfig,
 ) -> Option<(Sender<status::Snapshot>, thread::JoinHandle<()>)> {
     let dir = status::runtime_dir(None);
@@ -445,7 +461,7 @@ fn start_status_writer(
 }
 
 /// The server to launch: from the config, the wrapped command, or both.
-fn resolve(args: &RunArgs) -> Result<ServerConfig> {
+fn resolve(args: &RunOptions) -> Result<ServerConfig> {
     let loaded = match &args.config {
         Some(path) => Some(config::load(path)?),
         None => None,

@@ -3,7 +3,7 @@
 //! [`Action`]s the calls pushed, in order (answers through `answer`, lines
 //! to the server and the client, timers, the queue, the tracer). It also
 //! does for the calls what needs the link: routing and sending an attempt
-//! (under a downstream id from `next_id`), and the proxy's own `tools/list`.
+//! (under a downstream id from `Requests::issue_attempt`), and the proxy's own `tools/list`.
 //!
 //! The action list is one buffer reused from event to event, so the hot
 //! path allocates nothing for it.
@@ -34,7 +34,7 @@ impl Dispatcher {
         let ctx = Ctx {
             now,
             link: self.link_view(),
-            tracing: self.otel.is_some(),
+            tracing: self.reporting.tracing(),
         };
         // Nested runs (an action that reports back) start with an empty
         // buffer; the largest one is kept, unless a burst (a link lost with
@@ -61,7 +61,7 @@ impl Dispatcher {
             reachable: ready || self.link_restarting(),
             initialized: self.session.initialized || self.session.modern_meta.is_some(),
             generation: self.generation_to_ask(),
-            paused: self.requests.paused_since.is_some(),
+            paused: self.requests.paused(),
         }
     }
 
@@ -97,9 +97,7 @@ impl Dispatcher {
             Arrival::Joined(call) => call,
             Arrival::Started(call) => Some(call),
         };
-        if let Some(r) = self.requests.client.get_mut(&client_id) {
-            r.call = call;
-        }
+        self.requests.set_call(&client_id, call);
         if let Arrival::Started(id) = arrival {
             self.start_attempt(id, now);
         }
@@ -107,8 +105,21 @@ impl Dispatcher {
 
     /// Sends the next attempt of call `id`, if the breaker and the link
     /// allow: queued while the server restarts, refused when it cannot be
-    /// reached.
+    /// reached. With the link ready, one run of the calls admits and
+    /// records it, under the id issued next.
     pub(super) fn start_attempt(&mut self, id: u64, now: Instant) {
+        if self.link_ready() {
+            let down = self.requests.next_attempt_id();
+            if self.with_calls(now, |c, ctx, out| c.start(id, down, ctx, out)) {
+                let issued = self.requests.issue_attempt();
+                debug_assert_eq!(issued, down, "an id was issued while the calls ran");
+                let traceparent = self.traced(|t| t.attempt_started(id, down, now)).flatten();
+                if let Some(attempt) = self.calls.attempt_line(id, down, traceparent.as_deref()) {
+                    self.send_attempt(attempt, now);
+                }
+            }
+            return;
+        }
         if !self.with_calls(now, |c, ctx, out| c.admit(id, ctx, out)) {
             return;
         }
@@ -121,7 +132,7 @@ impl Dispatcher {
     pub(super) fn route_attempt(&mut self, id: u64, now: Instant) {
         match self.route(now) {
             Route::Send => {
-                let down = self.next_id();
+                let down = self.requests.issue_attempt();
                 let traceparent = self.traced(|t| t.attempt_started(id, down, now)).flatten();
                 let attempt = self.with_calls(now, |c, ctx, out| {
                     c.send(id, down, traceparent.as_deref(), ctx, out)
@@ -195,18 +206,15 @@ impl Dispatcher {
     /// Sends our own `tools/list` for one page; it gets `call_timeout` to
     /// be answered, like an attempt.
     pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
-        let down = self.next_id();
         let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
         let first = cursor.is_none();
-        self.requests
-            .inflight
-            .insert(down, Inflight::ToolsList { first });
+        let down = self.requests.issue(Inflight::ToolsList { first });
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
         if self.send_server(Outgoing::request(down, "tools/list", line)) {
             let at = now + self.cfg.call_timeout;
             self.set_timer(at, Timer::ToolsListTimeout { down });
         } else {
-            self.requests.inflight.remove(&down);
+            self.requests.forget(down);
             self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
         }
     }
@@ -215,8 +223,8 @@ impl Dispatcher {
     /// unknown, and calls waiting for them are decided now (unknown means
     /// unsafe) rather than at their deadline.
     pub(super) fn on_tools_list_timeout(&mut self, down: u64, now: Instant) {
-        if let Some(Inflight::ToolsList { .. }) = self.requests.inflight.get(&down) {
-            self.requests.inflight.remove(&down);
+        let listing = |f: &Inflight| matches!(f, Inflight::ToolsList { .. });
+        if self.requests.take_if(down, listing).is_some() {
             warn!(
                 "the server did not answer the proxy's tools/list within {}; tool annotations stay unknown",
                 super::calls::secs(self.cfg.call_timeout)
@@ -245,7 +253,7 @@ impl Dispatcher {
         match t {
             Trace::CallStarted { call } => {
                 if let (Some(tracer), Some((tool, client, params))) =
-                    (&mut self.otel, self.calls.started(call))
+                    (self.reporting.tracer(), self.calls.started(call))
                 {
                     tracer.call_started(call, tool, client, params, now);
                 }

@@ -17,6 +17,31 @@
 //! its downstream id and recording what happened are the dispatcher's.
 //! Decisions come from the pure types in `policy/`; the calls apply them
 //! and log them (through `log.rs`, as the dispatcher does).
+//!
+//! A call's life (its [`call::Phase`]; every arrow that ends it pushes
+//! the clients' answers, and a live attempt's cancel):
+//!
+//! ```text
+//!  arrive ──► cache / idempotency table hit ──► answered at once (no call)
+//!    │    ──► same key or arguments in flight ──► joined to that call
+//!    ▼
+//!  Idle ◄─────────────── store claim answered (`claimed`)
+//!    │ admit: breaker, claim          ╲ refused ──► ended
+//!    ▼ (dispatcher routes)
+//!    ├── queue ──► Queued(seq) ── link back: unqueued ──► Idle ──► send
+//!    │                         ╲── gave up waiting ──► decide
+//!    ├── send ──► InFlight(down) ── answer ──► ended (result, final error)
+//!    │                ├── transient error, timeout, link lost ──► decide
+//!    │                └── never sent ──► BackingOff(now)
+//!    └── refuse ──► ended
+//!  decide (gate, retries, budget, deadline, breaker):
+//!    ├── retry ──► BackingOff(at) ── RetryDue ──► admit
+//!    ├── annotations unknown ──► Parked(failure) ── tools learned,
+//!    │                                               deadline ──► decide
+//!    └── give up ──► ended (a key that may have run is marked unknown)
+//!  A timed-out or superseded attempt stays in `dead` until it answers:
+//!  its late answer may still end the call, or after the end go `Late`.
+//! ```
 
 #![forbid(unsafe_code)]
 
@@ -52,7 +77,7 @@ mod text;
 mod tools;
 
 pub(super) use call::Failure;
-use call::{Call, Late};
+use call::{Call, Late, Phase};
 pub(crate) use keys::{KeyStore, Unavailable};
 pub(super) use text::secs;
 use tools::ToolsKnowledge;
@@ -348,7 +373,7 @@ impl Calls {
     /// retry, the queue or the tool list).
     #[cfg(test)]
     pub(super) fn any_between_attempts(&self) -> bool {
-        self.calls.values().any(|c| c.live.is_none())
+        self.calls.values().any(|c| c.live().is_none())
     }
 
     pub(super) fn stats(&self) -> &Stats {
@@ -374,7 +399,9 @@ impl Calls {
     /// Whether `down` is call `call`'s attempt in flight (its timeout
     /// matters).
     pub(super) fn attempt_is_live(&self, call: u64, down: u64) -> bool {
-        self.calls.get(&call).is_some_and(|c| c.live == Some(down))
+        self.calls
+            .get(&call)
+            .is_some_and(|c| c.live() == Some(down))
     }
 
     /// What the tracer needs of call `id` as it starts: its tool, client
@@ -419,7 +446,7 @@ impl Calls {
     ) -> Owner {
         match self.downstream.get(&down) {
             Some(Issued::Attempt(call)) => {
-                match self.calls.get(call).filter(|c| c.live == Some(down)) {
+                match self.calls.get(call).filter(|c| c.live() == Some(down)) {
                     Some(c) => warn!("tool \"{}\": {message}", c.tool),
                     // The live one may still bring a real answer.
                     None => debug!("dropped the unusable answer of an abandoned attempt"),
@@ -445,10 +472,10 @@ impl Calls {
             Some(Issued::Late(_)) => return Owner::Known,
             None => return Owner::Unknown,
         };
-        let Some(c) = self.calls.get_mut(&call).filter(|c| c.live == Some(down)) else {
+        let Some(c) = self.calls.get_mut(&call).filter(|c| c.live() == Some(down)) else {
             return Owner::Known;
         };
-        c.live = None;
+        c.phase = Phase::Idle;
         // A trial it held is freed as the call ends (`fail`).
         self.fail(call, error, ctx, out);
         Owner::Served
@@ -467,7 +494,7 @@ impl Calls {
     ) {
         if let Some(Issued::Attempt(call)) = self.downstream.remove(&down) {
             match self.calls.get_mut(&call) {
-                Some(c) if c.live == Some(down) => c.live = None,
+                Some(c) if c.live() == Some(down) => c.phase = Phase::Idle,
                 _ => return,
             }
             self.attempt_failed(call, failure, ctx, out);
@@ -479,7 +506,7 @@ impl Calls {
     /// since `since`, within their calls' deadlines.
     pub(super) fn resume_clocks(&mut self, since: Instant, ctx: Ctx, out: &mut Vec<Action>) {
         for (&id, call) in self.calls.iter_mut() {
-            let Some(down) = call.live else { continue };
+            let Some(down) = call.live() else { continue };
             let paused = ctx
                 .now
                 .saturating_duration_since(since.max(call.attempt_started));
@@ -514,7 +541,7 @@ impl Calls {
         out: &mut Vec<Action>,
     ) {
         if let Some(call) = self.calls.get_mut(&id) {
-            call.queued = None;
+            call.unqueue();
         }
         // Counted outside a trial: a trial it held is freed as the call
         // ends (`refuse_attempt`).
@@ -568,7 +595,7 @@ impl Calls {
             for d in call.dead.drain(..) {
                 self.downstream.remove(&d);
             }
-            if let Some(live) = call.live.take() {
+            if let Some(live) = call.take_live() {
                 self.downstream.remove(&live);
                 let failure = match may_have_received {
                     true => Failure::Exited(message.to_owned()),

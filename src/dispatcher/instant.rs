@@ -586,7 +586,7 @@ impl Dispatcher {
         self.session.protocol_version =
             RawObject::parse(real).and_then(|r| r.string("protocolVersion"));
         self.observe_capabilities(real);
-        self.ready_at.get_or_insert(now);
+        self.reporting.ready(now);
         self.instant_accepted(real);
         self.answer(&client_id, jsonrpc::response_line(&client_id, real));
         self.status_dirty();
@@ -665,9 +665,9 @@ impl Dispatcher {
         self.instant_bridge(bridge);
         info!(
             "the MCP server is ready after {}; the session began from the handshake cache",
-            super::calls::secs(now.saturating_duration_since(self.started_at))
+            super::calls::secs(now.saturating_duration_since(self.reporting.started_at()))
         );
-        self.ready_at.get_or_insert(now);
+        self.reporting.ready(now);
         let version = self.client_version();
         if let Some(instant) = self.instant.as_mut() {
             let told = instant.told.take().expect("checked above");
@@ -741,9 +741,7 @@ impl Dispatcher {
         if !matches!(self.phase, Phase::Stopping { .. }) {
             self.handshake_changed = true;
         }
-        let mut ids: Vec<String> = self.requests.client.keys().cloned().collect();
-        ids.sort();
-        for id in ids {
+        for id in self.requests.open_ids() {
             self.answer_proxy_error(&id, Reason::ServerUnavailable, &message);
         }
         self.begin_shutdown(None, now);
@@ -796,20 +794,16 @@ impl Dispatcher {
 
     /// Sends the proxy's own request for a page of `list`.
     fn request_list_page(&mut self, list: List, cursor: Option<&str>, now: Instant) {
-        let down = self.next_id();
         let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
-        self.requests.inflight.insert(
-            down,
-            Inflight::Listing {
-                list,
-                first: cursor.is_none(),
-            },
-        );
+        let down = self.requests.issue(Inflight::Listing {
+            list,
+            first: cursor.is_none(),
+        });
         let line = jsonrpc::request_line(&down.to_string(), list.method(), Some(&params));
         if self.send_server(Outgoing::request(down, list.method(), line)) {
             self.set_timer(now + self.cfg.call_timeout, Timer::ListingTimeout { down });
         } else {
-            self.requests.inflight.remove(&down);
+            self.requests.forget(down);
             self.instant_list_failed(list);
         }
     }
@@ -847,9 +841,8 @@ impl Dispatcher {
     /// `Timer::ListingTimeout`: the proxy's own list request `down` was
     /// not answered in time.
     pub(super) fn on_listing_timeout(&mut self, down: u64) {
-        if let Some(Inflight::Listing { list, .. }) = self.requests.inflight.get(&down) {
-            let list = *list;
-            self.requests.inflight.remove(&down);
+        let listing = |f: &Inflight| matches!(f, Inflight::Listing { .. });
+        if let Some(Inflight::Listing { list, .. }) = self.requests.take_if(down, listing) {
             self.instant_list_failed(list);
         }
     }

@@ -10,6 +10,32 @@
 //! requests waiting for the server. Talks to the server only through
 //! [`Downstream`]; knows nothing of processes. Probe failures never reach
 //! the circuit breaker; a request that gave up waiting does.
+//!
+//! The link's life ([`Link`]; `generation` counts incarnations):
+//!
+//! ```text
+//!  Down (not started) ── run: start_server ──┐
+//!                                            ▼
+//!     ┌──────────── start failed ◄──── connect (generation + 1)
+//!     │                                      │ started
+//!     │                                      ▼
+//!     │        Up { ready: false } ── replay initialize, then the
+//!     │              │        │        session (initialized, level,
+//!     │              │        │        subscriptions): `ready`
+//!     │  replay timed out /   ▼
+//!     │  refused: kill   Up { ready } ── queue released (ramp),
+//!     │              │        │          traffic flows
+//!     │              ▼        ▼ input failed: draining
+//!     │           Gone (after all the server sent) ── on_link_gone:
+//!     │              calls' attempts fail, reads requeued, the rest
+//!     │              answered, server requests cancelled
+//!     ▼              ▼
+//!  Outage ── Timer::Restart (recovery: eager while something waits,
+//!     │       backing off while nothing does) ──► connect
+//!     └── Heal::Fix (or a crash loop): what waits answered now;
+//!         probes go on
+//!  Stopping (client gone, signal): shutdown(step) ──► Gone ──► Down
+//! ```
 
 #![forbid(unsafe_code)]
 
@@ -27,7 +53,7 @@ use crate::stdio::Backlog;
 use crate::{debug, info, warn};
 
 use super::calls::Failure;
-use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Timer};
+use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Resolved, Timer};
 
 /// A child that stays up this long resets the restart backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
@@ -36,8 +62,6 @@ const STABLE_AFTER: Duration = Duration::from_secs(60);
 /// whose own start timeout is 30 s (Claude Code's `MCP_TIMEOUT`) before it
 /// gives up.
 const FIRST_WAIT: Duration = Duration::from_secs(20);
-/// Most requests waiting for a restarting server.
-pub(super) const QUEUE_LIMIT: usize = 1000;
 /// How far past its input backlog's limit a server that is not reading may
 /// still be sent cancels, notifications and answers to its own requests.
 const RESERVE: usize = 64 * 1024;
@@ -242,12 +266,7 @@ impl Dispatcher {
         since: Instant,
         expires: Instant,
     ) -> Option<u64> {
-        if self.queue.len() >= QUEUE_LIMIT {
-            return None;
-        }
-        self.queue_seq += 1;
-        let seq = self.queue_seq;
-        self.queue.push_back((seq, since, item));
+        let seq = self.queue.push(item, since)?;
         self.set_timer(expires, Timer::QueueExpired { seq });
         Some(seq)
     }
@@ -272,21 +291,14 @@ impl Dispatcher {
     /// the server: it is answered, saying so (the server, which may answer
     /// it later, is left running: its late answer is dropped).
     pub(super) fn on_first_initialize_due(&mut self, down: u64, now: Instant) {
-        if !matches!(
-            self.requests.inflight.get(&down),
-            Some(Inflight::Client { .. })
-        ) {
-            return;
-        }
-        let Some(Inflight::Client { client_id, .. }) = self.requests.inflight.remove(&down) else {
+        let client = |f: &Inflight| matches!(f, Inflight::Client { .. });
+        let Some(Inflight::Client { client_id, .. }) = self.requests.take_if(down, client) else {
             return;
         };
-        self.requests.unwritten.remove(&down);
+        self.requests.written(down);
         let since = self
             .requests
-            .client
-            .get(&client_id)
-            .and_then(|r| r.waited)
+            .waited(&client_id)
             .map_or(now, |(since, _)| since);
         let waited = now
             .saturating_duration_since(since)
@@ -305,13 +317,7 @@ impl Dispatcher {
     }
 
     pub(super) fn unqueue(&mut self, seq: u64) -> Option<Queued> {
-        self.unqueue_timed(seq).map(|(_, q)| q)
-    }
-
-    /// Takes item `seq` out of the queue, with when it began waiting.
-    fn unqueue_timed(&mut self, seq: u64) -> Option<(Instant, Queued)> {
-        let i = self.queue.iter().position(|(s, ..)| *s == seq)?;
-        self.queue.remove(i).map(|(_, at, q)| (at, q))
+        self.queue.take(seq).map(|(_, q)| q)
     }
 
     /// A queued item waited as long as it may for the server.
@@ -323,7 +329,7 @@ impl Dispatcher {
     /// message says how long it really waited. A request that gave up
     /// waiting counts toward the circuit breaker (an outage's failure).
     fn queue_give_up(&mut self, seq: u64, now: Instant, what: &str) {
-        let Some((since, item)) = self.unqueue_timed(seq) else {
+        let Some((since, item)) = self.queue.take(seq) else {
             return;
         };
         let message = format!(
@@ -365,8 +371,8 @@ impl Dispatcher {
     /// is `back` from an outage, in a ramp (`policy::ramp`): the oldest
     /// first, then two more for each answer.
     fn flush_queue(&mut self, back: bool, now: Instant) {
-        if back && !self.queue.is_empty() {
-            self.ramp.begin(now);
+        if back {
+            self.queue.begin_ramp(now);
         }
         self.release_queue(now);
     }
@@ -378,55 +384,36 @@ impl Dispatcher {
     /// missed the connection).
     pub(super) fn release_queue(&mut self, now: Instant) {
         while self.link_ready() {
-            let Some((_, _, item)) = self.queue.front() else {
-                break;
-            };
-            if !matches!(item, Queued::Notification(_)) && !self.ramp.room() {
-                break;
-            }
-            let Some((seq, _, item)) = self.queue.pop_front() else {
+            let Some((seq, item)) = self.queue.pop_releasable() else {
                 break;
             };
             if self.release(seq, item, now) {
-                self.ramp.released(now);
+                self.queue.released(now);
             }
         }
-        if self.ramp.active() {
-            let backlog = crate::policy::ramp::backlog;
-            let fresh: Vec<u64> = (self.queue.iter())
-                .filter(|(_, since, _)| !backlog(*since, now))
-                .map(|(seq, ..)| *seq)
-                .collect();
-            for seq in fresh {
-                if !self.link_ready() {
-                    break;
-                }
-                if let Some(item) = self.unqueue(seq) {
-                    self.release(seq, item, now);
-                }
+        for seq in self.queue.fresh(now) {
+            if !self.link_ready() {
+                break;
+            }
+            if let Some(item) = self.unqueue(seq) {
+                self.release(seq, item, now);
             }
         }
-        match self.queue.is_empty() {
-            true => self.ramp.end(),
-            false => {
-                if let Some(at) = self.ramp.stall_at() {
-                    self.set_timer(at, Timer::RampStall);
-                }
-            }
+        if let Some(at) = self.queue.settle() {
+            self.set_timer(at, Timer::RampStall);
         }
     }
 
     /// Nothing released was answered for a while: more may go.
     pub(super) fn on_ramp_stall(&mut self, now: Instant) {
-        if self.ramp.stalled(now) {
+        if self.queue.stalled(now) {
             self.release_queue(now);
         }
     }
 
     /// The server answered a request: while a ramp runs, more may go.
     pub(super) fn ramp_answered(&mut self, now: Instant) {
-        if self.ramp.active() {
-            self.ramp.answered(now);
+        if self.queue.answered(now) {
             self.release_queue(now);
         }
     }
@@ -440,15 +427,8 @@ impl Dispatcher {
                 client_id,
                 method,
             } => {
-                let still_wanted = self
-                    .requests
-                    .client
-                    .get(&client_id)
-                    .is_some_and(|r| r.queued == Some(seq));
+                let still_wanted = self.requests.unqueued(&client_id, seq);
                 if still_wanted {
-                    if let Some(r) = self.requests.client.get_mut(&client_id) {
-                        r.queued = None;
-                    }
                     self.relay_request(m, client_id, method, now);
                 }
                 still_wanted
@@ -498,10 +478,9 @@ impl Dispatcher {
                 params = asking;
             }
         }
-        let down = self.next_id();
-        self.requests
-            .inflight
-            .insert(down, Inflight::Replay(ReplayStep::Initialize));
+        let down = self
+            .requests
+            .issue(Inflight::Replay(ReplayStep::Initialize));
         debug!("replaying the client's initialize to the new server");
         let line = jsonrpc::request_line(&down.to_string(), "initialize", Some(&params));
         self.send_server(Outgoing::request(down, "initialize", line));
@@ -565,8 +544,8 @@ impl Dispatcher {
         // otherwise reach it twice.
         let queued: Vec<(String, Option<&str>)> = self
             .queue
-            .iter()
-            .filter_map(|(_, _, item)| match item {
+            .items()
+            .filter_map(|item| match item {
                 Queued::Request { m, .. } => Some((m.method()?.into_owned(), m.params())),
                 _ => None,
             })
@@ -586,10 +565,7 @@ impl Dispatcher {
             }
         }
         for (method, params) in replays {
-            let down = self.next_id();
-            self.requests
-                .inflight
-                .insert(down, Inflight::Replay(ReplayStep::Other));
+            let down = self.requests.issue(Inflight::Replay(ReplayStep::Other));
             let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
             self.send_server(Outgoing::request(down, method, line));
         }
@@ -693,8 +669,8 @@ impl Dispatcher {
             let Some(down) = out.request_id() else {
                 continue;
             };
-            match self.requests.inflight.remove(&down) {
-                Some(Inflight::Client {
+            match self.requests.resolve_issued(down) {
+                Resolved::Ours(Inflight::Client {
                     client_id,
                     method,
                     resend,
@@ -715,16 +691,16 @@ impl Dispatcher {
                                 method,
                                 resend,
                             };
-                            self.requests.inflight.insert(down, back);
+                            self.requests.restore(down, back);
                         }
                     }
                 }
                 // The proxy's own requests are made again for the next
                 // incarnation (the handshake replay, the tool list).
-                Some(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
-                Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-                Some(Inflight::Replay(_)) => {}
-                None => {
+                Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
+                Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
+                Resolved::Ours(Inflight::Replay(_)) => {}
+                Resolved::Calls | Resolved::Never => {
                     let failure = Failure::NeverSent(why.to_owned());
                     self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
                 }
@@ -739,19 +715,19 @@ impl Dispatcher {
     /// decide: the safety gate for one that may have run; one refused is
     /// final), the proxy's own requests are given up.
     fn on_transport_failed(&mut self, down: u64, failure: TransportFailure, now: Instant) {
-        self.requests.unwritten.remove(&down);
-        match self.requests.inflight.remove(&down) {
-            Some(Inflight::Client { client_id, .. }) => {
+        self.requests.written(down);
+        match self.requests.resolve_issued(down) {
+            Resolved::Ours(Inflight::Client { client_id, .. }) => {
                 warn!("answered client request {client_id}: {}", failure.message);
                 let error = failure_error(&failure);
                 let line = jsonrpc::error_response_line(&client_id, &error.object);
                 self.answer(&client_id, line);
             }
-            Some(Inflight::ToolsList { .. }) => {
+            Resolved::Ours(Inflight::ToolsList { .. }) => {
                 self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
             }
-            Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-            Some(Inflight::Replay(step)) => {
+            Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
+            Resolved::Ours(Inflight::Replay(step)) => {
                 if step == ReplayStep::Initialize {
                     warn!(
                         "the restarted server is not usable: {}; stopping it",
@@ -762,11 +738,11 @@ impl Dispatcher {
                     }
                 }
             }
-            None if failure.invalid => {
+            Resolved::Calls | Resolved::Never if failure.invalid => {
                 let error = failure_error(&failure);
                 self.with_calls(now, |c, ctx, out| c.fail_attempt(down, &error, ctx, out));
             }
-            None => {
+            Resolved::Calls | Resolved::Never => {
                 let failure = match failure.may_have_run {
                     true => Failure::Transport(failure.message, failure.status),
                     false => Failure::Rejected(failure.message, failure.status),
@@ -790,8 +766,8 @@ impl Dispatcher {
             let Some(down) = out.request_id() else {
                 continue;
             };
-            match self.requests.inflight.remove(&down) {
-                Some(Inflight::Client { client_id, .. }) => {
+            match self.requests.resolve_issued(down) {
+                Resolved::Ours(Inflight::Client { client_id, .. }) => {
                     // Not run: the client may send it again, not before
                     // the hint. The proxy's error, never one dressed as
                     // the server's.
@@ -804,10 +780,10 @@ impl Dispatcher {
                     let line = jsonrpc::error_response_line(&client_id, &error);
                     self.answer(&client_id, line);
                 }
-                Some(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
-                Some(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-                Some(Inflight::Replay(_)) => {}
-                None => {
+                Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
+                Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
+                Resolved::Ours(Inflight::Replay(_)) => {}
+                Resolved::Calls | Resolved::Never => {
                     let failure = Failure::Refused(why.to_owned(), retry_after);
                     self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
                 }
@@ -883,7 +859,7 @@ impl Dispatcher {
             }
         }
         drop(conn);
-        self.requests.unwritten.clear();
+        self.requests.link_lost();
         if let Some(instant) = &mut self.instant {
             instant.reading.link_lost();
         }
@@ -894,9 +870,7 @@ impl Dispatcher {
             c.on_link_lost(&message, may_have_received, stopping, ctx, out)
         });
         // Other requests: reads are sent again, the rest answered.
-        let mut lost: Vec<(u64, Inflight)> = self.requests.inflight.drain().collect();
-        lost.sort_by_key(|(down, _)| *down);
-        for (_, f) in lost {
+        for (_, f) in self.requests.drain_lost() {
             let Inflight::Client {
                 client_id,
                 method,
@@ -914,9 +888,7 @@ impl Dispatcher {
             }
         }
         // Requests from the dead server the client has not answered yet.
-        let mut open: Vec<u64> = self.requests.server.keys().copied().collect();
-        open.sort();
-        for id in open {
+        for id in self.requests.open_server_requests() {
             self.close_server_request(id, now);
             let params = format!("{{\"requestId\":{id},\"reason\":\"the MCP server exited\"}}");
             self.send_client(jsonrpc::notification_line(
@@ -940,7 +912,7 @@ impl Dispatcher {
         method: Method,
         now: Instant,
     ) {
-        let window = self.requests.client.get(&client_id).and_then(|r| r.waited);
+        let window = self.requests.waited(&client_id);
         let (since, expires) = window.unwrap_or((now, self.wait_until(now)));
         let item = Queued::Request {
             m,
@@ -948,13 +920,7 @@ impl Dispatcher {
             method,
         };
         match self.enqueue(item, since, expires.max(now)) {
-            Some(seq) => {
-                if let Some(r) = self.requests.client.get_mut(&client_id) {
-                    r.queued = Some(seq);
-                    r.downstream = None;
-                    r.waited = Some((since, expires));
-                }
-            }
+            Some(seq) => self.requests.queued(&client_id, seq, since, expires),
             None => {
                 let msg = self.queue_full_message();
                 self.answer_proxy_error(&client_id, Reason::ServerUnavailable, msg);
@@ -965,8 +931,7 @@ impl Dispatcher {
     /// Answers everything queued: the server will not be there without
     /// someone fixing something.
     fn refuse_queue(&mut self, now: Instant) {
-        let seqs: Vec<u64> = self.queue.iter().map(|(s, ..)| *s).collect();
-        for seq in seqs {
+        for seq in self.queue.seqs() {
             self.queue_give_up(seq, now, "stopped waiting after");
         }
     }
@@ -1097,7 +1062,7 @@ impl Dispatcher {
             }
             Sent::Written => SendResult::Sent,
             Sent::Queued(w) => {
-                self.requests.unwritten.insert(down, w);
+                self.requests.unwritten(down, w);
                 SendResult::Sent
             }
         }
@@ -1106,10 +1071,7 @@ impl Dispatcher {
     /// Withdraws request `down` if its line still waits to be written:
     /// true if it never will be (the server never sees it).
     pub(super) fn withdraw(&mut self, down: u64) -> bool {
-        self.requests
-            .unwritten
-            .remove(&down)
-            .is_some_and(|w| w.withdraw())
+        self.requests.withdraw(down)
     }
 
     /// Whether the server is expected back: it is starting, or down for a

@@ -16,15 +16,15 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use crate::policy::breaker::BreakerState;
-use crate::status::{BreakerShown, Headline, LinkState, Publisher, Snapshot};
+use crate::status::{BreakerShown, Headline, LinkState, Snapshot};
 
 use super::link::Link;
-use super::{Dispatcher, Timer};
+use super::Dispatcher;
 
 impl Dispatcher {
     /// Publishes the session's state through `out` (see `status.rs`).
     pub fn with_status_output(mut self, out: Sender<Snapshot>) -> Dispatcher {
-        self.status = Some(Publisher::new(out));
+        self.reporting.status_to(out);
         self
     }
 
@@ -50,40 +50,32 @@ impl Dispatcher {
             restarts: self.generation.saturating_sub(1),
             in_flight: self.calls.len() as u64,
             from_cache: self.instant.as_ref().is_some_and(|i| i.from_cache),
-            ready_at: self.ready_at,
+            ready_at: self.reporting.ready_at(),
         }
     }
 
     /// After an event or timer: schedules a publish if the headline moved.
     pub(super) fn status_check(&mut self) {
-        if self.status.is_none() {
+        if !self.reporting.publishing() {
             return;
         }
         let headline = self.headline();
-        let publisher = self.status.as_mut().expect("checked");
-        if publisher.last_headline != Some(headline) {
-            publisher.last_headline = Some(headline);
-            self.status_dirty();
+        if let Some((at, timer)) = self.reporting.status_check(headline, self.now) {
+            self.set_timer(at, timer);
         }
     }
 
     /// Something published changed: write it within a second (at most one
     /// write a second).
     pub(super) fn status_dirty(&mut self) {
-        let now = self.now;
-        let Some(publisher) = self.status.as_mut() else {
-            return;
-        };
-        if !publisher.pending {
-            publisher.pending = true;
-            let at = publisher.due(now);
-            self.set_timer(at, Timer::StatusPublish);
+        if let Some((at, timer)) = self.reporting.status_dirty(self.now) {
+            self.set_timer(at, timer);
         }
     }
 
     /// `Timer::StatusPublish`: hands the snapshot to the writer.
     pub(super) fn on_status_due(&mut self, now: Instant) {
-        if self.status.is_none() {
+        if !self.reporting.publishing() {
             return;
         }
         let headline = self.headline();
@@ -92,11 +84,7 @@ impl Dispatcher {
             (_, Some(o)) => Some(o.message.clone()),
             (_, None) => self.instant_note(),
         };
-        let publisher = self.status.as_mut().expect("checked");
-        publisher.last_headline = Some(headline);
-        if !publisher.send(headline, message, self.calls.stats(), now) {
-            crate::debug!("the status writer is gone; no more status updates");
-            self.status = None;
-        }
+        self.reporting
+            .publish(headline, message, self.calls.stats(), now);
     }
 }

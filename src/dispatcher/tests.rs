@@ -1098,7 +1098,7 @@ fn what_waited_for_a_server_that_came_back_goes_oldest_first_then_two_per_answer
         third.extend(reads_sent(&h));
     }
     assert_eq!(uris(&third), ["u4", "u5", "u6", "u7"]);
-    assert!(h.d.queue.is_empty() && !h.d.ramp.active());
+    assert!(h.d.queue.is_empty() && !h.d.queue.ramping());
 }
 
 #[test]
@@ -1285,7 +1285,7 @@ fn status_timers(h: &Harness) -> Vec<Instant> {
 fn status_is_published_after_a_change_at_most_once_a_second_and_never_while_idle() {
     let (tx, published) = crossbeam_channel::unbounded();
     let mut h = Harness::with(config(|_| {}));
-    h.d.status = Some(crate::status::Publisher::new(tx));
+    h.d.reporting.status_to(tx);
     let t0 = h.now;
     // The first state goes out at once.
     h.d.now = t0;

@@ -7,25 +7,26 @@
 
 use std::time::{Duration, Instant};
 
-use crate::otel::{self, CallEnd, Handle, Tracer};
+use crate::otel::{CallEnd, Handle, Tracer};
 
-use super::{Dispatcher, Timer};
+use super::Dispatcher;
 
 impl Dispatcher {
     /// Exports spans and metrics through `handle`.
     pub fn with_otel(mut self, handle: Handle) -> Dispatcher {
-        self.otel = Some(Tracer::new(&self.cfg.name, handle, self.now));
+        let tracer = Tracer::new(&self.cfg.name, handle, self.now);
+        self.reporting.trace_with(tracer);
         self
     }
 
     /// Runs `f` on the tracer when export is on.
     pub(super) fn traced<R>(&mut self, f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
-        self.otel.as_mut().map(f)
+        self.reporting.tracer().map(f)
     }
 
     /// Call `call` ends with an error, counted under `reason`.
     pub(super) fn trace_failed(&mut self, call: u64, reason: &'static str, now: Instant) {
-        if let Some(t) = &mut self.otel {
+        if let Some(t) = self.reporting.tracer() {
             t.call_ended(call, CallEnd::failed(reason), now);
         }
     }
@@ -48,26 +49,19 @@ impl Dispatcher {
     }
 
     /// After an event or timers: counters changed and no flush is due yet,
-    /// so one is scheduled [`otel::METRICS_INTERVAL`] from now.
+    /// so one is scheduled `otel::METRICS_INTERVAL` from now.
     pub(super) fn otel_schedule(&mut self) {
-        if !self.otel_flush_pending && self.otel.as_ref().is_some_and(Tracer::metrics_changed) {
-            self.otel_flush_pending = true;
-            let at = self.now + otel::METRICS_INTERVAL;
-            self.set_timer(at, Timer::OtelFlush);
+        if let Some((at, timer)) = self.reporting.otel_schedule(self.now) {
+            self.set_timer(at, timer);
         }
     }
 
     pub(super) fn on_otel_flush_due(&mut self, now: Instant) {
-        self.otel_flush_pending = false;
-        if let Some(t) = &mut self.otel {
-            t.flush_metrics(self.calls.stats(), now);
-        }
+        self.reporting.flush_metrics(self.calls.stats(), now);
     }
 
     /// The session ends: open spans and the last counters go out.
     pub(super) fn otel_finish(&mut self, now: Instant) {
-        if let Some(t) = &mut self.otel {
-            t.finish(self.calls.stats(), now);
-        }
+        self.reporting.finish(self.calls.stats(), now);
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// The longest delay a peer may ask for (`Retry-After`, SSE `retry`, the
 /// JSON `retryAfter` hints): anything longer, however written, is read as
 /// this, so that no deadline made from it can overflow.
-pub use crate::policy::backoff::MAX_RETRY_AFTER_HINT as MAX_PEER_DELAY;
+pub const MAX_PEER_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// JSON-RPC `HeaderMismatch` (2026-07-28): the request's headers do not
 /// match its body.

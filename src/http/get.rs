@@ -4,7 +4,15 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::io::Read;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::RecvTimeoutError;
+
+use super::order::Turn;
+use super::stream::note_last_id;
+use super::{classify, resume, sse, Shared};
 
 /// The GET stream's reconnection delays: 1 s, growing ×1.5, at most 30 s.
 pub(super) const GET_RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -24,13 +32,10 @@ pub(super) fn get_wait(retry: Option<Duration>) -> Duration {
 impl Shared {
     /// Starts the thread that keeps the server's own stream open.
     pub(super) fn start_get_stream(self: &Arc<Shared>, turn: Option<Turn>) {
-        let mut s = self.session.lock();
-        if s.get_started {
+        if !self.session.begin_get() {
             // Already open: nothing to wait for (`turn` is let go).
             return;
         }
-        s.get_started = true;
-        drop(s);
         let shared = self.clone();
         let spawned = self.spawn("http-get", move || shared.get_loop(turn));
         if let Err(e) = spawned {
@@ -45,7 +50,7 @@ impl Shared {
     /// every request after `initialize`, within `step` (405 and other
     /// refusals are fine).
     pub(super) fn delete_session(&self, step: Duration) {
-        if self.session.lock().id.is_none() {
+        if !self.session.has_id() {
             return;
         }
         let headers = self.session_headers();

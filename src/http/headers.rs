@@ -6,7 +6,14 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::io::Read;
+use std::time::Duration;
+
+use crate::config::check_header;
+use crate::jsonrpc::RawObject;
+
+use super::post::Post;
+use super::{modern, Shared};
 
 /// How long `headers_helper` may run.
 pub(super) const HELPER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -119,23 +126,49 @@ impl Shared {
         let mut out = self.headers.clone();
         if let Some(helper) = &self.helper {
             let mut cached = self.helper_headers.lock();
-            if cached.is_none() || refresh {
-                *cached = Some(
-                    match run_helper(helper, &self.helper_env, &self.helper_cwd) {
-                        Ok(h) => h,
-                        Err(why) => {
-                            crate::warn!("headers_helper of {}: {why}", self.shown);
-                            Vec::new()
-                        }
-                    },
-                );
+            // One run at a time; the others wait for its result.
+            while cached.running {
+                self.helper_ran.wait(&mut cached);
             }
-            for (name, value) in cached.iter().flatten() {
+            if cached.last.is_none() || refresh {
+                cached.running = true;
+                drop(cached);
+                self.run_helper_unlocked(helper);
+                cached = self.helper_headers.lock();
+            }
+            for (name, value) in cached.last.iter().flatten() {
                 out.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
                 out.push((name.clone(), value.clone()));
             }
         }
         out
+    }
+
+    /// Runs `headers_helper` (marked running by the caller) with no lock
+    /// held, then keeps what it printed and marks it done in one step,
+    /// however the run ends.
+    fn run_helper_unlocked(&self, helper: &str) {
+        struct Done<'a>(&'a Shared, Option<Vec<(String, String)>>);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                let mut cached = self.0.helper_headers.lock();
+                if let Some(ran) = self.1.take() {
+                    cached.last = Some(ran);
+                }
+                cached.running = false;
+                self.0.helper_ran.notify_all();
+            }
+        }
+        let mut done = Done(self, None);
+        done.1 = Some(
+            match run_helper(helper, &self.helper_env, &self.helper_cwd) {
+                Ok(h) => h,
+                Err(why) => {
+                    crate::warn!("headers_helper of {}: {why}", self.shown);
+                    Vec::new()
+                }
+            },
+        );
     }
 
     /// `req` with the protocol's `headers`, then the configured ones (and
@@ -155,15 +188,7 @@ impl Shared {
     /// The 2025-era session headers: the session id and the negotiated
     /// version, once `initialize` set them.
     pub(super) fn session_headers(&self) -> Vec<(String, String)> {
-        let s = self.session.lock();
-        let mut out = Vec::new();
-        if let Some(id) = &s.id {
-            out.push(("Mcp-Session-Id".to_owned(), id.clone()));
-        }
-        if let Some(v) = &s.protocol_version {
-            out.push(("MCP-Protocol-Version".to_owned(), v.clone()));
-        }
-        out
+        self.session.headers()
     }
 
     /// The headers a 2026-07-28 POST mirrors from its body: version,
@@ -193,7 +218,7 @@ impl Shared {
     /// one that could be a secret on its own (the token of `Bearer TOKEN`).
     pub(super) fn scrub(&self, text: &str) -> String {
         let mut text = text.to_owned();
-        let helper = self.helper_headers.lock().clone().unwrap_or_default();
+        let helper = self.helper_headers.lock().last.clone().unwrap_or_default();
         for (_, value) in self.headers.iter().chain(helper.iter()) {
             let words = value.split_whitespace().filter(|w| w.len() >= 8);
             for secret in std::iter::once(value.as_str()).chain(words) {

@@ -4,7 +4,11 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 /// The order POSTs start in. Lines are sent in order but taken by several
 /// threads: a line starts once every line sent before it is released — a

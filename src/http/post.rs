@@ -6,7 +6,19 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::downstream::{Failure, Heal, OutKind, Outgoing, ServerEvent};
+use crate::jsonrpc::{self, Message, RawObject};
+
+use super::classify::Class;
+use super::conn::Exchange;
+use super::headers::header;
+use super::order::{Turn, TurnDone};
+use super::stream::Until;
+use super::{classify, modern, Line, Shared};
 
 /// How long such a POST may take in all, plus a second per MiB it carries
 /// (an answer to `sampling/createMessage` may hold an image): the server
@@ -86,7 +98,7 @@ impl Shared {
         // A cancel of a request already being posted need not wait for
         // the lines before it: its request went first.
         let target_live = match line.out.kind {
-            OutKind::Cancel { target } => self.exchanges.lock().live.contains_key(&target),
+            OutKind::Cancel { target } => self.exchanges.is_live(target),
             _ => false,
         };
         let turn = match target_live {
@@ -104,24 +116,11 @@ impl Shared {
         let method = out.method();
         let request_id = out.request_id();
         let params = msg.as_ref().and_then(Message::params);
-        let modern = {
-            let mut s = self.session.lock();
-            match crate::mcp::meta_version(params) {
-                Some(v) => {
-                    s.modern = Some(v.clone());
-                    Some(v)
-                }
-                // A client that probed with a 2026-07-28 request and then
-                // initializes speaks the 2025 era (sessionless, perhaps).
-                None if method == Some("initialize") => {
-                    s.modern = None;
-                    None
-                }
-                // A notification of a 2026-07-28 client names no version.
-                None if request_id.is_none() && s.id.is_none() => s.modern.clone(),
-                None => None,
-            }
-        };
+        let modern = self.session.era(
+            crate::mcp::meta_version(params),
+            method == Some("initialize"),
+            request_id.is_some(),
+        );
         let post = Post {
             out,
             method,
@@ -138,26 +137,21 @@ impl Shared {
             post.exchange.when_written(move || turn.release());
         }
         if let Some(id) = post.request_id {
-            let mut ex = self.exchanges.lock();
-            if ex.early.remove(&id) {
+            let modern = post.modern.is_some();
+            if !self.exchanges.start(id, post.exchange.clone(), modern) {
                 crate::debug!("request {id} was cancelled before it was sent");
                 return;
             }
-            let live = Live {
-                exchange: post.exchange.clone(),
-                modern: post.modern.is_some(),
-            };
-            ex.live.insert(id, live);
             self.requests.fetch_add(1, Ordering::SeqCst);
         }
         post.exchange.run(|| self.post_counted(&post));
         if let Some(id) = post.request_id {
-            self.exchanges.lock().live.remove(&id);
+            self.exchanges.end(id);
             self.requests.fetch_sub(1, Ordering::SeqCst);
         }
         if let OutKind::Cancel { target } = out.kind {
             // 2025 era: the cancel was posted; the stream goes too.
-            self.close_exchange(target);
+            self.exchanges.close(target);
         }
     }
 
@@ -176,7 +170,7 @@ impl Shared {
             let headers = match &post.modern {
                 Some(version) => self.modern_headers(post, version),
                 None if post.is("initialize") => {
-                    self.session.lock().id = None;
+                    self.session.set_id(None);
                     Vec::new()
                 }
                 None => self.session_headers(),
@@ -318,7 +312,7 @@ impl Shared {
             // response the server was slow to acknowledge is only logged.
             Class::Broken => self.report_no_answer(post, why, status, true),
             Class::SessionLost => {
-                self.session.lock().id = None;
+                self.session.set_id(None);
                 self.emit(ServerEvent::Unsent {
                     lines: vec![post.out.clone()],
                     why: format!(

@@ -83,7 +83,11 @@ impl Resumption {
     /// Resumptions that may go on for `budget` from `now`.
     pub fn new(now: Instant, budget: Duration) -> Resumption {
         Resumption {
-            deadline: crate::policy::instant_add(now, budget),
+            // Saturating: a budget too long for an `Instant` never ends.
+            deadline: now
+                .checked_add(budget)
+                .or_else(|| now.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+                .unwrap_or(now),
             fruitless: 0,
             stalls: 0,
             refresh: false,

@@ -24,7 +24,7 @@ use std::time::Duration;
 pub const MAX_ID: usize = 1024;
 /// The longest `retry` taken: a longer one (or one of more digits than a
 /// number holds) is this.
-pub const MAX_RETRY: Duration = crate::policy::backoff::MAX_RETRY_AFTER_HINT;
+pub const MAX_RETRY: Duration = Duration::from_secs(24 * 60 * 60);
 /// What is held of a line that is not `data`: enough for an id of
 /// [`MAX_ID`] bytes and its field name.
 const FIELD_LINE_MAX: usize = MAX_ID + 16;

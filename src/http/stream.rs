@@ -7,7 +7,18 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::io::Read;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::downstream::ServerEvent;
+use crate::jsonrpc::{self, Message};
+
+use super::classify::Class;
+use super::conn::Exchange;
+use super::headers::header;
+use super::post::Post;
+use super::{resume, sse, Shared};
 
 /// Where a request's answer stream is: its last event id and `retry`.
 #[derive(Default)]
@@ -105,7 +116,7 @@ impl Shared {
         resp: ureq::http::Response<ureq::Body>,
     ) {
         if post.is("initialize") {
-            self.session.lock().id = header(&resp, "mcp-session-id");
+            self.session.set_id(header(&resp, "mcp-session-id"));
         }
         let kind = header(&resp, "content-type").unwrap_or_default();
         let is_sse = kind.to_ascii_lowercase().starts_with("text/event-stream");
@@ -360,8 +371,8 @@ impl Shared {
                 let mut m = m;
                 if let Some(u) = answer {
                     if u.initialize {
-                        self.session.lock().protocol_version =
-                            protocol_version(&String::from_utf8_lossy(&m.line()));
+                        let version = protocol_version(&String::from_utf8_lossy(&m.line()));
+                        self.session.set_protocol_version(version);
                     }
                     if u.screen_tools {
                         m = self.screened(m);

@@ -5,8 +5,15 @@
 
 #![forbid(unsafe_code)]
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use crate::jsonrpc::{self, Message, RawObject};
 use crate::mcp::{Next, ToolsPager};
+
+use super::conn::Exchange;
+use super::headers::header;
+use super::post::Post;
+use super::{modern, sse, Shared};
 
 impl Shared {
     /// Learns the tools of a screened `tools/list` page.

@@ -24,6 +24,7 @@
 use std::time::{Duration, Instant};
 
 use super::backoff::Backoff;
+use crate::downstream::Heal;
 
 /// The longest time between two probes while a request waits for the
 /// server (jitter keeps them below it).
@@ -37,16 +38,6 @@ const JITTER: f64 = 0.2;
 /// Starts in a row that end the same way, before the session's first
 /// handshake, that make a crash loop.
 pub const CRASH_LOOP: u32 = 3;
-
-/// Whether waiting can heal what stopped the last start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Heal {
-    /// Refused, reset, an exit at start, a 5xx: the server may come back.
-    Wait,
-    /// Command not found, a TLS or certificate error, 401/403, an unknown
-    /// host name: someone must fix something first.
-    Fix,
-}
 
 /// A link outage in progress.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,14 +15,13 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{IsTerminal, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
 use super::{Document, ToolDoc, UnknownDoc, VERSION};
-use crate::cli::{StatusArgs, StatusFormat};
 use crate::jsonrpc;
 
 /// The largest status document read (a proxy writes at most 200 tools,
@@ -35,7 +34,26 @@ pub struct Live {
     pub doc: Document,
 }
 
-pub fn run(args: StatusArgs) -> Result<ExitCode> {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How `status` prints what it read.
+pub enum StatusFormat {
+    #[default]
+    Table,
+    Json,
+    Prometheus,
+}
+
+#[derive(Debug, Default, PartialEq)]
+/// What `status` is asked to show (from the command line).
+pub struct StatusOptions {
+    pub format: StatusFormat,
+    /// Redraw this often (`--watch`).
+    pub watch: Option<Duration>,
+    /// The runtime directory (`--dir`), else the default.
+    pub dir: Option<PathBuf>,
+}
+
+pub fn run(args: StatusOptions) -> Result<ExitCode> {
     let dir = super::runtime_dir(args.dir.as_deref());
     let mut out = std::io::stdout();
     let clear = args.watch.is_some() && out.is_terminal();

@@ -7,7 +7,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::dispatcher::{CallError, Reason};
 use crate::downstream::Outgoing;
@@ -16,7 +16,7 @@ use crate::policy::breaker::Admission;
 use crate::policy::gate;
 use crate::{debug, info};
 
-use super::call::Failure;
+use super::call::{Call, Failure, Phase};
 use super::text::fields;
 use super::{trace, Action, CallTimer, Calls, Ctx, Issued, Trace};
 
@@ -38,8 +38,10 @@ impl Calls {
         let Some(call) = self.calls.get_mut(&id) else {
             return false;
         };
-        call.retry_at = None;
-        if call.queued.is_some() {
+        if let Phase::BackingOff(_) = call.phase {
+            call.phase = Phase::Idle;
+        }
+        if let Phase::Queued(_) = call.phase {
             return false;
         }
         if matches!(call.claim, Some(super::keys::Claim::Pending(_))) {
@@ -67,6 +69,21 @@ impl Calls {
         }
     }
 
+    /// Call `id` is due for an attempt and the link is ready: admitted
+    /// ([`Calls::admit`]), the attempt goes as downstream request `down`
+    /// (the id the dispatcher will issue next), recorded as
+    /// [`Calls::send`] does; true if it goes: the dispatcher then issues
+    /// `down` and sends [`Calls::attempt_line`]. One run of the calls.
+    pub(in crate::dispatcher) fn start(
+        &mut self,
+        id: u64,
+        down: u64,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        self.admit(id, ctx, out) && self.record_attempt(id, down, ctx, out)
+    }
+
     /// The admitted attempt of call `id` goes to the server as downstream
     /// request `down` (with `traceparent` in its `_meta` when export is
     /// on): its timeout is set and its message returned, for the
@@ -79,7 +96,34 @@ impl Calls {
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> Option<Outgoing> {
-        let call = self.calls.get_mut(&id)?;
+        if !self.record_attempt(id, down, ctx, out) {
+            return None;
+        }
+        self.attempt_line(id, down, traceparent)
+    }
+
+    /// The message of call `id`'s attempt `down` (with `traceparent` in its
+    /// `_meta` when export is on), written into the one copy of the
+    /// request.
+    pub(in crate::dispatcher) fn attempt_line(
+        &self,
+        id: u64,
+        down: u64,
+        traceparent: Option<&str>,
+    ) -> Option<Outgoing> {
+        let call = self.calls.get(&id)?;
+        let line = traceparent
+            .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
+            .unwrap_or_else(|| call.request.line_with_id(&down.to_string()));
+        Some(Outgoing::request(down, "tools/call", line))
+    }
+
+    /// Call `id`'s admitted attempt is downstream request `down`: counted,
+    /// live, its timeout set. False if the call has ended.
+    fn record_attempt(&mut self, id: u64, down: u64, ctx: Ctx, out: &mut Vec<Action>) -> bool {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return false;
+        };
         if !call.read_only {
             // It may change what cached reads returned.
             super::invalidate(&mut self.cache, &call.tool, "may write");
@@ -97,18 +141,13 @@ impl Calls {
                 call.tool, call.attempts
             );
         }
-        call.live = Some(down);
+        call.phase = Phase::InFlight(down);
         call.attempt_started = ctx.now;
         call.attempt_deadline = (ctx.now + call.attempt_timeout).min(call.deadline);
-        // With export on, the attempt's own traceparent goes in, written
-        // into the one copy of the request.
-        let line = traceparent
-            .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
-            .unwrap_or_else(|| call.request.line_with_id(&down.to_string()));
         let timer = CallTimer::AttemptTimeout { call: id, down };
         out.push(Action::Timer(call.attempt_deadline, timer));
         self.downstream.insert(down, Issued::Attempt(id));
-        Some(Outgoing::request(down, "tools/call", line))
+        true
     }
 
     /// The server could not be given attempt `down` (it takes no more
@@ -127,7 +166,7 @@ impl Calls {
     /// `seq`.
     pub(in crate::dispatcher) fn queued(&mut self, id: u64, seq: u64) {
         if let Some(call) = self.calls.get_mut(&id) {
-            call.queued = Some(seq);
+            call.phase = Phase::Queued(seq);
         }
     }
 
@@ -136,7 +175,7 @@ impl Calls {
     pub(in crate::dispatcher) fn unqueued(&mut self, id: u64) -> bool {
         match self.calls.get_mut(&id) {
             Some(call) => {
-                call.queued = None;
+                call.unqueue();
                 true
             }
             None => false,
@@ -170,7 +209,7 @@ impl Calls {
         let Some(call) = self.calls.get_mut(&id) else {
             return;
         };
-        let is_live = call.live == Some(down);
+        let is_live = call.live() == Some(down);
         let transient = m
             .error()
             .is_some_and(|e| gate::is_transient_error(e, &self.cfg.retry.transient_codes));
@@ -185,7 +224,7 @@ impl Calls {
                 "tool \"{}\": using a late answer from an abandoned attempt",
                 call.tool
             );
-            if let Some(live) = call.live.take() {
+            if let Some(live) = call.take_live() {
                 self.downstream.remove(&live);
                 let reason = "superseded by an earlier attempt's answer".into();
                 let attempt = call.live_attempt();
@@ -197,7 +236,7 @@ impl Calls {
             }
         }
         if transient {
-            call.live = None;
+            call.take_live();
             let error = m.error().unwrap_or_default().to_owned();
             return self.attempt_failed(id, Failure::Transient(error), ctx, out);
         }
@@ -250,7 +289,7 @@ impl Calls {
                     call.tool
                 );
                 call.attempts = call.attempts.saturating_sub(1);
-                call.retry_at = Some(ctx.now);
+                call.phase = Phase::BackingOff(ctx.now);
                 out.push(Action::Timer(ctx.now, CallTimer::RetryDue { call: id }));
                 return;
             }
@@ -279,15 +318,11 @@ impl Calls {
                 self.attempt_timed_out(call, down, ctx, out)
             }
             CallTimer::RetryDue { call } => {
-                let due = |retry_at: Option<Instant>| retry_at.is_some_and(|t| t <= ctx.now);
-                return self
-                    .calls
-                    .get(&call)
-                    .is_some_and(|c| due(c.retry_at) && c.live.is_none())
-                    .then_some(call);
+                let due = |c: &Call| matches!(c.phase, Phase::BackingOff(t) if t <= ctx.now);
+                return self.calls.get(&call).is_some_and(due).then_some(call);
             }
             CallTimer::CallDeadline { call } => {
-                if let Some(failure) = self.calls.get_mut(&call).and_then(|c| c.parked.take()) {
+                if let Some(failure) = self.calls.get_mut(&call).and_then(Call::take_parked) {
                     self.decide(call, failure, ctx, out);
                 }
                 self.claim_overdue(call, ctx, out);
@@ -323,15 +358,14 @@ impl Calls {
             return;
         };
         let next = call.attempts.saturating_add(1);
-        let what = match (call.queued, call.retry_at, &call.parked) {
-            _ if call.live.is_some() => return,
-            (Some(_), ..) => format!("waiting for the MCP server to come back, attempt {next}"),
-            (None, Some(at), _) if at > ctx.now => format!(
+        let what = match call.phase {
+            Phase::Queued(_) => format!("waiting for the MCP server to come back, attempt {next}"),
+            Phase::BackingOff(at) if at > ctx.now => format!(
                 "waiting {} to retry, attempt {next} of {tries}",
                 super::secs(at - ctx.now)
             ),
-            (None, _, Some(_)) => "waiting for the tool list to decide on a retry".to_owned(),
-            _ => return,
+            Phase::Parked(_) => "waiting for the tool list to decide on a retry".to_owned(),
+            Phase::InFlight(_) | Phase::BackingOff(_) | Phase::Idle => return,
         };
         let Some(value) = call.progress.own() else {
             return;
@@ -353,7 +387,7 @@ impl Calls {
         let Some(call) = self.calls.get_mut(&id) else {
             return;
         };
-        if call.live != Some(down) {
+        if call.live() != Some(down) {
             return;
         }
         let timer = CallTimer::AttemptTimeout { call: id, down };
@@ -367,7 +401,7 @@ impl Calls {
             // (`resume_clocks`); the call's total deadline still holds.
             return out.push(Action::Timer(call.deadline, timer));
         }
-        call.live = None;
+        call.phase = Phase::Idle;
         call.dead.push(down);
         let took = ctx.now.saturating_duration_since(call.attempt_started);
         trace(ctx, out, || Trace::CancelledDownstream { call: id });
@@ -404,7 +438,7 @@ impl Calls {
         else {
             return false;
         };
-        if call.live.is_none() {
+        if call.live().is_none() {
             return true;
         }
         // Progress means the attempt is alive, whatever the value: a retry

@@ -103,8 +103,8 @@ pub(super) struct Call {
     pub cache_epoch: u64,
     /// Attempts started so far.
     pub attempts: u32,
-    /// The live attempt's downstream id.
-    pub live: Option<u64>,
+    /// Where it is between its arrival and its end.
+    pub phase: Phase,
     /// Earlier attempts that were abandoned but may still answer.
     pub dead: Vec<u64>,
     pub attempt_timeout: Duration,
@@ -115,10 +115,6 @@ pub(super) struct Call {
     pub attempt_deadline: Instant,
     /// Bound on all attempts and waits.
     pub deadline: Instant,
-    /// A retry is scheduled for this time.
-    pub retry_at: Option<Instant>,
-    /// Waiting for the tool's annotations before deciding on a retry.
-    pub parked: Option<Failure>,
     pub last_failure: Option<Failure>,
     pub progress: ProgressFilter,
     /// When the client, which gave a progress token, is next told that the
@@ -126,9 +122,6 @@ pub(super) struct Call {
     pub notice_at: Option<Instant>,
     /// This call holds the breaker's half-open trial.
     pub trial: bool,
-    /// Its next attempt waits in the link's queue (this sequence number)
-    /// for a restarting server.
-    pub queued: Option<u64>,
     /// The server incarnation whose tool list it already waited for:
     /// unknown after that means unsafe.
     pub waited_for_tools: Option<u64>,
@@ -137,7 +130,57 @@ pub(super) struct Call {
     pub claim: Option<super::keys::Claim>,
 }
 
+/// Where a call is between its attempts (the diagram in `calls.rs`).
+#[derive(Debug)]
+pub(super) enum Phase {
+    /// No attempt at the server and none planned: it arrived, its claim
+    /// waits for the store, or an attempt is being admitted and routed.
+    Idle,
+    /// Its live attempt, this downstream id, is at the server.
+    InFlight(u64),
+    /// A retry is scheduled for this time.
+    BackingOff(Instant),
+    /// Its next attempt waits in the link's queue (this sequence number)
+    /// for a restarting server.
+    Queued(u64),
+    /// Waiting for the tool's annotations before deciding on this failure.
+    Parked(Failure),
+}
+
 impl Call {
+    /// The live attempt's downstream id.
+    pub fn live(&self) -> Option<u64> {
+        match self.phase {
+            Phase::InFlight(down) => Some(down),
+            _ => None,
+        }
+    }
+
+    /// The live attempt's downstream id, which is live no more.
+    pub fn take_live(&mut self) -> Option<u64> {
+        let down = self.live()?;
+        self.phase = Phase::Idle;
+        Some(down)
+    }
+
+    /// The failure it was parked with, which is decided now.
+    pub fn take_parked(&mut self) -> Option<Failure> {
+        match std::mem::replace(&mut self.phase, Phase::Idle) {
+            Phase::Parked(f) => Some(f),
+            other => {
+                self.phase = other;
+                None
+            }
+        }
+    }
+
+    /// Its queue item is released or gone: it waits in the queue no more.
+    pub fn unqueue(&mut self) {
+        if let Phase::Queued(_) = self.phase {
+            self.phase = Phase::Idle;
+        }
+    }
+
     /// How long the call took, if the server was asked at all (a call
     /// refused before any attempt says nothing of the server's latency).
     pub fn took(&self, now: Instant) -> Option<Duration> {
@@ -153,7 +196,7 @@ impl Call {
     /// Whether it still has an attempt that counts: live, abandoned but
     /// able to answer, or a retry planned.
     pub fn has_attempts(&self) -> bool {
-        self.live.is_some() || !self.dead.is_empty() || self.retry_at.is_some()
+        matches!(self.phase, Phase::InFlight(_) | Phase::BackingOff(_)) || !self.dead.is_empty()
     }
 }
 

@@ -14,7 +14,7 @@ use crate::policy::breaker::BreakerState;
 use crate::policy::gate::{self, Safety};
 use crate::{debug, info, warn};
 
-use super::call::{Call, Failure};
+use super::call::{Call, Failure, Phase};
 use super::text::{describe_failure, fields, give_up_message};
 use super::{trace, Action, CallTimer, Calls, Ctx, Trace};
 
@@ -76,7 +76,7 @@ impl Calls {
             self.cfg.retry.max_retries
         );
         let at = crate::policy::instant_add(ctx.now, delay);
-        call.retry_at = Some(at);
+        call.phase = Phase::BackingOff(at);
         out.push(Action::Timer(at, CallTimer::RetryDue { call: id }));
         trace(ctx, out, || Trace::Backoff {
             call: id,
@@ -224,7 +224,7 @@ impl Calls {
             "tool \"{}\": waiting for the tool list before deciding on a retry",
             call.tool
         );
-        call.parked = Some(failure);
+        call.phase = Phase::Parked(failure);
         call.waited_for_tools = Some(ctx.link.generation);
         let timer = CallTimer::CallDeadline { call: id };
         out.push(Action::Timer(call.deadline, timer));

@@ -17,7 +17,7 @@ use crate::policy::gate::{self, Safety};
 use crate::stats::UnknownOutcome;
 use crate::{debug, info};
 
-use super::call::{Call, Failure, Late};
+use super::call::{Call, Failure, Late, Phase};
 use super::keys::Claim;
 use super::text::{storable, with_source, Source};
 use super::{invalidate, trace, Action, Calls, Ctx, Issued, Trace, LATE_LIMIT};
@@ -247,7 +247,7 @@ impl Calls {
             Some(f @ (Failure::Timeout(_) | Failure::Exited(_) | Failure::Transport(..))) => {
                 f.kind()
             }
-            _ if cancelled && call.live.is_some() => "cancelled",
+            _ if cancelled && call.live().is_some() => "cancelled",
             _ => return None,
         };
         match gate::classify_safety(&self.gate_input(&call.tool, call.key_honored)) {
@@ -280,10 +280,10 @@ impl Calls {
     /// Forgets call `id` and every id that pointed at it.
     pub(super) fn remove_call(&mut self, id: u64, out: &mut Vec<Action>) -> Option<Call> {
         let call = self.calls.remove(&id)?;
-        if let Some(seq) = call.queued {
+        if let Phase::Queued(seq) = call.phase {
             out.push(Action::Unqueue(seq));
         }
-        for down in call.live.iter().chain(&call.dead) {
+        for down in call.live().iter().chain(&call.dead) {
             self.downstream.remove(down);
         }
         if let Some(k) = &call.dedup_key {
@@ -317,7 +317,7 @@ impl Calls {
             Some(_) => Keep::Always,
             None => Keep::Once,
         };
-        for &down in call.live.iter().chain(&call.dead) {
+        for &down in call.live().iter().chain(&call.dead) {
             let late = Late {
                 key,
                 args: call.dedup_args,
@@ -416,7 +416,7 @@ impl Calls {
         let Some(call) = self.remove_call(id, out) else {
             return;
         };
-        if let Some(live) = call.live {
+        if let Some(live) = call.live() {
             let attempt = call.live_attempt();
             out.push(Action::Cancel {
                 down: live,

@@ -938,3 +938,39 @@ fn a_keyed_call_that_times_out_or_errs_records_unknown_or_released() {
         "{reqs:?}"
     );
 }
+
+#[test]
+fn one_run_starts_an_admitted_attempt_under_the_id_given_and_none_the_breaker_refuses() {
+    let mut h = Harness::new(|c| {
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.cooldown = 30 * SECOND;
+    });
+    let (arrival, _) = h.arrive("11", "t", "{}");
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    let (started, out) = h.run(|c, ctx, out| c.start(id, 7, ctx, out));
+    assert!(started);
+    assert!(
+        matches!(
+            &out[..],
+            [Action::Timer(_, CallTimer::AttemptTimeout { call, down: 7 })] if *call == id
+        ),
+        "{out:?}"
+    );
+    assert!(h.calls.attempt_is_live(id, 7));
+    let line = h.calls.attempt_line(id, 7, None).expect("its message");
+    assert_eq!(line.request_id(), Some(7));
+    // It fails: the breaker opens, and the next call is refused an attempt.
+    h.answer(7, TRANSIENT);
+    let (arrival, _) = h.arrive("12", "t", r#"{"n":2}"#);
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    let (started, out) = h.run(|c, ctx, out| c.start(id, 8, ctx, out));
+    assert!(!started);
+    assert!(!h.calls.attempt_is_live(id, 8));
+    let refused = answer_for(&out, "12");
+    assert_eq!(refused["error"]["data"]["reason"], "circuit_open");
+}

@@ -18,6 +18,7 @@ use crate::policy::canonical_json;
 use crate::policy::dedup::fingerprint;
 use crate::policy::gate;
 
+use super::call::{Call, Phase};
 use super::{Action, Calls, Ctx, LinkView};
 
 /// What the calls need to know about the server's tools.
@@ -213,12 +214,12 @@ impl Calls {
         let mut parked: Vec<u64> = self
             .calls
             .iter()
-            .filter(|(_, c)| c.parked.is_some())
+            .filter(|(_, c)| matches!(c.phase, Phase::Parked(_)))
             .map(|(id, _)| *id)
             .collect();
         parked.sort();
         for id in parked {
-            if let Some(f) = self.calls.get_mut(&id).and_then(|c| c.parked.take()) {
+            if let Some(f) = self.calls.get_mut(&id).and_then(Call::take_parked) {
                 self.decide(id, f, ctx, out);
             }
         }
