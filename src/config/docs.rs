@@ -187,6 +187,7 @@ defaults:
                 .map(|c| format!("`{c}`"))
                 .collect::<Vec<_>>()
                 .join(" or "),
+            Kind::Store => "`memory`, `local` or `redis://…`".to_string(),
             Kind::TextMap => "name → string".to_string(),
         }
     }
@@ -267,6 +268,14 @@ fn kind_schema(kind: Kind) -> Json {
         Kind::Choice(choices) => json!({
             "type": "string",
             "anyOf": [{"enum": choices}, {"pattern": "\\$\\{"}]
+        }),
+        Kind::Store => json!({
+            "type": "string",
+            "anyOf": [
+                {"enum": ["memory", "local"]},
+                {"pattern": "^rediss?://"},
+                {"pattern": "\\$\\{"}
+            ]
         }),
         Kind::TextMap => json!({
             "type": "object",
