@@ -642,7 +642,7 @@ fn yaml_anchors_and_merge_keys() {
     // `common` is not a key of our schema, even when used as an anchor.
     assert_eq!(
         message(config),
-        "/p/c.yaml:1: common: unknown key (expected one of: servers, defaults, store)"
+        "/p/c.yaml:1: common: unknown key (expected one of: servers, defaults, store, store_unavailable, store_prefix, store_ca_file)"
     );
     let config = yaml(
         "defaults: &d\n  retry: {max_retries: 9}\nservers:\n  a:\n    <<: *d\n    command: x\n",
@@ -896,7 +896,7 @@ fn defaults_with_mcp_servers() {
 fn unknown_top_level_key() {
     assert_eq!(
         yaml_err("servers: {}\ncolour: red\n"),
-        "/p/c.yaml:2: colour: unknown key (expected one of: servers, defaults, store)"
+        "/p/c.yaml:2: colour: unknown key (expected one of: servers, defaults, store, store_unavailable, store_prefix, store_ca_file)"
     );
     // A near miss of the section the file needs is named, not "found neither".
     assert_eq!(
@@ -909,7 +909,7 @@ fn unknown_top_level_key() {
     );
     assert_eq!(
             yaml_err("defaults: {}\nsevers: {}\n"),
-            "/p/c.yaml:2: severs: unknown key (did you mean servers? expected one of: servers, defaults, store)"
+            "/p/c.yaml:2: severs: unknown key (did you mean servers? expected one of: servers, defaults, store, store_unavailable, store_prefix, store_ca_file)"
         );
     assert_eq!(
         yaml_err("colour: red\n"),

@@ -106,6 +106,7 @@ impl Failover {
                 Err(e) => {
                     let change = self.outage.failed(trial, Instant::now());
                     self.last_error = e.to_string();
+                    crate::debug!("store: {e}");
                     self.said(change, &self.last_error.clone());
                 }
             }
