@@ -7,7 +7,10 @@
 //! from the shared store's failures), the one log line at each end of an
 //! outage, the fallback's opening (on the first need), and the claims made
 //! on the fallback (their renewals and outcomes go where they were made,
-//! even once Redis is back). With `store_unavailable: refuse` there is no
+//! even once Redis is back). A twin that found a live claim on Redis and
+//! polls it during an outage is told it is still busy (it waits, up to its
+//! deadline) rather than claiming on the fallback and running a call
+//! another process runs. With `store_unavailable: refuse` there is no
 //! fallback: an operation during an outage fails at once, and the caller
 //! refuses the call. It must not know the rules of a record, Redis, or
 //! who calls it.
@@ -38,6 +41,9 @@ pub struct Failover {
     outage: Outage,
     /// Records claimed on the fallback, until when they are remembered.
     on_fallback: HashMap<Id, Instant>,
+    /// Records the shared store last answered `Busy` for (a twin waits on
+    /// them), with that answer.
+    busy_on_shared: HashMap<Id, Reply>,
     /// The shared store's last error, for `health` during an outage.
     last_error: String,
 }
@@ -52,6 +58,7 @@ impl Failover {
             fallback: None,
             outage: Outage::new(),
             on_fallback: HashMap::new(),
+            busy_on_shared: HashMap::new(),
             last_error: String::new(),
         }
     }
@@ -90,10 +97,12 @@ impl Failover {
     }
 
     /// `f` on the shared engine if the outage lets it, else (or when it
-    /// fails) on the fallback: the result and whether the fallback did it.
+    /// fails) `instead` if given, else `f` on the fallback: the result and
+    /// whether the shared engine did not give it.
     fn route<T>(
         &mut self,
         mut f: impl FnMut(&mut dyn Engine) -> Result<T, StoreError>,
+        instead: Option<T>,
     ) -> Result<(T, bool), StoreError> {
         let now = Instant::now();
         if let Route::Shared { trial } = self.outage.route(now) {
@@ -110,6 +119,9 @@ impl Failover {
                     self.said(change, &self.last_error.clone());
                 }
             }
+        }
+        if let Some(v) = instead {
+            return Ok((v, true));
         }
         let why = format!(
             "{} is unreachable: {}",
@@ -148,8 +160,25 @@ impl Engine for Failover {
                 return reply;
             }
         }
-        let (reply, on_fallback) = self.route(|e| e.apply(id, op))?;
-        if on_fallback && reply == Reply::Claimed {
+        // A twin's poll during an outage: still busy as far as is known.
+        let instead = match op {
+            Op::Claim { .. } => self.busy_on_shared.get(id).cloned(),
+            _ => None,
+        };
+        let (reply, on_fallback) = self.route(|e| e.apply(id, op), instead)?;
+        if !on_fallback {
+            match &reply {
+                Reply::Busy { .. } => {
+                    if self.busy_on_shared.len() >= MAX_ON_FALLBACK {
+                        self.busy_on_shared.clear();
+                    }
+                    self.busy_on_shared.insert(*id, reply.clone());
+                }
+                _ => {
+                    self.busy_on_shared.remove(id);
+                }
+            }
+        } else if reply == Reply::Claimed {
             if let Op::Claim { timing, .. } = op {
                 self.remember(*id, timing.ttl.max(timing.lease));
             }
@@ -181,7 +210,7 @@ impl Engine for Failover {
     }
 
     fn count(&mut self) -> Result<u64, StoreError> {
-        self.route(|e| e.count()).map(|(n, _)| n)
+        self.route(|e| e.count(), None).map(|(n, _)| n)
     }
 
     fn name(&self) -> &'static str {
@@ -314,6 +343,39 @@ mod tests {
             f.apply(&a, &claim("p")).unwrap(),
             Reply::Replay { result, .. } if result == "2"
         ));
+    }
+
+    #[test]
+    fn a_twin_waiting_on_the_shared_store_keeps_waiting_through_an_outage() {
+        let (mut f, down, _) = failover(false);
+        let id = record_id(&[1; 32], "t", "twin");
+        // Another process's live claim, seen on the shared store.
+        assert_eq!(f.apply(&id, &claim("elsewhere")).unwrap(), Reply::Claimed);
+        f.on_fallback.clear();
+        let busy = f.apply(&id, &claim("me")).unwrap();
+        assert!(matches!(busy, Reply::Busy { .. }), "{busy:?}");
+        down.store(true, Ordering::SeqCst);
+        // Its polls during the outage: busy, never a claim on the fallback.
+        for _ in 0..FAILURES + 2 {
+            assert_eq!(f.apply(&id, &claim("me")).unwrap(), busy);
+        }
+        assert!(f
+            .fallback
+            .as_mut()
+            .is_none_or(|fb| fb.count().unwrap() == 0));
+        // Back, the shared store answers again.
+        down.store(false, Ordering::SeqCst);
+        std::thread::sleep(crate::policy::store_outage::COOLDOWN);
+        assert_eq!(
+            f.apply(&id, &finish("elsewhere", Outcome::Result("9".into())))
+                .unwrap(),
+            Reply::Written
+        );
+        assert!(matches!(
+            f.apply(&id, &claim("me")).unwrap(),
+            Reply::Replay { result, .. } if result == "9"
+        ));
+        assert!(f.busy_on_shared.is_empty());
     }
 
     #[test]
