@@ -4,7 +4,8 @@
 //! test-redis` runs this suite (installing redis-server with apt-get when
 //! it is missing); without a `redis-server` on PATH each test says so on
 //! stderr and does nothing, unless `MCP_RETRY_REDIS_REQUIRED` is set (as
-//! `make test-redis` sets it), when that is a failure.
+//! `make test-redis` sets it), when that is a failure. (One test needs no
+//! redis-server: a port that takes connections and never answers.)
 
 mod util;
 
@@ -631,4 +632,42 @@ fn rediss_with_a_private_ca() {
     // Without the CA the certificate is not trusted: the store is not used.
     let c = proxy(&redis.url());
     eventually("the refusal", || c.logged("is unreachable"));
+}
+
+#[test]
+fn a_redis_that_never_answers_costs_each_operation_at_most_its_deadline() {
+    // A port that takes connections and never answers (no redis-server
+    // needed): each store operation gives up after 250 ms, the store's
+    // breaker opens after three, and keyed calls go on meanwhile.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c),
+                Err(_) => break,
+            }
+        }
+    });
+    let mut s = proxy(&format!("redis://127.0.0.1:{port}"));
+    let started = Instant::now();
+    for i in 0..10 {
+        let k = format!("silent-{i}");
+        s.call_with(json!(i), keyed(&k, json!({})));
+        assert_eq!(text(&s.result(&json!(i))), k);
+    }
+    // Three operations wait 250 ms each at most (the start's count among
+    // them); the breaker's trials one more each second.
+    assert!(
+        started.elapsed() < util::scaled(Duration::from_secs(10)),
+        "{:?}",
+        started.elapsed()
+    );
+    let said = s.stderr();
+    assert_eq!(said.matches("is unreachable").count(), 1, "{said}");
+    assert!(
+        said.contains("no answer within the operation's 250 ms"),
+        "{said}"
+    );
 }

@@ -176,6 +176,17 @@ impl Redis {
         })
     }
 
+    /// A Redis error as text: a timeout says which deadline it was.
+    fn redis_error(&self, e: &redis::RedisError) -> StoreError {
+        if e.is_timeout() {
+            return self.error(&format!(
+                "no answer within the operation's {} ms",
+                OP_DEADLINE.as_millis()
+            ));
+        }
+        self.error(e)
+    }
+
     /// The error `e` as text, with the password (should a message ever
     /// carry it) redacted.
     fn error(&self, e: &dyn std::fmt::Display) -> StoreError {
@@ -202,12 +213,12 @@ impl Redis {
             let mut conn = self
                 .client
                 .get_connection_with_timeout(t)
-                .map_err(|e| self.error(&e))?;
+                .map_err(|e| self.redis_error(&e))?;
             let t = left().ok_or_else(|| self.error(&"connected too late"))?;
             set_timeouts(&conn, t).map_err(|e| self.error(&e))?;
             let text: String = redis::cmd("INFO")
                 .query(&mut conn)
-                .map_err(|e| self.error(&e))?;
+                .map_err(|e| self.redis_error(&e))?;
             let info = ServerInfo::parse(&text);
             if let Some(why) = info.refusal() {
                 crate::warn!("store: {}: {why}", self.addr);
@@ -254,7 +265,7 @@ impl Redis {
                     crate::warn!("store: {}: {why}", self.addr);
                     self.refused = Some(why.to_owned());
                 }
-                Err(self.error(&e))
+                Err(self.redis_error(&e))
             }
         }
     }
