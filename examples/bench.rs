@@ -30,6 +30,15 @@
 //! replaces just that section of the results block. (`--pressure-only` runs
 //! just the memory scenarios under pressure, printed only.)
 //!
+//! It also measures keyed calls of a tool not known to be safe (each with a
+//! new `_meta.idempotencyKey`, so each claims a record before it runs and
+//! records its result after) with each store: `memory`, `local` (a
+//! temporary state directory) and a Redis on loopback (a `redis-server` the
+//! bench starts on a free port, when one is installed): the p50 and p99 a
+//! keyed call adds over a keyless one in the same session, and keyed calls
+//! per second with 64 in flight. `--store-only` runs just that section (with
+//! `--write FILE`, replaces just it).
+//!
 //! Usage: `bench [--reps N] [--quick] [--pressure-only] [--start-only]
 //! [--baseline [LABEL=]MCP_RETRY]...
 //! [--otel ENDPOINT] [--write FILE]` (`--baseline` measures another
@@ -99,6 +108,7 @@ fn main() {
         otel: None,
         pressure_only: false,
         start_only: false,
+        store_only: false,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -113,6 +123,7 @@ fn main() {
             "--quick" => opts.quick = true,
             "--pressure-only" => opts.pressure_only = true,
             "--start-only" => opts.start_only = true,
+            "--store-only" => opts.store_only = true,
             "--baseline" => {
                 let arg = it
                     .next()
@@ -134,7 +145,7 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
+                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--store-only] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
@@ -247,6 +258,9 @@ struct Options {
     /// Only the time to the first `tools/list` of a slow server (printed;
     /// with `--write`, replaces just that section of the results block).
     start_only: bool,
+    /// Only the keyed calls with each store (printed; with `--write`,
+    /// replaces just that section of the results block).
+    store_only: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -1894,6 +1908,17 @@ fn run_all(opts: &Options) {
         println!("{}", pressure_table(&bins));
         return;
     }
+    if opts.store_only {
+        let section = store_section(&stores(&bins, opts.quick));
+        println!("{section}");
+        if let Some(path) = &opts.write {
+            match write_section(path, STORE_BEGIN, STORE_END, &section) {
+                Ok(()) => eprintln!("bench: section written to {}", path.display()),
+                Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
+            }
+        }
+        return;
+    }
     if opts.start_only {
         let section = first_list_section(&first_list(&bins, opts.quick));
         println!("{section}");
@@ -1921,6 +1946,7 @@ fn run_all(opts: &Options) {
     eprintln!("bench: check ...");
     let check = check(&bins, 3);
     let first = first_list(&bins, opts.quick);
+    let store = stores(&bins, opts.quick);
     eprintln!("bench: start-up ...");
     let start_proxy = startup(&bins.proxy, &["--version"], STARTUP_RUNS);
     let start_true = startup(Path::new("/bin/true"), &[], STARTUP_RUNS);
@@ -2261,6 +2287,8 @@ fn run_all(opts: &Options) {
     report.push_str(&t.0);
     report.push('\n');
     report.push_str(&first_list_section(&first));
+    report.push('\n');
+    report.push_str(&store_section(&store));
     let _ = write!(
         report,
         "\nMemory under pressure (each scenario in a fresh process; the mock's `deaf` mode stops reading its stdin for {:.0} s):\n\n{pressure}",
@@ -2287,22 +2315,36 @@ const END: &str = "<!-- bench:end -->";
 const START_BEGIN: &str = "<!-- bench:start:begin -->";
 const START_END: &str = "<!-- bench:start:end -->";
 
+/// The keyed calls' section's own markers, inside the results block.
+const STORE_BEGIN: &str = "<!-- bench:store:begin -->";
+const STORE_END: &str = "<!-- bench:store:end -->";
+
 /// Replaces the first-`tools/list` section in the results block of `path`
 /// (`--start-only --write`); an error if the file has none.
 fn write_start_section(path: &Path, section: &str) -> io::Result<()> {
+    write_section(path, START_BEGIN, START_END, section)
+}
+
+/// Replaces the section between `begin` and `end` in the results block of
+/// `path`; one not there yet goes at the end of the block. An error if the
+/// file has no results block.
+fn write_section(path: &Path, begin: &str, end: &str, section: &str) -> io::Result<()> {
     let old = fs::read_to_string(path)?;
-    let new = match (old.find(START_BEGIN), old.find(START_END)) {
+    let new = match (old.find(begin), old.find(end)) {
         (Some(b), Some(e)) if b < e => format!(
             "{}{}{}",
             &old[..b],
             section.trim_end(),
-            &old[e + START_END.len()..]
+            &old[e + end.len()..]
         ),
-        _ => {
-            return Err(io::Error::other(format!(
-                "no {START_BEGIN} … {START_END} section (run the whole bench with --write first)"
-            )))
-        }
+        _ => match old.find(END) {
+            Some(e) => format!("{}\n{}\n{}", &old[..e], section.trim_end(), &old[e..]),
+            None => {
+                return Err(io::Error::other(format!(
+                    "no {begin} … {end} section nor results block (run the whole bench with --write first)"
+                )))
+            }
+        },
     };
     fs::write(path, new)
 }
@@ -2320,4 +2362,237 @@ fn write_results(path: &Path, report: &str) -> io::Result<()> {
         _ => format!("{}\n## Latest results\n\n{block}\n", old.trim_end()),
     };
     fs::write(path, new)
+}
+
+// ---------------------------------------------------------------------------
+// Keyed calls with each store
+// ---------------------------------------------------------------------------
+
+const KEYED_CALLS: usize = 2000;
+const KEYED_WARMUP: usize = 100;
+const KEYED_PIPE_CALLS: usize = 5000;
+const KEYED_ROUNDS: usize = 3;
+
+/// One store's figures: per round, keyless and keyed p50/p99 and keyed
+/// calls per second with [`PIPE_WINDOW`] in flight.
+#[derive(Default)]
+struct StoreFigures {
+    name: String,
+    keyless_p50: Vec<Duration>,
+    keyless_p99: Vec<Duration>,
+    keyed_p50: Vec<Duration>,
+    keyed_p99: Vec<Duration>,
+    keyed_per_s: Vec<f64>,
+}
+
+/// A `redis-server` of the bench's own, on a free loopback port.
+struct BenchRedis {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl BenchRedis {
+    fn start() -> Option<BenchRedis> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let dir = std::env::temp_dir().join(format!("mcp-retry-bench-redis-{}", process::id()));
+        fs::create_dir_all(&dir).ok()?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Some(BenchRedis { child, port, dir })
+    }
+}
+
+impl Drop for BenchRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A keyed `echo` call (the fast mock's `echo` has no annotations: not
+/// known to be safe, so its key claims a record).
+fn keyed_line(id: u64, key: &str) -> Vec<u8> {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"seq\":{id}}},\"_meta\":{{\"idempotencyKey\":\"{key}\"}}}}}}\n"
+    )
+    .into_bytes()
+}
+
+/// Round trips of `n` calls, sorted: keyed (a new key each) or not.
+fn round_trips(s: &mut Session, n: usize, keyed: Option<&str>) -> Vec<Duration> {
+    let mut v: Vec<Duration> = (0..n)
+        .map(|_| {
+            let id = s.next_id;
+            s.next_id += 1;
+            let line = match keyed {
+                Some(tag) => keyed_line(id, &format!("{tag}-{id}")),
+                None => call_line(id, &format!("{{\"seq\":{id}}}")),
+            };
+            let t = Instant::now();
+            s.send(&line);
+            s.flush();
+            s.recv();
+            t.elapsed()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Keyed calls with `memory`, `local` and (if installed) Redis on loopback.
+fn stores(bins: &Bins, quick: bool) -> Vec<StoreFigures> {
+    eprintln!("bench: keyed calls with each store ...");
+    let redis = BenchRedis::start();
+    if redis.is_none() {
+        eprintln!(
+            "bench: no redis-server (apt-get install redis-server): the Redis row is left out"
+        );
+    }
+    let state = std::env::temp_dir().join(format!("mcp-retry-bench-state-{}", process::id()));
+    let mut stores: Vec<(String, String)> = vec![
+        ("`memory`".into(), "memory".into()),
+        ("`local`".into(), "local".into()),
+    ];
+    if let Some(r) = &redis {
+        stores.push((
+            "Redis on loopback".into(),
+            format!("redis://127.0.0.1:{}", r.port),
+        ));
+    }
+    let (calls, pipe) = if quick {
+        (KEYED_CALLS / 10, KEYED_PIPE_CALLS / 10)
+    } else {
+        (KEYED_CALLS, KEYED_PIPE_CALLS)
+    };
+    let mut figures: Vec<StoreFigures> = stores
+        .iter()
+        .map(|(name, _)| StoreFigures {
+            name: name.clone(),
+            ..StoreFigures::default()
+        })
+        .collect();
+    for round in 0..KEYED_ROUNDS {
+        for (i, (_, store)) in stores.iter().enumerate() {
+            let mut c = bins.command(Via::Proxy, &bins.fast_server());
+            // `run --store STORE -- SERVER`: the option goes before `--`.
+            let mut args: Vec<String> = c
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            args.splice(1..1, ["--store".to_owned(), store.clone()]);
+            let mut command = Command::new(c.get_program());
+            command.args(&args).env("MCP_RETRY_STATE_DIR", &state);
+            for var in OTEL_VARS {
+                command.env_remove(var);
+            }
+            c = command;
+            let mut s = Session::start_command(c, Via::Proxy);
+            let tag = format!("r{round}-{}-{}", process::id(), i);
+            round_trips(&mut s, KEYED_WARMUP, Some(&format!("{tag}-warm")));
+            round_trips(&mut s, KEYED_WARMUP, None);
+            // Interleaved halves, so that both kinds see the same load.
+            let mut keyless = round_trips(&mut s, calls / 2, None);
+            let mut keyed = round_trips(&mut s, calls / 2, Some(&tag));
+            keyless.extend(round_trips(&mut s, calls / 2, None));
+            keyed.extend(round_trips(&mut s, calls / 2, Some(&format!("{tag}-b"))));
+            keyless.sort();
+            keyed.sort();
+            let f = &mut figures[i];
+            f.keyless_p50.push(percentile(&keyless, 0.50));
+            f.keyless_p99.push(percentile(&keyless, 0.99));
+            f.keyed_p50.push(percentile(&keyed, 0.50));
+            f.keyed_p99.push(percentile(&keyed, 0.99));
+            let first = s.next_id;
+            s.next_id += pipe as u64;
+            let (to, from, line, via) = (&mut s.to, &mut s.from, &mut s.line, s.via);
+            let (tokens_tx, tokens_rx) = crossbeam_channel::bounded::<()>(PIPE_WINDOW);
+            for _ in 0..PIPE_WINDOW {
+                tokens_tx.send(()).expect("room for the window");
+            }
+            let start = Instant::now();
+            let tag = &tag;
+            thread::scope(|scope| {
+                scope.spawn(move || {
+                    for k in 0..pipe as u64 {
+                        if tokens_rx.try_recv().is_err() {
+                            let _ = to.flush();
+                            if tokens_rx.recv().is_err() {
+                                return;
+                            }
+                        }
+                        let id = first + k;
+                        if to
+                            .write_all(&keyed_line(id, &format!("{tag}-p-{id}")))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    let _ = to.flush();
+                });
+                for _ in 0..pipe {
+                    read_response(from, line, via);
+                    let _ = tokens_tx.try_send(());
+                }
+            });
+            f.keyed_per_s
+                .push(pipe as f64 / start.elapsed().as_secs_f64());
+            s.close();
+        }
+    }
+    drop(redis);
+    let _ = fs::remove_dir_all(&state);
+    figures
+}
+
+/// The keyed calls' section, between markers of its own.
+fn store_section(figures: &[StoreFigures]) -> String {
+    let ms = |d: Option<Duration>| {
+        d.map_or("n/a".into(), |d| format!("{:.3} ms", d.as_secs_f64() * 1e3))
+    };
+    let added = |a: &[Duration], b: &[Duration]| match (median_d(a), median_d(b)) {
+        (Some(a), Some(b)) => format!("{:+.3} ms", (a.as_secs_f64() - b.as_secs_f64()) * 1e3),
+        _ => "n/a".into(),
+    };
+    let mut t = format!(
+        "{STORE_BEGIN}\nKeyed calls of a tool not known to be safe (each with a new `_meta.idempotencyKey`: a claim before it runs, its result recorded after), against keyless calls in the same session; medians of {KEYED_ROUNDS} rounds, {} calls each; keyed calls per second with {PIPE_WINDOW} in flight (targets: a keyed call's added p50 ≤ 2 ms with `local`, ≤ 1 ms with Redis on loopback):\n\n| store | keyless p50 | keyed p50 | added p50 | keyless p99 | keyed p99 | added p99 | keyed calls/s, {PIPE_WINDOW} in flight |\n|---|--:|--:|--:|--:|--:|--:|--:|\n",
+        KEYED_CALLS
+    );
+    for f in figures {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            f.name,
+            ms(median_d(&f.keyless_p50)),
+            ms(median_d(&f.keyed_p50)),
+            added(&f.keyed_p50, &f.keyless_p50),
+            ms(median_d(&f.keyless_p99)),
+            ms(median_d(&f.keyed_p99)),
+            added(&f.keyed_p99, &f.keyless_p99),
+            median_f(&f.keyed_per_s).map_or("n/a".into(), |r| format!("{r:.0}")),
+        );
+    }
+    t.push_str(STORE_END);
+    t.push('\n');
+    t
 }

@@ -22,6 +22,8 @@
 
 #![forbid(unsafe_code)]
 
+mod store;
+
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -139,6 +141,11 @@ pub fn run(args: CheckOptions) -> Result<ExitCode> {
         writeln!(out, "{}", json_report(&reports))?;
     } else {
         for line in text_lines(&reports) {
+            writeln!(out, "{line}")?;
+        }
+        // A shared store the servers use (Redis): reachable, round trip,
+        // eviction policy.
+        for line in store::lines(&servers) {
             writeln!(out, "{line}")?;
         }
     }

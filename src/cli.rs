@@ -68,8 +68,9 @@ Options:
   --header 'N: V'       an HTTP header for --url (repeatable; `${VAR}` is not
                         expanded here: let the shell do it)
   --stats-file PATH     write per-tool counters as JSON every few seconds and at exit
-  --store STORE         where idempotency keys are kept: memory or local (over the
-                        config's `store:`; env MCP_RETRY_STORE)
+  --store STORE         where idempotency keys are kept: memory, local or
+                        redis://host:port (no password here: use the config
+                        or MCP_RETRY_STORE; over the config's `store:`)
   --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
   --log-format FMT      text or json (default text)
   -h, --help            print help

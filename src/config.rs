@@ -117,8 +117,12 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// Most client requests in flight before answering `overloaded` (default 10 000).
     pub max_in_flight: usize,
-    /// `store`: `memory` or `local`.
+    /// `store`: `memory`, `local`, or a Redis URL (`redis://`, `rediss://`).
     pub store: String,
+    /// `store_prefix`: what every key in a Redis store begins with.
+    pub store_prefix: String,
+    /// `store_ca_file`: a PEM CA for `rediss://` instead of the bundled roots.
+    pub store_ca_file: String,
     /// `store_unavailable`: `local` or `refuse`.
     pub store_unavailable: String,
     /// `store_scope`: replaces the server's identity in record names.

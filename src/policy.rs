@@ -1,6 +1,7 @@
 //! Policy: the decisions of the proxy, as pure data structures and functions.
 //!
-//! Owns retry backoff, the retry budget, the circuit breaker, the result cache,
+//! Owns retry backoff, the retry budget, the circuit breaker (the server's, and the
+//! shared store's outages), the result cache,
 //! the idempotency table, the safety gate, progress filtering and the canonical
 //! JSON text used to build fingerprints. Everything here is pure: no I/O, no
 //! clock reads (`now: Instant` is always a parameter), no threads, and
@@ -26,6 +27,7 @@ pub mod progress;
 pub mod ramp;
 pub mod record;
 pub mod recovery;
+pub mod store_outage;
 
 /// Deepest nesting of arrays and objects [`canonical_json`] accepts (the same
 /// limit serde_json applies when it builds values).

@@ -24,6 +24,10 @@ use crate::otel;
 use crate::stats;
 use crate::status;
 use crate::stdio::{self, Backlog, ReadItem};
+use crate::store::choice::{self, Choice};
+use crate::store::redis::Redis;
+use crate::store::thread as keeper;
+use crate::store::{failover, local, wall_clock, Engine, Memory, StoreError};
 
 pub mod signals;
 
@@ -256,57 +260,82 @@ pub const STORE_ENV: &str = "MCP_RETRY_STORE";
 
 /// The store in use: `--store`, else `MCP_RETRY_STORE`, else the config's
 /// `store:`; a value that is not one is refused, naming where it came from.
-fn store_choice(args: &RunOptions, cfg: &ServerConfig) -> Result<String> {
+/// `--store` refuses a Redis URL with a password: a command line is seen by
+/// every user of the host.
+fn store_choice(args: &RunOptions, cfg: &ServerConfig) -> Result<Choice> {
     let env = std::env::var(STORE_ENV).ok().filter(|v| !v.is_empty());
     let (value, from) = match (&args.store, env) {
         (Some(v), _) => (v.clone(), "--store"),
         (None, Some(v)) => (v, STORE_ENV),
-        (None, None) => return Ok(cfg.store.clone()),
+        (None, None) => (cfg.store.clone(), "the config's"),
     };
-    match value.as_str() {
-        "memory" | "local" => Ok(value),
-        v if v.starts_with("redis://") || v.starts_with("rediss://") => anyhow::bail!(
-            "{from}: store: Redis stores are not supported yet; expected one of memory, local"
-        ),
-        v => anyhow::bail!(
-            "{from}: store: expected one of memory, local, got {}",
-            jsonrpc::json_string(v)
-        ),
+    let choice = choice::parse(&value).map_err(|e| anyhow::anyhow!("{from}: store: {e}"))?;
+    if let (Choice::Redis(addr), "--store") = (&choice, from) {
+        if addr.password.is_some() {
+            anyhow::bail!(
+                "--store: store: {addr}: a password on the command line is seen by every user of the host; put it in the config file as ${{VAR}} (store: redis://user:${{REDIS_PASSWORD}}@host:6379) or the whole URL in {STORE_ENV}"
+            );
+        }
+    }
+    Ok(choice)
+}
+
+/// Opens the `local` engine; when it cannot be used and `refuse` is not
+/// set, this process's memory instead (with a warning).
+fn open_local(refuse: bool) -> Result<Box<dyn Engine>, StoreError> {
+    let opened = local::state_dir()
+        .ok_or_else(|| {
+            StoreError::Engine(format!(
+                "no state directory (set {} or HOME)",
+                local::DIR_ENV
+            ))
+        })
+        .and_then(|dir| local::Local::open(&dir, local::MAX_BYTES, wall_clock()));
+    match opened {
+        Ok(e) => Ok(Box::new(e)),
+        // store_unavailable: local: this process's memory instead.
+        Err(e) if !refuse => {
+            crate::warn!("store: local unavailable ({e}); keys are kept in this process only");
+            Ok(Box::new(Memory::new(local::MAX_BYTES, wall_clock())))
+        }
+        Err(e) => Err(e),
     }
 }
 
-/// With `store: local`, the `store` thread (which opens the file in the
-/// state directory on its own time) and the calls' handle on it. `None`
-/// with `memory`.
+/// With `store: local` or a Redis URL, the `store` thread (which opens the
+/// engine on its own time: the file in the state directory, or the
+/// connection) and the calls' handle on it. `None` with `memory`.
 fn start_store(
     args: &RunOptions,
     cfg: &ServerConfig,
     events: Sender<Event>,
 ) -> Result<Option<(crate::dispatcher::KeyStore, thread::JoinHandle<()>)>> {
-    if store_choice(args, cfg)? != "local" {
-        return Ok(None);
-    }
-    use crate::store::{local, thread as keeper, wall_clock, Engine, Memory, StoreError};
     let refuse = cfg.store_unavailable == "refuse";
-    let open: keeper::Opener = Box::new(move || {
-        let opened = local::state_dir()
-            .ok_or_else(|| {
-                StoreError::Engine(format!(
-                    "no state directory (set {} or HOME)",
-                    local::DIR_ENV
-                ))
+    let open: keeper::Opener = match store_choice(args, cfg)? {
+        Choice::Memory => return Ok(None),
+        Choice::Local => Box::new(move || open_local(refuse)),
+        Choice::Redis(addr) => {
+            let ca = match cfg.store_ca_file.as_str() {
+                "" => None,
+                path => Some(
+                    std::fs::read(path)
+                        .with_context(|| format!("store_ca_file: cannot read {path}"))?,
+                ),
+            };
+            let redis = Redis::new(addr, ca, &cfg.store_prefix, &crate::store::scope(cfg))
+                .map_err(|e| anyhow::anyhow!("store: {e}"))?;
+            Box::new(move || {
+                let fallback: Option<failover::OpenFallback> = (!refuse).then(|| {
+                    Box::new(|| {
+                        open_local(false).unwrap_or_else(|_| {
+                            Box::new(Memory::new(local::MAX_BYTES, wall_clock()))
+                        })
+                    }) as failover::OpenFallback
+                });
+                Ok(Box::new(failover::Failover::new(Box::new(redis), fallback)) as Box<dyn Engine>)
             })
-            .and_then(|dir| local::Local::open(&dir, local::MAX_BYTES, wall_clock()));
-        match opened {
-            Ok(e) => Ok(Box::new(e) as Box<dyn Engine>),
-            // store_unavailable: local: this process's memory instead.
-            Err(e) if !refuse => {
-                crate::warn!("store: local unavailable ({e}); keys are kept in this process only");
-                Ok(Box::new(Memory::new(local::MAX_BYTES, wall_clock())))
-            }
-            Err(e) => Err(e),
         }
-    });
+    };
     let deliver: keeper::Deliver = Box::new(move |answer| {
         let _ = events.send(Event::Store(answer));
     });

@@ -7,18 +7,22 @@
 //! and the in-memory engine; `local` is the embedded database file
 //! (`store/local.rs`). The rules themselves are `policy::record`'s: an
 //! engine reads a record, asks [`record::apply`] and makes its write in the
-//! same step. It must not know the dispatcher, JSON-RPC or the config file;
-//! a Redis engine is to implement the same interface.
+//! same step. It must not know the dispatcher, JSON-RPC or the config file.
+//! `redis` is the engine a fleet shares (`store/redis.rs`), behind the
+//! fallback of `store/failover.rs`.
 
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 
+pub mod choice;
+pub mod failover;
 pub mod local;
+pub mod redis;
 pub mod thread;
 
 /// A record's name: BLAKE3 of its scope, tool and key ([`record_id`]).
@@ -97,6 +101,21 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+/// What `status` and `check` say about a store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub engine: &'static str,
+    /// Where it keeps records; secrets redacted.
+    pub place: String,
+    pub reachable: bool,
+    /// How long a round trip to it took, when it was asked.
+    pub round_trip: Option<Duration>,
+    /// Records held, when the engine counts them.
+    pub records: Option<u64>,
+    /// What a person should know (an eviction policy, an outage).
+    pub warning: Option<String>,
+}
+
 /// Where records live. Each operation is atomic: no other operation on
 /// the same record, from this process or another sharing the engine, comes
 /// between its read and its write.
@@ -111,6 +130,28 @@ pub trait Engine: Send {
     fn name(&self) -> &'static str;
     /// Where it keeps records, for logs and `status`.
     fn place(&self) -> String;
+    /// What `status` and `check` say about it. By default: its name,
+    /// place and count, reachable when it counts.
+    fn health(&mut self) -> Health {
+        let records = self.count();
+        Health {
+            engine: self.name(),
+            place: self.place(),
+            reachable: records.is_ok(),
+            round_trip: None,
+            warning: records.as_ref().err().map(|e| e.to_string()),
+            records: records.ok(),
+        }
+    }
+    /// The newest `limit` records whose outcome is unknown, newest first.
+    /// By default the engine keeps no list of them: an error says so.
+    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+        let _ = limit;
+        Err(StoreError::Engine(format!(
+            "the {} store keeps no list of unknown outcomes",
+            self.name()
+        )))
+    }
 }
 
 /// What a record costs in the byte bound: its JSON text and its name.

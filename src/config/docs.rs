@@ -187,6 +187,7 @@ defaults:
                 .map(|c| format!("`{c}`"))
                 .collect::<Vec<_>>()
                 .join(" or "),
+            Kind::Store => "`memory`, `local` or `redis://…`".to_string(),
             Kind::TextMap => "name → string".to_string(),
         }
     }
@@ -268,11 +269,27 @@ fn kind_schema(kind: Kind) -> Json {
             "type": "string",
             "anyOf": [{"enum": choices}, {"pattern": "\\$\\{"}]
         }),
+        Kind::Store => json!({
+            "type": "string",
+            "anyOf": [
+                {"enum": ["memory", "local"]},
+                {"pattern": "^rediss?://"},
+                {"pattern": "\\$\\{"}
+            ]
+        }),
         Kind::TextMap => json!({
             "type": "object",
             "additionalProperties": {"type": "string"},
         }),
     }
+}
+
+/// The top-level `properties` of the schema: `named` with `more` added.
+fn with_top(more: Map<String, Json>, mut named: Json) -> Json {
+    if let Some(obj) = named.as_object_mut() {
+        obj.extend(more);
+    }
+    named
 }
 
 /// `schema` with a description and, when there is one, a default.
@@ -346,6 +363,18 @@ pub fn schema() -> Json {
         schema["description"] = json!(format!("Another host's spelling of `{ours}`."));
         host_server.insert(theirs.to_string(), schema);
     }
+    // The store's keys may also sit at the top of the file, for every
+    // server (config/walk.rs, `TOP_KEYS`).
+    let policy = policy_properties("");
+    let top: Map<String, Json> = [
+        "store",
+        "store_unavailable",
+        "store_prefix",
+        "store_ca_file",
+    ]
+    .into_iter()
+    .map(|key| (key.to_string(), policy[key].clone()))
+    .collect();
     let mut tool = Map::new();
     for key in TOOL_KEYS {
         tool.insert(
@@ -360,7 +389,7 @@ pub fn schema() -> Json {
             the `mcpServers:` of Claude Desktop, Cursor and .mcp.json. Generated from \
             the key table of mcp-retry's config reader (`mcp-retry schema`).",
         "type": ["object", "null"],
-        "properties": {
+        "properties": with_top(top, json!({
             "servers": {
                 "description": "The servers mcp-retry can run, by name.",
                 "type": ["object", "null"],
@@ -377,7 +406,7 @@ pub fn schema() -> Json {
                 "type": ["object", "null"],
                 "additionalProperties": {"$ref": "#/$defs/hostServer"},
             },
-        },
+        })),
         "additionalProperties": false,
         "not": {
             "description": "servers: and mcpServers: cannot be combined.",
@@ -736,6 +765,17 @@ mod tests {
         // Host files keep their own keys.
         let host = json!({"mcpServers": {"a": {"command": "x", "type": "stdio", "retry": {"max_retries": 2}}}});
         assert_eq!(errors_of(&host), Vec::<String>::new());
+        // The store's keys at the top of the file, as the reader takes them.
+        let store = json!({
+            "store": "rediss://cache:6380/1",
+            "store_unavailable": "refuse",
+            "store_prefix": "app:",
+            "store_ca_file": "/etc/ca.pem",
+            "servers": {"a": {"command": "x", "store": "local"}},
+        });
+        assert_eq!(errors_of(&store), Vec::<String>::new());
+        assert!(!errors_of(&json!({"store_unavailable": "maybe"})).is_empty());
+        assert!(!errors_of(&json!({"store": "disk"})).is_empty());
     }
 
     #[test]

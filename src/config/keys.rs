@@ -58,6 +58,8 @@ pub(super) enum Kind {
     Text,
     /// One of these strings (`${VAR}` expanded).
     Choice(&'static [&'static str]),
+    /// `memory`, `local` or a Redis URL (`${VAR}` expanded).
+    Store,
     /// Name → string (`${VAR}` expanded), such as request headers.
     TextMap,
 }
@@ -504,12 +506,19 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
          their values are never logged.";
     "otel.service_name" => otel.service_name, Kind::Text, Def::Text("mcp-retry"),
         "The `service.name` resource attribute.";
-    "store" => store, Kind::Choice(&["memory", "local"]), Def::Text("memory"),
+    "store" => store, Kind::Store, Def::Text("memory"),
         "Where explicit idempotency keys are kept (usually set at the top level of the file; \
          `mcp-retry run --store` and MCP_RETRY_STORE win over it). `memory`: in this process \
          only. `local`: in a database file per user (see docs/store.md) that every mcp-retry \
          process of the user on the host shares, so a key outlives a restart of the proxy. \
-         Redis (`redis://`) is not supported yet.";
+         `redis://[user:password@]host:port[/db]` or `rediss://…` (TLS): in a Redis or Valkey \
+         server a fleet shares (put the password in `${VAR}`; see docs/store.md).";
+    "store_ca_file" => store_ca_file, Kind::Text, Def::Text(""),
+        "A PEM file of the CA that signed a `rediss://` store's certificate, instead of the \
+         bundled roots. Empty: the bundled roots.";
+    "store_prefix" => store_prefix, Kind::Text, Def::Text("mcp-retry:"),
+        "What every key of a Redis store begins with (`<prefix>v1:{<scope>}:<hash>`), for a \
+         Redis shared with other applications.";
     "store_unavailable" => store_unavailable, Kind::Choice(&["local", "refuse"]), Def::Text("local"),
         "When the store cannot be used: `local` runs keyed calls with this process's memory \
          alone; `refuse` answers a keyed call of a tool not known to be safe with the error \

@@ -115,14 +115,18 @@ impl Walker<'_> {
                 let text = self.expanded(node, path)?;
                 if !choices.contains(&text.as_str()) {
                     let expected = choices.join(", ");
-                    let msg = if text.starts_with("redis://") || text.starts_with("rediss://") {
-                        format!("Redis stores are not supported yet; expected one of {expected}")
-                    } else {
-                        format!(
-                            "expected one of {expected}, got {}",
-                            crate::jsonrpc::json_string(&text)
-                        )
-                    };
+                    let msg = format!(
+                        "expected one of {expected}, got {}",
+                        crate::jsonrpc::json_string(&text)
+                    );
+                    self.error(node.line, path, msg);
+                    return None;
+                }
+                at(Value::Text(text), node, path)
+            }
+            Kind::Store => {
+                let text = self.expanded(node, path)?;
+                if let Err(msg) = crate::store::choice::check(&text) {
                     self.error(node.line, path, msg);
                     return None;
                 }

@@ -74,7 +74,7 @@ fn assert_same_policy(a: &ServerConfig, b: &ServerConfig) {
 const SERVER_KEY_LIST: &str =
         "command, args, env, envFile, cwd, url, type, headers, headers_helper, ca_file, disabled, call_timeout, wait_for_server, fail_fast_at_start, instant_start, instant_start_grace, retry, cache, \
         circuit_breaker, idempotency_ttl, idempotency_max_entries, idempotency_max_bytes, \
-        assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight, otel, store, store_unavailable, store_scope";
+        assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, max_in_flight, otel, store, store_ca_file, store_prefix, store_unavailable, store_scope";
 
 // Happy paths.
 
@@ -642,7 +642,7 @@ fn yaml_anchors_and_merge_keys() {
     // `common` is not a key of our schema, even when used as an anchor.
     assert_eq!(
         message(config),
-        "/p/c.yaml:1: common: unknown key (expected one of: servers, defaults, store)"
+        "/p/c.yaml:1: common: unknown key (expected one of: servers, defaults, store, store_unavailable, store_prefix, store_ca_file)"
     );
     let config = yaml(
         "defaults: &d\n  retry: {max_retries: 9}\nservers:\n  a:\n    <<: *d\n    command: x\n",
@@ -896,7 +896,7 @@ fn defaults_with_mcp_servers() {
 fn unknown_top_level_key() {
     assert_eq!(
         yaml_err("servers: {}\ncolour: red\n"),
-        "/p/c.yaml:2: colour: unknown key (expected one of: servers, defaults, store)"
+        "/p/c.yaml:2: colour: unknown key (expected one of: servers, defaults, store, store_unavailable, store_prefix, store_ca_file)"
     );
     // A near miss of the section the file needs is named, not "found neither".
     assert_eq!(
@@ -909,7 +909,7 @@ fn unknown_top_level_key() {
     );
     assert_eq!(
             yaml_err("defaults: {}\nsevers: {}\n"),
-            "/p/c.yaml:2: severs: unknown key (did you mean servers? expected one of: servers, defaults, store)"
+            "/p/c.yaml:2: severs: unknown key (did you mean servers? expected one of: servers, defaults, store, store_unavailable, store_prefix, store_ca_file)"
         );
     assert_eq!(
         yaml_err("colour: red\n"),
@@ -974,7 +974,7 @@ fn unknown_key_in_defaults() {
             "/p/c.yaml:2: defaults.command: unknown key (expected one of: call_timeout, \
              wait_for_server, fail_fast_at_start, instant_start, instant_start_grace, retry, cache, circuit_breaker, idempotency_ttl, idempotency_max_entries, \
              idempotency_max_bytes, assume_idempotent, honors_idempotency_keys, trust_annotations, tools, max_message_bytes, \
-             max_in_flight, otel, store, store_unavailable, store_scope)"
+             max_in_flight, otel, store, store_ca_file, store_prefix, store_unavailable, store_scope)"
         );
 }
 
@@ -1766,11 +1766,25 @@ fn the_store_is_chosen_at_the_top_level_or_per_server_and_checked() {
     assert_eq!(key_ok("store_scope: fleet-1").store_scope, "fleet-1");
     assert_eq!(
         yaml_err("store: disk\nservers:\n  a: {command: x}\n"),
-        "/p/c.yaml:1: store: expected one of memory, local, got \"disk\""
+        "/p/c.yaml:1: store: expected memory, local, or a Redis URL (redis://host:port or rediss://host:port), got \"disk\""
     );
     assert_eq!(
-        yaml_err("store: redis://cache:6379\nservers:\n  a: {command: x}\n"),
-        "/p/c.yaml:1: store: Redis stores are not supported yet; expected one of memory, local"
+        key_ok("store: redis://cache:6379/2").store,
+        "redis://cache:6379/2"
+    );
+    assert_eq!(
+        key_ok("store_scope: \"\"").store_prefix,
+        "mcp-retry:",
+        "the default"
+    );
+    assert_eq!(key_ok("store_prefix: \"app1:\"").store_prefix, "app1:");
+    assert_eq!(
+        yaml_err("store: redis+sentinel://u:hunter2@h:26379/m\nservers:\n  a: {command: x}\n"),
+        "/p/c.yaml:1: store: Redis Sentinel is not supported; give the primary's address (redis://host:port)"
+    );
+    assert_eq!(
+        yaml_err("store: foo://u:hunter2@x\nservers:\n  a: {command: x}\n"),
+        "/p/c.yaml:1: store: expected memory, local, or a Redis URL (redis://host:port or rediss://host:port), got \"foo://…\""
     );
     assert_eq!(
         key_err("store_unavailable: memory"),

@@ -102,7 +102,14 @@ impl Unusable {
 /// At most this many problems are listed.
 const MAX_ERRORS: usize = 20;
 
-const TOP_KEYS: &[&str] = &["servers", "defaults", "store"];
+const TOP_KEYS: &[&str] = &[
+    "servers",
+    "defaults",
+    "store",
+    "store_unavailable",
+    "store_prefix",
+    "store_ca_file",
+];
 
 impl Walker<'_> {
     pub(super) fn error(&mut self, line: usize, path: &str, msg: impl fmt::Display) {
@@ -199,9 +206,10 @@ impl Walker<'_> {
         for entry in top {
             match entry.key.as_str() {
                 "servers" => {}
-                // The store every server uses unless it says otherwise.
-                "store" => {
-                    self.policy_key(&mut defaults, "", "store", &entry.value, "store");
+                // The store every server uses unless it says otherwise,
+                // and how it is used.
+                key @ ("store" | "store_unavailable" | "store_prefix" | "store_ca_file") => {
+                    self.policy_key(&mut defaults, "", key, &entry.value, key);
                 }
                 "defaults" => {
                     if let Some(items) = self.map(&entry.value, "defaults") {

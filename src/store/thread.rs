@@ -31,6 +31,8 @@ pub const POLL_MAX: Duration = Duration::from_millis(250);
 const PURGE_EVERY: Duration = Duration::from_secs(60);
 /// Most expired records purged at once.
 const PURGE_BATCH: usize = 1000;
+/// Most unknown outcomes counted at the start.
+const UNKNOWN_SHOWN: usize = 100;
 /// Why this process's claims in flight are unknown when it ends.
 pub const PROXY_EXITED: &str = "proxy_exited";
 
@@ -125,6 +127,18 @@ pub fn spawn(
                     match e.count() {
                         Ok(n) => crate::debug!("store: {} ({}): {n} records", e.name(), e.place()),
                         Err(err) => crate::warn!("store: {} ({}): {err}", e.name(), e.place()),
+                    }
+                    // A shared store lists its scope's unknown outcomes.
+                    if let Ok(unknown) = e.unknowns(UNKNOWN_SHOWN) {
+                        if !unknown.is_empty() {
+                            crate::info!(
+                                "store: {} ({}): {}{} keyed call(s) of this server have an unknown outcome (they may have run)",
+                                e.name(),
+                                e.place(),
+                                unknown.len(),
+                                if unknown.len() == UNKNOWN_SHOWN { " or more" } else { "" }
+                            );
+                        }
                     }
                     Ok(e)
                 }

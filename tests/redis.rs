@@ -1,0 +1,673 @@
+//! The store a fleet shares (`store: redis://…`), through the binary,
+//! against a real `redis-server` each test starts on a free loopback port
+//! (its own temp dir, no persistence) and kills at its end. `make
+//! test-redis` runs this suite (installing redis-server with apt-get when
+//! it is missing); without a `redis-server` on PATH each test says so on
+//! stderr and does nothing, unless `MCP_RETRY_REDIS_REQUIRED` is set (as
+//! `make test-redis` sets it), when that is a failure. (One test needs no
+//! redis-server: a port that takes connections and never answers.)
+
+mod util;
+
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use util::{eventually, source_marker, Builder, Session, TempDir, PROXY};
+
+const PROXY_ERROR: i64 = -31000;
+const REQUIRED_ENV: &str = "MCP_RETRY_REDIS_REQUIRED";
+
+/// A `redis-server` of the test's own.
+struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: TempDir,
+    extra: Vec<String>,
+    /// Its TLS port answers, not `port` (`PING` is not tried).
+    tls: bool,
+}
+
+/// Whether `redis-server` can be run; a loud skip (or, when required, a
+/// failure) when it cannot.
+fn have_redis(test: &str) -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            std::env::var_os(REQUIRED_ENV).is_none(),
+            "{test}: redis-server is not installed, and {REQUIRED_ENV} is set"
+        );
+        eprintln!(
+            "SKIPPED {test}: redis-server is not installed (apt-get install redis-server, or make test-redis)"
+        );
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl RedisServer {
+    /// Started with `extra` arguments, once it answers.
+    fn start(extra: &[&str]) -> RedisServer {
+        let mut r = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls: false,
+        };
+        r.spawn();
+        r
+    }
+
+    /// With TLS only, on its port, the certificate of `certs` (see
+    /// [`make_certs`]).
+    fn start_tls(certs: &Path) -> RedisServer {
+        let mut r = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new(),
+            extra: Vec::new(),
+            tls: true,
+        };
+        let p = |n: &str| certs.join(n).display().to_string();
+        r.extra = vec![
+            "--tls-cert-file".into(),
+            p("server.pem"),
+            "--tls-key-file".into(),
+            p("server.key"),
+            "--tls-ca-cert-file".into(),
+            p("ca.pem"),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ];
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        let port = self.port.to_string();
+        let mut cmd = Command::new("redis-server");
+        if self.tls {
+            cmd.args(["--port", "0", "--tls-port", &port]);
+        } else {
+            cmd.args(["--port", &port]);
+        }
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.child = Some(cmd.spawn().expect("redis-server starts"));
+        let deadline = Instant::now() + util::wait();
+        loop {
+            let up = if self.tls {
+                TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            } else {
+                // With `--requirepass`, NOAUTH: up too.
+                let said = self.cli(&["PING"]);
+                said.trim() == "PONG" || said.contains("NOAUTH")
+            };
+            if up {
+                return;
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `redis-cli` against it; its stdout.
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn url(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A config of the mock with `top` (YAML lines at the top level: `store:`
+/// and its keys) and `policy` under the server.
+fn config(top: &str, policy: &str) -> String {
+    let mut yaml = format!("{top}\nservers:\n  mock:\n    command: {{mock}}\n");
+    for line in util::dedent(policy).lines() {
+        yaml.push_str(&format!("    {line}\n"));
+    }
+    yaml
+}
+
+/// A proxy on the store at `url`, initialized, its tools listed.
+fn proxy(url: &str) -> Session {
+    proxy_with(&format!("store: {url}"), "", &[])
+}
+
+fn proxy_with(top: &str, policy: &str, env: &[(&str, &str)]) -> Session {
+    let mut b = Builder::config(&config(top, policy)).with_logs();
+    for (k, v) in env {
+        b = b.env(k, v);
+    }
+    let mut s = b.initialized();
+    s.list_tools();
+    s
+}
+
+/// A keyed call of `echo` (a tool not known to be safe).
+fn keyed(key: &str, arguments: Value) -> Value {
+    let mut args = json!({ "text": key });
+    if let (Some(a), Some(more)) = (args.as_object_mut(), arguments.as_object()) {
+        a.extend(more.clone());
+    }
+    json!({"name": "echo", "arguments": args, "_meta": {"idempotencyKey": key}})
+}
+
+fn text(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or("")
+}
+
+fn proxy_reason(e: &Value) -> &str {
+    assert_eq!(e["code"], json!(PROXY_ERROR), "{e}");
+    e["data"]["reason"].as_str().unwrap_or("")
+}
+
+/// The pid of the mock that ran the call a result is of.
+fn ran_in(result: &Value) -> u64 {
+    result["structuredContent"]["pid"].as_u64().unwrap()
+}
+
+fn stop(mut s: Session) -> String {
+    s.close_stdin();
+    s.wait();
+    s.stderr()
+}
+
+/// Runs `mcp-retry ARGS` with `env`: exit code, stdout, stderr.
+fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(PROXY)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn proxies_on_one_redis_run_each_key_once_and_answer_alike() {
+    if !have_redis("proxies_on_one_redis_run_each_key_once_and_answer_alike") {
+        return;
+    }
+    let redis = RedisServer::start(&[]);
+    for n in [2, 4] {
+        let mut procs: Vec<Session> = (0..n).map(|_| proxy(&redis.url())).collect();
+        let keys: Vec<String> = (0..20).map(|i| format!("fleet{n}-{i}")).collect();
+        for s in &mut procs {
+            for (i, k) in keys.iter().enumerate() {
+                s.call_with(json!(i), keyed(k, json!({"mode": "slow", "ms": 100})));
+            }
+        }
+        let mut first: Vec<Option<u64>> = vec![None; keys.len()];
+        for s in &mut procs {
+            for (i, k) in keys.iter().enumerate() {
+                let r = s.result(&json!(i));
+                assert_eq!(text(&r), k.as_str(), "{r}");
+                let pid = ran_in(&r);
+                assert_eq!(*first[i].get_or_insert(pid), pid, "the same result: {r}");
+            }
+        }
+        let runs: usize = procs.iter().map(|s| s.executions("echo")).sum();
+        assert_eq!(runs, keys.len(), "each key ran once across {n} proxies");
+    }
+    // Every key has a TTL, and the keys of a scope share its hash tag.
+    let keys = redis.cli(&["KEYS", "*"]);
+    assert!(keys.lines().count() > 40, "{keys}");
+    for k in keys.lines() {
+        assert!(k.starts_with("mcp-retry:v1:{"), "{k}");
+        let ttl: i64 = redis.cli(&["PTTL", k]).trim().parse().unwrap();
+        assert!(ttl > 0, "{k} has no TTL ({ttl})");
+    }
+}
+
+#[test]
+fn a_twin_on_another_proxy_waits_for_the_result() {
+    if !have_redis("a_twin_on_another_proxy_waits_for_the_result") {
+        return;
+    }
+    let redis = RedisServer::start(&[]);
+    let mut a = proxy(&redis.url());
+    let mut b = proxy(&redis.url());
+    a.call_with(
+        json!(1),
+        keyed("twin-1", json!({"mode": "slow", "ms": 1500})),
+    );
+    eventually("the call to reach the server", || a.executions("echo") == 1);
+    b.call_with(
+        json!(1),
+        keyed("twin-1", json!({"mode": "slow", "ms": 1500})),
+    );
+    let ra = a.result(&json!(1));
+    let rb = b.result(&json!(1));
+    assert_eq!(source_marker(&rb), Some("dedup"), "{rb}");
+    assert_eq!(ran_in(&ra), ran_in(&rb));
+    assert_eq!(b.executions("echo"), 0, "the twin never ran it");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again() {
+    if !have_redis("a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again") {
+        return;
+    }
+    let redis = RedisServer::start(&[]);
+    let mut a = proxy(&redis.url());
+    let mut b = proxy(&redis.url());
+    a.call_with(json!(1), keyed("kill-1", json!({"mode": "hang"})));
+    eventually("the call to reach the server", || a.executions("echo") == 1);
+    a.signal(libc::SIGKILL);
+    a.wait();
+    // Within the lease the twin waits; once it is gone: unknown.
+    b.call_with(json!(1), keyed("kill-1", json!({})));
+    let e = b.error(&json!(1));
+    assert_eq!(proxy_reason(&e), "earlier_attempt_unknown", "{e}");
+    assert_eq!(e["data"]["cause"], "owner_lost", "{e}");
+    assert_eq!(b.executions("echo"), 0);
+    // Listed in the scope's capped set of unknown outcomes.
+    let listed = redis.cli(&["KEYS", "*:unknown"]);
+    let set = listed.lines().next().expect("an unknown list");
+    assert_eq!(redis.cli(&["ZCARD", set]).trim(), "1");
+    // A new proxy is told at start.
+    let c = proxy(&redis.url());
+    eventually("the start's count of unknown outcomes", || {
+        c.logged("1 keyed call(s) of this server have an unknown outcome")
+    });
+}
+
+#[test]
+fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
+    if !have_redis("an_outage_falls_back_to_the_local_store_and_redis_is_used_again") {
+        return;
+    }
+    let mut redis = RedisServer::start(&[]);
+    let mut a = proxy(&redis.url());
+    a.call_with(json!(1), keyed("out-1", json!({})));
+    assert_eq!(text(&a.result(&json!(1))), "out-1");
+    redis.stop();
+    // Keyed calls go on, answered well within their deadlines.
+    let started = Instant::now();
+    for i in 2..8 {
+        let k = format!("out-{i}");
+        a.call_with(json!(i), keyed(&k, json!({})));
+        assert_eq!(text(&a.result(&json!(i))), k);
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The local store keeps keys meanwhile: a repeat is replayed.
+    a.call_with(json!(8), keyed("out-3", json!({})));
+    assert_eq!(source_marker(&a.result(&json!(8))), Some("dedup"));
+    assert_eq!(a.executions("echo"), 7);
+    let said = a.stderr();
+    assert_eq!(
+        said.matches("is unreachable").count(),
+        1,
+        "once per outage: {said}"
+    );
+    assert!(
+        said.contains("use the local store until it is back"),
+        "{said}"
+    );
+    redis.spawn();
+    // Back: the next keyed call after the breaker's cooldown uses it.
+    let deadline = Instant::now() + util::wait();
+    let mut i = 10;
+    while !a.stderr().contains("is back after") {
+        assert!(
+            Instant::now() < deadline,
+            "Redis was not used again: {}",
+            a.stderr()
+        );
+        i += 1;
+        a.call_with(json!(i), keyed(&format!("back-{i}"), json!({})));
+        a.result(&json!(i));
+        thread::sleep(Duration::from_millis(100));
+    }
+    // Sharing resumes: another proxy replays a key `a` ran after.
+    a.call_with(json!(100), keyed("shared-after", json!({})));
+    a.result(&json!(100));
+    let mut b = proxy(&redis.url());
+    b.call_with(json!(1), keyed("shared-after", json!({})));
+    let r = b.result(&json!(1));
+    assert_eq!(source_marker(&r), Some("dedup"), "{r} {}", b.stderr());
+    assert_eq!(b.executions("echo"), 0);
+}
+
+#[test]
+fn an_unreachable_store_keeps_calls_served_and_a_bad_one_is_refused() {
+    if !have_redis("an_unreachable_store_keeps_calls_served_and_a_bad_one_is_refused") {
+        return;
+    }
+    let mut s = proxy("redis://127.0.0.1:1");
+    s.call(json!(1), "echo", json!({"text": "keyless"}));
+    assert_eq!(text(&s.result(&json!(1))), "keyless");
+    s.call_with(json!(2), keyed("k-1", json!({})));
+    assert_eq!(text(&s.result(&json!(2))), "k-1");
+    eventually("the warning", || {
+        s.logged("redis://127.0.0.1:1 is unreachable")
+    });
+    // With `refuse`, a keyed call of an unsafe tool is refused instead.
+    let mut r = proxy_with(
+        "store: redis://127.0.0.1:1\nstore_unavailable: refuse",
+        "",
+        &[],
+    );
+    r.call_with(json!(1), keyed("k-1", json!({})));
+    assert_eq!(proxy_reason(&r.error(&json!(1))), "store_unavailable");
+    assert_eq!(r.executions("echo"), 0);
+    let dir = TempDir::new();
+    let path = dir.write(
+        "c.yaml",
+        &config("store: foo://x", "").replace("{mock}", util::MOCK),
+    );
+    let (code, _, err) = run(&["run", "--config", &path.display().to_string()], &[]);
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains(":1: store: expected memory, local, or a Redis URL"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
+    if !have_redis("a_password_never_appears_in_logs_errors_status_check_or_stats") {
+        return;
+    }
+    const PW: &str = "S3cret-Pw-q7Z";
+    const WRONG: &str = "Wr0ng-Pw-k2Y";
+    let redis = RedisServer::start(&["--requirepass", PW]);
+    let top = format!(
+        "store: redis://default:${{REDIS_PW}}@127.0.0.1:{}",
+        redis.port
+    );
+    let stats = TempDir::new();
+    let stats_file = stats.join("stats.json").display().to_string();
+    let b = Builder::config(&config(&top, ""))
+        .with_logs()
+        .env("REDIS_PW", PW)
+        .arg("--stats-file")
+        .arg(&stats_file);
+    let mut a = b.initialized();
+    a.call_with(json!(1), keyed("pw-1", json!({})));
+    assert_eq!(text(&a.result(&json!(1))), "pw-1");
+    assert!(!redis
+        .cli(&["-a", PW, "--no-auth-warning", "KEYS", "*"])
+        .is_empty());
+    let runtime = a.dir.join("runtime");
+    let (_, status, status_err) = run(&["status", "--dir", &runtime.display().to_string()], &[]);
+    let (_, status_json, _) = run(
+        &["status", "--json", "--dir", &runtime.display().to_string()],
+        &[],
+    );
+    let config_path = a.dir.join("c.yaml").display().to_string();
+    let (_, checked, check_err) = run(&["check", "--config", &config_path], &[("REDIS_PW", PW)]);
+    assert!(
+        checked.contains(&format!(
+            "[UP  ] store  redis://default:[redacted]@127.0.0.1:{}",
+            redis.port
+        )),
+        "{checked}"
+    );
+    assert!(checked.contains("maxmemory_policy noeviction"), "{checked}");
+    let log = stop(a);
+    let stats_text = std::fs::read_to_string(&stats_file).unwrap_or_default();
+    // A wrong password: refused by Redis, and not shown either.
+    let mut w = proxy_with(&top, "", &[("REDIS_PW", WRONG)]);
+    w.call_with(json!(1), keyed("pw-2", json!({})));
+    w.result(&json!(1));
+    eventually("the refusal", || w.logged("is unreachable"));
+    let wrong_log = stop(w);
+    // --store refuses a URL with a password, without showing it.
+    let (code, _, refused) = run(
+        &[
+            "run",
+            "--store",
+            &format!("redis://u:{PW}@127.0.0.1:{}", redis.port),
+            "--",
+            util::MOCK,
+        ],
+        &[],
+    );
+    assert_ne!(code, Some(0));
+    assert!(
+        refused.contains("--store") && refused.contains("password"),
+        "{refused}"
+    );
+    for (what, text) in [
+        ("the log", &log),
+        ("status", &status),
+        ("status's stderr", &status_err),
+        ("status --json", &status_json),
+        ("check", &checked),
+        ("check's stderr", &check_err),
+        ("the stats file", &stats_text),
+        ("the refusal of --store", &refused),
+    ] {
+        assert!(!text.contains(PW), "{what} shows the password: {text}");
+    }
+    assert!(!wrong_log.contains(WRONG), "{wrong_log}");
+}
+
+#[test]
+fn an_eviction_policy_other_than_noeviction_is_warned_about() {
+    if !have_redis("an_eviction_policy_other_than_noeviction_is_warned_about") {
+        return;
+    }
+    let redis = RedisServer::start(&["--maxmemory-policy", "allkeys-lru"]);
+    let top = format!("store: {}", redis.url());
+    let s = proxy(&redis.url());
+    eventually("the warning", || {
+        s.logged("maxmemory_policy is allkeys-lru, not noeviction")
+    });
+    let dir = TempDir::new();
+    let path = dir.write("c.yaml", &config(&top, "").replace("{mock}", util::MOCK));
+    let (_, out, _) = run(&["check", "--config", &path.display().to_string()], &[]);
+    assert!(out.contains("maxmemory_policy allkeys-lru"), "{out}");
+    assert!(
+        out.contains("warning: maxmemory_policy is allkeys-lru"),
+        "{out}"
+    );
+}
+
+#[test]
+fn cluster_and_sentinel_are_refused() {
+    if !have_redis("cluster_and_sentinel_are_refused") {
+        return;
+    }
+    let nodes = TempDir::new();
+    let redis = RedisServer::start(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        &nodes.join("nodes.conf").display().to_string(),
+    ]);
+    let mut s = proxy(&redis.url());
+    s.call_with(json!(1), keyed("c-1", json!({})));
+    assert_eq!(
+        text(&s.result(&json!(1))),
+        "c-1",
+        "served by the local store"
+    );
+    eventually("the refusal", || {
+        s.logged("Redis Cluster node, which is not supported")
+    });
+    let dir = TempDir::new();
+    let top = "store: redis+sentinel://127.0.0.1:26379/mymaster";
+    let path = dir.write("c.yaml", &config(top, "").replace("{mock}", util::MOCK));
+    let (code, _, err) = run(&["run", "--config", &path.display().to_string()], &[]);
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains(":1: store: Redis Sentinel is not supported"),
+        "{err}"
+    );
+}
+
+/// A CA and a certificate for 127.0.0.1 it signed, in `dir` (openssl).
+fn make_certs(dir: &Path) {
+    let sh = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl runs")
+            .success();
+        assert!(ok, "openssl {args:?}");
+    };
+    sh(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=mcp-retry test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    sh(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    sh(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "server.pem",
+    ]);
+}
+
+#[test]
+fn rediss_with_a_private_ca() {
+    if !have_redis("rediss_with_a_private_ca") {
+        return;
+    }
+    let certs = TempDir::new();
+    make_certs(certs.path());
+    let redis = RedisServer::start_tls(certs.path());
+    let top = format!(
+        "store: {}\nstore_ca_file: {}",
+        redis.url(),
+        certs.join("ca.pem").display()
+    );
+    let mut a = proxy_with(&top, "", &[]);
+    a.call_with(json!(1), keyed("tls-1", json!({})));
+    assert_eq!(text(&a.result(&json!(1))), "tls-1");
+    let mut b = proxy_with(&top, "", &[]);
+    b.call_with(json!(1), keyed("tls-1", json!({})));
+    let r = b.result(&json!(1));
+    assert_eq!(source_marker(&r), Some("dedup"), "{r} {}", b.stderr());
+    assert!(a.not_logged("unreachable"), "{}", a.stderr());
+    // Without the CA the certificate is not trusted: the store is not used.
+    let c = proxy(&redis.url());
+    eventually("the refusal", || c.logged("is unreachable"));
+}
+
+#[test]
+fn a_redis_that_never_answers_costs_each_operation_at_most_its_deadline() {
+    // A port that takes connections and never answers (no redis-server
+    // needed): each store operation gives up after 250 ms, the store's
+    // breaker opens after three, and keyed calls go on meanwhile.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c),
+                Err(_) => break,
+            }
+        }
+    });
+    let mut s = proxy(&format!("redis://127.0.0.1:{port}"));
+    let started = Instant::now();
+    for i in 0..10 {
+        let k = format!("silent-{i}");
+        s.call_with(json!(i), keyed(&k, json!({})));
+        assert_eq!(text(&s.result(&json!(i))), k);
+    }
+    // Three operations wait 250 ms each at most (the start's count among
+    // them); the breaker's trials one more each second.
+    assert!(
+        started.elapsed() < util::scaled(Duration::from_secs(10)),
+        "{:?}",
+        started.elapsed()
+    );
+    let said = s.stderr();
+    assert_eq!(said.matches("is unreachable").count(), 1, "{said}");
+    assert!(
+        said.contains("no answer within the operation's 250 ms"),
+        "{said}"
+    );
+}
