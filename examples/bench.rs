@@ -30,7 +30,14 @@
 //! replaces just that section of the results block. (`--pressure-only` runs
 //! just the memory scenarios under pressure, printed only.)
 //!
-//! Usage: `bench [--reps N] [--quick] [--pressure-only] [--start-only]
+//! It measures keyed calls (a new `_meta.idempotencyKey` each, of the
+//! unannotated `echo`) and keyless ones through `--store memory` and
+//! `--store local` (a temporary `MCP_RETRY_STATE_DIR`) in the same rounds:
+//! what a key adds to a call's p50 and p99, and calls per second with 64 in
+//! flight. `--store-only` runs just that section (and, with `--write FILE`,
+//! replaces just it).
+//!
+//! Usage: `bench [--reps N] [--quick] [--pressure-only] [--start-only] [--store-only]
 //! [--baseline [LABEL=]MCP_RETRY]...
 //! [--otel ENDPOINT] [--write FILE]` (`--baseline` measures another
 //! mcp-retry binary in the same rounds, for before/after figures; given
@@ -99,6 +106,7 @@ fn main() {
         otel: None,
         pressure_only: false,
         start_only: false,
+        store_only: false,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -113,6 +121,7 @@ fn main() {
             "--quick" => opts.quick = true,
             "--pressure-only" => opts.pressure_only = true,
             "--start-only" => opts.start_only = true,
+            "--store-only" => opts.store_only = true,
             "--baseline" => {
                 let arg = it
                     .next()
@@ -134,7 +143,7 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
+                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--store-only] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
@@ -247,6 +256,8 @@ struct Options {
     /// Only the time to the first `tools/list` of a slow server (printed;
     /// with `--write`, replaces just that section of the results block).
     start_only: bool,
+    /// Only keyed calls and the store (likewise).
+    store_only: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -682,6 +693,16 @@ fn pipelined(
     window: usize,
     arguments: impl Fn(u64) -> String + Send + Sync,
 ) -> (Duration, usize) {
+    pipelined_lines(s, calls, window, |id| call_line(id, &arguments(id)))
+}
+
+/// [`pipelined`] with each request line made by `line` from its id.
+fn pipelined_lines(
+    s: &mut Session,
+    calls: usize,
+    window: usize,
+    line: impl Fn(u64) -> Vec<u8> + Send + Sync,
+) -> (Duration, usize) {
     let first = s.next_id;
     s.next_id += calls as u64;
     let (tokens_tx, tokens_rx) = crossbeam_channel::bounded::<()>(window);
@@ -691,8 +712,8 @@ fn pipelined(
     let via = s.via;
     let start = Instant::now();
     let mut bytes = 0usize;
-    let (to, from, line) = (&mut s.to, &mut s.from, &mut s.line);
-    let arguments = &arguments;
+    let (to, from, buf) = (&mut s.to, &mut s.from, &mut s.line);
+    let make = &line;
     thread::scope(|scope| {
         scope.spawn(move || {
             for i in 0..calls as u64 {
@@ -704,14 +725,14 @@ fn pipelined(
                     }
                 }
                 let id = first + i;
-                if to.write_all(&call_line(id, &arguments(id))).is_err() {
+                if to.write_all(&make(id)).is_err() {
                     return;
                 }
             }
             let _ = to.flush();
         });
         for _ in 0..calls {
-            bytes += read_response(from, line, via);
+            bytes += read_response(from, buf, via);
             let _ = tokens_tx.try_send(());
         }
     });
@@ -1898,7 +1919,19 @@ fn run_all(opts: &Options) {
         let section = first_list_section(&first_list(&bins, opts.quick));
         println!("{section}");
         if let Some(path) = &opts.write {
-            match write_start_section(path, &section) {
+            match write_section(path, (START_BEGIN, START_END), &section) {
+                Ok(()) => eprintln!("bench: section written to {}", path.display()),
+                Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
+            }
+        }
+        return;
+    }
+    if opts.store_only {
+        let (r, conditions) = store_costs(&bins, reps, opts.quick);
+        let section = store_section(&r, &conditions, reps, opts.quick);
+        println!("{section}");
+        if let Some(path) = &opts.write {
+            match write_section(path, (STORE_BEGIN, STORE_END), &section) {
                 Ok(()) => eprintln!("bench: section written to {}", path.display()),
                 Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
             }
@@ -1921,6 +1954,7 @@ fn run_all(opts: &Options) {
     eprintln!("bench: check ...");
     let check = check(&bins, 3);
     let first = first_list(&bins, opts.quick);
+    let (store, store_conditions) = store_costs(&bins, reps, opts.quick);
     eprintln!("bench: start-up ...");
     let start_proxy = startup(&bins.proxy, &["--version"], STARTUP_RUNS);
     let start_true = startup(Path::new("/bin/true"), &[], STARTUP_RUNS);
@@ -2261,6 +2295,8 @@ fn run_all(opts: &Options) {
     report.push_str(&t.0);
     report.push('\n');
     report.push_str(&first_list_section(&first));
+    report.push('\n');
+    report.push_str(&store_section(&store, &store_conditions, reps, opts.quick));
     let _ = write!(
         report,
         "\nMemory under pressure (each scenario in a fresh process; the mock's `deaf` mode stops reading its stdin for {:.0} s):\n\n{pressure}",
@@ -2286,21 +2322,25 @@ const END: &str = "<!-- bench:end -->";
 /// The first-`tools/list` section's own markers, inside the results block.
 const START_BEGIN: &str = "<!-- bench:start:begin -->";
 const START_END: &str = "<!-- bench:start:end -->";
+/// The store's section's own markers, inside the results block.
+const STORE_BEGIN: &str = "<!-- bench:store:begin -->";
+const STORE_END: &str = "<!-- bench:store:end -->";
 
-/// Replaces the first-`tools/list` section in the results block of `path`
-/// (`--start-only --write`); an error if the file has none.
-fn write_start_section(path: &Path, section: &str) -> io::Result<()> {
+/// Replaces the section between `begin` and `end` in the results block
+/// of `path` (`--start-only --write`, `--store-only --write`); an error if
+/// the file has none.
+fn write_section(path: &Path, (begin, end): (&str, &str), section: &str) -> io::Result<()> {
     let old = fs::read_to_string(path)?;
-    let new = match (old.find(START_BEGIN), old.find(START_END)) {
+    let new = match (old.find(begin), old.find(end)) {
         (Some(b), Some(e)) if b < e => format!(
             "{}{}{}",
             &old[..b],
             section.trim_end(),
-            &old[e + START_END.len()..]
+            &old[e + end.len()..]
         ),
         _ => {
             return Err(io::Error::other(format!(
-                "no {START_BEGIN} … {START_END} section (run the whole bench with --write first)"
+                "no {begin} … {end} section (run the whole bench with --write first)"
             )))
         }
     };
@@ -2320,4 +2360,272 @@ fn write_results(path: &Path, report: &str) -> io::Result<()> {
         _ => format!("{}\n## Latest results\n\n{block}\n", old.trim_end()),
     };
     fs::write(path, new)
+}
+
+// ---------------------------------------------------------------------------
+// Keyed calls and the store
+// ---------------------------------------------------------------------------
+
+/// Sequential calls of each kind (keyless, keyed) per store and repetition.
+const STORE_SEQ_CALLS: usize = 500;
+/// Pipelined calls of each kind per store and repetition.
+const STORE_PIPE_CALLS: usize = 3000;
+const STORE_WARMUP: usize = 50;
+/// The stores measured, as `mcp-retry run --store NAME`; the first is the
+/// one without a store thread, what a keyless call cost before the store.
+const STORES: [&str; 2] = ["memory", "local"];
+
+/// One store's figures, per round where they are compared.
+#[derive(Default, Clone)]
+struct StoreRep {
+    keyless_p50: Vec<Duration>,
+    keyless_p99: Vec<Duration>,
+    keyed_p50: Vec<Duration>,
+    keyed_p99: Vec<Duration>,
+    /// Per round: the keyed call's p50 (p99) less the keyless call's, on
+    /// the same session, in seconds.
+    added_p50: Vec<f64>,
+    added_p99: Vec<f64>,
+    /// Per round: the keyless p50 over `memory`'s keyless p50.
+    keyless_vs_memory: Vec<f64>,
+    keyless_calls_per_s: Vec<f64>,
+    keyed_calls_per_s: Vec<f64>,
+    /// Per round: keyless calls per second over `memory`'s.
+    keyless_rate_vs_memory: Vec<f64>,
+}
+
+/// A keyed `tools/call` of the unannotated (so not known to be safe) tool
+/// `echo`, its key `_meta.idempotencyKey` new for every call.
+fn keyed_line(id: u64, nonce: &str) -> Vec<u8> {
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"seq\":{id}}},\"_meta\":{{\"idempotencyKey\":\"{nonce}-{id}\"}}}}}}\n"
+    )
+    .into_bytes()
+}
+
+/// One call whose line `line` makes from its id, waited for.
+fn one_line(s: &mut Session, line: &dyn Fn(u64) -> Vec<u8>) -> Duration {
+    let id = s.next_id;
+    s.next_id += 1;
+    let line = line(id);
+    let t = Instant::now();
+    s.send(&line);
+    s.flush();
+    s.recv();
+    t.elapsed()
+}
+
+/// `mcp-retry run --store STORE -- mock --fast`, the state directory `dir`.
+fn store_session(bins: &Bins, store: &str, dir: &Path) -> Session {
+    let mut c = Command::new(&bins.proxy);
+    c.args(["run", "--store", store, "--"])
+        .args(bins.fast_server())
+        .env("MCP_RETRY_STATE_DIR", dir)
+        .env_remove("MCP_RETRY_STORE");
+    for var in OTEL_VARS {
+        c.env_remove(var);
+    }
+    Session::start_command(c, Via::Proxy)
+}
+
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "n/a".into())
+}
+
+/// Keyless and keyed calls through each store, in the same rounds: for each
+/// repetition one session per store; sequential calls in `BLOCKS` rounds,
+/// the four (store, kind) pairs taking turns in rotating order, then
+/// pipelined calls, 64 in flight, the same way.
+fn store_costs(bins: &Bins, reps: usize, quick: bool) -> (Vec<StoreRep>, String) {
+    let scale = if quick { 10 } else { 1 };
+    let (seq, pipe) = (STORE_SEQ_CALLS / scale, STORE_PIPE_CALLS / scale);
+    let dir = std::env::temp_dir().join(format!("mcp-retry-bench-store-{}", process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let load_before = load_average();
+    let mut out = vec![StoreRep::default(); STORES.len()];
+    // (store, keyed) pairs.
+    let pairs: Vec<(usize, bool)> = (0..STORES.len())
+        .flat_map(|i| [(i, false), (i, true)])
+        .collect();
+    let nonce =
+        |rep: usize, i: usize, what: &str| format!("bench-{}-{rep}-{i}-{what}", process::id());
+    for rep in 0..reps {
+        eprint!("bench: the store, rep {} of {reps}: sequential", rep + 1);
+        let mut sessions: Vec<Session> = STORES
+            .iter()
+            .map(|st| store_session(bins, st, &dir))
+            .collect();
+        for (i, s) in sessions.iter_mut().enumerate() {
+            let n = nonce(rep, i, "warm");
+            for _ in 0..STORE_WARMUP {
+                one_call(s);
+                one_line(s, &|id| keyed_line(id, &n));
+            }
+        }
+        let mut all: Vec<[Vec<Duration>; 2]> = vec![[Vec::new(), Vec::new()]; STORES.len()];
+        for block in 0..BLOCKS {
+            let mut round: Vec<[Vec<Duration>; 2]> = vec![[Vec::new(), Vec::new()]; STORES.len()];
+            for k in 0..pairs.len() {
+                let (i, keyed) = pairs[(k + block + rep) % pairs.len()];
+                let n = nonce(rep, i, "seq");
+                let s = &mut sessions[i];
+                for _ in 0..seq / BLOCKS {
+                    let t = if keyed {
+                        one_line(s, &|id| keyed_line(id, &n))
+                    } else {
+                        one_call(s)
+                    };
+                    round[i][usize::from(keyed)].push(t);
+                }
+            }
+            for r in &mut round {
+                r[0].sort();
+                r[1].sort();
+            }
+            let base = percentile(&round[0][0], 0.50).as_secs_f64();
+            for (i, r) in round.iter().enumerate() {
+                let added = |p: f64| {
+                    percentile(&r[1], p).as_secs_f64() - percentile(&r[0], p).as_secs_f64()
+                };
+                out[i].added_p50.push(added(0.50));
+                out[i].added_p99.push(added(0.99));
+                out[i]
+                    .keyless_vs_memory
+                    .push(percentile(&r[0], 0.50).as_secs_f64() / base);
+                all[i][0].extend_from_slice(&r[0]);
+                all[i][1].extend_from_slice(&r[1]);
+            }
+        }
+        for (i, a) in all.iter_mut().enumerate() {
+            a[0].sort();
+            a[1].sort();
+            out[i].keyless_p50.push(percentile(&a[0], 0.50));
+            out[i].keyless_p99.push(percentile(&a[0], 0.99));
+            out[i].keyed_p50.push(percentile(&a[1], 0.50));
+            out[i].keyed_p99.push(percentile(&a[1], 0.99));
+        }
+
+        eprint!(", pipelined");
+        let mut elapsed = vec![[Duration::ZERO; 2]; STORES.len()];
+        for block in 0..BLOCKS {
+            let mut round = vec![[Duration::ZERO; 2]; STORES.len()];
+            for k in 0..pairs.len() {
+                let (i, keyed) = pairs[(k + block + rep) % pairs.len()];
+                let n = nonce(rep, i, "pipe");
+                let s = &mut sessions[i];
+                let (t, _) = if keyed {
+                    pipelined_lines(s, pipe / BLOCKS, PIPE_WINDOW, |id| keyed_line(id, &n))
+                } else {
+                    pipelined(s, pipe / BLOCKS, PIPE_WINDOW, |id| {
+                        format!("{{\"seq\":{id}}}")
+                    })
+                };
+                round[i][usize::from(keyed)] = t;
+                elapsed[i][usize::from(keyed)] += t;
+            }
+            for (i, r) in round.iter().enumerate() {
+                // Same number of calls: the rate ratio is the inverse time ratio.
+                out[i]
+                    .keyless_rate_vs_memory
+                    .push(round[0][0].as_secs_f64() / r[0].as_secs_f64());
+            }
+        }
+        let calls = (pipe / BLOCKS * BLOCKS) as f64;
+        for (i, e) in elapsed.iter().enumerate() {
+            out[i].keyless_calls_per_s.push(calls / e[0].as_secs_f64());
+            out[i].keyed_calls_per_s.push(calls / e[1].as_secs_f64());
+        }
+        for s in sessions {
+            s.close();
+        }
+        eprintln!(" done");
+    }
+    let _ = fs::remove_dir_all(&dir);
+    let conditions = format!(
+        "load average {load_before} before, {} after",
+        load_average()
+    );
+    (out, conditions)
+}
+
+/// The store's section: its heading line and table, between markers of its
+/// own, so that `--store-only --write` can replace just it.
+fn store_section(r: &[StoreRep], conditions: &str, reps: usize, quick: bool) -> String {
+    let scale = if quick { 10 } else { 1 };
+    let mut t = format!(
+        "{STORE_BEGIN}\nKeyed calls and the store (`mcp-retry run --store memory|local`, the mock's `--fast` mode; `echo` is unannotated, so a keyed call claims its key before it is sent and records its result after; a new key for every call; medians of {reps} repetitions of {} sequential and {} pipelined calls of each kind per store, in {BLOCKS} rounds taking turns; {conditions}):\n\n| measure | store: memory | store: local | target | met |\n|---|--:|--:|---|:-:|\n",
+        STORE_SEQ_CALLS / scale,
+        STORE_PIPE_CALLS / scale,
+    );
+    let both = |f: &dyn Fn(&StoreRep) -> String| [f(&r[0]), f(&r[1])];
+    let mut row = |what: &str, cells: [String; 2], target: &str, met: &str| {
+        let _ = writeln!(
+            t,
+            "| {what} | {} | {} | {target} | {met} |",
+            cells[0], cells[1]
+        );
+    };
+    let msf = |x: Option<f64>| x.map_or("n/a".into(), |x| format!("{:.2} ms", x * 1e3));
+    let p50_p99 = |p50: &dyn Fn(&StoreRep) -> &[Duration],
+                   p99: &dyn Fn(&StoreRep) -> &[Duration]| {
+        both(&|s| format!("{}; {}", us(median_d(p50(s))), us(median_d(p99(s)))))
+    };
+    row(
+        "sequential keyless call, p50; p99",
+        p50_p99(&|s| &s.keyless_p50, &|s| &s.keyless_p99),
+        "",
+        "",
+    );
+    let keyless = median_f(&r[1].keyless_vs_memory);
+    row(
+        "keyless p50 over `memory`'s in the same round",
+        both(&|s| fmt_ratio(median_f(&s.keyless_vs_memory))),
+        "`local` ≤ 1.05×",
+        verdict(keyless.map(|x| x <= 1.05)),
+    );
+    row(
+        "sequential keyed call, p50; p99",
+        p50_p99(&|s| &s.keyed_p50, &|s| &s.keyed_p99),
+        "",
+        "",
+    );
+    let added = median_f(&r[1].added_p50);
+    row(
+        "keyed call: added p50 over a keyless call (same session and round)",
+        both(&|s| msf(median_f(&s.added_p50))),
+        "`local` ≤ 2 ms",
+        verdict(added.map(|x| x <= 0.002)),
+    );
+    row(
+        "keyed call: added p99",
+        both(&|s| msf(median_f(&s.added_p99))),
+        "",
+        "",
+    );
+    let rate = |x: Option<f64>| x.map_or("n/a".into(), |x| format!("{x:.0} calls/s"));
+    row(
+        &format!("pipelined keyless calls, {PIPE_WINDOW} in flight"),
+        both(&|s| rate(median_f(&s.keyless_calls_per_s))),
+        "",
+        "",
+    );
+    let keyless_rate = median_f(&r[1].keyless_rate_vs_memory);
+    row(
+        "pipelined keyless calls/s over `memory`'s in the same round",
+        both(&|s| fmt_ratio(median_f(&s.keyless_rate_vs_memory))),
+        "`local` ≥ 0.95×",
+        verdict(keyless_rate.map(|x| x >= 0.95)),
+    );
+    row(
+        &format!("pipelined keyed calls, {PIPE_WINDOW} in flight"),
+        both(&|s| rate(median_f(&s.keyed_calls_per_s))),
+        "",
+        "",
+    );
+    t.push_str(STORE_END);
+    t.push('\n');
+    t
 }
