@@ -101,8 +101,28 @@ impl std::error::Error for StoreError {}
 /// the same record, from this process or another sharing the engine, comes
 /// between its read and its write.
 pub trait Engine: Send {
+    /// Applies `ops`, in order, each to its record at the engine's clock,
+    /// in one atomic step (for `local`, one write transaction and one
+    /// commit, which is what makes a batch cheaper than its operations one
+    /// by one): each operation's reply, or why that one failed (`Full`, a
+    /// record not ours) while the others stand. Err when the step failed
+    /// as a whole (nothing was written).
+    fn apply_all(&mut self, ops: &[(Id, Op)])
+        -> Result<Vec<Result<Reply, StoreError>>, StoreError>;
     /// Applies `op` to record `id` at the engine's clock.
-    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError>;
+    #[cfg(test)]
+    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
+        let mut replies = self.apply_all(&[(*id, op.clone())])?;
+        replies
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Engine("no reply".into())))
+    }
+    /// Makes what was written survive a power loss as well as the
+    /// process's death (for `local`, a sync of the file); nothing for an
+    /// engine whose writes already do, or never can.
+    fn flush(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Removes up to `max` expired records; how many went.
     fn purge(&mut self, max: usize) -> Result<usize, StoreError>;
     /// How many records are held (expired ones not yet purged included).
@@ -163,7 +183,33 @@ impl Memory {
 }
 
 impl Engine for Memory {
-    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
+    fn apply_all(
+        &mut self,
+        ops: &[(Id, Op)],
+    ) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+        Ok(ops.iter().map(|(id, op)| self.apply_one(id, op)).collect())
+    }
+
+    fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
+        let now = (self.clock)();
+        Ok(self.purge_at(now, max))
+    }
+
+    fn count(&mut self) -> Result<u64, StoreError> {
+        Ok(self.records.len() as u64)
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn place(&self) -> String {
+        "this process".into()
+    }
+}
+
+impl Memory {
+    fn apply_one(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
         let now = (self.clock)();
         let current = self.records.get(id).map(|(r, _)| r);
         let (reply, write) = record::apply(current, op, now);
@@ -189,23 +235,6 @@ impl Engine for Memory {
             }
         }
         Ok(reply)
-    }
-
-    fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
-        let now = (self.clock)();
-        Ok(self.purge_at(now, max))
-    }
-
-    fn count(&mut self) -> Result<u64, StoreError> {
-        Ok(self.records.len() as u64)
-    }
-
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-
-    fn place(&self) -> String {
-        "this process".into()
     }
 }
 
