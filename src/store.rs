@@ -51,6 +51,38 @@ pub fn record_id(scope: &[u8; 32], tool: &str, key: &str) -> Id {
     *h.finalize().as_bytes()
 }
 
+/// A fingerprint of a keyed call's arguments, kept in its record so that
+/// a later call with the same key but other arguments is told apart (and
+/// the log says so, as within one process): BLAKE3 of their canonical JSON
+/// (member order and white space do not count; text that is not JSON is
+/// taken as it is), keyed by the scope, so the store holds no argument's
+/// value and the same arguments to another server, or under other
+/// credentials, do not share a fingerprint. 32 hex digits.
+pub fn args_fingerprint(scope: &[u8; 32], arguments: &str) -> String {
+    struct Blake(blake3::Hasher);
+    impl crate::policy::Sink for Blake {
+        fn put(&mut self, s: &str) {
+            self.0.update(s.as_bytes());
+        }
+    }
+    let start = || {
+        let mut h = blake3::Hasher::new_keyed(scope);
+        h.update(b"mcp-retry record arguments v1\0");
+        Blake(h)
+    };
+    let mut h = start();
+    if crate::policy::canonical_json_to(arguments, &mut h).is_err() {
+        h = start();
+        h.0.update(b"raw\0");
+        h.0.update(arguments.as_bytes());
+    }
+    let digest = h.0.finalize();
+    digest.as_bytes()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The scope of `server`'s records: BLAKE3 over its identity (transport,
 /// command, args, cwd, URL, and the values of env and headers: hashed,
 /// never stored) without the proxy's version, so two servers or two sets
@@ -368,6 +400,19 @@ pub(crate) mod tests {
         c.store_scope = "fleet".into();
         assert_eq!(scope(&b), scope(&c));
         assert_ne!(scope(&b), base);
+    }
+
+    #[test]
+    fn argument_fingerprints_ignore_form_and_differ_by_value_and_scope() {
+        let s = [7; 32];
+        let a = args_fingerprint(&s, r#"{"b": 1, "a": "x"}"#);
+        assert_eq!(a.len(), 32);
+        assert_eq!(a, args_fingerprint(&s, r#"{"a":"x","b":1}"#));
+        assert_ne!(a, args_fingerprint(&s, r#"{"a":"y","b":1}"#));
+        assert_ne!(a, args_fingerprint(&[8; 32], r#"{"a":"x","b":1}"#));
+        let raw = args_fingerprint(&s, "{not json");
+        assert_ne!(raw, args_fingerprint(&s, "{not json!"));
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
     }
 
     #[test]
