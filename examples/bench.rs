@@ -2366,10 +2366,11 @@ fn write_results(path: &Path, report: &str) -> io::Result<()> {
 // Keyed calls and the store
 // ---------------------------------------------------------------------------
 
-/// Sequential calls of each kind (keyless, keyed) per store and repetition.
-const STORE_SEQ_CALLS: usize = 500;
-/// Pipelined calls of each kind per store and repetition.
-const STORE_PIPE_CALLS: usize = 3000;
+/// Sequential keyed calls per store and repetition (keyless ones: as many
+/// as in the hot path).
+const STORE_SEQ_CALLS: usize = 1000;
+/// Pipelined keyed calls per store and repetition.
+const STORE_PIPE_CALLS: usize = 10_000;
 const STORE_WARMUP: usize = 50;
 /// The stores measured, as `mcp-retry run --store NAME`; the first is the
 /// one without a store thread, what a keyless call cost before the store.
@@ -2435,50 +2436,60 @@ fn load_average() -> String {
         .unwrap_or_else(|| "n/a".into())
 }
 
-/// Keyless and keyed calls through each store, in the same rounds: for each
-/// repetition one session per store; sequential calls in `BLOCKS` rounds,
-/// the four (store, kind) pairs taking turns in rotating order, then
-/// pipelined calls, 64 in flight, the same way.
+/// Keyless and keyed calls through each store, in the same rounds: each
+/// repetition is `BLOCKS` rounds, each round with new sessions, one per
+/// store and kind (a session's keyless calls never share its process with
+/// the store's work for keyed calls), taking turns in rotating order:
+/// sequential calls, then pipelined ones, 64 in flight. Keyless calls as
+/// many as in the hot path, keyed ones fewer.
 fn store_costs(bins: &Bins, reps: usize, quick: bool) -> (Vec<StoreRep>, String) {
     let scale = if quick { 10 } else { 1 };
-    let (seq, pipe) = (STORE_SEQ_CALLS / scale, STORE_PIPE_CALLS / scale);
+    // Per kind (keyless, keyed).
+    let seq = [SEQ_CALLS / scale, STORE_SEQ_CALLS / scale];
+    let pipe = [PIPE_CALLS / scale, STORE_PIPE_CALLS / scale];
     let dir = std::env::temp_dir().join(format!("mcp-retry-bench-store-{}", process::id()));
     let _ = fs::remove_dir_all(&dir);
     let load_before = load_average();
     let mut out = vec![StoreRep::default(); STORES.len()];
-    // (store, keyed) pairs.
+    // The sessions' (store, keyed).
     let pairs: Vec<(usize, bool)> = (0..STORES.len())
         .flat_map(|i| [(i, false), (i, true)])
         .collect();
     let nonce =
-        |rep: usize, i: usize, what: &str| format!("bench-{}-{rep}-{i}-{what}", process::id());
-    for rep in 0..reps {
-        eprint!("bench: the store, rep {} of {reps}: sequential", rep + 1);
-        let mut sessions: Vec<Session> = STORES
-            .iter()
-            .map(|st| store_session(bins, st, &dir))
-            .collect();
-        for (i, s) in sessions.iter_mut().enumerate() {
-            let n = nonce(rep, i, "warm");
-            for _ in 0..STORE_WARMUP {
-                one_call(s);
-                one_line(s, &|id| keyed_line(id, &n));
-            }
+        |rep: usize, k: usize, what: &str| format!("bench-{}-{rep}-{k}-{what}", process::id());
+    let call = |s: &mut Session, keyed: bool, n: &str| {
+        if keyed {
+            one_line(s, &|id| keyed_line(id, n))
+        } else {
+            one_call(s)
         }
+    };
+    for rep in 0..reps {
+        eprint!("bench: the store, rep {} of {reps}:", rep + 1);
         let mut all: Vec<[Vec<Duration>; 2]> = vec![[Vec::new(), Vec::new()]; STORES.len()];
+        let mut elapsed = vec![[Duration::ZERO; 2]; STORES.len()];
         for block in 0..BLOCKS {
+            eprint!(" {}", block + 1);
+            // New sessions every round, so that no session's luck (where
+            // its threads run) weighs on every round.
+            let mut sessions: Vec<Session> = pairs
+                .iter()
+                .map(|(i, _)| store_session(bins, STORES[*i], &dir))
+                .collect();
+            let order: Vec<usize> = (0..pairs.len())
+                .map(|j| (j + block + rep) % pairs.len())
+                .collect();
             let mut round: Vec<[Vec<Duration>; 2]> = vec![[Vec::new(), Vec::new()]; STORES.len()];
-            for k in 0..pairs.len() {
-                let (i, keyed) = pairs[(k + block + rep) % pairs.len()];
-                let n = nonce(rep, i, "seq");
-                let s = &mut sessions[i];
-                for _ in 0..seq / BLOCKS {
-                    let t = if keyed {
-                        one_line(s, &|id| keyed_line(id, &n))
-                    } else {
-                        one_call(s)
-                    };
-                    round[i][usize::from(keyed)].push(t);
+            for &k in &order {
+                let (i, keyed) = pairs[k];
+                let n = nonce(rep * BLOCKS + block, k, "seq");
+                let kind = usize::from(keyed);
+                for _ in 0..STORE_WARMUP {
+                    call(&mut sessions[k], keyed, &n);
+                }
+                for _ in 0..seq[kind] / BLOCKS {
+                    let t = call(&mut sessions[k], keyed, &n);
+                    round[i][kind].push(t);
                 }
             }
             for r in &mut round {
@@ -2498,6 +2509,30 @@ fn store_costs(bins: &Bins, reps: usize, quick: bool) -> (Vec<StoreRep>, String)
                 all[i][0].extend_from_slice(&r[0]);
                 all[i][1].extend_from_slice(&r[1]);
             }
+            let mut taken = vec![[Duration::ZERO; 2]; STORES.len()];
+            for &k in &order {
+                let (i, keyed) = pairs[k];
+                let n = nonce(rep * BLOCKS + block, k, "pipe");
+                let kind = usize::from(keyed);
+                let s = &mut sessions[k];
+                let calls = pipe[kind] / BLOCKS;
+                let (t, _) = if keyed {
+                    pipelined_lines(s, calls, PIPE_WINDOW, |id| keyed_line(id, &n))
+                } else {
+                    pipelined(s, calls, PIPE_WINDOW, |id| format!("{{\"seq\":{id}}}"))
+                };
+                taken[i][kind] = t;
+                elapsed[i][kind] += t;
+            }
+            for (i, t) in taken.iter().enumerate() {
+                // Same number of calls: the rate ratio is the inverse time ratio.
+                out[i]
+                    .keyless_rate_vs_memory
+                    .push(taken[0][0].as_secs_f64() / t[0].as_secs_f64());
+            }
+            for s in sessions {
+                s.close();
+            }
         }
         for (i, a) in all.iter_mut().enumerate() {
             a[0].sort();
@@ -2507,39 +2542,10 @@ fn store_costs(bins: &Bins, reps: usize, quick: bool) -> (Vec<StoreRep>, String)
             out[i].keyed_p50.push(percentile(&a[1], 0.50));
             out[i].keyed_p99.push(percentile(&a[1], 0.99));
         }
-
-        eprint!(", pipelined");
-        let mut elapsed = vec![[Duration::ZERO; 2]; STORES.len()];
-        for block in 0..BLOCKS {
-            let mut round = vec![[Duration::ZERO; 2]; STORES.len()];
-            for k in 0..pairs.len() {
-                let (i, keyed) = pairs[(k + block + rep) % pairs.len()];
-                let n = nonce(rep, i, "pipe");
-                let s = &mut sessions[i];
-                let (t, _) = if keyed {
-                    pipelined_lines(s, pipe / BLOCKS, PIPE_WINDOW, |id| keyed_line(id, &n))
-                } else {
-                    pipelined(s, pipe / BLOCKS, PIPE_WINDOW, |id| {
-                        format!("{{\"seq\":{id}}}")
-                    })
-                };
-                round[i][usize::from(keyed)] = t;
-                elapsed[i][usize::from(keyed)] += t;
-            }
-            for (i, r) in round.iter().enumerate() {
-                // Same number of calls: the rate ratio is the inverse time ratio.
-                out[i]
-                    .keyless_rate_vs_memory
-                    .push(round[0][0].as_secs_f64() / r[0].as_secs_f64());
-            }
-        }
-        let calls = (pipe / BLOCKS * BLOCKS) as f64;
         for (i, e) in elapsed.iter().enumerate() {
-            out[i].keyless_calls_per_s.push(calls / e[0].as_secs_f64());
-            out[i].keyed_calls_per_s.push(calls / e[1].as_secs_f64());
-        }
-        for s in sessions {
-            s.close();
+            let rate = |kind: usize| (pipe[kind] / BLOCKS * BLOCKS) as f64 / e[kind].as_secs_f64();
+            out[i].keyless_calls_per_s.push(rate(0));
+            out[i].keyed_calls_per_s.push(rate(1));
         }
         eprintln!(" done");
     }
@@ -2556,8 +2562,10 @@ fn store_costs(bins: &Bins, reps: usize, quick: bool) -> (Vec<StoreRep>, String)
 fn store_section(r: &[StoreRep], conditions: &str, reps: usize, quick: bool) -> String {
     let scale = if quick { 10 } else { 1 };
     let mut t = format!(
-        "{STORE_BEGIN}\nKeyed calls and the store (`mcp-retry run --store memory|local`, the mock's `--fast` mode; `echo` is unannotated, so a keyed call claims its key before it is sent and records its result after; a new key for every call; medians of {reps} repetitions of {} sequential and {} pipelined calls of each kind per store, in {BLOCKS} rounds taking turns; {conditions}):\n\n| measure | store: memory | store: local | target | met |\n|---|--:|--:|---|:-:|\n",
+        "{STORE_BEGIN}\nKeyed calls and the store (`mcp-retry run --store memory|local`, the mock's `--fast` mode; `echo` is unannotated, so a keyed call claims its key before it is sent and records its result after; a new key for every call; new sessions every round, one per store and kind; medians of {reps} repetitions of {} keyless and {} keyed sequential calls and {} keyless and {} keyed pipelined calls per store, in {BLOCKS} rounds taking turns; {conditions}):\n\n| measure | store: memory | store: local | target | met |\n|---|--:|--:|---|:-:|\n",
+        SEQ_CALLS / scale,
         STORE_SEQ_CALLS / scale,
+        PIPE_CALLS / scale,
         STORE_PIPE_CALLS / scale,
     );
     let both = |f: &dyn Fn(&StoreRep) -> String| [f(&r[0]), f(&r[1])];
@@ -2594,7 +2602,7 @@ fn store_section(r: &[StoreRep], conditions: &str, reps: usize, quick: bool) -> 
     );
     let added = median_f(&r[1].added_p50);
     row(
-        "keyed call: added p50 over a keyless call (same session and round)",
+        "keyed call: added p50 over a keyless call in the same round",
         both(&|s| msf(median_f(&s.added_p50))),
         "`local` ≤ 2 ms",
         verdict(added.map(|x| x <= 0.002)),
