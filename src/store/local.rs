@@ -643,6 +643,53 @@ mod tests {
         );
     }
 
+    /// What a power loss may leave: the header of a commit on the disk,
+    /// not all of its pages.
+    fn torn_copy(from: &Path, to: &Path) {
+        let mut bytes = fs::read(from.join(FILE_NAME)).unwrap();
+        for b in &mut bytes[4096..] {
+            *b = 0x5a;
+        }
+        private_files::prepare_dir(to).unwrap();
+        let path = to.join(FILE_NAME);
+        create_private(&path).unwrap();
+        fs::write(&path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_file_torn_by_a_power_loss_is_set_aside_whether_a_writer_lived_or_not() {
+        let (dir, live, closed) = (temp_dir("torn"), temp_dir("live"), temp_dir("closed"));
+        let (clock, _) = fake_clock();
+        let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
+        for i in 0..50 {
+            let id = record_id(&[0; 32], "t", &i.to_string());
+            e.apply(&id, &claim("o")).unwrap();
+        }
+        // A writer lives: redb's recovery flag is set, the next open repairs.
+        torn_copy(&dir, &live);
+        drop(e);
+        // Every writer closed (the file synced first).
+        torn_copy(&dir, &closed);
+        for torn in [&live, &closed] {
+            let (clock, _) = fake_clock();
+            let mut e = Local::open(torn, 1 << 20, clock).unwrap();
+            assert_eq!(e.count().unwrap(), 0);
+            let id = record_id(&[0; 32], "t", "new");
+            assert_eq!(e.apply(&id, &claim("o")).unwrap(), Reply::Claimed);
+            let aside = fs::read_dir(torn.as_ref() as &Path)
+                .unwrap()
+                .filter(|d| {
+                    d.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .contains(".set-aside-")
+                })
+                .count();
+            assert_eq!(aside, 1);
+        }
+    }
+
     #[cfg(unix)]
     #[test]
     fn a_file_of_the_wrong_mode_is_set_aside_and_the_new_one_is_private() {
