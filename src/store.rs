@@ -149,9 +149,10 @@ pub trait Engine: Send {
             .pop()
             .unwrap_or_else(|| Err(StoreError::Engine("no reply".into())))
     }
-    /// Makes what was written survive a power loss as well as the
-    /// process's death (for `local`, a sync of the file); nothing for an
-    /// engine whose writes already do, or never can.
+    /// Has what was written made to survive a power loss as well as the
+    /// process's death (for `local`, a sync of the file, on a thread of its
+    /// own: this returns at once); nothing for an engine whose writes
+    /// already do, or never can.
     fn flush(&mut self) -> Result<(), StoreError> {
         Ok(())
     }

@@ -9,9 +9,12 @@
 //! a record (`policy::record`) or who calls it (the store thread).
 //!
 //! Several processes write the file at once (`ConcurrencyMode::MultiWriter`:
-//! one write transaction at a time, byte-range locks); every operation is
-//! one write transaction, so the read and the write of a record are atomic
-//! across processes. Every commit in that mode is durable (fsync).
+//! one write transaction at a time, byte-range locks); every batch of
+//! operations is one write transaction, so the read and the write of a
+//! record are atomic across processes. A commit reaches the OS, which a
+//! process's death does not lose ([`OsBackend`] holds back redb's syncs);
+//! the file is synced on a thread of its own (`store-sync`) when the store
+//! asks ([`Engine::flush`]) and as it closes.
 
 #![forbid(unsafe_code)]
 
@@ -23,7 +26,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
+use crossbeam_channel::Sender;
 use redb::backends::FileBackend;
 use redb::{
     BackendError, ConcurrencyMode, Database, ReadableDatabase, ReadableTable,
@@ -79,11 +84,15 @@ fn engine_err(e: impl Into<redb::Error>) -> StoreError {
 pub struct Local {
     /// `None` only while being dropped.
     db: Option<Database>,
-    /// The file, for [`Engine::flush`]'s sync.
+    /// The file, for the sync as it closes.
     file: fs::File,
+    /// Asks the `store-sync` thread for a sync (`None`: syncs are made
+    /// here, the thread could not be started).
+    sync_tx: Option<Sender<()>>,
+    sync_thread: Option<JoinHandle<()>>,
     /// Whether redb's own syncs reach the disk (see [`OsBackend`]).
     syncs: Arc<AtomicBool>,
-    /// Commits since the last sync.
+    /// Commits since the last sync was asked for.
     unsynced: bool,
     path: PathBuf,
     max_bytes: u64,
@@ -180,9 +189,18 @@ impl Local {
             }
             Err(Bad::Other(e)) => return Err(StoreError::Engine(e)),
         };
+        let (sync_tx, sync_thread) = match file.try_clone().map(|f| sync_thread(f, &path)) {
+            Ok(Ok((tx, handle))) => (Some(tx), Some(handle)),
+            Ok(Err(e)) | Err(e) => {
+                crate::warn!("store: the file is synced on the store's own thread: {e}");
+                (None, None)
+            }
+        };
         Ok(Local {
             db: Some(db),
             file,
+            sync_tx,
+            sync_thread,
             syncs,
             unsynced: true,
             path,
@@ -256,13 +274,38 @@ impl Local {
     }
 }
 
+/// Starts the `store-sync` thread: a sync of `file` each time it is asked
+/// (asks while one waits count once), so that the store thread, and a
+/// claim behind it, never waits for the disk. It ends when the sender is
+/// dropped.
+fn sync_thread(file: fs::File, path: &Path) -> io::Result<(Sender<()>, JoinHandle<()>)> {
+    let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+    let shown = path.display().to_string();
+    let handle = crate::guard::spawn(
+        "store-sync",
+        "the store's file is synced only as it closes",
+        move || {
+            while rx.recv().is_ok() {
+                if let Err(e) = file.sync_data() {
+                    crate::warn!("store: {shown}: what was written could not be synced: {e}");
+                }
+            }
+        },
+        || {},
+    )?;
+    Ok((tx, handle))
+}
+
 impl Drop for Local {
-    /// The file is synced, and redb's closing commit with it.
+    /// The file is synced (after the `store-sync` thread's last sync), and
+    /// redb's closing commit with it.
     fn drop(&mut self) {
         self.syncs.store(true, Ordering::Release);
-        if self.unsynced {
-            let _ = self.file.sync_data();
+        drop(self.sync_tx.take());
+        if let Some(h) = self.sync_thread.take() {
+            let _ = h.join();
         }
+        let _ = self.file.sync_data();
         drop(self.db.take());
     }
 }
@@ -346,14 +389,23 @@ impl Engine for Local {
         Ok(replies)
     }
 
+    /// Asks the `store-sync` thread for a sync and returns: a sync
+    /// already waiting to start covers what was written since.
     fn flush(&mut self) -> Result<(), StoreError> {
-        if self.unsynced {
-            self.file
-                .sync_data()
-                .map_err(|e| StoreError::Engine(format!("{}: {e}", self.path.display())))?;
-            self.unsynced = false;
+        if !self.unsynced {
+            return Ok(());
         }
-        Ok(())
+        self.unsynced = false;
+        match &self.sync_tx {
+            Some(tx) => {
+                let _ = tx.try_send(());
+                Ok(())
+            }
+            None => self
+                .file
+                .sync_data()
+                .map_err(|e| StoreError::Engine(format!("{}: {e}", self.path.display()))),
+        }
     }
 
     fn purge(&mut self, max: usize) -> Result<usize, StoreError> {

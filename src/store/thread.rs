@@ -36,8 +36,9 @@ const PURGE_EVERY: Duration = Duration::from_secs(60);
 const PURGE_BATCH: usize = 1000;
 /// Why this process's claims in flight are unknown when it ends.
 pub const PROXY_EXITED: &str = "proxy_exited";
-/// How soon after a write the engine makes it survive a power loss too
-/// ([`Engine::flush`]); a claim survives the process's death at once.
+/// How soon after a write the engine is asked to make it survive a power
+/// loss too ([`Engine::flush`]); a claim survives the process's death at
+/// once.
 pub const FLUSH_WITHIN: Duration = Duration::from_secs(1);
 /// Most requests applied in one step.
 const MAX_BATCH: usize = 256;
