@@ -30,16 +30,14 @@
 //! replaces just that section of the results block. (`--pressure-only` runs
 //! just the memory scenarios under pressure, printed only.)
 //!
-//! It also measures keyed calls of a tool not known to be safe (each with a
-//! new `_meta.idempotencyKey`, so each claims a record before it runs and
-//! records its result after) with each store: `memory`, `local` (a
-//! temporary state directory) and a Redis on loopback (a `redis-server` the
-//! bench starts on a free port, when one is installed): the p50 and p99 a
-//! keyed call adds over a keyless one in the same session, and keyed calls
-//! per second with 64 in flight. `--store-only` runs just that section (with
-//! `--write FILE`, replaces just it).
+//! It measures keyed calls (a new `_meta.idempotencyKey` each, of the
+//! unannotated `echo`) and keyless ones through `--store memory` and
+//! `--store local` (a temporary `MCP_RETRY_STATE_DIR`) in the same rounds:
+//! what a key adds to a call's p50 and p99, and calls per second with 64 in
+//! flight. `--store-only` runs just that section (and, with `--write FILE`,
+//! replaces just it).
 //!
-//! Usage: `bench [--reps N] [--quick] [--pressure-only] [--start-only]
+//! Usage: `bench [--reps N] [--quick] [--pressure-only] [--start-only] [--store-only]
 //! [--baseline [LABEL=]MCP_RETRY]...
 //! [--otel ENDPOINT] [--write FILE]` (`--baseline` measures another
 //! mcp-retry binary in the same rounds, for before/after figures; given
@@ -258,8 +256,7 @@ struct Options {
     /// Only the time to the first `tools/list` of a slow server (printed;
     /// with `--write`, replaces just that section of the results block).
     start_only: bool,
-    /// Only the keyed calls with each store (printed; with `--write`,
-    /// replaces just that section of the results block).
+    /// Only keyed calls and the store (likewise).
     store_only: bool,
 }
 
@@ -696,6 +693,16 @@ fn pipelined(
     window: usize,
     arguments: impl Fn(u64) -> String + Send + Sync,
 ) -> (Duration, usize) {
+    pipelined_lines(s, calls, window, |id| call_line(id, &arguments(id)))
+}
+
+/// [`pipelined`] with each request line made by `line` from its id.
+fn pipelined_lines(
+    s: &mut Session,
+    calls: usize,
+    window: usize,
+    line: impl Fn(u64) -> Vec<u8> + Send + Sync,
+) -> (Duration, usize) {
     let first = s.next_id;
     s.next_id += calls as u64;
     let (tokens_tx, tokens_rx) = crossbeam_channel::bounded::<()>(window);
@@ -705,8 +712,8 @@ fn pipelined(
     let via = s.via;
     let start = Instant::now();
     let mut bytes = 0usize;
-    let (to, from, line) = (&mut s.to, &mut s.from, &mut s.line);
-    let arguments = &arguments;
+    let (to, from, buf) = (&mut s.to, &mut s.from, &mut s.line);
+    let make = &line;
     thread::scope(|scope| {
         scope.spawn(move || {
             for i in 0..calls as u64 {
@@ -718,14 +725,14 @@ fn pipelined(
                     }
                 }
                 let id = first + i;
-                if to.write_all(&call_line(id, &arguments(id))).is_err() {
+                if to.write_all(&make(id)).is_err() {
                     return;
                 }
             }
             let _ = to.flush();
         });
         for _ in 0..calls {
-            bytes += read_response(from, line, via);
+            bytes += read_response(from, buf, via);
             let _ = tokens_tx.try_send(());
         }
     });
@@ -1908,22 +1915,23 @@ fn run_all(opts: &Options) {
         println!("{}", pressure_table(&bins));
         return;
     }
-    if opts.store_only {
-        let section = store_section(&stores(&bins, opts.quick));
+    if opts.start_only {
+        let section = first_list_section(&first_list(&bins, opts.quick));
         println!("{section}");
         if let Some(path) = &opts.write {
-            match write_section(path, STORE_BEGIN, STORE_END, &section) {
+            match write_section(path, (START_BEGIN, START_END), &section) {
                 Ok(()) => eprintln!("bench: section written to {}", path.display()),
                 Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
             }
         }
         return;
     }
-    if opts.start_only {
-        let section = first_list_section(&first_list(&bins, opts.quick));
+    if opts.store_only {
+        let (r, conditions) = store_costs(&bins, reps, opts.quick);
+        let section = store_section(&r, &conditions, reps, opts.quick);
         println!("{section}");
         if let Some(path) = &opts.write {
-            match write_start_section(path, &section) {
+            match write_section(path, (STORE_BEGIN, STORE_END), &section) {
                 Ok(()) => eprintln!("bench: section written to {}", path.display()),
                 Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
             }
@@ -1946,7 +1954,7 @@ fn run_all(opts: &Options) {
     eprintln!("bench: check ...");
     let check = check(&bins, 3);
     let first = first_list(&bins, opts.quick);
-    let store = stores(&bins, opts.quick);
+    let (store, store_conditions) = store_costs(&bins, reps, opts.quick);
     eprintln!("bench: start-up ...");
     let start_proxy = startup(&bins.proxy, &["--version"], STARTUP_RUNS);
     let start_true = startup(Path::new("/bin/true"), &[], STARTUP_RUNS);
@@ -2288,7 +2296,7 @@ fn run_all(opts: &Options) {
     report.push('\n');
     report.push_str(&first_list_section(&first));
     report.push('\n');
-    report.push_str(&store_section(&store));
+    report.push_str(&store_section(&store, &store_conditions, reps, opts.quick));
     let _ = write!(
         report,
         "\nMemory under pressure (each scenario in a fresh process; the mock's `deaf` mode stops reading its stdin for {:.0} s):\n\n{pressure}",
@@ -2314,21 +2322,14 @@ const END: &str = "<!-- bench:end -->";
 /// The first-`tools/list` section's own markers, inside the results block.
 const START_BEGIN: &str = "<!-- bench:start:begin -->";
 const START_END: &str = "<!-- bench:start:end -->";
-
-/// The keyed calls' section's own markers, inside the results block.
+/// The store's section's own markers, inside the results block.
 const STORE_BEGIN: &str = "<!-- bench:store:begin -->";
 const STORE_END: &str = "<!-- bench:store:end -->";
 
-/// Replaces the first-`tools/list` section in the results block of `path`
-/// (`--start-only --write`); an error if the file has none.
-fn write_start_section(path: &Path, section: &str) -> io::Result<()> {
-    write_section(path, START_BEGIN, START_END, section)
-}
-
-/// Replaces the section between `begin` and `end` in the results block of
-/// `path`; one not there yet goes at the end of the block. An error if the
-/// file has no results block.
-fn write_section(path: &Path, begin: &str, end: &str, section: &str) -> io::Result<()> {
+/// Replaces the section between `begin` and `end` in the results block
+/// of `path` (`--start-only --write`, `--store-only --write`); an error if
+/// the file has none.
+fn write_section(path: &Path, (begin, end): (&str, &str), section: &str) -> io::Result<()> {
     let old = fs::read_to_string(path)?;
     let new = match (old.find(begin), old.find(end)) {
         (Some(b), Some(e)) if b < e => format!(
@@ -2337,14 +2338,11 @@ fn write_section(path: &Path, begin: &str, end: &str, section: &str) -> io::Resu
             section.trim_end(),
             &old[e + end.len()..]
         ),
-        _ => match old.find(END) {
-            Some(e) => format!("{}\n{}\n{}", &old[..e], section.trim_end(), &old[e..]),
-            None => {
-                return Err(io::Error::other(format!(
-                    "no {begin} … {end} section nor results block (run the whole bench with --write first)"
-                )))
-            }
-        },
+        _ => {
+            return Err(io::Error::other(format!(
+                "no {begin} … {end} section (run the whole bench with --write first)"
+            )))
+        }
     };
     fs::write(path, new)
 }
@@ -2365,24 +2363,37 @@ fn write_results(path: &Path, report: &str) -> io::Result<()> {
 }
 
 // ---------------------------------------------------------------------------
-// Keyed calls with each store
+// Keyed calls and the store
 // ---------------------------------------------------------------------------
 
-const KEYED_CALLS: usize = 2000;
-const KEYED_WARMUP: usize = 100;
-const KEYED_PIPE_CALLS: usize = 5000;
-const KEYED_ROUNDS: usize = 3;
+/// Sequential keyed calls per store and repetition (keyless ones: as many
+/// as in the hot path).
+const STORE_SEQ_CALLS: usize = 1000;
+/// Pipelined keyed calls per store and repetition.
+const STORE_PIPE_CALLS: usize = 10_000;
+const STORE_WARMUP: usize = 50;
+/// The stores measured, as `mcp-retry run --store NAME`; the first is the
+/// one without a store thread, what a keyless call cost before the store.
+/// A Redis on loopback joins them when `redis-server` is installed.
+const STORES: [&str; 2] = ["memory", "local"];
 
-/// One store's figures: per round, keyless and keyed p50/p99 and keyed
-/// calls per second with [`PIPE_WINDOW`] in flight.
-#[derive(Default)]
-struct StoreFigures {
-    name: String,
+/// One store's figures, per round where they are compared.
+#[derive(Default, Clone)]
+struct StoreRep {
     keyless_p50: Vec<Duration>,
     keyless_p99: Vec<Duration>,
     keyed_p50: Vec<Duration>,
     keyed_p99: Vec<Duration>,
-    keyed_per_s: Vec<f64>,
+    /// Per round: the keyed call's p50 (p99) less the keyless call's, on
+    /// the same session, in seconds.
+    added_p50: Vec<f64>,
+    added_p99: Vec<f64>,
+    /// Per round: the keyless p50 over `memory`'s keyless p50.
+    keyless_vs_memory: Vec<f64>,
+    keyless_calls_per_s: Vec<f64>,
+    keyed_calls_per_s: Vec<f64>,
+    /// Per round: keyless calls per second over `memory`'s.
+    keyless_rate_vs_memory: Vec<f64>,
 }
 
 /// A `redis-server` of the bench's own, on a free loopback port.
@@ -2429,169 +2440,252 @@ impl Drop for BenchRedis {
     }
 }
 
-/// A keyed `echo` call (the fast mock's `echo` has no annotations: not
-/// known to be safe, so its key claims a record).
-fn keyed_line(id: u64, key: &str) -> Vec<u8> {
+/// A keyed `tools/call` of the unannotated (so not known to be safe) tool
+/// `echo`, its key `_meta.idempotencyKey` new for every call.
+fn keyed_line(id: u64, nonce: &str) -> Vec<u8> {
     format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"seq\":{id}}},\"_meta\":{{\"idempotencyKey\":\"{key}\"}}}}}}\n"
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"echo\",\"arguments\":{{\"seq\":{id}}},\"_meta\":{{\"idempotencyKey\":\"{nonce}-{id}\"}}}}}}\n"
     )
     .into_bytes()
 }
 
-/// Round trips of `n` calls, sorted: keyed (a new key each) or not.
-fn round_trips(s: &mut Session, n: usize, keyed: Option<&str>) -> Vec<Duration> {
-    let mut v: Vec<Duration> = (0..n)
-        .map(|_| {
-            let id = s.next_id;
-            s.next_id += 1;
-            let line = match keyed {
-                Some(tag) => keyed_line(id, &format!("{tag}-{id}")),
-                None => call_line(id, &format!("{{\"seq\":{id}}}")),
-            };
-            let t = Instant::now();
-            s.send(&line);
-            s.flush();
-            s.recv();
-            t.elapsed()
-        })
-        .collect();
-    v.sort();
-    v
+/// One call whose line `line` makes from its id, waited for.
+fn one_line(s: &mut Session, line: &dyn Fn(u64) -> Vec<u8>) -> Duration {
+    let id = s.next_id;
+    s.next_id += 1;
+    let line = line(id);
+    let t = Instant::now();
+    s.send(&line);
+    s.flush();
+    s.recv();
+    t.elapsed()
 }
 
-/// Keyed calls with `memory`, `local` and (if installed) Redis on loopback.
-fn stores(bins: &Bins, quick: bool) -> Vec<StoreFigures> {
-    eprintln!("bench: keyed calls with each store ...");
+/// `mcp-retry run --store STORE -- mock --fast`, the state directory `dir`.
+fn store_session(bins: &Bins, store: &str, dir: &Path) -> Session {
+    let mut c = Command::new(&bins.proxy);
+    c.args(["run", "--store", store, "--"])
+        .args(bins.fast_server())
+        .env("MCP_RETRY_STATE_DIR", dir)
+        .env_remove("MCP_RETRY_STORE");
+    for var in OTEL_VARS {
+        c.env_remove(var);
+    }
+    Session::start_command(c, Via::Proxy)
+}
+
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "n/a".into())
+}
+
+/// Keyless and keyed calls through each store, in the same rounds: each
+/// repetition is `BLOCKS` rounds, each round with new sessions, one per
+/// store and kind (a session's keyless calls never share its process with
+/// the store's work for keyed calls), taking turns in rotating order:
+/// sequential calls, then pipelined ones, 64 in flight. Keyless calls as
+/// many as in the hot path, keyed ones fewer.
+fn store_costs(bins: &Bins, reps: usize, quick: bool) -> (Vec<StoreRep>, String) {
     let redis = BenchRedis::start();
     if redis.is_none() {
         eprintln!(
-            "bench: no redis-server (apt-get install redis-server): the Redis row is left out"
+            "bench: no redis-server (apt-get install redis-server): the Redis column is left out"
         );
     }
-    let state = std::env::temp_dir().join(format!("mcp-retry-bench-state-{}", process::id()));
-    let mut stores: Vec<(String, String)> = vec![
-        ("`memory`".into(), "memory".into()),
-        ("`local`".into(), "local".into()),
-    ];
+    let mut stores: Vec<String> = STORES.iter().map(|s| s.to_string()).collect();
     if let Some(r) = &redis {
-        stores.push((
-            "Redis on loopback".into(),
-            format!("redis://127.0.0.1:{}", r.port),
-        ));
+        stores.push(format!("redis://127.0.0.1:{}", r.port));
     }
-    let (calls, pipe) = if quick {
-        (KEYED_CALLS / 10, KEYED_PIPE_CALLS / 10)
-    } else {
-        (KEYED_CALLS, KEYED_PIPE_CALLS)
-    };
-    let mut figures: Vec<StoreFigures> = stores
-        .iter()
-        .map(|(name, _)| StoreFigures {
-            name: name.clone(),
-            ..StoreFigures::default()
-        })
+    let scale = if quick { 10 } else { 1 };
+    // Per kind (keyless, keyed).
+    let seq = [SEQ_CALLS / scale, STORE_SEQ_CALLS / scale];
+    let pipe = [PIPE_CALLS / scale, STORE_PIPE_CALLS / scale];
+    let dir = std::env::temp_dir().join(format!("mcp-retry-bench-store-{}", process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let load_before = load_average();
+    let mut out = vec![StoreRep::default(); stores.len()];
+    // The sessions' (store, keyed).
+    let pairs: Vec<(usize, bool)> = (0..stores.len())
+        .flat_map(|i| [(i, false), (i, true)])
         .collect();
-    for round in 0..KEYED_ROUNDS {
-        for (i, (_, store)) in stores.iter().enumerate() {
-            let mut c = bins.command(Via::Proxy, &bins.fast_server());
-            // `run --store STORE -- SERVER`: the option goes before `--`.
-            let mut args: Vec<String> = c
-                .get_args()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect();
-            args.splice(1..1, ["--store".to_owned(), store.clone()]);
-            let mut command = Command::new(c.get_program());
-            command.args(&args).env("MCP_RETRY_STATE_DIR", &state);
-            for var in OTEL_VARS {
-                command.env_remove(var);
-            }
-            c = command;
-            let mut s = Session::start_command(c, Via::Proxy);
-            let tag = format!("r{round}-{}-{}", process::id(), i);
-            round_trips(&mut s, KEYED_WARMUP, Some(&format!("{tag}-warm")));
-            round_trips(&mut s, KEYED_WARMUP, None);
-            // Interleaved halves, so that both kinds see the same load.
-            let mut keyless = round_trips(&mut s, calls / 2, None);
-            let mut keyed = round_trips(&mut s, calls / 2, Some(&tag));
-            keyless.extend(round_trips(&mut s, calls / 2, None));
-            keyed.extend(round_trips(&mut s, calls / 2, Some(&format!("{tag}-b"))));
-            keyless.sort();
-            keyed.sort();
-            let f = &mut figures[i];
-            f.keyless_p50.push(percentile(&keyless, 0.50));
-            f.keyless_p99.push(percentile(&keyless, 0.99));
-            f.keyed_p50.push(percentile(&keyed, 0.50));
-            f.keyed_p99.push(percentile(&keyed, 0.99));
-            let first = s.next_id;
-            s.next_id += pipe as u64;
-            let (to, from, line, via) = (&mut s.to, &mut s.from, &mut s.line, s.via);
-            let (tokens_tx, tokens_rx) = crossbeam_channel::bounded::<()>(PIPE_WINDOW);
-            for _ in 0..PIPE_WINDOW {
-                tokens_tx.send(()).expect("room for the window");
-            }
-            let start = Instant::now();
-            let tag = &tag;
-            thread::scope(|scope| {
-                scope.spawn(move || {
-                    for k in 0..pipe as u64 {
-                        if tokens_rx.try_recv().is_err() {
-                            let _ = to.flush();
-                            if tokens_rx.recv().is_err() {
-                                return;
-                            }
-                        }
-                        let id = first + k;
-                        if to
-                            .write_all(&keyed_line(id, &format!("{tag}-p-{id}")))
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                    let _ = to.flush();
-                });
-                for _ in 0..pipe {
-                    read_response(from, line, via);
-                    let _ = tokens_tx.try_send(());
-                }
-            });
-            f.keyed_per_s
-                .push(pipe as f64 / start.elapsed().as_secs_f64());
-            s.close();
+    let nonce =
+        |rep: usize, k: usize, what: &str| format!("bench-{}-{rep}-{k}-{what}", process::id());
+    let call = |s: &mut Session, keyed: bool, n: &str| {
+        if keyed {
+            one_line(s, &|id| keyed_line(id, n))
+        } else {
+            one_call(s)
         }
+    };
+    for rep in 0..reps {
+        eprint!("bench: the store, rep {} of {reps}:", rep + 1);
+        let mut all: Vec<[Vec<Duration>; 2]> = vec![[Vec::new(), Vec::new()]; stores.len()];
+        let mut elapsed = vec![[Duration::ZERO; 2]; stores.len()];
+        for block in 0..BLOCKS {
+            eprint!(" {}", block + 1);
+            // New sessions every round, so that no session's luck (where
+            // its threads run) weighs on every round.
+            let mut sessions: Vec<Session> = pairs
+                .iter()
+                .map(|(i, _)| store_session(bins, &stores[*i], &dir))
+                .collect();
+            let order: Vec<usize> = (0..pairs.len())
+                .map(|j| (j + block + rep) % pairs.len())
+                .collect();
+            let mut round: Vec<[Vec<Duration>; 2]> = vec![[Vec::new(), Vec::new()]; stores.len()];
+            for &k in &order {
+                let (i, keyed) = pairs[k];
+                let n = nonce(rep * BLOCKS + block, k, "seq");
+                let kind = usize::from(keyed);
+                for _ in 0..STORE_WARMUP {
+                    call(&mut sessions[k], keyed, &n);
+                }
+                for _ in 0..seq[kind] / BLOCKS {
+                    let t = call(&mut sessions[k], keyed, &n);
+                    round[i][kind].push(t);
+                }
+            }
+            for r in &mut round {
+                r[0].sort();
+                r[1].sort();
+            }
+            let base = percentile(&round[0][0], 0.50).as_secs_f64();
+            for (i, r) in round.iter().enumerate() {
+                let added = |p: f64| {
+                    percentile(&r[1], p).as_secs_f64() - percentile(&r[0], p).as_secs_f64()
+                };
+                out[i].added_p50.push(added(0.50));
+                out[i].added_p99.push(added(0.99));
+                out[i]
+                    .keyless_vs_memory
+                    .push(percentile(&r[0], 0.50).as_secs_f64() / base);
+                all[i][0].extend_from_slice(&r[0]);
+                all[i][1].extend_from_slice(&r[1]);
+            }
+            let mut taken = vec![[Duration::ZERO; 2]; stores.len()];
+            for &k in &order {
+                let (i, keyed) = pairs[k];
+                let n = nonce(rep * BLOCKS + block, k, "pipe");
+                let kind = usize::from(keyed);
+                let s = &mut sessions[k];
+                let calls = pipe[kind] / BLOCKS;
+                let (t, _) = if keyed {
+                    pipelined_lines(s, calls, PIPE_WINDOW, |id| keyed_line(id, &n))
+                } else {
+                    pipelined(s, calls, PIPE_WINDOW, |id| format!("{{\"seq\":{id}}}"))
+                };
+                taken[i][kind] = t;
+                elapsed[i][kind] += t;
+            }
+            for (i, t) in taken.iter().enumerate() {
+                // Same number of calls: the rate ratio is the inverse time ratio.
+                out[i]
+                    .keyless_rate_vs_memory
+                    .push(taken[0][0].as_secs_f64() / t[0].as_secs_f64());
+            }
+            for s in sessions {
+                s.close();
+            }
+        }
+        for (i, a) in all.iter_mut().enumerate() {
+            a[0].sort();
+            a[1].sort();
+            out[i].keyless_p50.push(percentile(&a[0], 0.50));
+            out[i].keyless_p99.push(percentile(&a[0], 0.99));
+            out[i].keyed_p50.push(percentile(&a[1], 0.50));
+            out[i].keyed_p99.push(percentile(&a[1], 0.99));
+        }
+        for (i, e) in elapsed.iter().enumerate() {
+            let rate = |kind: usize| (pipe[kind] / BLOCKS * BLOCKS) as f64 / e[kind].as_secs_f64();
+            out[i].keyless_calls_per_s.push(rate(0));
+            out[i].keyed_calls_per_s.push(rate(1));
+        }
+        eprintln!(" done");
     }
-    drop(redis);
-    let _ = fs::remove_dir_all(&state);
-    figures
+    let _ = fs::remove_dir_all(&dir);
+    let conditions = format!(
+        "load average {load_before} before, {} after",
+        load_average()
+    );
+    (out, conditions)
 }
 
-/// The keyed calls' section, between markers of its own.
-fn store_section(figures: &[StoreFigures]) -> String {
-    let ms = |d: Option<Duration>| {
-        d.map_or("n/a".into(), |d| format!("{:.3} ms", d.as_secs_f64() * 1e3))
-    };
-    let added = |a: &[Duration], b: &[Duration]| match (median_d(a), median_d(b)) {
-        (Some(a), Some(b)) => format!("{:+.3} ms", (a.as_secs_f64() - b.as_secs_f64()) * 1e3),
-        _ => "n/a".into(),
-    };
+/// The store's section: its heading line and table, between markers of its
+/// own, so that `--store-only --write` can replace just it.
+fn store_section(r: &[StoreRep], conditions: &str, reps: usize, quick: bool) -> String {
+    let scale = if quick { 10 } else { 1 };
     let mut t = format!(
-        "{STORE_BEGIN}\nKeyed calls of a tool not known to be safe (each with a new `_meta.idempotencyKey`: a claim before it runs, its result recorded after), against keyless calls in the same session; medians of {KEYED_ROUNDS} rounds, {} calls each; keyed calls per second with {PIPE_WINDOW} in flight (targets: a keyed call's added p50 ≤ 2 ms with `local`, ≤ 1 ms with Redis on loopback):\n\n| store | keyless p50 | keyed p50 | added p50 | keyless p99 | keyed p99 | added p99 | keyed calls/s, {PIPE_WINDOW} in flight |\n|---|--:|--:|--:|--:|--:|--:|--:|\n",
-        KEYED_CALLS
+        "{STORE_BEGIN}\nKeyed calls and the store (`mcp-retry run --store memory|local`, the mock's `--fast` mode; `echo` is unannotated, so a keyed call claims its key before it is sent and records its result after; a new key for every call; new sessions every round, one per store and kind; medians of {reps} repetitions of {} keyless and {} keyed sequential calls and {} keyless and {} keyed pipelined calls per store, in {BLOCKS} rounds taking turns; {conditions}):\n\n| measure | store: memory | store: local |{} target | met |\n|---|--:|--:|{}---|:-:|\n",
+        SEQ_CALLS / scale,
+        STORE_SEQ_CALLS / scale,
+        PIPE_CALLS / scale,
+        STORE_PIPE_CALLS / scale,
+        if r.len() > 2 { " Redis on loopback |" } else { "" },
+        if r.len() > 2 { "--:|" } else { "" },
     );
-    for f in figures {
-        let _ = writeln!(
-            t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            f.name,
-            ms(median_d(&f.keyless_p50)),
-            ms(median_d(&f.keyed_p50)),
-            added(&f.keyed_p50, &f.keyless_p50),
-            ms(median_d(&f.keyless_p99)),
-            ms(median_d(&f.keyed_p99)),
-            added(&f.keyed_p99, &f.keyless_p99),
-            median_f(&f.keyed_per_s).map_or("n/a".into(), |r| format!("{r:.0}")),
-        );
-    }
+    let both = |f: &dyn Fn(&StoreRep) -> String| r.iter().map(f).collect::<Vec<_>>();
+    let mut row = |what: &str, cells: Vec<String>, target: &str, met: &str| {
+        let _ = writeln!(t, "| {what} | {} | {target} | {met} |", cells.join(" | "));
+    };
+    let msf = |x: Option<f64>| x.map_or("n/a".into(), |x| format!("{:.2} ms", x * 1e3));
+    let p50_p99 = |p50: &dyn Fn(&StoreRep) -> &[Duration],
+                   p99: &dyn Fn(&StoreRep) -> &[Duration]| {
+        both(&|s| format!("{}; {}", us(median_d(p50(s))), us(median_d(p99(s)))))
+    };
+    row(
+        "sequential keyless call, p50; p99",
+        p50_p99(&|s| &s.keyless_p50, &|s| &s.keyless_p99),
+        "",
+        "",
+    );
+    let keyless = median_f(&r[1].keyless_vs_memory);
+    row(
+        "keyless p50 over `memory`'s in the same round",
+        both(&|s| fmt_ratio(median_f(&s.keyless_vs_memory))),
+        "`local` ≤ 1.05×",
+        verdict(keyless.map(|x| x <= 1.05)),
+    );
+    row(
+        "sequential keyed call, p50; p99",
+        p50_p99(&|s| &s.keyed_p50, &|s| &s.keyed_p99),
+        "",
+        "",
+    );
+    let added = median_f(&r[1].added_p50);
+    row(
+        "keyed call: added p50 over a keyless call in the same round",
+        both(&|s| msf(median_f(&s.added_p50))),
+        "`local` ≤ 2 ms",
+        verdict(added.map(|x| x <= 0.002)),
+    );
+    row(
+        "keyed call: added p99",
+        both(&|s| msf(median_f(&s.added_p99))),
+        "",
+        "",
+    );
+    let rate = |x: Option<f64>| x.map_or("n/a".into(), |x| format!("{x:.0} calls/s"));
+    row(
+        &format!("pipelined keyless calls, {PIPE_WINDOW} in flight"),
+        both(&|s| rate(median_f(&s.keyless_calls_per_s))),
+        "",
+        "",
+    );
+    let keyless_rate = median_f(&r[1].keyless_rate_vs_memory);
+    row(
+        "pipelined keyless calls/s over `memory`'s in the same round",
+        both(&|s| fmt_ratio(median_f(&s.keyless_rate_vs_memory))),
+        "`local` ≥ 0.95×",
+        verdict(keyless_rate.map(|x| x >= 0.95)),
+    );
+    row(
+        &format!("pipelined keyed calls, {PIPE_WINDOW} in flight"),
+        both(&|s| rate(median_f(&s.keyed_calls_per_s))),
+        "",
+        "",
+    );
     t.push_str(STORE_END);
     t.push('\n');
     t

@@ -55,6 +55,38 @@ pub fn record_id(scope: &[u8; 32], tool: &str, key: &str) -> Id {
     *h.finalize().as_bytes()
 }
 
+/// A fingerprint of a keyed call's arguments, kept in its record so that
+/// a later call with the same key but other arguments is told apart (and
+/// the log says so, as within one process): BLAKE3 of their canonical JSON
+/// (member order and white space do not count; text that is not JSON is
+/// taken as it is), keyed by the scope, so the store holds no argument's
+/// value and the same arguments to another server, or under other
+/// credentials, do not share a fingerprint. 32 hex digits.
+pub fn args_fingerprint(scope: &[u8; 32], arguments: &str) -> String {
+    struct Blake(blake3::Hasher);
+    impl crate::policy::Sink for Blake {
+        fn put(&mut self, s: &str) {
+            self.0.update(s.as_bytes());
+        }
+    }
+    let start = || {
+        let mut h = blake3::Hasher::new_keyed(scope);
+        h.update(b"mcp-retry record arguments v1\0");
+        Blake(h)
+    };
+    let mut h = start();
+    if crate::policy::canonical_json_to(arguments, &mut h).is_err() {
+        h = start();
+        h.0.update(b"raw\0");
+        h.0.update(arguments.as_bytes());
+    }
+    let digest = h.0.finalize();
+    digest.as_bytes()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The scope of `server`'s records: BLAKE3 over its identity (transport,
 /// command, args, cwd, URL, and the values of env and headers: hashed,
 /// never stored) without the proxy's version, so two servers or two sets
@@ -120,8 +152,28 @@ pub struct Health {
 /// the same record, from this process or another sharing the engine, comes
 /// between its read and its write.
 pub trait Engine: Send {
-    /// Applies `op` to record `id` at the engine's clock.
-    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError>;
+    /// Applies `ops`, in order, each to its record at the engine's clock,
+    /// in one atomic step (for `local`, one write transaction and one
+    /// commit, which is what makes a batch cheaper than its operations one
+    /// by one): each operation's reply, or why that one failed (`Full`, a
+    /// record not ours) while the others stand. Err when the step failed
+    /// as a whole (nothing was written).
+    fn apply_all(&mut self, ops: &[(Id, Op)])
+        -> Result<Vec<Result<Reply, StoreError>>, StoreError>;
+    /// Applies `op` to record `id` at the engine's clock: a batch of one.
+    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
+        let mut replies = self.apply_all(&[(*id, op.clone())])?;
+        replies
+            .pop()
+            .unwrap_or_else(|| Err(StoreError::Engine("no reply".into())))
+    }
+    /// Has what was written made to survive a power loss as well as the
+    /// process's death (for `local`, a sync of the file, on a thread of its
+    /// own: this returns at once); nothing for an engine whose writes
+    /// already do, or never can.
+    fn flush(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Removes up to `max` expired records; how many went.
     fn purge(&mut self, max: usize) -> Result<usize, StoreError>;
     /// How many records are held (expired ones not yet purged included).
@@ -204,7 +256,33 @@ impl Memory {
 }
 
 impl Engine for Memory {
-    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
+    fn apply_all(
+        &mut self,
+        ops: &[(Id, Op)],
+    ) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+        Ok(ops.iter().map(|(id, op)| self.apply_one(id, op)).collect())
+    }
+
+    fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
+        let now = (self.clock)();
+        Ok(self.purge_at(now, max))
+    }
+
+    fn count(&mut self) -> Result<u64, StoreError> {
+        Ok(self.records.len() as u64)
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn place(&self) -> String {
+        "this process".into()
+    }
+}
+
+impl Memory {
+    fn apply_one(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
         let now = (self.clock)();
         let current = self.records.get(id).map(|(r, _)| r);
         let (reply, write) = record::apply(current, op, now);
@@ -230,23 +308,6 @@ impl Engine for Memory {
             }
         }
         Ok(reply)
-    }
-
-    fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
-        let now = (self.clock)();
-        Ok(self.purge_at(now, max))
-    }
-
-    fn count(&mut self) -> Result<u64, StoreError> {
-        Ok(self.records.len() as u64)
-    }
-
-    fn name(&self) -> &'static str {
-        "memory"
-    }
-
-    fn place(&self) -> String {
-        "this process".into()
     }
 }
 
@@ -380,6 +441,19 @@ pub(crate) mod tests {
         c.store_scope = "fleet".into();
         assert_eq!(scope(&b), scope(&c));
         assert_ne!(scope(&b), base);
+    }
+
+    #[test]
+    fn argument_fingerprints_ignore_form_and_differ_by_value_and_scope() {
+        let s = [7; 32];
+        let a = args_fingerprint(&s, r#"{"b": 1, "a": "x"}"#);
+        assert_eq!(a.len(), 32);
+        assert_eq!(a, args_fingerprint(&s, r#"{"a":"x","b":1}"#));
+        assert_ne!(a, args_fingerprint(&s, r#"{"a":"y","b":1}"#));
+        assert_ne!(a, args_fingerprint(&[8; 32], r#"{"a":"x","b":1}"#));
+        let raw = args_fingerprint(&s, "{not json");
+        assert_ne!(raw, args_fingerprint(&s, "{not json!"));
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
     }
 
     #[test]

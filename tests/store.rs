@@ -89,6 +89,52 @@ fn a_result_is_replayed_by_a_new_process_on_the_same_state_directory() {
 }
 
 #[test]
+fn a_key_reused_with_other_arguments_in_another_process_is_the_same_operation() {
+    let state = TempDir::new();
+    let reused = "reused with different arguments";
+    let mut a = local(&state, "");
+    a.call_with(json!(1), keyed("args-1", json!({"text": "one", "n": 1})));
+    assert_eq!(text(&a.result(&json!(1))), "one");
+    stop(a);
+    // Other arguments, another process: replayed as within one process,
+    // and the log says so, naming the tool and the key.
+    let mut b = local(&state, "");
+    b.call_with(json!(1), keyed("args-1", json!({"text": "two"})));
+    let r = b.result(&json!(1));
+    assert_eq!(text(&r), "one");
+    assert_eq!(source_marker(&r), Some("dedup"), "{r}");
+    assert_eq!(b.executions("echo"), 0);
+    let line = b.stderr_with(reused);
+    assert!(
+        line.contains(&format!(
+            "tool \"echo\": idempotency key \"args-1\" was {reused}"
+        )),
+        "{line}"
+    );
+    stop(b);
+    // The same arguments in another member order are not other ones.
+    let mut c = local(&state, "");
+    c.call_with(json!(1), keyed("args-1", json!({"n": 1, "text": "one"})));
+    assert_eq!(source_marker(&c.result(&json!(1))), Some("dedup"));
+    assert!(c.not_logged(reused), "{}", c.stderr());
+    stop(c);
+    // A record keeps a fingerprint of the arguments, never their values
+    // (a call that never answers: its record holds no result).
+    let mut d = local(&state, "call_timeout: 1\n");
+    let secret = "n0te-Zq8-value";
+    d.call_with(
+        json!(1),
+        keyed("args-2", json!({"mode": "hang", "note": secret})),
+    );
+    assert_eq!(proxy_reason(&d.error(&json!(1))), "not_retried_unsafe");
+    stop(d);
+    let file = std::fs::read(state.join("state/store-v1.redb")).unwrap();
+    let has = |needle: &str| file.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(has("\"state\":\"unknown\""), "the record is in the file");
+    assert!(!has(secret), "an argument's value is never stored");
+}
+
+#[test]
 fn a_definite_error_releases_the_key_for_the_next_process() {
     let state = TempDir::new();
     let mut a = local(&state, "");

@@ -147,8 +147,9 @@ impl Failover {
     }
 }
 
-impl Engine for Failover {
-    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
+impl Failover {
+    /// One operation, on the engine its record lives on.
+    fn apply_one(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
         if self.on_fallback.contains_key(id) {
             if let Some(fb) = self.fallback() {
                 let reply = fb.apply(id, op);
@@ -184,6 +185,16 @@ impl Engine for Failover {
             }
         }
         Ok(reply)
+    }
+}
+
+impl Engine for Failover {
+    /// Operation by operation: each goes where its record lives.
+    fn apply_all(
+        &mut self,
+        ops: &[(Id, Op)],
+    ) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+        Ok(ops.iter().map(|(id, op)| self.apply_one(id, op)).collect())
     }
 
     fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
@@ -271,12 +282,15 @@ mod tests {
     }
 
     impl Engine for Flaky {
-        fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
+        fn apply_all(
+            &mut self,
+            ops: &[(Id, Op)],
+        ) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
             self.tried.fetch_add(1, Ordering::SeqCst);
             if self.down.load(Ordering::SeqCst) {
                 return Err(StoreError::Engine("connection refused".into()));
             }
-            self.inner.apply(id, op)
+            self.inner.apply_all(ops)
         }
         fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
             self.inner.purge(max)

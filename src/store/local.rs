@@ -9,21 +9,30 @@
 //! a record (`policy::record`) or who calls it (the store thread).
 //!
 //! Several processes write the file at once (`ConcurrencyMode::MultiWriter`:
-//! one write transaction at a time, byte-range locks); every operation is
-//! one write transaction, so the read and the write of a record are atomic
-//! across processes. Every commit in that mode is durable (fsync).
+//! one write transaction at a time, byte-range locks); every batch of
+//! operations is one write transaction, so the read and the write of a
+//! record are atomic across processes. A commit reaches the OS, which a
+//! process's death does not lose ([`OsBackend`] holds back redb's syncs);
+//! the file is synced on a thread of its own (`store-sync`) when the store
+//! asks ([`Engine::flush`]) and as it closes.
 
 #![forbid(unsafe_code)]
 
 use std::ffi::OsString;
 use std::fs;
 use std::io;
+use std::ops::Bound;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
+use crossbeam_channel::Sender;
+use redb::backends::FileBackend;
 use redb::{
-    ConcurrencyMode, Database, ReadableDatabase, ReadableTable, ReadableTableMetadata,
-    TableDefinition,
+    BackendError, ConcurrencyMode, Database, ReadableDatabase, ReadableTable,
+    ReadableTableMetadata, StorageBackend, TableDefinition,
 };
 
 use super::{record_bytes, Clock, Engine, Id, StoreError, RECORD_OVERHEAD};
@@ -73,10 +82,90 @@ fn engine_err(e: impl Into<redb::Error>) -> StoreError {
 
 /// The `local` engine over one open file.
 pub struct Local {
-    db: Database,
+    /// `None` only while being dropped.
+    db: Option<Database>,
+    /// The file, for the sync as it closes.
+    file: fs::File,
+    /// Asks the `store-sync` thread for a sync (`None`: syncs are made
+    /// here, the thread could not be started).
+    sync_tx: Option<Sender<()>>,
+    sync_thread: Option<JoinHandle<()>>,
+    /// Whether redb's own syncs reach the disk (see [`OsBackend`]).
+    syncs: Arc<AtomicBool>,
+    /// Commits since the last sync was asked for.
+    unsynced: bool,
     path: PathBuf,
     max_bytes: u64,
     clock: Clock,
+}
+
+/// redb's file backend, but for its syncs: a commit's writes reach the OS
+/// (the page cache every process of the host reads, which a process's
+/// death does not lose), not necessarily the disk, which is what a claim
+/// must survive (the proxy's own death, a host reconnect), at a tenth of
+/// the cost or less of a commit's two syncs. While `syncs` is false,
+/// redb's syncs do nothing; the store syncs the file itself within
+/// [`FLUSH_WITHIN`](super::thread::FLUSH_WITHIN) of a write and when it
+/// closes, when `syncs` is made true first so that redb's closing commit
+/// is synced too.
+#[derive(Debug)]
+struct OsBackend {
+    inner: FileBackend,
+    syncs: Arc<AtomicBool>,
+}
+
+impl StorageBackend for OsBackend {
+    fn len(&self) -> Result<u64, BackendError> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), BackendError> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), BackendError> {
+        if self.syncs.load(Ordering::Acquire) {
+            self.inner.sync_data()
+        } else {
+            Ok(())
+        }
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> Result<(), BackendError> {
+        self.inner.close()
+    }
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_range(start, end)
+    }
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
+}
+
+/// The tables of one write transaction, and the bytes of records held.
+struct Tables<'t> {
+    records: redb::Table<'t, &'static [u8], &'static [u8]>,
+    expiry: redb::Table<'t, (u64, &'static [u8]), ()>,
+    held: u64,
 }
 
 impl Local {
@@ -91,89 +180,133 @@ impl Local {
         if let Some(why) = refused(&path) {
             set_aside(&path, &why, &clock)?;
         }
-        let db = match open_db(&path) {
-            Ok(db) => db,
+        let syncs = Arc::new(AtomicBool::new(false));
+        let (db, file) = match open_db(&path, &syncs) {
+            Ok(opened) => opened,
             Err(Bad::Unusable(why)) => {
                 set_aside(&path, &why, &clock)?;
-                open_db(&path).map_err(|e| StoreError::Engine(e.to_string()))?
+                open_db(&path, &syncs).map_err(|e| StoreError::Engine(e.to_string()))?
             }
             Err(Bad::Other(e)) => return Err(StoreError::Engine(e)),
         };
+        let (sync_tx, sync_thread) = match file.try_clone().map(|f| sync_thread(f, &path)) {
+            Ok(Ok((tx, handle))) => (Some(tx), Some(handle)),
+            Ok(Err(e)) | Err(e) => {
+                crate::warn!("store: the file is synced on the store's own thread: {e}");
+                (None, None)
+            }
+        };
         Ok(Local {
-            db,
+            db: Some(db),
+            file,
+            sync_tx,
+            sync_thread,
+            syncs,
+            unsynced: true,
             path,
             max_bytes,
             clock,
         })
     }
 
-    /// The write transaction of one operation.
-    fn step(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
-        let tx = self.db.begin_write().map_err(engine_err)?;
-        let (reply, wrote) = {
-            let mut records = tx.open_table(RECORDS).map_err(engine_err)?;
-            let mut expiry = tx.open_table(EXPIRY).map_err(engine_err)?;
-            let mut meta = tx.open_table(META).map_err(engine_err)?;
-            let now = (self.clock)();
-            let current: Option<(Record, u64)> = match records.get(&id[..]).map_err(engine_err)? {
-                None => None,
-                Some(v) => {
-                    let bytes = v.value();
-                    let r: Record = serde_json::from_slice(bytes)
-                        .map_err(|e| StoreError::BadRecord(e.to_string()))?;
-                    Some((r, bytes.len() as u64 + RECORD_OVERHEAD))
-                }
-            };
-            let (reply, write) = record::apply(current.as_ref().map(|(r, _)| r), op, now);
-            let mut held = meta
-                .get("bytes")
-                .map_err(engine_err)?
-                .map_or(0, |v| v.value());
-            let old_cost = current.as_ref().map_or(0, |(_, c)| *c);
-            let wrote = match write {
-                Write::Keep => false,
-                Write::Delete => {
-                    if let Some((r, cost)) = &current {
-                        records.remove(&id[..]).map_err(engine_err)?;
-                        expiry.remove((r.expires, &id[..])).map_err(engine_err)?;
-                        held = held.saturating_sub(*cost);
-                    }
-                    true
-                }
-                Write::Put(r) => {
-                    let text = record_bytes(&r)?;
-                    let cost = text.len() as u64 + RECORD_OVERHEAD;
-                    if held.saturating_sub(old_cost) + cost > self.max_bytes {
-                        let (_, freed) = purge_in(&mut records, &mut expiry, now, usize::MAX, id)?;
-                        held = held.saturating_sub(freed);
-                        if held.saturating_sub(old_cost) + cost > self.max_bytes {
-                            return Err(StoreError::Full {
-                                max: self.max_bytes,
-                            });
-                        }
-                    }
-                    if let Some((old, _)) = &current {
-                        expiry.remove((old.expires, &id[..])).map_err(engine_err)?;
-                    }
-                    records.insert(&id[..], &text[..]).map_err(engine_err)?;
-                    expiry
-                        .insert((r.expires, &id[..]), ())
-                        .map_err(engine_err)?;
-                    held = held.saturating_sub(old_cost) + cost;
-                    true
-                }
-            };
-            if wrote {
-                meta.insert("bytes", held).map_err(engine_err)?;
+    fn db(&self) -> Result<&Database, StoreError> {
+        self.db
+            .as_ref()
+            .ok_or_else(|| StoreError::Engine("the store is closed".into()))
+    }
+
+    /// One operation on record `id` at `now` within a write transaction:
+    /// its reply and whether it wrote.
+    fn step(
+        &self,
+        t: &mut Tables<'_>,
+        id: &Id,
+        op: &Op,
+        now: Millis,
+    ) -> Result<(Reply, bool), StoreError> {
+        let current: Option<(Record, u64)> = match t.records.get(&id[..]).map_err(engine_err)? {
+            None => None,
+            Some(v) => {
+                let bytes = v.value();
+                let r: Record = serde_json::from_slice(bytes)
+                    .map_err(|e| StoreError::BadRecord(e.to_string()))?;
+                Some((r, bytes.len() as u64 + RECORD_OVERHEAD))
             }
-            (reply, wrote)
         };
-        if wrote {
-            tx.commit().map_err(engine_err)?;
-        } else {
-            tx.abort().map_err(engine_err)?;
+        let (reply, write) = record::apply(current.as_ref().map(|(r, _)| r), op, now);
+        let old_cost = current.as_ref().map_or(0, |(_, c)| *c);
+        let wrote = match write {
+            Write::Keep => false,
+            Write::Delete => {
+                if let Some((r, cost)) = &current {
+                    t.records.remove(&id[..]).map_err(engine_err)?;
+                    t.expiry.remove((r.expires, &id[..])).map_err(engine_err)?;
+                    t.held = t.held.saturating_sub(*cost);
+                }
+                true
+            }
+            Write::Put(r) => {
+                let text = record_bytes(&r)?;
+                let cost = text.len() as u64 + RECORD_OVERHEAD;
+                if t.held.saturating_sub(old_cost) + cost > self.max_bytes {
+                    let (_, freed) = purge_in(&mut t.records, &mut t.expiry, now, usize::MAX, id)?;
+                    t.held = t.held.saturating_sub(freed);
+                    if t.held.saturating_sub(old_cost) + cost > self.max_bytes {
+                        return Err(StoreError::Full {
+                            max: self.max_bytes,
+                        });
+                    }
+                }
+                if let Some((old, _)) = &current {
+                    t.expiry
+                        .remove((old.expires, &id[..]))
+                        .map_err(engine_err)?;
+                }
+                t.records.insert(&id[..], &text[..]).map_err(engine_err)?;
+                t.expiry
+                    .insert((r.expires, &id[..]), ())
+                    .map_err(engine_err)?;
+                t.held = t.held.saturating_sub(old_cost) + cost;
+                true
+            }
+        };
+        Ok((reply, wrote))
+    }
+}
+
+/// Starts the `store-sync` thread: a sync of `file` each time it is asked
+/// (asks while one waits count once), so that the store thread, and a
+/// claim behind it, never waits for the disk. It ends when the sender is
+/// dropped.
+fn sync_thread(file: fs::File, path: &Path) -> io::Result<(Sender<()>, JoinHandle<()>)> {
+    let (tx, rx) = crossbeam_channel::bounded::<()>(1);
+    let shown = path.display().to_string();
+    let handle = crate::guard::spawn(
+        "store-sync",
+        "the store's file is synced only as it closes",
+        move || {
+            while rx.recv().is_ok() {
+                if let Err(e) = file.sync_data() {
+                    crate::warn!("store: {shown}: what was written could not be synced: {e}");
+                }
+            }
+        },
+        || {},
+    )?;
+    Ok((tx, handle))
+}
+
+impl Drop for Local {
+    /// The file is synced (after the `store-sync` thread's last sync), and
+    /// redb's closing commit with it.
+    fn drop(&mut self) {
+        self.syncs.store(true, Ordering::Release);
+        drop(self.sync_tx.take());
+        if let Some(h) = self.sync_thread.take() {
+            let _ = h.join();
         }
-        Ok(reply)
+        let _ = self.file.sync_data();
+        drop(self.db.take());
     }
 }
 
@@ -211,12 +344,72 @@ fn purge_in(
 }
 
 impl Engine for Local {
-    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
-        self.step(id, op)
+    fn apply_all(
+        &mut self,
+        ops: &[(Id, Op)],
+    ) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+        let tx = self.db()?.begin_write().map_err(engine_err)?;
+        let (replies, wrote) = {
+            let mut meta = tx.open_table(META).map_err(engine_err)?;
+            let held = meta
+                .get("bytes")
+                .map_err(engine_err)?
+                .map_or(0, |v| v.value());
+            let mut t = Tables {
+                records: tx.open_table(RECORDS).map_err(engine_err)?,
+                expiry: tx.open_table(EXPIRY).map_err(engine_err)?,
+                held,
+            };
+            let now = (self.clock)();
+            let mut wrote = false;
+            let mut replies = Vec::with_capacity(ops.len());
+            for (id, op) in ops {
+                match self.step(&mut t, id, op, now) {
+                    Ok((reply, w)) => {
+                        wrote |= w;
+                        replies.push(Ok(reply));
+                    }
+                    // The transaction is dropped: nothing was written.
+                    Err(e @ StoreError::Engine(_)) => return Err(e),
+                    Err(e) => replies.push(Err(e)),
+                }
+            }
+            if t.held != held {
+                meta.insert("bytes", t.held).map_err(engine_err)?;
+                wrote = true;
+            }
+            (replies, wrote)
+        };
+        if wrote {
+            tx.commit().map_err(engine_err)?;
+            self.unsynced = true;
+        } else {
+            tx.abort().map_err(engine_err)?;
+        }
+        Ok(replies)
+    }
+
+    /// Asks the `store-sync` thread for a sync and returns: a sync
+    /// already waiting to start covers what was written since.
+    fn flush(&mut self) -> Result<(), StoreError> {
+        if !self.unsynced {
+            return Ok(());
+        }
+        self.unsynced = false;
+        match &self.sync_tx {
+            Some(tx) => {
+                let _ = tx.try_send(());
+                Ok(())
+            }
+            None => self
+                .file
+                .sync_data()
+                .map_err(|e| StoreError::Engine(format!("{}: {e}", self.path.display()))),
+        }
     }
 
     fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
-        let tx = self.db.begin_write().map_err(engine_err)?;
+        let tx = self.db()?.begin_write().map_err(engine_err)?;
         let purged = {
             let mut records = tx.open_table(RECORDS).map_err(engine_err)?;
             let mut expiry = tx.open_table(EXPIRY).map_err(engine_err)?;
@@ -235,6 +428,7 @@ impl Engine for Local {
         };
         if purged > 0 {
             tx.commit().map_err(engine_err)?;
+            self.unsynced = true;
         } else {
             tx.abort().map_err(engine_err)?;
         }
@@ -242,7 +436,7 @@ impl Engine for Local {
     }
 
     fn count(&mut self) -> Result<u64, StoreError> {
-        let tx = self.db.begin_read().map_err(engine_err)?;
+        let tx = self.db()?.begin_read().map_err(engine_err)?;
         let records = tx.open_table(RECORDS).map_err(engine_err)?;
         records.len().map_err(engine_err)
     }
@@ -277,13 +471,19 @@ impl std::fmt::Display for Bad {
 /// made. redb checks every page of a file it did not close cleanly and
 /// repairs it; a file it cannot read is [`Bad::Unusable`] (a panic of the
 /// engine's reading included).
-fn open_db(path: &Path) -> Result<Database, Bad> {
-    create_private(path).map_err(|e| Bad::Other(format!("{}: {e}", path.display())))?;
+fn open_db(path: &Path, syncs: &Arc<AtomicBool>) -> Result<(Database, fs::File), Bad> {
+    let io_err = |e: io::Error| Bad::Other(format!("{}: {e}", path.display()));
+    let file = create_private(path).map_err(io_err)?;
+    let ours = file.try_clone().map_err(io_err)?;
+    let backend = OsBackend {
+        inner: FileBackend::new(file),
+        syncs: syncs.clone(),
+    };
     let opened = catch_unwind(AssertUnwindSafe(|| {
         let db = redb::Builder::new()
             .set_concurrency_mode(ConcurrencyMode::MultiWriter)
             .set_cache_size(CACHE_BYTES)
-            .create(path)?;
+            .create_with_backend(backend)?;
         let tx = db.begin_write()?;
         tx.open_table(RECORDS)?;
         tx.open_table(EXPIRY)?;
@@ -292,7 +492,7 @@ fn open_db(path: &Path) -> Result<Database, Bad> {
         Ok::<_, redb::Error>(db)
     }));
     match opened {
-        Ok(Ok(db)) => Ok(db),
+        Ok(Ok(db)) => Ok((db, ours)),
         Ok(Err(e)) => match e {
             redb::Error::Corrupted(_)
             | redb::Error::UpgradeRequired(_)
@@ -307,14 +507,14 @@ fn open_db(path: &Path) -> Result<Database, Bad> {
     }
 }
 
-/// Creates `path` with mode 0600 if it is missing (Windows: it inherits
-/// the directory's owner-only DACL).
-fn create_private(path: &Path) -> io::Result<()> {
+/// Opens `path` to read and write, created with mode 0600 if it is
+/// missing (Windows: it inherits the directory's owner-only DACL).
+fn create_private(path: &Path) -> io::Result<fs::File> {
     let mut opts = fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(false);
+    opts.read(true).write(true).create(true).truncate(false);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    opts.open(path).map(drop)
+    opts.open(path)
 }
 
 /// Why the file at `path` is not to be opened (not ours alone, not 0600,
@@ -445,6 +645,35 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_one_step_and_a_full_operation_leaves_the_others_written() {
+        let dir = temp_dir("batch");
+        let (clock, _) = fake_clock();
+        let mut e = Local::open(&dir, 700, clock).unwrap();
+        let ids: Vec<Id> = (0..6)
+            .map(|i| record_id(&[0; 32], "t", &i.to_string()))
+            .collect();
+        let mut ops: Vec<(Id, Op)> = ids.iter().map(|id| (*id, claim("o"))).collect();
+        // The second claim of the first record finds the first's.
+        ops.insert(1, (ids[0], claim("p")));
+        let replies = e.apply_all(&ops).unwrap();
+        assert_eq!(replies[0].as_ref().unwrap(), &Reply::Claimed);
+        assert!(matches!(replies[1], Ok(Reply::Busy { .. })));
+        let claimed = replies
+            .iter()
+            .filter(|r| matches!(r, Ok(Reply::Claimed)))
+            .count();
+        assert!((2..6).contains(&claimed), "{replies:?}");
+        assert!(replies[claimed + 1..]
+            .iter()
+            .all(|r| matches!(r, Err(StoreError::Full { max: 700 }))));
+        drop(e);
+        let (clock, _) = fake_clock();
+        let mut e = Local::open(&dir, 700, clock).unwrap();
+        assert_eq!(e.count().unwrap(), claimed as u64);
+        e.flush().unwrap();
+    }
+
+    #[test]
     fn a_file_that_is_not_a_database_is_set_aside() {
         let dir = temp_dir("corrupt");
         private_files::prepare_dir(&dir).unwrap();
@@ -464,6 +693,53 @@ mod tests {
             fs::read(dir.join(&aside[0])).unwrap(),
             vec![0x5a; 64 * 1024]
         );
+    }
+
+    /// What a power loss may leave: the header of a commit on the disk,
+    /// not all of its pages.
+    fn torn_copy(from: &Path, to: &Path) {
+        let mut bytes = fs::read(from.join(FILE_NAME)).unwrap();
+        for b in &mut bytes[4096..] {
+            *b = 0x5a;
+        }
+        private_files::prepare_dir(to).unwrap();
+        let path = to.join(FILE_NAME);
+        create_private(&path).unwrap();
+        fs::write(&path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_file_torn_by_a_power_loss_is_set_aside_whether_a_writer_lived_or_not() {
+        let (dir, live, closed) = (temp_dir("torn"), temp_dir("live"), temp_dir("closed"));
+        let (clock, _) = fake_clock();
+        let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
+        for i in 0..50 {
+            let id = record_id(&[0; 32], "t", &i.to_string());
+            e.apply(&id, &claim("o")).unwrap();
+        }
+        // A writer lives: redb's recovery flag is set, the next open repairs.
+        torn_copy(&dir, &live);
+        drop(e);
+        // Every writer closed (the file synced first).
+        torn_copy(&dir, &closed);
+        for torn in [&live, &closed] {
+            let (clock, _) = fake_clock();
+            let mut e = Local::open(torn, 1 << 20, clock).unwrap();
+            assert_eq!(e.count().unwrap(), 0);
+            let id = record_id(&[0; 32], "t", "new");
+            assert_eq!(e.apply(&id, &claim("o")).unwrap(), Reply::Claimed);
+            let aside = fs::read_dir(torn.as_ref() as &Path)
+                .unwrap()
+                .filter(|d| {
+                    d.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .contains(".set-aside-")
+                })
+                .count();
+            assert_eq!(aside, 1);
+        }
     }
 
     #[cfg(unix)]

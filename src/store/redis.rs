@@ -425,8 +425,29 @@ fn with_ca(_: redis::ConnectionInfo, _: Vec<u8>) -> redis::RedisResult<redis::Cl
 }
 
 impl Engine for Redis {
-    fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, StoreError> {
-        self.step(id, op)
+    /// Each operation is its own atomic step (one script); once one fails
+    /// for want of Redis, the rest are not tried (each would wait out its
+    /// deadline) and fail alike.
+    fn apply_all(
+        &mut self,
+        ops: &[(Id, Op)],
+    ) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+        let mut replies = Vec::with_capacity(ops.len());
+        let mut down: Option<String> = None;
+        for (id, op) in ops {
+            let reply = match &down {
+                Some(e) => Err(StoreError::Engine(e.clone())),
+                None => self.step(id, op),
+            };
+            if let Err(StoreError::Engine(e)) = &reply {
+                if replies.is_empty() {
+                    return Err(StoreError::Engine(e.clone()));
+                }
+                down.get_or_insert_with(|| e.clone());
+            }
+            replies.push(reply);
+        }
+        Ok(replies)
     }
 
     /// Redis expires the records itself (`PX`); this drops the expired

@@ -7,11 +7,14 @@
 //! this process's claims and their owner tokens, renewing their leases
 //! every third of their length, the waiting twins (a claim found busy is
 //! tried again on a timer, 20 ms doubling to 250 ms, until it is decided
-//! or its caller's deadline), purging expired records, and, at the end
-//! (the channel closed), marking this process's
-//! claims still in flight `unknown` (`proxy_exited`). It never sleeps
-//! except in `recv_deadline`. It must not know the dispatcher, calls or
-//! JSON-RPC: a [`Deliver`] callback takes the answers.
+//! or its caller's deadline), purging expired records, syncing what was
+//! written within [`FLUSH_WITHIN`], and, at the end (the channel closed),
+//! marking this process's claims still in flight `unknown`
+//! (`proxy_exited`). Requests that arrive together are applied together,
+//! in one atomic step of the engine (one commit: a group commit), each
+//! answered after it. It never sleeps except in `recv_deadline`. It must
+//! not know the dispatcher, calls or JSON-RPC: a [`Deliver`] callback
+//! takes the answers.
 
 #![forbid(unsafe_code)]
 
@@ -35,6 +38,12 @@ const PURGE_BATCH: usize = 1000;
 const UNKNOWN_SHOWN: usize = 100;
 /// Why this process's claims in flight are unknown when it ends.
 pub const PROXY_EXITED: &str = "proxy_exited";
+/// How soon after a write the engine is asked to make it survive a power
+/// loss too ([`Engine::flush`]); a claim survives the process's death at
+/// once.
+pub const FLUSH_WITHIN: Duration = Duration::from_secs(1);
+/// Most requests applied in one step.
+const MAX_BATCH: usize = 256;
 
 /// What the dispatcher asks of the store.
 #[derive(Debug)]
@@ -98,6 +107,16 @@ struct Waiting {
     pause: Duration,
 }
 
+/// An operation of a batch, and what its reply is for.
+enum Step {
+    /// A claim of call `call` (new, or a waiting twin's poll).
+    Claim(Waiting),
+    /// This process's call on the record ended with `outcome`.
+    Finish { outcome: Outcome, timing: Timing },
+    /// A lease renewed.
+    Renew { timing: Timing },
+}
+
 /// The thread's state, with the engine once it is open.
 pub struct Worker {
     engine: Result<Box<dyn Engine>, String>,
@@ -106,6 +125,8 @@ pub struct Worker {
     own: HashMap<Id, Own>,
     waiting: Vec<Waiting>,
     next_purge: Instant,
+    /// When what was written is to be flushed.
+    flush_at: Option<Instant>,
     rng: fastrand::Rng,
 }
 
@@ -167,6 +188,7 @@ impl Worker {
             own: HashMap::new(),
             waiting: Vec::new(),
             next_purge: Instant::now(),
+            flush_at: None,
             rng: fastrand::Rng::new(),
         }
     }
@@ -181,7 +203,12 @@ impl Worker {
             };
             match got {
                 Err(RecvTimeoutError::Disconnected) => break,
-                Ok(req) => self.handle(req, Instant::now()),
+                Ok(req) => {
+                    // Every request waiting now goes in the same step.
+                    let mut batch = vec![req];
+                    batch.extend(rx.try_iter().take(MAX_BATCH - 1));
+                    self.handle_all(batch, Instant::now());
+                }
                 Err(RecvTimeoutError::Timeout) => {}
             }
             self.tick(Instant::now());
@@ -189,18 +216,19 @@ impl Worker {
         self.stop();
     }
 
-    /// The earliest timer: a renewal, a twin's poll, the purge.
+    /// The earliest timer: a renewal, a twin's poll, the purge, the flush.
     pub fn next_due(&self) -> Option<Instant> {
         let renew = self.own.values().filter_map(|o| o.renew_at.or(o.forget_at));
         let polls = self.waiting.iter().map(|w| w.next);
         let purge = self.engine.is_ok().then_some(self.next_purge);
-        renew.chain(polls).chain(purge).min()
+        renew.chain(polls).chain(purge).chain(self.flush_at).min()
     }
 
     fn token(&mut self) -> String {
         format!("{:016x}{:016x}", self.rng.u64(..), self.rng.u64(..))
     }
 
+    #[cfg(test)]
     fn apply(&mut self, id: &Id, op: &Op) -> Result<Reply, String> {
         match &mut self.engine {
             Ok(e) => e.apply(id, op).map_err(|e| e.to_string()),
@@ -218,47 +246,150 @@ impl Worker {
     }
 
     /// One request at `now`.
+    #[cfg(test)]
     pub fn handle(&mut self, req: Request, now: Instant) {
-        match req {
-            Request::Claim {
-                call,
-                id,
-                args,
-                timing,
-                wait_until,
-            } => {
-                let owner = self.token();
-                let op = Op::Claim {
-                    owner: owner.clone(),
-                    args: args.clone(),
+        self.handle_all(vec![req], now);
+    }
+
+    /// Requests that arrived together, at `now`: their operations in one
+    /// step of the engine, each answered after it. A request that ends a
+    /// call whose claim is in the same batch goes in the next step (its
+    /// owner is known once the claim's reply is).
+    pub fn handle_all(&mut self, reqs: Vec<Request>, now: Instant) {
+        let mut steps: Vec<(Id, Op, Step)> = Vec::new();
+        for req in reqs {
+            match req {
+                Request::Claim {
+                    call,
+                    id,
+                    args,
                     timing,
-                };
-                match self.apply(&id, &op) {
-                    Ok(Reply::Busy { .. }) if now < wait_until => {
-                        self.waiting.push(Waiting {
-                            call,
-                            id,
-                            owner,
-                            args,
-                            timing,
-                            wait_until,
-                            next: now + POLL_FIRST,
-                            pause: POLL_FIRST,
-                        });
+                    wait_until,
+                } => {
+                    let owner = self.token();
+                    let op = Op::Claim {
+                        owner: owner.clone(),
+                        args: args.clone(),
+                        timing,
+                    };
+                    let w = Waiting {
+                        call,
+                        id,
+                        owner,
+                        args,
+                        timing,
+                        wait_until,
+                        next: now + POLL_FIRST,
+                        pause: POLL_FIRST,
+                    };
+                    steps.push((id, op, Step::Claim(w)));
+                }
+                Request::Finish {
+                    id,
+                    outcome,
+                    timing,
+                } => {
+                    if steps
+                        .iter()
+                        .any(|(i, _, s)| *i == id && matches!(s, Step::Claim(_)))
+                    {
+                        self.step(std::mem::take(&mut steps), now);
                     }
-                    reply => {
-                        if reply == Ok(Reply::Claimed) {
-                            self.own(id, owner, timing, now);
+                    let Some(own) = self.own.get(&id) else {
+                        // A twin whose call ended while it waited waits no more.
+                        self.waiting.retain(|w| w.id != id);
+                        continue;
+                    };
+                    let op = Op::Finish {
+                        owner: own.owner.clone(),
+                        outcome: outcome.clone(),
+                        timing,
+                    };
+                    steps.push((id, op, Step::Finish { outcome, timing }));
+                }
+            }
+        }
+        self.step(steps, now);
+    }
+
+    /// Applies `steps` in one step of the engine, then what each reply
+    /// means.
+    fn step(&mut self, steps: Vec<(Id, Op, Step)>, now: Instant) {
+        if steps.is_empty() {
+            return;
+        }
+        let ops: Vec<(Id, Op)> = steps.iter().map(|(id, op, _)| (*id, op.clone())).collect();
+        let replies: Vec<Result<Reply, String>> = match &mut self.engine {
+            Ok(e) => match e.apply_all(&ops) {
+                Ok(r) => r
+                    .into_iter()
+                    .map(|r| r.map_err(|e| e.to_string()))
+                    .collect(),
+                Err(err) => vec![Err(err.to_string()); ops.len()],
+            },
+            Err(e) => vec![Err(e.clone()); ops.len()],
+        };
+        if self.engine.is_ok() && self.flush_at.is_none() {
+            self.flush_at = Some(now + FLUSH_WITHIN);
+        }
+        for ((id, _, step), reply) in steps.into_iter().zip(replies) {
+            match step {
+                Step::Claim(w) => self.claimed(w, reply, now),
+                Step::Finish { outcome, timing } => {
+                    if let Err(e) = reply {
+                        crate::warn!("store: a call's outcome was not recorded: {e}");
+                    }
+                    match outcome {
+                        Outcome::Unknown(_) => {
+                            if let Some(own) = self.own.get_mut(&id) {
+                                own.renew_at = None;
+                                own.forget_at = Some(now + Duration::from_millis(timing.ttl));
+                            }
                         }
-                        self.answer(call, reply);
+                        _ => {
+                            self.own.remove(&id);
+                        }
+                    }
+                }
+                Step::Renew { timing } => {
+                    match reply {
+                        Ok(Reply::Written) => {}
+                        Ok(_) => crate::warn!(
+                            "store: a call in flight lost its claim (its lease ran out): another process may report it unknown"
+                        ),
+                        Err(e) => crate::warn!("store: a claim could not be renewed: {e}"),
+                    }
+                    if let Some(own) = self.own.get_mut(&id) {
+                        own.renew_at = Some(now + renew_pause(timing));
                     }
                 }
             }
-            Request::Finish {
-                id,
-                outcome,
-                timing,
-            } => self.finish(id, outcome, timing, now),
+        }
+    }
+
+    /// What a claim (or a twin's poll) found: a busy record before the
+    /// caller's deadline is polled again, anything else answered.
+    fn claimed(&mut self, w: Waiting, reply: Result<Reply, String>, now: Instant) {
+        match reply {
+            Ok(Reply::Busy { .. }) if now < w.wait_until => {
+                let first = w.next > now;
+                let pause = if first {
+                    w.pause
+                } else {
+                    (w.pause * 2).min(POLL_MAX)
+                };
+                self.waiting.push(Waiting {
+                    next: (now + pause).min(w.wait_until),
+                    pause,
+                    ..w
+                });
+            }
+            reply => {
+                if reply == Ok(Reply::Claimed) {
+                    self.own(w.id, w.owner, w.timing, now);
+                }
+                self.answer(w.call, reply);
+            }
         }
     }
 
@@ -275,88 +406,35 @@ impl Worker {
         );
     }
 
-    fn finish(&mut self, id: Id, outcome: Outcome, timing: Timing, now: Instant) {
-        let Some(own) = self.own.get(&id) else {
-            // A twin whose call ended while it waited waits no more.
-            self.waiting.retain(|w| w.id != id);
-            return;
-        };
-        let op = Op::Finish {
-            owner: own.owner.clone(),
-            outcome: outcome.clone(),
-            timing,
-        };
-        if let Err(e) = self.apply(&id, &op) {
-            crate::warn!("store: a call's outcome was not recorded: {e}");
-        }
-        match outcome {
-            Outcome::Unknown(_) => {
-                if let Some(own) = self.own.get_mut(&id) {
-                    own.renew_at = None;
-                    own.forget_at = Some(now + Duration::from_millis(timing.ttl));
-                }
-            }
-            _ => {
-                self.own.remove(&id);
-            }
-        }
-    }
-
-    /// Everything due at `now`: renewals, twins' polls, the purge.
+    /// Everything due at `now`: renewals and twins' polls (in one step),
+    /// the purge, the flush.
     pub fn tick(&mut self, now: Instant) {
-        let due: Vec<Id> = self
+        let mut steps: Vec<(Id, Op, Step)> = self
             .own
             .iter()
             .filter(|(_, o)| o.renew_at.is_some_and(|t| t <= now))
-            .map(|(id, _)| *id)
+            .map(|(id, o)| {
+                let op = Op::Renew {
+                    owner: o.owner.clone(),
+                    timing: o.timing,
+                };
+                (*id, op, Step::Renew { timing: o.timing })
+            })
             .collect();
-        for id in due {
-            let Some(own) = self.own.get(&id) else {
-                continue;
-            };
-            let (owner, timing) = (own.owner.clone(), own.timing);
-            let op = Op::Renew { owner, timing };
-            match self.apply(&id, &op) {
-                Ok(Reply::Written) => {}
-                Ok(_) => crate::warn!(
-                    "store: a call in flight lost its claim (its lease ran out): another process may report it unknown"
-                ),
-                Err(e) => crate::warn!("store: a claim could not be renewed: {e}"),
-            }
-            if let Some(own) = self.own.get_mut(&id) {
-                own.renew_at = Some(now + renew_pause(timing));
-            }
-        }
         self.own.retain(|_, o| o.forget_at.is_none_or(|t| t > now));
-        let mut i = 0;
-        while i < self.waiting.len() {
-            if self.waiting[i].next > now {
-                i += 1;
-                continue;
-            }
-            let w = self.waiting.swap_remove(i);
+        let (due, later): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|w| w.next <= now);
+        self.waiting = later;
+        for w in due {
             let op = Op::Claim {
                 owner: w.owner.clone(),
                 args: w.args.clone(),
                 timing: w.timing,
             };
-            match self.apply(&w.id, &op) {
-                Ok(Reply::Busy { .. }) if now < w.wait_until => {
-                    let pause = (w.pause * 2).min(POLL_MAX);
-                    self.waiting.push(Waiting {
-                        next: (now + pause).min(w.wait_until),
-                        pause,
-                        ..w
-                    });
-                }
-                reply => {
-                    if reply == Ok(Reply::Claimed) {
-                        self.own(w.id, w.owner, w.timing, now);
-                    }
-                    self.answer(w.call, reply);
-                }
-            }
+            steps.push((w.id, op, Step::Claim(w)));
         }
+        self.step(steps, now);
         if self.engine.is_ok() && self.next_purge <= now {
             self.next_purge = now + PURGE_EVERY;
             if let Ok(e) = &mut self.engine {
@@ -367,20 +445,35 @@ impl Worker {
                 }
             }
         }
+        if self.flush_at.is_some_and(|t| t <= now) {
+            self.flush();
+        }
     }
 
-    /// The end: this process's claims in flight are unknown from now on.
+    fn flush(&mut self) {
+        self.flush_at = None;
+        if let Ok(e) = &mut self.engine {
+            if let Err(e) = e.flush() {
+                crate::warn!("store: what was written could not be synced: {e}");
+            }
+        }
+    }
+
+    /// The end: this process's claims in flight are unknown from now on
+    /// (in one step), and everything written is flushed.
     pub fn stop(mut self) {
-        let live: Vec<(Id, Timing)> = self
+        let live: Vec<Request> = self
             .own
             .iter()
             .filter(|(_, o)| o.renew_at.is_some())
-            .map(|(id, o)| (*id, o.timing))
+            .map(|(id, o)| Request::Finish {
+                id: *id,
+                outcome: Outcome::Unknown(PROXY_EXITED.into()),
+                timing: o.timing,
+            })
             .collect();
-        let now = Instant::now();
-        for (id, timing) in live {
-            self.finish(id, Outcome::Unknown(PROXY_EXITED.into()), timing, now);
-        }
+        self.handle_all(live, Instant::now());
+        self.flush();
     }
 }
 
@@ -396,7 +489,7 @@ mod tests {
 
     use super::*;
     use crate::store::tests::{fake_clock, T};
-    use crate::store::{record_id, Memory};
+    use crate::store::{record_id, Memory, StoreError};
 
     type Log = Arc<Mutex<Vec<Answer>>>;
 
@@ -411,6 +504,131 @@ mod tests {
             Box::new(move || t2.load(Ordering::SeqCst)),
         );
         (w, log, t)
+    }
+
+    /// A memory engine that counts its steps and flushes.
+    struct Counted {
+        inner: Memory,
+        steps: Arc<Mutex<Vec<usize>>>,
+        flushes: Arc<Mutex<usize>>,
+    }
+
+    impl Engine for Counted {
+        fn apply_all(
+            &mut self,
+            ops: &[(Id, Op)],
+        ) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+            self.steps.lock().unwrap().push(ops.len());
+            self.inner.apply_all(ops)
+        }
+        fn flush(&mut self) -> Result<(), StoreError> {
+            *self.flushes.lock().unwrap() += 1;
+            Ok(())
+        }
+        fn purge(&mut self, max: usize) -> Result<usize, StoreError> {
+            self.inner.purge(max)
+        }
+        fn count(&mut self) -> Result<u64, StoreError> {
+            self.inner.count()
+        }
+        fn name(&self) -> &'static str {
+            "counted"
+        }
+        fn place(&self) -> String {
+            String::new()
+        }
+    }
+
+    type Steps = Arc<Mutex<Vec<usize>>>;
+
+    fn counted_worker() -> (Worker, Log, Steps, Arc<Mutex<usize>>) {
+        let (clock, _) = fake_clock();
+        let log: Log = Arc::default();
+        let l = log.clone();
+        let steps: Steps = Arc::default();
+        let flushes = Arc::new(Mutex::new(0));
+        let engine = Counted {
+            inner: Memory::new(1 << 20, clock),
+            steps: steps.clone(),
+            flushes: flushes.clone(),
+        };
+        let w = Worker::new(
+            Ok(Box::new(engine)),
+            Box::new(move |a| l.lock().unwrap().push(a)),
+            Box::new(|| 0),
+        );
+        (w, log, steps, flushes)
+    }
+
+    #[test]
+    fn requests_that_arrive_together_are_applied_in_one_step_each_answered() {
+        let (mut w, log, steps, _) = counted_worker();
+        let now = Instant::now();
+        let far = now + Duration::from_secs(60);
+        let ids: Vec<Id> = (0..5)
+            .map(|i| record_id(&[0; 32], "t", &i.to_string()))
+            .collect();
+        let mut batch: Vec<Request> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| claim(i as u64, *id, far))
+            .collect();
+        // A twin of the first, in the same batch: it finds the claim made
+        // before it in the same step, and waits.
+        batch.push(claim(9, ids[0], far));
+        w.handle_all(batch, now);
+        assert_eq!(*steps.lock().unwrap(), [6]);
+        let answers = log.lock().unwrap().clone();
+        assert_eq!(answers.len(), 5);
+        assert!(answers.iter().all(|a| a.reply == Ok(Reply::Claimed)));
+        assert_eq!(w.waiting.len(), 1);
+        // Five ends in one step; a claim and the end of its own call in one
+        // batch take two (the end needs the claim's owner).
+        let end = |id: Id| Request::Finish {
+            id,
+            outcome: Outcome::Result("1".into()),
+            timing: T,
+        };
+        w.handle_all(ids.iter().map(|id| end(*id)).collect(), now);
+        assert_eq!(*steps.lock().unwrap(), [6, 5]);
+        assert!(w.own.is_empty());
+        let id = record_id(&[0; 32], "t", "new");
+        w.handle_all(vec![claim(20, id, far), end(id)], now);
+        assert_eq!(*steps.lock().unwrap(), [6, 5, 1, 1]);
+        assert!(w.own.is_empty(), "the end found its owner");
+        let later = Op::Claim {
+            owner: "x".into(),
+            args: "a".into(),
+            timing: T,
+        };
+        assert!(matches!(w.apply(&id, &later), Ok(Reply::Replay { .. })));
+    }
+
+    #[test]
+    fn what_was_written_is_flushed_within_a_second_and_at_the_end() {
+        let (mut w, _, _, flushes) = counted_worker();
+        let now = Instant::now();
+        w.next_purge = now + Duration::from_secs(3600);
+        assert_eq!(w.next_due(), Some(w.next_purge), "nothing to flush");
+        let id = record_id(&[0; 32], "t", "k");
+        w.handle(claim(1, id, now), now);
+        assert_eq!(renew_pause(T), FLUSH_WITHIN);
+        assert_eq!(w.next_due(), Some(now + FLUSH_WITHIN));
+        // The renewal due then is written first, and flushed with the claim.
+        w.tick(now + FLUSH_WITHIN);
+        assert_eq!(*flushes.lock().unwrap(), 1);
+        // Until something is written again, no flush is due.
+        assert_eq!(w.next_due(), Some(now + FLUSH_WITHIN + renew_pause(T)));
+        w.handle(
+            Request::Finish {
+                id,
+                outcome: Outcome::Unknown("timeout".into()),
+                timing: T,
+            },
+            now + FLUSH_WITHIN,
+        );
+        w.stop();
+        assert_eq!(*flushes.lock().unwrap(), 2);
     }
 
     fn claim(call: u64, id: Id, until: Instant) -> Request {

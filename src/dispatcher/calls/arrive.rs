@@ -31,6 +31,8 @@ struct Arriving {
     cache_key: Option<String>,
     dedup_key: Option<u128>,
     dedup_args: u128,
+    /// With a store, a keyed call's argument fingerprint for its record.
+    store_args: Option<String>,
 }
 
 impl Calls {
@@ -99,9 +101,10 @@ impl Calls {
             }
             Lookup::Execute(client) => {
                 self.dedup.start(&key, new.dedup_args, ctx.now);
+                let args = new.store_args.clone().unwrap_or_default();
                 let id = self.open(m, new, client, ctx, out);
                 // With a store, its first attempt waits for its claim.
-                self.claim_first(id, out);
+                self.claim_first(id, args, out);
                 Arrival::Started(id)
             }
         }
@@ -166,8 +169,15 @@ impl Calls {
             (None, Some(fp), Some(h)) => (Some(fingerprint(keys, &["call", &tool, h])), fp),
             (None, _, _) => (None, 0),
         };
+        let store_args = match (&self.keys, &parsed.explicit_key) {
+            (Some(k), Some(_)) if !parsed.no_store => {
+                Some(crate::store::args_fingerprint(&k.scope, &parsed.arguments))
+            }
+            _ => None,
+        };
         Arriving {
             tool,
+            store_args,
             explicit_key: parsed.explicit_key,
             key_honored,
             read_only,
@@ -212,10 +222,7 @@ impl Calls {
             ),
         }
         if let (Some(k), false) = (&new.explicit_key, same_args) {
-            warn!(
-                "tool \"{tool}\": idempotency key {} was reused with different arguments; treated as the same operation",
-                jsonrpc::json_string(k)
-            );
+            reused_with_other_arguments(tool, k);
         }
         self.counters.tool(tool).dedup_hits += 1;
     }
@@ -362,6 +369,16 @@ fn hex(fp: u128, buf: &mut [u8; 32]) -> &str {
         *b = DIGITS[((fp >> (124 - 4 * i)) & 0xf) as usize];
     }
     std::str::from_utf8(buf).expect("hex digits are ASCII")
+}
+
+/// A call with `key` for `tool` was answered as the operation an earlier
+/// call with that key and other arguments made: said, with the tool and the
+/// key, never the values.
+pub(super) fn reused_with_other_arguments(tool: &str, key: &str) {
+    warn!(
+        "tool \"{tool}\": idempotency key {} was reused with different arguments; treated as the same operation",
+        jsonrpc::json_string(key)
+    );
 }
 
 #[cfg(test)]

@@ -50,7 +50,7 @@ pub enum Unavailable {
 /// The store's state in the calls.
 pub struct KeyStore {
     tx: Sender<Request>,
-    scope: [u8; 32],
+    pub(super) scope: [u8; 32],
     unavailable: Unavailable,
     /// The store was found unavailable (said once).
     warned: bool,
@@ -104,9 +104,10 @@ impl Calls {
         }
     }
 
-    /// A new keyed call `id`: with a store, it claims its record first
-    /// (its attempt waits for the answer). Whether it did.
-    pub(super) fn claim_first(&mut self, id: u64, out: &mut Vec<Action>) -> bool {
+    /// A new keyed call `id` with argument fingerprint `args`: with a
+    /// store, it claims its record first (its attempt waits for the
+    /// answer). Whether it did.
+    pub(super) fn claim_first(&mut self, id: u64, args: String, out: &mut Vec<Action>) -> bool {
         let Some(keys) = &self.keys else {
             return false;
         };
@@ -123,7 +124,7 @@ impl Calls {
         out.push(Action::Store(Request::Claim {
             call: id,
             id: record,
-            args: String::new(),
+            args,
             timing,
             wait_until: call.deadline,
         }));
@@ -159,7 +160,15 @@ impl Calls {
                 }
                 Some(id)
             }
-            Ok(Reply::Replay { result, .. }) => {
+            Ok(Reply::Replay {
+                result, same_args, ..
+            }) => {
+                if !same_args {
+                    if let Some(c) = self.calls.get(&id) {
+                        let key = c.explicit_key.as_deref().unwrap_or_default();
+                        super::arrive::reused_with_other_arguments(&c.tool, key);
+                    }
+                }
                 self.replay_stored(id, &result, ctx, out);
                 None
             }
