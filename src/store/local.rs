@@ -26,7 +26,7 @@ use redb::{
     TableDefinition,
 };
 
-use super::{record_bytes, Clock, Engine, Id, StoreError, RECORD_OVERHEAD};
+use super::{record_bytes, timed_health, Clock, Engine, Health, Id, StoreError, RECORD_OVERHEAD};
 use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 use crate::private_files::{self, file_facts, judge_file, UserDir};
 
@@ -45,6 +45,9 @@ const CACHE_BYTES: usize = 4 * 1024 * 1024;
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 /// (expiry, name) for every record, to purge the expired first.
 const EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("expiry");
+/// (started, name) of every claim and unknown record, to list the unknown
+/// outcomes newest first without reading every record.
+const OPEN: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("open");
 /// Counters: `bytes`, the bytes of records held (with their overhead).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -77,6 +80,18 @@ pub struct Local {
     path: PathBuf,
     max_bytes: u64,
     clock: Clock,
+    /// What opening it did that a person should know (a file set aside).
+    warning: Option<String>,
+}
+
+/// Why the store file in a state directory was not opened by
+/// [`Local::open_existing`].
+#[derive(Debug)]
+pub enum NotOpened {
+    /// There is no file (nothing was ever kept there).
+    Missing(PathBuf),
+    /// It is there but cannot be used as it is.
+    Refused(StoreError),
 }
 
 impl Local {
@@ -88,14 +103,15 @@ impl Local {
     pub fn open(dir: &Path, max_bytes: u64, clock: Clock) -> Result<Local, StoreError> {
         private_files::prepare_dir(dir).map_err(|e| StoreError::Engine(e.to_string()))?;
         let path = dir.join(FILE_NAME);
+        let mut warning = None;
         if let Some(why) = refused(&path) {
-            set_aside(&path, &why, &clock)?;
+            warning = Some(set_aside(&path, &why, &clock)?);
         }
-        let db = match open_db(&path) {
+        let db = match open_db(&path, true) {
             Ok(db) => db,
             Err(Bad::Unusable(why)) => {
-                set_aside(&path, &why, &clock)?;
-                open_db(&path).map_err(|e| StoreError::Engine(e.to_string()))?
+                warning = Some(set_aside(&path, &why, &clock)?);
+                open_db(&path, true).map_err(|e| StoreError::Engine(e.to_string()))?
             }
             Err(Bad::Other(e)) => return Err(StoreError::Engine(e)),
         };
@@ -104,6 +120,34 @@ impl Local {
             path,
             max_bytes,
             clock,
+            warning,
+        })
+    }
+
+    /// Opens the file in `dir` if there is one, as it is: no directory or
+    /// file is made, set aside or made private (for `status` and `check`,
+    /// which only look; redb still repairs a file left by a crash, as the
+    /// next proxy would). A directory or file that is not ours alone is
+    /// refused.
+    pub fn open_existing(dir: &Path, clock: Clock) -> Result<Local, NotOpened> {
+        let path = dir.join(FILE_NAME);
+        if fs::symlink_metadata(&path).is_err() {
+            return Err(NotOpened::Missing(path));
+        }
+        let refuse = |why: String| {
+            NotOpened::Refused(StoreError::Engine(format!("{}: {why}", path.display())))
+        };
+        private_files::check_dir(dir).map_err(|e| refuse(e.to_string()))?;
+        if let Some(why) = refused(&path) {
+            return Err(refuse(why));
+        }
+        let db = open_db(&path, false).map_err(|e| refuse(e.to_string()))?;
+        Ok(Local {
+            db,
+            path,
+            max_bytes: MAX_BYTES,
+            clock,
+            warning: None,
         })
     }
 
@@ -113,6 +157,7 @@ impl Local {
         let (reply, wrote) = {
             let mut records = tx.open_table(RECORDS).map_err(engine_err)?;
             let mut expiry = tx.open_table(EXPIRY).map_err(engine_err)?;
+            let mut open = tx.open_table(OPEN).map_err(engine_err)?;
             let mut meta = tx.open_table(META).map_err(engine_err)?;
             let now = (self.clock)();
             let current: Option<(Record, u64)> = match records.get(&id[..]).map_err(engine_err)? {
@@ -136,6 +181,7 @@ impl Local {
                     if let Some((r, cost)) = &current {
                         records.remove(&id[..]).map_err(engine_err)?;
                         expiry.remove((r.expires, &id[..])).map_err(engine_err)?;
+                        open.remove((r.started, &id[..])).map_err(engine_err)?;
                         held = held.saturating_sub(*cost);
                     }
                     true
@@ -144,7 +190,8 @@ impl Local {
                     let text = record_bytes(&r)?;
                     let cost = text.len() as u64 + RECORD_OVERHEAD;
                     if held.saturating_sub(old_cost) + cost > self.max_bytes {
-                        let (_, freed) = purge_in(&mut records, &mut expiry, now, usize::MAX, id)?;
+                        let (_, freed) =
+                            purge_in(&mut records, &mut expiry, &mut open, now, usize::MAX, id)?;
                         held = held.saturating_sub(freed);
                         if held.saturating_sub(old_cost) + cost > self.max_bytes {
                             return Err(StoreError::Full {
@@ -154,11 +201,15 @@ impl Local {
                     }
                     if let Some((old, _)) = &current {
                         expiry.remove((old.expires, &id[..])).map_err(engine_err)?;
+                        open.remove((old.started, &id[..])).map_err(engine_err)?;
                     }
                     records.insert(&id[..], &text[..]).map_err(engine_err)?;
                     expiry
                         .insert((r.expires, &id[..]), ())
                         .map_err(engine_err)?;
+                    if record::is_open(&r) {
+                        open.insert((r.started, &id[..]), ()).map_err(engine_err)?;
+                    }
                     held = held.saturating_sub(old_cost) + cost;
                     true
                 }
@@ -182,6 +233,7 @@ impl Local {
 fn purge_in(
     records: &mut redb::Table<&[u8], &[u8]>,
     expiry: &mut redb::Table<(u64, &[u8]), ()>,
+    open: &mut redb::Table<(u64, &[u8]), ()>,
     now: Millis,
     max: usize,
     keep: &Id,
@@ -204,7 +256,12 @@ fn purge_in(
     for (at, id) in &due {
         expiry.remove((*at, &id[..])).map_err(engine_err)?;
         if let Some(v) = records.remove(&id[..]).map_err(engine_err)? {
-            freed += v.value().len() as u64 + RECORD_OVERHEAD;
+            let bytes = v.value();
+            freed += bytes.len() as u64 + RECORD_OVERHEAD;
+            // A record that does not read leaves no index entry to find.
+            if let Ok(r) = serde_json::from_slice::<Record>(bytes) {
+                open.remove((r.started, &id[..])).map_err(engine_err)?;
+            }
         }
     }
     Ok((due.len(), freed))
@@ -220,9 +277,10 @@ impl Engine for Local {
         let purged = {
             let mut records = tx.open_table(RECORDS).map_err(engine_err)?;
             let mut expiry = tx.open_table(EXPIRY).map_err(engine_err)?;
+            let mut open = tx.open_table(OPEN).map_err(engine_err)?;
             let mut meta = tx.open_table(META).map_err(engine_err)?;
             let now = (self.clock)();
-            let (n, freed) = purge_in(&mut records, &mut expiry, now, max, &[0xff; 32])?;
+            let (n, freed) = purge_in(&mut records, &mut expiry, &mut open, now, max, &[0xff; 32])?;
             if n > 0 {
                 let held = meta
                     .get("bytes")
@@ -254,6 +312,39 @@ impl Engine for Local {
     fn place(&self) -> String {
         self.path.display().to_string()
     }
+
+    fn health(&mut self) -> Health {
+        let warning = self.warning.clone();
+        timed_health(self, warning)
+    }
+
+    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+        let limit = limit.min(super::MAX_UNKNOWNS);
+        let now = (self.clock)();
+        let tx = self.db.begin_read().map_err(engine_err)?;
+        let records = tx.open_table(RECORDS).map_err(engine_err)?;
+        let open = tx.open_table(OPEN).map_err(engine_err)?;
+        let mut found = Vec::new();
+        for entry in open.iter().map_err(engine_err)?.rev() {
+            if found.len() >= limit {
+                break;
+            }
+            let (k, ()) = entry.map(|(k, v)| (k, v.value())).map_err(engine_err)?;
+            let (_, name) = k.value();
+            let Ok(id) = Id::try_from(name) else {
+                continue;
+            };
+            let Some(v) = records.get(&id[..]).map_err(engine_err)? else {
+                continue;
+            };
+            let r: Record = serde_json::from_slice(v.value())
+                .map_err(|e| StoreError::BadRecord(e.to_string()))?;
+            if let Some(r) = record::unknown_at(&r, now) {
+                found.push((id, r));
+            }
+        }
+        Ok(found)
+    }
 }
 
 /// Why an open failed.
@@ -277,16 +368,23 @@ impl std::fmt::Display for Bad {
 /// made. redb checks every page of a file it did not close cleanly and
 /// repairs it; a file it cannot read is [`Bad::Unusable`] (a panic of the
 /// engine's reading included).
-fn open_db(path: &Path) -> Result<Database, Bad> {
-    create_private(path).map_err(|e| Bad::Other(format!("{}: {e}", path.display())))?;
+fn open_db(path: &Path, create: bool) -> Result<Database, Bad> {
+    if create {
+        create_private(path).map_err(|e| Bad::Other(format!("{}: {e}", path.display())))?;
+    }
     let opened = catch_unwind(AssertUnwindSafe(|| {
-        let db = redb::Builder::new()
+        let mut builder = redb::Builder::new();
+        builder
             .set_concurrency_mode(ConcurrencyMode::MultiWriter)
-            .set_cache_size(CACHE_BYTES)
-            .create(path)?;
+            .set_cache_size(CACHE_BYTES);
+        let db = match create {
+            true => builder.create(path)?,
+            false => builder.open(path)?,
+        };
         let tx = db.begin_write()?;
         tx.open_table(RECORDS)?;
         tx.open_table(EXPIRY)?;
+        tx.open_table(OPEN)?;
         tx.open_table(META)?;
         tx.commit()?;
         Ok::<_, redb::Error>(db)
@@ -326,8 +424,9 @@ fn refused(path: &Path) -> Option<String> {
         .map(|p| p.to_string())
 }
 
-/// Renames the file at `path` aside, with a warning saying why.
-fn set_aside(path: &Path, why: &str, clock: &Clock) -> Result<(), StoreError> {
+/// Renames the file at `path` aside, with a warning saying why (also
+/// what it returns).
+fn set_aside(path: &Path, why: &str, clock: &Clock) -> Result<String, StoreError> {
     let mut aside = path.as_os_str().to_owned();
     aside.push(format!(".set-aside-{}", clock()));
     let aside = PathBuf::from(aside);
@@ -337,12 +436,13 @@ fn set_aside(path: &Path, why: &str, clock: &Clock) -> Result<(), StoreError> {
             path.display()
         ))
     })?;
-    crate::warn!(
-        "store: {}: {why}; set aside as {} and a new one made",
+    let warning = format!(
+        "{}: {why}; set aside as {} and a new one made",
         path.display(),
         aside.display()
     );
-    Ok(())
+    crate::warn!("store: {warning}");
+    Ok(warning)
 }
 
 #[cfg(test)]
@@ -352,7 +452,7 @@ mod tests {
     use super::*;
     use crate::policy::record::Outcome;
     use crate::store::record_id;
-    use crate::store::tests::{claim, engine_contract, fake_clock, finish};
+    use crate::store::tests::{claim, engine_contract, fake_clock, finish, unknowns_contract};
 
     /// A directory removed when dropped: declared before the engines of
     /// a test, it goes after them (Windows removes no file still open).
@@ -393,6 +493,66 @@ mod tests {
         let (clock, t) = fake_clock();
         let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
         engine_contract(&mut e, &t);
+    }
+
+    #[test]
+    fn the_local_engine_lists_its_unknown_outcomes_to_another_handle() {
+        let dir = temp_dir("unknowns");
+        let (clock, t) = fake_clock();
+        let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
+        unknowns_contract(&mut e, &t);
+        // Another handle (another process: `status`) sees what one left.
+        let id = record_id(&[5; 32], "deploy", "D-1");
+        e.apply(&id, &crate::store::tests::claim_about("o", "deploy", "D-1"))
+            .unwrap();
+        e.apply(&id, &finish("o", Outcome::Unknown("timeout".into())))
+            .unwrap();
+        let t2 = t.clone();
+        let seen = Box::new(move || t2.load(Ordering::SeqCst));
+        let mut other = match Local::open_existing(&dir, seen) {
+            Ok(l) => l,
+            Err(e) => panic!("{e:?}"),
+        };
+        let list = other.unknowns(5).unwrap();
+        assert_eq!(list.len(), 1);
+        assert_eq!((list[0].0, list[0].1.about.tool.as_str()), (id, "deploy"));
+        let h = other.health();
+        assert_eq!((h.engine, h.reachable, h.records), ("local", true, Some(1)));
+        assert_eq!(h.place, dir.join(FILE_NAME).display().to_string());
+        assert_eq!(h.warning, None);
+    }
+
+    #[test]
+    fn looking_at_a_state_directory_without_a_file_makes_none() {
+        let dir = temp_dir("look");
+        let (clock, _) = fake_clock();
+        assert!(matches!(
+            Local::open_existing(&dir, clock),
+            Err(NotOpened::Missing(p)) if p == dir.join(FILE_NAME)
+        ));
+        assert!(!dir.exists(), "nothing was made");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn looking_at_a_file_of_the_wrong_mode_refuses_it_and_leaves_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp_dir("look-mode");
+        let (clock, _) = fake_clock();
+        drop(Local::open(&dir, 1 << 20, clock).unwrap());
+        let path = dir.join(FILE_NAME);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let (clock, _) = fake_clock();
+        let Err(NotOpened::Refused(e)) = Local::open_existing(&dir, clock) else {
+            panic!("opened");
+        };
+        assert!(e.to_string().contains(FILE_NAME), "{e}");
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "not set aside");
+        // A proxy sets it aside, and says so in its health.
+        let (clock, _) = fake_clock();
+        let mut l = Local::open(&dir, 1 << 20, clock).unwrap();
+        let w = l.health().warning.unwrap();
+        assert!(w.contains("set aside as"), "{w}");
     }
 
     #[test]

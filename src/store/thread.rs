@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::{Engine, Id, StoreError};
-use crate::policy::record::{self, Millis, Op, Outcome, Reply, Timing};
+use super::{Engine, Health, Id, StoreError};
+use crate::policy::record::{self, About, Millis, Op, Outcome, Reply, Timing};
 
 /// A waiting twin's first pause before it claims again.
 pub const POLL_FIRST: Duration = Duration::from_millis(20);
@@ -45,6 +45,8 @@ pub enum Request {
         args: String,
         timing: Timing,
         wait_until: Instant,
+        /// Kept in the record, for `status`.
+        about: About,
     },
     /// This process's call on record `id` ended with `outcome` (also a
     /// late answer after an unknown outcome).
@@ -65,10 +67,21 @@ pub struct Answer {
     /// The store's clock when it answered, to tell how long ago the
     /// reply's times were.
     pub now_ms: Millis,
+    /// The claim found another process's call running and waited for it.
+    pub waited: bool,
+}
+
+/// What the store thread tells the dispatcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Told {
+    /// A claim's answer.
+    Answer(Answer),
+    /// The store is open (or is not: `Err`, why), for `status`.
+    Opened(Result<Health, String>),
 }
 
 /// Where answers go (the dispatcher's inbox).
-pub type Deliver = Box<dyn Fn(Answer) + Send>;
+pub type Deliver = Box<dyn Fn(Told) + Send>;
 
 /// Opens the engine, on the store thread.
 pub type Opener = Box<dyn FnOnce() -> Result<Box<dyn Engine>, StoreError> + Send>;
@@ -90,6 +103,7 @@ struct Waiting {
     id: Id,
     owner: String,
     args: String,
+    about: About,
     timing: Timing,
     wait_until: Instant,
     next: Instant,
@@ -122,14 +136,24 @@ pub fn spawn(
         move || {
             let engine = match open() {
                 Ok(mut e) => {
-                    match e.count() {
-                        Ok(n) => crate::debug!("store: {} ({}): {n} records", e.name(), e.place()),
-                        Err(err) => crate::warn!("store: {} ({}): {err}", e.name(), e.place()),
+                    let health = e.health();
+                    match (&health.records, &health.warning) {
+                        (Some(n), _) => {
+                            crate::debug!("store: {} ({}): {n} records", e.name(), e.place())
+                        }
+                        (None, w) => crate::warn!(
+                            "store: {} ({}): {}",
+                            e.name(),
+                            e.place(),
+                            w.as_deref().unwrap_or("not reachable")
+                        ),
                     }
+                    deliver(Told::Opened(Ok(health)));
                     Ok(e)
                 }
                 Err(e) => {
                     crate::warn!("store unavailable: {e}");
+                    deliver(Told::Opened(Err(e.to_string())));
                     Err(e.to_string())
                 }
             };
@@ -194,13 +218,14 @@ impl Worker {
         }
     }
 
-    fn answer(&self, call: u64, reply: Result<Reply, String>) {
+    fn answer(&self, call: u64, reply: Result<Reply, String>, waited: bool) {
         let now_ms = (self.clock)();
-        (self.deliver)(Answer {
+        (self.deliver)(Told::Answer(Answer {
             call,
             reply,
             now_ms,
-        });
+            waited,
+        }));
     }
 
     /// One request at `now`.
@@ -212,12 +237,14 @@ impl Worker {
                 args,
                 timing,
                 wait_until,
+                about,
             } => {
                 let owner = self.token();
                 let op = Op::Claim {
                     owner: owner.clone(),
                     args: args.clone(),
                     timing,
+                    about: about.clone(),
                 };
                 match self.apply(&id, &op) {
                     Ok(Reply::Busy { .. }) if now < wait_until => {
@@ -226,6 +253,7 @@ impl Worker {
                             id,
                             owner,
                             args,
+                            about,
                             timing,
                             wait_until,
                             next: now + POLL_FIRST,
@@ -236,7 +264,7 @@ impl Worker {
                         if reply == Ok(Reply::Claimed) {
                             self.own(id, owner, timing, now);
                         }
-                        self.answer(call, reply);
+                        self.answer(call, reply, false);
                     }
                 }
             }
@@ -325,6 +353,7 @@ impl Worker {
                 owner: w.owner.clone(),
                 args: w.args.clone(),
                 timing: w.timing,
+                about: w.about.clone(),
             };
             match self.apply(&w.id, &op) {
                 Ok(Reply::Busy { .. }) if now < w.wait_until => {
@@ -339,7 +368,7 @@ impl Worker {
                     if reply == Ok(Reply::Claimed) {
                         self.own(w.id, w.owner, w.timing, now);
                     }
-                    self.answer(w.call, reply);
+                    self.answer(w.call, reply, true);
                 }
             }
         }
@@ -386,14 +415,23 @@ mod tests {
 
     type Log = Arc<Mutex<Vec<Answer>>>;
 
+    /// A deliverer that logs the answers.
+    fn logger(log: &Log) -> Deliver {
+        let l = log.clone();
+        Box::new(move |t| {
+            if let Told::Answer(a) = t {
+                l.lock().unwrap().push(a)
+            }
+        })
+    }
+
     fn worker() -> (Worker, Log, Arc<std::sync::atomic::AtomicU64>) {
         let (clock, t) = fake_clock();
         let t2 = t.clone();
         let log: Log = Arc::default();
-        let l = log.clone();
         let w = Worker::new(
             Ok(Box::new(Memory::new(1 << 20, clock))),
-            Box::new(move |a| l.lock().unwrap().push(a)),
+            logger(&log),
             Box::new(move || t2.load(Ordering::SeqCst)),
         );
         (w, log, t)
@@ -406,6 +444,7 @@ mod tests {
             args: "a".into(),
             timing: T,
             wait_until: until,
+            about: About::default(),
         }
     }
 
@@ -444,7 +483,7 @@ mod tests {
         w.tick(due);
         let log = log.lock().unwrap();
         assert_eq!(log.len(), 2);
-        assert_eq!(log[1].call, 2);
+        assert_eq!((log[1].call, log[1].waited), (2, true));
         assert!(matches!(&log[1].reply, Ok(Reply::Replay { result, .. }) if result == "42"));
         assert!(w.waiting.is_empty());
     }
@@ -459,6 +498,7 @@ mod tests {
             owner: "elsewhere".into(),
             args: "a".into(),
             timing: T,
+            about: About::default(),
         };
         assert_eq!(w.apply(&id, &other), Ok(Reply::Claimed));
         w.handle(claim(1, id, far), now);
@@ -509,6 +549,7 @@ mod tests {
             owner: "x".into(),
             args: "a".into(),
             timing: T,
+            about: About::default(),
         };
         assert!(matches!(w.apply(&id, &other), Ok(Reply::Busy { .. })));
         w.handle(claim(2, id, now), now);
@@ -521,10 +562,9 @@ mod tests {
     #[test]
     fn an_unavailable_store_answers_every_claim_with_why() {
         let log: Log = Arc::default();
-        let l = log.clone();
         let mut w = Worker::new(
             Err("no state directory".into()),
-            Box::new(move |a| l.lock().unwrap().push(a)),
+            logger(&log),
             Box::new(|| 5),
         );
         let now = Instant::now();
@@ -549,14 +589,21 @@ mod tests {
                 crate::store::local::Local::open(&d, 1 << 20, crate::store::wall_clock())
                     .map(|e| Box::new(e) as Box<dyn Engine>)
             }),
-            Box::new(move |a| drop(tx_a.send(a))),
+            Box::new(move |t| drop(tx_a.send(t))),
             crate::store::wall_clock(),
         )
         .unwrap();
         let id = record_id(&[0; 32], "t", "k");
         let far = Instant::now() + Duration::from_secs(60);
+        let Told::Opened(Ok(health)) = rx_a.recv().unwrap() else {
+            panic!("the store's opening is told first");
+        };
+        assert_eq!((health.engine, health.records), ("local", Some(0)));
         tx.send(claim(1, id, far)).unwrap();
-        assert_eq!(rx_a.recv().unwrap().reply, Ok(Reply::Claimed));
+        let Told::Answer(a) = rx_a.recv().unwrap() else {
+            panic!()
+        };
+        assert_eq!((a.reply, a.waited), (Ok(Reply::Claimed), false));
         drop(tx);
         handle.join().unwrap();
         let mut e =
@@ -565,6 +612,7 @@ mod tests {
             owner: "y".into(),
             args: "a".into(),
             timing: T,
+            about: About::default(),
         };
         assert!(matches!(
             e.apply(&id, &op),

@@ -21,8 +21,10 @@ use crate::dispatcher::{CallError, Reason};
 use crate::jsonrpc;
 use crate::policy::dedup::{Keep, Mark};
 use crate::policy::gate::{self, Safety};
-use crate::policy::record::{Outcome, Reply, Timing, OWNER_LOST};
-use crate::store::thread::{Answer, Request, PROXY_EXITED};
+use crate::policy::record::{About, Outcome, Reply, Timing, OWNER_LOST};
+use crate::redact::Redactor;
+use crate::stats::MAX_KEY_CHARS;
+use crate::store::thread::{Answer, Request, Told, PROXY_EXITED};
 use crate::store::{record_id, Id};
 use crate::{info, warn};
 
@@ -54,15 +56,43 @@ pub struct KeyStore {
     unavailable: Unavailable,
     /// The store was found unavailable (said once).
     warned: bool,
+    /// The engine asked for (`local`).
+    engine: &'static str,
+    /// The server's name in the records, for `status`.
+    server: String,
+    /// Removes the server's env and header values from a key before it
+    /// is kept.
+    redactor: Redactor,
 }
 
 impl KeyStore {
-    pub fn new(tx: Sender<Request>, scope: [u8; 32], unavailable: Unavailable) -> KeyStore {
+    pub fn new(
+        tx: Sender<Request>,
+        scope: [u8; 32],
+        unavailable: Unavailable,
+        engine: &'static str,
+        cfg: &crate::config::ServerConfig,
+    ) -> KeyStore {
+        let secrets: Vec<(String, String)> = cfg.env.iter().chain(&cfg.headers).cloned().collect();
         KeyStore {
             tx,
             scope,
             unavailable,
             warned: false,
+            engine,
+            server: cfg.name.clone(),
+            redactor: Redactor::new(&secrets),
+        }
+    }
+
+    /// What the record of `key` for `tool` says of its call: both
+    /// shortened to [`MAX_KEY_CHARS`], the key redacted.
+    fn about(&self, tool: &str, key: &str) -> About {
+        let short = |s: &str| crate::status::truncate(s, MAX_KEY_CHARS);
+        About {
+            server: short(&self.server),
+            tool: short(tool),
+            key: self.redactor.redact(&short(key)),
         }
     }
 
@@ -86,13 +116,35 @@ pub(super) enum Claim {
 impl Calls {
     /// The store (`local`): from now on keyed calls claim their records.
     pub(in crate::dispatcher) fn use_store(&mut self, store: KeyStore) {
+        self.counters.stats.store.wanted = Some(store.engine);
+        self.counters.changed = true;
         self.keys = Some(store);
     }
 
     /// Hands a request to the store thread.
-    pub(in crate::dispatcher) fn store_send(&self, req: Request) {
+    pub(in crate::dispatcher) fn store_send(&mut self, req: Request) {
         if let Some(k) = &self.keys {
             k.send(req);
+            self.counters.stats.store.operations += 1;
+            self.counters.changed = true;
+        }
+    }
+
+    /// What the store thread told: a claim's answer (the call that may
+    /// run now, for the dispatcher to start), or how the store opened.
+    pub(in crate::dispatcher) fn store_told(
+        &mut self,
+        told: Told,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> Option<u64> {
+        match told {
+            Told::Answer(answer) => self.claimed(answer, ctx, out),
+            Told::Opened(health) => {
+                self.counters.stats.store.opened = Some(health);
+                self.counters.changed = true;
+                None
+            }
         }
     }
 
@@ -119,6 +171,7 @@ impl Calls {
             return false;
         };
         let record = record_id(&scope, &call.tool, key);
+        let about = keys.about(&call.tool, key);
         call.claim = Some(Claim::Pending(record));
         out.push(Action::Store(Request::Claim {
             call: id,
@@ -126,6 +179,7 @@ impl Calls {
             args: String::new(),
             timing,
             wait_until: call.deadline,
+            about,
         }));
         // The store answers by the deadline (a twin still waiting is told
         // so); this is the backstop for a store that never answers.
@@ -139,12 +193,7 @@ impl Calls {
 
     /// The store answered call `answer.call`'s claim: the call that may run
     /// now, for the dispatcher to start.
-    pub(in crate::dispatcher) fn claimed(
-        &mut self,
-        answer: Answer,
-        ctx: Ctx,
-        out: &mut Vec<Action>,
-    ) -> Option<u64> {
+    fn claimed(&mut self, answer: Answer, ctx: Ctx, out: &mut Vec<Action>) -> Option<u64> {
         let id = answer.call;
         let Some(Claim::Pending(record)) = self.calls.get(&id).and_then(|c| c.claim) else {
             // The call ended while it waited: its end was recorded after
@@ -152,6 +201,14 @@ impl Calls {
             return None;
         };
         let ago = |ms: u64| Duration::from_millis(answer.now_ms.saturating_sub(ms));
+        let figures = &mut self.counters.stats.store;
+        figures.waits += u64::from(answer.waited);
+        match &answer.reply {
+            Ok(Reply::Replay { .. }) => figures.replays += 1,
+            Ok(Reply::Unknown { .. }) => figures.unknown_answers += 1,
+            _ => {}
+        }
+        self.counters.changed = true;
         match answer.reply {
             Ok(Reply::Claimed) => {
                 if let Some(c) = self.calls.get_mut(&id) {
