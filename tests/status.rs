@@ -429,10 +429,14 @@ fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
     let file = rt.file_of(&s);
     let read =
         || -> Option<Value> { serde_json::from_str(&std::fs::read_to_string(&file).ok()?).ok() };
-    // The final state: the call counted, measured, and no longer in flight.
+    // The final state: the call counted, measured, and no longer in flight,
+    // and the store (opened on its own thread) open.
     eventually("the call in the status file", || {
         read().is_some_and(|d| {
-            d["total"]["calls"] == 1 && d["total"]["latency_count"] == 1 && d["in_flight"] == 0
+            d["total"]["calls"] == 1
+                && d["total"]["latency_count"] == 1
+                && d["in_flight"] == 0
+                && d["store"]["state"] == "opened"
         })
     });
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;

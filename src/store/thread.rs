@@ -16,6 +16,8 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -54,7 +56,34 @@ pub enum Request {
         id: Id,
         outcome: Outcome,
         timing: Timing,
+        /// The bytes of its result, counted until the request is done.
+        held: Option<Held>,
     },
+}
+
+/// Bytes of kept results on their way to the store thread: counted in
+/// `queued` from when the dispatcher hands a request over until the
+/// thread is done with it (dropped), so the sender can bound them.
+#[derive(Debug)]
+pub struct Held {
+    bytes: u64,
+    queued: Arc<AtomicU64>,
+}
+
+impl Held {
+    pub fn new(queued: &Arc<AtomicU64>, bytes: u64) -> Held {
+        queued.fetch_add(bytes, Ordering::SeqCst);
+        Held {
+            bytes,
+            queued: queued.clone(),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.queued.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
 }
 
 /// The store's answer to a [`Request::Claim`].
@@ -272,7 +301,11 @@ impl Worker {
                 id,
                 outcome,
                 timing,
-            } => self.finish(id, outcome, timing, now),
+                held,
+            } => {
+                self.finish(id, outcome, timing, now);
+                drop(held);
+            }
         }
     }
 
@@ -476,6 +509,7 @@ mod tests {
                 id,
                 outcome: Outcome::Result("42".into()),
                 timing: T,
+                held: None,
             },
             t,
         );
@@ -486,6 +520,23 @@ mod tests {
         assert_eq!((log[1].call, log[1].waited), (2, true));
         assert!(matches!(&log[1].reply, Ok(Reply::Replay { result, .. }) if result == "42"));
         assert!(w.waiting.is_empty());
+    }
+
+    #[test]
+    fn held_bytes_are_counted_until_the_request_is_done() {
+        let (mut w, _, _) = worker();
+        let queued = Arc::new(AtomicU64::new(0));
+        let held = Held::new(&queued, 300);
+        let _other = Held::new(&queued, 5);
+        assert_eq!(queued.load(Ordering::SeqCst), 305);
+        let req = Request::Finish {
+            id: [0; 32],
+            outcome: Outcome::Result("x".repeat(300)),
+            timing: T,
+            held: Some(held),
+        };
+        w.handle(req, Instant::now());
+        assert_eq!(queued.load(Ordering::SeqCst), 5);
     }
 
     #[test]
@@ -508,6 +559,7 @@ mod tests {
                 id,
                 outcome: Outcome::Released,
                 timing: T,
+                held: None,
             },
             now,
         );

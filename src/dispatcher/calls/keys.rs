@@ -13,6 +13,8 @@
 
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -24,7 +26,7 @@ use crate::policy::gate::{self, Safety};
 use crate::policy::record::{About, Outcome, Reply, Timing, OWNER_LOST};
 use crate::redact::Redactor;
 use crate::stats::MAX_KEY_CHARS;
-use crate::store::thread::{Answer, Request, Told, PROXY_EXITED};
+use crate::store::thread::{Answer, Held, Request, Told, PROXY_EXITED};
 use crate::store::{record_id, Id};
 use crate::{info, warn};
 
@@ -38,6 +40,11 @@ pub const LEASE: Duration = Duration::from_secs(10);
 /// How long past its deadline a call waits for the store's answer to its
 /// claim before it ends without it.
 const CLAIM_GRACE: Duration = Duration::from_secs(1);
+/// Most bytes of results on their way to the store thread at once: a
+/// result that would go past it is recorded as run without its result
+/// (`done`: never run again, answered `already_ran`), so a store slower
+/// than the server cannot grow the proxy.
+pub const MAX_QUEUED_BYTES: u64 = 8 << 20;
 
 /// What to do with a keyed call of a tool not known to be safe when the
 /// store cannot be asked.
@@ -63,6 +70,10 @@ pub struct KeyStore {
     /// Removes the server's env and header values from a key before it
     /// is kept.
     redactor: Redactor,
+    /// Bytes of results handed to the store thread and not yet written.
+    queued: Arc<AtomicU64>,
+    /// A result was recorded without its text for lack of room (said once).
+    warned_full: bool,
 }
 
 impl KeyStore {
@@ -82,6 +93,41 @@ impl KeyStore {
             engine,
             server: cfg.name.clone(),
             redactor: Redactor::new(&secrets),
+            queued: Arc::new(AtomicU64::new(0)),
+            warned_full: false,
+        }
+    }
+
+    /// `req` with its result's bytes counted, or, past
+    /// [`MAX_QUEUED_BYTES`], recorded as run without its result.
+    fn bounded(&mut self, req: Request) -> Request {
+        let Request::Finish {
+            id,
+            outcome: Outcome::Result(result),
+            timing,
+            held: None,
+        } = req
+        else {
+            return req;
+        };
+        let bytes = result.len() as u64;
+        if self.queued.load(Ordering::SeqCst) + bytes > MAX_QUEUED_BYTES {
+            if !self.warned_full {
+                self.warned_full = true;
+                warn!("store: results come faster than the store writes them; some are kept as run without their result (a later call with the key is not run, and gets already_ran)");
+            }
+            return Request::Finish {
+                id,
+                outcome: Outcome::Ran,
+                timing,
+                held: None,
+            };
+        }
+        Request::Finish {
+            id,
+            outcome: Outcome::Result(result),
+            timing,
+            held: Some(Held::new(&self.queued, bytes)),
         }
     }
 
@@ -123,7 +169,8 @@ impl Calls {
 
     /// Hands a request to the store thread.
     pub(in crate::dispatcher) fn store_send(&mut self, req: Request) {
-        if let Some(k) = &self.keys {
+        if let Some(k) = &mut self.keys {
+            let req = k.bounded(req);
             k.send(req);
             self.counters.stats.store.operations += 1;
             self.counters.changed = true;
@@ -359,6 +406,7 @@ impl Calls {
                 id,
                 outcome,
                 timing,
+                held: None,
             }));
         }
     }
@@ -370,6 +418,7 @@ impl Calls {
             id,
             outcome,
             timing,
+            held: None,
         }));
     }
 

@@ -1005,3 +1005,44 @@ fn a_keyed_call_that_times_out_or_errs_records_unknown_or_released() {
         "{reqs:?}"
     );
 }
+
+#[test]
+fn results_waiting_for_the_store_are_bounded_by_bytes() {
+    let (mut h, rx) = with_store(super::Unavailable::Local);
+    let big = format!("{{\"text\":\"{}\"}}", "x".repeat(3 << 20));
+    let finish = |n: u8| Request::Finish {
+        id: [n; 32],
+        outcome: Recorded::Result(big.clone()),
+        timing: crate::policy::record::Timing { ttl: 1, lease: 1 },
+        held: None,
+    };
+    for n in 0..3 {
+        h.calls.store_send(finish(n));
+    }
+    let sent: Vec<Request> = rx.try_iter().collect();
+    let kept = |r: &Request| {
+        matches!(
+            r,
+            Request::Finish {
+                outcome: Recorded::Result(_),
+                ..
+            }
+        )
+    };
+    assert_eq!(sent.iter().filter(|r| kept(r)).count(), 2, "{}", sent.len());
+    assert!(
+        matches!(
+            sent[2],
+            Request::Finish {
+                outcome: Recorded::Ran,
+                held: None,
+                ..
+            }
+        ),
+        "past the bound: run, without its result"
+    );
+    // Once the store thread is done with them, there is room again.
+    drop(sent);
+    h.calls.store_send(finish(4));
+    assert!(rx.try_iter().all(|r| kept(&r)));
+}
