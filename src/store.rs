@@ -188,15 +188,19 @@ pub fn look(choice: &str) -> Look {
             }
         }
         other => {
+            // Its scheme only: a URL may carry a password.
+            let kind = other
+                .split_once("://")
+                .map_or("a value", |(scheme, _)| scheme);
             return Look {
                 health: health(
                     "unknown",
-                    other.into(),
+                    "-".into(),
                     false,
-                    "not a store mcp-retry knows",
+                    &format!("not a store this mcp-retry reads ({kind})"),
                 ),
                 engine: None,
-            }
+            };
         }
     }
     let Some(dir) = local::state_dir() else {
@@ -581,6 +585,18 @@ pub(crate) mod tests {
         c.store_scope = "fleet".into();
         assert_eq!(scope(&b), scope(&c));
         assert_ne!(scope(&b), base);
+    }
+
+    #[test]
+    fn looking_at_a_store_this_build_cannot_read_shows_no_secret() {
+        let l = look("redis://user:pw-Zq8@host:6379/0");
+        assert!(l.engine.is_none());
+        assert!(!l.health.reachable);
+        let shown = format!("{} {:?}", l.health.place, l.health.warning);
+        assert!(!shown.contains("pw-Zq8"), "{shown}");
+        assert!(shown.contains("(redis)"), "{shown}");
+        let m = look("memory");
+        assert_eq!((m.health.engine, m.health.reachable), ("memory", true));
     }
 
     #[test]
