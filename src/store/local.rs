@@ -124,11 +124,11 @@ impl Local {
         })
     }
 
-    /// Opens the file in `dir` if there is one, as it is: no directory or
-    /// file is made, set aside or made private (for `status` and `check`,
-    /// which only look; redb still repairs a file left by a crash, as the
-    /// next proxy would). A directory or file that is not ours alone is
-    /// refused.
+    /// Opens the file in `dir` if there is one, as it is: no directory,
+    /// file or table is made, set aside or made private (for `status` and
+    /// `check`, which only look and only read; redb still repairs a file
+    /// left by a crash, as the next proxy would). A directory or file that
+    /// is not ours alone is refused.
     pub fn open_existing(dir: &Path, clock: Clock) -> Result<Local, NotOpened> {
         let path = dir.join(FILE_NAME);
         if fs::symlink_metadata(&path).is_err() {
@@ -301,7 +301,9 @@ impl Engine for Local {
 
     fn count(&mut self) -> Result<u64, StoreError> {
         let tx = self.db.begin_read().map_err(engine_err)?;
-        let records = tx.open_table(RECORDS).map_err(engine_err)?;
+        let Some(records) = read_table(&tx, RECORDS)? else {
+            return Ok(0);
+        };
         records.len().map_err(engine_err)
     }
 
@@ -322,8 +324,10 @@ impl Engine for Local {
         let limit = limit.min(super::MAX_UNKNOWNS);
         let now = (self.clock)();
         let tx = self.db.begin_read().map_err(engine_err)?;
-        let records = tx.open_table(RECORDS).map_err(engine_err)?;
-        let open = tx.open_table(OPEN).map_err(engine_err)?;
+        let (Some(records), Some(open)) = (read_table(&tx, RECORDS)?, read_table(&tx, OPEN)?)
+        else {
+            return Ok(Vec::new());
+        };
         let mut found = Vec::new();
         for entry in open.iter().map_err(engine_err)?.rev() {
             if found.len() >= limit {
@@ -344,6 +348,19 @@ impl Engine for Local {
             }
         }
         Ok(found)
+    }
+}
+
+/// Table `def` for reading; `None` when the file has none yet (one only
+/// looked at, made by an older build).
+fn read_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    tx: &redb::ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, StoreError> {
+    match tx.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(engine_err(e)),
     }
 }
 
@@ -379,7 +396,8 @@ fn open_db(path: &Path, create: bool) -> Result<Database, Bad> {
             .set_cache_size(CACHE_BYTES);
         let db = match create {
             true => builder.create(path)?,
-            false => builder.open(path)?,
+            // Only looked at: no table is made (a read finds none).
+            false => return Ok(builder.open(path)?),
         };
         let tx = db.begin_write()?;
         tx.open_table(RECORDS)?;
@@ -531,6 +549,34 @@ mod tests {
             Err(NotOpened::Missing(p)) if p == dir.join(FILE_NAME)
         ));
         assert!(!dir.exists(), "nothing was made");
+    }
+
+    #[test]
+    fn looking_at_a_file_without_tables_reads_it_empty_and_makes_none() {
+        let dir = temp_dir("look-empty");
+        private_files::prepare_dir(&dir).unwrap();
+        let path = dir.join(FILE_NAME);
+        create_private(&path).unwrap();
+        drop(
+            redb::Builder::new()
+                .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+                .create(&path)
+                .unwrap(),
+        );
+        let (clock, _) = fake_clock();
+        let Ok(mut l) = Local::open_existing(&dir, clock) else {
+            panic!("not opened");
+        };
+        let h = l.health();
+        assert_eq!((h.reachable, h.records), (true, Some(0)), "{h:?}");
+        assert!(l.unknowns(10).unwrap().is_empty());
+        drop(l);
+        let db = redb::Builder::new()
+            .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+            .open(&path)
+            .unwrap();
+        let tables = db.begin_read().unwrap().list_tables().unwrap().count();
+        assert_eq!(tables, 0, "looking made no table");
     }
 
     #[cfg(unix)]
