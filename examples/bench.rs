@@ -83,6 +83,26 @@ const STARTUP_RUNS: usize = 30;
 /// Interleaved blocks per workload and repetition.
 const BLOCKS: usize = 10;
 
+/// The state directory of the mcp-retry processes the bench starts
+/// (`MCP_RETRY_STATE_DIR`, `MCP_RETRY_RUNTIME_DIR`), removed when dropped.
+struct StateDir(std::path::PathBuf);
+
+impl StateDir {
+    fn new() -> StateDir {
+        let dir = std::env::temp_dir().join(format!("mcp-retry-bench-state-{}", process::id()));
+        std::env::set_var("MCP_RETRY_STATE_DIR", &dir);
+        std::env::set_var("MCP_RETRY_RUNTIME_DIR", dir.join("runtime"));
+        std::env::remove_var("MCP_RETRY_STORE");
+        StateDir(dir)
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(mode @ ("relay" | "staged")) = args.first().map(String::as_str) {
@@ -98,6 +118,10 @@ fn main() {
         }
         staged(cmd);
     }
+    // Every mcp-retry the bench starts keeps its state (the store of
+    // idempotency keys, the status documents) in a directory of the
+    // bench's, removed at the end, never in the user's.
+    let _state = StateDir::new();
     let mut opts = Options {
         reps: 5,
         quick: false,

@@ -15,8 +15,13 @@ proxy, mock = sys.argv[1], sys.argv[2]
 here = os.path.dirname(os.path.abspath(__file__))
 state = tempfile.mkdtemp(prefix="mcp-retry-demo-")
 exec_log = os.path.join(state, "executions.log")
+# The store of idempotency keys in the demo's own directory: each demo
+# starts afresh, and the user's state directory is left alone.
 env = dict(os.environ, MOCK_SERVER=os.path.abspath(mock), MOCK_LOG=exec_log,
-           MOCK_STATE_DIR=state, MCP_RETRY_LOG="info")
+           MOCK_STATE_DIR=state, MCP_RETRY_LOG="info",
+           MCP_RETRY_STATE_DIR=os.path.join(state, "store"),
+           MCP_RETRY_RUNTIME_DIR=os.path.join(state, "runtime"))
+env.pop("MCP_RETRY_STORE", None)
 
 p = subprocess.Popen([proxy, "run", "--config", os.path.join(here, "demo.yaml")],
                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

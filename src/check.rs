@@ -136,12 +136,20 @@ pub fn run(args: CheckOptions) -> Result<ExitCode> {
             refreshed.join(", ")
         );
     }
+    let host_file = config
+        .path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let stores = look_at_stores(&servers, host_file);
     let mut out = io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", json_report(&reports))?;
+        writeln!(out, "{}", json_report(&reports, &stores))?;
     } else {
         for line in text_lines(&reports) {
             writeln!(out, "{line}")?;
+        }
+        for store in &stores {
+            writeln!(out, "{}", store.line())?;
         }
         // A shared store the servers use (Redis): reachable, round trip,
         // eviction policy.
@@ -1058,14 +1066,121 @@ fn up_detail(up: &Up) -> String {
     }
 }
 
-/// `{"servers": [...]}`, null where unknown. `error` says why a server is
+/// A store of idempotency keys the checked servers use, as it is now.
+struct StoreReport {
+    health: crate::store::Health,
+    /// Keyed calls whose outcome is unknown (at most [`MAX_UNKNOWN_COUNT`]).
+    unknown: usize,
+}
+
+/// Most unknown outcomes `check` counts.
+const MAX_UNKNOWN_COUNT: usize = 100;
+
+impl StoreReport {
+    /// `[STORE] local /p/store-v1.redb: 12 records, read in 0.3ms`, and
+    /// how many calls' outcome is unknown.
+    fn line(&self) -> String {
+        let mut line = format!("[STORE] {}", crate::status::keys::health_line(&self.health));
+        match self.unknown {
+            0 => {}
+            MAX_UNKNOWN_COUNT.. => line.push_str(&format!(
+                "; {MAX_UNKNOWN_COUNT} or more calls whose outcome is unknown (mcp-retry status lists them)"
+            )),
+            1 => line.push_str(
+                "; 1 call whose outcome is unknown (mcp-retry status lists it)",
+            ),
+            n => line.push_str(&format!(
+                "; {n} calls whose outcome is unknown (mcp-retry status lists them)"
+            )),
+        }
+        line
+    }
+}
+
+/// The stores the `servers` use (`MCP_RETRY_STORE` over each one's
+/// `store:`), each looked at once, without making or changing it; none
+/// for `memory`. In a host's file (`host_file`) only the entries that run
+/// mcp-retry use one: their `--store`, else the default.
+fn look_at_stores(servers: &[&ServerConfig], host_file: bool) -> Vec<StoreReport> {
+    let env = std::env::var(crate::proxy::STORE_ENV)
+        .ok()
+        .filter(|v| !v.is_empty());
+    let mut choices: Vec<&str> = servers
+        .iter()
+        .filter_map(|s| match host_file {
+            false => Some(env.as_deref().unwrap_or(&s.store)),
+            true => wrapped_store(s).map(|arg| arg.or(env.as_deref()).unwrap_or(&s.store)),
+        })
+        // Redis stores have lines of their own (`store::lines`).
+        .filter(|c| {
+            matches!(
+                crate::store::choice::parse(c),
+                Ok(crate::store::choice::Choice::Local)
+            )
+        })
+        .collect();
+    choices.sort_unstable();
+    choices.dedup();
+    choices
+        .into_iter()
+        .map(|choice| {
+            let look = crate::store::look(choice);
+            let unknown = look
+                .engine
+                .and_then(|mut e| e.unknowns(MAX_UNKNOWN_COUNT).ok())
+                .map_or(0, |l| l.len());
+            StoreReport {
+                health: look.health,
+                unknown,
+            }
+        })
+        .collect()
+}
+
+/// For a host's entry that runs mcp-retry (its command, or an argument
+/// such as npx's package, named `mcp-retry…`): `Some` with its `--store`
+/// if it has one.
+fn wrapped_store(s: &ServerConfig) -> Option<Option<&str>> {
+    let words: Vec<&str> = std::iter::once(s.command.as_str())
+        .chain(s.args.iter().map(String::as_str))
+        .collect();
+    let runs_us = words.iter().any(|w| {
+        Path::new(w)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("mcp-retry"))
+    });
+    if !runs_us {
+        return None;
+    }
+    // Its own options, before the wrapped command's `--`.
+    let own = words.split(|w| *w == "--").next().unwrap_or_default();
+    let store = own
+        .iter()
+        .enumerate()
+        .find_map(|(i, w)| match w.strip_prefix("--store") {
+            Some("") => own.get(i + 1).copied(),
+            Some(v) => v.strip_prefix('='),
+            None => None,
+        });
+    Some(store)
+}
+
+/// `{"servers": [...], "stores": [...]}`, null where unknown. `error` says why a server is
 /// down, or why an up server's tool count is missing; `start_ms` is its
 /// start time, and `latency_ms` the same value under its former name.
 /// The fields are a stable contract (docs/check.md): added to, never
 /// renamed or removed.
-fn json_report(reports: &[Report]) -> String {
+fn json_report(reports: &[Report], stores: &[StoreReport]) -> String {
     let report = JsonReport {
         servers: reports.iter().map(JsonServer::from).collect(),
+        stores: stores
+            .iter()
+            .map(|s| JsonStore {
+                health: crate::status::keys::StoreJson::of(&s.health),
+                unknown_outcomes: s.unknown,
+            })
+            .collect(),
     };
     serde_json::to_string_pretty(&report).unwrap_or_default()
 }
@@ -1078,6 +1193,15 @@ fn tenths_of_ms(d: Duration) -> f64 {
 #[derive(Serialize)]
 struct JsonReport<'a> {
     servers: Vec<JsonServer<'a>>,
+    /// The stores of idempotency keys the servers use (none for memory).
+    stores: Vec<JsonStore<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonStore<'a> {
+    #[serde(flatten)]
+    health: crate::status::keys::StoreJson<'a>,
+    unknown_outcomes: usize,
 }
 
 /// One entry of the JSON report, its fields in this order.
@@ -1231,7 +1355,7 @@ mod tests {
             report("up", up(12.34, Tools::Count(3), Some("srv"), Some("2.0"))),
             report("down", Err("why".into())),
         ];
-        let text = json_report(&reports);
+        let text = json_report(&reports, &[]);
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(
             v,
@@ -1244,12 +1368,74 @@ mod tests {
                  "protocol_version": null, "server_name": null,
                  "server_version": null, "tools": null, "suggest_instant_start": false,
                  "cache_refreshed": false},
-            ]})
+            ], "stores": []})
         );
         let name = text.find("\"name\"").unwrap();
         let up = text.find("\"up\"").unwrap();
         let tools = text.find("\"tools\"").unwrap();
         assert!(name < up && up < tools, "{text}");
+    }
+
+    #[test]
+    fn a_host_entry_uses_a_store_only_when_it_runs_mcp_retry() {
+        let entry = |command: &str, args: &[&str]| {
+            ServerConfig::with_defaults(
+                "e",
+                command.into(),
+                args.iter().map(|a| (*a).to_owned()).collect(),
+            )
+        };
+        assert_eq!(wrapped_store(&entry("node", &["server.js"])), None);
+        assert_eq!(
+            wrapped_store(&entry("/usr/bin/mcp-retry", &["run", "--", "srv"])),
+            Some(None)
+        );
+        assert_eq!(
+            wrapped_store(&entry(
+                "npx",
+                &["-y", "mcp-retry@1", "run", "--store", "memory", "--", "srv"]
+            )),
+            Some(Some("memory"))
+        );
+        assert_eq!(
+            wrapped_store(&entry(
+                "mcp-retry.exe",
+                &["run", "--store=local", "--", "srv"]
+            )),
+            Some(Some("local"))
+        );
+        assert_eq!(
+            wrapped_store(&entry("mcp-retry", &["run", "--", "srv", "--store", "x"])),
+            Some(None),
+            "the server's own arguments are not ours"
+        );
+    }
+
+    #[test]
+    fn a_store_is_reported_in_one_line_with_its_unknown_outcomes() {
+        let health = crate::store::Health {
+            engine: "local",
+            place: "/s/store-v1.redb".into(),
+            reachable: true,
+            round_trip: Some(Duration::from_micros(400)),
+            records: Some(3),
+            warning: None,
+        };
+        let mut r = StoreReport { health, unknown: 0 };
+        assert_eq!(
+            r.line(),
+            "[STORE] local /s/store-v1.redb: 3 records, read in 0.4ms"
+        );
+        r.unknown = 2;
+        assert!(r
+            .line()
+            .ends_with("; 2 calls whose outcome is unknown (mcp-retry status lists them)"));
+        let v: Value = serde_json::from_str(&json_report(&[], &[r])).unwrap();
+        assert_eq!(
+            v["stores"],
+            json!([{"engine": "local", "place": "/s/store-v1.redb", "reachable": true,
+                "round_trip_ms": 0.4, "records": 3, "warning": null, "unknown_outcomes": 2}])
+        );
     }
 
     #[test]
@@ -1272,7 +1458,7 @@ mod tests {
         );
         assert_eq!(on.instant_start_hint(), None);
         assert_eq!(at_limit.instant_start_hint(), None);
-        let v: Value = serde_json::from_str(&json_report(&[slow, on, at_limit])).unwrap();
+        let v: Value = serde_json::from_str(&json_report(&[slow, on, at_limit], &[])).unwrap();
         let flags: Vec<&Value> = (0..3)
             .map(|i| &v["servers"][i]["suggest_instant_start"])
             .collect();

@@ -114,18 +114,23 @@ Exit codes: 0 every server is up, 1 a server is down, 2 usage or configuration e
 
 pub const STATUS_HELP: &str = "\
 mcp-retry status: list the proxies this user runs now (every `mcp-retry run`
-publishes its state), one line per server, the worst first
+publishes its state), one line per server, the worst first; then the store
+of idempotency keys and the keyed calls whose outcome is unknown
 
 Usage:
   mcp-retry status [--json | --prometheus] [--watch [SECONDS]] [--dir DIR]
+                   [--store STORE]
 
 Options:
-  --json                print the proxies' documents as a JSON array
+  --json                print the proxies' documents, the store and the
+                        unknown outcomes as one JSON object
   --prometheus          print the figures in the Prometheus text format (for
                         node_exporter's textfile collector)
   -w, --watch [SECS]    redraw every SECS seconds (default 2) until Ctrl-C
   --dir DIR             the runtime directory (default $MCP_RETRY_RUNTIME_DIR,
                         else $XDG_RUNTIME_DIR/mcp-retry, else /tmp/mcp-retry-UID)
+  --store STORE         the store to read: local or memory (default
+                        $MCP_RETRY_STORE, else local)
   --log-level LEVEL     error, warn, info or debug (default info; env MCP_RETRY_LOG)
   -h, --help            print help
 
@@ -372,6 +377,13 @@ fn parse_status(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Co
             Long("json") => formats.push(("--json", StatusFormat::Json)),
             Long("prometheus") => formats.push(("--prometheus", StatusFormat::Prometheus)),
             Long("dir") => args.dir = Some(p.value()?.into()),
+            Long("store") => {
+                let v = p.value()?.string()?;
+                if !matches!(v.as_str(), "local" | "memory") {
+                    bail!("status: --store: expected one of memory, local, got {v:?}");
+                }
+                args.store = Some(v);
+            }
             Short('w') | Long("watch") => {
                 args.watch = Some(match p.optional_value() {
                     Some(v) => watch_interval(&v.string()?)?,

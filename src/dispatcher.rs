@@ -72,7 +72,7 @@ pub enum Event {
     /// SIGTERM, SIGINT or SIGHUP.
     Signal(i32),
     /// The store answered a keyed call's claim.
-    Store(crate::store::thread::Answer),
+    Store(crate::store::thread::Told),
 }
 
 impl Event {
@@ -479,8 +479,8 @@ impl Dispatcher {
                 info!("received signal {sig}; stopping the server");
                 self.begin_shutdown(Some(sig), now);
             }
-            Event::Store(answer) => {
-                if let Some(id) = self.with_calls(now, |c, ctx, out| c.claimed(answer, ctx, out)) {
+            Event::Store(told) => {
+                if let Some(id) = self.with_calls(now, |c, ctx, out| c.store_told(told, ctx, out)) {
                     self.start_attempt(id, now);
                 }
             }

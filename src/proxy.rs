@@ -296,7 +296,10 @@ fn open_local(refuse: bool) -> Result<Box<dyn Engine>, StoreError> {
         // store_unavailable: local: this process's memory instead.
         Err(e) if !refuse => {
             crate::warn!("store: local unavailable ({e}); keys are kept in this process only");
-            Ok(Box::new(Memory::new(local::MAX_BYTES, wall_clock())))
+            let why = format!("local unavailable ({e}); keys are kept in this process only");
+            Ok(Box::new(
+                Memory::new(local::MAX_BYTES, wall_clock()).instead_of(why),
+            ))
         }
         Err(e) => Err(e),
     }
@@ -336,8 +339,8 @@ fn start_store(
             })
         }
     };
-    let deliver: keeper::Deliver = Box::new(move |answer| {
-        let _ = events.send(Event::Store(answer));
+    let deliver: keeper::Deliver = Box::new(move |told| {
+        let _ = events.send(Event::Store(told));
     });
     let (tx, handle) =
         keeper::spawn(open, deliver, wall_clock()).context("cannot start the store thread")?;
@@ -345,7 +348,8 @@ fn start_store(
         true => crate::dispatcher::Unavailable::Refuse,
         false => crate::dispatcher::Unavailable::Local,
     };
-    let keys = crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable);
+    let keys =
+        crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable, "local", cfg);
     Ok(Some((keys, handle)))
 }
 

@@ -149,9 +149,83 @@ pub struct UnknownOutcome {
     pub fingerprint: u128,
 }
 
+/// What the store of idempotency keys did for this process's keyed calls,
+/// and which store it is.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct StoreFigures {
+    /// The store asked for (`local`), once the store thread is started;
+    /// `None` with `store: memory`.
+    pub wanted: Option<&'static str>,
+    /// How it opened: the engine's health, or why it could not (`None`
+    /// while it opens).
+    pub opened: Option<Result<crate::store::Health, String>>,
+    /// Requests handed to the store (claims and outcomes).
+    pub operations: u64,
+    /// Keyed calls answered with a result the store kept.
+    pub replays: u64,
+    /// Keyed calls that waited for an identical call running in another
+    /// process (twins).
+    pub waits: u64,
+    /// Keyed calls not run because an earlier call's outcome is unknown.
+    pub unknown_answers: u64,
+}
+
+impl StoreFigures {
+    /// `opening`, `opened`, `fell_back` (this process's memory instead)
+    /// or `failed`; `memory` without a store.
+    pub fn state(&self) -> &'static str {
+        match (self.wanted, &self.opened) {
+            (None, _) => "memory",
+            (Some(_), None) => "opening",
+            (Some(w), Some(Ok(h))) if h.engine != w => "fell_back",
+            (Some(_), Some(Ok(_))) => "opened",
+            (Some(_), Some(Err(_))) => "failed",
+        }
+    }
+
+    /// The engine in use.
+    pub fn engine(&self) -> &'static str {
+        match (&self.opened, self.wanted) {
+            (Some(Ok(h)), _) => h.engine,
+            (_, Some(w)) => w,
+            (_, None) => "memory",
+        }
+    }
+
+    /// Where it keeps records, when known.
+    pub fn place(&self) -> Option<&str> {
+        match &self.opened {
+            Some(Ok(h)) => Some(&h.place),
+            _ if self.wanted.is_none() => Some("this process"),
+            _ => None,
+        }
+    }
+
+    /// Why it is not what was asked for, or what a person should know.
+    pub fn message(&self) -> Option<&str> {
+        match &self.opened {
+            Some(Ok(h)) => h.warning.as_deref(),
+            Some(Err(e)) => Some(e),
+            None => None,
+        }
+    }
+
+    /// The counters as (name, value), for the stats file and metrics.
+    pub fn counters(&self) -> [(&'static str, u64); 4] {
+        [
+            ("operations", self.operations),
+            ("replays", self.replays),
+            ("waits", self.waits),
+            ("unknown_answers", self.unknown_answers),
+        ]
+    }
+}
+
 /// All figures of a session.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Stats {
+    /// The store of idempotency keys.
+    pub store: StoreFigures,
     pub tools: BTreeMap<String, ToolFigures>,
     /// Breaker transitions by name (`opened`, `half_opened`, `closed`,
     /// `reopened`).
@@ -268,11 +342,20 @@ impl Stats {
             .iter()
             .map(|(k, v)| (k.clone(), counters(v)))
             .collect();
+        let mut store: serde_json::Map<String, serde_json::Value> = self
+            .store
+            .counters()
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).into()))
+            .collect();
+        store.insert("engine".into(), self.store.engine().into());
+        store.insert("state".into(), self.store.state().into());
         let doc = serde_json::json!({
             "server": server,
             "total": counters(&self.total_figures()),
             "breaker_opens": self.breaker_opens(),
             "tools": tools,
+            "store": store,
         });
         let mut s = serde_json::to_string_pretty(&doc).unwrap_or_default();
         s.push('\n');
@@ -371,6 +454,48 @@ mod tests {
         assert_eq!(v["tools"]["b"]["failed_by_reason"], unknown);
         assert_eq!(v["total"]["failed_by_reason"], unknown);
         assert_eq!(v["tools"]["a"]["failed_by_reason"], serde_json::json!({}));
+        assert_eq!(
+            v["store"],
+            serde_json::json!({"engine": "memory", "state": "memory", "operations": 0,
+                "replays": 0, "waits": 0, "unknown_answers": 0})
+        );
+    }
+
+    #[test]
+    fn the_store_says_how_it_opened() {
+        let mut f = StoreFigures::default();
+        assert_eq!(
+            (f.state(), f.engine(), f.place()),
+            ("memory", "memory", Some("this process"))
+        );
+        f.wanted = Some("local");
+        assert_eq!(
+            (f.state(), f.engine(), f.place()),
+            ("opening", "local", None)
+        );
+        let health = |engine, warning: Option<&str>| crate::store::Health {
+            engine,
+            place: "/s/store-v1.redb".into(),
+            reachable: true,
+            round_trip: None,
+            records: Some(3),
+            warning: warning.map(str::to_owned),
+        };
+        f.opened = Some(Ok(health("local", None)));
+        assert_eq!(
+            (f.state(), f.place(), f.message()),
+            ("opened", Some("/s/store-v1.redb"), None)
+        );
+        f.opened = Some(Ok(health("memory", Some("no state directory"))));
+        assert_eq!(
+            (f.state(), f.engine(), f.message()),
+            ("fell_back", "memory", Some("no state directory"))
+        );
+        f.opened = Some(Err("disk full".into()));
+        assert_eq!(
+            (f.state(), f.engine(), f.message()),
+            ("failed", "local", Some("disk full"))
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! The `status` command itself is `status/report.rs`.
 
 pub mod histogram;
+pub mod keys;
 pub mod report;
 
 use std::collections::BTreeMap;
@@ -33,7 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::private_files::{prepare_dir, replace_file, DirError};
 use crate::private_files::{uid, write_atomically};
 use crate::redact::Redactor;
-use crate::stats::{Stats, ToolFigures, ToolStats, UnknownOutcome};
+use crate::stats::{Stats, StoreFigures, ToolFigures, ToolStats, UnknownOutcome};
 
 /// The environment variable that overrides the runtime directory.
 pub const DIR_ENV: &str = "MCP_RETRY_RUNTIME_DIR";
@@ -100,6 +101,48 @@ pub struct Document {
     /// wrote none).
     #[serde(default)]
     pub unknown_outcomes: Vec<UnknownDoc>,
+    /// The store of idempotency keys this proxy uses (older proxies wrote
+    /// none).
+    #[serde(default)]
+    pub store: Option<StoreDoc>,
+}
+
+/// The store of idempotency keys a proxy uses, and what it did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoreDoc {
+    /// `memory`, `local`, ...: the engine in use.
+    pub engine: String,
+    /// `memory` (nothing outlives the process), `opening`, `opened`,
+    /// `fell_back` (this process's memory instead of the store asked
+    /// for) or `failed` (keyed calls follow `store_unavailable`).
+    pub state: String,
+    /// Where it keeps records (redacted).
+    pub place: Option<String>,
+    /// Why it is not what was asked for, or what happened when it opened.
+    pub message: Option<String>,
+    /// Requests handed to the store (claims and outcomes).
+    pub operations: u64,
+    /// Keyed calls answered with a result the store kept.
+    pub replays: u64,
+    /// Keyed calls that waited for an identical call in another process.
+    pub waits: u64,
+    /// Keyed calls not run because an earlier one's outcome is unknown.
+    pub unknown_answers: u64,
+}
+
+impl StoreDoc {
+    fn of(f: &StoreFigures, redactor: &Redactor) -> StoreDoc {
+        StoreDoc {
+            engine: f.engine().into(),
+            state: f.state().into(),
+            place: f.place().map(|p| redactor.redact(p)),
+            message: f.message().map(|m| redactor.redact(m)),
+            operations: f.operations,
+            replays: f.replays,
+            waits: f.waits,
+            unknown_answers: f.unknown_answers,
+        }
+    }
 }
 
 /// A keyed call that may have run without an outcome: its key is not run
@@ -251,6 +294,7 @@ pub struct Snapshot {
     /// Keyed calls whose outcome is unknown and whose keys are still held,
     /// newest first.
     pub unknown: Vec<UnknownOutcome>,
+    pub store: StoreFigures,
 }
 
 /// One tool's figures as `status` shows them.
@@ -332,6 +376,7 @@ impl Publisher {
                 .filter(|u| u.until > now)
                 .cloned()
                 .collect(),
+            store: stats.store.clone(),
         };
         self.out.send(snapshot).is_ok()
     }
@@ -461,6 +506,7 @@ fn document(
                 until_ms: wall(u.until),
             })
             .collect(),
+        store: Some(StoreDoc::of(&snap.store, redactor)),
     }
 }
 

@@ -13,9 +13,9 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 
@@ -136,17 +136,23 @@ impl std::error::Error for StoreError {}
 /// What `status` and `check` say about a store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
+    /// `memory`, `local`, ...
     pub engine: &'static str,
-    /// Where it keeps records; secrets redacted.
+    /// Where it keeps records (a path, a URL), secrets redacted.
     pub place: String,
+    /// Whether it answered just now.
     pub reachable: bool,
-    /// How long a round trip to it took, when it was asked.
+    /// How long a read of it took just now.
     pub round_trip: Option<Duration>,
-    /// Records held, when the engine counts them.
+    /// How many records it holds (expired ones not yet purged included).
     pub records: Option<u64>,
-    /// What a person should know (an eviction policy, an outage).
+    /// What a person should know: why it is not reachable, or what
+    /// happened when it was opened (a file set aside, a fallback).
     pub warning: Option<String>,
 }
+
+/// Most unknown outcomes an engine is asked for at once.
+pub const MAX_UNKNOWNS: usize = 1000;
 
 /// Where records live. Each operation is atomic: no other operation on
 /// the same record, from this process or another sharing the engine, comes
@@ -182,27 +188,131 @@ pub trait Engine: Send {
     fn name(&self) -> &'static str;
     /// Where it keeps records, for logs and `status`.
     fn place(&self) -> String;
-    /// What `status` and `check` say about it. By default: its name,
-    /// place and count, reachable when it counts.
-    fn health(&mut self) -> Health {
-        let records = self.count();
-        Health {
-            engine: self.name(),
-            place: self.place(),
-            reachable: records.is_ok(),
-            round_trip: None,
-            warning: records.as_ref().err().map(|e| e.to_string()),
-            records: records.ok(),
-        }
+    /// What `status` and `check` say about it, read now.
+    fn health(&mut self) -> Health;
+    /// The newest `limit` records whose outcome is unknown, newest first
+    /// (by when their call started): `unknown` records, and claims whose
+    /// owner's lease is gone, as [`record::unknown_at`] shows them.
+    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError>;
+}
+
+/// The health of `engine` from a timed count of its records; `warning`
+/// as the engine has it.
+pub fn timed_health(engine: &mut dyn Engine, warning: Option<String>) -> Health {
+    let t0 = Instant::now();
+    let counted = engine.count();
+    let round_trip = t0.elapsed();
+    let (reachable, records, warning) = match counted {
+        Ok(n) => (true, Some(n), warning),
+        Err(e) => (false, None, Some(e.to_string())),
+    };
+    Health {
+        engine: engine.name(),
+        place: engine.place(),
+        reachable,
+        round_trip: reachable.then_some(round_trip),
+        records,
+        warning,
     }
-    /// The newest `limit` records whose outcome is unknown, newest first.
-    /// By default the engine keeps no list of them: an error says so.
-    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
-        let _ = limit;
-        Err(StoreError::Engine(format!(
-            "the {} store keeps no list of unknown outcomes",
-            self.name()
-        )))
+}
+
+/// A store as `status` and `check` see it: its health, and the engine to
+/// read its records from when there is one to read. Nothing is made or
+/// set aside by looking.
+pub struct Look {
+    pub health: Health,
+    pub engine: Option<Box<dyn Engine>>,
+}
+
+/// Looks at the store `choice` names (`memory`, `local`), from this
+/// process's environment.
+pub fn look(choice: &str) -> Look {
+    let health = |engine, place: String, reachable, warning: &str| Health {
+        engine,
+        place,
+        reachable,
+        round_trip: None,
+        records: None,
+        warning: Some(warning.to_owned()).filter(|w| !w.is_empty()),
+    };
+    match choice {
+        "local" => {}
+        "memory" => {
+            return Look {
+                health: health("memory", "each process's own memory".into(), true, ""),
+                engine: None,
+            }
+        }
+        other => match choice::parse(other) {
+            // The fleet's records and unknown outcomes are kept per server
+            // (scope): `check` reads them with each server's config.
+            Ok(choice::Choice::Redis(addr)) => {
+                let mut h = match redis::Redis::new(addr, None, "mcp-retry:", &[0; 32]) {
+                    Ok(mut r) => r.health(),
+                    Err(e) => health("redis", "-".into(), false, &e.to_string()),
+                };
+                h.records = None;
+                let per_server = "records and unknown outcomes are kept per server: `mcp-retry check` reads each server's";
+                h.warning = Some(match h.warning {
+                    Some(w) => format!("{w}; {per_server}"),
+                    None => per_server.to_owned(),
+                });
+                return Look {
+                    health: h,
+                    engine: None,
+                };
+            }
+            _ => {
+                // Its scheme only: a URL may carry a password.
+                let kind = other
+                    .split_once("://")
+                    .map_or("a value", |(scheme, _)| scheme);
+                return Look {
+                    health: health(
+                        "unknown",
+                        "-".into(),
+                        false,
+                        &format!("not a store this mcp-retry reads ({kind})"),
+                    ),
+                    engine: None,
+                };
+            }
+        },
+    }
+    let Some(dir) = local::state_dir() else {
+        let why = format!("no state directory (set {} or HOME)", local::DIR_ENV);
+        return Look {
+            health: health("local", "-".into(), false, &why),
+            engine: None,
+        };
+    };
+    match local::Local::open_existing(&dir, wall_clock()) {
+        Ok(mut e) => Look {
+            health: e.health(),
+            engine: Some(Box::new(e)),
+        },
+        Err(local::NotOpened::Missing(path)) => {
+            let mut h = health(
+                "local",
+                path.display().to_string(),
+                true,
+                "no file yet: the first mcp-retry run with store: local makes it",
+            );
+            h.records = Some(0);
+            Look {
+                health: h,
+                engine: None,
+            }
+        }
+        Err(local::NotOpened::Refused(e)) => Look {
+            health: health(
+                "local",
+                dir.join(local::FILE_NAME).display().to_string(),
+                false,
+                &e.to_string(),
+            ),
+            engine: None,
+        },
     }
 }
 
@@ -218,9 +328,12 @@ pub const RECORD_OVERHEAD: u64 = 64;
 pub struct Memory {
     records: BTreeMap<Id, (Record, u64)>,
     by_expiry: BTreeMap<(Millis, Id), ()>,
+    /// (started, name) of the claims and unknown records.
+    open: BTreeSet<(Millis, Id)>,
     bytes: u64,
     max_bytes: u64,
     clock: Clock,
+    warning: Option<String>,
 }
 
 impl Memory {
@@ -228,15 +341,25 @@ impl Memory {
         Memory {
             records: BTreeMap::new(),
             by_expiry: BTreeMap::new(),
+            open: BTreeSet::new(),
             bytes: 0,
             max_bytes,
             clock,
+            warning: None,
         }
+    }
+
+    /// This process's memory in place of a store that could not be used
+    /// (`why`), for `status` and `check` to say so.
+    pub fn instead_of(mut self, why: String) -> Memory {
+        self.warning = Some(why);
+        self
     }
 
     fn remove(&mut self, id: &Id) {
         if let Some((r, cost)) = self.records.remove(id) {
             self.by_expiry.remove(&(r.expires, *id));
+            self.open.remove(&(r.started, *id));
             self.bytes -= cost;
         }
     }
@@ -279,6 +402,25 @@ impl Engine for Memory {
     fn place(&self) -> String {
         "this process".into()
     }
+
+    fn health(&mut self) -> Health {
+        let warning = self.warning.clone();
+        timed_health(self, warning)
+    }
+
+    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+        let now = (self.clock)();
+        Ok(self
+            .open
+            .iter()
+            .rev()
+            .filter_map(|(_, id)| {
+                let (r, _) = self.records.get(id)?;
+                record::unknown_at(r, now).map(|r| (*id, r))
+            })
+            .take(limit.min(MAX_UNKNOWNS))
+            .collect())
+    }
 }
 
 impl Memory {
@@ -303,6 +445,9 @@ impl Memory {
                 }
                 self.remove(id);
                 self.by_expiry.insert((r.expires, *id), ());
+                if record::is_open(&r) {
+                    self.open.insert((r.started, *id));
+                }
                 self.records.insert(*id, (r, cost));
                 self.bytes += cost;
             }
@@ -332,10 +477,19 @@ pub(crate) mod tests {
     }
 
     pub fn claim(owner: &str) -> Op {
+        claim_about(owner, "tool", "K")
+    }
+
+    pub fn claim_about(owner: &str, tool: &str, key: &str) -> Op {
         Op::Claim {
             owner: owner.into(),
             args: "args".into(),
             timing: T,
+            about: record::About {
+                server: "srv".into(),
+                tool: tool.into(),
+                key: key.into(),
+            },
         }
     }
 
@@ -386,6 +540,81 @@ pub(crate) mod tests {
             Reply::Written
         );
         assert_eq!(engine.count().unwrap(), 0);
+        let h = engine.health();
+        assert_eq!((h.reachable, h.records), (true, Some(0)), "{h:?}");
+        assert_eq!(h.engine, engine.name());
+        assert!(h.round_trip.is_some());
+    }
+
+    /// The unknown outcomes an engine lists, run against `engine` with
+    /// `clock`.
+    pub fn unknowns_contract(engine: &mut dyn Engine, clock: &AtomicU64) {
+        let id = |k: &str| record_id(&[2; 32], "pay", k);
+        assert!(engine.unknowns(10).unwrap().is_empty());
+        // Started one after another: k0 oldest.
+        for k in ["k0", "k1", "k2", "k3", "k4"] {
+            assert_eq!(
+                engine.apply(&id(k), &claim_about(k, "pay", k)).unwrap(),
+                Reply::Claimed
+            );
+            clock.fetch_add(10, Ordering::SeqCst);
+        }
+        let unknown = |k: &str, cause: &str| finish(k, Outcome::Unknown(cause.into()));
+        engine.apply(&id("k1"), &unknown("k1", "timeout")).unwrap();
+        engine
+            .apply(&id("k3"), &unknown("k3", "server_exited"))
+            .unwrap();
+        engine
+            .apply(&id("k2"), &finish("k2", Outcome::Result("1".into())))
+            .unwrap();
+        engine
+            .apply(&id("k4"), &finish("k4", Outcome::Released))
+            .unwrap();
+        // Live claims (k0) are not unknown; results and released ones are
+        // not either. Newest first, at most `limit`.
+        let keys = |list: Vec<(Id, Record)>| -> Vec<String> {
+            list.into_iter().map(|(_, r)| r.about.key).collect()
+        };
+        assert_eq!(keys(engine.unknowns(10).unwrap()), ["k3", "k1"]);
+        assert_eq!(keys(engine.unknowns(1).unwrap()), ["k3"]);
+        let (got, r) = engine.unknowns(1).unwrap().remove(0);
+        assert_eq!(got, id("k3"));
+        assert_eq!(r.about.tool, "pay");
+        assert!(
+            matches!(&r.state, record::State::Unknown { cause, .. } if cause == "server_exited")
+        );
+        // k0's owner is lost once its lease is gone: shown unknown, as
+        // the newest-started order puts it (the oldest).
+        clock.fetch_add(T.lease, Ordering::SeqCst);
+        let list = engine.unknowns(10).unwrap();
+        assert_eq!(keys(list.clone()), ["k3", "k1", "k0"]);
+        assert!(
+            matches!(&list[2].1.state, record::State::Unknown { cause, .. } if cause == record::OWNER_LOST)
+        );
+        // A late success takes k1 off the list.
+        engine
+            .apply(&id("k1"), &finish("k1", Outcome::Result("2".into())))
+            .unwrap();
+        assert_eq!(keys(engine.unknowns(10).unwrap()), ["k3", "k0"]);
+        // Expired: gone, purged or not.
+        clock.fetch_add(T.ttl + T.lease, Ordering::SeqCst);
+        assert!(engine.unknowns(10).unwrap().is_empty());
+        engine.purge(100).unwrap();
+        assert!(engine.unknowns(10).unwrap().is_empty());
+        assert_eq!(engine.count().unwrap(), 0);
+    }
+
+    #[test]
+    fn the_memory_engine_lists_its_unknown_outcomes() {
+        let (clock, t) = fake_clock();
+        let mut m = Memory::new(1 << 20, clock);
+        unknowns_contract(&mut m, &t);
+        assert!(m.open.is_empty());
+        let h = Memory::new(1, Box::new(|| 0))
+            .instead_of("no home".into())
+            .health();
+        assert_eq!(h.warning.as_deref(), Some("no home"));
+        assert_eq!((h.engine, h.place.as_str()), ("memory", "this process"));
     }
 
     #[test]
@@ -454,6 +683,23 @@ pub(crate) mod tests {
         let raw = args_fingerprint(&s, "{not json");
         assert_ne!(raw, args_fingerprint(&s, "{not json!"));
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
+    }
+
+    #[test]
+    fn looking_at_a_store_shows_no_secret() {
+        let l = look("foo://user:pw-Zq8@host:6379/0");
+        assert!(l.engine.is_none());
+        assert!(!l.health.reachable);
+        let shown = format!("{} {:?}", l.health.place, l.health.warning);
+        assert!(!shown.contains("pw-Zq8"), "{shown}");
+        assert!(shown.contains("(foo)"), "{shown}");
+        let l = look("redis://user:pw-Zq8@127.0.0.1:1/0");
+        assert!(!l.health.reachable);
+        let shown = format!("{} {:?}", l.health.place, l.health.warning);
+        assert!(!shown.contains("pw-Zq8"), "{shown}");
+        assert!(shown.contains("[redacted]"), "{shown}");
+        let m = look("memory");
+        assert_eq!((m.health.engine, m.health.reachable), ("memory", true));
     }
 
     #[test]

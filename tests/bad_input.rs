@@ -444,12 +444,16 @@ fn requests_beyond_max_in_flight_are_overloaded() {
 #[test]
 fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
     // 400 answers of 256 kB (100 MB) for a client that reads nothing. The
-    // replay table keeps results too, within idempotency_max_bytes.
+    // replay table keeps results too, within idempotency_max_bytes; keys
+    // are kept in memory, where the oldest are evicted (the store's own
+    // bound is dispatcher::calls' results_waiting_for_the_store_...).
     let calls = 400;
     let bound_kb = 64 * 1024;
-    let mut s = Builder::mock_with("max_message_bytes: 1048576\nidempotency_max_bytes: 8388608")
-        .unread_stdout()
-        .start();
+    let mut s = Builder::mock_with(
+        "max_message_bytes: 1048576\nidempotency_max_bytes: 8388608\nstore: memory",
+    )
+    .unread_stdout()
+    .start();
     eventually("the server to start", || s.stderr().contains("(pid "));
     s.note_memory_base();
     let mut stdin = s.take_stdin();

@@ -8,7 +8,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,20 @@ struct Ran {
 }
 
 impl Ran {
+    /// The servers' lines (the store's, `[STORE] …`, after them, are
+    /// [`Ran::store_lines`]).
     fn lines(&self) -> Vec<&str> {
-        self.stdout.lines().collect()
+        self.stdout
+            .lines()
+            .filter(|l| !l.starts_with("[STORE] "))
+            .collect()
+    }
+
+    fn store_lines(&self) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter(|l| l.starts_with("[STORE] "))
+            .collect()
     }
 }
 
@@ -70,7 +82,7 @@ fn check_command(path: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
 /// [`check_with_cache`] with more environment variables.
 fn check_in(path: &Path, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
     let started = Instant::now();
-    let mut child = Command::new(PROXY)
+    let mut child = crate::util::proxy_in(cache.parent().unwrap())
         .arg("check")
         .arg("--config")
         .arg(path)
@@ -314,6 +326,9 @@ fn json_with_first_start_nulled(ran: &Ran) -> Value {
     assert!(start.as_f64().is_some_and(|ms| ms > 0.0), "{start}");
     let latency = v["servers"][0]["latency_ms"].take();
     assert_eq!(latency, start, "latency_ms is start_ms");
+    // The stores are tests/store.rs's.
+    let stores = v.as_object_mut().unwrap().remove("stores");
+    assert!(stores.is_some_and(|s| s.is_array()), "{}", ran.stdout);
     v
 }
 
@@ -551,7 +566,7 @@ fn a_server_writing_non_json_to_stdout_is_named_and_quoted() {
 /// `mcp-retry run --config c.yaml --server NAME` in `dir`, which must fail
 /// as a configuration error (exit 2); its stderr.
 fn run_refused(dir: &TempDir, name: &str) -> String {
-    let out = Command::new(PROXY)
+    let out = crate::util::proxy_in(dir.path())
         .args(["run", "--config"])
         .arg(dir.join("c.yaml"))
         .args(["--server", name])
@@ -826,7 +841,7 @@ fn at_debug_the_http_library_s_own_lines_are_logged_without_secrets() {
         ),
     );
     let run = |level: &str| {
-        let out = Command::new(PROXY)
+        let out = crate::util::proxy_in(path.parent().unwrap())
             .args(["check", "--timeout", "2", "--config"])
             .arg(&path)
             .env(CACHE_DIR_ENV, cache_beside(&path))
@@ -1155,7 +1170,7 @@ fn a_probe_stuck_past_the_timeout_is_down_and_the_report_comes_on_time() {
 fn sigterm_ends_a_check_whose_probe_is_stuck() {
     let dir = TempDir::new();
     let path = dir.write("c.yaml", &STUCK.replace("{mock}", MOCK));
-    let mut child = Command::new(PROXY)
+    let mut child = crate::util::proxy_in(dir.path())
         .args(["check", "--timeout", "30", "--config"])
         .arg(&path)
         .env(CACHE_DIR_ENV, cache_beside(&path))
@@ -1317,4 +1332,32 @@ fn cwd_says_where_servers_without_one_start() {
     );
     assert_eq!(ran.code, Some(2), "{}", ran.stderr);
     assert!(ran.stderr.contains("--cwd"), "{}", ran.stderr);
+}
+
+#[test]
+fn the_store_is_reported_for_the_servers_that_use_one() {
+    let dir = TempDir::new();
+    let ran = check(
+        &dir,
+        "store: local\nservers:\n  a:\n    command: {mock}\n  b:\n    command: {mock}\n    store: memory\n",
+        &[],
+    );
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    assert_eq!(ran.lines().len(), 2, "{}", ran.stdout);
+    let store = ran.store_lines();
+    assert_eq!(store.len(), 1, "one line per store in use: {}", ran.stdout);
+    assert!(store[0].starts_with("[STORE] local "), "{}", ran.stdout);
+    assert!(store[0].contains("no file yet"), "{}", ran.stdout);
+    assert!(!dir.join("state").exists(), "looking made nothing");
+    // Both in memory: no store to report.
+    let ran = check(
+        &dir,
+        "store: memory\nservers:\n  a:\n    command: {mock}\n",
+        &[],
+    );
+    assert!(ran.store_lines().is_empty(), "{}", ran.stdout);
+    // A host's entries that are not mcp-retry use none.
+    let text = format!(r#"{{"mcpServers": {{"plain": {{"command": "{MOCK}"}}}}}}"#);
+    let ran = check_file(&dir.write("c.json", &text), &[]);
+    assert!(ran.store_lines().is_empty(), "{}", ran.stdout);
 }

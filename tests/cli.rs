@@ -2,10 +2,11 @@
 
 use serde_json::json;
 
-use crate::util::{Builder, TempDir, MOCK, PROXY};
+use crate::util::{Builder, TempDir, MOCK};
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(PROXY)
+    let home = TempDir::new();
+    let out = crate::util::proxy_in(home.path())
         .args(args)
         .output()
         .unwrap();

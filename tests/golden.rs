@@ -21,6 +21,8 @@ use crate::util::{Builder, TempDir};
 /// into instead).
 const VOLATILE: &[&str] = &[
     "pid",
+    // The store's file, in the test's temp dir.
+    "place",
     "pid_start",
     "started_at_ms",
     "updated_at_ms",

@@ -311,7 +311,7 @@ fn an_unauthorized_answer_names_the_status_and_never_the_header() {
     // Nor in the log (debug level), nor in what `status` shows once it has
     // published the failure (its last error quotes the server).
     let status = || {
-        let out = std::process::Command::new(crate::util::PROXY)
+        let out = crate::util::proxy_in(s.dir.path())
             .args(["status", "--json", "--dir"])
             .arg(s.dir.join("runtime"))
             .output()
@@ -458,7 +458,7 @@ fn check_probes_a_remote_server() {
     let server = Server::start();
     let dir = crate::util::TempDir::new();
     let path = dir.write("c.yaml", &config(&server));
-    let out = std::process::Command::new(crate::util::PROXY)
+    let out = crate::util::proxy_in(dir.path())
         .args(["check", "--config"])
         .arg(&path)
         .env("MCP_RETRY_CACHE_DIR", dir.join("cache"))

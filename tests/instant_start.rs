@@ -396,7 +396,7 @@ fn check_warms_the_cache_a_session_then_starts_from() {
             crate::util::MOCK
         ),
     );
-    let out = std::process::Command::new(crate::util::PROXY)
+    let out = crate::util::proxy_in(tmp.path())
         .args(["check", "--config"])
         .arg(&config)
         .env("MCP_RETRY_CACHE_DIR", &cache)

@@ -50,12 +50,16 @@ pub(crate) struct Output {
     pub(crate) stderr: String,
 }
 
+/// `mcp-retry status --dir DIR ARGS`; the store it reads is the state
+/// directory beside `dir` (`state/`), never the user's.
 pub(crate) fn status(dir: &Path, args: &[&str]) -> Output {
     let out = Command::new(PROXY)
         .arg("status")
         .arg("--dir")
         .arg(dir)
         .args(args)
+        .env("MCP_RETRY_STATE_DIR", dir.parent().unwrap().join("state"))
+        .env_remove("MCP_RETRY_STORE")
         .output()
         .unwrap();
     Output {
@@ -65,10 +69,13 @@ pub(crate) fn status(dir: &Path, args: &[&str]) -> Output {
     }
 }
 
+/// The proxies' documents in `status --json`.
 fn status_json(dir: &Path) -> Vec<Value> {
     let out = status(dir, &["--json"]);
-    serde_json::from_str::<Vec<Value>>(&out.stdout)
-        .unwrap_or_else(|e| panic!("status --json: {e}: {}\n{}", out.stdout, out.stderr))
+    let v: Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}\n{}", out.stdout, out.stderr));
+    serde_json::from_value(v["proxies"].clone())
+        .unwrap_or_else(|e| panic!("status --json: {e}: {}", out.stdout))
 }
 
 /// Polls `status --json` until `ready` holds for the documents.
@@ -85,6 +92,12 @@ pub(crate) fn wait_for(dir: &Path, what: &str, ready: impl Fn(&[Value]) -> bool)
         );
         thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The table's lines of proxies: its header and a line each, before the
+/// store's part.
+pub(crate) fn proxy_lines(table: &str) -> Vec<&str> {
+    table.lines().take_while(|l| !l.is_empty()).collect()
 }
 
 fn doc<'a>(docs: &'a [Value], server: &str) -> Option<&'a Value> {
@@ -241,7 +254,7 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
     // The table: one line per server, the open breaker first, exit 1.
     let out = status(&dir, &[]);
     assert_eq!(out.code, 1, "an open breaker: {}{}", out.stdout, out.stderr);
-    let lines: Vec<&str> = out.stdout.lines().collect();
+    let lines = proxy_lines(&out.stdout);
     assert_eq!(lines.len(), 3, "{}", out.stdout);
     let header = lines[0];
     for col in [
@@ -348,8 +361,8 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
     assert!(!alpha_file.exists(), "the file is removed at exit");
     let out = status(&dir, &[]);
     assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
-    assert_eq!(out.stdout.lines().count(), 2, "{}", out.stdout);
-    assert!(out.stdout.lines().nth(1).unwrap().starts_with("beta "));
+    assert_eq!(proxy_lines(&out.stdout).len(), 2, "{}", out.stdout);
+    assert!(proxy_lines(&out.stdout)[1].starts_with("beta "));
     beta.close_stdin();
     assert!(beta.wait().success());
     assert_eq!(status_json(&dir), Vec::<Value>::new());
@@ -416,10 +429,14 @@ fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
     let file = rt.file_of(&s);
     let read =
         || -> Option<Value> { serde_json::from_str(&std::fs::read_to_string(&file).ok()?).ok() };
-    // The final state: the call counted, measured, and no longer in flight.
+    // The final state: the call counted, measured, and no longer in flight,
+    // and the store (opened on its own thread) open.
     eventually("the call in the status file", || {
         read().is_some_and(|d| {
-            d["total"]["calls"] == 1 && d["total"]["latency_count"] == 1 && d["in_flight"] == 0
+            d["total"]["calls"] == 1
+                && d["total"]["latency_count"] == 1
+                && d["in_flight"] == 0
+                && d["store"]["state"] == "opened"
         })
     });
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -493,11 +510,19 @@ fn status_with_nothing_running_usage_errors_and_watch() {
         "{}",
         out.stdout
     );
-    assert_eq!(status(&rt.dir(), &["--json"]).stdout.trim(), "[]");
+    assert_eq!(status_json(&rt.dir()), Vec::<Value>::new());
+    // The store: none was made, and looking made none.
+    let v: Value = serde_json::from_str(&status(&rt.dir(), &["--json"]).stdout).unwrap();
+    assert_eq!(v["store"]["engine"], "local", "{v}");
+    assert_eq!(v["store"]["records"], 0, "{v}");
+    assert_eq!(v["unknown_outcomes"], json!([]), "{v}");
+    assert!(!rt.root.join("state").exists());
+    assert!(out.stdout.contains("\nstore: local "), "{}", out.stdout);
     for args in [
         &["--json", "--prometheus"][..],
         &["--watch", "soon"],
         &["--bogus"],
+        &["--store", "redis://x"],
     ] {
         let out = status(&rt.dir(), args);
         assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
@@ -513,6 +538,7 @@ fn status_with_nothing_running_usage_errors_and_watch() {
     let mut watch = Command::new(PROXY)
         .args(["status", "--watch", "0.2"])
         .env("MCP_RETRY_RUNTIME_DIR", rt.dir())
+        .env("MCP_RETRY_STATE_DIR", rt.root.join("state"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -565,6 +591,7 @@ fn status_skips_a_fifo_or_an_oversized_file_named_like_a_document_instead_of_han
     let mut child = Command::new(PROXY)
         .args(["status", "--json", "--dir"])
         .arg(rt.dir())
+        .env("MCP_RETRY_STATE_DIR", rt.root.join("state"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -581,8 +608,8 @@ fn status_skips_a_fifo_or_an_oversized_file_named_like_a_document_instead_of_han
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
-    let docs: Vec<Value> =
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let docs = v["proxies"].as_array().unwrap();
     assert_eq!(docs.len(), 1, "{stdout}");
     assert_eq!(docs[0]["server"], "zeta");
     assert!(stderr.contains("not a regular file"), "{stderr}");
@@ -613,7 +640,7 @@ fn a_wrapped_command_is_listed_under_its_file_name() {
     names.sort();
     assert_eq!(names, ["mock-mcp-server", "second-server"], "{docs:#?}");
     let table = status(&dir, &[]);
-    let mut lines = table.stdout.lines();
+    let mut lines = proxy_lines(&table.stdout).into_iter();
     let header = lines.next().unwrap();
     let mut shown: Vec<&str> = lines.map(|l| cell(header, l, "SERVER")).collect();
     shown.sort();

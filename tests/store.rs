@@ -299,3 +299,102 @@ fn the_store_file_survives_writers_killed_in_a_loop() {
     assert_eq!(text(&s.result(&json!(1))), "after");
     assert!(!s.logged("set aside"), "{}", s.stderr());
 }
+
+/// `mcp-retry ARGS` reading the store in `state` (and an empty runtime
+/// directory beside it): its stdout, after it succeeded.
+fn looking(state: &TempDir, args: &[&str]) -> String {
+    let out = crate::util::proxy_in(state.path())
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {stdout}\n{stderr}");
+    stdout
+}
+
+#[test]
+fn status_and_check_show_the_unknown_outcome_a_stopped_proxy_left() {
+    let state = TempDir::new();
+    // Nothing kept yet: status says so and makes nothing.
+    let table = looking(&state, &["status"]);
+    assert!(table.contains("no file yet"), "{table}");
+    assert!(!state.join("state").exists());
+    let mut a = local(&state, "");
+    a.call_with(json!(1), keyed("stat-1", json!({"mode": "hang"})));
+    eventually("the call to reach the server", || a.executions("echo") == 1);
+    // Its client goes away with the call at the server: unknown.
+    stop(a);
+    let v: Value = serde_json::from_str(&looking(&state, &["status", "--json"])).unwrap();
+    assert_eq!(v["proxies"], json!([]), "the proxy is gone: {v}");
+    assert_eq!(v["store"]["engine"], "local", "{v}");
+    assert_eq!(v["store"]["reachable"], true, "{v}");
+    assert_eq!(v["store"]["records"], 1, "{v}");
+    let place = v["store"]["place"].as_str().unwrap();
+    assert!(place.ends_with("store-v1.redb"), "{v}");
+    let u = &v["unknown_outcomes"][0];
+    assert_eq!(
+        (&u["server"], &u["tool"], &u["key"], &u["seen_in"]),
+        (
+            &json!("mock"),
+            &json!("echo"),
+            &json!("stat-1"),
+            &json!("store")
+        ),
+        "{v}"
+    );
+    let cause = u["cause"].as_str().unwrap();
+    assert!(["server_exited", "proxy_exited"].contains(&cause), "{v}");
+    assert!(u["until_ms"].as_u64() > u["started_at_ms"].as_u64(), "{v}");
+    let table = looking(&state, &["status"]);
+    assert!(table.contains("calls whose outcome is unknown"), "{table}");
+    let row = table.lines().find(|l| l.contains("\"stat-1\"")).unwrap();
+    assert!(row.starts_with("mock    echo"), "{table}");
+    // check of the config reports the store and the call.
+    let config = state.write(
+        "c.yaml",
+        &format!(
+            "store: local\nservers:\n  mock:\n    command: {}\n",
+            crate::util::MOCK
+        ),
+    );
+    let config = config.display().to_string();
+    let out = looking(&state, &["check", "--config", &config]);
+    let line = out.lines().find(|l| l.starts_with("[STORE] ")).unwrap();
+    assert!(line.starts_with("[STORE] local "), "{out}");
+    assert!(line.contains("1 record"), "{out}");
+    assert!(
+        line.ends_with("1 call whose outcome is unknown (mcp-retry status lists it)"),
+        "{out}"
+    );
+    let out = looking(&state, &["check", "--config", &config, "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stores"][0]["unknown_outcomes"], 1, "{v}");
+    assert_eq!(v["stores"][0]["engine"], "local", "{v}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_proxy_publishes_its_store_and_what_it_did() {
+    let state = TempDir::new();
+    let mut a = local(&state, "");
+    a.call_with(json!(1), keyed("pub-1", json!({})));
+    a.result(&json!(1));
+    let mut b = local(&state, "");
+    b.call_with(json!(1), keyed("pub-1", json!({})));
+    assert_eq!(source_marker(&b.result(&json!(1))), Some("dedup"));
+    let runtime = b.dir.join("runtime");
+    let docs = crate::status::wait_for(&runtime, "the replay in the status", |docs| {
+        docs.first()
+            .is_some_and(|d| d["store"]["replays"] == 1 && d["store"]["state"] == "opened")
+    });
+    let store = &docs[0]["store"];
+    assert_eq!(store["engine"], "local", "{store}");
+    assert!(store["operations"].as_u64().unwrap() >= 1, "{store}");
+    assert!(
+        store["place"].as_str().unwrap().ends_with("store-v1.redb"),
+        "{store}"
+    );
+    stop(a);
+    stop(b);
+}

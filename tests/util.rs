@@ -202,6 +202,18 @@ pub struct Session {
     pub dir: TempDir,
 }
 
+/// The binary, with the state it keeps beyond a process (the store of
+/// keys, the handshake cache, the status documents) inside `dir`, never
+/// the user's; a test sets its own directories over these.
+pub fn proxy_in(dir: &Path) -> Command {
+    let mut c = Command::new(PROXY);
+    c.env("MCP_RETRY_STATE_DIR", dir.join("state"))
+        .env("MCP_RETRY_CACHE_DIR", dir.join("cache"))
+        .env("MCP_RETRY_RUNTIME_DIR", dir.join("runtime"))
+        .env_remove("MCP_RETRY_STORE");
+    c
+}
+
 /// Builds a session: what to run and the mock's environment.
 #[must_use]
 pub struct Builder {

@@ -506,11 +506,12 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
          their values are never logged.";
     "otel.service_name" => otel.service_name, Kind::Text, Def::Text("mcp-retry"),
         "The `service.name` resource attribute.";
-    "store" => store, Kind::Store, Def::Text("memory"),
+    "store" => store, Kind::Store, Def::Text("local"),
         "Where explicit idempotency keys are kept (usually set at the top level of the file; \
-         `mcp-retry run --store` and MCP_RETRY_STORE win over it). `memory`: in this process \
-         only. `local`: in a database file per user (see docs/store.md) that every mcp-retry \
-         process of the user on the host shares, so a key outlives a restart of the proxy. \
+         `mcp-retry run --store` and MCP_RETRY_STORE win over it). `local`: in a database file \
+         per user (see docs/store.md) that every mcp-retry process of the user on the host \
+         shares, so a key and an unknown outcome outlive a restart of the proxy. `memory`: in \
+         this process only. \
          `redis://[user:password@]host:port[/db]` or `rediss://…` (TLS): in a Redis or Valkey \
          server a fleet shares (put the password in `${VAR}`; see docs/store.md).";
     "store_ca_file" => store_ca_file, Kind::Text, Def::Text(""),
@@ -520,9 +521,9 @@ pub(super) static POLICY_KEYS: &[Key<ServerConfig>] = keys! { ServerConfig;
         "What every key of a Redis store begins with (`<prefix>v1:{<scope>}:<hash>`), for a \
          Redis shared with other applications.";
     "store_unavailable" => store_unavailable, Kind::Choice(&["local", "refuse"]), Def::Text("local"),
-        "When the store cannot be used: `local` runs keyed calls with this process's memory \
-         alone; `refuse` answers a keyed call of a tool not known to be safe with the error \
-         store_unavailable instead of running it.";
+        "When the store cannot be used: `local` runs keyed calls with the next store down \
+         (for `store: local`, this process's memory alone); `refuse` answers a keyed call of \
+         a tool not known to be safe with the error store_unavailable instead of running it.";
     "store_scope" => store_scope, Kind::Text, Def::Text(""),
         "Names this server's records in the store instead of its identity (transport, \
          command, args, cwd, URL, env and header values, hashed): for servers that differ in \

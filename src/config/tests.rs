@@ -1753,12 +1753,17 @@ fn dotenv_syntax() {
 
 #[test]
 fn the_store_is_chosen_at_the_top_level_or_per_server_and_checked() {
-    let c = yaml("store: local\nservers:\n  a: {command: x}\n  b: {command: y, store: memory}\n")
+    let c = yaml("store: memory\nservers:\n  a: {command: x}\n  b: {command: y, store: local}\n")
         .unwrap();
-    assert_eq!(c.servers[0].store, "local");
-    assert_eq!(c.servers[1].store, "memory");
-    assert_eq!(c.defaults.store, "local");
-    assert_eq!(key_ok("store_scope: \"\"").store, "memory", "the default");
+    assert_eq!(c.servers[0].store, "memory");
+    assert_eq!(c.servers[1].store, "local");
+    assert_eq!(c.defaults.store, "memory");
+    assert_eq!(key_ok("store_scope: \"\"").store, "local", "the default");
+    assert_eq!(
+        key_ok("store_scope: \"\"").store_unavailable,
+        "local",
+        "the default: this process's memory when the file cannot be used"
+    );
     assert_eq!(
         key_ok("store_unavailable: refuse").store_unavailable,
         "refuse"

@@ -373,7 +373,15 @@ pub fn metrics<'m>(
             (attrs, n)
         })
         .collect();
-    let sums: [(&str, &str, &str, Points<'_, u64>); 8] = [
+    let store_event = |name: &'static str| -> Points<'m, u64> {
+        m.store
+            .get(name)
+            .filter(|n| **n > 0)
+            .map(|n| (vec![server_attr()], n))
+            .into_iter()
+            .collect()
+    };
+    let sums: [(&str, &str, &str, Points<'_, u64>); 12] = [
         (
             "mcp_retry.calls",
             "{call}",
@@ -421,6 +429,30 @@ pub fn metrics<'m>(
             "{restart}",
             "times the server was started again",
             vec![(vec![server_attr()], &m.restarts)],
+        ),
+        (
+            "mcp_retry.store.operations",
+            "{operation}",
+            "requests handed to the store of idempotency keys (claims and outcomes)",
+            store_event("operations"),
+        ),
+        (
+            "mcp_retry.store.replays",
+            "{call}",
+            "keyed calls answered with a result the store kept",
+            store_event("replays"),
+        ),
+        (
+            "mcp_retry.store.waits",
+            "{call}",
+            "keyed calls that waited for an identical call in another process",
+            store_event("waits"),
+        ),
+        (
+            "mcp_retry.store.unknown_answers",
+            "{call}",
+            "keyed calls not run because an earlier call's outcome is unknown",
+            store_event("unknown_answers"),
         ),
     ];
     let latency: Points<'_, Histogram> = m

@@ -486,6 +486,8 @@ pub struct Snapshot {
     pub failures: Vec<(Arc<str>, &'static str, u64)>,
     pub breaker: Vec<(&'static str, u64)>,
     pub restarts: u64,
+    /// The store's counters by name (`stats::StoreFigures::counters`).
+    pub store: [(&'static str, u64); 4],
     /// When counting began, and the moment of the snapshot.
     pub since: Instant,
     pub at: Instant,
@@ -524,6 +526,7 @@ impl Snapshot {
         }
         m.breaker = self.breaker.iter().copied().collect();
         m.restarts = self.restarts;
+        m.store = self.store.iter().copied().collect();
         m
     }
 }
@@ -539,5 +542,8 @@ pub struct Metrics {
     pub dedup_hits: BTreeMap<String, u64>,
     pub breaker: BTreeMap<&'static str, u64>,
     pub restarts: u64,
+    /// The store of idempotency keys: operations, replays, waits,
+    /// unknown_answers.
+    pub store: BTreeMap<&'static str, u64>,
     pub latency: BTreeMap<String, Histogram>,
 }

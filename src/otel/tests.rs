@@ -443,6 +443,9 @@ fn metrics_export_the_session_s_figures() {
     stats.call_ended("x", Some(Duration::from_millis(30)), failure, t0);
     *stats.breaker.entry("opened").or_default() += 1;
     stats.restarts = 1;
+    stats.store.operations = 4;
+    stats.store.replays = 1;
+    stats.store.unknown_answers = 2;
     assert!(!t.metrics_changed());
     t.figures_changed();
     assert!(t.metrics_changed());
@@ -475,6 +478,13 @@ fn metrics_export_the_session_s_figures() {
     assert_eq!(int("mcp_retry.cache.hits"), "1");
     assert_eq!(int("mcp_retry.restarts"), "1");
     assert_eq!(int("mcp_retry.breaker.transitions"), "1");
+    assert_eq!(int("mcp_retry.store.operations"), "4");
+    assert_eq!(int("mcp_retry.store.replays"), "1");
+    assert_eq!(int("mcp_retry.store.unknown_answers"), "2");
+    assert!(
+        !body.contains("mcp_retry.store.waits"),
+        "a counter still at 0 is left out"
+    );
     let failures = point("mcp_retry.failures");
     assert_eq!(failures["sum"]["aggregationTemporality"], 2);
     let attrs = &failures["sum"]["dataPoints"][0]["attributes"];

@@ -461,6 +461,7 @@ impl Tracer {
             failures,
             breaker: stats.breaker.iter().map(|(t, n)| (*t, *n)).collect(),
             restarts: stats.restarts,
+            store: stats.store.counters(),
             since: self.started,
             at: now,
         }

@@ -53,6 +53,23 @@ pub struct Record {
     /// When the record is gone.
     pub expires: Millis,
     pub state: State,
+    /// What the call was, for people (`status`); no rule reads it.
+    #[serde(default)]
+    pub about: About,
+}
+
+/// What a record says of its call to a person who must reconcile an
+/// unknown outcome: the server's entry, the tool and the key, each as
+/// safe to show as the caller made it (a redacted, shortened key). Never a
+/// value of the server's `env` or `headers`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct About {
+    #[serde(default)]
+    pub server: String,
+    #[serde(default)]
+    pub tool: String,
+    #[serde(default)]
+    pub key: String,
 }
 
 /// Where a record is in its life.
@@ -93,11 +110,13 @@ pub enum Outcome {
 /// An operation on one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    /// Claim the record for `owner` (also how a waiting twin polls).
+    /// Claim the record for `owner` (also how a waiting twin polls);
+    /// `about` is kept in a record it makes.
     Claim {
         owner: String,
         args: String,
         timing: Timing,
+        about: About,
     },
     /// Renew `owner`'s lease and extend the record.
     Renew { owner: String, timing: Timing },
@@ -155,6 +174,34 @@ pub fn renew_due(at: Millis, lease: Millis) -> Millis {
     at.saturating_add((lease / 3).max(1))
 }
 
+/// `record` as it stands at `now` when its call's outcome is unknown: an
+/// `unknown` record, or a claim whose owner's lease is gone (shown as
+/// unknown, `owner_lost`, from when the lease ran out, as the next claim
+/// would make it). `None` for a live claim, a result, or an expired record.
+pub fn unknown_at(record: &Record, now: Millis) -> Option<Record> {
+    if expired(record, now) {
+        return None;
+    }
+    match record.state {
+        State::Unknown { .. } => Some(record.clone()),
+        State::Claimed { lease_until } if now >= lease_until => {
+            let mut lost = record.clone();
+            lost.state = State::Unknown {
+                cause: OWNER_LOST.to_owned(),
+                at: lease_until,
+            };
+            Some(lost)
+        }
+        _ => None,
+    }
+}
+
+/// Whether `record` may be, or become, an unknown outcome (a claim or an
+/// unknown record): the records an engine indexes for [`unknown_at`].
+pub fn is_open(record: &Record) -> bool {
+    matches!(record.state, State::Claimed { .. } | State::Unknown { .. })
+}
+
 /// The step of one operation: the reply and the write, from the record
 /// read (`None`: absent) at `now`.
 pub fn apply(current: Option<&Record>, op: &Op, now: Millis) -> (Reply, Write) {
@@ -169,6 +216,7 @@ pub fn apply(current: Option<&Record>, op: &Op, now: Millis) -> (Reply, Write) {
             owner,
             args,
             timing,
+            about,
         } => match live {
             None => {
                 let record = Record {
@@ -179,6 +227,7 @@ pub fn apply(current: Option<&Record>, op: &Op, now: Millis) -> (Reply, Write) {
                     state: State::Claimed {
                         lease_until: now.saturating_add(timing.lease),
                     },
+                    about: about.clone(),
                 };
                 (Reply::Claimed, Write::Put(record))
             }
@@ -319,6 +368,7 @@ mod tests {
             owner: owner.into(),
             args: args.into(),
             timing: T,
+            about: About::default(),
         }
     }
 
@@ -375,6 +425,7 @@ mod tests {
                 owner: "a".into(),
                 args: "x".into(),
                 timing: short,
+                about: About::default(),
             },
             0,
         );
@@ -554,6 +605,49 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_outcome_is_seen_in_an_unknown_record_or_a_lapsed_lease() {
+        let mut s = One(None);
+        let mut about = claim("a", "x");
+        if let Op::Claim { about: a, .. } = &mut about {
+            a.tool = "pay".into();
+            a.key = "K-1".into();
+        }
+        s.run(&about, 0);
+        let r = s.0.clone().unwrap();
+        assert_eq!(r.about.tool, "pay");
+        assert!(is_open(&r));
+        // A live claim is not unknown; once its lease is gone it is.
+        assert_eq!(unknown_at(&r, 2_999), None);
+        let lost = unknown_at(&r, 3_000).unwrap();
+        assert_eq!(
+            lost.state,
+            State::Unknown {
+                cause: OWNER_LOST.into(),
+                at: 3_000
+            }
+        );
+        assert_eq!((lost.started, &lost.about), (0, &r.about));
+        // Nothing was written by looking.
+        assert_eq!(s.0.as_ref(), Some(&r));
+        s.run(&finish("a", Outcome::Unknown("timeout".into())), 1_000);
+        let u = s.0.clone().unwrap();
+        assert_eq!(unknown_at(&u, 5_000), Some(u.clone()));
+        assert_eq!(unknown_at(&u, u.expires), None, "expired");
+        s.run(&finish("a", Outcome::Result("1".into())), 2_000);
+        let done = s.0.clone().unwrap();
+        assert!(!is_open(&done));
+        assert_eq!(unknown_at(&done, 5_000), None);
+        assert_eq!(done.about.key, "K-1", "kept through the outcome");
+    }
+
+    #[test]
+    fn a_record_without_about_reads_with_an_empty_one() {
+        let text = r#"{"owner":"o","args":"","started":1,"expires":2,"state":{"state":"unknown","cause":"timeout","at":1}}"#;
+        let r: Record = serde_json::from_str(text).unwrap();
+        assert_eq!(r.about, About::default());
+    }
+
+    #[test]
     fn a_record_survives_its_json_form() {
         let r = Record {
             owner: "o".into(),
@@ -563,6 +657,11 @@ mod tests {
             state: State::Done {
                 at: 1,
                 result: Some("{\"content\":[]}".into()),
+            },
+            about: About {
+                server: "s".into(),
+                tool: "pay".into(),
+                key: "K-1".into(),
             },
         };
         let text = serde_json::to_string(&r).unwrap();

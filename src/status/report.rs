@@ -3,6 +3,9 @@
 //! table, a JSON array or the Prometheus text format, once or every few
 //! seconds (`--watch`).
 //!
+//! The store of idempotency keys and the calls whose outcome is unknown
+//! are `status/keys.rs`'s part.
+//!
 //! The exit code tells scripts whether something is wrong: 1 when a
 //! breaker is open or a server is down (or dormant), else 0. Reads and
 //! removes files only in the runtime directory, and reads only regular
@@ -21,8 +24,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 
-use super::{Document, ToolDoc, UnknownDoc, VERSION};
-use crate::jsonrpc;
+use super::keys::{self, StoreView};
+use super::{Document, ToolDoc, VERSION};
 
 /// The largest status document read (a proxy writes at most 200 tools,
 /// far less than this); a larger file is skipped.
@@ -51,19 +54,27 @@ pub struct StatusOptions {
     pub watch: Option<Duration>,
     /// The runtime directory (`--dir`), else the default.
     pub dir: Option<PathBuf>,
+    /// The store to read (`--store`), else `MCP_RETRY_STORE`, else `local`.
+    pub store: Option<String>,
 }
 
 pub fn run(args: StatusOptions) -> Result<ExitCode> {
     let dir = super::runtime_dir(args.dir.as_deref());
     let mut out = std::io::stdout();
     let clear = args.watch.is_some() && out.is_terminal();
+    let choice = keys::choice(args.store.as_deref());
     loop {
         let now = now_ms();
         let live = collect(&dir)?;
+        let limit = match args.format {
+            StatusFormat::Json => keys::JSON_UNKNOWNS,
+            _ => keys::TABLE_UNKNOWNS,
+        };
+        let store = keys::view(&choice, &live, limit, now);
         let text = match args.format {
-            StatusFormat::Table => table(&live, now, &dir),
-            StatusFormat::Json => json(&live),
-            StatusFormat::Prometheus => prometheus(&live, now),
+            StatusFormat::Table => table(&live, now, &dir, &store),
+            StatusFormat::Json => json(&live, &store),
+            StatusFormat::Prometheus => prometheus(&live, now, &store),
         };
         let Some(every) = args.watch else {
             out.write_all(text.as_bytes())?;
@@ -414,66 +425,28 @@ fn row(doc: &Document, now: u64) -> [String; 12] {
     ]
 }
 
-/// The aligned table, one line per proxy, then the keyed calls whose
-/// outcome is unknown, if any.
-pub fn table(live: &[Live], now: u64, dir: &Path) -> String {
-    if live.is_empty() {
-        return format!(
+/// The aligned table, one line per proxy, then the store and the keyed
+/// calls whose outcome is unknown, if any.
+pub fn table(live: &[Live], now: u64, dir: &Path, store: &StoreView) -> String {
+    let mut out = if live.is_empty() {
+        format!(
             "no mcp-retry proxy is running (nothing in {})\n",
             dir.display()
-        );
-    }
-    let header = COLUMNS.map(str::to_owned);
-    let rows: Vec<[String; 12]> = std::iter::once(header)
-        .chain(live.iter().map(|l| row(&l.doc, now)))
-        .collect();
-    let mut out = aligned(&rows, &RIGHT);
-    out.push_str(&unknown_outcomes(live, now));
+        )
+    } else {
+        let header = COLUMNS.map(str::to_owned);
+        let rows: Vec<[String; 12]> = std::iter::once(header)
+            .chain(live.iter().map(|l| row(&l.doc, now)))
+            .collect();
+        aligned(&rows, &RIGHT)
+    };
+    out.push_str(&keys::table(store, live, now));
     out
-}
-
-/// The headings of the unknown outcomes' table.
-const UNKNOWN_COLUMNS: [&str; 5] = ["SERVER", "TOOL", "KEY", "STARTED", "CAUSE"];
-
-/// The keyed calls of every proxy whose outcome is unknown and whose keys
-/// are still held, newest first, under a line saying what to do; nothing
-/// when there are none.
-fn unknown_outcomes(live: &[Live], now: u64) -> String {
-    let mut all: Vec<(&str, &UnknownDoc)> = live
-        .iter()
-        .flat_map(|l| {
-            l.doc
-                .unknown_outcomes
-                .iter()
-                .map(|u| (l.doc.server.as_str(), u))
-        })
-        .filter(|(_, u)| u.until_ms > now)
-        .collect();
-    if all.is_empty() {
-        return String::new();
-    }
-    all.sort_by_key(|(_, u)| std::cmp::Reverse(u.started_at_ms));
-    let header = UNKNOWN_COLUMNS.map(str::to_owned);
-    let rows: Vec<[String; 5]> = std::iter::once(header)
-        .chain(all.iter().map(|(server, u)| {
-            [
-                one_line(server, 24),
-                one_line(&u.tool, 32),
-                one_line(&jsonrpc::json_string(&u.key), 48),
-                format!("{} ago", fmt_age(now.saturating_sub(u.started_at_ms))),
-                u.cause.clone(),
-            ]
-        }))
-        .collect();
-    format!(
-        "\ncalls whose outcome is unknown (they may have run; their keys are not run again within idempotency_ttl; check whether each took effect):\n{}",
-        aligned(&rows, &[false; 5])
-    )
 }
 
 /// `rows` as lines of columns two spaces apart, each as wide as its
 /// widest cell; numbers (`right`) aligned to the right.
-fn aligned<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
+pub(super) fn aligned<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
     let mut widths = [0usize; N];
     for r in rows {
         for (w, cell) in widths.iter_mut().zip(r) {
@@ -504,10 +477,17 @@ fn aligned<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
     out
 }
 
-/// The documents, as one JSON array.
-pub fn json(live: &[Live]) -> String {
+/// `{"proxies": [documents], "store": {...}, "unknown_outcomes": [...],
+/// "unknown_outcomes_truncated": false}`.
+pub fn json(live: &[Live], store: &StoreView) -> String {
     let docs: Vec<&Document> = live.iter().map(|l| &l.doc).collect();
-    let mut s = serde_json::to_string_pretty(&docs).unwrap_or_else(|_| "[]".into());
+    let value = serde_json::json!({
+        "proxies": docs,
+        "store": keys::StoreJson::of(&store.health),
+        "unknown_outcomes": store.unknowns,
+        "unknown_outcomes_truncated": store.more,
+    });
+    let mut s = serde_json::to_string_pretty(&value).unwrap_or_else(|_| "{}".into());
     s.push('\n');
     s
 }
@@ -571,7 +551,7 @@ pub fn secs(ms: f64) -> String {
 
 /// The same figures as the table, in the Prometheus text exposition format
 /// (for node_exporter's textfile collector).
-pub fn prometheus(live: &[Live], now: u64) -> String {
+pub fn prometheus(live: &[Live], now: u64, store: &StoreView) -> String {
     let mut up = Family::new(
         "mcp_retry_up",
         "gauge",
@@ -662,6 +642,32 @@ pub fn prometheus(live: &[Live], now: u64) -> String {
         "summary",
         "Time from a call's arrival to its answer, for calls the server was asked to handle.",
     );
+    let mut store_events = Family::new(
+        "mcp_retry_store_events_total",
+        "counter",
+        "What the store of idempotency keys did for a proxy: operations, replays, waits, unknown_answers.",
+    );
+    let mut store_up = Family::new(
+        "mcp_retry_store_up",
+        "gauge",
+        "Whether the store of idempotency keys answered status (1) or not (0).",
+    );
+    let mut store_records = Family::new(
+        "mcp_retry_store_records",
+        "gauge",
+        "Records the store of idempotency keys holds.",
+    );
+    let mut unknown = Family::new(
+        "mcp_retry_unknown_outcomes",
+        "gauge",
+        "Keyed calls whose outcome is unknown and whose keys are held (at most as many as status lists).",
+    );
+    let engine = labels(&[("engine", store.health.engine)]);
+    store_up.add("", engine.clone(), u8::from(store.health.reachable));
+    if let Some(n) = store.health.records {
+        store_records.add("", engine.clone(), n);
+    }
+    unknown.add("", engine, store.unknowns.len());
     for l in live {
         let d = &l.doc;
         let pid = d.pid.to_string();
@@ -704,11 +710,29 @@ pub fn prometheus(live: &[Live], now: u64) -> String {
             duration.add("_sum", tl.clone(), secs(t.latency_sum_ms));
             duration.add("_count", tl, t.latency_count);
         }
+        if let Some(s) = &d.store {
+            for (event, n) in [
+                ("operations", s.operations),
+                ("replays", s.replays),
+                ("waits", s.waits),
+                ("unknown_answers", s.unknown_answers),
+            ] {
+                let l = labels(&[("server", &d.server), ("pid", &pid), ("event", event)]);
+                store_events.add("", l, n);
+            }
+        }
     }
     let families = [up, state, open, started, restarts, in_flight]
         .into_iter()
         .chain(counters.into_iter().map(|(f, _)| f))
-        .chain([failed, duration]);
+        .chain([
+            failed,
+            duration,
+            store_events,
+            store_up,
+            store_records,
+            unknown,
+        ]);
     let mut out = String::new();
     for f in families {
         let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
@@ -762,11 +786,17 @@ mod tests {
             total: ToolDoc::default(),
             tools: BTreeMap::new(),
             unknown_outcomes: Vec::new(),
+            store: None,
         }
     }
 
     fn live(d: Document) -> Live {
         Live { doc: d }
+    }
+
+    /// The store's part, read from nothing (`memory`).
+    fn no_store() -> StoreView {
+        keys::view("memory", &[], 10, NOW)
     }
 
     #[test]
@@ -913,40 +943,6 @@ mod tests {
     }
 
     #[test]
-    fn unknown_outcomes_are_listed_newest_first_while_their_keys_are_held() {
-        let u = |key: &str, started: u64, until: u64| UnknownDoc {
-            tool: "pay".into(),
-            key: key.into(),
-            started_at_ms: started,
-            cause: "timeout".into(),
-            until_ms: until,
-        };
-        let mut a = doc("alpha", 1, "up", "closed");
-        a.unknown_outcomes = vec![
-            u("old", NOW - 600_000, NOW + 1),
-            u("gone", NOW - 5_000, NOW),
-        ];
-        let mut b = doc("beta", 2, "up", "closed");
-        b.unknown_outcomes = vec![u("new\"est", NOW - 12_000, NOW + 1)];
-        let text = unknown_outcomes(&[live(a.clone()), live(b)], NOW);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 5, "{text}");
-        assert!(
-            lines[1].starts_with("calls whose outcome is unknown"),
-            "{text}"
-        );
-        assert_eq!(lines[2], "SERVER  TOOL  KEY         STARTED     CAUSE");
-        assert_eq!(
-            lines[3],
-            "beta    pay   \"new\\\"est\"  12s ago     timeout"
-        );
-        assert_eq!(lines[4], "alpha   pay   \"old\"       10m00s ago  timeout");
-        // Nothing held: nothing said.
-        a.unknown_outcomes.truncate(0);
-        assert_eq!(unknown_outcomes(&[live(a)], NOW), "");
-    }
-
-    #[test]
     fn the_table_is_aligned_and_says_what_is_wrong() {
         let mut bad = doc("github", 4242, "dormant", "open");
         bad.total.calls = 12;
@@ -965,9 +961,13 @@ mod tests {
         let mut ok = doc("fs", 17, "restarting", "closed");
         ok.link.until_ms = Some(NOW + 2_500);
         ok.restarts = 2;
-        let text = table(&[live(bad), live(ok)], NOW, Path::new("/d"));
+        let text = table(&[live(bad), live(ok)], NOW, Path::new("/d"), &no_store());
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines.len(), 5, "{text}");
+        assert_eq!(
+            lines[4], "store: memory each process's own memory",
+            "{text}"
+        );
         assert!(lines[0].starts_with("SERVER  "), "{text}");
         assert!(lines[1].starts_with("github  4242  dormant"), "{text}");
         assert!(lines[1].contains("open 42s"), "{text}");
@@ -987,8 +987,8 @@ mod tests {
             "{text}"
         );
         assert_eq!(
-            table(&[], NOW, Path::new("/d")),
-            "no mcp-retry proxy is running (nothing in /d)\n"
+            table(&[], NOW, Path::new("/d"), &no_store()),
+            "no mcp-retry proxy is running (nothing in /d)\n\nstore: memory each process's own memory\n"
         );
     }
 
@@ -1010,7 +1010,13 @@ mod tests {
                 ..ToolDoc::default()
             },
         );
-        let text = prometheus(&[live(d)], NOW);
+        d.store = Some(crate::status::StoreDoc {
+            engine: "local".into(),
+            state: "opened".into(),
+            replays: 2,
+            ..Default::default()
+        });
+        let text = prometheus(&[live(d)], NOW, &no_store());
         let server = r#"server="we\"ird",pid="9""#;
         for want in [
             format!("mcp_retry_up{{{server}}} 1"),
@@ -1021,6 +1027,9 @@ mod tests {
             format!(r#"mcp_retry_call_duration_seconds{{{server},tool="t",quantile="0.95"}} 1"#),
             format!(r#"mcp_retry_call_duration_seconds_sum{{{server},tool="t"}} 1.5"#),
             format!(r#"mcp_retry_call_duration_seconds_count{{{server},tool="t"}} 2"#),
+            format!(r#"mcp_retry_store_events_total{{{server},event="replays"}} 2"#),
+            r#"mcp_retry_store_up{engine="memory"} 1"#.to_owned(),
+            r#"mcp_retry_unknown_outcomes{engine="memory"} 0"#.to_owned(),
         ] {
             assert!(text.lines().any(|l| l == want), "no {want} in\n{text}");
         }

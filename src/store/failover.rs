@@ -307,6 +307,12 @@ mod tests {
         fn place(&self) -> String {
             "redis://h:6379".into()
         }
+        fn health(&mut self) -> Health {
+            crate::store::timed_health(self, None)
+        }
+        fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+            self.inner.unknowns(limit)
+        }
     }
 
     fn failover(refuse: bool) -> (Failover, Arc<AtomicBool>, Arc<AtomicUsize>) {

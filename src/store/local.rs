@@ -35,7 +35,7 @@ use redb::{
     ReadableTableMetadata, StorageBackend, TableDefinition,
 };
 
-use super::{record_bytes, Clock, Engine, Id, StoreError, RECORD_OVERHEAD};
+use super::{record_bytes, timed_health, Clock, Engine, Health, Id, StoreError, RECORD_OVERHEAD};
 use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 use crate::private_files::{self, file_facts, judge_file, UserDir};
 
@@ -54,6 +54,9 @@ const CACHE_BYTES: usize = 4 * 1024 * 1024;
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 /// (expiry, name) for every record, to purge the expired first.
 const EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("expiry");
+/// (started, name) of every claim and unknown record, to list the unknown
+/// outcomes newest first without reading every record.
+const OPEN: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("open");
 /// Counters: `bytes`, the bytes of records held (with their overhead).
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -97,6 +100,18 @@ pub struct Local {
     path: PathBuf,
     max_bytes: u64,
     clock: Clock,
+    /// What opening it did that a person should know (a file set aside).
+    warning: Option<String>,
+}
+
+/// Why the store file in a state directory was not opened by
+/// [`Local::open_existing`].
+#[derive(Debug)]
+pub enum NotOpened {
+    /// There is no file (nothing was ever kept there).
+    Missing(PathBuf),
+    /// It is there but cannot be used as it is.
+    Refused(StoreError),
 }
 
 /// redb's file backend, but for its syncs: a commit's writes reach the OS
@@ -165,6 +180,7 @@ impl StorageBackend for OsBackend {
 struct Tables<'t> {
     records: redb::Table<'t, &'static [u8], &'static [u8]>,
     expiry: redb::Table<'t, (u64, &'static [u8]), ()>,
+    open: redb::Table<'t, (u64, &'static [u8]), ()>,
     held: u64,
 }
 
@@ -177,14 +193,15 @@ impl Local {
     pub fn open(dir: &Path, max_bytes: u64, clock: Clock) -> Result<Local, StoreError> {
         private_files::prepare_dir(dir).map_err(|e| StoreError::Engine(e.to_string()))?;
         let path = dir.join(FILE_NAME);
+        let mut warning = None;
         if let Some(why) = refused(&path) {
-            set_aside(&path, &why, &clock)?;
+            warning = Some(set_aside(&path, &why, &clock)?);
         }
         let syncs = Arc::new(AtomicBool::new(false));
         let (db, file) = match open_db(&path, &syncs) {
             Ok(opened) => opened,
             Err(Bad::Unusable(why)) => {
-                set_aside(&path, &why, &clock)?;
+                warning = Some(set_aside(&path, &why, &clock)?);
                 open_db(&path, &syncs).map_err(|e| StoreError::Engine(e.to_string()))?
             }
             Err(Bad::Other(e)) => return Err(StoreError::Engine(e)),
@@ -206,6 +223,40 @@ impl Local {
             path,
             max_bytes,
             clock,
+            warning,
+        })
+    }
+
+    /// Opens the file in `dir` if there is one, as it is: no directory,
+    /// file or table is made, set aside or made private (for `status` and
+    /// `check`, which only look and only read; redb still repairs a file
+    /// left by a crash, as the next proxy would). A directory or file that
+    /// is not ours alone is refused.
+    pub fn open_existing(dir: &Path, clock: Clock) -> Result<Local, NotOpened> {
+        let path = dir.join(FILE_NAME);
+        if fs::symlink_metadata(&path).is_err() {
+            return Err(NotOpened::Missing(path));
+        }
+        let refuse = |why: String| {
+            NotOpened::Refused(StoreError::Engine(format!("{}: {why}", path.display())))
+        };
+        private_files::check_dir(dir).map_err(|e| refuse(e.to_string()))?;
+        if let Some(why) = refused(&path) {
+            return Err(refuse(why));
+        }
+        let file = fs::File::open(&path).map_err(|e| refuse(e.to_string()))?;
+        let db = look_db(&path).map_err(|e| refuse(e.to_string()))?;
+        Ok(Local {
+            db: Some(db),
+            file,
+            sync_tx: None,
+            sync_thread: None,
+            syncs: Arc::new(AtomicBool::new(true)),
+            unsynced: false,
+            path,
+            max_bytes: MAX_BYTES,
+            clock,
+            warning: None,
         })
     }
 
@@ -241,6 +292,7 @@ impl Local {
                 if let Some((r, cost)) = &current {
                     t.records.remove(&id[..]).map_err(engine_err)?;
                     t.expiry.remove((r.expires, &id[..])).map_err(engine_err)?;
+                    t.open.remove((r.started, &id[..])).map_err(engine_err)?;
                     t.held = t.held.saturating_sub(*cost);
                 }
                 true
@@ -249,7 +301,14 @@ impl Local {
                 let text = record_bytes(&r)?;
                 let cost = text.len() as u64 + RECORD_OVERHEAD;
                 if t.held.saturating_sub(old_cost) + cost > self.max_bytes {
-                    let (_, freed) = purge_in(&mut t.records, &mut t.expiry, now, usize::MAX, id)?;
+                    let (_, freed) = purge_in(
+                        &mut t.records,
+                        &mut t.expiry,
+                        &mut t.open,
+                        now,
+                        usize::MAX,
+                        id,
+                    )?;
                     t.held = t.held.saturating_sub(freed);
                     if t.held.saturating_sub(old_cost) + cost > self.max_bytes {
                         return Err(StoreError::Full {
@@ -261,11 +320,17 @@ impl Local {
                     t.expiry
                         .remove((old.expires, &id[..]))
                         .map_err(engine_err)?;
+                    t.open.remove((old.started, &id[..])).map_err(engine_err)?;
                 }
                 t.records.insert(&id[..], &text[..]).map_err(engine_err)?;
                 t.expiry
                     .insert((r.expires, &id[..]), ())
                     .map_err(engine_err)?;
+                if record::is_open(&r) {
+                    t.open
+                        .insert((r.started, &id[..]), ())
+                        .map_err(engine_err)?;
+                }
                 t.held = t.held.saturating_sub(old_cost) + cost;
                 true
             }
@@ -315,6 +380,7 @@ impl Drop for Local {
 fn purge_in(
     records: &mut redb::Table<&[u8], &[u8]>,
     expiry: &mut redb::Table<(u64, &[u8]), ()>,
+    open: &mut redb::Table<(u64, &[u8]), ()>,
     now: Millis,
     max: usize,
     keep: &Id,
@@ -337,7 +403,12 @@ fn purge_in(
     for (at, id) in &due {
         expiry.remove((*at, &id[..])).map_err(engine_err)?;
         if let Some(v) = records.remove(&id[..]).map_err(engine_err)? {
-            freed += v.value().len() as u64 + RECORD_OVERHEAD;
+            let bytes = v.value();
+            freed += bytes.len() as u64 + RECORD_OVERHEAD;
+            // A record that does not read leaves no index entry to find.
+            if let Ok(r) = serde_json::from_slice::<Record>(bytes) {
+                open.remove((r.started, &id[..])).map_err(engine_err)?;
+            }
         }
     }
     Ok((due.len(), freed))
@@ -358,6 +429,7 @@ impl Engine for Local {
             let mut t = Tables {
                 records: tx.open_table(RECORDS).map_err(engine_err)?,
                 expiry: tx.open_table(EXPIRY).map_err(engine_err)?,
+                open: tx.open_table(OPEN).map_err(engine_err)?,
                 held,
             };
             let now = (self.clock)();
@@ -413,9 +485,10 @@ impl Engine for Local {
         let purged = {
             let mut records = tx.open_table(RECORDS).map_err(engine_err)?;
             let mut expiry = tx.open_table(EXPIRY).map_err(engine_err)?;
+            let mut open = tx.open_table(OPEN).map_err(engine_err)?;
             let mut meta = tx.open_table(META).map_err(engine_err)?;
             let now = (self.clock)();
-            let (n, freed) = purge_in(&mut records, &mut expiry, now, max, &[0xff; 32])?;
+            let (n, freed) = purge_in(&mut records, &mut expiry, &mut open, now, max, &[0xff; 32])?;
             if n > 0 {
                 let held = meta
                     .get("bytes")
@@ -437,7 +510,9 @@ impl Engine for Local {
 
     fn count(&mut self) -> Result<u64, StoreError> {
         let tx = self.db()?.begin_read().map_err(engine_err)?;
-        let records = tx.open_table(RECORDS).map_err(engine_err)?;
+        let Some(records) = read_table(&tx, RECORDS)? else {
+            return Ok(0);
+        };
         records.len().map_err(engine_err)
     }
 
@@ -447,6 +522,54 @@ impl Engine for Local {
 
     fn place(&self) -> String {
         self.path.display().to_string()
+    }
+
+    fn health(&mut self) -> Health {
+        let warning = self.warning.clone();
+        timed_health(self, warning)
+    }
+
+    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+        let limit = limit.min(super::MAX_UNKNOWNS);
+        let now = (self.clock)();
+        let tx = self.db()?.begin_read().map_err(engine_err)?;
+        let (Some(records), Some(open)) = (read_table(&tx, RECORDS)?, read_table(&tx, OPEN)?)
+        else {
+            return Ok(Vec::new());
+        };
+        let mut found = Vec::new();
+        for entry in open.iter().map_err(engine_err)?.rev() {
+            if found.len() >= limit {
+                break;
+            }
+            let (k, ()) = entry.map(|(k, v)| (k, v.value())).map_err(engine_err)?;
+            let (_, name) = k.value();
+            let Ok(id) = Id::try_from(name) else {
+                continue;
+            };
+            let Some(v) = records.get(&id[..]).map_err(engine_err)? else {
+                continue;
+            };
+            let r: Record = serde_json::from_slice(v.value())
+                .map_err(|e| StoreError::BadRecord(e.to_string()))?;
+            if let Some(r) = record::unknown_at(&r, now) {
+                found.push((id, r));
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// Table `def` for reading; `None` when the file has none yet (one only
+/// looked at, made by an older build).
+fn read_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    tx: &redb::ReadTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, StoreError> {
+    match tx.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(engine_err(e)),
     }
 }
 
@@ -487,6 +610,7 @@ fn open_db(path: &Path, syncs: &Arc<AtomicBool>) -> Result<(Database, fs::File),
         let tx = db.begin_write()?;
         tx.open_table(RECORDS)?;
         tx.open_table(EXPIRY)?;
+        tx.open_table(OPEN)?;
         tx.open_table(META)?;
         tx.commit()?;
         Ok::<_, redb::Error>(db)
@@ -503,6 +627,22 @@ fn open_db(path: &Path, syncs: &Arc<AtomicBool>) -> Result<(Database, fs::File),
             }
             other => Err(Bad::Other(format!("{}: {other}", path.display()))),
         },
+        Err(_) => Err(Bad::Unusable("the file does not read as a database".into())),
+    }
+}
+
+/// Opens the database at `path` as it is, only to read: no table is made
+/// (a read finds none), a file redb cannot read is an error.
+fn look_db(path: &Path) -> Result<Database, Bad> {
+    let opened = catch_unwind(AssertUnwindSafe(|| {
+        redb::Builder::new()
+            .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+            .set_cache_size(CACHE_BYTES)
+            .open(path)
+    }));
+    match opened {
+        Ok(Ok(db)) => Ok(db),
+        Ok(Err(e)) => Err(Bad::Other(format!("{}: {e}", path.display()))),
         Err(_) => Err(Bad::Unusable("the file does not read as a database".into())),
     }
 }
@@ -526,8 +666,9 @@ fn refused(path: &Path) -> Option<String> {
         .map(|p| p.to_string())
 }
 
-/// Renames the file at `path` aside, with a warning saying why.
-fn set_aside(path: &Path, why: &str, clock: &Clock) -> Result<(), StoreError> {
+/// Renames the file at `path` aside, with a warning saying why (also
+/// what it returns).
+fn set_aside(path: &Path, why: &str, clock: &Clock) -> Result<String, StoreError> {
     let mut aside = path.as_os_str().to_owned();
     aside.push(format!(".set-aside-{}", clock()));
     let aside = PathBuf::from(aside);
@@ -537,12 +678,13 @@ fn set_aside(path: &Path, why: &str, clock: &Clock) -> Result<(), StoreError> {
             path.display()
         ))
     })?;
-    crate::warn!(
-        "store: {}: {why}; set aside as {} and a new one made",
+    let warning = format!(
+        "{}: {why}; set aside as {} and a new one made",
         path.display(),
         aside.display()
     );
-    Ok(())
+    crate::warn!("store: {warning}");
+    Ok(warning)
 }
 
 #[cfg(test)]
@@ -552,7 +694,7 @@ mod tests {
     use super::*;
     use crate::policy::record::Outcome;
     use crate::store::record_id;
-    use crate::store::tests::{claim, engine_contract, fake_clock, finish};
+    use crate::store::tests::{claim, engine_contract, fake_clock, finish, unknowns_contract};
 
     /// A directory removed when dropped: declared before the engines of
     /// a test, it goes after them (Windows removes no file still open).
@@ -593,6 +735,94 @@ mod tests {
         let (clock, t) = fake_clock();
         let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
         engine_contract(&mut e, &t);
+    }
+
+    #[test]
+    fn the_local_engine_lists_its_unknown_outcomes_to_another_handle() {
+        let dir = temp_dir("unknowns");
+        let (clock, t) = fake_clock();
+        let mut e = Local::open(&dir, 1 << 20, clock).unwrap();
+        unknowns_contract(&mut e, &t);
+        // Another handle (another process: `status`) sees what one left.
+        let id = record_id(&[5; 32], "deploy", "D-1");
+        e.apply(&id, &crate::store::tests::claim_about("o", "deploy", "D-1"))
+            .unwrap();
+        e.apply(&id, &finish("o", Outcome::Unknown("timeout".into())))
+            .unwrap();
+        let t2 = t.clone();
+        let seen = Box::new(move || t2.load(Ordering::SeqCst));
+        let mut other = match Local::open_existing(&dir, seen) {
+            Ok(l) => l,
+            Err(e) => panic!("{e:?}"),
+        };
+        let list = other.unknowns(5).unwrap();
+        assert_eq!(list.len(), 1);
+        assert_eq!((list[0].0, list[0].1.about.tool.as_str()), (id, "deploy"));
+        let h = other.health();
+        assert_eq!((h.engine, h.reachable, h.records), ("local", true, Some(1)));
+        assert_eq!(h.place, dir.join(FILE_NAME).display().to_string());
+        assert_eq!(h.warning, None);
+    }
+
+    #[test]
+    fn looking_at_a_state_directory_without_a_file_makes_none() {
+        let dir = temp_dir("look");
+        let (clock, _) = fake_clock();
+        assert!(matches!(
+            Local::open_existing(&dir, clock),
+            Err(NotOpened::Missing(p)) if p == dir.join(FILE_NAME)
+        ));
+        assert!(!dir.exists(), "nothing was made");
+    }
+
+    #[test]
+    fn looking_at_a_file_without_tables_reads_it_empty_and_makes_none() {
+        let dir = temp_dir("look-empty");
+        private_files::prepare_dir(&dir).unwrap();
+        let path = dir.join(FILE_NAME);
+        create_private(&path).unwrap();
+        drop(
+            redb::Builder::new()
+                .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+                .create(&path)
+                .unwrap(),
+        );
+        let (clock, _) = fake_clock();
+        let Ok(mut l) = Local::open_existing(&dir, clock) else {
+            panic!("not opened");
+        };
+        let h = l.health();
+        assert_eq!((h.reachable, h.records), (true, Some(0)), "{h:?}");
+        assert!(l.unknowns(10).unwrap().is_empty());
+        drop(l);
+        let db = redb::Builder::new()
+            .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+            .open(&path)
+            .unwrap();
+        let tables = db.begin_read().unwrap().list_tables().unwrap().count();
+        assert_eq!(tables, 0, "looking made no table");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn looking_at_a_file_of_the_wrong_mode_refuses_it_and_leaves_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = temp_dir("look-mode");
+        let (clock, _) = fake_clock();
+        drop(Local::open(&dir, 1 << 20, clock).unwrap());
+        let path = dir.join(FILE_NAME);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let (clock, _) = fake_clock();
+        let Err(NotOpened::Refused(e)) = Local::open_existing(&dir, clock) else {
+            panic!("opened");
+        };
+        assert!(e.to_string().contains(FILE_NAME), "{e}");
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "not set aside");
+        // A proxy sets it aside, and says so in its health.
+        let (clock, _) = fake_clock();
+        let mut l = Local::open(&dir, 1 << 20, clock).unwrap();
+        let w = l.health().warning.unwrap();
+        assert!(w.contains("set aside as"), "{w}");
     }
 
     #[test]

@@ -19,12 +19,14 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::{Engine, Id, StoreError};
-use crate::policy::record::{self, Millis, Op, Outcome, Reply, Timing};
+use super::{Engine, Health, Id, StoreError};
+use crate::policy::record::{self, About, Millis, Op, Outcome, Reply, Timing};
 
 /// A waiting twin's first pause before it claims again.
 pub const POLL_FIRST: Duration = Duration::from_millis(20);
@@ -56,6 +58,8 @@ pub enum Request {
         args: String,
         timing: Timing,
         wait_until: Instant,
+        /// Kept in the record, for `status`.
+        about: About,
     },
     /// This process's call on record `id` ended with `outcome` (also a
     /// late answer after an unknown outcome).
@@ -63,7 +67,34 @@ pub enum Request {
         id: Id,
         outcome: Outcome,
         timing: Timing,
+        /// The bytes of its result, counted until the request is done.
+        held: Option<Held>,
     },
+}
+
+/// Bytes of kept results on their way to the store thread: counted in
+/// `queued` from when the dispatcher hands a request over until the
+/// thread is done with it (dropped), so the sender can bound them.
+#[derive(Debug)]
+pub struct Held {
+    bytes: u64,
+    queued: Arc<AtomicU64>,
+}
+
+impl Held {
+    pub fn new(queued: &Arc<AtomicU64>, bytes: u64) -> Held {
+        queued.fetch_add(bytes, Ordering::SeqCst);
+        Held {
+            bytes,
+            queued: queued.clone(),
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.queued.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
 }
 
 /// The store's answer to a [`Request::Claim`].
@@ -76,10 +107,21 @@ pub struct Answer {
     /// The store's clock when it answered, to tell how long ago the
     /// reply's times were.
     pub now_ms: Millis,
+    /// The claim found another process's call running and waited for it.
+    pub waited: bool,
+}
+
+/// What the store thread tells the dispatcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Told {
+    /// A claim's answer.
+    Answer(Answer),
+    /// The store is open (or is not: `Err`, why), for `status`.
+    Opened(Result<Health, String>),
 }
 
 /// Where answers go (the dispatcher's inbox).
-pub type Deliver = Box<dyn Fn(Answer) + Send>;
+pub type Deliver = Box<dyn Fn(Told) + Send>;
 
 /// Opens the engine, on the store thread.
 pub type Opener = Box<dyn FnOnce() -> Result<Box<dyn Engine>, StoreError> + Send>;
@@ -101,6 +143,7 @@ struct Waiting {
     id: Id,
     owner: String,
     args: String,
+    about: About,
     timing: Timing,
     wait_until: Instant,
     next: Instant,
@@ -145,9 +188,17 @@ pub fn spawn(
         move || {
             let engine = match open() {
                 Ok(mut e) => {
-                    match e.count() {
-                        Ok(n) => crate::debug!("store: {} ({}): {n} records", e.name(), e.place()),
-                        Err(err) => crate::warn!("store: {} ({}): {err}", e.name(), e.place()),
+                    let health = e.health();
+                    match (&health.records, &health.warning) {
+                        (Some(n), _) => {
+                            crate::debug!("store: {} ({}): {n} records", e.name(), e.place())
+                        }
+                        (None, w) => crate::warn!(
+                            "store: {} ({}): {}",
+                            e.name(),
+                            e.place(),
+                            w.as_deref().unwrap_or("not reachable")
+                        ),
                     }
                     // A shared store lists its scope's unknown outcomes.
                     if let Ok(unknown) = e.unknowns(UNKNOWN_SHOWN) {
@@ -161,10 +212,12 @@ pub fn spawn(
                             );
                         }
                     }
+                    deliver(Told::Opened(Ok(health)));
                     Ok(e)
                 }
                 Err(e) => {
                     crate::warn!("store unavailable: {e}");
+                    deliver(Told::Opened(Err(e.to_string())));
                     Err(e.to_string())
                 }
             };
@@ -236,13 +289,14 @@ impl Worker {
         }
     }
 
-    fn answer(&self, call: u64, reply: Result<Reply, String>) {
+    fn answer(&self, call: u64, reply: Result<Reply, String>, waited: bool) {
         let now_ms = (self.clock)();
-        (self.deliver)(Answer {
+        (self.deliver)(Told::Answer(Answer {
             call,
             reply,
             now_ms,
-        });
+            waited,
+        }));
     }
 
     /// One request at `now`.
@@ -257,6 +311,7 @@ impl Worker {
     /// owner is known once the claim's reply is).
     pub fn handle_all(&mut self, reqs: Vec<Request>, now: Instant) {
         let mut steps: Vec<(Id, Op, Step)> = Vec::new();
+        let mut held_until_step: Vec<Held> = Vec::new();
         for req in reqs {
             match req {
                 Request::Claim {
@@ -265,18 +320,21 @@ impl Worker {
                     args,
                     timing,
                     wait_until,
+                    about,
                 } => {
                     let owner = self.token();
                     let op = Op::Claim {
                         owner: owner.clone(),
                         args: args.clone(),
                         timing,
+                        about: about.clone(),
                     };
                     let w = Waiting {
                         call,
                         id,
                         owner,
                         args,
+                        about,
                         timing,
                         wait_until,
                         next: now + POLL_FIRST,
@@ -288,7 +346,10 @@ impl Worker {
                     id,
                     outcome,
                     timing,
+                    held,
                 } => {
+                    // Its bytes count until the step that writes them.
+                    held_until_step.extend(held);
                     if steps
                         .iter()
                         .any(|(i, _, s)| *i == id && matches!(s, Step::Claim(_)))
@@ -310,6 +371,7 @@ impl Worker {
             }
         }
         self.step(steps, now);
+        drop(held_until_step);
     }
 
     /// Applies `steps` in one step of the engine, then what each reply
@@ -370,6 +432,8 @@ impl Worker {
     /// What a claim (or a twin's poll) found: a busy record before the
     /// caller's deadline is polled again, anything else answered.
     fn claimed(&mut self, w: Waiting, reply: Result<Reply, String>, now: Instant) {
+        // A twin's poll (not the first claim): it waited for another's call.
+        let waited = w.next <= now;
         match reply {
             Ok(Reply::Busy { .. }) if now < w.wait_until => {
                 let first = w.next > now;
@@ -388,7 +452,7 @@ impl Worker {
                 if reply == Ok(Reply::Claimed) {
                     self.own(w.id, w.owner, w.timing, now);
                 }
-                self.answer(w.call, reply);
+                self.answer(w.call, reply, waited);
             }
         }
     }
@@ -431,6 +495,7 @@ impl Worker {
                 owner: w.owner.clone(),
                 args: w.args.clone(),
                 timing: w.timing,
+                about: w.about.clone(),
             };
             steps.push((w.id, op, Step::Claim(w)));
         }
@@ -470,6 +535,7 @@ impl Worker {
                 id: *id,
                 outcome: Outcome::Unknown(PROXY_EXITED.into()),
                 timing: o.timing,
+                held: None,
             })
             .collect();
         self.handle_all(live, Instant::now());
@@ -493,14 +559,23 @@ mod tests {
 
     type Log = Arc<Mutex<Vec<Answer>>>;
 
+    /// A deliverer that logs the answers.
+    fn logger(log: &Log) -> Deliver {
+        let l = log.clone();
+        Box::new(move |t| {
+            if let Told::Answer(a) = t {
+                l.lock().unwrap().push(a)
+            }
+        })
+    }
+
     fn worker() -> (Worker, Log, Arc<std::sync::atomic::AtomicU64>) {
         let (clock, t) = fake_clock();
         let t2 = t.clone();
         let log: Log = Arc::default();
-        let l = log.clone();
         let w = Worker::new(
             Ok(Box::new(Memory::new(1 << 20, clock))),
-            Box::new(move |a| l.lock().unwrap().push(a)),
+            logger(&log),
             Box::new(move || t2.load(Ordering::SeqCst)),
         );
         (w, log, t)
@@ -537,6 +612,15 @@ mod tests {
         fn place(&self) -> String {
             String::new()
         }
+        fn health(&mut self) -> crate::store::Health {
+            self.inner.health()
+        }
+        fn unknowns(
+            &mut self,
+            limit: usize,
+        ) -> Result<Vec<(Id, crate::policy::record::Record)>, StoreError> {
+            self.inner.unknowns(limit)
+        }
     }
 
     type Steps = Arc<Mutex<Vec<usize>>>;
@@ -554,7 +638,11 @@ mod tests {
         };
         let w = Worker::new(
             Ok(Box::new(engine)),
-            Box::new(move |a| l.lock().unwrap().push(a)),
+            Box::new(move |t| {
+                if let Told::Answer(a) = t {
+                    l.lock().unwrap().push(a)
+                }
+            }),
             Box::new(|| 0),
         );
         (w, log, steps, flushes)
@@ -588,6 +676,7 @@ mod tests {
             id,
             outcome: Outcome::Result("1".into()),
             timing: T,
+            held: None,
         };
         w.handle_all(ids.iter().map(|id| end(*id)).collect(), now);
         assert_eq!(*steps.lock().unwrap(), [6, 5]);
@@ -600,6 +689,7 @@ mod tests {
             owner: "x".into(),
             args: "a".into(),
             timing: T,
+            about: About::default(),
         };
         assert!(matches!(w.apply(&id, &later), Ok(Reply::Replay { .. })));
     }
@@ -624,6 +714,7 @@ mod tests {
                 id,
                 outcome: Outcome::Unknown("timeout".into()),
                 timing: T,
+                held: None,
             },
             now + FLUSH_WITHIN,
         );
@@ -638,6 +729,7 @@ mod tests {
             args: "a".into(),
             timing: T,
             wait_until: until,
+            about: About::default(),
         }
     }
 
@@ -669,6 +761,7 @@ mod tests {
                 id,
                 outcome: Outcome::Result("42".into()),
                 timing: T,
+                held: None,
             },
             t,
         );
@@ -676,9 +769,26 @@ mod tests {
         w.tick(due);
         let log = log.lock().unwrap();
         assert_eq!(log.len(), 2);
-        assert_eq!(log[1].call, 2);
+        assert_eq!((log[1].call, log[1].waited), (2, true));
         assert!(matches!(&log[1].reply, Ok(Reply::Replay { result, .. }) if result == "42"));
         assert!(w.waiting.is_empty());
+    }
+
+    #[test]
+    fn held_bytes_are_counted_until_the_request_is_done() {
+        let (mut w, _, _) = worker();
+        let queued = Arc::new(AtomicU64::new(0));
+        let held = Held::new(&queued, 300);
+        let _other = Held::new(&queued, 5);
+        assert_eq!(queued.load(Ordering::SeqCst), 305);
+        let req = Request::Finish {
+            id: [0; 32],
+            outcome: Outcome::Result("x".repeat(300)),
+            timing: T,
+            held: Some(held),
+        };
+        w.handle(req, Instant::now());
+        assert_eq!(queued.load(Ordering::SeqCst), 5);
     }
 
     #[test]
@@ -691,6 +801,7 @@ mod tests {
             owner: "elsewhere".into(),
             args: "a".into(),
             timing: T,
+            about: About::default(),
         };
         assert_eq!(w.apply(&id, &other), Ok(Reply::Claimed));
         w.handle(claim(1, id, far), now);
@@ -700,6 +811,7 @@ mod tests {
                 id,
                 outcome: Outcome::Released,
                 timing: T,
+                held: None,
             },
             now,
         );
@@ -741,6 +853,7 @@ mod tests {
             owner: "x".into(),
             args: "a".into(),
             timing: T,
+            about: About::default(),
         };
         assert!(matches!(w.apply(&id, &other), Ok(Reply::Busy { .. })));
         w.handle(claim(2, id, now), now);
@@ -753,10 +866,9 @@ mod tests {
     #[test]
     fn an_unavailable_store_answers_every_claim_with_why() {
         let log: Log = Arc::default();
-        let l = log.clone();
         let mut w = Worker::new(
             Err("no state directory".into()),
-            Box::new(move |a| l.lock().unwrap().push(a)),
+            logger(&log),
             Box::new(|| 5),
         );
         let now = Instant::now();
@@ -781,14 +893,21 @@ mod tests {
                 crate::store::local::Local::open(&d, 1 << 20, crate::store::wall_clock())
                     .map(|e| Box::new(e) as Box<dyn Engine>)
             }),
-            Box::new(move |a| drop(tx_a.send(a))),
+            Box::new(move |t| drop(tx_a.send(t))),
             crate::store::wall_clock(),
         )
         .unwrap();
         let id = record_id(&[0; 32], "t", "k");
         let far = Instant::now() + Duration::from_secs(60);
+        let Told::Opened(Ok(health)) = rx_a.recv().unwrap() else {
+            panic!("the store's opening is told first");
+        };
+        assert_eq!((health.engine, health.records), ("local", Some(0)));
         tx.send(claim(1, id, far)).unwrap();
-        assert_eq!(rx_a.recv().unwrap().reply, Ok(Reply::Claimed));
+        let Told::Answer(a) = rx_a.recv().unwrap() else {
+            panic!()
+        };
+        assert_eq!((a.reply, a.waited), (Ok(Reply::Claimed), false));
         drop(tx);
         handle.join().unwrap();
         let mut e =
@@ -797,6 +916,7 @@ mod tests {
             owner: "y".into(),
             args: "a".into(),
             timing: T,
+            about: About::default(),
         };
         assert!(matches!(
             e.apply(&id, &op),

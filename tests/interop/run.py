@@ -140,12 +140,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_env(run_dir: str, **extra: str) -> dict[str, str]:
+    """This process's environment for a run in `run_dir`: every mcp-retry
+    started there keeps its state (the store of idempotency keys, the
+    status documents) inside it, never in the user's directories."""
+    env = dict(os.environ, MCP_RETRY_STATE_DIR=os.path.join(run_dir, "state"),
+               MCP_RETRY_RUNTIME_DIR=os.path.join(run_dir, "runtime"), **extra)
+    env.pop("MCP_RETRY_STORE", None)
+    return env
+
+
 def start_listening(command: list[str], port: int, run_dir: str, log_name: str,
                     env: dict[str, str] | None = None) -> subprocess.Popen:
     """Starts a server that listens on 127.0.0.1:`port`; returns it once it
     accepts connections."""
     log = open(os.path.join(run_dir, log_name), "w", encoding="utf-8")
-    proc = subprocess.Popen(command, cwd=run_dir, env=dict(os.environ, **(env or {})),
+    proc = subprocess.Popen(command, cwd=run_dir, env=run_env(run_dir, **(env or {})),
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     log.close()  # the server has its own copy
     deadline = time.monotonic() + 30
@@ -236,7 +246,7 @@ def run_once(sc: Scenario, kind: str, proxy: str, base: str) -> RunResult:
         client = [PYTHON, os.path.join(HERE, "py_client.py"), sc.script, sc.mode, out, "--"]
     else:
         client = ["node", os.path.join(HERE, "ts_client.mjs"), sc.script, out, "--"]
-    env = dict(os.environ, INTEROP_ROOT=os.path.join(run_dir, "root"), MCP_RETRY_LOG="info", NO_PROXY="127.0.0.1")
+    env = run_env(run_dir, INTEROP_ROOT=os.path.join(run_dir, "root"), MCP_RETRY_LOG="info", NO_PROXY="127.0.0.1")
     env.update(sc.env(run_dir))
     with open(os.path.join(run_dir, "stderr.log"), "w+", encoding="utf-8") as err:
         try:
@@ -805,7 +815,7 @@ def fault_checks(proxy: str, base: str) -> tuple[list[Check], str]:
     run_dir = os.path.join(base, "python-http-faults")
     os.makedirs(run_dir)
     out = os.path.join(run_dir, "checks.json")
-    env = dict(os.environ, MCP_RETRY_LOG="info", NO_PROXY="127.0.0.1")
+    env = run_env(run_dir, MCP_RETRY_LOG="info", NO_PROXY="127.0.0.1")
     with open(os.path.join(run_dir, "stderr.log"), "w+", encoding="utf-8") as err:
         try:
             subprocess.run([PYTHON, os.path.join(HERE, "py_faults.py"), proxy, run_dir, out], cwd=run_dir,
@@ -832,7 +842,7 @@ def instant_checks(proxy: str, base: str) -> tuple[list[Check], str]:
     with open(os.path.join(run_dir, "stderr.log"), "w+", encoding="utf-8") as err:
         try:
             subprocess.run([PYTHON, os.path.join(HERE, "py_instant.py"), proxy, run_dir, out], cwd=run_dir,
-                           stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=6 * RUN_TIMEOUT)
+                           env=run_env(run_dir), stdin=subprocess.DEVNULL, stdout=err, stderr=err, timeout=6 * RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
             pass
         err.seek(0)
@@ -875,7 +885,7 @@ def conformance_once(scenario: str, kind: str, proxy: str, base: str) -> tuple[R
     os.makedirs(results)
     result = RunResult(kind, run_dir)
     out = os.path.join(run_dir, "client-out.json")
-    env = dict(os.environ, INTEROP_OUT=out, MCP_RETRY_LOG="info", NO_PROXY="127.0.0.1,localhost")
+    env = run_env(run_dir, INTEROP_OUT=out, MCP_RETRY_LOG="info", NO_PROXY="127.0.0.1,localhost")
     if kind == "proxied":
         wire = os.path.join(run_dir, "client-wire.jsonl")
         env["INTEROP_PROXY"] = json.dumps([PYTHON, os.path.join(HERE, "tap.py"), wire, "--", proxy])

@@ -367,6 +367,11 @@ def main(argv):
     dist, mock, uvx = Path(argv[0]).resolve(), Path(argv[1]).resolve(), argv[2]
     with tempfile.TemporaryDirectory(prefix="mcp-retry-packages-") as t:
         tmp = Path(t)
+        # Every mcp-retry started here keeps its state in `tmp`, never in
+        # the user's directories.
+        os.environ["MCP_RETRY_STATE_DIR"] = str(tmp / "state")
+        os.environ["MCP_RETRY_RUNTIME_DIR"] = str(tmp / "runtime")
+        os.environ.pop("MCP_RETRY_STORE", None)
         # A copy of its own, so the processes of this run are told apart by
         # their executable's path.
         shutil.copy2(mock, tmp / "mock-mcp-server")

@@ -37,6 +37,11 @@ def main(argv):
     rows = []
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
+        # Every mcp-retry started here keeps its state in `tmp`, never in
+        # the user's directories.
+        os.environ["MCP_RETRY_STATE_DIR"] = str(tmp / "state")
+        os.environ["MCP_RETRY_RUNTIME_DIR"] = str(tmp / "runtime")
+        os.environ.pop("MCP_RETRY_STORE", None)
         subprocess.run(["npm", "install", "--no-audit", "--no-fund", main_tgz, platform_tgz],
                        cwd=tmp, check=True, capture_output=True)
         binary = tmp / "node_modules/@mcp-retry/linux-x64/bin/mcp-retry"

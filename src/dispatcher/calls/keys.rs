@@ -13,6 +13,8 @@
 
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -21,8 +23,10 @@ use crate::dispatcher::{CallError, Reason};
 use crate::jsonrpc;
 use crate::policy::dedup::{Keep, Mark};
 use crate::policy::gate::{self, Safety};
-use crate::policy::record::{Outcome, Reply, Timing, OWNER_LOST};
-use crate::store::thread::{Answer, Request, PROXY_EXITED};
+use crate::policy::record::{About, Outcome, Reply, Timing, OWNER_LOST};
+use crate::redact::Redactor;
+use crate::stats::MAX_KEY_CHARS;
+use crate::store::thread::{Answer, Held, Request, Told, PROXY_EXITED};
 use crate::store::{record_id, Id};
 use crate::{info, warn};
 
@@ -36,6 +40,11 @@ pub const LEASE: Duration = Duration::from_secs(10);
 /// How long past its deadline a call waits for the store's answer to its
 /// claim before it ends without it.
 const CLAIM_GRACE: Duration = Duration::from_secs(1);
+/// Most bytes of results on their way to the store thread at once: a
+/// result that would go past it is recorded as run without its result
+/// (`done`: never run again, answered `already_ran`), so a store slower
+/// than the server cannot grow the proxy.
+pub const MAX_QUEUED_BYTES: u64 = 8 << 20;
 
 /// What to do with a keyed call of a tool not known to be safe when the
 /// store cannot be asked.
@@ -54,15 +63,82 @@ pub struct KeyStore {
     unavailable: Unavailable,
     /// The store was found unavailable (said once).
     warned: bool,
+    /// The engine asked for (`local`).
+    engine: &'static str,
+    /// The server's name in the records, for `status`.
+    server: String,
+    /// Removes the server's env and header values from a key before it
+    /// is kept.
+    redactor: Redactor,
+    /// Bytes of results handed to the store thread and not yet written.
+    queued: Arc<AtomicU64>,
+    /// A result was recorded without its text for lack of room (said once).
+    warned_full: bool,
 }
 
 impl KeyStore {
-    pub fn new(tx: Sender<Request>, scope: [u8; 32], unavailable: Unavailable) -> KeyStore {
+    pub fn new(
+        tx: Sender<Request>,
+        scope: [u8; 32],
+        unavailable: Unavailable,
+        engine: &'static str,
+        cfg: &crate::config::ServerConfig,
+    ) -> KeyStore {
+        let secrets: Vec<(String, String)> = cfg.env.iter().chain(&cfg.headers).cloned().collect();
         KeyStore {
             tx,
             scope,
             unavailable,
             warned: false,
+            engine,
+            server: cfg.name.clone(),
+            redactor: Redactor::new(&secrets),
+            queued: Arc::new(AtomicU64::new(0)),
+            warned_full: false,
+        }
+    }
+
+    /// `req` with its result's bytes counted, or, past
+    /// [`MAX_QUEUED_BYTES`], recorded as run without its result.
+    fn bounded(&mut self, req: Request) -> Request {
+        let Request::Finish {
+            id,
+            outcome: Outcome::Result(result),
+            timing,
+            held: None,
+        } = req
+        else {
+            return req;
+        };
+        let bytes = result.len() as u64;
+        if self.queued.load(Ordering::SeqCst) + bytes > MAX_QUEUED_BYTES {
+            if !self.warned_full {
+                self.warned_full = true;
+                warn!("store: results come faster than the store writes them; some are kept as run without their result (a later call with the key is not run, and gets already_ran)");
+            }
+            return Request::Finish {
+                id,
+                outcome: Outcome::Ran,
+                timing,
+                held: None,
+            };
+        }
+        Request::Finish {
+            id,
+            outcome: Outcome::Result(result),
+            timing,
+            held: Some(Held::new(&self.queued, bytes)),
+        }
+    }
+
+    /// What the record of `key` for `tool` says of its call: both
+    /// shortened to [`MAX_KEY_CHARS`], the key redacted.
+    fn about(&self, tool: &str, key: &str) -> About {
+        let short = |s: &str| crate::status::truncate(s, MAX_KEY_CHARS);
+        About {
+            server: short(&self.server),
+            tool: short(tool),
+            key: self.redactor.redact(&short(key)),
         }
     }
 
@@ -86,13 +162,36 @@ pub(super) enum Claim {
 impl Calls {
     /// The store (`local`): from now on keyed calls claim their records.
     pub(in crate::dispatcher) fn use_store(&mut self, store: KeyStore) {
+        self.counters.stats.store.wanted = Some(store.engine);
+        self.counters.changed = true;
         self.keys = Some(store);
     }
 
     /// Hands a request to the store thread.
-    pub(in crate::dispatcher) fn store_send(&self, req: Request) {
-        if let Some(k) = &self.keys {
+    pub(in crate::dispatcher) fn store_send(&mut self, req: Request) {
+        if let Some(k) = &mut self.keys {
+            let req = k.bounded(req);
             k.send(req);
+            self.counters.stats.store.operations += 1;
+            self.counters.changed = true;
+        }
+    }
+
+    /// What the store thread told: a claim's answer (the call that may
+    /// run now, for the dispatcher to start), or how the store opened.
+    pub(in crate::dispatcher) fn store_told(
+        &mut self,
+        told: Told,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> Option<u64> {
+        match told {
+            Told::Answer(answer) => self.claimed(answer, ctx, out),
+            Told::Opened(health) => {
+                self.counters.stats.store.opened = Some(health);
+                self.counters.changed = true;
+                None
+            }
         }
     }
 
@@ -120,6 +219,7 @@ impl Calls {
             return false;
         };
         let record = record_id(&scope, &call.tool, key);
+        let about = keys.about(&call.tool, key);
         call.claim = Some(Claim::Pending(record));
         out.push(Action::Store(Request::Claim {
             call: id,
@@ -127,6 +227,7 @@ impl Calls {
             args,
             timing,
             wait_until: call.deadline,
+            about,
         }));
         // The store answers by the deadline (a twin still waiting is told
         // so); this is the backstop for a store that never answers.
@@ -140,12 +241,7 @@ impl Calls {
 
     /// The store answered call `answer.call`'s claim: the call that may run
     /// now, for the dispatcher to start.
-    pub(in crate::dispatcher) fn claimed(
-        &mut self,
-        answer: Answer,
-        ctx: Ctx,
-        out: &mut Vec<Action>,
-    ) -> Option<u64> {
+    fn claimed(&mut self, answer: Answer, ctx: Ctx, out: &mut Vec<Action>) -> Option<u64> {
         let id = answer.call;
         let Some(Claim::Pending(record)) = self.calls.get(&id).and_then(|c| c.claim) else {
             // The call ended while it waited: its end was recorded after
@@ -153,6 +249,14 @@ impl Calls {
             return None;
         };
         let ago = |ms: u64| Duration::from_millis(answer.now_ms.saturating_sub(ms));
+        let figures = &mut self.counters.stats.store;
+        figures.waits += u64::from(answer.waited);
+        match &answer.reply {
+            Ok(Reply::Replay { .. }) => figures.replays += 1,
+            Ok(Reply::Unknown { .. }) => figures.unknown_answers += 1,
+            _ => {}
+        }
+        self.counters.changed = true;
         match answer.reply {
             Ok(Reply::Claimed) => {
                 if let Some(c) = self.calls.get_mut(&id) {
@@ -311,6 +415,7 @@ impl Calls {
                 id,
                 outcome,
                 timing,
+                held: None,
             }));
         }
     }
@@ -322,6 +427,7 @@ impl Calls {
             id,
             outcome,
             timing,
+            held: None,
         }));
     }
 

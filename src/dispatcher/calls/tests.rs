@@ -731,14 +731,21 @@ fn a_late_success_too_large_to_keep_turns_an_unknown_outcome_into_already_ran() 
 // ----- with a store of keys (`store: local`) -----------------------------------
 
 use crate::policy::record::{Outcome as Recorded, Reply};
-use crate::store::thread::{Answer, Request};
+use crate::store::thread::{Answer, Request, Told};
 
 /// `with_pay(false)` with a store behind a channel the test reads.
 fn with_store(unavailable: super::Unavailable) -> (Harness, crossbeam_channel::Receiver<Request>) {
     let mut h = with_pay(false);
     let (tx, rx) = crossbeam_channel::unbounded();
-    h.calls
-        .use_store(super::KeyStore::new(tx, [9; 32], unavailable));
+    let mut cfg = crate::config::ServerConfig::with_defaults("srv", "srv".into(), vec![]);
+    cfg.env = vec![("TOKEN".into(), "tok-Zq81-secret".into())];
+    h.calls.use_store(super::KeyStore::new(
+        tx,
+        [9; 32],
+        unavailable,
+        "local",
+        &cfg,
+    ));
     (h, rx)
 }
 
@@ -755,7 +762,12 @@ fn store_requests(out: Vec<Action>) -> Vec<Request> {
 /// A keyed call arrives: it claims its record and is not admitted until
 /// the store answers. Its id and the claim's record.
 fn claiming(h: &mut Harness, client: &str) -> (u64, crate::store::Id) {
-    let (arrival, out) = h.arrive(client, "pay", KEYED);
+    claiming_with(h, client, KEYED)
+}
+
+/// [`claiming`] with these arguments (their key, `K-1` or another).
+fn claiming_with(h: &mut Harness, client: &str, args: &str) -> (u64, crate::store::Id) {
+    let (arrival, out) = h.arrive(client, "pay", args);
     let Arrival::Started(id) = arrival else {
         panic!("{arrival:?}")
     };
@@ -764,16 +776,70 @@ fn claiming(h: &mut Harness, client: &str) -> (u64, crate::store::Id) {
         call,
         id: record,
         wait_until,
+        about,
         ..
     }) = reqs.pop()
     else {
         panic!("no claim: {reqs:?}")
     };
     assert_eq!(call, id);
+    assert_eq!((about.server.as_str(), about.tool.as_str()), ("srv", "pay"));
+    assert!(args.contains(&format!("\"{}\"", about.key)), "{about:?}");
     assert_eq!(wait_until, h.now + h.calls.cfg.retry.total_timeout);
     let (admitted, _) = h.run(|c, ctx, out| c.admit(id, ctx, out));
     assert!(!admitted, "its attempt waits for the claim");
     (id, record)
+}
+
+#[test]
+fn a_key_is_kept_for_status_redacted_and_shortened() {
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let long = format!("tok-Zq81-secret/{}", "x".repeat(500));
+    let args = serde_json::json!({ "_idempotency_key": long }).to_string();
+    let (_, out) = h.arrive("1", "pay", &args);
+    let Some(claim) = store_requests(out).pop() else {
+        panic!("no claim")
+    };
+    let Request::Claim { about, .. } = &claim else {
+        panic!("{claim:?}")
+    };
+    assert!(!about.key.contains("tok-Zq81-secret"), "{}", about.key);
+    assert!(about.key.contains("[redacted]"), "{}", about.key);
+    assert!(about.key.chars().count() <= crate::stats::MAX_KEY_CHARS + 10);
+    // Counted when the dispatcher hands it to the store.
+    assert_eq!(h.calls.stats().store.operations, 0);
+    h.calls.store_send(claim);
+    assert_eq!(h.calls.stats().store.operations, 1);
+    assert_eq!(h.calls.stats().store.state(), "opening");
+}
+
+#[test]
+fn the_store_figures_count_replays_waits_and_unknown_answers() {
+    let (mut h, _rx) = with_store(super::Unavailable::Local);
+    let (id, _) = claiming(&mut h, "1");
+    let answer = Answer {
+        call: id,
+        reply: Ok(Reply::Replay {
+            result: r#"{"content":[]}"#.into(),
+            at: 0,
+            same_args: true,
+        }),
+        now_ms: 5,
+        waited: true,
+    };
+    h.run(|c, ctx, out| c.store_told(Told::Answer(answer), ctx, out));
+    let (id2, _) = claiming_with(&mut h, "2", r#"{"_idempotency_key":"K-2"}"#);
+    let unknown = Ok(Reply::Unknown {
+        cause: "timeout".into(),
+        started: 0,
+        same_args: true,
+    });
+    store_answers(&mut h, id2, unknown, 5);
+    let f = &h.calls.stats().store;
+    assert_eq!((f.replays, f.waits, f.unknown_answers), (1, 1, 1));
+    let told = Told::Opened(Err("no state directory".into()));
+    h.run(|c, ctx, out| c.store_told(told, ctx, out));
+    assert_eq!(h.calls.stats().store.state(), "failed");
 }
 
 #[test]
@@ -817,8 +883,9 @@ fn store_answers(
         call,
         reply,
         now_ms,
+        waited: false,
     };
-    h.run(|c, ctx, out| c.claimed(answer, ctx, out))
+    h.run(|c, ctx, out| c.store_told(Told::Answer(answer), ctx, out))
 }
 
 #[test]
@@ -973,4 +1040,45 @@ fn one_run_starts_an_admitted_attempt_under_the_id_given_and_none_the_breaker_re
     assert!(!h.calls.attempt_is_live(id, 8));
     let refused = answer_for(&out, "12");
     assert_eq!(refused["error"]["data"]["reason"], "circuit_open");
+}
+
+#[test]
+fn results_waiting_for_the_store_are_bounded_by_bytes() {
+    let (mut h, rx) = with_store(super::Unavailable::Local);
+    let big = format!("{{\"text\":\"{}\"}}", "x".repeat(3 << 20));
+    let finish = |n: u8| Request::Finish {
+        id: [n; 32],
+        outcome: Recorded::Result(big.clone()),
+        timing: crate::policy::record::Timing { ttl: 1, lease: 1 },
+        held: None,
+    };
+    for n in 0..3 {
+        h.calls.store_send(finish(n));
+    }
+    let sent: Vec<Request> = rx.try_iter().collect();
+    let kept = |r: &Request| {
+        matches!(
+            r,
+            Request::Finish {
+                outcome: Recorded::Result(_),
+                ..
+            }
+        )
+    };
+    assert_eq!(sent.iter().filter(|r| kept(r)).count(), 2, "{}", sent.len());
+    assert!(
+        matches!(
+            sent[2],
+            Request::Finish {
+                outcome: Recorded::Ran,
+                held: None,
+                ..
+            }
+        ),
+        "past the bound: run, without its result"
+    );
+    // Once the store thread is done with them, there is room again.
+    drop(sent);
+    h.calls.store_send(finish(4));
+    assert!(rx.try_iter().all(|r| kept(&r)));
 }
