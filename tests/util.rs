@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -195,6 +195,8 @@ pub struct Session {
     backlog: VecDeque<Value>,
     raw_backlog: VecDeque<String>,
     stderr: Arc<Mutex<String>>,
+    /// Set once the process's stderr has reached end of file.
+    stderr_ended: Arc<AtomicBool>,
     /// The proxy's stdout while nobody reads it (`Builder::unread_stdout`).
     unread: Option<(ChildStdout, crossbeam_channel::Sender<String>)>,
     /// What `memory_kb` leaves out (see there); 0 on Unix.
@@ -352,6 +354,8 @@ impl Builder {
         };
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
+        let stderr_ended = Arc::new(AtomicBool::new(false));
+        let ended = stderr_ended.clone();
         let err = child.stderr.take().unwrap();
         thread::spawn(move || {
             for line in BufReader::new(err).lines() {
@@ -360,6 +364,7 @@ impl Builder {
                 s.push_str(&line);
                 s.push('\n');
             }
+            ended.store(true, Ordering::Release);
         });
         Session {
             stdin: child.stdin.take(),
@@ -368,6 +373,7 @@ impl Builder {
             backlog: VecDeque::new(),
             raw_backlog: VecDeque::new(),
             stderr,
+            stderr_ended,
             unread,
             memory_base_kb: 0,
             dir: self.dir,
@@ -446,6 +452,15 @@ impl Session {
 
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// All of stderr, once the process has exited ([`Self::wait`]) and its
+    /// stderr has reached end of file.
+    pub fn stderr_to_end(&self) -> String {
+        eventually("the end of stderr", || {
+            self.stderr_ended.load(Ordering::Acquire)
+        });
+        self.stderr()
     }
 
     /// The stderr captured once it holds `needle`: a line the proxy logged
