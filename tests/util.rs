@@ -29,6 +29,19 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// The variable that slows every test's clock down: [`time_scale`].
 pub const TIME_SCALE_ENV: &str = "MCP_RETRY_TEST_TIME_SCALE";
 
+/// The variable through which a test sets some of the proxy's own waits
+/// shorter (a test hook of builds with `fault-inject`, src/guard.rs).
+pub const DURATIONS_ENV: &str = "MCP_RETRY_TEST_DURATIONS";
+
+/// [`DURATIONS_ENV`]'s value for these waits: `name=ms`, comma-separated.
+pub fn durations_env(waits: &[(String, Duration)]) -> String {
+    let pairs: Vec<String> = waits
+        .iter()
+        .map(|(name, d)| format!("{name}={}", d.as_millis()))
+        .collect();
+    pairs.join(",")
+}
+
 /// How many times slower than an idle machine this one is taken to be:
 /// `MCP_RETRY_TEST_TIME_SCALE`, default 1 (`make test-stress` sets 3).
 /// Every duration of a test's config ([`Builder::file`]), every delay it
@@ -214,6 +227,8 @@ pub struct Builder {
     read_stdout: bool,
     /// The working directory, relative to `dir` (default: the test's own).
     cwd: Option<String>,
+    /// Waits of the proxy's own set shorter ([`Builder::shorten`]).
+    shorter: Vec<(String, Duration)>,
 }
 
 impl Builder {
@@ -256,6 +271,7 @@ impl Builder {
             dir: TempDir::new(),
             read_stdout: true,
             cwd: None,
+            shorter: vec![],
         }
     }
     /// The mock server itself, with no proxy in between.
@@ -267,10 +283,18 @@ impl Builder {
             dir: TempDir::new(),
             read_stdout: true,
             cwd: None,
+            shorter: vec![],
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Builder {
         self.env.push((k.into(), v.into()));
+        self
+    }
+    /// The proxy's wait `name` set to `d` (scaled), through
+    /// [`DURATIONS_ENV`]: for a test of what comes after a wait of the
+    /// proxy's own whose length is a unit test's business.
+    pub fn shorten(mut self, name: &str, d: Duration) -> Builder {
+        self.shorter.push((name.into(), scaled(d)));
         self
     }
     pub fn arg(mut self, a: &str) -> Builder {
@@ -329,6 +353,9 @@ impl Builder {
         let mut command = Command::new(&self.program);
         if let Some(rel) = &self.cwd {
             command.current_dir(self.dir.join(rel));
+        }
+        if !self.shorter.is_empty() {
+            command.env(DURATIONS_ENV, durations_env(&self.shorter));
         }
         command
             .args(&args)
