@@ -564,7 +564,13 @@ fn a_stream_cut_inside_the_result_is_resumed_from_the_event_before_it() {
 #[test]
 fn a_resumed_stream_that_stalls_is_resumed_again_from_the_newest_id() {
     let server = Server::start();
-    let mut s = start_with(&patient_config(&server));
+    // A silence of 300 ms is a stall here (2 s in the proxy): the stalls'
+    // rules are resume.rs's, on a fake clock.
+    let mut s = Builder::config(&patient_config(&server))
+        .env("TOKEN", CANARY)
+        .env("NO_PROXY", "127.0.0.1")
+        .shorten("stall_min", Duration::from_millis(300))
+        .initialized();
     s.list_tools();
     write_with_progress_runs_once(&server, &mut s, Fault::RunThenCutThenStall);
     server.with(|st| {
