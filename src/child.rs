@@ -666,6 +666,7 @@ impl Downstream for Child {
     }
     fn shutdown(&mut self, step: Duration) {
         self.close_stdin();
+        let step = crate::guard::duration("shutdown_step", step);
         stop_later(self.group.clone(), self.exited.clone(), step);
     }
     fn kill(&mut self) {

@@ -523,7 +523,10 @@ fn huge_answer(line: &str) -> (usize, usize) {
         .unwrap();
     let text = after(r#""text":""#);
     let len = text.find('"').unwrap();
-    assert!(text.starts_with('x') && text[..len].ends_with('x'), "{line:.200}");
+    assert!(
+        text.starts_with('x') && text[..len].ends_with('x'),
+        "{line:.200}"
+    );
     (id, len)
 }
 

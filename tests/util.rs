@@ -33,6 +33,11 @@ pub const TIME_SCALE_ENV: &str = "MCP_RETRY_TEST_TIME_SCALE";
 /// shorter (a test hook of builds with `fault-inject`, src/guard.rs).
 pub const DURATIONS_ENV: &str = "MCP_RETRY_TEST_DURATIONS";
 
+/// Whether the proxy under test takes [`DURATIONS_ENV`]: a build with
+/// `fault-inject` (`make test`), not `make test-windows` or a plain
+/// `cargo test`, where a test that shortens a wait runs with the proxy's own.
+pub const SHORTENS: bool = cfg!(feature = "fault-inject");
+
 /// [`DURATIONS_ENV`]'s value for these waits: `name=ms`, comma-separated.
 pub fn durations_env(waits: &[(String, Duration)]) -> String {
     let pairs: Vec<String> = waits
@@ -292,7 +297,8 @@ impl Builder {
     }
     /// The proxy's wait `name` set to `d` (scaled), through
     /// [`DURATIONS_ENV`]: for a test of what comes after a wait of the
-    /// proxy's own whose length is a unit test's business.
+    /// proxy's own whose length is a unit test's business. Where the
+    /// proxy has no such hook (see [`SHORTENS`]) the wait keeps its length.
     pub fn shorten(mut self, name: &str, d: Duration) -> Builder {
         self.shorter.push((name.into(), scaled(d)));
         self
