@@ -163,8 +163,11 @@ fn a_request_whose_body_could_not_be_written_is_resent_for_an_unsafe_tool() {
     // Bigger than what the socket buffers take: the server resets the
     // connection while the proxy is still writing the body.
     server.fault(Fault::DropBeforeBody);
+    // Written out: serialising 16 MiB takes a debug build a while.
     let blob = "x".repeat(16 << 20);
-    s.call(json!(1), "write", json!({ "blob": blob }));
+    s.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"write","arguments":{{"blob":"{blob}"}}}}}}"#
+    ));
     assert_eq!(text_of(&s.result(&json!(1))), "write done");
     assert_eq!(server.executions("write"), 1);
     server.with(|st| {
@@ -719,10 +722,10 @@ fn a_server_that_takes_no_notifications_never_grows_the_proxy_nor_wedges_the_cli
     server.hang_notifications();
     let pad = "x".repeat(4 << 20);
     for n in 0..12 {
-        s.notify(
-            "notifications/roots/list_changed",
-            json!({"n": n, "pad": pad}),
-        );
+        // Written out: serialising 48 MiB takes a debug build seconds.
+        s.send_raw(&format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/roots/list_changed","params":{{"n":{n},"pad":"{pad}"}}}}"#
+        ));
     }
     s.request(json!("p"), "ping", json!({}));
     assert_eq!(s.result(&json!("p")), json!({}));
