@@ -116,7 +116,7 @@
 //! | `echo`             | `text`                              | echo answer |
 //! | `error`            | `code` (-32000), `message` ("mock error"), `data` | JSON-RPC error with these fields (`data` omitted if absent) |
 //! | `is_error`         | `text` ("mock tool error as asked") | result `{"content": [{"type": "text", "text": TEXT}], "isError": true}` |
-//! | `slow`             | `ms` (1000), `cancellable` (true)   | sleeps `ms`, then echo answer; cancellable unless `cancellable` is false (then it answers even after a `notifications/cancelled`) |
+//! | `slow`             | `ms` (1000), `cancellable` (true), `until` (none) | sleeps `ms` (with `until`: until that file exists), then echo answer; cancellable unless `cancellable` is false (then it answers even after a `notifications/cancelled`) |
 //! | `hang`             |                                     | never answers; cancellable |
 //! | `crash`            | `exit_code` (3), `stderr` ("mock: crashing as asked"), `stderr_env` | prints `stderr` to stderr (with `stderr_env`, the variable of that name as `NAME=VALUE` instead), exits with `exit_code`, no answer |
 //! | `garbage`          | `text`                              | writes the line `this is not json` to stdout, then echo answer |
@@ -1625,6 +1625,7 @@ enum Mode {
     Slow {
         ms: u64,
         cancellable: bool,
+        until: Option<PathBuf>,
     },
     Hang,
     Crash {
@@ -1695,6 +1696,7 @@ impl Mode {
             "slow" => Mode::Slow {
                 ms: args.u64("ms", 1000)?,
                 cancellable: args.bool("cancellable", true)?,
+                until: args.str("until")?.map(PathBuf::from),
             },
             "hang" => Mode::Hang,
             "crash" => Mode::Crash {
@@ -1937,11 +1939,25 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
                 json!({"content": [{"type": "text", "text": text}], "isError": true}).to_string(),
             )
         }
-        Mode::Slow { ms, cancellable } => {
-            let slept = if cancellable {
-                call.state.sleep(ms)
-            } else {
-                call.state.sleep_uncancellable(ms)
+        Mode::Slow {
+            ms,
+            cancellable,
+            until,
+        } => {
+            let sleep = |ms| match cancellable {
+                true => call.state.sleep(ms),
+                false => call.state.sleep_uncancellable(ms),
+            };
+            let slept = match until {
+                None => sleep(ms),
+                Some(file) => loop {
+                    if file.exists() {
+                        break true;
+                    }
+                    if !sleep(10) {
+                        break false;
+                    }
+                },
             };
             if slept {
                 echo(server, call)
