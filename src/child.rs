@@ -510,24 +510,26 @@ pub fn spawn(
 /// given up on after [`EXITED_IDLE`] of real idleness (a process outside
 /// the group holds the pipe).
 fn drain(life: &Life, group: &Group, info: ExitInfo, stdout_ended: &Receiver<()>) {
+    let exited_idle = crate::guard::duration("exited_idle", EXITED_IDLE);
     group.terminate();
-    if disconnected_within(stdout_ended, ORPHANS_GRACE) {
+    let grace = crate::guard::duration("orphans_grace", ORPHANS_GRACE);
+    if disconnected_within(stdout_ended, grace) {
         return;
     }
     crate::debug!("the server exited but its stdout is still open; killing its process group");
     group.kill();
     loop {
         let idle = life.idle();
-        if idle >= EXITED_IDLE {
+        if idle >= exited_idle {
             crate::warn!(
                 "the server exited, but its stdout has stayed open with nothing to read for {}s: something outside its process group holds it; giving up on it",
-                EXITED_IDLE.as_secs()
+                exited_idle.as_secs_f64()
             );
             return life.give_up(format!(
                 "{info} (its stdout was held open by something outside its process group)"
             ));
         }
-        if disconnected_within(stdout_ended, EXITED_IDLE - idle) {
+        if disconnected_within(stdout_ended, exited_idle - idle) {
             return;
         }
     }
@@ -664,6 +666,7 @@ impl Downstream for Child {
     }
     fn shutdown(&mut self, step: Duration) {
         self.close_stdin();
+        let step = crate::guard::duration("shutdown_step", step);
         stop_later(self.group.clone(), self.exited.clone(), step);
     }
     fn kill(&mut self) {

@@ -3,8 +3,9 @@
 //! bug in one part is logged once, with its message and location, and ends
 //! only that part, as its spawner decides. Also the ids of the client's
 //! requests not yet answered ([`Pending`]), kept outside the dispatcher so
-//! that a panic there cannot lose them, and the fault hook that the
-//! integration tests build (`fault-inject`; never in a release build).
+//! that a panic there cannot lose them, and the fault hook and the shorter
+//! waits that the integration tests build (`fault-inject`; never in a
+//! release build).
 //!
 //! Knows nothing of what a thread does or of the protocol: the spawners
 //! say what stops, and what stands in for the work that is lost.
@@ -207,6 +208,19 @@ impl Pending {
     }
 }
 
+/// `value`, the wait named `name`; in a build with `fault-inject`, the
+/// integration tests may set it shorter (see [`fault::duration`]).
+#[inline]
+pub fn duration(name: &str, value: std::time::Duration) -> std::time::Duration {
+    #[cfg(feature = "fault-inject")]
+    return fault::duration(name, value);
+    #[cfg(not(feature = "fault-inject"))]
+    {
+        let _ = name;
+        value
+    }
+}
+
 /// A fault the integration tests inject through `MCP_RETRY_FAULT` (only
 /// in builds with the `fault-inject` feature): `dispatcher:TOOL` panics
 /// the dispatcher on a `tools/call` of TOOL, `exporter` the OpenTelemetry
@@ -215,6 +229,7 @@ impl Pending {
 #[cfg(feature = "fault-inject")]
 pub mod fault {
     use std::sync::OnceLock;
+    use std::time::Duration;
 
     fn spec() -> &'static str {
         static SPEC: OnceLock<String> = OnceLock::new();
@@ -243,6 +258,30 @@ pub mod fault {
         if spec() == "exporter" {
             panic!("injected fault: exporter");
         }
+    }
+
+    /// The wait `name` as `MCP_RETRY_TEST_DURATIONS` sets it (`name=ms`
+    /// pairs, comma-separated: `exited_idle=500,stall_min=300`), else
+    /// `value`: the integration tests shorten a wait of the proxy's own
+    /// where what they check is what comes after it, not its length.
+    pub fn duration(name: &str, value: Duration) -> Duration {
+        static SET: OnceLock<Vec<(String, Duration)>> = OnceLock::new();
+        let set = SET.get_or_init(|| {
+            let spec = std::env::var("MCP_RETRY_TEST_DURATIONS").unwrap_or_default();
+            spec.split(',')
+                .filter(|pair| !pair.trim().is_empty())
+                .map(|pair| {
+                    let (name, ms) = pair.split_once('=').unwrap_or((pair, ""));
+                    let ms = ms.trim().parse::<u64>().unwrap_or_else(|_| {
+                        panic!("MCP_RETRY_TEST_DURATIONS: {pair:?} is not NAME=MILLISECONDS")
+                    });
+                    (name.trim().to_owned(), Duration::from_millis(ms))
+                })
+                .collect()
+        });
+        set.iter()
+            .find(|(n, _)| n == name)
+            .map_or(value, |(_, d)| *d)
     }
 }
 

@@ -212,19 +212,22 @@ fn plan(seed: u64, calls: usize) -> Vec<Planned> {
     (0..calls as u64)
         .map(|n| {
             let class = Class::ALL[rng.usize(0..Class::ALL.len())];
+            // A run is mostly waiting: on hung first executions (each
+            // holds a slot for call_timeout) and slow answers; their
+            // shares keep it to a few seconds.
             let fault = match rng.u32(0..1000) {
-                0..=599 => Fault::None,
-                600..=719 => Fault::Slow {
-                    ms: rng.u64(5..=150),
+                0..=649 => Fault::None,
+                650..=769 => Fault::Slow {
+                    ms: rng.u64(5..=50),
                 },
-                720..=769 => Fault::Garbage,
-                770..=799 => Fault::IsError,
-                800..=889 => Fault::Transient {
+                770..=819 => Fault::Garbage,
+                820..=849 => Fault::IsError,
+                850..=939 => Fault::Transient {
                     code: TRANSIENT_CODES[rng.usize(0..TRANSIENT_CODES.len())],
                     times: rng.u64(1..=2),
                 },
-                890..=909 => Fault::Final,
-                910..=994 => Fault::Hang,
+                940..=959 => Fault::Final,
+                960..=994 => Fault::Hang,
                 _ => Fault::Crash,
             };
             let cancel_after = (rng.u32(0..100) < CANCEL_PERCENT).then(|| rng.usize(0..=16));

@@ -51,10 +51,16 @@ impl Ran {
 /// `c.yaml` and runs `mcp-retry check --config FILE ARGS` (see
 /// [`check_file`]).
 fn check(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
+    check_file(&write_config(dir, config), args)
+}
+
+/// Writes `config` (with `{mock}` and `{dir}` filled in) into `dir` as
+/// `c.yaml`; its path.
+fn write_config(dir: &TempDir, config: &str) -> PathBuf {
     let text = config
         .replace("{mock}", MOCK)
         .replace("{dir}", &crate::util::path_text(dir.path()));
-    check_file(&dir.write("c.yaml", &text), args)
+    dir.write("c.yaml", &text)
 }
 
 /// Runs `mcp-retry check --config PATH ARGS`, killing it after [`wait`];
@@ -438,7 +444,7 @@ fn skipped_entries_are_noted_on_stderr_only() {
 #[test]
 fn a_server_ignoring_eof_is_still_stopped() {
     let dir = TempDir::new();
-    let ran = check(
+    let ran = check_stopping_fast(
         &dir,
         "servers:
   stubborn:
@@ -456,8 +462,17 @@ fn a_server_ignoring_eof_is_still_stopped() {
         gone_within(pid, crate::util::ms(2000)),
         "server {pid} survived"
     );
-    // Close stdin, 1 s, SIGTERM (ignored), 1 s, SIGKILL.
+    // Close stdin, a step, SIGTERM (ignored), a step, SIGKILL.
     assert!(ran.took < crate::util::ms(5000), "took {:?}", ran.took);
+}
+
+/// [`check`] with each step of a server's stop 300 ms (1 s in `check`).
+fn check_stopping_fast(dir: &TempDir, config: &str, args: &[&str]) -> Ran {
+    let path = write_config(dir, config);
+    let step = crate::util::ms(300);
+    let shorter = crate::util::durations_env(&[("shutdown_step".into(), step)]);
+    let env = [(crate::util::DURATIONS_ENV, shorter.as_str())];
+    check_in(&path, &cache_beside(&path), args, &env)
 }
 
 #[test]
@@ -479,7 +494,7 @@ fn no_process_outlives_the_check() {
         server("silent", "      MOCK_NO_INIT_ANSWER: \"1\"\n"),
         server("stubborn", "      MOCK_IGNORE_EOF: \"1\"\n"),
     );
-    let ran = check(&dir, &config, &["--timeout", "1"]);
+    let ran = check_stopping_fast(&dir, &config, &["--timeout", "1"]);
     assert_eq!(ran.code, Some(1), "stderr:\n{}", ran.stderr);
     for name in ["up", "silent", "stubborn"] {
         for file in ["server.pid", "grandchild.pid"] {
@@ -1149,15 +1164,15 @@ fn a_probe_stuck_past_the_timeout_is_down_and_the_report_comes_on_time() {
     let path = dir.write("c.yaml", &STUCK.replace("{mock}", MOCK));
     let ran = check_command(
         &path,
-        &["--timeout", "2"],
+        &["--timeout", "1"],
         &[("MCP_RETRY_FAULT", "probe-stuck:stuck")],
     );
-    assert!(ran.took < Duration::from_secs(3), "took {:?}", ran.took);
+    assert!(ran.took < Duration::from_secs(2), "took {:?}", ran.took);
     assert_eq!(ran.code, Some(1), "{}", ran.stderr);
     let lines = report(&ran);
     assert_eq!(
         (lines[0].status.as_str(), lines[0].detail.as_str()),
-        ("[DOWN]", "no response within 2.0s (its probe is stuck)"),
+        ("[DOWN]", "no response within 1.0s (its probe is stuck)"),
         "{}",
         ran.stdout
     );
@@ -1269,7 +1284,12 @@ fn a_dead_server_behind_mcp_retry_with_a_warm_cache_is_down_with_its_words() {
 fn the_entry_check_refreshes_from_another_folder_is_the_one_a_session_in_the_project_uses() {
     // The host's session: `.mcp.json`'s command, started in the project.
     let host = Builder::proxy(&["run", "--config", "srv.yaml", "--server", "tiny"]).cwd("proj");
-    let config = host_project(host.dir(), "      MOCK_START_DELAY_MS: \"3000\"\n");
+    // A server slower to start than its grace (200 ms here) to answer
+    // `initialize` itself.
+    let config = host_project(
+        host.dir(),
+        "      MOCK_START_DELAY_MS: \"1000\"\n    instant_start_grace: 200ms\n",
+    );
     let cache = host.dir().join("cache");
     // `check` runs in the test's own folder, not the project's.
     let ran = check_with_cache(&config, &cache, &["--timeout", "30s"]);

@@ -9,6 +9,7 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -151,8 +152,18 @@ pub fn result_of(msg: &Value, text: &str) -> String {
 /// A proxy for `server` (`extra` config lines for the server), after the
 /// handshake and `tools/list`.
 fn proxy(server: &Server, extra: &str) -> Session {
+    started(proxy_of(server, extra))
+}
+
+/// The proxy of [`proxy`], not started yet.
+fn proxy_of(server: &Server, extra: &str) -> Builder {
     let policy = format!("retry:\n  base_delay: 0.05\n  max_delay: 0.2\n  jitter: 0\n{extra}");
-    let mut s = Builder::remote_with(&server.url(), &policy).initialized();
+    Builder::remote_with(&server.url(), &policy)
+}
+
+/// Started, initialized, and the tools listed.
+fn started(b: Builder) -> Session {
+    let mut s = b.initialized();
     s.list_tools();
     s
 }
@@ -364,9 +375,9 @@ fn a_resumed_stream_that_keeps_going_silent_is_resumed_three_times_then_read_to_
     // never gets its headers (an event store slow to replay), which is a
     // stall too, not a failed resumption. After three stalls the proxy
     // stops resuming and waits for the call's deadline. The one slow test
-    // of resumption through the real binary (about 11 s: three stall
-    // limits of 2 s, then the call's 5 s); the rules are resume.rs's, on
-    // a fake clock.
+    // of resumption through the real binary (about 3 s: three stalls, here
+    // 300 ms of silence instead of the proxy's 2 s, then the call's 2 s);
+    // the rules are resume.rs's, on a fake clock.
     let progress = |n: usize| {
         json!({"jsonrpc": "2.0", "method": "notifications/progress",
             "params": {"progressToken": "p", "progress": n}})
@@ -397,8 +408,14 @@ fn a_resumed_stream_that_keeps_going_silent_is_resumed_three_times_then_read_to_
             let _ = write!(conn, "retry: 10\nid: e1\ndata: {}\n\n", progress(1));
         },
     );
-    // Each progress event gives the call its timeout again.
-    let mut s = proxy(&server, "call_timeout: 5");
+    // Each progress event gives the call its timeout again: longer than
+    // two stalls (with the proxy's own 2 s where they cannot be shortened).
+    let call_timeout = match crate::util::SHORTENS {
+        true => "call_timeout: 2",
+        false => "call_timeout: 5",
+    };
+    let mut s =
+        started(proxy_of(&server, call_timeout).shorten("stall_min", Duration::from_millis(300)));
     s.call_with(
         json!(1),
         json!({"name": "write", "arguments": {}, "_meta": {"progressToken": "p"}}),

@@ -163,8 +163,11 @@ fn a_request_whose_body_could_not_be_written_is_resent_for_an_unsafe_tool() {
     // Bigger than what the socket buffers take: the server resets the
     // connection while the proxy is still writing the body.
     server.fault(Fault::DropBeforeBody);
+    // Written out: serialising 16 MiB takes a debug build a while.
     let blob = "x".repeat(16 << 20);
-    s.call(json!(1), "write", json!({ "blob": blob }));
+    s.send_raw(&format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"write","arguments":{{"blob":"{blob}"}}}}}}"#
+    ));
     assert_eq!(text_of(&s.result(&json!(1))), "write done");
     assert_eq!(server.executions("write"), 1);
     server.with(|st| {
@@ -564,7 +567,13 @@ fn a_stream_cut_inside_the_result_is_resumed_from_the_event_before_it() {
 #[test]
 fn a_resumed_stream_that_stalls_is_resumed_again_from_the_newest_id() {
     let server = Server::start();
-    let mut s = start_with(&patient_config(&server));
+    // A silence of 300 ms is a stall here (2 s in the proxy): the stalls'
+    // rules are resume.rs's, on a fake clock.
+    let mut s = Builder::config(&patient_config(&server))
+        .env("TOKEN", CANARY)
+        .env("NO_PROXY", "127.0.0.1")
+        .shorten("stall_min", Duration::from_millis(300))
+        .initialized();
     s.list_tools();
     write_with_progress_runs_once(&server, &mut s, Fault::RunThenCutThenStall);
     server.with(|st| {
@@ -713,10 +722,10 @@ fn a_server_that_takes_no_notifications_never_grows_the_proxy_nor_wedges_the_cli
     server.hang_notifications();
     let pad = "x".repeat(4 << 20);
     for n in 0..12 {
-        s.notify(
-            "notifications/roots/list_changed",
-            json!({"n": n, "pad": pad}),
-        );
+        // Written out: serialising 48 MiB takes a debug build seconds.
+        s.send_raw(&format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/roots/list_changed","params":{{"n":{n},"pad":"{pad}"}}}}"#
+        ));
     }
     s.request(json!("p"), "ping", json!({}));
     assert_eq!(s.result(&json!("p")), json!({}));

@@ -35,8 +35,10 @@ fn stdin_eof_stops_the_server_and_exits_zero() {
 
 #[test]
 fn a_server_ignoring_eof_is_terminated_then_killed() {
+    // Each step of the stop 300 ms here (2 s in the proxy).
     let mut s = Builder::wrap_mock()
         .env("MOCK_IGNORE_EOF", "1")
+        .shorten("shutdown_step", Duration::from_millis(300))
         .initialized();
     let started = Instant::now();
     s.close_stdin();
@@ -44,8 +46,8 @@ fn a_server_ignoring_eof_is_terminated_then_killed() {
     assert_eq!(status.code(), Some(0));
     let took = started.elapsed();
     assert!(
-        took >= Duration::from_secs(3),
-        "close, 2 s, SIGTERM (ignored), 2 s, SIGKILL: took {took:?}"
+        took >= Duration::from_millis(600),
+        "close, a step, SIGTERM (ignored), a step, SIGKILL: took {took:?}"
     );
     assert!(s.logged("killing it"), "{}", s.stderr());
 }

@@ -1,7 +1,7 @@
 //! OpenTelemetry export: a small OTLP/HTTP receiver on loopback records
 //! what the proxy POSTs, and the mock's logs show what the server saw.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -275,22 +275,25 @@ fn with_export_off_the_forwarded_bytes_are_unchanged() {
 #[test]
 fn a_closed_collector_port_neither_slows_calls_nor_breaks_the_session() {
     // A port that was just ours and is closed now.
-    dead_collector(&format!("http://127.0.0.1:{}", closed_port()));
+    let endpoint = format!("http://127.0.0.1:{}", closed_port());
+    dead_collector(builder("", Some(&endpoint)));
 }
 
 #[test]
 fn a_collector_that_never_answers_neither_slows_calls_nor_breaks_the_session() {
     // Takes each request and never answers: every export waits for its
-    // 2 s timeout.
+    // timeout (2 s in the proxy, 300 ms here).
     let silent = Loopback::start(|_, conn| conn.wait_for_close());
-    dead_collector(&silent.url(""));
+    let b =
+        builder("", Some(&silent.url(""))).shorten("otel_http_timeout", Duration::from_millis(300));
+    dead_collector(b);
 }
 
 /// 50 calls are answered as ever while nothing reaches the collector
 /// (were the dispatcher to wait for each export, a collector that never
-/// answers would cost 2 s a call), and that is said once.
-fn dead_collector(endpoint: &str) {
-    let mut s = builder("", Some(endpoint)).initialized();
+/// answers would cost its timeout a call), and that is said once.
+fn dead_collector(b: Builder) {
+    let mut s = b.initialized();
     let started = Instant::now();
     for i in 0..50 {
         s.call(json!(i), "echo", json!({"text": "hi"}));

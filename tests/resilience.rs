@@ -594,7 +594,7 @@ fn a_client_cancel_during_backoff_stops_all_further_executions() {
         "
         call_timeout: 1
         retry:
-          base_delay: 2
+          base_delay: 1
           jitter: 0
         ",
     );
@@ -605,7 +605,8 @@ fn a_client_cancel_during_backoff_stops_all_further_executions() {
         "notifications/cancelled",
         json!({"requestId": "c", "reason": "user gave up"}),
     );
-    s.expect_none_where(crate::util::ms(2500), |v| v.get("id") == Some(&json!("c")));
+    // Past the backoff: no answer, no execution.
+    s.expect_none_where(crate::util::ms(1300), |v| v.get("id") == Some(&json!("c")));
     assert_eq!(
         s.executions("idem_echo"),
         1,
@@ -865,7 +866,7 @@ fn a_keyed_call_whose_outcome_is_unknown_is_never_run_again() {
     let mut s = start(FAST);
     s.list_tools();
     let keyed = json!({"name": "echo",
-        "arguments": {"mode": "slow", "ms": 2500, "cancellable": false, "text": "paid"},
+        "arguments": {"mode": "slow", "ms": 1800, "cancellable": false, "text": "paid"},
         "_meta": {"idempotencyKey": "K-123"}});
     s.call_with(json!(1), keyed.clone());
     assert_proxy_error(&s.error(&json!(1)), "not_retried_unsafe");
@@ -940,8 +941,10 @@ fn a_keyed_success_too_large_to_keep_is_not_run_again() {
 
 #[test]
 fn a_key_is_released_when_its_outcome_is_known_or_the_tool_is_safe() {
+    // Four calls time out: after half a second.
+    let fast = FAST.replace("call_timeout: 1", "call_timeout: 0.5");
     let mut s = start(&format!(
-        "{FAST}  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 100\n"
+        "{fast}  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 100\n"
     ));
     s.list_tools();
     // The server's definite error: the next call with the key runs.

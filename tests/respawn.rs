@@ -248,10 +248,16 @@ fn a_server_crashing_on_every_initialize_gets_one_answer() {
 #[test]
 fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server() {
     let started = Instant::now();
-    let mut s = mock_with("    wait_for_server: 2\n    fail_fast_at_start: false\n")
-        .env("MOCK_CRASH_STARTS", "1000")
-        .start();
-    // Starts at 0, 0, 1, 3 s while nothing waits, not hundreds: the third
+    // Under Wine on a busy machine a start can take a second: the wait is
+    // longer there, so that probes still come more often than the idle
+    // schedule's (the one at 3 s).
+    let wait_for_server = if cfg!(windows) { 4 } else { 2 };
+    let mut s = mock_with(&format!(
+        "    wait_for_server: {wait_for_server}\n    fail_fast_at_start: false\n"
+    ))
+    .env("MOCK_CRASH_STARTS", "1000")
+    .start();
+    // Starts at 0, 0, 1, 3, 7 s while nothing waits, not hundreds: the third
     // comes after the first probe's backoff (1 s of real time, less its
     // jitter of 20 %), and no fourth with it (the exact schedule is
     // checked on a fake clock in the dispatcher's tests).
@@ -270,12 +276,21 @@ fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server(
     s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
     let e = s.error(&json!(0));
     let waited = t.elapsed();
-    assert!(waited >= Duration::from_secs(2), "it waited: {waited:?}");
+    assert!(
+        waited >= Duration::from_secs(wait_for_server),
+        "it waited: {waited:?}"
+    );
     assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
     let message = e["message"].as_str().unwrap();
-    assert!(message.contains("exited with status 4"), "{e}");
+    // The last start's exit; or, on a busy machine where the wait ends
+    // while a slow start has the handshake, that handshake's wait.
+    assert!(
+        message.contains("exited with status 4")
+            || message.contains("did not answer initialize within"),
+        "{e}"
+    );
     // While it waited, the server was probed about every 0.5 s (at least
-    // twice in 2 s, even where a start is slow, as under Wine).
+    // twice, even where a start is slow).
     assert!(s.starts() >= n + 2, "{} starts after {n}", s.starts());
 }
 
@@ -283,10 +298,10 @@ fn a_crash_loop_is_probed_with_backoff_and_requests_wait_within_wait_for_server(
 fn failed_probes_never_open_the_breaker() {
     let mut s =
         mock_with("    fail_fast_at_start: false\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 30\n")
-            .env("MOCK_CRASH_STARTS", "6")
+            .env("MOCK_CRASH_STARTS", "4")
             .start();
-    // Six failed starts, with nobody asking: the last of them is about 15 s
-    // in; three or more fail within four seconds.
+    // Four failed starts, with nobody asking: the last of them is about 7 s
+    // in; three fail within about a second.
     eventually("three failed starts", || s.starts() >= 3);
     assert!(!s.stderr().contains("circuit breaker"), "{}", s.stderr());
     // A request brings the next probe forward, waits for it, and is
@@ -295,7 +310,7 @@ fn failed_probes_never_open_the_breaker() {
     s.result(&json!(1));
     s.request(json!(2), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
     s.result(&json!(2));
-    assert!(s.starts() >= 7, "{} starts", s.starts());
+    assert!(s.starts() >= 5, "{} starts", s.starts());
     assert!(!s.stderr().contains("circuit breaker"), "{}", s.stderr());
 }
 
@@ -463,15 +478,19 @@ fn a_descendant_holding_the_exited_servers_stdout_is_stopped() {
 #[cfg(unix)]
 #[test]
 fn a_detached_descendant_holding_stdout_does_not_hold_the_link_forever() {
+    // The proxy's waits (2 s for the group to go, 10 s of silence) set
+    // shorter: what is tested is what follows them.
     let mut s = Builder::wrap_mock()
         .with_logs()
         .env("MOCK_ORPHAN_STDOUT", "setsid")
+        .shorten("orphans_grace", Duration::from_millis(300))
+        .shorten("exited_idle", Duration::from_millis(1000))
         .initialized();
     eventually("the stdout holder to start", || !holders(&s).is_empty());
     let _cleanup = KillHolders(s.dir.join("holders.pid"));
     s.call(json!("crash"), "unsafe_echo", json!({"mode": "crash"}));
     // Out of reach of the group's signals, the holder keeps stdout open; once
-    // it has been silent for a while (10 s) the server is given up on.
+    // it has been silent for a while the server is given up on.
     let e = s.error(&json!("crash"));
     assert_eq!(e["data"]["reason"], "server_exited", "{e}");
     assert!(
@@ -520,9 +539,10 @@ fn a_secret_a_crashing_server_printed_across_two_lines_is_not_quoted_to_the_clie
 
 #[test]
 fn a_call_waiting_to_retry_after_a_crash_tells_the_client_and_the_servers_progress_follows() {
-    // The first execution crashes the server; the retry waits 6 s (its
+    // The first execution crashes the server; the retry waits 1 s (its
     // backoff), then runs on the restarted server and reports progress.
-    let mut s = mock_with("    retry:\n      base_delay: 6\n      max_delay: 6\n      jitter: 0\n")
+    // (A wait's notice again every 5 s is the dispatcher's fake-clock test.)
+    let mut s = mock_with("    retry:\n      base_delay: 1\n      max_delay: 1\n      jitter: 0\n")
         .initialized();
     s.list_tools();
     s.call_with(
@@ -540,8 +560,8 @@ fn a_call_waiting_to_retry_after_a_crash_tells_the_client_and_the_servers_progre
         .iter()
         .filter(|v| v["params"]["message"].is_string())
         .collect();
-    // At the start of the 6 s wait and 5 s into it (and, before it, while
-    // the restarted server's tool list was read).
+    // At the start of the wait (and, before it, while the restarted
+    // server's tool list was read).
     let retries = waits
         .iter()
         .filter(|w| {
@@ -551,7 +571,7 @@ fn a_call_waiting_to_retry_after_a_crash_tells_the_client_and_the_servers_progre
                 .contains("to retry, attempt 2 of 4")
         })
         .count();
-    assert_eq!(retries, 2, "{progress:?}");
+    assert_eq!(retries, 1, "{progress:?}");
     for w in &waits {
         assert_eq!(w["params"]["progressToken"], "tok-1", "{w}");
     }

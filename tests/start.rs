@@ -91,12 +91,17 @@ fn fail_fast_at_start_false_waits_for_a_server_that_exits_at_every_start() {
     assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
     assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
     let message = e["message"].as_str().unwrap();
-    // The answer says what it waited for: the queue's wait, or (on a slow
-    // machine, where the last start is still under way when the wait ends)
-    // that start's handshake; never the fail-fast diagnosis.
+    // The answer says what it waited for, wait_for_server (scaled): the
+    // queue's wait, or (on a slow machine, where the last start is still
+    // under way when the wait ends) that start's handshake; never the
+    // fail-fast diagnosis.
+    let waited = duration_after(message, "gave up after waiting ")
+        .or_else(|| duration_after(message, "did not answer initialize within "))
+        .unwrap_or_else(|| panic!("no wait in {message}"));
+    let wait_for_server = ms(2000);
     assert!(
-        message.contains("gave up after waiting 2")
-            || message.contains("did not answer initialize within 2s"),
+        waited + Duration::from_millis(100) >= wait_for_server
+            && waited < wait_for_server + Duration::from_secs(5),
         "{message}"
     );
     assert!(!message.contains("fail_fast_at_start"), "{message}");
@@ -120,9 +125,9 @@ fn an_unresolvable_host_is_named_within_three_seconds() {
 }
 
 #[test]
-fn a_server_that_reads_its_input_four_seconds_late_is_served() {
+fn a_server_that_reads_its_input_two_seconds_late_is_served() {
     let mut s = Builder::wrap_mock()
-        .env("MOCK_START_DELAY_MS", "4000")
+        .env("MOCK_START_DELAY_MS", "2000")
         .start();
     s.request(json!(0), "initialize", initialize_params());
     let r = s.result(&json!(0));
@@ -133,10 +138,17 @@ fn a_server_that_reads_its_input_four_seconds_late_is_served() {
 }
 
 #[test]
-fn a_server_that_never_answers_initialize_is_answered_within_twenty_two_seconds() {
-    let mut s = Builder::wrap_mock().env("MOCK_NO_INIT_ANSWER", "1").start();
-    let words = ["did not answer initialize within 20", "MCP_TIMEOUT"];
-    unavailable_within(&mut s, Duration::from_secs(22), &words);
+fn a_server_that_never_answers_initialize_is_answered_after_wait_for_server() {
+    // The wait before the first handshake is 20 s by default, below Claude
+    // Code's 30 s (the dispatcher's unit tests, on a fake clock); here a
+    // shorter one, end to end.
+    let mut s = Builder::mock_with("wait_for_server: 2")
+        .env("MOCK_NO_INIT_ANSWER", "1")
+        .start();
+    let t = Instant::now();
+    let words = ["did not answer initialize within", "MCP_TIMEOUT"];
+    unavailable_within(&mut s, wait(), &words);
+    assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
 }
 
 #[test]
@@ -148,11 +160,12 @@ fn a_crash_loops_stderr_line_is_copied_once_then_with_a_count() {
         .env("MOCK_CRASH_MESSAGE", "mock: the licence server is down")
         .start();
     s.request(json!(0), "initialize", initialize_params());
-    s.error(&json!(0));
+    eventually("seven starts", || s.starts() >= 7);
+    s.close_stdin();
+    s.wait();
     let starts = s.starts();
-    assert!(starts >= 6, "a crash loop: {starts} starts");
     let copies = s
-        .stderr()
+        .stderr_to_end()
         .lines()
         .filter(|l| l.starts_with("mock: the licence server is down"))
         .count();

@@ -374,16 +374,18 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
 fn status_lists_keyed_calls_whose_outcome_is_unknown_until_a_late_answer_settles_them() {
     let rt = Runtime::new();
     let dir = rt.dir();
-    let mut s = proxy(&dir, "delta", "    call_timeout: 1\n");
+    let mut s = proxy(&dir, "delta", "    call_timeout: 0.5\n");
     s.list_tools();
-    let keyed = |key: &str, ms: u64| {
-        json!({"name": "echo", "arguments": {"mode": "slow", "ms": ms, "cancellable": false},
-            "_meta": {"idempotencyKey": key}})
+    // One call that never answers in time, one that answers late: once
+    // the test has seen it unknown.
+    let answer = s.dir.join("answer-late");
+    let keyed = |key: &str, until: &Path| {
+        json!({"name": "echo", "arguments": {"mode": "slow", "until": crate::util::path_text(until),
+            "cancellable": false}, "_meta": {"idempotencyKey": key}})
     };
-    // One call that never answers in time, one that answers late.
-    s.call_with(json!(1), keyed("pay-late", 5000));
+    s.call_with(json!(1), keyed("pay-late", &answer));
     s.error(&json!(1));
-    s.call_with(json!(2), keyed("pay-lost", 60_000));
+    s.call_with(json!(2), keyed("pay-lost", &s.dir.join("never")));
     s.error(&json!(2));
     let docs = wait_for(&dir, "two unknown outcomes", |docs| {
         doc(docs, "delta").is_some_and(|d| {
@@ -411,6 +413,7 @@ fn status_lists_keyed_calls_whose_outcome_is_unknown_until_a_late_answer_settles
     assert!(line.starts_with("delta") && line.contains("echo"), "{line}");
     assert!(line.trim_end().ends_with("timeout"), "{line}");
     // The late success settles one: only the other is listed.
+    std::fs::write(&answer, "").unwrap();
     wait_for(&dir, "the late success to settle pay-late", |docs| {
         doc(docs, "delta").is_some_and(|d| {
             d["unknown_outcomes"]

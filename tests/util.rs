@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -28,6 +28,24 @@ pub const WAIT: Duration = Duration::from_secs(20);
 
 /// The variable that slows every test's clock down: [`time_scale`].
 pub const TIME_SCALE_ENV: &str = "MCP_RETRY_TEST_TIME_SCALE";
+
+/// The variable through which a test sets some of the proxy's own waits
+/// shorter (a test hook of builds with `fault-inject`, src/guard.rs).
+pub const DURATIONS_ENV: &str = "MCP_RETRY_TEST_DURATIONS";
+
+/// Whether the proxy under test takes [`DURATIONS_ENV`]: a build with
+/// `fault-inject` (`make test`), not `make test-windows` or a plain
+/// `cargo test`, where a test that shortens a wait runs with the proxy's own.
+pub const SHORTENS: bool = cfg!(feature = "fault-inject");
+
+/// [`DURATIONS_ENV`]'s value for these waits: `name=ms`, comma-separated.
+pub fn durations_env(waits: &[(String, Duration)]) -> String {
+    let pairs: Vec<String> = waits
+        .iter()
+        .map(|(name, d)| format!("{name}={}", d.as_millis()))
+        .collect();
+    pairs.join(",")
+}
 
 /// How many times slower than an idle machine this one is taken to be:
 /// `MCP_RETRY_TEST_TIME_SCALE`, default 1 (`make test-stress` sets 3).
@@ -195,6 +213,8 @@ pub struct Session {
     backlog: VecDeque<Value>,
     raw_backlog: VecDeque<String>,
     stderr: Arc<Mutex<String>>,
+    /// Set once the process's stderr has reached end of file.
+    stderr_ended: Arc<AtomicBool>,
     /// The proxy's stdout while nobody reads it (`Builder::unread_stdout`).
     unread: Option<(ChildStdout, crossbeam_channel::Sender<String>)>,
     /// What `memory_kb` leaves out (see there); 0 on Unix.
@@ -224,6 +244,8 @@ pub struct Builder {
     read_stdout: bool,
     /// The working directory, relative to `dir` (default: the test's own).
     cwd: Option<String>,
+    /// Waits of the proxy's own set shorter ([`Builder::shorten`]).
+    shorter: Vec<(String, Duration)>,
 }
 
 impl Builder {
@@ -266,6 +288,7 @@ impl Builder {
             dir: TempDir::new(),
             read_stdout: true,
             cwd: None,
+            shorter: vec![],
         }
     }
     /// The mock server itself, with no proxy in between.
@@ -277,10 +300,19 @@ impl Builder {
             dir: TempDir::new(),
             read_stdout: true,
             cwd: None,
+            shorter: vec![],
         }
     }
     pub fn env(mut self, k: &str, v: &str) -> Builder {
         self.env.push((k.into(), v.into()));
+        self
+    }
+    /// The proxy's wait `name` set to `d` (scaled), through
+    /// [`DURATIONS_ENV`]: for a test of what comes after a wait of the
+    /// proxy's own whose length is a unit test's business. Where the
+    /// proxy has no such hook (see [`SHORTENS`]) the wait keeps its length.
+    pub fn shorten(mut self, name: &str, d: Duration) -> Builder {
+        self.shorter.push((name.into(), scaled(d)));
         self
     }
     pub fn arg(mut self, a: &str) -> Builder {
@@ -340,6 +372,9 @@ impl Builder {
         if let Some(rel) = &self.cwd {
             command.current_dir(self.dir.join(rel));
         }
+        if !self.shorter.is_empty() {
+            command.env(DURATIONS_ENV, durations_env(&self.shorter));
+        }
         command
             .args(&args)
             // What `run` publishes for `status` stays in the session's
@@ -364,6 +399,8 @@ impl Builder {
         };
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
+        let stderr_ended = Arc::new(AtomicBool::new(false));
+        let ended = stderr_ended.clone();
         let err = child.stderr.take().unwrap();
         thread::spawn(move || {
             for line in BufReader::new(err).lines() {
@@ -372,6 +409,7 @@ impl Builder {
                 s.push_str(&line);
                 s.push('\n');
             }
+            ended.store(true, Ordering::Release);
         });
         Session {
             stdin: child.stdin.take(),
@@ -380,6 +418,7 @@ impl Builder {
             backlog: VecDeque::new(),
             raw_backlog: VecDeque::new(),
             stderr,
+            stderr_ended,
             unread,
             memory_base_kb: 0,
             dir: self.dir,
@@ -458,6 +497,15 @@ impl Session {
 
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// All of stderr, once the process has exited ([`Self::wait`]) and its
+    /// stderr has reached end of file.
+    pub fn stderr_to_end(&self) -> String {
+        eventually("the end of stderr", || {
+            self.stderr_ended.load(Ordering::Acquire)
+        });
+        self.stderr()
     }
 
     /// The stderr captured once it holds `needle`: a line the proxy logged

@@ -32,6 +32,8 @@ pub const STALLS: usize = 3;
 pub struct Resumption {
     /// Nothing is resumed from here on.
     deadline: Instant,
+    /// [`STALL_MIN`] (shorter in some integration tests).
+    stall_min: Duration,
     fruitless: usize,
     stalls: usize,
     /// The next GET runs `headers_helper` again.
@@ -88,12 +90,20 @@ impl Resumption {
                 .checked_add(budget)
                 .or_else(|| now.checked_add(Duration::from_secs(u64::from(u32::MAX))))
                 .unwrap_or(now),
+            stall_min: STALL_MIN,
             fruitless: 0,
             stalls: 0,
             refresh: false,
             refreshed: false,
             over: false,
         }
+    }
+
+    /// The same, with a silence of `min` (rather than [`STALL_MIN`]) the
+    /// least that makes a stall.
+    pub fn stall_min(mut self, min: Duration) -> Resumption {
+        self.stall_min = min;
+        self
     }
 
     /// What to do now, for a stream whose last event id is kept
@@ -106,7 +116,8 @@ impl Resumption {
         if self.deadline.saturating_duration_since(now) <= wait {
             return Next::GiveUp;
         }
-        let stall_after = (self.stalls < STALLS).then(|| retry.unwrap_or_default().max(STALL_MIN));
+        let stall_after =
+            (self.stalls < STALLS).then(|| retry.unwrap_or_default().max(self.stall_min));
         Next::Get {
             at: now + wait,
             refresh: std::mem::take(&mut self.refresh),

@@ -279,7 +279,8 @@ impl Shared {
         cursor: &mut Cursor,
         exchange: &Arc<Exchange>,
     ) -> bool {
-        let mut plan = resume::Resumption::new(Instant::now(), self.recv_body);
+        let stall_min = crate::guard::duration("stall_min", resume::STALL_MIN);
+        let mut plan = resume::Resumption::new(Instant::now(), self.recv_body).stall_min(stall_min);
         loop {
             let next = plan.next(cursor.last_id.is_some(), cursor.retry, Instant::now());
             let resume::Next::Get {

@@ -309,9 +309,10 @@ impl Pause {
 }
 
 fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &Shared) {
+    let timeout = crate::guard::duration("otel_http_timeout", HTTP_TIMEOUT);
     let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(HTTP_TIMEOUT))
-        .timeout_connect(Some(HTTP_TIMEOUT))
+        .timeout_global(Some(timeout))
+        .timeout_connect(Some(timeout))
         .max_redirects(0)
         .user_agent(concat!("mcp-retry/", env!("CARGO_PKG_VERSION")))
         .build()

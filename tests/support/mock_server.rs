@@ -116,7 +116,7 @@
 //! | `echo`             | `text`                              | echo answer |
 //! | `error`            | `code` (-32000), `message` ("mock error"), `data` | JSON-RPC error with these fields (`data` omitted if absent) |
 //! | `is_error`         | `text` ("mock tool error as asked") | result `{"content": [{"type": "text", "text": TEXT}], "isError": true}` |
-//! | `slow`             | `ms` (1000), `cancellable` (true)   | sleeps `ms`, then echo answer; cancellable unless `cancellable` is false (then it answers even after a `notifications/cancelled`) |
+//! | `slow`             | `ms` (1000), `cancellable` (true), `until` (none) | sleeps `ms` (with `until`: until that file exists), then echo answer; cancellable unless `cancellable` is false (then it answers even after a `notifications/cancelled`) |
 //! | `hang`             |                                     | never answers; cancellable |
 //! | `crash`            | `exit_code` (3), `stderr` ("mock: crashing as asked"), `stderr_env` | prints `stderr` to stderr (with `stderr_env`, the variable of that name as `NAME=VALUE` instead), exits with `exit_code`, no answer |
 //! | `garbage`          | `text`                              | writes the line `this is not json` to stdout, then echo answer |
@@ -131,7 +131,7 @@
 //! | `sleep_then_crash` | `ms` (100), `exit_code` (3)         | sleeps `ms` (NOT cancellable: still crashes after a `notifications/cancelled`), then exits with `exit_code`, no answer |
 //! | `raw`              | `line` (required string), `pad` (0) | writes `line` and `\n` to stdout exactly as given (any text: a response with an id nobody issued, deep nesting, half a message), then echo answer; with `pad` > 0 every `{pad}` in `line` is first replaced by `pad` `x` characters (a long line from a short request) |
 //! | `flood`            | `bytes` (1048576), `pipe`           | with `pipe` > 0, first asks for a stdout pipe of `pipe` bytes (`F_SETPIPE_SZ`; a failure is only logged); then writes `notifications/message` lines of about 1 KB (`{"level": "info", "data": "xxx…"}`) until at least `bytes` bytes are written, then the echo answer, then exits with code 0. Runs inline, like `crash`: no later line is handled |
-//! | `deaf`             | `ms` (none)                         | echo answer, then the process stops reading stdin: the next line is read `ms` ms later, or never without `ms` (stdin EOF goes unnoticed too). Runs inline, so no later line is read before. For a server whose stdin fills up |
+//! | `deaf`             | `ms` (none), `until` (none)         | echo answer, then the process stops reading stdin: the next line is read `ms` ms later, once the file `until` exists, or never without either (stdin EOF goes unnoticed too). Runs inline, so no later line is read before. For a server whose stdin fills up |
 //! | `endless`          | `chunk` (65536), `ms` (1)           | takes stdout for good and writes the start of this call's answer (`{"jsonrpc":"2.0","id":ID,"result":{"content":[{"type":"text","text":"`) followed by `chunk` `x` characters every `ms` ms, never a newline; NOT cancellable: it stops only when stdout fails, at stdin EOF or with the process. Every other output of the process waits behind it |
 //!
 //! `sample`, `roots`, `elicit`: the server sends a request with its own ids
@@ -1625,6 +1625,7 @@ enum Mode {
     Slow {
         ms: u64,
         cancellable: bool,
+        until: Option<PathBuf>,
     },
     Hang,
     Crash {
@@ -1667,6 +1668,7 @@ enum Mode {
     },
     Deaf {
         ms: Option<u64>,
+        until: Option<PathBuf>,
     },
 }
 
@@ -1694,6 +1696,7 @@ impl Mode {
             "slow" => Mode::Slow {
                 ms: args.u64("ms", 1000)?,
                 cancellable: args.bool("cancellable", true)?,
+                until: args.str("until")?.map(PathBuf::from),
             },
             "hang" => Mode::Hang,
             "crash" => Mode::Crash {
@@ -1765,6 +1768,7 @@ impl Mode {
             },
             "deaf" => Mode::Deaf {
                 ms: args.typed("ms", "a non-negative integer", Value::as_u64)?,
+                until: args.str("until")?.map(PathBuf::from),
             },
             other => return Err(RpcError::invalid_params(format!("unknown mode {other:?}"))),
         })
@@ -1867,13 +1871,18 @@ fn handle_tools_call(server: &Arc<Server>, request: &Request) {
     match resolve(server, mode) {
         Mode::Crash { exit_code, stderr } => crash(server, exit_code, stderr.as_deref()),
         Mode::Flood { bytes, pipe } => flood(server, &call, bytes, pipe),
-        Mode::Deaf { ms } => {
+        Mode::Deaf { ms, until } => {
             // On the thread that reads stdin: nothing more is read meanwhile.
             server.send_result(&call.id, &echo_answer(server, &call, echo_text(&call)));
             eprintln!("mock: not reading stdin as asked");
-            match ms {
-                Some(ms) => thread::sleep(scaled_ms(ms)),
-                None => loop {
+            match (ms, until) {
+                (Some(ms), _) => thread::sleep(scaled_ms(ms)),
+                (None, Some(file)) => {
+                    while !file.exists() {
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                }
+                (None, None) => loop {
                     thread::park();
                 },
             }
@@ -1930,11 +1939,25 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
                 json!({"content": [{"type": "text", "text": text}], "isError": true}).to_string(),
             )
         }
-        Mode::Slow { ms, cancellable } => {
-            let slept = if cancellable {
-                call.state.sleep(ms)
-            } else {
-                call.state.sleep_uncancellable(ms)
+        Mode::Slow {
+            ms,
+            cancellable,
+            until,
+        } => {
+            let sleep = |ms| match cancellable {
+                true => call.state.sleep(ms),
+                false => call.state.sleep_uncancellable(ms),
+            };
+            let slept = match until {
+                None => sleep(ms),
+                Some(file) => loop {
+                    if file.exists() {
+                        break true;
+                    }
+                    if !sleep(10) {
+                        break false;
+                    }
+                },
             };
             if slept {
                 echo(server, call)
@@ -1951,7 +1974,7 @@ fn execute(server: &Server, call: &Call, mode: Mode) -> Outcome {
             server.send("this is not json");
             echo(server, call)
         }
-        Mode::Huge { bytes } => Outcome::Result(echo_answer(server, call, "x".repeat(bytes))),
+        Mode::Huge { bytes } => Outcome::Result(huge_answer(server, call, bytes)),
         Mode::Progress { steps, ms } => match send_progress(server, call, steps, ms) {
             true => echo(server, call),
             false => Outcome::Cancelled,
@@ -2055,9 +2078,21 @@ fn echo_text(call: &Call) -> String {
 
 fn echo_answer(server: &Server, call: &Call, text: String) -> String {
     let content = json!([{"type": "text", "text": text}]).to_string();
+    answer_with_content(server, call, &content)
+}
+
+/// [`echo_answer`] of `"x"` `bytes` times, written out (serialising it
+/// takes a debug build's serde_json milliseconds per 100 kB).
+fn huge_answer(server: &Server, call: &Call, bytes: usize) -> String {
+    let content = format!(r#"[{{"type":"text","text":"{}"}}]"#, "x".repeat(bytes));
+    answer_with_content(server, call, &content)
+}
+
+/// The echo answer with `content` (JSON) as its content.
+fn answer_with_content(server: &Server, call: &Call, content: &str) -> String {
     let pid = server.pid.to_string();
     let structured = json_object(&[("arguments", &call.args_raw), ("pid", &pid)]);
-    json_object(&[("content", &content), ("structuredContent", &structured)])
+    json_object(&[("content", content), ("structuredContent", &structured)])
 }
 
 /// The echo answer of a call.
