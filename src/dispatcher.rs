@@ -46,7 +46,7 @@ use crate::mcp::List;
 use calls::{Action, CallTimer, Calls, Owner};
 pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
-use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
+use link::{Connection, Queued, ReplayStep, Route, SendResult, Session};
 use queue::Queue;
 use reporting::Reporting;
 use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
@@ -267,7 +267,7 @@ pub struct Dispatcher {
     to_client: Outbox,
     events: Sender<Event>,
     connect: Connector,
-    link: Link,
+    link: Connection,
     generation: u64,
     /// Every request in flight across the proxy, and the ids given to them.
     requests: Requests,
@@ -321,7 +321,7 @@ impl Dispatcher {
             to_client,
             events,
             connect,
-            link: Link::Down {
+            link: Connection::Down {
                 reason: Reason::ServerUnavailable,
                 message: "the server has not been started".into(),
             },
@@ -446,7 +446,7 @@ impl Dispatcher {
 
     fn finished(&self) -> Option<Outcome> {
         match (self.phase, &self.link) {
-            (Phase::Stopping { signal }, link) if !matches!(link, Link::Up(_)) => {
+            (Phase::Stopping { signal }, link) if !matches!(link, Connection::Up(_)) => {
                 Some(match signal {
                     Some(s) => Outcome::Signalled(s),
                     None if self.handshake_changed => Outcome::HandshakeChanged,
@@ -524,7 +524,7 @@ impl Dispatcher {
     fn on_timer(&mut self, timer: Timer, now: Instant) {
         match timer {
             Timer::ShutdownGiveUp => {
-                if matches!(self.link, Link::Up(_)) {
+                if matches!(self.link, Connection::Up(_)) {
                     warn!("the server was not reported gone after its stop sequence; leaving it");
                     let gone = Gone {
                         how: "did not stop in time".into(),
@@ -593,7 +593,7 @@ impl Dispatcher {
         if let Phase::Stopping { .. } = self.phase {
             if signal.is_some() {
                 // A second signal: stop waiting.
-                if let Link::Up(c) = &mut self.link {
+                if let Connection::Up(c) = &mut self.link {
                     c.server.kill();
                 }
             }
@@ -620,7 +620,7 @@ impl Dispatcher {
             }
         }
         let step = self.shutdown_step();
-        if let Link::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link {
             c.server.shutdown(step);
             self.set_timer(now + 2 * step + SHUTDOWN_BACKSTOP, Timer::ShutdownGiveUp);
         }
@@ -1106,7 +1106,7 @@ impl Dispatcher {
     /// The current incarnation answered a client request or a call attempt:
     /// it did useful work.
     fn served(&mut self, now: Instant) {
-        if let Link::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link {
             c.served = true;
         }
         self.recovery.handshaken();
@@ -1139,7 +1139,7 @@ impl Dispatcher {
             Some(Inflight::Replay(step)) => {
                 if step == ReplayStep::Initialize {
                     warn!("the restarted server is not usable: {message}; stopping it");
-                    if let Link::Up(c) = &mut self.link {
+                    if let Connection::Up(c) = &mut self.link {
                         c.server.kill();
                     }
                 }

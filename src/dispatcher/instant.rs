@@ -31,7 +31,7 @@ use crate::jsonrpc::{self, Message, RawObject};
 use crate::mcp::{List, Next, ToolsPager};
 use crate::{debug, info, warn};
 
-use super::link::Link;
+use super::link::Connection;
 use super::{Dispatcher, Inflight, Phase, Reason, Timer};
 
 /// How long a server started behind a cached handshake may take to answer
@@ -540,7 +540,7 @@ impl Dispatcher {
         }
         self.set_timer(self.now + self.cfg.instant_start_grace, Timer::InstantGrace);
         match &mut self.link {
-            Link::Up(c) if !c.draining => {
+            Connection::Up(c) if !c.draining => {
                 c.ready = false;
                 self.replay_initialize(self.now);
             }

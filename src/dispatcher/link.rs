@@ -6,12 +6,12 @@
 //! an outage waits for the server at most `wait_for_server` (never past a
 //! call's deadline), and goes out as soon as a probe succeeds.
 //!
-//! Owns [`Link`], [`Session`] (what must be replayed) and the queue of
+//! Owns [`Connection`], [`Session`] (what must be replayed) and the queue of
 //! requests waiting for the server. Talks to the server only through
 //! [`Downstream`]; knows nothing of processes. Probe failures never reach
 //! the circuit breaker; a request that gave up waiting does.
 //!
-//! The link's life ([`Link`]; `generation` counts incarnations):
+//! The link's life ([`Connection`]; `generation` counts incarnations):
 //!
 //! ```text
 //!  Down (not started) ── run: start_server ──┐
@@ -76,7 +76,7 @@ pub(super) enum SendResult {
 }
 
 /// The state of the server link.
-pub(super) enum Link {
+pub(super) enum Connection {
     /// Connected (possibly still replaying the handshake: a probe).
     Up(Box<Conn>),
     /// Down between probes: the next one is due at the recovery's
@@ -178,7 +178,7 @@ impl Dispatcher {
                     (true, false) => debug!("probing: started {}", server.describe()),
                 }
                 let replay = self.session.init_params.is_some();
-                self.link = Link::Up(Box::new(Conn {
+                self.link = Connection::Up(Box::new(Conn {
                     backlog: server.input_backlog(),
                     server,
                     started: now,
@@ -205,7 +205,7 @@ impl Dispatcher {
                     Some(_) => debug!("{message}"),
                     None => crate::error!("{message}"),
                 }
-                self.link = Link::Outage;
+                self.link = Connection::Outage;
                 self.link_down(message, heal, now);
             }
         }
@@ -223,11 +223,11 @@ impl Dispatcher {
     /// is 0, or what stopped it needs fixing).
     pub(super) fn route(&mut self, now: Instant) -> Route {
         match &self.link {
-            Link::Up(c) if c.ready && !c.draining => Route::Send,
+            Connection::Up(c) if c.ready && !c.draining => Route::Send,
             // Starting, or exited with its last answers still being read:
             // a new incarnation follows.
-            Link::Up(_) => Route::Queue,
-            Link::Outage => {
+            Connection::Up(_) => Route::Queue,
+            Connection::Outage => {
                 let (message, heal) = match self.recovery.outage() {
                     Some(o) => (o.message.clone(), o.heal),
                     None => (String::new(), Heal::Wait),
@@ -244,7 +244,7 @@ impl Dispatcher {
                 self.hurry_probe(now);
                 Route::Queue
             }
-            Link::Down { reason, message } => Route::Refuse(*reason, message.clone()),
+            Connection::Down { reason, message } => Route::Refuse(*reason, message.clone()),
         }
     }
 
@@ -304,7 +304,7 @@ impl Dispatcher {
             .saturating_duration_since(since)
             .max(self.wait_for_server());
         let what = match &self.link {
-            Link::Up(c) => c.server.describe(),
+            Connection::Up(c) => c.server.describe(),
             _ => "the MCP server".to_owned(),
         };
         let message = format!(
@@ -360,9 +360,9 @@ impl Dispatcher {
 
     fn link_message(&self) -> String {
         match (&self.link, self.recovery.outage()) {
-            (Link::Down { message, .. }, _) => message.clone(),
+            (Connection::Down { message, .. }, _) => message.clone(),
             (_, Some(o)) => o.message.clone(),
-            (Link::Up(_), None) if self.remote() => "the proxy is reconnecting to it".into(),
+            (Connection::Up(_), None) if self.remote() => "the proxy is reconnecting to it".into(),
             _ => "it is starting".into(),
         }
     }
@@ -528,7 +528,7 @@ impl Dispatcher {
         }
         if let Some(problem) = problem {
             warn!("the restarted server is not usable: {problem}; stopping it");
-            if let Link::Up(c) = &mut self.link {
+            if let Connection::Up(c) = &mut self.link {
                 c.server.kill();
             }
             return;
@@ -569,7 +569,7 @@ impl Dispatcher {
             let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
             self.send_server(Outgoing::request(down, method, line));
         }
-        if let Link::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link {
             c.ready = true;
         }
         self.recovery.handshaken();
@@ -590,14 +590,14 @@ impl Dispatcher {
             event,
             ServerEvent::Message(_) | ServerEvent::Garbage { .. } | ServerEvent::TooLong { .. }
         );
-        if let (Link::Up(c), true) = (&mut self.link, from_output) {
+        if let (Connection::Up(c), true) = (&mut self.link, from_output) {
             // Any other news from its output means the overlong line ended.
             c.in_overlong = false;
         }
         match event {
             ServerEvent::Message(parsed) => {
                 let mut first_word = false;
-                if let Link::Up(c) = &mut self.link {
+                if let Connection::Up(c) = &mut self.link {
                     first_word = !c.answered && c.ready;
                     c.answered = true;
                 }
@@ -619,7 +619,9 @@ impl Dispatcher {
                 }
             }
             ServerEvent::Overlong => {
-                let Link::Up(c) = &mut self.link else { return };
+                let Connection::Up(c) = &mut self.link else {
+                    return;
+                };
                 c.overlong_lines += 1;
                 c.in_overlong = true;
                 let (generation, line) = (self.generation, c.overlong_lines);
@@ -638,7 +640,7 @@ impl Dispatcher {
             ServerEvent::Draining => {
                 // New traffic waits for the next incarnation; what the old
                 // one sent is still read.
-                if let Link::Up(c) = &mut self.link {
+                if let Connection::Up(c) = &mut self.link {
                     c.draining = true;
                 }
             }
@@ -650,7 +652,7 @@ impl Dispatcher {
     /// among them cannot have reached it. Call attempts fail as never sent
     /// (always safe to retry); client requests wait for the next server.
     fn on_unsent(&mut self, lines: Vec<Outgoing>, why: &str, now: Instant) {
-        if let Link::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link {
             c.draining = true;
         }
         if lines.is_empty() {
@@ -733,7 +735,7 @@ impl Dispatcher {
                         "the restarted server is not usable: {}; stopping it",
                         failure.message
                     );
-                    if let Link::Up(c) = &mut self.link {
+                    if let Connection::Up(c) = &mut self.link {
                         c.server.kill();
                     }
                 }
@@ -796,12 +798,12 @@ impl Dispatcher {
     pub(super) fn on_link_gone(&mut self, gone: Gone, now: Instant) {
         let old = std::mem::replace(
             &mut self.link,
-            Link::Down {
+            Connection::Down {
                 reason: Reason::ServerExited,
                 message: String::new(),
             },
         );
-        let Link::Up(conn) = old else {
+        let Connection::Up(conn) = old else {
             self.link = old;
             return;
         };
@@ -816,7 +818,7 @@ impl Dispatcher {
         }
         if stopping {
             debug!("{message}");
-            self.link = Link::Down {
+            self.link = Connection::Down {
                 reason: Reason::ServerExited,
                 message: message.clone(),
             };
@@ -834,7 +836,7 @@ impl Dispatcher {
                 self.recovery.stable();
             }
             // While requests are re-planned below, they wait for the server.
-            self.link = Link::Outage;
+            self.link = Connection::Outage;
         }
         let mut heal = gone.heal;
         if !stopping && !self.remote() {
@@ -966,7 +968,7 @@ impl Dispatcher {
 
     /// The probe timer fired.
     pub(super) fn on_probe_due(&mut self, seq: u64, now: Instant) {
-        if seq == self.restart_seq && matches!(self.link, Link::Outage) {
+        if seq == self.restart_seq && matches!(self.link, Connection::Outage) {
             self.calls.count_restart();
             self.stats_dirty();
             self.traced(|t| t.respawned(now));
@@ -983,7 +985,7 @@ impl Dispatcher {
         }
         let secs = self.cfg.call_timeout.as_secs_f64();
         let max = self.cfg.max_message_bytes;
-        if let Link::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link {
             if c.in_overlong && c.overlong_lines == line {
                 warn!(
                     "the server has been writing one line over max_message_bytes ({max}) for {secs:.1}s; its output is unusable; stopping it"
@@ -998,7 +1000,7 @@ impl Dispatcher {
         if generation != self.generation {
             return;
         }
-        if let Link::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link {
             if !c.ready {
                 warn!("the restarted server did not answer initialize in time; stopping it");
                 c.server.kill();
@@ -1014,7 +1016,7 @@ impl Dispatcher {
     /// [`RESERVE`] past its backlog's limit; past that they are dropped
     /// and logged (true: nothing for the caller to do).
     pub(super) fn send_server(&mut self, out: Outgoing) -> bool {
-        let Link::Up(c) = &mut self.link else {
+        let Connection::Up(c) = &mut self.link else {
             return false;
         };
         if let Some(b) = &c.backlog {
@@ -1043,7 +1045,7 @@ impl Dispatcher {
     /// in the backlog can be withdrawn until it is written
     /// ([`Dispatcher::withdraw`]).
     pub(super) fn send_server_request(&mut self, out: Outgoing) -> SendResult {
-        let Link::Up(c) = &mut self.link else {
+        let Connection::Up(c) = &mut self.link else {
             return SendResult::Closed;
         };
         if let Some(b) = &c.backlog {
@@ -1078,12 +1080,12 @@ impl Dispatcher {
     /// reason waiting may heal, and requests wait for it.
     pub(super) fn link_restarting(&self) -> bool {
         match &self.link {
-            Link::Outage => {
+            Connection::Outage => {
                 !self.wait_for_server().is_zero()
                     && self.recovery.outage().is_none_or(|o| o.heal == Heal::Wait)
             }
-            Link::Up(c) => !c.ready || c.draining,
-            Link::Down { .. } => false,
+            Connection::Up(c) => !c.ready || c.draining,
+            Connection::Down { .. } => false,
         }
     }
 
@@ -1091,14 +1093,14 @@ impl Dispatcher {
     /// while restarting).
     pub(super) fn generation_to_ask(&self) -> u64 {
         match self.link {
-            Link::Up(_) => self.generation,
+            Connection::Up(_) => self.generation,
             _ => self.generation + 1,
         }
     }
 
     /// Whether the link can carry the proxy's own requests now.
     pub(super) fn link_ready(&self) -> bool {
-        matches!(&self.link, Link::Up(c) if c.ready && !c.draining)
+        matches!(&self.link, Connection::Up(c) if c.ready && !c.draining)
     }
 }
 

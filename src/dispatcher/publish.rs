@@ -18,7 +18,7 @@ use crossbeam_channel::Sender;
 use crate::policy::breaker::BreakerState;
 use crate::status::{BreakerShown, Headline, LinkState, Snapshot};
 
-use super::link::Link;
+use super::link::Connection;
 use super::Dispatcher;
 
 impl Dispatcher {
@@ -31,11 +31,11 @@ impl Dispatcher {
     /// The link, breaker and load as `status` shows them.
     pub(super) fn headline(&self) -> Headline {
         let (link, link_until) = match &self.link {
-            Link::Up(_) if self.link_ready() => (LinkState::Up, None),
-            Link::Up(_) if self.generation <= 1 => (LinkState::Starting, None),
-            Link::Up(_) => (LinkState::Restarting, None),
-            Link::Outage => (LinkState::Restarting, self.recovery.next_probe()),
-            Link::Down { .. } => (LinkState::Down, None),
+            Connection::Up(_) if self.link_ready() => (LinkState::Up, None),
+            Connection::Up(_) if self.generation <= 1 => (LinkState::Starting, None),
+            Connection::Up(_) => (LinkState::Restarting, None),
+            Connection::Outage => (LinkState::Restarting, self.recovery.next_probe()),
+            Connection::Down { .. } => (LinkState::Down, None),
         };
         let (breaker, breaker_until) = match self.calls.breaker_state() {
             BreakerState::Closed => (BreakerShown::Closed, None),
@@ -80,7 +80,7 @@ impl Dispatcher {
         }
         let headline = self.headline();
         let message = match (&self.link, self.recovery.outage()) {
-            (Link::Down { message, .. }, _) => Some(message.clone()),
+            (Connection::Down { message, .. }, _) => Some(message.clone()),
             (_, Some(o)) => Some(o.message.clone()),
             (_, None) => self.instant_note(),
         };
