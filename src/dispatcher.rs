@@ -25,7 +25,6 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
-use crate::policy::recovery::Recovery;
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
@@ -46,8 +45,7 @@ use crate::mcp::List;
 use calls::{Action, CallTimer, Calls, Owner};
 pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
-use link::{Connection, Queued, ReplayStep, Route, SendResult, Session};
-use queue::Queue;
+use link::{Connection, Link, Queued, ReplayStep, Route, SendResult};
 use reporting::Reporting;
 use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
 pub use timers::Timer;
@@ -265,28 +263,17 @@ pub enum Outcome {
 pub struct Dispatcher {
     cfg: Arc<ServerConfig>,
     to_client: Outbox,
-    events: Sender<Event>,
-    connect: Connector,
-    link: Connection,
-    generation: u64,
+    /// The server link: its state, the session to replay, the queue, the
+    /// probes.
+    link: Link,
     /// Every request in flight across the proxy, and the ids given to them.
     requests: Requests,
-    /// What a restarted server must be told.
-    session: Session,
-    /// Traffic waiting for a (re)starting server, and its ramp.
-    queue: Queue,
-    /// The link's health while it is down, and when to probe it.
-    recovery: Recovery,
-    /// The newest probe timer (older ones are void).
-    restart_seq: u64,
     timers: Timers,
     phase: Phase,
     /// Every `tools/call` in flight, with the policies.
     calls: Calls,
     /// The actions the calls return, a buffer kept between events.
     actions: Vec<Action>,
-    /// For the restart backoff's jitter.
-    rng: fastrand::Rng,
     /// The time of the event or timer being handled: the dispatcher's only
     /// clock (read by `run`, set by the caller of `handle_event`).
     now: Instant,
@@ -304,9 +291,6 @@ pub struct Dispatcher {
     instant: Option<Box<InstantStart>>,
     /// The session ends because the server contradicted the cache.
     handshake_changed: bool,
-    /// Started by `check` (`MCP_RETRY_CHECK=1`): the first start that ends
-    /// before the handshake answers what waits.
-    check_mode: bool,
 }
 
 impl Dispatcher {
@@ -319,23 +303,12 @@ impl Dispatcher {
         let cfg = Arc::new(cfg);
         Dispatcher {
             to_client,
-            events,
-            connect,
-            link: Connection::Down {
-                reason: Reason::ServerUnavailable,
-                message: "the server has not been started".into(),
-            },
-            generation: 0,
+            link: Link::new(connect, events),
             requests: Requests::default(),
-            session: Session::default(),
-            queue: Queue::new(),
-            recovery: Recovery::new(),
-            restart_seq: 0,
             timers: Timers::default(),
             phase: Phase::Running,
             calls: Calls::new(cfg.clone()),
             actions: Vec::new(),
-            rng: fastrand::Rng::new(),
             now: Instant::now(),
             reporting: Reporting::new(Instant::now()),
             eager: false,
@@ -343,7 +316,6 @@ impl Dispatcher {
             handled_bytes: 0,
             instant: None,
             handshake_changed: false,
-            check_mode: false,
             cfg,
         }
     }
@@ -364,7 +336,7 @@ impl Dispatcher {
     /// Seeds the randomness of backoff jitter (tests replay a schedule).
     #[cfg(test)]
     pub fn with_seed(mut self, seed: u64) -> Dispatcher {
-        self.rng = fastrand::Rng::with_seed(seed);
+        self.link.rng = fastrand::Rng::with_seed(seed);
         self.calls = self.calls.with_seed(seed);
         self
     }
@@ -379,7 +351,7 @@ impl Dispatcher {
     /// Started by `check`: a server that cannot start is named at its
     /// first start, not its third (`fail_fast_at_start` aside).
     pub fn with_check_mode(mut self, on: bool) -> Dispatcher {
-        self.check_mode = on;
+        self.link.check_mode = on;
         self
     }
 
@@ -445,7 +417,7 @@ impl Dispatcher {
     }
 
     fn finished(&self) -> Option<Outcome> {
-        match (self.phase, &self.link) {
+        match (self.phase, &self.link.state) {
             (Phase::Stopping { signal }, link) if !matches!(link, Connection::Up(_)) => {
                 Some(match signal {
                     Some(s) => Outcome::Signalled(s),
@@ -471,7 +443,7 @@ impl Dispatcher {
                 self.begin_shutdown(None, now);
             }
             Event::Server { generation, event } => {
-                if generation == self.generation {
+                if generation == self.link.generation {
                     self.on_link_event(event, now);
                 }
             }
@@ -524,7 +496,7 @@ impl Dispatcher {
     fn on_timer(&mut self, timer: Timer, now: Instant) {
         match timer {
             Timer::ShutdownGiveUp => {
-                if matches!(self.link, Connection::Up(_)) {
+                if matches!(self.link.state, Connection::Up(_)) {
                     warn!("the server was not reported gone after its stop sequence; leaving it");
                     let gone = Gone {
                         how: "did not stop in time".into(),
@@ -545,7 +517,7 @@ impl Dispatcher {
             Timer::InstantGrace => self.instant_grace_over(),
             Timer::LearnTools => {
                 let client_listing = self.requests.client_listing_tools();
-                if self.session.has_tools
+                if self.link.session.has_tools
                     && self.calls.tools_unknown()
                     && !client_listing
                     && self.link_ready()
@@ -593,7 +565,7 @@ impl Dispatcher {
         if let Phase::Stopping { .. } = self.phase {
             if signal.is_some() {
                 // A second signal: stop waiting.
-                if let Connection::Up(c) = &mut self.link {
+                if let Connection::Up(c) = &mut self.link.state {
                     c.server.kill();
                 }
             }
@@ -601,7 +573,7 @@ impl Dispatcher {
         }
         self.phase = Phase::Stopping { signal };
         // Nothing queued will be sent any more.
-        for (_, _, item) in self.queue.drain() {
+        for (_, _, item) in self.link.queue.drain() {
             match item {
                 Queued::Request { client_id, .. } => self.answer_proxy_error(
                     &client_id,
@@ -620,7 +592,7 @@ impl Dispatcher {
             }
         }
         let step = self.shutdown_step();
-        if let Connection::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link.state {
             c.server.shutdown(step);
             self.set_timer(now + 2 * step + SHUTDOWN_BACKSTOP, Timer::ShutdownGiveUp);
         }
@@ -679,7 +651,7 @@ impl Dispatcher {
     }
 
     fn on_client_batch(&mut self, items: Vec<Parsed>, now: Instant) {
-        if self.session.protocol_version.as_deref() != Some("2025-03-26") {
+        if self.link.session.protocol_version.as_deref() != Some("2025-03-26") {
             warn!("answered a JSON-RPC batch from the client: batches are not part of the negotiated protocol");
             self.send_client(jsonrpc::error_line(
                 None,
@@ -759,12 +731,12 @@ impl Dispatcher {
         // A client without `initialize` may speak 2026-07-28: the proxy's own
         // requests must then name the version as the client's do. Read once,
         // and never in a session that began with `initialize`.
-        if self.session.modern_meta.is_none()
-            && self.session.init_params.is_none()
-            && self.session.pending_init.is_none()
+        if self.link.session.modern_meta.is_none()
+            && self.link.session.init_params.is_none()
+            && self.link.session.pending_init.is_none()
             && method != "initialize"
         {
-            self.session.modern_meta = m.params().and_then(crate::mcp::envelope);
+            self.link.session.modern_meta = m.params().and_then(crate::mcp::envelope);
         }
         let trace = self
             .reporting
@@ -786,11 +758,11 @@ impl Dispatcher {
             "initialize" => {
                 // A probing client fell back to the handshake: it speaks
                 // the older era after all.
-                self.session.modern_meta = None;
+                self.link.session.modern_meta = None;
                 if batch.is_none() && self.instant_initialize(&client_id, &m) {
                     return;
                 }
-                self.session.pending_init = m.params().map(str::to_owned);
+                self.link.session.pending_init = m.params().map(str::to_owned);
                 Method::Initialize
             }
             "tools/list" => Method::ToolsList {
@@ -814,7 +786,7 @@ impl Dispatcher {
             | "completion/complete"
             | "ping" => Method::ReadOnly,
             "logging/setLevel" => {
-                self.session.log_level = m.params().map(str::to_owned);
+                self.link.session.log_level = m.params().map(str::to_owned);
                 Method::Other
             }
             "resources/subscribe" | "resources/unsubscribe" => {
@@ -845,9 +817,9 @@ impl Dispatcher {
             return;
         };
         if method == "resources/subscribe" {
-            self.session.subscriptions.insert(uri, p.to_owned());
+            self.link.session.subscriptions.insert(uri, p.to_owned());
         } else {
-            self.session.subscriptions.remove(&uri);
+            self.link.session.subscriptions.remove(&uri);
         }
     }
 
@@ -892,7 +864,7 @@ impl Dispatcher {
         let method = m.method().unwrap_or_default().into_owned();
         let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
         let waited = self.requests.sent(&client_id, down);
-        if kind == Method::Initialize && !self.recovery.is_handshaken() {
+        if kind == Method::Initialize && !self.link.recovery.is_handshaken() {
             // Before the first handshake a server that never answers is
             // waited for as long as one that is down.
             let (_, until) = waited.unwrap_or((now, self.wait_until(now)));
@@ -917,7 +889,7 @@ impl Dispatcher {
             return self.on_client_cancel(&m, now);
         }
         if method == "notifications/initialized" {
-            self.session.initialized = true;
+            self.link.session.initialized = true;
             // Learn the tools' annotations soon, unless the client lists
             // the tools itself right away (as most do).
             self.set_timer(now + TOOLS_AFTER_HANDSHAKE, Timer::LearnTools);
@@ -932,7 +904,8 @@ impl Dispatcher {
             // The replay of the handshake to the server that is starting
             // sends it.
             Route::Queue
-                if method == "notifications/initialized" && self.session.init_params.is_some() => {}
+                if method == "notifications/initialized"
+                    && self.link.session.init_params.is_some() => {}
             Route::Queue => {
                 let expires = self.wait_until(now);
                 if self
@@ -1007,7 +980,7 @@ impl Dispatcher {
         let Some(req) = self.close_server_request(ours, now) else {
             return warn!("dropped a response from the client with unknown id {id}");
         };
-        if req.generation != self.generation {
+        if req.generation != self.link.generation {
             return debug!("dropped the client's answer to a request of a server that has exited");
         }
         let line = m.into_line_with_id(&req.server_id);
@@ -1106,10 +1079,10 @@ impl Dispatcher {
     /// The current incarnation answered a client request or a call attempt:
     /// it did useful work.
     fn served(&mut self, now: Instant) {
-        if let Connection::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link.state {
             c.served = true;
         }
-        self.recovery.handshaken();
+        self.link.recovery.handshaken();
         self.ramp_answered(now);
     }
 
@@ -1139,7 +1112,7 @@ impl Dispatcher {
             Some(Inflight::Replay(step)) => {
                 if step == ReplayStep::Initialize {
                     warn!("the restarted server is not usable: {message}; stopping it");
-                    if let Connection::Up(c) = &mut self.link {
+                    if let Connection::Up(c) = &mut self.link.state {
                         c.server.kill();
                     }
                 }
@@ -1169,12 +1142,12 @@ impl Dispatcher {
             return;
         };
         self.instant_accepted(raw);
-        self.session.init_params = self.session.pending_init.take();
+        self.link.session.init_params = self.link.session.pending_init.take();
         self.reporting.ready(now);
-        self.recovery.handshaken();
+        self.link.recovery.handshaken();
         if let Some(v) = result.string("protocolVersion") {
             debug!("negotiated protocol version {v}");
-            self.session.protocol_version = Some(v);
+            self.link.session.protocol_version = Some(v);
         }
         self.observe_capabilities(raw);
         // A client that did not wait for this answer said `initialized`
@@ -1192,8 +1165,8 @@ impl Dispatcher {
             .get("capabilities")
             .and_then(|c| RawObject::parse(c.get()))
             .and_then(|c| c.get("tools").map(|t| t.get().to_owned()));
-        self.session.has_tools = tools.is_some();
-        self.session.tools_list_changed = tools
+        self.link.session.has_tools = tools.is_some();
+        self.link.session.tools_list_changed = tools
             .as_deref()
             .and_then(RawObject::parse)
             .and_then(|t| t.get("listChanged").map(|l| l.get() == "true"))
@@ -1211,7 +1184,7 @@ impl Dispatcher {
         let server_id = m.id().expect("requests have ids");
         let ours = self
             .requests
-            .open_server_request(self.generation, server_id, pauses, now);
+            .open_server_request(self.link.generation, server_id, pauses, now);
         self.send_client(m.into_line_with_id(&ours.to_string()));
     }
 
@@ -1245,7 +1218,7 @@ impl Dispatcher {
             };
             let ours = self
                 .requests
-                .find_server_request(self.generation, &server_id);
+                .find_server_request(self.link.generation, &server_id);
             let Some(ours) = ours else {
                 return debug!("dropped the server's cancel for unknown request {server_id}");
             };

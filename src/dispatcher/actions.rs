@@ -59,7 +59,7 @@ impl Dispatcher {
         LinkView {
             ready,
             reachable: ready || self.link_restarting(),
-            initialized: self.session.initialized || self.session.modern_meta.is_some(),
+            initialized: self.link.session.initialized || self.link.session.modern_meta.is_some(),
             generation: self.generation_to_ask(),
             paused: self.requests.paused(),
         }
@@ -206,7 +206,8 @@ impl Dispatcher {
     /// Sends our own `tools/list` for one page; it gets `call_timeout` to
     /// be answered, like an attempt.
     pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
-        let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
+        let params =
+            crate::mcp::tools_list_params(cursor, self.link.session.modern_meta.as_deref());
         let first = cursor.is_none();
         let down = self.requests.issue(Inflight::ToolsList { first });
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));

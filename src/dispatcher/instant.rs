@@ -507,7 +507,8 @@ impl Dispatcher {
             .params()
             .and_then(RawObject::parse)
             .and_then(|p| p.string("protocolVersion"));
-        let first = self.session.init_params.is_none() && self.session.pending_init.is_none();
+        let first =
+            self.link.session.init_params.is_none() && self.link.session.pending_init.is_none();
         let Some(entry) = instant.entry.take() else {
             return false;
         };
@@ -529,17 +530,17 @@ impl Dispatcher {
         instant.told = Some(entry);
         // The session is the client's from now on, as if the server had
         // accepted it: a start replays it.
-        self.session.init_params = m.params().map(str::to_owned);
-        self.session.protocol_version = cached_version;
+        self.link.session.init_params = m.params().map(str::to_owned);
+        self.link.session.protocol_version = cached_version;
         self.observe_capabilities(&result);
         // It told the client `listChanged`: a restarted server's tools are
         // compared too.
-        self.session.tools_list_changed = self.session.has_tools;
+        self.link.session.tools_list_changed = self.link.session.has_tools;
         if let Some(instant) = self.instant.as_mut() {
             instant.held = Some((client_id.to_owned(), result));
         }
         self.set_timer(self.now + self.cfg.instant_start_grace, Timer::InstantGrace);
-        match &mut self.link {
+        match &mut self.link.state {
             Connection::Up(c) if !c.draining => {
                 c.ready = false;
                 self.replay_initialize(self.now);
@@ -583,7 +584,7 @@ impl Dispatcher {
             "the MCP server answered initialize within {:?}; the cached answer is not used",
             self.cfg.instant_start_grace
         );
-        self.session.protocol_version =
+        self.link.session.protocol_version =
             RawObject::parse(real).and_then(|r| r.string("protocolVersion"));
         self.observe_capabilities(real);
         self.reporting.ready(now);
@@ -707,7 +708,7 @@ impl Dispatcher {
             instant.note = Some(note);
         }
         if instant.lost.contains(&List::Tools) {
-            self.session.has_tools = false;
+            self.link.session.has_tools = false;
         }
         for method in changed {
             self.send_client(jsonrpc::notification_line(method, None));
@@ -749,10 +750,11 @@ impl Dispatcher {
 
     /// The protocol version the client asked for in its `initialize`.
     fn client_version(&self) -> String {
-        self.session
+        self.link
+            .session
             .init_params
             .as_deref()
-            .or(self.session.pending_init.as_deref())
+            .or(self.link.session.pending_init.as_deref())
             .and_then(RawObject::parse)
             .and_then(|p| p.string("protocolVersion"))
             .unwrap_or_default()
@@ -770,7 +772,7 @@ impl Dispatcher {
     /// The link is ready and the session initialized: ask for the lists
     /// still to be read.
     pub(super) fn instant_read_lists(&mut self, now: Instant) {
-        if !self.session.initialized || !self.link_ready() {
+        if !self.link.session.initialized || !self.link_ready() {
             return;
         }
         let Some(instant) = self.instant.as_mut() else {
@@ -781,7 +783,7 @@ impl Dispatcher {
         // listing is read (it learns the annotations too). Otherwise the
         // client's first listing is, or the calls' (`Timer::LearnTools`).
         let tools =
-            instant.reading.wants(List::Tools) && (instant.from_cache || self.generation > 1);
+            instant.reading.wants(List::Tools) && (instant.from_cache || self.link.generation > 1);
         for list in instant.reading.take_unasked() {
             self.request_list_page(list, None, now);
         }
@@ -794,7 +796,8 @@ impl Dispatcher {
 
     /// Sends the proxy's own request for a page of `list`.
     fn request_list_page(&mut self, list: List, cursor: Option<&str>, now: Instant) {
-        let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
+        let params =
+            crate::mcp::tools_list_params(cursor, self.link.session.modern_meta.as_deref());
         let down = self.requests.issue(Inflight::Listing {
             list,
             first: cursor.is_none(),

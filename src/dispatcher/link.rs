@@ -43,17 +43,22 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::Sender;
+
 use crate::config::Transport;
 use crate::downstream::{
     Downstream, Failure as TransportFailure, Gone, Heal, Outgoing, Sent, ServerEvent, StartError,
 };
 use crate::jsonrpc::{self, Message, RawObject};
-use crate::policy::recovery::CRASH_LOOP;
+use crate::policy::recovery::{Recovery, CRASH_LOOP};
 use crate::stdio::Backlog;
 use crate::{debug, info, warn};
 
 use super::calls::Failure;
-use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Resolved, Timer};
+use super::queue::Queue;
+use super::{
+    CallError, Connector, Dispatcher, Event, Inflight, Method, Phase, Reason, Resolved, Timer,
+};
 
 /// A child that stays up this long resets the restart backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
@@ -73,6 +78,51 @@ pub(super) enum SendResult {
     Closed,
     /// Not sent: the server is not reading its input (the message says so).
     Overloaded(String),
+}
+
+/// The server link: what the dispatcher knows of the server and does to
+/// reach it.
+pub(super) struct Link {
+    /// Opens a connection to the server.
+    pub(super) connect: Connector,
+    /// Where the transport reports.
+    pub(super) events: Sender<Event>,
+    pub(super) state: Connection,
+    /// Counts incarnations (the first start is 1).
+    pub(super) generation: u64,
+    /// What a restarted server must be told.
+    pub(super) session: Session,
+    /// Traffic waiting for a (re)starting server, and its ramp.
+    pub(super) queue: Queue,
+    /// The link's health while it is down, and when to probe it.
+    pub(super) recovery: Recovery,
+    /// The newest probe timer (older ones are void).
+    pub(super) restart_seq: u64,
+    /// Started by `check` (`MCP_RETRY_CHECK=1`): the first start that ends
+    /// before the handshake answers what waits.
+    pub(super) check_mode: bool,
+    /// For the restart backoff's jitter.
+    pub(super) rng: fastrand::Rng,
+}
+
+impl Link {
+    pub(super) fn new(connect: Connector, events: Sender<Event>) -> Link {
+        Link {
+            connect,
+            events,
+            state: Connection::Down {
+                reason: Reason::ServerUnavailable,
+                message: "the server has not been started".into(),
+            },
+            generation: 0,
+            session: Session::default(),
+            queue: Queue::new(),
+            recovery: Recovery::new(),
+            restart_seq: 0,
+            check_mode: false,
+            rng: fastrand::Rng::new(),
+        }
+    }
 }
 
 /// The state of the server link.
@@ -165,20 +215,20 @@ impl Dispatcher {
     /// Starts the server, or reconnects to it: the first start, or a probe
     /// during an outage.
     pub(super) fn start_server(&mut self, now: Instant) {
-        self.generation += 1;
-        let generation = self.generation;
+        self.link.generation += 1;
+        let generation = self.link.generation;
         self.calls.new_incarnation();
-        self.recovery.probe_started(now);
-        match (self.connect)(&self.cfg, generation, self.events.clone()) {
+        self.link.recovery.probe_started(now);
+        match (self.link.connect)(&self.cfg, generation, self.link.events.clone()) {
             Ok(server) => {
-                match (self.recovery.outage().is_some(), self.remote()) {
+                match (self.link.recovery.outage().is_some(), self.remote()) {
                     (false, true) => info!("connecting to {}", server.describe()),
                     (false, false) => info!("started {}", server.describe()),
                     (true, true) => debug!("reconnecting to {}", server.describe()),
                     (true, false) => debug!("probing: started {}", server.describe()),
                 }
-                let replay = self.session.init_params.is_some();
-                self.link = Connection::Up(Box::new(Conn {
+                let replay = self.link.session.init_params.is_some();
+                self.link.state = Connection::Up(Box::new(Conn {
                     backlog: server.input_backlog(),
                     server,
                     started: now,
@@ -194,18 +244,18 @@ impl Dispatcher {
                 } else {
                     // Nothing to replay: traffic flows at once; the outage
                     // ends with the server's first message.
-                    let back = self.recovery.outage().is_some();
+                    let back = self.link.recovery.outage().is_some();
                     self.flush_queue(back, now);
                     self.fetch_deferred_tools(now);
                 }
             }
             Err(StartError { message, heal }) => {
-                self.recovery.start_ended(None);
-                match self.recovery.outage() {
+                self.link.recovery.start_ended(None);
+                match self.link.recovery.outage() {
                     Some(_) => debug!("{message}"),
                     None => crate::error!("{message}"),
                 }
-                self.link = Connection::Outage;
+                self.link.state = Connection::Outage;
                 self.link_down(message, heal, now);
             }
         }
@@ -222,13 +272,13 @@ impl Dispatcher {
     /// brought forward), or nowhere (the session ends, `wait_for_server`
     /// is 0, or what stopped it needs fixing).
     pub(super) fn route(&mut self, now: Instant) -> Route {
-        match &self.link {
+        match &self.link.state {
             Connection::Up(c) if c.ready && !c.draining => Route::Send,
             // Starting, or exited with its last answers still being read:
             // a new incarnation follows.
             Connection::Up(_) => Route::Queue,
             Connection::Outage => {
-                let (message, heal) = match self.recovery.outage() {
+                let (message, heal) = match self.link.recovery.outage() {
                     Some(o) => (o.message.clone(), o.heal),
                     None => (String::new(), Heal::Wait),
                 };
@@ -251,9 +301,9 @@ impl Dispatcher {
     /// Something waits for the server: the next probe comes as soon as the
     /// probe schedule allows.
     fn hurry_probe(&mut self, now: Instant) {
-        if let Some(at) = self.recovery.hurry(now, &mut self.rng) {
-            self.restart_seq += 1;
-            let seq = self.restart_seq;
+        if let Some(at) = self.link.recovery.hurry(now, &mut self.link.rng) {
+            self.link.restart_seq += 1;
+            let seq = self.link.restart_seq;
             self.set_timer(at, Timer::Restart { seq });
         }
     }
@@ -266,7 +316,7 @@ impl Dispatcher {
         since: Instant,
         expires: Instant,
     ) -> Option<u64> {
-        let seq = self.queue.push(item, since)?;
+        let seq = self.link.queue.push(item, since)?;
         self.set_timer(expires, Timer::QueueExpired { seq });
         Some(seq)
     }
@@ -280,7 +330,7 @@ impl Dispatcher {
     /// first handshake when the config does not set it.
     fn wait_for_server(&self) -> Duration {
         let wait = self.cfg.wait_for_server;
-        match self.cfg.wait_for_server_set || self.recovery.is_handshaken() {
+        match self.cfg.wait_for_server_set || self.link.recovery.is_handshaken() {
             true => wait,
             false => wait.min(FIRST_WAIT),
         }
@@ -303,7 +353,7 @@ impl Dispatcher {
         let waited = now
             .saturating_duration_since(since)
             .max(self.wait_for_server());
-        let what = match &self.link {
+        let what = match &self.link.state {
             Connection::Up(c) => c.server.describe(),
             _ => "the MCP server".to_owned(),
         };
@@ -317,7 +367,7 @@ impl Dispatcher {
     }
 
     pub(super) fn unqueue(&mut self, seq: u64) -> Option<Queued> {
-        self.queue.take(seq).map(|(_, q)| q)
+        self.link.queue.take(seq).map(|(_, q)| q)
     }
 
     /// A queued item waited as long as it may for the server.
@@ -329,7 +379,7 @@ impl Dispatcher {
     /// message says how long it really waited. A request that gave up
     /// waiting counts toward the circuit breaker (an outage's failure).
     fn queue_give_up(&mut self, seq: u64, now: Instant, what: &str) {
-        let Some((since, item)) = self.queue.take(seq) else {
+        let Some((since, item)) = self.link.queue.take(seq) else {
             return;
         };
         let message = format!(
@@ -359,7 +409,7 @@ impl Dispatcher {
     }
 
     fn link_message(&self) -> String {
-        match (&self.link, self.recovery.outage()) {
+        match (&self.link.state, self.link.recovery.outage()) {
             (Connection::Down { message, .. }, _) => message.clone(),
             (_, Some(o)) => o.message.clone(),
             (Connection::Up(_), None) if self.remote() => "the proxy is reconnecting to it".into(),
@@ -372,7 +422,7 @@ impl Dispatcher {
     /// first, then two more for each answer.
     fn flush_queue(&mut self, back: bool, now: Instant) {
         if back {
-            self.queue.begin_ramp(now);
+            self.link.queue.begin_ramp(now);
         }
         self.release_queue(now);
     }
@@ -384,14 +434,14 @@ impl Dispatcher {
     /// missed the connection).
     pub(super) fn release_queue(&mut self, now: Instant) {
         while self.link_ready() {
-            let Some((seq, item)) = self.queue.pop_releasable() else {
+            let Some((seq, item)) = self.link.queue.pop_releasable() else {
                 break;
             };
             if self.release(seq, item, now) {
-                self.queue.released(now);
+                self.link.queue.released(now);
             }
         }
-        for seq in self.queue.fresh(now) {
+        for seq in self.link.queue.fresh(now) {
             if !self.link_ready() {
                 break;
             }
@@ -399,21 +449,21 @@ impl Dispatcher {
                 self.release(seq, item, now);
             }
         }
-        if let Some(at) = self.queue.settle() {
+        if let Some(at) = self.link.queue.settle() {
             self.set_timer(at, Timer::RampStall);
         }
     }
 
     /// Nothing released was answered for a while: more may go.
     pub(super) fn on_ramp_stall(&mut self, now: Instant) {
-        if self.queue.stalled(now) {
+        if self.link.queue.stalled(now) {
             self.release_queue(now);
         }
     }
 
     /// The server answered a request: while a ramp runs, more may go.
     pub(super) fn ramp_answered(&mut self, now: Instant) {
-        if self.queue.answered(now) {
+        if self.link.queue.answered(now) {
             self.release_queue(now);
         }
     }
@@ -453,7 +503,7 @@ impl Dispatcher {
     /// goes out.
     /// True if an outage ended.
     fn server_up(&mut self, now: Instant) -> bool {
-        let ended = self.recovery.up(now);
+        let ended = self.link.recovery.up(now);
         if let Some(took) = ended {
             let what = match self.remote() {
                 true => "reconnected to the MCP server",
@@ -470,10 +520,13 @@ impl Dispatcher {
 
     /// Sends the client's original `initialize` to a new incarnation.
     pub(super) fn replay_initialize(&mut self, now: Instant) {
-        let mut params = self.session.init_params.clone().unwrap_or_default();
+        let mut params = self.link.session.init_params.clone().unwrap_or_default();
         // A session begun from the cache asks for the version the client
         // was told: a server that still speaks it answers in it.
-        if let (true, Some(told)) = (self.instant_unchecked(), &self.session.protocol_version) {
+        if let (true, Some(told)) = (
+            self.instant_unchecked(),
+            &self.link.session.protocol_version,
+        ) {
             if let Some(asking) = super::instant::asking_for(&params, told) {
                 params = asking;
             }
@@ -486,7 +539,7 @@ impl Dispatcher {
         self.send_server(Outgoing::request(down, "initialize", line));
         // initialize is never cancelled; a server that does not answer it
         // in time is killed and counts as a failed start.
-        let generation = self.generation;
+        let generation = self.link.generation;
         self.set_timer(
             now + self.replay_wait(),
             Timer::ReplayTimeout { generation },
@@ -507,7 +560,7 @@ impl Dispatcher {
             .result()
             .and_then(RawObject::parse)
             .and_then(|r| r.string("protocolVersion"));
-        let problem = match (&version, &self.session.protocol_version) {
+        let problem = match (&version, &self.link.session.protocol_version) {
             (None, _) => Some(format!(
                 "it answered the replayed initialize with {}",
                 m.error().unwrap_or("no result")
@@ -528,12 +581,12 @@ impl Dispatcher {
         }
         if let Some(problem) = problem {
             warn!("the restarted server is not usable: {problem}; stopping it");
-            if let Connection::Up(c) = &mut self.link {
+            if let Connection::Up(c) = &mut self.link.state {
                 c.server.kill();
             }
             return;
         }
-        if self.session.initialized {
+        if self.link.session.initialized {
             let method = "notifications/initialized";
             let line = jsonrpc::notification_line(method, None);
             self.send_server(Outgoing::notification(method, line));
@@ -543,6 +596,7 @@ impl Dispatcher {
         // `resources/subscribe` sent while the server started would
         // otherwise reach it twice.
         let queued: Vec<(String, Option<&str>)> = self
+            .link
             .queue
             .items()
             .filter_map(|item| match item {
@@ -551,12 +605,12 @@ impl Dispatcher {
             })
             .collect();
         let mut replays: Vec<(&str, String)> = Vec::new();
-        if let Some(level) = &self.session.log_level {
+        if let Some(level) = &self.link.session.log_level {
             if !queued.iter().any(|(m, _)| m == "logging/setLevel") {
                 replays.push(("logging/setLevel", level.clone()));
             }
         }
-        for params in self.session.subscriptions.values() {
+        for params in self.link.session.subscriptions.values() {
             let pending = |(m, p): &(String, Option<&str>)| {
                 m == "resources/subscribe" && *p == Some(params.as_str())
             };
@@ -569,14 +623,14 @@ impl Dispatcher {
             let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
             self.send_server(Outgoing::request(down, method, line));
         }
-        if let Connection::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link.state {
             c.ready = true;
         }
-        self.recovery.handshaken();
+        self.link.recovery.handshaken();
         let back = self.server_up(now);
         self.flush_queue(back, now);
         self.fetch_deferred_tools(now);
-        if self.session.tools_list_changed {
+        if self.link.session.tools_list_changed {
             self.with_calls(now, |c, ctx, out| {
                 c.compare_tools_after_restart(ctx.link, out)
             });
@@ -590,18 +644,18 @@ impl Dispatcher {
             event,
             ServerEvent::Message(_) | ServerEvent::Garbage { .. } | ServerEvent::TooLong { .. }
         );
-        if let (Connection::Up(c), true) = (&mut self.link, from_output) {
+        if let (Connection::Up(c), true) = (&mut self.link.state, from_output) {
             // Any other news from its output means the overlong line ended.
             c.in_overlong = false;
         }
         match event {
             ServerEvent::Message(parsed) => {
                 let mut first_word = false;
-                if let Connection::Up(c) = &mut self.link {
+                if let Connection::Up(c) = &mut self.link.state {
                     first_word = !c.answered && c.ready;
                     c.answered = true;
                 }
-                if first_word && self.recovery.outage().is_some() {
+                if first_word && self.link.recovery.outage().is_some() {
                     // A server with no handshake to replay is back once it
                     // says something.
                     self.server_up(now);
@@ -619,12 +673,12 @@ impl Dispatcher {
                 }
             }
             ServerEvent::Overlong => {
-                let Connection::Up(c) = &mut self.link else {
+                let Connection::Up(c) = &mut self.link.state else {
                     return;
                 };
                 c.overlong_lines += 1;
                 c.in_overlong = true;
-                let (generation, line) = (self.generation, c.overlong_lines);
+                let (generation, line) = (self.link.generation, c.overlong_lines);
                 self.set_timer(
                     now + self.cfg.call_timeout,
                     Timer::OverlongLine { generation, line },
@@ -640,7 +694,7 @@ impl Dispatcher {
             ServerEvent::Draining => {
                 // New traffic waits for the next incarnation; what the old
                 // one sent is still read.
-                if let Connection::Up(c) = &mut self.link {
+                if let Connection::Up(c) = &mut self.link.state {
                     c.draining = true;
                 }
             }
@@ -652,7 +706,7 @@ impl Dispatcher {
     /// among them cannot have reached it. Call attempts fail as never sent
     /// (always safe to retry); client requests wait for the next server.
     fn on_unsent(&mut self, lines: Vec<Outgoing>, why: &str, now: Instant) {
-        if let Connection::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link.state {
             c.draining = true;
         }
         if lines.is_empty() {
@@ -662,7 +716,7 @@ impl Dispatcher {
             "{} message(s) were not taken by the server ({why}); its connection is being closed",
             lines.len()
         );
-        match self.recovery.outage() {
+        match self.link.recovery.outage() {
             // A probe's: the outage was already reported.
             Some(_) => debug!("{text}"),
             None => warn!("{text}"),
@@ -735,7 +789,7 @@ impl Dispatcher {
                         "the restarted server is not usable: {}; stopping it",
                         failure.message
                     );
-                    if let Connection::Up(c) = &mut self.link {
+                    if let Connection::Up(c) = &mut self.link.state {
                         c.server.kill();
                     }
                 }
@@ -797,14 +851,14 @@ impl Dispatcher {
     /// waited on it, then plan the next probe unless the session is ending.
     pub(super) fn on_link_gone(&mut self, gone: Gone, now: Instant) {
         let old = std::mem::replace(
-            &mut self.link,
+            &mut self.link.state,
             Connection::Down {
                 reason: Reason::ServerExited,
                 message: String::new(),
             },
         );
         let Connection::Up(conn) = old else {
-            self.link = old;
+            self.link.state = old;
             return;
         };
         let how = gone.how;
@@ -818,12 +872,12 @@ impl Dispatcher {
         }
         if stopping {
             debug!("{message}");
-            self.link = Connection::Down {
+            self.link.state = Connection::Down {
                 reason: Reason::ServerExited,
                 message: message.clone(),
             };
         } else {
-            match self.recovery.outage() {
+            match self.link.recovery.outage() {
                 // A probe that failed: the outage was already reported.
                 Some(_) => debug!("{message}"),
                 None => crate::error!("{message}"),
@@ -833,23 +887,23 @@ impl Dispatcher {
             // started, is probed at once: otherwise a server that crashes
             // on a rare call would be down for longer after every such call.
             if conn.served || now.saturating_duration_since(conn.started) >= STABLE_AFTER {
-                self.recovery.stable();
+                self.link.recovery.stable();
             }
             // While requests are re-planned below, they wait for the server.
-            self.link = Connection::Outage;
+            self.link.state = Connection::Outage;
         }
         let mut heal = gone.heal;
         if !stopping && !self.remote() {
-            let same = self.recovery.start_ended(Some(&how));
+            let same = self.link.recovery.start_ended(Some(&how));
             // `check` wants the truth now: one start tells it.
-            let (enough, fail_fast) = match self.check_mode {
+            let (enough, fail_fast) = match self.link.check_mode {
                 true => (1, true),
                 false => (CRASH_LOOP, self.cfg.fail_fast_at_start),
             };
             if same >= enough && fail_fast && heal == Heal::Wait {
                 // It will not come up by waiting: what waits is answered
                 // now, with its words; probes go on.
-                if !self.check_mode {
+                if !self.link.check_mode {
                     message.push_str(&format!(
                         "; it ended so at its last {same} starts, before answering initialize: check its command, arguments and environment (fail_fast_at_start: false waits for it instead)"
                     ));
@@ -933,7 +987,7 @@ impl Dispatcher {
     /// Answers everything queued: the server will not be there without
     /// someone fixing something.
     fn refuse_queue(&mut self, now: Instant) {
-        for seq in self.queue.seqs() {
+        for seq in self.link.queue.seqs() {
             self.queue_give_up(seq, now, "stopped waiting after");
         }
     }
@@ -942,12 +996,13 @@ impl Dispatcher {
     /// the next probe. What waits keeps waiting, unless what stopped the
     /// server needs fixing: then it is answered at once with what to fix.
     fn link_down(&mut self, message: String, heal: Heal, now: Instant) {
-        let waiting = !self.queue.is_empty() || self.calls.tools_deferred();
+        let waiting = !self.link.queue.is_empty() || self.calls.tools_deferred();
         let at = self
+            .link
             .recovery
-            .lost(message, heal, waiting, now, &mut self.rng);
-        self.restart_seq += 1;
-        let seq = self.restart_seq;
+            .lost(message, heal, waiting, now, &mut self.link.rng);
+        self.link.restart_seq += 1;
+        let seq = self.link.restart_seq;
         self.set_timer(at, Timer::Restart { seq });
         let delay = at.saturating_duration_since(now);
         if !delay.is_zero() {
@@ -968,7 +1023,7 @@ impl Dispatcher {
 
     /// The probe timer fired.
     pub(super) fn on_probe_due(&mut self, seq: u64, now: Instant) {
-        if seq == self.restart_seq && matches!(self.link, Connection::Outage) {
+        if seq == self.link.restart_seq && matches!(self.link.state, Connection::Outage) {
             self.calls.count_restart();
             self.stats_dirty();
             self.traced(|t| t.respawned(now));
@@ -980,12 +1035,12 @@ impl Dispatcher {
     /// behind a line that is dropped anyway), so it is stopped and, like
     /// after a crash, started again.
     pub(super) fn on_overlong_line(&mut self, generation: u64, line: u64) {
-        if generation != self.generation {
+        if generation != self.link.generation {
             return;
         }
         let secs = self.cfg.call_timeout.as_secs_f64();
         let max = self.cfg.max_message_bytes;
-        if let Connection::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link.state {
             if c.in_overlong && c.overlong_lines == line {
                 warn!(
                     "the server has been writing one line over max_message_bytes ({max}) for {secs:.1}s; its output is unusable; stopping it"
@@ -997,10 +1052,10 @@ impl Dispatcher {
 
     /// The replayed initialize was not answered in time.
     pub(super) fn on_replay_timeout(&mut self, generation: u64) {
-        if generation != self.generation {
+        if generation != self.link.generation {
             return;
         }
-        if let Connection::Up(c) = &mut self.link {
+        if let Connection::Up(c) = &mut self.link.state {
             if !c.ready {
                 warn!("the restarted server did not answer initialize in time; stopping it");
                 c.server.kill();
@@ -1016,7 +1071,7 @@ impl Dispatcher {
     /// [`RESERVE`] past its backlog's limit; past that they are dropped
     /// and logged (true: nothing for the caller to do).
     pub(super) fn send_server(&mut self, out: Outgoing) -> bool {
-        let Connection::Up(c) = &mut self.link else {
+        let Connection::Up(c) = &mut self.link.state else {
             return false;
         };
         if let Some(b) = &c.backlog {
@@ -1045,7 +1100,7 @@ impl Dispatcher {
     /// in the backlog can be withdrawn until it is written
     /// ([`Dispatcher::withdraw`]).
     pub(super) fn send_server_request(&mut self, out: Outgoing) -> SendResult {
-        let Connection::Up(c) = &mut self.link else {
+        let Connection::Up(c) = &mut self.link.state else {
             return SendResult::Closed;
         };
         if let Some(b) = &c.backlog {
@@ -1079,10 +1134,14 @@ impl Dispatcher {
     /// Whether the server is expected back: it is starting, or down for a
     /// reason waiting may heal, and requests wait for it.
     pub(super) fn link_restarting(&self) -> bool {
-        match &self.link {
+        match &self.link.state {
             Connection::Outage => {
                 !self.wait_for_server().is_zero()
-                    && self.recovery.outage().is_none_or(|o| o.heal == Heal::Wait)
+                    && self
+                        .link
+                        .recovery
+                        .outage()
+                        .is_none_or(|o| o.heal == Heal::Wait)
             }
             Connection::Up(c) => !c.ready || c.draining,
             Connection::Down { .. } => false,
@@ -1092,15 +1151,15 @@ impl Dispatcher {
     /// The incarnation that would answer a request sent now (the next one
     /// while restarting).
     pub(super) fn generation_to_ask(&self) -> u64 {
-        match self.link {
-            Connection::Up(_) => self.generation,
-            _ => self.generation + 1,
+        match self.link.state {
+            Connection::Up(_) => self.link.generation,
+            _ => self.link.generation + 1,
         }
     }
 
     /// Whether the link can carry the proxy's own requests now.
     pub(super) fn link_ready(&self) -> bool {
-        matches!(&self.link, Connection::Up(c) if c.ready && !c.draining)
+        matches!(&self.link.state, Connection::Up(c) if c.ready && !c.draining)
     }
 }
 

@@ -30,11 +30,11 @@ impl Dispatcher {
 
     /// The link, breaker and load as `status` shows them.
     pub(super) fn headline(&self) -> Headline {
-        let (link, link_until) = match &self.link {
+        let (link, link_until) = match &self.link.state {
             Connection::Up(_) if self.link_ready() => (LinkState::Up, None),
-            Connection::Up(_) if self.generation <= 1 => (LinkState::Starting, None),
+            Connection::Up(_) if self.link.generation <= 1 => (LinkState::Starting, None),
             Connection::Up(_) => (LinkState::Restarting, None),
-            Connection::Outage => (LinkState::Restarting, self.recovery.next_probe()),
+            Connection::Outage => (LinkState::Restarting, self.link.recovery.next_probe()),
             Connection::Down { .. } => (LinkState::Down, None),
         };
         let (breaker, breaker_until) = match self.calls.breaker_state() {
@@ -47,7 +47,7 @@ impl Dispatcher {
             link_until,
             breaker,
             breaker_until,
-            restarts: self.generation.saturating_sub(1),
+            restarts: self.link.generation.saturating_sub(1),
             in_flight: self.calls.len() as u64,
             from_cache: self.instant.as_ref().is_some_and(|i| i.from_cache),
             ready_at: self.reporting.ready_at(),
@@ -79,7 +79,7 @@ impl Dispatcher {
             return;
         }
         let headline = self.headline();
-        let message = match (&self.link, self.recovery.outage()) {
+        let message = match (&self.link.state, self.link.recovery.outage()) {
             (Connection::Down { message, .. }, _) => Some(message.clone()),
             (_, Some(o)) => Some(o.message.clone()),
             (_, None) => self.instant_note(),
