@@ -303,7 +303,7 @@ impl Dispatcher {
         let cfg = Arc::new(cfg);
         Dispatcher {
             to_client,
-            link: Link::new(connect, events),
+            link: Link::new(cfg.clone(), connect, events),
             requests: Requests::default(),
             timers: Timers::default(),
             phase: Phase::Running,
@@ -510,7 +510,7 @@ impl Dispatcher {
             Timer::OtelFlush => self.on_otel_flush_due(now),
             Timer::StatusPublish => self.on_status_due(now),
             Timer::Restart { seq } => self.on_probe_due(seq, now),
-            Timer::ReplayTimeout { generation } => self.on_replay_timeout(generation),
+            Timer::ReplayTimeout { generation } => self.link.on_replay_timeout(generation),
             Timer::QueueExpired { seq } => self.on_queue_expired(seq, now),
             Timer::FirstInitialize { down } => self.on_first_initialize_due(down, now),
             Timer::RampStall => self.on_ramp_stall(now),
@@ -520,12 +520,14 @@ impl Dispatcher {
                 if self.link.session.has_tools
                     && self.calls.tools_unknown()
                     && !client_listing
-                    && self.link_ready()
+                    && self.link.ready()
                 {
                     self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
                 }
             }
-            Timer::OverlongLine { generation, line } => self.on_overlong_line(generation, line),
+            Timer::OverlongLine { generation, line } => {
+                self.link.on_overlong_line(generation, line)
+            }
             Timer::ToolsListTimeout { down } => self.on_tools_list_timeout(down, now),
             Timer::ListingTimeout { down } => self.on_listing_timeout(down),
             Timer::Call(t) => {
@@ -565,9 +567,7 @@ impl Dispatcher {
         if let Phase::Stopping { .. } = self.phase {
             if signal.is_some() {
                 // A second signal: stop waiting.
-                if let Connection::Up(c) = &mut self.link.state {
-                    c.server.kill();
-                }
+                self.link.kill();
             }
             return;
         }
@@ -867,7 +867,7 @@ impl Dispatcher {
         if kind == Method::Initialize && !self.link.recovery.is_handshaken() {
             // Before the first handshake a server that never answers is
             // waited for as long as one that is down.
-            let (_, until) = waited.unwrap_or((now, self.wait_until(now)));
+            let (_, until) = waited.unwrap_or((now, self.link.wait_until(now)));
             self.set_timer(until.max(now), Timer::FirstInitialize { down });
         }
         if let SendResult::Overloaded(message) = self.send_server_request(out) {
@@ -907,7 +907,7 @@ impl Dispatcher {
                 if method == "notifications/initialized"
                     && self.link.session.init_params.is_some() => {}
             Route::Queue => {
-                let expires = self.wait_until(now);
+                let expires = self.link.wait_until(now);
                 if self
                     .enqueue(
                         Queued::Notification(Outgoing::notification(&method, m.into_line())),
@@ -1112,9 +1112,7 @@ impl Dispatcher {
             Some(Inflight::Replay(step)) => {
                 if step == ReplayStep::Initialize {
                     warn!("the restarted server is not usable: {message}; stopping it");
-                    if let Connection::Up(c) = &mut self.link.state {
-                        c.server.kill();
-                    }
+                    self.link.kill();
                 }
             }
             None => {

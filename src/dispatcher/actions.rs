@@ -17,7 +17,7 @@ use crate::jsonrpc::{self, Message};
 use crate::warn;
 
 use super::calls::{Action, Arrival, Calls, Ctx, LinkView, Trace};
-use super::link::{Queued, Route, SendResult};
+use super::link::{Effect, Link, Queued, Route, SendResult};
 use super::{CallError, Dispatcher, Inflight, Method, Reason, Timer};
 
 /// The largest action buffer kept between runs: what an ordinary event
@@ -53,14 +53,35 @@ impl Dispatcher {
         r
     }
 
+    /// Runs `f` on the link at `now`, then carries out the effects it
+    /// pushed, in order.
+    pub(super) fn with_link<R>(
+        &mut self,
+        now: Instant,
+        f: impl FnOnce(&mut Link, &mut Vec<Effect>) -> R,
+    ) -> R {
+        let mut out = Vec::new();
+        let r = f(&mut self.link, &mut out);
+        for effect in out {
+            self.carry_out_link(effect, now);
+        }
+        r
+    }
+
+    fn carry_out_link(&mut self, effect: Effect, _now: Instant) {
+        match effect {
+            Effect::Timer(at, timer) => self.set_timer(at, timer),
+        }
+    }
+
     /// What the calls must know of the link now.
     fn link_view(&self) -> LinkView {
-        let ready = self.link_ready();
+        let ready = self.link.ready();
         LinkView {
             ready,
-            reachable: ready || self.link_restarting(),
+            reachable: ready || self.link.restarting(),
             initialized: self.link.session.initialized || self.link.session.modern_meta.is_some(),
-            generation: self.generation_to_ask(),
+            generation: self.link.generation_to_ask(),
             paused: self.requests.paused(),
         }
     }
@@ -108,7 +129,7 @@ impl Dispatcher {
     /// reached. With the link ready, one run of the calls admits and
     /// records it, under the id issued next.
     pub(super) fn start_attempt(&mut self, id: u64, now: Instant) {
-        if self.link_ready() {
+        if self.link.ready() {
             let down = self.requests.next_attempt_id();
             if self.with_calls(now, |c, ctx, out| c.start(id, down, ctx, out)) {
                 let issued = self.requests.issue_attempt();
@@ -148,7 +169,7 @@ impl Dispatcher {
                         self.with_calls(now, |c, ctx, out| c.wait_began(id, ctx, out));
                     }
                     None => {
-                        let message = self.queue_full_message();
+                        let message = self.link.queue_full_message();
                         let error = CallError::proxy(Reason::ServerUnavailable, message, &[]);
                         self.with_calls(now, |c, ctx, out| c.fail(id, &error, ctx, out));
                     }
@@ -165,7 +186,7 @@ impl Dispatcher {
     /// How long call `id` may wait for the server from `now`:
     /// `wait_for_server`, and never past its deadline.
     fn call_wait_until(&self, id: u64, now: Instant) -> Instant {
-        let wait = self.wait_until(now);
+        let wait = self.link.wait_until(now);
         self.calls.deadline(id).map_or(wait, |d| d.min(wait))
     }
 

@@ -772,7 +772,7 @@ impl Dispatcher {
     /// The link is ready and the session initialized: ask for the lists
     /// still to be read.
     pub(super) fn instant_read_lists(&mut self, now: Instant) {
-        if !self.link.session.initialized || !self.link_ready() {
+        if !self.link.session.initialized || !self.link.ready() {
             return;
         }
         let Some(instant) = self.instant.as_mut() else {

@@ -45,13 +45,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::config::Transport;
+use crate::config::{ServerConfig, Transport};
 use crate::downstream::{
     Downstream, Failure as TransportFailure, Gone, Heal, Outgoing, Sent, ServerEvent, StartError,
 };
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::policy::recovery::{Recovery, CRASH_LOOP};
-use crate::stdio::Backlog;
+use crate::stdio::{Backlog, Withdraw};
 use crate::{debug, info, warn};
 
 use super::calls::Failure;
@@ -80,9 +80,17 @@ pub(super) enum SendResult {
     Overloaded(String),
 }
 
+/// What the link asks the dispatcher to do, in order.
+#[derive(Debug)]
+pub(super) enum Effect {
+    /// Set this timer.
+    Timer(Instant, Timer),
+}
+
 /// The server link: what the dispatcher knows of the server and does to
 /// reach it.
 pub(super) struct Link {
+    cfg: Arc<ServerConfig>,
     /// Opens a connection to the server.
     pub(super) connect: Connector,
     /// Where the transport reports.
@@ -106,8 +114,9 @@ pub(super) struct Link {
 }
 
 impl Link {
-    pub(super) fn new(connect: Connector, events: Sender<Event>) -> Link {
+    pub(super) fn new(cfg: Arc<ServerConfig>, connect: Connector, events: Sender<Event>) -> Link {
         Link {
+            cfg,
             connect,
             events,
             state: Connection::Down {
@@ -122,6 +131,217 @@ impl Link {
             check_mode: false,
             rng: fastrand::Rng::new(),
         }
+    }
+
+    /// Whether the server is a remote one (words: "reconnecting to", not
+    /// "restarting").
+    pub(super) fn remote(&self) -> bool {
+        self.cfg.transport == Transport::Http
+    }
+
+    /// Where traffic for the server goes right now: to it, into the queue
+    /// (it is starting, or down and may come back: the next probe is
+    /// brought forward), or nowhere (the session ends, `wait_for_server`
+    /// is 0, or what stopped it needs fixing).
+    pub(super) fn route(&mut self, now: Instant, out: &mut Vec<Effect>) -> Route {
+        match &self.state {
+            Connection::Up(c) if c.ready && !c.draining => Route::Send,
+            // Starting, or exited with its last answers still being read:
+            // a new incarnation follows.
+            Connection::Up(_) => Route::Queue,
+            Connection::Outage => {
+                let (message, heal) = match self.recovery.outage() {
+                    Some(o) => (o.message.clone(), o.heal),
+                    None => (String::new(), Heal::Wait),
+                };
+                if heal == Heal::Fix {
+                    return Route::Refuse(Reason::ServerUnavailable, message);
+                }
+                if self.wait_for_server().is_zero() {
+                    return Route::Refuse(
+                        Reason::ServerUnavailable,
+                        format!("{message}; not waiting for it (wait_for_server is 0)"),
+                    );
+                }
+                self.hurry_probe(now, out);
+                Route::Queue
+            }
+            Connection::Down { reason, message } => Route::Refuse(*reason, message.clone()),
+        }
+    }
+
+    /// Something waits for the server: the next probe comes as soon as the
+    /// probe schedule allows.
+    fn hurry_probe(&mut self, now: Instant, out: &mut Vec<Effect>) {
+        if let Some(at) = self.recovery.hurry(now, &mut self.rng) {
+            self.restart_seq += 1;
+            let seq = self.restart_seq;
+            out.push(Effect::Timer(at, Timer::Restart { seq }));
+        }
+    }
+
+    /// How long something that starts waiting now may wait.
+    pub(super) fn wait_until(&self, now: Instant) -> Instant {
+        crate::policy::instant_add(now, self.wait_for_server())
+    }
+
+    /// `wait_for_server`, or [`FIRST_WAIT`] at most before the session's
+    /// first handshake when the config does not set it.
+    pub(super) fn wait_for_server(&self) -> Duration {
+        let wait = self.cfg.wait_for_server;
+        match self.cfg.wait_for_server_set || self.recovery.is_handshaken() {
+            true => wait,
+            false => wait.min(FIRST_WAIT),
+        }
+    }
+
+    /// Why a request cannot wait for the server: too many do.
+    pub(super) fn queue_full_message(&self) -> &'static str {
+        match self.remote() {
+            true => "the proxy is reconnecting to the MCP server and too many requests are waiting",
+            false => "the MCP server is restarting and too many requests are waiting",
+        }
+    }
+
+    /// Why the server is not there, for a message.
+    pub(super) fn message(&self) -> String {
+        match (&self.state, self.recovery.outage()) {
+            (Connection::Down { message, .. }, _) => message.clone(),
+            (_, Some(o)) => o.message.clone(),
+            (Connection::Up(_), None) if self.remote() => "the proxy is reconnecting to it".into(),
+            _ => "it is starting".into(),
+        }
+    }
+
+    /// Stops the current incarnation now, if there is one.
+    pub(super) fn kill(&mut self) {
+        if let Connection::Up(c) = &mut self.state {
+            c.server.kill();
+        }
+    }
+
+    /// A line over `max_message_bytes` was still being written after
+    /// `call_timeout`: the server's output is unusable (every answer waits
+    /// behind a line that is dropped anyway), so it is stopped and, like
+    /// after a crash, started again.
+    pub(super) fn on_overlong_line(&mut self, generation: u64, line: u64) {
+        if generation != self.generation {
+            return;
+        }
+        let secs = self.cfg.call_timeout.as_secs_f64();
+        let max = self.cfg.max_message_bytes;
+        if let Connection::Up(c) = &mut self.state {
+            if c.in_overlong && c.overlong_lines == line {
+                warn!(
+                    "the server has been writing one line over max_message_bytes ({max}) for {secs:.1}s; its output is unusable; stopping it"
+                );
+                c.server.kill();
+            }
+        }
+    }
+
+    /// The replayed initialize was not answered in time.
+    pub(super) fn on_replay_timeout(&mut self, generation: u64) {
+        if generation != self.generation {
+            return;
+        }
+        if let Connection::Up(c) = &mut self.state {
+            if !c.ready {
+                warn!("the restarted server did not answer initialize in time; stopping it");
+                c.server.kill();
+            }
+        }
+    }
+
+    /// Sends a line that is not a request (a notification, a cancel, an
+    /// answer to the server's request) or one of the proxy's own requests
+    /// to the current incarnation (`eager`: written at once if it can be);
+    /// false if there is none, or it takes no more input (new traffic then
+    /// waits for the next one). A server that is not reading its input gets
+    /// such lines within a reserve of [`RESERVE`] past its backlog's limit;
+    /// past that they are dropped and logged (true: nothing for the caller
+    /// to do).
+    pub(super) fn send(&mut self, out: Outgoing, eager: bool) -> bool {
+        let Connection::Up(c) = &mut self.state else {
+            return false;
+        };
+        if let Some(b) = &c.backlog {
+            let len = out.bytes.len();
+            if b.queued().saturating_add(len) > b.limit().saturating_add(RESERVE) {
+                warn!(
+                    "dropped a message of {len} bytes for the server: it is not reading its input ({} bytes wait for it)",
+                    b.queued()
+                );
+                return true;
+            }
+        }
+        let sent = match eager {
+            true => c.server.send_now(out),
+            false => c.server.send(out),
+        };
+        if !sent {
+            c.draining = true;
+        }
+        sent
+    }
+
+    /// Sends a client's request (or a call's attempt), `out` (a request).
+    /// A server whose input backlog is over its limit (it is not reading)
+    /// gets no new request: [`SendResult::Overloaded`]. A line that waits
+    /// in the backlog comes with the handle that withdraws it until it is
+    /// written.
+    pub(super) fn send_request(
+        &mut self,
+        out: Outgoing,
+        eager: bool,
+    ) -> (SendResult, Option<Withdraw>) {
+        let Connection::Up(c) = &mut self.state else {
+            return (SendResult::Closed, None);
+        };
+        if let Some(b) = &c.backlog {
+            if b.queued() > b.limit() {
+                let message = format!(
+                    "the MCP server is not reading its input ({} bytes wait for it); the request was not sent",
+                    b.queued()
+                );
+                return (SendResult::Overloaded(message), None);
+            }
+        }
+        match c.server.send_request(out, eager) {
+            Sent::Closed => {
+                c.draining = true;
+                (SendResult::Closed, None)
+            }
+            Sent::Written => (SendResult::Sent, None),
+            Sent::Queued(w) => (SendResult::Sent, Some(w)),
+        }
+    }
+
+    /// Whether the server is expected back: it is starting, or down for a
+    /// reason waiting may heal, and requests wait for it.
+    pub(super) fn restarting(&self) -> bool {
+        match &self.state {
+            Connection::Outage => {
+                !self.wait_for_server().is_zero()
+                    && self.recovery.outage().is_none_or(|o| o.heal == Heal::Wait)
+            }
+            Connection::Up(c) => !c.ready || c.draining,
+            Connection::Down { .. } => false,
+        }
+    }
+
+    /// The incarnation that would answer a request sent now (the next one
+    /// while restarting).
+    pub(super) fn generation_to_ask(&self) -> u64 {
+        match self.state {
+            Connection::Up(_) => self.generation,
+            _ => self.generation + 1,
+        }
+    }
+
+    /// Whether the link can carry the proxy's own requests now.
+    pub(super) fn ready(&self) -> bool {
+        matches!(&self.state, Connection::Up(c) if c.ready && !c.draining)
     }
 }
 
@@ -221,7 +441,7 @@ impl Dispatcher {
         self.link.recovery.probe_started(now);
         match (self.link.connect)(&self.cfg, generation, self.link.events.clone()) {
             Ok(server) => {
-                match (self.link.recovery.outage().is_some(), self.remote()) {
+                match (self.link.recovery.outage().is_some(), self.link.remote()) {
                     (false, true) => info!("connecting to {}", server.describe()),
                     (false, false) => info!("started {}", server.describe()),
                     (true, true) => debug!("reconnecting to {}", server.describe()),
@@ -261,53 +481,6 @@ impl Dispatcher {
         }
     }
 
-    /// Whether the server is a remote one (words: "reconnecting to", not
-    /// "restarting").
-    pub(super) fn remote(&self) -> bool {
-        self.cfg.transport == Transport::Http
-    }
-
-    /// Where traffic for the server goes right now: to it, into the queue
-    /// (it is starting, or down and may come back: the next probe is
-    /// brought forward), or nowhere (the session ends, `wait_for_server`
-    /// is 0, or what stopped it needs fixing).
-    pub(super) fn route(&mut self, now: Instant) -> Route {
-        match &self.link.state {
-            Connection::Up(c) if c.ready && !c.draining => Route::Send,
-            // Starting, or exited with its last answers still being read:
-            // a new incarnation follows.
-            Connection::Up(_) => Route::Queue,
-            Connection::Outage => {
-                let (message, heal) = match self.link.recovery.outage() {
-                    Some(o) => (o.message.clone(), o.heal),
-                    None => (String::new(), Heal::Wait),
-                };
-                if heal == Heal::Fix {
-                    return Route::Refuse(Reason::ServerUnavailable, message);
-                }
-                if self.wait_for_server().is_zero() {
-                    return Route::Refuse(
-                        Reason::ServerUnavailable,
-                        format!("{message}; not waiting for it (wait_for_server is 0)"),
-                    );
-                }
-                self.hurry_probe(now);
-                Route::Queue
-            }
-            Connection::Down { reason, message } => Route::Refuse(*reason, message.clone()),
-        }
-    }
-
-    /// Something waits for the server: the next probe comes as soon as the
-    /// probe schedule allows.
-    fn hurry_probe(&mut self, now: Instant) {
-        if let Some(at) = self.link.recovery.hurry(now, &mut self.link.rng) {
-            self.link.restart_seq += 1;
-            let seq = self.link.restart_seq;
-            self.set_timer(at, Timer::Restart { seq });
-        }
-    }
-
     /// Puts `item` in the queue, waiting since `since` and until `expires`
     /// at the latest; `None` when the queue is full.
     pub(super) fn enqueue(
@@ -319,21 +492,6 @@ impl Dispatcher {
         let seq = self.link.queue.push(item, since)?;
         self.set_timer(expires, Timer::QueueExpired { seq });
         Some(seq)
-    }
-
-    /// How long something that starts waiting now may wait.
-    pub(super) fn wait_until(&self, now: Instant) -> Instant {
-        crate::policy::instant_add(now, self.wait_for_server())
-    }
-
-    /// `wait_for_server`, or [`FIRST_WAIT`] at most before the session's
-    /// first handshake when the config does not set it.
-    fn wait_for_server(&self) -> Duration {
-        let wait = self.cfg.wait_for_server;
-        match self.cfg.wait_for_server_set || self.link.recovery.is_handshaken() {
-            true => wait,
-            false => wait.min(FIRST_WAIT),
-        }
     }
 
     /// The client's `initialize`, sent before the session's first
@@ -352,7 +510,7 @@ impl Dispatcher {
             .map_or(now, |(since, _)| since);
         let waited = now
             .saturating_duration_since(since)
-            .max(self.wait_for_server());
+            .max(self.link.wait_for_server());
         let what = match &self.link.state {
             Connection::Up(c) => c.server.describe(),
             _ => "the MCP server".to_owned(),
@@ -384,7 +542,7 @@ impl Dispatcher {
         };
         let message = format!(
             "the MCP server is not available ({}); {what} {} for it",
-            self.link_message(),
+            self.link.message(),
             super::calls::secs(now.saturating_duration_since(since))
         );
         match item {
@@ -397,23 +555,6 @@ impl Dispatcher {
                 self.with_calls(now, |c, ctx, out| c.gave_up_waiting(id, &error, ctx, out));
             }
             Queued::Notification(_) => debug!("dropped a queued notification"),
-        }
-    }
-
-    /// Why a request cannot wait for the server: too many do.
-    pub(super) fn queue_full_message(&self) -> &'static str {
-        match self.remote() {
-            true => "the proxy is reconnecting to the MCP server and too many requests are waiting",
-            false => "the MCP server is restarting and too many requests are waiting",
-        }
-    }
-
-    fn link_message(&self) -> String {
-        match (&self.link.state, self.link.recovery.outage()) {
-            (Connection::Down { message, .. }, _) => message.clone(),
-            (_, Some(o)) => o.message.clone(),
-            (Connection::Up(_), None) if self.remote() => "the proxy is reconnecting to it".into(),
-            _ => "it is starting".into(),
         }
     }
 
@@ -433,7 +574,7 @@ impl Dispatcher {
     /// once, and so does what waited less than `ramp::FRESH` (it just
     /// missed the connection).
     pub(super) fn release_queue(&mut self, now: Instant) {
-        while self.link_ready() {
+        while self.link.ready() {
             let Some((seq, item)) = self.link.queue.pop_releasable() else {
                 break;
             };
@@ -442,7 +583,7 @@ impl Dispatcher {
             }
         }
         for seq in self.link.queue.fresh(now) {
-            if !self.link_ready() {
+            if !self.link.ready() {
                 break;
             }
             if let Some(item) = self.unqueue(seq) {
@@ -505,7 +646,7 @@ impl Dispatcher {
     fn server_up(&mut self, now: Instant) -> bool {
         let ended = self.link.recovery.up(now);
         if let Some(took) = ended {
-            let what = match self.remote() {
+            let what = match self.link.remote() {
                 true => "reconnected to the MCP server",
                 false => "the restarted MCP server is ready",
             };
@@ -581,9 +722,7 @@ impl Dispatcher {
         }
         if let Some(problem) = problem {
             warn!("the restarted server is not usable: {problem}; stopping it");
-            if let Connection::Up(c) = &mut self.link.state {
-                c.server.kill();
-            }
+            self.link.kill();
             return;
         }
         if self.link.session.initialized {
@@ -789,9 +928,7 @@ impl Dispatcher {
                         "the restarted server is not usable: {}; stopping it",
                         failure.message
                     );
-                    if let Connection::Up(c) = &mut self.link.state {
-                        c.server.kill();
-                    }
+                    self.link.kill();
                 }
             }
             Resolved::Calls | Resolved::Never if failure.invalid => {
@@ -893,7 +1030,7 @@ impl Dispatcher {
             self.link.state = Connection::Outage;
         }
         let mut heal = gone.heal;
-        if !stopping && !self.remote() {
+        if !stopping && !self.link.remote() {
             let same = self.link.recovery.start_ended(Some(&how));
             // `check` wants the truth now: one start tells it.
             let (enough, fail_fast) = match self.link.check_mode {
@@ -969,7 +1106,7 @@ impl Dispatcher {
         now: Instant,
     ) {
         let window = self.requests.waited(&client_id);
-        let (since, expires) = window.unwrap_or((now, self.wait_until(now)));
+        let (since, expires) = window.unwrap_or((now, self.link.wait_until(now)));
         let item = Queued::Request {
             m,
             client_id: client_id.clone(),
@@ -978,7 +1115,7 @@ impl Dispatcher {
         match self.enqueue(item, since, expires.max(now)) {
             Some(seq) => self.requests.queued(&client_id, seq, since, expires),
             None => {
-                let msg = self.queue_full_message();
+                let msg = self.link.queue_full_message();
                 self.answer_proxy_error(&client_id, Reason::ServerUnavailable, msg);
             }
         }
@@ -1006,7 +1143,7 @@ impl Dispatcher {
         self.set_timer(at, Timer::Restart { seq });
         let delay = at.saturating_duration_since(now);
         if !delay.is_zero() {
-            let what = match self.remote() {
+            let what = match self.link.remote() {
                 true => format!(
                     "reconnecting to {}",
                     crate::http::display_url(&self.cfg.url)
@@ -1030,136 +1167,32 @@ impl Dispatcher {
             self.start_server(now);
         }
     }
-    /// A line over `max_message_bytes` was still being written after
-    /// `call_timeout`: the server's output is unusable (every answer waits
-    /// behind a line that is dropped anyway), so it is stopped and, like
-    /// after a crash, started again.
-    pub(super) fn on_overlong_line(&mut self, generation: u64, line: u64) {
-        if generation != self.link.generation {
-            return;
-        }
-        let secs = self.cfg.call_timeout.as_secs_f64();
-        let max = self.cfg.max_message_bytes;
-        if let Connection::Up(c) = &mut self.link.state {
-            if c.in_overlong && c.overlong_lines == line {
-                warn!(
-                    "the server has been writing one line over max_message_bytes ({max}) for {secs:.1}s; its output is unusable; stopping it"
-                );
-                c.server.kill();
-            }
-        }
+
+    /// Where traffic for the server goes right now ([`Link::route`]).
+    pub(super) fn route(&mut self, now: Instant) -> Route {
+        self.with_link(now, |link, out| link.route(now, out))
     }
 
-    /// The replayed initialize was not answered in time.
-    pub(super) fn on_replay_timeout(&mut self, generation: u64) {
-        if generation != self.link.generation {
-            return;
-        }
-        if let Connection::Up(c) = &mut self.link.state {
-            if !c.ready {
-                warn!("the restarted server did not answer initialize in time; stopping it");
-                c.server.kill();
-            }
-        }
-    }
-
-    /// Sends a line that is not a request (a notification, a cancel, an
-    /// answer to the server's request) or one of the proxy's own requests
-    /// to the current incarnation; false if there is none, or it takes no
-    /// more input (new traffic then waits for the next one). A server that
-    /// is not reading its input gets such lines within a reserve of
-    /// [`RESERVE`] past its backlog's limit; past that they are dropped
-    /// and logged (true: nothing for the caller to do).
+    /// Sends `out` to the current incarnation ([`Link::send`]).
     pub(super) fn send_server(&mut self, out: Outgoing) -> bool {
-        let Connection::Up(c) = &mut self.link.state else {
-            return false;
-        };
-        if let Some(b) = &c.backlog {
-            let len = out.bytes.len();
-            if b.queued().saturating_add(len) > b.limit().saturating_add(RESERVE) {
-                warn!(
-                    "dropped a message of {len} bytes for the server: it is not reading its input ({} bytes wait for it)",
-                    b.queued()
-                );
-                return true;
-            }
-        }
-        let sent = match self.eager {
-            true => c.server.send_now(out),
-            false => c.server.send(out),
-        };
-        if !sent {
-            c.draining = true;
+        self.link.send(out, self.eager)
+    }
+
+    /// Sends a request ([`Link::send_request`]); a line that waits to be
+    /// written can be withdrawn ([`Dispatcher::withdraw`]) until it is.
+    pub(super) fn send_server_request(&mut self, out: Outgoing) -> SendResult {
+        let down = out.request_id().unwrap_or_default();
+        let (sent, withdraw) = self.link.send_request(out, self.eager);
+        if let Some(w) = withdraw {
+            self.requests.unwritten(down, w);
         }
         sent
-    }
-
-    /// Sends a client's request (or a call's attempt), `out` (a request).
-    /// A server whose input backlog is over its limit (it is not reading)
-    /// gets no new request: [`SendResult::Overloaded`]. A line that waits
-    /// in the backlog can be withdrawn until it is written
-    /// ([`Dispatcher::withdraw`]).
-    pub(super) fn send_server_request(&mut self, out: Outgoing) -> SendResult {
-        let Connection::Up(c) = &mut self.link.state else {
-            return SendResult::Closed;
-        };
-        if let Some(b) = &c.backlog {
-            if b.queued() > b.limit() {
-                return SendResult::Overloaded(format!(
-                    "the MCP server is not reading its input ({} bytes wait for it); the request was not sent",
-                    b.queued()
-                ));
-            }
-        }
-        let down = out.request_id().unwrap_or_default();
-        match c.server.send_request(out, self.eager) {
-            Sent::Closed => {
-                c.draining = true;
-                SendResult::Closed
-            }
-            Sent::Written => SendResult::Sent,
-            Sent::Queued(w) => {
-                self.requests.unwritten(down, w);
-                SendResult::Sent
-            }
-        }
     }
 
     /// Withdraws request `down` if its line still waits to be written:
     /// true if it never will be (the server never sees it).
     pub(super) fn withdraw(&mut self, down: u64) -> bool {
         self.requests.withdraw(down)
-    }
-
-    /// Whether the server is expected back: it is starting, or down for a
-    /// reason waiting may heal, and requests wait for it.
-    pub(super) fn link_restarting(&self) -> bool {
-        match &self.link.state {
-            Connection::Outage => {
-                !self.wait_for_server().is_zero()
-                    && self
-                        .link
-                        .recovery
-                        .outage()
-                        .is_none_or(|o| o.heal == Heal::Wait)
-            }
-            Connection::Up(c) => !c.ready || c.draining,
-            Connection::Down { .. } => false,
-        }
-    }
-
-    /// The incarnation that would answer a request sent now (the next one
-    /// while restarting).
-    pub(super) fn generation_to_ask(&self) -> u64 {
-        match self.link.state {
-            Connection::Up(_) => self.link.generation,
-            _ => self.link.generation + 1,
-        }
-    }
-
-    /// Whether the link can carry the proxy's own requests now.
-    pub(super) fn link_ready(&self) -> bool {
-        matches!(&self.link.state, Connection::Up(c) if c.ready && !c.draining)
     }
 }
 

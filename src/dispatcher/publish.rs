@@ -31,7 +31,7 @@ impl Dispatcher {
     /// The link, breaker and load as `status` shows them.
     pub(super) fn headline(&self) -> Headline {
         let (link, link_until) = match &self.link.state {
-            Connection::Up(_) if self.link_ready() => (LinkState::Up, None),
+            Connection::Up(_) if self.link.ready() => (LinkState::Up, None),
             Connection::Up(_) if self.link.generation <= 1 => (LinkState::Starting, None),
             Connection::Up(_) => (LinkState::Restarting, None),
             Connection::Outage => (LinkState::Restarting, self.link.recovery.next_probe()),
