@@ -68,9 +68,10 @@ impl Dispatcher {
         r
     }
 
-    fn carry_out_link(&mut self, effect: Effect, _now: Instant) {
+    fn carry_out_link(&mut self, effect: Effect, now: Instant) {
         match effect {
             Effect::Timer(at, timer) => self.set_timer(at, timer),
+            Effect::Unanswered(line, failure) => self.on_unanswered(line, failure, now),
         }
     }
 

@@ -85,6 +85,9 @@ pub(super) enum SendResult {
 pub(super) enum Effect {
     /// Set this timer.
     Timer(Instant, Timer),
+    /// This request of ours was not acted on by the server, for this
+    /// reason (never sent, refused).
+    Unanswered(Outgoing, Failure),
 }
 
 /// The server link: what the dispatcher knows of the server and does to
@@ -342,6 +345,45 @@ impl Link {
     /// Whether the link can carry the proxy's own requests now.
     pub(super) fn ready(&self) -> bool {
         matches!(&self.state, Connection::Up(c) if c.ready && !c.draining)
+    }
+
+    /// Lines the server was never given (its input failed): the requests
+    /// among them cannot have reached it (each an [`Effect::Unanswered`],
+    /// as never sent). The incarnation takes no more input.
+    pub(super) fn on_unsent(&mut self, lines: Vec<Outgoing>, why: &str, out: &mut Vec<Effect>) {
+        if let Connection::Up(c) = &mut self.state {
+            c.draining = true;
+        }
+        if lines.is_empty() {
+            return;
+        }
+        let text = format!(
+            "{} message(s) were not taken by the server ({why}); its connection is being closed",
+            lines.len()
+        );
+        match self.recovery.outage() {
+            // A probe's: the outage was already reported.
+            Some(_) => debug!("{text}"),
+            None => warn!("{text}"),
+        }
+        for line in lines.into_iter().filter(|l| l.request_id().is_some()) {
+            out.push(Effect::Unanswered(line, Failure::NeverSent(why.to_owned())));
+        }
+    }
+
+    /// Lines the server refused without acting on them (it is still up):
+    /// each request among them an [`Effect::Unanswered`], refused with
+    /// the server's hint.
+    pub(super) fn on_refused(
+        lines: Vec<Outgoing>,
+        why: &str,
+        retry_after: Option<Duration>,
+        out: &mut Vec<Effect>,
+    ) {
+        for line in lines.into_iter().filter(|l| l.request_id().is_some()) {
+            let failure = Failure::Refused(why.to_owned(), retry_after);
+            out.push(Effect::Unanswered(line, failure));
+        }
     }
 }
 
@@ -823,13 +865,17 @@ impl Dispatcher {
                     Timer::OverlongLine { generation, line },
                 );
             }
-            ServerEvent::Unsent { lines, why } => self.on_unsent(lines, &why, now),
+            ServerEvent::Unsent { lines, why } => {
+                self.with_link(now, |link, out| link.on_unsent(lines, &why, out))
+            }
             ServerEvent::Failed { id, failure } => self.on_transport_failed(id, failure, now),
             ServerEvent::Refused {
                 lines,
                 why,
                 retry_after,
-            } => self.on_refused(lines, &why, retry_after, now),
+            } => self.with_link(now, |_, out| {
+                Link::on_refused(lines, &why, retry_after, out)
+            }),
             ServerEvent::Draining => {
                 // New traffic waits for the next incarnation; what the old
                 // one sent is still read.
@@ -841,40 +887,40 @@ impl Dispatcher {
         }
     }
 
-    /// Lines the server was never given (its input failed): the requests
-    /// among them cannot have reached it. Call attempts fail as never sent
-    /// (always safe to retry); client requests wait for the next server.
-    fn on_unsent(&mut self, lines: Vec<Outgoing>, why: &str, now: Instant) {
-        if let Connection::Up(c) = &mut self.link.state {
-            c.draining = true;
-        }
-        if lines.is_empty() {
+    /// A request of ours the server never acted on (`failure`: never
+    /// sent, or refused with a hint). A call attempt fails so (always safe
+    /// to retry; a refused one after the hint, whatever the tool); a
+    /// client request never sent waits for the next server (its line, which
+    /// the proxy wrote, is read back to go again under a new id; only the
+    /// rest of a line partly written comes back: that request stays in
+    /// flight, for the lost link to decide), one refused is answered with
+    /// the refusal and the hint; the proxy's own requests are made again
+    /// for the next incarnation (the handshake replay, the tool list).
+    pub(super) fn on_unanswered(&mut self, line: Outgoing, failure: Failure, now: Instant) {
+        let Some(down) = line.request_id() else {
             return;
-        }
-        let text = format!(
-            "{} message(s) were not taken by the server ({why}); its connection is being closed",
-            lines.len()
-        );
-        match self.link.recovery.outage() {
-            // A probe's: the outage was already reported.
-            Some(_) => debug!("{text}"),
-            None => warn!("{text}"),
-        }
-        for out in lines {
-            let Some(down) = out.request_id() else {
-                continue;
-            };
-            match self.requests.resolve_issued(down) {
-                Resolved::Ours(Inflight::Client {
-                    client_id,
-                    method,
-                    resend,
-                }) => {
-                    // Its line, which the proxy wrote, is read back to go
-                    // again under a new id. Only the rest of a line that was
-                    // partly written comes back: that request stays in
-                    // flight, for the lost link to decide.
-                    let text = String::from_utf8_lossy(&out.bytes).trim_end().to_owned();
+        };
+        match self.requests.resolve_issued(down) {
+            Resolved::Ours(Inflight::Client {
+                client_id,
+                method,
+                resend,
+            }) => match failure {
+                Failure::Refused(why, retry_after) => {
+                    // Not run: the client may send it again, not before
+                    // the hint. The proxy's error, never one dressed as
+                    // the server's.
+                    let extra: Vec<(&str, String)> = retry_after
+                        .map(|d| ("retryAfterMs", d.as_millis().to_string()))
+                        .into_iter()
+                        .collect();
+                    let message = format!("the MCP server refused the request ({why})");
+                    let error = super::proxy_error(Reason::ServerUnavailable, &message, &extra);
+                    let line = jsonrpc::error_response_line(&client_id, &error);
+                    self.answer(&client_id, line);
+                }
+                _ => {
+                    let text = String::from_utf8_lossy(&line.bytes).trim_end().to_owned();
                     match Message::reparse(text) {
                         Some(m) => {
                             debug!("a request never reached the server; it waits for the next one");
@@ -890,15 +936,12 @@ impl Dispatcher {
                         }
                     }
                 }
-                // The proxy's own requests are made again for the next
-                // incarnation (the handshake replay, the tool list).
-                Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
-                Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-                Resolved::Ours(Inflight::Replay(_)) => {}
-                Resolved::Calls | Resolved::Never => {
-                    let failure = Failure::NeverSent(why.to_owned());
-                    self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
-                }
+            },
+            Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
+            Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
+            Resolved::Ours(Inflight::Replay(_)) => {}
+            Resolved::Calls | Resolved::Never => {
+                self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
             }
         }
     }
@@ -941,45 +984,6 @@ impl Dispatcher {
                     false => Failure::Rejected(failure.message, failure.status),
                 };
                 self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
-            }
-        }
-    }
-
-    /// Lines the server refused without acting on them (it is still up):
-    /// call attempts fail as refused (retried after the hint, whatever the
-    /// tool), client requests are answered with the refusal and the hint.
-    fn on_refused(
-        &mut self,
-        lines: Vec<Outgoing>,
-        why: &str,
-        retry_after: Option<Duration>,
-        now: Instant,
-    ) {
-        for out in lines {
-            let Some(down) = out.request_id() else {
-                continue;
-            };
-            match self.requests.resolve_issued(down) {
-                Resolved::Ours(Inflight::Client { client_id, .. }) => {
-                    // Not run: the client may send it again, not before
-                    // the hint. The proxy's error, never one dressed as
-                    // the server's.
-                    let extra: Vec<(&str, String)> = retry_after
-                        .map(|d| ("retryAfterMs", d.as_millis().to_string()))
-                        .into_iter()
-                        .collect();
-                    let message = format!("the MCP server refused the request ({why})");
-                    let error = super::proxy_error(Reason::ServerUnavailable, &message, &extra);
-                    let line = jsonrpc::error_response_line(&client_id, &error);
-                    self.answer(&client_id, line);
-                }
-                Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
-                Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-                Resolved::Ours(Inflight::Replay(_)) => {}
-                Resolved::Calls | Resolved::Never => {
-                    let failure = Failure::Refused(why.to_owned(), retry_after);
-                    self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
-                }
             }
         }
     }
