@@ -72,6 +72,12 @@ impl Dispatcher {
         match effect {
             Effect::Timer(at, timer) => self.set_timer(at, timer),
             Effect::Unanswered(line, failure) => self.on_unanswered(line, failure, now),
+            Effect::Lost {
+                message,
+                may_have_received,
+                stopping,
+            } => self.on_link_lost(&message, may_have_received, stopping, now),
+            Effect::Down { message, heal } => self.link_down(message, heal, now),
         }
     }
 

@@ -88,6 +88,16 @@ pub(super) enum Effect {
     /// This request of ours was not acted on by the server, for this
     /// reason (never sent, refused).
     Unanswered(Outgoing, Failure),
+    /// The incarnation is gone (`message` says how): what was in flight on
+    /// it is lost.
+    Lost {
+        message: String,
+        may_have_received: bool,
+        stopping: bool,
+    },
+    /// The link is down: plan the next probe, and answer what waits if
+    /// `heal` says waiting will not help.
+    Down { message: String, heal: Heal },
 }
 
 /// The server link: what the dispatcher knows of the server and does to
@@ -383,6 +393,92 @@ impl Link {
         for line in lines.into_iter().filter(|l| l.request_id().is_some()) {
             let failure = Failure::Refused(why.to_owned(), retry_after);
             out.push(Effect::Unanswered(line, failure));
+        }
+    }
+
+    /// The current incarnation is gone (`stopping`: the session ends):
+    /// the link is down, or in an outage while what waited on it is
+    /// re-planned; the probe schedule and the crash-loop verdict learn of
+    /// it. Effects: [`Effect::Lost`] (what was in flight), then, unless
+    /// stopping, [`Effect::Down`] (the next probe).
+    pub(super) fn on_gone(
+        &mut self,
+        gone: Gone,
+        stopping: bool,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        let old = std::mem::replace(
+            &mut self.state,
+            Connection::Down {
+                reason: Reason::ServerExited,
+                message: String::new(),
+            },
+        );
+        let Connection::Up(conn) = old else {
+            self.state = old;
+            return;
+        };
+        let how = gone.how;
+        let mut message = format!("the MCP server {} {how}", conn.server.describe());
+        if !stopping {
+            let tail = conn.server.diagnostics();
+            if let Some(line) = crate::redact::pick_line(&tail) {
+                message.push_str(&format!("; its stderr said: {}", line.trim()));
+            }
+        }
+        if stopping {
+            debug!("{message}");
+            self.state = Connection::Down {
+                reason: Reason::ServerExited,
+                message: message.clone(),
+            };
+        } else {
+            match self.recovery.outage() {
+                // A probe that failed: the outage was already reported.
+                Some(_) => debug!("{message}"),
+                None => crate::error!("{message}"),
+            }
+            // The probe schedule backs off for servers that cannot get
+            // going. One that stayed up, or answered the client since it
+            // started, is probed at once: otherwise a server that crashes
+            // on a rare call would be down for longer after every such call.
+            if conn.served || now.saturating_duration_since(conn.started) >= STABLE_AFTER {
+                self.recovery.stable();
+            }
+            // While requests are re-planned below, they wait for the server.
+            self.state = Connection::Outage;
+        }
+        let mut heal = gone.heal;
+        if !stopping && !self.remote() {
+            let same = self.recovery.start_ended(Some(&how));
+            // `check` wants the truth now: one start tells it.
+            let (enough, fail_fast) = match self.check_mode {
+                true => (1, true),
+                false => (CRASH_LOOP, self.cfg.fail_fast_at_start),
+            };
+            if same >= enough && fail_fast && heal == Heal::Wait {
+                // It will not come up by waiting: what waits is answered
+                // now, with its words; probes go on.
+                if !self.check_mode {
+                    message.push_str(&format!(
+                        "; it ended so at its last {same} starts, before answering initialize: check its command, arguments and environment (fail_fast_at_start: false waits for it instead)"
+                    ));
+                }
+                if same == enough {
+                    crate::error!("{message}");
+                }
+                heal = Heal::Fix;
+            }
+        }
+        drop(conn);
+        out.push(Effect::Lost {
+            message: message.clone(),
+            may_have_received: gone.may_have_received,
+            stopping,
+        });
+        if !stopping {
+            out.push(Effect::Down { message, heal });
         }
     }
 }
@@ -989,82 +1085,31 @@ impl Dispatcher {
     }
 
     /// The current incarnation is gone: answer or re-plan everything that
-    /// waited on it, then plan the next probe unless the session is ending.
+    /// waited on it ([`Link::on_gone`]), then plan the next probe unless
+    /// the session is ending.
     pub(super) fn on_link_gone(&mut self, gone: Gone, now: Instant) {
-        let old = std::mem::replace(
-            &mut self.link.state,
-            Connection::Down {
-                reason: Reason::ServerExited,
-                message: String::new(),
-            },
-        );
-        let Connection::Up(conn) = old else {
-            self.link.state = old;
-            return;
-        };
-        let how = gone.how;
         let stopping = matches!(self.phase, Phase::Stopping { .. });
-        let mut message = format!("the MCP server {} {how}", conn.server.describe());
-        if !stopping {
-            let tail = conn.server.diagnostics();
-            if let Some(line) = crate::redact::pick_line(&tail) {
-                message.push_str(&format!("; its stderr said: {}", line.trim()));
-            }
-        }
-        if stopping {
-            debug!("{message}");
-            self.link.state = Connection::Down {
-                reason: Reason::ServerExited,
-                message: message.clone(),
-            };
-        } else {
-            match self.link.recovery.outage() {
-                // A probe that failed: the outage was already reported.
-                Some(_) => debug!("{message}"),
-                None => crate::error!("{message}"),
-            }
-            // The probe schedule backs off for servers that cannot get
-            // going. One that stayed up, or answered the client since it
-            // started, is probed at once: otherwise a server that crashes
-            // on a rare call would be down for longer after every such call.
-            if conn.served || now.saturating_duration_since(conn.started) >= STABLE_AFTER {
-                self.link.recovery.stable();
-            }
-            // While requests are re-planned below, they wait for the server.
-            self.link.state = Connection::Outage;
-        }
-        let mut heal = gone.heal;
-        if !stopping && !self.link.remote() {
-            let same = self.link.recovery.start_ended(Some(&how));
-            // `check` wants the truth now: one start tells it.
-            let (enough, fail_fast) = match self.link.check_mode {
-                true => (1, true),
-                false => (CRASH_LOOP, self.cfg.fail_fast_at_start),
-            };
-            if same >= enough && fail_fast && heal == Heal::Wait {
-                // It will not come up by waiting: what waits is answered
-                // now, with its words; probes go on.
-                if !self.link.check_mode {
-                    message.push_str(&format!(
-                        "; it ended so at its last {same} starts, before answering initialize: check its command, arguments and environment (fail_fast_at_start: false waits for it instead)"
-                    ));
-                }
-                if same == enough {
-                    crate::error!("{message}");
-                }
-                heal = Heal::Fix;
-            }
-        }
-        drop(conn);
+        self.with_link(now, |link, out| link.on_gone(gone, stopping, now, out));
+    }
+
+    /// What waited on the incarnation that is gone (`message` says how):
+    /// call attempts fail, the policies decide; reads are sent again unless
+    /// `stopping`, the rest answered; the server's requests are cancelled.
+    pub(super) fn on_link_lost(
+        &mut self,
+        message: &str,
+        may_have_received: bool,
+        stopping: bool,
+        now: Instant,
+    ) {
         self.requests.link_lost();
         if let Some(instant) = &mut self.instant {
             instant.reading.link_lost();
         }
 
         // Call attempts in flight failed; the policies decide.
-        let may_have_received = gone.may_have_received;
         self.with_calls(now, |c, ctx, out| {
-            c.on_link_lost(&message, may_have_received, stopping, ctx, out)
+            c.on_link_lost(message, may_have_received, stopping, ctx, out)
         });
         // Other requests: reads are sent again, the rest answered.
         for (_, f) in self.requests.drain_lost() {
@@ -1081,7 +1126,7 @@ impl Dispatcher {
                     debug!("sending a read request again once the server is back");
                     self.requeue_request(m, client_id, method, now);
                 }
-                _ => self.answer_proxy_error(&client_id, Reason::ServerExited, &message),
+                _ => self.answer_proxy_error(&client_id, Reason::ServerExited, message),
             }
         }
         // Requests from the dead server the client has not answered yet.
@@ -1092,9 +1137,6 @@ impl Dispatcher {
                 "notifications/cancelled",
                 Some(&params),
             ));
-        }
-        if !stopping {
-            self.link_down(message, heal, now);
         }
     }
 
@@ -1136,7 +1178,7 @@ impl Dispatcher {
     /// The server is down (it is gone, or a start or probe failed): plans
     /// the next probe. What waits keeps waiting, unless what stopped the
     /// server needs fixing: then it is answered at once with what to fix.
-    fn link_down(&mut self, message: String, heal: Heal, now: Instant) {
+    pub(super) fn link_down(&mut self, message: String, heal: Heal, now: Instant) {
         let waiting = !self.link.queue.is_empty() || self.calls.tools_deferred();
         let at = self
             .link
