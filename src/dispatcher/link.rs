@@ -481,6 +481,88 @@ impl Link {
             out.push(Effect::Down { message, heal });
         }
     }
+
+    /// The server is down for `message`: the next probe, sooner while
+    /// something is `waiting` for it.
+    pub(super) fn plan_probe(
+        &mut self,
+        message: String,
+        heal: Heal,
+        waiting: bool,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        let at = self
+            .recovery
+            .lost(message, heal, waiting, now, &mut self.rng);
+        self.restart_seq += 1;
+        let seq = self.restart_seq;
+        out.push(Effect::Timer(at, Timer::Restart { seq }));
+        let delay = at.saturating_duration_since(now);
+        if !delay.is_zero() {
+            let what = match self.remote() {
+                true => format!(
+                    "reconnecting to {}",
+                    crate::http::display_url(&self.cfg.url)
+                ),
+                false => "restarting the server".to_owned(),
+            };
+            debug!("{what} in {:.1}s", delay.as_secs_f64());
+        }
+    }
+
+    /// What the session set that a new incarnation must be told after the
+    /// handshake (`logging/setLevel`, `resources/subscribe`), but for what
+    /// the client's own requests still queued set anyway (released after
+    /// the replay): a request sent while the server started would
+    /// otherwise reach it twice.
+    pub(super) fn session_replays(&self) -> Vec<(&'static str, String)> {
+        let queued: Vec<(String, Option<&str>)> = (self.queue.items())
+            .filter_map(|item| match item {
+                Queued::Request { m, .. } => Some((m.method()?.into_owned(), m.params())),
+                _ => None,
+            })
+            .collect();
+        let mut replays = Vec::new();
+        if let Some(level) = &self.session.log_level {
+            if !queued.iter().any(|(m, _)| m == "logging/setLevel") {
+                replays.push(("logging/setLevel", level.clone()));
+            }
+        }
+        for params in self.session.subscriptions.values() {
+            let pending = |(m, p): &(String, Option<&str>)| {
+                m == "resources/subscribe" && *p == Some(params.as_str())
+            };
+            if !queued.iter().any(pending) {
+                replays.push(("resources/subscribe", params.clone()));
+            }
+        }
+        replays
+    }
+
+    /// The handshake is replayed to the current incarnation: traffic flows.
+    pub(super) fn replayed(&mut self) {
+        if let Connection::Up(c) = &mut self.state {
+            c.ready = true;
+        }
+        self.recovery.handshaken();
+    }
+
+    /// The server works again: true if an outage ended (and says so).
+    pub(super) fn up(&mut self, now: Instant) -> bool {
+        let Some(took) = self.recovery.up(now) else {
+            return false;
+        };
+        let what = match self.remote() {
+            true => "reconnected to the MCP server",
+            false => "the restarted MCP server is ready",
+        };
+        info!(
+            "{what} after {} down; the session continues",
+            super::calls::secs(took)
+        );
+        true
+    }
 }
 
 /// The state of the server link.
@@ -782,19 +864,11 @@ impl Dispatcher {
     /// goes out.
     /// True if an outage ended.
     fn server_up(&mut self, now: Instant) -> bool {
-        let ended = self.link.recovery.up(now);
-        if let Some(took) = ended {
-            let what = match self.link.remote() {
-                true => "reconnected to the MCP server",
-                false => "the restarted MCP server is ready",
-            };
-            info!(
-                "{what} after {} down; the session continues",
-                super::calls::secs(took)
-            );
+        let ended = self.link.up(now);
+        if ended {
             self.with_calls(now, |c, _, _| c.link_recovered());
         }
-        ended.is_some()
+        ended
     }
 
     /// Sends the client's original `initialize` to a new incarnation.
@@ -868,42 +942,13 @@ impl Dispatcher {
             let line = jsonrpc::notification_line(method, None);
             self.send_server(Outgoing::notification(method, line));
         }
-        // The session's state, but for what the client's own requests
-        // still queued set anyway (flushed below): a `logging/setLevel` or
-        // `resources/subscribe` sent while the server started would
-        // otherwise reach it twice.
-        let queued: Vec<(String, Option<&str>)> = self
-            .link
-            .queue
-            .items()
-            .filter_map(|item| match item {
-                Queued::Request { m, .. } => Some((m.method()?.into_owned(), m.params())),
-                _ => None,
-            })
-            .collect();
-        let mut replays: Vec<(&str, String)> = Vec::new();
-        if let Some(level) = &self.link.session.log_level {
-            if !queued.iter().any(|(m, _)| m == "logging/setLevel") {
-                replays.push(("logging/setLevel", level.clone()));
-            }
-        }
-        for params in self.link.session.subscriptions.values() {
-            let pending = |(m, p): &(String, Option<&str>)| {
-                m == "resources/subscribe" && *p == Some(params.as_str())
-            };
-            if !queued.iter().any(pending) {
-                replays.push(("resources/subscribe", params.clone()));
-            }
-        }
-        for (method, params) in replays {
+        // The session's state (but what queued requests set anyway).
+        for (method, params) in self.link.session_replays() {
             let down = self.requests.issue(Inflight::Replay(ReplayStep::Other));
             let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
             self.send_server(Outgoing::request(down, method, line));
         }
-        if let Connection::Up(c) = &mut self.link.state {
-            c.ready = true;
-        }
-        self.link.recovery.handshaken();
+        self.link.replayed();
         let back = self.server_up(now);
         self.flush_queue(back, now);
         self.fetch_deferred_tools(now);
@@ -1176,28 +1221,14 @@ impl Dispatcher {
     }
 
     /// The server is down (it is gone, or a start or probe failed): plans
-    /// the next probe. What waits keeps waiting, unless what stopped the
-    /// server needs fixing: then it is answered at once with what to fix.
+    /// the next probe ([`Link::plan_probe`]). What waits keeps waiting,
+    /// unless what stopped the server needs fixing: then it is answered at
+    /// once with what to fix.
     pub(super) fn link_down(&mut self, message: String, heal: Heal, now: Instant) {
         let waiting = !self.link.queue.is_empty() || self.calls.tools_deferred();
-        let at = self
-            .link
-            .recovery
-            .lost(message, heal, waiting, now, &mut self.link.rng);
-        self.link.restart_seq += 1;
-        let seq = self.link.restart_seq;
-        self.set_timer(at, Timer::Restart { seq });
-        let delay = at.saturating_duration_since(now);
-        if !delay.is_zero() {
-            let what = match self.link.remote() {
-                true => format!(
-                    "reconnecting to {}",
-                    crate::http::display_url(&self.cfg.url)
-                ),
-                false => "restarting the server".to_owned(),
-            };
-            debug!("{what} in {:.1}s", delay.as_secs_f64());
-        }
+        self.with_link(now, |link, out| {
+            link.plan_probe(message, heal, waiting, now, out)
+        });
         if heal == Heal::Fix {
             self.refuse_queue(now);
             self.give_up_deferred_tools(now);
