@@ -277,7 +277,8 @@ impl Dispatcher {
         }
     }
 
-    /// Tells the tracer about the calls.
+    /// Tells the tracer about the calls (a call's start with what the
+    /// calls hold of it; the rest through `Reporting::trace`).
     fn trace(&mut self, t: Trace, now: Instant) {
         match t {
             Trace::CallStarted { call } => {
@@ -287,28 +288,7 @@ impl Dispatcher {
                     tracer.call_started(call, tool, client, params, now);
                 }
             }
-            Trace::AnsweredByProxy(a) => {
-                let params = a.request.params();
-                self.traced(|t| t.answered_by_proxy(&a.tool, &a.client, params, a.end, now));
-            }
-            Trace::Joined { call } => {
-                self.traced(|t| t.joined(call, now));
-            }
-            Trace::AttemptEnded { call, failure } => {
-                self.traced(|t| t.attempt_ended(call, failure, now));
-            }
-            Trace::CancelledDownstream { call } => {
-                let name = "mcp_retry.cancelled_downstream";
-                self.traced(|t| t.attempt_event(call, name, Vec::new(), now));
-            }
-            Trace::CallEnded { call, end } => {
-                self.traced(|t| t.call_ended(call, end, now));
-            }
-            Trace::CallFailed { call, reason } => self.trace_failed(call, reason, now),
-            Trace::BreakerRefused { call, retry_after } => {
-                self.trace_refused(call, retry_after, now)
-            }
-            Trace::Backoff { call, delay, retry } => self.trace_backoff(call, delay, retry, now),
+            t => self.reporting.trace(t, now),
         }
     }
 }
