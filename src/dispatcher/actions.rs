@@ -16,7 +16,7 @@ use crate::downstream::Outgoing;
 use crate::jsonrpc::{self, Message};
 use crate::warn;
 
-use super::calls::{Action, Arrival, Calls, Ctx, LinkView, Trace};
+use super::calls::{Action, Arrival, Calls, Ctx, First, LinkView, Trace};
 use super::link::{Effect, Link, Queued, Route, SendResult};
 use super::{CallError, Dispatcher, Inflight, Method, Reason, Timer};
 
@@ -35,6 +35,7 @@ impl Dispatcher {
             now,
             link: self.link_view(),
             tracing: self.reporting.tracing(),
+            attempt_id: self.requests.next_attempt_id(),
         };
         // Nested runs (an action that reports back) start with an empty
         // buffer; the largest one is kept, unless a burst (a link lost with
@@ -116,9 +117,14 @@ impl Dispatcher {
         }
     }
 
-    /// A client `tools/call` (while the session runs).
+    /// A client `tools/call` (while the session runs): one run of the
+    /// calls reads it and, for a new call, admits its first attempt and,
+    /// the link ready, records it under the id issued next.
     pub(super) fn on_tools_call(&mut self, m: Message, client_id: String, now: Instant) {
-        let arrival = self.with_calls(now, |c, ctx, out| c.arrive(m, &client_id, ctx, out));
+        let down = self.requests.next_attempt_id();
+        let (arrival, first) = self.with_calls(now, |c, ctx, out| {
+            c.arrive_and_start(m, &client_id, ctx, out)
+        });
         let call = match arrival {
             Arrival::Relay(m) => return self.relay_request(m, client_id, Method::Other, now),
             Arrival::Answered => return,
@@ -127,7 +133,11 @@ impl Dispatcher {
         };
         self.requests.set_call(&client_id, call);
         if let Arrival::Started(id) = arrival {
-            self.start_attempt(id, now);
+            match first {
+                First::Recorded => self.send_recorded(id, down, now),
+                First::Admitted => self.route_attempt(id, now),
+                First::Waiting => {}
+            }
         }
     }
 
@@ -138,13 +148,8 @@ impl Dispatcher {
     pub(super) fn start_attempt(&mut self, id: u64, now: Instant) {
         if self.link.ready() {
             let down = self.requests.next_attempt_id();
-            if self.with_calls(now, |c, ctx, out| c.start(id, down, ctx, out)) {
-                let issued = self.requests.issue_attempt();
-                debug_assert_eq!(issued, down, "an id was issued while the calls ran");
-                let traceparent = self.traced(|t| t.attempt_started(id, down, now)).flatten();
-                if let Some(attempt) = self.calls.attempt_line(id, down, traceparent.as_deref()) {
-                    self.send_attempt(attempt, now);
-                }
+            if self.with_calls(now, |c, ctx, out| c.start(id, ctx.attempt_id, ctx, out)) {
+                self.send_recorded(id, down, now);
             }
             return;
         }
@@ -152,6 +157,17 @@ impl Dispatcher {
             return;
         }
         self.route_attempt(id, now);
+    }
+
+    /// The calls recorded call `id`'s attempt under `down`, the id issued
+    /// next: it is issued, and the attempt's line goes out.
+    fn send_recorded(&mut self, id: u64, down: u64, now: Instant) {
+        let issued = self.requests.issue_attempt();
+        debug_assert_eq!(issued, down, "an id was issued while the calls ran");
+        let traceparent = self.traced(|t| t.attempt_started(id, down, now)).flatten();
+        if let Some(attempt) = self.calls.attempt_line(id, down, traceparent.as_deref()) {
+            self.send_attempt(attempt, now);
+        }
     }
 
     /// Sends the admitted attempt of call `id`, or queues it while the
