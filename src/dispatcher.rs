@@ -45,7 +45,7 @@ use crate::mcp::List;
 use calls::{Action, CallTimer, Calls, Owner};
 pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
-use link::{Connection, Link, Queued, ReplayStep, Route, SendResult};
+use link::{Link, Queued, ReplayStep, Route, SendResult};
 use reporting::Reporting;
 use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
 pub use timers::Timer;
@@ -336,7 +336,7 @@ impl Dispatcher {
     /// Seeds the randomness of backoff jitter (tests replay a schedule).
     #[cfg(test)]
     pub fn with_seed(mut self, seed: u64) -> Dispatcher {
-        self.link.rng = fastrand::Rng::with_seed(seed);
+        self.link.reseed(seed);
         self.calls = self.calls.with_seed(seed);
         self
     }
@@ -351,7 +351,7 @@ impl Dispatcher {
     /// Started by `check`: a server that cannot start is named at its
     /// first start, not its third (`fail_fast_at_start` aside).
     pub fn with_check_mode(mut self, on: bool) -> Dispatcher {
-        self.link.check_mode = on;
+        self.link.set_check_mode(on);
         self
     }
 
@@ -417,14 +417,12 @@ impl Dispatcher {
     }
 
     fn finished(&self) -> Option<Outcome> {
-        match (self.phase, &self.link.state) {
-            (Phase::Stopping { signal }, link) if !matches!(link, Connection::Up(_)) => {
-                Some(match signal {
-                    Some(s) => Outcome::Signalled(s),
-                    None if self.handshake_changed => Outcome::HandshakeChanged,
-                    None => Outcome::ClientClosed,
-                })
-            }
+        match self.phase {
+            Phase::Stopping { signal } if !self.link.is_up() => Some(match signal {
+                Some(s) => Outcome::Signalled(s),
+                None if self.handshake_changed => Outcome::HandshakeChanged,
+                None => Outcome::ClientClosed,
+            }),
             _ => None,
         }
     }
@@ -443,7 +441,7 @@ impl Dispatcher {
                 self.begin_shutdown(None, now);
             }
             Event::Server { generation, event } => {
-                if generation == self.link.generation {
+                if generation == self.link.generation() {
                     self.on_link_event(event, now);
                 }
             }
@@ -496,7 +494,7 @@ impl Dispatcher {
     fn on_timer(&mut self, timer: Timer, now: Instant) {
         match timer {
             Timer::ShutdownGiveUp => {
-                if matches!(self.link.state, Connection::Up(_)) {
+                if self.link.is_up() {
                     warn!("the server was not reported gone after its stop sequence; leaving it");
                     let gone = Gone {
                         how: "did not stop in time".into(),
@@ -573,7 +571,7 @@ impl Dispatcher {
         }
         self.phase = Phase::Stopping { signal };
         // Nothing queued will be sent any more.
-        for (_, _, item) in self.link.queue.drain() {
+        for (_, _, item) in self.link.drain_queue() {
             match item {
                 Queued::Request { client_id, .. } => self.answer_proxy_error(
                     &client_id,
@@ -592,8 +590,7 @@ impl Dispatcher {
             }
         }
         let step = self.shutdown_step();
-        if let Connection::Up(c) = &mut self.link.state {
-            c.server.shutdown(step);
+        if self.link.shutdown(step) {
             self.set_timer(now + 2 * step + SHUTDOWN_BACKSTOP, Timer::ShutdownGiveUp);
         }
     }
@@ -864,7 +861,7 @@ impl Dispatcher {
         let method = m.method().unwrap_or_default().into_owned();
         let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
         let waited = self.requests.sent(&client_id, down);
-        if kind == Method::Initialize && !self.link.recovery.is_handshaken() {
+        if kind == Method::Initialize && !self.link.is_handshaken() {
             // Before the first handshake a server that never answers is
             // waited for as long as one that is down.
             let (_, until) = waited.unwrap_or((now, self.link.wait_until(now)));
@@ -980,7 +977,7 @@ impl Dispatcher {
         let Some(req) = self.close_server_request(ours, now) else {
             return warn!("dropped a response from the client with unknown id {id}");
         };
-        if req.generation != self.link.generation {
+        if req.generation != self.link.generation() {
             return debug!("dropped the client's answer to a request of a server that has exited");
         }
         let line = m.into_line_with_id(&req.server_id);
@@ -1079,10 +1076,7 @@ impl Dispatcher {
     /// The current incarnation answered a client request or a call attempt:
     /// it did useful work.
     fn served(&mut self, now: Instant) {
-        if let Connection::Up(c) = &mut self.link.state {
-            c.served = true;
-        }
-        self.link.recovery.handshaken();
+        self.link.served();
         self.ramp_answered(now);
     }
 
@@ -1142,7 +1136,7 @@ impl Dispatcher {
         self.instant_accepted(raw);
         self.link.session.init_params = self.link.session.pending_init.take();
         self.reporting.ready(now);
-        self.link.recovery.handshaken();
+        self.link.handshaken();
         if let Some(v) = result.string("protocolVersion") {
             debug!("negotiated protocol version {v}");
             self.link.session.protocol_version = Some(v);
@@ -1180,9 +1174,9 @@ impl Dispatcher {
             Some("sampling/createMessage" | "elicitation/create")
         );
         let server_id = m.id().expect("requests have ids");
-        let ours = self
-            .requests
-            .open_server_request(self.link.generation, server_id, pauses, now);
+        let ours =
+            self.requests
+                .open_server_request(self.link.generation(), server_id, pauses, now);
         self.send_client(m.into_line_with_id(&ours.to_string()));
     }
 
@@ -1216,7 +1210,7 @@ impl Dispatcher {
             };
             let ours = self
                 .requests
-                .find_server_request(self.link.generation, &server_id);
+                .find_server_request(self.link.generation(), &server_id);
             let Some(ours) = ours else {
                 return debug!("dropped the server's cancel for unknown request {server_id}");
             };

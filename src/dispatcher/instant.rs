@@ -31,7 +31,6 @@ use crate::jsonrpc::{self, Message, RawObject};
 use crate::mcp::{List, Next, ToolsPager};
 use crate::{debug, info, warn};
 
-use super::link::Connection;
 use super::{Dispatcher, Inflight, Phase, Reason, Timer};
 
 /// How long a server started behind a cached handshake may take to answer
@@ -540,13 +539,9 @@ impl Dispatcher {
             instant.held = Some((client_id.to_owned(), result));
         }
         self.set_timer(self.now + self.cfg.instant_start_grace, Timer::InstantGrace);
-        match &mut self.link.state {
-            Connection::Up(c) if !c.draining => {
-                c.ready = false;
-                self.replay_initialize(self.now);
-            }
-            // Down or between starts: the next start replays it.
-            _ => {}
+        // Down or between starts: the next start replays it.
+        if self.link.unready() {
+            self.replay_initialize(self.now);
         }
         self.status_dirty();
         true
@@ -782,8 +777,8 @@ impl Dispatcher {
         // the server, nor does a client after a restart: the calls' own
         // listing is read (it learns the annotations too). Otherwise the
         // client's first listing is, or the calls' (`Timer::LearnTools`).
-        let tools =
-            instant.reading.wants(List::Tools) && (instant.from_cache || self.link.generation > 1);
+        let tools = instant.reading.wants(List::Tools)
+            && (instant.from_cache || self.link.generation() > 1);
         for list in instant.reading.take_unasked() {
             self.request_list_page(list, None, now);
         }

@@ -51,6 +51,7 @@ use crate::downstream::{
 };
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::policy::recovery::{Recovery, CRASH_LOOP};
+use crate::status::LinkState;
 use crate::stdio::{Backlog, Withdraw};
 use crate::{debug, info, warn};
 
@@ -105,25 +106,25 @@ pub(super) enum Effect {
 pub(super) struct Link {
     cfg: Arc<ServerConfig>,
     /// Opens a connection to the server.
-    pub(super) connect: Connector,
+    connect: Connector,
     /// Where the transport reports.
-    pub(super) events: Sender<Event>,
-    pub(super) state: Connection,
+    events: Sender<Event>,
+    state: Connection,
     /// Counts incarnations (the first start is 1).
-    pub(super) generation: u64,
+    generation: u64,
     /// What a restarted server must be told.
     pub(super) session: Session,
     /// Traffic waiting for a (re)starting server, and its ramp.
-    pub(super) queue: Queue,
+    queue: Queue,
     /// The link's health while it is down, and when to probe it.
-    pub(super) recovery: Recovery,
+    recovery: Recovery,
     /// The newest probe timer (older ones are void).
-    pub(super) restart_seq: u64,
+    restart_seq: u64,
     /// Started by `check` (`MCP_RETRY_CHECK=1`): the first start that ends
     /// before the handshake answers what waits.
-    pub(super) check_mode: bool,
+    check_mode: bool,
     /// For the restart backoff's jitter.
-    pub(super) rng: fastrand::Rng,
+    rng: fastrand::Rng,
 }
 
 impl Link {
@@ -563,10 +564,105 @@ impl Link {
         );
         true
     }
+
+    /// Seeds the restart backoff's jitter (tests replay a schedule).
+    #[cfg(test)]
+    pub(super) fn reseed(&mut self, seed: u64) {
+        self.rng = fastrand::Rng::with_seed(seed);
+    }
+
+    /// Started by `check`: the first start that ends before the handshake
+    /// answers what waits.
+    pub(super) fn set_check_mode(&mut self, on: bool) {
+        self.check_mode = on;
+    }
+
+    /// The current incarnation's number (the first start is 1).
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether an incarnation is connected (ready or not).
+    pub(super) fn is_up(&self) -> bool {
+        matches!(self.state, Connection::Up(_))
+    }
+
+    /// What waits, for tests.
+    #[cfg(test)]
+    pub(super) fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// Everything queued, in order: nothing will be sent any more.
+    pub(super) fn drain_queue(&mut self) -> Vec<(u64, Instant, Queued)> {
+        self.queue.drain()
+    }
+
+    /// Begins the graceful stop of the current incarnation, `step` apart;
+    /// false if there is none.
+    pub(super) fn shutdown(&mut self, step: Duration) -> bool {
+        let Connection::Up(c) = &mut self.state else {
+            return false;
+        };
+        c.server.shutdown(step);
+        true
+    }
+
+    /// The current incarnation answered a client request or a call
+    /// attempt: it did useful work (its crash is no crash loop).
+    pub(super) fn served(&mut self) {
+        if let Connection::Up(c) = &mut self.state {
+            c.served = true;
+        }
+        self.recovery.handshaken();
+    }
+
+    /// A server accepted a handshake this session.
+    pub(super) fn handshaken(&mut self) {
+        self.recovery.handshaken();
+    }
+
+    /// Whether a server accepted a handshake this session.
+    pub(super) fn is_handshaken(&self) -> bool {
+        self.recovery.is_handshaken()
+    }
+
+    /// A handshake must be replayed to the current incarnation before
+    /// traffic flows again: true if there is one that takes input (the
+    /// caller replays it), false if the next start will.
+    pub(super) fn unready(&mut self) -> bool {
+        match &mut self.state {
+            Connection::Up(c) if !c.draining => {
+                c.ready = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The link as `status` shows it, and until when that holds, if known.
+    pub(super) fn shown(&self) -> (LinkState, Option<Instant>) {
+        match &self.state {
+            Connection::Up(_) if self.ready() => (LinkState::Up, None),
+            Connection::Up(_) if self.generation <= 1 => (LinkState::Starting, None),
+            Connection::Up(_) => (LinkState::Restarting, None),
+            Connection::Outage => (LinkState::Restarting, self.recovery.next_probe()),
+            Connection::Down { .. } => (LinkState::Down, None),
+        }
+    }
+
+    /// Why the server is down or in an outage, if it is.
+    pub(super) fn trouble(&self) -> Option<String> {
+        match (&self.state, self.recovery.outage()) {
+            (Connection::Down { message, .. }, _) => Some(message.clone()),
+            (_, Some(o)) => Some(o.message.clone()),
+            (_, None) => None,
+        }
+    }
 }
 
 /// The state of the server link.
-pub(super) enum Connection {
+enum Connection {
     /// Connected (possibly still replaying the handshake: a probe).
     Up(Box<Conn>),
     /// Down between probes: the next one is due at the recovery's
@@ -578,23 +674,23 @@ pub(super) enum Connection {
 }
 
 /// One incarnation of the server.
-pub(super) struct Conn {
-    pub(super) server: Box<dyn Downstream>,
+struct Conn {
+    server: Box<dyn Downstream>,
     /// The server's input backlog (`Downstream::input_backlog`), read
     /// before every send.
     backlog: Option<Arc<Backlog>>,
     started: Instant,
     /// It takes no more input (its process exited, or its input failed);
     /// what it sent is still being delivered, and `Gone` follows.
-    pub(super) draining: bool,
+    draining: bool,
     /// The handshake is replayed (or there was none to replay): traffic flows.
-    pub(super) ready: bool,
+    ready: bool,
     /// The server has sent at least one message.
     answered: bool,
     /// The server has answered a client request or a call attempt (not just
     /// the proxy's replay): it did useful work, so its crash is not part of
     /// a crash loop.
-    pub(super) served: bool,
+    served: bool,
     /// Lines over `max_message_bytes` the server has started, and whether
     /// the last one is still being written.
     overlong_lines: u64,

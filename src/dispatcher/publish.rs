@@ -16,9 +16,8 @@ use std::time::Instant;
 use crossbeam_channel::Sender;
 
 use crate::policy::breaker::BreakerState;
-use crate::status::{BreakerShown, Headline, LinkState, Snapshot};
+use crate::status::{BreakerShown, Headline, Snapshot};
 
-use super::link::Connection;
 use super::Dispatcher;
 
 impl Dispatcher {
@@ -30,13 +29,7 @@ impl Dispatcher {
 
     /// The link, breaker and load as `status` shows them.
     pub(super) fn headline(&self) -> Headline {
-        let (link, link_until) = match &self.link.state {
-            Connection::Up(_) if self.link.ready() => (LinkState::Up, None),
-            Connection::Up(_) if self.link.generation <= 1 => (LinkState::Starting, None),
-            Connection::Up(_) => (LinkState::Restarting, None),
-            Connection::Outage => (LinkState::Restarting, self.link.recovery.next_probe()),
-            Connection::Down { .. } => (LinkState::Down, None),
-        };
+        let (link, link_until) = self.link.shown();
         let (breaker, breaker_until) = match self.calls.breaker_state() {
             BreakerState::Closed => (BreakerShown::Closed, None),
             BreakerState::Open { until } => (BreakerShown::Open, Some(*until)),
@@ -47,7 +40,7 @@ impl Dispatcher {
             link_until,
             breaker,
             breaker_until,
-            restarts: self.link.generation.saturating_sub(1),
+            restarts: self.link.generation().saturating_sub(1),
             in_flight: self.calls.len() as u64,
             from_cache: self.instant.as_ref().is_some_and(|i| i.from_cache),
             ready_at: self.reporting.ready_at(),
@@ -79,11 +72,7 @@ impl Dispatcher {
             return;
         }
         let headline = self.headline();
-        let message = match (&self.link.state, self.link.recovery.outage()) {
-            (Connection::Down { message, .. }, _) => Some(message.clone()),
-            (_, Some(o)) => Some(o.message.clone()),
-            (_, None) => self.instant_note(),
-        };
+        let message = self.link.trouble().or_else(|| self.instant_note());
         self.reporting
             .publish(headline, message, self.calls.stats(), now);
     }
