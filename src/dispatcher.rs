@@ -11,8 +11,8 @@
 //!
 //! Never touches a file descriptor: I/O threads deliver events and take lines
 //! over channels; the server is reached only through [`Downstream`]. What
-//! `mcp-retry status` shows is handed to its writer thread by `publish.rs`,
-//! after changes only.
+//! `mcp-retry status` shows is handed to its writer thread after changes
+//! only (see "reporting" below).
 
 #![forbid(unsafe_code)]
 
@@ -25,6 +25,9 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
+use crate::otel::{Handle, Tracer};
+use crate::policy::breaker::BreakerState;
+use crate::status::{BreakerShown, Headline, Snapshot};
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
@@ -32,14 +35,12 @@ mod actions;
 mod calls;
 mod instant;
 mod link;
-mod publish;
 mod queue;
 mod reporting;
 mod requests;
 #[cfg(test)]
 mod tests;
 mod timers;
-mod trace;
 
 use crate::mcp::List;
 use calls::{Action, CallTimer, Calls, Owner};
@@ -1252,6 +1253,104 @@ impl Dispatcher {
         } else {
             self.to_client.send(line);
         }
+    }
+}
+
+// ----- reporting -------------------------------------------------------
+//
+// Publishing for `mcp-retry status`: the file is out of date when a counter
+// moves (`stats_dirty`) or when the `Headline` (link, breaker, restarts,
+// calls in flight, the handshake) differs from the last one seen; both only
+// happen while handling an event or a timer, so an idle proxy never wakes
+// up to publish. OpenTelemetry: the metrics flush is scheduled after a
+// change only, and what is open ends at exit. `Reporting` holds the outputs
+// and builds no JSON.
+
+impl Dispatcher {
+    /// Publishes the session's state through `out` (see `status.rs`).
+    pub fn with_status_output(mut self, out: Sender<Snapshot>) -> Dispatcher {
+        self.reporting.status_to(out);
+        self
+    }
+
+    /// The link, breaker and load as `status` shows them.
+    pub(super) fn headline(&self) -> Headline {
+        let (link, link_until) = self.link.shown();
+        let (breaker, breaker_until) = match self.calls.breaker_state() {
+            BreakerState::Closed => (BreakerShown::Closed, None),
+            BreakerState::Open { until } => (BreakerShown::Open, Some(*until)),
+            BreakerState::HalfOpen { .. } => (BreakerShown::HalfOpen, None),
+        };
+        Headline {
+            link,
+            link_until,
+            breaker,
+            breaker_until,
+            restarts: self.link.generation().saturating_sub(1),
+            in_flight: self.calls.len() as u64,
+            from_cache: self.instant.as_ref().is_some_and(|i| i.from_cache),
+            ready_at: self.reporting.ready_at(),
+        }
+    }
+
+    /// After an event or timer: schedules a publish if the headline moved.
+    pub(super) fn status_check(&mut self) {
+        if !self.reporting.publishing() {
+            return;
+        }
+        let headline = self.headline();
+        if let Some((at, timer)) = self.reporting.status_check(headline, self.now) {
+            self.set_timer(at, timer);
+        }
+    }
+
+    /// Something published changed: write it within a second (at most one
+    /// write a second).
+    pub(super) fn status_dirty(&mut self) {
+        if let Some((at, timer)) = self.reporting.status_dirty(self.now) {
+            self.set_timer(at, timer);
+        }
+    }
+
+    /// `Timer::StatusPublish`: hands the snapshot to the writer.
+    pub(super) fn on_status_due(&mut self, now: Instant) {
+        if !self.reporting.publishing() {
+            return;
+        }
+        let headline = self.headline();
+        let message = self.link.trouble().or_else(|| self.instant_note());
+        self.reporting
+            .publish(headline, message, self.calls.stats(), now);
+    }
+}
+
+impl Dispatcher {
+    /// Exports spans and metrics through `handle`.
+    pub fn with_otel(mut self, handle: Handle) -> Dispatcher {
+        let tracer = Tracer::new(&self.cfg.name, handle, self.now);
+        self.reporting.trace_with(tracer);
+        self
+    }
+
+    /// Runs `f` on the tracer when export is on.
+    pub(super) fn traced<R>(&mut self, f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
+        self.reporting.tracer().map(f)
+    }
+
+    /// Call `call` ends with an error, counted under `reason`.
+    pub(super) fn otel_schedule(&mut self) {
+        if let Some((at, timer)) = self.reporting.otel_schedule(self.now) {
+            self.set_timer(at, timer);
+        }
+    }
+
+    pub(super) fn on_otel_flush_due(&mut self, now: Instant) {
+        self.reporting.flush_metrics(self.calls.stats(), now);
+    }
+
+    /// The session ends: open spans and the last counters go out.
+    pub(super) fn otel_finish(&mut self, now: Instant) {
+        self.reporting.finish(self.calls.stats(), now);
     }
 }
 

@@ -27,9 +27,9 @@ pub(super) struct Reporting {
     /// Where `--stats-file` documents go, and whether a flush is scheduled.
     stats_out: Option<Sender<String>>,
     stats_flush_pending: bool,
-    /// What `mcp-retry status` is told, if anything (`publish.rs`).
+    /// What `mcp-retry status` is told, if anything.
     status: Option<Publisher>,
-    /// OpenTelemetry export, when on (`trace.rs`), and whether a metrics
+    /// OpenTelemetry export, when on, and whether a metrics
     /// flush is scheduled.
     otel: Option<Tracer>,
     otel_flush_pending: bool,
