@@ -6,10 +6,15 @@
 //! an outage waits for the server at most `wait_for_server` (never past a
 //! call's deadline), and goes out as soon as a probe succeeds.
 //!
-//! Owns [`Connection`], [`Session`] (what must be replayed) and the queue of
-//! requests waiting for the server. Talks to the server only through
-//! [`Downstream`]; knows nothing of processes. Probe failures never reach
-//! the circuit breaker; a request that gave up waiting does.
+//! [`Link`] owns the link's state ([`Connection`], [`Session`]: what must be
+//! replayed, the queue of what waits for the server, the recovery): its
+//! methods take `now` and push [`Effect`]s (timers, requests the server
+//! never acted on, an incarnation lost, the link down), which the
+//! dispatcher carries out in order (`with_link`); the `impl Dispatcher`
+//! below does what also needs the requests and the calls. Talks to the
+//! server only through [`Downstream`]; knows nothing of processes. Probe
+//! failures never reach the circuit breaker; a request that gave up
+//! waiting does.
 //!
 //! The link's life ([`Connection`]; `generation` counts incarnations):
 //!
