@@ -589,6 +589,32 @@ impl Dispatcher {
         true
     }
 
+    /// The link found `problem` with `m`, the answer to the replayed
+    /// `initialize` (or none): a session begun from the cache checks it
+    /// against what the client was told. False if the session ends here
+    /// (the server contradicted the cache).
+    pub(super) fn instant_verdict(
+        &mut self,
+        m: &Message,
+        problem: Option<&str>,
+        now: Instant,
+    ) -> bool {
+        if !self.instant_unchecked() {
+            return true;
+        }
+        let checked = match problem {
+            Some(p) => Err(p.to_owned()),
+            None => self.instant_check(m, now),
+        };
+        match checked {
+            Ok(()) => true,
+            Err(p) => {
+                self.instant_contradicted(&p, now);
+                false
+            }
+        }
+    }
+
     /// Whether the real server's handshake is still to be checked against
     /// the cached one the client was told.
     pub(super) fn instant_unchecked(&self) -> bool {
@@ -647,7 +673,7 @@ impl Dispatcher {
     /// empty from now on, and its `list_changed` sent; a capability it
     /// gained is warned of (and shown by `status`): the entry stored next
     /// has it, for the next session.
-    pub(super) fn instant_check(&mut self, m: &Message, now: Instant) -> Result<(), String> {
+    fn instant_check(&mut self, m: &Message, now: Instant) -> Result<(), String> {
         let Some(told) = self.instant.as_mut().and_then(|i| i.told.as_ref()) else {
             return Ok(());
         };
@@ -720,7 +746,7 @@ impl Dispatcher {
     /// given where no bridge holds: the entry goes, every pending request
     /// gets the proxy's error and the session ends, so that the host
     /// connects again and gets the server's own handshake.
-    pub(super) fn instant_contradicted(&mut self, problem: &str, now: Instant) {
+    fn instant_contradicted(&mut self, problem: &str, now: Instant) {
         let message = format!(
             "the MCP server's handshake differs from the cached one the session began with ({problem}); the cache entry was removed and the session ends: reconnect to the server (in Claude Code: /mcp)"
         );

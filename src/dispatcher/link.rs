@@ -1024,14 +1024,8 @@ impl Dispatcher {
             )),
             _ => None,
         };
-        if self.instant_unchecked() {
-            let checked = match &problem {
-                Some(p) => Err(p.clone()),
-                None => self.instant_check(m, now),
-            };
-            if let Err(p) = checked {
-                return self.instant_contradicted(&p, now);
-            }
+        if !self.instant_verdict(m, problem.as_deref(), now) {
+            return;
         }
         if let Some(problem) = problem {
             warn!("the restarted server is not usable: {problem}; stopping it");
