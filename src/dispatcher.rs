@@ -749,17 +749,16 @@ impl Dispatcher {
             warn!("{message}");
             return self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
-        if self.instant_list(&client_id, &method, m.params()) {
+        if method == "initialize" {
+            // A probing client fell back to the handshake: it speaks the
+            // older era after all.
+            self.link.session.modern_meta = None;
+        }
+        if self.instant_request(&client_id, &method, &m, batch) {
             return;
         }
         let kind = match method.as_ref() {
             "initialize" => {
-                // A probing client fell back to the handshake: it speaks
-                // the older era after all.
-                self.link.session.modern_meta = None;
-                if batch.is_none() && self.instant_initialize(&client_id, &m) {
-                    return;
-                }
                 self.link.session.pending_init = m.params().map(str::to_owned);
                 Method::Initialize
             }

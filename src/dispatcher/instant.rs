@@ -493,12 +493,28 @@ impl Dispatcher {
         self
     }
 
+    /// A client request instant start may take: an `initialize` (not in a
+    /// batch) or a first page of a list, while the real server is not
+    /// ready. Whether it was taken (it is answered either way).
+    pub(super) fn instant_request(
+        &mut self,
+        client_id: &str,
+        method: &str,
+        m: &Message,
+        batch: Option<u64>,
+    ) -> bool {
+        match method {
+            "initialize" => batch.is_none() && self.instant_initialize(client_id, m),
+            _ => self.instant_list(client_id, method, m.params()),
+        }
+    }
+
     /// The client's `initialize`, when an entry matches its protocol
     /// version: the real server gets it (asking for the version the entry
     /// says), and the cached answer is given if the server has not
     /// answered within `instant_start_grace` (`Timer::InstantGrace`). Whether it was
     /// taken (it is answered either way).
-    pub(super) fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
+    fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
         let Some(instant) = self.instant.as_mut() else {
             return false;
         };
@@ -632,12 +648,7 @@ impl Dispatcher {
     /// A list request from the client, answered from the cache while the
     /// server is not ready yet (a first page only: the cache keeps whole
     /// lists). Whether it was answered.
-    pub(super) fn instant_list(
-        &mut self,
-        client_id: &str,
-        method: &str,
-        params: Option<&str>,
-    ) -> bool {
+    fn instant_list(&mut self, client_id: &str, method: &str, params: Option<&str>) -> bool {
         let Some(list) = List::of_method(method) else {
             return false;
         };
