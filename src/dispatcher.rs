@@ -11,8 +11,8 @@
 //!
 //! Never touches a file descriptor: I/O threads deliver events and take lines
 //! over channels; the server is reached only through [`Downstream`]. What
-//! `mcp-retry status` shows is handed to its writer thread by `publish.rs`,
-//! after changes only.
+//! `mcp-retry status` shows is handed to its writer thread after changes
+//! only (see "reporting" below).
 
 #![forbid(unsafe_code)]
 
@@ -25,7 +25,9 @@ use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
-use crate::policy::recovery::Recovery;
+use crate::otel::{Handle, Tracer};
+use crate::policy::breaker::BreakerState;
+use crate::status::{BreakerShown, Headline, Snapshot};
 use crate::stdio::{self, Backlog, Outbox};
 use crate::{debug, info, warn};
 
@@ -33,21 +35,18 @@ mod actions;
 mod calls;
 mod instant;
 mod link;
-mod publish;
 mod queue;
 mod reporting;
 mod requests;
 #[cfg(test)]
 mod tests;
 mod timers;
-mod trace;
 
 use crate::mcp::List;
 use calls::{Action, CallTimer, Calls, Owner};
 pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
-use link::{Link, Queued, ReplayStep, Route, SendResult, Session};
-use queue::Queue;
+use link::{Link, Queued, ReplayStep, Route, SendResult};
 use reporting::Reporting;
 use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
 pub use timers::Timer;
@@ -265,28 +264,17 @@ pub enum Outcome {
 pub struct Dispatcher {
     cfg: Arc<ServerConfig>,
     to_client: Outbox,
-    events: Sender<Event>,
-    connect: Connector,
+    /// The server link: its state, the session to replay, the queue, the
+    /// probes.
     link: Link,
-    generation: u64,
     /// Every request in flight across the proxy, and the ids given to them.
     requests: Requests,
-    /// What a restarted server must be told.
-    session: Session,
-    /// Traffic waiting for a (re)starting server, and its ramp.
-    queue: Queue,
-    /// The link's health while it is down, and when to probe it.
-    recovery: Recovery,
-    /// The newest probe timer (older ones are void).
-    restart_seq: u64,
     timers: Timers,
     phase: Phase,
     /// Every `tools/call` in flight, with the policies.
     calls: Calls,
     /// The actions the calls return, a buffer kept between events.
     actions: Vec<Action>,
-    /// For the restart backoff's jitter.
-    rng: fastrand::Rng,
     /// The time of the event or timer being handled: the dispatcher's only
     /// clock (read by `run`, set by the caller of `handle_event`).
     now: Instant,
@@ -304,9 +292,6 @@ pub struct Dispatcher {
     instant: Option<Box<InstantStart>>,
     /// The session ends because the server contradicted the cache.
     handshake_changed: bool,
-    /// Started by `check` (`MCP_RETRY_CHECK=1`): the first start that ends
-    /// before the handshake answers what waits.
-    check_mode: bool,
 }
 
 impl Dispatcher {
@@ -319,23 +304,12 @@ impl Dispatcher {
         let cfg = Arc::new(cfg);
         Dispatcher {
             to_client,
-            events,
-            connect,
-            link: Link::Down {
-                reason: Reason::ServerUnavailable,
-                message: "the server has not been started".into(),
-            },
-            generation: 0,
+            link: Link::new(cfg.clone(), connect, events),
             requests: Requests::default(),
-            session: Session::default(),
-            queue: Queue::new(),
-            recovery: Recovery::new(),
-            restart_seq: 0,
             timers: Timers::default(),
             phase: Phase::Running,
             calls: Calls::new(cfg.clone()),
             actions: Vec::new(),
-            rng: fastrand::Rng::new(),
             now: Instant::now(),
             reporting: Reporting::new(Instant::now()),
             eager: false,
@@ -343,7 +317,6 @@ impl Dispatcher {
             handled_bytes: 0,
             instant: None,
             handshake_changed: false,
-            check_mode: false,
             cfg,
         }
     }
@@ -364,7 +337,7 @@ impl Dispatcher {
     /// Seeds the randomness of backoff jitter (tests replay a schedule).
     #[cfg(test)]
     pub fn with_seed(mut self, seed: u64) -> Dispatcher {
-        self.rng = fastrand::Rng::with_seed(seed);
+        self.link.reseed(seed);
         self.calls = self.calls.with_seed(seed);
         self
     }
@@ -379,7 +352,7 @@ impl Dispatcher {
     /// Started by `check`: a server that cannot start is named at its
     /// first start, not its third (`fail_fast_at_start` aside).
     pub fn with_check_mode(mut self, on: bool) -> Dispatcher {
-        self.check_mode = on;
+        self.link.set_check_mode(on);
         self
     }
 
@@ -445,14 +418,12 @@ impl Dispatcher {
     }
 
     fn finished(&self) -> Option<Outcome> {
-        match (self.phase, &self.link) {
-            (Phase::Stopping { signal }, link) if !matches!(link, Link::Up(_)) => {
-                Some(match signal {
-                    Some(s) => Outcome::Signalled(s),
-                    None if self.handshake_changed => Outcome::HandshakeChanged,
-                    None => Outcome::ClientClosed,
-                })
-            }
+        match self.phase {
+            Phase::Stopping { signal } if !self.link.is_up() => Some(match signal {
+                Some(s) => Outcome::Signalled(s),
+                None if self.handshake_changed => Outcome::HandshakeChanged,
+                None => Outcome::ClientClosed,
+            }),
             _ => None,
         }
     }
@@ -471,7 +442,7 @@ impl Dispatcher {
                 self.begin_shutdown(None, now);
             }
             Event::Server { generation, event } => {
-                if generation == self.generation {
+                if generation == self.link.generation() {
                     self.on_link_event(event, now);
                 }
             }
@@ -524,7 +495,7 @@ impl Dispatcher {
     fn on_timer(&mut self, timer: Timer, now: Instant) {
         match timer {
             Timer::ShutdownGiveUp => {
-                if matches!(self.link, Link::Up(_)) {
+                if self.link.is_up() {
                     warn!("the server was not reported gone after its stop sequence; leaving it");
                     let gone = Gone {
                         how: "did not stop in time".into(),
@@ -538,22 +509,24 @@ impl Dispatcher {
             Timer::OtelFlush => self.on_otel_flush_due(now),
             Timer::StatusPublish => self.on_status_due(now),
             Timer::Restart { seq } => self.on_probe_due(seq, now),
-            Timer::ReplayTimeout { generation } => self.on_replay_timeout(generation),
+            Timer::ReplayTimeout { generation } => self.link.on_replay_timeout(generation),
             Timer::QueueExpired { seq } => self.on_queue_expired(seq, now),
             Timer::FirstInitialize { down } => self.on_first_initialize_due(down, now),
             Timer::RampStall => self.on_ramp_stall(now),
             Timer::InstantGrace => self.instant_grace_over(),
             Timer::LearnTools => {
                 let client_listing = self.requests.client_listing_tools();
-                if self.session.has_tools
+                if self.link.session.has_tools
                     && self.calls.tools_unknown()
                     && !client_listing
-                    && self.link_ready()
+                    && self.link.ready()
                 {
                     self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
                 }
             }
-            Timer::OverlongLine { generation, line } => self.on_overlong_line(generation, line),
+            Timer::OverlongLine { generation, line } => {
+                self.link.on_overlong_line(generation, line)
+            }
             Timer::ToolsListTimeout { down } => self.on_tools_list_timeout(down, now),
             Timer::ListingTimeout { down } => self.on_listing_timeout(down),
             Timer::Call(t) => {
@@ -593,15 +566,13 @@ impl Dispatcher {
         if let Phase::Stopping { .. } = self.phase {
             if signal.is_some() {
                 // A second signal: stop waiting.
-                if let Link::Up(c) = &mut self.link {
-                    c.server.kill();
-                }
+                self.link.kill();
             }
             return;
         }
         self.phase = Phase::Stopping { signal };
         // Nothing queued will be sent any more.
-        for (_, _, item) in self.queue.drain() {
+        for (_, _, item) in self.link.drain_queue() {
             match item {
                 Queued::Request { client_id, .. } => self.answer_proxy_error(
                     &client_id,
@@ -620,8 +591,7 @@ impl Dispatcher {
             }
         }
         let step = self.shutdown_step();
-        if let Link::Up(c) = &mut self.link {
-            c.server.shutdown(step);
+        if self.link.shutdown(step) {
             self.set_timer(now + 2 * step + SHUTDOWN_BACKSTOP, Timer::ShutdownGiveUp);
         }
     }
@@ -679,7 +649,7 @@ impl Dispatcher {
     }
 
     fn on_client_batch(&mut self, items: Vec<Parsed>, now: Instant) {
-        if self.session.protocol_version.as_deref() != Some("2025-03-26") {
+        if self.link.session.protocol_version.as_deref() != Some("2025-03-26") {
             warn!("answered a JSON-RPC batch from the client: batches are not part of the negotiated protocol");
             self.send_client(jsonrpc::error_line(
                 None,
@@ -759,12 +729,12 @@ impl Dispatcher {
         // A client without `initialize` may speak 2026-07-28: the proxy's own
         // requests must then name the version as the client's do. Read once,
         // and never in a session that began with `initialize`.
-        if self.session.modern_meta.is_none()
-            && self.session.init_params.is_none()
-            && self.session.pending_init.is_none()
+        if self.link.session.modern_meta.is_none()
+            && self.link.session.init_params.is_none()
+            && self.link.session.pending_init.is_none()
             && method != "initialize"
         {
-            self.session.modern_meta = m.params().and_then(crate::mcp::envelope);
+            self.link.session.modern_meta = m.params().and_then(crate::mcp::envelope);
         }
         let trace = self
             .reporting
@@ -779,18 +749,17 @@ impl Dispatcher {
             warn!("{message}");
             return self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
-        if self.instant_list(&client_id, &method, m.params()) {
+        if method == "initialize" {
+            // A probing client fell back to the handshake: it speaks the
+            // older era after all.
+            self.link.session.modern_meta = None;
+        }
+        if self.instant_request(&client_id, &method, &m, batch) {
             return;
         }
         let kind = match method.as_ref() {
             "initialize" => {
-                // A probing client fell back to the handshake: it speaks
-                // the older era after all.
-                self.session.modern_meta = None;
-                if batch.is_none() && self.instant_initialize(&client_id, &m) {
-                    return;
-                }
-                self.session.pending_init = m.params().map(str::to_owned);
+                self.link.session.pending_init = m.params().map(str::to_owned);
                 Method::Initialize
             }
             "tools/list" => Method::ToolsList {
@@ -814,7 +783,7 @@ impl Dispatcher {
             | "completion/complete"
             | "ping" => Method::ReadOnly,
             "logging/setLevel" => {
-                self.session.log_level = m.params().map(str::to_owned);
+                self.link.session.log_level = m.params().map(str::to_owned);
                 Method::Other
             }
             "resources/subscribe" | "resources/unsubscribe" => {
@@ -845,9 +814,9 @@ impl Dispatcher {
             return;
         };
         if method == "resources/subscribe" {
-            self.session.subscriptions.insert(uri, p.to_owned());
+            self.link.session.subscriptions.insert(uri, p.to_owned());
         } else {
-            self.session.subscriptions.remove(&uri);
+            self.link.session.subscriptions.remove(&uri);
         }
     }
 
@@ -892,10 +861,10 @@ impl Dispatcher {
         let method = m.method().unwrap_or_default().into_owned();
         let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
         let waited = self.requests.sent(&client_id, down);
-        if kind == Method::Initialize && !self.recovery.is_handshaken() {
+        if kind == Method::Initialize && !self.link.is_handshaken() {
             // Before the first handshake a server that never answers is
             // waited for as long as one that is down.
-            let (_, until) = waited.unwrap_or((now, self.wait_until(now)));
+            let (_, until) = waited.unwrap_or((now, self.link.wait_until(now)));
             self.set_timer(until.max(now), Timer::FirstInitialize { down });
         }
         if let SendResult::Overloaded(message) = self.send_server_request(out) {
@@ -917,7 +886,7 @@ impl Dispatcher {
             return self.on_client_cancel(&m, now);
         }
         if method == "notifications/initialized" {
-            self.session.initialized = true;
+            self.link.session.initialized = true;
             // Learn the tools' annotations soon, unless the client lists
             // the tools itself right away (as most do).
             self.set_timer(now + TOOLS_AFTER_HANDSHAKE, Timer::LearnTools);
@@ -932,9 +901,10 @@ impl Dispatcher {
             // The replay of the handshake to the server that is starting
             // sends it.
             Route::Queue
-                if method == "notifications/initialized" && self.session.init_params.is_some() => {}
+                if method == "notifications/initialized"
+                    && self.link.session.init_params.is_some() => {}
             Route::Queue => {
-                let expires = self.wait_until(now);
+                let expires = self.link.wait_until(now);
                 if self
                     .enqueue(
                         Queued::Notification(Outgoing::notification(&method, m.into_line())),
@@ -1007,7 +977,7 @@ impl Dispatcher {
         let Some(req) = self.close_server_request(ours, now) else {
             return warn!("dropped a response from the client with unknown id {id}");
         };
-        if req.generation != self.generation {
+        if req.generation != self.link.generation() {
             return debug!("dropped the client's answer to a request of a server that has exited");
         }
         let line = m.into_line_with_id(&req.server_id);
@@ -1106,10 +1076,7 @@ impl Dispatcher {
     /// The current incarnation answered a client request or a call attempt:
     /// it did useful work.
     fn served(&mut self, now: Instant) {
-        if let Link::Up(c) = &mut self.link {
-            c.served = true;
-        }
-        self.recovery.handshaken();
+        self.link.served();
         self.ramp_answered(now);
     }
 
@@ -1139,9 +1106,7 @@ impl Dispatcher {
             Some(Inflight::Replay(step)) => {
                 if step == ReplayStep::Initialize {
                     warn!("the restarted server is not usable: {message}; stopping it");
-                    if let Link::Up(c) = &mut self.link {
-                        c.server.kill();
-                    }
+                    self.link.kill();
                 }
             }
             None => {
@@ -1169,12 +1134,12 @@ impl Dispatcher {
             return;
         };
         self.instant_accepted(raw);
-        self.session.init_params = self.session.pending_init.take();
+        self.link.session.init_params = self.link.session.pending_init.take();
         self.reporting.ready(now);
-        self.recovery.handshaken();
+        self.link.handshaken();
         if let Some(v) = result.string("protocolVersion") {
             debug!("negotiated protocol version {v}");
-            self.session.protocol_version = Some(v);
+            self.link.session.protocol_version = Some(v);
         }
         self.observe_capabilities(raw);
         // A client that did not wait for this answer said `initialized`
@@ -1192,8 +1157,8 @@ impl Dispatcher {
             .get("capabilities")
             .and_then(|c| RawObject::parse(c.get()))
             .and_then(|c| c.get("tools").map(|t| t.get().to_owned()));
-        self.session.has_tools = tools.is_some();
-        self.session.tools_list_changed = tools
+        self.link.session.has_tools = tools.is_some();
+        self.link.session.tools_list_changed = tools
             .as_deref()
             .and_then(RawObject::parse)
             .and_then(|t| t.get("listChanged").map(|l| l.get() == "true"))
@@ -1209,9 +1174,9 @@ impl Dispatcher {
             Some("sampling/createMessage" | "elicitation/create")
         );
         let server_id = m.id().expect("requests have ids");
-        let ours = self
-            .requests
-            .open_server_request(self.generation, server_id, pauses, now);
+        let ours =
+            self.requests
+                .open_server_request(self.link.generation(), server_id, pauses, now);
         self.send_client(m.into_line_with_id(&ours.to_string()));
     }
 
@@ -1245,7 +1210,7 @@ impl Dispatcher {
             };
             let ours = self
                 .requests
-                .find_server_request(self.generation, &server_id);
+                .find_server_request(self.link.generation(), &server_id);
             let Some(ours) = ours else {
                 return debug!("dropped the server's cancel for unknown request {server_id}");
             };
@@ -1287,6 +1252,104 @@ impl Dispatcher {
         } else {
             self.to_client.send(line);
         }
+    }
+}
+
+// ----- reporting -------------------------------------------------------
+//
+// Publishing for `mcp-retry status`: the file is out of date when a counter
+// moves (`stats_dirty`) or when the `Headline` (link, breaker, restarts,
+// calls in flight, the handshake) differs from the last one seen; both only
+// happen while handling an event or a timer, so an idle proxy never wakes
+// up to publish. OpenTelemetry: the metrics flush is scheduled after a
+// change only, and what is open ends at exit. `Reporting` holds the outputs
+// and builds no JSON.
+
+impl Dispatcher {
+    /// Publishes the session's state through `out` (see `status.rs`).
+    pub fn with_status_output(mut self, out: Sender<Snapshot>) -> Dispatcher {
+        self.reporting.status_to(out);
+        self
+    }
+
+    /// The link, breaker and load as `status` shows them.
+    pub(super) fn headline(&self) -> Headline {
+        let (link, link_until) = self.link.shown();
+        let (breaker, breaker_until) = match self.calls.breaker_state() {
+            BreakerState::Closed => (BreakerShown::Closed, None),
+            BreakerState::Open { until } => (BreakerShown::Open, Some(*until)),
+            BreakerState::HalfOpen { .. } => (BreakerShown::HalfOpen, None),
+        };
+        Headline {
+            link,
+            link_until,
+            breaker,
+            breaker_until,
+            restarts: self.link.generation().saturating_sub(1),
+            in_flight: self.calls.len() as u64,
+            from_cache: self.instant.as_ref().is_some_and(|i| i.from_cache),
+            ready_at: self.reporting.ready_at(),
+        }
+    }
+
+    /// After an event or timer: schedules a publish if the headline moved.
+    pub(super) fn status_check(&mut self) {
+        if !self.reporting.publishing() {
+            return;
+        }
+        let headline = self.headline();
+        if let Some((at, timer)) = self.reporting.status_check(headline, self.now) {
+            self.set_timer(at, timer);
+        }
+    }
+
+    /// Something published changed: write it within a second (at most one
+    /// write a second).
+    pub(super) fn status_dirty(&mut self) {
+        if let Some((at, timer)) = self.reporting.status_dirty(self.now) {
+            self.set_timer(at, timer);
+        }
+    }
+
+    /// `Timer::StatusPublish`: hands the snapshot to the writer.
+    pub(super) fn on_status_due(&mut self, now: Instant) {
+        if !self.reporting.publishing() {
+            return;
+        }
+        let headline = self.headline();
+        let message = self.link.trouble().or_else(|| self.instant_note());
+        self.reporting
+            .publish(headline, message, self.calls.stats(), now);
+    }
+}
+
+impl Dispatcher {
+    /// Exports spans and metrics through `handle`.
+    pub fn with_otel(mut self, handle: Handle) -> Dispatcher {
+        let tracer = Tracer::new(&self.cfg.name, handle, self.now);
+        self.reporting.trace_with(tracer);
+        self
+    }
+
+    /// Runs `f` on the tracer when export is on.
+    pub(super) fn traced<R>(&mut self, f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
+        self.reporting.tracer().map(f)
+    }
+
+    /// Call `call` ends with an error, counted under `reason`.
+    pub(super) fn otel_schedule(&mut self) {
+        if let Some((at, timer)) = self.reporting.otel_schedule(self.now) {
+            self.set_timer(at, timer);
+        }
+    }
+
+    pub(super) fn on_otel_flush_due(&mut self, now: Instant) {
+        self.reporting.flush_metrics(self.calls.stats(), now);
+    }
+
+    /// The session ends: open spans and the last counters go out.
+    pub(super) fn otel_finish(&mut self, now: Instant) {
+        self.reporting.finish(self.calls.stats(), now);
     }
 }
 

@@ -16,8 +16,8 @@ use crate::downstream::Outgoing;
 use crate::jsonrpc::{self, Message};
 use crate::warn;
 
-use super::calls::{Action, Arrival, Calls, Ctx, LinkView, Trace};
-use super::link::{Queued, Route, SendResult};
+use super::calls::{Action, Arrival, Calls, Ctx, First, LinkView, Trace};
+use super::link::{Effect, Link, Queued, Route, SendResult};
 use super::{CallError, Dispatcher, Inflight, Method, Reason, Timer};
 
 /// The largest action buffer kept between runs: what an ordinary event
@@ -35,6 +35,7 @@ impl Dispatcher {
             now,
             link: self.link_view(),
             tracing: self.reporting.tracing(),
+            attempt_id: self.requests.next_attempt_id(),
         };
         // Nested runs (an action that reports back) start with an empty
         // buffer; the largest one is kept, unless a burst (a link lost with
@@ -53,14 +54,42 @@ impl Dispatcher {
         r
     }
 
+    /// Runs `f` on the link at `now`, then carries out the effects it
+    /// pushed, in order.
+    pub(super) fn with_link<R>(
+        &mut self,
+        now: Instant,
+        f: impl FnOnce(&mut Link, &mut Vec<Effect>) -> R,
+    ) -> R {
+        let mut out = Vec::new();
+        let r = f(&mut self.link, &mut out);
+        for effect in out {
+            self.carry_out_link(effect, now);
+        }
+        r
+    }
+
+    fn carry_out_link(&mut self, effect: Effect, now: Instant) {
+        match effect {
+            Effect::Timer(at, timer) => self.set_timer(at, timer),
+            Effect::Unanswered(line, failure) => self.on_unanswered(line, failure, now),
+            Effect::Lost {
+                message,
+                may_have_received,
+                stopping,
+            } => self.on_link_lost(&message, may_have_received, stopping, now),
+            Effect::Down { message, heal } => self.link_down(message, heal, now),
+        }
+    }
+
     /// What the calls must know of the link now.
     fn link_view(&self) -> LinkView {
-        let ready = self.link_ready();
+        let ready = self.link.ready();
         LinkView {
             ready,
-            reachable: ready || self.link_restarting(),
-            initialized: self.session.initialized || self.session.modern_meta.is_some(),
-            generation: self.generation_to_ask(),
+            reachable: ready || self.link.restarting(),
+            initialized: self.link.session.initialized || self.link.session.modern_meta.is_some(),
+            generation: self.link.generation_to_ask(),
             paused: self.requests.paused(),
         }
     }
@@ -88,9 +117,14 @@ impl Dispatcher {
         }
     }
 
-    /// A client `tools/call` (while the session runs).
+    /// A client `tools/call` (while the session runs): one run of the
+    /// calls reads it and, for a new call, admits its first attempt and,
+    /// the link ready, records it under the id issued next.
     pub(super) fn on_tools_call(&mut self, m: Message, client_id: String, now: Instant) {
-        let arrival = self.with_calls(now, |c, ctx, out| c.arrive(m, &client_id, ctx, out));
+        let down = self.requests.next_attempt_id();
+        let (arrival, first) = self.with_calls(now, |c, ctx, out| {
+            c.arrive_and_start(m, &client_id, ctx, out)
+        });
         let call = match arrival {
             Arrival::Relay(m) => return self.relay_request(m, client_id, Method::Other, now),
             Arrival::Answered => return,
@@ -99,7 +133,11 @@ impl Dispatcher {
         };
         self.requests.set_call(&client_id, call);
         if let Arrival::Started(id) = arrival {
-            self.start_attempt(id, now);
+            match first {
+                First::Recorded => self.send_recorded(id, down, now),
+                First::Admitted => self.route_attempt(id, now),
+                First::Waiting => {}
+            }
         }
     }
 
@@ -108,15 +146,10 @@ impl Dispatcher {
     /// reached. With the link ready, one run of the calls admits and
     /// records it, under the id issued next.
     pub(super) fn start_attempt(&mut self, id: u64, now: Instant) {
-        if self.link_ready() {
+        if self.link.ready() {
             let down = self.requests.next_attempt_id();
-            if self.with_calls(now, |c, ctx, out| c.start(id, down, ctx, out)) {
-                let issued = self.requests.issue_attempt();
-                debug_assert_eq!(issued, down, "an id was issued while the calls ran");
-                let traceparent = self.traced(|t| t.attempt_started(id, down, now)).flatten();
-                if let Some(attempt) = self.calls.attempt_line(id, down, traceparent.as_deref()) {
-                    self.send_attempt(attempt, now);
-                }
+            if self.with_calls(now, |c, ctx, out| c.start(id, ctx.attempt_id, ctx, out)) {
+                self.send_recorded(id, down, now);
             }
             return;
         }
@@ -124,6 +157,17 @@ impl Dispatcher {
             return;
         }
         self.route_attempt(id, now);
+    }
+
+    /// The calls recorded call `id`'s attempt under `down`, the id issued
+    /// next: it is issued, and the attempt's line goes out.
+    fn send_recorded(&mut self, id: u64, down: u64, now: Instant) {
+        let issued = self.requests.issue_attempt();
+        debug_assert_eq!(issued, down, "an id was issued while the calls ran");
+        let traceparent = self.traced(|t| t.attempt_started(id, down, now)).flatten();
+        if let Some(attempt) = self.calls.attempt_line(id, down, traceparent.as_deref()) {
+            self.send_attempt(attempt, now);
+        }
     }
 
     /// Sends the admitted attempt of call `id`, or queues it while the
@@ -148,7 +192,7 @@ impl Dispatcher {
                         self.with_calls(now, |c, ctx, out| c.wait_began(id, ctx, out));
                     }
                     None => {
-                        let message = self.queue_full_message();
+                        let message = self.link.queue_full_message();
                         let error = CallError::proxy(Reason::ServerUnavailable, message, &[]);
                         self.with_calls(now, |c, ctx, out| c.fail(id, &error, ctx, out));
                     }
@@ -165,7 +209,7 @@ impl Dispatcher {
     /// How long call `id` may wait for the server from `now`:
     /// `wait_for_server`, and never past its deadline.
     fn call_wait_until(&self, id: u64, now: Instant) -> Instant {
-        let wait = self.wait_until(now);
+        let wait = self.link.wait_until(now);
         self.calls.deadline(id).map_or(wait, |d| d.min(wait))
     }
 
@@ -206,7 +250,8 @@ impl Dispatcher {
     /// Sends our own `tools/list` for one page; it gets `call_timeout` to
     /// be answered, like an attempt.
     pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
-        let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
+        let params =
+            crate::mcp::tools_list_params(cursor, self.link.session.modern_meta.as_deref());
         let first = cursor.is_none();
         let down = self.requests.issue(Inflight::ToolsList { first });
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
@@ -248,7 +293,8 @@ impl Dispatcher {
         }
     }
 
-    /// Tells the tracer about the calls.
+    /// Tells the tracer about the calls (a call's start with what the
+    /// calls hold of it; the rest through `Reporting::trace`).
     fn trace(&mut self, t: Trace, now: Instant) {
         match t {
             Trace::CallStarted { call } => {
@@ -258,28 +304,7 @@ impl Dispatcher {
                     tracer.call_started(call, tool, client, params, now);
                 }
             }
-            Trace::AnsweredByProxy(a) => {
-                let params = a.request.params();
-                self.traced(|t| t.answered_by_proxy(&a.tool, &a.client, params, a.end, now));
-            }
-            Trace::Joined { call } => {
-                self.traced(|t| t.joined(call, now));
-            }
-            Trace::AttemptEnded { call, failure } => {
-                self.traced(|t| t.attempt_ended(call, failure, now));
-            }
-            Trace::CancelledDownstream { call } => {
-                let name = "mcp_retry.cancelled_downstream";
-                self.traced(|t| t.attempt_event(call, name, Vec::new(), now));
-            }
-            Trace::CallEnded { call, end } => {
-                self.traced(|t| t.call_ended(call, end, now));
-            }
-            Trace::CallFailed { call, reason } => self.trace_failed(call, reason, now),
-            Trace::BreakerRefused { call, retry_after } => {
-                self.trace_refused(call, retry_after, now)
-            }
-            Trace::Backoff { call, delay, retry } => self.trace_backoff(call, delay, retry, now),
+            t => self.reporting.trace(t, now),
         }
     }
 }

@@ -106,6 +106,9 @@ pub(super) struct Ctx {
     pub link: LinkView,
     /// OpenTelemetry export is on: push [`Action::Trace`]s.
     pub tracing: bool,
+    /// The downstream id the dispatcher issues next: an attempt recorded
+    /// in this run goes under it.
+    pub attempt_id: u64,
 }
 
 /// What the dispatcher does for the calls, in the order pushed.
@@ -220,6 +223,21 @@ pub(super) enum Arrival {
     /// It is call `call` now; its first attempt is for the dispatcher to
     /// route and start ([`Calls::admit`]).
     Started(u64),
+}
+
+/// How far a new call's first attempt got in the run that opened it
+/// ([`Calls::arrive_and_start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum First {
+    /// Admitted and recorded under `Ctx::attempt_id`: the dispatcher
+    /// issues that id and sends the attempt's line.
+    Recorded,
+    /// Admitted; the link is not ready: the dispatcher routes it (queue,
+    /// refuse).
+    Admitted,
+    /// No attempt now: the breaker refused it, its key's claim waits for
+    /// the store, or it is no new call.
+    Waiting,
 }
 
 /// What a downstream id was to the calls, as far as the link cares.

@@ -31,7 +31,6 @@ use crate::jsonrpc::{self, Message, RawObject};
 use crate::mcp::{List, Next, ToolsPager};
 use crate::{debug, info, warn};
 
-use super::link::Link;
 use super::{Dispatcher, Inflight, Phase, Reason, Timer};
 
 /// How long a server started behind a cached handshake may take to answer
@@ -494,12 +493,28 @@ impl Dispatcher {
         self
     }
 
+    /// A client request instant start may take: an `initialize` (not in a
+    /// batch) or a first page of a list, while the real server is not
+    /// ready. Whether it was taken (it is answered either way).
+    pub(super) fn instant_request(
+        &mut self,
+        client_id: &str,
+        method: &str,
+        m: &Message,
+        batch: Option<u64>,
+    ) -> bool {
+        match method {
+            "initialize" => batch.is_none() && self.instant_initialize(client_id, m),
+            _ => self.instant_list(client_id, method, m.params()),
+        }
+    }
+
     /// The client's `initialize`, when an entry matches its protocol
     /// version: the real server gets it (asking for the version the entry
     /// says), and the cached answer is given if the server has not
     /// answered within `instant_start_grace` (`Timer::InstantGrace`). Whether it was
     /// taken (it is answered either way).
-    pub(super) fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
+    fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
         let Some(instant) = self.instant.as_mut() else {
             return false;
         };
@@ -507,7 +522,8 @@ impl Dispatcher {
             .params()
             .and_then(RawObject::parse)
             .and_then(|p| p.string("protocolVersion"));
-        let first = self.session.init_params.is_none() && self.session.pending_init.is_none();
+        let first =
+            self.link.session.init_params.is_none() && self.link.session.pending_init.is_none();
         let Some(entry) = instant.entry.take() else {
             return false;
         };
@@ -529,23 +545,19 @@ impl Dispatcher {
         instant.told = Some(entry);
         // The session is the client's from now on, as if the server had
         // accepted it: a start replays it.
-        self.session.init_params = m.params().map(str::to_owned);
-        self.session.protocol_version = cached_version;
+        self.link.session.init_params = m.params().map(str::to_owned);
+        self.link.session.protocol_version = cached_version;
         self.observe_capabilities(&result);
         // It told the client `listChanged`: a restarted server's tools are
         // compared too.
-        self.session.tools_list_changed = self.session.has_tools;
+        self.link.session.tools_list_changed = self.link.session.has_tools;
         if let Some(instant) = self.instant.as_mut() {
             instant.held = Some((client_id.to_owned(), result));
         }
         self.set_timer(self.now + self.cfg.instant_start_grace, Timer::InstantGrace);
-        match &mut self.link {
-            Link::Up(c) if !c.draining => {
-                c.ready = false;
-                self.replay_initialize(self.now);
-            }
-            // Down or between starts: the next start replays it.
-            _ => {}
+        // Down or between starts: the next start replays it.
+        if self.link.unready() {
+            self.replay_initialize(self.now);
         }
         self.status_dirty();
         true
@@ -583,7 +595,7 @@ impl Dispatcher {
             "the MCP server answered initialize within {:?}; the cached answer is not used",
             self.cfg.instant_start_grace
         );
-        self.session.protocol_version =
+        self.link.session.protocol_version =
             RawObject::parse(real).and_then(|r| r.string("protocolVersion"));
         self.observe_capabilities(real);
         self.reporting.ready(now);
@@ -591,6 +603,32 @@ impl Dispatcher {
         self.answer(&client_id, jsonrpc::response_line(&client_id, real));
         self.status_dirty();
         true
+    }
+
+    /// The link found `problem` with `m`, the answer to the replayed
+    /// `initialize` (or none): a session begun from the cache checks it
+    /// against what the client was told. False if the session ends here
+    /// (the server contradicted the cache).
+    pub(super) fn instant_verdict(
+        &mut self,
+        m: &Message,
+        problem: Option<&str>,
+        now: Instant,
+    ) -> bool {
+        if !self.instant_unchecked() {
+            return true;
+        }
+        let checked = match problem {
+            Some(p) => Err(p.to_owned()),
+            None => self.instant_check(m, now),
+        };
+        match checked {
+            Ok(()) => true,
+            Err(p) => {
+                self.instant_contradicted(&p, now);
+                false
+            }
+        }
     }
 
     /// Whether the real server's handshake is still to be checked against
@@ -610,12 +648,7 @@ impl Dispatcher {
     /// A list request from the client, answered from the cache while the
     /// server is not ready yet (a first page only: the cache keeps whole
     /// lists). Whether it was answered.
-    pub(super) fn instant_list(
-        &mut self,
-        client_id: &str,
-        method: &str,
-        params: Option<&str>,
-    ) -> bool {
+    fn instant_list(&mut self, client_id: &str, method: &str, params: Option<&str>) -> bool {
         let Some(list) = List::of_method(method) else {
             return false;
         };
@@ -651,7 +684,7 @@ impl Dispatcher {
     /// empty from now on, and its `list_changed` sent; a capability it
     /// gained is warned of (and shown by `status`): the entry stored next
     /// has it, for the next session.
-    pub(super) fn instant_check(&mut self, m: &Message, now: Instant) -> Result<(), String> {
+    fn instant_check(&mut self, m: &Message, now: Instant) -> Result<(), String> {
         let Some(told) = self.instant.as_mut().and_then(|i| i.told.as_ref()) else {
             return Ok(());
         };
@@ -707,7 +740,7 @@ impl Dispatcher {
             instant.note = Some(note);
         }
         if instant.lost.contains(&List::Tools) {
-            self.session.has_tools = false;
+            self.link.session.has_tools = false;
         }
         for method in changed {
             self.send_client(jsonrpc::notification_line(method, None));
@@ -724,7 +757,7 @@ impl Dispatcher {
     /// given where no bridge holds: the entry goes, every pending request
     /// gets the proxy's error and the session ends, so that the host
     /// connects again and gets the server's own handshake.
-    pub(super) fn instant_contradicted(&mut self, problem: &str, now: Instant) {
+    fn instant_contradicted(&mut self, problem: &str, now: Instant) {
         let message = format!(
             "the MCP server's handshake differs from the cached one the session began with ({problem}); the cache entry was removed and the session ends: reconnect to the server (in Claude Code: /mcp)"
         );
@@ -749,10 +782,11 @@ impl Dispatcher {
 
     /// The protocol version the client asked for in its `initialize`.
     fn client_version(&self) -> String {
-        self.session
+        self.link
+            .session
             .init_params
             .as_deref()
-            .or(self.session.pending_init.as_deref())
+            .or(self.link.session.pending_init.as_deref())
             .and_then(RawObject::parse)
             .and_then(|p| p.string("protocolVersion"))
             .unwrap_or_default()
@@ -770,7 +804,7 @@ impl Dispatcher {
     /// The link is ready and the session initialized: ask for the lists
     /// still to be read.
     pub(super) fn instant_read_lists(&mut self, now: Instant) {
-        if !self.session.initialized || !self.link_ready() {
+        if !self.link.session.initialized || !self.link.ready() {
             return;
         }
         let Some(instant) = self.instant.as_mut() else {
@@ -780,8 +814,8 @@ impl Dispatcher {
         // the server, nor does a client after a restart: the calls' own
         // listing is read (it learns the annotations too). Otherwise the
         // client's first listing is, or the calls' (`Timer::LearnTools`).
-        let tools =
-            instant.reading.wants(List::Tools) && (instant.from_cache || self.generation > 1);
+        let tools = instant.reading.wants(List::Tools)
+            && (instant.from_cache || self.link.generation() > 1);
         for list in instant.reading.take_unasked() {
             self.request_list_page(list, None, now);
         }
@@ -794,7 +828,8 @@ impl Dispatcher {
 
     /// Sends the proxy's own request for a page of `list`.
     fn request_list_page(&mut self, list: List, cursor: Option<&str>, now: Instant) {
-        let params = crate::mcp::tools_list_params(cursor, self.session.modern_meta.as_deref());
+        let params =
+            crate::mcp::tools_list_params(cursor, self.link.session.modern_meta.as_deref());
         let down = self.requests.issue(Inflight::Listing {
             list,
             first: cursor.is_none(),

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use crate::otel::{self, Tracer};
+use crate::otel::{self, CallEnd, Tracer};
 use crate::stats::Stats;
 use crate::status::{Headline, Publisher, Snapshot};
 
+use super::calls::Trace;
 use super::Timer;
 
 /// How often `--stats-file` is rewritten while counters change.
@@ -26,9 +27,9 @@ pub(super) struct Reporting {
     /// Where `--stats-file` documents go, and whether a flush is scheduled.
     stats_out: Option<Sender<String>>,
     stats_flush_pending: bool,
-    /// What `mcp-retry status` is told, if anything (`publish.rs`).
+    /// What `mcp-retry status` is told, if anything.
     status: Option<Publisher>,
-    /// OpenTelemetry export, when on (`trace.rs`), and whether a metrics
+    /// OpenTelemetry export, when on, and whether a metrics
     /// flush is scheduled.
     otel: Option<Tracer>,
     otel_flush_pending: bool,
@@ -188,6 +189,44 @@ impl Reporting {
     pub(super) fn finish(&mut self, stats: &Stats, now: Instant) {
         if let Some(t) = &mut self.otel {
             t.finish(stats, now);
+        }
+    }
+
+    /// Hands what the calls report to the tracer, if export is on.
+    pub(super) fn trace(&mut self, t: Trace, now: Instant) {
+        let Some(tracer) = &mut self.otel else {
+            return;
+        };
+        match t {
+            // Its span needs what the calls hold of it: the dispatcher's.
+            Trace::CallStarted { .. } => {}
+            Trace::AnsweredByProxy(a) => {
+                let params = a.request.params();
+                tracer.answered_by_proxy(&a.tool, &a.client, params, a.end, now);
+            }
+            Trace::Joined { call } => tracer.joined(call, now),
+            Trace::AttemptEnded { call, failure } => tracer.attempt_ended(call, failure, now),
+            Trace::CancelledDownstream { call } => {
+                let name = "mcp_retry.cancelled_downstream";
+                tracer.attempt_event(call, name, Vec::new(), now);
+            }
+            Trace::CallEnded { call, end } => tracer.call_ended(call, end, now),
+            Trace::CallFailed { call, reason } => {
+                tracer.call_ended(call, CallEnd::failed(reason), now)
+            }
+            Trace::BreakerRefused { call, retry_after } => {
+                let ms = i64::try_from(retry_after.as_millis()).unwrap_or(i64::MAX);
+                let attrs = vec![("mcp_retry.retry_after_ms", ms.into())];
+                tracer.call_event(call, "mcp_retry.breaker_refused", attrs, now);
+            }
+            Trace::Backoff { call, delay, retry } => {
+                let ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                let attrs = vec![
+                    ("mcp_retry.delay_ms", ms.into()),
+                    ("mcp_retry.retry", i64::from(retry).into()),
+                ];
+                tracer.call_event(call, "mcp_retry.backoff", attrs, now);
+            }
         }
     }
 }

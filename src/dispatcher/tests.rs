@@ -145,7 +145,7 @@ impl Harness {
     }
 
     fn server_event(&mut self, event: ServerEvent) {
-        let generation = self.d.generation;
+        let generation = self.d.link.generation();
         self.d
             .handle_event(Event::Server { generation, event }, self.now);
     }
@@ -844,7 +844,7 @@ fn three_exits_alike_before_the_first_handshake_answer_what_waits_at_once() {
 #[test]
 fn under_check_the_first_exit_before_the_handshake_answers_what_waits() {
     let mut h = Harness::new();
-    h.d.check_mode = true;
+    h.d.link.set_check_mode(true);
     h.client_sends(INITIALIZE);
     h.to_server();
     h.server_event(gone("exited with status 3"));
@@ -854,7 +854,7 @@ fn under_check_the_first_exit_before_the_handshake_answers_what_waits() {
     assert!(!answer.contains("at its last"), "{answer}");
     // Even with fail_fast_at_start off: check wants the truth now.
     let mut h = Harness::with(config(|c| c.fail_fast_at_start = false));
-    h.d.check_mode = true;
+    h.d.link.set_check_mode(true);
     h.client_sends(INITIALIZE);
     h.to_server();
     h.server_event(gone("exited with status 3"));
@@ -1098,7 +1098,7 @@ fn what_waited_for_a_server_that_came_back_goes_oldest_first_then_two_per_answer
         third.extend(reads_sent(&h));
     }
     assert_eq!(uris(&third), ["u4", "u5", "u6", "u7"]);
-    assert!(h.d.queue.is_empty() && !h.d.queue.ramping());
+    assert!(h.d.link.queue().is_empty() && !h.d.link.queue().ramping());
 }
 
 #[test]
@@ -1180,10 +1180,10 @@ fn a_draining_server_is_read_to_the_end_while_new_traffic_waits() {
         h.to_client(),
         r#"{"jsonrpc":"2.0","id":"a","result":{"n":1}}"#
     );
-    let generation = h.d.generation;
+    let generation = h.d.link.generation();
     h.server_event(gone("exited with status 0"));
     h.advance(Duration::ZERO);
-    assert_eq!(h.d.generation, generation + 1, "started again");
+    assert_eq!(h.d.link.generation(), generation + 1, "started again");
     let line = h.to_server();
     assert!(line.contains(r#""uri":"y""#), "{line}");
     h.nothing_sent();

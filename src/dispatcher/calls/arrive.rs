@@ -16,7 +16,7 @@ use crate::{info, warn};
 
 use super::call::{Call, ParsedCall};
 use super::text::{secs, with_source, Source};
-use super::{trace, Action, Arrival, Calls, Ctx, ProxyAnswer, Trace};
+use super::{trace, Action, Arrival, Calls, Ctx, First, ProxyAnswer, Trace};
 
 /// What a call's arrival establishes, read once from its request.
 struct Arriving {
@@ -61,6 +61,28 @@ impl Calls {
             Some(key) => self.join_or_replay(m, new, key, client_id, ctx, out),
             None => Arrival::Started(self.open(m, new, client_id.to_owned(), ctx, out)),
         }
+    }
+
+    /// [`Calls::arrive`], and in the same run a new call's first attempt:
+    /// with the link ready, admitted and recorded under `ctx.attempt_id`
+    /// ([`Calls::start`]); else admitted, for the dispatcher to route.
+    pub(in crate::dispatcher) fn arrive_and_start(
+        &mut self,
+        m: Message,
+        client_id: &str,
+        ctx: Ctx,
+        out: &mut Vec<Action>,
+    ) -> (Arrival, First) {
+        let arrival = self.arrive(m, client_id, ctx, out);
+        let Arrival::Started(id) = arrival else {
+            return (arrival, First::Waiting);
+        };
+        let first = match ctx.link.ready {
+            true if self.start(id, ctx.attempt_id, ctx, out) => First::Recorded,
+            false if self.admit(id, ctx, out) => First::Admitted,
+            _ => First::Waiting,
+        };
+        (arrival, first)
     }
 
     /// The idempotency table decides for a call with dedup `key`: join an

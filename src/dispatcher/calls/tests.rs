@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{Action, Arrival, CallTimer, Calls, Ctx, LinkView, Owner};
+use super::{Action, Arrival, CallTimer, Calls, Ctx, First, LinkView, Owner};
 use crate::config::{ServerConfig, ToolConfig};
 use crate::dispatcher::{CallError, CallOutcome, Reason};
 use crate::jsonrpc::Message;
@@ -53,6 +53,7 @@ impl Harness {
             now: self.now,
             link: self.link,
             tracing: false,
+            attempt_id: self.next_down + 1,
         }
     }
 
@@ -1081,4 +1082,48 @@ fn results_waiting_for_the_store_are_bounded_by_bytes() {
     drop(sent);
     h.calls.store_send(finish(4));
     assert!(rx.try_iter().all(|r| kept(&r)));
+}
+
+#[test]
+fn one_run_opens_a_call_and_starts_or_admits_its_first_attempt() {
+    let mut h = Harness::new(|c| {
+        c.retry.max_retries = 0;
+        c.circuit_breaker.failure_threshold = 1;
+        c.circuit_breaker.cooldown = 30 * SECOND;
+    });
+    let m = request("21", "t", "{}");
+    let ((arrival, first), out) = h.run(|c, ctx, out| c.arrive_and_start(m, "21", ctx, out));
+    let Arrival::Started(id) = arrival else {
+        panic!("{arrival:?}");
+    };
+    // The link is ready: recorded under the id the context gives.
+    let down = h.next_down + 1;
+    assert_eq!(first, First::Recorded);
+    assert!(
+        matches!(
+            &out[..],
+            [Action::Timer(_, CallTimer::AttemptTimeout { call, down: d })] if *call == id && *d == down
+        ),
+        "{out:?}"
+    );
+    assert!(h.calls.attempt_is_live(id, down));
+    // A link that is not ready: admitted only, for the dispatcher to route.
+    h.link.ready = false;
+    let m = request("22", "t", r#"{"n":2}"#);
+    let ((arrival, first), out) = h.run(|c, ctx, out| c.arrive_and_start(m, "22", ctx, out));
+    let Arrival::Started(second) = arrival else {
+        panic!("{arrival:?}");
+    };
+    assert_eq!(first, First::Admitted);
+    assert!(out.is_empty(), "{out:?}");
+    assert!(!h.calls.attempt_is_live(second, down + 1));
+    // The first fails: the breaker opens, and a new call gets no attempt.
+    h.link.ready = true;
+    h.answer(down, TRANSIENT);
+    let m = request("23", "t", r#"{"n":3}"#);
+    let ((arrival, first), out) = h.run(|c, ctx, out| c.arrive_and_start(m, "23", ctx, out));
+    assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
+    assert_eq!(first, First::Waiting);
+    let refused = answer_for(&out, "23");
+    assert_eq!(refused["error"]["data"]["reason"], "circuit_open");
 }
