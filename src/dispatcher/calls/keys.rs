@@ -199,7 +199,7 @@ impl Calls {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Timing {
             ttl: ms(self.cfg.idempotency_ttl),
-            lease: ms(LEASE),
+            lease: ms(crate::guard::duration("lease", LEASE)),
         }
     }
 
