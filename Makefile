@@ -132,8 +132,9 @@ packages: static darwin $(PACKAGES)/.venv/.installed
 	$(PACKAGES)/.venv/bin/python $(PACKAGES)/check.py '$(PACKAGES_OUT)' \
 		$(TARGET_DIR)/debug/mock-mcp-server $(PACKAGES)/.venv/bin/uvx
 
-# macOS binaries (Apple silicon and Intel) with TLS and the default
-# features, cross-built without Apple's SDK: `maturin build --zig` (maturin
+# macOS binaries (Apple silicon and Intel) with TLS (`tls`; not
+# `redis-tls`, which needs Apple's Security framework), cross-built without
+# Apple's SDK: `maturin build --zig` (maturin
 # runs cargo-zigbuild, which links with zig, the ziglang package in
 # tests/packages/.venv; zig also compiles ring's C) writes the release build
 # that pack.py's `maturin --zig` then finds up to date. Each is ad-hoc
@@ -161,7 +162,7 @@ darwin: $(PACKAGES)/.venv/.installed $(RCODESIGN)
 	@set -e; mkdir -p '$(DARWIN_OUT)'; \
 	for t in $(DARWIN_TARGETS); do \
 	  $(ZIG_PATH) $(PACKAGES)/.venv/bin/maturin build --release --zig --target "$$t" \
-	    --manifest-path '$(CURDIR)/Cargo.toml' --out '$(DARWIN_OUT)/wheels'; \
+	    --no-default-features --features tls --manifest-path '$(CURDIR)/Cargo.toml' --out '$(DARWIN_OUT)/wheels'; \
 	  bin='$(DARWIN_OUT)'/mcp-retry-$$t; \
 	  $(RCODESIGN) sign --binary-identifier mcp-retry '$(TARGET_DIR)'/$$t/release/mcp-retry "$$bin"; \
 	  grep -q 'rustls-' "$$bin" || { echo "make darwin: $$bin has no TLS (rustls)" >&2; exit 1; }; \

@@ -162,7 +162,8 @@ def wheel(maturin_bin, target, binary, out):
     if "linux" in target:
         options = ["--compatibility", "manylinux2014", "musllinux_1_2"]
     elif "apple" in target:
-        options = ["--zig"]
+        # As `make darwin` built it (found up to date): no `redis-tls`.
+        options = ["--zig", "--no-default-features", "--features", "tls"]
     else:
         options = []
     path = maturin(maturin_bin, "build", "--release", "--target", target, *options, "--out", str(out))

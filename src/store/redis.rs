@@ -390,7 +390,7 @@ fn client(addr: &Address, ca: Option<Vec<u8>>) -> redis::RedisResult<redis::Clie
     }
 }
 
-#[cfg(feature = "tls")]
+#[cfg(feature = "redis-tls")]
 fn tls_addr(host: String, port: u16) -> redis::RedisResult<ConnectionAddr> {
     Ok(ConnectionAddr::TcpTls {
         host,
@@ -400,15 +400,15 @@ fn tls_addr(host: String, port: u16) -> redis::RedisResult<ConnectionAddr> {
     })
 }
 
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "redis-tls"))]
 fn tls_addr(_: String, _: u16) -> redis::RedisResult<ConnectionAddr> {
     Err(redis::RedisError::from((
         redis::ErrorKind::InvalidClientConfig,
-        "this mcp-retry is built without TLS (the `tls` feature): rediss:// is not available",
+        "this mcp-retry is built without TLS for Redis (the `redis-tls` feature; the macOS binaries have none): rediss:// is not available",
     )))
 }
 
-#[cfg(feature = "tls")]
+#[cfg(feature = "redis-tls")]
 fn with_ca(info: redis::ConnectionInfo, pem: Vec<u8>) -> redis::RedisResult<redis::Client> {
     redis::Client::build_with_tls(
         info,
@@ -419,7 +419,7 @@ fn with_ca(info: redis::ConnectionInfo, pem: Vec<u8>) -> redis::RedisResult<redi
     )
 }
 
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "redis-tls"))]
 fn with_ca(_: redis::ConnectionInfo, _: Vec<u8>) -> redis::RedisResult<redis::Client> {
     tls_addr(String::new(), 0).map(|_| unreachable!())
 }
