@@ -3,8 +3,6 @@
 //! state directory (`MCP_RETRY_STATE_DIR`, a temp dir of the test), as the
 //! processes of one user on a host do.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
 
 use crate::util::{eventually, source_marker, Builder, Session, TempDir};
@@ -180,7 +178,7 @@ fn a_call_in_flight_when_its_proxy_stops_or_dies_is_not_run_again() {
     assert_eq!(b.executions("echo"), 0);
     stop(b);
     // kill -9: its lease (2 s here) runs out, and then the call is unknown.
-    let lease = |b: Builder| b.shorten("lease", Duration::from_secs(2));
+    let lease = |b: Builder| b.shorten("lease", std::time::Duration::from_secs(2));
     let mut c = local_with(&state, "", lease);
     c.call_with(json!(1), keyed("kill-1", json!({"mode": "hang"})));
     eventually("the call to reach the server", || c.executions("echo") == 1);
