@@ -320,6 +320,26 @@ fn a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again() {
     eventually("the start's count of unknown outcomes", || {
         c.logged("1 keyed call(s) of this server have an unknown outcome")
     });
+    // `check` counts it, in the text and the JSON report.
+    let config_path = c.dir.join("c.yaml").display().to_string();
+    let (_, checked, _) = run(&["check", "--config", &config_path], &[]);
+    assert!(
+        checked.contains("1 call whose outcome is unknown"),
+        "{checked}"
+    );
+    let (_, out, _) = run(&["check", "--json", "--config", &config_path], &[]);
+    let store = redis_store_in(&out);
+    assert_eq!(store["unknown_outcomes"], 1, "{store}");
+    assert_eq!(store["scope_of"], "mock", "{store}");
+}
+
+/// The one Redis store of a `check --json` report.
+fn redis_store_in(out: &str) -> Value {
+    let v: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let stores = v["stores"].as_array().expect("stores");
+    let redis: Vec<&Value> = stores.iter().filter(|s| s["engine"] == "redis").collect();
+    assert_eq!(redis.len(), 1, "{out}");
+    redis[0].clone()
 }
 
 #[test]
@@ -455,6 +475,22 @@ fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
         "{checked}"
     );
     assert!(checked.contains("maxmemory_policy noeviction"), "{checked}");
+    let (_, check_json, _) = run(
+        &["check", "--json", "--config", &config_path],
+        &[("REDIS_PW", PW)],
+    );
+    let store = redis_store_in(&check_json);
+    assert_eq!(
+        store["place"],
+        format!("redis://default:[redacted]@127.0.0.1:{}", redis.port),
+        "{store}"
+    );
+    assert_eq!(store["reachable"], true, "{store}");
+    assert!(store["round_trip_ms"].as_f64().is_some(), "{store}");
+    assert_eq!(store["maxmemory_policy"], "noeviction", "{store}");
+    assert_eq!(store["records"], 1, "the key pw-1: {store}");
+    assert_eq!(store["unknown_outcomes"], 0, "{store}");
+    assert_eq!(store["warning"], Value::Null, "{store}");
     let log = stop(a);
     let stats_text = std::fs::read_to_string(&stats_file).unwrap_or_default();
     // A wrong password: refused by Redis, and not shown either.
@@ -486,6 +522,7 @@ fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
         ("status --json", &status_json),
         ("check", &checked),
         ("check's stderr", &check_err),
+        ("check --json", &check_json),
         ("the stats file", &stats_text),
         ("the refusal of --store", &refused),
     ] {
@@ -512,6 +549,17 @@ fn an_eviction_policy_other_than_noeviction_is_warned_about() {
     assert!(
         out.contains("warning: maxmemory_policy is allkeys-lru"),
         "{out}"
+    );
+    let (_, out, _) = run(
+        &["check", "--json", "--config", &path.display().to_string()],
+        &[],
+    );
+    let store = redis_store_in(&out);
+    assert_eq!(store["maxmemory_policy"], "allkeys-lru", "{store}");
+    let warning = store["warning"].as_str().unwrap_or("");
+    assert!(
+        warning.contains("maxmemory_policy is allkeys-lru, not noeviction"),
+        "{store}"
     );
 }
 
