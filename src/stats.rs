@@ -168,6 +168,10 @@ pub struct StoreFigures {
     pub waits: u64,
     /// Keyed calls not run because an earlier call's outcome is unknown.
     pub unknown_answers: u64,
+    /// A shared store's key prefix and this server's scope, for `status`
+    /// to read the scope's unknown outcomes (`None` for a store of the
+    /// host's own).
+    pub shared_scope: Option<(String, [u8; 32])>,
 }
 
 impl StoreFigures {

@@ -252,7 +252,7 @@ pub fn look(choice: &str) -> Look {
                     Err(e) => health("redis", "-".into(), false, &e.to_string()),
                 };
                 h.records = None;
-                let per_server = "records and unknown outcomes are kept per server: `mcp-retry check` reads each server's";
+                let per_server = "records and unknown outcomes are kept per server: status lists those of the servers its proxies run, `mcp-retry check` reads each server's";
                 h.warning = Some(match h.warning {
                     Some(w) => format!("{w}; {per_server}"),
                     None => per_server.to_owned(),

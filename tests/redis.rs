@@ -331,6 +331,25 @@ fn a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again() {
     let store = redis_store_in(&out);
     assert_eq!(store["unknown_outcomes"], 1, "{store}");
     assert_eq!(store["scope_of"], "mock", "{store}");
+    // `status` on a host whose proxy uses that Redis lists it, read from
+    // the scope that proxy's document names.
+    let runtime = c.dir.join("runtime").display().to_string();
+    let (_, out, err) = run(
+        &["status", "--json", "--dir", &runtime],
+        &[("MCP_RETRY_STORE", &redis.url())],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let listed = v["unknown_outcomes"].as_array().expect("unknown_outcomes");
+    assert_eq!(listed.len(), 1, "{out}");
+    assert_eq!(listed[0]["key"], "kill-1", "{out}");
+    assert_eq!(listed[0]["cause"], "owner_lost", "{out}");
+    assert_eq!(listed[0]["seen_in"], "store", "{out}");
+    assert_eq!(v["store"]["engine"], "redis", "{out}");
+    let (_, table, _) = run(
+        &["status", "--dir", &runtime],
+        &[("MCP_RETRY_STORE", &redis.url())],
+    );
+    assert!(table.contains("kill-1"), "{table}");
 }
 
 /// The one Redis store of a `check --json` report.
@@ -465,6 +484,20 @@ fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
         &["status", "--json", "--dir", &runtime.display().to_string()],
         &[],
     );
+    // `status` told of the Redis (with its password) reads it.
+    let url = format!("redis://default:{PW}@127.0.0.1:{}", redis.port);
+    let (_, status_redis, status_redis_err) = run(
+        &["status", "--json", "--dir", &runtime.display().to_string()],
+        &[("MCP_RETRY_STORE", &url)],
+    );
+    let v: Value =
+        serde_json::from_str(&status_redis).unwrap_or_else(|e| panic!("{e}: {status_redis}"));
+    assert_eq!(v["store"]["reachable"], true, "{status_redis}");
+    assert_eq!(
+        v["store"]["place"],
+        format!("redis://default:[redacted]@127.0.0.1:{}", redis.port),
+        "{status_redis}"
+    );
     let config_path = a.dir.join("c.yaml").display().to_string();
     let (_, checked, check_err) = run(&["check", "--config", &config_path], &[("REDIS_PW", PW)]);
     assert!(
@@ -520,6 +553,8 @@ fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
         ("status", &status),
         ("status's stderr", &status_err),
         ("status --json", &status_json),
+        ("status --json on Redis", &status_redis),
+        ("its stderr", &status_redis_err),
         ("check", &checked),
         ("check's stderr", &check_err),
         ("check --json", &check_json),
