@@ -350,8 +350,9 @@ fn start_store(
         true => crate::dispatcher::Unavailable::Refuse,
         false => crate::dispatcher::Unavailable::Local,
     };
+    let engine = if shared { "redis" } else { "local" };
     let mut keys =
-        crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable, "local", cfg);
+        crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable, engine, cfg);
     if shared {
         keys.shared(&cfg.store_prefix);
     }

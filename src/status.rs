@@ -114,7 +114,9 @@ pub struct StoreDoc {
     pub engine: String,
     /// `memory` (nothing outlives the process), `opening`, `opened`,
     /// `fell_back` (this process's memory instead of the store asked
-    /// for) or `failed` (keyed calls follow `store_unavailable`).
+    /// for), `failed` (keyed calls follow `store_unavailable`) or
+    /// `outage` (a shared store is unreachable: keyed calls use the local
+    /// store meanwhile, or are refused; `message` says which).
     pub state: String,
     /// Where it keeps records (redacted).
     pub place: Option<String>,

@@ -194,6 +194,11 @@ pub trait Engine: Send {
     /// (by when their call started): `unknown` records, and claims whose
     /// owner's lease is gone, as [`record::unknown_at`] shows them.
     fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError>;
+    /// During an outage of a shared store, what keyed calls do meanwhile
+    /// (no I/O); `None` otherwise, and for an engine of the host's own.
+    fn outage(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The health of `engine` from a timed count of its records; `warning`

@@ -367,7 +367,28 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
         return;
     }
     let mut redis = RedisServer::start(&[]);
-    let mut a = proxy(&redis.url());
+    let stats = TempDir::new();
+    let stats_file = stats.join("stats.json");
+    let mut a = Builder::config(&config(&format!("store: {}", redis.url()), ""))
+        .with_logs()
+        .arg("--stats-file")
+        .arg(&stats_file.display().to_string())
+        .initialized();
+    a.list_tools();
+    let runtime = a.dir.join("runtime").display().to_string();
+    // The proxy's own store, as `status --json` and the stats file say.
+    let store_said = || {
+        let (_, out, _) = run(&["status", "--json", "--dir", &runtime], &[]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        let stats: Value = std::fs::read_to_string(&stats_file)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        (
+            v["proxies"][0]["store"].clone(),
+            stats["store"]["state"].clone(),
+        )
+    };
     a.call_with(json!(1), keyed("out-1", json!({})));
     assert_eq!(text(&a.result(&json!(1))), "out-1");
     redis.stop();
@@ -393,6 +414,17 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
         said.contains("use the local store until it is back"),
         "{said}"
     );
+    eventually(
+        "status and the stats to say the local store is in use",
+        || {
+            let (doc, stats) = store_said();
+            doc["state"] == "outage"
+                && doc["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("keyed calls use the local store until it is back"))
+                && stats == "outage"
+        },
+    );
     redis.spawn();
     // Back: the next keyed call after the breaker's cooldown uses it.
     let deadline = Instant::now() + util::wait();
@@ -408,6 +440,10 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
         a.result(&json!(i));
         thread::sleep(Duration::from_millis(100));
     }
+    eventually("status and the stats to say Redis is used again", || {
+        let (doc, stats) = store_said();
+        doc["state"] == "opened" && stats == "opened"
+    });
     // Sharing resumes: another proxy replays a key `a` ran after.
     a.call_with(json!(100), keyed("shared-after", json!({})));
     a.result(&json!(100));

@@ -208,6 +208,7 @@ fn other_stores(view: &StoreView, live: &[Live]) -> Vec<String> {
                     why()
                 ),
                 "opening" => format!("{}, opening", s.engine),
+                "outage" => format!("outage: {}", why()),
                 state => format!(
                     "{} {}, {state}",
                     s.engine,

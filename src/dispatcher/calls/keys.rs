@@ -203,6 +203,11 @@ impl Calls {
                 self.counters.changed = true;
                 None
             }
+            Told::Outage(outage) => {
+                self.counters.stats.store.outage = outage;
+                self.counters.changed = true;
+                None
+            }
         }
     }
 
