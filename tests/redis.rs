@@ -425,6 +425,13 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
                 && stats == "outage"
         },
     );
+    let outage_gauge = || {
+        let (_, out, _) = run(&["status", "--prometheus", "--dir", &runtime], &[]);
+        out.lines()
+            .find(|l| l.starts_with("mcp_retry_store_outage{"))
+            .map(|l| l.rsplit(' ').next().unwrap_or("").to_owned())
+    };
+    assert_eq!(outage_gauge().as_deref(), Some("1"));
     redis.spawn();
     // Back: the next keyed call after the breaker's cooldown uses it.
     let deadline = Instant::now() + util::wait();
@@ -444,6 +451,7 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
         let (doc, stats) = store_said();
         doc["state"] == "opened" && stats == "opened"
     });
+    assert_eq!(outage_gauge().as_deref(), Some("0"));
     // Sharing resumes: another proxy replays a key `a` ran after.
     a.call_with(json!(100), keyed("shared-after", json!({})));
     a.result(&json!(100));
