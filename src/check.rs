@@ -141,9 +141,12 @@ pub fn run(args: CheckOptions) -> Result<ExitCode> {
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
     let stores = look_at_stores(&servers, host_file);
+    // A shared store the servers use (Redis): reachable, round trip,
+    // eviction policy, the records and unknown outcomes of a scope.
+    let shared = store::look(&servers, MAX_UNKNOWN_COUNT);
     let mut out = io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", json_report(&reports, &stores))?;
+        writeln!(out, "{}", json_report(&reports, &stores, &shared))?;
     } else {
         for line in text_lines(&reports) {
             writeln!(out, "{line}")?;
@@ -151,10 +154,8 @@ pub fn run(args: CheckOptions) -> Result<ExitCode> {
         for store in &stores {
             writeln!(out, "{}", store.line())?;
         }
-        // A shared store the servers use (Redis): reachable, round trip,
-        // eviction policy.
-        for line in store::lines(&servers) {
-            writeln!(out, "{line}")?;
+        for store in &shared {
+            writeln!(out, "{}", store.line())?;
         }
     }
     out.flush()?;
@@ -1111,7 +1112,7 @@ fn look_at_stores(servers: &[&ServerConfig], host_file: bool) -> Vec<StoreReport
             false => Some(env.as_deref().unwrap_or(&s.store)),
             true => wrapped_store(s).map(|arg| arg.or(env.as_deref()).unwrap_or(&s.store)),
         })
-        // Redis stores have lines of their own (`store::lines`).
+        // Redis stores are looked at with a server's scope (`store::look`).
         .filter(|c| {
             matches!(
                 crate::store::choice::parse(c),
@@ -1171,16 +1172,22 @@ fn wrapped_store(s: &ServerConfig) -> Option<Option<&str>> {
 /// start time, and `latency_ms` the same value under its former name.
 /// The fields are a stable contract (docs/check.md): added to, never
 /// renamed or removed.
-fn json_report(reports: &[Report], stores: &[StoreReport]) -> String {
+fn json_report(reports: &[Report], stores: &[StoreReport], shared: &[store::Shared]) -> String {
+    let local = stores.iter().map(|s| JsonStore {
+        health: crate::status::keys::StoreJson::of(&s.health),
+        unknown_outcomes: s.unknown,
+        maxmemory_policy: None,
+        scope_of: None,
+    });
+    let shared = shared.iter().map(|s| JsonStore {
+        health: crate::status::keys::StoreJson::of(&s.health),
+        unknown_outcomes: s.unknown,
+        maxmemory_policy: s.policy.as_deref(),
+        scope_of: Some(&s.server),
+    });
     let report = JsonReport {
         servers: reports.iter().map(JsonServer::from).collect(),
-        stores: stores
-            .iter()
-            .map(|s| JsonStore {
-                health: crate::status::keys::StoreJson::of(&s.health),
-                unknown_outcomes: s.unknown,
-            })
-            .collect(),
+        stores: local.chain(shared).collect(),
     };
     serde_json::to_string_pretty(&report).unwrap_or_default()
 }
@@ -1202,6 +1209,11 @@ struct JsonStore<'a> {
     #[serde(flatten)]
     health: crate::status::keys::StoreJson<'a>,
     unknown_outcomes: usize,
+    /// A Redis store's eviction policy.
+    maxmemory_policy: Option<&'a str>,
+    /// The server whose scope a Redis store's `records` and
+    /// `unknown_outcomes` count (a local store's count all servers).
+    scope_of: Option<&'a str>,
 }
 
 /// One entry of the JSON report, its fields in this order.
@@ -1355,7 +1367,7 @@ mod tests {
             report("up", up(12.34, Tools::Count(3), Some("srv"), Some("2.0"))),
             report("down", Err("why".into())),
         ];
-        let text = json_report(&reports, &[]);
+        let text = json_report(&reports, &[], &[]);
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(
             v,
@@ -1430,11 +1442,12 @@ mod tests {
         assert!(r
             .line()
             .ends_with("; 2 calls whose outcome is unknown (mcp-retry status lists them)"));
-        let v: Value = serde_json::from_str(&json_report(&[], &[r])).unwrap();
+        let v: Value = serde_json::from_str(&json_report(&[], &[r], &[])).unwrap();
         assert_eq!(
             v["stores"],
             json!([{"engine": "local", "place": "/s/store-v1.redb", "reachable": true,
-                "round_trip_ms": 0.4, "records": 3, "warning": null, "unknown_outcomes": 2}])
+                "round_trip_ms": 0.4, "records": 3, "warning": null, "unknown_outcomes": 2,
+                "maxmemory_policy": null, "scope_of": null}])
         );
     }
 
@@ -1458,7 +1471,7 @@ mod tests {
         );
         assert_eq!(on.instant_start_hint(), None);
         assert_eq!(at_limit.instant_start_hint(), None);
-        let v: Value = serde_json::from_str(&json_report(&[slow, on, at_limit], &[])).unwrap();
+        let v: Value = serde_json::from_str(&json_report(&[slow, on, at_limit], &[], &[])).unwrap();
         let flags: Vec<&Value> = (0..3)
             .map(|i| &v["servers"][i]["suggest_instant_start"])
             .collect();

@@ -314,7 +314,9 @@ fn start_store(
     events: Sender<Event>,
 ) -> Result<Option<(crate::dispatcher::KeyStore, thread::JoinHandle<()>)>> {
     let refuse = cfg.store_unavailable == "refuse";
-    let open: keeper::Opener = match store_choice(args, cfg)? {
+    let choice = store_choice(args, cfg)?;
+    let shared = matches!(choice, Choice::Redis(_));
+    let open: keeper::Opener = match choice {
         Choice::Memory => return Ok(None),
         Choice::Local => Box::new(move || open_local(refuse)),
         Choice::Redis(addr) => {
@@ -348,8 +350,12 @@ fn start_store(
         true => crate::dispatcher::Unavailable::Refuse,
         false => crate::dispatcher::Unavailable::Local,
     };
-    let keys =
-        crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable, "local", cfg);
+    let engine = if shared { "redis" } else { "local" };
+    let mut keys =
+        crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable, engine, cfg);
+    if shared {
+        keys.shared(&cfg.store_prefix);
+    }
     Ok(Some((keys, handle)))
 }
 

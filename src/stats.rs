@@ -168,12 +168,23 @@ pub struct StoreFigures {
     pub waits: u64,
     /// Keyed calls not run because an earlier call's outcome is unknown.
     pub unknown_answers: u64,
+    /// A shared store's key prefix and this server's scope, for `status`
+    /// to read the scope's unknown outcomes (`None` for a store of the
+    /// host's own).
+    pub shared_scope: Option<(String, [u8; 32])>,
+    /// During an outage of the shared store, what keyed calls do
+    /// meanwhile.
+    pub outage: Option<String>,
 }
 
 impl StoreFigures {
     /// `opening`, `opened`, `fell_back` (this process's memory instead)
-    /// or `failed`; `memory` without a store.
+    /// or `failed`; `memory` without a store; `outage` while a shared
+    /// store is unreachable (keyed calls follow `store_unavailable`).
     pub fn state(&self) -> &'static str {
+        if self.outage.is_some() {
+            return "outage";
+        }
         match (self.wanted, &self.opened) {
             (None, _) => "memory",
             (Some(_), None) => "opening",
@@ -203,6 +214,9 @@ impl StoreFigures {
 
     /// Why it is not what was asked for, or what a person should know.
     pub fn message(&self) -> Option<&str> {
+        if let Some(o) = &self.outage {
+            return Some(o);
+        }
         match &self.opened {
             Some(Ok(h)) => h.warning.as_deref(),
             Some(Err(e)) => Some(e),
@@ -496,6 +510,13 @@ mod tests {
             (f.state(), f.engine(), f.message()),
             ("failed", "local", Some("disk full"))
         );
+        // A shared store's outage, and its end.
+        f.wanted = Some("redis");
+        f.opened = Some(Ok(health("redis", None)));
+        f.outage = Some("redis://h:6379 is unreachable: keyed calls use the local store".into());
+        assert_eq!((f.state(), f.message()), ("outage", f.outage.as_deref()));
+        f.outage = None;
+        assert_eq!((f.state(), f.message()), ("opened", None));
     }
 
     #[test]

@@ -114,7 +114,9 @@ pub struct StoreDoc {
     pub engine: String,
     /// `memory` (nothing outlives the process), `opening`, `opened`,
     /// `fell_back` (this process's memory instead of the store asked
-    /// for) or `failed` (keyed calls follow `store_unavailable`).
+    /// for), `failed` (keyed calls follow `store_unavailable`) or
+    /// `outage` (a shared store is unreachable: keyed calls use the local
+    /// store meanwhile, or are refused; `message` says which).
     pub state: String,
     /// Where it keeps records (redacted).
     pub place: Option<String>,
@@ -128,6 +130,14 @@ pub struct StoreDoc {
     pub waits: u64,
     /// Keyed calls not run because an earlier one's outcome is unknown.
     pub unknown_answers: u64,
+    /// A shared store's key prefix (`store_prefix`), for `status` to
+    /// read `scope`'s unknown outcomes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// This server's scope in a shared store (hex of its BLAKE3 hash: not
+    /// a secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 impl StoreDoc {
@@ -141,6 +151,11 @@ impl StoreDoc {
             replays: f.replays,
             waits: f.waits,
             unknown_answers: f.unknown_answers,
+            prefix: f.shared_scope.as_ref().map(|(p, _)| p.clone()),
+            scope: f
+                .shared_scope
+                .as_ref()
+                .map(|(_, s)| crate::store::redis::hex(s)),
         }
     }
 }

@@ -194,6 +194,11 @@ pub trait Engine: Send {
     /// (by when their call started): `unknown` records, and claims whose
     /// owner's lease is gone, as [`record::unknown_at`] shows them.
     fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError>;
+    /// During an outage of a shared store, what keyed calls do meanwhile
+    /// (no I/O); `None` otherwise, and for an engine of the host's own.
+    fn outage(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The health of `engine` from a timed count of its records; `warning`
@@ -252,7 +257,7 @@ pub fn look(choice: &str) -> Look {
                     Err(e) => health("redis", "-".into(), false, &e.to_string()),
                 };
                 h.records = None;
-                let per_server = "records and unknown outcomes are kept per server: `mcp-retry check` reads each server's";
+                let per_server = "records and unknown outcomes are kept per server: status lists those of the servers its proxies run, `mcp-retry check` reads each server's";
                 h.warning = Some(match h.warning {
                     Some(w) => format!("{w}; {per_server}"),
                     None => per_server.to_owned(),

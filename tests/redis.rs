@@ -320,6 +320,45 @@ fn a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again() {
     eventually("the start's count of unknown outcomes", || {
         c.logged("1 keyed call(s) of this server have an unknown outcome")
     });
+    // `check` counts it, in the text and the JSON report.
+    let config_path = c.dir.join("c.yaml").display().to_string();
+    let (_, checked, _) = run(&["check", "--config", &config_path], &[]);
+    assert!(
+        checked.contains("1 call whose outcome is unknown"),
+        "{checked}"
+    );
+    let (_, out, _) = run(&["check", "--json", "--config", &config_path], &[]);
+    let store = redis_store_in(&out);
+    assert_eq!(store["unknown_outcomes"], 1, "{store}");
+    assert_eq!(store["scope_of"], "mock", "{store}");
+    // `status` on a host whose proxy uses that Redis lists it, read from
+    // the scope that proxy's document names.
+    let runtime = c.dir.join("runtime").display().to_string();
+    let (_, out, err) = run(
+        &["status", "--json", "--dir", &runtime],
+        &[("MCP_RETRY_STORE", &redis.url())],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let listed = v["unknown_outcomes"].as_array().expect("unknown_outcomes");
+    assert_eq!(listed.len(), 1, "{out}");
+    assert_eq!(listed[0]["key"], "kill-1", "{out}");
+    assert_eq!(listed[0]["cause"], "owner_lost", "{out}");
+    assert_eq!(listed[0]["seen_in"], "store", "{out}");
+    assert_eq!(v["store"]["engine"], "redis", "{out}");
+    let (_, table, _) = run(
+        &["status", "--dir", &runtime],
+        &[("MCP_RETRY_STORE", &redis.url())],
+    );
+    assert!(table.contains("kill-1"), "{table}");
+}
+
+/// The one Redis store of a `check --json` report.
+fn redis_store_in(out: &str) -> Value {
+    let v: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let stores = v["stores"].as_array().expect("stores");
+    let redis: Vec<&Value> = stores.iter().filter(|s| s["engine"] == "redis").collect();
+    assert_eq!(redis.len(), 1, "{out}");
+    redis[0].clone()
 }
 
 #[test]
@@ -328,7 +367,28 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
         return;
     }
     let mut redis = RedisServer::start(&[]);
-    let mut a = proxy(&redis.url());
+    let stats = TempDir::new();
+    let stats_file = stats.join("stats.json");
+    let mut a = Builder::config(&config(&format!("store: {}", redis.url()), ""))
+        .with_logs()
+        .arg("--stats-file")
+        .arg(&stats_file.display().to_string())
+        .initialized();
+    a.list_tools();
+    let runtime = a.dir.join("runtime").display().to_string();
+    // The proxy's own store, as `status --json` and the stats file say.
+    let store_said = || {
+        let (_, out, _) = run(&["status", "--json", "--dir", &runtime], &[]);
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        let stats: Value = std::fs::read_to_string(&stats_file)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        (
+            v["proxies"][0]["store"].clone(),
+            stats["store"]["state"].clone(),
+        )
+    };
     a.call_with(json!(1), keyed("out-1", json!({})));
     assert_eq!(text(&a.result(&json!(1))), "out-1");
     redis.stop();
@@ -354,6 +414,24 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
         said.contains("use the local store until it is back"),
         "{said}"
     );
+    eventually(
+        "status and the stats to say the local store is in use",
+        || {
+            let (doc, stats) = store_said();
+            doc["state"] == "outage"
+                && doc["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("keyed calls use the local store until it is back"))
+                && stats == "outage"
+        },
+    );
+    let outage_gauge = || {
+        let (_, out, _) = run(&["status", "--prometheus", "--dir", &runtime], &[]);
+        out.lines()
+            .find(|l| l.starts_with("mcp_retry_store_outage{"))
+            .map(|l| l.rsplit(' ').next().unwrap_or("").to_owned())
+    };
+    assert_eq!(outage_gauge().as_deref(), Some("1"));
     redis.spawn();
     // Back: the next keyed call after the breaker's cooldown uses it.
     let deadline = Instant::now() + util::wait();
@@ -369,6 +447,11 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
         a.result(&json!(i));
         thread::sleep(Duration::from_millis(100));
     }
+    eventually("status and the stats to say Redis is used again", || {
+        let (doc, stats) = store_said();
+        doc["state"] == "opened" && stats == "opened"
+    });
+    assert_eq!(outage_gauge().as_deref(), Some("0"));
     // Sharing resumes: another proxy replays a key `a` ran after.
     a.call_with(json!(100), keyed("shared-after", json!({})));
     a.result(&json!(100));
@@ -445,6 +528,20 @@ fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
         &["status", "--json", "--dir", &runtime.display().to_string()],
         &[],
     );
+    // `status` told of the Redis (with its password) reads it.
+    let url = format!("redis://default:{PW}@127.0.0.1:{}", redis.port);
+    let (_, status_redis, status_redis_err) = run(
+        &["status", "--json", "--dir", &runtime.display().to_string()],
+        &[("MCP_RETRY_STORE", &url)],
+    );
+    let v: Value =
+        serde_json::from_str(&status_redis).unwrap_or_else(|e| panic!("{e}: {status_redis}"));
+    assert_eq!(v["store"]["reachable"], true, "{status_redis}");
+    assert_eq!(
+        v["store"]["place"],
+        format!("redis://default:[redacted]@127.0.0.1:{}", redis.port),
+        "{status_redis}"
+    );
     let config_path = a.dir.join("c.yaml").display().to_string();
     let (_, checked, check_err) = run(&["check", "--config", &config_path], &[("REDIS_PW", PW)]);
     assert!(
@@ -455,6 +552,22 @@ fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
         "{checked}"
     );
     assert!(checked.contains("maxmemory_policy noeviction"), "{checked}");
+    let (_, check_json, _) = run(
+        &["check", "--json", "--config", &config_path],
+        &[("REDIS_PW", PW)],
+    );
+    let store = redis_store_in(&check_json);
+    assert_eq!(
+        store["place"],
+        format!("redis://default:[redacted]@127.0.0.1:{}", redis.port),
+        "{store}"
+    );
+    assert_eq!(store["reachable"], true, "{store}");
+    assert!(store["round_trip_ms"].as_f64().is_some(), "{store}");
+    assert_eq!(store["maxmemory_policy"], "noeviction", "{store}");
+    assert_eq!(store["records"], 1, "the key pw-1: {store}");
+    assert_eq!(store["unknown_outcomes"], 0, "{store}");
+    assert_eq!(store["warning"], Value::Null, "{store}");
     let log = stop(a);
     let stats_text = std::fs::read_to_string(&stats_file).unwrap_or_default();
     // A wrong password: refused by Redis, and not shown either.
@@ -484,8 +597,11 @@ fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
         ("status", &status),
         ("status's stderr", &status_err),
         ("status --json", &status_json),
+        ("status --json on Redis", &status_redis),
+        ("its stderr", &status_redis_err),
         ("check", &checked),
         ("check's stderr", &check_err),
+        ("check --json", &check_json),
         ("the stats file", &stats_text),
         ("the refusal of --store", &refused),
     ] {
@@ -512,6 +628,17 @@ fn an_eviction_policy_other_than_noeviction_is_warned_about() {
     assert!(
         out.contains("warning: maxmemory_policy is allkeys-lru"),
         "{out}"
+    );
+    let (_, out, _) = run(
+        &["check", "--json", "--config", &path.display().to_string()],
+        &[],
+    );
+    let store = redis_store_in(&out);
+    assert_eq!(store["maxmemory_policy"], "allkeys-lru", "{store}");
+    let warning = store["warning"].as_str().unwrap_or("");
+    assert!(
+        warning.contains("maxmemory_policy is allkeys-lru, not noeviction"),
+        "{store}"
     );
 }
 

@@ -5,7 +5,8 @@
 //!
 //! The unknown outcomes are read from the store itself (`store::look`,
 //! which makes nothing and sets nothing aside), so a call left by a proxy
-//! that has exited, or was killed, is listed too; a proxy that keeps keys
+//! that has exited, or was killed, is listed too (on Redis, from the
+//! scopes the live proxies' documents name); a proxy that keeps keys
 //! in its own memory adds its own from its document. It must not know how
 //! an engine keeps records (`store.rs`) or what a proxy's document holds
 //! beyond its store and unknown outcomes.
@@ -76,7 +77,9 @@ pub fn view(choice: &str, live: &[Live], limit: usize, now: u64) -> StoreView {
     let look = store::look(choice);
     let mut health = look.health;
     let mut found: Vec<Unknown> = Vec::new();
-    if let Some(mut engine) = look.engine {
+    let mut engines: Vec<Box<dyn store::Engine>> = look.engine.into_iter().collect();
+    engines.extend(shared_scopes(choice, live));
+    for mut engine in engines {
         match engine.unknowns(limit.saturating_add(1)) {
             Ok(list) => found.extend(list.into_iter().filter_map(|(_, r)| {
                 let State::Unknown { cause, .. } = r.state else {
@@ -129,6 +132,35 @@ pub fn view(choice: &str, live: &[Live], limit: usize, now: u64) -> StoreView {
     }
 }
 
+/// With a Redis store, an engine on each scope a live proxy uses there
+/// (its document names the scope and the key prefix): the fleet's unknown
+/// outcomes of the servers this host runs, read from each scope's capped
+/// list, never by `SCAN`.
+fn shared_scopes(choice: &str, live: &[Live]) -> Vec<Box<dyn store::Engine>> {
+    let Ok(store::choice::Choice::Redis(addr)) = store::choice::parse(choice) else {
+        return Vec::new();
+    };
+    let place = addr.to_string();
+    let mut scopes: Vec<(&str, &str)> = live
+        .iter()
+        .filter_map(|l| {
+            let s = l.doc.store.as_ref()?;
+            (s.place.as_deref() == Some(&place))
+                .then_some((s.prefix.as_deref()?, s.scope.as_deref()?))
+        })
+        .collect();
+    scopes.sort_unstable();
+    scopes.dedup();
+    scopes
+        .into_iter()
+        .filter_map(|(prefix, scope)| {
+            let scope = store::redis::unhex(scope)?;
+            let redis = store::redis::Redis::new(addr.clone(), None, prefix, &scope).ok()?;
+            Some(Box::new(redis) as Box<dyn store::Engine>)
+        })
+        .collect()
+}
+
 /// The store's health in one line: `local /p/store-v1.redb: 12 records,
 /// read in 0.3ms`, with its warning.
 pub fn health_line(h: &Health) -> String {
@@ -176,6 +208,7 @@ fn other_stores(view: &StoreView, live: &[Live]) -> Vec<String> {
                     why()
                 ),
                 "opening" => format!("{}, opening", s.engine),
+                "outage" => format!("outage: {}", why()),
                 state => format!(
                     "{} {}, {state}",
                     s.engine,

@@ -652,6 +652,11 @@ pub fn prometheus(live: &[Live], now: u64, store: &StoreView) -> String {
         "gauge",
         "Whether the store of idempotency keys answered status (1) or not (0).",
     );
+    let mut store_outage = Family::new(
+        "mcp_retry_store_outage",
+        "gauge",
+        "Whether the proxy's shared store (Redis) is unreachable (1: keyed calls use the local store or are refused, as store_unavailable says) or not (0).",
+    );
     let mut store_records = Family::new(
         "mcp_retry_store_records",
         "gauge",
@@ -720,6 +725,8 @@ pub fn prometheus(live: &[Live], now: u64, store: &StoreView) -> String {
                 let l = labels(&[("server", &d.server), ("pid", &pid), ("event", event)]);
                 store_events.add("", l, n);
             }
+            let l = labels(&[("server", &d.server), ("pid", &pid)]);
+            store_outage.add("", l, u8::from(s.state == "outage"));
         }
     }
     let families = [up, state, open, started, restarts, in_flight]
@@ -729,6 +736,7 @@ pub fn prometheus(live: &[Live], now: u64, store: &StoreView) -> String {
             failed,
             duration,
             store_events,
+            store_outage,
             store_up,
             store_records,
             unknown,

@@ -232,6 +232,15 @@ impl Engine for Failover {
         self.shared.place()
     }
 
+    fn outage(&self) -> Option<String> {
+        self.outage.down_since()?;
+        let place = self.shared.place();
+        Some(match self.falls_back() {
+            true => format!("{place} is unreachable: keyed calls use the local store until it is back"),
+            false => format!("{place} is unreachable: keyed calls of tools not known to be safe are refused until it is back"),
+        })
+    }
+
     /// The shared store's health; during an outage, what is used meanwhile.
     fn health(&mut self) -> Health {
         let mut h = self.shared.health();

@@ -146,7 +146,8 @@ pub fn key_base(prefix: &str, scope: &[u8; 32]) -> String {
     format!("{prefix}{FORMAT}:{{{}}}:", hex(scope))
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// `bytes` in lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::with_capacity(64), |mut s, b| {
         let _ = write!(s, "{b:02x}");
@@ -539,7 +540,8 @@ impl Engine for Redis {
     }
 }
 
-fn unhex(s: &str) -> Option<Id> {
+/// 64 hex digits as 32 bytes.
+pub fn unhex(s: &str) -> Option<Id> {
     let mut id = [0u8; 32];
     if s.len() != 64 {
         return None;

@@ -118,6 +118,9 @@ pub enum Told {
     Answer(Answer),
     /// The store is open (or is not: `Err`, why), for `status`.
     Opened(Result<Health, String>),
+    /// A shared store's outage began (what keyed calls do meanwhile) or
+    /// ended (`None`), for `status` and the stats.
+    Outage(Option<String>),
 }
 
 /// Where answers go (the dispatcher's inbox).
@@ -171,6 +174,8 @@ pub struct Worker {
     /// When what was written is to be flushed.
     flush_at: Option<Instant>,
     rng: fastrand::Rng,
+    /// The outage last told ([`Told::Outage`]).
+    outage: Option<String>,
 }
 
 /// Starts the `store` thread: it opens the engine with `open`, then does
@@ -243,6 +248,7 @@ impl Worker {
             next_purge: Instant::now(),
             flush_at: None,
             rng: fastrand::Rng::new(),
+            outage: None,
         }
     }
 
@@ -265,6 +271,7 @@ impl Worker {
                 Err(RecvTimeoutError::Timeout) => {}
             }
             self.tick(Instant::now());
+            self.tell_outage();
         }
         self.stop();
     }
@@ -275,6 +282,15 @@ impl Worker {
         let polls = self.waiting.iter().map(|w| w.next);
         let purge = self.engine.is_ok().then_some(self.next_purge);
         renew.chain(polls).chain(purge).chain(self.flush_at).min()
+    }
+
+    /// Tells when an outage of the shared store begins or ends.
+    fn tell_outage(&mut self) {
+        let now = self.engine.as_ref().ok().and_then(|e| e.outage());
+        if now != self.outage {
+            self.outage.clone_from(&now);
+            (self.deliver)(Told::Outage(now));
+        }
     }
 
     fn token(&mut self) -> String {

@@ -67,6 +67,9 @@ pub struct KeyStore {
     engine: &'static str,
     /// The server's name in the records, for `status`.
     server: String,
+    /// The key prefix of a shared store (`store_prefix`), for `status`
+    /// (`None` for the host's own).
+    prefix: Option<String>,
     /// Removes the server's env and header values from a key before it
     /// is kept.
     redactor: Redactor,
@@ -92,10 +95,17 @@ impl KeyStore {
             warned: false,
             engine,
             server: cfg.name.clone(),
+            prefix: None,
             redactor: Redactor::new(&secrets),
             queued: Arc::new(AtomicU64::new(0)),
             warned_full: false,
         }
+    }
+
+    /// The store is shared (Redis) with keys under `prefix`: `status`
+    /// reads this server's scope there.
+    pub fn shared(&mut self, prefix: &str) {
+        self.prefix = Some(prefix.to_owned());
     }
 
     /// `req` with its result's bytes counted, or, past
@@ -163,6 +173,7 @@ impl Calls {
     /// The store (`local`): from now on keyed calls claim their records.
     pub(in crate::dispatcher) fn use_store(&mut self, store: KeyStore) {
         self.counters.stats.store.wanted = Some(store.engine);
+        self.counters.stats.store.shared_scope = store.prefix.clone().map(|p| (p, store.scope));
         self.counters.changed = true;
         self.keys = Some(store);
     }
@@ -189,6 +200,11 @@ impl Calls {
             Told::Answer(answer) => self.claimed(answer, ctx, out),
             Told::Opened(health) => {
                 self.counters.stats.store.opened = Some(health);
+                self.counters.changed = true;
+                None
+            }
+            Told::Outage(outage) => {
+                self.counters.stats.store.outage = outage;
                 self.counters.changed = true;
                 None
             }
