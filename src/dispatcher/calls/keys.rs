@@ -426,13 +426,7 @@ impl Calls {
     /// reaches the store thread, which takes requests in order).
     pub(super) fn record_end(&mut self, call: &Call, outcome: Outcome, out: &mut Vec<Action>) {
         if let Some(Claim::Held(id) | Claim::Pending(id)) = call.claim {
-            let timing = self.timing();
-            out.push(Action::Store(Request::Finish {
-                id,
-                outcome,
-                timing,
-                held: None,
-            }));
+            self.record_late(id, outcome, out);
         }
     }
 
