@@ -49,6 +49,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -208,7 +209,9 @@ def main():
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_address[1]}/mcp"
 
-    env = dict(os.environ, MCP_RETRY_LOG="warn")
+    # Its store of keys in a directory of this run's, not the user's.
+    state = tempfile.TemporaryDirectory(prefix="notify-order-state-")
+    env = dict(os.environ, MCP_RETRY_LOG="warn", MCP_RETRY_STATE_DIR=state.name)
     client = Client([args.proxy, "run", "--url", url], env)
     answer, *_ = client.request("initialize", {
         "protocolVersion": "2025-11-25", "capabilities": {"roots": {"listChanged": True}},

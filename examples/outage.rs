@@ -1157,6 +1157,8 @@ fn setup(bins: &Bins, spec: Spec, dir: &Path) -> Result<(Server, Client), String
                     Front::Proxy => {
                         let mut c = Command::new(&proxy);
                         c.args(["run", "--"]).arg(&me);
+                        // Its store of keys in the run's own directory.
+                        c.env("MCP_RETRY_STATE_DIR", dir.join("mcp-retry-state"));
                         c
                     }
                     _ => Command::new(&me),
@@ -1194,10 +1196,12 @@ fn setup(bins: &Bins, spec: Spec, dir: &Path) -> Result<(Server, Client), String
                 }
                 Front::Proxy => {
                     let proxy = bins.proxy.clone();
+                    let state = dir.join("mcp-retry-state");
                     Client::stdio(
                         move || {
                             let mut c = Command::new(&proxy);
-                            c.args(["run", "--url", &url]);
+                            c.args(["run", "--url", &url])
+                                .env("MCP_RETRY_STATE_DIR", &state);
                             c
                         },
                         front_log,
