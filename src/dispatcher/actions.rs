@@ -88,7 +88,7 @@ impl Dispatcher {
         LinkView {
             ready,
             reachable: ready || self.link.restarting(),
-            initialized: self.link.session.initialized || self.link.session.modern_meta.is_some(),
+            initialized: self.link.session_open(),
             generation: self.link.generation_to_ask(),
             paused: self.requests.paused(),
         }
@@ -250,8 +250,7 @@ impl Dispatcher {
     /// Sends our own `tools/list` for one page; it gets `call_timeout` to
     /// be answered, like an attempt.
     pub(super) fn request_tools_page(&mut self, cursor: Option<&str>, now: Instant) {
-        let params =
-            crate::mcp::tools_list_params(cursor, self.link.session.modern_meta.as_deref());
+        let params = crate::mcp::tools_list_params(cursor, self.link.modern_meta());
         let first = cursor.is_none();
         let down = self.requests.issue(Inflight::ToolsList { first });
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));

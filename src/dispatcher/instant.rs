@@ -522,8 +522,7 @@ impl Dispatcher {
             .params()
             .and_then(RawObject::parse)
             .and_then(|p| p.string("protocolVersion"));
-        let first =
-            self.link.session.init_params.is_none() && self.link.session.pending_init.is_none();
+        let first = !self.link.handshake_begun();
         let Some(entry) = instant.entry.take() else {
             return false;
         };
@@ -540,17 +539,8 @@ impl Dispatcher {
             return false;
         };
         instant.from_cache = true;
-        let cached_version =
-            RawObject::parse(entry.initialize.get()).and_then(|r| r.string("protocolVersion"));
         instant.told = Some(entry);
-        // The session is the client's from now on, as if the server had
-        // accepted it: a start replays it.
-        self.link.session.init_params = m.params().map(str::to_owned);
-        self.link.session.protocol_version = cached_version;
-        self.observe_capabilities(&result);
-        // It told the client `listChanged`: a restarted server's tools are
-        // compared too.
-        self.link.session.tools_list_changed = self.link.session.has_tools;
+        self.link.begin_from_cache(m.params(), &result);
         if let Some(instant) = self.instant.as_mut() {
             instant.held = Some((client_id.to_owned(), result));
         }
@@ -595,9 +585,7 @@ impl Dispatcher {
             "the MCP server answered initialize within {:?}; the cached answer is not used",
             self.cfg.instant_start_grace
         );
-        self.link.session.protocol_version =
-            RawObject::parse(real).and_then(|r| r.string("protocolVersion"));
-        self.observe_capabilities(real);
+        self.link.answered_in_grace(real);
         self.reporting.ready(now);
         self.instant_accepted(real);
         self.answer(&client_id, jsonrpc::response_line(&client_id, real));
@@ -740,7 +728,7 @@ impl Dispatcher {
             instant.note = Some(note);
         }
         if instant.lost.contains(&List::Tools) {
-            self.link.session.has_tools = false;
+            self.link.tools_lost();
         }
         for method in changed {
             self.send_client(jsonrpc::notification_line(method, None));
@@ -782,14 +770,7 @@ impl Dispatcher {
 
     /// The protocol version the client asked for in its `initialize`.
     fn client_version(&self) -> String {
-        self.link
-            .session
-            .init_params
-            .as_deref()
-            .or(self.link.session.pending_init.as_deref())
-            .and_then(RawObject::parse)
-            .and_then(|p| p.string("protocolVersion"))
-            .unwrap_or_default()
+        self.link.client_version()
     }
 
     /// The server accepted the client's own `initialize` (no cache hit):
@@ -804,7 +785,7 @@ impl Dispatcher {
     /// The link is ready and the session initialized: ask for the lists
     /// still to be read.
     pub(super) fn instant_read_lists(&mut self, now: Instant) {
-        if !self.link.session.initialized || !self.link.ready() {
+        if !self.link.is_initialized() || !self.link.ready() {
             return;
         }
         let Some(instant) = self.instant.as_mut() else {
@@ -828,8 +809,7 @@ impl Dispatcher {
 
     /// Sends the proxy's own request for a page of `list`.
     fn request_list_page(&mut self, list: List, cursor: Option<&str>, now: Instant) {
-        let params =
-            crate::mcp::tools_list_params(cursor, self.link.session.modern_meta.as_deref());
+        let params = crate::mcp::tools_list_params(cursor, self.link.modern_meta());
         let down = self.requests.issue(Inflight::Listing {
             list,
             first: cursor.is_none(),
