@@ -1233,7 +1233,7 @@ impl Dispatcher {
             breaker_until,
             restarts: self.link.generation().saturating_sub(1),
             in_flight: self.calls.len() as u64,
-            from_cache: self.instant.as_ref().is_some_and(|i| i.from_cache),
+            from_cache: self.instant.as_ref().is_some_and(|i| i.began_from_cache()),
             ready_at: self.reporting.ready_at(),
         }
     }
@@ -1263,7 +1263,8 @@ impl Dispatcher {
             return;
         }
         let headline = self.headline();
-        let message = self.link.trouble().or_else(|| self.instant_note());
+        let message =
+            (self.link.trouble()).or_else(|| self.instant.as_ref().and_then(|i| i.note()));
         self.reporting
             .publish(headline, message, self.calls.stats(), now);
     }

@@ -14,13 +14,18 @@
 
 #![forbid(unsafe_code)]
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
 
 use crate::downstream::{Failure as TransportFailure, Gone, Heal, Outgoing, ServerEvent};
+use crate::handshake_cache::{CacheJob, Entry};
 use crate::jsonrpc::{self, Message, RawObject};
-use crate::{debug, warn};
+use crate::mcp::List;
+use crate::{debug, info, warn};
 
 use super::calls::{Action, Arrival, Calls, Ctx, Failure, First, LinkView, Trace};
+use super::instant::{Effect as InstantEffect, InstantStart, Source};
 use super::link::{failure_error, Effect, Link, Queued, ReplayStep, Route, SendResult, Started};
 use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Resolved, Timer};
 
@@ -748,7 +753,7 @@ impl Dispatcher {
     ) {
         self.requests.link_lost();
         if let Some(instant) = &mut self.instant {
-            instant.reading.link_lost();
+            instant.link_lost();
         }
 
         // Call attempts in flight failed; the policies decide.
@@ -869,5 +874,269 @@ impl Dispatcher {
     /// true if it never will be (the server never sees it).
     pub(super) fn withdraw(&mut self, down: u64) -> bool {
         self.requests.withdraw(down)
+    }
+}
+
+// ----- instant start: the dispatcher's side of `InstantStart` ------------
+//
+// Consulted at these points only: a client request it may answer
+// (`instant_request`), the server's handshake (accepted: `instant_accepted`;
+// the replay's answer: `instant_verdict`), the session ready
+// (`instant_read_lists`), a list's page or its failure (`instant_page`,
+// `instant_list_failed`), the link lost, its timers, and `status`.
+
+impl Dispatcher {
+    /// Instant start for this session, with the entry found at start.
+    pub fn with_instant_start(
+        mut self,
+        entry: Option<Entry>,
+        jobs: Sender<CacheJob>,
+    ) -> Dispatcher {
+        self.instant = Some(Box::new(InstantStart::new(entry, jobs)));
+        self
+    }
+
+    /// Runs `f` on instant start at `now`, if it is on, then carries out
+    /// the effects it pushed, in order.
+    fn with_instant<R>(
+        &mut self,
+        now: Instant,
+        f: impl FnOnce(&mut InstantStart, &mut Vec<InstantEffect>) -> R,
+    ) -> Option<R> {
+        let instant = self.instant.as_mut()?;
+        let mut out = Vec::new();
+        let r = f(instant, &mut out);
+        for effect in out {
+            match effect {
+                InstantEffect::Timer(at, timer) => self.set_timer(at, timer),
+                InstantEffect::Ask(list, cursor) => {
+                    self.request_list_page(list, cursor.as_deref(), now)
+                }
+                InstantEffect::ListTools => {
+                    self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
+                }
+                InstantEffect::Notify(method) => {
+                    self.send_client(jsonrpc::notification_line(method, None))
+                }
+            }
+        }
+        Some(r)
+    }
+
+    /// A client request instant start may take: an `initialize` (not in a
+    /// batch) or a first page of a list, while the real server is not
+    /// ready. Whether it was taken (it is answered either way).
+    pub(super) fn instant_request(
+        &mut self,
+        client_id: &str,
+        method: &str,
+        m: &Message,
+        batch: Option<u64>,
+    ) -> bool {
+        let Some(instant) = self.instant.as_ref() else {
+            return false;
+        };
+        if method == "initialize" {
+            return batch.is_none() && self.instant_initialize(client_id, m);
+        }
+        let Some(line) = instant.list(client_id, method, m.params()) else {
+            return false;
+        };
+        self.answer(client_id, line);
+        true
+    }
+
+    /// The client's `initialize`, when the entry matches its protocol
+    /// version ([`InstantStart::initialize`]): the session is the client's
+    /// from now on, as if the server had accepted it, and the real server
+    /// gets it (asking for the version the entry says). Whether it was
+    /// taken (it is answered either way).
+    fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
+        let first = !self.link.handshake_begun();
+        let (now, grace) = (self.now, self.cfg.instant_start_grace);
+        let told = self.with_instant(now, |i, out| {
+            i.initialize(client_id, m.params(), first, now + grace, out)
+        });
+        let Some(result) = told.flatten() else {
+            return false;
+        };
+        self.link.begin_from_cache(m.params(), &result);
+        // Down or between starts: the next start replays it.
+        if self.link.unready() {
+            self.replay_initialize(now);
+        }
+        self.status_dirty();
+        true
+    }
+
+    /// `Timer::InstantGrace`: the server did not answer `initialize` in
+    /// time; the client gets the cached answer.
+    pub(super) fn instant_grace_over(&mut self) {
+        if let Some((client_id, line)) = self.instant.as_mut().and_then(|i| i.grace_over()) {
+            self.answer(&client_id, line);
+        }
+    }
+
+    /// The server answered the `initialize` replayed for a held cached
+    /// answer within `instant_start_grace`, with `real`: the client gets the server's
+    /// own answer and the session is the server's, as without the cache.
+    /// Whether an answer was held.
+    pub(super) fn instant_answered_in_grace(&mut self, real: Option<&str>, now: Instant) -> bool {
+        let Some(instant) = self.instant.as_mut() else {
+            return false;
+        };
+        let (Some(client_id), Some(real)) = (instant.answered_in_grace(real), real) else {
+            return false;
+        };
+        debug!(
+            "the MCP server answered initialize within {:?}; the cached answer is not used",
+            self.cfg.instant_start_grace
+        );
+        self.link.answered_in_grace(real);
+        self.reporting.ready(now);
+        self.instant_accepted(real);
+        self.answer(&client_id, jsonrpc::response_line(&client_id, real));
+        self.status_dirty();
+        true
+    }
+
+    /// The link found `problem` with `m`, the answer to the replayed
+    /// `initialize` (or none): a session begun from the cache checks it
+    /// against what the client was told ([`InstantStart::check`]). False
+    /// if the session ends here (the server contradicted the cache).
+    pub(super) fn instant_verdict(
+        &mut self,
+        m: &Message,
+        problem: Option<&str>,
+        now: Instant,
+    ) -> bool {
+        if !self.instant_unchecked() {
+            return true;
+        }
+        let version = self.link.client_version();
+        let checked = match problem {
+            Some(p) => Err(p.to_owned()),
+            None => self
+                .with_instant(now, |i, out| i.check(m, &version, out))
+                .expect("unchecked: on"),
+        };
+        match checked {
+            Ok(checked) => {
+                if checked.tools_lost {
+                    self.link.tools_lost();
+                }
+                self.status_dirty();
+                info!(
+                    "the MCP server is ready after {}; the session began from the handshake cache",
+                    super::calls::secs(now.saturating_duration_since(self.reporting.started_at()))
+                );
+                self.reporting.ready(now);
+                true
+            }
+            Err(p) => {
+                self.instant_contradicted(&p, now);
+                false
+            }
+        }
+    }
+
+    /// Whether the real server's handshake is still to be checked against
+    /// the cached one the client was told.
+    pub(super) fn instant_unchecked(&self) -> bool {
+        self.instant.as_ref().is_some_and(|i| i.unchecked())
+    }
+
+    /// How long the handshake replayed to a new incarnation may take.
+    pub(super) fn replay_wait(&self) -> Duration {
+        let timeout = self.cfg.call_timeout;
+        self.instant
+            .as_ref()
+            .map_or(timeout, |i| i.replay_wait(timeout))
+    }
+
+    /// The real server contradicts the cached handshake the client was
+    /// given where no bridge holds: the entry goes, every pending request
+    /// gets the proxy's error and the session ends, so that the host
+    /// connects again and gets the server's own handshake.
+    fn instant_contradicted(&mut self, problem: &str, now: Instant) {
+        let message = format!(
+            "the MCP server's handshake differs from the cached one the session began with ({problem}); the cache entry was removed and the session ends: reconnect to the server (in Claude Code: /mcp)"
+        );
+        warn!("{message}");
+        if let Some(instant) = self.instant.as_mut() {
+            instant.contradicted();
+        }
+        // Exit 75 asks the host to connect again; a session the client
+        // ended already just ends.
+        if !matches!(self.phase, Phase::Stopping { .. }) {
+            self.handshake_changed = true;
+        }
+        for id in self.requests.open_ids() {
+            self.answer_proxy_error(&id, Reason::ServerUnavailable, &message);
+        }
+        self.begin_shutdown(None, now);
+    }
+
+    /// The server accepted the client's own `initialize` (no cache hit):
+    /// its lists are read for the next session.
+    pub(super) fn instant_accepted(&mut self, result: &str) {
+        let version = self.link.client_version();
+        if let Some(instant) = self.instant.as_mut() {
+            instant.accepted(&version, result);
+        }
+    }
+
+    /// The link is ready and the session initialized: ask for the lists
+    /// still to be read ([`InstantStart::read_lists`]).
+    pub(super) fn instant_read_lists(&mut self, now: Instant) {
+        if !self.link.is_initialized() || !self.link.ready() {
+            return;
+        }
+        let restarted = self.link.generation() > 1;
+        self.with_instant(now, |i, out| i.read_lists(restarted, out));
+    }
+
+    /// Sends the proxy's own request for a page of `list`.
+    fn request_list_page(&mut self, list: List, cursor: Option<&str>, now: Instant) {
+        let params = crate::mcp::tools_list_params(cursor, self.link.modern_meta());
+        let down = self.requests.issue(Inflight::Listing {
+            list,
+            first: cursor.is_none(),
+        });
+        let line = jsonrpc::request_line(&down.to_string(), list.method(), Some(&params));
+        if self.send_server(Outgoing::request(down, list.method(), line)) {
+            self.set_timer(now + self.cfg.call_timeout, Timer::ListingTimeout { down });
+        } else {
+            self.requests.forget(down);
+            self.instant_list_failed(list);
+        }
+    }
+
+    /// A page of `list` passed by ([`InstantStart::page`]).
+    pub(super) fn instant_page(
+        &mut self,
+        list: List,
+        result: Option<&str>,
+        first: bool,
+        source: Source,
+        now: Instant,
+    ) {
+        self.with_instant(now, |i, out| i.page(list, result, first, source, out));
+    }
+
+    /// `Timer::ListingTimeout`: the proxy's own list request `down` was
+    /// not answered in time.
+    pub(super) fn on_listing_timeout(&mut self, down: u64) {
+        let listing = |f: &Inflight| matches!(f, Inflight::Listing { .. });
+        if let Some(Inflight::Listing { list, .. }) = self.requests.take_if(down, listing) {
+            self.instant_list_failed(list);
+        }
+    }
+
+    /// The proxy's own request for a page of `list` got no answer.
+    pub(super) fn instant_list_failed(&mut self, list: List) {
+        if let Some(instant) = self.instant.as_mut() {
+            instant.list_failed(list);
+        }
     }
 }
