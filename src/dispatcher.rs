@@ -1263,8 +1263,8 @@ impl Dispatcher {
             return;
         }
         let headline = self.headline();
-        let message =
-            (self.link.trouble()).or_else(|| self.instant.as_ref().and_then(|i| i.note()));
+        let note = || self.instant.as_ref().and_then(|i| i.note());
+        let message = self.link.trouble().or_else(note);
         self.reporting
             .publish(headline, message, self.calls.stats(), now);
     }
