@@ -516,7 +516,7 @@ impl Dispatcher {
             Timer::InstantGrace => self.instant_grace_over(),
             Timer::LearnTools => {
                 let client_listing = self.requests.client_listing_tools();
-                if self.link.session.has_tools
+                if self.link.has_tools()
                     && self.calls.tools_unknown()
                     && !client_listing
                     && self.link.ready()
@@ -649,7 +649,7 @@ impl Dispatcher {
     }
 
     fn on_client_batch(&mut self, items: Vec<Parsed>, now: Instant) {
-        if self.link.session.protocol_version.as_deref() != Some("2025-03-26") {
+        if !self.link.batches_allowed() {
             warn!("answered a JSON-RPC batch from the client: batches are not part of the negotiated protocol");
             self.send_client(jsonrpc::error_line(
                 None,
@@ -726,16 +726,7 @@ impl Dispatcher {
         if let Some(message) = repeated_param(&method, m.params()) {
             return self.refuse_invalid(&client_id, &message, batch);
         }
-        // A client without `initialize` may speak 2026-07-28: the proxy's own
-        // requests must then name the version as the client's do. Read once,
-        // and never in a session that began with `initialize`.
-        if self.link.session.modern_meta.is_none()
-            && self.link.session.init_params.is_none()
-            && self.link.session.pending_init.is_none()
-            && method != "initialize"
-        {
-            self.link.session.modern_meta = m.params().and_then(crate::mcp::envelope);
-        }
+        self.link.learn_era(&method, m.params());
         let trace = self
             .reporting
             .tracer()
@@ -750,16 +741,14 @@ impl Dispatcher {
             return self.answer_proxy_error(&client_id, Reason::Overloaded, &message);
         }
         if method == "initialize" {
-            // A probing client fell back to the handshake: it speaks the
-            // older era after all.
-            self.link.session.modern_meta = None;
+            self.link.handshake_asked();
         }
         if self.instant_request(&client_id, &method, &m, batch) {
             return;
         }
         let kind = match method.as_ref() {
             "initialize" => {
-                self.link.session.pending_init = m.params().map(str::to_owned);
+                self.link.initialize_sent(m.params());
                 Method::Initialize
             }
             "tools/list" => Method::ToolsList {
@@ -783,11 +772,11 @@ impl Dispatcher {
             | "completion/complete"
             | "ping" => Method::ReadOnly,
             "logging/setLevel" => {
-                self.link.session.log_level = m.params().map(str::to_owned);
+                self.link.set_log_level(m.params());
                 Method::Other
             }
             "resources/subscribe" | "resources/unsubscribe" => {
-                self.track_subscription(&method, m.params());
+                self.link.track_subscription(&method, m.params());
                 Method::Other
             }
             _ => Method::Other,
@@ -803,20 +792,6 @@ impl Dispatcher {
         match batch {
             Some(b) => self.batch_answer(b, line),
             None => self.send_client(line),
-        }
-    }
-
-    /// Remembers active subscriptions, to replay them to a restarted server.
-    fn track_subscription(&mut self, method: &str, params: Option<&str>) {
-        let Some(p) = params else { return };
-        let Some(uri) = RawObject::parse(p).and_then(|o| o.get("uri").map(|u| u.get().to_owned()))
-        else {
-            return;
-        };
-        if method == "resources/subscribe" {
-            self.link.session.subscriptions.insert(uri, p.to_owned());
-        } else {
-            self.link.session.subscriptions.remove(&uri);
         }
     }
 
@@ -886,7 +861,7 @@ impl Dispatcher {
             return self.on_client_cancel(&m, now);
         }
         if method == "notifications/initialized" {
-            self.link.session.initialized = true;
+            self.link.client_initialized();
             // Learn the tools' annotations soon, unless the client lists
             // the tools itself right away (as most do).
             self.set_timer(now + TOOLS_AFTER_HANDSHAKE, Timer::LearnTools);
@@ -900,9 +875,7 @@ impl Dispatcher {
             }
             // The replay of the handshake to the server that is starting
             // sends it.
-            Route::Queue
-                if method == "notifications/initialized"
-                    && self.link.session.init_params.is_some() => {}
+            Route::Queue if method == "notifications/initialized" && self.link.has_handshake() => {}
             Route::Queue => {
                 let expires = self.link.wait_until(now);
                 if self
@@ -1127,42 +1100,15 @@ impl Dispatcher {
     /// The server accepted the client's `initialize`: keep what a restart
     /// must replay.
     fn observe_initialize(&mut self, m: &Message, now: Instant) {
-        let Some(raw) = m.result() else {
-            return;
-        };
-        let Some(result) = RawObject::parse(raw) else {
+        let Some(raw) = m.result().filter(|r| RawObject::parse(r).is_some()) else {
             return;
         };
         self.instant_accepted(raw);
-        self.link.session.init_params = self.link.session.pending_init.take();
         self.reporting.ready(now);
-        self.link.handshaken();
-        if let Some(v) = result.string("protocolVersion") {
-            debug!("negotiated protocol version {v}");
-            self.link.session.protocol_version = Some(v);
-        }
-        self.observe_capabilities(raw);
+        self.link.accepted(raw);
         // A client that did not wait for this answer said `initialized`
         // already.
         self.instant_read_lists(now);
-    }
-
-    /// What the server's `initialize` result (raw) declares that the
-    /// proxy acts on.
-    fn observe_capabilities(&mut self, raw: &str) {
-        let Some(result) = RawObject::parse(raw) else {
-            return;
-        };
-        let tools = result
-            .get("capabilities")
-            .and_then(|c| RawObject::parse(c.get()))
-            .and_then(|c| c.get("tools").map(|t| t.get().to_owned()));
-        self.link.session.has_tools = tools.is_some();
-        self.link.session.tools_list_changed = tools
-            .as_deref()
-            .and_then(RawObject::parse)
-            .and_then(|t| t.get("listChanged").map(|l| l.get() == "true"))
-            .unwrap_or(false);
     }
 
     fn on_server_request(&mut self, m: Message, now: Instant) {
@@ -1287,7 +1233,7 @@ impl Dispatcher {
             breaker_until,
             restarts: self.link.generation().saturating_sub(1),
             in_flight: self.calls.len() as u64,
-            from_cache: self.instant.as_ref().is_some_and(|i| i.from_cache),
+            from_cache: self.instant.as_ref().is_some_and(|i| i.began_from_cache()),
             ready_at: self.reporting.ready_at(),
         }
     }
@@ -1317,7 +1263,8 @@ impl Dispatcher {
             return;
         }
         let headline = self.headline();
-        let message = self.link.trouble().or_else(|| self.instant_note());
+        let note = || self.instant.as_ref().and_then(|i| i.note());
+        let message = self.link.trouble().or_else(note);
         self.reporting
             .publish(headline, message, self.calls.stats(), now);
     }

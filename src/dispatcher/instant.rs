@@ -6,12 +6,14 @@
 //! to keep the cache up to date and to tell the client of a list that
 //! differs from the one it was given.
 //!
-//! Owns [`InstantStart`]: the entry loaded when the proxy started, what the
-//! client was told, and the reading of the lists ([`Reading`], which does
-//! no I/O and is unit-tested alone). The dispatcher's side (answering,
-//! sending the proxy's own list requests, bridging a changed server or
-//! closing a session whose server contradicts the cache) is the
-//! `impl Dispatcher` below.
+//! Owns [`InstantStart`] (fields private): the entry loaded when the proxy
+//! started, what the client was told, and the reading of the lists
+//! ([`Reading`], which does no I/O and is unit-tested alone). Its methods
+//! decide and push [`Effect`]s (a timer, a list to ask for, the calls'
+//! listing, a notification), which the dispatcher carries out in order
+//! (`with_instant` in `actions.rs`, where its side is: answering, the
+//! proxy's own list requests, the link's session, ending a session whose
+//! server contradicts the cache).
 //!
 //! Knows nothing of files: entries go to and from the `cache-writer`
 //! thread as [`CacheJob`]s (`handshake_cache` does the I/O). Never answers
@@ -25,13 +27,12 @@ use crossbeam_channel::Sender;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::downstream::Outgoing;
 use crate::handshake_cache::{CacheJob, Entry, MAX_ENTRY_BYTES};
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::mcp::{List, Next, ToolsPager};
 use crate::{debug, info, warn};
 
-use super::{Dispatcher, Inflight, Phase, Reason, Timer};
+use super::Timer;
 
 /// How long a server started behind a cached handshake may take to answer
 /// its `initialize` (or `call_timeout`, if longer) before it is stopped
@@ -328,7 +329,10 @@ impl Reading {
     }
 }
 
-/// Instant start for this session.
+/// Instant start for this session: what it found, what the client was
+/// told, and the reading of the lists. Its methods take `now` where they
+/// set a timer and push [`Effect`]s, which the dispatcher carries out in
+/// order (`with_instant`); it sends only the `cache-writer` its jobs.
 #[derive(Debug)]
 pub(super) struct InstantStart {
     jobs: Sender<CacheJob>,
@@ -337,13 +341,13 @@ pub(super) struct InstantStart {
     entry: Option<Entry>,
     /// The entry the client's handshake was answered from, until the real
     /// server's handshake is checked against it.
-    pub(super) told: Option<Entry>,
+    told: Option<Entry>,
     /// The lists the client was given from the cache (raw, by
     /// [`List`]), once the real server's handshake was checked: a list
     /// read that differs is announced.
     told_lists: Option<[Option<String>; 4]>,
     /// The session began from the cache.
-    pub(super) from_cache: bool,
+    from_cache: bool,
     /// The client's `initialize` (its id) and the cached answer, held for
     /// `instant_start_grace` while the server may answer it itself.
     held: Option<(String, String)>,
@@ -352,8 +356,30 @@ pub(super) struct InstantStart {
     lost: Vec<List>,
     /// What the server gained that this session cannot show (for
     /// `status`).
-    pub(super) note: Option<String>,
-    pub(super) reading: Reading,
+    note: Option<String>,
+    reading: Reading,
+}
+
+/// What instant start asks the dispatcher to do, in order.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Effect {
+    /// Set this timer.
+    Timer(Instant, Timer),
+    /// Ask the server for a page of this list (the cursor, raw JSON;
+    /// none for the first page): the proxy's own request.
+    Ask(List, Option<String>),
+    /// Have the calls list the tools (they learn the annotations too).
+    ListTools,
+    /// Send the client this notification (a list changed).
+    Notify(&'static str),
+}
+
+/// The real server's handshake was checked against the cached one the
+/// client was told, and the session goes on ([`InstantStart::check`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Checked {
+    /// The server no longer declares the tools.
+    pub(super) tools_lost: bool,
 }
 
 impl InstantStart {
@@ -374,6 +400,285 @@ impl InstantStart {
     fn send(&self, job: CacheJob) {
         if self.jobs.send(job).is_err() {
             debug!("handshake cache: the writer is gone");
+        }
+    }
+
+    /// Whether the session began from the cache (for `status`).
+    pub(super) fn began_from_cache(&self) -> bool {
+        self.from_cache
+    }
+
+    /// What the session cannot show of its server, for `status`.
+    pub(super) fn note(&self) -> Option<String> {
+        self.note.clone()
+    }
+
+    /// Whether the real server's handshake is still to be checked against
+    /// the cached one the client was told.
+    pub(super) fn unchecked(&self) -> bool {
+        self.told.is_some()
+    }
+
+    /// How long the handshake replayed to a new incarnation may take
+    /// (`call_timeout` once the server's handshake was checked).
+    pub(super) fn replay_wait(&self, call_timeout: Duration) -> Duration {
+        match self.unchecked() {
+            true => call_timeout.max(STARTUP_ALLOWANCE),
+            false => call_timeout,
+        }
+    }
+
+    /// The client's `initialize` (request `client_id`, `params`; `first`:
+    /// the session's first handshake), when the entry matches the
+    /// protocol version it asks for: the result the client is told, held
+    /// until `grace_until` (`Timer::InstantGrace`) while the real server
+    /// may answer it itself. `None`: not taken, the server answers.
+    pub(super) fn initialize(
+        &mut self,
+        client_id: &str,
+        params: Option<&str>,
+        first: bool,
+        grace_until: Instant,
+        out: &mut Vec<Effect>,
+    ) -> Option<String> {
+        let asked = params
+            .and_then(RawObject::parse)
+            .and_then(|p| p.string("protocolVersion"));
+        let entry = self.entry.take()?;
+        if !first || asked.as_deref() != Some(entry.protocol_version.as_str()) {
+            debug!(
+                "handshake cache: the entry is for protocol version {}, the client asked for {}",
+                entry.protocol_version,
+                asked.as_deref().unwrap_or("none")
+            );
+            return None;
+        }
+        let Some(result) = told_result(entry.initialize.get()) else {
+            warn!("handshake cache: the cached initialize result is not an object; not used");
+            return None;
+        };
+        self.from_cache = true;
+        self.told = Some(entry);
+        self.held = Some((client_id.to_owned(), result.clone()));
+        out.push(Effect::Timer(grace_until, Timer::InstantGrace));
+        Some(result)
+    }
+
+    /// `Timer::InstantGrace`: the server did not answer `initialize` in
+    /// time; the client's request and the cached answer, if still held.
+    pub(super) fn grace_over(&mut self) -> Option<(String, Vec<u8>)> {
+        let (client_id, result) = self.held.take()?;
+        info!(
+            "answered initialize from the handshake cache; the MCP server starts in the background"
+        );
+        let line = jsonrpc::response_line(&client_id, &result);
+        Some((client_id, line))
+    }
+
+    /// The server answered the `initialize` replayed for a held cached
+    /// answer in time, with `real` (none: refused, a contradiction, which
+    /// answers what is held): the client request that gets the server's
+    /// own answer instead, and the session is the server's, as without the
+    /// cache.
+    pub(super) fn answered_in_grace(&mut self, real: Option<&str>) -> Option<String> {
+        real?;
+        let (client_id, _) = self.held.take()?;
+        self.told = None;
+        self.from_cache = false;
+        Some(client_id)
+    }
+
+    /// A list request from the client (`client_id`, `method`, `params`),
+    /// answered from the cache while the real server's handshake is not
+    /// checked (a first page only: the cache keeps whole lists), or empty
+    /// for a list its server lost: the answer's line, if answered.
+    pub(super) fn list(
+        &self,
+        client_id: &str,
+        method: &str,
+        params: Option<&str>,
+    ) -> Option<Vec<u8>> {
+        let list = List::of_method(method)?;
+        if self.lost.contains(&list) {
+            // Its server no longer has it: empty, as told by list_changed.
+            let result = format!("{{\"{}\":[]}}", list.member());
+            debug!("answered {method} empty: the MCP server no longer lists them");
+            return Some(jsonrpc::response_line(client_id, &result));
+        }
+        let told = self.told.as_ref()?;
+        let paged = params
+            .and_then(RawObject::parse)
+            .is_some_and(|p| p.get("cursor").is_some());
+        let cached = told.list(list).filter(|_| !paged)?;
+        debug!("answered {method} from the handshake cache");
+        Some(jsonrpc::response_line(client_id, cached.get()))
+    }
+
+    /// The answer to the handshake replayed to the first server of a
+    /// session that began from the cache (`m`; the client asked for
+    /// `client_version`): `Err` with why when the session cannot go on (it
+    /// then ends). A list the server lost is answered empty from now on,
+    /// and its `list_changed` sent ([`Effect::Notify`]); a capability it
+    /// gained is warned of (and shown by `status`): the entry stored next
+    /// has it, for the next session. The lists are read from then on.
+    pub(super) fn check(
+        &mut self,
+        m: &Message,
+        client_version: &str,
+        out: &mut Vec<Effect>,
+    ) -> Result<Checked, String> {
+        let Some(told) = self.told.as_ref() else {
+            return Ok(Checked { tools_lost: false });
+        };
+        let Some(real) = m.result() else {
+            return Err(format!(
+                "it answered initialize with {}",
+                m.error().unwrap_or("no result")
+            ));
+        };
+        let bridge = compare(told.initialize.get(), real)?;
+        let checked = self.bridge(bridge, out);
+        let told = self.told.take().expect("checked above");
+        self.told_lists = Some(List::ALL.map(|l| told.list(l).map(|r| r.get().to_owned())));
+        self.reading.begin(client_version, real);
+        Ok(checked)
+    }
+
+    /// Goes on past what the server lost or gained since the cached
+    /// handshake the client was told.
+    fn bridge(&mut self, bridge: Bridge, out: &mut Vec<Effect>) -> Checked {
+        let mut changed: Vec<&'static str> = Vec::new();
+        for list in &bridge.lost {
+            if !changed.contains(&list.changed()) {
+                changed.push(list.changed());
+            }
+        }
+        if !bridge.lost.is_empty() {
+            let methods: Vec<&str> = bridge.lost.iter().map(|l| l.method()).collect();
+            warn!(
+                "the MCP server no longer declares {}; the session goes on with {} answered empty",
+                caps_named(bridge.lost.iter().map(|l| l.capability())),
+                methods.join(", ")
+            );
+        }
+        self.lost = bridge.lost;
+        if !bridge.gained.is_empty() {
+            let note = format!(
+                "the MCP server now declares {} too, which this session cannot show: start a new session to use them",
+                caps_named(bridge.gained.iter().map(String::as_str))
+            );
+            warn!("{note}");
+            self.note = Some(note);
+        }
+        out.extend(changed.into_iter().map(Effect::Notify));
+        Checked {
+            tools_lost: self.lost.contains(&List::Tools),
+        }
+    }
+
+    /// The real server contradicts the cached handshake the client was
+    /// given where no bridge holds: the entry goes. A held answer is the
+    /// client's pending `initialize`, which the dispatcher answers with
+    /// the others.
+    pub(super) fn contradicted(&mut self) {
+        self.told = None;
+        self.held = None;
+        self.send(CacheJob::Invalidate);
+    }
+
+    /// The server accepted the client's own `initialize` (`result`, raw;
+    /// the client asked for `client_version`; no cache hit): its lists are
+    /// read for the next session.
+    pub(super) fn accepted(&mut self, client_version: &str, result: &str) {
+        self.reading.begin(client_version, result);
+    }
+
+    /// The link is ready and the session initialized: the lists still to
+    /// be read are asked for ([`Effect::Ask`]). A client given the tools
+    /// from the cache does not list them from the server, nor does a client
+    /// after a restart (`restarted`): the calls' own listing is read
+    /// ([`Effect::ListTools`]; it learns the annotations too). Otherwise the
+    /// client's first listing is, or the calls' (`Timer::LearnTools`).
+    pub(super) fn read_lists(&mut self, restarted: bool, out: &mut Vec<Effect>) {
+        let tools = self.reading.wants(List::Tools) && (self.from_cache || restarted);
+        for list in self.reading.take_unasked() {
+            out.push(Effect::Ask(list, None));
+        }
+        if tools {
+            out.push(Effect::ListTools);
+        }
+        // A server that declares no list is stored at once.
+        self.store_if_complete();
+    }
+
+    /// A page of `list` passed by: the proxy's own, the client's, or the
+    /// calls' `tools/list` (`source`; `first`: it answers a request
+    /// without a cursor). `result` is `None` for an error answer. The
+    /// proxy asks for the next page of a list of its own; a list read
+    /// whole that differs from the one the client was told from the cache
+    /// is announced ([`Effect::Notify`]: it lists again, from the server).
+    pub(super) fn page(
+        &mut self,
+        list: List,
+        result: Option<&str>,
+        first: bool,
+        source: Source,
+        out: &mut Vec<Effect>,
+    ) {
+        let paged = match result {
+            Some(r) => self.reading.page(list, r, first, source),
+            None => self.reading.refused(list, first, source),
+        };
+        match paged {
+            Paged::Next(cursor) if list != List::Tools => out.push(Effect::Ask(list, Some(cursor))),
+            // The client, or the calls, ask for the tools' next pages.
+            Paged::Next(_) | Paged::Nothing => self.store_if_complete(),
+            Paged::Complete => {
+                if self.differs_from_told(list) {
+                    info!(
+                        "the MCP server's {} differs from the cached one; telling the client",
+                        list.method()
+                    );
+                    out.push(Effect::Notify(list.changed()));
+                }
+                self.store_if_complete();
+            }
+        }
+    }
+
+    /// The proxy's own request for a page of `list` got no answer.
+    pub(super) fn list_failed(&mut self, list: List) {
+        self.reading.fail(list);
+        self.store_if_complete();
+    }
+
+    /// The server's link was lost: lists not complete are asked of the
+    /// next incarnation.
+    pub(super) fn link_lost(&mut self) {
+        self.reading.link_lost();
+    }
+
+    /// Whether `list`, read whole, differs from the one the client was
+    /// given from the cache.
+    fn differs_from_told(&self, list: List) -> bool {
+        if !self.from_cache {
+            return false;
+        }
+        let (Some(read), Some(told)) = (
+            self.reading.done(list),
+            self.told_lists
+                .as_ref()
+                .and_then(|t| t[index(list)].as_deref()),
+        ) else {
+            return false;
+        };
+        lists_differ(list, read, told)
+    }
+
+    fn store_if_complete(&mut self) {
+        if let Some(entry) = self.reading.take_entry() {
+            debug!("handshake cache: storing the server's handshake and lists");
+            self.send(CacheJob::Store(entry));
         }
     }
 }
@@ -479,452 +784,6 @@ fn lists_differ(list: List, a: &str, b: &str) -> bool {
     match (items(a), items(b)) {
         (Some(a), Some(b)) => a != b,
         _ => true,
-    }
-}
-
-impl Dispatcher {
-    /// Instant start for this session, with the entry found at start.
-    pub fn with_instant_start(
-        mut self,
-        entry: Option<Entry>,
-        jobs: Sender<CacheJob>,
-    ) -> Dispatcher {
-        self.instant = Some(Box::new(InstantStart::new(entry, jobs)));
-        self
-    }
-
-    /// A client request instant start may take: an `initialize` (not in a
-    /// batch) or a first page of a list, while the real server is not
-    /// ready. Whether it was taken (it is answered either way).
-    pub(super) fn instant_request(
-        &mut self,
-        client_id: &str,
-        method: &str,
-        m: &Message,
-        batch: Option<u64>,
-    ) -> bool {
-        match method {
-            "initialize" => batch.is_none() && self.instant_initialize(client_id, m),
-            _ => self.instant_list(client_id, method, m.params()),
-        }
-    }
-
-    /// The client's `initialize`, when an entry matches its protocol
-    /// version: the real server gets it (asking for the version the entry
-    /// says), and the cached answer is given if the server has not
-    /// answered within `instant_start_grace` (`Timer::InstantGrace`). Whether it was
-    /// taken (it is answered either way).
-    fn instant_initialize(&mut self, client_id: &str, m: &Message) -> bool {
-        let Some(instant) = self.instant.as_mut() else {
-            return false;
-        };
-        let asked = m
-            .params()
-            .and_then(RawObject::parse)
-            .and_then(|p| p.string("protocolVersion"));
-        let first =
-            self.link.session.init_params.is_none() && self.link.session.pending_init.is_none();
-        let Some(entry) = instant.entry.take() else {
-            return false;
-        };
-        if !first || asked.as_deref() != Some(entry.protocol_version.as_str()) {
-            debug!(
-                "handshake cache: the entry is for protocol version {}, the client asked for {}",
-                entry.protocol_version,
-                asked.as_deref().unwrap_or("none")
-            );
-            return false;
-        }
-        let Some(result) = told_result(entry.initialize.get()) else {
-            warn!("handshake cache: the cached initialize result is not an object; not used");
-            return false;
-        };
-        instant.from_cache = true;
-        let cached_version =
-            RawObject::parse(entry.initialize.get()).and_then(|r| r.string("protocolVersion"));
-        instant.told = Some(entry);
-        // The session is the client's from now on, as if the server had
-        // accepted it: a start replays it.
-        self.link.session.init_params = m.params().map(str::to_owned);
-        self.link.session.protocol_version = cached_version;
-        self.observe_capabilities(&result);
-        // It told the client `listChanged`: a restarted server's tools are
-        // compared too.
-        self.link.session.tools_list_changed = self.link.session.has_tools;
-        if let Some(instant) = self.instant.as_mut() {
-            instant.held = Some((client_id.to_owned(), result));
-        }
-        self.set_timer(self.now + self.cfg.instant_start_grace, Timer::InstantGrace);
-        // Down or between starts: the next start replays it.
-        if self.link.unready() {
-            self.replay_initialize(self.now);
-        }
-        self.status_dirty();
-        true
-    }
-
-    /// `Timer::InstantGrace`: the server did not answer `initialize` in
-    /// time; the client gets the cached answer.
-    pub(super) fn instant_grace_over(&mut self) {
-        let Some((client_id, result)) = self.instant.as_mut().and_then(|i| i.held.take()) else {
-            return;
-        };
-        info!(
-            "answered initialize from the handshake cache; the MCP server starts in the background"
-        );
-        self.answer(&client_id, jsonrpc::response_line(&client_id, &result));
-    }
-
-    /// The server answered the `initialize` replayed for a held cached
-    /// answer within `instant_start_grace`, with `real`: the client gets the server's
-    /// own answer and the session is the server's, as without the cache.
-    /// Whether an answer was held.
-    pub(super) fn instant_answered_in_grace(&mut self, real: Option<&str>, now: Instant) -> bool {
-        let Some(instant) = self.instant.as_mut() else {
-            return false;
-        };
-        let (Some((client_id, _)), Some(real)) = (instant.held.as_ref(), real) else {
-            // A refusal is a contradiction, which answers what is held.
-            return false;
-        };
-        let client_id = client_id.clone();
-        instant.held = None;
-        instant.told = None;
-        instant.from_cache = false;
-        debug!(
-            "the MCP server answered initialize within {:?}; the cached answer is not used",
-            self.cfg.instant_start_grace
-        );
-        self.link.session.protocol_version =
-            RawObject::parse(real).and_then(|r| r.string("protocolVersion"));
-        self.observe_capabilities(real);
-        self.reporting.ready(now);
-        self.instant_accepted(real);
-        self.answer(&client_id, jsonrpc::response_line(&client_id, real));
-        self.status_dirty();
-        true
-    }
-
-    /// The link found `problem` with `m`, the answer to the replayed
-    /// `initialize` (or none): a session begun from the cache checks it
-    /// against what the client was told. False if the session ends here
-    /// (the server contradicted the cache).
-    pub(super) fn instant_verdict(
-        &mut self,
-        m: &Message,
-        problem: Option<&str>,
-        now: Instant,
-    ) -> bool {
-        if !self.instant_unchecked() {
-            return true;
-        }
-        let checked = match problem {
-            Some(p) => Err(p.to_owned()),
-            None => self.instant_check(m, now),
-        };
-        match checked {
-            Ok(()) => true,
-            Err(p) => {
-                self.instant_contradicted(&p, now);
-                false
-            }
-        }
-    }
-
-    /// Whether the real server's handshake is still to be checked against
-    /// the cached one the client was told.
-    pub(super) fn instant_unchecked(&self) -> bool {
-        self.instant.as_ref().is_some_and(|i| i.told.is_some())
-    }
-
-    /// How long the handshake replayed to a new incarnation may take.
-    pub(super) fn replay_wait(&self) -> Duration {
-        match self.instant_unchecked() {
-            true => self.cfg.call_timeout.max(STARTUP_ALLOWANCE),
-            false => self.cfg.call_timeout,
-        }
-    }
-
-    /// A list request from the client, answered from the cache while the
-    /// server is not ready yet (a first page only: the cache keeps whole
-    /// lists). Whether it was answered.
-    fn instant_list(&mut self, client_id: &str, method: &str, params: Option<&str>) -> bool {
-        let Some(list) = List::of_method(method) else {
-            return false;
-        };
-        if self
-            .instant
-            .as_ref()
-            .is_some_and(|i| i.lost.contains(&list))
-        {
-            // Its server no longer has it: empty, as told by list_changed.
-            let result = format!("{{\"{}\":[]}}", list.member());
-            debug!("answered {method} empty: the MCP server no longer lists them");
-            self.answer(client_id, jsonrpc::response_line(client_id, &result));
-            return true;
-        }
-        let Some(told) = self.instant.as_ref().and_then(|i| i.told.as_ref()) else {
-            return false;
-        };
-        let paged = params
-            .and_then(RawObject::parse)
-            .is_some_and(|p| p.get("cursor").is_some());
-        let Some(cached) = told.list(list).filter(|_| !paged) else {
-            return false;
-        };
-        let line = jsonrpc::response_line(client_id, cached.get());
-        debug!("answered {method} from the handshake cache");
-        self.answer(client_id, line);
-        true
-    }
-
-    /// The answer to the handshake replayed to the first server of a
-    /// session that began from the cache: `Err` with why when the session
-    /// cannot go on (it then ends). A list the server lost is answered
-    /// empty from now on, and its `list_changed` sent; a capability it
-    /// gained is warned of (and shown by `status`): the entry stored next
-    /// has it, for the next session.
-    fn instant_check(&mut self, m: &Message, now: Instant) -> Result<(), String> {
-        let Some(told) = self.instant.as_mut().and_then(|i| i.told.as_ref()) else {
-            return Ok(());
-        };
-        let Some(real) = m.result() else {
-            return Err(format!(
-                "it answered initialize with {}",
-                m.error().unwrap_or("no result")
-            ));
-        };
-        let bridge = compare(told.initialize.get(), real)?;
-        self.instant_bridge(bridge);
-        info!(
-            "the MCP server is ready after {}; the session began from the handshake cache",
-            super::calls::secs(now.saturating_duration_since(self.reporting.started_at()))
-        );
-        self.reporting.ready(now);
-        let version = self.client_version();
-        if let Some(instant) = self.instant.as_mut() {
-            let told = instant.told.take().expect("checked above");
-            instant.told_lists = Some(List::ALL.map(|l| told.list(l).map(|r| r.get().to_owned())));
-            instant.reading.begin(&version, real);
-        }
-        Ok(())
-    }
-
-    /// Goes on past what the server lost or gained since the cached
-    /// handshake the client was told.
-    fn instant_bridge(&mut self, bridge: Bridge) {
-        let Some(instant) = self.instant.as_mut() else {
-            return;
-        };
-        let mut changed: Vec<&str> = Vec::new();
-        for list in &bridge.lost {
-            if !changed.contains(&list.changed()) {
-                changed.push(list.changed());
-            }
-        }
-        if !bridge.lost.is_empty() {
-            let methods: Vec<&str> = bridge.lost.iter().map(|l| l.method()).collect();
-            warn!(
-                "the MCP server no longer declares {}; the session goes on with {} answered empty",
-                caps_named(bridge.lost.iter().map(|l| l.capability())),
-                methods.join(", ")
-            );
-        }
-        instant.lost = bridge.lost;
-        if !bridge.gained.is_empty() {
-            let note = format!(
-                "the MCP server now declares {} too, which this session cannot show: start a new session to use them",
-                caps_named(bridge.gained.iter().map(String::as_str))
-            );
-            warn!("{note}");
-            instant.note = Some(note);
-        }
-        if instant.lost.contains(&List::Tools) {
-            self.link.session.has_tools = false;
-        }
-        for method in changed {
-            self.send_client(jsonrpc::notification_line(method, None));
-        }
-        self.status_dirty();
-    }
-
-    /// What the session cannot show of its server, for `status`.
-    pub(super) fn instant_note(&self) -> Option<String> {
-        self.instant.as_ref().and_then(|i| i.note.clone())
-    }
-
-    /// The real server contradicts the cached handshake the client was
-    /// given where no bridge holds: the entry goes, every pending request
-    /// gets the proxy's error and the session ends, so that the host
-    /// connects again and gets the server's own handshake.
-    fn instant_contradicted(&mut self, problem: &str, now: Instant) {
-        let message = format!(
-            "the MCP server's handshake differs from the cached one the session began with ({problem}); the cache entry was removed and the session ends: reconnect to the server (in Claude Code: /mcp)"
-        );
-        warn!("{message}");
-        if let Some(instant) = self.instant.as_mut() {
-            instant.told = None;
-            // A held answer is the client's pending `initialize`, answered
-            // below with the others.
-            instant.held = None;
-            instant.send(CacheJob::Invalidate);
-        }
-        // Exit 75 asks the host to connect again; a session the client
-        // ended already just ends.
-        if !matches!(self.phase, Phase::Stopping { .. }) {
-            self.handshake_changed = true;
-        }
-        for id in self.requests.open_ids() {
-            self.answer_proxy_error(&id, Reason::ServerUnavailable, &message);
-        }
-        self.begin_shutdown(None, now);
-    }
-
-    /// The protocol version the client asked for in its `initialize`.
-    fn client_version(&self) -> String {
-        self.link
-            .session
-            .init_params
-            .as_deref()
-            .or(self.link.session.pending_init.as_deref())
-            .and_then(RawObject::parse)
-            .and_then(|p| p.string("protocolVersion"))
-            .unwrap_or_default()
-    }
-
-    /// The server accepted the client's own `initialize` (no cache hit):
-    /// its lists are read for the next session.
-    pub(super) fn instant_accepted(&mut self, result: &str) {
-        let version = self.client_version();
-        if let Some(instant) = self.instant.as_mut() {
-            instant.reading.begin(&version, result);
-        }
-    }
-
-    /// The link is ready and the session initialized: ask for the lists
-    /// still to be read.
-    pub(super) fn instant_read_lists(&mut self, now: Instant) {
-        if !self.link.session.initialized || !self.link.ready() {
-            return;
-        }
-        let Some(instant) = self.instant.as_mut() else {
-            return;
-        };
-        // A client given the tools from the cache does not list them from
-        // the server, nor does a client after a restart: the calls' own
-        // listing is read (it learns the annotations too). Otherwise the
-        // client's first listing is, or the calls' (`Timer::LearnTools`).
-        let tools = instant.reading.wants(List::Tools)
-            && (instant.from_cache || self.link.generation() > 1);
-        for list in instant.reading.take_unasked() {
-            self.request_list_page(list, None, now);
-        }
-        if tools {
-            self.with_calls(now, |c, ctx, out| c.fetch_tools(ctx.link, out));
-        }
-        // A server that declares no list is stored at once.
-        self.instant_store_if_complete();
-    }
-
-    /// Sends the proxy's own request for a page of `list`.
-    fn request_list_page(&mut self, list: List, cursor: Option<&str>, now: Instant) {
-        let params =
-            crate::mcp::tools_list_params(cursor, self.link.session.modern_meta.as_deref());
-        let down = self.requests.issue(Inflight::Listing {
-            list,
-            first: cursor.is_none(),
-        });
-        let line = jsonrpc::request_line(&down.to_string(), list.method(), Some(&params));
-        if self.send_server(Outgoing::request(down, list.method(), line)) {
-            self.set_timer(now + self.cfg.call_timeout, Timer::ListingTimeout { down });
-        } else {
-            self.requests.forget(down);
-            self.instant_list_failed(list);
-        }
-    }
-
-    /// A page of `list` passed by: the proxy's own, the client's, or the
-    /// calls' `tools/list`. `result` is `None` for an error answer.
-    pub(super) fn instant_page(
-        &mut self,
-        list: List,
-        result: Option<&str>,
-        first: bool,
-        source: Source,
-        now: Instant,
-    ) {
-        let Some(instant) = self.instant.as_mut() else {
-            return;
-        };
-        let paged = match result {
-            Some(r) => instant.reading.page(list, r, first, source),
-            None => instant.reading.refused(list, first, source),
-        };
-        match paged {
-            Paged::Next(cursor) if list != List::Tools => {
-                self.request_list_page(list, Some(&cursor), now)
-            }
-            // The client, or the calls, ask for the tools' next pages.
-            Paged::Next(_) | Paged::Nothing => self.instant_store_if_complete(),
-            Paged::Complete => {
-                self.instant_reconcile(list);
-                self.instant_store_if_complete();
-            }
-        }
-    }
-
-    /// `Timer::ListingTimeout`: the proxy's own list request `down` was
-    /// not answered in time.
-    pub(super) fn on_listing_timeout(&mut self, down: u64) {
-        let listing = |f: &Inflight| matches!(f, Inflight::Listing { .. });
-        if let Some(Inflight::Listing { list, .. }) = self.requests.take_if(down, listing) {
-            self.instant_list_failed(list);
-        }
-    }
-
-    /// The proxy's own request for a page of `list` got no answer.
-    pub(super) fn instant_list_failed(&mut self, list: List) {
-        if let Some(instant) = self.instant.as_mut() {
-            instant.reading.fail(list);
-        }
-        self.instant_store_if_complete();
-    }
-
-    /// `list` was read whole: a client given a different one from the
-    /// cache is told it changed (it lists again, from the server).
-    fn instant_reconcile(&mut self, list: List) {
-        let Some(instant) = self.instant.as_ref() else {
-            return;
-        };
-        if !instant.from_cache {
-            return;
-        }
-        let (Some(read), Some(told)) = (
-            instant.reading.done(list),
-            instant
-                .told_lists
-                .as_ref()
-                .and_then(|t| t[index(list)].as_deref()),
-        ) else {
-            return;
-        };
-        if lists_differ(list, read, told) {
-            info!(
-                "the MCP server's {} differs from the cached one; telling the client",
-                list.method()
-            );
-            self.send_client(jsonrpc::notification_line(list.changed(), None));
-        }
-    }
-
-    fn instant_store_if_complete(&mut self) {
-        let Some(instant) = self.instant.as_mut() else {
-            return;
-        };
-        if let Some(entry) = instant.reading.take_entry() {
-            debug!("handshake cache: storing the server's handshake and lists");
-            instant.send(CacheJob::Store(entry));
-        }
     }
 }
 

@@ -10,9 +10,11 @@
 //! replayed, the queue of what waits for the server, the recovery): its
 //! methods take `now` and push [`Effect`]s (timers, requests the server
 //! never acted on, an incarnation lost, the link down), which the
-//! dispatcher carries out in order (`with_link`); the `impl Dispatcher`
-//! below does what also needs the requests and the calls. Talks to the
-//! server only through [`Downstream`]; knows nothing of processes. Probe
+//! dispatcher carries out in order (`with_link`); what also needs the
+//! requests and the calls (the start's sequel, releasing and giving up the
+//! queue, the replay, the transport's reports) is the dispatcher's, in
+//! `actions.rs`. Talks to the server only through [`Downstream`]; knows
+//! nothing of processes. Probe
 //! failures never reach the circuit breaker; a request that gave up
 //! waiting does.
 //!
@@ -52,7 +54,7 @@ use crossbeam_channel::Sender;
 
 use crate::config::{ServerConfig, Transport};
 use crate::downstream::{
-    Downstream, Failure as TransportFailure, Gone, Heal, Outgoing, Sent, ServerEvent, StartError,
+    Downstream, Failure as TransportFailure, Gone, Heal, Outgoing, Sent, StartError,
 };
 use crate::jsonrpc::{self, Message, RawObject};
 use crate::policy::recovery::{Recovery, CRASH_LOOP};
@@ -62,9 +64,7 @@ use crate::{debug, info, warn};
 
 use super::calls::Failure;
 use super::queue::Queue;
-use super::{
-    CallError, Connector, Dispatcher, Event, Inflight, Method, Phase, Reason, Resolved, Timer,
-};
+use super::{CallError, Connector, Event, Method, Reason, Timer};
 
 /// A child that stays up this long resets the restart backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
@@ -118,7 +118,7 @@ pub(super) struct Link {
     /// Counts incarnations (the first start is 1).
     generation: u64,
     /// What a restarted server must be told.
-    pub(super) session: Session,
+    session: Session,
     /// Traffic waiting for a (re)starting server, and its ramp.
     queue: Queue,
     /// The link's health while it is down, and when to probe it.
@@ -622,11 +622,6 @@ impl Link {
         self.recovery.handshaken();
     }
 
-    /// A server accepted a handshake this session.
-    pub(super) fn handshaken(&mut self) {
-        self.recovery.handshaken();
-    }
-
     /// Whether a server accepted a handshake this session.
     pub(super) fn is_handshaken(&self) -> bool {
         self.recovery.is_handshaken()
@@ -664,6 +659,353 @@ impl Link {
             (_, None) => None,
         }
     }
+
+    /// Starts the server, or reconnects to it (the first start, or a probe
+    /// during an outage): a new incarnation, which replays the session's
+    /// handshake first if there is one. A start that fails puts the link in
+    /// an outage ([`Effect::Down`]).
+    pub(super) fn start(&mut self, now: Instant, out: &mut Vec<Effect>) -> Started {
+        self.generation += 1;
+        let generation = self.generation;
+        self.recovery.probe_started(now);
+        match (self.connect)(&self.cfg, generation, self.events.clone()) {
+            Ok(server) => {
+                match (self.recovery.outage().is_some(), self.remote()) {
+                    (false, true) => info!("connecting to {}", server.describe()),
+                    (false, false) => info!("started {}", server.describe()),
+                    (true, true) => debug!("reconnecting to {}", server.describe()),
+                    (true, false) => debug!("probing: started {}", server.describe()),
+                }
+                let replay = self.session.init_params.is_some();
+                self.state = Connection::Up(Box::new(Conn {
+                    backlog: server.input_backlog(),
+                    server,
+                    started: now,
+                    draining: false,
+                    ready: !replay,
+                    answered: false,
+                    served: false,
+                    overlong_lines: 0,
+                    in_overlong: false,
+                }));
+                match replay {
+                    true => Started::Replay,
+                    false => Started::Flowing {
+                        back: self.recovery.outage().is_some(),
+                    },
+                }
+            }
+            Err(StartError { message, heal }) => {
+                self.recovery.start_ended(None);
+                match self.recovery.outage() {
+                    Some(_) => debug!("{message}"),
+                    None => crate::error!("{message}"),
+                }
+                self.state = Connection::Outage;
+                out.push(Effect::Down { message, heal });
+                Started::Failed
+            }
+        }
+    }
+
+    /// The probe timer `seq` fired: true if it is the newest and the link
+    /// is still in its outage (the caller starts the server).
+    pub(super) fn probe_due(&self, seq: u64) -> bool {
+        seq == self.restart_seq && matches!(self.state, Connection::Outage)
+    }
+
+    /// The current incarnation as log lines name it.
+    pub(super) fn describe(&self) -> String {
+        match &self.state {
+            Connection::Up(c) => c.server.describe(),
+            _ => "the MCP server".to_owned(),
+        }
+    }
+
+    /// The current incarnation's output said something (a message, a bad
+    /// or an overlong line): a line over the limit it was writing ended.
+    pub(super) fn output_seen(&mut self) {
+        if let Connection::Up(c) = &mut self.state {
+            c.in_overlong = false;
+        }
+    }
+
+    /// The current incarnation sent a message: true if it is the first of
+    /// a ready server during an outage (a server with no handshake to
+    /// replay is back once it says something).
+    pub(super) fn said_something(&mut self) -> bool {
+        let mut first_word = false;
+        if let Connection::Up(c) = &mut self.state {
+            first_word = !c.answered && c.ready;
+            c.answered = true;
+        }
+        first_word && self.recovery.outage().is_some()
+    }
+
+    /// The current incarnation began a line over `max_message_bytes`: if
+    /// it is still writing it after `call_timeout`, it is stopped
+    /// ([`Link::on_overlong_line`]).
+    pub(super) fn overlong_started(&mut self, now: Instant, out: &mut Vec<Effect>) {
+        let Connection::Up(c) = &mut self.state else {
+            return;
+        };
+        c.overlong_lines += 1;
+        c.in_overlong = true;
+        let (generation, line) = (self.generation, c.overlong_lines);
+        out.push(Effect::Timer(
+            now + self.cfg.call_timeout,
+            Timer::OverlongLine { generation, line },
+        ));
+    }
+
+    /// The current incarnation takes no more input: new traffic waits for
+    /// the next one; what it sent is still read.
+    pub(super) fn draining(&mut self) {
+        if let Connection::Up(c) = &mut self.state {
+            c.draining = true;
+        }
+    }
+
+    // ----- the queue -----------------------------------------------------
+
+    /// Puts `item` in the queue, waiting since `since`: its number, or
+    /// `None` when the queue is full.
+    pub(super) fn enqueue(&mut self, item: Queued, since: Instant) -> Option<u64> {
+        self.queue.push(item, since)
+    }
+
+    /// Takes queued item `seq` out of the queue, with when it began to
+    /// wait.
+    pub(super) fn take_queued(&mut self, seq: u64) -> Option<(Instant, Queued)> {
+        self.queue.take(seq)
+    }
+
+    /// The numbers of everything queued, oldest first.
+    pub(super) fn queued(&self) -> Vec<u64> {
+        self.queue.seqs()
+    }
+
+    /// Whether something waits in the queue.
+    pub(super) fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// A server back from an outage: the queue is released in a ramp.
+    pub(super) fn begin_ramp(&mut self, now: Instant) {
+        self.queue.begin_ramp(now);
+    }
+
+    /// The next queued item the ramp lets go, while the link is ready.
+    pub(super) fn next_release(&mut self) -> Option<(u64, Queued)> {
+        match self.ready() {
+            true => self.queue.pop_releasable(),
+            false => None,
+        }
+    }
+
+    /// A queued request went out at `now` (the ramp counts it).
+    pub(super) fn released(&mut self, now: Instant) {
+        self.queue.released(now);
+    }
+
+    /// Queued items that waited too little to be held by the ramp.
+    pub(super) fn fresh(&self, now: Instant) -> Vec<u64> {
+        self.queue.fresh(now)
+    }
+
+    /// When the ramp lets more go if nothing is answered meanwhile.
+    pub(super) fn settle(&mut self) -> Option<Instant> {
+        self.queue.settle()
+    }
+
+    /// Nothing released was answered for a while: true if more may go.
+    pub(super) fn ramp_stalled(&mut self, now: Instant) -> bool {
+        self.queue.stalled(now)
+    }
+
+    /// The server answered a request: true if the ramp lets more go.
+    pub(super) fn ramp_answered(&mut self, now: Instant) -> bool {
+        self.queue.answered(now)
+    }
+
+    // ----- the session ---------------------------------------------------
+
+    /// The protocol version of the session (the server's, or the one the
+    /// client was told from the cache).
+    pub(super) fn protocol_version(&self) -> Option<&str> {
+        self.session.protocol_version.as_deref()
+    }
+
+    /// Whether the client may send JSON-RPC batches (2025-03-26 only).
+    pub(super) fn batches_allowed(&self) -> bool {
+        self.protocol_version() == Some("2025-03-26")
+    }
+
+    /// Whether the client began the session's handshake (its `initialize`
+    /// was sent or accepted).
+    pub(super) fn handshake_begun(&self) -> bool {
+        self.session.init_params.is_some() || self.session.pending_init.is_some()
+    }
+
+    /// Whether a new incarnation is replayed a handshake (the server
+    /// accepted the client's, or the client was told one from the cache).
+    pub(super) fn has_handshake(&self) -> bool {
+        self.session.init_params.is_some()
+    }
+
+    /// The client's `initialize` params a new incarnation is sent.
+    pub(super) fn handshake_params(&self) -> Option<&str> {
+        self.session.init_params.as_deref()
+    }
+
+    /// The protocol version the client asked for in its `initialize`.
+    pub(super) fn client_version(&self) -> String {
+        (self.session.init_params.as_deref())
+            .or(self.session.pending_init.as_deref())
+            .and_then(RawObject::parse)
+            .and_then(|p| p.string("protocolVersion"))
+            .unwrap_or_default()
+    }
+
+    /// A client request `method` (`params`): a client that begins without
+    /// `initialize` may speak 2026-07-28, and the proxy's own requests must
+    /// then name the version as the client's do. Read once, and never in a
+    /// session that began with `initialize`.
+    pub(super) fn learn_era(&mut self, method: &str, params: Option<&str>) {
+        if self.session.modern_meta.is_none() && !self.handshake_begun() && method != "initialize" {
+            self.session.modern_meta = params.and_then(crate::mcp::envelope);
+        }
+    }
+
+    /// A probing client fell back to the handshake: it speaks the older
+    /// era after all.
+    pub(super) fn handshake_asked(&mut self) {
+        self.session.modern_meta = None;
+    }
+
+    /// The `_meta` protocol members the proxy's own requests carry (a
+    /// 2026-07-28 client's).
+    pub(super) fn modern_meta(&self) -> Option<&str> {
+        self.session.modern_meta.as_deref()
+    }
+
+    /// The client's `initialize` goes to the server with `params`.
+    pub(super) fn initialize_sent(&mut self, params: Option<&str>) {
+        self.session.pending_init = params.map(str::to_owned);
+    }
+
+    /// The server accepted the client's `initialize` (its `result`, raw):
+    /// a restart replays it.
+    pub(super) fn accepted(&mut self, result: &str) {
+        self.session.init_params = self.session.pending_init.take();
+        self.recovery.handshaken();
+        if let Some(v) = RawObject::parse(result).and_then(|r| r.string("protocolVersion")) {
+            debug!("negotiated protocol version {v}");
+            self.session.protocol_version = Some(v);
+        }
+        self.observe_capabilities(result);
+    }
+
+    /// The client was told `result` (raw) from the cache for its
+    /// `initialize` (`params`): the session is the client's from now on,
+    /// as if the server had accepted it, and a start replays it. It was
+    /// told `listChanged`: a restarted server's tools are compared too.
+    pub(super) fn begin_from_cache(&mut self, params: Option<&str>, result: &str) {
+        self.session.init_params = params.map(str::to_owned);
+        self.session.protocol_version =
+            RawObject::parse(result).and_then(|r| r.string("protocolVersion"));
+        self.observe_capabilities(result);
+        self.session.tools_list_changed = self.session.has_tools;
+    }
+
+    /// The server answered the replayed `initialize` in time with `result`
+    /// (raw), which the client is given instead of the cached one.
+    pub(super) fn answered_in_grace(&mut self, result: &str) {
+        self.session.protocol_version =
+            RawObject::parse(result).and_then(|r| r.string("protocolVersion"));
+        self.observe_capabilities(result);
+    }
+
+    /// What the server's `initialize` result (raw) declares that the
+    /// proxy acts on.
+    fn observe_capabilities(&mut self, raw: &str) {
+        let Some(result) = RawObject::parse(raw) else {
+            return;
+        };
+        let tools = result
+            .get("capabilities")
+            .and_then(|c| RawObject::parse(c.get()))
+            .and_then(|c| c.get("tools").map(|t| t.get().to_owned()));
+        self.session.has_tools = tools.is_some();
+        self.session.tools_list_changed = tools
+            .as_deref()
+            .and_then(RawObject::parse)
+            .and_then(|t| t.get("listChanged").map(|l| l.get() == "true"))
+            .unwrap_or(false);
+    }
+
+    /// Whether the server declared `capabilities.tools`.
+    pub(super) fn has_tools(&self) -> bool {
+        self.session.has_tools
+    }
+
+    /// The server no longer declares the tools the client was told of.
+    pub(super) fn tools_lost(&mut self) {
+        self.session.has_tools = false;
+    }
+
+    /// Whether a restarted server's tools are compared with the first's
+    /// (the first declared `tools.listChanged`, or the client was told so).
+    pub(super) fn compares_tools(&self) -> bool {
+        self.session.tools_list_changed
+    }
+
+    /// The client sent `notifications/initialized`.
+    pub(super) fn client_initialized(&mut self) {
+        self.session.initialized = true;
+    }
+
+    /// Whether the client sent `notifications/initialized`.
+    pub(super) fn is_initialized(&self) -> bool {
+        self.session.initialized
+    }
+
+    /// Whether the proxy may send the server requests of its own: the
+    /// client said `initialized`, or speaks 2026-07-28 (no handshake).
+    pub(super) fn session_open(&self) -> bool {
+        self.session.initialized || self.session.modern_meta.is_some()
+    }
+
+    /// The client set the server's log level (`logging/setLevel`'s
+    /// `params`): a new incarnation is told too.
+    pub(super) fn set_log_level(&mut self, params: Option<&str>) {
+        self.session.log_level = params.map(str::to_owned);
+    }
+
+    /// Remembers active subscriptions, to replay them to a restarted server.
+    pub(super) fn track_subscription(&mut self, method: &str, params: Option<&str>) {
+        let Some(p) = params else { return };
+        let Some(uri) = RawObject::parse(p).and_then(|o| o.get("uri").map(|u| u.get().to_owned()))
+        else {
+            return;
+        };
+        if method == "resources/subscribe" {
+            self.session.subscriptions.insert(uri, p.to_owned());
+        } else {
+            self.session.subscriptions.remove(&uri);
+        }
+    }
+}
+
+/// How a start went ([`Link::start`]).
+pub(super) enum Started {
+    /// The session's handshake is to be replayed first.
+    Replay,
+    /// Nothing to replay: traffic flows at once (`back` from an outage,
+    /// which ends with the server's first message).
+    Flowing { back: bool },
+    /// It failed: the link is in an outage.
+    Failed,
 }
 
 /// The state of the server link.
@@ -704,25 +1046,25 @@ struct Conn {
 
 /// What a new incarnation must be told to continue the client's session.
 #[derive(Debug, Default)]
-pub(super) struct Session {
+struct Session {
     /// The client's `initialize` params, kept once the server accepted them.
-    pub(super) init_params: Option<String>,
+    init_params: Option<String>,
     /// Params of an `initialize` in flight.
-    pub(super) pending_init: Option<String>,
-    pub(super) protocol_version: Option<String>,
+    pending_init: Option<String>,
+    protocol_version: Option<String>,
     /// The client sent `notifications/initialized`.
-    pub(super) initialized: bool,
+    initialized: bool,
     /// A 2026-07-28 client (no `initialize`): the protocol members of its
     /// requests' `_meta`, which the proxy's own requests carry too.
-    pub(super) modern_meta: Option<String>,
+    modern_meta: Option<String>,
     /// Params of the last `logging/setLevel`.
-    pub(super) log_level: Option<String>,
+    log_level: Option<String>,
     /// Active `resources/subscribe` params by uri.
-    pub(super) subscriptions: BTreeMap<String, String>,
+    subscriptions: BTreeMap<String, String>,
     /// The server declared `capabilities.tools`.
-    pub(super) has_tools: bool,
+    has_tools: bool,
     /// The first server declared `capabilities.tools.listChanged`.
-    pub(super) tools_list_changed: bool,
+    tools_list_changed: bool,
 }
 
 /// What the proxy's own requests to a new incarnation are.
@@ -750,622 +1092,6 @@ pub(super) enum Route {
     Send,
     Queue,
     Refuse(Reason, String),
-}
-
-impl Dispatcher {
-    /// Starts the server, or reconnects to it: the first start, or a probe
-    /// during an outage.
-    pub(super) fn start_server(&mut self, now: Instant) {
-        self.link.generation += 1;
-        let generation = self.link.generation;
-        self.calls.new_incarnation();
-        self.link.recovery.probe_started(now);
-        match (self.link.connect)(&self.cfg, generation, self.link.events.clone()) {
-            Ok(server) => {
-                match (self.link.recovery.outage().is_some(), self.link.remote()) {
-                    (false, true) => info!("connecting to {}", server.describe()),
-                    (false, false) => info!("started {}", server.describe()),
-                    (true, true) => debug!("reconnecting to {}", server.describe()),
-                    (true, false) => debug!("probing: started {}", server.describe()),
-                }
-                let replay = self.link.session.init_params.is_some();
-                self.link.state = Connection::Up(Box::new(Conn {
-                    backlog: server.input_backlog(),
-                    server,
-                    started: now,
-                    draining: false,
-                    ready: !replay,
-                    answered: false,
-                    served: false,
-                    overlong_lines: 0,
-                    in_overlong: false,
-                }));
-                if replay {
-                    self.replay_initialize(now);
-                } else {
-                    // Nothing to replay: traffic flows at once; the outage
-                    // ends with the server's first message.
-                    let back = self.link.recovery.outage().is_some();
-                    self.flush_queue(back, now);
-                    self.fetch_deferred_tools(now);
-                }
-            }
-            Err(StartError { message, heal }) => {
-                self.link.recovery.start_ended(None);
-                match self.link.recovery.outage() {
-                    Some(_) => debug!("{message}"),
-                    None => crate::error!("{message}"),
-                }
-                self.link.state = Connection::Outage;
-                self.link_down(message, heal, now);
-            }
-        }
-    }
-
-    /// Puts `item` in the queue, waiting since `since` and until `expires`
-    /// at the latest; `None` when the queue is full.
-    pub(super) fn enqueue(
-        &mut self,
-        item: Queued,
-        since: Instant,
-        expires: Instant,
-    ) -> Option<u64> {
-        let seq = self.link.queue.push(item, since)?;
-        self.set_timer(expires, Timer::QueueExpired { seq });
-        Some(seq)
-    }
-
-    /// The client's `initialize`, sent before the session's first
-    /// handshake, is still unanswered after as long as a request waits for
-    /// the server: it is answered, saying so (the server, which may answer
-    /// it later, is left running: its late answer is dropped).
-    pub(super) fn on_first_initialize_due(&mut self, down: u64, now: Instant) {
-        let client = |f: &Inflight| matches!(f, Inflight::Client { .. });
-        let Some(Inflight::Client { client_id, .. }) = self.requests.take_if(down, client) else {
-            return;
-        };
-        self.requests.written(down);
-        let since = self
-            .requests
-            .waited(&client_id)
-            .map_or(now, |(since, _)| since);
-        let waited = now
-            .saturating_duration_since(since)
-            .max(self.link.wait_for_server());
-        let what = match &self.link.state {
-            Connection::Up(c) => c.server.describe(),
-            _ => "the MCP server".to_owned(),
-        };
-        let message = format!(
-            "the MCP server {what} did not answer initialize within {}; check that it starts (run its command by hand); a server this slow to start needs a larger wait_for_server, and the host a larger start timeout (MCP_TIMEOUT for Claude Code)",
-            super::calls::secs(waited)
-        );
-        warn!("{message}");
-        self.with_calls(now, |c, ctx, _| c.outage_failure(ctx.now));
-        self.answer_proxy_error(&client_id, Reason::ServerUnavailable, &message);
-    }
-
-    pub(super) fn unqueue(&mut self, seq: u64) -> Option<Queued> {
-        self.link.queue.take(seq).map(|(_, q)| q)
-    }
-
-    /// A queued item waited as long as it may for the server.
-    pub(super) fn on_queue_expired(&mut self, seq: u64, now: Instant) {
-        self.queue_give_up(seq, now, "gave up after waiting");
-    }
-
-    /// Answers queued item `seq` with the server's unavailability; the
-    /// message says how long it really waited. A request that gave up
-    /// waiting counts toward the circuit breaker (an outage's failure).
-    fn queue_give_up(&mut self, seq: u64, now: Instant, what: &str) {
-        let Some((since, item)) = self.link.queue.take(seq) else {
-            return;
-        };
-        let message = format!(
-            "the MCP server is not available ({}); {what} {} for it",
-            self.link.message(),
-            super::calls::secs(now.saturating_duration_since(since))
-        );
-        match item {
-            Queued::Request { client_id, .. } => {
-                self.with_calls(now, |c, ctx, _| c.outage_failure(ctx.now));
-                self.answer_proxy_error(&client_id, Reason::ServerUnavailable, &message)
-            }
-            Queued::Call(id) => {
-                let error = super::CallError::proxy(Reason::ServerUnavailable, &message, &[]);
-                self.with_calls(now, |c, ctx, out| c.gave_up_waiting(id, &error, ctx, out));
-            }
-            Queued::Notification(_) => debug!("dropped a queued notification"),
-        }
-    }
-
-    /// The server is ready: what waited goes, in order; for a server that
-    /// is `back` from an outage, in a ramp (`policy::ramp`): the oldest
-    /// first, then two more for each answer.
-    fn flush_queue(&mut self, back: bool, now: Instant) {
-        if back {
-            self.link.queue.begin_ramp(now);
-        }
-        self.release_queue(now);
-    }
-
-    /// Sends what waited, in order, as far as the ramp allows (a
-    /// notification waits only for what is before it). The ramp holds the
-    /// backlog, not the session's new traffic: what comes meanwhile goes at
-    /// once, and so does what waited less than `ramp::FRESH` (it just
-    /// missed the connection).
-    pub(super) fn release_queue(&mut self, now: Instant) {
-        while self.link.ready() {
-            let Some((seq, item)) = self.link.queue.pop_releasable() else {
-                break;
-            };
-            if self.release(seq, item, now) {
-                self.link.queue.released(now);
-            }
-        }
-        for seq in self.link.queue.fresh(now) {
-            if !self.link.ready() {
-                break;
-            }
-            if let Some(item) = self.unqueue(seq) {
-                self.release(seq, item, now);
-            }
-        }
-        if let Some(at) = self.link.queue.settle() {
-            self.set_timer(at, Timer::RampStall);
-        }
-    }
-
-    /// Nothing released was answered for a while: more may go.
-    pub(super) fn on_ramp_stall(&mut self, now: Instant) {
-        if self.link.queue.stalled(now) {
-            self.release_queue(now);
-        }
-    }
-
-    /// The server answered a request: while a ramp runs, more may go.
-    pub(super) fn ramp_answered(&mut self, now: Instant) {
-        if self.link.queue.answered(now) {
-            self.release_queue(now);
-        }
-    }
-
-    /// Sends queued item `seq`; true if a request or a call's attempt went
-    /// (not one the client gave up meanwhile, nor a notification).
-    fn release(&mut self, seq: u64, item: Queued, now: Instant) -> bool {
-        match item {
-            Queued::Request {
-                m,
-                client_id,
-                method,
-            } => {
-                let still_wanted = self.requests.unqueued(&client_id, seq);
-                if still_wanted {
-                    self.relay_request(m, client_id, method, now);
-                }
-                still_wanted
-            }
-            Queued::Call(id) => {
-                // Admitted by the breaker before it was queued.
-                let wanted = self.calls.unqueued(id);
-                if wanted {
-                    self.route_attempt(id, now);
-                }
-                wanted
-            }
-            Queued::Notification(out) => {
-                self.send_server(out);
-                false
-            }
-        }
-    }
-
-    /// The server works again (its handshake was replayed, or it sent its
-    /// first message): the outage, if there was one, is over; what waited
-    /// goes out.
-    /// True if an outage ended.
-    fn server_up(&mut self, now: Instant) -> bool {
-        let ended = self.link.up(now);
-        if ended {
-            self.with_calls(now, |c, _, _| c.link_recovered());
-        }
-        ended
-    }
-
-    /// Sends the client's original `initialize` to a new incarnation.
-    pub(super) fn replay_initialize(&mut self, now: Instant) {
-        let mut params = self.link.session.init_params.clone().unwrap_or_default();
-        // A session begun from the cache asks for the version the client
-        // was told: a server that still speaks it answers in it.
-        if let (true, Some(told)) = (
-            self.instant_unchecked(),
-            &self.link.session.protocol_version,
-        ) {
-            if let Some(asking) = super::instant::asking_for(&params, told) {
-                params = asking;
-            }
-        }
-        let down = self
-            .requests
-            .issue(Inflight::Replay(ReplayStep::Initialize));
-        debug!("replaying the client's initialize to the new server");
-        let line = jsonrpc::request_line(&down.to_string(), "initialize", Some(&params));
-        self.send_server(Outgoing::request(down, "initialize", line));
-        // initialize is never cancelled; a server that does not answer it
-        // in time is killed and counts as a failed start.
-        let generation = self.link.generation;
-        self.set_timer(
-            now + self.replay_wait(),
-            Timer::ReplayTimeout { generation },
-        );
-    }
-
-    /// The answer to one of the proxy's replayed requests.
-    pub(super) fn on_replay_response(&mut self, step: ReplayStep, m: &Message, now: Instant) {
-        if step == ReplayStep::Other {
-            if let Some(e) = m.error() {
-                debug!("the new server refused a replayed request: {e}");
-            }
-            return;
-        }
-        // Within the grace the client gets the server's own answer.
-        self.instant_answered_in_grace(m.result(), now);
-        let version = m
-            .result()
-            .and_then(RawObject::parse)
-            .and_then(|r| r.string("protocolVersion"));
-        let problem = match (&version, &self.link.session.protocol_version) {
-            (None, _) => Some(format!(
-                "it answered the replayed initialize with {}",
-                m.error().unwrap_or("no result")
-            )),
-            (Some(v), Some(old)) if v != old => Some(format!(
-                "it chose protocol version {v}, but the session uses {old}"
-            )),
-            _ => None,
-        };
-        if !self.instant_verdict(m, problem.as_deref(), now) {
-            return;
-        }
-        if let Some(problem) = problem {
-            warn!("the restarted server is not usable: {problem}; stopping it");
-            self.link.kill();
-            return;
-        }
-        if self.link.session.initialized {
-            let method = "notifications/initialized";
-            let line = jsonrpc::notification_line(method, None);
-            self.send_server(Outgoing::notification(method, line));
-        }
-        // The session's state (but what queued requests set anyway).
-        for (method, params) in self.link.session_replays() {
-            let down = self.requests.issue(Inflight::Replay(ReplayStep::Other));
-            let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
-            self.send_server(Outgoing::request(down, method, line));
-        }
-        self.link.replayed();
-        let back = self.server_up(now);
-        self.flush_queue(back, now);
-        self.fetch_deferred_tools(now);
-        if self.link.session.tools_list_changed {
-            self.with_calls(now, |c, ctx, out| {
-                c.compare_tools_after_restart(ctx.link, out)
-            });
-        }
-        self.instant_read_lists(now);
-    }
-
-    /// Something happened to the current incarnation.
-    pub(super) fn on_link_event(&mut self, event: ServerEvent, now: Instant) {
-        let from_output = matches!(
-            event,
-            ServerEvent::Message(_) | ServerEvent::Garbage { .. } | ServerEvent::TooLong { .. }
-        );
-        if let (Connection::Up(c), true) = (&mut self.link.state, from_output) {
-            // Any other news from its output means the overlong line ended.
-            c.in_overlong = false;
-        }
-        match event {
-            ServerEvent::Message(parsed) => {
-                let mut first_word = false;
-                if let Connection::Up(c) = &mut self.link.state {
-                    first_word = !c.answered && c.ready;
-                    c.answered = true;
-                }
-                if first_word && self.link.recovery.outage().is_some() {
-                    // A server with no handshake to replay is back once it
-                    // says something.
-                    self.server_up(now);
-                }
-                self.on_server_parsed(parsed, now)
-            }
-            ServerEvent::Garbage { .. } => {}
-            ServerEvent::TooLong { response_id, len } => {
-                if let Some(id) = response_id {
-                    let max = self.cfg.max_message_bytes;
-                    let message = format!(
-                        "the MCP server's answer of {len} bytes exceeds max_message_bytes ({max}) and was dropped"
-                    );
-                    self.on_dropped_response(&id, Reason::ResponseTooLarge, &message, now);
-                }
-            }
-            ServerEvent::Overlong => {
-                let Connection::Up(c) = &mut self.link.state else {
-                    return;
-                };
-                c.overlong_lines += 1;
-                c.in_overlong = true;
-                let (generation, line) = (self.link.generation, c.overlong_lines);
-                self.set_timer(
-                    now + self.cfg.call_timeout,
-                    Timer::OverlongLine { generation, line },
-                );
-            }
-            ServerEvent::Unsent { lines, why } => {
-                self.with_link(now, |link, out| link.on_unsent(lines, &why, out))
-            }
-            ServerEvent::Failed { id, failure } => self.on_transport_failed(id, failure, now),
-            ServerEvent::Refused {
-                lines,
-                why,
-                retry_after,
-            } => self.with_link(now, |_, out| {
-                Link::on_refused(lines, &why, retry_after, out)
-            }),
-            ServerEvent::Draining => {
-                // New traffic waits for the next incarnation; what the old
-                // one sent is still read.
-                if let Connection::Up(c) = &mut self.link.state {
-                    c.draining = true;
-                }
-            }
-            ServerEvent::Gone(gone) => self.on_link_gone(gone, now),
-        }
-    }
-
-    /// A request of ours the server never acted on (`failure`: never
-    /// sent, or refused with a hint). A call attempt fails so (always safe
-    /// to retry; a refused one after the hint, whatever the tool); a
-    /// client request never sent waits for the next server (its line, which
-    /// the proxy wrote, is read back to go again under a new id; only the
-    /// rest of a line partly written comes back: that request stays in
-    /// flight, for the lost link to decide), one refused is answered with
-    /// the refusal and the hint; the proxy's own requests are made again
-    /// for the next incarnation (the handshake replay, the tool list).
-    pub(super) fn on_unanswered(&mut self, line: Outgoing, failure: Failure, now: Instant) {
-        let Some(down) = line.request_id() else {
-            return;
-        };
-        match self.requests.resolve_issued(down) {
-            Resolved::Ours(Inflight::Client {
-                client_id,
-                method,
-                resend,
-            }) => match failure {
-                Failure::Refused(why, retry_after) => {
-                    // Not run: the client may send it again, not before
-                    // the hint. The proxy's error, never one dressed as
-                    // the server's.
-                    let extra: Vec<(&str, String)> = retry_after
-                        .map(|d| ("retryAfterMs", d.as_millis().to_string()))
-                        .into_iter()
-                        .collect();
-                    let message = format!("the MCP server refused the request ({why})");
-                    let error = super::proxy_error(Reason::ServerUnavailable, &message, &extra);
-                    let line = jsonrpc::error_response_line(&client_id, &error);
-                    self.answer(&client_id, line);
-                }
-                _ => {
-                    let text = String::from_utf8_lossy(&line.bytes).trim_end().to_owned();
-                    match Message::reparse(text) {
-                        Some(m) => {
-                            debug!("a request never reached the server; it waits for the next one");
-                            self.requeue_request(m, client_id, method, now)
-                        }
-                        None => {
-                            let back = Inflight::Client {
-                                client_id,
-                                method,
-                                resend,
-                            };
-                            self.requests.restore(down, back);
-                        }
-                    }
-                }
-            },
-            Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
-            Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-            Resolved::Ours(Inflight::Replay(_)) => {}
-            Resolved::Calls | Resolved::Never => {
-                self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
-            }
-        }
-    }
-
-    /// The transport got no answer to downstream request `id`: a client
-    /// request is answered with the proxy's error saying what happened
-    /// (`transport_error` with `outcome: "unknown"` when it may have run,
-    /// `rejected` when it did not), a call attempt fails so (the policies
-    /// decide: the safety gate for one that may have run; one refused is
-    /// final), the proxy's own requests are given up.
-    fn on_transport_failed(&mut self, down: u64, failure: TransportFailure, now: Instant) {
-        self.requests.written(down);
-        match self.requests.resolve_issued(down) {
-            Resolved::Ours(Inflight::Client { client_id, .. }) => {
-                warn!("answered client request {client_id}: {}", failure.message);
-                let error = failure_error(&failure);
-                let line = jsonrpc::error_response_line(&client_id, &error.object);
-                self.answer(&client_id, line);
-            }
-            Resolved::Ours(Inflight::ToolsList { .. }) => {
-                self.with_calls(now, |c, ctx, out| c.tools_learned(false, ctx, out));
-            }
-            Resolved::Ours(Inflight::Listing { list, .. }) => self.instant_list_failed(list),
-            Resolved::Ours(Inflight::Replay(step)) => {
-                if step == ReplayStep::Initialize {
-                    warn!(
-                        "the restarted server is not usable: {}; stopping it",
-                        failure.message
-                    );
-                    self.link.kill();
-                }
-            }
-            Resolved::Calls | Resolved::Never if failure.invalid => {
-                let error = failure_error(&failure);
-                self.with_calls(now, |c, ctx, out| c.fail_attempt(down, &error, ctx, out));
-            }
-            Resolved::Calls | Resolved::Never => {
-                let failure = match failure.may_have_run {
-                    true => Failure::Transport(failure.message, failure.status),
-                    false => Failure::Rejected(failure.message, failure.status),
-                };
-                self.with_calls(now, |c, ctx, out| c.on_unanswered(down, failure, ctx, out));
-            }
-        }
-    }
-
-    /// The current incarnation is gone: answer or re-plan everything that
-    /// waited on it ([`Link::on_gone`]), then plan the next probe unless
-    /// the session is ending.
-    pub(super) fn on_link_gone(&mut self, gone: Gone, now: Instant) {
-        let stopping = matches!(self.phase, Phase::Stopping { .. });
-        self.with_link(now, |link, out| link.on_gone(gone, stopping, now, out));
-    }
-
-    /// What waited on the incarnation that is gone (`message` says how):
-    /// call attempts fail, the policies decide; reads are sent again unless
-    /// `stopping`, the rest answered; the server's requests are cancelled.
-    pub(super) fn on_link_lost(
-        &mut self,
-        message: &str,
-        may_have_received: bool,
-        stopping: bool,
-        now: Instant,
-    ) {
-        self.requests.link_lost();
-        if let Some(instant) = &mut self.instant {
-            instant.reading.link_lost();
-        }
-
-        // Call attempts in flight failed; the policies decide.
-        self.with_calls(now, |c, ctx, out| {
-            c.on_link_lost(message, may_have_received, stopping, ctx, out)
-        });
-        // Other requests: reads are sent again, the rest answered.
-        for (_, f) in self.requests.drain_lost() {
-            let Inflight::Client {
-                client_id,
-                method,
-                resend,
-            } = f
-            else {
-                continue;
-            };
-            match resend {
-                Some(m) if !stopping => {
-                    debug!("sending a read request again once the server is back");
-                    self.requeue_request(m, client_id, method, now);
-                }
-                _ => self.answer_proxy_error(&client_id, Reason::ServerExited, message),
-            }
-        }
-        // Requests from the dead server the client has not answered yet.
-        for id in self.requests.open_server_requests() {
-            self.close_server_request(id, now);
-            let params = format!("{{\"requestId\":{id},\"reason\":\"the MCP server exited\"}}");
-            self.send_client(jsonrpc::notification_line(
-                "notifications/cancelled",
-                Some(&params),
-            ));
-        }
-    }
-
-    /// Puts a request that could not be answered by the server it was sent
-    /// to back in the queue, within the time it had to wait from its first
-    /// wait (a request the proxy sends again and again to a server that
-    /// refuses it must not wait forever).
-    pub(super) fn requeue_request(
-        &mut self,
-        m: Message,
-        client_id: String,
-        method: Method,
-        now: Instant,
-    ) {
-        let window = self.requests.waited(&client_id);
-        let (since, expires) = window.unwrap_or((now, self.link.wait_until(now)));
-        let item = Queued::Request {
-            m,
-            client_id: client_id.clone(),
-            method,
-        };
-        match self.enqueue(item, since, expires.max(now)) {
-            Some(seq) => self.requests.queued(&client_id, seq, since, expires),
-            None => {
-                let msg = self.link.queue_full_message();
-                self.answer_proxy_error(&client_id, Reason::ServerUnavailable, msg);
-            }
-        }
-    }
-
-    /// Answers everything queued: the server will not be there without
-    /// someone fixing something.
-    fn refuse_queue(&mut self, now: Instant) {
-        for seq in self.link.queue.seqs() {
-            self.queue_give_up(seq, now, "stopped waiting after");
-        }
-    }
-
-    /// The server is down (it is gone, or a start or probe failed): plans
-    /// the next probe ([`Link::plan_probe`]). What waits keeps waiting,
-    /// unless what stopped the server needs fixing: then it is answered at
-    /// once with what to fix.
-    pub(super) fn link_down(&mut self, message: String, heal: Heal, now: Instant) {
-        let waiting = !self.link.queue.is_empty() || self.calls.tools_deferred();
-        self.with_link(now, |link, out| {
-            link.plan_probe(message, heal, waiting, now, out)
-        });
-        if heal == Heal::Fix {
-            self.refuse_queue(now);
-            self.give_up_deferred_tools(now);
-        }
-    }
-
-    /// The probe timer fired.
-    pub(super) fn on_probe_due(&mut self, seq: u64, now: Instant) {
-        if seq == self.link.restart_seq && matches!(self.link.state, Connection::Outage) {
-            self.calls.count_restart();
-            self.stats_dirty();
-            self.traced(|t| t.respawned(now));
-            self.start_server(now);
-        }
-    }
-
-    /// Where traffic for the server goes right now ([`Link::route`]).
-    pub(super) fn route(&mut self, now: Instant) -> Route {
-        self.with_link(now, |link, out| link.route(now, out))
-    }
-
-    /// Sends `out` to the current incarnation ([`Link::send`]).
-    pub(super) fn send_server(&mut self, out: Outgoing) -> bool {
-        self.link.send(out, self.eager)
-    }
-
-    /// Sends a request ([`Link::send_request`]); a line that waits to be
-    /// written can be withdrawn ([`Dispatcher::withdraw`]) until it is.
-    pub(super) fn send_server_request(&mut self, out: Outgoing) -> SendResult {
-        let down = out.request_id().unwrap_or_default();
-        let (sent, withdraw) = self.link.send_request(out, self.eager);
-        if let Some(w) = withdraw {
-            self.requests.unwritten(down, w);
-        }
-        sent
-    }
-
-    /// Withdraws request `down` if its line still waits to be written:
-    /// true if it never will be (the server never sees it).
-    pub(super) fn withdraw(&mut self, down: u64) -> bool {
-        self.requests.withdraw(down)
-    }
 }
 
 /// The proxy's error object for a request the transport got no answer

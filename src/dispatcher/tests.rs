@@ -1679,7 +1679,7 @@ mod instant_start {
         h.client_sends(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
         assert!(sent(&h).iter().any(|v| v["method"] == "tools/list"));
         assert!(h.client.try_recv().is_err(), "not from the cache");
-        assert!(!h.d.instant.as_ref().unwrap().from_cache);
+        assert!(!h.d.instant.as_ref().unwrap().began_from_cache());
         assert!(jobs.try_recv().is_err(), "nothing stored or removed yet");
     }
 

@@ -1,5 +1,6 @@
 //! Instant start's pure parts: reading the lists, what the client is told,
-//! and what contradicts it.
+//! and what contradicts it; `InstantStart` alone, step by step, with the
+//! effects it pushes.
 
 #![forbid(unsafe_code)]
 
@@ -407,4 +408,185 @@ fn pages_of_two_listings_running_alongside_are_never_mixed() {
     );
     assert_eq!(r.done(List::Tools), Some(tools(&["a", "b"], None).as_str()));
     assert!(r.take_entry().is_some());
+}
+
+/// Instant start with an entry of `RESULT` (2025-06-18) whose tools and
+/// prompts are kept, and the cache writer's end.
+fn instant() -> (InstantStart, crossbeam_channel::Receiver<CacheJob>) {
+    let raw = |s: &str| RawValue::from_string(s.to_owned()).unwrap();
+    let mut entry = Entry::new("2025-06-18", raw(RESULT));
+    entry.tools = Some(raw(r#"{"tools":[{"name":"a"}]}"#));
+    entry.prompts = Some(raw(r#"{"prompts":[{"name":"p"}]}"#));
+    let (jobs, got) = crossbeam_channel::unbounded();
+    (InstantStart::new(Some(entry), jobs), got)
+}
+
+const ASKING: &str = r#"{"protocolVersion":"2025-06-18","capabilities":{}}"#;
+
+/// The server's answer to the replayed `initialize`, with `result`.
+fn answer(result: &str) -> Message {
+    Message::reparse(format!(r#"{{"jsonrpc":"2.0","id":1,"result":{result}}}"#)).unwrap()
+}
+
+#[test]
+fn a_matching_initialize_is_held_for_the_grace_and_answered_once() {
+    let t0 = Instant::now();
+    let grace = t0 + Duration::from_secs(1);
+    let (mut i, _jobs) = instant();
+    let mut out = Vec::new();
+    let told = i
+        .initialize("0", Some(ASKING), true, grace, &mut out)
+        .unwrap();
+    assert_eq!(told, told_result(RESULT).unwrap());
+    assert_eq!(out, vec![Effect::Timer(grace, Timer::InstantGrace)]);
+    assert!(i.began_from_cache() && i.unchecked());
+    let (id, line) = i.grace_over().expect("held");
+    assert_eq!(id, "0");
+    assert_eq!(line, jsonrpc::response_line("0", &told));
+    assert!(i.grace_over().is_none(), "answered once");
+    // First pages from the cache until the server's handshake is checked;
+    // a later page, or a list the cache does not keep, goes to the server.
+    assert!(i.list("1", "tools/list", None).is_some());
+    assert!(i
+        .list("2", "tools/list", Some(r#"{"cursor":"x"}"#))
+        .is_none());
+    assert!(i.list("3", "resources/list", None).is_none());
+}
+
+#[test]
+fn another_version_or_a_later_handshake_is_not_taken_and_the_entry_is_used_once() {
+    let at = Instant::now();
+    let (mut i, _jobs) = instant();
+    let mut out = Vec::new();
+    let other = ASKING.replace("2025-06-18", "2025-11-25");
+    assert!(i
+        .initialize("0", Some(&other), true, at, &mut out)
+        .is_none());
+    assert!(i
+        .initialize("1", Some(ASKING), true, at, &mut out)
+        .is_none());
+    let (mut i, _jobs) = instant();
+    assert!(i
+        .initialize("0", Some(ASKING), false, at, &mut out)
+        .is_none());
+    assert!(out.is_empty() && !i.began_from_cache() && !i.unchecked());
+}
+
+#[test]
+fn a_server_answering_in_the_grace_takes_the_session_over() {
+    let (mut i, _jobs) = instant();
+    let mut out = Vec::new();
+    i.initialize("0", Some(ASKING), true, Instant::now(), &mut out);
+    assert!(
+        i.answered_in_grace(None).is_none(),
+        "a refusal answers nothing"
+    );
+    assert_eq!(i.answered_in_grace(Some(RESULT)).as_deref(), Some("0"));
+    assert!(!i.began_from_cache() && !i.unchecked());
+    assert!(i.grace_over().is_none(), "the server's answer was given");
+    assert_eq!(
+        i.replay_wait(Duration::from_secs(60)),
+        Duration::from_secs(60)
+    );
+}
+
+#[test]
+fn a_checked_handshake_bridges_a_lost_list_and_the_lists_are_read() {
+    let (mut i, jobs) = instant();
+    let mut out = Vec::new();
+    i.initialize("0", Some(ASKING), true, Instant::now(), &mut out);
+    assert_eq!(
+        i.replay_wait(Duration::from_secs(60)),
+        STARTUP_ALLOWANCE,
+        "a cold start is waited for"
+    );
+    out.clear();
+    let fewer = RESULT.replace(r#""prompts":{"listChanged":false},"#, "");
+    let checked = i.check(&answer(&fewer), "2025-06-18", &mut out);
+    assert_eq!(checked, Ok(Checked { tools_lost: false }));
+    assert_eq!(out, vec![Effect::Notify(List::Prompts.changed())]);
+    assert!(!i.unchecked());
+    let empty = i.list("1", "prompts/list", None).unwrap();
+    assert_eq!(empty, jsonrpc::response_line("1", r#"{"prompts":[]}"#));
+    // The tools come from the calls' listing; resources by the proxy.
+    out.clear();
+    i.read_lists(false, &mut out);
+    assert_eq!(
+        out,
+        vec![
+            Effect::Ask(List::Resources, None),
+            Effect::Ask(List::Templates, None),
+            Effect::ListTools
+        ]
+    );
+    // A tools list other than the one told is announced; all read: stored.
+    out.clear();
+    let tools = r#"{"tools":[{"name":"b"}]}"#;
+    i.page(List::Tools, Some(tools), true, Source::Proxy, &mut out);
+    assert_eq!(out, vec![Effect::Notify(List::Tools.changed())]);
+    i.page(
+        List::Resources,
+        Some(r#"{"resources":[]}"#),
+        true,
+        Source::Proxy,
+        &mut out,
+    );
+    assert!(jobs.try_recv().is_err(), "the templates are missing");
+    i.list_failed(List::Templates);
+    assert!(jobs.try_recv().is_err(), "a list cut short: no store");
+}
+
+#[test]
+fn a_contradicted_handshake_removes_the_entry() {
+    let (mut i, jobs) = instant();
+    let mut out = Vec::new();
+    i.initialize("0", Some(ASKING), true, Instant::now(), &mut out);
+    let other = RESULT.replace("2025-06-18", "2024-11-05");
+    assert!(i.check(&answer(&other), "2025-06-18", &mut out).is_err());
+    i.contradicted();
+    assert!(matches!(jobs.try_recv(), Ok(CacheJob::Invalidate)));
+    assert!(!i.unchecked() && i.grace_over().is_none());
+}
+
+#[test]
+fn a_session_without_the_cache_reads_its_lists_and_stores_them() {
+    let (mut i, jobs) = instant();
+    let mut out = Vec::new();
+    i.accepted("2025-06-18", RESULT);
+    i.read_lists(false, &mut out);
+    let asked = vec![
+        Effect::Ask(List::Prompts, None),
+        Effect::Ask(List::Resources, None),
+        Effect::Ask(List::Templates, None),
+    ];
+    assert_eq!(out, asked, "the client's first tools/list is read");
+    out.clear();
+    for (list, page) in [
+        (List::Prompts, r#"{"prompts":[],"nextCursor":"2"}"#),
+        (List::Resources, r#"{"resources":[]}"#),
+        (List::Templates, r#"{"resourceTemplates":[]}"#),
+    ] {
+        i.page(list, Some(page), true, Source::Proxy, &mut out);
+    }
+    assert_eq!(out, vec![Effect::Ask(List::Prompts, Some("\"2\"".into()))]);
+    out.clear();
+    i.page(
+        List::Prompts,
+        Some(r#"{"prompts":[]}"#),
+        false,
+        Source::Proxy,
+        &mut out,
+    );
+    i.page(
+        List::Tools,
+        Some(r#"{"tools":[]}"#),
+        true,
+        Source::Client,
+        &mut out,
+    );
+    assert!(
+        out.is_empty(),
+        "nothing told from the cache: nothing to announce"
+    );
+    assert!(matches!(jobs.try_recv(), Ok(CacheJob::Store(_))));
 }
