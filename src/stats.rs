@@ -224,6 +224,12 @@ impl StoreFigures {
         }
     }
 
+    /// With a shared store, whether it is in an outage now (`None` for a
+    /// store of the host's own), for the metrics' gauge.
+    pub fn shared_outage(&self) -> Option<bool> {
+        self.shared_scope.as_ref().map(|_| self.outage.is_some())
+    }
+
     /// The counters as (name, value), for the stats file and metrics.
     pub fn counters(&self) -> [(&'static str, u64); 4] {
         [

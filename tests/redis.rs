@@ -7,6 +7,8 @@
 //! `make test-redis` sets it), when that is a failure. (One test needs no
 //! redis-server: a port that takes connections and never answers.)
 
+#[allow(dead_code)]
+mod loopback;
 mod util;
 
 use std::net::{TcpListener, TcpStream};
@@ -460,6 +462,87 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
     let r = b.result(&json!(1));
     assert_eq!(source_marker(&r), Some("dedup"), "{r} {}", b.stderr());
     assert_eq!(b.executions("echo"), 0);
+}
+
+/// An OTLP/HTTP receiver on loopback recording every POST (answered 200).
+fn collector() -> loopback::Loopback {
+    let options = loopback::Options {
+        keep_alive: true,
+        record: true,
+        ..loopback::Options::default()
+    };
+    loopback::Loopback::with(options, |_, conn| {
+        conn.respond(200, &[("Content-Type", "application/json")], "{}");
+    })
+}
+
+/// A proxy on the store `url` exporting its metrics to `collector`.
+fn exporting_proxy(url: &str, collector: &loopback::Loopback) -> Session {
+    let mut b = Builder::config(&config(&format!("store: {url}"), "")).with_logs();
+    for (k, v) in [
+        ("NO_PROXY", "127.0.0.1,localhost"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url("").as_str()),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", ""),
+        ("OTEL_EXPORTER_OTLP_HEADERS", ""),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", ""),
+        ("OTEL_TRACES_EXPORTER", "none"),
+        ("OTEL_METRICS_EXPORTER", ""),
+        ("OTEL_SDK_DISABLED", ""),
+    ] {
+        b = b.env(k, v);
+    }
+    let mut s = b.initialized();
+    s.list_tools();
+    s
+}
+
+/// The value of the gauge `mcp_retry.store.outage` in the newest metrics
+/// the collector received.
+fn outage_exported(collector: &loopback::Loopback) -> Value {
+    let requests = collector.requests();
+    let last = requests
+        .iter()
+        .rev()
+        .find(|r| r.path() == "/v1/metrics")
+        .expect("a metrics export");
+    let body: Value = serde_json::from_slice(&last.body).unwrap();
+    let metrics = &body["resourceMetrics"][0]["scopeMetrics"][0]["metrics"];
+    let gauge = metrics
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["name"] == "mcp_retry.store.outage")
+        .unwrap_or_else(|| panic!("no outage gauge in {body}"));
+    gauge["gauge"]["dataPoints"][0]["asInt"].clone()
+}
+
+#[test]
+fn an_outage_is_a_gauge_in_the_opentelemetry_metrics() {
+    if !have_redis("an_outage_is_a_gauge_in_the_opentelemetry_metrics") {
+        return;
+    }
+    // Unreachable: keyed calls go on, and the metrics at exit say outage.
+    let down = collector();
+    let mut a = exporting_proxy("redis://127.0.0.1:1", &down);
+    a.call_with(json!(1), keyed("o-1", json!({})));
+    assert_eq!(text(&a.result(&json!(1))), "o-1");
+    let runtime = a.dir.join("runtime").display().to_string();
+    eventually("status to say outage", || {
+        let (_, out, _) = run(&["status", "--json", "--dir", &runtime], &[]);
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        v["proxies"][0]["store"]["state"] == "outage"
+    });
+    stop(a);
+    assert_eq!(outage_exported(&down), "1");
+    // Reachable: 0.
+    let redis = RedisServer::start(&[]);
+    let up = collector();
+    let mut b = exporting_proxy(&redis.url(), &up);
+    b.call_with(json!(1), keyed("o-2", json!({})));
+    assert_eq!(text(&b.result(&json!(1))), "o-2");
+    stop(b);
+    assert_eq!(outage_exported(&up), "0");
 }
 
 #[test]
