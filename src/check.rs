@@ -1129,7 +1129,7 @@ fn look_at_stores(servers: &[&ServerConfig], host_file: bool) -> Vec<StoreReport
             let unknown = look
                 .engine
                 .and_then(|mut e| e.unknowns(MAX_UNKNOWN_COUNT).ok())
-                .map_or(0, |l| l.len());
+                .map_or(0, |l| l.records.len());
             StoreReport {
                 health: look.health,
                 unknown,

@@ -344,8 +344,7 @@ fn start_store(
     let deliver: keeper::Deliver = Box::new(move |told| {
         let _ = events.send(Event::Store(told));
     });
-    let (tx, handle) =
-        keeper::spawn(open, deliver, wall_clock()).context("cannot start the store thread")?;
+    let (tx, handle) = keeper::spawn(open, deliver).context("cannot start the store thread")?;
     let unavailable = match refuse {
         true => crate::dispatcher::Unavailable::Refuse,
         false => crate::dispatcher::Unavailable::Local,

@@ -354,6 +354,74 @@ fn a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again() {
     assert!(table.contains("kill-1"), "{table}");
 }
 
+#[test]
+fn ages_are_read_on_redis_s_clock_not_on_a_host_s_that_is_wrong() {
+    if !have_redis("ages_are_read_on_redis_s_clock_not_on_a_host_s_that_is_wrong") {
+        return;
+    }
+    const AHEAD: u64 = 3_600_000;
+    let skewed = format!("clock-ahead:{AHEAD}");
+    let redis = RedisServer::start(&[]);
+    let top = format!("store: {}", redis.url());
+    let mut a = proxy_with(&top, "call_timeout: 0.3", &[]);
+    a.call_with(json!(1), keyed("skew-1", json!({"mode": "hang"})));
+    let e = a.error(&json!(1));
+    assert_eq!(a.executions("echo"), 1);
+    // Another proxy on a host whose clock is an hour ahead: the unknown
+    // outcome's age is Redis's, not an hour more.
+    let mut b = proxy_with(&top, "call_timeout: 0.3", &[("MCP_RETRY_FAULT", &skewed)]);
+    b.call_with(json!(1), keyed("skew-1", json!({})));
+    let e2 = b.error(&json!(1));
+    assert_eq!(
+        proxy_reason(&e2),
+        "earlier_attempt_unknown",
+        "{e2} after {e}"
+    );
+    let ago = e2["data"]["startedMsAgo"].as_u64().unwrap();
+    assert!((300..60_000).contains(&ago), "{e2}");
+    assert_eq!(b.executions("echo"), 0);
+    // `status` on that host shows it started seconds ago by its clock.
+    let runtime = a.dir.join("runtime").display().to_string();
+    let (_, out, err) = run(
+        &["status", "--json", "--dir", &runtime],
+        &[
+            ("MCP_RETRY_STORE", &redis.url()),
+            ("MCP_RETRY_FAULT", &skewed),
+        ],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let listed = &v["unknown_outcomes"][0];
+    assert_eq!(listed["key"], "skew-1", "{out}");
+    assert_eq!(listed["seen_in"], "store", "{out}");
+    let here = epoch_ms() + AHEAD;
+    let started = listed["started_at_ms"].as_u64().unwrap();
+    assert!(
+        started <= here && here - started < 60_000,
+        "started {started}, the skewed host's now {here}: {out}"
+    );
+    let (_, table, _) = run(
+        &["status", "--dir", &runtime],
+        &[
+            ("MCP_RETRY_STORE", &redis.url()),
+            ("MCP_RETRY_FAULT", &skewed),
+        ],
+    );
+    let row = table.lines().find(|l| l.contains("skew-1")).unwrap_or("");
+    let age = row
+        .split_whitespace()
+        .find(|w| w.ends_with('s') && w[..w.len() - 1].parse::<u64>().is_ok());
+    assert!(
+        age.is_some() && row.contains(" ago"),
+        "seconds ago: {table}"
+    );
+}
+
+/// This host's wall clock, in milliseconds since the epoch.
+fn epoch_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The one Redis store of a `check --json` report.
 fn redis_store_in(out: &str) -> Value {
     let v: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));

@@ -81,20 +81,23 @@ pub fn view(choice: &str, live: &[Live], limit: usize, now: u64) -> StoreView {
     engines.extend(shared_scopes(choice, live));
     for mut engine in engines {
         match engine.unknowns(limit.saturating_add(1)) {
-            Ok(list) => found.extend(list.into_iter().filter_map(|(_, r)| {
-                let State::Unknown { cause, .. } = r.state else {
-                    return None;
-                };
-                Some(Unknown {
-                    server: r.about.server,
-                    tool: r.about.tool,
-                    key: r.about.key,
-                    started_at_ms: r.started,
-                    cause,
-                    until_ms: r.expires,
-                    seen_in: "store".into(),
-                })
-            })),
+            Ok(list) => {
+                let here = |t| on_this_host(t, list.now, now);
+                found.extend(list.records.into_iter().filter_map(|(_, r)| {
+                    let State::Unknown { cause, .. } = r.state else {
+                        return None;
+                    };
+                    Some(Unknown {
+                        server: r.about.server,
+                        tool: r.about.tool,
+                        key: r.about.key,
+                        started_at_ms: here(r.started),
+                        cause,
+                        until_ms: here(r.expires),
+                        seen_in: "store".into(),
+                    })
+                }))
+            }
             Err(e) => {
                 health.warning = Some(format!("its records do not read: {e}"));
             }
@@ -129,6 +132,16 @@ pub fn view(choice: &str, live: &[Live], limit: usize, now: u64) -> StoreView {
         health,
         unknowns: found,
         more,
+    }
+}
+
+/// `t`, a time of an engine's clock that read `engine_now`, on this host's
+/// clock (`host_now`): as long before or after it. A shared store's clock
+/// is another host's, and the two need not agree.
+fn on_this_host(t: u64, engine_now: u64, host_now: u64) -> u64 {
+    match t.checked_sub(engine_now) {
+        Some(ahead) => host_now.saturating_add(ahead),
+        None => host_now.saturating_sub(engine_now - t),
     }
 }
 
@@ -361,6 +374,21 @@ mod tests {
             text.contains("  alpha (pid 1): keys kept in its own memory (store: memory)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_store_s_times_are_shown_on_this_host_s_clock() {
+        // The store's clock an hour behind this host's: a call it started
+        // 5 s before it read the record started 5 s ago here, and its key
+        // is held 55 s more.
+        let host = 1_000_000_000;
+        let engine = host - 3_600_000;
+        assert_eq!(on_this_host(engine - 5_000, engine, host), host - 5_000);
+        assert_eq!(on_this_host(engine + 55_000, engine, host), host + 55_000);
+        // An hour ahead: the same.
+        let engine = host + 3_600_000;
+        assert_eq!(on_this_host(engine - 5_000, engine, host), host - 5_000);
+        assert_eq!(on_this_host(0, u64::MAX, 7), 0);
     }
 
     #[test]

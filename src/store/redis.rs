@@ -290,7 +290,7 @@ impl Redis {
                 let key = format!("{keys}{name}");
                 let ((secs, micros), current): ((u64, u64), Option<Vec<u8>>) =
                     redis::pipe().cmd("TIME").cmd("GET").arg(&key).query(c)?;
-                let now: Millis = secs.saturating_mul(1000).saturating_add(micros / 1000);
+                let now = millis(secs, micros);
                 let record = match &current {
                     None => None,
                     Some(bytes) => Some(serde_json::from_slice::<Record>(bytes).map_err(|e| {
@@ -359,8 +359,13 @@ impl Redis {
     /// Redis's clock, in milliseconds.
     fn now(c: &mut redis::Connection) -> redis::RedisResult<Millis> {
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query(c)?;
-        Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
+        Ok(millis(secs, micros))
     }
+}
+
+/// `TIME`'s seconds and microseconds as milliseconds.
+fn millis(secs: u64, micros: u64) -> Millis {
+    secs.saturating_mul(1000).saturating_add(micros / 1000)
 }
 
 fn set_timeouts(conn: &redis::Connection, t: Duration) -> redis::RedisResult<()> {
@@ -508,22 +513,25 @@ impl Engine for Redis {
         }
     }
 
-    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let found: Vec<(String, Option<Vec<u8>>)> = self.with(|c, _, keys| {
-            let names: Vec<String> = redis::cmd("ZREVRANGE")
+    /// Redis's clock (`TIME`) is read in the same pipeline as the list,
+    /// so `status` tells how long ago the records' times were by it.
+    fn unknowns(&mut self, limit: usize) -> Result<super::Unknowns, StoreError> {
+        let (now, found) = self.with(|c, _, keys| {
+            let ((secs, micros), names): ((u64, u64), Vec<String>) = redis::pipe()
+                .cmd("TIME")
+                .cmd("ZREVRANGE")
                 .arg(format!("{keys}unknown"))
                 .arg(0)
-                .arg(limit.min(UNKNOWN_CAP) - 1)
+                .arg(limit.clamp(1, UNKNOWN_CAP) - 1)
                 .query(c)?;
-            if names.is_empty() {
-                return Ok(Vec::new());
+            let now = millis(secs, micros);
+            if names.is_empty() || limit == 0 {
+                return Ok((now, Vec::new()));
             }
             let full: Vec<String> = names.iter().map(|n| format!("{keys}{n}")).collect();
             let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(&full).query(c)?;
-            Ok(names.into_iter().zip(values).collect())
+            let found: Vec<(String, Option<Vec<u8>>)> = names.into_iter().zip(values).collect();
+            Ok((now, found))
         })?;
         let mut out = Vec::new();
         for (name, value) in found {
@@ -536,7 +544,7 @@ impl Engine for Redis {
                 out.push((id, r));
             }
         }
-        Ok(out)
+        Ok(super::Unknowns { now, records: out })
     }
 }
 

@@ -264,7 +264,9 @@ impl Calls {
             // the claim (the store thread takes requests in order).
             return None;
         };
-        let ago = |ms: u64| Duration::from_millis(answer.now_ms.saturating_sub(ms));
+        // The reply's times are ages on the store's own clock: never
+        // compared with this host's.
+        let ago = Duration::from_millis;
         let figures = &mut self.counters.stats.store;
         figures.waits += u64::from(answer.waited);
         match &answer.reply {
@@ -292,23 +294,23 @@ impl Calls {
                 self.replay_stored(id, &result, ctx, out);
                 None
             }
-            Ok(Reply::Ran { at, .. }) => {
-                let at = ctx.now.checked_sub(ago(at)).unwrap_or(ctx.now);
+            Ok(Reply::Ran { ago: ms, .. }) => {
+                let at = ctx.now.checked_sub(ago(ms)).unwrap_or(ctx.now);
                 self.not_run(id, Mark::Ran { at }, ctx, out);
                 None
             }
-            Ok(Reply::Unknown { cause, started, .. }) => {
-                let since = ctx.now.checked_sub(ago(started)).unwrap_or(ctx.now);
+            Ok(Reply::Unknown { cause, ago: ms, .. }) => {
+                let since = ctx.now.checked_sub(ago(ms)).unwrap_or(ctx.now);
                 let cause = static_cause(&cause);
                 self.not_run(id, Mark::Unknown { cause, since }, ctx, out);
                 None
             }
-            Ok(Reply::Busy { started, .. }) => {
+            Ok(Reply::Busy { ago: ms, .. }) => {
                 let call = self.calls.get(&id)?;
                 let message = format!(
                     "tool \"{}\" was not called: an identical call with its idempotency key, started {} ago, is still running in another mcp-retry process and gave no answer within this call's deadline",
                     call.tool,
-                    super::secs(ago(started))
+                    super::secs(ago(ms))
                 );
                 let extra = [("attempts", "0".to_owned())];
                 let error = CallError::proxy(Reason::DeadlineExceeded, &message, &extra);
