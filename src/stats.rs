@@ -172,6 +172,9 @@ pub struct StoreFigures {
     /// to read the scope's unknown outcomes (`None` for a store of the
     /// host's own).
     pub shared_scope: Option<(String, [u8; 32])>,
+    /// A shared store's `store_ca_file` (an absolute path), for `status`
+    /// to read it with that CA.
+    pub ca_file: Option<String>,
     /// During an outage of the shared store, what keyed calls do
     /// meanwhile.
     pub outage: Option<String>,

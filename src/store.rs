@@ -246,9 +246,10 @@ pub struct Look {
     pub engine: Option<Box<dyn Engine>>,
 }
 
-/// Looks at the store `choice` names (`memory`, `local`), from this
+/// Looks at the store `choice` names (`memory`, `local`, a Redis URL:
+/// `rediss://` with the PEM CA `ca`, else the built-in roots), from this
 /// process's environment.
-pub fn look(choice: &str) -> Look {
+pub fn look(choice: &str, ca: Option<Vec<u8>>) -> Look {
     let health = |engine, place: String, reachable, warning: &str| Health {
         engine,
         place,
@@ -269,7 +270,7 @@ pub fn look(choice: &str) -> Look {
             // The fleet's records and unknown outcomes are kept per server
             // (scope): `check` reads them with each server's config.
             Ok(choice::Choice::Redis(addr)) => {
-                let mut h = match redis::Redis::new(addr, None, "mcp-retry:", &[0; 32]) {
+                let mut h = match redis::Redis::new(addr, ca, "mcp-retry:", &[0; 32]) {
                     Ok(mut r) => r.health(),
                     Err(e) => health("redis", "-".into(), false, &e.to_string()),
                 };
@@ -712,18 +713,18 @@ pub(crate) mod tests {
 
     #[test]
     fn looking_at_a_store_shows_no_secret() {
-        let l = look("foo://user:pw-Zq8@host:6379/0");
+        let l = look("foo://user:pw-Zq8@host:6379/0", None);
         assert!(l.engine.is_none());
         assert!(!l.health.reachable);
         let shown = format!("{} {:?}", l.health.place, l.health.warning);
         assert!(!shown.contains("pw-Zq8"), "{shown}");
         assert!(shown.contains("(foo)"), "{shown}");
-        let l = look("redis://user:pw-Zq8@127.0.0.1:1/0");
+        let l = look("redis://user:pw-Zq8@127.0.0.1:1/0", None);
         assert!(!l.health.reachable);
         let shown = format!("{} {:?}", l.health.place, l.health.warning);
         assert!(!shown.contains("pw-Zq8"), "{shown}");
         assert!(shown.contains("[redacted]"), "{shown}");
-        let m = look("memory");
+        let m = look("memory", None);
         assert_eq!((m.health.engine, m.health.reachable), ("memory", true));
     }
 

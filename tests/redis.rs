@@ -899,7 +899,7 @@ fn rediss_with_a_private_ca() {
         redis.url(),
         certs.join("ca.pem").display()
     );
-    let mut a = proxy_with(&top, "", &[]);
+    let mut a = proxy_with(&top, "call_timeout: 0.3", &[]);
     a.call_with(json!(1), keyed("tls-1", json!({})));
     assert_eq!(text(&a.result(&json!(1))), "tls-1");
     let mut b = proxy_with(&top, "", &[]);
@@ -907,6 +907,26 @@ fn rediss_with_a_private_ca() {
     let r = b.result(&json!(1));
     assert_eq!(source_marker(&r), Some("dedup"), "{r} {}", b.stderr());
     assert!(a.not_logged("unreachable"), "{}", a.stderr());
+    // `status` reads it with the CA the proxy's document names: its
+    // health, and the unknown outcome from the store itself.
+    a.call_with(json!(2), keyed("tls-2", json!({"mode": "hang"})));
+    a.error(&json!(2));
+    let runtime = a.dir.join("runtime").display().to_string();
+    let (_, out, err) = run(
+        &["status", "--json", "--dir", &runtime],
+        &[("MCP_RETRY_STORE", &redis.url())],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    assert_eq!(v["store"]["reachable"], true, "{out}");
+    let listed = &v["unknown_outcomes"];
+    assert_eq!(listed[0]["key"], "tls-2", "{out}");
+    assert_eq!(listed[0]["seen_in"], "store", "read from Redis: {out}");
+    // So does `check`, with the config's CA.
+    let config_path = a.dir.join("c.yaml").display().to_string();
+    let (_, out, _) = run(&["check", "--json", "--config", &config_path], &[]);
+    let store = redis_store_in(&out);
+    assert_eq!(store["reachable"], true, "{store}");
+    assert_eq!(store["unknown_outcomes"], 1, "{store}");
     // Without the CA the certificate is not trusted: the store is not used.
     let c = proxy(&redis.url());
     eventually("the refusal", || c.logged("is unreachable"));

@@ -74,7 +74,7 @@ pub fn choice(explicit: Option<&str>) -> String {
 /// Reads the store `choice` names and the proxies' own unknown outcomes:
 /// at most `limit`, newest first.
 pub fn view(choice: &str, live: &[Live], limit: usize, now: u64) -> StoreView {
-    let look = store::look(choice);
+    let look = store::look(choice, shared_ca(choice, live));
     let mut health = look.health;
     let mut found: Vec<Unknown> = Vec::new();
     let mut engines: Vec<Box<dyn store::Engine>> = look.engine.into_iter().collect();
@@ -164,14 +164,30 @@ fn shared_scopes(choice: &str, live: &[Live]) -> Vec<Box<dyn store::Engine>> {
         .collect();
     scopes.sort_unstable();
     scopes.dedup();
+    let ca = shared_ca(choice, live);
     scopes
         .into_iter()
         .filter_map(|(prefix, scope)| {
             let scope = store::redis::unhex(scope)?;
-            let redis = store::redis::Redis::new(addr.clone(), None, prefix, &scope).ok()?;
+            let redis = store::redis::Redis::new(addr.clone(), ca.clone(), prefix, &scope).ok()?;
             Some(Box::new(redis) as Box<dyn store::Engine>)
         })
         .collect()
+}
+
+/// With a Redis store, the private CA (`store_ca_file`) a live proxy of
+/// this host reads it with, as its document names it: `status` has no
+/// config, and trusts what that proxy trusts (else the built-in roots).
+fn shared_ca(choice: &str, live: &[Live]) -> Option<Vec<u8>> {
+    let Ok(store::choice::Choice::Redis(addr)) = store::choice::parse(choice) else {
+        return None;
+    };
+    let place = addr.to_string();
+    live.iter()
+        .filter_map(|l| l.doc.store.as_ref())
+        .filter(|s| s.place.as_deref() == Some(&place))
+        .filter_map(|s| std::fs::read(s.ca_file.as_deref()?).ok())
+        .next()
 }
 
 /// The store's health in one line: `local /p/store-v1.redb: 12 records,

@@ -70,6 +70,8 @@ pub struct KeyStore {
     /// The key prefix of a shared store (`store_prefix`), for `status`
     /// (`None` for the host's own).
     prefix: Option<String>,
+    /// A shared store's `store_ca_file` (absolute), for `status`.
+    ca_file: Option<String>,
     /// Removes the server's env and header values from a key before it
     /// is kept.
     redactor: Redactor,
@@ -96,16 +98,18 @@ impl KeyStore {
             engine,
             server: cfg.name.clone(),
             prefix: None,
+            ca_file: None,
             redactor: Redactor::new(&secrets),
             queued: Arc::new(AtomicU64::new(0)),
             warned_full: false,
         }
     }
 
-    /// The store is shared (Redis) with keys under `prefix`: `status`
-    /// reads this server's scope there.
-    pub fn shared(&mut self, prefix: &str) {
+    /// The store is shared (Redis) with keys under `prefix` (and a
+    /// private CA in `ca_file`): `status` reads this server's scope there.
+    pub fn shared(&mut self, prefix: &str, ca_file: Option<String>) {
         self.prefix = Some(prefix.to_owned());
+        self.ca_file = ca_file;
     }
 
     /// `req` with its result's bytes counted, or, past
@@ -174,6 +178,7 @@ impl Calls {
     pub(in crate::dispatcher) fn use_store(&mut self, store: KeyStore) {
         self.counters.stats.store.wanted = Some(store.engine);
         self.counters.stats.store.shared_scope = store.prefix.clone().map(|p| (p, store.scope));
+        self.counters.stats.store.ca_file.clone_from(&store.ca_file);
         self.counters.changed = true;
         self.keys = Some(store);
     }
