@@ -416,6 +416,57 @@ fn ages_are_read_on_redis_s_clock_not_on_a_host_s_that_is_wrong() {
     );
 }
 
+#[test]
+fn a_scope_s_unknown_outcomes_are_a_capped_list_under_its_prefix() {
+    if !have_redis("a_scope_s_unknown_outcomes_are_a_capped_list_under_its_prefix") {
+        return;
+    }
+    let redis = RedisServer::start(&[]);
+    let top = format!("store: {}\nstore_prefix: \"team-a:\"", redis.url());
+    let mut a = proxy_with(&top, "call_timeout: 0.3", &[]);
+    a.call_with(json!(1), keyed("cap-1", json!({"mode": "hang"})));
+    a.error(&json!(1));
+    let list = || {
+        let keys = redis.cli(&["KEYS", "*:unknown"]);
+        keys.lines().next().map(str::to_owned)
+    };
+    eventually("the scope's list of unknown outcomes", || list().is_some());
+    let list = list().unwrap();
+    for k in redis.cli(&["KEYS", "*"]).lines() {
+        assert!(k.starts_with("team-a:v1:{"), "{k}");
+    }
+    // 1005 older entries: the next unknown outcome trims the list to the
+    // newest 1000.
+    let older: Vec<String> = (0..1005)
+        .flat_map(|i| [i.to_string(), format!("older-{i}")])
+        .collect();
+    let mut args = vec!["ZADD", list.as_str()];
+    args.extend(older.iter().map(String::as_str));
+    assert_eq!(redis.cli(&args).trim(), "1005");
+    a.call_with(json!(2), keyed("cap-2", json!({"mode": "hang"})));
+    a.error(&json!(2));
+    eventually("the list trimmed to its cap", || {
+        redis.cli(&["ZCARD", &list]).trim() == "1000"
+    });
+    let newest = redis.cli(&["ZREVRANGE", &list, "0", "1"]);
+    assert!(!newest.contains("older-"), "{newest}");
+    // `status` reads both from the list, under the prefix the proxy's
+    // document names.
+    let runtime = a.dir.join("runtime").display().to_string();
+    let (_, out, _) = run(
+        &["status", "--json", "--dir", &runtime],
+        &[("MCP_RETRY_STORE", &redis.url())],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let keys: Vec<&str> = v["unknown_outcomes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|u| u["key"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(keys, ["cap-2", "cap-1"], "{out}");
+}
+
 /// This host's wall clock, in milliseconds since the epoch.
 fn epoch_ms() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
