@@ -4,8 +4,9 @@
 //! test-redis` runs this suite (installing redis-server with apt-get when
 //! it is missing); without a `redis-server` on PATH each test says so on
 //! stderr and does nothing, unless `MCP_RETRY_REDIS_REQUIRED` is set (as
-//! `make test-redis` sets it), when that is a failure. (One test needs no
-//! redis-server: a port that takes connections and never answers.)
+//! `make test-redis` sets it), when that is a failure. (Two tests need no
+//! redis-server: a port that takes connections and never answers, and one
+//! that answers `MOVED`.)
 
 #[allow(dead_code)]
 mod loopback;
@@ -981,6 +982,67 @@ fn rediss_with_a_private_ca() {
     // Without the CA the certificate is not trusted: the store is not used.
     let c = proxy(&redis.url());
     eventually("the refusal", || c.logged("is unreachable"));
+}
+
+/// Reads one RESP command (an array of bulk strings); `None` at EOF.
+fn read_command(r: &mut impl std::io::BufRead) -> Option<Vec<String>> {
+    let mut line = String::new();
+    r.read_line(&mut line).ok().filter(|n| *n > 0)?;
+    let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).ok()?;
+        let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0u8; len + 2];
+        r.read_exact(&mut buf).ok()?;
+        buf.truncate(len);
+        args.push(String::from_utf8_lossy(&buf).into_owned());
+    }
+    Some(args)
+}
+
+#[test]
+fn a_moved_answer_refuses_the_server_as_a_cluster() {
+    // A server that says it is standalone but answers every keyed
+    // command `MOVED` (a Cluster behind an address that hides it): the
+    // store refuses it with the clear error, and keyed calls go on.
+    use std::io::{BufReader, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { break };
+            thread::spawn(move || {
+                let mut w = conn.try_clone().unwrap();
+                let mut r = BufReader::new(conn);
+                while let Some(args) = read_command(&mut r) {
+                    let info =
+                        "redis_mode:standalone\r\nrole:master\r\nmaxmemory_policy:noeviction\r\n";
+                    let answer = match args[0].to_ascii_uppercase().as_str() {
+                        "CLIENT" => "+OK\r\n".to_owned(),
+                        "PING" => "+PONG\r\n".to_owned(),
+                        "INFO" => format!("${}\r\n{info}\r\n", info.len()),
+                        "TIME" => "*2\r\n$10\r\n1700000000\r\n$1\r\n0\r\n".to_owned(),
+                        _ => "-MOVED 3999 127.0.0.1:1\r\n".to_owned(),
+                    };
+                    if w.write_all(answer.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let mut s = proxy(&format!("redis://127.0.0.1:{port}"));
+    s.call_with(json!(1), keyed("m-1", json!({})));
+    assert_eq!(
+        text(&s.result(&json!(1))),
+        "m-1",
+        "served by the local store"
+    );
+    eventually("the refusal", || {
+        s.logged("Redis Cluster node, which is not supported")
+    });
 }
 
 #[test]
