@@ -398,11 +398,19 @@ mod tests {
         assert_eq!(f.apply(&id, &claim("elsewhere")).unwrap(), Reply::Claimed);
         f.on_fallback.clear();
         let busy = f.apply(&id, &claim("me")).unwrap();
-        assert!(matches!(busy, Reply::Busy { .. }), "{busy:?}");
+        let Reply::Busy { ago, same_args } = busy else {
+            panic!("{busy:?}")
+        };
         down.store(true, Ordering::SeqCst);
-        // Its polls during the outage: busy, never a claim on the fallback.
+        // Its polls during the outage: busy, never a claim on the fallback,
+        // the call's age growing as time passes.
+        std::thread::sleep(Duration::from_millis(20));
         for _ in 0..FAILURES + 2 {
-            assert_eq!(f.apply(&id, &claim("me")).unwrap(), busy);
+            let poll = f.apply(&id, &claim("me")).unwrap();
+            assert!(
+                matches!(poll, Reply::Busy { ago: later, same_args: s } if later >= ago + 20 && s == same_args),
+                "{poll:?} after {busy:?}"
+            );
         }
         assert!(f
             .fallback
