@@ -337,11 +337,8 @@ fn a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again() {
     // `status` on a host whose proxy uses that Redis lists it, read from
     // the scope that proxy's document names.
     let runtime = c.dir.join("runtime").display().to_string();
-    let (_, out, err) = run(
-        &["status", "--json", "--dir", &runtime],
-        &[("MCP_RETRY_STORE", &redis.url())],
-    );
-    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let v = status_json(&runtime, &redis.url(), &[]);
+    let out = v.to_string();
     let listed = v["unknown_outcomes"].as_array().expect("unknown_outcomes");
     assert_eq!(listed.len(), 1, "{out}");
     assert_eq!(listed[0]["key"], "kill-1", "{out}");
@@ -383,14 +380,8 @@ fn ages_are_read_on_redis_s_clock_not_on_a_host_s_that_is_wrong() {
     assert_eq!(b.executions("echo"), 0);
     // `status` on that host shows it started seconds ago by its clock.
     let runtime = a.dir.join("runtime").display().to_string();
-    let (_, out, err) = run(
-        &["status", "--json", "--dir", &runtime],
-        &[
-            ("MCP_RETRY_STORE", &redis.url()),
-            ("MCP_RETRY_FAULT", &skewed),
-        ],
-    );
-    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let v = status_json(&runtime, &redis.url(), &[("MCP_RETRY_FAULT", &skewed)]);
+    let out = v.to_string();
     let listed = &v["unknown_outcomes"][0];
     assert_eq!(listed["key"], "skew-1", "{out}");
     assert_eq!(listed["seen_in"], "store", "{out}");
@@ -454,11 +445,8 @@ fn a_scope_s_unknown_outcomes_are_a_capped_list_under_its_prefix() {
     // `status` reads both from the list, under the prefix the proxy's
     // document names.
     let runtime = a.dir.join("runtime").display().to_string();
-    let (_, out, _) = run(
-        &["status", "--json", "--dir", &runtime],
-        &[("MCP_RETRY_STORE", &redis.url())],
-    );
-    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let v = status_json(&runtime, &redis.url(), &[]);
+    let out = v.to_string();
     let keys: Vec<&str> = v["unknown_outcomes"]
         .as_array()
         .into_iter()
@@ -472,6 +460,44 @@ fn a_scope_s_unknown_outcomes_are_a_capped_list_under_its_prefix() {
 fn epoch_ms() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     since.map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(unix)]
+#[test]
+fn a_killed_owner_s_claim_is_listed_unknown_once_its_lease_is_gone() {
+    if !have_redis("a_killed_owner_s_claim_is_listed_unknown_once_its_lease_is_gone") {
+        return;
+    }
+    // No other call comes for the key: the claim itself is listed, from
+    // the scope's list, once its lease (1 s here) has run out.
+    let redis = RedisServer::start(&[]);
+    let top = format!("store: {}", redis.url());
+    let mut a = proxy_with(&top, "", &[("MCP_RETRY_TEST_DURATIONS", "lease=1000")]);
+    a.call_with(json!(1), keyed("lost-1", json!({"mode": "hang"})));
+    eventually("the call to reach the server", || a.executions("echo") == 1);
+    a.signal(libc::SIGKILL);
+    a.wait();
+    let c = proxy(&redis.url());
+    let runtime = c.dir.join("runtime").display().to_string();
+    let listed = || status_json(&runtime, &redis.url(), &[])["unknown_outcomes"][0].clone();
+    eventually("status to list the lost claim", || {
+        listed()["key"] == "lost-1"
+    });
+    let u = listed();
+    assert_eq!(u["cause"], "owner_lost", "{u}");
+    assert_eq!(u["seen_in"], "store", "{u}");
+    let config_path = c.dir.join("c.yaml").display().to_string();
+    let (_, out, _) = run(&["check", "--json", "--config", &config_path], &[]);
+    assert_eq!(redis_store_in(&out)["unknown_outcomes"], 1, "{out}");
+}
+
+/// `mcp-retry status --json` of the proxies in `runtime`, reading the
+/// store `url` (`MCP_RETRY_STORE`), with `env` besides.
+fn status_json(runtime: &str, url: &str, env: &[(&str, &str)]) -> Value {
+    let mut all = vec![("MCP_RETRY_STORE", url)];
+    all.extend_from_slice(env);
+    let (_, out, err) = run(&["status", "--json", "--dir", runtime], &all);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
 }
 
 /// The one Redis store of a `check --json` report.
@@ -964,11 +990,8 @@ fn rediss_with_a_private_ca() {
     a.call_with(json!(2), keyed("tls-2", json!({"mode": "hang"})));
     a.error(&json!(2));
     let runtime = a.dir.join("runtime").display().to_string();
-    let (_, out, err) = run(
-        &["status", "--json", "--dir", &runtime],
-        &[("MCP_RETRY_STORE", &redis.url())],
-    );
-    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let v = status_json(&runtime, &redis.url(), &[]);
+    let out = v.to_string();
     assert_eq!(v["store"]["reachable"], true, "{out}");
     let listed = &v["unknown_outcomes"];
     assert_eq!(listed[0]["key"], "tls-2", "{out}");

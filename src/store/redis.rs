@@ -25,14 +25,16 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
 use super::{record_bytes, Engine, Health, Id, StoreError};
-use crate::policy::record::{self, Millis, Op, Record, Reply, State, Write};
+use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 pub use address::Address;
 
 /// The longest an operation (its connection included) may take.
 pub const OP_DEADLINE: Duration = Duration::from_millis(250);
 /// The record format's version, in every key.
 pub const FORMAT: &str = "v1";
-/// Most unknown outcomes a scope's list keeps (the newest).
+/// Most records a scope's list of open records (claims and unknown
+/// outcomes, whence `status` reads its unknown outcomes) keeps: the
+/// newest started.
 pub const UNKNOWN_CAP: usize = 1000;
 /// How often a write that found the record changed under it is tried
 /// again before the operation fails.
@@ -42,10 +44,11 @@ pub const NO_EVICTION: &str = "noeviction";
 
 /// Every write: the record is written (or deleted, `ARGV[2]` empty) only if
 /// it is still the one read (`ARGV[1]`, empty: absent); the scope's index
-/// and list of unknown outcomes follow, and each lives at least as long as
-/// the record. KEYS: record, index, unknown list. ARGV: expected, new,
-/// record's PX, name, expiry (index score), unknown since (empty: not
-/// unknown), the list's cap, the sets' PX.
+/// and list of open records (a claim, whose owner may die, or an unknown
+/// outcome) follow, and each lives at least as long as the record. KEYS:
+/// record, index, open list. ARGV: expected, new, record's PX, name,
+/// expiry (index score), when an open record's call started (empty: not
+/// open), the list's cap, the sets' PX.
 const WRITE: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if (cur or '') ~= ARGV[1] then return 0 end
@@ -314,9 +317,12 @@ impl Redis {
                                 e.to_string(),
                             ))
                         })?;
-                        let unknown = match r.state {
-                            State::Unknown { at, .. } => at.to_string(),
-                            _ => String::new(),
+                        // Claims too: a claim whose owner dies (`kill -9`)
+                        // is an unknown outcome once its lease is gone,
+                        // whether or not another call comes for its key.
+                        let unknown = match record::is_open(r) {
+                            true => r.started.to_string(),
+                            false => String::new(),
                         };
                         (
                             text,
@@ -540,7 +546,7 @@ impl Engine for Redis {
             };
             let r: Record =
                 serde_json::from_slice(&bytes).map_err(|e| StoreError::BadRecord(e.to_string()))?;
-            if matches!(r.state, State::Unknown { .. }) {
+            if let Some(r) = record::unknown_at(&r, now) {
                 out.push((id, r));
             }
         }
