@@ -154,11 +154,13 @@ fn shared_scopes(choice: &str, live: &[Live]) -> Vec<Box<dyn store::Engine>> {
         return Vec::new();
     };
     let place = addr.to_string();
+    // A proxy whose store is still opening names no place yet: its scope
+    // is read here too (on another Redis it finds nothing of that one's).
     let mut scopes: Vec<(&str, &str)> = live
         .iter()
         .filter_map(|l| {
             let s = l.doc.store.as_ref()?;
-            (s.place.as_deref() == Some(&place))
+            (s.engine == "redis" && s.place.as_deref().is_none_or(|p| p == place))
                 .then_some((s.prefix.as_deref()?, s.scope.as_deref()?))
         })
         .collect();
@@ -183,9 +185,12 @@ fn shared_ca(choice: &str, live: &[Live]) -> Option<Vec<u8>> {
         return None;
     };
     let place = addr.to_string();
-    live.iter()
-        .filter_map(|l| l.doc.store.as_ref())
-        .filter(|s| s.place.as_deref() == Some(&place))
+    let docs = || live.iter().filter_map(|l| l.doc.store.as_ref());
+    // A proxy on that store first, then one whose store is still opening.
+    let on_it = docs().filter(|s| s.place.as_deref() == Some(&place));
+    let opening = docs().filter(|s| s.engine == "redis" && s.place.is_none());
+    on_it
+        .chain(opening)
         .filter_map(|s| std::fs::read(s.ca_file.as_deref()?).ok())
         .next()
 }
@@ -390,6 +395,36 @@ mod tests {
             text.contains("  alpha (pid 1): keys kept in its own memory (store: memory)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_scopes_read_on_redis_are_those_of_its_proxies_and_of_those_still_opening() {
+        let doc = |place: Option<&str>, scope: &str| {
+            let text = serde_json::json!({
+                "version": crate::status::VERSION, "server": "s", "config": null, "pid": 1,
+                "pid_start": null, "transport": "stdio", "target": [], "started_at_ms": 0,
+                "updated_at_ms": 0, "restarts": 0,
+                "link": {"state": "up", "until_ms": null, "message": null},
+                "breaker": {"state": "closed", "until_ms": null}, "in_flight": 0,
+                "total": crate::status::ToolDoc::default(), "tools": {},
+                "store": {"engine": "redis", "state": "opened", "place": place,
+                    "message": null, "operations": 0, "replays": 0, "waits": 0,
+                    "unknown_answers": 0, "prefix": "mcp-retry:", "scope": scope},
+            });
+            Live {
+                doc: serde_json::from_value(text).unwrap(),
+            }
+        };
+        let a = "ab".repeat(32);
+        let b = "cd".repeat(32);
+        let c = "ef".repeat(32);
+        let live = [
+            doc(Some("redis://h:6379"), &a),
+            doc(None, &b),
+            doc(Some("redis://other:6379"), &c),
+        ];
+        assert_eq!(shared_scopes("redis://h:6379", &live).len(), 2);
+        assert_eq!(shared_scopes("local", &live).len(), 0);
     }
 
     #[test]
