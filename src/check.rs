@@ -1125,11 +1125,11 @@ fn look_at_stores(servers: &[&ServerConfig], host_file: bool) -> Vec<StoreReport
     choices
         .into_iter()
         .map(|choice| {
-            let look = crate::store::look(choice);
+            let look = crate::store::look(choice, None);
             let unknown = look
                 .engine
                 .and_then(|mut e| e.unknowns(MAX_UNKNOWN_COUNT).ok())
-                .map_or(0, |l| l.len());
+                .map_or(0, |l| l.records.len());
             StoreReport {
                 health: look.health,
                 unknown,

@@ -221,11 +221,23 @@ pub fn duration(name: &str, value: std::time::Duration) -> std::time::Duration {
     }
 }
 
+/// `ms`, the host's wall clock; in a build with `fault-inject`, the
+/// integration tests may set it ahead (see [`fault::wall_ms`]).
+#[inline]
+pub fn wall_ms(ms: u64) -> u64 {
+    #[cfg(feature = "fault-inject")]
+    return fault::wall_ms(ms);
+    #[cfg(not(feature = "fault-inject"))]
+    ms
+}
+
 /// A fault the integration tests inject through `MCP_RETRY_FAULT` (only
 /// in builds with the `fault-inject` feature): `dispatcher:TOOL` panics
 /// the dispatcher on a `tools/call` of TOOL, `exporter` the OpenTelemetry
 /// exporter when it first exports; `probe-stuck:NAME` holds `check`'s
-/// probe of server NAME for a minute (a probe stuck in a system call).
+/// probe of server NAME for a minute (a probe stuck in a system call);
+/// `clock-ahead:MS` sets the host's wall clock as the store and `status`
+/// read it MS milliseconds ahead (a host whose clock is wrong).
 #[cfg(feature = "fault-inject")]
 pub mod fault {
     use std::sync::OnceLock;
@@ -250,6 +262,15 @@ pub mod fault {
         if spec().strip_prefix("probe-stuck:") == Some(server) {
             std::thread::sleep(std::time::Duration::from_secs(60));
         }
+    }
+
+    /// The wall clock `ms` as `clock-ahead:MS` sets it.
+    pub fn wall_ms(ms: u64) -> u64 {
+        let ahead = spec()
+            .strip_prefix("clock-ahead:")
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        ms.saturating_add(ahead)
     }
 
     /// Panics when the exporter is to fail.

@@ -316,6 +316,7 @@ fn start_store(
     let refuse = cfg.store_unavailable == "refuse";
     let choice = store_choice(args, cfg)?;
     let shared = matches!(choice, Choice::Redis(_));
+    let mut ca_file = None;
     let open: keeper::Opener = match choice {
         Choice::Memory => return Ok(None),
         Choice::Local => Box::new(move || open_local(refuse)),
@@ -327,6 +328,14 @@ fn start_store(
                         .with_context(|| format!("store_ca_file: cannot read {path}"))?,
                 ),
             };
+            // Named in the proxy's document, for `status` to use too.
+            ca_file = (!cfg.store_ca_file.is_empty()).then(|| {
+                let path = std::path::Path::new(&cfg.store_ca_file);
+                std::path::absolute(path)
+                    .unwrap_or_else(|_| path.to_owned())
+                    .display()
+                    .to_string()
+            });
             let redis = Redis::new(addr, ca, &cfg.store_prefix, &crate::store::scope(cfg))
                 .map_err(|e| anyhow::anyhow!("store: {e}"))?;
             Box::new(move || {
@@ -344,8 +353,7 @@ fn start_store(
     let deliver: keeper::Deliver = Box::new(move |told| {
         let _ = events.send(Event::Store(told));
     });
-    let (tx, handle) =
-        keeper::spawn(open, deliver, wall_clock()).context("cannot start the store thread")?;
+    let (tx, handle) = keeper::spawn(open, deliver).context("cannot start the store thread")?;
     let unavailable = match refuse {
         true => crate::dispatcher::Unavailable::Refuse,
         false => crate::dispatcher::Unavailable::Local,
@@ -354,7 +362,7 @@ fn start_store(
     let mut keys =
         crate::dispatcher::KeyStore::new(tx, crate::store::scope(cfg), unavailable, engine, cfg);
     if shared {
-        keys.shared(&cfg.store_prefix);
+        keys.shared(&cfg.store_prefix, ca_file);
     }
     Ok(Some((keys, handle)))
 }

@@ -172,6 +172,9 @@ pub struct StoreFigures {
     /// to read the scope's unknown outcomes (`None` for a store of the
     /// host's own).
     pub shared_scope: Option<(String, [u8; 32])>,
+    /// A shared store's `store_ca_file` (an absolute path), for `status`
+    /// to read it with that CA.
+    pub ca_file: Option<String>,
     /// During an outage of the shared store, what keyed calls do
     /// meanwhile.
     pub outage: Option<String>,
@@ -222,6 +225,12 @@ impl StoreFigures {
             Some(Err(e)) => Some(e),
             None => None,
         }
+    }
+
+    /// With a shared store, whether it is in an outage now (`None` for a
+    /// store of the host's own), for the metrics' gauge.
+    pub fn shared_outage(&self) -> Option<bool> {
+        self.shared_scope.as_ref().map(|_| self.outage.is_some())
     }
 
     /// The counters as (name, value), for the stats file and metrics.

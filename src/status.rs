@@ -138,6 +138,10 @@ pub struct StoreDoc {
     /// a secret).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// A shared store's `store_ca_file` (an absolute path: a private CA
+    /// for `rediss://`), for `status` to read it with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
 }
 
 impl StoreDoc {
@@ -156,6 +160,7 @@ impl StoreDoc {
                 .shared_scope
                 .as_ref()
                 .map(|(_, s)| crate::store::redis::hex(s)),
+            ca_file: f.ca_file.clone(),
         }
     }
 }

@@ -35,11 +35,17 @@ pub type Clock = Box<dyn Fn() -> Millis + Send>;
 /// The host's wall clock, in milliseconds since the UNIX epoch: the clock
 /// of a store every process of the host shares.
 pub fn wall_clock() -> Clock {
-    Box::new(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    })
+    Box::new(host_ms)
+}
+
+/// The host's wall clock now, in milliseconds since the UNIX epoch (in a
+/// build with `fault-inject`, as far ahead as the tests say: a host whose
+/// clock is wrong).
+pub fn host_ms() -> Millis {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    crate::guard::wall_ms(ms)
 }
 
 /// The name of the record of `key` for `tool` within `scope`: the parts
@@ -151,6 +157,16 @@ pub struct Health {
     pub warning: Option<String>,
 }
 
+/// The records whose outcome is unknown, as an engine read them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unknowns {
+    /// The engine's clock when it read them, to tell how long ago their
+    /// times were (a shared store's clock is another host's).
+    pub now: Millis,
+    /// Newest first.
+    pub records: Vec<(Id, Record)>,
+}
+
 /// Most unknown outcomes an engine is asked for at once.
 pub const MAX_UNKNOWNS: usize = 1000;
 
@@ -192,8 +208,9 @@ pub trait Engine: Send {
     fn health(&mut self) -> Health;
     /// The newest `limit` records whose outcome is unknown, newest first
     /// (by when their call started): `unknown` records, and claims whose
-    /// owner's lease is gone, as [`record::unknown_at`] shows them.
-    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError>;
+    /// owner's lease is gone, as [`record::unknown_at`] shows them; with
+    /// the engine's clock, read in the same step.
+    fn unknowns(&mut self, limit: usize) -> Result<Unknowns, StoreError>;
     /// During an outage of a shared store, what keyed calls do meanwhile
     /// (no I/O); `None` otherwise, and for an engine of the host's own.
     fn outage(&self) -> Option<String> {
@@ -229,9 +246,10 @@ pub struct Look {
     pub engine: Option<Box<dyn Engine>>,
 }
 
-/// Looks at the store `choice` names (`memory`, `local`), from this
+/// Looks at the store `choice` names (`memory`, `local`, a Redis URL:
+/// `rediss://` with the PEM CA `ca`, else the built-in roots), from this
 /// process's environment.
-pub fn look(choice: &str) -> Look {
+pub fn look(choice: &str, ca: Option<Vec<u8>>) -> Look {
     let health = |engine, place: String, reachable, warning: &str| Health {
         engine,
         place,
@@ -252,7 +270,7 @@ pub fn look(choice: &str) -> Look {
             // The fleet's records and unknown outcomes are kept per server
             // (scope): `check` reads them with each server's config.
             Ok(choice::Choice::Redis(addr)) => {
-                let mut h = match redis::Redis::new(addr, None, "mcp-retry:", &[0; 32]) {
+                let mut h = match redis::Redis::new(addr, ca, "mcp-retry:", &[0; 32]) {
                     Ok(mut r) => r.health(),
                     Err(e) => health("redis", "-".into(), false, &e.to_string()),
                 };
@@ -413,9 +431,9 @@ impl Engine for Memory {
         timed_health(self, warning)
     }
 
-    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+    fn unknowns(&mut self, limit: usize) -> Result<Unknowns, StoreError> {
         let now = (self.clock)();
-        Ok(self
+        let records = self
             .open
             .iter()
             .rev()
@@ -424,7 +442,8 @@ impl Engine for Memory {
                 record::unknown_at(r, now).map(|r| (*id, r))
             })
             .take(limit.min(MAX_UNKNOWNS))
-            .collect())
+            .collect();
+        Ok(Unknowns { now, records })
     }
 }
 
@@ -555,7 +574,9 @@ pub(crate) mod tests {
     /// `clock`.
     pub fn unknowns_contract(engine: &mut dyn Engine, clock: &AtomicU64) {
         let id = |k: &str| record_id(&[2; 32], "pay", k);
-        assert!(engine.unknowns(10).unwrap().is_empty());
+        let none = engine.unknowns(10).unwrap();
+        assert!(none.records.is_empty());
+        assert_eq!(none.now, clock.load(Ordering::SeqCst), "the engine's clock");
         // Started one after another: k0 oldest.
         for k in ["k0", "k1", "k2", "k3", "k4"] {
             assert_eq!(
@@ -580,9 +601,9 @@ pub(crate) mod tests {
         let keys = |list: Vec<(Id, Record)>| -> Vec<String> {
             list.into_iter().map(|(_, r)| r.about.key).collect()
         };
-        assert_eq!(keys(engine.unknowns(10).unwrap()), ["k3", "k1"]);
-        assert_eq!(keys(engine.unknowns(1).unwrap()), ["k3"]);
-        let (got, r) = engine.unknowns(1).unwrap().remove(0);
+        assert_eq!(keys(engine.unknowns(10).unwrap().records), ["k3", "k1"]);
+        assert_eq!(keys(engine.unknowns(1).unwrap().records), ["k3"]);
+        let (got, r) = engine.unknowns(1).unwrap().records.remove(0);
         assert_eq!(got, id("k3"));
         assert_eq!(r.about.tool, "pay");
         assert!(
@@ -591,7 +612,7 @@ pub(crate) mod tests {
         // k0's owner is lost once its lease is gone: shown unknown, as
         // the newest-started order puts it (the oldest).
         clock.fetch_add(T.lease, Ordering::SeqCst);
-        let list = engine.unknowns(10).unwrap();
+        let list = engine.unknowns(10).unwrap().records;
         assert_eq!(keys(list.clone()), ["k3", "k1", "k0"]);
         assert!(
             matches!(&list[2].1.state, record::State::Unknown { cause, .. } if cause == record::OWNER_LOST)
@@ -600,12 +621,12 @@ pub(crate) mod tests {
         engine
             .apply(&id("k1"), &finish("k1", Outcome::Result("2".into())))
             .unwrap();
-        assert_eq!(keys(engine.unknowns(10).unwrap()), ["k3", "k0"]);
+        assert_eq!(keys(engine.unknowns(10).unwrap().records), ["k3", "k0"]);
         // Expired: gone, purged or not.
         clock.fetch_add(T.ttl + T.lease, Ordering::SeqCst);
-        assert!(engine.unknowns(10).unwrap().is_empty());
+        assert!(engine.unknowns(10).unwrap().records.is_empty());
         engine.purge(100).unwrap();
-        assert!(engine.unknowns(10).unwrap().is_empty());
+        assert!(engine.unknowns(10).unwrap().records.is_empty());
         assert_eq!(engine.count().unwrap(), 0);
     }
 
@@ -692,18 +713,18 @@ pub(crate) mod tests {
 
     #[test]
     fn looking_at_a_store_shows_no_secret() {
-        let l = look("foo://user:pw-Zq8@host:6379/0");
+        let l = look("foo://user:pw-Zq8@host:6379/0", None);
         assert!(l.engine.is_none());
         assert!(!l.health.reachable);
         let shown = format!("{} {:?}", l.health.place, l.health.warning);
         assert!(!shown.contains("pw-Zq8"), "{shown}");
         assert!(shown.contains("(foo)"), "{shown}");
-        let l = look("redis://user:pw-Zq8@127.0.0.1:1/0");
+        let l = look("redis://user:pw-Zq8@127.0.0.1:1/0", None);
         assert!(!l.health.reachable);
         let shown = format!("{} {:?}", l.health.place, l.health.warning);
         assert!(!shown.contains("pw-Zq8"), "{shown}");
         assert!(shown.contains("[redacted]"), "{shown}");
-        let m = look("memory");
+        let m = look("memory", None);
         assert_eq!((m.health.engine, m.health.reachable), ("memory", true));
     }
 

@@ -4,9 +4,12 @@
 //! test-redis` runs this suite (installing redis-server with apt-get when
 //! it is missing); without a `redis-server` on PATH each test says so on
 //! stderr and does nothing, unless `MCP_RETRY_REDIS_REQUIRED` is set (as
-//! `make test-redis` sets it), when that is a failure. (One test needs no
-//! redis-server: a port that takes connections and never answers.)
+//! `make test-redis` sets it), when that is a failure. (Two tests need no
+//! redis-server: a port that takes connections and never answers, and one
+//! that answers `MOVED`.)
 
+#[allow(dead_code)]
+mod loopback;
 mod util;
 
 use std::net::{TcpListener, TcpStream};
@@ -334,11 +337,8 @@ fn a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again() {
     // `status` on a host whose proxy uses that Redis lists it, read from
     // the scope that proxy's document names.
     let runtime = c.dir.join("runtime").display().to_string();
-    let (_, out, err) = run(
-        &["status", "--json", "--dir", &runtime],
-        &[("MCP_RETRY_STORE", &redis.url())],
-    );
-    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let v = status_json(&runtime, &redis.url(), &[]);
+    let out = v.to_string();
     let listed = v["unknown_outcomes"].as_array().expect("unknown_outcomes");
     assert_eq!(listed.len(), 1, "{out}");
     assert_eq!(listed[0]["key"], "kill-1", "{out}");
@@ -350,6 +350,154 @@ fn a_killed_owner_leaves_an_unknown_outcome_no_proxy_runs_again() {
         &[("MCP_RETRY_STORE", &redis.url())],
     );
     assert!(table.contains("kill-1"), "{table}");
+}
+
+#[test]
+fn ages_are_read_on_redis_s_clock_not_on_a_host_s_that_is_wrong() {
+    if !have_redis("ages_are_read_on_redis_s_clock_not_on_a_host_s_that_is_wrong") {
+        return;
+    }
+    const AHEAD: u64 = 3_600_000;
+    let skewed = format!("clock-ahead:{AHEAD}");
+    let redis = RedisServer::start(&[]);
+    let top = format!("store: {}", redis.url());
+    let mut a = proxy_with(&top, "call_timeout: 0.3", &[]);
+    a.call_with(json!(1), keyed("skew-1", json!({"mode": "hang"})));
+    let e = a.error(&json!(1));
+    assert_eq!(a.executions("echo"), 1);
+    // Another proxy on a host whose clock is an hour ahead: the unknown
+    // outcome's age is Redis's, not an hour more.
+    let mut b = proxy_with(&top, "call_timeout: 0.3", &[("MCP_RETRY_FAULT", &skewed)]);
+    b.call_with(json!(1), keyed("skew-1", json!({})));
+    let e2 = b.error(&json!(1));
+    assert_eq!(
+        proxy_reason(&e2),
+        "earlier_attempt_unknown",
+        "{e2} after {e}"
+    );
+    let ago = e2["data"]["startedMsAgo"].as_u64().unwrap();
+    assert!((300..60_000).contains(&ago), "{e2}");
+    assert_eq!(b.executions("echo"), 0);
+    // `status` on that host shows it started seconds ago by its clock.
+    let runtime = a.dir.join("runtime").display().to_string();
+    let v = status_json(&runtime, &redis.url(), &[("MCP_RETRY_FAULT", &skewed)]);
+    let out = v.to_string();
+    let listed = &v["unknown_outcomes"][0];
+    assert_eq!(listed["key"], "skew-1", "{out}");
+    assert_eq!(listed["seen_in"], "store", "{out}");
+    let here = epoch_ms() + AHEAD;
+    let started = listed["started_at_ms"].as_u64().unwrap();
+    assert!(
+        started <= here && here - started < 60_000,
+        "started {started}, the skewed host's now {here}: {out}"
+    );
+    let (_, table, _) = run(
+        &["status", "--dir", &runtime],
+        &[
+            ("MCP_RETRY_STORE", &redis.url()),
+            ("MCP_RETRY_FAULT", &skewed),
+        ],
+    );
+    let row = table.lines().find(|l| l.contains("skew-1")).unwrap_or("");
+    let age = row
+        .split_whitespace()
+        .find(|w| w.ends_with('s') && w[..w.len() - 1].parse::<u64>().is_ok());
+    assert!(
+        age.is_some() && row.contains(" ago"),
+        "seconds ago: {table}"
+    );
+}
+
+#[test]
+fn a_scope_s_unknown_outcomes_are_a_capped_list_under_its_prefix() {
+    if !have_redis("a_scope_s_unknown_outcomes_are_a_capped_list_under_its_prefix") {
+        return;
+    }
+    let redis = RedisServer::start(&[]);
+    let top = format!("store: {}\nstore_prefix: \"team-a:\"", redis.url());
+    let mut a = proxy_with(&top, "call_timeout: 0.3", &[]);
+    a.call_with(json!(1), keyed("cap-1", json!({"mode": "hang"})));
+    a.error(&json!(1));
+    let list = || {
+        let keys = redis.cli(&["KEYS", "*:unknown"]);
+        keys.lines().next().map(str::to_owned)
+    };
+    eventually("the scope's list of unknown outcomes", || list().is_some());
+    let list = list().unwrap();
+    for k in redis.cli(&["KEYS", "*"]).lines() {
+        assert!(k.starts_with("team-a:v1:{"), "{k}");
+    }
+    // 1005 older entries: the next unknown outcome trims the list to the
+    // newest 1000.
+    let older: Vec<String> = (0..1005)
+        .flat_map(|i| [i.to_string(), format!("older-{i}")])
+        .collect();
+    let mut args = vec!["ZADD", list.as_str()];
+    args.extend(older.iter().map(String::as_str));
+    assert_eq!(redis.cli(&args).trim(), "1005");
+    a.call_with(json!(2), keyed("cap-2", json!({"mode": "hang"})));
+    a.error(&json!(2));
+    eventually("the list trimmed to its cap", || {
+        redis.cli(&["ZCARD", &list]).trim() == "1000"
+    });
+    let newest = redis.cli(&["ZREVRANGE", &list, "0", "1"]);
+    assert!(!newest.contains("older-"), "{newest}");
+    // `status` reads both from the list, under the prefix the proxy's
+    // document names.
+    let runtime = a.dir.join("runtime").display().to_string();
+    let v = status_json(&runtime, &redis.url(), &[]);
+    let out = v.to_string();
+    let keys: Vec<&str> = v["unknown_outcomes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|u| u["key"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(keys, ["cap-2", "cap-1"], "{out}");
+}
+
+/// This host's wall clock, in milliseconds since the epoch.
+fn epoch_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(unix)]
+#[test]
+fn a_killed_owner_s_claim_is_listed_unknown_once_its_lease_is_gone() {
+    if !have_redis("a_killed_owner_s_claim_is_listed_unknown_once_its_lease_is_gone") {
+        return;
+    }
+    // No other call comes for the key: the claim itself is listed, from
+    // the scope's list, once its lease (1 s here) has run out.
+    let redis = RedisServer::start(&[]);
+    let top = format!("store: {}", redis.url());
+    let mut a = proxy_with(&top, "", &[("MCP_RETRY_TEST_DURATIONS", "lease=1000")]);
+    a.call_with(json!(1), keyed("lost-1", json!({"mode": "hang"})));
+    eventually("the call to reach the server", || a.executions("echo") == 1);
+    a.signal(libc::SIGKILL);
+    a.wait();
+    let c = proxy(&redis.url());
+    let runtime = c.dir.join("runtime").display().to_string();
+    let listed = || status_json(&runtime, &redis.url(), &[])["unknown_outcomes"][0].clone();
+    eventually("status to list the lost claim", || {
+        listed()["key"] == "lost-1"
+    });
+    let u = listed();
+    assert_eq!(u["cause"], "owner_lost", "{u}");
+    assert_eq!(u["seen_in"], "store", "{u}");
+    let config_path = c.dir.join("c.yaml").display().to_string();
+    let (_, out, _) = run(&["check", "--json", "--config", &config_path], &[]);
+    assert_eq!(redis_store_in(&out)["unknown_outcomes"], 1, "{out}");
+}
+
+/// `mcp-retry status --json` of the proxies in `runtime`, reading the
+/// store `url` (`MCP_RETRY_STORE`), with `env` besides.
+fn status_json(runtime: &str, url: &str, env: &[(&str, &str)]) -> Value {
+    let mut all = vec![("MCP_RETRY_STORE", url)];
+    all.extend_from_slice(env);
+    let (_, out, err) = run(&["status", "--json", "--dir", runtime], &all);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
 }
 
 /// The one Redis store of a `check --json` report.
@@ -460,6 +608,87 @@ fn an_outage_falls_back_to_the_local_store_and_redis_is_used_again() {
     let r = b.result(&json!(1));
     assert_eq!(source_marker(&r), Some("dedup"), "{r} {}", b.stderr());
     assert_eq!(b.executions("echo"), 0);
+}
+
+/// An OTLP/HTTP receiver on loopback recording every POST (answered 200).
+fn collector() -> loopback::Loopback {
+    let options = loopback::Options {
+        keep_alive: true,
+        record: true,
+        ..loopback::Options::default()
+    };
+    loopback::Loopback::with(options, |_, conn| {
+        conn.respond(200, &[("Content-Type", "application/json")], "{}");
+    })
+}
+
+/// A proxy on the store `url` exporting its metrics to `collector`.
+fn exporting_proxy(url: &str, collector: &loopback::Loopback) -> Session {
+    let mut b = Builder::config(&config(&format!("store: {url}"), "")).with_logs();
+    for (k, v) in [
+        ("NO_PROXY", "127.0.0.1,localhost"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url("").as_str()),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", ""),
+        ("OTEL_EXPORTER_OTLP_HEADERS", ""),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", ""),
+        ("OTEL_TRACES_EXPORTER", "none"),
+        ("OTEL_METRICS_EXPORTER", ""),
+        ("OTEL_SDK_DISABLED", ""),
+    ] {
+        b = b.env(k, v);
+    }
+    let mut s = b.initialized();
+    s.list_tools();
+    s
+}
+
+/// The value of the gauge `mcp_retry.store.outage` in the newest metrics
+/// the collector received.
+fn outage_exported(collector: &loopback::Loopback) -> Value {
+    let requests = collector.requests();
+    let last = requests
+        .iter()
+        .rev()
+        .find(|r| r.path() == "/v1/metrics")
+        .expect("a metrics export");
+    let body: Value = serde_json::from_slice(&last.body).unwrap();
+    let metrics = &body["resourceMetrics"][0]["scopeMetrics"][0]["metrics"];
+    let gauge = metrics
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["name"] == "mcp_retry.store.outage")
+        .unwrap_or_else(|| panic!("no outage gauge in {body}"));
+    gauge["gauge"]["dataPoints"][0]["asInt"].clone()
+}
+
+#[test]
+fn an_outage_is_a_gauge_in_the_opentelemetry_metrics() {
+    if !have_redis("an_outage_is_a_gauge_in_the_opentelemetry_metrics") {
+        return;
+    }
+    // Unreachable: keyed calls go on, and the metrics at exit say outage.
+    let down = collector();
+    let mut a = exporting_proxy("redis://127.0.0.1:1", &down);
+    a.call_with(json!(1), keyed("o-1", json!({})));
+    assert_eq!(text(&a.result(&json!(1))), "o-1");
+    let runtime = a.dir.join("runtime").display().to_string();
+    eventually("status to say outage", || {
+        let (_, out, _) = run(&["status", "--json", "--dir", &runtime], &[]);
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        v["proxies"][0]["store"]["state"] == "outage"
+    });
+    stop(a);
+    assert_eq!(outage_exported(&down), "1");
+    // Reachable: 0.
+    let redis = RedisServer::start(&[]);
+    let up = collector();
+    let mut b = exporting_proxy(&redis.url(), &up);
+    b.call_with(json!(1), keyed("o-2", json!({})));
+    assert_eq!(text(&b.result(&json!(1))), "o-2");
+    stop(b);
+    assert_eq!(outage_exported(&up), "0");
 }
 
 #[test]
@@ -748,7 +977,7 @@ fn rediss_with_a_private_ca() {
         redis.url(),
         certs.join("ca.pem").display()
     );
-    let mut a = proxy_with(&top, "", &[]);
+    let mut a = proxy_with(&top, "call_timeout: 0.3", &[]);
     a.call_with(json!(1), keyed("tls-1", json!({})));
     assert_eq!(text(&a.result(&json!(1))), "tls-1");
     let mut b = proxy_with(&top, "", &[]);
@@ -756,9 +985,87 @@ fn rediss_with_a_private_ca() {
     let r = b.result(&json!(1));
     assert_eq!(source_marker(&r), Some("dedup"), "{r} {}", b.stderr());
     assert!(a.not_logged("unreachable"), "{}", a.stderr());
+    // `status` reads it with the CA the proxy's document names: its
+    // health, and the unknown outcome from the store itself.
+    a.call_with(json!(2), keyed("tls-2", json!({"mode": "hang"})));
+    a.error(&json!(2));
+    let runtime = a.dir.join("runtime").display().to_string();
+    let v = status_json(&runtime, &redis.url(), &[]);
+    let out = v.to_string();
+    assert_eq!(v["store"]["reachable"], true, "{out}");
+    let listed = &v["unknown_outcomes"];
+    assert_eq!(listed[0]["key"], "tls-2", "{out}");
+    assert_eq!(listed[0]["seen_in"], "store", "read from Redis: {out}");
+    // So does `check`, with the config's CA.
+    let config_path = a.dir.join("c.yaml").display().to_string();
+    let (_, out, _) = run(&["check", "--json", "--config", &config_path], &[]);
+    let store = redis_store_in(&out);
+    assert_eq!(store["reachable"], true, "{store}");
+    assert_eq!(store["unknown_outcomes"], 1, "{store}");
     // Without the CA the certificate is not trusted: the store is not used.
     let c = proxy(&redis.url());
     eventually("the refusal", || c.logged("is unreachable"));
+}
+
+/// Reads one RESP command (an array of bulk strings); `None` at EOF.
+fn read_command(r: &mut impl std::io::BufRead) -> Option<Vec<String>> {
+    let mut line = String::new();
+    r.read_line(&mut line).ok().filter(|n| *n > 0)?;
+    let n: usize = line.trim().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).ok()?;
+        let len: usize = line.trim().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0u8; len + 2];
+        r.read_exact(&mut buf).ok()?;
+        buf.truncate(len);
+        args.push(String::from_utf8_lossy(&buf).into_owned());
+    }
+    Some(args)
+}
+
+#[test]
+fn a_moved_answer_refuses_the_server_as_a_cluster() {
+    // A server that says it is standalone but answers every keyed
+    // command `MOVED` (a Cluster behind an address that hides it): the
+    // store refuses it with the clear error, and keyed calls go on.
+    use std::io::{BufReader, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { break };
+            thread::spawn(move || {
+                let mut w = conn.try_clone().unwrap();
+                let mut r = BufReader::new(conn);
+                while let Some(args) = read_command(&mut r) {
+                    let info =
+                        "redis_mode:standalone\r\nrole:master\r\nmaxmemory_policy:noeviction\r\n";
+                    let answer = match args[0].to_ascii_uppercase().as_str() {
+                        "CLIENT" => "+OK\r\n".to_owned(),
+                        "PING" => "+PONG\r\n".to_owned(),
+                        "INFO" => format!("${}\r\n{info}\r\n", info.len()),
+                        "TIME" => "*2\r\n$10\r\n1700000000\r\n$1\r\n0\r\n".to_owned(),
+                        _ => "-MOVED 3999 127.0.0.1:1\r\n".to_owned(),
+                    };
+                    if w.write_all(answer.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let mut s = proxy(&format!("redis://127.0.0.1:{port}"));
+    s.call_with(json!(1), keyed("m-1", json!({})));
+    assert_eq!(
+        text(&s.result(&json!(1))),
+        "m-1",
+        "served by the local store"
+    );
+    eventually("the refusal", || {
+        s.logged("Redis Cluster node, which is not supported")
+    });
 }
 
 #[test]

@@ -89,7 +89,7 @@ pub fn look(servers: &[&ServerConfig], max: usize) -> Vec<Shared> {
             .info()
             .map(|i| i.policy.clone())
             .filter(|p| !p.is_empty());
-        let unknown = redis.unknowns(max).map_or(0, |l| l.len());
+        let unknown = redis.unknowns(max).map_or(0, |l| l.records.len());
         out.push(Shared {
             health,
             policy,

@@ -303,6 +303,13 @@ struct Sum<'a> {
     data_points: NumberPoints<'a>,
 }
 
+/// A gauge: the value now (OTLP ignores its points' start time).
+#[derive(DeriveSerialize)]
+#[serde(rename_all = "camelCase")]
+struct Gauge<'a> {
+    data_points: NumberPoints<'a>,
+}
+
 #[derive(DeriveSerialize)]
 #[serde(rename_all = "camelCase")]
 struct HistogramJson<'a> {
@@ -310,7 +317,7 @@ struct HistogramJson<'a> {
     data_points: HistogramPoints<'a>,
 }
 
-/// A metric: a sum or a histogram.
+/// A metric: a sum, a gauge or a histogram.
 #[derive(DeriveSerialize)]
 struct Metric<'a> {
     name: &'static str,
@@ -318,6 +325,8 @@ struct Metric<'a> {
     description: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     sum: Option<Sum<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gauge: Option<Gauge<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     histogram: Option<HistogramJson<'a>>,
 }
@@ -473,15 +482,39 @@ pub fn metrics<'m>(
                 is_monotonic: true,
                 data_points: NumberPoints { points, start, now },
             }),
+            gauge: None,
             histogram: None,
         })
         .collect();
+    // A shared store's outage: 1 while it is unreachable, else 0.
+    let outage: Points<'_, u64> = m
+        .store_outage
+        .iter()
+        .map(|n| (vec![server_attr()], n))
+        .collect();
+    if !outage.is_empty() {
+        list.push(Metric {
+            name: "mcp_retry.store.outage",
+            unit: "1",
+            description: "1 while the shared store (Redis) is unreachable and keyed calls follow store_unavailable, else 0",
+            sum: None,
+            gauge: Some(Gauge {
+                data_points: NumberPoints {
+                    points: &outage,
+                    start,
+                    now,
+                },
+            }),
+            histogram: None,
+        });
+    }
     if !latency.is_empty() {
         list.push(Metric {
             name: "mcp_retry.call.duration",
             unit: "s",
             description: "How long tools/call took, from the client's request to its answer, retries included",
             sum: None,
+            gauge: None,
             histogram: Some(HistogramJson {
                 aggregation_temporality: CUMULATIVE,
                 data_points: HistogramPoints {

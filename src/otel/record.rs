@@ -488,6 +488,8 @@ pub struct Snapshot {
     pub restarts: u64,
     /// The store's counters by name (`stats::StoreFigures::counters`).
     pub store: [(&'static str, u64); 4],
+    /// With a shared store (Redis), whether it is unreachable now.
+    pub store_outage: Option<bool>,
     /// When counting began, and the moment of the snapshot.
     pub since: Instant,
     pub at: Instant,
@@ -527,6 +529,7 @@ impl Snapshot {
         m.breaker = self.breaker.iter().copied().collect();
         m.restarts = self.restarts;
         m.store = self.store.iter().copied().collect();
+        m.store_outage = self.store_outage.map(u64::from);
         m
     }
 }
@@ -545,5 +548,7 @@ pub struct Metrics {
     /// The store of idempotency keys: operations, replays, waits,
     /// unknown_answers.
     pub store: BTreeMap<&'static str, u64>,
+    /// With a shared store, 1 during its outage, else 0 (a gauge).
+    pub store_outage: Option<u64>,
     pub latency: BTreeMap<String, Histogram>,
 }

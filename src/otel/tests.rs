@@ -427,6 +427,18 @@ fn a_call_span_parents_its_attempts_and_honours_the_client_s_context() {
     );
 }
 
+/// The OTLP/JSON body of the metrics snapshot handed to the exporter.
+fn exported_metrics(rx: &crossbeam_channel::Receiver<export::Item>) -> Vec<u8> {
+    let snapshot = rx
+        .try_iter()
+        .find_map(|i| match i {
+            export::Item::Metrics(m) => Some(m),
+            _ => None,
+        })
+        .unwrap();
+    json::metrics(&[], &snapshot.server, &snapshot.metrics(), 0, 1)
+}
+
 #[test]
 fn metrics_export_the_session_s_figures() {
     // The figures are the one store the dispatcher's calls keep; the
@@ -451,14 +463,7 @@ fn metrics_export_the_session_s_figures() {
     assert!(t.metrics_changed());
     t.flush_metrics(&stats, t0);
     assert!(!t.metrics_changed());
-    let snapshot = rx
-        .try_iter()
-        .find_map(|i| match i {
-            export::Item::Metrics(m) => Some(m),
-            _ => None,
-        })
-        .unwrap();
-    let body = json::metrics(&[], &snapshot.server, &snapshot.metrics(), 0, 1);
+    let body = exported_metrics(&rx);
     let v: Json = serde_json::from_slice(&body).unwrap();
     let body = String::from_utf8(body).unwrap();
     let metrics = v["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
@@ -498,6 +503,37 @@ fn metrics_export_the_session_s_figures() {
     // 30 ms lands in the (0.025, 0.05] bucket.
     assert_eq!(h["bucketCounts"][3], "1");
     assert!(!metrics.iter().any(|m| m["name"] == "mcp_retry.dedup.hits"));
+    assert!(
+        !body.contains("mcp_retry.store.outage"),
+        "no outage gauge without a shared store"
+    );
+}
+
+#[test]
+fn a_shared_store_s_outage_is_a_gauge() {
+    let (mut t, rx) = tracer();
+    let t0 = Instant::now();
+    let mut stats = crate::stats::Stats::default();
+    stats.store.shared_scope = Some(("mcp-retry:".into(), [1; 32]));
+    let mut gauge = |outage: Option<&str>| -> Json {
+        stats.store.outage = outage.map(str::to_owned);
+        t.figures_changed();
+        t.flush_metrics(&stats, t0);
+        let v: Json = serde_json::from_slice(&exported_metrics(&rx)).unwrap();
+        v["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "mcp_retry.store.outage")
+            .cloned()
+            .unwrap_or(Json::Null)
+    };
+    let down = gauge(Some("redis://h:6379 is unreachable"));
+    assert!(down["sum"].is_null(), "a gauge, not a sum: {down}");
+    let point = &down["gauge"]["dataPoints"][0];
+    assert_eq!(point["asInt"], "1", "{down}");
+    assert_eq!(point["attributes"][0]["key"], "mcp_retry.server", "{down}");
+    assert_eq!(gauge(None)["gauge"]["dataPoints"][0]["asInt"], "0");
 }
 
 #[test]

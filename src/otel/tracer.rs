@@ -462,6 +462,7 @@ impl Tracer {
             breaker: stats.breaker.iter().map(|(t, n)| (*t, *n)).collect(),
             restarts: stats.restarts,
             store: stats.store.counters(),
+            store_outage: stats.store.shared_outage(),
             since: self.started,
             at: now,
         }

@@ -28,6 +28,9 @@
 //!   ([`Reply::NotOwner`]).
 //! * A record is gone once `now >= expires`: it is treated as absent and
 //!   the engine purges it ([`expired`]).
+//! * A reply gives its times as ages (`ago`) on the clock of the step that
+//!   read the record, so no caller subtracts a time of the store's clock
+//!   from its own (a shared store's clock is another host's).
 
 #![forbid(unsafe_code)]
 
@@ -133,20 +136,24 @@ pub enum Op {
 pub enum Reply {
     /// The caller owns the record now: run the call.
     Claimed,
-    /// Another owner's call, started at `started`, is live: wait.
-    Busy { started: Millis, same_args: bool },
-    /// A kept success: answer with it, without running.
+    /// Another owner's call, started `ago` ms before this step, is live:
+    /// wait.
+    Busy { ago: Millis, same_args: bool },
+    /// A kept success (`ago` ms before this step): answer with it, without
+    /// running.
     Replay {
         result: String,
-        at: Millis,
+        ago: Millis,
         same_args: bool,
     },
-    /// The call succeeded at `at` without a kept result: do not run.
-    Ran { at: Millis, same_args: bool },
-    /// An earlier attempt started at `started` may have run: do not run.
+    /// The call succeeded `ago` ms before this step without a kept result:
+    /// do not run.
+    Ran { ago: Millis, same_args: bool },
+    /// An earlier attempt, started `ago` ms before this step, may have
+    /// run: do not run.
     Unknown {
         cause: String,
-        started: Millis,
+        ago: Millis,
         same_args: bool,
     },
     /// The owner's write was made.
@@ -261,7 +268,7 @@ fn found(r: &Record, args: &str, timing: &Timing, now: Millis) -> (Reply, Write)
     match &r.state {
         State::Claimed { lease_until } if now < *lease_until => (
             Reply::Busy {
-                started: r.started,
+                ago: now.saturating_sub(r.started),
                 same_args,
             },
             Write::Keep,
@@ -275,7 +282,7 @@ fn found(r: &Record, args: &str, timing: &Timing, now: Millis) -> (Reply, Write)
             lost.expires = r.expires.max(now.saturating_add(timing.ttl));
             let reply = Reply::Unknown {
                 cause: OWNER_LOST.to_owned(),
-                started: r.started,
+                ago: now.saturating_sub(r.started),
                 same_args,
             };
             (reply, Write::Put(lost))
@@ -286,16 +293,19 @@ fn found(r: &Record, args: &str, timing: &Timing, now: Millis) -> (Reply, Write)
         } => (
             Reply::Replay {
                 result: result.clone(),
-                at: *at,
+                ago: now.saturating_sub(*at),
                 same_args,
             },
             Write::Keep,
         ),
-        State::Done { at, result: None } => (Reply::Ran { at: *at, same_args }, Write::Keep),
+        State::Done { at, result: None } => {
+            let ago = now.saturating_sub(*at);
+            (Reply::Ran { ago, same_args }, Write::Keep)
+        }
         State::Unknown { cause, .. } => (
             Reply::Unknown {
                 cause: cause.clone(),
-                started: r.started,
+                ago: now.saturating_sub(r.started),
                 same_args,
             },
             Write::Keep,
@@ -399,14 +409,14 @@ mod tests {
         assert_eq!(
             s.run(&claim("b", "x"), 3_999),
             Reply::Busy {
-                started: 1_000,
+                ago: 2_999,
                 same_args: true
             }
         );
         assert_eq!(
             s.run(&claim("b", "y"), 2_000),
             Reply::Busy {
-                started: 1_000,
+                ago: 1_000,
                 same_args: false
             }
         );
@@ -461,12 +471,12 @@ mod tests {
     fn a_claim_whose_lease_is_gone_becomes_unknown() {
         let mut s = One(None);
         s.run(&claim("a", "x"), 0);
-        let unknown = Reply::Unknown {
+        let unknown = |ago| Reply::Unknown {
             cause: OWNER_LOST.into(),
-            started: 0,
+            ago,
             same_args: true,
         };
-        assert_eq!(s.run(&claim("b", "x"), 3_000), unknown);
+        assert_eq!(s.run(&claim("b", "x"), 3_000), unknown(3_000));
         let r = s.0.clone().unwrap();
         assert_eq!(r.owner, "a");
         assert_eq!(
@@ -478,7 +488,7 @@ mod tests {
         );
         assert_eq!(r.expires, 63_000);
         // It stays unknown: never run again within its ttl.
-        assert_eq!(s.run(&claim("c", "x"), 62_999), unknown);
+        assert_eq!(s.run(&claim("c", "x"), 62_999), unknown(62_999));
         // The owner whose lease ran out cannot renew it back.
         assert_eq!(s.run(&renew("a"), 4_000), Reply::NotOwner);
     }
@@ -494,7 +504,7 @@ mod tests {
         assert_eq!(s.0.as_ref().unwrap().expires, 62_000);
         let replay = Reply::Replay {
             result: "{\"ok\":1}".into(),
-            at: 2_000,
+            ago: 59_999,
             same_args: true,
         };
         assert_eq!(s.run(&claim("b", "x"), 61_999), replay);
@@ -511,7 +521,7 @@ mod tests {
         assert_eq!(
             s.run(&claim("b", "y"), 1_000),
             Reply::Ran {
-                at: 500,
+                ago: 500,
                 same_args: false
             }
         );
@@ -540,7 +550,7 @@ mod tests {
             s.run(&claim("b", "x"), 2_000),
             Reply::Unknown {
                 cause: "timeout".into(),
-                started: 0,
+                ago: 2_000,
                 same_args: true
             }
         );

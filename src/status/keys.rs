@@ -74,27 +74,30 @@ pub fn choice(explicit: Option<&str>) -> String {
 /// Reads the store `choice` names and the proxies' own unknown outcomes:
 /// at most `limit`, newest first.
 pub fn view(choice: &str, live: &[Live], limit: usize, now: u64) -> StoreView {
-    let look = store::look(choice);
+    let look = store::look(choice, shared_ca(choice, live));
     let mut health = look.health;
     let mut found: Vec<Unknown> = Vec::new();
     let mut engines: Vec<Box<dyn store::Engine>> = look.engine.into_iter().collect();
     engines.extend(shared_scopes(choice, live));
     for mut engine in engines {
         match engine.unknowns(limit.saturating_add(1)) {
-            Ok(list) => found.extend(list.into_iter().filter_map(|(_, r)| {
-                let State::Unknown { cause, .. } = r.state else {
-                    return None;
-                };
-                Some(Unknown {
-                    server: r.about.server,
-                    tool: r.about.tool,
-                    key: r.about.key,
-                    started_at_ms: r.started,
-                    cause,
-                    until_ms: r.expires,
-                    seen_in: "store".into(),
-                })
-            })),
+            Ok(list) => {
+                let here = |t| on_this_host(t, list.now, now);
+                found.extend(list.records.into_iter().filter_map(|(_, r)| {
+                    let State::Unknown { cause, .. } = r.state else {
+                        return None;
+                    };
+                    Some(Unknown {
+                        server: r.about.server,
+                        tool: r.about.tool,
+                        key: r.about.key,
+                        started_at_ms: here(r.started),
+                        cause,
+                        until_ms: here(r.expires),
+                        seen_in: "store".into(),
+                    })
+                }))
+            }
             Err(e) => {
                 health.warning = Some(format!("its records do not read: {e}"));
             }
@@ -132,6 +135,16 @@ pub fn view(choice: &str, live: &[Live], limit: usize, now: u64) -> StoreView {
     }
 }
 
+/// `t`, a time of an engine's clock that read `engine_now`, on this host's
+/// clock (`host_now`): as long before or after it. A shared store's clock
+/// is another host's, and the two need not agree.
+fn on_this_host(t: u64, engine_now: u64, host_now: u64) -> u64 {
+    match t.checked_sub(engine_now) {
+        Some(ahead) => host_now.saturating_add(ahead),
+        None => host_now.saturating_sub(engine_now - t),
+    }
+}
+
 /// With a Redis store, an engine on each scope a live proxy uses there
 /// (its document names the scope and the key prefix): the fleet's unknown
 /// outcomes of the servers this host runs, read from each scope's capped
@@ -141,24 +154,45 @@ fn shared_scopes(choice: &str, live: &[Live]) -> Vec<Box<dyn store::Engine>> {
         return Vec::new();
     };
     let place = addr.to_string();
+    // A proxy whose store is still opening names no place yet: its scope
+    // is read here too (on another Redis it finds nothing of that one's).
     let mut scopes: Vec<(&str, &str)> = live
         .iter()
         .filter_map(|l| {
             let s = l.doc.store.as_ref()?;
-            (s.place.as_deref() == Some(&place))
+            (s.engine == "redis" && s.place.as_deref().is_none_or(|p| p == place))
                 .then_some((s.prefix.as_deref()?, s.scope.as_deref()?))
         })
         .collect();
     scopes.sort_unstable();
     scopes.dedup();
+    let ca = shared_ca(choice, live);
     scopes
         .into_iter()
         .filter_map(|(prefix, scope)| {
             let scope = store::redis::unhex(scope)?;
-            let redis = store::redis::Redis::new(addr.clone(), None, prefix, &scope).ok()?;
+            let redis = store::redis::Redis::new(addr.clone(), ca.clone(), prefix, &scope).ok()?;
             Some(Box::new(redis) as Box<dyn store::Engine>)
         })
         .collect()
+}
+
+/// With a Redis store, the private CA (`store_ca_file`) a live proxy of
+/// this host reads it with, as its document names it: `status` has no
+/// config, and trusts what that proxy trusts (else the built-in roots).
+fn shared_ca(choice: &str, live: &[Live]) -> Option<Vec<u8>> {
+    let Ok(store::choice::Choice::Redis(addr)) = store::choice::parse(choice) else {
+        return None;
+    };
+    let place = addr.to_string();
+    let docs = || live.iter().filter_map(|l| l.doc.store.as_ref());
+    // A proxy on that store first, then one whose store is still opening.
+    let on_it = docs().filter(|s| s.place.as_deref() == Some(&place));
+    let opening = docs().filter(|s| s.engine == "redis" && s.place.is_none());
+    on_it
+        .chain(opening)
+        .filter_map(|s| std::fs::read(s.ca_file.as_deref()?).ok())
+        .next()
 }
 
 /// The store's health in one line: `local /p/store-v1.redb: 12 records,
@@ -361,6 +395,51 @@ mod tests {
             text.contains("  alpha (pid 1): keys kept in its own memory (store: memory)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_scopes_read_on_redis_are_those_of_its_proxies_and_of_those_still_opening() {
+        let doc = |place: Option<&str>, scope: &str| {
+            let text = serde_json::json!({
+                "version": crate::status::VERSION, "server": "s", "config": null, "pid": 1,
+                "pid_start": null, "transport": "stdio", "target": [], "started_at_ms": 0,
+                "updated_at_ms": 0, "restarts": 0,
+                "link": {"state": "up", "until_ms": null, "message": null},
+                "breaker": {"state": "closed", "until_ms": null}, "in_flight": 0,
+                "total": crate::status::ToolDoc::default(), "tools": {},
+                "store": {"engine": "redis", "state": "opened", "place": place,
+                    "message": null, "operations": 0, "replays": 0, "waits": 0,
+                    "unknown_answers": 0, "prefix": "mcp-retry:", "scope": scope},
+            });
+            Live {
+                doc: serde_json::from_value(text).unwrap(),
+            }
+        };
+        let a = "ab".repeat(32);
+        let b = "cd".repeat(32);
+        let c = "ef".repeat(32);
+        let live = [
+            doc(Some("redis://h:6379"), &a),
+            doc(None, &b),
+            doc(Some("redis://other:6379"), &c),
+        ];
+        assert_eq!(shared_scopes("redis://h:6379", &live).len(), 2);
+        assert_eq!(shared_scopes("local", &live).len(), 0);
+    }
+
+    #[test]
+    fn a_store_s_times_are_shown_on_this_host_s_clock() {
+        // The store's clock an hour behind this host's: a call it started
+        // 5 s before it read the record started 5 s ago here, and its key
+        // is held 55 s more.
+        let host = 1_000_000_000;
+        let engine = host - 3_600_000;
+        assert_eq!(on_this_host(engine - 5_000, engine, host), host - 5_000);
+        assert_eq!(on_this_host(engine + 55_000, engine, host), host + 55_000);
+        // An hour ahead: the same.
+        let engine = host + 3_600_000;
+        assert_eq!(on_this_host(engine - 5_000, engine, host), host - 5_000);
+        assert_eq!(on_this_host(0, u64::MAX, 7), 0);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::fs;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
@@ -95,9 +95,7 @@ pub fn run(args: StatusOptions) -> Result<ExitCode> {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::store::host_ms()
 }
 
 // ----- collecting -------------------------------------------------------------

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::{Engine, Health, Id, StoreError};
-use crate::policy::record::{Op, Outcome, Record, Reply};
+use crate::policy::record::{Op, Outcome, Reply};
 use crate::policy::store_outage::{Change, Outage, Route};
 
 /// Opens the fallback engine.
@@ -42,8 +42,8 @@ pub struct Failover {
     /// Records claimed on the fallback, until when they are remembered.
     on_fallback: HashMap<Id, Instant>,
     /// Records the shared store last answered `Busy` for (a twin waits on
-    /// them), with that answer.
-    busy_on_shared: HashMap<Id, Reply>,
+    /// them), with that answer and when it came.
+    busy_on_shared: HashMap<Id, (Reply, Instant)>,
     /// The shared store's last error, for `health` during an outage.
     last_error: String,
 }
@@ -163,7 +163,7 @@ impl Failover {
         }
         // A twin's poll during an outage: still busy as far as is known.
         let instead = match op {
-            Op::Claim { .. } => self.busy_on_shared.get(id).cloned(),
+            Op::Claim { .. } => self.busy_on_shared.get(id).map(still_busy),
             _ => None,
         };
         let (reply, on_fallback) = self.route(|e| e.apply(id, op), instead)?;
@@ -173,7 +173,8 @@ impl Failover {
                     if self.busy_on_shared.len() >= MAX_ON_FALLBACK {
                         self.busy_on_shared.clear();
                     }
-                    self.busy_on_shared.insert(*id, reply.clone());
+                    self.busy_on_shared
+                        .insert(*id, (reply.clone(), Instant::now()));
                 }
                 _ => {
                     self.busy_on_shared.remove(id);
@@ -185,6 +186,21 @@ impl Failover {
             }
         }
         Ok(reply)
+    }
+}
+
+/// A `Busy` answer of the shared store given again `at` plus the time
+/// since: its age has grown by that much.
+fn still_busy((reply, at): &(Reply, Instant)) -> Reply {
+    match reply {
+        Reply::Busy { ago, same_args } => {
+            let since = u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX);
+            Reply::Busy {
+                ago: ago.saturating_add(since),
+                same_args: *same_args,
+            }
+        }
+        other => other.clone(),
     }
 }
 
@@ -268,7 +284,7 @@ impl Engine for Failover {
         h
     }
 
-    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+    fn unknowns(&mut self, limit: usize) -> Result<super::Unknowns, StoreError> {
         self.shared.unknowns(limit)
     }
 }
@@ -319,7 +335,7 @@ mod tests {
         fn health(&mut self) -> Health {
             crate::store::timed_health(self, None)
         }
-        fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+        fn unknowns(&mut self, limit: usize) -> Result<crate::store::Unknowns, StoreError> {
             self.inner.unknowns(limit)
         }
     }
@@ -382,11 +398,19 @@ mod tests {
         assert_eq!(f.apply(&id, &claim("elsewhere")).unwrap(), Reply::Claimed);
         f.on_fallback.clear();
         let busy = f.apply(&id, &claim("me")).unwrap();
-        assert!(matches!(busy, Reply::Busy { .. }), "{busy:?}");
+        let Reply::Busy { ago, same_args } = busy else {
+            panic!("{busy:?}")
+        };
         down.store(true, Ordering::SeqCst);
-        // Its polls during the outage: busy, never a claim on the fallback.
+        // Its polls during the outage: busy, never a claim on the fallback,
+        // the call's age growing as time passes.
+        std::thread::sleep(Duration::from_millis(20));
         for _ in 0..FAILURES + 2 {
-            assert_eq!(f.apply(&id, &claim("me")).unwrap(), busy);
+            let poll = f.apply(&id, &claim("me")).unwrap();
+            assert!(
+                matches!(poll, Reply::Busy { ago: later, same_args: s } if later >= ago + 20 && s == same_args),
+                "{poll:?} after {busy:?}"
+            );
         }
         assert!(f
             .fallback

@@ -529,13 +529,16 @@ impl Engine for Local {
         timed_health(self, warning)
     }
 
-    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
+    fn unknowns(&mut self, limit: usize) -> Result<super::Unknowns, StoreError> {
         let limit = limit.min(super::MAX_UNKNOWNS);
         let now = (self.clock)();
         let tx = self.db()?.begin_read().map_err(engine_err)?;
         let (Some(records), Some(open)) = (read_table(&tx, RECORDS)?, read_table(&tx, OPEN)?)
         else {
-            return Ok(Vec::new());
+            return Ok(super::Unknowns {
+                now,
+                records: Vec::new(),
+            });
         };
         let mut found = Vec::new();
         for entry in open.iter().map_err(engine_err)?.rev() {
@@ -556,7 +559,10 @@ impl Engine for Local {
                 found.push((id, r));
             }
         }
-        Ok(found)
+        Ok(super::Unknowns {
+            now,
+            records: found,
+        })
     }
 }
 
@@ -755,7 +761,7 @@ mod tests {
             Ok(l) => l,
             Err(e) => panic!("{e:?}"),
         };
-        let list = other.unknowns(5).unwrap();
+        let list = other.unknowns(5).unwrap().records;
         assert_eq!(list.len(), 1);
         assert_eq!((list[0].0, list[0].1.about.tool.as_str()), (id, "deploy"));
         let h = other.health();
@@ -793,7 +799,7 @@ mod tests {
         };
         let h = l.health();
         assert_eq!((h.reachable, h.records), (true, Some(0)), "{h:?}");
-        assert!(l.unknowns(10).unwrap().is_empty());
+        assert!(l.unknowns(10).unwrap().records.is_empty());
         drop(l);
         let db = redb::Builder::new()
             .set_concurrency_mode(ConcurrencyMode::MultiWriter)

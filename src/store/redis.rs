@@ -25,14 +25,16 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
 use super::{record_bytes, Engine, Health, Id, StoreError};
-use crate::policy::record::{self, Millis, Op, Record, Reply, State, Write};
+use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 pub use address::Address;
 
 /// The longest an operation (its connection included) may take.
 pub const OP_DEADLINE: Duration = Duration::from_millis(250);
 /// The record format's version, in every key.
 pub const FORMAT: &str = "v1";
-/// Most unknown outcomes a scope's list keeps (the newest).
+/// Most records a scope's list of open records (claims and unknown
+/// outcomes, whence `status` reads its unknown outcomes) keeps: the
+/// newest started.
 pub const UNKNOWN_CAP: usize = 1000;
 /// How often a write that found the record changed under it is tried
 /// again before the operation fails.
@@ -42,10 +44,11 @@ pub const NO_EVICTION: &str = "noeviction";
 
 /// Every write: the record is written (or deleted, `ARGV[2]` empty) only if
 /// it is still the one read (`ARGV[1]`, empty: absent); the scope's index
-/// and list of unknown outcomes follow, and each lives at least as long as
-/// the record. KEYS: record, index, unknown list. ARGV: expected, new,
-/// record's PX, name, expiry (index score), unknown since (empty: not
-/// unknown), the list's cap, the sets' PX.
+/// and list of open records (a claim, whose owner may die, or an unknown
+/// outcome) follow, and each lives at least as long as the record. KEYS:
+/// record, index, open list. ARGV: expected, new, record's PX, name,
+/// expiry (index score), when an open record's call started (empty: not
+/// open), the list's cap, the sets' PX.
 const WRITE: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if (cur or '') ~= ARGV[1] then return 0 end
@@ -290,7 +293,7 @@ impl Redis {
                 let key = format!("{keys}{name}");
                 let ((secs, micros), current): ((u64, u64), Option<Vec<u8>>) =
                     redis::pipe().cmd("TIME").cmd("GET").arg(&key).query(c)?;
-                let now: Millis = secs.saturating_mul(1000).saturating_add(micros / 1000);
+                let now = millis(secs, micros);
                 let record = match &current {
                     None => None,
                     Some(bytes) => Some(serde_json::from_slice::<Record>(bytes).map_err(|e| {
@@ -314,9 +317,12 @@ impl Redis {
                                 e.to_string(),
                             ))
                         })?;
-                        let unknown = match r.state {
-                            State::Unknown { at, .. } => at.to_string(),
-                            _ => String::new(),
+                        // Claims too: a claim whose owner dies (`kill -9`)
+                        // is an unknown outcome once its lease is gone,
+                        // whether or not another call comes for its key.
+                        let unknown = match record::is_open(r) {
+                            true => r.started.to_string(),
+                            false => String::new(),
                         };
                         (
                             text,
@@ -359,8 +365,13 @@ impl Redis {
     /// Redis's clock, in milliseconds.
     fn now(c: &mut redis::Connection) -> redis::RedisResult<Millis> {
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query(c)?;
-        Ok(secs.saturating_mul(1000).saturating_add(micros / 1000))
+        Ok(millis(secs, micros))
     }
+}
+
+/// `TIME`'s seconds and microseconds as milliseconds.
+fn millis(secs: u64, micros: u64) -> Millis {
+    secs.saturating_mul(1000).saturating_add(micros / 1000)
 }
 
 fn set_timeouts(conn: &redis::Connection, t: Duration) -> redis::RedisResult<()> {
@@ -508,22 +519,25 @@ impl Engine for Redis {
         }
     }
 
-    fn unknowns(&mut self, limit: usize) -> Result<Vec<(Id, Record)>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let found: Vec<(String, Option<Vec<u8>>)> = self.with(|c, _, keys| {
-            let names: Vec<String> = redis::cmd("ZREVRANGE")
+    /// Redis's clock (`TIME`) is read in the same pipeline as the list,
+    /// so `status` tells how long ago the records' times were by it.
+    fn unknowns(&mut self, limit: usize) -> Result<super::Unknowns, StoreError> {
+        let (now, found) = self.with(|c, _, keys| {
+            let ((secs, micros), names): ((u64, u64), Vec<String>) = redis::pipe()
+                .cmd("TIME")
+                .cmd("ZREVRANGE")
                 .arg(format!("{keys}unknown"))
                 .arg(0)
-                .arg(limit.min(UNKNOWN_CAP) - 1)
+                .arg(limit.clamp(1, UNKNOWN_CAP) - 1)
                 .query(c)?;
-            if names.is_empty() {
-                return Ok(Vec::new());
+            let now = millis(secs, micros);
+            if names.is_empty() || limit == 0 {
+                return Ok((now, Vec::new()));
             }
             let full: Vec<String> = names.iter().map(|n| format!("{keys}{n}")).collect();
             let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET").arg(&full).query(c)?;
-            Ok(names.into_iter().zip(values).collect())
+            let found: Vec<(String, Option<Vec<u8>>)> = names.into_iter().zip(values).collect();
+            Ok((now, found))
         })?;
         let mut out = Vec::new();
         for (name, value) in found {
@@ -532,11 +546,11 @@ impl Engine for Redis {
             };
             let r: Record =
                 serde_json::from_slice(&bytes).map_err(|e| StoreError::BadRecord(e.to_string()))?;
-            if matches!(r.state, State::Unknown { .. }) {
+            if let Some(r) = record::unknown_at(&r, now) {
                 out.push((id, r));
             }
         }
-        Ok(out)
+        Ok(super::Unknowns { now, records: out })
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::{Engine, Health, Id, StoreError};
-use crate::policy::record::{self, About, Millis, Op, Outcome, Reply, Timing};
+use crate::policy::record::{self, About, Op, Outcome, Reply, Timing};
 
 /// A waiting twin's first pause before it claims again.
 pub const POLL_FIRST: Duration = Duration::from_millis(20);
@@ -102,11 +102,9 @@ impl Drop for Held {
 pub struct Answer {
     pub call: u64,
     /// What the claim found (`Busy`: still busy at `wait_until`), or why
-    /// the store could not be asked.
+    /// the store could not be asked; its times are ages on the engine's
+    /// own clock (a shared store's is another host's).
     pub reply: Result<Reply, String>,
-    /// The store's clock when it answered, to tell how long ago the
-    /// reply's times were.
-    pub now_ms: Millis,
     /// The claim found another process's call running and waited for it.
     pub waited: bool,
 }
@@ -167,7 +165,6 @@ enum Step {
 pub struct Worker {
     engine: Result<Box<dyn Engine>, String>,
     deliver: Deliver,
-    clock: Box<dyn Fn() -> Millis + Send>,
     own: HashMap<Id, Own>,
     waiting: Vec<Waiting>,
     next_purge: Instant,
@@ -180,11 +177,10 @@ pub struct Worker {
 
 /// Starts the `store` thread: it opens the engine with `open`, then does
 /// what it is asked until the sender is dropped. Answers
-/// go to `deliver`; `clock` is the store's clock for the answers' times.
+/// go to `deliver`.
 pub fn spawn(
     open: Opener,
     deliver: Deliver,
-    clock: Box<dyn Fn() -> Millis + Send>,
 ) -> std::io::Result<(Sender<Request>, std::thread::JoinHandle<()>)> {
     let (tx, rx) = crossbeam_channel::unbounded::<Request>();
     let handle = crate::guard::spawn(
@@ -206,7 +202,7 @@ pub fn spawn(
                         ),
                     }
                     // A shared store lists its scope's unknown outcomes.
-                    if let Ok(unknown) = e.unknowns(UNKNOWN_SHOWN) {
+                    if let Ok(unknown) = e.unknowns(UNKNOWN_SHOWN).map(|u| u.records) {
                         if !unknown.is_empty() {
                             crate::info!(
                                 "store: {} ({}): {}{} keyed call(s) of this server have an unknown outcome (they may have run)",
@@ -226,7 +222,7 @@ pub fn spawn(
                     Err(e.to_string())
                 }
             };
-            Worker::new(engine, deliver, clock).run(&rx);
+            Worker::new(engine, deliver).run(&rx);
         },
         || {},
     )?;
@@ -234,15 +230,10 @@ pub fn spawn(
 }
 
 impl Worker {
-    pub fn new(
-        engine: Result<Box<dyn Engine>, String>,
-        deliver: Deliver,
-        clock: Box<dyn Fn() -> Millis + Send>,
-    ) -> Worker {
+    pub fn new(engine: Result<Box<dyn Engine>, String>, deliver: Deliver) -> Worker {
         Worker {
             engine,
             deliver,
-            clock,
             own: HashMap::new(),
             waiting: Vec::new(),
             next_purge: Instant::now(),
@@ -306,11 +297,9 @@ impl Worker {
     }
 
     fn answer(&self, call: u64, reply: Result<Reply, String>, waited: bool) {
-        let now_ms = (self.clock)();
         (self.deliver)(Told::Answer(Answer {
             call,
             reply,
-            now_ms,
             waited,
         }));
     }
@@ -587,13 +576,8 @@ mod tests {
 
     fn worker() -> (Worker, Log, Arc<std::sync::atomic::AtomicU64>) {
         let (clock, t) = fake_clock();
-        let t2 = t.clone();
         let log: Log = Arc::default();
-        let w = Worker::new(
-            Ok(Box::new(Memory::new(1 << 20, clock))),
-            logger(&log),
-            Box::new(move || t2.load(Ordering::SeqCst)),
-        );
+        let w = Worker::new(Ok(Box::new(Memory::new(1 << 20, clock))), logger(&log));
         (w, log, t)
     }
 
@@ -631,10 +615,7 @@ mod tests {
         fn health(&mut self) -> crate::store::Health {
             self.inner.health()
         }
-        fn unknowns(
-            &mut self,
-            limit: usize,
-        ) -> Result<Vec<(Id, crate::policy::record::Record)>, StoreError> {
+        fn unknowns(&mut self, limit: usize) -> Result<crate::store::Unknowns, StoreError> {
             self.inner.unknowns(limit)
         }
     }
@@ -659,7 +640,6 @@ mod tests {
                     l.lock().unwrap().push(a)
                 }
             }),
-            Box::new(|| 0),
         );
         (w, log, steps, flushes)
     }
@@ -880,19 +860,45 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_s_times_are_ages_on_the_engine_s_clock_not_the_host_s() {
+        // The engine's clock (here 1 s after the epoch, as a shared store
+        // on a host whose clock is far off would be) is the only one an
+        // answer's times are read against.
+        let (mut w, log, t) = worker();
+        let now = Instant::now();
+        let far = now + Duration::from_secs(60);
+        let id = record_id(&[0; 32], "t", "skew");
+        w.handle(claim(1, id, far), now);
+        t.fetch_add(500, Ordering::SeqCst);
+        let unknown = Request::Finish {
+            id,
+            outcome: Outcome::Unknown("timeout".into()),
+            timing: T,
+            held: None,
+        };
+        w.handle(unknown, now);
+        t.fetch_add(3_000, Ordering::SeqCst);
+        w.handle(claim(2, id, far), now);
+        let log = log.lock().unwrap();
+        assert_eq!(
+            log[1].reply,
+            Ok(Reply::Unknown {
+                cause: "timeout".into(),
+                ago: 3_500,
+                same_args: true
+            })
+        );
+    }
+
+    #[test]
     fn an_unavailable_store_answers_every_claim_with_why() {
         let log: Log = Arc::default();
-        let mut w = Worker::new(
-            Err("no state directory".into()),
-            logger(&log),
-            Box::new(|| 5),
-        );
+        let mut w = Worker::new(Err("no state directory".into()), logger(&log));
         let now = Instant::now();
         w.handle(claim(9, [0; 32], now), now);
         assert_eq!(w.next_due(), None);
         let log = log.lock().unwrap();
         assert_eq!(log[0].reply, Err("no state directory".into()));
-        assert_eq!(log[0].now_ms, 5);
     }
 
     #[test]
@@ -910,7 +916,6 @@ mod tests {
                     .map(|e| Box::new(e) as Box<dyn Engine>)
             }),
             Box::new(move |t| drop(tx_a.send(t))),
-            crate::store::wall_clock(),
         )
         .unwrap();
         let id = record_id(&[0; 32], "t", "k");

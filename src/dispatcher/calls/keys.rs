@@ -70,6 +70,8 @@ pub struct KeyStore {
     /// The key prefix of a shared store (`store_prefix`), for `status`
     /// (`None` for the host's own).
     prefix: Option<String>,
+    /// A shared store's `store_ca_file` (absolute), for `status`.
+    ca_file: Option<String>,
     /// Removes the server's env and header values from a key before it
     /// is kept.
     redactor: Redactor,
@@ -96,16 +98,18 @@ impl KeyStore {
             engine,
             server: cfg.name.clone(),
             prefix: None,
+            ca_file: None,
             redactor: Redactor::new(&secrets),
             queued: Arc::new(AtomicU64::new(0)),
             warned_full: false,
         }
     }
 
-    /// The store is shared (Redis) with keys under `prefix`: `status`
-    /// reads this server's scope there.
-    pub fn shared(&mut self, prefix: &str) {
+    /// The store is shared (Redis) with keys under `prefix` (and a
+    /// private CA in `ca_file`): `status` reads this server's scope there.
+    pub fn shared(&mut self, prefix: &str, ca_file: Option<String>) {
         self.prefix = Some(prefix.to_owned());
+        self.ca_file = ca_file;
     }
 
     /// `req` with its result's bytes counted, or, past
@@ -174,6 +178,7 @@ impl Calls {
     pub(in crate::dispatcher) fn use_store(&mut self, store: KeyStore) {
         self.counters.stats.store.wanted = Some(store.engine);
         self.counters.stats.store.shared_scope = store.prefix.clone().map(|p| (p, store.scope));
+        self.counters.stats.store.ca_file.clone_from(&store.ca_file);
         self.counters.changed = true;
         self.keys = Some(store);
     }
@@ -264,7 +269,9 @@ impl Calls {
             // the claim (the store thread takes requests in order).
             return None;
         };
-        let ago = |ms: u64| Duration::from_millis(answer.now_ms.saturating_sub(ms));
+        // The reply's times are ages on the store's own clock: never
+        // compared with this host's.
+        let ago = Duration::from_millis;
         let figures = &mut self.counters.stats.store;
         figures.waits += u64::from(answer.waited);
         match &answer.reply {
@@ -292,23 +299,23 @@ impl Calls {
                 self.replay_stored(id, &result, ctx, out);
                 None
             }
-            Ok(Reply::Ran { at, .. }) => {
-                let at = ctx.now.checked_sub(ago(at)).unwrap_or(ctx.now);
+            Ok(Reply::Ran { ago: ms, .. }) => {
+                let at = ctx.now.checked_sub(ago(ms)).unwrap_or(ctx.now);
                 self.not_run(id, Mark::Ran { at }, ctx, out);
                 None
             }
-            Ok(Reply::Unknown { cause, started, .. }) => {
-                let since = ctx.now.checked_sub(ago(started)).unwrap_or(ctx.now);
+            Ok(Reply::Unknown { cause, ago: ms, .. }) => {
+                let since = ctx.now.checked_sub(ago(ms)).unwrap_or(ctx.now);
                 let cause = static_cause(&cause);
                 self.not_run(id, Mark::Unknown { cause, since }, ctx, out);
                 None
             }
-            Ok(Reply::Busy { started, .. }) => {
+            Ok(Reply::Busy { ago: ms, .. }) => {
                 let call = self.calls.get(&id)?;
                 let message = format!(
                     "tool \"{}\" was not called: an identical call with its idempotency key, started {} ago, is still running in another mcp-retry process and gave no answer within this call's deadline",
                     call.tool,
-                    super::secs(ago(started))
+                    super::secs(ago(ms))
                 );
                 let extra = [("attempts", "0".to_owned())];
                 let error = CallError::proxy(Reason::DeadlineExceeded, &message, &extra);

@@ -822,20 +822,19 @@ fn the_store_figures_count_replays_waits_and_unknown_answers() {
         call: id,
         reply: Ok(Reply::Replay {
             result: r#"{"content":[]}"#.into(),
-            at: 0,
+            ago: 5,
             same_args: true,
         }),
-        now_ms: 5,
         waited: true,
     };
     h.run(|c, ctx, out| c.store_told(Told::Answer(answer), ctx, out));
     let (id2, _) = claiming_with(&mut h, "2", r#"{"_idempotency_key":"K-2"}"#);
     let unknown = Ok(Reply::Unknown {
         cause: "timeout".into(),
-        started: 0,
+        ago: 5,
         same_args: true,
     });
-    store_answers(&mut h, id2, unknown, 5);
+    store_answers(&mut h, id2, unknown);
     let f = &h.calls.stats().store;
     assert_eq!((f.replays, f.waits, f.unknown_answers), (1, 1, 1));
     let told = Told::Opened(Err("no state directory".into()));
@@ -870,7 +869,7 @@ fn a_claim_the_store_never_answers_ends_its_call_after_the_deadline() {
         "whatever became of the claim is given back: {reqs:?}"
     );
     // A claim answered since is not the call's any more.
-    let (start, out) = store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    let (start, out) = store_answers(&mut h, id, Ok(Reply::Claimed));
     assert_eq!((start, out.len()), (None, 0));
 }
 
@@ -878,12 +877,10 @@ fn store_answers(
     h: &mut Harness,
     call: u64,
     reply: Result<Reply, String>,
-    now_ms: u64,
 ) -> (Option<u64>, Vec<Action>) {
     let answer = Answer {
         call,
         reply,
-        now_ms,
         waited: false,
     };
     h.run(|c, ctx, out| c.store_told(Told::Answer(answer), ctx, out))
@@ -893,7 +890,7 @@ fn store_answers(
 fn a_keyed_call_claims_first_and_records_its_outcome() {
     let (mut h, _rx) = with_store(super::Unavailable::Local);
     let (id, record) = claiming(&mut h, "1");
-    let (start, out) = store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    let (start, out) = store_answers(&mut h, id, Ok(Reply::Claimed));
     assert_eq!(start, Some(id));
     assert!(out.is_empty(), "{out:?}");
     let down = h.attempt(id);
@@ -916,10 +913,10 @@ fn a_kept_result_is_replayed_and_an_unknown_record_is_not_run() {
     let (id, _) = claiming(&mut h, "1");
     let replay = Reply::Replay {
         result: r#"{"content":[]}"#.into(),
-        at: 1,
+        ago: 1,
         same_args: true,
     };
-    let (start, out) = store_answers(&mut h, id, Ok(replay), 2);
+    let (start, out) = store_answers(&mut h, id, Ok(replay));
     assert_eq!(start, None);
     let r = &answer_for(&out, "1")["result"];
     assert_eq!(r["_meta"]["mcp-retry/source"], "dedup", "{r}");
@@ -932,10 +929,10 @@ fn a_kept_result_is_replayed_and_an_unknown_record_is_not_run() {
     assert_eq!(store_requests(out).len(), 1);
     let unknown = Reply::Unknown {
         cause: "owner_lost".into(),
-        started: 1_000,
+        ago: 3_000,
         same_args: true,
     };
-    let (start, out) = store_answers(&mut h, id, Ok(unknown), 4_000);
+    let (start, out) = store_answers(&mut h, id, Ok(unknown));
     assert_eq!(start, None);
     let e = &answer_for(&out, "2")["error"];
     assert_eq!(e["data"]["reason"], "earlier_attempt_unknown", "{e}");
@@ -951,11 +948,11 @@ fn a_kept_result_is_replayed_and_an_unknown_record_is_not_run() {
 fn an_unavailable_store_runs_the_call_or_refuses_it() {
     let (mut h, _rx) = with_store(super::Unavailable::Local);
     let (id, _) = claiming(&mut h, "1");
-    let (start, _) = store_answers(&mut h, id, Err("disk gone".into()), 0);
+    let (start, _) = store_answers(&mut h, id, Err("disk gone".into()));
     assert_eq!(start, Some(id), "store_unavailable: local runs it");
     let (mut h, _rx) = with_store(super::Unavailable::Refuse);
     let (id, _) = claiming(&mut h, "1");
-    let (start, out) = store_answers(&mut h, id, Err("disk gone".into()), 0);
+    let (start, out) = store_answers(&mut h, id, Err("disk gone".into()));
     assert_eq!(start, None);
     let e = &answer_for(&out, "1")["error"];
     assert_eq!(e["data"]["reason"], "store_unavailable", "{e}");
@@ -966,7 +963,7 @@ fn an_unavailable_store_runs_the_call_or_refuses_it() {
 fn a_keyed_call_that_times_out_or_errs_records_unknown_or_released() {
     let (mut h, _rx) = with_store(super::Unavailable::Local);
     let (id, _) = claiming(&mut h, "1");
-    store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    store_answers(&mut h, id, Ok(Reply::Claimed));
     let down = h.attempt(id);
     h.now += 10 * SECOND;
     let (_, out) = h.timer(CallTimer::AttemptTimeout { call: id, down });
@@ -991,7 +988,7 @@ fn a_keyed_call_that_times_out_or_errs_records_unknown_or_released() {
     // A definite error releases.
     let (mut h, _rx) = with_store(super::Unavailable::Local);
     let (id, _) = claiming(&mut h, "2");
-    store_answers(&mut h, id, Ok(Reply::Claimed), 0);
+    store_answers(&mut h, id, Ok(Reply::Claimed));
     let down = h.attempt(id);
     let (_, out) = h.answer(down, r#""error":{"code":-32602,"message":"bad"}"#);
     let reqs = store_requests(out);
