@@ -1658,6 +1658,7 @@ mod tests {
             &["run", "--config", "nothing.yaml"][..],
             &["run", "-cnothing.yaml", "--", "node"],
             &["run", "--config=f.yaml"],
+            &["run", "--store", "redis://h:1"],
         ] {
             let mut e = entry(args);
             e.cwd = Some(dir.clone());

@@ -2,7 +2,8 @@
 //! servers use, whether it is reachable, the round trip of a `PING`, its
 //! eviction policy (read from `INFO memory`; a policy other than
 //! `noeviction` is warned about), and the records and unknown outcomes of
-//! the first server's scope.
+//! the scope of the first server that uses it whose scope is known (else
+//! why none is counted).
 //!
 //! Owns what `check` finds out about a Redis store and its line of the
 //! text report. It must not know how the servers are probed (`check.rs`)
