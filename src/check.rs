@@ -140,10 +140,11 @@ pub fn run(args: CheckOptions) -> Result<ExitCode> {
         .path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"));
-    let stores = look_at_stores(&servers, host_file);
+    let uses = store_uses(&servers, host_file);
+    let stores = look_at_stores(&uses);
     // A shared store the servers use (Redis): reachable, round trip,
     // eviction policy, the records and unknown outcomes of a scope.
-    let shared = store::look(&servers, MAX_UNKNOWN_COUNT);
+    let shared = store::look(&uses, MAX_UNKNOWN_COUNT);
     let mut out = io::stdout().lock();
     if args.json {
         writeln!(out, "{}", json_report(&reports, &stores, &shared))?;
@@ -1098,20 +1099,86 @@ impl StoreReport {
     }
 }
 
-/// The stores the `servers` use (`MCP_RETRY_STORE` over each one's
-/// `store:`), each looked at once, without making or changing it; none
-/// for `memory`. In a host's file (`host_file`) only the entries that run
-/// mcp-retry use one: their `--store`, else the default.
-fn look_at_stores(servers: &[&ServerConfig], host_file: bool) -> Vec<StoreReport> {
+/// Which store each of the `servers` uses (`MCP_RETRY_STORE` over its
+/// `store:`), and with which server's scope. In a host's file
+/// (`host_file`) only the entries that run mcp-retry use one, as that
+/// mcp-retry chooses it: its `--store`, else `MCP_RETRY_STORE` of the
+/// entry's `env` or ours, else its config's `store:`; the scope is the
+/// wrapped server's.
+fn store_uses(servers: &[&ServerConfig], host_file: bool) -> Vec<store::Use> {
     let env = std::env::var(crate::proxy::STORE_ENV)
         .ok()
         .filter(|v| !v.is_empty());
-    let mut choices: Vec<&str> = servers
+    servers
         .iter()
-        .filter_map(|s| match host_file {
-            false => Some(env.as_deref().unwrap_or(&s.store)),
-            true => wrapped_store(s).map(|arg| arg.or(env.as_deref()).unwrap_or(&s.store)),
+        .filter_map(|s| {
+            if !host_file {
+                return Some(store::Use {
+                    name: s.name.clone(),
+                    store: env.clone().unwrap_or_else(|| s.store.clone()),
+                    scoped: Ok((*s).clone()),
+                });
+            }
+            let wrapped = wrapped(s)?;
+            // The entry's own value, even empty, is the one its
+            // mcp-retry sees (empty: not set).
+            let from_env = match entry_env(s, crate::proxy::STORE_ENV) {
+                Some(own) => Some(own).filter(|v| !v.is_empty()),
+                None => env.clone(),
+            };
+            let store = match (wrapped.store, from_env) {
+                // Its mcp-retry refuses to start (a command line is seen
+                // by every user of the host): no store is used.
+                (Some(arg), _) if has_password(&arg) => return None,
+                (Some(arg), _) => arg,
+                (None, Some(value)) => value,
+                (None, None) => match &wrapped.scoped {
+                    Ok(server) => server.store.clone(),
+                    // Named in a config file that does not load here.
+                    Err(_) => return None,
+                },
+            };
+            Some(store::Use {
+                name: s.name.clone(),
+                store,
+                scoped: wrapped.scoped,
+            })
         })
+        .collect()
+}
+
+/// The value of `var` in `s`'s own `env`, which the process `s` starts
+/// sees over ours.
+fn entry_env(s: &ServerConfig, var: &str) -> Option<String> {
+    s.env
+        .iter()
+        .rev()
+        .find(|(k, _)| env_name_is(k, var))
+        .map(|(_, v)| v.clone())
+}
+
+/// Whether `name` is the environment variable `var` (on Windows in any case).
+fn env_name_is(name: &str, var: &str) -> bool {
+    match cfg!(windows) {
+        true => name.eq_ignore_ascii_case(var),
+        false => name == var,
+    }
+}
+
+/// Whether a store's value is a Redis URL with a password.
+fn has_password(value: &str) -> bool {
+    matches!(
+        crate::store::choice::parse(value),
+        Ok(crate::store::choice::Choice::Redis(addr)) if addr.password.is_some()
+    )
+}
+
+/// The local stores the servers use (`uses`), each looked at once,
+/// without making or changing it; none for `memory`.
+fn look_at_stores(uses: &[store::Use]) -> Vec<StoreReport> {
+    let mut choices: Vec<&str> = uses
+        .iter()
+        .map(|u| u.store.as_str())
         // Redis stores are looked at with a server's scope (`store::look`).
         .filter(|c| {
             matches!(
@@ -1138,33 +1205,136 @@ fn look_at_stores(servers: &[&ServerConfig], host_file: bool) -> Vec<StoreReport
         .collect()
 }
 
+/// A host's entry that runs mcp-retry, as that mcp-retry reads its
+/// command line.
+#[derive(Debug)]
+struct Wrapped {
+    /// Its `--store`.
+    store: Option<String>,
+    /// The server it runs (its scope, `store:`, `store_prefix` and
+    /// `store_ca_file`), or why that is not known here.
+    scoped: Result<ServerConfig, String>,
+}
+
 /// For a host's entry that runs mcp-retry (its command, or an argument
-/// such as npx's package, named `mcp-retry…`): `Some` with its `--store`
-/// if it has one.
-fn wrapped_store(s: &ServerConfig) -> Option<Option<&str>> {
+/// such as npx's package, named `mcp-retry…`): its `--store` and the
+/// server it runs (the command after `--`, its `--url`, or from its
+/// `--config`, read with the entry's environment), started in the
+/// entry's folder.
+fn wrapped(s: &ServerConfig) -> Option<Wrapped> {
     let words: Vec<&str> = std::iter::once(s.command.as_str())
         .chain(s.args.iter().map(String::as_str))
         .collect();
-    let runs_us = words.iter().any(|w| {
+    let at = words.iter().position(|w| {
         Path::new(w)
             .file_name()
             .and_then(|n| n.to_str())
             .is_some_and(|n| n.starts_with("mcp-retry"))
-    });
-    if !runs_us {
-        return None;
-    }
+    })?;
     // Its own options, before the wrapped command's `--`.
-    let own = words.split(|w| *w == "--").next().unwrap_or_default();
-    let store = own
-        .iter()
-        .enumerate()
-        .find_map(|(i, w)| match w.strip_prefix("--store") {
-            Some("") => own.get(i + 1).copied(),
-            Some(v) => v.strip_prefix('='),
-            None => None,
-        });
-    Some(store)
+    let rest = &words[at + 1..];
+    let (own, command) = match rest.iter().position(|w| *w == "--") {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &[][..]),
+    };
+    let mut opts = crate::proxy::RunOptions {
+        command: command.iter().map(|w| (*w).to_owned()).collect(),
+        ..Default::default()
+    };
+    let mut words = own.iter();
+    while let Some(word) = words.next() {
+        let (name, inline) = match word.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value)),
+            _ => match word.get(..2) {
+                // `-cFILE`, `-c=FILE`.
+                Some(short @ ("-c" | "-s")) if word.len() > 2 => {
+                    let value = &word[2..];
+                    (short, Some(value.strip_prefix('=').unwrap_or(value)))
+                }
+                _ => (*word, None),
+            },
+        };
+        let takes_value = [
+            "--store",
+            "--url",
+            "--header",
+            "--config",
+            "--server",
+            "--stats-file",
+            "--log-level",
+            "--log-format",
+            "-c",
+            "-s",
+        ];
+        if !takes_value.contains(&name) {
+            continue;
+        }
+        let value = inline.or_else(|| words.next().copied()).unwrap_or_default();
+        match name {
+            "--store" => opts.store = Some(value.to_owned()),
+            "--url" => opts.url = Some(value.to_owned()),
+            "--header" => opts.headers.extend(crate::http::split_header(value).ok()),
+            "--config" | "-c" => opts.config = Some(value.into()),
+            "--server" | "-s" => opts.server = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    let scoped = wrapped_server(s, &opts);
+    Some(Wrapped {
+        store: opts.store,
+        scoped,
+    })
+}
+
+/// The server `opts` (an entry's mcp-retry's options) runs, as that
+/// mcp-retry started in the entry's folder scopes it.
+fn wrapped_server(
+    s: &ServerConfig,
+    opts: &crate::proxy::RunOptions,
+) -> Result<ServerConfig, String> {
+    let dir = match &s.cwd {
+        Some(dir) => physical(dir),
+        None => std::env::current_dir(),
+    }
+    .map_err(|e| format!("the folder {:?} starts in: {e}", s.name))?;
+    let loaded = match &opts.config {
+        None => None,
+        Some(path) => {
+            let path = dir.join(path);
+            // `${VAR}` as the entry's mcp-retry expands it.
+            let env = |name: &str| {
+                entry_env(s, name)
+                    .or_else(|| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+            };
+            let cfg = config::load_with(&path, &env).map_err(|_| {
+                format!(
+                    "the scope of {:?} is named in {}, its mcp-retry's config, which does not load here",
+                    s.name,
+                    path.display()
+                )
+            })?;
+            Some(cfg)
+        }
+    };
+    let from_config = loaded.is_some();
+    let mut server = crate::proxy::server_of(opts, loaded)
+        .map_err(|_| format!("the mcp-retry of {:?} names no server it can run", s.name))?;
+    if from_config && server.problem.is_some() {
+        return Err(format!(
+            "the server of {:?} in its mcp-retry's config cannot start here",
+            s.name
+        ));
+    }
+    // As that mcp-retry sees a server without `cwd` and a relative CA.
+    let runs_locally =
+        server.transport == config::Transport::Stdio || server.headers_helper.is_some();
+    if server.cwd.is_none() && runs_locally {
+        server.cwd = Some(dir.clone());
+    }
+    if !server.store_ca_file.is_empty() {
+        server.store_ca_file = dir.join(&server.store_ca_file).display().to_string();
+    }
+    Ok(server)
 }
 
 /// `{"servers": [...], "stores": [...]}`, null where unknown. `error` says why a server is
@@ -1178,12 +1348,14 @@ fn json_report(reports: &[Report], stores: &[StoreReport], shared: &[store::Shar
         unknown_outcomes: s.unknown,
         maxmemory_policy: None,
         scope_of: None,
+        not_counted: None,
     });
     let shared = shared.iter().map(|s| JsonStore {
         health: crate::status::keys::StoreJson::of(&s.health),
         unknown_outcomes: s.unknown,
         maxmemory_policy: s.policy.as_deref(),
-        scope_of: Some(&s.server),
+        scope_of: s.scope_of.as_deref().ok(),
+        not_counted: s.scope_of.as_ref().err().map(String::as_str),
     });
     let report = JsonReport {
         servers: reports.iter().map(JsonServer::from).collect(),
@@ -1214,6 +1386,9 @@ struct JsonStore<'a> {
     /// The server whose scope a Redis store's `records` and
     /// `unknown_outcomes` count (a local store's count all servers).
     scope_of: Option<&'a str>,
+    /// Why a Redis store's `records` and `unknown_outcomes` were not
+    /// counted: no server's scope in it is known here.
+    not_counted: Option<&'a str>,
 }
 
 /// One entry of the JSON report, its fields in this order.
@@ -1397,30 +1572,136 @@ mod tests {
                 args.iter().map(|a| (*a).to_owned()).collect(),
             )
         };
-        assert_eq!(wrapped_store(&entry("node", &["server.js"])), None);
+        let store = |e: &ServerConfig| wrapped(e).map(|w| w.store);
+        assert!(wrapped(&entry("node", &["server.js"])).is_none());
         assert_eq!(
-            wrapped_store(&entry("/usr/bin/mcp-retry", &["run", "--", "srv"])),
+            store(&entry("/usr/bin/mcp-retry", &["run", "--", "srv"])),
             Some(None)
         );
         assert_eq!(
-            wrapped_store(&entry(
+            store(&entry(
                 "npx",
                 &["-y", "mcp-retry@1", "run", "--store", "memory", "--", "srv"]
             )),
-            Some(Some("memory"))
+            Some(Some("memory".into()))
         );
         assert_eq!(
-            wrapped_store(&entry(
+            store(&entry(
                 "mcp-retry.exe",
-                &["run", "--store=local", "--", "srv"]
+                &["--log-level", "warn", "run", "--store=local", "--", "srv"]
             )),
-            Some(Some("local"))
+            Some(Some("local".into()))
         );
         assert_eq!(
-            wrapped_store(&entry("mcp-retry", &["run", "--", "srv", "--store", "x"])),
+            store(&entry("mcp-retry", &["run", "--", "srv", "--store", "x"])),
             Some(None),
             "the server's own arguments are not ours"
         );
+        assert_eq!(
+            store(&entry(
+                "mcp-retry",
+                &["run", "--stats-file", "--store", "--", "s"]
+            )),
+            Some(None),
+            "an option's value is not an option"
+        );
+    }
+
+    #[test]
+    fn a_wrapped_server_is_scoped_as_its_mcp_retry_scopes_it() {
+        let entry = |args: &[&str]| {
+            let mut e = ServerConfig::with_defaults(
+                "e",
+                "mcp-retry".into(),
+                args.iter().map(|a| (*a).to_owned()).collect(),
+            );
+            e.cwd = Some(std::env::temp_dir());
+            e
+        };
+        let scoped = |args: &[&str]| wrapped(&entry(args)).unwrap().scoped;
+        // The command after `--`, started in the entry's folder: the
+        // server `mcp-retry run -- node s.js` runs there.
+        let mut run = ServerConfig::with_defaults("node", "node".into(), vec!["s.js".into()]);
+        run.cwd = Some(physical(&std::env::temp_dir()).unwrap());
+        let server = scoped(&["run", "--store", "redis://h:1", "--", "node", "s.js"]).unwrap();
+        assert_eq!(crate::store::scope(&server), crate::store::scope(&run));
+        assert_eq!(server.store_prefix, "mcp-retry:");
+        // A remote server: its URL and headers.
+        let remote = scoped(&["run", "--url", "https://x/mcp", "--header", "A: b"]).unwrap();
+        assert_eq!(remote.transport, config::Transport::Http);
+        assert_eq!(remote.url, "https://x/mcp");
+        assert_eq!(remote.headers, vec![("A".to_owned(), "b".to_owned())]);
+        // A server read from mcp-retry's own config, relative to the
+        // entry's folder, `${VAR}` from the entry's env.
+        let dir = std::env::temp_dir().join(format!("mcp-retry-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("f.yaml"),
+            "store: redis://h:1\nstore_prefix: ${P}\nstore_ca_file: ca.pem\nservers:\n  a:\n    command: node\n  b:\n    command: srv\n",
+        )
+        .unwrap();
+        let mut e = entry(&["run", "-c", "f.yaml", "--server=b"]);
+        e.cwd = Some(dir.clone());
+        e.env = vec![("P".into(), "team:".into())];
+        let server = wrapped(&e).unwrap().scoped.unwrap();
+        assert_eq!(server.command, "srv");
+        assert_eq!(server.store, "redis://h:1");
+        assert_eq!(server.store_prefix, "team:");
+        let real = physical(&dir).unwrap();
+        assert_eq!(server.cwd.as_deref(), Some(real.as_path()));
+        assert_eq!(
+            server.store_ca_file,
+            real.join("ca.pem").display().to_string()
+        );
+        // One that does not load here, or names no server: not known.
+        for args in [
+            &["run", "--config", "nothing.yaml"][..],
+            &["run", "-cnothing.yaml", "--", "node"],
+            &["run", "--config=f.yaml"],
+            &["run", "--store", "redis://h:1"],
+        ] {
+            let mut e = entry(args);
+            e.cwd = Some(dir.clone());
+            let why = wrapped(&e).unwrap().scoped.unwrap_err();
+            assert!(why.contains("\"e\""), "{args:?}: {why}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_host_entry_s_store_is_its_store_option_then_its_env() {
+        let entry = |args: &[&str], env: &[(&str, &str)]| {
+            let mut e = ServerConfig::with_defaults(
+                "e",
+                "mcp-retry".into(),
+                args.iter().map(|a| (*a).to_owned()).collect(),
+            );
+            e.env = env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            e
+        };
+        let used = |e: &ServerConfig| {
+            let uses = store_uses(&[e], true);
+            uses.into_iter().map(|u| u.store).collect::<Vec<_>>()
+        };
+        let env = [("MCP_RETRY_STORE", "redis://a:pw@h:1")];
+        assert_eq!(
+            used(&entry(&["run", "--", "srv"], &env)),
+            vec!["redis://a:pw@h:1".to_owned()]
+        );
+        assert_eq!(
+            used(&entry(&["run", "--store", "memory", "--", "srv"], &env)),
+            vec!["memory".to_owned()]
+        );
+        // Refused by its mcp-retry, which then uses no store.
+        let cli = ["run", "--store", "redis://a:pw@h:1", "--", "srv"];
+        assert!(used(&entry(&cli, &[])).is_empty());
+        // Not a wrapper: no store.
+        let mut plain = entry(&[], &env);
+        plain.command = "node".into();
+        assert!(used(&plain).is_empty());
     }
 
     #[test]
@@ -1447,8 +1728,48 @@ mod tests {
             v["stores"],
             json!([{"engine": "local", "place": "/s/store-v1.redb", "reachable": true,
                 "round_trip_ms": 0.4, "records": 3, "warning": null, "unknown_outcomes": 2,
-                "maxmemory_policy": null, "scope_of": null}])
+                "maxmemory_policy": null, "scope_of": null, "not_counted": null}])
         );
+    }
+
+    #[test]
+    fn a_redis_store_whose_scope_is_not_known_says_its_records_are_not_counted() {
+        let health = |records| crate::store::Health {
+            engine: "redis",
+            place: "redis://u:[redacted]@h:6379".into(),
+            reachable: true,
+            round_trip: Some(Duration::from_micros(400)),
+            records,
+            warning: None,
+        };
+        let counted = store::Shared {
+            health: health(Some(3)),
+            policy: Some("noeviction".into()),
+            scope_of: Ok("pay".into()),
+            unknown: 1,
+        };
+        assert_eq!(
+            counted.line(),
+            "[UP  ] store  redis://u:[redacted]@h:6379  round trip 0.4 ms, maxmemory_policy noeviction, 3 records of \"pay\", 1 call whose outcome is unknown"
+        );
+        let uncounted = store::Shared {
+            health: health(None),
+            policy: Some("noeviction".into()),
+            scope_of: Err("why".into()),
+            unknown: 0,
+        };
+        assert_eq!(
+            uncounted.line(),
+            "[UP  ] store  redis://u:[redacted]@h:6379  round trip 0.4 ms, maxmemory_policy noeviction, records not counted: why"
+        );
+        let v: Value = serde_json::from_str(&json_report(&[], &[], &[counted, uncounted])).unwrap();
+        assert_eq!(v["stores"][0]["scope_of"], "pay");
+        assert_eq!(v["stores"][0]["not_counted"], Value::Null);
+        assert_eq!(v["stores"][0]["records"], 3);
+        assert_eq!(v["stores"][1]["scope_of"], Value::Null);
+        assert_eq!(v["stores"][1]["not_counted"], "why");
+        assert_eq!(v["stores"][1]["records"], Value::Null);
+        assert_eq!(v["stores"][1]["unknown_outcomes"], 0);
     }
 
     #[test]

@@ -232,11 +232,17 @@ pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 /// choosing the format from the extension (`.yaml`/`.yml` or `.json`) and
 /// expanding `${VAR}` from the process environment.
 pub fn load(path: &Path) -> anyhow::Result<Config> {
+    let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+    load_with(path, &env)
+}
+
+/// [`load`], `${VAR}` looked up by `env` (`check` reads the config of a
+/// host's entry that runs mcp-retry with that entry's environment).
+pub fn load_with(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Config> {
     let format = format_of(path)?;
     let text = file::read_named_text(path, MAX_CONFIG_BYTES)
         .map_err(|e| anyhow!("cannot read config {}: {e}", path.display()))?;
-    let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-    parse(&text, path, format, &env)
+    parse(&text, path, format, env)
 }
 
 /// Parses the text of a configuration file; `path` is used for messages and to

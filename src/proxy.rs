@@ -518,6 +518,12 @@ fn resolve(args: &RunOptions) -> Result<ServerConfig> {
             crate::warn!("{}: {note}", cfg.path.display());
         }
     }
+    server_of(args, loaded)
+}
+
+/// The server `args` name, with `loaded` the config `args.config` names
+/// (`check` asks it of a host's entry that runs mcp-retry).
+pub fn server_of(args: &RunOptions, loaded: Option<config::Config>) -> Result<ServerConfig> {
     if let Some(url) = &args.url {
         let mut server = match (&loaded, &args.server) {
             (Some(cfg), Some(name)) => cfg.select(Some(name))?.clone(),
@@ -536,7 +542,8 @@ fn resolve(args: &RunOptions) -> Result<ServerConfig> {
         return Ok(server);
     }
     if args.command.is_empty() {
-        let cfg = loaded.expect("cli requires --config without a command");
+        let cfg = loaded
+            .ok_or_else(|| anyhow::anyhow!("run needs --config FILE, --url URL or a command"))?;
         return Ok(cfg.select(args.server.as_deref())?.clone());
     }
     let command = args.command[0].clone();

@@ -839,6 +839,151 @@ fn a_password_never_appears_in_logs_errors_status_check_or_stats() {
     assert!(!wrong_log.contains(WRONG), "{wrong_log}");
 }
 
+/// A host's file (Claude's JSON) whose entries run `mcp-retry run …`: the
+/// Redis store an entry's mcp-retry uses (`MCP_RETRY_STORE` in the
+/// entry's `env`, its config's `store:`, or its `--store`) is reported by
+/// `check`, counted in the scope of the server that mcp-retry runs, or
+/// said not to be counted when that cannot be known; the password never
+/// shown.
+#[test]
+fn check_reports_the_redis_store_of_a_host_s_entry_that_runs_mcp_retry() {
+    if !have_redis("check_reports_the_redis_store_of_a_host_s_entry_that_runs_mcp_retry") {
+        return;
+    }
+    const PW: &str = "H0st-Entry-Pw-x8V";
+    let secured = RedisServer::start(&["--requirepass", PW, "--maxmemory-policy", "allkeys-lru"]);
+    let team = RedisServer::start(&[]);
+    let third = RedisServer::start(&[]);
+    let with_pw = format!("redis://default:{PW}@127.0.0.1:{}", secured.port);
+    let shown = format!("redis://default:[redacted]@127.0.0.1:{}", secured.port);
+    // `pay` as its host runs it: `mcp-retry run -- mock` in the project's
+    // folder, the URL in its env. One keyed call leaves a record.
+    let b = Builder::wrap_mock()
+        .with_logs()
+        .env("MCP_RETRY_STORE", &with_pw)
+        .cwd("proj");
+    std::fs::create_dir(b.dir().join("proj")).unwrap();
+    let mut a = b.initialized();
+    a.call_with(json!(1), keyed("host-1", json!({})));
+    assert_eq!(text(&a.result(&json!(1))), "host-1");
+    // `cfg`: `mcp-retry run --config c.yaml`, whose file names the store
+    // and the scope. Two keyed calls there.
+    let yaml = config(&format!("store: {}", team.url()), "store_scope: team");
+    let mut c = Builder::config(&yaml).with_logs().initialized();
+    for (id, key) in [(1, "team-1"), (2, "team-2")] {
+        c.call_with(json!(id), keyed(key, json!({})));
+        assert_eq!(text(&c.result(&json!(id))), key);
+    }
+    let dir = a.dir.path().to_owned();
+    let state = |name: &str| dir.join(name).display().to_string();
+    let host = json!({"mcpServers": {
+        "pay": {
+            "command": PROXY,
+            "args": ["run", "--", util::MOCK],
+            "cwd": state("proj"),
+            "env": {"MCP_RETRY_STORE": with_pw},
+        },
+        "cfg": {
+            "command": PROXY,
+            "args": ["run", "--config", c.dir.join("c.yaml").display().to_string()],
+            // Set empty, ours is not inherited: the config's store.
+            "env": {"MCP_RETRY_STORE": ""},
+        },
+        // Its config is not there: its mcp-retry does not start, and
+        // what it would count in its `--store` is not known.
+        "broken": {
+            "command": PROXY,
+            "args": ["run", "--store", third.url(), "-c", "missing.yaml"],
+        },
+        "plain": {"command": util::MOCK},
+    }});
+    let host_file = dir.join("mcp.json");
+    std::fs::write(&host_file, host.to_string()).unwrap();
+    let host_file = host_file.display().to_string();
+    // Our own MCP_RETRY_STORE is no entry's: `pay` has its own, `cfg` its
+    // config's, `broken` its `--store`, and `plain` runs no mcp-retry.
+    let env = [
+        ("MCP_RETRY_STORE", "redis://127.0.0.1:1"),
+        ("MCP_RETRY_STATE_DIR", &state("state")),
+        ("MCP_RETRY_CACHE_DIR", &state("cache")),
+        ("MCP_RETRY_RUNTIME_DIR", &state("check-runtime")),
+    ];
+    let (code, checked, check_err) = run(&["check", "--config", &host_file], &env);
+    assert_eq!(code, Some(1), "broken is down: {checked}{check_err}");
+    let line_of = |place: &str| {
+        checked
+            .lines()
+            .find(|l| l.starts_with(&format!("[UP  ] store  {place}  ")))
+            .unwrap_or_else(|| panic!("no line of {place}: {checked}"))
+    };
+    let pay_line = line_of(&shown);
+    assert!(
+        pay_line.contains("maxmemory_policy allkeys-lru, 1 records of \"pay\""),
+        "{pay_line}"
+    );
+    assert!(
+        pay_line.contains("; warning: maxmemory_policy is allkeys-lru, not noeviction"),
+        "{pay_line}"
+    );
+    let cfg_line = line_of(&team.url());
+    assert!(
+        cfg_line.contains("maxmemory_policy noeviction, 2 records of \"cfg\""),
+        "{cfg_line}"
+    );
+    let broken_line = line_of(&third.url());
+    assert!(
+        broken_line.contains("maxmemory_policy noeviction, records not counted: the scope of \"broken\" is named in ")
+            && broken_line.ends_with("missing.yaml, its mcp-retry's config, which does not load here"),
+        "{broken_line}"
+    );
+    assert_eq!(checked.matches(" store  ").count(), 3, "{checked}");
+    assert!(!checked.contains("[STORE]"), "{checked}");
+    let (_, out, json_err) = run(&["check", "--json", "--config", &host_file], &env);
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let stores = v["stores"].as_array().expect("stores");
+    assert_eq!(stores.len(), 3, "{out}");
+    let at = |place: &str| {
+        let found = stores.iter().find(|s| s["place"] == place);
+        found.unwrap_or_else(|| panic!("no store at {place}: {out}"))
+    };
+    for (place, records, scope_of) in [(&shown, 1, "pay"), (&team.url(), 2, "cfg")] {
+        let s = at(place);
+        assert_eq!(s["engine"], "redis", "{s}");
+        assert_eq!(s["reachable"], true, "{s}");
+        assert!(s["round_trip_ms"].as_f64().is_some(), "{s}");
+        assert_eq!(s["records"], records, "{s}");
+        assert_eq!(s["unknown_outcomes"], 0, "{s}");
+        assert_eq!(s["scope_of"], scope_of, "{s}");
+        assert_eq!(s["not_counted"], Value::Null, "{s}");
+    }
+    let pay = at(&shown);
+    assert_eq!(pay["maxmemory_policy"], "allkeys-lru", "{pay}");
+    let warning = pay["warning"].as_str().unwrap_or("");
+    assert!(warning.contains("allkeys-lru, not noeviction"), "{pay}");
+    let broken = at(&third.url());
+    assert_eq!(broken["reachable"], true, "{broken}");
+    assert_eq!(broken["maxmemory_policy"], "noeviction", "{broken}");
+    assert_eq!(broken["records"], Value::Null, "{broken}");
+    assert_eq!(broken["unknown_outcomes"], 0, "{broken}");
+    assert_eq!(broken["scope_of"], Value::Null, "{broken}");
+    assert_eq!(broken["warning"], Value::Null, "{broken}");
+    let why = broken["not_counted"].as_str().unwrap_or("");
+    assert!(
+        why.contains("\"broken\"") && why.contains("missing.yaml"),
+        "{broken}"
+    );
+    for (what, text) in [
+        ("check", &checked),
+        ("check's stderr", &check_err),
+        ("check --json", &out),
+        ("its stderr", &json_err),
+    ] {
+        assert!(!text.contains(PW), "{what} shows the password: {text}");
+    }
+    stop(a);
+    stop(c);
+}
+
 #[test]
 fn an_eviction_policy_other_than_noeviction_is_warned_about() {
     if !have_redis("an_eviction_policy_other_than_noeviction_is_warned_about") {

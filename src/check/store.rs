@@ -2,7 +2,8 @@
 //! servers use, whether it is reachable, the round trip of a `PING`, its
 //! eviction policy (read from `INFO memory`; a policy other than
 //! `noeviction` is warned about), and the records and unknown outcomes of
-//! the first server's scope.
+//! the scope of the first server that uses it whose scope is known (else
+//! why none is counted).
 //!
 //! Owns what `check` finds out about a Redis store and its line of the
 //! text report. It must not know how the servers are probed (`check.rs`)
@@ -16,88 +17,119 @@ use crate::store::choice::{self, Choice};
 use crate::store::redis::Redis;
 use crate::store::{Engine, Health};
 
+/// A server's use of a store, as `check` finds it.
+pub struct Use {
+    /// The server's name in the checked config.
+    pub name: String,
+    /// Its store (`memory`, `local`, a URL), as its mcp-retry chooses it.
+    pub store: String,
+    /// The server whose scope, `store_prefix` and `store_ca_file` it uses
+    /// there (itself, or the server a host's entry wraps), or why that is
+    /// not known here.
+    pub scoped: Result<ServerConfig, String>,
+}
+
 /// A Redis store as `check` found it.
 pub struct Shared {
-    /// Reachable, round trip, records of `server`'s scope; `warning` says
-    /// why it is down, or what its eviction policy risks.
+    /// Reachable, round trip, records of `scope_of`'s scope; `warning`
+    /// says why it is down, or what its eviction policy risks.
     pub health: Health,
     /// Its `maxmemory_policy` (`None` when down or not told).
     pub policy: Option<String>,
-    /// The server whose scope `records` and `unknown` count.
-    pub server: String,
+    /// The server whose scope `records` and `unknown` count, or why none
+    /// was counted (no scope in it known here; `records` is `None`).
+    pub scope_of: Result<String, String>,
     /// Keyed calls of that scope whose outcome is unknown (at most `max`).
     pub unknown: usize,
 }
 
-/// The Redis stores `servers` use (none without one), each looked at
-/// once; `max` bounds the unknown outcomes counted.
-pub fn look(servers: &[&ServerConfig], max: usize) -> Vec<Shared> {
-    let env = std::env::var(crate::proxy::STORE_ENV)
-        .ok()
-        .filter(|v| !v.is_empty());
-    let mut seen: Vec<String> = Vec::new();
-    let mut out = Vec::new();
-    for server in servers {
-        let value = env.clone().unwrap_or_else(|| server.store.clone());
-        let Ok(Choice::Redis(addr)) = choice::parse(&value) else {
+/// The Redis stores the servers use (none without one), each looked at
+/// once, in the scope of the first server whose scope is known; `max`
+/// bounds the unknown outcomes counted.
+pub fn look(uses: &[Use], max: usize) -> Vec<Shared> {
+    let mut places: Vec<(String, &Use)> = Vec::new();
+    for u in uses {
+        let Ok(Choice::Redis(addr)) = choice::parse(&u.store) else {
             continue;
         };
         let place = addr.to_string();
-        if seen.contains(&place) {
-            continue;
+        match places.iter_mut().find(|(p, _)| *p == place) {
+            Some((_, first)) if first.scoped.is_err() && u.scoped.is_ok() => *first = u,
+            Some(_) => {}
+            None => places.push((place, u)),
         }
-        seen.push(place.clone());
-        let down = |why: String| Shared {
-            health: Health {
-                engine: "redis",
-                place: place.clone(),
-                reachable: false,
-                round_trip: None,
-                records: None,
-                warning: Some(why),
-            },
-            policy: None,
-            server: server.name.clone(),
-            unknown: 0,
-        };
-        let ca = match server.store_ca_file.as_str() {
-            "" => None,
-            path => match std::fs::read(path) {
-                Ok(pem) => Some(pem),
-                Err(e) => {
-                    out.push(down(format!("store_ca_file: cannot read {path}: {e}")));
-                    continue;
-                }
-            },
-        };
-        let scope = crate::store::scope(server);
-        let mut redis = match Redis::new(addr, ca, &server.store_prefix, &scope) {
-            Ok(r) => r,
-            Err(e) => {
-                out.push(down(e.to_string()));
-                continue;
-            }
-        };
-        let mut health = redis.health();
-        if !health.reachable {
-            let why = health.warning.unwrap_or_default();
-            out.push(down(format!("unreachable: {why}")));
-            continue;
-        }
-        health.place = place.clone();
-        let policy = redis
-            .info()
-            .map(|i| i.policy.clone())
-            .filter(|p| !p.is_empty());
-        let unknown = redis.unknowns(max).map_or(0, |l| l.records.len());
-        out.push(Shared {
-            health,
-            policy,
-            server: server.name.clone(),
-            unknown,
-        });
     }
-    out
+    places
+        .into_iter()
+        .map(|(place, u)| look_at(place, u, max))
+        .collect()
+}
+
+/// The Redis store `u` uses (at `place`, redacted).
+fn look_at(place: String, u: &Use, max: usize) -> Shared {
+    let scope_of = match &u.scoped {
+        Ok(_) => Ok(u.name.clone()),
+        Err(why) => Err(why.clone()),
+    };
+    let down = |why: String| Shared {
+        health: Health {
+            engine: "redis",
+            place: place.clone(),
+            reachable: false,
+            round_trip: None,
+            records: None,
+            warning: Some(why),
+        },
+        policy: None,
+        scope_of: scope_of.clone(),
+        unknown: 0,
+    };
+    let Ok(Choice::Redis(addr)) = choice::parse(&u.store) else {
+        return down("not a Redis URL".into());
+    };
+    let (ca_file, prefix, scope) = match &u.scoped {
+        Ok(server) => (
+            server.store_ca_file.as_str(),
+            server.store_prefix.as_str(),
+            Some(crate::store::scope(server)),
+        ),
+        // The built-in roots; no scope is counted, so no prefix matters.
+        Err(_) => ("", "mcp-retry:", None),
+    };
+    let ca = match ca_file {
+        "" => None,
+        path => match std::fs::read(path) {
+            Ok(pem) => Some(pem),
+            Err(e) => return down(format!("store_ca_file: cannot read {path}: {e}")),
+        },
+    };
+    let mut redis = match Redis::new(addr, ca, prefix, &scope.unwrap_or_default()) {
+        Ok(r) => r,
+        Err(e) => return down(e.to_string()),
+    };
+    let mut health = redis.health();
+    if !health.reachable {
+        let why = health.warning.unwrap_or_default();
+        return down(format!("unreachable: {why}"));
+    }
+    health.place = place;
+    let policy = redis
+        .info()
+        .map(|i| i.policy.clone())
+        .filter(|p| !p.is_empty());
+    let unknown = match scope {
+        Some(_) => redis.unknowns(max).map_or(0, |l| l.records.len()),
+        None => {
+            health.records = None;
+            0
+        }
+    };
+    Shared {
+        health,
+        policy,
+        scope_of,
+        unknown,
+    }
 }
 
 impl Shared {
@@ -117,10 +149,11 @@ impl Shared {
             .map(|d| format!("{:.1} ms", d.as_secs_f64() * 1000.0))
             .unwrap_or_default();
         let policy = self.policy.as_deref().unwrap_or("unknown");
-        let records = h
-            .records
-            .map(|n| format!(", {n} records of {:?}", self.server))
-            .unwrap_or_default();
+        let records = match (&self.scope_of, h.records) {
+            (Ok(server), Some(n)) => format!(", {n} records of {server:?}"),
+            (Err(why), _) => format!(", records not counted: {why}"),
+            (Ok(_), None) => String::new(),
+        };
         let mut line =
             format!("[UP  ] store  {place}  round trip {rtt}, maxmemory_policy {policy}{records}");
         match self.unknown {
