@@ -49,18 +49,37 @@ pub struct Outgoing {
 pub enum OutKind {
     /// A request, with the proxy's id for it (every request the server
     /// gets carries one) and its method.
-    Request { id: u64, method: Box<str> },
+    Request { id: u64, method: Method },
     /// `notifications/cancelled` for the proxy's request `target`.
     Cancel { target: u64 },
     /// Any other notification.
-    Notification { method: Box<str> },
+    Notification { method: Method },
     /// An answer to one of the server's requests.
     Response,
 }
 
+/// A method name: the ones the proxy sends most are not allocated for
+/// every message (an attempt of a `tools/call` is sent many times a second).
+pub type Method = std::borrow::Cow<'static, str>;
+
+/// `method` as a [`Method`].
+fn method_name(method: &str) -> Method {
+    const KNOWN: [&str; 5] = [
+        "tools/call",
+        "tools/list",
+        "initialize",
+        "notifications/initialized",
+        "ping",
+    ];
+    match KNOWN.iter().find(|k| **k == method) {
+        Some(k) => Method::Borrowed(k),
+        None => Method::Owned(method.to_owned()),
+    }
+}
+
 impl Outgoing {
     pub fn request(id: u64, method: &str, bytes: Vec<u8>) -> Outgoing {
-        let method = method.into();
+        let method = method_name(method);
         Outgoing {
             bytes,
             kind: OutKind::Request { id, method },
@@ -68,7 +87,7 @@ impl Outgoing {
     }
 
     pub fn notification(method: &str, bytes: Vec<u8>) -> Outgoing {
-        let method = method.into();
+        let method = method_name(method);
         Outgoing {
             bytes,
             kind: OutKind::Notification { method },

@@ -120,10 +120,16 @@ impl Dispatcher {
     /// A client `tools/call` (while the session runs): one run of the
     /// calls reads it and, for a new call, admits its first attempt and,
     /// the link ready, records it under the id issued next.
-    pub(super) fn on_tools_call(&mut self, m: Message, client_id: String, now: Instant) {
+    pub(super) fn on_tools_call(
+        &mut self,
+        m: Message,
+        parsed: Option<Box<crate::inbound::ParsedCall>>,
+        client_id: String,
+        now: Instant,
+    ) {
         let down = self.requests.next_attempt_id();
         let (arrival, first) = self.with_calls(now, |c, ctx, out| {
-            c.arrive_and_start(m, &client_id, ctx, out)
+            c.arrive_and_start(m, parsed, &client_id, ctx, out)
         });
         let call = match arrival {
             Arrival::Relay(m) => return self.relay_request(m, client_id, Method::Other, now),

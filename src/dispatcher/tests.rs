@@ -136,8 +136,9 @@ impl Harness {
     }
 
     fn client_sends(&mut self, line: &str) {
-        let parsed = jsonrpc::classify(line.to_owned());
-        self.d.handle_event(Event::Client(parsed), self.now);
+        // Read as the client's reader thread reads it.
+        let inbound = crate::inbound::Inbound::of(jsonrpc::classify(line.to_owned()));
+        self.d.handle_event(Event::Client(inbound), self.now);
     }
 
     fn server_sends(&mut self, line: &str) {
@@ -548,6 +549,25 @@ fn retries_follow_the_backoff_schedule_exactly() {
     let e: Value = serde_json::from_str(&h.to_client()).unwrap();
     assert_eq!(e["error"]["message"], "busy", "{e}");
     h.nothing_sent();
+}
+
+/// A call's params are read once, by the thread that reads the client's
+/// line (`Harness::client_sends` reads it as that thread does): not by the
+/// dispatcher, not again for a retry, not for the answer.
+#[test]
+fn a_calls_params_are_read_once_at_the_edge_however_often_it_is_sent() {
+    let mut h = Harness::with(config(|c| c.retry.base_delay = SECOND));
+    let before = crate::inbound::reads();
+    h.client_sends(&call_line(1, "t", r#"{"a":[1,{"b":2}]}"#));
+    let first = h.to_server();
+    answer(&mut h, &first, TRANSIENT);
+    h.fire_next_timer();
+    let retry = h.to_server();
+    assert_ne!(id_of(&first), id_of(&retry));
+    answer(&mut h, &retry, OK);
+    assert!(h.to_client().contains("ok"));
+    assert_eq!(crate::inbound::reads() - before, 1);
+    assert_eq!(crate::inbound::reads() - before, 1);
 }
 
 #[test]

@@ -38,8 +38,10 @@
 
 #![forbid(unsafe_code)]
 
+use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::{canonical_json_to, instant_add, Sink};
@@ -48,6 +50,14 @@ use crate::fasthash::FastMap;
 /// What each completed entry costs beyond its result text (key, slot,
 /// order index), counted in `max_bytes`.
 pub const ENTRY_BYTES: usize = 64;
+
+/// The process's secret keys for [`fingerprint`]s, drawn once: the thread
+/// that reads a call and the dispatcher that looks it up must agree, and
+/// no fingerprint outlives the process.
+pub fn keys() -> &'static RandomState {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    KEYS.get_or_init(RandomState::new)
+}
 
 /// A 128-bit fingerprint of `parts` (their boundaries included): two
 /// domain-separated hashes under the caller's secret SipHash keys (a std
@@ -94,6 +104,15 @@ pub fn fingerprint_json(
     let mut halves = Halves(start(1), start(2));
     canonical_json_to(json, &mut halves)?;
     Ok((u128::from(halves.0.finish()) << 64) | u128::from(halves.1.finish()))
+}
+
+/// `fp` in lower-case hex, written into `buf`, for keys made of text.
+pub fn hex(fp: u128, buf: &mut [u8; 32]) -> &str {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = DIGITS[((fp >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    std::str::from_utf8(buf).expect("hex digits are ASCII")
 }
 
 /// How a completed result may be replayed.
@@ -516,6 +535,20 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hex_writes_what_the_formatter_writes() {
+        let mut buf = [0; 32];
+        for fp in [
+            0,
+            1,
+            0xabc,
+            u128::MAX,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            assert_eq!(super::hex(fp, &mut buf), format!("{fp:032x}"));
+        }
+    }
+
     use super::*;
 
     const TTL: Duration = Duration::from_secs(300);
