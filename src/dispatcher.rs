@@ -753,13 +753,14 @@ impl Dispatcher {
             && self.link.session.pending_init.is_none()
             && method != "initialize"
         {
-            self.link.session.modern_meta = m.params().and_then(crate::mcp::envelope);
+            self.link.session.modern_meta = read.modern.as_ref().map(|m| m.envelope.clone());
         }
         let trace = self
             .reporting
             .tracer()
             .and_then(|t| t.request_started(&method, m.params(), now));
-        self.requests.register(&client_id, batch, trace);
+        self.requests
+            .register(&client_id, batch, trace, read.modern);
         if self.requests.open_count() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
@@ -876,7 +877,8 @@ impl Dispatcher {
             resend,
         });
         let method = m.method().unwrap_or_default().into_owned();
-        let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
+        let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()))
+            .in_era(self.requests.modern(&client_id));
         let waited = self.requests.sent(&client_id, down);
         if kind == Method::Initialize && !self.link.is_handshaken() {
             // Before the first handshake a server that never answers is
@@ -1242,12 +1244,19 @@ impl Dispatcher {
 
     /// Delivers the answer to a client request and forgets the request.
     pub(super) fn answer(&mut self, client_id: &str, line: Vec<u8>) {
+        self.answer_knowing(client_id, line, None)
+    }
+
+    /// [`Dispatcher::answer`] with the proxy's error for `ours`, a reason
+    /// the tracer is told rather than reading it back from the line.
+    fn answer_knowing(&mut self, client_id: &str, line: Vec<u8>, ours: Option<Reason>) {
         let request = self.requests.complete(client_id);
         if let (Some(t), Some(r)) = (
             self.reporting.tracer(),
             request.as_ref().and_then(|r| r.trace.as_ref()),
         ) {
-            t.request_answered(r, client_id, &line, self.now);
+            let ours = ours.map(|reason| (reason.as_str(), PROXY_ERROR));
+            t.request_answered(r, client_id, &line, ours, self.now);
         }
         match request {
             Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
@@ -1259,7 +1268,7 @@ impl Dispatcher {
     fn answer_proxy_error(&mut self, client_id: &str, reason: Reason, message: &str) {
         let error = proxy_error(reason, message, &[]);
         let line = jsonrpc::error_response_line(client_id, &error);
-        self.answer(client_id, line);
+        self.answer_knowing(client_id, line, Some(reason));
     }
 
     fn send_client(&mut self, line: Vec<u8>) {

@@ -12,10 +12,12 @@
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde_json::value::RawValue;
 
 use crate::jsonrpc::{self, Kind, Message, Parsed, RawObject};
+use crate::mcp::Modern;
 use crate::policy::dedup;
 
 /// A client's line as the dispatcher gets it: classified, and a request's
@@ -58,6 +60,9 @@ pub struct Read {
     /// A `tools/call` whose params are an object with a string `name`
     /// (boxed: it travels in every event's room).
     pub call: Option<Box<ParsedCall>>,
+    /// A 2026-07-28 request's version, `Mcp-Name` and envelope, for its
+    /// `OutKind::Request`.
+    pub modern: Option<Arc<Modern>>,
 }
 
 impl Read {
@@ -72,17 +77,25 @@ impl Read {
             return match ParsedCall::read(params) {
                 Ok(call) => Read {
                     refused: None,
+                    modern: call.as_ref().and_then(|c| c.modern.clone()),
                     call: call.map(Box::new),
                 },
                 Err(repeated) => Read {
                     refused: Some(repeated),
                     call: None,
+                    modern: None,
                 },
             };
         }
+        let refused = repeated_param(&method, params);
+        let modern = match refused {
+            None => Modern::of(&method, params).map(Arc::new),
+            Some(_) => None,
+        };
         Read {
-            refused: repeated_param(&method, params),
+            refused,
             call: None,
+            modern,
         }
     }
 }
@@ -142,6 +155,8 @@ pub struct ParsedCall {
     /// The arguments' fingerprint as the idempotency table keeps it (0
     /// without a `dedup_key`, or when unreadable).
     pub dedup_args: u128,
+    /// What its 2026-07-28 headers say (its `Mcp-Name` is `name`).
+    pub modern: Option<Arc<Modern>>,
 }
 
 #[derive(Debug)]
@@ -194,6 +209,9 @@ impl ParsedCall {
             progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
             explicit_key = meta.get("idempotencyKey").and_then(key_text);
         }
+        let modern = meta
+            .and_then(|meta| Modern::read("tools/call", &object, meta))
+            .map(Arc::new);
         let key_in_meta = explicit_key.is_some();
         let base = params.as_ptr() as usize;
         let range = arguments.as_ref().map(|(v, _)| {
@@ -247,6 +265,7 @@ impl ParsedCall {
             args_fp,
             dedup_key,
             dedup_args,
+            modern,
         }))
     }
 
@@ -401,6 +420,34 @@ mod tests {
         }
         assert!(ParsedCall::read(r#"{"name":7}"#).unwrap().is_none());
         assert!(ParsedCall::read("[1]").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_modern_requests_version_and_name_are_read_with_it() {
+        let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}"#;
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t",{meta}}}}}"#
+        );
+        let read = Inbound::of_line(line.into_bytes()).read.unwrap();
+        let modern = read.modern.unwrap();
+        assert_eq!(modern.version, "2026-07-28");
+        assert_eq!(modern.name.as_deref(), Some("t"));
+        assert_eq!(read.call.unwrap().modern.as_deref(), Some(&*modern));
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{{"uri":"u",{meta}}}}}"#
+        );
+        let modern = Inbound::of_line(line.into_bytes())
+            .read
+            .unwrap()
+            .modern
+            .unwrap();
+        assert_eq!(modern.name.as_deref(), Some("u"));
+        let old = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t"}}"#;
+        assert!(Inbound::of_line(old.to_vec())
+            .read
+            .unwrap()
+            .modern
+            .is_none());
     }
 
     #[test]

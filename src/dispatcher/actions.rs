@@ -261,7 +261,7 @@ impl Dispatcher {
         let first = cursor.is_none();
         let down = self.requests.issue(Inflight::ToolsList { first });
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
-        if self.send_server(Outgoing::request(down, "tools/list", line)) {
+        if self.send_server(Outgoing::own_request(down, "tools/list", &params, line)) {
             let at = now + self.cfg.call_timeout;
             self.set_timer(at, Timer::ToolsListTimeout { down });
         } else {

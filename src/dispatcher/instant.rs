@@ -835,7 +835,7 @@ impl Dispatcher {
             first: cursor.is_none(),
         });
         let line = jsonrpc::request_line(&down.to_string(), list.method(), Some(&params));
-        if self.send_server(Outgoing::request(down, list.method(), line)) {
+        if self.send_server(Outgoing::own_request(down, list.method(), &params, line)) {
             self.set_timer(now + self.cfg.call_timeout, Timer::ListingTimeout { down });
         } else {
             self.requests.forget(down);

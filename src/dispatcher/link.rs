@@ -1041,7 +1041,7 @@ impl Dispatcher {
         for (method, params) in self.link.session_replays() {
             let down = self.requests.issue(Inflight::Replay(ReplayStep::Other));
             let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
-            self.send_server(Outgoing::request(down, method, line));
+            self.send_server(Outgoing::own_request(down, method, &params, line));
         }
         self.link.replayed();
         let back = self.server_up(now);
@@ -1156,8 +1156,11 @@ impl Dispatcher {
                     self.answer(&client_id, line);
                 }
                 _ => {
-                    let text = String::from_utf8_lossy(&line.bytes).trim_end().to_owned();
-                    match Message::reparse(text) {
+                    // What was kept of it, else its line read back.
+                    let kept = resend.clone().or_else(|| {
+                        Message::reparse(String::from_utf8_lossy(&line.bytes).trim_end().to_owned())
+                    });
+                    match kept {
                         Some(m) => {
                             debug!("a request never reached the server; it waits for the next one");
                             self.requeue_request(m, client_id, method, now)

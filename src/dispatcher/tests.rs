@@ -26,9 +26,16 @@ struct FakeServer {
 
 impl Downstream for FakeServer {
     fn send(&mut self, out: Outgoing) -> bool {
-        // What the dispatcher says a line is, is what it is.
+        // What the dispatcher says a line is, is what it is: its kind,
+        // and a 2026-07-28 request's version, name and envelope.
         let text = String::from_utf8_lossy(&out.bytes);
-        assert_eq!(out, tagged(&text), "{text}");
+        let expected = tagged(&text);
+        assert_eq!(out.clone().in_era(None), expected, "{text}");
+        let modern = out.modern().map(|m| {
+            let envelope: Value = serde_json::from_str(&m.envelope).unwrap();
+            (m.version.clone(), m.name.clone(), envelope)
+        });
+        assert_eq!(modern, modern_of(&text), "{text}");
         self.sent.send(out.bytes).is_ok()
     }
     fn shutdown(&mut self, _step: Duration) {}
@@ -186,6 +193,27 @@ fn tagged(line: &str) -> Outgoing {
         (None, Some(m)) => Outgoing::notification(m, bytes),
         _ => Outgoing::response(bytes),
     }
+}
+
+/// A request line's 2026-07-28 version, `Mcp-Name` and envelope, read
+/// from it.
+fn modern_of(line: &str) -> Option<(String, Option<String>, Value)> {
+    let v: Value = serde_json::from_str(line).unwrap();
+    v.get("id")?;
+    let meta = v["params"]["_meta"].as_object()?;
+    let version = meta.get(crate::mcp::VERSION_KEY)?.as_str()?.to_owned();
+    let key = match v["method"].as_str() {
+        Some("tools/call" | "prompts/get") => "name",
+        Some("resources/read") => "uri",
+        _ => "",
+    };
+    let name = v["params"][key].as_str().map(str::to_owned);
+    let envelope = meta
+        .iter()
+        .filter(|(k, _)| k.starts_with("io.modelcontextprotocol/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Some((version, name, Value::Object(envelope)))
 }
 
 fn id_of(line: &str) -> Value {

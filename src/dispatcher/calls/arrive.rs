@@ -34,6 +34,7 @@ struct Arriving {
     dedup_args: u128,
     /// With a store, a keyed call's argument fingerprint for its record.
     store_args: Option<String>,
+    modern: Option<std::sync::Arc<crate::mcp::Modern>>,
 }
 
 impl Calls {
@@ -193,6 +194,7 @@ impl Calls {
         };
         let forward_params = parsed.forward_params().map(str::to_owned);
         Arriving {
+            modern: parsed.modern,
             tool: parsed.name,
             store_args,
             explicit_key: parsed.explicit_key,
@@ -303,6 +305,7 @@ impl Calls {
                 waited_for_tools: None,
                 retried: false,
                 claim: None,
+                modern: new.modern,
             }),
         );
         trace(ctx, out, || Trace::CallStarted { call: id });

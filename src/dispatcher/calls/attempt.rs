@@ -120,7 +120,7 @@ impl Calls {
                 call.request
                     .line_with_id(std::str::from_utf8(id).expect("digits are ASCII"))
             });
-        Some(Outgoing::request(down, "tools/call", line))
+        Some(Outgoing::request(down, "tools/call", line).in_era(call.modern.clone()))
     }
 
     /// Call `id`'s admitted attempt is downstream request `down`: counted,

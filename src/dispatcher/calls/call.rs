@@ -127,6 +127,8 @@ pub(super) struct Call {
     pub retried: bool,
     /// Its record in the store, for a keyed call when a store is used.
     pub claim: Option<super::keys::Claim>,
+    /// What its 2026-07-28 headers say, as its reader read it.
+    pub modern: Option<std::sync::Arc<crate::mcp::Modern>>,
 }
 
 /// Where a call is between its attempts (the diagram in `calls.rs`).
