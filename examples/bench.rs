@@ -2417,9 +2417,9 @@ fn instructions_section(bins: &Bins, profiled: Option<&Path>) -> String {
         counted_session(bins, profiled, calls).unwrap_or_else(|e| fail(&format!("callgrind: {e}")))
     };
     let (idle, busy) = (counted(0), counted(COUNTED_CALLS));
-    let per_call = |a: u64, b: u64| b.saturating_sub(a) as f64 / COUNTED_CALLS as f64 / 1000.0;
+    let per_call = |a: u64, b: u64| b.saturating_sub(a) / COUNTED_CALLS as u64;
     let t = format!(
-        "| thread | instructions per call | target |\n|---|--:|---|\n| dispatcher | {:.1} k | ≤ 12 k |\n| whole process (every thread) | {:.1} k |  |\n",
+        "| thread | instructions per call | target |\n|---|--:|---|\n| dispatcher | {} | ≤ 12,000 |\n| whole process (every thread) | {} |  |\n",
         per_call(idle.dispatcher, busy.dispatcher),
         per_call(idle.process, busy.process),
     );
