@@ -2405,6 +2405,12 @@ struct Counted {
 /// handshake and the exit do not count. Deterministic where timings are
 /// not; a section of its own (or why there is none).
 fn instructions_section(bins: &Bins, profiled: Option<&Path>) -> String {
+    let text = instructions_text(bins, profiled);
+    format!("{INSTR_BEGIN}\n{text}{INSTR_END}\n")
+}
+
+/// [`instructions_section`] without its markers.
+fn instructions_text(bins: &Bins, profiled: Option<&Path>) -> String {
     let head = "Instructions per pipelined call (callgrind";
     let Some(profiled) = profiled else {
         return format!("{head}): not measured, no `--profiled` build given (`make bench` gives one where valgrind is installed).\n");
