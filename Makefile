@@ -272,10 +272,23 @@ fuzz-replay:
 BENCH_OTEL ?=
 # mcp-retry is the release build; the bench, its relays and the mock server
 # are built with the `bench-tools` profile (opt-level 3, see Cargo.toml).
+# Where valgrind is installed, the `profiling` build (the release build with
+# its symbols) is counted under callgrind too: the dispatcher's and the whole
+# process's instructions per pipelined call (the bench says when they are
+# not measured). `make bench BENCH_ARGS=--instructions-only` runs just that.
+BENCH_ARGS ?=
 bench:
 	$(CARGO) build --release --bin mcp-retry
 	$(CARGO) build --profile bench-tools --features mock-server --bin mock-mcp-server --example bench
-	MCP_RETRY_BIN=$(TARGET_DIR)/release/mcp-retry $(TARGET_DIR)/bench-tools/examples/bench $(if $(BENCH_OTEL),--otel '$(BENCH_OTEL)') --write BENCHMARKS.md
+	@if command -v valgrind >/dev/null; then \
+	  $(CARGO) build --profile profiling --bin mcp-retry; \
+	else \
+	  echo "make bench: valgrind is not installed; no instruction counts"; \
+	fi
+	MCP_RETRY_BIN=$(TARGET_DIR)/release/mcp-retry $(TARGET_DIR)/bench-tools/examples/bench \
+		$(if $(BENCH_OTEL),--otel '$(BENCH_OTEL)') \
+		$(if $(shell command -v valgrind),--profiled $(TARGET_DIR)/profiling/mcp-retry) \
+		$(BENCH_ARGS) --write BENCHMARKS.md
 
 # Outage recovery (see examples/outage.rs): a client calling tools every
 # 0.5 s through mcp-retry (default config), with no proxy, and (where npm

@@ -131,6 +131,8 @@ fn main() {
         pressure_only: false,
         start_only: false,
         store_only: false,
+        profiled: None,
+        instructions_only: false,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -146,6 +148,14 @@ fn main() {
             "--pressure-only" => opts.pressure_only = true,
             "--start-only" => opts.start_only = true,
             "--store-only" => opts.store_only = true,
+            "--instructions-only" => opts.instructions_only = true,
+            "--profiled" => {
+                opts.profiled = Some(
+                    it.next()
+                        .map(PathBuf::from)
+                        .unwrap_or_else(|| fail("--profiled needs an mcp-retry binary")),
+                )
+            }
             "--baseline" => {
                 let arg = it
                     .next()
@@ -167,7 +177,7 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--store-only] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
+                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--store-only] [--instructions-only] [--profiled MCP_RETRY] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
@@ -282,6 +292,11 @@ struct Options {
     start_only: bool,
     /// Only keyed calls and the store (likewise).
     store_only: bool,
+    /// mcp-retry built with its symbols (`--profiled`), for the
+    /// instruction counts under callgrind.
+    profiled: Option<PathBuf>,
+    /// Only the instruction counts (likewise).
+    instructions_only: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -1950,6 +1965,17 @@ fn run_all(opts: &Options) {
         }
         return;
     }
+    if opts.instructions_only {
+        let section = instructions_section(&bins, opts.profiled.as_deref());
+        println!("{section}");
+        if let Some(path) = &opts.write {
+            match write_section(path, (INSTR_BEGIN, INSTR_END), &section) {
+                Ok(()) => eprintln!("bench: section written to {}", path.display()),
+                Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
+            }
+        }
+        return;
+    }
     if opts.store_only {
         let (r, conditions) = store_costs(&bins, reps, opts.quick);
         let section = store_section(&r, &conditions, reps, opts.quick);
@@ -1979,6 +2005,7 @@ fn run_all(opts: &Options) {
     let check = check(&bins, 3);
     let first = first_list(&bins, opts.quick);
     let (store, store_conditions) = store_costs(&bins, reps, opts.quick);
+    let instructions = instructions_section(&bins, opts.profiled.as_deref());
     eprintln!("bench: start-up ...");
     let start_proxy = startup(&bins.proxy, &["--version"], STARTUP_RUNS);
     let start_true = startup(Path::new("/bin/true"), &[], STARTUP_RUNS);
@@ -2321,6 +2348,8 @@ fn run_all(opts: &Options) {
     report.push_str(&first_list_section(&first));
     report.push('\n');
     report.push_str(&store_section(&store, &store_conditions, reps, opts.quick));
+    report.push('\n');
+    report.push_str(&instructions);
     let _ = write!(
         report,
         "\nMemory under pressure (each scenario in a fresh process; the mock's `deaf` mode stops reading its stdin for {:.0} s):\n\n{pressure}",
@@ -2349,6 +2378,135 @@ const START_END: &str = "<!-- bench:start:end -->";
 /// The store's section's own markers, inside the results block.
 const STORE_BEGIN: &str = "<!-- bench:store:begin -->";
 const STORE_END: &str = "<!-- bench:store:end -->";
+/// The instruction counts' own markers, inside the results block.
+const INSTR_BEGIN: &str = "<!-- bench:instructions:begin -->";
+const INSTR_END: &str = "<!-- bench:instructions:end -->";
+
+// ---------------------------------------------------------------------------
+// Instructions per call (callgrind)
+// ---------------------------------------------------------------------------
+
+/// Pipelined calls in the counted run, and how many are in flight.
+const COUNTED_CALLS: usize = 5000;
+const COUNTED_WINDOW: usize = 64;
+
+/// Instructions of one proxy run under callgrind: the dispatcher thread's
+/// and the whole process's.
+struct Counted {
+    dispatcher: u64,
+    process: u64,
+}
+
+/// The instruction counts of a session of `profiled` (mcp-retry with its
+/// symbols, so that the dispatcher's thread can be told from the others)
+/// under callgrind, in front of the mock's `--fast` mode, with export off:
+/// a session with [`COUNTED_CALLS`] pipelined calls (64 in flight) and one
+/// with none, the difference divided by the calls, so that start-up, the
+/// handshake and the exit do not count. Deterministic where timings are
+/// not; a section of its own (or why there is none).
+fn instructions_section(bins: &Bins, profiled: Option<&Path>) -> String {
+    let text = instructions_text(bins, profiled);
+    format!("{INSTR_BEGIN}\n{text}{INSTR_END}\n")
+}
+
+/// [`instructions_section`] without its markers.
+fn instructions_text(bins: &Bins, profiled: Option<&Path>) -> String {
+    let head = "Instructions per pipelined call (callgrind";
+    let Some(profiled) = profiled else {
+        return format!("{head}): not measured, no `--profiled` build given (`make bench` gives one where valgrind is installed).\n");
+    };
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        return format!("{head}): not measured, valgrind is not installed.\n");
+    }
+    eprintln!("bench: instructions per call under callgrind ...");
+    let counted = |calls: usize| {
+        counted_session(bins, profiled, calls).unwrap_or_else(|e| fail(&format!("callgrind: {e}")))
+    };
+    let (idle, busy) = (counted(0), counted(COUNTED_CALLS));
+    let per_call = |a: u64, b: u64| b.saturating_sub(a) / COUNTED_CALLS as u64;
+    let t = format!(
+        "| thread | instructions per call | target |\n|---|--:|---|\n| dispatcher | {} | ≤ 12,000 |\n| whole process (every thread) | {} |  |\n",
+        per_call(idle.dispatcher, busy.dispatcher),
+        per_call(idle.process, busy.process),
+    );
+    format!(
+        "{head}, `mcp-retry run` of the `--fast` mock with export off, {COUNTED_CALLS} `tools/call`s with {COUNTED_WINDOW} in flight, less a session without calls; `{}`):\n\n{}",
+        profiled.display(),
+        t
+    )
+}
+
+/// One session of `profiled` under callgrind with `calls` pipelined calls.
+fn counted_session(bins: &Bins, profiled: &Path, calls: usize) -> Result<Counted, String> {
+    let dir = std::env::temp_dir().join(format!("mcp-retry-bench-cg-{}", process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut c = Command::new("valgrind");
+    c.arg("--tool=callgrind")
+        .arg("--separate-threads=yes")
+        .arg(format!("--callgrind-out-file={}/cg.%p", dir.display()))
+        .arg(profiled)
+        .args(["run", "--"])
+        .args(bins.fast_server());
+    for var in OTEL_VARS {
+        c.env_remove(var);
+    }
+    let mut s = Session::start_command(c, Via::Proxy);
+    let pid = s.pid();
+    if calls > 0 {
+        pipelined(&mut s, calls, COUNTED_WINDOW, |id| {
+            format!("{{\"seq\":{id}}}")
+        });
+    }
+    // Valgrind writes its counts at the exit, which takes longer than
+    // `Session::close` waits.
+    let Session { mut child, to, .. } = s;
+    drop(to);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("the proxy did not exit within 120 s".into());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let mut counted = Counted {
+        dispatcher: 0,
+        process: 0,
+    };
+    let prefix = format!("cg.{pid}-");
+    let mut found = false;
+    for entry in fs::read_dir(&dir).map_err(|e| e.to_string())?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        let text = fs::read_to_string(entry.path()).map_err(|e| format!("{name}: {e}"))?;
+        let total = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("totals:")
+                    .or_else(|| l.strip_prefix("summary:"))
+            })
+            .and_then(|n| n.split_whitespace().next()?.parse::<u64>().ok())
+            .ok_or_else(|| format!("{name}: no totals"))?;
+        counted.process += total;
+        // The dispatcher's thread is the one running its loop.
+        if text.contains("Dispatcher::handle_event") {
+            found = true;
+            counted.dispatcher = counted.dispatcher.max(total);
+        }
+    }
+    let _ = fs::remove_dir_all(&dir);
+    if !found {
+        return Err(format!(
+            "no thread of process {pid} ran the dispatcher (is {} built with its symbols?)",
+            profiled.display()
+        ));
+    }
+    Ok(counted)
+}
 
 /// Replaces the section between `begin` and `end` in the results block
 /// of `path` (`--start-only --write`, `--store-only --write`); an error if

@@ -858,7 +858,8 @@ impl Conversation<'_> {
         let id = self.next_id;
         self.next_id += 1;
         let line = jsonrpc::request_line(&id.to_string(), method, Some(params));
-        self.server.send(Outgoing::request(id, method, line));
+        self.server
+            .send(Outgoing::own_request(id, method, params, line));
         self.wait_for(id)
     }
 

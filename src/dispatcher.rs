@@ -24,6 +24,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
+use crate::inbound::{Inbound, Read};
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
 use crate::otel::{Handle, Tracer};
 use crate::policy::breaker::BreakerState;
@@ -33,6 +34,7 @@ use crate::{debug, info, warn};
 
 mod actions;
 mod calls;
+mod clock;
 mod instant;
 mod link;
 mod queue;
@@ -57,8 +59,8 @@ use timers::MIN_TIMERS_TO_PRUNE;
 /// Everything that can wake the dispatcher.
 #[derive(Debug)]
 pub enum Event {
-    /// A classified line from the client.
-    Client(Parsed),
+    /// A classified line from the client, a request's params read.
+    Client(Inbound),
     /// A client line over `max_message_bytes`, and the id of the request it
     /// was, if the reader found one.
     ClientTooLong { id: Option<String>, len: usize },
@@ -368,6 +370,7 @@ impl Dispatcher {
         self.reporting.started(started);
         self.start_server(started);
         self.status_check();
+        let mut clock = clock::BatchClock::default();
         loop {
             if let Some(outcome) = self.finished() {
                 self.answer_remaining();
@@ -376,35 +379,47 @@ impl Dispatcher {
                 self.otel_finish(Instant::now());
                 return outcome;
             }
-            let event = match spin_for_event(&inbox) {
-                Some(e) => Some(e),
-                None => {
-                    self.release_memory_if_due();
-                    match self.timers.next_at() {
-                        Some(at) => match inbox.recv_deadline(at) {
-                            Ok(e) => Some(e),
-                            Err(RecvTimeoutError::Timeout) => None,
-                            Err(RecvTimeoutError::Disconnected) => return Outcome::ClientClosed,
-                        },
-                        None => match inbox.recv() {
-                            Ok(e) => Some(e),
-                            Err(_) => return Outcome::ClientClosed,
-                        },
+            // An event waiting already is handled at the batch's reading
+            // of the clock (`clock.rs`); one that came after a wait, at a
+            // reading taken then.
+            let (event, fresh) = match inbox.try_recv() {
+                Ok(e) => (Some(e), None),
+                Err(_) => match spin_for_event(&inbox) {
+                    (Some(e), at) => (Some(e), Some(at)),
+                    (None, _) => {
+                        self.release_memory_if_due();
+                        let event = match self.timers.next_at() {
+                            Some(at) => match inbox.recv_deadline(at) {
+                                Ok(e) => Some(e),
+                                Err(RecvTimeoutError::Timeout) => None,
+                                Err(RecvTimeoutError::Disconnected) => {
+                                    return Outcome::ClientClosed
+                                }
+                            },
+                            None => match inbox.recv() {
+                                Ok(e) => Some(e),
+                                Err(_) => return Outcome::ClientClosed,
+                            },
+                        };
+                        (event, Some(Instant::now()))
                     }
-                }
+                },
             };
-            let now = Instant::now();
-            if let Some(e) = &event {
-                let size = e.size();
-                self.handled_bytes += size;
-                if let Some(backlog) = &self.inbox_backlog {
-                    backlog.remove(size);
-                }
-            }
             self.eager = inbox.is_empty();
             match event {
-                Some(e) => self.handle_event(e, now),
-                None => self.fire_timers(now),
+                Some(e) => {
+                    let size = e.size();
+                    self.handled_bytes += size;
+                    if let Some(backlog) = &self.inbox_backlog {
+                        backlog.remove(size);
+                    }
+                    let now = clock.next(fresh, size, Instant::now);
+                    self.handle_event(e, now)
+                }
+                None => {
+                    clock.end();
+                    self.fire_timers(fresh.unwrap_or_else(Instant::now))
+                }
             }
         }
     }
@@ -431,7 +446,7 @@ impl Dispatcher {
     pub fn handle_event(&mut self, event: Event, now: Instant) {
         self.now = now;
         match event {
-            Event::Client(parsed) => self.on_client(parsed, None, now),
+            Event::Client(inbound) => self.on_client(inbound.parsed, inbound.read, None, now),
             Event::ClientTooLong { id, len } => self.on_client_too_long(id, len),
             Event::ClientEof => {
                 debug!("the client closed its input; stopping the server");
@@ -598,10 +613,14 @@ impl Dispatcher {
 
     // ----- client → server ---------------------------------------------
 
-    fn on_client(&mut self, parsed: Parsed, batch: Option<u64>, now: Instant) {
+    /// `read`: what the reader thread read of a request (`None`: read here).
+    fn on_client(&mut self, parsed: Parsed, read: Option<Read>, batch: Option<u64>, now: Instant) {
         match parsed {
             Parsed::Message(m) => match m.kind() {
-                Kind::Request => self.on_client_request(m, batch, now),
+                Kind::Request => {
+                    let read = read.unwrap_or_else(|| Read::of(&m));
+                    self.on_client_request(m, read, batch, now)
+                }
                 Kind::Notification => self.on_client_notification(m, now),
                 Kind::Response => self.on_client_response(m, now),
             },
@@ -678,7 +697,7 @@ impl Dispatcher {
             .count();
         if expected == 0 {
             for item in items {
-                self.on_client(item, None, now);
+                self.on_client(item, None, None, now);
             }
             return;
         }
@@ -694,7 +713,7 @@ impl Dispatcher {
                         None,
                     ),
                 ),
-                other => self.on_client(other, Some(id), now),
+                other => self.on_client(other, None, Some(id), now),
             }
         }
     }
@@ -715,7 +734,7 @@ impl Dispatcher {
         }
     }
 
-    fn on_client_request(&mut self, m: Message, batch: Option<u64>, now: Instant) {
+    fn on_client_request(&mut self, m: Message, read: Read, batch: Option<u64>, now: Instant) {
         let client_id = m.id().expect("requests have ids").to_owned();
         if self.requests.is_open(&client_id) {
             let message =
@@ -723,15 +742,17 @@ impl Dispatcher {
             return self.refuse_invalid(&client_id, &message, batch);
         }
         let method = m.method().unwrap_or_default();
-        if let Some(message) = repeated_param(&method, m.params()) {
+        if let Some(message) = read.refused {
             return self.refuse_invalid(&client_id, &message, batch);
         }
-        self.link.learn_era(&method, m.params());
+        self.link
+            .learn_era(&method, read.modern.as_ref().map(|m| m.envelope.as_str()));
         let trace = self
             .reporting
             .tracer()
             .and_then(|t| t.request_started(&method, m.params(), now));
-        self.requests.register(&client_id, batch, trace);
+        self.requests
+            .register(&client_id, batch, trace, read.modern);
         if self.requests.open_count() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
@@ -759,10 +780,8 @@ impl Dispatcher {
             },
             "tools/call" if self.phase == Phase::Running => {
                 #[cfg(feature = "fault-inject")]
-                if let Some(tool) = m.params().and_then(RawObject::parse) {
-                    crate::guard::fault::dispatcher_call(&tool.string("name").unwrap_or_default());
-                }
-                return self.on_tools_call(m, client_id, now);
+                crate::guard::fault::dispatcher_call(read.call.as_ref().map_or("", |c| &c.name));
+                return self.on_tools_call(m, read.call, client_id, now);
             }
             "resources/list"
             | "resources/read"
@@ -834,7 +853,8 @@ impl Dispatcher {
             resend,
         });
         let method = m.method().unwrap_or_default().into_owned();
-        let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()));
+        let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()))
+            .in_era(self.requests.modern(&client_id));
         let waited = self.requests.sent(&client_id, down);
         if kind == Method::Initialize && !self.link.is_handshaken() {
             // Before the first handshake a server that never answers is
@@ -1171,12 +1191,19 @@ impl Dispatcher {
 
     /// Delivers the answer to a client request and forgets the request.
     pub(super) fn answer(&mut self, client_id: &str, line: Vec<u8>) {
+        self.answer_knowing(client_id, line, None)
+    }
+
+    /// [`Dispatcher::answer`] with the proxy's error for `ours`, a reason
+    /// the tracer is told rather than reading it back from the line.
+    fn answer_knowing(&mut self, client_id: &str, line: Vec<u8>, ours: Option<Reason>) {
         let request = self.requests.complete(client_id);
         if let (Some(t), Some(r)) = (
             self.reporting.tracer(),
             request.as_ref().and_then(|r| r.trace.as_ref()),
         ) {
-            t.request_answered(r, client_id, &line, self.now);
+            let ours = ours.map(|reason| (reason.as_str(), PROXY_ERROR));
+            t.request_answered(r, client_id, &line, ours, self.now);
         }
         match request {
             Some(ClientRequest { batch: Some(b), .. }) => self.batch_answer(b, line),
@@ -1188,7 +1215,7 @@ impl Dispatcher {
     fn answer_proxy_error(&mut self, client_id: &str, reason: Reason, message: &str) {
         let error = proxy_error(reason, message, &[]);
         let line = jsonrpc::error_response_line(client_id, &error);
-        self.answer(client_id, line);
+        self.answer_knowing(client_id, line, Some(reason));
     }
 
     fn send_client(&mut self, line: Vec<u8>) {
@@ -1300,27 +1327,6 @@ impl Dispatcher {
     }
 }
 
-/// Why a client request must not be forwarded because a member name repeats
-/// in `params`, `params._meta` or, for `tools/call` and `prompts/get`,
-/// `params.arguments`. The proxy reads the first `name` of a call, the server
-/// most likely the last: with `"name":"ro","name":"destroy"` the proxy would
-/// retry a read-only call that runs `destroy`, and calls with repeated
-/// argument keys would share dedup and cache entries with calls the server
-/// reads differently. Whatever the proxy cannot read as the server will, it
-/// refuses.
-fn repeated_param(method: &str, params: Option<&str>) -> Option<String> {
-    let nested: &[&str] = match method {
-        "tools/call" | "prompts/get" => &["_meta", "arguments"],
-        _ => &["_meta"],
-    };
-    let repeated = jsonrpc::repeated_member(params?, nested)?;
-    let name = jsonrpc::json_string(&repeated.name);
-    Some(match repeated.within {
-        None => format!("invalid request: duplicate member {name} in params"),
-        Some(within) => format!("invalid request: duplicate member {name} in params.{within}"),
-    })
-}
-
 /// How long the dispatcher keeps looking for the next event before it
 /// sleeps. An answer usually follows a request within tens of microseconds;
 /// catching it awake saves a thread wake-up on the hot path. An idle
@@ -1338,16 +1344,19 @@ impl Dispatcher {
     }
 }
 
-/// The next event if one arrives within [`SPIN`].
-fn spin_for_event(inbox: &Receiver<Event>) -> Option<Event> {
+/// The next event if one arrives within [`SPIN`], and the clock's last
+/// reading before it came (or when the spin ended).
+fn spin_for_event(inbox: &Receiver<Event>) -> (Option<Event>, Instant) {
     let start = Instant::now();
+    let mut at = start;
     loop {
         if let Ok(e) = inbox.try_recv() {
-            return Some(e);
+            return (Some(e), at);
         }
-        if start.elapsed() >= SPIN {
-            return None;
+        if at.duration_since(start) >= SPIN {
+            return (None, at);
         }
         std::hint::spin_loop();
+        at = Instant::now();
     }
 }

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use crate::config::{ServerConfig, Transport};
 use crate::jsonrpc::Parsed;
+use crate::mcp::Modern;
 use crate::stdio::Backlog;
 pub use crate::stdio::{Sent, Withdraw};
 
@@ -48,27 +49,79 @@ pub struct Outgoing {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutKind {
     /// A request, with the proxy's id for it (every request the server
-    /// gets carries one) and its method.
-    Request { id: u64, method: Box<str> },
+    /// gets carries one), its method and, for a 2026-07-28 request, what
+    /// its headers say (read where the request was first read: no
+    /// transport parses a line).
+    Request {
+        id: u64,
+        method: Method,
+        modern: Option<Arc<Modern>>,
+    },
     /// `notifications/cancelled` for the proxy's request `target`.
     Cancel { target: u64 },
     /// Any other notification.
-    Notification { method: Box<str> },
+    Notification { method: Method },
     /// An answer to one of the server's requests.
     Response,
 }
 
+/// A method name: the ones the proxy sends most are not allocated for
+/// every message (an attempt of a `tools/call` is sent many times a second).
+pub type Method = std::borrow::Cow<'static, str>;
+
+/// `method` as a [`Method`].
+fn method_name(method: &str) -> Method {
+    const KNOWN: [&str; 5] = [
+        "tools/call",
+        "tools/list",
+        "initialize",
+        "notifications/initialized",
+        "ping",
+    ];
+    match KNOWN.iter().find(|k| **k == method) {
+        Some(k) => Method::Borrowed(k),
+        None => Method::Owned(method.to_owned()),
+    }
+}
+
 impl Outgoing {
     pub fn request(id: u64, method: &str, bytes: Vec<u8>) -> Outgoing {
-        let method = method.into();
+        let method = method_name(method);
         Outgoing {
             bytes,
-            kind: OutKind::Request { id, method },
+            kind: OutKind::Request {
+                id,
+                method,
+                modern: None,
+            },
+        }
+    }
+
+    /// A request of the proxy's own, with `params` (what the dispatcher
+    /// wrote, read here for its era).
+    pub fn own_request(id: u64, method: &str, params: &str, bytes: Vec<u8>) -> Outgoing {
+        let modern = Modern::of(method, params).map(Arc::new);
+        Outgoing::request(id, method, bytes).in_era(modern)
+    }
+
+    /// A request sent in the 2026-07-28 era when `modern` is given.
+    pub fn in_era(mut self, modern: Option<Arc<Modern>>) -> Outgoing {
+        if let OutKind::Request { modern: m, .. } = &mut self.kind {
+            *m = modern;
+        }
+        self
+    }
+
+    /// What a 2026-07-28 request's headers say.
+    pub fn modern(&self) -> Option<&Modern> {
+        match &self.kind {
+            OutKind::Request { modern, .. } => modern.as_deref(),
+            _ => None,
         }
     }
 
     pub fn notification(method: &str, bytes: Vec<u8>) -> Outgoing {
-        let method = method.into();
+        let method = method_name(method);
         Outgoing {
             bytes,
             kind: OutKind::Notification { method },

@@ -943,6 +943,96 @@ mod tests {
         assert!(seen_rx.recv_timeout(Duration::from_millis(200)).is_err());
     }
 
+    /// A server answering every POST with a JSON result for id 1, and
+    /// telling each POST's head (request line and headers) on `heads`; its
+    /// port.
+    fn head_telling_server(heads: crossbeam_channel::Sender<String>) -> u16 {
+        use std::io::{BufRead, BufReader, Read, Write};
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                let heads = heads.clone();
+                let s = s.unwrap();
+                std::thread::spawn(move || {
+                    let mut r = BufReader::new(s.try_clone().unwrap());
+                    let mut w = s;
+                    loop {
+                        let (mut head, mut line, mut len) = (String::new(), String::new(), 0);
+                        while r.read_line(&mut line).unwrap_or(0) > 2 {
+                            let lower = line.to_ascii_lowercase();
+                            if let Some(n) = lower.strip_prefix("content-length:") {
+                                len = n.trim().parse().unwrap();
+                            }
+                            head.push_str(&line);
+                            line.clear();
+                        }
+                        if head.is_empty() {
+                            return;
+                        }
+                        let mut body = vec![0; len];
+                        r.read_exact(&mut body).unwrap();
+                        let _ = heads.send(head);
+                        let answer = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#;
+                        let _ = write!(
+                            w,
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
+                            answer.len()
+                        );
+                        let _ = w.flush();
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    /// The 2026-07-28 headers come from what the dispatcher said of the
+    /// request (`Outgoing::modern`), never from its line, which the
+    /// transport does not read: here the line names another tool and no
+    /// version, and the headers are the tag's.
+    #[test]
+    fn a_requests_headers_are_its_tags_and_its_line_is_not_read() {
+        let (heads_tx, heads) = crossbeam_channel::unbounded();
+        let cfg = remote(head_telling_server(heads_tx));
+        let (seen_tx, seen) = crossbeam_channel::unbounded();
+        let on_event: OnEvent = Box::new(move |ev| {
+            if let ServerEvent::Message(_) = ev {
+                let _ = seen_tx.send(());
+            }
+        });
+        let mut http = connect(&cfg, on_event).unwrap();
+        let parsed_before = post::lines_parsed();
+        let line =
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"from-the-line"}}
+"#;
+        let modern = crate::mcp::Modern {
+            version: "2026-07-28".into(),
+            name: Some("from-the-tag".into()),
+            envelope: "{}".into(),
+        };
+        let out = Outgoing::request(1, "tools/call", line.to_vec()).in_era(Some(Arc::new(modern)));
+        assert!(Downstream::send(&mut http, out));
+        let head = heads.recv_timeout(Duration::from_secs(10)).unwrap();
+        let head = head.to_ascii_lowercase();
+        assert!(
+            head.contains("mcp-protocol-version: 2026-07-28\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("mcp-method: tools/call\r\n"), "{head}");
+        assert!(head.contains("mcp-name: from-the-tag\r\n"), "{head}");
+        seen.recv_timeout(Duration::from_secs(10)).unwrap();
+        // A 2025-era request carries none of them.
+        let out = Outgoing::request(1, "tools/call", line.to_vec());
+        assert!(Downstream::send(&mut http, out));
+        let head = heads.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(!head.to_ascii_lowercase().contains("mcp-name"), "{head}");
+        seen.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(post::lines_parsed(), parsed_before);
+        http.kill();
+    }
+
     #[test]
     fn a_kill_after_a_shutdown_never_waits_for_a_report_the_client_holds_up() {
         let cfg = remote(one_event_server());

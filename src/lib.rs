@@ -20,6 +20,7 @@ mod fasthash;
 mod guard;
 mod handshake_cache;
 pub mod http;
+mod inbound;
 /// JSON-RPC lines: a crate of its own (`crates/jsonrpc`), which knows
 /// nothing of the proxy's modules, threads or policies.
 pub use mcp_retry_jsonrpc as jsonrpc;

@@ -18,21 +18,51 @@ pub const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 /// Prefix of the `_meta` members every 2026-07-28 request carries.
 const ENVELOPE_PREFIX: &str = "io.modelcontextprotocol/";
 
-/// The protocol version `params._meta` names: the message is a 2026-07-28
-/// (or later) one.
-pub fn meta_version(params: Option<&str>) -> Option<String> {
-    let meta = RawObject::parse(RawObject::parse(params?)?.get("_meta")?.get())?;
-    meta.string(VERSION_KEY)
+/// What a 2026-07-28 (or later) request says of itself, read once where it
+/// is first read (`inbound.rs`, or the dispatcher for a request of its own)
+/// and carried in its `OutKind::Request`: the version its `params._meta`
+/// names, the value of its `Mcp-Name` header, and its envelope (what a
+/// request of the transport's own on its behalf carries). A 2025-era
+/// request has none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Modern {
+    pub version: String,
+    /// `params.name` (`tools/call`, `prompts/get`) or `params.uri`
+    /// (`resources/read`), unescaped.
+    pub name: Option<String>,
+    /// The `io.modelcontextprotocol/*` members of `params._meta`, a JSON
+    /// object.
+    pub envelope: String,
 }
 
-/// The `io.modelcontextprotocol/*` members of `params._meta`, as a JSON
-/// object, when they name a protocol version: what a request of our own
-/// on the client's behalf carries.
-pub fn envelope(params: &str) -> Option<String> {
-    let mut meta = RawObject::parse(RawObject::parse(params)?.get("_meta")?.get())?;
-    meta.get(VERSION_KEY)?;
-    meta.0.retain(|(k, _)| k.starts_with(ENVELOPE_PREFIX));
-    Some(meta.to_json())
+impl Modern {
+    /// Request `method`'s [`Modern`], from its params.
+    pub fn of(method: &str, params: &str) -> Option<Modern> {
+        // Most requests name no version: a look for the name (or an escape
+        // that could spell it) spares them a parse.
+        if !params.contains(VERSION_KEY) && !params.contains('\\') {
+            return None;
+        }
+        let params = RawObject::parse(params)?;
+        let meta = RawObject::parse(params.get("_meta")?.get())?;
+        Modern::read(method, &params, meta)
+    }
+
+    /// [`Modern::of`] with the params and their `_meta` parsed already.
+    pub fn read(method: &str, params: &RawObject<'_>, mut meta: RawObject<'_>) -> Option<Modern> {
+        let version = meta.string(VERSION_KEY)?;
+        let name = match method {
+            "tools/call" | "prompts/get" => params.string("name"),
+            "resources/read" => params.string("uri"),
+            _ => None,
+        };
+        meta.0.retain(|(k, _)| k.starts_with(ENVELOPE_PREFIX));
+        Some(Modern {
+            version,
+            name,
+            envelope: meta.to_json(),
+        })
+    }
 }
 
 /// The params of a `tools/list` request: the cursor (raw JSON, as the
@@ -210,16 +240,25 @@ mod tests {
     fn the_envelope_is_the_protocol_members_of_a_modern_request() {
         let params = r#"{"name":"t","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"progressToken":1}}"#;
         assert_eq!(
-            envelope(params).as_deref(),
-            Some(
-                r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#
-            )
+            Modern::of("tools/call", params),
+            Some(Modern {
+                version: "2026-07-28".into(),
+                name: Some("t".into()),
+                envelope: r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#.into(),
+            })
         );
-        assert_eq!(meta_version(Some(params)).as_deref(), Some("2026-07-28"));
+        // Named however it is escaped; `Mcp-Name` only for the methods
+        // that name something.
+        let escaped =
+            r#"{"uri":"a","_meta":{"io.modelcontextprotocol/protocolVersio\u006e":"2026-07-28"}}"#;
+        let m = Modern::of("resources/read", escaped).unwrap();
+        assert_eq!(
+            (m.version.as_str(), m.name.as_deref()),
+            ("2026-07-28", Some("a"))
+        );
+        assert_eq!(Modern::of("ping", escaped).unwrap().name, None);
         let old = r#"{"_meta":{"progressToken":1,"io.modelcontextprotocol/x":1}}"#;
-        assert_eq!(envelope(old), None);
-        assert_eq!(meta_version(Some(old)), None);
-        assert_eq!(meta_version(None), None);
+        assert_eq!(Modern::of("tools/call", old), None);
     }
 
     #[test]

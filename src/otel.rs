@@ -426,8 +426,9 @@ impl PartialEq<String> for Traceparent {
     }
 }
 
-/// `n` in decimal, written at the end of `buf`.
-fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+/// `n` in decimal, written at the end of `buf` (no allocation: an id is
+/// written into every attempt's line).
+pub(crate) fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;

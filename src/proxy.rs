@@ -19,6 +19,7 @@ use crate::config::{self, ServerConfig};
 use crate::dispatcher::{proxy_error, Dispatcher, Event, Outcome, Reason};
 use crate::downstream::{self, Diagnostics, ServerEvent};
 use crate::handshake_cache;
+use crate::inbound::Inbound;
 use crate::jsonrpc;
 use crate::otel;
 use crate::stats;
@@ -113,7 +114,7 @@ pub fn run(args: RunOptions) -> Result<ExitCode> {
         cfg.max_message_bytes,
         move |item| {
             let event = match item {
-                ReadItem::Line(line) => Event::Client(jsonrpc::classify_bytes(line)),
+                ReadItem::Line(line) => Event::Client(Inbound::of_line(line)),
                 // Answered (or dropped) once the line ends.
                 ReadItem::Overlong => return true,
                 ReadItem::TooLong {

@@ -264,14 +264,18 @@ impl Stats {
     /// The figures of `name`, created on first use (past
     /// [`MAX_TOOL_NAMES`], those of [`OTHER_TOOLS`]).
     pub fn figures(&mut self, name: &str) -> &mut ToolFigures {
-        let name = match self.tools.contains_key(name) || self.tools.len() < MAX_TOOL_NAMES {
-            true => name,
-            false => OTHER_TOOLS,
-        };
+        // A known name (every call but a tool's first) costs two lookups.
         if !self.tools.contains_key(name) {
-            self.tools.insert(name.to_owned(), ToolFigures::default());
+            let name = match self.tools.len() < MAX_TOOL_NAMES {
+                true => name,
+                false => OTHER_TOOLS,
+            };
+            if !self.tools.contains_key(name) {
+                self.tools.insert(name.to_owned(), ToolFigures::default());
+            }
+            return self.tools.get_mut(name).expect("inserted");
         }
-        self.tools.get_mut(name).expect("inserted")
+        self.tools.get_mut(name).expect("present")
     }
 
     /// A keyed call's outcome is unknown (the newest first; the oldest

@@ -175,14 +175,22 @@ fn reap_retired() {
 
 /// The path to re-execute. On Linux `/proc/self/exe` still works after the
 /// installed binary was replaced or deleted (an upgrade under a running
-/// proxy).
+/// proxy). Under valgrind (`make bench`'s instruction counts) it is
+/// valgrind's tool, while the name it reads back (`current_exe`) is the
+/// binary: a name that exists and is another file than `/proc/self/exe`
+/// is taken instead (a replaced binary's name reads `… (deleted)`).
 #[cfg(not(test))]
 fn own_executable() -> io::Result<std::path::PathBuf> {
     #[cfg(target_os = "linux")]
     {
+        use std::os::unix::fs::MetadataExt;
         let proc_exe = std::path::Path::new("/proc/self/exe");
-        if proc_exe.exists() {
-            return Ok(proc_exe.to_owned());
+        if let Ok(running) = proc_exe.metadata() {
+            let named = std::env::current_exe().ok().and_then(|p| {
+                let m = p.metadata().ok()?;
+                ((m.dev(), m.ino()) != (running.dev(), running.ino())).then_some(p)
+            });
+            return Ok(named.unwrap_or_else(|| proc_exe.to_owned()));
         }
     }
     std::env::current_exe()

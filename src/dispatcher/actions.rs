@@ -129,10 +129,16 @@ impl Dispatcher {
     /// A client `tools/call` (while the session runs): one run of the
     /// calls reads it and, for a new call, admits its first attempt and,
     /// the link ready, records it under the id issued next.
-    pub(super) fn on_tools_call(&mut self, m: Message, client_id: String, now: Instant) {
+    pub(super) fn on_tools_call(
+        &mut self,
+        m: Message,
+        parsed: Option<Box<crate::inbound::ParsedCall>>,
+        client_id: String,
+        now: Instant,
+    ) {
         let down = self.requests.next_attempt_id();
         let (arrival, first) = self.with_calls(now, |c, ctx, out| {
-            c.arrive_and_start(m, &client_id, ctx, out)
+            c.arrive_and_start(m, parsed, &client_id, ctx, out)
         });
         let call = match arrival {
             Arrival::Relay(m) => return self.relay_request(m, client_id, Method::Other, now),
@@ -263,7 +269,7 @@ impl Dispatcher {
         let first = cursor.is_none();
         let down = self.requests.issue(Inflight::ToolsList { first });
         let line = jsonrpc::request_line(&down.to_string(), "tools/list", Some(&params));
-        if self.send_server(Outgoing::request(down, "tools/list", line)) {
+        if self.send_server(Outgoing::own_request(down, "tools/list", &params, line)) {
             let at = now + self.cfg.call_timeout;
             self.set_timer(at, Timer::ToolsListTimeout { down });
         } else {
@@ -567,7 +573,7 @@ impl Dispatcher {
         for (method, params) in self.link.session_replays() {
             let down = self.requests.issue(Inflight::Replay(ReplayStep::Other));
             let line = jsonrpc::request_line(&down.to_string(), method, Some(&params));
-            self.send_server(Outgoing::request(down, method, line));
+            self.send_server(Outgoing::own_request(down, method, &params, line));
         }
         self.link.replayed();
         let back = self.server_up(now);
@@ -665,8 +671,11 @@ impl Dispatcher {
                     self.answer(&client_id, line);
                 }
                 _ => {
-                    let text = String::from_utf8_lossy(&line.bytes).trim_end().to_owned();
-                    match Message::reparse(text) {
+                    // What was kept of it, else its line read back.
+                    let kept = resend.clone().or_else(|| {
+                        Message::reparse(String::from_utf8_lossy(&line.bytes).trim_end().to_owned())
+                    });
+                    match kept {
                         Some(m) => {
                             debug!("a request never reached the server; it waits for the next one");
                             self.requeue_request(m, client_id, method, now)
@@ -1104,7 +1113,7 @@ impl Dispatcher {
             first: cursor.is_none(),
         });
         let line = jsonrpc::request_line(&down.to_string(), list.method(), Some(&params));
-        if self.send_server(Outgoing::request(down, list.method(), line)) {
+        if self.send_server(Outgoing::own_request(down, list.method(), &params, line)) {
             self.set_timer(now + self.cfg.call_timeout, Timer::ListingTimeout { down });
         } else {
             self.requests.forget(down);

@@ -315,7 +315,7 @@ impl Counters {
 /// Every `tools/call` in flight and the policies that decide for them.
 pub(super) struct Calls {
     cfg: Arc<ServerConfig>,
-    calls: FastMap<u64, Call>,
+    calls: FastMap<u64, Box<Call>>,
     next_call: u64,
     by_key: FastMap<u128, u64>,
     by_token: FastMap<String, u64>,
@@ -327,7 +327,7 @@ pub(super) struct Calls {
     cache: ResultCache,
     dedup: DedupTable<u128, String>,
     /// The secret keys of dedup fingerprints.
-    fingerprint_keys: RandomState,
+    fingerprint_keys: &'static RandomState,
     breaker: Breaker,
     budget: RetryBudget,
     backoff: Backoff,
@@ -353,7 +353,7 @@ impl Calls {
                 cfg.idempotency_max_entries,
                 cfg.idempotency_max_bytes,
             ),
-            fingerprint_keys: RandomState::new(),
+            fingerprint_keys: crate::policy::dedup::keys(),
             breaker: Breaker::new(&cfg.circuit_breaker),
             budget: RetryBudget::new(&cfg.retry.budget),
             backoff: Backoff::from_config(&cfg.retry),

@@ -867,13 +867,14 @@ impl Link {
             .unwrap_or_default()
     }
 
-    /// A client request `method` (`params`): a client that begins without
+    /// A client request `method` (its 2026-07-28 `_meta` members, read at
+    /// the edge, if any): a client that begins without
     /// `initialize` may speak 2026-07-28, and the proxy's own requests must
     /// then name the version as the client's do. Read once, and never in a
     /// session that began with `initialize`.
-    pub(super) fn learn_era(&mut self, method: &str, params: Option<&str>) {
+    pub(super) fn learn_era(&mut self, method: &str, envelope: Option<&str>) {
         if self.session.modern_meta.is_none() && !self.handshake_begun() && method != "initialize" {
-            self.session.modern_meta = params.and_then(crate::mcp::envelope);
+            self.session.modern_meta = envelope.map(str::to_owned);
         }
     }
 

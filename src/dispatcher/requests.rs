@@ -13,12 +13,14 @@
 
 #![forbid(unsafe_code)]
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::downstream::Withdraw;
 use crate::fasthash::FastMap;
 use crate::guard::Pending;
 use crate::jsonrpc::Message;
+use crate::mcp::Modern;
 
 use super::link::ReplayStep;
 
@@ -184,6 +186,7 @@ impl Requests {
         client_id: &str,
         batch: Option<u64>,
         trace: Option<Box<crate::otel::RequestTrace>>,
+        modern: Option<Arc<Modern>>,
     ) {
         let pending = self.pending.add(client_id);
         self.client.insert(
@@ -196,8 +199,15 @@ impl Requests {
                 waited: None,
                 trace,
                 pending,
+                modern,
             },
         );
+    }
+
+    /// What client request `client_id`'s 2026-07-28 headers say, read by
+    /// its reader thread: for every line it is sent as.
+    pub(super) fn modern(&self, client_id: &str) -> Option<Arc<Modern>> {
+        self.client.get(client_id)?.modern.clone()
     }
 
     /// Client request `client_id` is answered: it is forgotten (its id
@@ -454,6 +464,8 @@ pub(super) struct ClientRequest {
     pub(super) trace: Option<Box<crate::otel::RequestTrace>>,
     /// Its id's slot in `Requests::pending`.
     pending: u32,
+    /// What its 2026-07-28 headers say.
+    modern: Option<Arc<Modern>>,
 }
 
 /// A request from the server to the client, waiting for the client's answer.
@@ -516,8 +528,8 @@ mod tests {
     #[test]
     fn a_client_request_is_pending_until_completed_or_cancelled() {
         let mut r = Requests::default();
-        r.register("1", None, None);
-        r.register("2", None, None);
+        r.register("1", None, None, None);
+        r.register("2", None, None, None);
         assert_eq!(r.open_count(), 2);
         assert!(r.complete("1").is_some());
         assert!(r.complete("1").is_none(), "answered once");
@@ -530,8 +542,8 @@ mod tests {
     fn a_batch_answer_is_pending_until_the_array_goes() {
         let mut r = Requests::default();
         let b = r.open_batch(2);
-        r.register("a", Some(b), None);
-        r.register("b", Some(b), None);
+        r.register("a", Some(b), None, None);
+        r.register("b", Some(b), None, None);
         r.complete("a");
         assert_eq!(r.batch_entry(b, Some(b"{\"id\":\"a\"}\n".to_vec())), None);
         r.cancel("b");
@@ -543,7 +555,7 @@ mod tests {
         assert!(r.pending().take().is_empty());
         // Answered, but in a batch whose array has not gone: pending.
         let b = r.open_batch(2);
-        r.register("c", Some(b), None);
+        r.register("c", Some(b), None, None);
         r.complete("c");
         assert_eq!(r.pending().take(), ["c"]);
     }

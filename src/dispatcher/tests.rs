@@ -26,9 +26,16 @@ struct FakeServer {
 
 impl Downstream for FakeServer {
     fn send(&mut self, out: Outgoing) -> bool {
-        // What the dispatcher says a line is, is what it is.
+        // What the dispatcher says a line is, is what it is: its kind,
+        // and a 2026-07-28 request's version, name and envelope.
         let text = String::from_utf8_lossy(&out.bytes);
-        assert_eq!(out, tagged(&text), "{text}");
+        let expected = tagged(&text);
+        assert_eq!(out.clone().in_era(None), expected, "{text}");
+        let modern = out.modern().map(|m| {
+            let envelope: Value = serde_json::from_str(&m.envelope).unwrap();
+            (m.version.clone(), m.name.clone(), envelope)
+        });
+        assert_eq!(modern, modern_of(&text), "{text}");
         self.sent.send(out.bytes).is_ok()
     }
     fn shutdown(&mut self, _step: Duration) {}
@@ -136,8 +143,9 @@ impl Harness {
     }
 
     fn client_sends(&mut self, line: &str) {
-        let parsed = jsonrpc::classify(line.to_owned());
-        self.d.handle_event(Event::Client(parsed), self.now);
+        // Read as the client's reader thread reads it.
+        let inbound = crate::inbound::Inbound::of(jsonrpc::classify(line.to_owned()));
+        self.d.handle_event(Event::Client(inbound), self.now);
     }
 
     fn server_sends(&mut self, line: &str) {
@@ -185,6 +193,27 @@ fn tagged(line: &str) -> Outgoing {
         (None, Some(m)) => Outgoing::notification(m, bytes),
         _ => Outgoing::response(bytes),
     }
+}
+
+/// A request line's 2026-07-28 version, `Mcp-Name` and envelope, read
+/// from it.
+fn modern_of(line: &str) -> Option<(String, Option<String>, Value)> {
+    let v: Value = serde_json::from_str(line).unwrap();
+    v.get("id")?;
+    let meta = v["params"]["_meta"].as_object()?;
+    let version = meta.get(crate::mcp::VERSION_KEY)?.as_str()?.to_owned();
+    let key = match v["method"].as_str() {
+        Some("tools/call" | "prompts/get") => "name",
+        Some("resources/read") => "uri",
+        _ => "",
+    };
+    let name = v["params"][key].as_str().map(str::to_owned);
+    let envelope = meta
+        .iter()
+        .filter(|(k, _)| k.starts_with("io.modelcontextprotocol/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Some((version, name, Value::Object(envelope)))
 }
 
 fn id_of(line: &str) -> Value {
@@ -548,6 +577,25 @@ fn retries_follow_the_backoff_schedule_exactly() {
     let e: Value = serde_json::from_str(&h.to_client()).unwrap();
     assert_eq!(e["error"]["message"], "busy", "{e}");
     h.nothing_sent();
+}
+
+/// A call's params are read once, by the thread that reads the client's
+/// line (`Harness::client_sends` reads it as that thread does): not by the
+/// dispatcher, not again for a retry, not for the answer.
+#[test]
+fn a_calls_params_are_read_once_at_the_edge_however_often_it_is_sent() {
+    let mut h = Harness::with(config(|c| c.retry.base_delay = SECOND));
+    let before = crate::inbound::reads();
+    h.client_sends(&call_line(1, "t", r#"{"a":[1,{"b":2}]}"#));
+    let first = h.to_server();
+    answer(&mut h, &first, TRANSIENT);
+    h.fire_next_timer();
+    let retry = h.to_server();
+    assert_ne!(id_of(&first), id_of(&retry));
+    answer(&mut h, &retry, OK);
+    assert!(h.to_client().contains("ok"));
+    assert_eq!(crate::inbound::reads() - before, 1);
+    assert_eq!(crate::inbound::reads() - before, 1);
 }
 
 #[test]

@@ -10,7 +10,6 @@ use std::io::Read;
 use std::time::Duration;
 
 use crate::config::check_header;
-use crate::jsonrpc::RawObject;
 
 use super::post::Post;
 use super::{modern, Shared};
@@ -196,19 +195,12 @@ impl Shared {
     /// `x-mcp-header` annotations name.
     pub(super) fn modern_headers(&self, post: &Post, version: &str) -> Vec<(String, String)> {
         let method = post.method.unwrap_or_default();
-        let params = post.params();
-        let mut out = modern::standard_headers(version, method, params);
+        let name = post.out.modern().and_then(|m| m.name.as_deref());
+        let mut out = modern::standard_headers(version, method, name);
         if method == "tools/call" {
-            let p = params.and_then(RawObject::parse);
-            let name = p.as_ref().and_then(|p| p.string("name"));
-            let map = name.and_then(|n| self.tool_headers.lock().get(&n).cloned());
+            let map = name.and_then(|n| self.tool_headers.lock().get(n).cloned());
             if let Some(map) = map.filter(|m| !m.is_empty()) {
-                let arguments = p
-                    .as_ref()
-                    .and_then(|p| p.get("arguments"))
-                    .and_then(|a| serde_json::from_str(a.get()).ok())
-                    .unwrap_or(serde_json::Value::Null);
-                out.extend(modern::param_headers(&map, &arguments));
+                out.extend(modern::param_headers(&map, &post.arguments()));
             }
         }
         out

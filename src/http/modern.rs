@@ -1,5 +1,5 @@
 //! The 2026-07-28 ("modern") era over Streamable HTTP, as pure functions
-//! (which messages are modern is `crate::mcp::meta_version`): the
+//! (which messages are modern, and what they name, is `crate::mcp::Modern`): the
 //! headers a POST mirrors from its body (`MCP-Protocol-Version`,
 //! `Mcp-Method`, `Mcp-Name`, and `Mcp-Param-*` from the arguments a tool's
 //! `inputSchema` marks with `x-mcp-header`), the `=?base64?…?=` sentinel for
@@ -22,28 +22,17 @@ const X_MCP_HEADER: &str = "x-mcp-header";
 pub type HeaderMap = Vec<(Vec<String>, String)>;
 
 /// The headers a modern POST of `method` carries besides `Mcp-Param-*`:
-/// `MCP-Protocol-Version`, `Mcp-Method`, and `Mcp-Name` for the methods
-/// that name something (`tools/call`, `prompts/get`: `params.name`;
-/// `resources/read`: `params.uri`).
-pub fn standard_headers(
-    version: &str,
-    method: &str,
-    params: Option<&str>,
-) -> Vec<(String, String)> {
+/// `MCP-Protocol-Version`, `Mcp-Method`, and `Mcp-Name` with `name`, what
+/// the request names (`tools/call`, `prompts/get`: `params.name`;
+/// `resources/read`: `params.uri`; `mcp::Modern::name`, read with the
+/// request).
+pub fn standard_headers(version: &str, method: &str, name: Option<&str>) -> Vec<(String, String)> {
     let mut out = vec![
         ("MCP-Protocol-Version".to_owned(), version.to_owned()),
         ("Mcp-Method".to_owned(), method.to_owned()),
     ];
-    let key = match method {
-        "tools/call" | "prompts/get" => "name",
-        "resources/read" => "uri",
-        _ => return out,
-    };
-    if let Some(name) = params
-        .and_then(RawObject::parse)
-        .and_then(|p| p.string(key))
-    {
-        out.push(("Mcp-Name".to_owned(), encode_value(&name)));
+    if let Some(name) = name {
+        out.push(("Mcp-Name".to_owned(), encode_value(name)));
     }
     out
 }
@@ -266,7 +255,7 @@ mod tests {
     fn standard_headers_mirror_method_and_name() {
         let v = "2026-07-28";
         assert_eq!(
-            standard_headers(v, "tools/call", Some(r#"{"name":"get_weather"}"#)),
+            standard_headers(v, "tools/call", Some("get_weather")),
             h(&[
                 ("MCP-Protocol-Version", v),
                 ("Mcp-Method", "tools/call"),
@@ -274,7 +263,7 @@ mod tests {
             ])
         );
         assert_eq!(
-            standard_headers(v, "resources/read", Some(r#"{"uri":"file:///a b"}"#)),
+            standard_headers(v, "resources/read", Some("file:///a b")),
             h(&[
                 ("MCP-Protocol-Version", v),
                 ("Mcp-Method", "resources/read"),
@@ -282,11 +271,11 @@ mod tests {
             ])
         );
         assert_eq!(
-            standard_headers(v, "prompts/get", Some(r#"{"name":"café"}"#))[2],
+            standard_headers(v, "prompts/get", Some("café"))[2],
             ("Mcp-Name".to_owned(), "=?base64?Y2Fmw6k=?=".to_owned())
         );
         assert_eq!(
-            standard_headers(v, "tools/list", Some("{}")),
+            standard_headers(v, "tools/list", None),
             h(&[("MCP-Protocol-Version", v), ("Mcp-Method", "tools/list")])
         );
     }

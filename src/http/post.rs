@@ -34,10 +34,10 @@ pub(super) const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 
 /// One message being posted.
 pub(super) struct Post<'a> {
+    /// What it is (a request's 2026-07-28 version, `Mcp-Name` and
+    /// envelope included: `Outgoing::modern`), as the dispatcher said; its
+    /// line is not parsed for it.
     pub(super) out: &'a Outgoing,
-    /// Its params are read for the headers they decide (the 2026-07-28
-    /// `_meta` version, `Mcp-Name`, `x-mcp-header` arguments).
-    pub(super) msg: Option<Message>,
     pub(super) method: Option<&'a str>,
     /// A request's id (None for a notification or a response), and as it
     /// is written in the line, which is how the server's answer names it.
@@ -55,8 +55,18 @@ impl Post<'_> {
         self.method == Some(method)
     }
 
-    pub(super) fn params(&self) -> Option<&str> {
-        self.msg.as_ref().and_then(Message::params)
+    /// A `tools/call`'s arguments, for the `Mcp-Param-*` headers of a
+    /// tool whose annotations name some: the one case where its line is
+    /// read (`Null` when they cannot be).
+    pub(super) fn arguments(&self) -> serde_json::Value {
+        count_parse();
+        let text = String::from_utf8_lossy(&self.out.bytes);
+        let msg = Message::reparse(text.trim_end().to_owned());
+        msg.as_ref()
+            .and_then(Message::params)
+            .and_then(RawObject::parse)
+            .and_then(|p| serde_json::from_str(p.get("arguments")?.get()).ok())
+            .unwrap_or(serde_json::Value::Null)
     }
 
     /// What its answer is read until, and how.
@@ -110,14 +120,11 @@ impl Shared {
         if self.is_closed() {
             return;
         }
-        // Read for its params only: what it is, the dispatcher said.
-        let text = String::from_utf8_lossy(&out.bytes).trim_end().to_owned();
-        let msg = Message::reparse(text);
+        // What it is, and a request's era, the dispatcher said.
         let method = out.method();
         let request_id = out.request_id();
-        let params = msg.as_ref().and_then(Message::params);
         let modern = self.session.era(
-            crate::mcp::meta_version(params),
+            out.modern().map(|m| m.version.clone()),
             method == Some("initialize"),
             request_id.is_some(),
         );
@@ -127,7 +134,6 @@ impl Shared {
             request_id,
             id_text: request_id.map(|id| id.to_string()),
             modern,
-            msg,
             exchange: Exchange::new(),
             turn: turn.clone(),
         };
@@ -390,6 +396,21 @@ impl Shared {
             },
         });
     }
+}
+
+#[cfg(test)]
+static PARSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts a line read back (tests only: see [`lines_parsed`]).
+fn count_parse() {
+    #[cfg(test)]
+    PARSED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// How many posted lines were read back so far, in this process.
+#[cfg(test)]
+pub(super) fn lines_parsed() -> usize {
+    PARSED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::downstream::ServerEvent;
-use crate::jsonrpc::{self, Message};
+use crate::jsonrpc::{self, Message, RawObject};
 
 use super::classify::Class;
 use super::conn::Exchange;
@@ -102,10 +102,11 @@ pub(super) fn is_other_response(text: &str, id: &str) -> bool {
     }
 }
 
-/// The negotiated version in an `initialize` result.
+/// The negotiated version in an `initialize` result (its members read as
+/// raw text: nothing of the result is built but the version).
 pub(super) fn protocol_version(line: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    v["result"]["protocolVersion"].as_str().map(str::to_owned)
+    let result = RawObject::parse(RawObject::parse(line)?.get("result")?.get())?;
+    result.string("protocolVersion")
 }
 
 impl Shared {
@@ -450,5 +451,10 @@ mod tests {
         let line = r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-06-18"}}"#;
         assert_eq!(protocol_version(line).as_deref(), Some("2025-06-18"));
         assert_eq!(protocol_version(r#"{"id":1,"error":{}}"#), None);
+        assert_eq!(
+            protocol_version(r#"{"result":{"protocolVersio\u006e":"2026-07-28","x":[1]}}"#)
+                .as_deref(),
+            Some("2026-07-28")
+        );
     }
 }

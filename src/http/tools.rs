@@ -42,7 +42,7 @@ impl Shared {
     /// whether that worked. Nothing of it reaches the client.
     pub(super) fn relist_tools(&self, post: &Post) -> bool {
         let (Some(version), Some(envelope)) =
-            (&post.modern, post.params().and_then(crate::mcp::envelope))
+            (&post.modern, post.out.modern().map(|m| &m.envelope))
         else {
             return false;
         };
@@ -50,9 +50,9 @@ impl Shared {
         loop {
             let n = self.own_requests.fetch_add(1, Ordering::SeqCst) + 1;
             let id = format!("\"mcp-retry-tools-{n}\"");
-            let params = pager.params(Some(&envelope));
+            let params = pager.params(Some(envelope));
             let line = jsonrpc::request_line(&id, "tools/list", Some(&params));
-            let headers = modern::standard_headers(version, "tools/list", Some(&params));
+            let headers = modern::standard_headers(version, "tools/list", None);
             let Some(answer) = self.own_request(&line, &id, headers, &post.exchange) else {
                 return false;
             };

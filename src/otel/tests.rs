@@ -733,7 +733,7 @@ fn scripted_export() -> Json {
     t.joined(None, ms(650));
     let request = t.request_started("resources/read", None, ms(700)).unwrap();
     let error = br#"{"jsonrpc":"2.0","id":4,"error":{"code":-32603,"message":"disk \"full\"","data":{"reason":"server_exited"}}}"#;
-    t.request_answered(&request, "4", error, ms(720));
+    t.request_answered(&request, "4", error, None, ms(720));
     t.respawned(ms(800));
     // What the calls above counted (see `stats.rs`).
     let mut stats = crate::stats::Stats::default();

@@ -386,34 +386,23 @@ impl Tracer {
     }
 
     /// Request `client_id` is answered with `line`: an error gets a span.
+    /// `ours`: the proxy's own error, with its reason and code, which the
+    /// dispatcher knows (the line is not read for them); else the line is
+    /// read when it holds an error.
     pub fn request_answered(
         &mut self,
         r: &RequestTrace,
         client_id: &str,
         line: &[u8],
+        ours: Option<(&'static str, i64)>,
         now: Instant,
     ) {
-        // Most answers are results: skip parsing them.
-        if memchr::memmem::find(line, b"\"error\"").is_none() {
-            return;
-        }
-        let Some(error) = std::str::from_utf8(line)
-            .ok()
-            .and_then(RawObject::parse)
-            .and_then(|o| o.get("error"))
-            .and_then(|e| RawObject::parse(e.get()))
-        else {
-            return;
-        };
-        let code = error.get("code").map(|c| c.get().to_owned());
-        let data = error.get("data").and_then(|d| RawObject::parse(d.get()));
-        let ours = data
-            .as_ref()
-            .and_then(|d| d.string("source"))
-            .is_some_and(|s| s == "mcp-retry");
-        let error_type = match (ours, data.as_ref().and_then(|d| d.string("reason"))) {
-            (true, Some(reason)) => reason,
-            _ => code.clone().unwrap_or_else(|| "error".into()),
+        let (error_type, code) = match ours {
+            Some((reason, code)) => (reason.to_owned(), Some(code.to_string())),
+            None => match server_error(line) {
+                Some(known) => known,
+                None => return,
+            },
         };
         let ctx = self.new_context(r.parent);
         self.send(
@@ -508,4 +497,27 @@ impl std::fmt::Debug for Tracer {
             .field("open_calls", &self.calls.len())
             .finish()
     }
+}
+
+/// The type and code of the error `line` answers with (`None` for a
+/// result): an error of another mcp-retry's names its reason.
+fn server_error(line: &[u8]) -> Option<(String, Option<String>)> {
+    // Most answers are results: skip parsing them.
+    memchr::memmem::find(line, b"\"error\"")?;
+    let error = std::str::from_utf8(line)
+        .ok()
+        .and_then(RawObject::parse)
+        .and_then(|o| o.get("error"))
+        .and_then(|e| RawObject::parse(e.get()))?;
+    let code = error.get("code").map(|c| c.get().to_owned());
+    let data = error.get("data").and_then(|d| RawObject::parse(d.get()));
+    let ours = data
+        .as_ref()
+        .and_then(|d| d.string("source"))
+        .is_some_and(|s| s == "mcp-retry");
+    let error_type = match (ours, data.as_ref().and_then(|d| d.string("reason"))) {
+        (true, Some(reason)) => reason,
+        _ => code.clone().unwrap_or_else(|| "error".into()),
+    };
+    Some((error_type, code))
 }

@@ -141,6 +141,11 @@ impl ResultCache {
     /// Forgets every entry, stale ones included, and starts a new epoch.
     pub fn clear(&mut self) {
         self.epoch += 1;
+        if self.entries.is_empty() && self.recency.is_empty() && self.deaths.is_empty() {
+            // Every call of a tool that may write clears it: an empty cache
+            // costs that call nothing more.
+            return;
+        }
         self.entries.clear();
         self.recency.clear();
         self.deaths.clear();

@@ -38,8 +38,10 @@
 
 #![forbid(unsafe_code)]
 
+use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::{canonical_json_to, instant_add, Sink};
@@ -49,21 +51,20 @@ use crate::fasthash::FastMap;
 /// order index), counted in `max_bytes`.
 pub const ENTRY_BYTES: usize = 64;
 
+/// The process's secret keys for [`fingerprint`]s, drawn once: the thread
+/// that reads a call and the dispatcher that looks it up must agree, and
+/// no fingerprint outlives the process.
+pub fn keys() -> &'static RandomState {
+    static KEYS: OnceLock<RandomState> = OnceLock::new();
+    KEYS.get_or_init(RandomState::new)
+}
+
 /// A 128-bit fingerprint of `parts` (their boundaries included): two
 /// domain-separated hashes under the caller's secret SipHash keys (a std
 /// `RandomState`), so keys stay 16 bytes whatever the arguments' size and
 /// cannot be made to collide by someone who does not know the keys.
 pub fn fingerprint(keys: &impl BuildHasher, parts: &[&str]) -> u128 {
-    let half = |domain: u8| {
-        let mut h = keys.build_hasher();
-        h.write_u8(domain);
-        for p in parts {
-            h.write_usize(p.len());
-            h.write(p.as_bytes());
-        }
-        h.finish()
-    };
-    (u128::from(half(1)) << 64) | u128::from(half(2))
+    Halves::new(keys, parts).finish()
 }
 
 /// [`fingerprint`] of `parts` followed by the canonical JSON text of `json`
@@ -75,25 +76,81 @@ pub fn fingerprint_json(
     parts: &[&str],
     json: &str,
 ) -> Result<u128, serde_json::Error> {
-    struct Halves<H>(H, H);
-    impl<H: Hasher> Sink for Halves<H> {
-        fn put(&mut self, s: &str) {
-            self.0.write(s.as_bytes());
-            self.1.write(s.as_bytes());
-        }
-    }
-    let start = |domain: u8| {
-        let mut h = keys.build_hasher();
-        h.write_u8(domain);
-        for p in parts {
-            h.write_usize(p.len());
-            h.write(p.as_bytes());
-        }
-        h
-    };
-    let mut halves = Halves(start(1), start(2));
+    let mut halves = Halves::new(keys, parts);
     canonical_json_to(json, &mut halves)?;
-    Ok((u128::from(halves.0.finish()) << 64) | u128::from(halves.1.finish()))
+    Ok(halves.finish())
+}
+
+/// The two domain-separated hashes of a fingerprint, fed the same bytes:
+/// gathered in a buffer, so that SipHash sees a few long writes rather than
+/// one per piece of canonical JSON or per part (each write has a cost of
+/// its own; the bytes hashed are the same).
+struct Halves<H> {
+    first: H,
+    second: H,
+    buf: [u8; 256],
+    len: usize,
+}
+
+impl<H: Hasher> Halves<H> {
+    /// Both halves, their domains and `parts` (with their boundaries) in.
+    fn new(keys: &impl BuildHasher<Hasher = H>, parts: &[&str]) -> Halves<H> {
+        let start = |domain: u8| {
+            let mut h = keys.build_hasher();
+            h.write_u8(domain);
+            h
+        };
+        let mut halves = Halves {
+            first: start(1),
+            second: start(2),
+            buf: [0; 256],
+            len: 0,
+        };
+        for p in parts {
+            halves.bytes(&p.len().to_le_bytes());
+            halves.bytes(p.as_bytes());
+        }
+        halves
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        if self.len + b.len() > self.buf.len() {
+            self.flush();
+            if b.len() > self.buf.len() {
+                self.first.write(b);
+                self.second.write(b);
+                return;
+            }
+        }
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+
+    fn flush(&mut self) {
+        self.first.write(&self.buf[..self.len]);
+        self.second.write(&self.buf[..self.len]);
+        self.len = 0;
+    }
+
+    fn finish(mut self) -> u128 {
+        self.flush();
+        (u128::from(self.first.finish()) << 64) | u128::from(self.second.finish())
+    }
+}
+
+impl<H: Hasher> Sink for Halves<H> {
+    fn put(&mut self, s: &str) {
+        self.bytes(s.as_bytes());
+    }
+}
+
+/// `fp` in lower-case hex, written into `buf`, for keys made of text.
+pub fn hex(fp: u128, buf: &mut [u8; 32]) -> &str {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = DIGITS[((fp >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    std::str::from_utf8(buf).expect("hex digits are ASCII")
 }
 
 /// How a completed result may be replayed.
@@ -516,6 +573,20 @@ impl<K: Hash + Eq + Clone, W> DedupTable<K, W> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hex_writes_what_the_formatter_writes() {
+        let mut buf = [0; 32];
+        for fp in [
+            0,
+            1,
+            0xabc,
+            u128::MAX,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            assert_eq!(super::hex(fp, &mut buf), format!("{fp:032x}"));
+        }
+    }
+
     use super::*;
 
     const TTL: Duration = Duration::from_secs(300);

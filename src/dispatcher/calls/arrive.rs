@@ -7,14 +7,15 @@
 #![forbid(unsafe_code)]
 
 use crate::dispatcher::{CallError, CallOutcome, Reason};
+use crate::inbound::ParsedCall;
 use crate::jsonrpc::{self, Message};
 use crate::otel::CallEnd;
-use crate::policy::dedup::{fingerprint, fingerprint_json, Lookup, Mark};
+use crate::policy::dedup::{hex, Lookup, Mark};
 use crate::policy::gate;
 use crate::policy::progress::ProgressFilter;
 use crate::{info, warn};
 
-use super::call::{Call, ParsedCall};
+use super::call::Call;
 use super::text::{secs, with_source, Source};
 use super::{trace, Action, Arrival, Calls, Ctx, First, ProxyAnswer, Trace};
 
@@ -33,23 +34,26 @@ struct Arriving {
     dedup_args: u128,
     /// With a store, a keyed call's argument fingerprint for its record.
     store_args: Option<String>,
+    modern: Option<std::sync::Arc<crate::mcp::Modern>>,
 }
 
 impl Calls {
-    /// A client `tools/call`: the cache, then the idempotency table, then a
-    /// new call.
+    /// A client `tools/call` (`parsed` as its reader thread read it: `None`
+    /// when it has no object params with a string `name`): the cache, then
+    /// the idempotency table, then a new call.
     pub(in crate::dispatcher) fn arrive(
         &mut self,
         m: Message,
+        parsed: Option<Box<ParsedCall>>,
         client_id: &str,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> Arrival {
-        let Some(parsed) = ParsedCall::parse(&m) else {
+        let Some(parsed) = parsed else {
             // Not ours to judge: let the server answer the malformed call.
             return Arrival::Relay(m);
         };
-        let new = self.read_call(parsed);
+        let new = self.read_call(parsed, m.params().unwrap_or_default());
         self.counters.tool(&new.tool).calls += 1;
         if let Some(result) = self.cached(&new, ctx) {
             info!("tool \"{}\": answered from the cache", new.tool);
@@ -69,11 +73,12 @@ impl Calls {
     pub(in crate::dispatcher) fn arrive_and_start(
         &mut self,
         m: Message,
+        parsed: Option<Box<ParsedCall>>,
         client_id: &str,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> (Arrival, First) {
-        let arrival = self.arrive(m, client_id, ctx, out);
+        let arrival = self.arrive(m, parsed, client_id, ctx, out);
         let Arrival::Started(id) = arrival else {
             return (arrival, First::Waiting);
         };
@@ -165,46 +170,38 @@ impl Calls {
         Arrival::Answered
     }
 
-    /// Reads what the policies need of a call, once: its safety, and one
-    /// fingerprint of the arguments (in canonical form, never copied) for
-    /// the cache, dedup, and the check that calls sharing a key agree.
-    fn read_call(&self, parsed: ParsedCall<'_>) -> Arriving {
-        let tool = parsed.name;
-        let key_honored = parsed.key_in_meta && self.honors_keys(&tool);
-        let read_only = gate::is_read_only(&self.gate_input(&tool, key_honored));
-        let keys = &self.fingerprint_keys;
-        let args_fp = fingerprint_json(keys, &["args"], &parsed.arguments).ok();
-        let mut hex_buf = [0; 32];
-        let args_hex = args_fp.map(|fp| hex(fp, &mut hex_buf));
-        let cache_key = match (args_hex, parsed.no_store) {
-            (Some(h), false) if !self.cache.ttl_for(&tool).is_zero() => {
-                Some(format!("{tool}\0{h}"))
+    /// Decides what the policies need of a call, once: its safety, and
+    /// from the one fingerprint of the arguments its reader made, the keys
+    /// of the cache and dedup, and the check that calls sharing a key agree.
+    /// `params` are the call's params as the client sent them.
+    fn read_call(&self, parsed: Box<ParsedCall>, params: &str) -> Arriving {
+        let tool = parsed.name.as_str();
+        let key_honored = parsed.key_in_meta && self.honors_keys(tool);
+        let read_only = gate::is_read_only(&self.gate_input(tool, key_honored));
+        let cache_key = match (parsed.args_fp, parsed.no_store) {
+            (Some(fp), false) if !self.cache.ttl_for(tool).is_zero() => {
+                Some(format!("{tool}\0{}", hex(fp, &mut [0; 32])))
             }
             _ => None,
         };
-        let (dedup_key, dedup_args) = match (&parsed.explicit_key, args_fp, args_hex) {
-            _ if parsed.no_store => (None, 0),
-            (Some(k), fp, _) => (
-                Some(fingerprint(keys, &["key", &tool, k])),
-                fp.unwrap_or_default(),
-            ),
-            (None, Some(fp), Some(h)) => (Some(fingerprint(keys, &["call", &tool, h])), fp),
-            (None, _, _) => (None, 0),
-        };
+        let (dedup_key, dedup_args) = (parsed.dedup_key, parsed.dedup_args);
         let store_args = match (&self.keys, &parsed.explicit_key) {
-            (Some(k), Some(_)) if !parsed.no_store => {
-                Some(crate::store::args_fingerprint(&k.scope, &parsed.arguments))
-            }
+            (Some(k), Some(_)) if !parsed.no_store => Some(crate::store::args_fingerprint(
+                &k.scope,
+                parsed.arguments(params),
+            )),
             _ => None,
         };
+        let forward_params = parsed.forward_params().map(str::to_owned);
         Arriving {
-            tool,
+            modern: parsed.modern,
+            tool: parsed.name,
             store_args,
             explicit_key: parsed.explicit_key,
             key_honored,
             read_only,
             progress_token: parsed.progress_token,
-            forward_params: parsed.forward_params,
+            forward_params,
             cache_key,
             dedup_key,
             dedup_args,
@@ -278,9 +275,10 @@ impl Calls {
             None => m,
         };
         let now = ctx.now;
+        // Boxed: a call is moved in and out of the table whole.
         self.calls.insert(
             id,
-            Call {
+            Box::new(Call {
                 client: Some(client),
                 tool: new.tool,
                 request,
@@ -307,7 +305,8 @@ impl Calls {
                 waited_for_tools: None,
                 retried: false,
                 claim: None,
-            },
+                modern: new.modern,
+            }),
         );
         trace(ctx, out, || Trace::CallStarted { call: id });
         self.budget.record_first_attempt(now);
@@ -382,17 +381,6 @@ fn answered_at_once(
     Arrival::Answered
 }
 
-/// `fp` as 32 lowercase hex digits (what `{fp:032x}` writes), in `buf`:
-/// every call's keys are built from it, without the formatting machinery
-/// or an allocation.
-fn hex(fp: u128, buf: &mut [u8; 32]) -> &str {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = DIGITS[((fp >> (124 - 4 * i)) & 0xf) as usize];
-    }
-    std::str::from_utf8(buf).expect("hex digits are ASCII")
-}
-
 /// A call with `key` for `tool` was answered as the operation an earlier
 /// call with that key and other arguments made: said, with the tool and the
 /// key, never the values.
@@ -401,21 +389,4 @@ pub(super) fn reused_with_other_arguments(tool: &str, key: &str) {
         "tool \"{tool}\": idempotency key {} was reused with different arguments; treated as the same operation",
         jsonrpc::json_string(key)
     );
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn hex_writes_what_the_formatter_writes() {
-        let mut buf = [0; 32];
-        for fp in [
-            0,
-            1,
-            0xabc,
-            u128::MAX,
-            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
-        ] {
-            assert_eq!(super::hex(fp, &mut buf), format!("{fp:032x}"));
-        }
-    }
 }

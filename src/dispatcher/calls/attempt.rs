@@ -114,8 +114,13 @@ impl Calls {
         let call = self.calls.get(&id)?;
         let line = traceparent
             .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
-            .unwrap_or_else(|| call.request.line_with_id(&down.to_string()));
-        Some(Outgoing::request(down, "tools/call", line))
+            .unwrap_or_else(|| {
+                let mut digits = [0; 20];
+                let id = crate::otel::decimal(down, &mut digits);
+                call.request
+                    .line_with_id(std::str::from_utf8(id).expect("digits are ASCII"))
+            });
+        Some(Outgoing::request(down, "tools/call", line).in_era(call.modern.clone()))
     }
 
     /// Call `id`'s admitted attempt is downstream request `down`: counted,
@@ -319,10 +324,14 @@ impl Calls {
             }
             CallTimer::RetryDue { call } => {
                 let due = |c: &Call| matches!(c.phase, Phase::BackingOff(t) if t <= ctx.now);
-                return self.calls.get(&call).is_some_and(due).then_some(call);
+                return self
+                    .calls
+                    .get(&call)
+                    .is_some_and(|c| due(c))
+                    .then_some(call);
             }
             CallTimer::CallDeadline { call } => {
-                if let Some(failure) = self.calls.get_mut(&call).and_then(Call::take_parked) {
+                if let Some(failure) = self.calls.get_mut(&call).and_then(|c| c.take_parked()) {
                     self.decide(call, failure, ctx, out);
                 }
                 self.claim_overdue(call, ctx, out);

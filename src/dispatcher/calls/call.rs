@@ -1,16 +1,15 @@
-//! One `tools/call` as the calls see it: the parts of the client's request
-//! the policies read ([`ParsedCall`]), the state of a call in flight
+//! One `tools/call` as the calls see it: the state of a call in flight
 //! ([`Call`]), why an attempt failed ([`Failure`]), and where a late answer
-//! of an ended call goes ([`Late`]).
+//! of an ended call goes ([`Late`]). What the client's request says is read
+//! by its reader thread (`inbound::ParsedCall`).
 //!
-//! Plain data and the parsing of a request's params; no decisions.
+//! Plain data; no parsing, no decisions.
 
 #![forbid(unsafe_code)]
 
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-use crate::jsonrpc::{Message, RawObject};
+use crate::jsonrpc::Message;
 use crate::policy::dedup::Keep;
 use crate::policy::progress::ProgressFilter;
 
@@ -128,6 +127,8 @@ pub(super) struct Call {
     pub retried: bool,
     /// Its record in the store, for a keyed call when a store is used.
     pub claim: Option<super::keys::Claim>,
+    /// What its 2026-07-28 headers say, as its reader read it.
+    pub modern: Option<std::sync::Arc<crate::mcp::Modern>>,
 }
 
 /// Where a call is between its attempts (the diagram in `calls.rs`).
@@ -212,126 +213,4 @@ pub(super) struct Late {
     pub started: Instant,
     /// Its call's record in the store, told of the late answer.
     pub record: Option<crate::store::Id>,
-}
-
-/// The parts of a `tools/call` the policies look at.
-pub(super) struct ParsedCall<'a> {
-    pub name: String,
-    /// Raw JSON of `arguments` (after removing `_idempotency_key`), `{}` if absent.
-    pub arguments: Cow<'a, str>,
-    pub explicit_key: Option<String>,
-    /// The key came from `_meta.idempotencyKey`, which reaches the server.
-    pub key_in_meta: bool,
-    pub progress_token: Option<String>,
-    /// Params to forward when `_idempotency_key` was removed.
-    pub forward_params: Option<String>,
-    /// Tasks and multi-round-trip calls are never deduplicated or cached.
-    pub no_store: bool,
-}
-
-impl<'a> ParsedCall<'a> {
-    /// `None` when params is not an object with a string `name`.
-    pub fn parse(m: &'a Message) -> Option<ParsedCall<'a>> {
-        let params = RawObject::parse(m.params()?)?;
-        let name = params.string("name")?;
-        let mut explicit_key = None;
-        let mut progress_token = None;
-        if let Some(meta) = params.get("_meta").and_then(|v| RawObject::parse(v.get())) {
-            progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
-            explicit_key = meta.get("idempotencyKey").and_then(key_text);
-        }
-        let key_in_meta = explicit_key.is_some();
-        // Borrowed from the message: megabytes of arguments are not copied.
-        let mut arguments = Cow::Borrowed(params.get("arguments").map_or("{}", |a| a.get()));
-        let mut forward_params = None;
-        if let Some(mut args) = RawObject::parse(&arguments) {
-            if let Some(k) = args.remove("_idempotency_key") {
-                if explicit_key.is_none() {
-                    explicit_key = key_text(k);
-                }
-                let new_args = args.to_json();
-                forward_params = Some(params.to_json_replacing("arguments", &new_args));
-                arguments = Cow::Owned(new_args);
-            }
-        }
-        let no_store = ["task", "inputResponses", "requestState"]
-            .iter()
-            .any(|k| params.get(k).is_some());
-        Some(ParsedCall {
-            name,
-            arguments,
-            explicit_key,
-            key_in_meta,
-            progress_token,
-            forward_params,
-            no_store,
-        })
-    }
-}
-
-/// An idempotency key's text: a string, or a number as written.
-fn key_text(v: &serde_json::value::RawValue) -> Option<String> {
-    let raw = v.get();
-    if raw.starts_with('"') {
-        serde_json::from_str::<String>(raw)
-            .ok()
-            .filter(|s| !s.is_empty())
-    } else if raw
-        .as_bytes()
-        .first()
-        .is_some_and(|b| b.is_ascii_digit() || *b == b'-')
-    {
-        Some(raw.to_owned())
-    } else {
-        None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The parts of a call that outlive its message, as the tests read them.
-    struct Parts {
-        arguments: String,
-        explicit_key: Option<String>,
-        progress_token: Option<String>,
-        forward_params: Option<String>,
-        no_store: bool,
-    }
-
-    fn parsed(params: &str) -> Parts {
-        let m = Message::reparse(format!(
-            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#
-        ))
-        .unwrap();
-        let p = ParsedCall::parse(&m).unwrap();
-        Parts {
-            arguments: p.arguments.into_owned(),
-            explicit_key: p.explicit_key,
-            progress_token: p.progress_token,
-            forward_params: p.forward_params,
-            no_store: p.no_store,
-        }
-    }
-
-    #[test]
-    fn argument_key_is_removed_and_meta_key_read() {
-        let p = parsed(r#"{"name":"pay","arguments":{"amount":5,"_idempotency_key":"k-1"}}"#);
-        assert_eq!(p.explicit_key.as_deref(), Some("k-1"));
-        assert_eq!(p.arguments, r#"{"amount":5}"#);
-        assert_eq!(
-            p.forward_params.as_deref(),
-            Some(r#"{"name":"pay","arguments":{"amount":5}}"#)
-        );
-        let p = parsed(
-            r#"{"name":"pay","arguments":{"a":1},"_meta":{"idempotencyKey":"m-2","progressToken":7}}"#,
-        );
-        assert_eq!(p.explicit_key.as_deref(), Some("m-2"));
-        assert_eq!(p.progress_token.as_deref(), Some("7"));
-        assert!(p.forward_params.is_none());
-        assert!(!p.no_store);
-        assert!(parsed(r#"{"name":"x","task":{"ttl":5}}"#).no_store);
-        assert!(parsed(r#"{"name":"x","requestState":"s"}"#).no_store);
-    }
 }

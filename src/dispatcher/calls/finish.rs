@@ -118,13 +118,18 @@ impl Calls {
         } else {
             stats.failed += 1;
         }
-        let success = m.result().filter(|r| storable(r));
+        // Whether the result may be kept is read only when something would
+        // keep it: a cache entry, the store's record, a replay under a key.
+        let keeps = call.cache_key.is_some() || call.claim.is_some() || call.explicit_key.is_some();
+        let success = m.result().filter(|r| keeps && storable(r));
         self.store_success(&call, success, ctx);
-        let recorded = match success {
-            Some(r) => self.success_outcome(r),
-            None => Outcome::Released,
-        };
-        self.record_end(&call, recorded, out);
+        if call.claim.is_some() {
+            let recorded = match success {
+                Some(r) => self.success_outcome(r),
+                None => Outcome::Released,
+            };
+            self.record_end(&call, recorded, out);
+        }
         // The client gets this answer: only an explicit key replays it.
         let store = match (&call.explicit_key, success) {
             (Some(_), Some(r)) => Some((r.to_owned(), Keep::Always)),
@@ -203,7 +208,7 @@ impl Calls {
     /// remembered as late.
     fn end_without_server(
         &mut self,
-        call: Call,
+        call: Box<Call>,
         answer: Result<&str, &CallError>,
         ctx: Ctx,
         out: &mut Vec<Action>,
@@ -278,7 +283,7 @@ impl Calls {
     }
 
     /// Forgets call `id` and every id that pointed at it.
-    pub(super) fn remove_call(&mut self, id: u64, out: &mut Vec<Action>) -> Option<Call> {
+    pub(super) fn remove_call(&mut self, id: u64, out: &mut Vec<Action>) -> Option<Box<Call>> {
         let call = self.calls.remove(&id)?;
         if let Phase::Queued(seq) = call.phase {
             out.push(Action::Unqueue(seq));

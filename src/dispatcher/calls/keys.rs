@@ -404,7 +404,7 @@ impl Calls {
         let Some(call) = self.remove_call(id, out) else {
             return;
         };
-        let call: Call = call;
+        let call: Box<Call> = call;
         info!("tool \"{}\": replayed a result the store kept", call.tool);
         self.counters.tool(&call.tool).dedup_hits += 1;
         trace(ctx, out, id);

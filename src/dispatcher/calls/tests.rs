@@ -71,7 +71,7 @@ impl Harness {
     /// Client `client` calls `tool` with `args`.
     fn arrive(&mut self, client: &str, tool: &str, args: &str) -> (Arrival, Vec<Action>) {
         let m = request(client, tool, args);
-        self.run(|c, ctx, out| c.arrive(m, client, ctx, out))
+        self.run(|c, ctx, out| c.arrive(m.clone(), parsed_call(&m), client, ctx, out))
     }
 
     /// Admits and sends the next attempt of call `id` as the dispatcher
@@ -344,7 +344,7 @@ fn progress_keeps_an_attempt_alive_and_reaches_the_client_when_it_advances() {
     let m = message(
         r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"t","_meta":{"progressToken":"p"}}}"#,
     );
-    let (arrival, _) = h.run(|c, ctx, out| c.arrive(m, "11", ctx, out));
+    let (arrival, _) = h.run(|c, ctx, out| c.arrive(m.clone(), parsed_call(&m), "11", ctx, out));
     let Arrival::Started(id) = arrival else {
         panic!("{arrival:?}");
     };
@@ -1089,7 +1089,8 @@ fn one_run_opens_a_call_and_starts_or_admits_its_first_attempt() {
         c.circuit_breaker.cooldown = 30 * SECOND;
     });
     let m = request("21", "t", "{}");
-    let ((arrival, first), out) = h.run(|c, ctx, out| c.arrive_and_start(m, "21", ctx, out));
+    let ((arrival, first), out) =
+        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "21", ctx, out));
     let Arrival::Started(id) = arrival else {
         panic!("{arrival:?}");
     };
@@ -1107,7 +1108,8 @@ fn one_run_opens_a_call_and_starts_or_admits_its_first_attempt() {
     // A link that is not ready: admitted only, for the dispatcher to route.
     h.link.ready = false;
     let m = request("22", "t", r#"{"n":2}"#);
-    let ((arrival, first), out) = h.run(|c, ctx, out| c.arrive_and_start(m, "22", ctx, out));
+    let ((arrival, first), out) =
+        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "22", ctx, out));
     let Arrival::Started(second) = arrival else {
         panic!("{arrival:?}");
     };
@@ -1118,9 +1120,18 @@ fn one_run_opens_a_call_and_starts_or_admits_its_first_attempt() {
     h.link.ready = true;
     h.answer(down, TRANSIENT);
     let m = request("23", "t", r#"{"n":3}"#);
-    let ((arrival, first), out) = h.run(|c, ctx, out| c.arrive_and_start(m, "23", ctx, out));
+    let ((arrival, first), out) =
+        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "23", ctx, out));
     assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
     assert_eq!(first, First::Waiting);
     let refused = answer_for(&out, "23");
     assert_eq!(refused["error"]["data"]["reason"], "circuit_open");
+}
+
+/// A call's params as its reader thread reads them.
+fn parsed_call(m: &Message) -> Option<Box<crate::inbound::ParsedCall>> {
+    crate::inbound::ParsedCall::read(m.params()?)
+        .ok()
+        .flatten()
+        .map(Box::new)
 }

@@ -18,7 +18,7 @@ use crate::policy::canonical_json;
 use crate::policy::dedup::fingerprint;
 use crate::policy::gate;
 
-use super::call::{Call, Phase};
+use super::call::Phase;
 use super::{Action, Calls, Ctx, LinkView};
 
 /// What the calls need to know about the server's tools.
@@ -135,7 +135,7 @@ impl Calls {
                 if first {
                     self.tools.pages.clear();
                 }
-                let keys = &self.fingerprint_keys;
+                let keys = self.fingerprint_keys;
                 self.tools.pages.extend(
                     canonical_tools(result)
                         .iter()
@@ -219,7 +219,7 @@ impl Calls {
             .collect();
         parked.sort();
         for id in parked {
-            if let Some(f) = self.calls.get_mut(&id).and_then(Call::take_parked) {
+            if let Some(f) = self.calls.get_mut(&id).and_then(|c| c.take_parked()) {
                 self.decide(id, f, ctx, out);
             }
         }

@@ -1,0 +1,473 @@
+//! What a client's message is, read once, by the thread that frames it: its
+//! kind, id and method (`jsonrpc::classify`), whether a member name repeats
+//! where the proxy and the server could read it differently (a request that
+//! is then refused), and for a `tools/call` the [`ParsedCall`] the policies
+//! look at, with the fingerprint of its arguments. The dispatcher gets an
+//! [`Inbound`] and reads none of this again; the `Call` keeps the
+//! `ParsedCall`'s parts.
+//!
+//! Pure: no I/O, no policy, no state. Knows of MCP only the members it
+//! reads (`name`, `arguments`, `_meta`, the idempotency keys).
+
+#![forbid(unsafe_code)]
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use crate::jsonrpc::{self, Kind, Message, Parsed, RawObject};
+use crate::mcp::Modern;
+use crate::policy::dedup;
+
+/// A client's line as the dispatcher gets it: classified, and a request's
+/// params read (`read`: `None` for anything else, and for the requests of a
+/// batch, which the dispatcher reads itself with [`Read::of`]).
+#[derive(Debug)]
+pub struct Inbound {
+    pub parsed: Parsed,
+    pub read: Option<Read>,
+}
+
+impl Inbound {
+    /// Classifies a line and reads a request's params: what the
+    /// `client-stdin` thread does with every line.
+    pub fn of_line(line: Vec<u8>) -> Inbound {
+        Inbound::of(jsonrpc::classify_bytes(line))
+    }
+
+    /// [`Inbound::of_line`] for a line classified already.
+    pub fn of(parsed: Parsed) -> Inbound {
+        let read = match &parsed {
+            Parsed::Message(m) if m.kind() == Kind::Request => Some(Read::of(m)),
+            _ => None,
+        };
+        Inbound { parsed, read }
+    }
+
+    /// Roughly how many bytes it holds (what waits in the inbox).
+    pub fn size(&self) -> usize {
+        self.parsed.size()
+    }
+}
+
+/// What a client request's params say, read once.
+#[derive(Debug, Default)]
+pub struct Read {
+    /// Why it must not be forwarded: a member name repeats (the -32600
+    /// message).
+    pub refused: Option<String>,
+    /// A `tools/call` whose params are an object with a string `name`
+    /// (boxed: it travels in every event's room).
+    pub call: Option<Box<ParsedCall>>,
+    /// A 2026-07-28 request's version, `Mcp-Name` and envelope, for its
+    /// `OutKind::Request`.
+    pub modern: Option<Arc<Modern>>,
+}
+
+impl Read {
+    /// Reads request `m`'s params.
+    pub fn of(m: &Message) -> Read {
+        let method = m.method().unwrap_or_default();
+        let Some(params) = m.params() else {
+            return Read::default();
+        };
+        count_read();
+        if method == "tools/call" {
+            return match ParsedCall::read(params) {
+                Ok(call) => Read {
+                    refused: None,
+                    modern: call.as_ref().and_then(|c| c.modern.clone()),
+                    call: call.map(Box::new),
+                },
+                Err(repeated) => Read {
+                    refused: Some(repeated),
+                    call: None,
+                    modern: None,
+                },
+            };
+        }
+        let refused = repeated_param(&method, params);
+        let modern = match refused {
+            None => Modern::of(&method, params).map(Arc::new),
+            Some(_) => None,
+        };
+        Read {
+            refused,
+            call: None,
+            modern,
+        }
+    }
+}
+
+/// Why a client request must not be forwarded because a member name repeats
+/// in `params`, `params._meta` or, for `tools/call` and `prompts/get`,
+/// `params.arguments`. The proxy reads the first `name` of a call, the server
+/// most likely the last: with `"name":"ro","name":"destroy"` the proxy would
+/// retry a read-only call that runs `destroy`, and calls with repeated
+/// argument keys would share dedup and cache entries with calls the server
+/// reads differently. Whatever the proxy cannot read as the server will, it
+/// refuses.
+fn repeated_param(method: &str, params: &str) -> Option<String> {
+    let nested: &[&str] = match method {
+        "tools/call" | "prompts/get" => &["_meta", "arguments"],
+        _ => &["_meta"],
+    };
+    let repeated = jsonrpc::repeated_member(params, nested)?;
+    Some(refusal(repeated.within, &repeated.name))
+}
+
+/// The -32600 message for `name` repeating in params (or its member `within`).
+fn refusal(within: Option<&str>, name: &str) -> String {
+    let name = jsonrpc::json_string(name);
+    match within {
+        None => format!("invalid request: duplicate member {name} in params"),
+        Some(within) => format!("invalid request: duplicate member {name} in params.{within}"),
+    }
+}
+
+/// The parts of a `tools/call` the policies look at, owned, so that they
+/// travel with the message from the thread that read them and stay on the
+/// call.
+#[derive(Debug)]
+pub struct ParsedCall {
+    pub name: String,
+    /// Where `arguments` is in the params (`None`: absent, read as `{}`),
+    /// unless `_idempotency_key` was removed from it (`rewritten`).
+    arguments: Option<Range<usize>>,
+    /// The arguments and the params to forward when `_idempotency_key` was
+    /// removed.
+    rewritten: Option<Rewritten>,
+    pub explicit_key: Option<String>,
+    /// The key came from `_meta.idempotencyKey`, which reaches the server.
+    pub key_in_meta: bool,
+    pub progress_token: Option<String>,
+    /// Tasks and multi-round-trip calls are never deduplicated or cached.
+    pub no_store: bool,
+    /// The fingerprint of the arguments in canonical form
+    /// (`dedup::fingerprint_json` under the process's keys, parts
+    /// `["args"]`); `None` when they are not valid JSON or nest too deep.
+    pub args_fp: Option<u128>,
+    /// The key of the call in the idempotency table, when dedup applies:
+    /// a fingerprint of the tool and its explicit key, else of the tool
+    /// and its arguments' fingerprint.
+    pub dedup_key: Option<u128>,
+    /// The arguments' fingerprint as the idempotency table keeps it (0
+    /// without a `dedup_key`, or when unreadable).
+    pub dedup_args: u128,
+    /// What its 2026-07-28 headers say (its `Mcp-Name` is `name`).
+    pub modern: Option<Arc<Modern>>,
+}
+
+#[derive(Debug)]
+struct Rewritten {
+    arguments: String,
+    params: String,
+}
+
+impl ParsedCall {
+    /// Reads a `tools/call`'s params: `Ok(None)` when they are not an
+    /// object with a string `name` (the server answers that), `Err` with
+    /// the -32600 message when a member name repeats in params,
+    /// `params._meta` or `params.arguments` (the same rule and message as
+    /// for every other request, the first repeat in document order).
+    pub fn read(params: &str) -> Result<Option<ParsedCall>, String> {
+        let Some(object) = RawObject::parse(params) else {
+            // Not an object (or not JSON, which classification excludes):
+            // nothing repeats in it.
+            return Ok(None);
+        };
+        let mut meta = None;
+        let mut arguments: Option<(&RawValue, Option<RawObject<'_>>)> = None;
+        let mut seen: Vec<&str> = Vec::with_capacity(object.0.len());
+        for (k, v) in &object.0 {
+            if seen.iter().any(|s| *s == k.as_ref()) {
+                return Err(refusal(None, k));
+            }
+            seen.push(k.as_ref());
+            let nested = match k.as_ref() {
+                "_meta" => {
+                    meta = RawObject::parse(v.get());
+                    meta.as_ref()
+                }
+                "arguments" => {
+                    arguments = Some((v, RawObject::parse(v.get())));
+                    arguments.as_ref().and_then(|(_, o)| o.as_ref())
+                }
+                _ => None,
+            };
+            if let Some(name) = nested.and_then(RawObject::duplicate) {
+                return Err(refusal(Some(k.as_ref()), name));
+            }
+        }
+        let Some(name) = object.string("name") else {
+            return Ok(None);
+        };
+        let mut explicit_key = None;
+        let mut progress_token = None;
+        if let Some(meta) = &meta {
+            progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
+            explicit_key = meta.get("idempotencyKey").and_then(key_text);
+        }
+        let modern = meta
+            .and_then(|meta| Modern::read("tools/call", &object, meta))
+            .map(Arc::new);
+        let key_in_meta = explicit_key.is_some();
+        let base = params.as_ptr() as usize;
+        let range = arguments.as_ref().map(|(v, _)| {
+            let start = v.get().as_ptr() as usize - base;
+            start..start + v.get().len()
+        });
+        let mut rewritten = None;
+        if let Some((_, Some(mut args))) = arguments {
+            if let Some(k) = args.remove("_idempotency_key") {
+                if explicit_key.is_none() {
+                    explicit_key = key_text(k);
+                }
+                let new_args = args.to_json();
+                rewritten = Some(Rewritten {
+                    params: object.to_json_replacing("arguments", &new_args),
+                    arguments: new_args,
+                });
+            }
+        }
+        let no_store = ["task", "inputResponses", "requestState"]
+            .iter()
+            .any(|k| object.get(k).is_some());
+        let text = match (&rewritten, &range) {
+            (Some(r), _) => r.arguments.as_str(),
+            (None, Some(r)) => &params[r.clone()],
+            (None, None) => "{}",
+        };
+        let keys = dedup::keys();
+        let args_fp = dedup::fingerprint_json(keys, &["args"], text).ok();
+        let (dedup_key, dedup_args) = match (&explicit_key, args_fp) {
+            _ if no_store => (None, 0),
+            (Some(k), fp) => (
+                Some(dedup::fingerprint(keys, &["key", &name, k])),
+                fp.unwrap_or_default(),
+            ),
+            (None, Some(fp)) => {
+                let mut buf = [0; 32];
+                let hex = dedup::hex(fp, &mut buf);
+                (Some(dedup::fingerprint(keys, &["call", &name, hex])), fp)
+            }
+            (None, None) => (None, 0),
+        };
+        Ok(Some(ParsedCall {
+            name,
+            arguments: range,
+            rewritten,
+            explicit_key,
+            key_in_meta,
+            progress_token,
+            no_store,
+            args_fp,
+            dedup_key,
+            dedup_args,
+            modern,
+        }))
+    }
+
+    /// Raw JSON of `arguments` (after removing `_idempotency_key`), `{}` if
+    /// absent; `params` are the call's params as the client sent them.
+    pub fn arguments<'a>(&'a self, params: &'a str) -> &'a str {
+        match (&self.rewritten, &self.arguments) {
+            (Some(r), _) => &r.arguments,
+            (None, Some(r)) => params.get(r.clone()).unwrap_or("{}"),
+            (None, None) => "{}",
+        }
+    }
+
+    /// The params to forward, when `_idempotency_key` was removed from the
+    /// arguments.
+    pub fn forward_params(&self) -> Option<&str> {
+        self.rewritten.as_ref().map(|r| r.params.as_str())
+    }
+}
+
+/// An idempotency key's text: a string, or a number as written.
+fn key_text(v: &RawValue) -> Option<String> {
+    let raw = v.get();
+    if raw.starts_with('"') {
+        serde_json::from_str::<String>(raw)
+            .ok()
+            .filter(|s| !s.is_empty())
+    } else if raw
+        .as_bytes()
+        .first()
+        .is_some_and(|b| b.is_ascii_digit() || *b == b'-')
+    {
+        Some(raw.to_owned())
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    static READS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a read of a request's params on this thread (tests only: see
+/// [`reads`]).
+fn count_read() {
+    #[cfg(test)]
+    READS.with(|r| r.set(r.get() + 1));
+}
+
+/// How many times a request's params were read on this thread so far.
+#[cfg(test)]
+pub fn reads() -> usize {
+    READS.with(std::cell::Cell::get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(params: &str) -> Message {
+        Message::reparse(format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#
+        ))
+        .unwrap()
+    }
+
+    /// The parts of a call, as the tests read them.
+    struct Parts {
+        arguments: String,
+        explicit_key: Option<String>,
+        progress_token: Option<String>,
+        forward_params: Option<String>,
+        no_store: bool,
+    }
+
+    fn parsed(params: &str) -> Parts {
+        let m = message(params);
+        let p = ParsedCall::read(m.params().unwrap()).unwrap().unwrap();
+        Parts {
+            arguments: p.arguments(m.params().unwrap()).to_owned(),
+            explicit_key: p.explicit_key.clone(),
+            progress_token: p.progress_token.clone(),
+            forward_params: p.forward_params().map(str::to_owned),
+            no_store: p.no_store,
+        }
+    }
+
+    #[test]
+    fn argument_key_is_removed_and_meta_key_read() {
+        let p = parsed(r#"{"name":"pay","arguments":{"amount":5,"_idempotency_key":"k-1"}}"#);
+        assert_eq!(p.explicit_key.as_deref(), Some("k-1"));
+        assert_eq!(p.arguments, r#"{"amount":5}"#);
+        assert_eq!(
+            p.forward_params.as_deref(),
+            Some(r#"{"name":"pay","arguments":{"amount":5}}"#)
+        );
+        let p = parsed(
+            r#"{"name":"pay","arguments":{"a":1},"_meta":{"idempotencyKey":"m-2","progressToken":7}}"#,
+        );
+        assert_eq!(p.explicit_key.as_deref(), Some("m-2"));
+        assert_eq!(p.progress_token.as_deref(), Some("7"));
+        assert_eq!(p.arguments, r#"{"a":1}"#);
+        assert!(p.forward_params.is_none());
+        assert!(!p.no_store);
+        assert!(parsed(r#"{"name":"x","task":{"ttl":5}}"#).no_store);
+        assert!(parsed(r#"{"name":"x","requestState":"s"}"#).no_store);
+        assert_eq!(parsed(r#"{"name":"x"}"#).arguments, "{}");
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_canonical_arguments() {
+        let fp = |params: &str| {
+            let m = message(params);
+            ParsedCall::read(m.params().unwrap())
+                .unwrap()
+                .unwrap()
+                .args_fp
+        };
+        let a = fp(r#"{"name":"t","arguments":{"a":1,"b":[2, 3]}}"#);
+        assert!(a.is_some());
+        assert_eq!(a, fp(r#"{"arguments":{ "b":[2,3],"a":1 },"name":"t"}"#));
+        assert_ne!(a, fp(r#"{"name":"t","arguments":{"a":2,"b":[2,3]}}"#));
+        // The key removed from the arguments is not part of them.
+        assert_eq!(
+            fp(r#"{"name":"t","arguments":{"a":1,"_idempotency_key":"k"}}"#),
+            fp(r#"{"name":"t","arguments":{"a":1}}"#)
+        );
+    }
+
+    /// The same refusals, in the same order, as `jsonrpc::repeated_member`
+    /// gives every other request.
+    #[test]
+    fn a_repeated_member_is_refused_as_for_any_request() {
+        for params in [
+            r#"{"name":"a","name":"b"}"#,
+            r#"{"name":"a","arguments":{"x":1,"x":2}}"#,
+            r#"{"name":"a","_meta":{"progressToken":1,"progressToken":2}}"#,
+            r#"{"arguments":{"x":1,"x":2},"name":"a","name":"b"}"#,
+            r#"{"name":"a","name":"b","arguments":{"x":1,"x":2}}"#,
+            r#"{"name":"a","arguments":{"x":1},"arguments":{"y":1}}"#,
+            r#"{"name":"a","arguments":[1,1],"_meta":"m"}"#,
+            r#"{"nam\u0065":"a","name":"b"}"#,
+            r#"{"name":"a","arguments":{"x":1,"\u0078":2}}"#,
+            r#"{"name":7,"arguments":{"x":1,"x":2}}"#,
+        ] {
+            assert_eq!(
+                ParsedCall::read(params).err(),
+                repeated_param("tools/call", params),
+                "{params}"
+            );
+        }
+        assert!(ParsedCall::read(r#"{"name":7}"#).unwrap().is_none());
+        assert!(ParsedCall::read("[1]").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_modern_requests_version_and_name_are_read_with_it() {
+        let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}"#;
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t",{meta}}}}}"#
+        );
+        let read = Inbound::of_line(line.into_bytes()).read.unwrap();
+        let modern = read.modern.unwrap();
+        assert_eq!(modern.version, "2026-07-28");
+        assert_eq!(modern.name.as_deref(), Some("t"));
+        assert_eq!(read.call.unwrap().modern.as_deref(), Some(&*modern));
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{{"uri":"u",{meta}}}}}"#
+        );
+        let modern = Inbound::of_line(line.into_bytes())
+            .read
+            .unwrap()
+            .modern
+            .unwrap();
+        assert_eq!(modern.name.as_deref(), Some("u"));
+        let old = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t"}}"#;
+        assert!(Inbound::of_line(old.to_vec())
+            .read
+            .unwrap()
+            .modern
+            .is_none());
+    }
+
+    #[test]
+    fn only_requests_are_read() {
+        let before = reads();
+        let n =
+            Inbound::of_line(br#"{"jsonrpc":"2.0","method":"tools/call","params":{}}"#.to_vec());
+        assert!(n.read.is_none());
+        let r = Inbound::of_line(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}"#.to_vec(),
+        );
+        assert_eq!(r.read.unwrap().call.unwrap().name, "t");
+        let r = Inbound::of_line(
+            br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"_meta":{"a":1,"a":1}}}"#
+                .to_vec(),
+        );
+        assert_eq!(
+            r.read.unwrap().refused.as_deref(),
+            Some(r#"invalid request: duplicate member "a" in params._meta"#)
+        );
+        assert_eq!(reads(), before + 2);
+    }
+}
