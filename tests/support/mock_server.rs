@@ -184,7 +184,9 @@
 //!    to stderr.
 //! 9. `MOCK_WRITE_GARBAGE_AT_START=1`: writes the line `not json at start` to
 //!    stdout.
-//! 10. `MOCK_START_DELAY_MS=ms`: sleeps before reading stdin.
+//! 10. `MOCK_START_DELAY_MS=ms`: sleeps before reading stdin;
+//!     `MOCK_START_UNTIL=path`: waits until that file exists (for a start
+//!     as slow as the test needs it, ended by the test).
 //!
 //! (Between 7 and 8: `MOCK_ORPHAN_STDOUT=group` spawns `sleep 60` in the same
 //! process group with stdin and stderr on /dev/null but sharing stdout, so that
@@ -490,6 +492,11 @@ fn run_startup(config: &Config) {
     }
     if let Some(ms) = env_u64("MOCK_START_DELAY_MS") {
         thread::sleep(scaled_ms(ms));
+    }
+    if let Some(path) = env_string("MOCK_START_UNTIL") {
+        while !Path::new(&path).exists() {
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
