@@ -319,9 +319,14 @@ mod tests {
     /// A group of two, a shell and its `sleep`, both ignoring SIGTERM if
     /// asked, once both are set up. Its leader is reaped on another thread,
     /// as the proxy's waiter thread does (a zombie still counts as a member
-    /// of its group).
+    /// of its group). A leader that heeds SIGTERM reaps its `sleep` before
+    /// it dies of it: an orphaned zombie would stay in the group until init
+    /// reaps it, which some hosts' init does only every few seconds.
     fn group(ignore_term: bool) -> (libc::pid_t, thread::JoinHandle<ExitStatus>) {
-        let trap = if ignore_term { "trap '' TERM; " } else { "" };
+        let trap = match ignore_term {
+            true => "trap '' TERM; ",
+            false => "trap 'wait; trap - TERM; kill -TERM $$' TERM; ",
+        };
         let mut leader = Command::new("sh")
             .arg("-c")
             .arg(format!("{trap}sleep 300 & echo ready; wait; wait"))
