@@ -374,7 +374,7 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
 fn status_lists_keyed_calls_whose_outcome_is_unknown_until_a_late_answer_settles_them() {
     let rt = Runtime::new();
     let dir = rt.dir();
-    let mut s = proxy(&dir, "delta", "    call_timeout: 0.5\n");
+    let mut s = proxy(&dir, "delta", "    call_timeout: 0.3\n");
     s.list_tools();
     // One call that never answers in time, one that answers late: once
     // the test has seen it unknown.
