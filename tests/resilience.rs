@@ -1463,10 +1463,17 @@ fn a_late_success_after_a_timeout_answers_the_next_identical_call_once() {
 fn a_late_success_after_the_client_cancelled_answers_the_next_identical_call_once() {
     let mut s = start(FAST);
     s.list_tools();
-    let args = json!({"mode": "slow", "ms": 400, "cancellable": false, "text": "sent"});
+    // It answers once its cancel has reached the server.
+    let answer = s.dir.join("answer-late");
+    let args =
+        json!({"mode": "slow", "until": path_text(&answer), "cancellable": false, "text": "sent"});
     s.call(json!("c"), "echo", args.clone());
     eventually("the call reached the server", || s.executions("echo") == 1);
     s.notify("notifications/cancelled", json!({"requestId": "c"}));
+    eventually("the cancel to reach the server", || {
+        !s.received("notifications/cancelled").is_empty()
+    });
+    std::fs::write(&answer, "").unwrap();
     eventually("the late success", || s.stderr().contains("late success"));
     s.call(json!(2), "echo", args.clone());
     let r = s.result(&json!(2));
