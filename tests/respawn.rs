@@ -484,7 +484,7 @@ fn a_detached_descendant_holding_stdout_does_not_hold_the_link_forever() {
         .with_logs()
         .env("MOCK_ORPHAN_STDOUT", "setsid")
         .shorten("orphans_grace", Duration::from_millis(300))
-        .shorten("exited_idle", Duration::from_millis(1000))
+        .shorten("exited_idle", Duration::from_millis(500))
         .initialized();
     eventually("the stdout holder to start", || !holders(&s).is_empty());
     let _cleanup = KillHolders(s.dir.join("holders.pid"));
@@ -539,11 +539,12 @@ fn a_secret_a_crashing_server_printed_across_two_lines_is_not_quoted_to_the_clie
 
 #[test]
 fn a_call_waiting_to_retry_after_a_crash_tells_the_client_and_the_servers_progress_follows() {
-    // The first execution crashes the server; the retry waits 1 s (its
+    // The first execution crashes the server; the retry waits 0.5 s (its
     // backoff), then runs on the restarted server and reports progress.
     // (A wait's notice again every 5 s is the dispatcher's fake-clock test.)
-    let mut s = mock_with("    retry:\n      base_delay: 1\n      max_delay: 1\n      jitter: 0\n")
-        .initialized();
+    let mut s =
+        mock_with("    retry:\n      base_delay: 0.5\n      max_delay: 0.5\n      jitter: 0\n")
+            .initialized();
     s.list_tools();
     s.call_with(
         json!(1),
