@@ -450,8 +450,11 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
     // bound is dispatcher::calls' results_waiting_for_the_store_...).
     let calls = 400;
     let bound_kb = 64 * 1024;
+    // No call times out, however long a loaded machine takes to run them
+    // all: the wait below allows 30 s scaled, which at scale 3 is longer
+    // than the default call_timeout (60 s).
     let mut s = Builder::mock_with(
-        "max_message_bytes: 1048576\nidempotency_max_bytes: 8388608\nstore: memory",
+        "max_message_bytes: 1048576\nidempotency_max_bytes: 8388608\nstore: memory\ncall_timeout: 600",
     )
     .unread_stdout()
     .start();
