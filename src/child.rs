@@ -893,13 +893,37 @@ mod tests {
         let _ = std::fs::remove_file(&marker);
         assert_eq!(said.trim(), "term", "the leftover was not sent SIGTERM");
         let deadline = Instant::now() + Duration::from_secs(10);
-        while crate::watchdog::group_exists(pgid) && Instant::now() < deadline {
+        while group_running(pgid) && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(20));
         }
-        assert!(
-            !crate::watchdog::group_exists(pgid),
-            "the group outlived it"
-        );
+        assert!(!group_running(pgid), "the group outlived it");
+    }
+
+    /// Whether a process of group `pgid` still runs. A zombie does not: the
+    /// leftover's parent exited before it, so it is init's to reap, which
+    /// some hosts' init does only every few seconds.
+    fn group_running(pgid: libc::pid_t) -> bool {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            // No /proc (macOS): zombies count.
+            return crate::watchdog::group_exists(pgid);
+        };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .any(|pid| {
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    return false;
+                };
+                // After the command name: state, ppid, pgrp.
+                let fields: Vec<&str> = stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .collect();
+                fields.len() > 2
+                    && fields[2] == pgid.to_string()
+                    && !["Z", "X"].contains(&fields[0])
+            })
     }
 
     #[test]

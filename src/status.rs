@@ -335,6 +335,9 @@ fn tool_snapshot(f: &ToolFigures) -> ToolSnapshot {
 #[derive(Debug)]
 pub struct Publisher {
     out: Sender<Snapshot>,
+    /// [`MIN_INTERVAL`] (shorter in the integration tests that read the
+    /// file: `status_interval`, see `guard::duration`).
+    interval: Duration,
     /// A publish timer is set.
     pub pending: bool,
     pub last_sent: Option<Instant>,
@@ -346,6 +349,7 @@ impl Publisher {
     pub fn new(out: Sender<Snapshot>) -> Publisher {
         Publisher {
             out,
+            interval: crate::guard::duration("status_interval", MIN_INTERVAL),
             pending: false,
             last_sent: None,
             last_headline: None,
@@ -355,7 +359,7 @@ impl Publisher {
     /// When the next publish may happen, if one is wanted at `now`.
     pub fn due(&self, now: Instant) -> Instant {
         match self.last_sent {
-            Some(last) => (last + MIN_INTERVAL).max(now),
+            Some(last) => (last + self.interval).max(now),
             None => now,
         }
     }

@@ -327,9 +327,16 @@ mod tests {
     /// A group of two, a shell and its `sleep`, both ignoring SIGTERM if
     /// asked, once both are set up. Its leader is reaped on another thread,
     /// as the proxy's waiter thread does (a zombie still counts as a member
-    /// of its group).
+    /// of its group). A leader that heeds SIGTERM ends its `sleep` (which
+    /// may have taken the signal before its exec, while it still had the
+    /// shell's trap) and reaps it before it dies of SIGTERM itself: an
+    /// orphaned zombie would stay in the group until init reaps it, which
+    /// some hosts' init does only every few seconds.
     fn group(ignore_term: bool) -> (libc::pid_t, thread::JoinHandle<ExitStatus>) {
-        let trap = if ignore_term { "trap '' TERM; " } else { "" };
+        let trap = match ignore_term {
+            true => "trap '' TERM; ",
+            false => "trap 'kill -KILL $! 2>/dev/null; wait; trap - TERM; kill -TERM $$' TERM; ",
+        };
         let mut leader = Command::new("sh")
             .arg("-c")
             .arg(format!("{trap}sleep 300 & echo ready; wait; wait"))

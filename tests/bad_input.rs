@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, BadFile, Builder, Session};
+use crate::util::{eventually, path_text, BadFile, Builder, Session};
 
 /// The session still relays: a ping and a call get their answers.
 fn still_works(s: &mut Session, tag: &str) {
@@ -450,8 +450,11 @@ fn a_client_that_stops_reading_does_not_grow_the_proxy_without_bound() {
     // bound is dispatcher::calls' results_waiting_for_the_store_...).
     let calls = 400;
     let bound_kb = 64 * 1024;
+    // No call times out, however long a loaded machine takes to run them
+    // all: the wait below allows 30 s scaled, which at scale 3 is longer
+    // than the default call_timeout (60 s).
     let mut s = Builder::mock_with(
-        "max_message_bytes: 1048576\nidempotency_max_bytes: 8388608\nstore: memory",
+        "max_message_bytes: 1048576\nidempotency_max_bytes: 8388608\nstore: memory\ncall_timeout: 600",
     )
     .unread_stdout()
     .start();
@@ -577,9 +580,10 @@ fn list_in_flight(s: &mut Session, tag: &str) -> (Value, Value) {
 
 #[test]
 fn a_request_whose_answer_is_not_valid_json_rpc_gets_an_error() {
-    let mut s = Builder::wrap_mock()
-        .with_logs()
-        .env("MOCK_TOOLS_LIST_DELAY_MS", "800")
+    let b = Builder::wrap_mock().with_logs();
+    let answer = b.dir().join("answer-list");
+    let mut s = b
+        .env("MOCK_TOOLS_LIST_UNTIL", &path_text(&answer))
         .initialized();
     let (id, down) = list_in_flight(&mut s, "list-1");
     // An answer with both a result and an error, before the real one.
@@ -594,13 +598,17 @@ fn a_request_whose_answer_is_not_valid_json_rpc_gets_an_error() {
     let e = s.error(&id);
     assert_proxy_error(&e, "invalid_response");
     assert_eq!(s.result(&json!("raw"))["content"][0]["text"], "sent");
+    // The real answer, late.
+    std::fs::write(&answer, "").unwrap();
     no_second_answer(&mut s, &id, &down, "invalid answer");
 }
 
 #[test]
 fn a_request_whose_answer_is_over_max_message_bytes_gets_an_error() {
-    let mut s = Builder::mock_with("max_message_bytes: 65536")
-        .env("MOCK_TOOLS_LIST_DELAY_MS", "800")
+    let b = Builder::mock_with("max_message_bytes: 65536");
+    let answer = b.dir().join("answer-list");
+    let mut s = b
+        .env("MOCK_TOOLS_LIST_UNTIL", &path_text(&answer))
         .initialized();
     let (id, down) = list_in_flight(&mut s, "list-2");
     let line = format!(r#"{{"jsonrpc":"2.0","id":{down},"result":{{"tools":[],"x":"{{pad}}"}}}}"#);
@@ -613,6 +621,7 @@ fn a_request_whose_answer_is_over_max_message_bytes_gets_an_error() {
         "{e}"
     );
     assert_eq!(s.result(&json!("raw"))["content"][0]["text"], "sent");
+    std::fs::write(&answer, "").unwrap();
     no_second_answer(&mut s, &id, &down, "overlong answer");
 }
 
@@ -641,7 +650,8 @@ fn a_call_whose_answer_is_not_valid_json_rpc_fails_at_once_and_runs_once() {
     let mut s = Builder::mock_with("call_timeout: 60s").initialized();
     s.list_tools();
     let id = json!("slow");
-    let args = json!({"mode": "slow", "ms": 800, "text": "call-tag-1"});
+    let answer = s.dir.join("answer-call");
+    let args = json!({"mode": "slow", "until": path_text(&answer), "text": "call-tag-1"});
     s.call(id.clone(), "idem_echo", args);
     let down = downstream_id(&s, "call-tag-1");
     let line = format!(
@@ -655,6 +665,7 @@ fn a_call_whose_answer_is_not_valid_json_rpc_fails_at_once_and_runs_once() {
     let e = s.error(&id);
     assert_proxy_error(&e, "invalid_response");
     assert_eq!(s.result(&json!("raw"))["content"][0]["text"], "sent");
+    std::fs::write(&answer, "").unwrap();
     no_second_answer(&mut s, &id, &down, "invalid call answer");
     assert_eq!(s.executions("idem_echo"), 1);
 }

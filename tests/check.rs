@@ -255,7 +255,7 @@ fn every_server_up_exits_zero_with_aligned_lines() {
 #[test]
 fn down_servers_say_why_and_exit_one() {
     let dir = TempDir::new();
-    let timeout = crate::util::ms(2000);
+    let timeout = crate::util::ms(if cfg!(windows) { 2000 } else { 1000 });
     let ran = check(
         &dir,
         "servers:
@@ -376,7 +376,7 @@ fn json_report_parses_and_matches() {
 fn servers_are_probed_in_parallel() {
     let dir = TempDir::new();
     let server = |name: &str| {
-        format!("  {name}:\n    command: {{mock}}\n    env:\n      MOCK_START_DELAY_MS: \"1500\"\n")
+        format!("  {name}:\n    command: {{mock}}\n    env:\n      MOCK_START_DELAY_MS: \"1000\"\n")
     };
     let config = format!(
         "servers:\n{}{}{}{}",
@@ -390,10 +390,10 @@ fn servers_are_probed_in_parallel() {
     let lines = report(&ran);
     assert_eq!(lines.len(), 4);
     for l in &lines {
-        assert!(start_ms(l) >= 1500.0, "{l:?}");
+        assert!(start_ms(l) >= 1000.0, "{l:?}");
     }
-    // One after the other would take at least 6 s.
-    assert!(ran.took < crate::util::ms(4500), "took {:?}", ran.took);
+    // One after the other would take at least 4 s.
+    assert!(ran.took < crate::util::ms(3000), "took {:?}", ran.took);
 }
 
 const THREE: &str = "servers:
@@ -1284,12 +1284,18 @@ fn a_dead_server_behind_mcp_retry_with_a_warm_cache_is_down_with_its_words() {
 fn the_entry_check_refreshes_from_another_folder_is_the_one_a_session_in_the_project_uses() {
     // The host's session: `.mcp.json`'s command, started in the project.
     let host = Builder::proxy(&["run", "--config", "srv.yaml", "--server", "tiny"]).cwd("proj");
-    // A server slower to start than its grace (200 ms here) to answer
+    // A server that reads nothing while the file `up` is missing: in the
+    // session, slower to start than its grace (200 ms here) to answer
     // `initialize` itself.
+    let up = host.dir().join("up");
     let config = host_project(
         host.dir(),
-        "      MOCK_START_DELAY_MS: \"1000\"\n    instant_start_grace: 200ms\n",
+        &format!(
+            "      MOCK_START_UNTIL: \"{}\"\n    instant_start_grace: 200ms\n",
+            crate::util::path_text(&up)
+        ),
     );
+    std::fs::write(&up, "").unwrap();
     let cache = host.dir().join("cache");
     // `check` runs in the test's own folder, not the project's.
     let ran = check_with_cache(&config, &cache, &["--timeout", "30s"]);
@@ -1309,6 +1315,7 @@ fn the_entry_check_refreshes_from_another_folder_is_the_one_a_session_in_the_pro
     );
     // Its session is answered from the entry check refreshed, before the
     // server is up.
+    std::fs::remove_file(&up).unwrap();
     let mut s = host
         .env(CACHE_DIR_ENV, &cache.display().to_string())
         .start();
@@ -1318,6 +1325,7 @@ fn the_entry_check_refreshes_from_another_folder_is_the_one_a_session_in_the_pro
         "{}",
         s.stderr()
     );
+    std::fs::write(&up, "").unwrap();
     s.close_stdin();
     s.wait();
 }

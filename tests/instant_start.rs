@@ -17,13 +17,24 @@ use crate::util::{eventually, Builder, Session, TempDir};
 /// The grace a server gets to answer `initialize` itself in these sessions
 /// (the default is 1 s), unless the test's policy sets one.
 const GRACE: &str = "instant_start_grace: 200ms";
-/// How long the slow server sleeps before it reads its input: long enough
-/// for everything the test checks before it is up (the status document at
-/// most a second after the start among them).
-const SLOW_START_MS: &str = "2000";
-/// A start slower than the [`GRACE`], but not by much: its session begins
-/// from the cache.
-const PAST_GRACE_MS: &str = "1000";
+/// The file whose creation lets a held server read its input.
+const UP_FILE: &str = "server-may-start";
+/// The mock's environment for a server held back ([`held`]), as
+/// [`handshaken`] takes it.
+const HELD: (&str, &str) = ("MOCK_START_UNTIL", "{up}");
+
+/// `b` with a server that reads nothing until the test lets it
+/// ([`let_start`]): a start slower than any grace, for as long as the test
+/// checks what comes before it is up, and no longer.
+fn held(b: Builder) -> Builder {
+    let up = b.dir().join(UP_FILE);
+    b.env("MOCK_START_UNTIL", &crate::util::path_text(&up))
+}
+
+/// Lets the held server of `s` read its input.
+fn let_start(s: &Session) {
+    fs::write(s.dir.join(UP_FILE), "").unwrap();
+}
 
 /// The client's `initialize` params, asking for `version`.
 fn init_params(version: &str) -> Value {
@@ -98,12 +109,14 @@ fn warmed(policy: &str) -> (TempDir, PathBuf) {
     (tmp, cache)
 }
 
-/// A session with `policy` and the mock's `env`, through the client's
-/// handshake (asking for [`VERSION`]); with its `initialize` result.
+/// A session with `policy` and the mock's `env` (`{up}` in a value is the
+/// file [`let_start`] creates), through the client's handshake (asking for
+/// [`VERSION`]); with its `initialize` result.
 fn handshaken(cache: &Path, policy: &str, env: &[(&str, &str)]) -> (Session, Value) {
     let mut b = session(cache, policy);
+    let up = crate::util::path_text(&b.dir().join(UP_FILE));
     for (k, v) in env {
-        b = b.env(k, v);
+        b = b.env(k, &v.replace("{up}", &up));
     }
     let mut s = b.start();
     s.request(json!(0), "initialize", init_params(VERSION));
@@ -131,11 +144,12 @@ fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_call
     );
     assert!(stored["entry"]["resource_templates"]["resourceTemplates"].is_array());
 
-    let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", SLOW_START_MS)
-        .start();
+    let mut s = held(session(&cache, "")).start();
     s.request(json!(0), "initialize", init_params(VERSION));
     let init = s.result(&json!(0));
+    // The proxy was running by then: its start is before this instant.
+    #[cfg(unix)]
+    let answered = std::time::Instant::now();
     s.notify("notifications/initialized", json!({}));
     s.request(json!(1), "tools/list", json!({}));
     let tools = s.result(&json!(1));
@@ -172,6 +186,9 @@ fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_call
 
     // A call made at once waits for the server, and runs once.
     s.call(json!(5), "echo", json!({"text": "after the start"}));
+    #[cfg(unix)]
+    let held_for = answered.elapsed().as_millis() as u64;
+    let_start(&s);
     let r = s.result(&json!(5));
     assert_eq!(r["content"][0]["text"], "after the start", "{r}");
     assert_eq!(s.executions("echo"), 1);
@@ -192,8 +209,7 @@ fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_call
             docs.len() == 1 && docs[0]["handshake"]["ready_after_ms"].is_u64()
         });
         let after = docs[0]["handshake"]["ready_after_ms"].as_u64().unwrap();
-        let delay: u64 = SLOW_START_MS.parse().unwrap();
-        assert!(after >= delay, "ready {after} ms after the start");
+        assert!(after >= held_for, "ready {after} ms after the start");
         let table = crate::status::status(&runtime, &[]).stdout;
         assert!(table.contains("up (cached start, ready in "), "{table}");
     }
@@ -217,10 +233,7 @@ fn a_warm_cache_answers_the_handshake_and_lists_before_the_server_is_up_and_call
 #[test]
 fn a_changed_tool_list_is_announced_and_served_from_the_server_then() {
     let (_tmp, cache) = warmed("");
-    let env = [
-        ("MOCK_START_DELAY_MS", PAST_GRACE_MS),
-        ("MOCK_TOOLS_VARIANT", "fresh"),
-    ];
+    let env = [HELD, ("MOCK_TOOLS_VARIANT", "fresh")];
     let (mut s, _) = handshaken(&cache, "", &env);
     let old = s.list_tools();
     let names = |list: &Value| -> Vec<String> {
@@ -232,6 +245,7 @@ fn a_changed_tool_list_is_announced_and_served_from_the_server_then() {
             .collect()
     };
     assert!(!names(&old).iter().any(|n| n.contains("fresh")), "{old}");
+    let_start(&s);
     s.recv_where("tools/list_changed", |v| {
         v["method"] == "notifications/tools/list_changed"
     });
@@ -254,10 +268,12 @@ fn a_changed_tool_list_is_announced_and_served_from_the_server_then() {
 #[test]
 fn another_protocol_version_gets_no_answer_from_the_cache() {
     let (_tmp, cache) = warmed("");
-    let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", PAST_GRACE_MS)
-        .start();
+    let mut s = held(session(&cache, "")).start();
     s.request(json!(0), "initialize", init_params("2025-06-18"));
+    // The cache is passed over as the request comes: the server, up only
+    // after that, answers it.
+    s.stderr_with("handshake cache: the entry is for protocol version");
+    let_start(&s);
     let init = s.result(&json!(0));
     assert_eq!(init["protocolVersion"], "2025-06-18");
     assert_eq!(
@@ -278,12 +294,10 @@ fn another_protocol_version_gets_no_answer_from_the_cache() {
 #[test]
 fn a_server_that_contradicts_the_cache_ends_the_session_and_the_entry() {
     let (_tmp, cache) = warmed("");
-    let env = [
-        ("MOCK_START_DELAY_MS", PAST_GRACE_MS),
-        ("MOCK_PROTOCOL_VERSION", "2024-11-05"),
-    ];
+    let env = [HELD, ("MOCK_PROTOCOL_VERSION", "2024-11-05")];
     let (mut s, init) = handshaken(&cache, "", &env);
     assert_eq!(init["protocolVersion"], VERSION);
+    let_start(&s);
     s.call(json!(1), "echo", json!({"text": "x"}));
     let e = s.error(&json!(1));
     assert_eq!(e["data"]["source"], "mcp-retry", "{e}");
@@ -416,15 +430,14 @@ fn check_warms_the_cache_a_session_then_starts_from() {
     );
     assert_eq!(entry(&cache)["entry"]["protocol_version"], VERSION);
 
-    let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", PAST_GRACE_MS)
-        .start();
+    let mut s = held(session(&cache, "")).start();
     s.request(json!(0), "initialize", init_params(VERSION));
     s.result(&json!(0));
     let tools = s.list_tools();
     assert!(server_read_nothing(&s), "{:?}", s.recv_lines());
     assert!(tools["tools"].as_array().unwrap().len() > 3, "{tools}");
     assert!(s.logged("answered initialize from the handshake cache"));
+    let_start(&s);
     s.close_stdin();
     s.wait();
 }
@@ -497,15 +510,13 @@ const TOOLS_ONLY: &str = r#"{"tools":{"listChanged":true},"logging":{}}"#;
 #[test]
 fn a_server_that_lost_lists_keeps_the_session_with_them_empty() {
     let (_tmp, cache) = warmed("");
-    let env = [
-        ("MOCK_START_DELAY_MS", PAST_GRACE_MS),
-        ("MOCK_CAPABILITIES", TOOLS_ONLY),
-    ];
+    let env = [HELD, ("MOCK_CAPABILITIES", TOOLS_ONLY)];
     let (mut s, init) = handshaken(&cache, "", &env);
     assert!(
         init["capabilities"]["prompts"].is_object(),
         "told from the cache"
     );
+    let_start(&s);
     // Once the server answered: each lost list changed, and is empty.
     s.recv_where("prompts list_changed", |m| {
         m["method"] == "notifications/prompts/list_changed"
@@ -540,13 +551,13 @@ fn a_server_that_gained_a_capability_keeps_the_session_says_so_and_updates_the_e
     let cache = cache_in(&tmp);
     warm(&cache, "", &[("MOCK_CAPABILITIES", TOOLS_ONLY)]);
     let runtime = tmp.join("runtime");
-    let mut s = session(&cache, "")
-        .env("MOCK_START_DELAY_MS", PAST_GRACE_MS)
+    let mut s = held(session(&cache, ""))
         .env("MCP_RETRY_RUNTIME_DIR", &runtime.display().to_string())
         .start();
     s.request(json!(0), "initialize", init_params(VERSION));
     let init = s.result(&json!(0));
     s.notify("notifications/initialized", json!({}));
+    let_start(&s);
     assert!(
         init["capabilities"]["prompts"].is_null(),
         "told from the cache"
@@ -578,8 +589,9 @@ fn a_server_asked_for_the_version_the_client_was_told_answers_in_it() {
     let cache = cache_in(&tmp);
     warm(&cache, "", &[("MOCK_PROTOCOL_VERSION", "2025-06-18")]);
     // This one answers in whatever it is asked for.
-    let (mut s, init) = handshaken(&cache, "", &[("MOCK_START_DELAY_MS", PAST_GRACE_MS)]);
+    let (mut s, init) = handshaken(&cache, "", &[HELD]);
     assert_eq!(init["protocolVersion"], "2025-06-18");
+    let_start(&s);
     s.call(json!(1), "echo", json!({"text": "x"}));
     s.result(&json!(1));
     let asked = s.received("initialize");
@@ -592,11 +604,9 @@ fn a_server_asked_for_the_version_the_client_was_told_answers_in_it() {
 #[test]
 fn a_server_that_refuses_initialize_ends_the_session_saying_how_to_reconnect() {
     let (_tmp, cache) = warmed("");
-    let env = [
-        ("MOCK_START_DELAY_MS", PAST_GRACE_MS),
-        ("MOCK_INIT_ERROR", "1"),
-    ];
+    let env = [HELD, ("MOCK_INIT_ERROR", "1")];
     let (mut s, _) = handshaken(&cache, "", &env);
+    let_start(&s);
     s.call(json!(1), "echo", json!({"text": "x"}));
     let e = s.error(&json!(1));
     let message = e["message"].as_str().unwrap();

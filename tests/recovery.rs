@@ -125,7 +125,7 @@ fn a_probe_ends_an_outage_before_any_call_and_the_next_call_goes_straight_throug
 #[test]
 fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
     let mut s = stdio_with_down_switch(
-        "    retry:\n      max_retries: 0\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 1\n",
+        "    retry:\n      max_retries: 0\n    circuit_breaker:\n      failure_threshold: 2\n      cooldown_seconds: 0.6\n",
     );
     s.initialize();
     s.list_tools();
@@ -142,7 +142,7 @@ fn the_trial_call_after_the_cooldown_is_sent_while_the_server_comes_back() {
     let e = s.error(&json!(3));
     assert_eq!(e["data"]["reason"], "circuit_open", "{e}");
     let after = e["data"]["retryAfterMs"].as_u64().unwrap();
-    assert!(after as u128 <= crate::util::ms(1000).as_millis(), "{e}");
+    assert!(after as u128 <= crate::util::ms(600).as_millis(), "{e}");
     let cooldown_over = std::time::Instant::now() + std::time::Duration::from_millis(after + 50);
     // The server goes down, and its restarts fail for now.
     eventually("the server back", || s.dir.join("mock.pid").exists());

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{dedent, eventually, source_marker, Builder, Session};
+use crate::util::{dedent, eventually, path_text, source_marker, Builder, Session};
 
 /// The code of every error the proxy originates.
 const PROXY_ERROR: i64 = -31000;
@@ -865,8 +865,10 @@ fn a_keyed_call_whose_outcome_is_unknown_is_never_run_again() {
     // same operation: it is not run, and says when the first started.
     let mut s = start(FAST);
     s.list_tools();
+    // It answers once the test has seen its outcome unknown.
+    let answer = s.dir.join("answer-late");
     let keyed = json!({"name": "echo",
-        "arguments": {"mode": "slow", "ms": 1800, "cancellable": false, "text": "paid"},
+        "arguments": {"mode": "slow", "until": path_text(&answer), "cancellable": false, "text": "paid"},
         "_meta": {"idempotencyKey": "K-123"}});
     s.call_with(json!(1), keyed.clone());
     assert_proxy_error(&s.error(&json!(1)), "not_retried_unsafe");
@@ -879,6 +881,7 @@ fn a_keyed_call_whose_outcome_is_unknown_is_never_run_again() {
     s.call_with(json!(3), other);
     assert_not_run_again(&s.error(&json!(3)), "timeout");
     assert_eq!(s.executions("echo"), 1);
+    std::fs::write(&answer, "").unwrap();
     // The first call's success comes late: it replaces the unknown outcome.
     eventually("the late success to be kept", || {
         s.logged("a late success arrived")
@@ -941,8 +944,8 @@ fn a_keyed_success_too_large_to_keep_is_not_run_again() {
 
 #[test]
 fn a_key_is_released_when_its_outcome_is_known_or_the_tool_is_safe() {
-    // Four calls time out: after half a second.
-    let fast = FAST.replace("call_timeout: 1", "call_timeout: 0.5");
+    // Four calls time out: after 300 ms.
+    let fast = FAST.replace("call_timeout: 1", "call_timeout: 0.3");
     let mut s = start(&format!(
         "{fast}  max_retries: 0\ncircuit_breaker:\n  failure_threshold: 100\n"
     ));
@@ -1422,18 +1425,22 @@ fn the_proxy_learns_annotations_after_the_handshake_by_itself() {
 #[test]
 fn a_late_success_after_a_timeout_answers_the_next_identical_call_once() {
     // The client was told "timed out, may or may not have run"; the success
-    // comes later. The same call sent again gets that success instead of
-    // running the write a second time; a third identical call runs.
+    // comes later (once the test has had the timeout). The same call sent
+    // again gets that success instead of running the write a second time;
+    // a third identical call runs.
     let mut s = start(
         "
         call_timeout: 0.3
         ",
     );
     s.list_tools();
-    let args = json!({"mode": "slow", "ms": 900, "cancellable": false, "text": "wrote"});
+    let answer = s.dir.join("answer-late");
+    let args =
+        json!({"mode": "slow", "until": path_text(&answer), "cancellable": false, "text": "wrote"});
     s.call(json!(1), "unsafe_echo", args.clone());
     let e = s.error(&json!(1));
     assert_proxy_error(&e, "not_retried_unsafe");
+    std::fs::write(&answer, "").unwrap();
     eventually("the late success", || s.stderr().contains("late success"));
     s.call(json!(2), "unsafe_echo", args.clone());
     let r = s.result(&json!(2));
@@ -1443,8 +1450,8 @@ fn a_late_success_after_a_timeout_answers_the_next_identical_call_once() {
     s.call(json!(3), "unsafe_echo", json!({"text": "wrote"}));
     s.result(&json!(3));
     s.call(json!(4), "unsafe_echo", args);
-    let e = s.error(&json!(4));
-    assert_proxy_error(&e, "not_retried_unsafe");
+    let r = s.result(&json!(4));
+    assert_eq!(source_marker(&r), None, "ran again: {r}");
     assert_eq!(
         s.executions("unsafe_echo"),
         3,
@@ -1456,10 +1463,17 @@ fn a_late_success_after_a_timeout_answers_the_next_identical_call_once() {
 fn a_late_success_after_the_client_cancelled_answers_the_next_identical_call_once() {
     let mut s = start(FAST);
     s.list_tools();
-    let args = json!({"mode": "slow", "ms": 400, "cancellable": false, "text": "sent"});
+    // It answers once its cancel has reached the server.
+    let answer = s.dir.join("answer-late");
+    let args =
+        json!({"mode": "slow", "until": path_text(&answer), "cancellable": false, "text": "sent"});
     s.call(json!("c"), "echo", args.clone());
     eventually("the call reached the server", || s.executions("echo") == 1);
     s.notify("notifications/cancelled", json!({"requestId": "c"}));
+    eventually("the cancel to reach the server", || {
+        !s.received("notifications/cancelled").is_empty()
+    });
+    std::fs::write(&answer, "").unwrap();
     eventually("the late success", || s.stderr().contains("late success"));
     s.call(json!(2), "echo", args.clone());
     let r = s.result(&json!(2));

@@ -218,28 +218,28 @@ fn a_server_crashing_on_every_initialize_gets_one_answer() {
     // answered, goes again to each new one (probes, at most 0.5 s apart
     // while it waits), until it has waited wait_for_server: then exactly
     // one error, which says how long it waited.
-    let mut s = mock_with("    wait_for_server: 2\n    fail_fast_at_start: false\n")
+    let mut s = mock_with("    wait_for_server: 1\n    fail_fast_at_start: false\n")
         .env("MOCK_CRASH_ON_INIT", "1")
         .start();
     s.request(json!(0), "initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}));
     let e = s.error(&json!(0));
     assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
     let message = e["message"].as_str().unwrap();
-    // The time it really waited: wait_for_server (2 s, scaled) or a little
+    // The time it really waited: wait_for_server (1 s, scaled) or a little
     // more. The queue's wait says so; on a slow machine (Wine) the wait can
     // end while an incarnation has the handshake, and then the answer names
     // that handshake's wait instead.
     let waited = crate::util::duration_after(message, "gave up after waiting ")
         .or_else(|| crate::util::duration_after(message, "did not answer initialize within "))
         .unwrap_or_else(|| panic!("no time: {message}"));
-    let wait_for_server = crate::util::ms(2000);
+    let wait_for_server = crate::util::ms(1000);
     assert!(
         waited + Duration::from_millis(100) >= wait_for_server
             && waited < wait_for_server + Duration::from_secs(5),
         "{message}"
     );
     assert!(
-        initialize_params(&s).len() >= 3,
+        initialize_params(&s).len() >= 2,
         "the handshake was sent to several incarnations"
     );
     s.expect_none_where(crate::util::ms(500), |v| v.get("id") == Some(&json!(0)));
@@ -484,7 +484,7 @@ fn a_detached_descendant_holding_stdout_does_not_hold_the_link_forever() {
         .with_logs()
         .env("MOCK_ORPHAN_STDOUT", "setsid")
         .shorten("orphans_grace", Duration::from_millis(300))
-        .shorten("exited_idle", Duration::from_millis(1000))
+        .shorten("exited_idle", Duration::from_millis(500))
         .initialized();
     eventually("the stdout holder to start", || !holders(&s).is_empty());
     let _cleanup = KillHolders(s.dir.join("holders.pid"));
@@ -539,11 +539,12 @@ fn a_secret_a_crashing_server_printed_across_two_lines_is_not_quoted_to_the_clie
 
 #[test]
 fn a_call_waiting_to_retry_after_a_crash_tells_the_client_and_the_servers_progress_follows() {
-    // The first execution crashes the server; the retry waits 1 s (its
+    // The first execution crashes the server; the retry waits 0.5 s (its
     // backoff), then runs on the restarted server and reports progress.
     // (A wait's notice again every 5 s is the dispatcher's fake-clock test.)
-    let mut s = mock_with("    retry:\n      base_delay: 1\n      max_delay: 1\n      jitter: 0\n")
-        .initialized();
+    let mut s =
+        mock_with("    retry:\n      base_delay: 0.5\n      max_delay: 0.5\n      jitter: 0\n")
+            .initialized();
     s.list_tools();
     s.call_with(
         json!(1),

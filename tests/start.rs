@@ -82,13 +82,13 @@ fn a_server_that_comes_up_after_failing_fast_serves_a_later_request() {
 
 #[test]
 fn fail_fast_at_start_false_waits_for_a_server_that_exits_at_every_start() {
-    let mut s = Builder::mock_with("fail_fast_at_start: false\nwait_for_server: 2")
+    let mut s = Builder::mock_with("fail_fast_at_start: false\nwait_for_server: 1")
         .env("MOCK_CRASH_AT_START", "3")
         .start();
     let t = Instant::now();
     s.request(json!(0), "initialize", initialize_params());
     let e = s.error(&json!(0));
-    assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
     assert_eq!(e["data"]["reason"], "server_unavailable", "{e}");
     let message = e["message"].as_str().unwrap();
     // The answer says what it waited for, wait_for_server (scaled): the
@@ -98,14 +98,16 @@ fn fail_fast_at_start_false_waits_for_a_server_that_exits_at_every_start() {
     let waited = duration_after(message, "gave up after waiting ")
         .or_else(|| duration_after(message, "did not answer initialize within "))
         .unwrap_or_else(|| panic!("no wait in {message}"));
-    let wait_for_server = ms(2000);
+    let wait_for_server = ms(1000);
     assert!(
         waited + Duration::from_millis(100) >= wait_for_server
             && waited < wait_for_server + Duration::from_secs(5),
         "{message}"
     );
     assert!(!message.contains("fail_fast_at_start"), "{message}");
-    assert!(s.starts() >= 3, "{} starts", s.starts());
+    // Started again while it waited (about every half second): not given
+    // up on after the first exit.
+    assert!(s.starts() >= 2, "{} starts", s.starts());
 }
 
 #[test]
@@ -125,9 +127,9 @@ fn an_unresolvable_host_is_named_within_three_seconds() {
 }
 
 #[test]
-fn a_server_that_reads_its_input_two_seconds_late_is_served() {
+fn a_server_that_reads_its_input_a_second_late_is_served() {
     let mut s = Builder::wrap_mock()
-        .env("MOCK_START_DELAY_MS", "2000")
+        .env("MOCK_START_DELAY_MS", "1000")
         .start();
     s.request(json!(0), "initialize", initialize_params());
     let r = s.result(&json!(0));
@@ -142,25 +144,30 @@ fn a_server_that_never_answers_initialize_is_answered_after_wait_for_server() {
     // The wait before the first handshake is 20 s by default, below Claude
     // Code's 30 s (the dispatcher's unit tests, on a fake clock); here a
     // shorter one, end to end.
-    let mut s = Builder::mock_with("wait_for_server: 2")
+    let mut s = Builder::mock_with("wait_for_server: 500ms")
         .env("MOCK_NO_INIT_ANSWER", "1")
         .start();
     let t = Instant::now();
     let words = ["did not answer initialize within", "MCP_TIMEOUT"];
     unavailable_within(&mut s, wait(), &words);
-    assert!(t.elapsed() >= Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
 fn a_crash_loops_stderr_line_is_copied_once_then_with_a_count() {
     // Waiting for a server that exits at every start, the proxy starts it
-    // about every half second; its one line is not copied each time.
+    // about every half second; its one line is not copied each time (five
+    // starts: more than the copies allowed).
     let mut s = Builder::mock_with("fail_fast_at_start: false\nwait_for_server: 10")
         .env("MOCK_CRASH_AT_START", "3")
         .env("MOCK_CRASH_MESSAGE", "mock: the licence server is down")
         .start();
     s.request(json!(0), "initialize", initialize_params());
-    eventually("seven starts", || s.starts() >= 7);
+    eventually("five starts", || s.starts() >= 5);
     s.close_stdin();
     s.wait();
     let starts = s.starts();

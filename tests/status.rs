@@ -374,7 +374,7 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
 fn status_lists_keyed_calls_whose_outcome_is_unknown_until_a_late_answer_settles_them() {
     let rt = Runtime::new();
     let dir = rt.dir();
-    let mut s = proxy(&dir, "delta", "    call_timeout: 0.5\n");
+    let mut s = proxy(&dir, "delta", "    call_timeout: 0.3\n");
     s.list_tools();
     // One call that never answers in time, one that answers late: once
     // the test has seen it unknown.
@@ -446,9 +446,10 @@ fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
     assert_eq!(mode(&rt.dir()), 0o700);
     assert_eq!(mode(&file), 0o600);
 
-    // Idle: at most one write a second (`MIN_INTERVAL`, the proxy's own
-    // clock) was allowed while it was busy; now nothing changes, so nothing
-    // is written for one and a half times as long.
+    // Idle: at most one write per interval (`status_interval`, 100 ms here
+    // where the proxy takes it, else 1 s; on the proxy's own clock) was allowed while it was busy; now nothing
+    // changes, so nothing is written for three times as long. Real time:
+    // what must not happen is a write by the proxy's own timer.
     let stamp = || {
         let m = std::fs::metadata(&file).unwrap();
         (m.modified().unwrap(), m.ino())
@@ -456,10 +457,14 @@ fn the_status_file_is_private_and_not_rewritten_while_the_proxy_is_idle() {
     use std::os::unix::fs::MetadataExt;
     let before = stamp();
     let text = std::fs::read_to_string(&file).unwrap();
-    let until = Instant::now() + Duration::from_millis(1500);
+    let interval = match crate::util::SHORTENS {
+        true => crate::util::STATUS_INTERVAL,
+        false => Duration::from_secs(1),
+    };
+    let until = Instant::now() + 3 * crate::util::scaled(interval);
     while Instant::now() < until {
         assert_eq!(stamp(), before, "the file was rewritten while idle");
-        thread::sleep(Duration::from_millis(100));
+        thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
 

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::util::{eventually, source_marker, Builder, Session, TempDir};
+use crate::util::{eventually, path_text, source_marker, Builder, Session, TempDir};
 
 const PROXY_ERROR: i64 = -31000;
 
@@ -125,7 +125,7 @@ fn a_key_reused_with_other_arguments_in_another_process_is_the_same_operation() 
     stop(c);
     // A record keeps a fingerprint of the arguments, never their values
     // (a call that never answers: its record holds no result).
-    let mut d = local(&state, "call_timeout: 1\n");
+    let mut d = local(&state, "call_timeout: 300ms\n");
     let secret = "n0te-Zq8-value";
     d.call_with(
         json!(1),
@@ -177,8 +177,8 @@ fn a_call_in_flight_when_its_proxy_stops_or_dies_is_not_run_again() {
     );
     assert_eq!(b.executions("echo"), 0);
     stop(b);
-    // kill -9: its lease (2 s here) runs out, and then the call is unknown.
-    let lease = |b: Builder| b.shorten("lease", std::time::Duration::from_secs(2));
+    // kill -9: its lease (1 s here) runs out, and then the call is unknown.
+    let lease = |b: Builder| b.shorten("lease", std::time::Duration::from_secs(1));
     let mut c = local_with(&state, "", lease);
     c.call_with(json!(1), keyed("kill-1", json!({"mode": "hang"})));
     eventually("the call to reach the server", || c.executions("echo") == 1);
@@ -196,10 +196,12 @@ fn a_call_in_flight_when_its_proxy_stops_or_dies_is_not_run_again() {
 #[test]
 fn a_timed_out_call_is_unknown_to_another_process_until_its_late_success() {
     let state = TempDir::new();
-    let mut a = local(&state, "call_timeout: 1\n");
+    let mut a = local(&state, "call_timeout: 300ms\n");
+    // It answers once another process has seen its outcome unknown.
+    let answer = a.dir.join("answer-late");
     let slow = keyed(
         "slow-1",
-        json!({"mode": "slow", "ms": 2500, "cancellable": false}),
+        json!({"mode": "slow", "until": path_text(&answer), "cancellable": false}),
     );
     a.call_with(json!(1), slow.clone());
     assert_eq!(proxy_reason(&a.error(&json!(1))), "not_retried_unsafe");
@@ -208,6 +210,7 @@ fn a_timed_out_call_is_unknown_to_another_process_until_its_late_success() {
     let e = b.error(&json!(1));
     assert_eq!(proxy_reason(&e), "earlier_attempt_unknown", "{e}");
     assert_eq!(e["data"]["cause"], "timeout", "{e}");
+    std::fs::write(&answer, "").unwrap();
     // The late success replaces the unknown record, for every process.
     eventually("the late success to be kept", || {
         a.logged("a late success arrived")

@@ -38,6 +38,11 @@ pub const DURATIONS_ENV: &str = "MCP_RETRY_TEST_DURATIONS";
 /// `cargo test`, where a test that shortens a wait runs with the proxy's own.
 pub const SHORTENS: bool = cfg!(feature = "fault-inject");
 
+/// The least time between two writes of a proxy's status file in these
+/// tests (the proxy's own is 1 s, `status::MIN_INTERVAL`, whose rule is a
+/// unit test's): what a test reads there is there this soon.
+pub const STATUS_INTERVAL: Duration = Duration::from_millis(100);
+
 /// [`DURATIONS_ENV`]'s value for these waits: `name=ms`, comma-separated.
 pub fn durations_env(waits: &[(String, Duration)]) -> String {
     let pairs: Vec<String> = waits
@@ -288,7 +293,7 @@ impl Builder {
             dir: TempDir::new(),
             read_stdout: true,
             cwd: None,
-            shorter: vec![],
+            shorter: vec![("status_interval".into(), scaled(STATUS_INTERVAL))],
         }
     }
     /// The mock server itself, with no proxy in between.
@@ -312,6 +317,7 @@ impl Builder {
     /// proxy's own whose length is a unit test's business. Where the
     /// proxy has no such hook (see [`SHORTENS`]) the wait keeps its length.
     pub fn shorten(mut self, name: &str, d: Duration) -> Builder {
+        self.shorter.retain(|(n, _)| n != name);
         self.shorter.push((name.into(), scaled(d)));
         self
     }

@@ -310,6 +310,7 @@ impl Pause {
 
 fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &Shared) {
     let timeout = crate::guard::duration("otel_http_timeout", HTTP_TIMEOUT);
+    let batch_delay = crate::guard::duration("otel_batch_delay", BATCH_DELAY);
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
         .timeout_connect(Some(timeout))
@@ -323,7 +324,7 @@ fn run(settings: &Settings, rx: &Receiver<Item>, wake: &Receiver<()>, shared: &S
     loop {
         let Ok(first) = rx.recv() else { return };
         // Let a batch gather; a full batch or the exit ends the wait.
-        let _ = wake.recv_timeout(BATCH_DELAY);
+        let _ = wake.recv_timeout(batch_delay);
         let mut spans = Vec::new();
         let mut snapshot = None;
         let mut take = |item: Item| {

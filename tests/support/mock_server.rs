@@ -39,7 +39,7 @@
 //!   is absent on the last page; an unparsable or out-of-range cursor is -32602.
 //!   With `MOCK_TOOLS_LIST_DELAY_MS=ms` every `tools/list` answer is sent that
 //!   long after the request (from its own thread: other lines are still handled
-//!   meanwhile).
+//!   meanwhile); with `MOCK_TOOLS_LIST_UNTIL=path`, once that file exists.
 //! * `resources/list` → two resources, `mock://a` and `mock://b`.
 //! * `resources/read` (`params.uri` required) → `{"contents": [{"uri": URI,
 //!   "mimeType": "text/plain", "text": "contents of URI"}]}`.
@@ -184,7 +184,9 @@
 //!    to stderr.
 //! 9. `MOCK_WRITE_GARBAGE_AT_START=1`: writes the line `not json at start` to
 //!    stdout.
-//! 10. `MOCK_START_DELAY_MS=ms`: sleeps before reading stdin.
+//! 10. `MOCK_START_DELAY_MS=ms`: sleeps before reading stdin;
+//!     `MOCK_START_UNTIL=path`: waits until that file exists (for a start
+//!     as slow as the test needs it, ended by the test).
 //!
 //! (Between 7 and 8: `MOCK_ORPHAN_STDOUT=group` spawns `sleep 60` in the same
 //! process group with stdin and stderr on /dev/null but sharing stdout, so that
@@ -298,6 +300,7 @@ struct Config {
     tools: Vec<String>,
     tools_page_size: Option<usize>,
     tools_list_delay_ms: Option<u64>,
+    tools_list_until: Option<PathBuf>,
     modern: bool,
     reply_to_cancelled: bool,
     no_init_answer: bool,
@@ -321,6 +324,7 @@ impl Config {
             tools: DEFAULT_TOOLS.iter().map(|name| name.to_string()).collect(),
             tools_page_size: None,
             tools_list_delay_ms: None,
+            tools_list_until: None,
             modern: false,
             reply_to_cancelled: false,
             no_init_answer: false,
@@ -373,6 +377,7 @@ impl Config {
                 .and_then(|size| usize::try_from(size).ok())
                 .filter(|&size| size > 0),
             tools_list_delay_ms: env_u64("MOCK_TOOLS_LIST_DELAY_MS").filter(|&ms| ms > 0),
+            tools_list_until: env_string("MOCK_TOOLS_LIST_UNTIL").map(PathBuf::from),
             modern: env_flag("MOCK_MODERN"),
             reply_to_cancelled: env_flag("MOCK_REPLY_TO_CANCELLED"),
             no_init_answer: env_flag("MOCK_NO_INIT_ANSWER"),
@@ -490,6 +495,11 @@ fn run_startup(config: &Config) {
     }
     if let Some(ms) = env_u64("MOCK_START_DELAY_MS") {
         thread::sleep(scaled_ms(ms));
+    }
+    if let Some(path) = env_string("MOCK_START_UNTIL") {
+        while !Path::new(&path).exists() {
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
@@ -1233,12 +1243,19 @@ fn handle_request(server: &Arc<Server>, request: &Request) {
         "ping" | "resources/subscribe" | "resources/unsubscribe" | "logging/setLevel" => {
             Ok(json!({}))
         }
-        "tools/list" => match server.config.tools_list_delay_ms {
-            Some(ms) => {
+        "tools/list" => match (
+            server.config.tools_list_delay_ms,
+            server.config.tools_list_until.clone(),
+        ) {
+            (None, None) => tools_list(&server.config, params),
+            (ms, until) => {
                 let reply = tools_list(&server.config, params);
                 let (server, id) = (Arc::clone(server), request.id.to_owned());
                 thread::spawn(move || {
-                    thread::sleep(scaled_ms(ms));
+                    thread::sleep(scaled_ms(ms.unwrap_or(0)));
+                    while until.as_ref().is_some_and(|f| !f.exists()) {
+                        thread::sleep(Duration::from_millis(10));
+                    }
                     match reply {
                         Ok(result) => server.send_result(&id, &result.to_string()),
                         Err(error) => server.send_error(&id, &error),
@@ -1246,7 +1263,6 @@ fn handle_request(server: &Arc<Server>, request: &Request) {
                 });
                 return;
             }
-            None => tools_list(&server.config, params),
         },
         "resources/list" => Ok(resources_list()),
         "resources/read" => resources_read(params),
