@@ -240,7 +240,10 @@ impl ParsedCall {
             (None, None) => "{}",
         };
         let keys = dedup::keys();
-        let args_fp = dedup::fingerprint_json(keys, &["args"], text).ok();
+        // `text` is valid JSON: a `RawValue` of params parsed above, or an
+        // object written back from one. Validating it again could only
+        // succeed; the fingerprint walks it once.
+        let args_fp = dedup::fingerprint_valid_json(keys, &["args"], text).ok();
         let (dedup_key, dedup_args) = match (&explicit_key, args_fp) {
             _ if no_store => (None, 0),
             (Some(k), fp) => (
@@ -448,6 +451,83 @@ mod tests {
             .unwrap()
             .modern
             .is_none());
+    }
+
+    /// Every JSON value in `text` and, within it, every member and element,
+    /// as text serde_json has validated (`RawValue`s).
+    fn values_in<'a>(text: &'a str, out: &mut Vec<&'a str>) {
+        let Ok(v) = serde_json::from_str::<&RawValue>(text) else {
+            return;
+        };
+        let mut todo = vec![v.get()];
+        while let Some(t) = todo.pop() {
+            out.push(t);
+            if let Some(o) = RawObject::parse(t) {
+                todo.extend(o.0.iter().map(|(_, v)| v.get()));
+            } else if let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(t) {
+                todo.extend(items.iter().map(|v| v.get()));
+            }
+        }
+    }
+
+    /// The fingerprint of text already validated is the one of the checked
+    /// path, over every value of the fuzz seeds (each line and each file)
+    /// and at the nesting limit; and a call read from a seed has the
+    /// fingerprint the checked path gives its arguments.
+    #[test]
+    fn the_fingerprint_of_validated_text_is_the_checked_one() {
+        let keys = dedup::keys();
+        let same = |text: &str| {
+            assert_eq!(
+                dedup::fingerprint_valid_json(keys, &["args"], text).ok(),
+                dedup::fingerprint_json(keys, &["args"], text).ok(),
+                "{text}"
+            );
+        };
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let depth = crate::policy::MAX_JSON_DEPTH;
+        for text in [
+            deep(depth),
+            deep(depth + 1),
+            r#"{"a":1e400,"\u0062":"\u00e9"}"#.into(),
+        ] {
+            same(&text);
+        }
+        let mut files = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz/seeds"
+        ))];
+        let (mut values, mut calls) = (0, 0);
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            let mut found = Vec::new();
+            values_in(&text, &mut found);
+            for line in text.lines() {
+                values_in(line, &mut found);
+                let Parsed::Message(m) = jsonrpc::classify(line.to_owned()) else {
+                    continue;
+                };
+                let Some(Ok(Some(call))) = m.params().map(ParsedCall::read) else {
+                    continue;
+                };
+                let args = call.arguments(m.params().unwrap());
+                assert_eq!(
+                    call.args_fp,
+                    dedup::fingerprint_json(keys, &["args"], args).ok(),
+                    "{line}"
+                );
+                calls += 1;
+            }
+            values += found.len();
+            found.iter().for_each(|t| same(t));
+        }
+        assert!(values > 100 && calls > 0, "{values} values, {calls} calls");
     }
 
     #[test]

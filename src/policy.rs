@@ -71,6 +71,17 @@ pub fn canonical_json_to(raw: &str, out: &mut impl Sink) -> Result<(), serde_jso
     // serde_json validates the syntax (without converting numbers, so `1e400`
     // is accepted); the scanner below may then assume well-formed input.
     serde_json::from_str::<IgnoredAny>(raw)?;
+    canonical_valid_json_to(raw, out)
+}
+
+/// [`canonical_json_to`] of text serde_json has validated already: a
+/// `RawValue`'s text, or an object written back from one
+/// (`RawObject::to_json`). serde_json validates an `IgnoredAny` and a
+/// `RawValue` with the same code (`ignore_value`, which has no depth
+/// limit), so validating such text again can only succeed; the nesting
+/// limit is the scanner's. Text that is not valid JSON gives no
+/// meaningful result.
+pub fn canonical_valid_json_to(raw: &str, out: &mut impl Sink) -> Result<(), serde_json::Error> {
     let mut scanner = Scanner {
         text: raw,
         bytes: raw.as_bytes(),
