@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(test)]
 use super::canonical_json_to;
-use super::{canonical_valid_json_to, instant_add, Sink};
+use super::{canonical_valid_json_read, canonical_valid_json_to, instant_add, Sink, TopMembers};
 use crate::fasthash::FastMap;
 
 /// What each completed entry costs beyond its result text (key, slot,
@@ -97,6 +97,18 @@ pub fn fingerprint_valid_json(
     let mut halves = Halves::new(keys, parts);
     canonical_valid_json_to(json, &mut halves)?;
     Ok(halves.finish())
+}
+
+/// [`fingerprint_valid_json`], and what the text's top-level object holds,
+/// in one walk over it.
+pub fn fingerprint_valid_json_read<'a>(
+    keys: &impl BuildHasher,
+    parts: &[&str],
+    json: &'a str,
+) -> Result<(u128, TopMembers<'a>), serde_json::Error> {
+    let mut halves = Halves::new(keys, parts);
+    let top = canonical_valid_json_read(json, &mut halves)?;
+    Ok((halves.finish(), top))
 }
 
 /// The two domain-separated hashes of a fingerprint, fed the same bytes:
