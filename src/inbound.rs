@@ -11,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use serde_json::value::RawValue;
 
 use crate::jsonrpc::{self, Kind, Message, Parsed, RawObject};
 use crate::mcp::Modern;
-use crate::policy::dedup;
+use crate::policy::{dedup, TopMembers};
 
 /// A client's line as the dispatcher gets it: classified, and a request's
 /// params read (`read`: `None` for anything else, and for the requests of a
@@ -72,7 +73,7 @@ impl Read {
         let Some(params) = m.params() else {
             return Read::default();
         };
-        count_read();
+        count(Walk::Params);
         if method == "tools/call" {
             return match ParsedCall::read(params) {
                 Ok(call) => Read {
@@ -129,7 +130,7 @@ fn refusal(within: Option<&str>, name: &str) -> String {
 /// The parts of a `tools/call` the policies look at, owned, so that they
 /// travel with the message from the thread that read them and stay on the
 /// call.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub struct ParsedCall {
     pub name: String,
     /// Where `arguments` is in the params (`None`: absent, read as `{}`),
@@ -159,7 +160,7 @@ pub struct ParsedCall {
     pub modern: Option<Arc<Modern>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 struct Rewritten {
     arguments: String,
     params: String,
@@ -172,6 +173,17 @@ impl ParsedCall {
     /// `params._meta` or `params.arguments` (the same rule and message as
     /// for every other request, the first repeat in document order).
     pub fn read(params: &str) -> Result<Option<ParsedCall>, String> {
+        ParsedCall::read_as(params, Reading::OneWalk)
+    }
+
+    /// [`ParsedCall::read`]: with `OneWalk`, the arguments' canonical
+    /// fingerprint is made in the walk that looks for a repeated member in
+    /// them; when that walk cannot decide (`_idempotency_key` is to be
+    /// removed, or they nest too deep), or with `Checked`, the arguments
+    /// are parsed into a `RawObject` for that and fingerprinted apart, as
+    /// they were before. Both give the same answer (a test holds them to
+    /// it over the fuzz seeds).
+    fn read_as(params: &str, reading: Reading) -> Result<Option<ParsedCall>, String> {
         let Some(object) = RawObject::parse(params) else {
             // Not an object (or not JSON, which classification excludes):
             // nothing repeats in it.
@@ -179,25 +191,42 @@ impl ParsedCall {
         };
         let mut meta = None;
         let mut arguments: Option<(&RawValue, Option<RawObject<'_>>)> = None;
+        let mut one_walk_fp = None;
         let mut seen: Vec<&str> = Vec::with_capacity(object.0.len());
         for (k, v) in &object.0 {
             if seen.iter().any(|s| *s == k.as_ref()) {
                 return Err(refusal(None, k));
             }
             seen.push(k.as_ref());
-            let nested = match k.as_ref() {
+            let repeated = match k.as_ref() {
                 "_meta" => {
                     meta = RawObject::parse(v.get());
                     meta.as_ref()
+                        .and_then(RawObject::duplicate)
+                        .map(Cow::Borrowed)
                 }
-                "arguments" => {
-                    arguments = Some((v, RawObject::parse(v.get())));
-                    arguments.as_ref().and_then(|(_, o)| o.as_ref())
-                }
+                "arguments" => match (reading == Reading::OneWalk)
+                    .then(|| arguments_read(v.get()))
+                    .flatten()
+                {
+                    Some((fp, top)) => {
+                        arguments = Some((v, None));
+                        one_walk_fp = Some(fp);
+                        top.repeated
+                    }
+                    _ => {
+                        count(Walk::Arguments);
+                        arguments = Some((v, RawObject::parse(v.get())));
+                        arguments
+                            .as_ref()
+                            .and_then(|(_, o)| o.as_ref()?.duplicate())
+                            .map(Cow::Borrowed)
+                    }
+                },
                 _ => None,
             };
-            if let Some(name) = nested.and_then(RawObject::duplicate) {
-                return Err(refusal(Some(k.as_ref()), name));
+            if let Some(name) = repeated {
+                return Err(refusal(Some(k.as_ref()), &name));
             }
         }
         let Some(name) = object.string("name") else {
@@ -240,7 +269,18 @@ impl ParsedCall {
             (None, None) => "{}",
         };
         let keys = dedup::keys();
-        let args_fp = dedup::fingerprint_json(keys, &["args"], text).ok();
+        // `text` is valid JSON: a `RawValue` of params parsed above, or an
+        // object written back from one. Validating it again could only
+        // succeed; the fingerprint walks it once.
+        let args_fp = match one_walk_fp {
+            Some(fp) => Some(fp),
+            None => {
+                if range.is_some() {
+                    count(Walk::Arguments);
+                }
+                dedup::fingerprint_valid_json(keys, &["args"], text).ok()
+            }
+        };
         let (dedup_key, dedup_args) = match (&explicit_key, args_fp) {
             _ if no_store => (None, 0),
             (Some(k), fp) => (
@@ -286,6 +326,25 @@ impl ParsedCall {
     }
 }
 
+/// How [`ParsedCall::read_as`] reads the arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    OneWalk,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Checked,
+}
+
+/// The arguments' fingerprint and what their own members are, in one walk
+/// over `text` (a `RawValue`'s); `None` when that walk does not decide
+/// the call: a member `_idempotency_key` is to be removed first, or they
+/// nest too deep for a fingerprint (and a repeated member after the
+/// deepest must still be found).
+fn arguments_read(text: &str) -> Option<(u128, TopMembers<'_>)> {
+    count(Walk::Arguments);
+    let (fp, top) = dedup::fingerprint_valid_json_read(dedup::keys(), &["args"], text).ok()?;
+    (!top.has_idempotency_key).then_some((fp, top))
+}
+
 /// An idempotency key's text: a string, or a number as written.
 fn key_text(v: &RawValue) -> Option<String> {
     let raw = v.get();
@@ -304,22 +363,43 @@ fn key_text(v: &RawValue) -> Option<String> {
     }
 }
 
-#[cfg(test)]
-thread_local! {
-    static READS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+/// What [`count`] counts.
+#[derive(Clone, Copy)]
+enum Walk {
+    /// A read of a request's params.
+    Params,
+    /// A walk over a call's arguments by this module.
+    Arguments,
 }
 
-/// Counts a read of a request's params on this thread (tests only: see
-/// [`reads`]).
-fn count_read() {
+#[cfg(test)]
+thread_local! {
+    static WALKS: std::cell::Cell<[usize; 2]> = const { std::cell::Cell::new([0; 2]) };
+}
+
+/// Counts a walk on this thread (tests only: see [`reads`],
+/// [`arguments_walks`]).
+fn count(walk: Walk) {
     #[cfg(test)]
-    READS.with(|r| r.set(r.get() + 1));
+    WALKS.with(|w| {
+        let mut counts = w.get();
+        counts[walk as usize] += 1;
+        w.set(counts);
+    });
+    #[cfg(not(test))]
+    let _ = walk;
 }
 
 /// How many times a request's params were read on this thread so far.
 #[cfg(test)]
 pub fn reads() -> usize {
-    READS.with(std::cell::Cell::get)
+    WALKS.with(|w| w.get()[Walk::Params as usize])
+}
+
+/// How many times this module walked a call's arguments on this thread.
+#[cfg(test)]
+pub fn arguments_walks() -> usize {
+    WALKS.with(|w| w.get()[Walk::Arguments as usize])
 }
 
 #[cfg(test)]
@@ -396,22 +476,25 @@ mod tests {
         );
     }
 
+    /// Params of a call with a member name repeated.
+    const REPEATED: &[&str] = &[
+        r#"{"name":"a","name":"b"}"#,
+        r#"{"name":"a","arguments":{"x":1,"x":2}}"#,
+        r#"{"name":"a","_meta":{"progressToken":1,"progressToken":2}}"#,
+        r#"{"arguments":{"x":1,"x":2},"name":"a","name":"b"}"#,
+        r#"{"name":"a","name":"b","arguments":{"x":1,"x":2}}"#,
+        r#"{"name":"a","arguments":{"x":1},"arguments":{"y":1}}"#,
+        r#"{"name":"a","arguments":[1,1],"_meta":"m"}"#,
+        r#"{"nam\u0065":"a","name":"b"}"#,
+        r#"{"name":"a","arguments":{"x":1,"\u0078":2}}"#,
+        r#"{"name":7,"arguments":{"x":1,"x":2}}"#,
+    ];
+
     /// The same refusals, in the same order, as `jsonrpc::repeated_member`
     /// gives every other request.
     #[test]
     fn a_repeated_member_is_refused_as_for_any_request() {
-        for params in [
-            r#"{"name":"a","name":"b"}"#,
-            r#"{"name":"a","arguments":{"x":1,"x":2}}"#,
-            r#"{"name":"a","_meta":{"progressToken":1,"progressToken":2}}"#,
-            r#"{"arguments":{"x":1,"x":2},"name":"a","name":"b"}"#,
-            r#"{"name":"a","name":"b","arguments":{"x":1,"x":2}}"#,
-            r#"{"name":"a","arguments":{"x":1},"arguments":{"y":1}}"#,
-            r#"{"name":"a","arguments":[1,1],"_meta":"m"}"#,
-            r#"{"nam\u0065":"a","name":"b"}"#,
-            r#"{"name":"a","arguments":{"x":1,"\u0078":2}}"#,
-            r#"{"name":7,"arguments":{"x":1,"x":2}}"#,
-        ] {
+        for params in REPEATED {
             assert_eq!(
                 ParsedCall::read(params).err(),
                 repeated_param("tools/call", params),
@@ -448,6 +531,170 @@ mod tests {
             .unwrap()
             .modern
             .is_none());
+    }
+
+    /// Every JSON value in `text` and, within it, every member and element,
+    /// as text serde_json has validated (`RawValue`s).
+    fn values_in<'a>(text: &'a str, out: &mut Vec<&'a str>) {
+        let Ok(v) = serde_json::from_str::<&RawValue>(text) else {
+            return;
+        };
+        let mut todo = vec![v.get()];
+        while let Some(t) = todo.pop() {
+            out.push(t);
+            if let Some(o) = RawObject::parse(t) {
+                todo.extend(o.0.iter().map(|(_, v)| v.get()));
+            } else if let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(t) {
+                todo.extend(items.iter().map(|v| v.get()));
+            }
+        }
+    }
+
+    /// The fingerprint of text already validated is the one of the checked
+    /// path, over every value of the fuzz seeds (each line and each file)
+    /// and at the nesting limit; and a call read from a seed has the
+    /// fingerprint the checked path gives its arguments.
+    #[test]
+    fn the_fingerprint_of_validated_text_is_the_checked_one() {
+        let keys = dedup::keys();
+        let same = |text: &str| {
+            assert_eq!(
+                dedup::fingerprint_valid_json(keys, &["args"], text).ok(),
+                dedup::fingerprint_json(keys, &["args"], text).ok(),
+                "{text}"
+            );
+        };
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let depth = crate::policy::MAX_JSON_DEPTH;
+        for text in [
+            deep(depth),
+            deep(depth + 1),
+            r#"{"a":1e400,"\u0062":"\u00e9"}"#.into(),
+        ] {
+            same(&text);
+        }
+        let mut texts = Vec::new();
+        seed_values(&mut texts);
+        let (mut values, mut calls) = (0, 0);
+        for text in texts {
+            let mut found = Vec::new();
+            values_in(&text, &mut found);
+            values += found.len();
+            found.iter().for_each(|t| same(t));
+            let Parsed::Message(m) = jsonrpc::classify(text.clone()) else {
+                continue;
+            };
+            let Some(Ok(Some(call))) = m.params().map(ParsedCall::read) else {
+                continue;
+            };
+            let args = call.arguments(m.params().unwrap());
+            assert_eq!(
+                call.args_fp,
+                dedup::fingerprint_json(keys, &["args"], args).ok(),
+                "{text}"
+            );
+            calls += 1;
+        }
+        assert!(values > 100 && calls > 0, "{values} values, {calls} calls");
+    }
+
+    /// Every fuzz seed file's text and each of its lines.
+    fn seed_values(texts: &mut Vec<String>) {
+        let mut files = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz/seeds"
+        ))];
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            } else if let Ok(text) = std::fs::read_to_string(&path) {
+                texts.extend(text.lines().map(str::to_owned));
+                texts.push(text);
+            }
+        }
+    }
+
+    /// Reading a call's arguments in one walk gives what the checked
+    /// reading gives (the `RawObject` of the arguments, then their
+    /// fingerprint): every object of the fuzz seeds read as a call's params
+    /// and as its arguments, the repeated-member cases, and the cases where
+    /// the one walk hands over to the checked reading.
+    #[test]
+    fn one_walk_reads_a_call_as_the_checked_reading_does() {
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        let depth = crate::policy::MAX_JSON_DEPTH;
+        let many: String = (0..40).map(|i| format!(r#""k{i}":{i},"#)).collect();
+        let mut params: Vec<String> = REPEATED.iter().map(|p| p.to_string()).collect();
+        params.extend(
+            [
+            r#"{"name":"a","arguments":{"x":{"y":1,"y":2}}}"#,
+            r#"{"name":"a","arguments":{"x":1,"_idempotency_key":"k"}}"#,
+            r#"{"name":"a","arguments":{"_idempotency_key":7,"x":1,"x":2}}"#,
+            r#"{"name":"a","arguments":{"_idempotency_key":"k"},"_meta":{"idempotencyKey":"m"}}"#,
+            r#"{"name":"a","arguments":{"\ud800":1,"\ud800":2}}"#,
+            r#"{"name":"a","arguments":"text","task":{}}"#,
+            r#"{"name":"a","arguments":{"a":[ 1 , 2 ], "b" : {"c":null}}}"#,
+            ]
+            .map(str::to_owned),
+        );
+        for args in [
+            deep(depth),
+            deep(depth + 1),
+            format!(r#"{{"d":{},"x":1,"x":2}}"#, deep(depth + 1)),
+            format!(r#"{{"_idempotency_key":{},"x":1}}"#, deep(depth + 1)),
+            format!("{{{many}\"k7\":0}}"),
+            format!("{{{many}\"last\":0}}"),
+        ] {
+            params.push(format!(r#"{{"name":"t","arguments":{args}}}"#));
+        }
+        let mut texts = Vec::new();
+        seed_values(&mut texts);
+        let mut values = Vec::new();
+        for text in &texts {
+            values_in(text, &mut values);
+        }
+        for v in values.iter().filter(|v| v.starts_with('{')) {
+            params.push((*v).to_owned());
+            params.push(format!(r#"{{"name":"t","arguments":{v}}}"#));
+            params.push(format!(r#"{{"arguments":{v},"name":"t","name":"u"}}"#));
+        }
+        assert!(params.len() > 100, "{} cases", params.len());
+        let (mut calls, mut refused) = (0, 0);
+        for p in &params {
+            let checked = ParsedCall::read_as(p, Reading::Checked);
+            assert_eq!(ParsedCall::read_as(p, Reading::OneWalk), checked, "{p}");
+            match checked {
+                Ok(Some(_)) => calls += 1,
+                Err(_) => refused += 1,
+                Ok(None) => {}
+            }
+        }
+        assert!(
+            calls > 20 && refused > 20,
+            "{calls} calls, {refused} refused"
+        );
+    }
+
+    /// A plain call's arguments are walked once by the reader (the
+    /// fingerprint and the repeated-member check together), whatever the
+    /// server's transport: it is the client's line that is read, and no
+    /// transport reads it again. One with `_idempotency_key` in them is
+    /// read again to write it without the key.
+    #[test]
+    fn a_calls_arguments_are_walked_once() {
+        let walks = |line: &str| {
+            let before = arguments_walks();
+            let read = Inbound::of_line(line.as_bytes().to_vec()).read.unwrap();
+            assert!(read.call.unwrap().args_fp.is_some());
+            arguments_walks() - before
+        };
+        let call = |args: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{args}}}}}"#
+            )
+        };
+        assert_eq!(walks(&call(r#"{"a":[1,{"b":2}],"c":"d"}"#)), 1);
+        assert_eq!(walks(&call(r#"{"a":1,"_idempotency_key":"k"}"#)), 3);
     }
 
     #[test]

@@ -71,14 +71,64 @@ pub fn canonical_json_to(raw: &str, out: &mut impl Sink) -> Result<(), serde_jso
     // serde_json validates the syntax (without converting numbers, so `1e400`
     // is accepted); the scanner below may then assume well-formed input.
     serde_json::from_str::<IgnoredAny>(raw)?;
+    canonical_valid_json_to(raw, out)
+}
+
+/// [`canonical_json_to`] of text serde_json has validated already: a
+/// `RawValue`'s text, or an object written back from one
+/// (`RawObject::to_json`). serde_json validates an `IgnoredAny` and a
+/// `RawValue` with the same code (`ignore_value`, which has no depth
+/// limit), so validating such text again can only succeed; the nesting
+/// limit is the scanner's. Text that is not valid JSON gives no
+/// meaningful result.
+pub fn canonical_valid_json_to(raw: &str, out: &mut impl Sink) -> Result<(), serde_json::Error> {
+    canonical_valid_json_read(raw, out).map(drop)
+}
+
+/// What the canonical scan saw of an object's own members (not those of
+/// the objects within it), in the order written. `Default` for anything
+/// but an object.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TopMembers<'a> {
+    /// The first member name (unescaped: `"\u0061"` repeats `"a"`) that
+    /// repeats an earlier one: `RawObject::duplicate`'s answer.
+    pub repeated: Option<Cow<'a, str>>,
+    /// Whether a member is named `_idempotency_key` (unescaped).
+    pub has_idempotency_key: bool,
+}
+
+/// [`canonical_valid_json_to`], also telling what the text's top-level
+/// object holds (one walk over the text for both).
+pub fn canonical_valid_json_read<'a>(
+    raw: &'a str,
+    out: &mut impl Sink,
+) -> Result<TopMembers<'a>, serde_json::Error> {
     let mut scanner = Scanner {
         text: raw,
         bytes: raw.as_bytes(),
         pos: 0,
+        top: TopMembers::default(),
     };
     let node = scanner.value(0)?;
     node.write(out);
-    Ok(())
+    Ok(scanner.top)
+}
+
+/// The first name in `members` that repeats an earlier one: comparing
+/// with each earlier one up to 16 members, with a set beyond.
+fn first_repeat<'a, T>(members: &[(Cow<'a, str>, T)]) -> Option<Cow<'a, str>> {
+    let found = if members.len() <= 16 {
+        (1..members.len())
+            .find(|&i| members[..i].iter().any(|(k, _)| *k == members[i].0))
+            .map(|i| &members[i].0)
+    } else {
+        let mut seen = std::collections::HashSet::with_capacity(members.len());
+        members
+            .iter()
+            .find(|(k, _)| !seen.insert(k.as_ref()))
+            .map(|(k, _)| k)
+    };
+    found.cloned()
 }
 
 /// `now + d`, saturating at a far future instead of panicking on overflow.
@@ -144,6 +194,8 @@ struct Scanner<'a> {
     text: &'a str,
     bytes: &'a [u8],
     pos: usize,
+    /// What the outermost object holds, read before its members are sorted.
+    top: TopMembers<'a>,
 }
 
 impl<'a> Scanner<'a> {
@@ -199,6 +251,12 @@ impl<'a> Scanner<'a> {
                             _ => return Err(serde_json::Error::custom("malformed JSON object")),
                         }
                     }
+                }
+                if depth == 0 {
+                    self.top = TopMembers {
+                        repeated: first_repeat(&members),
+                        has_idempotency_key: members.iter().any(|(k, _)| k == "_idempotency_key"),
+                    };
                 }
                 // Stable: duplicate keys keep their input order.
                 members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
