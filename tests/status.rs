@@ -158,8 +158,10 @@ fn status_lists_live_proxies_worst_first_prunes_the_dead_and_exits_1_on_an_open_
     alpha.call(json!(2), "echo", json!({"text": "refused"}));
     assert_eq!(alpha.error(&json!(2))["data"]["reason"], "circuit_open");
     // beta: a success and a final error, longer than the table's column,
-    // that ends with its cause and quotes a secret.
-    beta.call(json!(1), "echo", json!({"text": "hi"}));
+    // that ends with its cause and quotes a secret. The success takes the
+    // server 20 ms, so its latency is measured across a wait of the
+    // dispatcher's (two events of one batch share a reading of the clock).
+    beta.call(json!(1), "echo", json!({"mode": "slow", "ms": 20}));
     beta.result(&json!(1));
     beta.call(
         json!(2),

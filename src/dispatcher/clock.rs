@@ -3,8 +3,10 @@
 //! [`BATCH_EVENTS`] events and [`BATCH_BYTES`] of messages (after a larger
 //! message the clock is read again), so the time an event is handled at is
 //! off by at most the work of one batch (about 200 µs): no deadline set and
-//! no latency recorded is off by more. A wait (for an event or a timer)
-//! ends the batch, and the reading taken while waiting starts the next.
+//! no latency recorded is off by more, unless the OS preempts the thread
+//! mid-batch (then by that too: on a saturated machine a call answered
+//! within one batch is recorded as taking 0 ms). A wait (for an event or a
+//! timer) ends the batch, and the reading taken while waiting starts the next.
 //!
 //! Plain data; the reading is the caller's (`run` passes `Instant::now`),
 //! so tests drive it with a fake clock. `handle_event` still takes `now`
