@@ -192,12 +192,18 @@ impl ParsedCall {
         let mut meta = None;
         let mut arguments: Option<(&RawValue, Option<RawObject<'_>>)> = None;
         let mut one_walk_fp = None;
-        let mut seen: Vec<&str> = Vec::with_capacity(object.0.len());
-        for (k, v) in &object.0 {
-            if seen.iter().any(|s| *s == k.as_ref()) {
+        // Where the params' own first repeated name (found as they were
+        // parsed) comes again, so that a repeat within `_meta` or
+        // `arguments` before it is the one refused.
+        let repeat_at = object.duplicate().and_then(|d| {
+            let first = object.0.iter().position(|(k, _)| k == d)?;
+            let again = object.0[first + 1..].iter().position(|(k, _)| k == d)?;
+            Some(first + 1 + again)
+        });
+        for (i, (k, v)) in object.0.iter().enumerate() {
+            if repeat_at == Some(i) {
                 return Err(refusal(None, k));
             }
-            seen.push(k.as_ref());
             let repeated = match k.as_ref() {
                 "_meta" => {
                     meta = RawObject::parse(v.get());
@@ -488,6 +494,12 @@ mod tests {
         r#"{"nam\u0065":"a","name":"b"}"#,
         r#"{"name":"a","arguments":{"x":1,"\u0078":2}}"#,
         r#"{"name":7,"arguments":{"x":1,"x":2}}"#,
+        r#"{"name":"a","b":1,"c":2,"c":3,"b":4,"arguments":{"x":1,"x":2}}"#,
+        r#"{"name":"a","arguments":{"x":1,"x":2},"name":"b"}"#,
+        r#"{"name":"a","arguments":{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"b":0,"q":0}}"#,
+        r#"{"name":"a","b":1,"arguments":{},"b":2,"_meta":{"m":1,"m":2}}"#,
+        r#"{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"arguments":{"y":1,"y":2},"name":"a","q":0}"#,
+        r#"{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"q":0,"arguments":{"y":1,"y":2},"name":"a"}"#,
     ];
 
     /// The same refusals, in the same order, as `jsonrpc::repeated_member`
