@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use serde::de::Error as _;
 use serde::de::IgnoredAny;
 
+use crate::jsonrpc::SeenNames;
+
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
@@ -114,21 +116,14 @@ pub fn canonical_valid_json_read<'a>(
     Ok(scanner.top)
 }
 
-/// The first name in `members` that repeats an earlier one: comparing
-/// with each earlier one up to 16 members, with a set beyond.
+/// The first name in `members` that repeats an earlier one, noticed as
+/// `RawObject` notices it ([`SeenNames`]).
 fn first_repeat<'a, T>(members: &[(Cow<'a, str>, T)]) -> Option<Cow<'a, str>> {
-    let found = if members.len() <= 16 {
-        (1..members.len())
-            .find(|&i| members[..i].iter().any(|(k, _)| *k == members[i].0))
-            .map(|i| &members[i].0)
-    } else {
-        let mut seen = std::collections::HashSet::with_capacity(members.len());
-        members
-            .iter()
-            .find(|(k, _)| !seen.insert(k.as_ref()))
-            .map(|(k, _)| k)
-    };
-    found.cloned()
+    let mut seen = SeenNames::default();
+    members
+        .iter()
+        .find(|(k, _)| seen.repeats(k))
+        .map(|(k, _)| k.clone())
 }
 
 /// `now + d`, saturating at a far future instead of panicking on overflow.

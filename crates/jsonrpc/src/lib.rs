@@ -872,7 +872,7 @@ const DUPLICATE_SCAN: usize = 16;
 /// The member names of one object seen so far, to notice a repeat. Names
 /// without escapes are borrowed from the text: the common case allocates
 /// nothing.
-struct SeenNames<'de> {
+pub struct SeenNames<'de> {
     few: [Option<Cow<'de, str>>; DUPLICATE_SCAN],
     len: usize,
     many: Option<HashSet<Cow<'de, str>>>,
@@ -892,7 +892,7 @@ impl<'de> SeenNames<'de> {
     /// Whether `name` was seen before; remembers it.
     // A `Cow`, not a `&str`: cloning it keeps a borrowed name borrowed.
     #[allow(clippy::ptr_arg)]
-    fn repeats(&mut self, name: &Cow<'de, str>) -> bool {
+    pub fn repeats(&mut self, name: &Cow<'de, str>) -> bool {
         if self.len < DUPLICATE_SCAN {
             if self.few[..self.len].iter().flatten().any(|n| n == name) {
                 return true;
