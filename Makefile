@@ -121,9 +121,21 @@ dist-plan:
 # platform. maturin, uv and zig (pinned) are installed into
 # tests/packages/.venv, never globally.
 PACKAGES_OUT := $(TARGET_DIR)/packages
+# `cargo package --workspace` verifies each crate against a temporary
+# registry of the workspace's own crates. Cargo takes a registry crate of a
+# version it has unpacked or built before as unchanged, so a crate of ours
+# changed without a new version number would be verified as an earlier run
+# left it: the verification builds in a target directory of its own, from
+# which our crates' earlier builds are removed, as are their unpacked
+# copies under $CARGO_HOME/registry/src/-<hash>/.
+PACKAGE_TARGET := $(abspath $(TARGET_DIR))/package-verify
+OURS := mcp-retry-jsonrpc mcp-retry-yaml
+OURS_BUILT = $(foreach c,$(OURS),$(or $(CARGO_HOME),$(HOME)/.cargo)/registry/src/-*/$(c)-* \
+	$(PACKAGE_TARGET)/debug/.fingerprint/$(c)-* $(PACKAGE_TARGET)/debug/deps/lib$(subst -,_,$(c))-*)
 packages: static darwin $(PACKAGES)/.venv/.installed
 	node --test $(PACKAGES)/launcher.test.js
-	$(CARGO) package --workspace --locked --allow-dirty
+	rm -rf $(OURS_BUILT)
+	CARGO_TARGET_DIR='$(PACKAGE_TARGET)' $(CARGO) package --workspace --locked --allow-dirty
 	$(CARGO) build --features mock-server --bin mock-mcp-server
 	rm -rf '$(PACKAGES_OUT)'
 	CC_x86_64_unknown_linux_musl=musl-gcc $(ZIG_PATH) $(PYTHON) packaging/pack.py '$(PACKAGES_OUT)' \
