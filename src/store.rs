@@ -603,6 +603,14 @@ pub(crate) mod tests {
         };
         assert_eq!(keys(engine.unknowns(10).unwrap().records), ["k3", "k1"]);
         assert_eq!(keys(engine.unknowns(1).unwrap().records), ["k3"]);
+        // A live claim started after them hides neither, whatever the limit.
+        engine
+            .apply(&id("k5"), &claim_about("k5", "pay", "k5"))
+            .unwrap();
+        assert_eq!(keys(engine.unknowns(1).unwrap().records), ["k3"]);
+        engine
+            .apply(&id("k5"), &finish("k5", Outcome::Released))
+            .unwrap();
         let (got, r) = engine.unknowns(1).unwrap().records.remove(0);
         assert_eq!(got, id("k3"));
         assert_eq!(r.about.tool, "pay");

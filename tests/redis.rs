@@ -456,6 +456,44 @@ fn a_scope_s_unknown_outcomes_are_a_capped_list_under_its_prefix() {
     assert_eq!(keys, ["cap-2", "cap-1"], "{out}");
 }
 
+#[test]
+fn claims_in_flight_never_hide_an_unknown_outcome() {
+    if !have_redis("claims_in_flight_never_hide_an_unknown_outcome") {
+        return;
+    }
+    // An unknown outcome, then more claims in flight on another proxy than
+    // `status` lists rows, all started after it: it is still listed.
+    let redis = RedisServer::start(&[]);
+    let top = format!("store: {}", redis.url());
+    let mut a = proxy_with(&top, "call_timeout: 0.3", &[]);
+    a.call_with(json!(1), keyed("lost-1", json!({"mode": "hang"})));
+    a.error(&json!(1));
+    let mut b = proxy_with(&top, "call_timeout: 600", &[]);
+    let live = 120;
+    for i in 0..live {
+        b.call_with(
+            json!(i),
+            keyed(&format!("live-{i}"), json!({"mode": "hang"})),
+        );
+    }
+    eventually("every call to reach the server", || {
+        b.executions("echo") == live
+    });
+    let runtime = a.dir.join("runtime").display().to_string();
+    let v = status_json(&runtime, &redis.url(), &[]);
+    let keys: Vec<&str> = v["unknown_outcomes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|u| u["key"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(keys, ["lost-1"], "{v}");
+    // `check` counts at most 100: the unknown outcome is among them.
+    let config_path = a.dir.join("c.yaml").display().to_string();
+    let (_, out, _) = run(&["check", "--json", "--config", &config_path], &[]);
+    assert_eq!(redis_store_in(&out)["unknown_outcomes"], 1, "{out}");
+}
+
 /// This host's wall clock, in milliseconds since the epoch.
 fn epoch_ms() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);

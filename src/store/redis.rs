@@ -8,8 +8,9 @@
 //! state and times included), the time of every decision (Redis's `TIME`,
 //! read with the record, so leases and expiry are Redis's clock and never a
 //! comparison of two hosts' clocks), the life of every key (`PX`), the
-//! capped sorted set of a scope's unknown outcomes and its index of records
-//! (counted and purged without `SCAN`), the per-operation deadline
+//! capped sorted sets of a scope's unknown outcomes and of its claims (by
+//! lease, so a claim whose owner died is found as it runs out) and its
+//! index of records (counted and purged without `SCAN`), the per-operation deadline
 //! ([`OP_DEADLINE`]), and what it refuses or warns about once connected
 //! (Cluster, Sentinel, a replica; an eviction policy that is not
 //! `noeviction`). It must not know the rules of a record
@@ -25,16 +26,17 @@ use std::time::{Duration, Instant};
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
 use super::{record_bytes, Engine, Health, Id, StoreError};
-use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
+use crate::policy::record::{self, Millis, Op, Record, Reply, State, Write};
 pub use address::Address;
 
 /// The longest an operation (its connection included) may take.
 pub const OP_DEADLINE: Duration = Duration::from_millis(250);
 /// The record format's version, in every key.
 pub const FORMAT: &str = "v1";
-/// Most records a scope's list of open records (claims and unknown
-/// outcomes, whence `status` reads its unknown outcomes) keeps: the
-/// newest started.
+/// Most records each of a scope's two lists keeps: its unknown outcomes
+/// (the newest started) and its claims (the latest leases), whence
+/// `status` reads the unknown outcomes and the claims whose owner is lost.
+/// Apart, so that claims in flight never push an unknown outcome out.
 pub const UNKNOWN_CAP: usize = 1000;
 /// How often a write that found the record changed under it is tried
 /// again before the operation fails.
@@ -43,12 +45,13 @@ const CAS_TRIES: usize = 5;
 pub const NO_EVICTION: &str = "noeviction";
 
 /// Every write: the record is written (or deleted, `ARGV[2]` empty) only if
-/// it is still the one read (`ARGV[1]`, empty: absent); the scope's index
-/// and list of open records (a claim, whose owner may die, or an unknown
-/// outcome) follow, and each lives at least as long as the record. KEYS:
-/// record, index, open list. ARGV: expected, new, record's PX, name,
-/// expiry (index score), when an open record's call started (empty: not
-/// open), the list's cap, the sets' PX.
+/// it is still the one read (`ARGV[1]`, empty: absent); the scope's index,
+/// list of unknown outcomes and list of claims (whose owner may die)
+/// follow, and each lives at least as long as the record. KEYS: record,
+/// index, unknown list, claim list. ARGV: expected, new, record's PX, name,
+/// expiry (index score), when an unknown outcome's call started (empty:
+/// not one), the lists' cap, the sets' PX, a claim's lease end (empty: not
+/// a claim).
 const WRITE: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if (cur or '') ~= ARGV[1] then return 0 end
@@ -59,13 +62,16 @@ else
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   redis.call('ZADD', KEYS[2], ARGV[5], ARGV[4])
 end
-if ARGV[6] ~= '' then
-  redis.call('ZADD', KEYS[3], ARGV[6], ARGV[4])
-  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(tonumber(ARGV[7]) + 1))
-else
-  redis.call('ZREM', KEYS[3], ARGV[4])
+for i = 3, 4 do
+  local score = ARGV[i == 3 and 6 or 9]
+  if score ~= '' then
+    redis.call('ZADD', KEYS[i], score, ARGV[4])
+    redis.call('ZREMRANGEBYRANK', KEYS[i], 0, -(tonumber(ARGV[7]) + 1))
+  else
+    redis.call('ZREM', KEYS[i], ARGV[4])
+  end
 end
-for i = 2, 3 do
+for i = 2, 4 do
   if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[8]) then
     redis.call('PEXPIRE', KEYS[i], ARGV[8])
   end
@@ -306,9 +312,9 @@ impl Redis {
                 };
                 let (reply, write_op) = record::apply(record.as_ref(), op, now);
                 let expected = current.unwrap_or_default();
-                let (new, px, expires, unknown_at) = match &write_op {
+                let (new, px, expires, (unknown_at, lease_until)) = match &write_op {
                     Write::Keep => return Ok((reply, true)),
-                    Write::Delete => (Vec::new(), 1, 0, String::new()),
+                    Write::Delete => (Vec::new(), 1, 0, Default::default()),
                     Write::Put(r) => {
                         let text = record_bytes(r).map_err(|e| {
                             redis::RedisError::from((
@@ -320,16 +326,14 @@ impl Redis {
                         // Claims too: a claim whose owner dies (`kill -9`)
                         // is an unknown outcome once its lease is gone,
                         // whether or not another call comes for its key.
-                        let unknown = match record::is_open(r) {
-                            true => r.started.to_string(),
-                            false => String::new(),
+                        let lists = match r.state {
+                            State::Unknown { .. } => (r.started.to_string(), String::new()),
+                            State::Claimed { lease_until } => {
+                                (String::new(), lease_until.to_string())
+                            }
+                            _ => Default::default(),
                         };
-                        (
-                            text,
-                            r.expires.saturating_sub(now).max(1),
-                            r.expires,
-                            unknown,
-                        )
+                        (text, r.expires.saturating_sub(now).max(1), r.expires, lists)
                     }
                 };
                 let set_px = match op {
@@ -341,6 +345,7 @@ impl Redis {
                     .key(&key)
                     .key(format!("{keys}records"))
                     .key(format!("{keys}unknown"))
+                    .key(format!("{keys}claims"))
                     .arg(expected)
                     .arg(new)
                     .arg(px)
@@ -349,6 +354,7 @@ impl Redis {
                     .arg(unknown_at)
                     .arg(UNKNOWN_CAP)
                     .arg(set_px)
+                    .arg(lease_until)
                     .invoke(c)?;
                 Ok((reply, wrote == 1))
             })?;
@@ -519,19 +525,34 @@ impl Engine for Redis {
         }
     }
 
-    /// Redis's clock (`TIME`) is read in the same pipeline as the list,
-    /// so `status` tells how long ago the records' times were by it.
+    /// Redis's clock (`TIME`) is read first, so `status` tells how long
+    /// ago the records' times were by it, and the claims whose lease ended
+    /// by it are the lost ones. The newest `limit` of each list, merged
+    /// newest started first.
     fn unknowns(&mut self, limit: usize) -> Result<super::Unknowns, StoreError> {
+        let limit = limit.min(UNKNOWN_CAP);
         let (now, found) = self.with(|c, _, keys| {
-            let ((secs, micros), names): ((u64, u64), Vec<String>) = redis::pipe()
-                .cmd("TIME")
+            let now = Redis::now(c)?;
+            if limit == 0 {
+                return Ok((now, Vec::new()));
+            }
+            let (mut names, lost): (Vec<String>, Vec<String>) = redis::pipe()
                 .cmd("ZREVRANGE")
                 .arg(format!("{keys}unknown"))
                 .arg(0)
-                .arg(limit.clamp(1, UNKNOWN_CAP) - 1)
+                .arg(limit - 1)
+                .cmd("ZREVRANGEBYSCORE")
+                .arg(format!("{keys}claims"))
+                .arg(now)
+                .arg("-inf")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(limit)
                 .query(c)?;
-            let now = millis(secs, micros);
-            if names.is_empty() || limit == 0 {
+            names.extend(lost);
+            names.sort_unstable();
+            names.dedup();
+            if names.is_empty() {
                 return Ok((now, Vec::new()));
             }
             let full: Vec<String> = names.iter().map(|n| format!("{keys}{n}")).collect();
@@ -550,6 +571,8 @@ impl Engine for Redis {
                 out.push((id, r));
             }
         }
+        out.sort_by(|a, b| b.1.started.cmp(&a.1.started).then(a.0.cmp(&b.0)));
+        out.truncate(limit);
         Ok(super::Unknowns { now, records: out })
     }
 }
