@@ -1232,54 +1232,29 @@ fn wrapped(s: &ServerConfig) -> Option<Wrapped> {
             .and_then(|n| n.to_str())
             .is_some_and(|n| n.starts_with("mcp-retry"))
     })?;
-    // Its own options, before the wrapped command's `--`.
-    let rest = &words[at + 1..];
-    let (own, command) = match rest.iter().position(|w| *w == "--") {
-        Some(i) => (&rest[..i], &rest[i + 1..]),
-        None => (rest, &[][..]),
-    };
-    let mut opts = crate::proxy::RunOptions {
-        command: command.iter().map(|w| (*w).to_owned()).collect(),
-        ..Default::default()
-    };
-    let mut words = own.iter();
-    while let Some(word) = words.next() {
-        let (name, inline) = match word.split_once('=') {
-            Some((name, value)) if name.starts_with("--") => (name, Some(value)),
-            _ => match word.get(..2) {
-                // `-cFILE`, `-c=FILE`.
-                Some(short @ ("-c" | "-s")) if word.len() > 2 => {
-                    let value = &word[2..];
-                    (short, Some(value.strip_prefix('=').unwrap_or(value)))
-                }
-                _ => (*word, None),
-            },
-        };
-        let takes_value = [
-            "--store",
-            "--url",
-            "--header",
-            "--config",
-            "--server",
-            "--stats-file",
-            "--log-level",
-            "--log-format",
-            "-c",
-            "-s",
-        ];
-        if !takes_value.contains(&name) {
-            continue;
-        }
-        let value = inline.or_else(|| words.next().copied()).unwrap_or_default();
-        match name {
-            "--store" => opts.store = Some(value.to_owned()),
-            "--url" => opts.url = Some(value.to_owned()),
-            "--header" => opts.headers.extend(crate::http::split_header(value).ok()),
-            "--config" | "-c" => opts.config = Some(value.into()),
-            "--server" | "-s" => opts.server = Some(value.to_owned()),
-            _ => {}
+    // Global options, then `run` (anything else runs no server), then
+    // `run`'s words read as that mcp-retry reads them.
+    let mut p = lexopt::Parser::from_args(&words[at + 1..]);
+    loop {
+        match p.next().ok()?? {
+            lexopt::Arg::Long("log-level" | "log-format") => drop(p.value().ok()?),
+            lexopt::Arg::Value(v) if v == "run" => break,
+            _ => return None,
         }
     }
+    let opts = match crate::proxy::RunOptions::parse(&mut p, &mut |_| Ok(())) {
+        Ok(Some(opts)) => opts,
+        Ok(None) => return None,
+        Err(e) => {
+            return Some(Wrapped {
+                store: None,
+                scoped: Err(format!(
+                    "the mcp-retry of {:?} does not start: {e:#}",
+                    s.name
+                )),
+            })
+        }
+    };
     let scoped = wrapped_server(s, &opts);
     Some(Wrapped {
         store: opts.store,
@@ -1605,6 +1580,23 @@ mod tests {
             )),
             Some(None),
             "an option's value is not an option"
+        );
+        assert!(
+            wrapped(&entry("mcp-retry", &["check", "-c", "c.yaml"])).is_none(),
+            "runs no server"
+        );
+        // Words its mcp-retry refuses: it does not start, so it uses no
+        // store, and check says why.
+        let refused = wrapped(&entry(
+            "mcp-retry",
+            &["run", "--store", "memory", "stray", "--", "s"],
+        ))
+        .unwrap();
+        assert_eq!(refused.store, None);
+        let why = refused.scoped.unwrap_err();
+        assert!(
+            why.contains("does not start") && why.contains("stray"),
+            "{why}"
         );
     }
 

@@ -16,7 +16,7 @@ use lexopt::prelude::*;
 
 use crate::check::CheckOptions;
 use crate::log;
-use crate::proxy::RunOptions;
+use crate::proxy::options::{GlobalOption, RunOptions};
 use crate::status::report::{StatusFormat, StatusOptions};
 
 pub const HELP: &str = "\
@@ -267,65 +267,17 @@ fn log_option<T: std::str::FromStr<Err = String>>(flag: &str, value: OsString) -
 }
 
 fn parse_run(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Command)> {
-    let mut args = RunOptions::default();
-    loop {
-        // Everything after `--` belongs to the command, including arguments
-        // that look like our options.
-        if let Some(mut raw) = p.try_raw_args() {
-            if raw.peek().is_some_and(|a| a == "--") {
-                raw.next();
-                for rest in raw {
-                    let s = rest
-                        .into_string()
-                        .map_err(|a| anyhow!("command argument {a:?} is not valid UTF-8"))?;
-                    args.command.push(s);
-                }
-                if args.command.is_empty() {
-                    bail!("run: nothing after `--` (expected a command to run)");
-                }
-                break;
-            }
+    let run = RunOptions::parse(&mut p, &mut |option| {
+        match option {
+            GlobalOption::LogLevel(v) => global.log_level = Some(log_option("--log-level", v)?),
+            GlobalOption::LogFormat(v) => global.log_format = Some(log_option("--log-format", v)?),
         }
-        let Some(arg) = p.next()? else { break };
-        match arg {
-            Long("log-level") => global.log_level = Some(log_option("--log-level", p.value()?)?),
-            Long("log-format") => global.log_format = Some(log_option("--log-format", p.value()?)?),
-            Short('c') | Long("config") => args.config = Some(p.value()?.into()),
-            Short('s') | Long("server") => args.server = Some(p.value()?.string()?),
-            Long("stats-file") => args.stats_file = Some(p.value()?.into()),
-            Long("store") => args.store = Some(p.value()?.string()?),
-            Long("url") => args.url = Some(p.value()?.string()?),
-            Long("header") => {
-                let text = p.value()?.string()?;
-                let header =
-                    crate::http::split_header(&text).map_err(|e| anyhow!("--header: {e}"))?;
-                args.headers.push(header);
-            }
-            Short('h') | Long("help") => return Ok((global, Command::Help(RUN_HELP))),
-            Value(stray) => {
-                // Without `--` a stray word would silently become the server
-                // command (`run -c F -s memory extra-arg` launching extra-arg).
-                let stray = stray.to_string_lossy().into_owned();
-                bail!("unexpected argument '{stray}' (did you mean `-- {stray}`?)");
-            }
-            _ => return Err(arg.unexpected()).context("invalid arguments for 'run'"),
-        }
+        Ok(())
+    })?;
+    match run {
+        Some(run) => Ok((global, Command::Run(run))),
+        None => Ok((global, Command::Help(RUN_HELP))),
     }
-    if args.url.is_some() && !args.command.is_empty() {
-        bail!("run: --url and a command after `--` exclude each other");
-    }
-    if !args.headers.is_empty() && args.url.is_none() {
-        bail!("run: --header needs --url");
-    }
-    if let Some(url) = &args.url {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            bail!("run: --url: expected an http:// or https:// URL");
-        }
-    }
-    if args.config.is_none() && args.command.is_empty() && args.url.is_none() {
-        bail!("run needs --config FILE, --url URL or a command after `--` (see `mcp-retry run --help`)");
-    }
-    Ok((global, Command::Run(args)))
 }
 
 fn parse_check(mut p: lexopt::Parser, mut global: Global) -> Result<(Global, Command)> {

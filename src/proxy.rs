@@ -6,7 +6,6 @@
 //! (that is `child.rs`).
 
 use std::io;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::thread;
@@ -30,7 +29,10 @@ use crate::store::redis::Redis;
 use crate::store::thread as keeper;
 use crate::store::{failover, local, wall_clock, Engine, Memory, StoreError};
 
+pub mod options;
 pub mod signals;
+
+pub use options::RunOptions;
 
 /// Bytes waiting for a client that does not read before the proxy stops
 /// reading from the client and the server (one message may go over it).
@@ -65,22 +67,6 @@ impl Backlogs {
         }
         sent
     }
-}
-
-#[derive(Debug, Default, PartialEq)]
-/// What `run` is asked to do (from the command line).
-pub struct RunOptions {
-    pub config: Option<PathBuf>,
-    pub server: Option<String>,
-    /// The wrapped command and its arguments (empty when the config names it).
-    pub command: Vec<String>,
-    /// A remote server's endpoint (`--url`), instead of a command.
-    pub url: Option<String>,
-    /// `--header` values, split at the first colon. Secrets: never shown.
-    pub headers: Vec<(String, String)>,
-    pub stats_file: Option<PathBuf>,
-    /// `--store`: where idempotency keys are kept (over the config's).
-    pub store: Option<String>,
 }
 
 pub fn run(args: RunOptions) -> Result<ExitCode> {
