@@ -840,21 +840,20 @@ impl Dispatcher {
                 return self.answer_proxy_error(&client_id, reason, &message)
             }
         }
-        // Reads, and a handshake the server never answered, are safe to send
-        // again to a restarted server.
-        let resend = matches!(
-            kind,
-            Method::ReadOnly | Method::ToolsList { .. } | Method::Initialize
-        )
-        .then(|| m.clone());
-        let down = self.requests.issue(Inflight::Client {
+        // The request is kept as the client sent it: one never sent goes
+        // again as it is, without its line being read back, and so does a
+        // read after a restart (`Method::resent_after_loss`).
+        let down = self.requests.next_attempt_id();
+        let line = m.line_with_id(&down.to_string());
+        let out = Outgoing::request(down, &m.method().unwrap_or_default(), line)
+            .in_era(self.requests.modern(&client_id));
+        let issued = self.requests.issue(Inflight::Client {
             client_id: client_id.clone(),
             method: kind,
-            resend,
+            kept: m,
+            sent: out.bytes.len(),
         });
-        let method = m.method().unwrap_or_default().into_owned();
-        let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()))
-            .in_era(self.requests.modern(&client_id));
+        debug_assert_eq!(issued, down, "an id was issued while the line was made");
         let waited = self.requests.sent(&client_id, down);
         if kind == Method::Initialize && !self.link.is_handshaken() {
             // Before the first handshake a server that never answers is

@@ -417,12 +417,15 @@ impl Requests {
 /// [`Calls`]'s).
 #[derive(Debug)]
 pub(super) enum Inflight {
-    /// A client request relayed as is; `resend` keeps read-only requests,
-    /// which are sent again after a restart.
+    /// A client request relayed as is, `kept` as the client sent it (for a
+    /// request never sent, or a read sent again after a restart), and the
+    /// bytes of the line it went as (a line partly written comes back
+    /// shorter).
     Client {
         client_id: String,
         method: Method,
-        resend: Option<Message>,
+        kept: Message,
+        sent: usize,
     },
     /// The proxy's replay of the session to a new incarnation.
     Replay(ReplayStep),
@@ -444,6 +447,17 @@ pub(super) enum Method {
     /// A request that only reads: sent again after a restart.
     ReadOnly,
     Other,
+}
+
+impl Method {
+    /// Safe to send again to a restarted server: reads, and a handshake
+    /// the server never answered.
+    pub(super) fn resent_after_loss(self) -> bool {
+        matches!(
+            self,
+            Method::ReadOnly | Method::ToolsList { .. } | Method::Initialize
+        )
+    }
 }
 
 /// A client request not yet answered.
