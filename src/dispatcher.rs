@@ -89,6 +89,22 @@ impl Event {
             _ => 0,
         }
     }
+
+    /// An answer from the server (one that may end a call, recording its
+    /// latency): handled at a reading of the clock of its own.
+    fn is_answer(&self) -> bool {
+        match self {
+            Event::Server {
+                event: ServerEvent::Message(Parsed::Message(m)),
+                ..
+            } => m.kind() == Kind::Response,
+            Event::Server {
+                event: ServerEvent::Message(Parsed::Batch(_)) | ServerEvent::Failed { .. },
+                ..
+            } => true,
+            _ => false,
+        }
+    }
 }
 
 /// Opens a connection to the server; `events` is how the transport reports.
@@ -381,7 +397,7 @@ impl Dispatcher {
             }
             // An event waiting already is handled at the batch's reading
             // of the clock (`clock.rs`); one that came after a wait, at a
-            // reading taken then.
+            // reading taken then; an answer, at a reading of its own.
             let (event, fresh) = match inbox.try_recv() {
                 Ok(e) => (Some(e), None),
                 Err(_) => match spin_for_event(&inbox) {
@@ -413,7 +429,12 @@ impl Dispatcher {
                     if let Some(backlog) = &self.inbox_backlog {
                         backlog.remove(size);
                     }
-                    let now = clock.next(fresh, size, Instant::now);
+                    let arrived = match fresh {
+                        Some(at) => clock::Arrived::AfterWait(at),
+                        None if e.is_answer() => clock::Arrived::Answer,
+                        None => clock::Arrived::Queued,
+                    };
+                    let now = clock.next(arrived, size, Instant::now);
                     self.handle_event(e, now)
                 }
                 None => {
