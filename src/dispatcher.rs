@@ -50,7 +50,7 @@ pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult};
 use reporting::Reporting;
-use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
+use requests::{ClientId, ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
 pub use timers::Timer;
 use timers::Timers;
 #[cfg(test)]
@@ -756,7 +756,7 @@ impl Dispatcher {
     }
 
     fn on_client_request(&mut self, m: Message, read: Read, batch: Option<u64>, now: Instant) {
-        let client_id = m.id().expect("requests have ids").to_owned();
+        let client_id: ClientId = m.id().expect("requests have ids").into();
         if self.requests.is_open(&client_id) {
             let message =
                 format!("invalid request: a request with id {client_id} is already in flight");
@@ -773,7 +773,7 @@ impl Dispatcher {
             .tracer()
             .and_then(|t| t.request_started(&method, m.params(), now));
         self.requests
-            .register(&client_id, batch, trace, read.modern);
+            .register(client_id.clone(), batch, trace, read.modern);
         if self.requests.open_count() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
@@ -838,7 +838,7 @@ impl Dispatcher {
     /// Sends a client request to the server as is (under a fresh id),
     /// queues it while the server restarts, or answers it when the server
     /// cannot be reached.
-    fn relay_request(&mut self, m: Message, client_id: String, kind: Method, now: Instant) {
+    fn relay_request(&mut self, m: Message, client_id: ClientId, kind: Method, now: Instant) {
         if matches!(self.phase, Phase::Stopping { .. }) {
             return self.answer_proxy_error(
                 &client_id,

@@ -27,7 +27,7 @@ use crate::{debug, info, warn};
 use super::calls::{Action, Arrival, Calls, Ctx, Failure, First, LinkView, Trace};
 use super::instant::{Effect as InstantEffect, InstantStart, Source};
 use super::link::{failure_error, Effect, Link, Queued, ReplayStep, Route, SendResult, Started};
-use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Resolved, Timer};
+use super::{CallError, ClientId, Dispatcher, Inflight, Method, Phase, Reason, Resolved, Timer};
 
 /// The largest action buffer kept between runs: what an ordinary event
 /// needs, many times over.
@@ -133,12 +133,12 @@ impl Dispatcher {
         &mut self,
         m: Message,
         parsed: Option<Box<crate::inbound::ParsedCall>>,
-        client_id: String,
+        client_id: ClientId,
         now: Instant,
     ) {
         let down = self.requests.next_attempt_id();
         let (arrival, first) = self.with_calls(now, |c, ctx, out| {
-            c.arrive_and_start(m, parsed, &client_id, ctx, out)
+            c.arrive_and_start(m, parsed, client_id.clone(), ctx, out)
         });
         let call = match arrival {
             Arrival::Relay(m) => return self.relay_request(m, client_id, Method::Other, now),
@@ -800,7 +800,7 @@ impl Dispatcher {
     pub(super) fn requeue_request(
         &mut self,
         m: Message,
-        client_id: String,
+        client_id: ClientId,
         method: Method,
         now: Instant,
     ) {

@@ -1333,6 +1333,20 @@ fn the_rest_of_a_line_partly_written_leaves_its_request_to_the_lost_link() {
 }
 
 #[test]
+fn a_calls_client_id_is_made_once_for_the_request_table_and_the_call() {
+    let mut h = Harness::new();
+    h.client_sends(&call_line(1, "t", "{}"));
+    let _ = h.to_server();
+    let (_, client, _) = h.d.calls.started(1).expect("call 1");
+    let kept = h.d.requests.kept_id("1").expect("request 1 is open");
+    assert_eq!(client, "1");
+    assert!(
+        std::ptr::eq(client.as_ptr(), kept.as_ptr()),
+        "the id was copied"
+    );
+}
+
+#[test]
 fn answers_the_proxy_cannot_relay_answer_their_request_with_an_error() {
     let mut h = Harness::new();
     h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
