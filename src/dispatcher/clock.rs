@@ -10,12 +10,12 @@
 //! when it was handled, whatever the batch before it cost.
 //!
 //! So the time an event is handled at is off by at most [`BATCH_TIME`] and
-//! the work of [`CHECK_EVERY`] events (a few µs each), and no recorded
-//! latency is shorter than the call took: a call started at a batch's
-//! reading is recorded as taking at least the time until its answer was
-//! read, even when the OS preempted the thread in between. What stays
-//! unbounded is a preemption between two checks: the events after it are
-//! handled at the reading before it, so a deadline set then is early by
+//! the work of [`CHECK_EVERY`] events (a few µs each), and no latency an
+//! answer records is shorter than the call took: a call started at a
+//! batch's reading is recorded as taking at least the time until its
+//! answer was read, even when the OS preempted the thread in between. What
+//! stays unbounded is a preemption between two checks: the events after it
+//! are handled at the reading before it, so a deadline set then is early by
 //! that much (never late) and a latency recorded is longer by it.
 //!
 //! Plain data; the reading is the caller's (`run` passes `Instant::now`),

@@ -191,6 +191,26 @@ const OK: &str = r#""result":{"content":[{"type":"text","text":"ok"}]}"#;
 const TRANSIENT: &str = r#""error":{"code":-32000,"message":"busy"}"#;
 
 #[test]
+fn an_attempts_method_is_not_allocated() {
+    let mut h = Harness::new(|_| {});
+    h.arrive("11", "t", "{}");
+    h.run(|c, ctx, out| c.admit(1, ctx, out));
+    let (attempt, _) = h.run(|c, ctx, out| c.send(1, 42, None, ctx, out));
+    let attempt = attempt.expect("an attempt");
+    assert!(
+        matches!(
+            attempt.kind,
+            crate::downstream::OutKind::Request {
+                method: std::borrow::Cow::Borrowed("tools/call"),
+                ..
+            }
+        ),
+        "{:?}",
+        attempt.kind
+    );
+}
+
+#[test]
 fn a_call_is_sent_under_its_timeout_and_ends_with_the_servers_answer() {
     let mut h = Harness::new(|c| c.call_timeout = 30 * SECOND);
     let t0 = h.now;
