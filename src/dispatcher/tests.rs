@@ -1347,6 +1347,34 @@ fn a_calls_client_id_is_made_once_for_the_request_table_and_the_call() {
 }
 
 #[test]
+fn only_what_answers_a_request_gets_a_reading_of_the_clock_of_its_own() {
+    let server = |line: &str| Event::Server {
+        generation: 1,
+        event: ServerEvent::Message(jsonrpc::classify(line.to_owned())),
+    };
+    assert!(server(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#).is_answer());
+    assert!(server(r#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"m"}}"#).is_answer());
+    assert!(server(r#"[{"jsonrpc":"2.0","id":3,"result":{}}]"#).is_answer());
+    assert!(Event::Server {
+        generation: 1,
+        event: ServerEvent::Failed {
+            id: 3,
+            failure: crate::downstream::Failure {
+                message: "m".into(),
+                status: None,
+                may_have_run: true,
+                invalid: false,
+            },
+        },
+    }
+    .is_answer());
+    assert!(!server(r#"{"jsonrpc":"2.0","id":3,"method":"roots/list"}"#).is_answer());
+    assert!(!server(r#"{"jsonrpc":"2.0","method":"notifications/progress"}"#).is_answer());
+    let client = crate::inbound::Inbound::of(jsonrpc::classify(call_line(1, "t", "{}")));
+    assert!(!Event::Client(client).is_answer());
+}
+
+#[test]
 fn answers_the_proxy_cannot_relay_answer_their_request_with_an_error() {
     let mut h = Harness::new();
     h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);
