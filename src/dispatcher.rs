@@ -50,7 +50,7 @@ pub(crate) use calls::{KeyStore, Unavailable};
 use instant::{InstantStart, Source};
 use link::{Link, Queued, ReplayStep, Route, SendResult};
 use reporting::Reporting;
-use requests::{ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
+use requests::{ClientId, ClientRequest, Inflight, Method, Requests, Resolved, ServerRequest};
 pub use timers::Timer;
 use timers::Timers;
 #[cfg(test)]
@@ -87,6 +87,22 @@ impl Event {
                 ..
             } => p.size(),
             _ => 0,
+        }
+    }
+
+    /// An answer from the server (one that may end a call, recording its
+    /// latency): handled at a reading of the clock of its own.
+    fn is_answer(&self) -> bool {
+        match self {
+            Event::Server {
+                event: ServerEvent::Message(Parsed::Message(m)),
+                ..
+            } => m.kind() == Kind::Response,
+            Event::Server {
+                event: ServerEvent::Message(Parsed::Batch(_)) | ServerEvent::Failed { .. },
+                ..
+            } => true,
+            _ => false,
         }
     }
 }
@@ -381,7 +397,7 @@ impl Dispatcher {
             }
             // An event waiting already is handled at the batch's reading
             // of the clock (`clock.rs`); one that came after a wait, at a
-            // reading taken then.
+            // reading taken then; an answer, at a reading of its own.
             let (event, fresh) = match inbox.try_recv() {
                 Ok(e) => (Some(e), None),
                 Err(_) => match spin_for_event(&inbox) {
@@ -413,7 +429,12 @@ impl Dispatcher {
                     if let Some(backlog) = &self.inbox_backlog {
                         backlog.remove(size);
                     }
-                    let now = clock.next(fresh, size, Instant::now);
+                    let arrived = match fresh {
+                        Some(at) => clock::Arrived::AfterWait(at),
+                        None if e.is_answer() => clock::Arrived::Answer,
+                        None => clock::Arrived::Queued,
+                    };
+                    let now = clock.next(arrived, size, Instant::now);
                     self.handle_event(e, now)
                 }
                 None => {
@@ -735,7 +756,7 @@ impl Dispatcher {
     }
 
     fn on_client_request(&mut self, m: Message, read: Read, batch: Option<u64>, now: Instant) {
-        let client_id = m.id().expect("requests have ids").to_owned();
+        let client_id: ClientId = m.id().expect("requests have ids").into();
         if self.requests.is_open(&client_id) {
             let message =
                 format!("invalid request: a request with id {client_id} is already in flight");
@@ -752,7 +773,7 @@ impl Dispatcher {
             .tracer()
             .and_then(|t| t.request_started(&method, m.params(), now));
         self.requests
-            .register(&client_id, batch, trace, read.modern);
+            .register(client_id.clone(), batch, trace, read.modern);
         if self.requests.open_count() > self.cfg.max_in_flight {
             let message = format!(
                 "too many requests in flight (max_in_flight is {}); try again later",
@@ -817,7 +838,7 @@ impl Dispatcher {
     /// Sends a client request to the server as is (under a fresh id),
     /// queues it while the server restarts, or answers it when the server
     /// cannot be reached.
-    fn relay_request(&mut self, m: Message, client_id: String, kind: Method, now: Instant) {
+    fn relay_request(&mut self, m: Message, client_id: ClientId, kind: Method, now: Instant) {
         if matches!(self.phase, Phase::Stopping { .. }) {
             return self.answer_proxy_error(
                 &client_id,
@@ -840,21 +861,20 @@ impl Dispatcher {
                 return self.answer_proxy_error(&client_id, reason, &message)
             }
         }
-        // Reads, and a handshake the server never answered, are safe to send
-        // again to a restarted server.
-        let resend = matches!(
-            kind,
-            Method::ReadOnly | Method::ToolsList { .. } | Method::Initialize
-        )
-        .then(|| m.clone());
-        let down = self.requests.issue(Inflight::Client {
+        // The request is kept as the client sent it: one never sent goes
+        // again as it is, without its line being read back, and so does a
+        // read after a restart (`Method::resent_after_loss`).
+        let down = self.requests.next_attempt_id();
+        let line = m.line_with_id(&down.to_string());
+        let out = Outgoing::request(down, &m.method().unwrap_or_default(), line)
+            .in_era(self.requests.modern(&client_id));
+        let issued = self.requests.issue(Inflight::Client {
             client_id: client_id.clone(),
             method: kind,
-            resend,
+            kept: m,
+            sent: out.bytes.len(),
         });
-        let method = m.method().unwrap_or_default().into_owned();
-        let out = Outgoing::request(down, &method, m.into_line_with_id(&down.to_string()))
-            .in_era(self.requests.modern(&client_id));
+        debug_assert_eq!(issued, down, "an id was issued while the line was made");
         let waited = self.requests.sent(&client_id, down);
         if kind == Method::Initialize && !self.link.is_handshaken() {
             // Before the first handshake a server that never answers is

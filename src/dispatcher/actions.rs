@@ -27,7 +27,7 @@ use crate::{debug, info, warn};
 use super::calls::{Action, Arrival, Calls, Ctx, Failure, First, LinkView, Trace};
 use super::instant::{Effect as InstantEffect, InstantStart, Source};
 use super::link::{failure_error, Effect, Link, Queued, ReplayStep, Route, SendResult, Started};
-use super::{CallError, Dispatcher, Inflight, Method, Phase, Reason, Resolved, Timer};
+use super::{CallError, ClientId, Dispatcher, Inflight, Method, Phase, Reason, Resolved, Timer};
 
 /// The largest action buffer kept between runs: what an ordinary event
 /// needs, many times over.
@@ -133,12 +133,12 @@ impl Dispatcher {
         &mut self,
         m: Message,
         parsed: Option<Box<crate::inbound::ParsedCall>>,
-        client_id: String,
+        client_id: ClientId,
         now: Instant,
     ) {
         let down = self.requests.next_attempt_id();
         let (arrival, first) = self.with_calls(now, |c, ctx, out| {
-            c.arrive_and_start(m, parsed, &client_id, ctx, out)
+            c.arrive_and_start(m, parsed, client_id.clone(), ctx, out)
         });
         let call = match arrival {
             Arrival::Relay(m) => return self.relay_request(m, client_id, Method::Other, now),
@@ -641,11 +641,11 @@ impl Dispatcher {
     /// A request of ours the server never acted on (`failure`: never
     /// sent, or refused with a hint). A call attempt fails so (always safe
     /// to retry; a refused one after the hint, whatever the tool); a
-    /// client request never sent waits for the next server (its line, which
-    /// the proxy wrote, is read back to go again under a new id; only the
-    /// rest of a line partly written comes back: that request stays in
-    /// flight, for the lost link to decide), one refused is answered with
-    /// the refusal and the hint; the proxy's own requests are made again
+    /// client request never sent waits for the next server (as it was
+    /// kept, to go again under a new id; when only the rest of a line
+    /// partly written comes back, shorter than the line sent, that request
+    /// stays in flight, for the lost link to decide), one refused is
+    /// answered with the refusal and the hint; the proxy's own requests are made again
     /// for the next incarnation (the handshake replay, the tool list).
     pub(super) fn on_unanswered(&mut self, line: Outgoing, failure: Failure, now: Instant) {
         let Some(down) = line.request_id() else {
@@ -655,7 +655,8 @@ impl Dispatcher {
             Resolved::Ours(Inflight::Client {
                 client_id,
                 method,
-                resend,
+                kept,
+                sent,
             }) => match failure {
                 Failure::Refused(why, retry_after) => {
                     // Not run: the client may send it again, not before
@@ -670,25 +671,18 @@ impl Dispatcher {
                     let line = jsonrpc::error_response_line(&client_id, &error);
                     self.answer(&client_id, line);
                 }
+                _ if line.bytes.len() == sent => {
+                    debug!("a request never reached the server; it waits for the next one");
+                    self.requeue_request(kept, client_id, method, now)
+                }
                 _ => {
-                    // What was kept of it, else its line read back.
-                    let kept = resend.clone().or_else(|| {
-                        Message::reparse(String::from_utf8_lossy(&line.bytes).trim_end().to_owned())
-                    });
-                    match kept {
-                        Some(m) => {
-                            debug!("a request never reached the server; it waits for the next one");
-                            self.requeue_request(m, client_id, method, now)
-                        }
-                        None => {
-                            let back = Inflight::Client {
-                                client_id,
-                                method,
-                                resend,
-                            };
-                            self.requests.restore(down, back);
-                        }
-                    }
+                    let back = Inflight::Client {
+                        client_id,
+                        method,
+                        kept,
+                        sent,
+                    };
+                    self.requests.restore(down, back);
                 }
             },
             Resolved::Ours(Inflight::ToolsList { .. }) => self.calls.restart_tools_fetch(),
@@ -774,17 +768,18 @@ impl Dispatcher {
             let Inflight::Client {
                 client_id,
                 method,
-                resend,
+                kept,
+                ..
             } = f
             else {
                 continue;
             };
-            match resend {
-                Some(m) if !stopping => {
+            match method.resent_after_loss() && !stopping {
+                true => {
                     debug!("sending a read request again once the server is back");
-                    self.requeue_request(m, client_id, method, now);
+                    self.requeue_request(kept, client_id, method, now);
                 }
-                _ => self.answer_proxy_error(&client_id, Reason::ServerExited, message),
+                false => self.answer_proxy_error(&client_id, Reason::ServerExited, message),
             }
         }
         // Requests from the dead server the client has not answered yet.
@@ -805,7 +800,7 @@ impl Dispatcher {
     pub(super) fn requeue_request(
         &mut self,
         m: Message,
-        client_id: String,
+        client_id: ClientId,
         method: Method,
         now: Instant,
     ) {

@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::ServerConfig;
-use crate::dispatcher::{CallError, CallOutcome};
+use crate::dispatcher::{CallError, CallOutcome, ClientId};
 use crate::fasthash::FastMap;
 use crate::jsonrpc::Message;
 use crate::otel::CallEnd;
@@ -115,7 +115,7 @@ pub(super) struct Ctx {
 #[derive(Debug)]
 pub(super) enum Action {
     /// Answer client request `client` with `line` (a response or an error).
-    Answer { client: String, line: Vec<u8> },
+    Answer { client: ClientId, line: Vec<u8> },
     /// Ask the server to stop working on downstream request `down`.
     Cancel {
         down: u64,
@@ -192,7 +192,7 @@ pub(super) enum Trace {
 #[derive(Debug)]
 pub(super) struct ProxyAnswer {
     pub tool: String,
-    pub client: String,
+    pub client: ClientId,
     pub request: Message,
     pub end: CallEnd,
 }
@@ -325,7 +325,7 @@ pub(super) struct Calls {
     late: VecDeque<u64>,
     tools: ToolsKnowledge,
     cache: ResultCache,
-    dedup: DedupTable<u128, String>,
+    dedup: DedupTable<u128, ClientId>,
     /// The secret keys of dedup fingerprints.
     fingerprint_keys: &'static RandomState,
     breaker: Breaker,

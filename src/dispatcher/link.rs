@@ -1080,7 +1080,7 @@ pub(super) enum ReplayStep {
 pub(super) enum Queued {
     Request {
         m: Message,
-        client_id: String,
+        client_id: super::ClientId,
         method: Method,
     },
     /// The next attempt of a `tools/call`.

@@ -24,6 +24,10 @@ use crate::mcp::Modern;
 
 use super::link::ReplayStep;
 
+/// A client request's id as written (raw), made once from its message and
+/// shared by the request table, its `Call` and the answer: never copied.
+pub(super) type ClientId = Arc<str>;
+
 /// Every request in flight across the proxy.
 #[derive(Default)]
 pub(super) struct Requests {
@@ -33,7 +37,7 @@ pub(super) struct Requests {
     /// downstream id: withdrawn when their call is over.
     unwritten: FastMap<u64, Withdraw>,
     /// The client's requests not yet answered, by their id (raw).
-    client: FastMap<String, ClientRequest>,
+    client: FastMap<ClientId, ClientRequest>,
     /// The server's requests waiting for the client, by the id the client
     /// was given.
     server: FastMap<u64, ServerRequest>,
@@ -183,14 +187,14 @@ impl Requests {
     /// it is completed or cancelled.
     pub(super) fn register(
         &mut self,
-        client_id: &str,
+        client_id: ClientId,
         batch: Option<u64>,
         trace: Option<Box<crate::otel::RequestTrace>>,
         modern: Option<Arc<Modern>>,
     ) {
-        let pending = self.pending.add(client_id);
+        let pending = self.pending.add(&client_id);
         self.client.insert(
-            client_id.to_owned(),
+            client_id,
             ClientRequest {
                 downstream: None,
                 batch,
@@ -229,6 +233,13 @@ impl Requests {
         Some(r)
     }
 
+    /// The id client request `client_id` is kept under (for tests to see
+    /// it was not copied).
+    #[cfg(test)]
+    pub(super) fn kept_id(&self, client_id: &str) -> Option<&str> {
+        self.client.get_key_value(client_id).map(|(k, _)| &**k)
+    }
+
     pub(super) fn is_open(&self, client_id: &str) -> bool {
         self.client.contains_key(client_id)
     }
@@ -239,8 +250,8 @@ impl Requests {
     }
 
     /// The open client requests' ids, in order.
-    pub(super) fn open_ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.client.keys().cloned().collect();
+    pub(super) fn open_ids(&self) -> Vec<ClientId> {
+        let mut ids: Vec<ClientId> = self.client.keys().cloned().collect();
         ids.sort();
         ids
     }
@@ -417,12 +428,15 @@ impl Requests {
 /// [`Calls`]'s).
 #[derive(Debug)]
 pub(super) enum Inflight {
-    /// A client request relayed as is; `resend` keeps read-only requests,
-    /// which are sent again after a restart.
+    /// A client request relayed as is, `kept` as the client sent it (for a
+    /// request never sent, or a read sent again after a restart), and the
+    /// bytes of the line it went as (a line partly written comes back
+    /// shorter).
     Client {
-        client_id: String,
+        client_id: ClientId,
         method: Method,
-        resend: Option<Message>,
+        kept: Message,
+        sent: usize,
     },
     /// The proxy's replay of the session to a new incarnation.
     Replay(ReplayStep),
@@ -444,6 +458,17 @@ pub(super) enum Method {
     /// A request that only reads: sent again after a restart.
     ReadOnly,
     Other,
+}
+
+impl Method {
+    /// Safe to send again to a restarted server: reads, and a handshake
+    /// the server never answered.
+    pub(super) fn resent_after_loss(self) -> bool {
+        matches!(
+            self,
+            Method::ReadOnly | Method::ToolsList { .. } | Method::Initialize
+        )
+    }
 }
 
 /// A client request not yet answered.
@@ -528,8 +553,8 @@ mod tests {
     #[test]
     fn a_client_request_is_pending_until_completed_or_cancelled() {
         let mut r = Requests::default();
-        r.register("1", None, None, None);
-        r.register("2", None, None, None);
+        r.register("1".into(), None, None, None);
+        r.register("2".into(), None, None, None);
         assert_eq!(r.open_count(), 2);
         assert!(r.complete("1").is_some());
         assert!(r.complete("1").is_none(), "answered once");
@@ -542,8 +567,8 @@ mod tests {
     fn a_batch_answer_is_pending_until_the_array_goes() {
         let mut r = Requests::default();
         let b = r.open_batch(2);
-        r.register("a", Some(b), None, None);
-        r.register("b", Some(b), None, None);
+        r.register("a".into(), Some(b), None, None);
+        r.register("b".into(), Some(b), None, None);
         r.complete("a");
         assert_eq!(r.batch_entry(b, Some(b"{\"id\":\"a\"}\n".to_vec())), None);
         r.cancel("b");
@@ -555,7 +580,7 @@ mod tests {
         assert!(r.pending().take().is_empty());
         // Answered, but in a batch whose array has not gone: pending.
         let b = r.open_batch(2);
-        r.register("c", Some(b), None, None);
+        r.register("c".into(), Some(b), None, None);
         r.complete("c");
         assert_eq!(r.pending().take(), ["c"]);
     }

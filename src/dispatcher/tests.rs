@@ -1269,6 +1269,112 @@ fn lines_the_server_never_got_are_never_sent_not_ambiguous() {
 }
 
 #[test]
+fn a_write_the_server_never_got_goes_to_the_next_server_as_the_client_sent_it() {
+    // Not a read: kept all the same, so that a line the server never got
+    // goes again as it was, under a new id, with no line read back.
+    let mut h = Harness::new();
+    let asked = r#"{"jsonrpc":"2.0","id":"w","method":"x/write","params":{"n":"é\u00e9"}}"#;
+    h.client_sends(asked);
+    let first = h.to_server();
+    let down = id_of(&first);
+    // What comes back is not read: bytes of the same length that say
+    // something else change nothing.
+    let mut back = tagged(&first);
+    let n = back.bytes.iter().position(|b| *b == b'n').unwrap();
+    back.bytes[n] = b'm';
+    h.server_event(ServerEvent::Unsent {
+        lines: vec![back],
+        why: "writing to the server failed".into(),
+    });
+    h.nothing_sent();
+    h.server_event(gone("was killed by signal 9 (SIGKILL)"));
+    h.advance(Duration::ZERO);
+    let again = h.to_server();
+    assert_ne!(id_of(&again), down);
+    assert_eq!(
+        again,
+        first.replace(&down.to_string(), &id_of(&again).to_string())
+    );
+    h.nothing_sent();
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
+        id_of(&again)
+    ));
+    assert_eq!(h.to_client(), r#"{"jsonrpc":"2.0","id":"w","result":{}}"#);
+}
+
+#[test]
+fn the_rest_of_a_line_partly_written_leaves_its_request_to_the_lost_link() {
+    // Only the rest of the line came back: the server may hold the start
+    // of it. A write is answered as one that may have reached the server;
+    // a read goes again.
+    let mut h = Harness::new();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"w","method":"x/write","params":{}}"#);
+    let write = h.to_server();
+    h.client_sends(r#"{"jsonrpc":"2.0","id":"r","method":"resources/read","params":{"uri":"x"}}"#);
+    let read = h.to_server();
+    let rest = |line: &str| {
+        let mut o = tagged(line);
+        o.bytes.drain(..10);
+        o
+    };
+    h.server_event(ServerEvent::Unsent {
+        lines: vec![rest(&write), rest(&read)],
+        why: "writing to the server failed".into(),
+    });
+    h.nothing_sent();
+    h.server_event(gone("was killed by signal 9 (SIGKILL)"));
+    let e: Value = serde_json::from_str(&h.to_client()).unwrap();
+    assert_eq!(e["id"], "w");
+    assert_eq!(e["error"]["data"]["reason"], "server_exited");
+    h.advance(Duration::ZERO);
+    assert!(h.to_server().contains(r#""uri":"x""#));
+    h.nothing_sent();
+}
+
+#[test]
+fn a_calls_client_id_is_made_once_for_the_request_table_and_the_call() {
+    let mut h = Harness::new();
+    h.client_sends(&call_line(1, "t", "{}"));
+    let _ = h.to_server();
+    let (_, client, _) = h.d.calls.started(1).expect("call 1");
+    let kept = h.d.requests.kept_id("1").expect("request 1 is open");
+    assert_eq!(client, "1");
+    assert!(
+        std::ptr::eq(client.as_ptr(), kept.as_ptr()),
+        "the id was copied"
+    );
+}
+
+#[test]
+fn only_what_answers_a_request_gets_a_reading_of_the_clock_of_its_own() {
+    let server = |line: &str| Event::Server {
+        generation: 1,
+        event: ServerEvent::Message(jsonrpc::classify(line.to_owned())),
+    };
+    assert!(server(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#).is_answer());
+    assert!(server(r#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"m"}}"#).is_answer());
+    assert!(server(r#"[{"jsonrpc":"2.0","id":3,"result":{}}]"#).is_answer());
+    assert!(Event::Server {
+        generation: 1,
+        event: ServerEvent::Failed {
+            id: 3,
+            failure: crate::downstream::Failure {
+                message: "m".into(),
+                status: None,
+                may_have_run: true,
+                invalid: false,
+            },
+        },
+    }
+    .is_answer());
+    assert!(!server(r#"{"jsonrpc":"2.0","id":3,"method":"roots/list"}"#).is_answer());
+    assert!(!server(r#"{"jsonrpc":"2.0","method":"notifications/progress"}"#).is_answer());
+    let client = crate::inbound::Inbound::of(jsonrpc::classify(call_line(1, "t", "{}")));
+    assert!(!Event::Client(client).is_answer());
+}
+
+#[test]
 fn answers_the_proxy_cannot_relay_answer_their_request_with_an_error() {
     let mut h = Harness::new();
     h.client_sends(r#"{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"x"}}"#);

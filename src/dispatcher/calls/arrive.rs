@@ -6,7 +6,7 @@
 
 #![forbid(unsafe_code)]
 
-use crate::dispatcher::{CallError, CallOutcome, Reason};
+use crate::dispatcher::{CallError, CallOutcome, ClientId, Reason};
 use crate::inbound::ParsedCall;
 use crate::jsonrpc::{self, Message};
 use crate::otel::CallEnd;
@@ -45,7 +45,7 @@ impl Calls {
         &mut self,
         m: Message,
         parsed: Option<Box<ParsedCall>>,
-        client_id: &str,
+        client_id: ClientId,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> Arrival {
@@ -58,12 +58,11 @@ impl Calls {
         if let Some(result) = self.cached(&new, ctx) {
             info!("tool \"{}\": answered from the cache", new.tool);
             self.counters.tool(&new.tool).cache_hits += 1;
-            let client = client_id.to_owned();
-            return answered_at_once(m, new.tool, client, &result, Source::Cache, ctx, out);
+            return answered_at_once(m, new.tool, client_id, &result, Source::Cache, ctx, out);
         }
         match new.dedup_key {
             Some(key) => self.join_or_replay(m, new, key, client_id, ctx, out),
-            None => Arrival::Started(self.open(m, new, client_id.to_owned(), ctx, out)),
+            None => Arrival::Started(self.open(m, new, client_id, ctx, out)),
         }
     }
 
@@ -74,7 +73,7 @@ impl Calls {
         &mut self,
         m: Message,
         parsed: Option<Box<ParsedCall>>,
-        client_id: &str,
+        client_id: ClientId,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> (Arrival, First) {
@@ -97,14 +96,13 @@ impl Calls {
         m: Message,
         new: Arriving,
         key: u128,
-        client_id: &str,
+        waiter: ClientId,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> Arrival {
         // A keyless read runs again rather than replay an old answer; a
         // keyless write only ever finds results its client never got.
         let replay = new.explicit_key.is_some() || !new.read_only;
-        let waiter = client_id.to_owned();
         match self
             .dedup
             .lookup_or_join(&key, new.dedup_args, waiter, replay, ctx.now)
@@ -145,7 +143,7 @@ impl Calls {
         m: Message,
         new: Arriving,
         mark: Mark,
-        client: String,
+        client: ClientId,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> Arrival {
@@ -252,7 +250,7 @@ impl Calls {
         &mut self,
         m: Message,
         new: Arriving,
-        client: String,
+        client: ClientId,
         ctx: Ctx,
         out: &mut Vec<Action>,
     ) -> u64 {
@@ -362,7 +360,7 @@ pub(super) fn not_run_error(
 fn answered_at_once(
     request: Message,
     tool: String,
-    client: String,
+    client: ClientId,
     result: &str,
     source: Source,
     ctx: Ctx,

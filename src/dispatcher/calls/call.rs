@@ -78,7 +78,7 @@ impl Failure {
 pub(super) struct Call {
     /// The client request that started it; `None` once that client cancelled
     /// while joined requests still wait.
-    pub client: Option<String>,
+    pub client: Option<crate::dispatcher::ClientId>,
     pub tool: String,
     /// The request as forwarded (the argument idempotency key removed);
     /// its id is replaced for every attempt.

@@ -21,7 +21,7 @@ use super::call::{Call, Failure, Late, Phase};
 use super::keys::Claim;
 use super::text::{storable, with_source, Source};
 use super::{invalidate, trace, Action, Calls, Ctx, Issued, Trace, LATE_LIMIT};
-use crate::dispatcher::{CallError, CallOutcome};
+use crate::dispatcher::{CallError, CallOutcome, ClientId};
 use crate::policy::record::Outcome;
 
 impl Calls {
@@ -266,7 +266,7 @@ impl Calls {
 
     /// Marks `call`'s `key` as run with an unknown outcome (`mark`), for
     /// the idempotency table and for `status`; returns its joined waiters.
-    fn mark_unknown(&mut self, call: &Call, key: u128, mark: Mark, ctx: Ctx) -> Vec<String> {
+    fn mark_unknown(&mut self, call: &Call, key: u128, mark: Mark, ctx: Ctx) -> Vec<ClientId> {
         let waiters = self.dedup.complete_unknown(&key, mark, ctx.now);
         if let Some(Mark::Unknown { cause, since }) = self.dedup.mark_of(&key) {
             self.counters.changed = true;
@@ -479,7 +479,7 @@ impl Calls {
         if call.client.as_deref() == Some(client_id) {
             call.client = None;
         } else if let Some(k) = call.dedup_key {
-            self.dedup.remove_waiter(&k, |w| w == client_id);
+            self.dedup.remove_waiter(&k, |w| **w == *client_id);
         }
         if self.calls.get(&id).is_some_and(|c| c.client.is_none()) && self.dedup_waiters(id) == 0 {
             self.drop_call(id, reason.to_owned().into(), ctx, out);

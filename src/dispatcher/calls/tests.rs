@@ -71,7 +71,7 @@ impl Harness {
     /// Client `client` calls `tool` with `args`.
     fn arrive(&mut self, client: &str, tool: &str, args: &str) -> (Arrival, Vec<Action>) {
         let m = request(client, tool, args);
-        self.run(|c, ctx, out| c.arrive(m.clone(), parsed_call(&m), client, ctx, out))
+        self.run(|c, ctx, out| c.arrive(m.clone(), parsed_call(&m), client.into(), ctx, out))
     }
 
     /// Admits and sends the next attempt of call `id` as the dispatcher
@@ -151,7 +151,7 @@ fn answers(out: &[Action]) -> Vec<(String, Value)> {
     out.iter()
         .filter_map(|a| match a {
             Action::Answer { client, line } => {
-                Some((client.clone(), serde_json::from_slice(line).unwrap()))
+                Some((client.to_string(), serde_json::from_slice(line).unwrap()))
             }
             _ => None,
         })
@@ -189,6 +189,26 @@ fn cancels(out: &[Action]) -> Vec<(u64, String)> {
 
 const OK: &str = r#""result":{"content":[{"type":"text","text":"ok"}]}"#;
 const TRANSIENT: &str = r#""error":{"code":-32000,"message":"busy"}"#;
+
+#[test]
+fn an_attempts_method_is_not_allocated() {
+    let mut h = Harness::new(|_| {});
+    h.arrive("11", "t", "{}");
+    h.run(|c, ctx, out| c.admit(1, ctx, out));
+    let (attempt, _) = h.run(|c, ctx, out| c.send(1, 42, None, ctx, out));
+    let attempt = attempt.expect("an attempt");
+    assert!(
+        matches!(
+            attempt.kind,
+            crate::downstream::OutKind::Request {
+                method: std::borrow::Cow::Borrowed("tools/call"),
+                ..
+            }
+        ),
+        "{:?}",
+        attempt.kind
+    );
+}
 
 #[test]
 fn a_call_is_sent_under_its_timeout_and_ends_with_the_servers_answer() {
@@ -344,7 +364,8 @@ fn progress_keeps_an_attempt_alive_and_reaches_the_client_when_it_advances() {
     let m = message(
         r#"{"jsonrpc":"2.0","id":11,"method":"tools/call","params":{"name":"t","_meta":{"progressToken":"p"}}}"#,
     );
-    let (arrival, _) = h.run(|c, ctx, out| c.arrive(m.clone(), parsed_call(&m), "11", ctx, out));
+    let (arrival, _) =
+        h.run(|c, ctx, out| c.arrive(m.clone(), parsed_call(&m), "11".into(), ctx, out));
     let Arrival::Started(id) = arrival else {
         panic!("{arrival:?}");
     };
@@ -1090,7 +1111,7 @@ fn one_run_opens_a_call_and_starts_or_admits_its_first_attempt() {
     });
     let m = request("21", "t", "{}");
     let ((arrival, first), out) =
-        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "21", ctx, out));
+        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "21".into(), ctx, out));
     let Arrival::Started(id) = arrival else {
         panic!("{arrival:?}");
     };
@@ -1109,7 +1130,7 @@ fn one_run_opens_a_call_and_starts_or_admits_its_first_attempt() {
     h.link.ready = false;
     let m = request("22", "t", r#"{"n":2}"#);
     let ((arrival, first), out) =
-        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "22", ctx, out));
+        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "22".into(), ctx, out));
     let Arrival::Started(second) = arrival else {
         panic!("{arrival:?}");
     };
@@ -1121,7 +1142,7 @@ fn one_run_opens_a_call_and_starts_or_admits_its_first_attempt() {
     h.answer(down, TRANSIENT);
     let m = request("23", "t", r#"{"n":3}"#);
     let ((arrival, first), out) =
-        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "23", ctx, out));
+        h.run(|c, ctx, out| c.arrive_and_start(m.clone(), parsed_call(&m), "23".into(), ctx, out));
     assert!(matches!(arrival, Arrival::Started(_)), "{arrival:?}");
     assert_eq!(first, First::Waiting);
     let refused = answer_for(&out, "23");
