@@ -144,7 +144,7 @@ impl Harness {
 
     fn client_sends(&mut self, line: &str) {
         // Read as the client's reader thread reads it.
-        let inbound = crate::inbound::Inbound::of(jsonrpc::classify(line.to_owned()));
+        let inbound = crate::inbound::Inbound::of_line(line.as_bytes().to_vec());
         self.d.handle_event(Event::Client(inbound), self.now);
     }
 
