@@ -421,6 +421,77 @@ fn with_export_on_counters_are_flushed_once_after_a_change_and_idle_stays_idle()
     assert_eq!(flushes(&h), 0);
 }
 
+/// Spans take the client's trace context carried with the request from
+/// the reader, not one read from its line: a line whose
+/// `_meta.traceparent` names one trace, carried with another context,
+/// gives a call's span, a cached answer's and a failed request's under the
+/// carried one.
+#[test]
+fn with_export_on_spans_have_the_context_carried_with_the_request_not_the_lines() {
+    let mut h = Harness::with(config(|c| {
+        let read_only = crate::config::ToolConfig {
+            read_only: Some(true),
+            ..Default::default()
+        };
+        c.tools.insert("t".into(), read_only);
+        c.cache.tools.insert("t".into(), 10 * SECOND);
+    }));
+    let (handle, exported) = crate::otel::Handle::for_test();
+    // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
+    h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
+    let carried = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let carried = crate::otel::SpanContext::parse(carried).unwrap();
+    let meta =
+        r#""_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#;
+    let send = |h: &mut Harness, line: String| {
+        let mut inbound = crate::inbound::Inbound::of_line(line.into_bytes());
+        let read = inbound.read.as_mut().unwrap();
+        assert!(read.client_context.is_some_and(|c| c != carried));
+        read.client_context = Some(carried);
+        if let Some(call) = &mut read.call {
+            call.client_context = Some(carried);
+        }
+        h.d.handle_event(Event::Client(inbound), h.now);
+    };
+    send(
+        &mut h,
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t",{meta}}}}}"#
+        ),
+    );
+    let down = id_of(&h.to_server());
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
+    ));
+    h.to_client();
+    let cached = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"t",{meta}}}}}"#
+    );
+    send(&mut h, cached);
+    assert!(h.to_client().contains(r#""mcp-retry/source":"cache""#));
+    send(
+        &mut h,
+        format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{{"uri":"u",{meta}}}}}"#
+        ),
+    );
+    let down = id_of(&h.to_server());
+    h.server_sends(&format!(
+        r#"{{"jsonrpc":"2.0","id":{down},"error":{{"code":-32002,"message":"not found"}}}}"#
+    ));
+    h.to_client();
+    let spans = spans_in(&exported);
+    let server: Vec<_> = spans
+        .iter()
+        .filter(|s| s.kind == crate::otel::SpanKind::Server)
+        .collect();
+    assert_eq!(server.len(), 3, "{spans:?}");
+    for s in server {
+        assert_eq!(s.ctx.trace_id, carried.trace_id, "{s:?}");
+        assert_eq!(s.parent, Some(carried.span_id), "{s:?}");
+    }
+}
+
 #[test]
 fn with_export_on_a_call_that_survives_a_crash_has_the_respawn_and_backoff_in_its_span() {
     let mut cfg = ServerConfig::with_defaults("t", "fake".into(), vec![]);
