@@ -1,10 +1,12 @@
 //! What a client's message is, read once, by the thread that frames it: its
-//! kind, id and method (`jsonrpc::classify`), whether a member name repeats
-//! where the proxy and the server could read it differently (a request that
-//! is then refused), and for a `tools/call` the [`ParsedCall`] the policies
-//! look at, with the fingerprint of its arguments. The dispatcher gets an
-//! [`Inbound`] and reads none of this again; the `Call` keeps the
-//! `ParsedCall`'s parts.
+//! kind, id and method, and in the same pass over the line its params'
+//! members and their `_meta`'s (`jsonrpc::classify_reading`); whether a
+//! member name repeats where the proxy and the server could read it
+//! differently (a request that is then refused), the client's trace
+//! context (`_meta.traceparent`, for the tracer), and for a `tools/call`
+//! the [`ParsedCall`] the policies look at, with the fingerprint of its
+//! arguments (their own walk). The dispatcher gets an [`Inbound`] and
+//! reads none of this again; the `Call` keeps the `ParsedCall`'s parts.
 //!
 //! Pure: no I/O, no policy, no state. Knows of MCP only the members it
 //! reads (`name`, `arguments`, `_meta`, the idempotency keys).

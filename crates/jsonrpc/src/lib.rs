@@ -6,6 +6,10 @@
 //! byte for byte; only the `id` is ever rewritten. Messages the proxy makes
 //! itself are built with [`response_line`], [`error_line`] and friends.
 //!
+//! [`classify_reading`] classifies a client's line and reads its params'
+//! members (and one nested member's) in the same pass, for a reader that
+//! would otherwise parse the params again.
+//!
 //! JSON leaves a repeated member name to the reader, and readers disagree
 //! (last, first, error). A message whose envelope repeats a member is
 //! therefore [`Parsed::Invalid`]; [`RawObject::duplicate`] and
