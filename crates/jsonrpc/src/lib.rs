@@ -380,7 +380,7 @@ pub fn classify(text: String) -> Parsed {
     }
     let base = text.as_ptr() as usize;
     let spans = Spans::of(
-        raw.0.iter().map(|(k, v)| (k.as_ref(), span(base, v))),
+        raw.0.iter().map(|(k, v)| (k.as_ref(), span(base, v.get()))),
         &text,
     );
     drop(raw);
@@ -390,9 +390,8 @@ pub fn classify(text: String) -> Parsed {
     }
 }
 
-/// Where a raw value is in the text at `base`.
-fn span(base: usize, v: &RawValue) -> Range<usize> {
-    let s = v.get();
+/// Where a value's text `s` is in the text at `base`.
+fn span(base: usize, s: &str) -> Range<usize> {
     let start = s.as_ptr() as usize - base;
     start..start + s.len()
 }
@@ -414,17 +413,22 @@ impl Spans {
     fn of<'n>(members: impl Iterator<Item = (&'n str, Range<usize>)>, text: &str) -> Spans {
         let mut s = Spans::default();
         for (k, r) in members {
-            match k {
-                "jsonrpc" => s.jsonrpc_ok = &text[r] == "\"2.0\"",
-                "id" => s.id = Some(r),
-                "method" => s.method = Some(r),
-                "params" => s.params = Some(r),
-                "result" => s.result = Some(r),
-                "error" => s.error = Some(r),
-                _ => {}
-            }
+            s.set(k, r, text);
         }
         s
+    }
+
+    /// Member `k`'s value is at `r` in `text`.
+    fn set(&mut self, k: &str, r: Range<usize>, text: &str) {
+        match k {
+            "jsonrpc" => self.jsonrpc_ok = &text[r] == "\"2.0\"",
+            "id" => self.id = Some(r),
+            "method" => self.method = Some(r),
+            "params" => self.params = Some(r),
+            "result" => self.result = Some(r),
+            "error" => self.error = Some(r),
+            _ => {}
+        }
     }
 
     /// What the envelope makes of the message, or why it is invalid.
@@ -699,44 +703,37 @@ fn read_in_one_pass<'a>(text: &'a str, inner: &str) -> Option<OnePass<'a>> {
     let b = text.as_bytes();
     let base = text.as_ptr() as usize;
     let mut cursor = open + 1;
-    let mut members = Vec::with_capacity(envelope.members.len());
+    let mut spans = Spans::default();
     let mut params = None;
+    let mut envelope = envelope;
     for (k, v) in envelope.members {
         let r = match v {
             Some(v) => span(base, v),
             None => {
-                let p = envelope.params.as_ref()?;
+                let mut p = envelope.params.take()?;
                 let start = value_start(b, cursor)?;
                 let mut at = start + 1;
-                let mut read = Vec::with_capacity(p.members.len());
-                for (name, v) in &p.members {
-                    let r = match v {
-                        Some(v) => span(base, v),
-                        None => {
-                            let s = value_start(b, at)?;
-                            let last = p.inner.as_ref()?.0.last();
-                            s..object_end(b, last.map_or(s + 1, |(_, v)| span(base, v).end))?
-                        }
-                    };
-                    at = r.end;
-                    read.push((name.clone(), &text[r]));
+                for (i, (_, v)) in p.members.iter_mut().enumerate() {
+                    if p.inner_at == Some(i) {
+                        let s = value_start(b, at)?;
+                        let last = p.inner.as_ref()?.0.last();
+                        let end = last.map_or(s + 1, |(_, v)| span(base, v.get()).end);
+                        *v = &text[s..object_end(b, end)?];
+                    }
+                    at = span(base, v).end;
                 }
                 params = Some(Params {
-                    members: read,
-                    duplicate: p.duplicate.clone(),
-                    inner: None,
+                    members: p.members,
+                    duplicate: p.duplicate,
+                    inner: p.inner,
                     walks: 1,
                 });
                 start..object_end(b, at)?
             }
         };
         cursor = r.end;
-        members.push((k, r));
+        spans.set(&k, r, text);
     }
-    if let (Some(params), Some(p)) = (&mut params, envelope.params) {
-        params.inner = p.inner;
-    }
-    let spans = Spans::of(members.iter().map(|(k, r)| (k.as_ref(), r.clone())), text);
     Some(OnePass { spans, params })
 }
 
@@ -780,16 +777,18 @@ fn object_end(b: &[u8], i: usize) -> Option<usize> {
 /// An envelope as the one pass reads it: each member's raw value, but
 /// the params' (`None`), which are read as [`ParamsRead`].
 struct EnvelopeRead<'de> {
-    members: Vec<(Cow<'de, str>, Option<&'de RawValue>)>,
+    members: Vec<(Cow<'de, str>, Option<&'de str>)>,
     params: Option<ParamsRead<'de>>,
 }
 
 /// Params as the one pass reads them: each member's raw value, but the
-/// first `inner`'s (`None`), which is read as a [`RawObject`].
+/// first `inner`'s (at `inner_at`, empty until its place is found), which
+/// is read as a [`RawObject`].
 struct ParamsRead<'de> {
-    members: Vec<(Cow<'de, str>, Option<&'de RawValue>)>,
+    members: Vec<(Cow<'de, str>, &'de str)>,
     duplicate: Option<Cow<'de, str>>,
     inner: Option<RawObject<'de>>,
+    inner_at: Option<usize>,
 }
 
 struct EnvelopeSeed<'i> {
@@ -821,7 +820,8 @@ impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
                 params = Some(map.next_value_seed(ParamsSeed { inner: self.inner })?);
                 members.push((k, None));
             } else {
-                members.push((k, Some(map.next_value()?)));
+                let v: &'de RawValue = map.next_value()?;
+                members.push((k, Some(v.get())));
             }
         }
         Ok(EnvelopeRead { members, params })
@@ -848,16 +848,16 @@ impl<'de> Visitor<'de> for ParamsSeed<'_> {
         let mut members = Vec::new();
         let mut duplicate = None;
         let mut inner = None;
-        let mut inner_seen = false;
+        let mut inner_at = None;
         let mut seen = SeenNames::default();
         while let Some(k) = map.next_key_seed(Key)? {
-            let value = match !inner_seen && k == self.inner {
+            let value = match inner_at.is_none() && k == self.inner {
                 true => {
-                    inner_seen = true;
+                    inner_at = Some(members.len());
                     inner = Some(map.next_value::<RawObject<'de>>()?);
-                    None
+                    ""
                 }
-                false => Some(map.next_value()?),
+                false => map.next_value::<&'de RawValue>()?.get(),
             };
             if duplicate.is_none() && seen.repeats(&k) {
                 duplicate = Some(k.clone());
@@ -868,6 +868,7 @@ impl<'de> Visitor<'de> for ParamsSeed<'_> {
             members,
             duplicate,
             inner,
+            inner_at,
         })
     }
 }
