@@ -453,33 +453,33 @@ fn with_export_on_spans_have_the_context_carried_with_the_request_not_the_lines(
         }
         h.d.handle_event(Event::Client(inbound), h.now);
     };
-    send(
-        &mut h,
-        format!(
-            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t",{meta}}}}}"#
-        ),
-    );
-    let down = id_of(&h.to_server());
-    h.server_sends(&format!(
-        r#"{{"jsonrpc":"2.0","id":{down},"result":{{"content":[]}}}}"#
-    ));
-    h.to_client();
-    let cached = format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"t",{meta}}}}}"#
-    );
-    send(&mut h, cached);
-    assert!(h.to_client().contains(r#""mcp-retry/source":"cache""#));
-    send(
-        &mut h,
-        format!(
-            r#"{{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{{"uri":"u",{meta}}}}}"#
-        ),
-    );
-    let down = id_of(&h.to_server());
-    h.server_sends(&format!(
-        r#"{{"jsonrpc":"2.0","id":{down},"error":{{"code":-32002,"message":"not found"}}}}"#
-    ));
-    h.to_client();
+    let line = |id: u32, method: &str, member: &str| {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{{member},{meta}}}}}"#)
+    };
+    // A call the server answers, the same call answered from the cache,
+    // and a request the server fails.
+    let answers = [
+        Some(r#""result":{"content":[]}"#),
+        None,
+        Some(r#""error":{"code":-32002,"message":"not found"}"#),
+    ];
+    let lines = [
+        line(1, "tools/call", r#""name":"t""#),
+        line(2, "tools/call", r#""name":"t""#),
+        line(3, "resources/read", r#""uri":"u""#),
+    ];
+    for (line, answer) in lines.into_iter().zip(answers) {
+        send(&mut h, line);
+        if let Some(answer) = answer {
+            let down = id_of(&h.to_server());
+            h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{down},{answer}}}"#));
+        }
+        let sent = h.to_client();
+        assert_eq!(
+            answer.is_none(),
+            sent.contains(r#""mcp-retry/source":"cache""#)
+        );
+    }
     let spans = spans_in(&exported);
     let server: Vec<_> = spans
         .iter()
