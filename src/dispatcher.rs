@@ -771,7 +771,7 @@ impl Dispatcher {
         let trace = self
             .reporting
             .tracer()
-            .and_then(|t| t.request_started(&method, m.params(), now));
+            .and_then(|t| t.request_started(&method, read.client_context, now));
         self.requests
             .register(client_id.clone(), batch, trace, read.modern);
         if self.requests.open_count() > self.cfg.max_in_flight {

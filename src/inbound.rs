@@ -1,10 +1,12 @@
 //! What a client's message is, read once, by the thread that frames it: its
-//! kind, id and method (`jsonrpc::classify`), whether a member name repeats
-//! where the proxy and the server could read it differently (a request that
-//! is then refused), and for a `tools/call` the [`ParsedCall`] the policies
-//! look at, with the fingerprint of its arguments. The dispatcher gets an
-//! [`Inbound`] and reads none of this again; the `Call` keeps the
-//! `ParsedCall`'s parts.
+//! kind, id and method, and in the same pass over the line its params'
+//! members and their `_meta`'s (`jsonrpc::classify_reading`); whether a
+//! member name repeats where the proxy and the server could read it
+//! differently (a request that is then refused), the client's trace
+//! context (`_meta.traceparent`, for the tracer), and for a `tools/call`
+//! the [`ParsedCall`] the policies look at, with the fingerprint of its
+//! arguments (their own walk). The dispatcher gets an [`Inbound`] and
+//! reads none of this again; the `Call` keeps the `ParsedCall`'s parts.
 //!
 //! Pure: no I/O, no policy, no state. Knows of MCP only the members it
 //! reads (`name`, `arguments`, `_meta`, the idempotency keys).
@@ -17,8 +19,9 @@ use std::sync::Arc;
 
 use serde_json::value::RawValue;
 
-use crate::jsonrpc::{self, Kind, Message, Parsed, RawObject};
+use crate::jsonrpc::{self, Kind, Message, Params, Parsed, RawObject};
 use crate::mcp::Modern;
+use crate::otel::SpanContext;
 use crate::policy::{dedup, TopMembers};
 
 /// A client's line as the dispatcher gets it: classified, and a request's
@@ -31,13 +34,23 @@ pub struct Inbound {
 }
 
 impl Inbound {
-    /// Classifies a line and reads a request's params: what the
-    /// `client-stdin` thread does with every line.
+    /// Classifies a line and reads a request's params, in the one pass
+    /// over it that reads its envelope too (`jsonrpc::classify_reading`):
+    /// what the `client-stdin` thread does with every line.
     pub fn of_line(line: Vec<u8>) -> Inbound {
-        Inbound::of(jsonrpc::classify_bytes(line))
+        let (parsed, read) = jsonrpc::classify_reading(line, "_meta", |r| {
+            let method = r.method.unwrap_or_default();
+            (r.kind == Kind::Request).then(|| Read::of_params(&method, r.params, r.read))
+        });
+        Inbound {
+            parsed,
+            read: read.flatten(),
+        }
     }
 
-    /// [`Inbound::of_line`] for a line classified already.
+    /// [`Inbound::of_line`] for a line classified already, its params
+    /// parsed apart (what the dispatcher does for a batch's requests).
+    #[cfg(test)]
     pub fn of(parsed: Parsed) -> Inbound {
         let read = match &parsed {
             Parsed::Message(m) if m.kind() == Kind::Request => Some(Read::of(m)),
@@ -53,7 +66,7 @@ impl Inbound {
 }
 
 /// What a client request's params say, read once.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Read {
     /// Why it must not be forwarded: a member name repeats (the -32600
     /// message).
@@ -64,41 +77,123 @@ pub struct Read {
     /// A 2026-07-28 request's version, `Mcp-Name` and envelope, for its
     /// `OutKind::Request`.
     pub modern: Option<Arc<Modern>>,
+    /// The client's trace context, from `params._meta.traceparent` (a
+    /// `tools/call`'s is its `ParsedCall`'s).
+    pub client_context: Option<SpanContext>,
 }
 
 impl Read {
-    /// Reads request `m`'s params.
+    /// Reads request `m`'s params, parsing them apart from its line (the
+    /// requests of a batch).
     pub fn of(m: &Message) -> Read {
         let method = m.method().unwrap_or_default();
-        let Some(params) = m.params() else {
+        let params = m.params();
+        Read::of_params(
+            &method,
+            params,
+            params.and_then(|p| Params::parse(p, "_meta")),
+        )
+    }
+
+    /// Reads request params `text` of `method`, with their members (and
+    /// their `_meta`'s) as `jsonrpc` read them (`None`: not an object).
+    fn of_params(method: &str, text: Option<&str>, params: Option<Params<'_>>) -> Read {
+        let Some(text) = text else {
             return Read::default();
         };
         count(Walk::Params);
+        for _ in 0..params.as_ref().map_or(1, |p| p.walks) {
+            count(Walk::ParamsText);
+        }
         if method == "tools/call" {
-            return match ParsedCall::read(params) {
+            return match ParsedCall::read_from(text, params, Reading::OneWalk) {
                 Ok(call) => Read {
                     refused: None,
                     modern: call.as_ref().and_then(|c| c.modern.clone()),
+                    client_context: call.as_ref().and_then(|c| c.client_context),
                     call: call.map(Box::new),
                 },
                 Err(repeated) => Read {
                     refused: Some(repeated),
-                    call: None,
-                    modern: None,
+                    ..Read::default()
                 },
             };
         }
-        let refused = repeated_param(&method, params);
-        let modern = match refused {
-            None => Modern::of(&method, params).map(Arc::new),
-            Some(_) => None,
+        // A repeat in the params or their `_meta`, from what was read of
+        // them; a `prompts/get`'s arguments, and a `_meta` object that did
+        // not parse, are looked through as before (`repeated_member` gives
+        // up on a name it cannot read).
+        let unread_meta = |p: &Params<'_>| {
+            p.inner.is_none() && p.get("_meta").is_some_and(|m| m.starts_with('{'))
         };
+        let refused = match &params {
+            Some(p) if method != "prompts/get" && !unread_meta(p) => first_repeat(p, |_| None),
+            _ => repeated_param(method, text),
+        };
+        if refused.is_some() {
+            return Read {
+                refused,
+                ..Read::default()
+            };
+        }
+        let Some(mut params) = params else {
+            return Read::default();
+        };
+        let client_context = params.inner.as_ref().and_then(client_context);
+        let modern = params
+            .inner
+            .take()
+            .and_then(|meta| Modern::read(method, &params, meta))
+            .map(Arc::new);
         Read {
-            refused,
+            refused: None,
             call: None,
             modern,
+            client_context,
         }
     }
+}
+
+/// The client's trace context from a request's `_meta.traceparent`.
+fn client_context(meta: &RawObject<'_>) -> Option<SpanContext> {
+    SpanContext::parse(&meta.string("traceparent")?)
+}
+
+/// The -32600 message for the first member name that repeats, in document
+/// order, in `params`, their `_meta` (the first, read with them) or, through
+/// `arguments` (given each `arguments` member's text before a repeat of the
+/// params' own), their arguments: as `jsonrpc::repeated_member` finds it.
+fn first_repeat<'a>(
+    params: &Params<'a>,
+    mut arguments: impl FnMut(&'a str) -> Option<String>,
+) -> Option<String> {
+    // Where the params' own first repeated name (found as they were read)
+    // comes again, so that a repeat within `_meta` or `arguments` before
+    // it is the one refused.
+    let members = &params.members;
+    let repeat_at = params.duplicate().and_then(|d| {
+        let first = members.iter().position(|(k, _)| k == d)?;
+        let again = members[first + 1..].iter().position(|(k, _)| k == d)?;
+        Some(first + 1 + again)
+    });
+    for (i, (k, v)) in members.iter().enumerate() {
+        if repeat_at == Some(i) {
+            return Some(refusal(None, k));
+        }
+        let repeated = match k.as_ref() {
+            "_meta" => params
+                .inner
+                .as_ref()
+                .and_then(RawObject::duplicate)
+                .map(str::to_owned),
+            "arguments" => arguments(v),
+            _ => None,
+        };
+        if let Some(name) = repeated {
+            return Some(refusal(Some(k.as_ref()), &name));
+        }
+    }
+    None
 }
 
 /// Why a client request must not be forwarded because a member name repeats
@@ -158,6 +253,9 @@ pub struct ParsedCall {
     pub dedup_args: u128,
     /// What its 2026-07-28 headers say (its `Mcp-Name` is `name`).
     pub modern: Option<Arc<Modern>>,
+    /// The client's trace context, from `_meta.traceparent`: the parent
+    /// of the call's span when traces are exported.
+    pub client_context: Option<SpanContext>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -172,6 +270,7 @@ impl ParsedCall {
     /// the -32600 message when a member name repeats in params,
     /// `params._meta` or `params.arguments` (the same rule and message as
     /// for every other request, the first repeat in document order).
+    #[cfg(test)]
     pub fn read(params: &str) -> Result<Option<ParsedCall>, String> {
         ParsedCall::read_as(params, Reading::OneWalk)
     }
@@ -183,75 +282,69 @@ impl ParsedCall {
     /// are parsed into a `RawObject` for that and fingerprinted apart, as
     /// they were before. Both give the same answer (a test holds them to
     /// it over the fuzz seeds).
+    #[cfg(test)]
     fn read_as(params: &str, reading: Reading) -> Result<Option<ParsedCall>, String> {
-        let Some(object) = RawObject::parse(params) else {
-            // Not an object (or not JSON, which classification excludes):
-            // nothing repeats in it.
+        ParsedCall::read_from(params, Params::parse(params, "_meta"), reading)
+    }
+
+    /// [`ParsedCall::read_as`] of params `text` whose members (and their
+    /// `_meta`'s) are read already (`None`: not an object, or not JSON,
+    /// which classification excludes: nothing repeats in it).
+    fn read_from(
+        text: &str,
+        object: Option<Params<'_>>,
+        reading: Reading,
+    ) -> Result<Option<ParsedCall>, String> {
+        let Some(mut object) = object else {
             return Ok(None);
         };
-        let mut meta = None;
-        let mut arguments: Option<(&RawValue, Option<RawObject<'_>>)> = None;
+        let params = text;
+        let mut arguments: Option<(&str, Option<RawObject<'_>>)> = None;
         let mut one_walk_fp = None;
-        // Where the params' own first repeated name (found as they were
-        // parsed) comes again, so that a repeat within `_meta` or
-        // `arguments` before it is the one refused.
-        let repeat_at = object.duplicate().and_then(|d| {
-            let first = object.0.iter().position(|(k, _)| k == d)?;
-            let again = object.0[first + 1..].iter().position(|(k, _)| k == d)?;
-            Some(first + 1 + again)
-        });
-        for (i, (k, v)) in object.0.iter().enumerate() {
-            if repeat_at == Some(i) {
-                return Err(refusal(None, k));
-            }
-            let repeated = match k.as_ref() {
-                "_meta" => {
-                    meta = RawObject::parse(v.get());
-                    meta.as_ref()
-                        .and_then(RawObject::duplicate)
-                        .map(Cow::Borrowed)
+        let repeated = first_repeat(&object, |v| {
+            match (reading == Reading::OneWalk)
+                .then(|| arguments_read(v))
+                .flatten()
+            {
+                Some((fp, top)) => {
+                    arguments = Some((v, None));
+                    one_walk_fp = Some(fp);
+                    top.repeated.map(Cow::into_owned)
                 }
-                "arguments" => match (reading == Reading::OneWalk)
-                    .then(|| arguments_read(v.get()))
-                    .flatten()
-                {
-                    Some((fp, top)) => {
-                        arguments = Some((v, None));
-                        one_walk_fp = Some(fp);
-                        top.repeated
-                    }
-                    _ => {
-                        count(Walk::Arguments);
-                        arguments = Some((v, RawObject::parse(v.get())));
-                        arguments
-                            .as_ref()
-                            .and_then(|(_, o)| o.as_ref()?.duplicate())
-                            .map(Cow::Borrowed)
-                    }
-                },
-                _ => None,
-            };
-            if let Some(name) = repeated {
-                return Err(refusal(Some(k.as_ref()), &name));
+                _ => {
+                    count(Walk::Arguments);
+                    let parsed = RawObject::parse(v);
+                    let repeated = parsed
+                        .as_ref()
+                        .and_then(RawObject::duplicate)
+                        .map(str::to_owned);
+                    arguments = Some((v, parsed));
+                    repeated
+                }
             }
+        });
+        if let Some(repeated) = repeated {
+            return Err(repeated);
         }
         let Some(name) = object.string("name") else {
             return Ok(None);
         };
         let mut explicit_key = None;
         let mut progress_token = None;
+        let meta = object.inner.take();
         if let Some(meta) = &meta {
             progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
             explicit_key = meta.get("idempotencyKey").and_then(key_text);
         }
+        let client_context = meta.as_ref().and_then(client_context);
         let modern = meta
             .and_then(|meta| Modern::read("tools/call", &object, meta))
             .map(Arc::new);
         let key_in_meta = explicit_key.is_some();
         let base = params.as_ptr() as usize;
         let range = arguments.as_ref().map(|(v, _)| {
-            let start = v.get().as_ptr() as usize - base;
-            start..start + v.get().len()
+            let start = v.as_ptr() as usize - base;
+            start..start + v.len()
         });
         let mut rewritten = None;
         if let Some((_, Some(mut args))) = arguments {
@@ -260,8 +353,13 @@ impl ParsedCall {
                     explicit_key = key_text(k);
                 }
                 let new_args = args.to_json();
-                rewritten = Some(Rewritten {
-                    params: object.to_json_replacing("arguments", &new_args),
+                // Written back from the params parsed apart: a call that
+                // loses its key is read again anyway.
+                count(Walk::ParamsText);
+                let params =
+                    RawObject::parse(params).map(|p| p.to_json_replacing("arguments", &new_args));
+                rewritten = params.map(|params| Rewritten {
+                    params,
                     arguments: new_args,
                 });
             }
@@ -312,6 +410,7 @@ impl ParsedCall {
             dedup_key,
             dedup_args,
             modern,
+            client_context,
         }))
     }
 
@@ -376,11 +475,14 @@ enum Walk {
     Params,
     /// A walk over a call's arguments by this module.
     Arguments,
+    /// A walk over a request's params text, by the line's one pass or
+    /// apart from it.
+    ParamsText,
 }
 
 #[cfg(test)]
 thread_local! {
-    static WALKS: std::cell::Cell<[usize; 2]> = const { std::cell::Cell::new([0; 2]) };
+    static WALKS: std::cell::Cell<[usize; 3]> = const { std::cell::Cell::new([0; 3]) };
 }
 
 /// Counts a walk on this thread (tests only: see [`reads`],
@@ -406,6 +508,12 @@ pub fn reads() -> usize {
 #[cfg(test)]
 pub fn arguments_walks() -> usize {
     WALKS.with(|w| w.get()[Walk::Arguments as usize])
+}
+
+/// How many times requests' params text was walked on this thread.
+#[cfg(test)]
+pub fn params_walks() -> usize {
+    WALKS.with(|w| w.get()[Walk::ParamsText as usize])
 }
 
 #[cfg(test)]
@@ -700,13 +808,126 @@ mod tests {
             assert!(read.call.unwrap().args_fp.is_some());
             arguments_walks() - before
         };
-        let call = |args: &str| {
-            format!(
-                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{args}}}}}"#
-            )
+        assert_eq!(walks(&call(r#"{"a":[1,{"b":2}],"c":"d"}"#, "")), 1);
+        assert_eq!(walks(&call(r#"{"a":1,"_idempotency_key":"k"}"#, "")), 3);
+    }
+
+    /// A `tools/call` line with `arguments` and, when `meta` is not empty,
+    /// that `_meta` member (with its comma).
+    fn call(args: &str, meta: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t",{meta}"arguments":{args}}}}}"#
+        )
+    }
+
+    /// On stdio a call's params are walked once: by the pass over the
+    /// client's line that reads its envelope, which reads the params'
+    /// members and their `_meta`'s too (the arguments' own walk aside);
+    /// params read apart from their line are walked again.
+    #[test]
+    fn a_calls_params_are_walked_once() {
+        let walks = |line: &str| {
+            let (before, args_before) = (params_walks(), arguments_walks());
+            let read = Inbound::of_line(line.as_bytes().to_vec()).read.unwrap();
+            let call = read.call.unwrap();
+            assert!(call.args_fp.is_some() && call.progress_token.is_some());
+            assert!(call.client_context.is_some() && read.client_context.is_some());
+            (params_walks() - before, arguments_walks() - args_before)
         };
-        assert_eq!(walks(&call(r#"{"a":[1,{"b":2}],"c":"d"}"#)), 1);
-        assert_eq!(walks(&call(r#"{"a":1,"_idempotency_key":"k"}"#)), 3);
+        let meta = format!(r#""_meta":{{"progressToken":1,"traceparent":"{TRACEPARENT}"}},"#);
+        for args in [r#"{"a":[1,{"b":2}],"c":"d"}"#, "{}"] {
+            assert_eq!(walks(&call(args, &meta)), (1, 1));
+        }
+        // A batch's requests are read apart.
+        let before = params_walks();
+        let Parsed::Message(m) = jsonrpc::classify(call("{}", &meta)) else {
+            panic!("not a message")
+        };
+        assert!(Read::of(&m).call.is_some());
+        assert_eq!(params_walks() - before, 1);
+    }
+
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    /// Client lines of every shape the one pass reads or hands over: the
+    /// seeds' and crafted ones (escapes, repeats, `_meta` not an object,
+    /// params that are not an object, a trace context, a modern request).
+    fn client_lines() -> Vec<String> {
+        let mut lines = Vec::new();
+        seed_values(&mut lines);
+        let tp = format!(r#""traceparent":"{TRACEPARENT}""#);
+        let version = r#""io.modelcontextprotocol/protocolVersion":"2026-07-28""#;
+        let mut params: Vec<String> = REPEATED.iter().map(|p| p.to_string()).collect();
+        params.extend([
+            format!(r#"{{"name":"t","_meta":{{{tp}}},"arguments":{{"a":1}}}}"#),
+            format!(r#"{{"uri":"u","name":"n","_meta":{{{tp},{version}}}}}"#),
+            format!(r#"{{"name":"t","\u005fmeta":{{"tr\u0061ceparent":"{TRACEPARENT}"}}}}"#),
+            format!(r#"{{"name":"t","_meta":{{{tp},"traceparent":"x"}}}}"#),
+            format!(r#"{{"name":"t","_meta":"m","_meta":{{{tp}}}}}"#),
+            format!(r#"{{"name":"t","_meta":{{"traceparent":"x",{tp}}}}}"#),
+            r#"{"name":"t","_meta":{"\ud800":1},"a":1,"a":2}"#.into(),
+            r#"{"name":"t","arguments":{"\ud800":1},"a":1,"a":2}"#.into(),
+            r#"{"name":"t","arguments":{"x":1,"x":2},"_meta":{"\ud800":1}}"#.into(),
+            r#"{"name":"t","_meta":[1]}"#.into(),
+            r#"{"name":"t","arguments":{"_idempotency_key":"k","a":1},"_meta":{"progressToken":"p"}}"#.into(),
+            "[1,2]".into(),
+            "{}".into(),
+        ]);
+        for method in ["tools/call", "prompts/get", "resources/read", "ping"] {
+            for p in &params {
+                lines.push(format!(
+                    r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{p}}}"#
+                ));
+            }
+        }
+        lines
+    }
+
+    /// A client's line is read in one pass as it is read when classified,
+    /// then its params parsed apart: the message, the refusal (the one
+    /// `jsonrpc::repeated_member` finds, for every request but a call), the
+    /// call, the modern envelope and the client's trace context.
+    #[test]
+    fn a_line_is_read_in_one_pass_as_it_is_read_apart() {
+        let (mut requests, mut one_pass) = (0, 0);
+        for line in client_lines() {
+            let before = params_walks();
+            let one = Inbound::of_line(line.clone().into_bytes());
+            let walked = params_walks() - before;
+            let apart = Inbound::of(jsonrpc::classify_bytes(line.clone().into_bytes()));
+            assert_eq!(one.parsed, apart.parsed, "{line}");
+            assert_eq!(one.read, apart.read, "{line}");
+            let (Parsed::Message(m), Some(read)) = (&one.parsed, &one.read) else {
+                continue;
+            };
+            requests += 1;
+            one_pass += usize::from(walked == 1);
+            let method = m.method().unwrap();
+            let Some(params) = m.params() else {
+                continue;
+            };
+            if method != "tools/call" {
+                assert_eq!(read.refused, repeated_param(&method, params), "{line}");
+            }
+            if read.refused.is_some() {
+                continue;
+            }
+            let context = RawObject::parse(params)
+                .and_then(|p| RawObject::parse(p.get("_meta")?.get()))
+                .and_then(|meta| SpanContext::parse(&meta.string("traceparent")?));
+            if method == "tools/call" {
+                let call = read.call.as_ref();
+                assert_eq!(call.and_then(|c| c.client_context), call.and(context));
+            } else {
+                assert_eq!(read.client_context, context, "{line}");
+                let modern = Modern::of(&method, params);
+                assert_eq!(read.modern.as_deref(), modern.as_ref(), "{line}");
+            }
+        }
+        assert!(
+            requests > 50 && one_pass > 20,
+            "{requests} requests, {one_pass} in one pass"
+        );
     }
 
     #[test]

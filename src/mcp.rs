@@ -43,13 +43,17 @@ impl Modern {
         if !params.contains(VERSION_KEY) && !params.contains('\\') {
             return None;
         }
-        let params = RawObject::parse(params)?;
-        let meta = RawObject::parse(params.get("_meta")?.get())?;
+        let mut params = jsonrpc::Params::parse(params, "_meta")?;
+        let meta = params.inner.take()?;
         Modern::read(method, &params, meta)
     }
 
-    /// [`Modern::of`] with the params and their `_meta` parsed already.
-    pub fn read(method: &str, params: &RawObject<'_>, mut meta: RawObject<'_>) -> Option<Modern> {
+    /// [`Modern::of`] with the params and their `_meta` read already.
+    pub fn read(
+        method: &str,
+        params: &jsonrpc::Params<'_>,
+        mut meta: RawObject<'_>,
+    ) -> Option<Modern> {
         let version = meta.string(VERSION_KEY)?;
         let name = match method {
             "tools/call" | "prompts/get" => params.string("name"),

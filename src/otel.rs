@@ -14,8 +14,10 @@
 //! said once). Metrics are handed over by a timer the dispatcher sets only
 //! after something changed, so an idle proxy does not wake up.
 //!
-//! `traceparent` (W3C Trace Context) is read from a call's `params._meta`
-//! (the call's span becomes its child) and each attempt sends its own in the
+//! `traceparent` (W3C Trace Context) is read from a request's
+//! `params._meta` where the client's line is read (`inbound.rs`) and comes
+//! with the request as a [`SpanContext`] (the call's span becomes its
+//! child: the tracer reads no params); each attempt sends its own in the
 //! forwarded request's `params._meta`; with export off no byte changes.
 //!
 //! Header values (`OTEL_EXPORTER_OTLP_HEADERS` and the per-signal ones,
@@ -547,16 +549,6 @@ fn scan_meta(params: &str) -> MetaScan {
         }
     }
     found
-}
-
-/// The client's trace context from a request's `params._meta.traceparent`.
-fn client_context(params: &str) -> Option<SpanContext> {
-    let scan = scan_meta(params);
-    if !scan.escape && (!scan.meta || !params.contains("traceparent")) {
-        return None;
-    }
-    let meta = RawObject::parse(RawObject::parse(params)?.get("_meta")?.get())?;
-    SpanContext::parse(&meta.string("traceparent")?)
 }
 
 /// Where and how a `traceparent` goes into a request's params.

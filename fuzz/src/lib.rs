@@ -41,6 +41,11 @@ pub fn check_jsonrpc(data: &[u8]) {
             }
         }
     }
+    // Whole, and each line as the client's reader would frame it.
+    check_reading(data);
+    if data.contains(&b'\n') {
+        data.split(|b| *b == b'\n').for_each(check_reading);
+    }
     // Framing, with the first byte choosing a small limit and buffer size
     // so that lines cross both.
     let (max, cap) = match data.first() {
@@ -48,6 +53,38 @@ pub fn check_jsonrpc(data: &[u8]) {
         None => (8, 3),
     };
     check_framing(data, max, cap);
+}
+
+/// The one pass that reads a client's line with its params and their
+/// `_meta` (`classify_reading`, what the `client-stdin` thread runs) reads
+/// it as classifying it, then parsing its params apart does
+/// (`classify_then_read`): the same message or error, the same members,
+/// repeated name and `_meta`; and what it reads in one walk, serde_json
+/// accepts as an object.
+fn check_reading(data: &[u8]) {
+    fn read(r: jsonrpc::Reading<'_>) -> (String, u8) {
+        let walks = r.read.as_ref().map_or(0, |p| p.walks);
+        let read = r.read.map(|p| {
+            let inner = p.inner.as_ref().map(|o| {
+                let members: Vec<_> = o.0.iter().map(|(k, v)| (k.clone(), v.get())).collect();
+                (members, o.duplicate().map(str::to_owned))
+            });
+            (p.members.clone(), p.duplicate().map(str::to_owned), inner)
+        });
+        let text = format!("{:?} {:?} {:?} {read:?}", r.kind, r.method, r.params);
+        (text, walks)
+    }
+    let (parsed, one) = jsonrpc::classify_reading(data.to_vec(), "_meta", read);
+    let (apart, two) = jsonrpc::classify_then_read(data.to_vec(), "_meta", read);
+    assert!(parsed == apart, "{parsed:?} read apart is {apart:?}");
+    assert_eq!(one.as_ref().map(|r| &r.0), two.as_ref().map(|r| &r.0));
+    if one.is_some_and(|(_, walks)| walks == 1) {
+        let text = std::str::from_utf8(data).expect("read in one pass: UTF-8");
+        assert!(
+            jsonrpc::RawObject::parse(text).is_some(),
+            "not a JSON object"
+        );
+    }
 }
 
 /// The overlong-line id scanner: fed whole or in chunks of any size, it

@@ -312,10 +312,10 @@ impl Dispatcher {
     fn trace(&mut self, t: Trace, now: Instant) {
         match t {
             Trace::CallStarted { call } => {
-                if let (Some(tracer), Some((tool, client, params))) =
+                if let (Some(tracer), Some((tool, client, parent))) =
                     (self.reporting.tracer(), self.calls.started(call))
                 {
-                    tracer.call_started(call, tool, client, params, now);
+                    tracer.call_started(call, tool, client, parent, now);
                 }
             }
             t => self.reporting.trace(t, now),

@@ -55,7 +55,7 @@ use crate::config::ServerConfig;
 use crate::dispatcher::{CallError, CallOutcome, ClientId};
 use crate::fasthash::FastMap;
 use crate::jsonrpc::Message;
-use crate::otel::CallEnd;
+use crate::otel::{CallEnd, SpanContext};
 use crate::policy::backoff::Backoff;
 use crate::policy::breaker::{Breaker, BreakerState, Transition};
 use crate::policy::budget::RetryBudget;
@@ -193,7 +193,8 @@ pub(super) enum Trace {
 pub(super) struct ProxyAnswer {
     pub tool: String,
     pub client: ClientId,
-    pub request: Message,
+    /// The client's trace context, read with the call.
+    pub client_context: Option<SpanContext>,
     pub end: CallEnd,
 }
 
@@ -423,10 +424,10 @@ impl Calls {
     }
 
     /// What the tracer needs of call `id` as it starts: its tool, client
-    /// and params.
-    pub(super) fn started(&self, id: u64) -> Option<(&str, &str, Option<&str>)> {
+    /// and the client's trace context.
+    pub(super) fn started(&self, id: u64) -> Option<(&str, &str, Option<SpanContext>)> {
         let c = self.calls.get(&id)?;
-        Some((&c.tool, c.client.as_deref()?, c.request.params()))
+        Some((&c.tool, c.client.as_deref()?, c.client_context))
     }
 
     /// The server answered downstream request `down`.

@@ -201,8 +201,7 @@ impl Reporting {
             // Its span needs what the calls hold of it: the dispatcher's.
             Trace::CallStarted { .. } => {}
             Trace::AnsweredByProxy(a) => {
-                let params = a.request.params();
-                tracer.answered_by_proxy(&a.tool, &a.client, params, a.end, now);
+                tracer.answered_by_proxy(&a.tool, &a.client, a.client_context, a.end, now);
             }
             Trace::Joined { call } => tracer.joined(call, now),
             Trace::AttemptEnded { call, failure } => tracer.attempt_ended(call, failure, now),

@@ -144,7 +144,7 @@ impl Harness {
 
     fn client_sends(&mut self, line: &str) {
         // Read as the client's reader thread reads it.
-        let inbound = crate::inbound::Inbound::of(jsonrpc::classify(line.to_owned()));
+        let inbound = crate::inbound::Inbound::of_line(line.as_bytes().to_vec());
         self.d.handle_event(Event::Client(inbound), self.now);
     }
 
@@ -419,6 +419,77 @@ fn with_export_on_counters_are_flushed_once_after_a_change_and_idle_stays_idle()
         .filter(|i| matches!(i, crate::otel::Item::Metrics(_)));
     assert_eq!(metrics.count(), 1);
     assert_eq!(flushes(&h), 0);
+}
+
+/// Spans take the client's trace context carried with the request from
+/// the reader, not one read from its line: a line whose
+/// `_meta.traceparent` names one trace, carried with another context,
+/// gives a call's span, a cached answer's and a failed request's under the
+/// carried one.
+#[test]
+fn with_export_on_spans_have_the_context_carried_with_the_request_not_the_lines() {
+    let mut h = Harness::with(config(|c| {
+        let read_only = crate::config::ToolConfig {
+            read_only: Some(true),
+            ..Default::default()
+        };
+        c.tools.insert("t".into(), read_only);
+        c.cache.tools.insert("t".into(), 10 * SECOND);
+    }));
+    let (handle, exported) = crate::otel::Handle::for_test();
+    // `with_otel` takes the dispatcher by value: swap a spare in meanwhile.
+    h.d = std::mem::replace(&mut h.d, Harness::new().d).with_otel(handle);
+    let carried = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let carried = crate::otel::SpanContext::parse(carried).unwrap();
+    let meta =
+        r#""_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#;
+    let send = |h: &mut Harness, line: String| {
+        let mut inbound = crate::inbound::Inbound::of_line(line.into_bytes());
+        let read = inbound.read.as_mut().unwrap();
+        assert!(read.client_context.is_some_and(|c| c != carried));
+        read.client_context = Some(carried);
+        if let Some(call) = &mut read.call {
+            call.client_context = Some(carried);
+        }
+        h.d.handle_event(Event::Client(inbound), h.now);
+    };
+    let line = |id: u32, method: &str, member: &str| {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{{member},{meta}}}}}"#)
+    };
+    // A call the server answers, the same call answered from the cache,
+    // and a request the server fails.
+    let answers = [
+        Some(r#""result":{"content":[]}"#),
+        None,
+        Some(r#""error":{"code":-32002,"message":"not found"}"#),
+    ];
+    let lines = [
+        line(1, "tools/call", r#""name":"t""#),
+        line(2, "tools/call", r#""name":"t""#),
+        line(3, "resources/read", r#""uri":"u""#),
+    ];
+    for (line, answer) in lines.into_iter().zip(answers) {
+        send(&mut h, line);
+        if let Some(answer) = answer {
+            let down = id_of(&h.to_server());
+            h.server_sends(&format!(r#"{{"jsonrpc":"2.0","id":{down},{answer}}}"#));
+        }
+        let sent = h.to_client();
+        assert_eq!(
+            answer.is_none(),
+            sent.contains(r#""mcp-retry/source":"cache""#)
+        );
+    }
+    let spans = spans_in(&exported);
+    let server: Vec<_> = spans
+        .iter()
+        .filter(|s| s.kind == crate::otel::SpanKind::Server)
+        .collect();
+    assert_eq!(server.len(), 3, "{spans:?}");
+    for s in server {
+        assert_eq!(s.ctx.trace_id, carried.trace_id, "{s:?}");
+        assert_eq!(s.parent, Some(carried.span_id), "{s:?}");
+    }
 }
 
 #[test]

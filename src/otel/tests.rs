@@ -346,6 +346,16 @@ fn percent_decoding() {
 }
 
 /// A tracer whose exporter is a channel the test reads.
+/// The client's trace context of a `tools/call` with `params`, as the
+/// client's line is read (`inbound.rs`) and carried to the tracer.
+fn read_context(params: &str) -> Option<SpanContext> {
+    let line = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#);
+    let read = crate::inbound::Inbound::of_line(line.into_bytes()).read;
+    let context = read.and_then(|r| r.client_context);
+    assert!(context.is_some(), "{params}");
+    context
+}
+
 fn tracer() -> (Tracer, crossbeam_channel::Receiver<export::Item>) {
     let (handle, rx) = Handle::for_test();
     (Tracer::new("srv", handle, Instant::now()).with_seed(7), rx)
@@ -369,7 +379,7 @@ fn a_call_span_parents_its_attempts_and_honours_the_client_s_context() {
     let (mut t, rx) = tracer();
     let t0 = Instant::now();
     let params = r#"{"name":"x","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}"#;
-    t.call_started(1, "x", "\"c1\"", Some(params), t0);
+    t.call_started(1, "x", "\"c1\"", read_context(params), t0);
     let tp1 = t.attempt_started(1, 10, t0).unwrap();
     t.attempt_event(
         1,
@@ -621,9 +631,8 @@ fn names_are_escaped_and_numbers_written_in_full() {
 fn a_client_context_that_is_not_sampled_exports_no_spans_but_still_propagates() {
     let (mut t, rx) = tracer();
     let t0 = Instant::now();
-    let params =
-        r#"{"_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}}"#;
-    t.call_started(1, "x", "1", Some(params), t0);
+    let params = r#"{"name":"x","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}}"#;
+    t.call_started(1, "x", "1", read_context(params), t0);
     let tp = t.attempt_started(1, 1, t0).unwrap();
     assert!(
         tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && tp.ends_with("-00"),
@@ -703,7 +712,7 @@ fn scripted_export() -> Json {
     let t0 = Instant::now();
     let ms = |n: u64| t0 + Duration::from_millis(n);
     let params = r#"{"name":"x","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}"#;
-    t.call_started(1, "search", "\"c1\"", Some(params), t0);
+    t.call_started(1, "search", "\"c1\"", read_context(params), t0);
     t.attempt_started(1, 10, t0);
     t.attempt_event(1, "mcp_retry.cancelled_downstream", Vec::new(), ms(300));
     t.attempt_ended(1, Some("timeout"), ms(300));

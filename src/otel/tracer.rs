@@ -20,7 +20,7 @@ use crate::stats::Stats;
 use super::record::{
     Attrs, EndedAttempt, Event, FailedRequest, Record, RecordKind, ShortId, Snapshot, ToolCounters,
 };
-use super::{client_context, CallEnd, Handle, SpanContext, Traceparent};
+use super::{CallEnd, Handle, SpanContext, Traceparent};
 
 /// A client request other than `tools/call` while it waits: it gets a
 /// span only if it fails.
@@ -156,11 +156,10 @@ impl Tracer {
         call: u64,
         tool: &str,
         client_id: &str,
-        params: Option<&str>,
+        parent: Option<SpanContext>,
         now: Instant,
     ) {
         let tool = self.tools.intern(tool);
-        let parent = params.and_then(client_context);
         let ctx = self.new_context(parent);
         self.calls.insert(
             call,
@@ -184,7 +183,7 @@ impl Tracer {
         &mut self,
         tool: &str,
         client_id: &str,
-        params: Option<&str>,
+        parent: Option<SpanContext>,
         end: CallEnd,
         now: Instant,
     ) {
@@ -192,7 +191,6 @@ impl Tracer {
             return;
         }
         let tool = self.tools.intern(tool);
-        let parent = params.and_then(client_context);
         let ctx = self.new_context(parent);
         self.send(
             Record {
@@ -373,14 +371,14 @@ impl Tracer {
     pub fn request_started(
         &mut self,
         method: &str,
-        params: Option<&str>,
+        parent: Option<SpanContext>,
         now: Instant,
     ) -> Option<Box<RequestTrace>> {
         (method != "tools/call" && self.handle.traces()).then(|| {
             Box::new(RequestTrace {
                 method: method.to_owned(),
                 start: now,
-                parent: params.and_then(client_context),
+                parent,
             })
         })
     }

@@ -6,6 +6,10 @@
 //! byte for byte; only the `id` is ever rewritten. Messages the proxy makes
 //! itself are built with [`response_line`], [`error_line`] and friends.
 //!
+//! [`classify_reading`] classifies a client's line and reads its params'
+//! members (and one nested member's) in the same pass, for a reader that
+//! would otherwise parse the params again.
+//!
 //! JSON leaves a repeated member name to the reader, and readers disagree
 //! (last, first, error). A message whose envelope repeats a member is
 //! therefore [`Parsed::Invalid`]; [`RawObject::duplicate`] and
@@ -31,7 +35,7 @@ pub const INVALID_REQUEST: i64 = -32600;
 pub const INVALID_PARAMS: i64 = -32602;
 
 /// What a line turned out to be.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub enum Parsed {
     Message(Message),
     /// Not a valid message; answer with this error if `id` is known (or for a
@@ -101,12 +105,7 @@ impl Message {
     }
     /// The method name, unescaped when needed.
     pub fn method(&self) -> Option<Cow<'_, str>> {
-        let raw = self.span(&self.method)?;
-        if raw.contains('\\') {
-            serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
-        } else {
-            Some(Cow::Borrowed(&raw[1..raw.len() - 1]))
-        }
+        unescaped(self.span(&self.method)?)
     }
     pub fn params(&self) -> Option<&str> {
         self.span(&self.params)
@@ -380,93 +379,133 @@ pub fn classify(text: String) -> Parsed {
         return duplicate_in_envelope(&raw, name);
     }
     let base = text.as_ptr() as usize;
-    let span = |v: &RawValue| {
-        let s = v.get();
-        let start = s.as_ptr() as usize - base;
-        start..start + s.len()
-    };
-    let mut jsonrpc_ok = false;
-    let (mut id, mut method, mut params, mut result, mut error) = (None, None, None, None, None);
-    for (k, v) in &raw.0 {
-        match k.as_ref() {
-            "jsonrpc" => jsonrpc_ok = v.get() == "\"2.0\"",
-            "id" => id = Some(span(v)),
-            "method" => method = Some(span(v)),
-            "params" => params = Some(span(v)),
-            "result" => result = Some(span(v)),
-            "error" => error = Some(span(v)),
+    let spans = Spans::of(
+        raw.0.iter().map(|(k, v)| (k.as_ref(), span(base, v.get()))),
+        &text,
+    );
+    drop(raw);
+    match spans.check(&text) {
+        Ok(kind) => Parsed::Message(spans.message(text, kind)),
+        Err(invalid) => Parsed::Invalid(invalid),
+    }
+}
+
+/// Where a value's text `s` is in the text at `base`.
+fn span(base: usize, s: &str) -> Range<usize> {
+    let start = s.as_ptr() as usize - base;
+    start..start + s.len()
+}
+
+/// Where an envelope's members are.
+#[derive(Default)]
+struct Spans {
+    jsonrpc_ok: bool,
+    id: Option<Range<usize>>,
+    method: Option<Range<usize>>,
+    params: Option<Range<usize>>,
+    result: Option<Range<usize>>,
+    error: Option<Range<usize>>,
+}
+
+impl Spans {
+    /// The spans of an envelope's members (name, where its value is in
+    /// `text`).
+    fn of<'n>(members: impl Iterator<Item = (&'n str, Range<usize>)>, text: &str) -> Spans {
+        let mut s = Spans::default();
+        for (k, r) in members {
+            s.set(k, r, text);
+        }
+        s
+    }
+
+    /// Member `k`'s value is at `r` in `text`.
+    fn set(&mut self, k: &str, r: Range<usize>, text: &str) {
+        match k {
+            "jsonrpc" => self.jsonrpc_ok = &text[r] == "\"2.0\"",
+            "id" => self.id = Some(r),
+            "method" => self.method = Some(r),
+            "params" => self.params = Some(r),
+            "result" => self.result = Some(r),
+            "error" => self.error = Some(r),
             _ => {}
         }
     }
-    drop(raw);
-    let id_text = id.as_ref().map(|r| &text[r.clone()]);
-    let valid_id = id_text.filter(|t| is_valid_id(t)).map(str::to_owned);
-    let is_response = method.is_none() && (result.is_some() || error.is_some());
-    if !jsonrpc_ok {
-        return invalid_request(
-            "invalid request: \"jsonrpc\" must be \"2.0\"".into(),
-            valid_id,
-            is_response,
-        );
-    }
-    if let Some(t) = id_text {
-        if valid_id.is_none() && !(is_response && t == "null") {
-            return invalid_request(
-                format!("invalid request: an id must be a string or an integer, got {t}"),
-                None,
+
+    /// What the envelope makes of the message, or why it is invalid.
+    fn check(&self, text: &str) -> Result<Kind, Invalid> {
+        let (id, method, params) = (&self.id, &self.method, &self.params);
+        let (result, error) = (&self.result, &self.error);
+        let id_text = id.as_ref().map(|r| &text[r.clone()]);
+        let valid_id = || id_text.filter(|t| is_valid_id(t)).map(str::to_owned);
+        let is_response = method.is_none() && (result.is_some() || error.is_some());
+        if !self.jsonrpc_ok {
+            return Err(request_invalid(
+                "invalid request: \"jsonrpc\" must be \"2.0\"".into(),
+                valid_id(),
                 is_response,
-            );
+            ));
         }
-    }
-    let kind = if let Some(m) = &method {
-        if !text[m.clone()].starts_with('"') {
-            return invalid_request(
-                "invalid request: \"method\" must be a string".into(),
-                valid_id,
-                false,
-            );
-        }
-        if result.is_some() || error.is_some() {
-            return invalid_request(
-                "invalid request: a message cannot have both \"method\" and \"result\"/\"error\""
-                    .into(),
-                valid_id,
-                false,
-            );
-        }
-        if let Some(p) = &params {
-            let b = text.as_bytes()[p.start];
-            if b != b'{' && b != b'[' {
-                return invalid_request(
-                    "invalid request: \"params\" must be an object or an array".into(),
-                    valid_id,
-                    false,
-                );
+        if let Some(t) = id_text {
+            if !(is_valid_id(t) || is_response && t == "null") {
+                return Err(request_invalid(
+                    format!("invalid request: an id must be a string or an integer, got {t}"),
+                    None,
+                    is_response,
+                ));
             }
         }
-        if id.is_some() {
-            Kind::Request
+        if let Some(m) = method {
+            if !text[m.clone()].starts_with('"') {
+                return Err(request_invalid(
+                    "invalid request: \"method\" must be a string".into(),
+                    valid_id(),
+                    false,
+                ));
+            }
+            if result.is_some() || error.is_some() {
+                return Err(request_invalid(
+                    "invalid request: a message cannot have both \"method\" and \"result\"/\"error\""
+                        .into(),
+                    valid_id(),
+                    false,
+                ));
+            }
+            if let Some(p) = params {
+                let b = text.as_bytes()[p.start];
+                if b != b'{' && b != b'[' {
+                    return Err(request_invalid(
+                        "invalid request: \"params\" must be an object or an array".into(),
+                        valid_id(),
+                        false,
+                    ));
+                }
+            }
+            Ok(match id {
+                Some(_) => Kind::Request,
+                None => Kind::Notification,
+            })
+        } else if result.is_some() != error.is_some() && id.is_some() {
+            Ok(Kind::Response)
         } else {
-            Kind::Notification
+            Err(request_invalid(
+                "invalid request: not a request, notification or response".into(),
+                valid_id(),
+                is_response,
+            ))
         }
-    } else if result.is_some() != error.is_some() && id.is_some() {
-        Kind::Response
-    } else {
-        return invalid_request(
-            "invalid request: not a request, notification or response".into(),
-            valid_id,
-            is_response,
-        );
-    };
-    Parsed::Message(Message {
-        text,
-        kind,
-        id,
-        method,
-        params,
-        result,
-        error,
-    })
+    }
+
+    fn message(self, text: String, kind: Kind) -> Message {
+        Message {
+            text,
+            kind,
+            id: self.id,
+            method: self.method,
+            params: self.params,
+            result: self.result,
+            error: self.error,
+        }
+    }
 }
 
 /// An envelope that repeats a member: the peer may read either value (or
@@ -514,13 +553,337 @@ fn classify_batch(text: &str) -> Parsed {
     }
 }
 
+/// A message's params as [`classify_reading`] reads them with its line:
+/// each member's name (unescaped) and value text in order, the first name
+/// that repeats, and the first member named `inner` read as an object.
+#[derive(Debug)]
+pub struct Params<'a> {
+    pub members: Vec<(Cow<'a, str>, &'a str)>,
+    duplicate: Option<Cow<'a, str>>,
+    /// The first member named `inner`, when it is an object.
+    pub inner: Option<RawObject<'a>>,
+    /// How many times the params' text was walked to read them: 1 when
+    /// the line's one pass read them, 2 when the line was classified and
+    /// its params parsed again ([`classify_then_read`], and after a one
+    /// pass that gave up).
+    pub walks: u8,
+}
+
+impl<'a> Params<'a> {
+    /// Params `text` parsed on their own, with their first member `inner`
+    /// (a walk of each); `None` when they are not an object.
+    pub fn parse(text: &'a str, inner: &str) -> Option<Params<'a>> {
+        let raw = RawObject::parse(text)?;
+        let inner = raw.get(inner).and_then(|v| RawObject::parse(v.get()));
+        Some(Params {
+            members: raw.0.into_iter().map(|(k, v)| (k, v.get())).collect(),
+            duplicate: raw.1,
+            inner,
+            walks: 1,
+        })
+    }
+
+    /// The first member name (unescaped) that repeats an earlier one.
+    pub fn duplicate(&self) -> Option<&str> {
+        self.duplicate.as_deref()
+    }
+
+    /// Member `key`'s value text (the first, if it repeats).
+    pub fn get(&self, key: &str) -> Option<&'a str> {
+        self.members.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+
+    /// Member `key` when it is a JSON string, unescaped.
+    pub fn string(&self, key: &str) -> Option<String> {
+        serde_json::from_str(self.get(key)?).ok()
+    }
+}
+
+/// What [`classify_reading`] hands its reader for a message.
+pub struct Reading<'a> {
+    pub kind: Kind,
+    /// The method, unescaped.
+    pub method: Option<Cow<'a, str>>,
+    /// The params' text.
+    pub params: Option<&'a str>,
+    /// The params' members, when they are an object.
+    pub read: Option<Params<'a>>,
+}
+
+/// [`classify_bytes`], with the params of a message read in the same pass
+/// as its envelope (their members, and the members of their first member
+/// `inner`): `read` gets them, and what it returns comes back with the
+/// message. A line the one pass does not read (a batch, an envelope that
+/// repeats a member, params or an `inner` that are not an object, text
+/// that is not JSON) is classified as [`classify_bytes`] does and its
+/// params parsed again ([`Params::parse`]), which reads them the same.
+pub fn classify_reading<R>(
+    line: Vec<u8>,
+    inner: &str,
+    read: impl FnOnce(Reading<'_>) -> R,
+) -> (Parsed, Option<R>) {
+    let text = match String::from_utf8(line) {
+        Ok(text) => text,
+        Err(e) => return classify_then_read(e.into_bytes(), inner, read),
+    };
+    if let Some(one) = read_in_one_pass(&text, inner) {
+        return match one.spans.check(&text) {
+            Ok(kind) => {
+                let r = read(Reading {
+                    kind,
+                    method: one.spans.method.clone().and_then(|m| unescaped(&text[m])),
+                    params: one.spans.params.clone().map(|p| &text[p]),
+                    read: one.params,
+                });
+                (Parsed::Message(one.spans.message(text, kind)), Some(r))
+            }
+            Err(invalid) => (Parsed::Invalid(invalid), None),
+        };
+    }
+    classify_then_read(text.into_bytes(), inner, read)
+}
+
+/// [`classify_bytes`], then a message's params parsed on their own
+/// ([`Params::parse`]): what [`classify_reading`] does with a line its one
+/// pass does not read, and the reading it is held to (its tests and the
+/// `jsonrpc` fuzz target compare the two).
+pub fn classify_then_read<R>(
+    line: Vec<u8>,
+    inner: &str,
+    read: impl FnOnce(Reading<'_>) -> R,
+) -> (Parsed, Option<R>) {
+    let parsed = classify_bytes(line);
+    let r = match &parsed {
+        Parsed::Message(m) => Some(read(Reading {
+            kind: m.kind,
+            method: m.method(),
+            params: m.params(),
+            read: m
+                .params()
+                .and_then(|p| Params::parse(p, inner))
+                .map(|mut p| {
+                    p.walks += 1;
+                    p
+                }),
+        })),
+        _ => None,
+    };
+    (parsed, r)
+}
+
+/// A JSON string's text unescaped (`None` when it is not a string).
+fn unescaped(raw: &str) -> Option<Cow<'_, str>> {
+    if raw.contains('\\') {
+        serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
+    } else {
+        raw.strip_prefix('"')?.strip_suffix('"').map(Cow::Borrowed)
+    }
+}
+
+/// What the one pass of [`classify_reading`] read of a line.
+struct OnePass<'a> {
+    spans: Spans,
+    params: Option<Params<'a>>,
+}
+
+/// The one pass over `text`: its envelope, its params' members and their
+/// first member `inner`'s; `None` when the line is not of that shape
+/// (then it is classified as before).
+fn read_in_one_pass<'a>(text: &'a str, inner: &str) -> Option<OnePass<'a>> {
+    let open = text.bytes().position(|b| !b.is_ascii_whitespace())?;
+    if text.as_bytes()[open] != b'{' {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let envelope = EnvelopeSeed { inner }.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    // Where the members that were read as objects are: serde gives the
+    // others' text; theirs is found from the member before (the name and
+    // the colon between), and from their own last member.
+    let b = text.as_bytes();
+    let base = text.as_ptr() as usize;
+    let mut cursor = open + 1;
+    let mut spans = Spans::default();
+    let mut params = None;
+    let mut envelope = envelope;
+    for (k, v) in envelope.members {
+        let r = match v {
+            Some(v) => span(base, v),
+            None => {
+                let mut p = envelope.params.take()?;
+                let start = value_start(b, cursor)?;
+                let mut at = start + 1;
+                for (i, (_, v)) in p.members.iter_mut().enumerate() {
+                    if p.inner_at == Some(i) {
+                        let s = value_start(b, at)?;
+                        let last = p.inner.as_ref()?.0.last();
+                        let end = last.map_or(s + 1, |(_, v)| span(base, v.get()).end);
+                        *v = &text[s..object_end(b, end)?];
+                    }
+                    at = span(base, v).end;
+                }
+                params = Some(Params {
+                    members: p.members,
+                    duplicate: p.duplicate,
+                    inner: p.inner,
+                    walks: 1,
+                });
+                start..object_end(b, at)?
+            }
+        };
+        cursor = r.end;
+        spans.set(&k, r, text);
+    }
+    Some(OnePass { spans, params })
+}
+
+/// JSON's white space.
+fn skip_space(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        i += 1;
+    }
+    i
+}
+
+/// Where the value of the member after byte `i` of valid JSON `b` starts:
+/// `i` is just past the object's `{` or the member before; a comma, the
+/// name and the colon are skipped.
+fn value_start(b: &[u8], i: usize) -> Option<usize> {
+    let mut i = skip_space(b, i);
+    if b.get(i) == Some(&b',') {
+        i = skip_space(b, i + 1);
+    }
+    (b.get(i) == Some(&b'"')).then_some(())?;
+    i += 1;
+    loop {
+        match b.get(i)? {
+            b'\\' => i += 2,
+            b'"' => break,
+            _ => i += 1,
+        }
+    }
+    i = skip_space(b, i + 1);
+    (b.get(i) == Some(&b':')).then_some(())?;
+    Some(skip_space(b, i + 1))
+}
+
+/// Just past the `}` of an object whose last member ends (or whose `{`
+/// is) just before byte `i` of valid JSON `b`.
+fn object_end(b: &[u8], i: usize) -> Option<usize> {
+    let i = skip_space(b, i);
+    (b.get(i) == Some(&b'}')).then_some(i + 1)
+}
+
+/// An envelope as the one pass reads it: each member's raw value, but
+/// the params' (`None`), which are read as [`ParamsRead`].
+struct EnvelopeRead<'de> {
+    members: Vec<(Cow<'de, str>, Option<&'de str>)>,
+    params: Option<ParamsRead<'de>>,
+}
+
+/// Params as the one pass reads them: each member's raw value, but the
+/// first `inner`'s (at `inner_at`, empty until its place is found), which
+/// is read as a [`RawObject`].
+struct ParamsRead<'de> {
+    members: Vec<(Cow<'de, str>, &'de str)>,
+    duplicate: Option<Cow<'de, str>>,
+    inner: Option<RawObject<'de>>,
+    inner_at: Option<usize>,
+}
+
+struct EnvelopeSeed<'i> {
+    inner: &'i str,
+}
+
+impl<'de> DeserializeSeed<'de> for EnvelopeSeed<'_> {
+    type Value = EnvelopeRead<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
+    type Value = EnvelopeRead<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut members = Vec::new();
+        let mut params = None;
+        let mut seen = SeenNames::default();
+        while let Some(k) = map.next_key_seed(Key)? {
+            if seen.repeats(&k) {
+                // Refused as `classify` refuses it.
+                return Err(de::Error::custom("a repeated member"));
+            }
+            if k == "params" {
+                params = Some(map.next_value_seed(ParamsSeed { inner: self.inner })?);
+                members.push((k, None));
+            } else {
+                let v: &'de RawValue = map.next_value()?;
+                members.push((k, Some(v.get())));
+            }
+        }
+        Ok(EnvelopeRead { members, params })
+    }
+}
+
+struct ParamsSeed<'i> {
+    inner: &'i str,
+}
+
+impl<'de> DeserializeSeed<'de> for ParamsSeed<'_> {
+    type Value = ParamsRead<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ParamsSeed<'_> {
+    type Value = ParamsRead<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut members = Vec::new();
+        let mut duplicate = None;
+        let mut inner = None;
+        let mut inner_at = None;
+        let mut seen = SeenNames::default();
+        while let Some(k) = map.next_key_seed(Key)? {
+            let value = match inner_at.is_none() && k == self.inner {
+                true => {
+                    inner_at = Some(members.len());
+                    inner = Some(map.next_value::<RawObject<'de>>()?);
+                    ""
+                }
+                false => map.next_value::<&'de RawValue>()?.get(),
+            };
+            if duplicate.is_none() && seen.repeats(&k) {
+                duplicate = Some(k.clone());
+            }
+            members.push((k, value));
+        }
+        Ok(ParamsRead {
+            members,
+            duplicate,
+            inner,
+            inner_at,
+        })
+    }
+}
+
 fn invalid_request(message: String, id: Option<String>, is_response: bool) -> Parsed {
-    Parsed::Invalid(Invalid {
+    Parsed::Invalid(request_invalid(message, id, is_response))
+}
+
+fn request_invalid(message: String, id: Option<String>, is_response: bool) -> Invalid {
+    Invalid {
         code: INVALID_REQUEST,
         message,
         id,
         is_response,
-    })
+    }
 }
 
 /// A string, or a JSON number without fraction or exponent.
@@ -1147,6 +1510,128 @@ mod tests {
             Parsed::Message(m) => m,
             other => panic!("expected a message, got {other:?}"),
         }
+    }
+
+    /// What a reader of [`classify_reading`] is given, as text: the walks
+    /// aside, it is what the other reading gives.
+    fn reading(r: Reading<'_>) -> String {
+        let read = r.read.map(|mut p| {
+            p.walks = 0;
+            p
+        });
+        format!("{:?} {:?} {:?} {read:?}", r.kind, r.method, r.params)
+    }
+
+    /// Lines of every shape the one pass reads or hands over.
+    pub(crate) const READING_CASES: &[&str] = &[
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":[1,{"b":2}]},"_meta":{"progressToken":7}}}"#,
+        r#" { "params" : { "_meta" : { } , "name" : "t" } , "method" : "tools/call" , "id" : "x" , "jsonrpc" : "2.0" } "#,
+        "{\t\"jsonrpc\"\r:\n\"2.0\",\"id\":1,\"method\":\"m\",\"params\":{\"_meta\"\n:\t{\"a\":1\n}\n}\r}",
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"}","_meta":{"b":"\"}"},"c":{"_meta":{}}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"a":1},"_meta":{"b":2}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"a":1,"a":2},"x":1,"x":2}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":"text"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"x":1,"_meta":"text","_meta":{"a":1}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":[1,{"_meta":{}}]}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":"text"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"\u005fmeta":{"a":1},"n\u0061me":"\u0074"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","par\u0061ms":{"_meta":{"a":1}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"\ud800":1}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"\ud800":1},"a":1,"a":2}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"\ud800\udc00","b":"\ud800"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"n":-0.5e+3,"m":1E400,"k":[true,false,null]}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"n":01}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"s":"a\u0001b"}}"#,
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\",\"params\":{\"s\":\"a\u{1}b\"}}",
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"s":"\x"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1}} x"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1},}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1}"#,
+        r#"{"jsonrpc":"2.0","id":1,"id":1,"method":"m","params":{"a":1}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1},"params":{"b":1}}"#,
+        r#"{"jsonrpc":"2.0","id":1.5,"method":"m","params":{"a":1}}"#,
+        r#"{"jsonrpc":"1.0","id":1,"method":"m","params":{"a":1}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":7,"params":{"a":1}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","result":1,"params":{"a":1}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"_meta":{"a":1}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{"_meta":{}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m\u002fx","params":{"a":1}}"#,
+        r#"[{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1}}]"#,
+        "\u{c}{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\"}",
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":{"b":{"c":[[[[]]]]}}}}"#,
+        "",
+        "   ",
+        "null",
+        "{}",
+    ];
+
+    #[test]
+    fn one_pass_reads_a_line_as_classifying_then_parsing_does() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        let mut lines: Vec<Vec<u8>> = READING_CASES
+            .iter()
+            .map(|l| l.as_bytes().to_vec())
+            .collect();
+        for n in [126, 127, 128, 129, 200_000] {
+            lines.push(
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"a":{}}}}}"#,
+                    deep(n)
+                )
+                .into_bytes(),
+            );
+            lines.push(
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"_meta":{{"a":{}}}}}}}"#,
+                    deep(n)
+                )
+                .into_bytes(),
+            );
+        }
+        let mut bad_utf8 = br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"#.to_vec();
+        bad_utf8.extend_from_slice(b"\"\xff\"}}");
+        lines.push(bad_utf8);
+        let mut one_pass = 0;
+        for line in lines {
+            let text = String::from_utf8_lossy(&line).into_owned();
+            let (parsed, read) = classify_reading(line.clone(), "_meta", |r| {
+                let walks = r.read.as_ref().map(|p| p.walks);
+                (walks, reading(r))
+            });
+            let (walks, read) = read.unzip();
+            let expected = classify_then_read(line, "_meta", reading);
+            assert_eq!((parsed, read), expected, "{text}");
+            one_pass += usize::from(walks.flatten() == Some(1));
+        }
+        assert!(one_pass >= 15, "{one_pass} lines read in one pass");
+    }
+
+    #[test]
+    fn the_one_pass_reads_params_and_their_meta() {
+        let line = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{ "name" : "t", "_meta" : {"traceparent":"x","a":{"b":1}} ,"arguments":{"q":[1]}}}"#;
+        let (parsed, read) = classify_reading(line.to_vec(), "_meta", |r| {
+            let p = r.read.unwrap();
+            assert_eq!(p.walks, 1);
+            assert_eq!(p.get("arguments"), Some(r#"{"q":[1]}"#));
+            assert_eq!(p.get("_meta"), Some(r#"{"traceparent":"x","a":{"b":1}}"#));
+            assert_eq!(p.string("name").as_deref(), Some("t"));
+            let meta = p.inner.unwrap();
+            assert_eq!(meta.string("traceparent").as_deref(), Some("x"));
+            (r.method.unwrap().into_owned(), r.params.unwrap().to_owned())
+        });
+        let Parsed::Message(m) = parsed else {
+            panic!("{parsed:?}")
+        };
+        assert_eq!(
+            read,
+            Some(("tools/call".to_owned(), m.params().unwrap().to_owned()))
+        );
+        assert_eq!(
+            Some(&m),
+            Message::reparse(String::from_utf8(line.to_vec()).unwrap()).as_ref()
+        );
     }
 
     #[test]

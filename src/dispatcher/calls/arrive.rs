@@ -9,7 +9,7 @@
 use crate::dispatcher::{CallError, CallOutcome, ClientId, Reason};
 use crate::inbound::ParsedCall;
 use crate::jsonrpc::{self, Message};
-use crate::otel::CallEnd;
+use crate::otel::{CallEnd, SpanContext};
 use crate::policy::dedup::{hex, Lookup, Mark};
 use crate::policy::gate;
 use crate::policy::progress::ProgressFilter;
@@ -35,6 +35,7 @@ struct Arriving {
     /// With a store, a keyed call's argument fingerprint for its record.
     store_args: Option<String>,
     modern: Option<std::sync::Arc<crate::mcp::Modern>>,
+    client_context: Option<SpanContext>,
 }
 
 impl Calls {
@@ -58,7 +59,9 @@ impl Calls {
         if let Some(result) = self.cached(&new, ctx) {
             info!("tool \"{}\": answered from the cache", new.tool);
             self.counters.tool(&new.tool).cache_hits += 1;
-            return answered_at_once(m, new.tool, client_id, &result, Source::Cache, ctx, out);
+            let parent = new.client_context;
+            let tool = new.tool;
+            return answered_at_once(parent, tool, client_id, &result, Source::Cache, ctx, out);
         }
         match new.dedup_key {
             Some(key) => self.join_or_replay(m, new, key, client_id, ctx, out),
@@ -119,11 +122,10 @@ impl Calls {
                 same_args,
             } => {
                 self.deduplicated(&new, same_args, true);
-                answered_at_once(m, new.tool, waiter, &result, Source::Dedup, ctx, out)
+                let parent = new.client_context;
+                answered_at_once(parent, new.tool, waiter, &result, Source::Dedup, ctx, out)
             }
-            Lookup::Marked { mark, waiter, .. } => {
-                self.not_run_again(m, new, mark, waiter, ctx, out)
-            }
+            Lookup::Marked { mark, waiter, .. } => self.not_run_again(new, mark, waiter, ctx, out),
             Lookup::Execute(client) => {
                 self.dedup.start(&key, new.dedup_args, ctx.now);
                 let args = new.store_args.clone().unwrap_or_default();
@@ -140,7 +142,6 @@ impl Calls {
     /// saying so, and the tool is not called.
     fn not_run_again(
         &mut self,
-        m: Message,
         new: Arriving,
         mark: Mark,
         client: ClientId,
@@ -155,7 +156,7 @@ impl Calls {
             Trace::AnsweredByProxy(Box::new(ProxyAnswer {
                 tool: tool.clone(),
                 client: client.clone(),
-                request: m,
+                client_context: new.client_context,
                 end: CallEnd::failed(reason.as_str()),
             }))
         });
@@ -193,6 +194,7 @@ impl Calls {
         let forward_params = parsed.forward_params().map(str::to_owned);
         Arriving {
             modern: parsed.modern,
+            client_context: parsed.client_context,
             tool: parsed.name,
             store_args,
             explicit_key: parsed.explicit_key,
@@ -280,6 +282,7 @@ impl Calls {
                 client: Some(client),
                 tool: new.tool,
                 request,
+                client_context: new.client_context,
                 progress_token: new.progress_token,
                 dedup_key: new.dedup_key,
                 dedup_args: new.dedup_args,
@@ -358,7 +361,7 @@ pub(super) fn not_run_error(
 
 /// Answers `client` at once with `result` the proxy holds.
 fn answered_at_once(
-    request: Message,
+    client_context: Option<SpanContext>,
     tool: String,
     client: ClientId,
     result: &str,
@@ -371,7 +374,7 @@ fn answered_at_once(
         Trace::AnsweredByProxy(Box::new(ProxyAnswer {
             tool,
             client: client.clone(),
-            request,
+            client_context,
             end: CallEnd::from_proxy(source.as_str()),
         }))
     });

@@ -83,6 +83,8 @@ pub(super) struct Call {
     /// The request as forwarded (the argument idempotency key removed);
     /// its id is replaced for every attempt.
     pub request: Message,
+    /// The client's trace context, read with the request.
+    pub client_context: Option<crate::otel::SpanContext>,
     pub progress_token: Option<String>,
     /// The dedup key (a fingerprint of the tool and its explicit key or its
     /// arguments) when dedup applies, and the fingerprint of the arguments.
