@@ -446,14 +446,13 @@ fn a_scope_s_unknown_outcomes_are_a_capped_list_under_its_prefix() {
     // document names.
     let runtime = a.dir.join("runtime").display().to_string();
     let v = status_json(&runtime, &redis.url(), &[]);
-    let out = v.to_string();
-    let keys: Vec<&str> = v["unknown_outcomes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|u| u["key"].as_str().unwrap_or(""))
-        .collect();
-    assert_eq!(keys, ["cap-2", "cap-1"], "{out}");
+    assert_eq!(unknown_keys(&v), ["cap-2", "cap-1"], "{v}");
+}
+
+/// The keys of `status --json`'s unknown outcomes, in its order.
+fn unknown_keys(status: &Value) -> Vec<&str> {
+    let list = status["unknown_outcomes"].as_array().into_iter().flatten();
+    list.map(|u| u["key"].as_str().unwrap_or("")).collect()
 }
 
 #[test]
@@ -462,7 +461,7 @@ fn claims_in_flight_never_hide_an_unknown_outcome() {
         return;
     }
     // An unknown outcome, then more claims in flight on another proxy than
-    // `status` lists rows, all started after it: it is still listed.
+    // `check` counts, all started after it: it is still listed and counted.
     let redis = RedisServer::start(&[]);
     let top = format!("store: {}", redis.url());
     let mut a = proxy_with(&top, "call_timeout: 0.3", &[]);
@@ -481,13 +480,7 @@ fn claims_in_flight_never_hide_an_unknown_outcome() {
     });
     let runtime = a.dir.join("runtime").display().to_string();
     let v = status_json(&runtime, &redis.url(), &[]);
-    let keys: Vec<&str> = v["unknown_outcomes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|u| u["key"].as_str().unwrap_or(""))
-        .collect();
-    assert_eq!(keys, ["lost-1"], "{v}");
+    assert_eq!(unknown_keys(&v), ["lost-1"], "{v}");
     // `check` counts at most 100: the unknown outcome is among them.
     let config_path = a.dir.join("c.yaml").display().to_string();
     let (_, out, _) = run(&["check", "--json", "--config", &config_path], &[]);
