@@ -1956,36 +1956,18 @@ fn run_all(opts: &Options) {
     }
     if opts.start_only {
         let section = first_list_section(&first_list(&bins, opts.quick));
-        println!("{section}");
-        if let Some(path) = &opts.write {
-            match write_section(path, (START_BEGIN, START_END), &section) {
-                Ok(()) => eprintln!("bench: section written to {}", path.display()),
-                Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
-            }
-        }
+        print_section(&section, opts.write.as_deref(), (START_BEGIN, START_END));
         return;
     }
     if opts.instructions_only {
         let section = instructions_section(&bins, opts.profiled.as_deref());
-        println!("{section}");
-        if let Some(path) = &opts.write {
-            match write_section(path, (INSTR_BEGIN, INSTR_END), &section) {
-                Ok(()) => eprintln!("bench: section written to {}", path.display()),
-                Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
-            }
-        }
+        print_section(&section, opts.write.as_deref(), (INSTR_BEGIN, INSTR_END));
         return;
     }
     if opts.store_only {
         let (r, conditions) = store_costs(&bins, reps, opts.quick);
         let section = store_section(&r, &conditions, reps, opts.quick);
-        println!("{section}");
-        if let Some(path) = &opts.write {
-            match write_section(path, (STORE_BEGIN, STORE_END), &section) {
-                Ok(()) => eprintln!("bench: section written to {}", path.display()),
-                Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
-            }
-        }
+        print_section(&section, opts.write.as_deref(), (STORE_BEGIN, STORE_END));
         return;
     }
 
@@ -2511,6 +2493,18 @@ fn counted_session(bins: &Bins, profiled: &Path, calls: usize) -> Result<Counted
 /// Replaces the section between `begin` and `end` in the results block
 /// of `path` (`--start-only --write`, `--store-only --write`); an error if
 /// the file has none.
+/// Prints one section of results and, with `--write`, puts it between its
+/// markers in that file.
+fn print_section(section: &str, write: Option<&Path>, markers: (&str, &str)) {
+    println!("{section}");
+    if let Some(path) = write {
+        match write_section(path, markers, section) {
+            Ok(()) => eprintln!("bench: section written to {}", path.display()),
+            Err(e) => fail(&format!("cannot write {}: {e}", path.display())),
+        }
+    }
+}
+
 fn write_section(path: &Path, (begin, end): (&str, &str), section: &str) -> io::Result<()> {
     let old = fs::read_to_string(path)?;
     let new = match (old.find(begin), old.find(end)) {
