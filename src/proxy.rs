@@ -310,10 +310,7 @@ fn start_store(
         Choice::Redis(addr) => {
             let ca = match cfg.store_ca_file.as_str() {
                 "" => None,
-                path => Some(
-                    std::fs::read(path)
-                        .with_context(|| format!("store_ca_file: cannot read {path}"))?,
-                ),
+                path => Some(crate::store::redis::read_ca_file(path).map_err(anyhow::Error::msg)?),
             };
             // Named in the proxy's document, for `status` to use too.
             ca_file = (!cfg.store_ca_file.is_empty()).then(|| {

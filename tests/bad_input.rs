@@ -879,7 +879,7 @@ fn notifications_for_a_server_that_pauses_reading_are_bounded_and_arrive_in_orde
 }
 
 /// `config::MAX_CONFIG_BYTES`, `env_file::MAX_ENV_FILE_BYTES` and
-/// `http::MAX_CA_FILE_BYTES`.
+/// `http::MAX_CA_FILE_BYTES` (`store::redis`'s too).
 const CONFIG_CAP: u64 = 4 << 20;
 const ENV_FILE_CAP: u64 = 1 << 20;
 const CA_FILE_CAP: u64 = 4 << 20;
@@ -943,6 +943,29 @@ fn a_ca_file_that_is_a_fifo_a_device_or_too_large_fails_the_start_and_the_proxy_
                 s.stderr()
             );
         }
+    }
+}
+
+#[test]
+fn a_store_ca_file_that_is_a_fifo_a_device_or_too_large_is_refused_at_once() {
+    // `store_ca_file` is read as `ca_file` is: a FIFO does not hold the
+    // start, and no file is read past its cap.
+    for bad in BadFile::all(CA_FILE_CAP) {
+        let b = Builder::config(&format!(
+            "store: redis://127.0.0.1:{}\nstore_ca_file: {{dir}}/ca.pem\nservers:\n  s:\n    command: {{mock}}\n",
+            crate::loopback::closed_port()
+        ));
+        let ca = b.dir().join("ca.pem");
+        bad.make(&ca);
+        let mut s = b.start();
+        let status = s.wait();
+        assert_eq!(status.code(), Some(2), "{bad:?}: {}", s.stderr());
+        let want = format!(
+            "store_ca_file: cannot read {}: {}",
+            path_text(&ca),
+            bad.reason()
+        );
+        eventually(&format!("{bad:?}: {want}"), || s.stderr().contains(&want));
     }
 }
 

@@ -98,9 +98,9 @@ fn look_at(place: String, u: &Use, max: usize) -> Shared {
     };
     let ca = match ca_file {
         "" => None,
-        path => match std::fs::read(path) {
+        path => match crate::store::redis::read_ca_file(path) {
             Ok(pem) => Some(pem),
-            Err(e) => return down(format!("store_ca_file: cannot read {path}: {e}")),
+            Err(e) => return down(e),
         },
     };
     let mut redis = match Redis::new(addr, ca, prefix, &scope.unwrap_or_default()) {

@@ -191,7 +191,7 @@ fn shared_ca(choice: &str, live: &[Live]) -> Option<Vec<u8>> {
     let opening = docs().filter(|s| s.engine == "redis" && s.place.is_none());
     on_it
         .chain(opening)
-        .filter_map(|s| std::fs::read(s.ca_file.as_deref()?).ok())
+        .filter_map(|s| store::redis::read_ca_file(s.ca_file.as_deref()?).ok())
         .next()
 }
 

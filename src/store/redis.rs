@@ -43,6 +43,17 @@ pub const UNKNOWN_CAP: usize = 1000;
 const CAS_TRIES: usize = 5;
 /// The eviction policy under which no live record is evicted.
 pub const NO_EVICTION: &str = "noeviction";
+/// The largest `store_ca_file` read (a whole public bundle is under
+/// 300 KiB), as the largest `ca_file`.
+const MAX_CA_FILE_BYTES: u64 = 4 << 20;
+
+/// The PEM of `store_ca_file` `path`, as every reader of it reads it (the
+/// proxy, `check`, `status`): opened without waiting, a regular file of at
+/// most [`MAX_CA_FILE_BYTES`]; the error names the key and the file.
+pub fn read_ca_file(path: &str) -> Result<Vec<u8>, String> {
+    crate::config::read_named(std::path::Path::new(path), MAX_CA_FILE_BYTES)
+        .map_err(|e| format!("store_ca_file: cannot read {path}: {e}"))
+}
 
 /// Every write: the record is written (or deleted, `ARGV[2]` empty) only if
 /// it is still the one read (`ARGV[1]`, empty: absent); the scope's index,
