@@ -17,9 +17,8 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
-use serde_json::value::RawValue;
-
-use crate::jsonrpc::{self, Kind, Message, Params, Parsed, RawObject};
+use crate::jsonrpc::canonical::Canonical;
+use crate::jsonrpc::{self, Kind, Members, Message, Params, Parsed, RawObject};
 use crate::mcp::Modern;
 use crate::otel::SpanContext;
 use crate::policy::{dedup, TopMembers};
@@ -38,7 +37,7 @@ impl Inbound {
     /// over it that reads its envelope too (`jsonrpc::classify_reading`):
     /// what the `client-stdin` thread does with every line.
     pub fn of_line(line: Vec<u8>) -> Inbound {
-        let (parsed, read) = jsonrpc::classify_reading(line, "_meta", |r| {
+        let (parsed, read) = jsonrpc::classify_reading(line, "_meta", "arguments", |r| {
             let method = r.method.unwrap_or_default();
             (r.kind == Kind::Request).then(|| Read::of_params(&method, r.params, r.read))
         });
@@ -155,7 +154,7 @@ impl Read {
 }
 
 /// The client's trace context from a request's `_meta.traceparent`.
-fn client_context(meta: &RawObject<'_>) -> Option<SpanContext> {
+fn client_context(meta: &Members<'_>) -> Option<SpanContext> {
     SpanContext::parse(&meta.string("traceparent")?)
 }
 
@@ -184,7 +183,7 @@ fn first_repeat<'a>(
             "_meta" => params
                 .inner
                 .as_ref()
-                .and_then(RawObject::duplicate)
+                .and_then(Members::duplicate)
                 .map(str::to_owned),
             "arguments" => arguments(v),
             _ => None,
@@ -301,9 +300,11 @@ impl ParsedCall {
         let params = text;
         let mut arguments: Option<(&str, Option<RawObject<'_>>)> = None;
         let mut one_walk_fp = None;
+        // The first `arguments`, walked with the line when it was read.
+        let mut walked = object.canonical.take();
         let repeated = first_repeat(&object, |v| {
             match (reading == Reading::OneWalk)
-                .then(|| arguments_read(v))
+                .then(|| arguments_read(v, walked.take()))
                 .flatten()
             {
                 Some((fp, top)) => {
@@ -333,7 +334,7 @@ impl ParsedCall {
         let mut progress_token = None;
         let meta = object.inner.take();
         if let Some(meta) = &meta {
-            progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
+            progress_token = meta.get("progressToken").map(str::to_owned);
             explicit_key = meta.get("idempotencyKey").and_then(key_text);
         }
         let client_context = meta.as_ref().and_then(client_context);
@@ -350,7 +351,7 @@ impl ParsedCall {
         if let Some((_, Some(mut args))) = arguments {
             if let Some(k) = args.remove("_idempotency_key") {
                 if explicit_key.is_none() {
-                    explicit_key = key_text(k);
+                    explicit_key = key_text(k.get());
                 }
                 let new_args = args.to_json();
                 // Written back from the params parsed apart: a call that
@@ -382,7 +383,7 @@ impl ParsedCall {
                 if range.is_some() {
                     count(Walk::Arguments);
                 }
-                dedup::fingerprint_valid_json(keys, &["args"], text).ok()
+                dedup::fingerprint_json(keys, &["args"], text).ok()
             }
         };
         let (dedup_key, dedup_args) = match (&explicit_key, args_fp) {
@@ -439,20 +440,31 @@ enum Reading {
     Checked,
 }
 
-/// The arguments' fingerprint and what their own members are, in one walk
-/// over `text` (a `RawValue`'s); `None` when that walk does not decide
-/// the call: a member `_idempotency_key` is to be removed first, or they
-/// nest too deep for a fingerprint (and a repeated member after the
-/// deepest must still be found).
-fn arguments_read(text: &str) -> Option<(u128, TopMembers<'_>)> {
-    count(Walk::Arguments);
-    let (fp, top) = dedup::fingerprint_valid_json_read(dedup::keys(), &["args"], text).ok()?;
+/// The arguments' fingerprint and what their own members are: from
+/// `walked`, their canonical form read with the line, else in one walk
+/// over `text` (a `RawValue`'s); `None` when that does not decide the
+/// call: a member `_idempotency_key` is to be removed first, or they nest
+/// too deep for a fingerprint (and a repeated member after the deepest
+/// must still be found).
+fn arguments_read<'a>(
+    text: &'a str,
+    walked: Option<Canonical<'a>>,
+) -> Option<(u128, TopMembers<'a>)> {
+    let (fp, top) = match walked {
+        Some(c) => (
+            dedup::fingerprint_node(dedup::keys(), &["args"], &c.node),
+            c.top,
+        ),
+        None => {
+            count(Walk::Arguments);
+            dedup::fingerprint_json_read(dedup::keys(), &["args"], text).ok()?
+        }
+    };
     (!top.has_idempotency_key).then_some((fp, top))
 }
 
 /// An idempotency key's text: a string, or a number as written.
-fn key_text(v: &RawValue) -> Option<String> {
-    let raw = v.get();
+fn key_text(raw: &str) -> Option<String> {
     if raw.starts_with('"') {
         serde_json::from_str::<String>(raw)
             .ok()
@@ -656,6 +668,7 @@ mod tests {
     /// Every JSON value in `text` and, within it, every member and element,
     /// as text serde_json has validated (`RawValue`s).
     fn values_in<'a>(text: &'a str, out: &mut Vec<&'a str>) {
+        use serde_json::value::RawValue;
         let Ok(v) = serde_json::from_str::<&RawValue>(text) else {
             return;
         };
@@ -670,22 +683,38 @@ mod tests {
         }
     }
 
-    /// The fingerprint of text already validated is the one of the checked
-    /// path, over every value of the fuzz seeds (each line and each file)
-    /// and at the nesting limit; and a call read from a seed has the
-    /// fingerprint the checked path gives its arguments.
+    /// The canonical walk, which checks the text itself, gives what
+    /// serde_json's check and then the walk give (the same text, the same
+    /// refusals), over every value of the fuzz seeds (each line and each
+    /// file), each cut short by a byte and followed by a comma, and at the
+    /// nesting limit; and a call read from a seed has the fingerprint its
+    /// arguments have.
     #[test]
-    fn the_fingerprint_of_validated_text_is_the_checked_one() {
+    fn the_canonical_walk_checks_text_as_serde_json_does() {
+        use crate::jsonrpc::canonical::{canonical_json_to, canonical_read};
         let keys = dedup::keys();
-        let same = |text: &str| {
+        let one = |text: &str| {
             assert_eq!(
-                dedup::fingerprint_valid_json(keys, &["args"], text).ok(),
-                dedup::fingerprint_json(keys, &["args"], text).ok(),
+                {
+                    let mut out = String::new();
+                    canonical_read(text, &mut out).map(|_| out).ok()
+                },
+                {
+                    let mut out = String::new();
+                    canonical_json_to(text, &mut out).map(|()| out).ok()
+                },
                 "{text}"
             );
         };
+        let same = |text: &str| {
+            one(text);
+            one(&format!("{text},"));
+            if let Some((cut, _)) = text.char_indices().last() {
+                one(&text[..cut]);
+            }
+        };
         let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
-        let depth = crate::policy::MAX_JSON_DEPTH;
+        let depth = crate::jsonrpc::canonical::MAX_DEPTH;
         for text in [
             deep(depth),
             deep(depth + 1),
@@ -742,7 +771,7 @@ mod tests {
     #[test]
     fn one_walk_reads_a_call_as_the_checked_reading_does() {
         let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
-        let depth = crate::policy::MAX_JSON_DEPTH;
+        let depth = crate::jsonrpc::canonical::MAX_DEPTH;
         let many: String = (0..40).map(|i| format!(r#""k{i}":{i},"#)).collect();
         let mut params: Vec<String> = REPEATED.iter().map(|p| p.to_string()).collect();
         params.extend(
@@ -795,23 +824,6 @@ mod tests {
         );
     }
 
-    /// A plain call's arguments are walked once by the reader (the
-    /// fingerprint and the repeated-member check together), whatever the
-    /// server's transport: it is the client's line that is read, and no
-    /// transport reads it again. One with `_idempotency_key` in them is
-    /// read again to write it without the key.
-    #[test]
-    fn a_calls_arguments_are_walked_once() {
-        let walks = |line: &str| {
-            let before = arguments_walks();
-            let read = Inbound::of_line(line.as_bytes().to_vec()).read.unwrap();
-            assert!(read.call.unwrap().args_fp.is_some());
-            arguments_walks() - before
-        };
-        assert_eq!(walks(&call(r#"{"a":[1,{"b":2}],"c":"d"}"#, "")), 1);
-        assert_eq!(walks(&call(r#"{"a":1,"_idempotency_key":"k"}"#, "")), 3);
-    }
-
     /// A `tools/call` line with `arguments` and, when `meta` is not empty,
     /// that `_meta` member (with its comma).
     fn call(args: &str, meta: &str) -> String {
@@ -820,10 +832,14 @@ mod tests {
         )
     }
 
-    /// On stdio a call's params are walked once: by the pass over the
-    /// client's line that reads its envelope, which reads the params'
-    /// members and their `_meta`'s too (the arguments' own walk aside);
-    /// params read apart from their line are walked again.
+    /// A call's params are walked once, whatever the server's transport:
+    /// by the walk over the client's line that reads its envelope, which
+    /// reads the params' members, their `_meta`'s, and their arguments in
+    /// the canonical form their fingerprint is made of; no transport reads
+    /// the line again. A call with `_idempotency_key` in its arguments is
+    /// read again to forward it without the key (its params and arguments
+    /// parsed, the arguments fingerprinted without it), and params read
+    /// apart from their line (a batch's) are walked again.
     #[test]
     fn a_calls_params_are_walked_once() {
         let walks = |line: &str| {
@@ -836,8 +852,10 @@ mod tests {
         };
         let meta = format!(r#""_meta":{{"progressToken":1,"traceparent":"{TRACEPARENT}"}},"#);
         for args in [r#"{"a":[1,{"b":2}],"c":"d"}"#, "{}"] {
-            assert_eq!(walks(&call(args, &meta)), (1, 1));
+            assert_eq!(walks(&call(args, &meta)), (1, 0));
         }
+        let keyed = call(r#"{"a":1,"_idempotency_key":"k"}"#, &meta);
+        assert_eq!(walks(&keyed), (2, 2));
         // A batch's requests are read apart.
         let before = params_walks();
         let Parsed::Message(m) = jsonrpc::classify(call("{}", &meta)) else {

@@ -52,7 +52,7 @@ impl Modern {
     pub fn read(
         method: &str,
         params: &jsonrpc::Params<'_>,
-        mut meta: RawObject<'_>,
+        mut meta: jsonrpc::Members<'_>,
     ) -> Option<Modern> {
         let version = meta.string(VERSION_KEY)?;
         let name = match method {
@@ -60,7 +60,7 @@ impl Modern {
             "resources/read" => params.string("uri"),
             _ => None,
         };
-        meta.0.retain(|(k, _)| k.starts_with(ENVELOPE_PREFIX));
+        meta.members.retain(|(k, _)| k.starts_with(ENVELOPE_PREFIX));
         Some(Modern {
             version,
             name,

@@ -67,9 +67,8 @@ pub fn record_id(scope: &[u8; 32], tool: &str, key: &str) -> Id {
 /// (member order and white space do not count; text that is not JSON is
 /// taken as it is), keyed by the scope, so the store holds no argument's
 /// value and the same arguments to another server, or under other
-/// credentials, do not share a fingerprint. 32 hex digits. `arguments` is
-/// text serde_json has validated (`ParsedCall::arguments`), so it is not
-/// validated again; text the canonical scan cannot read is taken as it is.
+/// credentials, do not share a fingerprint. 32 hex digits. Text the
+/// canonical scan cannot read (it nests too deep) is taken as it is.
 pub fn args_fingerprint(scope: &[u8; 32], arguments: &str) -> String {
     struct Blake(blake3::Hasher);
     impl crate::policy::Sink for Blake {
@@ -83,7 +82,7 @@ pub fn args_fingerprint(scope: &[u8; 32], arguments: &str) -> String {
         Blake(h)
     };
     let mut h = start();
-    if crate::policy::canonical_valid_json_to(arguments, &mut h).is_err() {
+    if crate::policy::canonical_read(arguments, &mut h).is_err() {
         h = start();
         h.0.update(b"raw\0");
         h.0.update(arguments.as_bytes());

@@ -16,7 +16,7 @@ use mcp_retry::config;
 use std::time::{Duration, Instant, SystemTime};
 
 use mcp_retry::http::{classify, resume, sse};
-use mcp_retry::jsonrpc::{self, Kind, Line, Message, Parsed};
+use mcp_retry::jsonrpc::{self, canonical, Kind, Line, Message, Parsed};
 
 /// Classification, id rewriting, the overlong-line id scan and framing.
 pub fn check_jsonrpc(data: &[u8]) {
@@ -41,6 +41,7 @@ pub fn check_jsonrpc(data: &[u8]) {
             }
         }
     }
+    check_canonical(data);
     // Whole, and each line as the client's reader would frame it.
     check_reading(data);
     if data.contains(&b'\n') {
@@ -55,26 +56,36 @@ pub fn check_jsonrpc(data: &[u8]) {
     check_framing(data, max, cap);
 }
 
-/// The one pass that reads a client's line with its params and their
-/// `_meta` (`classify_reading`, what the `client-stdin` thread runs) reads
-/// it as classifying it, then parsing its params apart does
-/// (`classify_then_read`): the same message or error, the same members,
-/// repeated name and `_meta`; and what it reads in one walk, serde_json
-/// accepts as an object.
+/// The one pass that reads a client's line with its params, their
+/// `_meta` and their arguments (`classify_reading`, what the
+/// `client-stdin` thread runs, with the scanner of `jsonrpc::canonical`)
+/// reads it as classifying it, then parsing its params apart does
+/// (`classify_then_read`, serde_json): the same message or error, the
+/// same members, repeated name and `_meta`; the arguments' canonical form
+/// is the one serde_json's check, then the canonical walk, make of their
+/// text; and what it reads in one walk, serde_json accepts as an object.
 fn check_reading(data: &[u8]) {
     fn read(r: jsonrpc::Reading<'_>) -> (String, u8) {
         let walks = r.read.as_ref().map_or(0, |p| p.walks);
         let read = r.read.map(|p| {
-            let inner = p.inner.as_ref().map(|o| {
-                let members: Vec<_> = o.0.iter().map(|(k, v)| (k.clone(), v.get())).collect();
-                (members, o.duplicate().map(str::to_owned))
-            });
+            if let Some(c) = &p.canonical {
+                let (mut walked, mut checked) = (String::new(), String::new());
+                c.node.write(&mut walked);
+                let arguments = p.get("arguments").expect("walked arguments");
+                canonical::canonical_json_to(arguments, &mut checked)
+                    .expect("walked arguments serde_json refuses");
+                assert_eq!(walked, checked, "{arguments}");
+            }
+            let inner = p
+                .inner
+                .as_ref()
+                .map(|o| (o.members.clone(), o.duplicate().map(str::to_owned)));
             (p.members.clone(), p.duplicate().map(str::to_owned), inner)
         });
         let text = format!("{:?} {:?} {:?} {read:?}", r.kind, r.method, r.params);
         (text, walks)
     }
-    let (parsed, one) = jsonrpc::classify_reading(data.to_vec(), "_meta", read);
+    let (parsed, one) = jsonrpc::classify_reading(data.to_vec(), "_meta", "arguments", read);
     let (apart, two) = jsonrpc::classify_then_read(data.to_vec(), "_meta", read);
     assert!(parsed == apart, "{parsed:?} read apart is {apart:?}");
     assert_eq!(one.as_ref().map(|r| &r.0), two.as_ref().map(|r| &r.0));
@@ -85,6 +96,18 @@ fn check_reading(data: &[u8]) {
             "not a JSON object"
         );
     }
+}
+
+/// The canonical walk checks JSON text as serde_json does: it refuses
+/// what serde_json refuses and writes the same text of what it accepts.
+fn check_canonical(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let (mut walked, mut checked) = (String::new(), String::new());
+    let walked = canonical::canonical_read(text, &mut walked).map(|_| walked);
+    let checked = canonical::canonical_json_to(text, &mut checked).map(|()| checked);
+    assert_eq!(walked.ok(), checked.ok(), "{text}");
 }
 
 /// The overlong-line id scanner: fed whole or in chunks of any size, it

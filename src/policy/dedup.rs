@@ -44,10 +44,9 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-#[cfg(test)]
-use super::canonical_json_to;
-use super::{canonical_valid_json_read, canonical_valid_json_to, instant_add, Sink, TopMembers};
+use super::{canonical_read, instant_add, Sink, TopMembers};
 use crate::fasthash::FastMap;
+use crate::jsonrpc::canonical::Node;
 
 /// What each completed entry costs beyond its result text (key, slot,
 /// order index), counted in `max_bytes`.
@@ -72,43 +71,34 @@ pub fn fingerprint(keys: &impl BuildHasher, parts: &[&str]) -> u128 {
 /// [`fingerprint`] of `parts` followed by the canonical JSON text of `json`
 /// (see `canonical_json`: member order and white space do not count),
 /// computed without building that text, so megabytes of arguments cost no
-/// copy. Err when `json` is not valid JSON or nests too deep. (The proxy
-/// fingerprints text it has validated, [`fingerprint_valid_json`]; this is
-/// what the tests hold that to.)
-#[cfg(test)]
+/// copy, in the one walk that checks `json` too. Err when `json` is not
+/// valid JSON or nests too deep.
 pub fn fingerprint_json(
     keys: &impl BuildHasher,
     parts: &[&str],
     json: &str,
 ) -> Result<u128, serde_json::Error> {
-    let mut halves = Halves::new(keys, parts);
-    canonical_json_to(json, &mut halves)?;
-    Ok(halves.finish())
+    fingerprint_json_read(keys, parts, json).map(|(fp, _)| fp)
 }
 
-/// [`fingerprint_json`] of text serde_json has validated already (see
-/// `canonical_valid_json_to`): the same fingerprint, one walk over the
-/// text fewer. Err only when `json` nests too deep.
-pub fn fingerprint_valid_json(
-    keys: &impl BuildHasher,
-    parts: &[&str],
-    json: &str,
-) -> Result<u128, serde_json::Error> {
-    let mut halves = Halves::new(keys, parts);
-    canonical_valid_json_to(json, &mut halves)?;
-    Ok(halves.finish())
-}
-
-/// [`fingerprint_valid_json`], and what the text's top-level object holds,
-/// in one walk over it.
-pub fn fingerprint_valid_json_read<'a>(
+/// [`fingerprint_json`], and what the text's top-level object holds, in
+/// one walk over it.
+pub fn fingerprint_json_read<'a>(
     keys: &impl BuildHasher,
     parts: &[&str],
     json: &'a str,
 ) -> Result<(u128, TopMembers<'a>), serde_json::Error> {
     let mut halves = Halves::new(keys, parts);
-    let top = canonical_valid_json_read(json, &mut halves)?;
+    let top = canonical_read(json, &mut halves)?;
     Ok((halves.finish(), top))
+}
+
+/// [`fingerprint_json`] of a value walked in canonical form already (the
+/// arguments of a call, read with its line): no walk over its text.
+pub fn fingerprint_node(keys: &impl BuildHasher, parts: &[&str], node: &Node<'_>) -> u128 {
+    let mut halves = Halves::new(keys, parts);
+    node.write(&mut halves);
+    halves.finish()
 }
 
 /// The two domain-separated hashes of a fingerprint, fed the same bytes:

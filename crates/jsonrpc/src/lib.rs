@@ -29,6 +29,10 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+pub mod canonical;
+
+use canonical::Scanner;
+
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
 /// Invalid params (JSON-RPC 2.0).
@@ -553,34 +557,21 @@ fn classify_batch(text: &str) -> Parsed {
     }
 }
 
-/// A message's params as [`classify_reading`] reads them with its line:
-/// each member's name (unescaped) and value text in order, the first name
-/// that repeats, and the first member named `inner` read as an object.
-#[derive(Debug)]
-pub struct Params<'a> {
+/// An object's members as read: each member's name (unescaped) and value
+/// text in order, and the first name that repeats.
+#[derive(Debug, Default)]
+pub struct Members<'a> {
     pub members: Vec<(Cow<'a, str>, &'a str)>,
     duplicate: Option<Cow<'a, str>>,
-    /// The first member named `inner`, when it is an object.
-    pub inner: Option<RawObject<'a>>,
-    /// How many times the params' text was walked to read them: 1 when
-    /// the line's one pass read them, 2 when the line was classified and
-    /// its params parsed again ([`classify_then_read`], and after a one
-    /// pass that gave up).
-    pub walks: u8,
 }
 
-impl<'a> Params<'a> {
-    /// Params `text` parsed on their own, with their first member `inner`
-    /// (a walk of each); `None` when they are not an object.
-    pub fn parse(text: &'a str, inner: &str) -> Option<Params<'a>> {
-        let raw = RawObject::parse(text)?;
-        let inner = raw.get(inner).and_then(|v| RawObject::parse(v.get()));
-        Some(Params {
+impl<'a> Members<'a> {
+    /// The members of an object parsed as a [`RawObject`].
+    fn of(raw: RawObject<'a>) -> Members<'a> {
+        Members {
             members: raw.0.into_iter().map(|(k, v)| (k, v.get())).collect(),
             duplicate: raw.1,
-            inner,
-            walks: 1,
-        })
+        }
     }
 
     /// The first member name (unescaped) that repeats an earlier one.
@@ -597,6 +588,55 @@ impl<'a> Params<'a> {
     pub fn string(&self, key: &str) -> Option<String> {
         serde_json::from_str(self.get(key)?).ok()
     }
+
+    /// The members written back as compact JSON: names re-escaped, values
+    /// as they were.
+    pub fn to_json(&self) -> String {
+        write_object(self.members.iter().map(|(k, v)| (k.as_ref(), *v)), None)
+    }
+}
+
+/// A message's params as [`classify_reading`] reads them with its line:
+/// their members (`own`, which a `Params` derefs to), the first member
+/// named `inner` read as an object, and the first member named `walked`
+/// in canonical form.
+#[derive(Debug)]
+pub struct Params<'a> {
+    pub own: Members<'a>,
+    /// The first member named `inner`, when it is an object.
+    pub inner: Option<Members<'a>>,
+    /// The first member named `walked`, in canonical form: read in the
+    /// walk over the line, so that its fingerprint needs no walk of its
+    /// own (`None` when the params were parsed apart from their line).
+    pub canonical: Option<canonical::Canonical<'a>>,
+    /// How many times the params' text was walked to read them: 1 when
+    /// the line's one pass read them, 2 when the line was classified and
+    /// its params parsed again ([`classify_then_read`], and after a one
+    /// pass that gave up).
+    pub walks: u8,
+}
+
+impl<'a> std::ops::Deref for Params<'a> {
+    type Target = Members<'a>;
+    fn deref(&self) -> &Members<'a> {
+        &self.own
+    }
+}
+
+impl<'a> Params<'a> {
+    /// Params `text` parsed on their own by serde_json, with their first
+    /// member `inner` (a walk of each); `None` when they are not an
+    /// object. The reading the one pass is held to.
+    pub fn parse(text: &'a str, inner: &str) -> Option<Params<'a>> {
+        let raw = RawObject::parse(text)?;
+        let inner = raw.get(inner).and_then(|v| RawObject::parse(v.get()));
+        Some(Params {
+            own: Members::of(raw),
+            inner: inner.map(Members::of),
+            canonical: None,
+            walks: 1,
+        })
+    }
 }
 
 /// What [`classify_reading`] hands its reader for a message.
@@ -610,23 +650,27 @@ pub struct Reading<'a> {
     pub read: Option<Params<'a>>,
 }
 
-/// [`classify_bytes`], with the params of a message read in the same pass
-/// as its envelope (their members, and the members of their first member
-/// `inner`): `read` gets them, and what it returns comes back with the
-/// message. A line the one pass does not read (a batch, an envelope that
-/// repeats a member, params or an `inner` that are not an object, text
-/// that is not JSON) is classified as [`classify_bytes`] does and its
-/// params parsed again ([`Params::parse`]), which reads them the same.
+/// [`classify_bytes`], with the params of a message read in the same walk
+/// as its envelope (their members, the members of their first member
+/// `inner`, and their first member `walked` in canonical form): `read`
+/// gets them, and what it returns comes back with the message. The walk
+/// is `canonical`'s scanner, which checks the text as serde_json does. A
+/// line it does not read (a batch, an envelope that repeats a member,
+/// params or an `inner` that are not an object, nesting deeper than
+/// `canonical::MAX_DEPTH`, text that is not JSON) is classified as
+/// [`classify_bytes`] does and its params parsed again ([`Params::parse`]),
+/// which reads them the same.
 pub fn classify_reading<R>(
     line: Vec<u8>,
     inner: &str,
+    walked: &str,
     read: impl FnOnce(Reading<'_>) -> R,
 ) -> (Parsed, Option<R>) {
     let text = match String::from_utf8(line) {
         Ok(text) => text,
         Err(e) => return classify_then_read(e.into_bytes(), inner, read),
     };
-    if let Some(one) = read_in_one_pass(&text, inner) {
+    if let Some(one) = read_in_one_pass(&text, inner, walked) {
         return match one.spans.check(&text) {
             Ok(kind) => {
                 let r = read(Reading {
@@ -686,190 +730,79 @@ struct OnePass<'a> {
     params: Option<Params<'a>>,
 }
 
-/// The one pass over `text`: its envelope, its params' members and their
-/// first member `inner`'s; `None` when the line is not of that shape
-/// (then it is classified as before).
-fn read_in_one_pass<'a>(text: &'a str, inner: &str) -> Option<OnePass<'a>> {
-    let open = text.bytes().position(|b| !b.is_ascii_whitespace())?;
-    if text.as_bytes()[open] != b'{' {
-        return None;
-    }
-    let mut de = serde_json::Deserializer::from_str(text);
-    let envelope = EnvelopeSeed { inner }.deserialize(&mut de).ok()?;
-    de.end().ok()?;
-    // Where the members that were read as objects are: serde gives the
-    // others' text; theirs is found from the member before (the name and
-    // the colon between), and from their own last member.
-    let b = text.as_bytes();
-    let base = text.as_ptr() as usize;
-    let mut cursor = open + 1;
+/// The one pass over `text`: its envelope, its params' members, their
+/// first member `inner`'s and their first member `walked` in canonical
+/// form; `None` when the line is not of that shape, or anything in it is
+/// not as serde_json would read it (then it is classified as before).
+fn read_in_one_pass<'a>(text: &'a str, inner: &str, walked: &str) -> Option<OnePass<'a>> {
+    let mut s = Scanner::new(text);
     let mut spans = Spans::default();
     let mut params = None;
-    let mut envelope = envelope;
-    for (k, v) in envelope.members {
-        let r = match v {
-            Some(v) => span(base, v),
-            None => {
-                let mut p = envelope.params.take()?;
-                let start = value_start(b, cursor)?;
-                let mut at = start + 1;
-                for (i, (_, v)) in p.members.iter_mut().enumerate() {
-                    if p.inner_at == Some(i) {
-                        let s = value_start(b, at)?;
-                        let last = p.inner.as_ref()?.0.last();
-                        let end = last.map_or(s + 1, |(_, v)| span(base, v.get()).end);
-                        *v = &text[s..object_end(b, end)?];
-                    }
-                    at = span(base, v).end;
-                }
-                params = Some(Params {
-                    members: p.members,
-                    duplicate: p.duplicate,
-                    inner: p.inner,
-                    walks: 1,
-                });
-                start..object_end(b, at)?
+    let mut inner_read = None;
+    let mut canonical = None;
+    // An envelope that repeats a member is refused as `classify` refuses
+    // it.
+    let envelope = read_members(&mut s, 0, |s, k| {
+        if k != "params" {
+            return s.skip(1).ok();
+        }
+        let own = read_members(s, 1, |s, k| {
+            if k == inner && inner_read.is_none() {
+                inner_read = Some(read_members(s, 2, |s, _| s.skip(3).ok())?);
+            } else if k == walked && canonical.is_none() {
+                canonical = Some(s.canonical().ok()?);
+            } else {
+                s.skip(2).ok()?;
             }
-        };
-        cursor = r.end;
-        spans.set(&k, r, text);
+            Some(())
+        })?;
+        params = Some(own);
+        Some(())
+    })?;
+    s.end().ok()?;
+    if envelope.duplicate.is_some() {
+        return None;
     }
+    let base = text.as_ptr() as usize;
+    for (k, v) in &envelope.members {
+        spans.set(k, span(base, v), text);
+    }
+    let params = params.map(|own| Params {
+        own,
+        inner: inner_read,
+        canonical,
+        walks: 1,
+    });
     Some(OnePass { spans, params })
 }
 
-/// JSON's white space.
-fn skip_space(b: &[u8], mut i: usize) -> usize {
-    while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-        i += 1;
+/// The object at the scanner (`None` when it is not one, or not JSON):
+/// each member's name, then its value walked by `value` (given the name),
+/// at nesting `depth`.
+fn read_members<'a>(
+    s: &mut Scanner<'a>,
+    depth: usize,
+    mut value: impl FnMut(&mut Scanner<'a>, &str) -> Option<()>,
+) -> Option<Members<'a>> {
+    (s.peek().ok()? == b'{' && depth < canonical::MAX_DEPTH).then_some(())?;
+    s.pos += 1;
+    let mut read = Members::default();
+    let mut seen = SeenNames::default();
+    if s.empty(b'}').ok()? {
+        return Some(read);
     }
-    i
-}
-
-/// Where the value of the member after byte `i` of valid JSON `b` starts:
-/// `i` is just past the object's `{` or the member before; a comma, the
-/// name and the colon are skipped.
-fn value_start(b: &[u8], i: usize) -> Option<usize> {
-    let mut i = skip_space(b, i);
-    if b.get(i) == Some(&b',') {
-        i = skip_space(b, i + 1);
-    }
-    (b.get(i) == Some(&b'"')).then_some(())?;
-    i += 1;
     loop {
-        match b.get(i)? {
-            b'\\' => i += 2,
-            b'"' => break,
-            _ => i += 1,
+        let k = s.key().ok()?;
+        s.skip_ws();
+        let start = s.pos;
+        value(s, &k)?;
+        if read.duplicate.is_none() && seen.repeats(&k) {
+            read.duplicate = Some(k.clone());
         }
-    }
-    i = skip_space(b, i + 1);
-    (b.get(i) == Some(&b':')).then_some(())?;
-    Some(skip_space(b, i + 1))
-}
-
-/// Just past the `}` of an object whose last member ends (or whose `{`
-/// is) just before byte `i` of valid JSON `b`.
-fn object_end(b: &[u8], i: usize) -> Option<usize> {
-    let i = skip_space(b, i);
-    (b.get(i) == Some(&b'}')).then_some(i + 1)
-}
-
-/// An envelope as the one pass reads it: each member's raw value, but
-/// the params' (`None`), which are read as [`ParamsRead`].
-struct EnvelopeRead<'de> {
-    members: Vec<(Cow<'de, str>, Option<&'de str>)>,
-    params: Option<ParamsRead<'de>>,
-}
-
-/// Params as the one pass reads them: each member's raw value, but the
-/// first `inner`'s (at `inner_at`, empty until its place is found), which
-/// is read as a [`RawObject`].
-struct ParamsRead<'de> {
-    members: Vec<(Cow<'de, str>, &'de str)>,
-    duplicate: Option<Cow<'de, str>>,
-    inner: Option<RawObject<'de>>,
-    inner_at: Option<usize>,
-}
-
-struct EnvelopeSeed<'i> {
-    inner: &'i str,
-}
-
-impl<'de> DeserializeSeed<'de> for EnvelopeSeed<'_> {
-    type Value = EnvelopeRead<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for EnvelopeSeed<'_> {
-    type Value = EnvelopeRead<'de>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut members = Vec::new();
-        let mut params = None;
-        let mut seen = SeenNames::default();
-        while let Some(k) = map.next_key_seed(Key)? {
-            if seen.repeats(&k) {
-                // Refused as `classify` refuses it.
-                return Err(de::Error::custom("a repeated member"));
-            }
-            if k == "params" {
-                params = Some(map.next_value_seed(ParamsSeed { inner: self.inner })?);
-                members.push((k, None));
-            } else {
-                let v: &'de RawValue = map.next_value()?;
-                members.push((k, Some(v.get())));
-            }
+        read.members.push((k, s.since(start)));
+        if !s.more(b'}').ok()? {
+            return Some(read);
         }
-        Ok(EnvelopeRead { members, params })
-    }
-}
-
-struct ParamsSeed<'i> {
-    inner: &'i str,
-}
-
-impl<'de> DeserializeSeed<'de> for ParamsSeed<'_> {
-    type Value = ParamsRead<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ParamsSeed<'_> {
-    type Value = ParamsRead<'de>;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut members = Vec::new();
-        let mut duplicate = None;
-        let mut inner = None;
-        let mut inner_at = None;
-        let mut seen = SeenNames::default();
-        while let Some(k) = map.next_key_seed(Key)? {
-            let value = match inner_at.is_none() && k == self.inner {
-                true => {
-                    inner_at = Some(members.len());
-                    inner = Some(map.next_value::<RawObject<'de>>()?);
-                    ""
-                }
-                false => map.next_value::<&'de RawValue>()?.get(),
-            };
-            if duplicate.is_none() && seen.repeats(&k) {
-                duplicate = Some(k.clone());
-            }
-            members.push((k, value));
-        }
-        Ok(ParamsRead {
-            members,
-            duplicate,
-            inner,
-            inner_at,
-        })
     }
 }
 
@@ -1422,21 +1355,30 @@ impl<'a> RawObject<'a> {
     }
 
     fn write(&self, replace: Option<(&str, &str)>) -> String {
-        let mut out = String::from("{");
-        for (i, (k, v)) in self.0.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            out.push_str(&json_string(k));
-            out.push(':');
-            match replace {
-                Some((key, value)) if k == key => out.push_str(value),
-                _ => out.push_str(v.get()),
-            }
-        }
-        out.push('}');
-        out
+        write_object(self.0.iter().map(|(k, v)| (k.as_ref(), v.get())), replace)
     }
+}
+
+/// An object of `members` (name, raw value) as compact JSON, names
+/// escaped, with member `replace.0`'s value replaced by `replace.1`.
+fn write_object<'m>(
+    members: impl Iterator<Item = (&'m str, &'m str)>,
+    replace: Option<(&str, &str)>,
+) -> String {
+    let mut out = String::from("{");
+    for (i, (k, v)) in members.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&json_string(k));
+        out.push(':');
+        match replace {
+            Some((key, value)) if k == key => out.push_str(value),
+            _ => out.push_str(v),
+        }
+    }
+    out.push('}');
+    out
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
@@ -1516,6 +1458,18 @@ mod tests {
     /// aside, it is what the other reading gives.
     fn reading(r: Reading<'_>) -> String {
         let read = r.read.map(|mut p| {
+            // Read with the line, the first `arguments` is in canonical
+            // form as `canonical_read` makes it of the member's text.
+            if p.walks == 1 {
+                assert_eq!(p.canonical.is_some(), p.get("arguments").is_some());
+            }
+            if let Some(c) = p.canonical.take() {
+                let (mut walked, mut apart) = (String::new(), String::new());
+                c.node.write(&mut walked);
+                let arguments = p.get("arguments").unwrap();
+                let top = canonical::canonical_read(arguments, &mut apart).unwrap();
+                assert_eq!((walked, c.top), (apart, top), "{arguments}");
+            }
             p.walks = 0;
             p
         });
@@ -1561,6 +1515,15 @@ mod tests {
         r#"[{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1}}]"#,
         "\u{c}{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"m\"}",
         r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":{"b":{"c":[[[[]]]]}}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{ "b" : [1.5e3, -0, "\u00e9\"" ], "a" : {"\u0063":null, "c":true} }}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"x":1,"x":2,"_idempotency_key":"k"}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"\ud800":1}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"a":"\ud800"}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":[1,{"b":2}],"arguments":{}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":"text","_meta":{"arguments":1}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"a":01}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{"a":1,}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"\u0061rguments":{"b":1,"a":2}}}"#,
         "",
         "   ",
         "null",
@@ -1589,6 +1552,13 @@ mod tests {
                 )
                 .into_bytes(),
             );
+            lines.push(
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"arguments":{}}}}}"#,
+                    deep(n)
+                )
+                .into_bytes(),
+            );
         }
         let mut bad_utf8 = br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"#.to_vec();
         bad_utf8.extend_from_slice(b"\"\xff\"}}");
@@ -1596,7 +1566,7 @@ mod tests {
         let mut one_pass = 0;
         for line in lines {
             let text = String::from_utf8_lossy(&line).into_owned();
-            let (parsed, read) = classify_reading(line.clone(), "_meta", |r| {
+            let (parsed, read) = classify_reading(line.clone(), "_meta", "arguments", |r| {
                 let walks = r.read.as_ref().map(|p| p.walks);
                 (walks, reading(r))
             });
@@ -1611,7 +1581,7 @@ mod tests {
     #[test]
     fn the_one_pass_reads_params_and_their_meta() {
         let line = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{ "name" : "t", "_meta" : {"traceparent":"x","a":{"b":1}} ,"arguments":{"q":[1]}}}"#;
-        let (parsed, read) = classify_reading(line.to_vec(), "_meta", |r| {
+        let (parsed, read) = classify_reading(line.to_vec(), "_meta", "arguments", |r| {
             let p = r.read.unwrap();
             assert_eq!(p.walks, 1);
             assert_eq!(p.get("arguments"), Some(r#"{"q":[1]}"#));
