@@ -639,7 +639,7 @@ impl Dispatcher {
         match parsed {
             Parsed::Message(m) => match m.kind() {
                 Kind::Request => {
-                    let read = read.unwrap_or_else(|| Read::of(&m));
+                    let read = read.unwrap_or_else(|| self.calls.reader().message(&m));
                     self.on_client_request(m, read, batch, now)
                 }
                 Kind::Notification => self.on_client_notification(m, now),

@@ -17,7 +17,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::jsonrpc::canonical::Canonical;
+use crate::jsonrpc::canonical::{Canonical, Node};
 use crate::jsonrpc::{self, Kind, Members, Message, Params, Parsed, RawObject};
 use crate::mcp::Modern;
 use crate::otel::SpanContext;
@@ -32,19 +32,48 @@ pub struct Inbound {
     pub read: Option<Read>,
 }
 
-impl Inbound {
+/// What the reader of a client's messages knows besides them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reader {
+    /// The scope of the store's records, when keyed calls are kept in a
+    /// store: a keyed call's arguments are fingerprinted for its record
+    /// from their canonical form, read with the line (`store_args`).
+    pub store_scope: Option<[u8; 32]>,
+}
+
+impl Reader {
     /// Classifies a line and reads a request's params, in the one pass
     /// over it that reads its envelope too (`jsonrpc::classify_reading`):
     /// what the `client-stdin` thread does with every line.
-    pub fn of_line(line: Vec<u8>) -> Inbound {
+    pub fn line(&self, line: Vec<u8>) -> Inbound {
         let (parsed, read) = jsonrpc::classify_reading(line, "_meta", "arguments", |r| {
             let method = r.method.unwrap_or_default();
-            (r.kind == Kind::Request).then(|| Read::of_params(&method, r.params, r.read))
+            (r.kind == Kind::Request).then(|| self.params(&method, r.params, r.read))
         });
         Inbound {
             parsed,
             read: read.flatten(),
         }
+    }
+
+    /// Reads request `m`'s params, parsing them apart from its line (the
+    /// requests of a batch).
+    pub fn message(&self, m: &Message) -> Read {
+        let method = m.method().unwrap_or_default();
+        let params = m.params();
+        self.params(
+            &method,
+            params,
+            params.and_then(|p| Params::parse(p, "_meta")),
+        )
+    }
+}
+
+impl Inbound {
+    /// [`Reader::line`] without a store.
+    #[cfg(test)]
+    pub fn of_line(line: Vec<u8>) -> Inbound {
+        Reader::default().line(line)
     }
 
     /// [`Inbound::of_line`] for a line classified already, its params
@@ -82,21 +111,17 @@ pub struct Read {
 }
 
 impl Read {
-    /// Reads request `m`'s params, parsing them apart from its line (the
-    /// requests of a batch).
+    /// [`Reader::message`] without a store.
+    #[cfg(test)]
     pub fn of(m: &Message) -> Read {
-        let method = m.method().unwrap_or_default();
-        let params = m.params();
-        Read::of_params(
-            &method,
-            params,
-            params.and_then(|p| Params::parse(p, "_meta")),
-        )
+        Reader::default().message(m)
     }
+}
 
+impl Reader {
     /// Reads request params `text` of `method`, with their members (and
     /// their `_meta`'s) as `jsonrpc` read them (`None`: not an object).
-    fn of_params(method: &str, text: Option<&str>, params: Option<Params<'_>>) -> Read {
+    fn params(&self, method: &str, text: Option<&str>, params: Option<Params<'_>>) -> Read {
         let Some(text) = text else {
             return Read::default();
         };
@@ -105,7 +130,7 @@ impl Read {
             count(Walk::ParamsText);
         }
         if method == "tools/call" {
-            return match ParsedCall::read_from(text, params, Reading::OneWalk) {
+            return match ParsedCall::read_from(text, params, Reading::OneWalk, self) {
                 Ok(call) => Read {
                     refused: None,
                     modern: call.as_ref().and_then(|c| c.modern.clone()),
@@ -250,6 +275,10 @@ pub struct ParsedCall {
     /// The arguments' fingerprint as the idempotency table keeps it (0
     /// without a `dedup_key`, or when unreadable).
     pub dedup_args: u128,
+    /// A keyed call's arguments' fingerprint for its record in the store
+    /// (`store::args_fingerprint` under [`Reader::store_scope`]); `None`
+    /// without a key, or when the reader knew of no store.
+    pub store_args: Option<String>,
     /// What its 2026-07-28 headers say (its `Mcp-Name` is `name`).
     pub modern: Option<Arc<Modern>>,
     /// The client's trace context, from `_meta.traceparent`: the parent
@@ -283,7 +312,8 @@ impl ParsedCall {
     /// it over the fuzz seeds).
     #[cfg(test)]
     fn read_as(params: &str, reading: Reading) -> Result<Option<ParsedCall>, String> {
-        ParsedCall::read_from(params, Params::parse(params, "_meta"), reading)
+        let reader = Reader::default();
+        ParsedCall::read_from(params, Params::parse(params, "_meta"), reading, &reader)
     }
 
     /// [`ParsedCall::read_as`] of params `text` whose members (and their
@@ -293,6 +323,7 @@ impl ParsedCall {
         text: &str,
         object: Option<Params<'_>>,
         reading: Reading,
+        reader: &Reader,
     ) -> Result<Option<ParsedCall>, String> {
         let Some(mut object) = object else {
             return Ok(None);
@@ -302,14 +333,16 @@ impl ParsedCall {
         let mut one_walk_fp = None;
         // The first `arguments`, walked with the line when it was read.
         let mut walked = object.canonical.take();
+        let mut walked_node = None;
         let repeated = first_repeat(&object, |v| {
             match (reading == Reading::OneWalk)
                 .then(|| arguments_read(v, walked.take()))
                 .flatten()
             {
-                Some((fp, top)) => {
+                Some((fp, top, node)) => {
                     arguments = Some((v, None));
                     one_walk_fp = Some(fp);
+                    walked_node = node;
                     top.repeated.map(Cow::into_owned)
                 }
                 _ => {
@@ -386,6 +419,15 @@ impl ParsedCall {
                 dedup::fingerprint_json(keys, &["args"], text).ok()
             }
         };
+        // A keyed call's record fingerprint, from the canonical form read
+        // with the line when there is one.
+        let store_args = match (&reader.store_scope, &explicit_key) {
+            (Some(scope), Some(_)) if !no_store => Some(match (&rewritten, &walked_node) {
+                (None, Some(node)) => crate::store::args_fingerprint_node(scope, node),
+                _ => crate::store::args_fingerprint(scope, text),
+            }),
+            _ => None,
+        };
         let (dedup_key, dedup_args) = match (&explicit_key, args_fp) {
             _ if no_store => (None, 0),
             (Some(k), fp) => (
@@ -410,6 +452,7 @@ impl ParsedCall {
             args_fp,
             dedup_key,
             dedup_args,
+            store_args,
             modern,
             client_context,
         }))
@@ -440,8 +483,8 @@ enum Reading {
     Checked,
 }
 
-/// The arguments' fingerprint and what their own members are: from
-/// `walked`, their canonical form read with the line, else in one walk
+/// The arguments' fingerprint and what their own members are (and their
+/// canonical form): from `walked`, read with the line, else in one walk
 /// over `text` (a `RawValue`'s); `None` when that does not decide the
 /// call: a member `_idempotency_key` is to be removed first, or they nest
 /// too deep for a fingerprint (and a repeated member after the deepest
@@ -449,18 +492,19 @@ enum Reading {
 fn arguments_read<'a>(
     text: &'a str,
     walked: Option<Canonical<'a>>,
-) -> Option<(u128, TopMembers<'a>)> {
-    let (fp, top) = match walked {
-        Some(c) => (
-            dedup::fingerprint_node(dedup::keys(), &["args"], &c.node),
-            c.top,
-        ),
+) -> Option<(u128, TopMembers<'a>, Option<Node<'a>>)> {
+    let (fp, top, node) = match walked {
+        Some(c) => {
+            let fp = dedup::fingerprint_node(dedup::keys(), &["args"], &c.node);
+            (fp, c.top, Some(c.node))
+        }
         None => {
             count(Walk::Arguments);
-            dedup::fingerprint_json_read(dedup::keys(), &["args"], text).ok()?
+            let (fp, top) = dedup::fingerprint_json_read(dedup::keys(), &["args"], text).ok()?;
+            (fp, top, None)
         }
     };
-    (!top.has_idempotency_key).then_some((fp, top))
+    (!top.has_idempotency_key).then_some((fp, top, node))
 }
 
 /// An idempotency key's text: a string, or a number as written.
@@ -863,6 +907,38 @@ mod tests {
         };
         assert!(Read::of(&m).call.is_some());
         assert_eq!(params_walks() - before, 1);
+    }
+
+    /// A keyed call read with the store's scope carries its record's
+    /// fingerprint of its arguments, the one `store::args_fingerprint`
+    /// makes of their text, made from the form read with the line (no walk
+    /// of its own); with the key in the arguments, of the arguments
+    /// without it. Without a key, or without a store, there is none.
+    #[test]
+    fn a_keyed_calls_record_fingerprint_is_made_with_its_line() {
+        let scope = [7; 32];
+        let reader = Reader {
+            store_scope: Some(scope),
+        };
+        let read = |reader: &Reader, line: &str| {
+            let before = arguments_walks();
+            let call = reader
+                .line(line.as_bytes().to_vec())
+                .read
+                .unwrap()
+                .call
+                .unwrap();
+            (call.store_args, arguments_walks() - before)
+        };
+        let args = r#"{ "b" : [1, {"d":2, "c":"\u00e9"}], "a" : null }"#;
+        let keyed = call(args, r#""_meta":{"idempotencyKey":"k1"},"#);
+        let want = crate::store::args_fingerprint(&scope, args);
+        assert_eq!(read(&reader, &keyed), (Some(want), 0));
+        let in_args = call(r#"{"_idempotency_key":"k2","a":null,"b":[1]}"#, "");
+        let without = crate::store::args_fingerprint(&scope, r#"{"b":[1],"a":null}"#);
+        assert_eq!(read(&reader, &in_args).0, Some(without));
+        assert_eq!(read(&reader, &call(args, "")).0, None);
+        assert_eq!(read(&Reader::default(), &keyed).0, None);
     }
 
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

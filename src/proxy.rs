@@ -18,7 +18,7 @@ use crate::config::{self, ServerConfig};
 use crate::dispatcher::{proxy_error, Dispatcher, Event, Outcome, Reason};
 use crate::downstream::{self, Diagnostics, ServerEvent};
 use crate::handshake_cache;
-use crate::inbound::Inbound;
+use crate::inbound::Reader;
 use crate::jsonrpc;
 use crate::otel;
 use crate::stats;
@@ -90,6 +90,14 @@ pub fn run(args: RunOptions) -> Result<ExitCode> {
         inbox: Backlog::new(INBOX_BACKLOG),
     };
 
+    // A keyed call's record fingerprint is made where its line is read,
+    // under the scope `start_store` gives the store.
+    let reader = Reader {
+        store_scope: match store_choice(&args, &cfg)? {
+            Choice::Memory => None,
+            _ => Some(crate::store::scope(&cfg)),
+        },
+    };
     let tx = events_tx.clone();
     let client_backlogs = backlogs.clone();
     // This thread blocks in read(2) on stdin and cannot be cancelled; it ends
@@ -100,7 +108,7 @@ pub fn run(args: RunOptions) -> Result<ExitCode> {
         cfg.max_message_bytes,
         move |item| {
             let event = match item {
-                ReadItem::Line(line) => Event::Client(Inbound::of_line(line)),
+                ReadItem::Line(line) => Event::Client(reader.line(line)),
                 // Answered (or dropped) once the line ends.
                 ReadItem::Overlong => return true,
                 ReadItem::TooLong {

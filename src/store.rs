@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::jsonrpc::canonical::Node;
 use crate::policy::record::{self, Millis, Op, Record, Reply, Write};
 
 pub mod choice;
@@ -70,28 +71,46 @@ pub fn record_id(scope: &[u8; 32], tool: &str, key: &str) -> Id {
 /// credentials, do not share a fingerprint. 32 hex digits. Text the
 /// canonical scan cannot read (it nests too deep) is taken as it is.
 pub fn args_fingerprint(scope: &[u8; 32], arguments: &str) -> String {
-    struct Blake(blake3::Hasher);
-    impl crate::policy::Sink for Blake {
-        fn put(&mut self, s: &str) {
-            self.0.update(s.as_bytes());
-        }
-    }
-    let start = || {
-        let mut h = blake3::Hasher::new_keyed(scope);
-        h.update(b"mcp-retry record arguments v1\0");
-        Blake(h)
-    };
-    let mut h = start();
+    let mut h = ArgsHasher::new(scope);
     if crate::policy::canonical_read(arguments, &mut h).is_err() {
-        h = start();
+        h = ArgsHasher::new(scope);
         h.0.update(b"raw\0");
         h.0.update(arguments.as_bytes());
     }
-    let digest = h.0.finalize();
-    digest.as_bytes()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    h.finish()
+}
+
+/// [`args_fingerprint`] of arguments walked in canonical form already
+/// (read with the call's line): no walk over their text.
+pub fn args_fingerprint_node(scope: &[u8; 32], arguments: &Node<'_>) -> String {
+    let mut h = ArgsHasher::new(scope);
+    arguments.write(&mut h);
+    h.finish()
+}
+
+/// The hash of [`args_fingerprint`], fed canonical text.
+struct ArgsHasher(blake3::Hasher);
+
+impl ArgsHasher {
+    fn new(scope: &[u8; 32]) -> ArgsHasher {
+        let mut h = blake3::Hasher::new_keyed(scope);
+        h.update(b"mcp-retry record arguments v1\0");
+        ArgsHasher(h)
+    }
+
+    fn finish(self) -> String {
+        let digest = self.0.finalize();
+        digest.as_bytes()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+impl crate::policy::Sink for ArgsHasher {
+    fn put(&mut self, s: &str) {
+        self.0.update(s.as_bytes());
+    }
 }
 
 /// The scope of `server`'s records: BLAKE3 over its identity (transport,

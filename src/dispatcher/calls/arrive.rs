@@ -184,11 +184,15 @@ impl Calls {
             _ => None,
         };
         let (dedup_key, dedup_args) = (parsed.dedup_key, parsed.dedup_args);
+        // Made by the reader, which knows the store's scope; made here
+        // only for a call read without it.
         let store_args = match (&self.keys, &parsed.explicit_key) {
-            (Some(k), Some(_)) if !parsed.no_store => Some(crate::store::args_fingerprint(
-                &k.scope,
-                parsed.arguments(params),
-            )),
+            (Some(k), Some(_)) if !parsed.no_store => parsed.store_args.clone().or_else(|| {
+                Some(crate::store::args_fingerprint(
+                    &k.scope,
+                    parsed.arguments(params),
+                ))
+            }),
             _ => None,
         };
         let forward_params = parsed.forward_params().map(str::to_owned);

@@ -183,6 +183,14 @@ impl Calls {
         self.keys = Some(store);
     }
 
+    /// How a client's message is read for these calls: with the store's
+    /// scope, when there is a store.
+    pub(in crate::dispatcher) fn reader(&self) -> crate::inbound::Reader {
+        crate::inbound::Reader {
+            store_scope: self.keys.as_ref().map(|k| k.scope),
+        }
+    }
+
     /// Hands a request to the store thread.
     pub(in crate::dispatcher) fn store_send(&mut self, req: Request) {
         if let Some(k) = &mut self.keys {
