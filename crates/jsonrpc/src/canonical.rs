@@ -164,6 +164,20 @@ fn write_key(key: &str, out: &mut impl Sink) {
     }
 }
 
+/// The bytes a string's scan stops at: its end, an escape, a control
+/// character (which JSON does not allow in a string).
+const STRING_STOPS: [bool; 256] = {
+    let mut stops = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        stops[b] = true;
+        b += 1;
+    }
+    stops[b'"' as usize] = true;
+    stops[b'\\' as usize] = true;
+    stops
+};
+
 fn malformed(what: &str) -> serde_json::Error {
     serde_json::Error::custom(what)
 }
@@ -193,6 +207,7 @@ impl<'a> Scanner<'a> {
         &self.text[start..self.pos]
     }
 
+    #[inline]
     pub(crate) fn skip_ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.pos) {
             self.pos += 1;
@@ -200,6 +215,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// The next byte that is not white space (not consumed).
+    #[inline]
     pub(crate) fn peek(&mut self) -> Result<u8, serde_json::Error> {
         self.skip_ws();
         self.bytes
@@ -208,6 +224,7 @@ impl<'a> Scanner<'a> {
             .ok_or_else(|| malformed("unexpected end of JSON"))
     }
 
+    #[inline]
     pub(crate) fn expect(&mut self, byte: u8) -> Result<(), serde_json::Error> {
         if self.peek()? == byte {
             self.pos += 1;
@@ -228,6 +245,7 @@ impl<'a> Scanner<'a> {
 
     /// After a member or an element: `true` when another follows (the
     /// comma consumed), `false` at `close` (consumed).
+    #[inline]
     pub(crate) fn more(&mut self, close: u8) -> Result<bool, serde_json::Error> {
         match self.peek()? {
             b',' => {
@@ -244,6 +262,7 @@ impl<'a> Scanner<'a> {
 
     /// Just after an object's `{` (or an array's `[`): `true` when it is
     /// empty (its `close` consumed).
+    #[inline]
     pub(crate) fn empty(&mut self, close: u8) -> Result<bool, serde_json::Error> {
         let empty = self.peek()? == close;
         if empty {
@@ -255,8 +274,8 @@ impl<'a> Scanner<'a> {
     /// A member's name, decoded (borrowed when it has no escape), and the
     /// colon after it.
     pub(crate) fn key(&mut self) -> Result<Cow<'a, str>, serde_json::Error> {
-        let text = self.string()?;
-        let key = if text.contains('\\') {
+        let (text, escaped) = self.string_token()?;
+        let key = if escaped {
             Cow::Owned(serde_json::from_str::<String>(text)?)
         } else {
             Cow::Borrowed(&text[1..text.len() - 1])
@@ -367,21 +386,30 @@ impl<'a> Scanner<'a> {
     /// character in it, every escape one of JSON's (`\u` with four hex
     /// digits, whatever code point they name, as serde_json skims them).
     fn string(&mut self) -> Result<&'a str, serde_json::Error> {
+        self.string_token().map(|(text, _)| text)
+    }
+
+    /// [`Scanner::string`], and whether it has an escape.
+    fn string_token(&mut self) -> Result<(&'a str, bool), serde_json::Error> {
         self.expect(b'"')?;
         let start = self.pos - 1;
+        let mut escaped = false;
         loop {
-            let rest = &self.bytes[self.pos..];
-            let plain = rest
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                .ok_or_else(|| malformed("unterminated JSON string"))?;
-            self.pos += plain;
-            match self.bytes[self.pos] {
-                b'"' => {
+            while self
+                .bytes
+                .get(self.pos)
+                .is_some_and(|&b| !STRING_STOPS[usize::from(b)])
+            {
+                self.pos += 1;
+            }
+            match self.bytes.get(self.pos) {
+                None => return Err(malformed("unterminated JSON string")),
+                Some(b'"') => {
                     self.pos += 1;
-                    return Ok(&self.text[start..self.pos]);
+                    return Ok((&self.text[start..self.pos], escaped));
                 }
-                b'\\' => {
+                Some(b'\\') => {
+                    escaped = true;
                     let escape = match self.bytes.get(self.pos + 1) {
                         Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => 2,
                         Some(b'u') => {
@@ -395,7 +423,7 @@ impl<'a> Scanner<'a> {
                     };
                     self.pos += escape;
                 }
-                _ => return Err(malformed("control character in a JSON string")),
+                Some(_) => return Err(malformed("control character in a JSON string")),
             }
         }
     }

@@ -586,7 +586,7 @@ impl<'a> Members<'a> {
 
     /// Member `key` when it is a JSON string, unescaped.
     pub fn string(&self, key: &str) -> Option<String> {
-        serde_json::from_str(self.get(key)?).ok()
+        unescaped(self.get(key)?).map(Cow::into_owned)
     }
 
     /// The members written back as compact JSON: names re-escaped, values
