@@ -5,7 +5,8 @@
 //! differently (a request that is then refused), the client's trace
 //! context (`_meta.traceparent`, for the tracer), and for a `tools/call`
 //! the [`ParsedCall`] the policies look at, with the fingerprint of its
-//! arguments (their own walk). The dispatcher gets an [`Inbound`] and
+//! arguments (their own walk, which for a 2026-07-28 call also keeps the
+//! scalars its `Mcp-Param-*` headers may carry, `mcp::ArgScalars`). The dispatcher gets an [`Inbound`] and
 //! reads none of this again; the `Call` keeps the `ParsedCall`'s parts.
 //!
 //! Pure: no I/O, no policy, no state. Knows of MCP only the members it
@@ -20,9 +21,9 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use crate::jsonrpc::{self, Kind, Message, Params, Parsed, RawObject};
-use crate::mcp::Modern;
+use crate::mcp::{ArgScalars, Modern};
 use crate::otel::SpanContext;
-use crate::policy::{dedup, TopMembers};
+use crate::policy::{dedup, Members, TopMembers};
 
 /// A client's line as the dispatcher gets it: classified, and a request's
 /// params read (`read`: `None` for anything else, and for the requests of a
@@ -301,9 +302,18 @@ impl ParsedCall {
         let params = text;
         let mut arguments: Option<(&str, Option<RawObject<'_>>)> = None;
         let mut one_walk_fp = None;
+        // A 2026-07-28 call keeps its arguments' scalars for its headers,
+        // from the walk that fingerprints them.
+        let modern_call = object
+            .inner
+            .as_ref()
+            .is_some_and(|meta| meta.get(crate::mcp::VERSION_KEY).is_some());
+        let mut scalars = ArgScalars::default();
         let repeated = first_repeat(&object, |v| {
+            let mut visit = |path: &[&str], text: Option<&str>| scalars.visit(path, text);
+            let members = modern_call.then_some(&mut visit as Members<'_>);
             match (reading == Reading::OneWalk)
-                .then(|| arguments_read(v))
+                .then(|| arguments_read(v, members))
                 .flatten()
             {
                 Some((fp, top)) => {
@@ -337,9 +347,7 @@ impl ParsedCall {
             explicit_key = meta.get("idempotencyKey").and_then(key_text);
         }
         let client_context = meta.as_ref().and_then(client_context);
-        let modern = meta
-            .and_then(|meta| Modern::read("tools/call", &object, meta))
-            .map(Arc::new);
+        let modern = meta.and_then(|meta| Modern::read("tools/call", &object, meta));
         let key_in_meta = explicit_key.is_some();
         let base = params.as_ptr() as usize;
         let range = arguments.as_ref().map(|(v, _)| {
@@ -382,9 +390,27 @@ impl ParsedCall {
                 if range.is_some() {
                     count(Walk::Arguments);
                 }
-                dedup::fingerprint_valid_json(keys, &["args"], text).ok()
+                let walked = match modern_call {
+                    // The arguments forwarded: the scalars are theirs.
+                    true => {
+                        scalars = ArgScalars::default();
+                        let mut visit = |path: &[&str], t: Option<&str>| scalars.visit(path, t);
+                        dedup::fingerprint_valid_json_read(keys, &["args"], text, Some(&mut visit))
+                            .map(|(fp, _)| fp)
+                    }
+                    false => dedup::fingerprint_valid_json(keys, &["args"], text),
+                };
+                walked.ok()
             }
         };
+        if args_fp.is_none() {
+            // Not walked: none of their values is known.
+            scalars.set_partial();
+        }
+        let modern = modern.map(|mut modern| {
+            modern.arguments = scalars;
+            Arc::new(modern)
+        });
         let (dedup_key, dedup_args) = match (&explicit_key, args_fp) {
             _ if no_store => (None, 0),
             (Some(k), fp) => (
@@ -440,13 +466,18 @@ enum Reading {
 }
 
 /// The arguments' fingerprint and what their own members are, in one walk
-/// over `text` (a `RawValue`'s); `None` when that walk does not decide
+/// over `text` (a `RawValue`'s) that shows `members` (when given) the
+/// members it reaches through objects; `None` when that walk does not decide
 /// the call: a member `_idempotency_key` is to be removed first, or they
 /// nest too deep for a fingerprint (and a repeated member after the
 /// deepest must still be found).
-fn arguments_read(text: &str) -> Option<(u128, TopMembers<'_>)> {
+fn arguments_read<'a>(
+    text: &'a str,
+    members: Option<Members<'_>>,
+) -> Option<(u128, TopMembers<'a>)> {
     count(Walk::Arguments);
-    let (fp, top) = dedup::fingerprint_valid_json_read(dedup::keys(), &["args"], text).ok()?;
+    let (fp, top) =
+        dedup::fingerprint_valid_json_read(dedup::keys(), &["args"], text, members).ok()?;
     (!top.has_idempotency_key).then_some((fp, top))
 }
 
@@ -519,6 +550,7 @@ pub fn params_walks() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::Arg;
 
     fn message(params: &str) -> Message {
         Message::reparse(format!(
@@ -651,6 +683,40 @@ mod tests {
             .unwrap()
             .modern
             .is_none());
+    }
+
+    /// A 2026-07-28 call keeps the scalars of the arguments it forwards,
+    /// from the walk that fingerprints them (no other); a 2025-era one
+    /// keeps none.
+    #[test]
+    fn a_modern_calls_argument_scalars_come_from_its_one_walk() {
+        let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"},"#;
+        let args = r#"{"r":"eu","o":{"n":3,"b":true},"l":[1]}"#;
+        let before = arguments_walks();
+        let read = Inbound::of_line(call(args, meta).into_bytes())
+            .read
+            .unwrap();
+        assert_eq!(arguments_walks() - before, 1);
+        let modern = read.modern.unwrap();
+        assert_eq!(modern.arguments, ArgScalars::read(args));
+        assert_eq!(modern.arguments.get(&["o", "n"]), Arg::Value("3"));
+        // Without the key the proxy removes.
+        let keyed = r#"{"r":"eu","_idempotency_key":"k"}"#;
+        let read = Inbound::of_line(call(keyed, meta).into_bytes())
+            .read
+            .unwrap();
+        let modern = read.modern.unwrap();
+        assert_eq!(modern.arguments, ArgScalars::read(r#"{"r":"eu"}"#));
+        assert_eq!(modern.arguments.get(&["_idempotency_key"]), Arg::Absent);
+        // Too deep to fingerprint: none is known.
+        let depth = crate::policy::MAX_JSON_DEPTH + 1;
+        let deep = format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+        let read = Inbound::of_line(call(&deep, meta).into_bytes())
+            .read
+            .unwrap();
+        assert_eq!(read.modern.unwrap().arguments.get(&["r"]), Arg::LeftOut);
+        let read = Inbound::of_line(call(args, "").into_bytes()).read.unwrap();
+        assert!(read.modern.is_none());
     }
 
     /// Every JSON value in `text` and, within it, every member and element,

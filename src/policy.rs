@@ -3,7 +3,8 @@
 //! Owns retry backoff, the retry budget, the circuit breaker (the server's, and the
 //! shared store's outages), the result cache,
 //! the idempotency table, the safety gate, progress filtering and the canonical
-//! JSON text used to build fingerprints. Everything here is pure: no I/O, no
+//! JSON text used to build fingerprints (whose walk can also show a caller the
+//! members it reaches through objects). Everything here is pure: no I/O, no
 //! clock reads (`now: Instant` is always a parameter), no threads, and
 //! randomness only from a caller-supplied `fastrand::Rng`. It must not know of
 //! processes, pipes, channels, JSON-RPC ids or logging; the dispatcher thread
@@ -84,7 +85,7 @@ pub fn canonical_json_to(raw: &str, out: &mut impl Sink) -> Result<(), serde_jso
 /// limit is the scanner's. Text that is not valid JSON gives no
 /// meaningful result.
 pub fn canonical_valid_json_to(raw: &str, out: &mut impl Sink) -> Result<(), serde_json::Error> {
-    canonical_valid_json_read(raw, out).map(drop)
+    canonical_valid_json_read(raw, out, None).map(drop)
 }
 
 /// What the canonical scan saw of an object's own members (not those of
@@ -99,11 +100,20 @@ pub struct TopMembers<'a> {
     pub has_idempotency_key: bool,
 }
 
+/// A visitor of the members reached from the top through objects alone:
+/// given each one's path of (unescaped) names and, for a scalar, its text
+/// as written (`None`: an object, whose members follow, or an array, not
+/// followed). Members come in canonical order (sorted by name, a repeated
+/// name's in the order written).
+pub type Members<'v> = &'v mut dyn FnMut(&[&str], Option<&str>);
+
 /// [`canonical_valid_json_to`], also telling what the text's top-level
-/// object holds (one walk over the text for both).
+/// object holds (one walk over the text for both) and, when `members` is
+/// given, showing it the members reached through objects.
 pub fn canonical_valid_json_read<'a>(
     raw: &'a str,
     out: &mut impl Sink,
+    members: Option<Members<'_>>,
 ) -> Result<TopMembers<'a>, serde_json::Error> {
     let mut scanner = Scanner {
         text: raw,
@@ -112,6 +122,9 @@ pub fn canonical_valid_json_read<'a>(
         top: TopMembers::default(),
     };
     let node = scanner.value(0)?;
+    if let Some(visit) = members {
+        node.visit_members(&mut Vec::new(), visit);
+    }
     node.write(out);
     Ok(scanner.top)
 }
@@ -142,6 +155,25 @@ enum Node<'a> {
 }
 
 impl Node<'_> {
+    /// Shows `visit` the members reached from this node through objects
+    /// alone, below `path` ([`Members`]).
+    fn visit_members<'n>(&'n self, path: &mut Vec<&'n str>, visit: Members<'_>) {
+        let Node::Object(members) = self else {
+            return;
+        };
+        for (name, value) in members {
+            path.push(name);
+            match value {
+                Node::Scalar(text) => visit(path, Some(text)),
+                _ => {
+                    visit(path, None);
+                    value.visit_members(path, &mut *visit);
+                }
+            }
+            path.pop();
+        }
+    }
+
     fn write(&self, out: &mut impl Sink) {
         match self {
             Node::Scalar(text) => out.put(text),

@@ -46,7 +46,9 @@ use std::time::{Duration, Instant};
 
 #[cfg(test)]
 use super::canonical_json_to;
-use super::{canonical_valid_json_read, canonical_valid_json_to, instant_add, Sink, TopMembers};
+use super::{
+    canonical_valid_json_read, canonical_valid_json_to, instant_add, Members, Sink, TopMembers,
+};
 use crate::fasthash::FastMap;
 
 /// What each completed entry costs beyond its result text (key, slot,
@@ -100,14 +102,16 @@ pub fn fingerprint_valid_json(
 }
 
 /// [`fingerprint_valid_json`], and what the text's top-level object holds,
-/// in one walk over it.
+/// in one walk over it (which shows `members` the members it reaches
+/// through objects, when given: `canonical_valid_json_read`).
 pub fn fingerprint_valid_json_read<'a>(
     keys: &impl BuildHasher,
     parts: &[&str],
     json: &'a str,
+    members: Option<Members<'_>>,
 ) -> Result<(u128, TopMembers<'a>), serde_json::Error> {
     let mut halves = Halves::new(keys, parts);
-    let top = canonical_valid_json_read(json, &mut halves)?;
+    let top = canonical_valid_json_read(json, &mut halves, members)?;
     Ok((halves.finish(), top))
 }
 
