@@ -4,10 +4,12 @@
 //! member name repeats where the proxy and the server could read it
 //! differently (a request that is then refused), the client's trace
 //! context (`_meta.traceparent`, for the tracer), and for a `tools/call`
-//! the [`ParsedCall`] the policies look at, with the fingerprint of its
+//! the [`ParsedCall`] the policies look at: where an attempt's own
+//! `traceparent` goes (`otel::TraceparentEdit`) and the fingerprint of its
 //! arguments (their own walk, which for a 2026-07-28 call also keeps the
-//! scalars its `Mcp-Param-*` headers may carry, `mcp::ArgScalars`). The dispatcher gets an [`Inbound`] and
-//! reads none of this again; the `Call` keeps the `ParsedCall`'s parts.
+//! scalars its `Mcp-Param-*` headers may carry, `mcp::ArgScalars`). The
+//! dispatcher gets an [`Inbound`] and reads none of this again; the `Call`
+//! keeps the `ParsedCall`'s parts.
 //!
 //! Pure: no I/O, no policy, no state. Knows of MCP only the members it
 //! reads (`name`, `arguments`, `_meta`, the idempotency keys).
@@ -22,7 +24,7 @@ use serde_json::value::RawValue;
 
 use crate::jsonrpc::{self, Kind, Message, Params, Parsed, RawObject};
 use crate::mcp::{ArgScalars, Modern};
-use crate::otel::SpanContext;
+use crate::otel::{SpanContext, TraceparentEdit};
 use crate::policy::{dedup, Members, TopMembers};
 
 /// A client's line as the dispatcher gets it: classified, and a request's
@@ -257,6 +259,11 @@ pub struct ParsedCall {
     /// The client's trace context, from `_meta.traceparent`: the parent
     /// of the call's span when traces are exported.
     pub client_context: Option<SpanContext>,
+    /// How an attempt's `traceparent` goes into the params it forwards
+    /// when traces are exported, decided from the members read here;
+    /// `None` when those params are not the client's (`forward_params`:
+    /// each attempt decides it).
+    pub traceparent_edit: Option<TraceparentEdit>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -341,6 +348,7 @@ impl ParsedCall {
         };
         let mut explicit_key = None;
         let mut progress_token = None;
+        let traceparent_edit = TraceparentEdit::of(params, &object);
         let meta = object.inner.take();
         if let Some(meta) = &meta {
             progress_token = meta.get("progressToken").map(|t| t.get().to_owned());
@@ -424,6 +432,9 @@ impl ParsedCall {
             }
             (None, None) => (None, 0),
         };
+        // The params forwarded are not those read: each attempt reads them
+        // for its `traceparent`.
+        let traceparent_edit = traceparent_edit.filter(|_| rewritten.is_none());
         Ok(Some(ParsedCall {
             name,
             arguments: range,
@@ -437,6 +448,7 @@ impl ParsedCall {
             dedup_args,
             modern,
             client_context,
+            traceparent_edit,
         }))
     }
 
