@@ -540,13 +540,13 @@ pub enum TraceparentEdit {
     /// `RawObject::to_json_with_meta` writes it: a `traceparent` to
     /// replace, a `_meta` that is not an object, a name of the params or
     /// of `_meta` written with an escape.
-    Rebuild(Box<Members>),
+    Rebuild(Box<MemberRanges>),
 }
 
 /// The members a [`TraceparentEdit::Rebuild`] writes: names unescaped,
 /// values as byte ranges of the params.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Members {
+pub struct MemberRanges {
     params: Vec<(Box<str>, Range<usize>)>,
     /// `_meta`'s, when it is an object.
     meta: Option<Vec<(Box<str>, Range<usize>)>>,
@@ -563,7 +563,7 @@ impl TraceparentEdit {
             || inner.is_some_and(|m| escaped(&m.0) || m.get("traceparent").is_some())
             || meta.is_some_and(|m| !m.starts_with('{'));
         if rebuild {
-            return Members::of(text, params).map(|m| TraceparentEdit::Rebuild(Box::new(m)));
+            return MemberRanges::of(text, params).map(|m| TraceparentEdit::Rebuild(Box::new(m)));
         }
         let at = match meta {
             Some(m) => offset(text, m)?.start + 1,
@@ -606,14 +606,14 @@ fn offset(text: &str, value: &str) -> Option<Range<usize>> {
     (end <= text.len()).then_some(start..end)
 }
 
-impl Members {
-    fn of(text: &str, params: &Params<'_>) -> Option<Members> {
+impl MemberRanges {
+    fn of(text: &str, params: &Params<'_>) -> Option<MemberRanges> {
         let owned = |k: &Cow<'_, str>, v: &str| Some((Box::from(k.as_ref()), offset(text, v)?));
         let meta = match params.get("_meta") {
             Some(m) if m.starts_with('{') => Some(params.inner.as_ref()?),
             _ => None,
         };
-        Some(Members {
+        Some(MemberRanges {
             params: params
                 .members
                 .iter()
