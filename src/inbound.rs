@@ -913,8 +913,14 @@ mod tests {
             (params_walks() - before, arguments_walks() - args_before)
         };
         let meta = format!(r#""_meta":{{"progressToken":1,"traceparent":"{TRACEPARENT}"}},"#);
+        // A 2026-07-28 call's too, whose arguments' scalars its headers
+        // may carry come from the same walk.
+        let modern = format!(
+            r#""_meta":{{"progressToken":1,"traceparent":"{TRACEPARENT}","io.modelcontextprotocol/protocolVersion":"2026-07-28"}},"#
+        );
         for args in [r#"{"a":[1,{"b":2}],"c":"d"}"#, "{}"] {
             assert_eq!(walks(&call(args, &meta)), (1, 1));
+            assert_eq!(walks(&call(args, &modern)), (1, 1));
         }
         // A batch's requests are read apart.
         let before = params_walks();
