@@ -15,10 +15,11 @@
 //! with backoff. Ids are left alone: the dispatcher already owns them.
 //!
 //! 2026-07-28 requests carry no session but the headers their body
-//! implies (`modern.rs`): `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`
+//! implies (`modern.rs`), from what the request's `Outgoing::modern` says
+//! (no line is parsed): `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`
 //! and `Mcp-Param-*` from the tools' `x-mcp-header` annotations, learned
 //! from the `tools/list` answers passing by (tools with invalid annotations
-//! are left out of those). A `HeaderMismatch` answer to a `tools/call` has
+//! are left out of those), and the call's argument scalars. A `HeaderMismatch` answer to a `tools/call` has
 //! the tools read again (by a request of our own) and the call sent once
 //! more. Their streams are never resumed.
 //!
@@ -195,6 +196,7 @@ pub fn connect(cfg: &ServerConfig, on_event: OnEvent) -> Result<Http, StartError
         tool_headers: Mutex::new(HashMap::new()),
         own_requests: AtomicUsize::new(0),
         warned_tools: Mutex::new(HashSet::new()),
+        warned_left_out: Mutex::new(HashSet::new()),
         on_event,
         closed: AtomicBool::new(false),
         reports: Mutex::new(Reports::default()),
@@ -286,7 +288,7 @@ pub struct Http {
 /// | `Session::state` | session id, protocol version, the GET started, the 2026-07-28 version | POST and GET threads; the dispatcher's thread (`cancel`) |
 /// | `Exchanges::table` | requests being posted, early cancels | POST threads; the dispatcher's thread (`cancel`) |
 /// | `Shared::helper_headers` (+ `helper_ran`) | `headers_helper`'s last output, a run under way | POST and GET threads building headers, scrubbing text |
-/// | `Shared::tool_headers`, `Shared::warned_tools` | 2026-07-28 `x-mcp-header` maps, tools warned about | POST threads (`tools.rs`, `headers.rs`) |
+/// | `Shared::tool_headers`, `Shared::warned_tools`, `Shared::warned_left_out` | 2026-07-28 `x-mcp-header` maps, tools warned about | POST threads (`tools.rs`, `headers.rs`) |
 /// | `Shared::reports` (+ `reported`) | `Gone` reported, events being reported | every thread reporting (`emit`, `gone`) |
 /// | `Order::state` (+ `moved`) | which lines have started | POST threads waiting for their turn |
 /// | `Exchange::{conn, closing_tx, written, on_written}` | an exchange's connection, close, bytes written, callback (called after the lock) | the exchange's POST or GET thread; `close` from any |
@@ -318,6 +320,9 @@ struct Shared {
     own_requests: AtomicUsize,
     /// Tools whose invalid `x-mcp-header` was warned about.
     warned_tools: Mutex<HashSet<String>>,
+    /// Tools a header value of which was left out for its size, warned
+    /// about (at most the tools listed with `x-mcp-header`).
+    warned_left_out: Mutex<HashSet<String>>,
     on_event: OnEvent,
     /// No more lines are taken (shutdown, kill, drop, or gone).
     closed: AtomicBool,
@@ -990,8 +995,11 @@ mod tests {
 
     /// The 2026-07-28 headers come from what the dispatcher said of the
     /// request (`Outgoing::modern`), never from its line, which the
-    /// transport does not read: here the line names another tool and no
-    /// version, and the headers are the tag's.
+    /// transport does not read: here the line names another tool, other
+    /// arguments and no version, and the headers are the tag's, the
+    /// `Mcp-Param-*` ones of a tool with `x-mcp-header` annotations too
+    /// (its arguments' scalars come with the tag: a nested one, a string,
+    /// a number, a boolean, and one too long for a header, left out).
     #[test]
     fn a_requests_headers_are_its_tags_and_its_line_is_not_read() {
         let (heads_tx, heads) = crossbeam_channel::unbounded();
@@ -1003,33 +1011,57 @@ mod tests {
             }
         });
         let mut http = connect(&cfg, on_event).unwrap();
-        let parsed_before = post::lines_parsed();
-        let line =
-            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"from-the-line"}}
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "n": {"type": "integer", "x-mcp-header": "N"},
+            "dry": {"type": "boolean", "x-mcp-header": "Dry"},
+            "note": {"type": "string", "x-mcp-header": "Note"},
+            "opts": {"type": "object", "properties": {
+                "zone": {"type": "string", "x-mcp-header": "Zone"}}}}});
+        let map = modern::header_map(&schema).unwrap();
+        http.shared
+            .tool_headers
+            .lock()
+            .insert("from-the-tag".into(), map);
+        let line = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"from-the-line","arguments":{"region":"line","n":1,"dry":true,"note":"line","opts":{"zone":"line"}}}}
 "#;
+        let long = "x".repeat(crate::mcp::ArgScalars::MAX_SCALAR);
+        let arguments = serde_json::json!({"region": "tag", "n": -7, "dry": false,
+            "note": long, "opts": {"zone": "eu 1"}});
         let modern = crate::mcp::Modern {
             version: "2026-07-28".into(),
             name: Some("from-the-tag".into()),
             envelope: "{}".into(),
+            arguments: crate::mcp::ArgScalars::read(&arguments.to_string()),
         };
         let out = Outgoing::request(1, "tools/call", line.to_vec()).in_era(Some(Arc::new(modern)));
         assert!(Downstream::send(&mut http, out));
         let head = heads.recv_timeout(Duration::from_secs(10)).unwrap();
         let head = head.to_ascii_lowercase();
-        assert!(
-            head.contains("mcp-protocol-version: 2026-07-28\r\n"),
-            "{head}"
-        );
-        assert!(head.contains("mcp-method: tools/call\r\n"), "{head}");
-        assert!(head.contains("mcp-name: from-the-tag\r\n"), "{head}");
+        for header in [
+            "mcp-protocol-version: 2026-07-28\r\n",
+            "mcp-method: tools/call\r\n",
+            "mcp-name: from-the-tag\r\n",
+            "mcp-param-region: tag\r\n",
+            "mcp-param-n: -7\r\n",
+            "mcp-param-dry: false\r\n",
+            "mcp-param-zone: eu 1\r\n",
+        ] {
+            assert!(head.contains(header), "{header} in {head}");
+        }
+        assert!(!head.contains("mcp-param-note"), "{head}");
+        assert!(!head.contains(": line\r\n"), "{head}");
         seen.recv_timeout(Duration::from_secs(10)).unwrap();
         // A 2025-era request carries none of them.
         let out = Outgoing::request(1, "tools/call", line.to_vec());
         assert!(Downstream::send(&mut http, out));
         let head = heads.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert!(!head.to_ascii_lowercase().contains("mcp-name"), "{head}");
+        let head = head.to_ascii_lowercase();
+        assert!(
+            !head.contains("mcp-name") && !head.contains("mcp-param"),
+            "{head}"
+        );
         seen.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert_eq!(post::lines_parsed(), parsed_before);
         http.kill();
     }
 

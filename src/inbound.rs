@@ -4,9 +4,12 @@
 //! member name repeats where the proxy and the server could read it
 //! differently (a request that is then refused), the client's trace
 //! context (`_meta.traceparent`, for the tracer), and for a `tools/call`
-//! the [`ParsedCall`] the policies look at, with the fingerprint of its
-//! arguments (their own walk). The dispatcher gets an [`Inbound`] and
-//! reads none of this again; the `Call` keeps the `ParsedCall`'s parts.
+//! the [`ParsedCall`] the policies look at: where an attempt's own
+//! `traceparent` goes (`otel::TraceparentEdit`) and the fingerprint of its
+//! arguments (their own walk, which for a 2026-07-28 call also keeps the
+//! scalars its `Mcp-Param-*` headers may carry, `mcp::ArgScalars`). The
+//! dispatcher gets an [`Inbound`] and reads none of this again; the `Call`
+//! keeps the `ParsedCall`'s parts.
 //!
 //! Pure: no I/O, no policy, no state. Knows of MCP only the members it
 //! reads (`name`, `arguments`, `_meta`, the idempotency keys).
@@ -17,10 +20,10 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::jsonrpc::canonical::{Canonical, Node};
+use crate::jsonrpc::canonical::{self, Canonical, Node};
 use crate::jsonrpc::{self, Kind, Members, Message, Params, Parsed, RawObject};
-use crate::mcp::Modern;
-use crate::otel::SpanContext;
+use crate::mcp::{ArgScalars, Modern};
+use crate::otel::{SpanContext, TraceparentEdit};
 use crate::policy::{dedup, TopMembers};
 
 /// A client's line as the dispatcher gets it: classified, and a request's
@@ -284,6 +287,11 @@ pub struct ParsedCall {
     /// The client's trace context, from `_meta.traceparent`: the parent
     /// of the call's span when traces are exported.
     pub client_context: Option<SpanContext>,
+    /// How an attempt's `traceparent` goes into the params it forwards
+    /// when traces are exported, decided from the members read here;
+    /// `None` when those params are not the client's (`forward_params`:
+    /// each attempt decides it).
+    pub traceparent_edit: Option<TraceparentEdit>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -334,6 +342,12 @@ impl ParsedCall {
         // The first `arguments`, walked with the line when it was read.
         let mut walked = object.canonical.take();
         let mut walked_node = None;
+        // A 2026-07-28 call keeps its arguments' scalars for its headers,
+        // from their canonical form.
+        let modern_call = object
+            .inner
+            .as_ref()
+            .is_some_and(|meta| meta.get(crate::mcp::VERSION_KEY).is_some());
         let repeated = first_repeat(&object, |v| {
             match (reading == Reading::OneWalk)
                 .then(|| arguments_read(v, walked.take()))
@@ -342,7 +356,7 @@ impl ParsedCall {
                 Some((fp, top, node)) => {
                     arguments = Some((v, None));
                     one_walk_fp = Some(fp);
-                    walked_node = node;
+                    walked_node = Some(node);
                     top.repeated.map(Cow::into_owned)
                 }
                 _ => {
@@ -365,15 +379,14 @@ impl ParsedCall {
         };
         let mut explicit_key = None;
         let mut progress_token = None;
+        let traceparent_edit = TraceparentEdit::of(params, &object);
         let meta = object.inner.take();
         if let Some(meta) = &meta {
             progress_token = meta.get("progressToken").map(str::to_owned);
             explicit_key = meta.get("idempotencyKey").and_then(key_text);
         }
         let client_context = meta.as_ref().and_then(client_context);
-        let modern = meta
-            .and_then(|meta| Modern::read("tools/call", &object, meta))
-            .map(Arc::new);
+        let modern = meta.and_then(|meta| Modern::read("tools/call", &object, meta));
         let key_in_meta = explicit_key.is_some();
         let base = params.as_ptr() as usize;
         let range = arguments.as_ref().map(|(v, _)| {
@@ -407,27 +420,45 @@ impl ParsedCall {
             (None, None) => "{}",
         };
         let keys = dedup::keys();
-        // `text` is valid JSON: a `RawValue` of params parsed above, or an
-        // object written back from one. Validating it again could only
-        // succeed; the fingerprint walks it once.
+        // Not read with the line: walked here (those with the key removed,
+        // a batch's).
         let args_fp = match one_walk_fp {
             Some(fp) => Some(fp),
             None => {
                 if range.is_some() {
                     count(Walk::Arguments);
                 }
-                dedup::fingerprint_json(keys, &["args"], text).ok()
+                match canonical::read(text) {
+                    Ok(c) => {
+                        walked_node = Some(c.node);
+                        walked_node
+                            .as_ref()
+                            .map(|node| dedup::fingerprint_node(keys, &["args"], node))
+                    }
+                    Err(_) => None,
+                }
             }
         };
-        // A keyed call's record fingerprint, from the canonical form read
-        // with the line when there is one.
+        // The arguments forwarded, in canonical form: a keyed call's record
+        // fingerprint, and a 2026-07-28 call's scalars, are made of them.
         let store_args = match (&reader.store_scope, &explicit_key) {
-            (Some(scope), Some(_)) if !no_store => Some(match (&rewritten, &walked_node) {
-                (None, Some(node)) => crate::store::args_fingerprint_node(scope, node),
-                _ => crate::store::args_fingerprint(scope, text),
+            (Some(scope), Some(_)) if !no_store => Some(match &walked_node {
+                Some(node) => crate::store::args_fingerprint_node(scope, node),
+                None => crate::store::args_fingerprint(scope, text),
             }),
             _ => None,
         };
+        let mut scalars = ArgScalars::default();
+        match &walked_node {
+            Some(node) if modern_call => scalars.of_node(node),
+            Some(_) => {}
+            // Not walked: none of their values is known.
+            None => scalars.set_partial(),
+        }
+        let modern = modern.map(|mut modern| {
+            modern.arguments = scalars;
+            Arc::new(modern)
+        });
         let (dedup_key, dedup_args) = match (&explicit_key, args_fp) {
             _ if no_store => (None, 0),
             (Some(k), fp) => (
@@ -441,6 +472,9 @@ impl ParsedCall {
             }
             (None, None) => (None, 0),
         };
+        // The params forwarded are not those read: each attempt reads them
+        // for its `traceparent`.
+        let traceparent_edit = traceparent_edit.filter(|_| rewritten.is_none());
         Ok(Some(ParsedCall {
             name,
             arguments: range,
@@ -455,6 +489,7 @@ impl ParsedCall {
             store_args,
             modern,
             client_context,
+            traceparent_edit,
         }))
     }
 
@@ -483,28 +518,27 @@ enum Reading {
     Checked,
 }
 
-/// The arguments' fingerprint and what their own members are (and their
-/// canonical form): from `walked`, read with the line, else in one walk
-/// over `text` (a `RawValue`'s); `None` when that does not decide the
-/// call: a member `_idempotency_key` is to be removed first, or they nest
-/// too deep for a fingerprint (and a repeated member after the deepest
-/// must still be found).
+/// The arguments' fingerprint, what their own members are and their
+/// canonical form: `walked`, read with the line, else walked here over
+/// `text` (a `RawValue`'s); `None` when that does not decide the call: a
+/// member `_idempotency_key` is to be removed first, or they nest too deep
+/// for a fingerprint (and a repeated member after the deepest must still
+/// be found).
 fn arguments_read<'a>(
     text: &'a str,
     walked: Option<Canonical<'a>>,
-) -> Option<(u128, TopMembers<'a>, Option<Node<'a>>)> {
-    let (fp, top, node) = match walked {
-        Some(c) => {
-            let fp = dedup::fingerprint_node(dedup::keys(), &["args"], &c.node);
-            (fp, c.top, Some(c.node))
-        }
+) -> Option<(u128, TopMembers<'a>, Node<'a>)> {
+    let c = match walked {
+        Some(c) => c,
         None => {
             count(Walk::Arguments);
-            let (fp, top) = dedup::fingerprint_json_read(dedup::keys(), &["args"], text).ok()?;
-            (fp, top, None)
+            canonical::read(text).ok()?
         }
     };
-    (!top.has_idempotency_key).then_some((fp, top, node))
+    (!c.top.has_idempotency_key).then(|| {
+        let fp = dedup::fingerprint_node(dedup::keys(), &["args"], &c.node);
+        (fp, c.top, c.node)
+    })
 }
 
 /// An idempotency key's text: a string, or a number as written.
@@ -575,6 +609,7 @@ pub fn params_walks() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::Arg;
 
     fn message(params: &str) -> Message {
         Message::reparse(format!(
@@ -707,6 +742,40 @@ mod tests {
             .unwrap()
             .modern
             .is_none());
+    }
+
+    /// A 2026-07-28 call keeps the scalars of the arguments it forwards,
+    /// from the canonical form read with its line (no walk of their own);
+    /// a 2025-era one keeps none.
+    #[test]
+    fn a_modern_calls_argument_scalars_come_from_its_one_walk() {
+        let meta = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"},"#;
+        let args = r#"{"r":"eu","o":{"n":3,"b":true},"l":[1]}"#;
+        let before = arguments_walks();
+        let read = Inbound::of_line(call(args, meta).into_bytes())
+            .read
+            .unwrap();
+        assert_eq!(arguments_walks() - before, 0);
+        let modern = read.modern.unwrap();
+        assert_eq!(modern.arguments, ArgScalars::read(args));
+        assert_eq!(modern.arguments.get(&["o", "n"]), Arg::Value("3"));
+        // Without the key the proxy removes.
+        let keyed = r#"{"r":"eu","_idempotency_key":"k"}"#;
+        let read = Inbound::of_line(call(keyed, meta).into_bytes())
+            .read
+            .unwrap();
+        let modern = read.modern.unwrap();
+        assert_eq!(modern.arguments, ArgScalars::read(r#"{"r":"eu"}"#));
+        assert_eq!(modern.arguments.get(&["_idempotency_key"]), Arg::Absent);
+        // Too deep to fingerprint: none is known.
+        let depth = crate::jsonrpc::canonical::MAX_DEPTH + 1;
+        let deep = format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+        let read = Inbound::of_line(call(&deep, meta).into_bytes())
+            .read
+            .unwrap();
+        assert_eq!(read.modern.unwrap().arguments.get(&["r"]), Arg::LeftOut);
+        let read = Inbound::of_line(call(args, "").into_bytes()).read.unwrap();
+        assert!(read.modern.is_none());
     }
 
     /// Every JSON value in `text` and, within it, every member and element,
@@ -895,8 +964,14 @@ mod tests {
             (params_walks() - before, arguments_walks() - args_before)
         };
         let meta = format!(r#""_meta":{{"progressToken":1,"traceparent":"{TRACEPARENT}"}},"#);
+        // A 2026-07-28 call's too, whose arguments' scalars its headers
+        // may carry come from the same walk.
+        let modern = format!(
+            r#""_meta":{{"progressToken":1,"traceparent":"{TRACEPARENT}","io.modelcontextprotocol/protocolVersion":"2026-07-28"}},"#
+        );
         for args in [r#"{"a":[1,{"b":2}],"c":"d"}"#, "{}"] {
             assert_eq!(walks(&call(args, &meta)), (1, 0));
+            assert_eq!(walks(&call(args, &modern)), (1, 0));
         }
         let keyed = call(r#"{"a":1,"_idempotency_key":"k"}"#, &meta);
         assert_eq!(walks(&keyed), (2, 2));

@@ -2,7 +2,9 @@
 //! place for the dispatcher, the HTTP transport and `check`: the 2026-07-28
 //! `_meta` envelope (`io.modelcontextprotocol/*`: the protocol version, the
 //! client's capabilities and info) that a request of our own on the
-//! client's behalf carries, the paging of `tools/list` (cursor, the
+//! client's behalf carries, what a 2026-07-28 `tools/call`'s
+//! `Mcp-Param-*` headers may need of its arguments ([`ArgScalars`],
+//! bounded by bytes), the paging of `tools/list` (cursor, the
 //! next page's params, a bound on pages and a cursor that repeats; any
 //! list pages so), and the lists a server declares ([`List`]). Pure:
 //! no I/O, no policy.
@@ -11,6 +13,7 @@
 
 use serde_json::value::RawValue;
 
+use crate::jsonrpc::canonical::Node;
 use crate::jsonrpc::{self, RawObject};
 
 /// The `_meta` member naming a 2026-07-28 request's protocol version.
@@ -21,9 +24,10 @@ const ENVELOPE_PREFIX: &str = "io.modelcontextprotocol/";
 /// What a 2026-07-28 (or later) request says of itself, read once where it
 /// is first read (`inbound.rs`, or the dispatcher for a request of its own)
 /// and carried in its `OutKind::Request`: the version its `params._meta`
-/// names, the value of its `Mcp-Name` header, and its envelope (what a
-/// request of the transport's own on its behalf carries). A 2025-era
-/// request has none.
+/// names, the value of its `Mcp-Name` header, its envelope (what a
+/// request of the transport's own on its behalf carries) and, for a
+/// client's `tools/call`, the scalars of its arguments its `Mcp-Param-*`
+/// headers may carry. A 2025-era request has none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Modern {
     pub version: String,
@@ -33,6 +37,9 @@ pub struct Modern {
     /// The `io.modelcontextprotocol/*` members of `params._meta`, a JSON
     /// object.
     pub envelope: String,
+    /// A client's `tools/call`: the scalars of the arguments it forwards
+    /// (empty for any other request).
+    pub arguments: ArgScalars,
 }
 
 impl Modern {
@@ -65,8 +72,125 @@ impl Modern {
             version,
             name,
             envelope: meta.to_json(),
+            arguments: ArgScalars::default(),
         })
     }
+}
+
+/// The scalars (strings, numbers, booleans) of a `tools/call`'s arguments
+/// reached from them through objects alone (arrays are not followed), with
+/// their paths: all that the `Mcp-Param-*` headers of a 2026-07-28 call
+/// can carry, kept where the call is read, since which of them are headers
+/// is learned later (from `tools/list`, perhaps after the call was read),
+/// so that the transport never reads the call's line. Made from what the
+/// walk over the arguments that fingerprints them shows ([`Self::visit`]).
+///
+/// Bounded by bytes: a scalar longer than [`Self::MAX_SCALAR`] is left out
+/// (no header carries that much), and once [`Self::MAX_TOTAL`] bytes are
+/// kept (each scalar's text, its path's names and [`Self::ENTRY_COST`]
+/// each) the rest is left out. A header whose value was left out is not
+/// sent ([`Arg::LeftOut`]): the server's answer to the call is relayed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ArgScalars {
+    /// Each kept member's path and its scalar's JSON text (`None`: longer
+    /// than `MAX_SCALAR`), in the order walked; a path at most once.
+    entries: Vec<(Path, Option<Box<str>>)>,
+    /// Bytes counted against `MAX_TOTAL`.
+    used: usize,
+    /// Members were left out for `MAX_TOTAL`, or the arguments could not
+    /// be walked.
+    partial: bool,
+}
+
+/// The names leading to a member, from the top.
+type Path = Vec<Box<str>>;
+
+/// What [`ArgScalars::get`] finds at a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arg<'a> {
+    /// A scalar's JSON text.
+    Value(&'a str),
+    /// Nothing, `null`, an object or an array.
+    Absent,
+    /// Its value may be there but was left out for the bounds.
+    LeftOut,
+}
+
+impl ArgScalars {
+    /// The longest scalar kept (its JSON text): 8 KiB, more than any
+    /// server takes in a header.
+    pub const MAX_SCALAR: usize = 8 << 10;
+    /// The most kept of one call's arguments: 64 KiB.
+    pub const MAX_TOTAL: usize = 64 << 10;
+    /// What each entry counts besides its text (its bookkeeping).
+    pub const ENTRY_COST: usize = 32;
+
+    /// Takes in a member the walk reached at `path`: a scalar's `text`, or
+    /// `None` for an object or an array (`jsonrpc::canonical::Visit`). A member of a
+    /// name seen just before (a repeated name) replaces the earlier one
+    /// and what was kept within it, as a server keeping the last reads it.
+    pub fn visit(&mut self, path: &[&str], text: Option<&str>) {
+        while let Some((last, value)) = self.entries.last() {
+            let within = last.len() >= path.len() && last.iter().zip(path).all(|(a, b)| **a == **b);
+            if !within {
+                break;
+            }
+            self.used -= cost(last, value.as_deref());
+            self.entries.pop();
+        }
+        let Some(text) = text.filter(|t| *t != "null") else {
+            return;
+        };
+        let value = (text.len() <= Self::MAX_SCALAR).then_some(text);
+        let path_len: usize = path.iter().map(|k| k.len()).sum();
+        let cost = path_len + value.map_or(0, str::len) + Self::ENTRY_COST;
+        if self.used + cost > Self::MAX_TOTAL {
+            self.partial = true;
+            return;
+        }
+        self.used += cost;
+        let path = path.iter().map(|k| Box::from(*k)).collect();
+        self.entries.push((path, value.map(Box::from)));
+    }
+
+    /// Keeps the scalars of arguments walked in canonical form.
+    pub fn of_node(&mut self, arguments: &Node<'_>) {
+        arguments.visit_members(&mut Vec::new(), &mut |path, text| self.visit(path, text));
+    }
+
+    /// Marks the arguments as not all kept (they could not be walked).
+    pub fn set_partial(&mut self) {
+        self.partial = true;
+    }
+
+    /// The scalars of arguments `text` (valid JSON), walked apart.
+    #[cfg(test)]
+    pub fn read(text: &str) -> ArgScalars {
+        let mut scalars = ArgScalars::default();
+        match crate::jsonrpc::canonical::read(text) {
+            Ok(c) => scalars.of_node(&c.node),
+            Err(_) => scalars.set_partial(),
+        }
+        scalars
+    }
+
+    /// The member at `path`.
+    pub fn get<S: AsRef<str>>(&self, path: &[S]) -> Arg<'_> {
+        let found = self.entries.iter().find(|(p, _)| {
+            p.len() == path.len() && p.iter().zip(path).all(|(a, b)| **a == *b.as_ref())
+        });
+        match found {
+            Some((_, Some(text))) => Arg::Value(text),
+            Some((_, None)) => Arg::LeftOut,
+            None if self.partial => Arg::LeftOut,
+            None => Arg::Absent,
+        }
+    }
+}
+
+/// What an entry of [`ArgScalars`] counts against its total.
+fn cost(path: &[Box<str>], value: Option<&str>) -> usize {
+    path.iter().map(|k| k.len()).sum::<usize>() + value.map_or(0, str::len) + ArgScalars::ENTRY_COST
 }
 
 /// The params of a `tools/list` request: the cursor (raw JSON, as the
@@ -249,6 +373,7 @@ mod tests {
                 version: "2026-07-28".into(),
                 name: Some("t".into()),
                 envelope: r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#.into(),
+                arguments: ArgScalars::default(),
             })
         );
         // Named however it is escaped; `Mcp-Name` only for the methods
@@ -263,6 +388,73 @@ mod tests {
         assert_eq!(Modern::of("ping", escaped).unwrap().name, None);
         let old = r#"{"_meta":{"progressToken":1,"io.modelcontextprotocol/x":1}}"#;
         assert_eq!(Modern::of("tools/call", old), None);
+    }
+
+    #[test]
+    fn the_scalars_of_arguments_are_kept_through_objects_alone() {
+        let a = ArgScalars::read(
+            r#"{"s":"x","n":-1.5,"b":true,"z":null,"o":{"p":{"q":"deep"},"l":[1,{"r":2}]},"e":{}}"#,
+        );
+        assert_eq!(a.get(&["s"]), Arg::Value("\"x\""));
+        assert_eq!(a.get(&["n"]), Arg::Value("-1.5"));
+        assert_eq!(a.get(&["b"]), Arg::Value("true"));
+        assert_eq!(a.get(&["o", "p", "q"]), Arg::Value("\"deep\""));
+        for absent in [
+            &["z"][..],
+            &["o"],
+            &["o", "l"],
+            &["e"],
+            &["missing"],
+            &["s", "x"],
+        ] {
+            assert_eq!(a.get(absent), Arg::Absent, "{absent:?}");
+        }
+        // Names are compared unescaped.
+        let a = ArgScalars::read(r#"{"\u0061":{"b":1}}"#);
+        assert_eq!(a.get(&["a", "b"]), Arg::Value("1"));
+        // Arguments that are not an object have none.
+        assert_eq!(ArgScalars::read("[1]"), ArgScalars::default());
+    }
+
+    #[test]
+    fn a_repeated_name_keeps_its_last_value_as_a_server_reads_it() {
+        let a = ArgScalars::read(r#"{"a":{"b":1},"a":[2],"c":1,"c":{"d":"e"}}"#);
+        assert_eq!(a.get(&["a", "b"]), Arg::Absent);
+        assert_eq!(a.get(&["c"]), Arg::Absent);
+        assert_eq!(a.get(&["c", "d"]), Arg::Value("\"e\""));
+        let a = ArgScalars::read(r#"{"o":{"x":"1","x":"2"},"o2":1}"#);
+        assert_eq!(a.get(&["o", "x"]), Arg::Value("\"2\""));
+        // What a repeat replaced no longer counts.
+        let once = ArgScalars::read(r#"{"x":"2"}"#);
+        assert_eq!(ArgScalars::read(r#"{"x":"1","x":"2"}"#).used, once.used);
+    }
+
+    #[test]
+    fn the_scalars_kept_are_bounded_by_bytes() {
+        let long = "y".repeat(ArgScalars::MAX_SCALAR - 2);
+        let a = ArgScalars::read(&format!(r#"{{"fits":"{long}","over":"{long}y","n":1}}"#));
+        assert!(matches!(a.get(&["fits"]), Arg::Value(t) if t.len() == ArgScalars::MAX_SCALAR));
+        assert_eq!(a.get(&["over"]), Arg::LeftOut);
+        assert_eq!(a.get(&["n"]), Arg::Value("1"));
+        assert_eq!(a.get(&["absent"]), Arg::Absent);
+        // 64 KiB in all: what comes after is left out, and an absent
+        // member may have been among it.
+        let many: Vec<String> = (0..20).map(|i| format!(r#""k{i:02}":"{long}""#)).collect();
+        let a = ArgScalars::read(&format!("{{{}}}", many.join(",")));
+        assert!(a.used <= ArgScalars::MAX_TOTAL);
+        assert!(matches!(a.get(&["k00"]), Arg::Value(_)));
+        assert_eq!(a.get(&["k19"]), Arg::LeftOut);
+        assert_eq!(a.get(&["absent"]), Arg::LeftOut);
+        let kept = a.entries.len();
+        assert!((5..10).contains(&kept), "{kept} kept");
+        // Small members count their bookkeeping too.
+        let tiny: Vec<String> = (0..5000).map(|i| format!(r#""{i}":1"#)).collect();
+        let a = ArgScalars::read(&format!("{{{}}}", tiny.join(",")));
+        assert!(a.used <= ArgScalars::MAX_TOTAL && a.partial);
+        assert!(a.entries.len() < ArgScalars::MAX_TOTAL / ArgScalars::ENTRY_COST);
+        // Too deep to walk: nothing is known.
+        let deep = format!("{}{}", r#"{"a":"#.repeat(200), "}".repeat(200));
+        assert_eq!(ArgScalars::read(&deep).get(&["a"]), Arg::LeftOut);
     }
 
     #[test]

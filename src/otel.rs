@@ -18,7 +18,9 @@
 //! `params._meta` where the client's line is read (`inbound.rs`) and comes
 //! with the request as a [`SpanContext`] (the call's span becomes its
 //! child: the tracer reads no params); each attempt sends its own in the
-//! forwarded request's `params._meta`; with export off no byte changes.
+//! forwarded request's `params._meta`, written where the call's reader
+//! decided ([`TraceparentEdit`]: no attempt parses the params); with export
+//! off no byte changes.
 //!
 //! Header values (`OTEL_EXPORTER_OTLP_HEADERS` and the per-signal ones,
 //! often credentials) are never logged: messages name the header, never
@@ -28,10 +30,12 @@
 
 #![forbid(unsafe_code)]
 
+use std::borrow::Cow;
+use std::ops::Range;
 use std::time::Duration;
 
 use crate::config::OtelConfig;
-use crate::jsonrpc::{Message, RawObject};
+use crate::jsonrpc::{self, Message, Params};
 
 mod export;
 mod json;
@@ -522,68 +526,55 @@ impl CallEnd {
 /// How often changed counters are exported.
 pub const METRICS_INTERVAL: Duration = Duration::from_secs(10);
 
-/// What a look through `params` found that matters to `_meta`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct MetaScan {
-    /// A `"_meta"` string (a member name, or a value).
-    meta: bool,
-    /// A `\u` escape, which could spell any name.
-    escape: bool,
-}
-
-/// One pass over `params` (SIMD for the two bytes that matter): most
-/// params have no `_meta`, and the rest of the work is then skipped.
-fn scan_meta(params: &str) -> MetaScan {
-    let b = params.as_bytes();
-    let mut found = MetaScan {
-        meta: false,
-        escape: false,
-    };
-    for i in memchr::memchr2_iter(b'_', b'\\', b) {
-        match b[i] {
-            b'_' => found.meta |= i > 0 && b[i - 1] == b'"' && b[i + 1..].starts_with(b"meta\""),
-            _ => found.escape |= b.get(i + 1) == Some(&b'u'),
-        }
-        if found.meta && found.escape {
-            break;
-        }
-    }
-    found
-}
-
-/// Where and how a `traceparent` goes into a request's params.
-enum TraceparentEdit {
+/// Where and how a `traceparent` goes into a call's params: decided once,
+/// where the call is read (`inbound.rs`, from the members read there: no
+/// walk of its own), and kept with the call for every attempt made with
+/// export on, which then parses nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TraceparentEdit {
     /// Write the member at byte `at` of the params: inside `_meta` (first)
     /// or, with `meta`, in a new `_meta` first in the params; `comma` when
     /// a member follows.
     Insert { at: usize, meta: bool, comma: bool },
-    /// The object must be rebuilt (a `traceparent` to replace, a `_meta`
-    /// that is not an object, an escape that could spell a name).
-    Rewrite,
+    /// The object is written again from its members, as
+    /// `RawObject::to_json_with_meta` writes it: a `traceparent` to
+    /// replace, a `_meta` that is not an object, a name of the params or
+    /// of `_meta` written with an escape.
+    Rebuild(Box<MemberRanges>),
+}
+
+/// The members a [`TraceparentEdit::Rebuild`] writes: names unescaped,
+/// values as byte ranges of the params.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberRanges {
+    params: Vec<(Box<str>, Range<usize>)>,
+    /// `_meta`'s, when it is an object.
+    meta: Option<Vec<(Box<str>, Range<usize>)>>,
 }
 
 impl TraceparentEdit {
-    /// The edit for `params`; `None` when they are not an object. At most
-    /// one parse of the top level, and only when `_meta` may be there.
-    fn plan(params: &str) -> Option<TraceparentEdit> {
-        let body = params.trim_start().strip_prefix('{')?;
-        let scan = scan_meta(params);
-        if scan.escape {
-            return Some(TraceparentEdit::Rewrite);
+    /// The edit for params `text`, read as `params` (whose values and
+    /// `_meta`'s are slices of `text`); `None` when they are not an object.
+    pub fn of(text: &str, params: &Params<'_>) -> Option<TraceparentEdit> {
+        let body = text.trim_start().strip_prefix('{')?;
+        let meta = params.get("_meta");
+        let inner = params.inner.as_ref();
+        let rebuild = escaped(&params.members)
+            || inner.is_some_and(|m| escaped(&m.members) || m.get("traceparent").is_some())
+            || meta.is_some_and(|m| !m.starts_with('{'));
+        if rebuild {
+            return MemberRanges::of(text, params).map(|m| TraceparentEdit::Rebuild(Box::new(m)));
         }
-        let meta = match scan.meta {
-            true => RawObject::parse(params)?.get("_meta").map(|m| m.get()),
-            false => None,
+        let at = match meta {
+            Some(m) => offset(text, m)?.start + 1,
+            None => text.len() - body.len(),
         };
-        let (at, meta) = match meta {
-            Some(m) if m.contains("traceparent") || !m.starts_with('{') => {
-                return Some(TraceparentEdit::Rewrite)
-            }
-            Some(m) => (m.as_ptr() as usize - params.as_ptr() as usize + 1, false),
-            None => (params.len() - body.len(), true),
-        };
-        let comma = !params[at..].trim_start().starts_with('}');
-        Some(TraceparentEdit::Insert { at, meta, comma })
+        let comma = !text[at..].trim_start().starts_with('}');
+        Some(TraceparentEdit::Insert {
+            at,
+            meta: meta.is_none(),
+            comma,
+        })
     }
 
     /// The text an `Insert` writes.
@@ -602,32 +593,150 @@ impl TraceparentEdit {
     }
 }
 
+/// Whether a name of `members` was written with an escape (the only
+/// names read into an owned string).
+fn escaped<T>(members: &[(Cow<'_, str>, T)]) -> bool {
+    members.iter().any(|(k, _)| matches!(k, Cow::Owned(_)))
+}
+
+/// Where `value`, a slice of `text`, is in it.
+fn offset(text: &str, value: &str) -> Option<Range<usize>> {
+    let start = (value.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    let end = start + value.len();
+    (end <= text.len()).then_some(start..end)
+}
+
+impl MemberRanges {
+    fn of(text: &str, params: &Params<'_>) -> Option<MemberRanges> {
+        let owned = |k: &Cow<'_, str>, v: &str| Some((Box::from(k.as_ref()), offset(text, v)?));
+        let meta = match params.get("_meta") {
+            Some(m) if m.starts_with('{') => Some(params.inner.as_ref()?),
+            _ => None,
+        };
+        Some(MemberRanges {
+            params: params
+                .members
+                .iter()
+                .map(|(k, v)| owned(k, v))
+                .collect::<Option<_>>()?,
+            meta: match meta {
+                Some(m) => Some(
+                    m.members
+                        .iter()
+                        .map(|(k, v)| owned(k, v))
+                        .collect::<Option<_>>()?,
+                ),
+                None => None,
+            },
+        })
+    }
+
+    /// The params `text` (those the members were read from) with
+    /// `params._meta.traceparent` set to `traceparent`, first in `_meta`
+    /// (added first when absent or not an object), the rest in compact
+    /// JSON, names escaped anew.
+    fn write(&self, text: &str, traceparent: &str) -> Option<String> {
+        let value = |r: &Range<usize>| text.get(r.clone());
+        let mut out = String::with_capacity(text.len() + 80);
+        out.push('{');
+        let mut first = true;
+        let mut meta_seen = false;
+        if self.meta.is_none() {
+            out.extend(TraceparentEdit::pieces(true, false, traceparent));
+            first = false;
+        }
+        for (name, range) in &self.params {
+            let is_meta = !meta_seen && &**name == "_meta";
+            meta_seen |= is_meta;
+            if is_meta && self.meta.is_none() {
+                continue;
+            }
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            out.push_str(&jsonrpc::json_string(name));
+            out.push(':');
+            match &self.meta {
+                Some(meta) if &**name == "_meta" => {
+                    out.push('{');
+                    out.extend(TraceparentEdit::pieces(false, false, traceparent));
+                    let mut replaced = false;
+                    for (name, range) in meta {
+                        if !replaced && &**name == "traceparent" {
+                            replaced = true;
+                            continue;
+                        }
+                        out.push(',');
+                        out.push_str(&jsonrpc::json_string(name));
+                        out.push(':');
+                        out.push_str(value(range)?);
+                    }
+                    out.push('}');
+                }
+                _ => out.push_str(value(range)?),
+            }
+        }
+        out.push('}');
+        Some(out)
+    }
+}
+
 /// The line of attempt `down` of `request`: its id replaced, and
 /// `params._meta.traceparent` set to `traceparent` (replacing one the
 /// client sent, first in `_meta`, which is added first when absent;
-/// everything else as it was). Without a `traceparent` to replace (the
-/// common case) the member is written into the text where it belongs, in
-/// the one buffer of the line. `None` when the params are not an object.
-pub fn attempt_line(request: &Message, down: u64, traceparent: &str) -> Option<Vec<u8>> {
+/// everything else as it was) by `edit`, decided where the call was read.
+/// Without a `traceparent` to replace (the common case) the member is
+/// written into the text where it belongs, in the one buffer of the line.
+/// Without `edit` (the params forwarded are not the client's: its
+/// `_idempotency_key` was removed) it is decided here, which parses them.
+/// `None` when the params are not an object.
+pub fn attempt_line(
+    request: &Message,
+    down: u64,
+    traceparent: &str,
+    edit: Option<&TraceparentEdit>,
+) -> Option<Vec<u8>> {
     let params = request.params()?;
     let mut digits = [0u8; 20];
     let id = std::str::from_utf8(decimal(down, &mut digits)).unwrap_or_default();
-    match TraceparentEdit::plan(params)? {
-        TraceparentEdit::Insert { at, meta, comma } => {
-            let pieces = TraceparentEdit::pieces(meta, comma, traceparent);
-            request.line_with_id_and_insert(id, at, &pieces)
+    let planned;
+    let edit = match edit {
+        Some(edit) => edit,
+        None => {
+            count_parse();
+            planned = TraceparentEdit::of(params, &Params::parse(params, "_meta")?)?;
+            &planned
         }
-        TraceparentEdit::Rewrite => {
-            let params = rewrite_traceparent(params, traceparent)?;
+    };
+    match edit {
+        TraceparentEdit::Insert { at, meta, comma } => {
+            let pieces = TraceparentEdit::pieces(*meta, *comma, traceparent);
+            request.line_with_id_and_insert(id, *at, &pieces)
+        }
+        TraceparentEdit::Rebuild(members) => {
+            let params = members.write(params, traceparent)?;
             Some(request.with_params(&params)?.line_with_id(id))
         }
     }
 }
 
-/// The params of [`attempt_line`] by rebuilding the object and its `_meta`.
-fn rewrite_traceparent(params: &str, traceparent: &str) -> Option<String> {
-    let member = format!("\"traceparent\":\"{traceparent}\"");
-    Some(RawObject::parse(params)?.to_json_with_meta("traceparent", &member))
+#[cfg(test)]
+thread_local! {
+    static PARSED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a parse of an attempt's params on this thread (tests only: see
+/// [`params_parsed`]).
+fn count_parse() {
+    #[cfg(test)]
+    PARSED.with(|p| p.set(p.get() + 1));
+}
+
+/// How many times attempts' params were parsed on this thread so far.
+#[cfg(test)]
+pub fn params_parsed() -> usize {
+    PARSED.with(std::cell::Cell::get)
 }
 
 #[cfg(test)]

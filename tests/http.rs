@@ -787,7 +787,7 @@ fn modern_requests_carry_their_headers_and_no_session() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     // `broken`'s x-mcp-header is on a number: it is left out.
-    assert_eq!(names, ["read", "write", "locate"]);
+    assert_eq!(names, ["read", "write", "locate", "place"]);
     modern_call(&mut s, json!(2), "locate", json!({"region": "Zürich"}));
     assert_eq!(text_of(&s.result(&json!(2))), "locate done");
     modern_call(&mut s, json!(3), "locate", json!({"region": "eu-west-1"}));
@@ -833,6 +833,65 @@ fn modern_requests_carry_their_headers_and_no_session() {
         // No session: no GET stream, no DELETE at the end.
         assert!(st.streams.is_empty());
         assert!(st.deleted.is_empty());
+    });
+}
+
+/// A tool's `x-mcp-header` arguments become its headers, taken from the
+/// call as the proxy read it from the client (the transport reads no
+/// line): a string, an integer, a boolean and one in a nested object; a
+/// value too long for a header is left out, the server's answer to that
+/// is relayed (after reading the tools once more), and a warning says so
+/// once.
+#[test]
+fn a_tools_annotated_arguments_are_its_headers_and_one_too_long_is_left_out() {
+    let server = Server::start();
+    let mut s = start_modern(&config(&server));
+    s.request(json!(1), "tools/list", json!({"_meta": envelope()}));
+    s.result(&json!(1));
+    let args = json!({"region": "eu-west-1", "count": 42, "dry": false,
+        "opts": {"zone": "b", "more": [1, {"zone": "no"}]}, "note": "short", "other": "x"});
+    modern_call(&mut s, json!(2), "place", args);
+    assert_eq!(text_of(&s.result(&json!(2))), "place done");
+    // Absent arguments: no headers, which the server accepts.
+    modern_call(&mut s, json!(3), "place", json!({"region": "r"}));
+    assert_eq!(text_of(&s.result(&json!(3))), "place done");
+    let long = "n".repeat(9 << 10);
+    for id in [4, 5] {
+        modern_call(
+            &mut s,
+            json!(id),
+            "place",
+            json!({"region": "r", "note": long}),
+        );
+        let error = s.error(&json!(id));
+        assert_eq!(error["code"], -32020, "{error}");
+    }
+    let warning = "without header Mcp-Param-Note";
+    assert!(s.logged(warning));
+    s.close_stdin();
+    assert!(s.wait().success());
+    assert_eq!(s.stderr_to_end().matches(warning).count(), 1);
+    assert_eq!(server.executions("place"), 2);
+    server.with(|st| {
+        let call = &st.modern_posts[1];
+        assert_eq!(header_of(call, "Mcp-Name"), Some("place"));
+        assert_eq!(header_of(call, "Mcp-Param-Region"), Some("eu-west-1"));
+        assert_eq!(header_of(call, "Mcp-Param-Count"), Some("42"));
+        assert_eq!(header_of(call, "Mcp-Param-Dry"), Some("false"));
+        assert_eq!(header_of(call, "Mcp-Param-Zone"), Some("b"));
+        assert_eq!(header_of(call, "Mcp-Param-Note"), Some("short"));
+        let call = &st.modern_posts[2];
+        assert_eq!(header_of(call, "Mcp-Param-Region"), Some("r"));
+        assert_eq!(header_of(call, "Mcp-Param-Count"), None);
+        // Each long call: refused, the tools read again, refused again.
+        assert_eq!(st.mismatches, 4);
+        let long_calls = st.modern_posts[3..]
+            .iter()
+            .filter(|p| p.1["method"] == "tools/call");
+        for call in long_calls {
+            assert_eq!(header_of(call, "Mcp-Param-Region"), Some("r"));
+            assert_eq!(header_of(call, "Mcp-Param-Note"), None);
+        }
     });
 }
 

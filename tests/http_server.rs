@@ -9,9 +9,10 @@
 //! naming its protocol version in `_meta` is served the 2026-07-28 way: no
 //! session, its `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` and
 //! `Mcp-Param-Region` headers checked against the body (400 -32020 when
-//! they differ), two more tools (`locate`, whose `region` argument is
-//! marked `x-mcp-header: Region`, and `broken`, whose annotation is
-//! invalid), 404 -32601 for `ping` and, for `prompts/get`, a 400 -32602
+//! they differ), three more tools (`locate`, whose `region` argument is
+//! marked `x-mcp-header: Region`, `place`, whose string, integer, boolean
+//! and nested arguments are marked too ([`PLACE_HEADERS`]), and `broken`,
+//! whose annotation is invalid), 404 -32601 for `ping` and, for `prompts/get`, a 400 -32602
 //! quoting the `Authorization` header. Knows nothing of mcp-retry.
 
 use std::collections::VecDeque;
@@ -406,6 +407,15 @@ fn handle(req: &HttpRequest, conn: &mut Conn, state: &(Mutex<State>, Condvar)) {
 /// The `_meta` member of a 2026-07-28 request naming its version.
 pub const MODERN_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 
+/// The arguments of tool `place` marked `x-mcp-header`, and their headers.
+pub const PLACE_HEADERS: [(&[&str], &str); 5] = [
+    (&["region"], "mcp-param-region"),
+    (&["count"], "mcp-param-count"),
+    (&["dry"], "mcp-param-dry"),
+    (&["note"], "mcp-param-note"),
+    (&["opts", "zone"], "mcp-param-zone"),
+];
+
 /// Whether a 2026-07-28 request's headers say what its body says.
 fn modern_headers_match(req: &HttpRequest, msg: &Value, version: &str) -> Result<(), String> {
     let want = |name: &str, value: Option<&str>| {
@@ -423,6 +433,17 @@ fn modern_headers_match(req: &HttpRequest, msg: &Value, version: &str) -> Result
     want("mcp-method", msg["method"].as_str())?;
     if msg["method"] == "tools/call" {
         want("mcp-name", msg["params"]["name"].as_str())?;
+        if msg["params"]["name"] == "place" {
+            for (path, header) in PLACE_HEADERS {
+                let value = path.iter().fold(&msg["params"]["arguments"], |v, k| &v[*k]);
+                let text = match value {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(_) | Value::Bool(_) => Some(value.to_string()),
+                    _ => None,
+                };
+                want(header, text.as_deref())?;
+            }
+        }
         if msg["params"]["name"] == "locate" {
             let region = &msg["params"]["arguments"]["region"];
             if region.is_null() != req.header("mcp-param-region").is_none() {
@@ -490,6 +511,14 @@ fn serve(
                 let more = tools.as_array_mut().unwrap();
                 more.push(json!({"name": "locate", "inputSchema": {"type": "object",
                     "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}}));
+                more.push(json!({"name": "place", "inputSchema": {"type": "object",
+                    "properties": {
+                        "region": {"type": "string", "x-mcp-header": "Region"},
+                        "count": {"type": "integer", "x-mcp-header": "Count"},
+                        "dry": {"type": "boolean", "x-mcp-header": "Dry"},
+                        "note": {"type": "string", "x-mcp-header": "Note"},
+                        "opts": {"type": "object", "properties": {
+                            "zone": {"type": "string", "x-mcp-header": "Zone"}}}}}}));
                 more.push(json!({"name": "broken", "inputSchema": {"type": "object",
                     "properties": {"x": {"type": "number", "x-mcp-header": "X"}}}}));
             }

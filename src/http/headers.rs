@@ -10,6 +10,7 @@ use std::io::Read;
 use std::time::Duration;
 
 use crate::config::check_header;
+use crate::mcp::ArgScalars;
 
 use super::post::Post;
 use super::{modern, Shared};
@@ -192,15 +193,29 @@ impl Shared {
 
     /// The headers a 2026-07-28 POST mirrors from its body: version,
     /// method, name and, for a `tools/call`, the arguments its tool's
-    /// `x-mcp-header` annotations name.
+    /// `x-mcp-header` annotations name, from the scalars of its arguments
+    /// read with it (`mcp::ArgScalars`): its line is not read. A value
+    /// left out for its size is not sent (the server's answer is
+    /// relayed), said once per tool.
     pub(super) fn modern_headers(&self, post: &Post, version: &str) -> Vec<(String, String)> {
         let method = post.method.unwrap_or_default();
-        let name = post.out.modern().and_then(|m| m.name.as_deref());
+        let modern = post.out.modern();
+        let name = modern.and_then(|m| m.name.as_deref());
         let mut out = modern::standard_headers(version, method, name);
-        if method == "tools/call" {
-            let map = name.and_then(|n| self.tool_headers.lock().get(n).cloned());
+        if let (Some(modern), Some(name), "tools/call") = (modern, name, method) {
+            let map = self.tool_headers.lock().get(name).cloned();
             if let Some(map) = map.filter(|m| !m.is_empty()) {
-                out.extend(modern::param_headers(&map, &post.arguments()));
+                let (headers, left_out) = modern::param_headers(&map, &modern.arguments);
+                out.extend(headers);
+                if !left_out.is_empty() && self.warned_left_out.lock().insert(name.to_owned()) {
+                    crate::warn!(
+                        "{}: a call of tool {name:?} is sent without header {}: its argument is longer than {} KiB or beyond the {} KiB of arguments kept for headers (further ones are not logged)",
+                        self.shown,
+                        left_out.iter().map(|t| format!("Mcp-Param-{t}")).collect::<Vec<_>>().join(", "),
+                        ArgScalars::MAX_SCALAR >> 10,
+                        ArgScalars::MAX_TOTAL >> 10,
+                    );
+                }
             }
         }
         out

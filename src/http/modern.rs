@@ -2,7 +2,8 @@
 //! (which messages are modern, and what they name, is `crate::mcp::Modern`): the
 //! headers a POST mirrors from its body (`MCP-Protocol-Version`,
 //! `Mcp-Method`, `Mcp-Name`, and `Mcp-Param-*` from the arguments a tool's
-//! `inputSchema` marks with `x-mcp-header`), the `=?base64?…?=` sentinel for
+//! `inputSchema` marks with `x-mcp-header`, whose scalars come with the
+//! request: `crate::mcp::ArgScalars`), the `=?base64?…?=` sentinel for
 //! values that are not plain header-safe ASCII, and the screening of a
 //! `tools/list` result: a tool with an invalid `x-mcp-header` is dropped
 //! (the spec's MUST), the others' annotations are learned. Knows no
@@ -14,6 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::jsonrpc::RawObject;
+use crate::mcp::{Arg, ArgScalars};
 
 const X_MCP_HEADER: &str = "x-mcp-header";
 
@@ -37,31 +39,46 @@ pub fn standard_headers(version: &str, method: &str, name: Option<&str>) -> Vec<
     out
 }
 
-/// The `Mcp-Param-*` headers of a `tools/call` with `arguments`, for a
-/// tool whose annotations are `map`: one per annotated argument that has
-/// a string, integer or boolean value (none when it is absent or null).
-pub fn param_headers(map: &HeaderMap, arguments: &Value) -> Vec<(String, String)> {
+/// The `Mcp-Param-*` headers of a `tools/call` whose arguments' scalars
+/// are `arguments` (kept where the call was read: its line is not read),
+/// for a tool whose annotations are `map`: one per annotated argument that
+/// has a string, number or boolean value (none when it is absent or null),
+/// written as serde_json writes it. Also the tokens of the headers whose
+/// value was left out for the bounds of [`ArgScalars`].
+pub fn param_headers(
+    map: &HeaderMap,
+    arguments: &ArgScalars,
+) -> (Vec<(String, String)>, Vec<String>) {
     let mut out = Vec::new();
+    let mut left_out = Vec::new();
     for (path, token) in map {
-        let mut value = arguments;
-        for key in path {
-            match value.get(key) {
-                Some(v) => value = v,
-                None => {
-                    value = &Value::Null;
-                    break;
-                }
+        let text = match arguments.get(path) {
+            Arg::Value(json) => header_text(json),
+            Arg::Absent => None,
+            Arg::LeftOut => {
+                left_out.push(token.clone());
+                None
             }
-        }
-        let text = match value {
-            Value::String(s) => s.clone(),
-            Value::Bool(b) => b.to_string(),
-            Value::Number(n) => n.to_string(),
-            _ => continue,
         };
-        out.push((format!("Mcp-Param-{token}"), encode_value(&text)));
+        if let Some(text) = text {
+            out.push((format!("Mcp-Param-{token}"), encode_value(&text)));
+        }
     }
-    out
+    (out, left_out)
+}
+
+/// A scalar's JSON text as a header's text: a string unescaped, a number
+/// as serde_json writes it, `true` or `false`; `None` when it cannot be
+/// read (a lone surrogate, a number out of range).
+fn header_text(json: &str) -> Option<String> {
+    match json.as_bytes().first()? {
+        b'"' if !json.contains('\\') => Some(json[1..json.len() - 1].to_owned()),
+        b'"' => serde_json::from_str::<String>(json).ok(),
+        b't' | b'f' => Some(json.to_owned()),
+        _ => serde_json::from_str::<serde_json::Number>(json)
+            .ok()
+            .map(|n| n.to_string()),
+    }
 }
 
 /// Why `value` cannot be the header `name` as it is: the first byte that
@@ -328,9 +345,10 @@ mod tests {
             "query": {"type": "string"}}});
         let map = header_map(&schema).unwrap();
         assert_eq!(map.len(), 4);
-        let args = json!({"region": "Zürich", "n": -7, "dry": false,
-            "opts": {"zone": "b"}, "query": "SELECT 1"});
-        let mut got = param_headers(&map, &args);
+        let args = |v: Value| ArgScalars::read(&v.to_string());
+        let a = args(json!({"region": "Zürich", "n": -7, "dry": false,
+            "opts": {"zone": "b"}, "query": "SELECT 1"}));
+        let (mut got, left_out) = param_headers(&map, &a);
         got.sort();
         assert_eq!(
             got,
@@ -341,11 +359,29 @@ mod tests {
                 ("Mcp-Param-Zone", "b"),
             ])
         );
+        assert!(left_out.is_empty());
         // Absent or null: no header.
-        let got = param_headers(&map, &json!({"region": null, "opts": {}}));
-        assert_eq!(got, h(&[]));
-        let got = param_headers(&map, &json!({"opts": "not an object"}));
-        assert_eq!(got, h(&[]));
+        let got = param_headers(&map, &args(json!({"region": null, "opts": {}})));
+        assert_eq!(got, (h(&[]), vec![]));
+        let got = param_headers(&map, &args(json!({"opts": "not an object"})));
+        assert_eq!(got, (h(&[]), vec![]));
+        // Written as serde_json writes them: unescaped, numbers as read.
+        let text = r#"{"region":"a\u0062\"c","n":1.50,"opts":{"zone":"z","zone":"last"}}"#;
+        let (mut got, _) = param_headers(&map, &ArgScalars::read(text));
+        got.sort();
+        assert_eq!(
+            got,
+            h(&[
+                ("Mcp-Param-N", "1.5"),
+                ("Mcp-Param-Region", "ab\"c"),
+                ("Mcp-Param-Zone", "last"),
+            ])
+        );
+        // Too long for a header: left out, and said.
+        let long = "x".repeat(ArgScalars::MAX_SCALAR);
+        let (got, left_out) = param_headers(&map, &args(json!({"region": long, "n": 1})));
+        assert_eq!(got, h(&[("Mcp-Param-N", "1")]));
+        assert_eq!(left_out, ["Region"]);
     }
 
     #[test]

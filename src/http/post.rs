@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::downstream::{Failure, Heal, OutKind, Outgoing, ServerEvent};
-use crate::jsonrpc::{self, Message, RawObject};
+use crate::jsonrpc::{self, RawObject};
 
 use super::classify::Class;
 use super::conn::Exchange;
@@ -34,9 +34,9 @@ pub(super) const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 
 /// One message being posted.
 pub(super) struct Post<'a> {
-    /// What it is (a request's 2026-07-28 version, `Mcp-Name` and
-    /// envelope included: `Outgoing::modern`), as the dispatcher said; its
-    /// line is not parsed for it.
+    /// What it is (a request's 2026-07-28 version, `Mcp-Name`, envelope
+    /// and a call's argument scalars included: `Outgoing::modern`), as the
+    /// dispatcher said; its line is never parsed.
     pub(super) out: &'a Outgoing,
     pub(super) method: Option<&'a str>,
     /// A request's id (None for a notification or a response), and as it
@@ -53,20 +53,6 @@ pub(super) struct Post<'a> {
 impl Post<'_> {
     pub(super) fn is(&self, method: &str) -> bool {
         self.method == Some(method)
-    }
-
-    /// A `tools/call`'s arguments, for the `Mcp-Param-*` headers of a
-    /// tool whose annotations name some: the one case where its line is
-    /// read (`Null` when they cannot be).
-    pub(super) fn arguments(&self) -> serde_json::Value {
-        count_parse();
-        let text = String::from_utf8_lossy(&self.out.bytes);
-        let msg = Message::reparse(text.trim_end().to_owned());
-        msg.as_ref()
-            .and_then(Message::params)
-            .and_then(RawObject::parse)
-            .and_then(|p| serde_json::from_str(p.get("arguments")?.get()).ok())
-            .unwrap_or(serde_json::Value::Null)
     }
 
     /// What its answer is read until, and how.
@@ -396,21 +382,6 @@ impl Shared {
             },
         });
     }
-}
-
-#[cfg(test)]
-static PARSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Counts a line read back (tests only: see [`lines_parsed`]).
-fn count_parse() {
-    #[cfg(test)]
-    PARSED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// How many posted lines were read back so far, in this process.
-#[cfg(test)]
-pub(super) fn lines_parsed() -> usize {
-    PARSED.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 #[cfg(test)]

@@ -278,15 +278,141 @@ fn traceparent_round_trips_and_bad_ones_are_refused() {
 }
 
 /// The params of the attempt line [`attempt_line`] makes of a request
-/// with `params`.
+/// with `params`, with the edit its reader decided (in the line's one
+/// pass, or apart for params that make no call); checked to be the line
+/// the planning at each attempt made before, byte for byte, without a
+/// parse.
 fn with_traceparent(params: &str, traceparent: &str) -> Option<String> {
     let line = format!(r#"{{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{params}}}"#);
-    let request = crate::jsonrpc::Message::reparse(line).unwrap();
-    let out = attempt_line(&request, 42, traceparent)?;
-    let text = String::from_utf8(out).unwrap();
+    let request = crate::jsonrpc::Message::reparse(line.clone()).unwrap();
+    let out = carried_attempt_line(&line, &request, traceparent);
+    assert_eq!(
+        out,
+        planned::attempt_line(&request, 42, traceparent),
+        "{params}"
+    );
+    let text = String::from_utf8(out?).unwrap();
     let sent = crate::jsonrpc::Message::reparse(text.trim_end().to_owned()).unwrap();
     assert_eq!(sent.id(), Some("42"));
     Some(sent.params().unwrap().to_owned())
+}
+
+/// The line of attempt 42 of `request` (read from `line`) with the edit
+/// its reader decided, made without parsing.
+fn carried_attempt_line(
+    line: &str,
+    request: &crate::jsonrpc::Message,
+    traceparent: &str,
+) -> Option<Vec<u8>> {
+    let read = crate::inbound::Inbound::of_line(line.as_bytes().to_vec()).read;
+    let params = request.params()?;
+    let apart = crate::jsonrpc::Params::parse(params, "_meta")
+        .and_then(|p| TraceparentEdit::of(params, &p));
+    let edit = match read.and_then(|r| r.call) {
+        Some(call) => {
+            assert_eq!(call.traceparent_edit, apart, "{line}");
+            call.traceparent_edit
+        }
+        None => apart,
+    };
+    let before = params_parsed();
+    let out = attempt_line(request, 42, traceparent, Some(edit.as_ref()?));
+    assert_eq!(params_parsed(), before, "{line}");
+    out
+}
+
+/// The planning each attempt made before the edit was carried with the
+/// call: the reference the carried edit is held to.
+mod planned {
+    use crate::jsonrpc::{Message, RawObject};
+
+    pub(super) fn attempt_line(request: &Message, down: u64, traceparent: &str) -> Option<Vec<u8>> {
+        let params = request.params()?;
+        let mut digits = [0u8; 20];
+        let id = std::str::from_utf8(super::decimal(down, &mut digits)).unwrap_or_default();
+        match plan(params)? {
+            Some((at, meta, comma)) => {
+                let pieces = super::TraceparentEdit::pieces(meta, comma, traceparent);
+                request.line_with_id_and_insert(id, at, &pieces)
+            }
+            None => {
+                let member = format!("\"traceparent\":\"{traceparent}\"");
+                let params = RawObject::parse(params)?.to_json_with_meta("traceparent", &member);
+                Some(request.with_params(&params)?.line_with_id(id))
+            }
+        }
+    }
+
+    /// `Some(None)`: rewrite; `Some(Some(insert))`; `None`: not an object.
+    #[allow(clippy::type_complexity)]
+    fn plan(params: &str) -> Option<Option<(usize, bool, bool)>> {
+        let body = params.trim_start().strip_prefix('{')?;
+        let b = params.as_bytes();
+        let (mut meta, mut escape) = (false, false);
+        for i in memchr::memchr2_iter(b'_', b'\\', b) {
+            match b[i] {
+                b'_' => meta |= i > 0 && b[i - 1] == b'"' && b[i + 1..].starts_with(b"meta\""),
+                _ => escape |= b.get(i + 1) == Some(&b'u'),
+            }
+        }
+        if escape {
+            return Some(None);
+        }
+        let meta = match meta {
+            true => RawObject::parse(params)?.get("_meta").map(|m| m.get()),
+            false => None,
+        };
+        let (at, meta) = match meta {
+            Some(m) if m.contains("traceparent") || !m.starts_with('{') => return Some(None),
+            Some(m) => (m.as_ptr() as usize - params.as_ptr() as usize + 1, false),
+            None => (params.len() - body.len(), true),
+        };
+        let comma = !params[at..].trim_start().starts_with('}');
+        Some(Some((at, meta, comma)))
+    }
+}
+
+/// Beyond the cases above: params whose carried edit writes the same
+/// bytes as the planning at each attempt did, and those where that
+/// planning rebuilt the object for text that is no name (an escape in a
+/// value, `traceparent` within a value): the same JSON, the object kept
+/// as written.
+#[test]
+fn a_carried_edit_writes_what_the_planning_at_each_attempt_wrote() {
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let same = [
+        r#" { "name" : "t" , "_meta" : { "traceparent" : "x" , "k" : [1, 2] } , "a" : 1 } "#,
+        r#"{"name":"t","_meta":[1],"arguments":{}}"#,
+        r#"{"name":"t","_meta":{"traceparent":"x"}}"#,
+        r#"{"name":"t","_meta":{"k":1,"traceparent":"x"},"z":{"traceparent":1}}"#,
+        r#"{"n\u0061me":"t","_meta":{"k":1}}"#,
+        r#"{"name":"t","_meta":{"tr\u0061ceparent":"x","k":1}}"#,
+        r#"{"name":"t","_meta":{ },"arguments":{"_meta":{}}}"#,
+        r#"{"name":"t",  "_meta":{"k":"v"}  }"#,
+        r#"{"_meta":"s"}"#,
+        "{\n\"name\":\"t\"\n}",
+    ];
+    for params in same {
+        with_traceparent(params, tp);
+    }
+    let rebuilt_before = [
+        r#"{"name":"t", "arguments":{"q":"caf\u00e9"} }"#,
+        r#"{ "name":"t", "_meta":{"k":"traceparent"} }"#,
+        r#"{"name":"t", "_meta":{"k":{"traceparent":1}} }"#,
+    ];
+    for params in rebuilt_before {
+        let line =
+            format!(r#"{{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{params}}}"#);
+        let request = crate::jsonrpc::Message::reparse(line.clone()).unwrap();
+        let carried = carried_attempt_line(&line, &request, tp).unwrap();
+        let planned = planned::attempt_line(&request, 42, tp).unwrap();
+        assert_ne!(carried, planned, "{params}");
+        let json = |b: &[u8]| serde_json::from_slice::<Json>(b).unwrap();
+        assert_eq!(json(&carried), json(&planned), "{params}");
+        // The client's text is kept: only the member is written into it.
+        let text = String::from_utf8(carried).unwrap();
+        assert!(text.contains(&params[params.len() - 3..]), "{text}");
+    }
 }
 
 #[test]

@@ -93,12 +93,25 @@ pub fn canonical_read<'a>(
     raw: &'a str,
     out: &mut impl Sink,
 ) -> Result<TopMembers<'a>, serde_json::Error> {
-    let mut scanner = Scanner::new(raw);
-    let walked = scanner.canonical()?;
-    scanner.end()?;
+    let walked = read(raw)?;
     walked.node.write(out);
     Ok(walked.top)
 }
+
+/// `raw` in canonical form, in the walk [`canonical_read`] makes.
+pub fn read(raw: &str) -> Result<Canonical<'_>, serde_json::Error> {
+    let mut scanner = Scanner::new(raw);
+    let walked = scanner.canonical()?;
+    scanner.end()?;
+    Ok(walked)
+}
+
+/// A visitor of the members reached from the top through objects alone:
+/// given each one's path of (unescaped) names and, for a scalar, its text
+/// as written (`None`: an object, whose members follow, or an array, not
+/// followed). Members come in canonical order (sorted by name, a repeated
+/// name's in the order written).
+pub type Visit<'v> = &'v mut dyn FnMut(&[&str], Option<&str>);
 
 /// The first name in `members` that repeats an earlier one, noticed as
 /// `RawObject` notices it ([`SeenNames`]).
@@ -121,6 +134,25 @@ pub enum Node<'a> {
 }
 
 impl Node<'_> {
+    /// Shows `visit` the members reached from this node through objects
+    /// alone, below `path` ([`Visit`]).
+    pub fn visit_members<'n>(&'n self, path: &mut Vec<&'n str>, visit: Visit<'_>) {
+        let Node::Object(members) = self else {
+            return;
+        };
+        for (name, value) in members {
+            path.push(name);
+            match value {
+                Node::Scalar(text) => visit(path, Some(text)),
+                _ => {
+                    visit(path, None);
+                    value.visit_members(path, &mut *visit);
+                }
+            }
+            path.pop();
+        }
+    }
+
     /// Writes the canonical text.
     pub fn write(&self, out: &mut impl Sink) {
         match self {

@@ -36,6 +36,7 @@ struct Arriving {
     store_args: Option<String>,
     modern: Option<std::sync::Arc<crate::mcp::Modern>>,
     client_context: Option<SpanContext>,
+    traceparent_edit: Option<crate::otel::TraceparentEdit>,
 }
 
 impl Calls {
@@ -199,6 +200,7 @@ impl Calls {
         Arriving {
             modern: parsed.modern,
             client_context: parsed.client_context,
+            traceparent_edit: parsed.traceparent_edit,
             tool: parsed.name,
             store_args,
             explicit_key: parsed.explicit_key,
@@ -311,6 +313,7 @@ impl Calls {
                 retried: false,
                 claim: None,
                 modern: new.modern,
+                traceparent_edit: new.traceparent_edit,
             }),
         );
         trace(ctx, out, || Trace::CallStarted { call: id });

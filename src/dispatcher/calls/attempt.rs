@@ -113,7 +113,10 @@ impl Calls {
     ) -> Option<Outgoing> {
         let call = self.calls.get(&id)?;
         let line = traceparent
-            .and_then(|tp| crate::otel::attempt_line(&call.request, down, tp))
+            .and_then(|tp| {
+                let edit = call.traceparent_edit.as_ref();
+                crate::otel::attempt_line(&call.request, down, tp, edit)
+            })
             .unwrap_or_else(|| {
                 let mut digits = [0; 20];
                 let id = crate::otel::decimal(down, &mut digits);

@@ -131,6 +131,9 @@ pub(super) struct Call {
     pub claim: Option<super::keys::Claim>,
     /// What its 2026-07-28 headers say, as its reader read it.
     pub modern: Option<std::sync::Arc<crate::mcp::Modern>>,
+    /// Where an attempt's `traceparent` goes, as its reader decided
+    /// (`ParsedCall::traceparent_edit`).
+    pub traceparent_edit: Option<crate::otel::TraceparentEdit>,
 }
 
 /// Where a call is between its attempts (the diagram in `calls.rs`).

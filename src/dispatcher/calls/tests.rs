@@ -1061,6 +1061,60 @@ fn one_run_starts_an_admitted_attempt_under_the_id_given_and_none_the_breaker_re
     assert_eq!(refused["error"]["data"]["reason"], "circuit_open");
 }
 
+/// With export on, an attempt writes its `traceparent` as the call's
+/// reader decided: a call with `_meta` (with the client's own
+/// `traceparent` or without) is not parsed again by any attempt. A call
+/// whose `_idempotency_key` was removed is sent with params the reader did
+/// not read: each of its attempts parses them.
+#[test]
+fn an_attempt_with_export_on_parses_nothing_of_its_call() {
+    let mut h = Harness::new(|_| {});
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut attempt = |client: &str, params: &str| {
+        let m = message(&format!(
+            r#"{{"jsonrpc":"2.0","id":{client},"method":"tools/call","params":{params}}}"#
+        ));
+        let (arrival, _) =
+            h.run(|c, ctx, out| c.arrive(m.clone(), parsed_call(&m), client.into(), ctx, out));
+        let Arrival::Started(id) = arrival else {
+            panic!("{arrival:?}");
+        };
+        h.run(|c, ctx, out| c.admit(id, ctx, out));
+        let before = crate::otel::params_parsed();
+        let (sent, _) = h.run(|c, ctx, out| c.send(id, 100, Some(tp), ctx, out));
+        // Another attempt's line (as after a retry).
+        let again = h.calls.attempt_line(id, 101, Some(tp));
+        let parses = crate::otel::params_parsed() - before;
+        for (down, sent) in [(100, sent), (101, again)] {
+            let sent = String::from_utf8(sent.expect("an attempt").bytes).unwrap();
+            let sent: Value = serde_json::from_str(&sent).unwrap();
+            assert_eq!(sent["params"]["_meta"]["traceparent"], tp, "{sent}");
+            assert_eq!(sent["id"], down);
+        }
+        h.answer(100, OK);
+        parses
+    };
+    let meta = r#""_meta":{"progressToken":1,"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}"#;
+    assert_eq!(
+        attempt(
+            "1",
+            &format!(r#"{{"name":"t",{meta},"arguments":{{"a":1}}}}"#)
+        ),
+        0
+    );
+    assert_eq!(
+        attempt(
+            "2",
+            r#"{"name":"t","_meta":{"progressToken":2},"arguments":{}}"#
+        ),
+        0
+    );
+    assert_eq!(attempt("3", r#"{"name":"t","arguments":{"b":1}}"#), 0);
+    let keyed =
+        r#"{"name":"t","_meta":{"progressToken":3},"arguments":{"_idempotency_key":"k","c":1}}"#;
+    assert_eq!(attempt("4", keyed), 2);
+}
+
 #[test]
 fn results_waiting_for_the_store_are_bounded_by_bytes() {
     let (mut h, rx) = with_store(super::Unavailable::Local);
