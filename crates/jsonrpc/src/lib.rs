@@ -1,5 +1,6 @@
 //! JSON-RPC 2.0 messages as newline-delimited lines: framing, classification
-//! and envelope rewriting.
+//! and envelope rewriting; and ([`canonical`]) the canonical JSON of
+//! mcp-retry's fingerprints, whose scanner reads a client's line.
 //!
 //! A [`Message`] keeps the exact text it was read from and remembers where its
 //! members are, so `params`, `result`, `error` and unknown members pass through
@@ -7,8 +8,8 @@
 //! itself are built with [`response_line`], [`error_line`] and friends.
 //!
 //! [`classify_reading`] classifies a client's line and reads its params'
-//! members (and one nested member's) in the same pass, for a reader that
-//! would otherwise parse the params again.
+//! members (one nested member's, and another's in canonical form) in the
+//! same walk, for a reader that would otherwise parse the params again.
 //!
 //! JSON leaves a repeated member name to the reader, and readers disagree
 //! (last, first, error). A message whose envelope repeats a member is
