@@ -133,6 +133,7 @@ fn main() {
         store_only: false,
         profiled: None,
         instructions_only: false,
+        hot_only: false,
     };
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
@@ -149,6 +150,7 @@ fn main() {
             "--start-only" => opts.start_only = true,
             "--store-only" => opts.store_only = true,
             "--instructions-only" => opts.instructions_only = true,
+            "--hot-only" => opts.hot_only = true,
             "--profiled" => {
                 opts.profiled = Some(
                     it.next()
@@ -177,7 +179,7 @@ fn main() {
                 )
             }
             "-h" | "--help" => {
-                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--store-only] [--instructions-only] [--profiled MCP_RETRY] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
+                println!("usage: bench [--reps N] [--quick] [--pressure-only] [--start-only] [--store-only] [--instructions-only] [--hot-only] [--profiled MCP_RETRY] [--baseline [LABEL=]MCP_RETRY]... [--otel ENDPOINT|closed] [--write FILE]");
                 return;
             }
             other => fail(&format!("unknown argument {other:?} (see --help)")),
@@ -297,6 +299,10 @@ struct Options {
     profiled: Option<PathBuf>,
     /// Only the instruction counts (likewise).
     instructions_only: bool,
+    /// Only the hot path, every target against the relay and against
+    /// mcp-retry in the same rounds (printed, never written): a baseline's
+    /// paired comparison, with as many repetitions as `--reps` asks.
+    hot_only: bool,
 }
 
 // ---------------------------------------------------------------------------
@@ -475,6 +481,8 @@ enum Via {
 
 /// The relay's index in the list of targets.
 const RELAY: usize = 1;
+/// mcp-retry's.
+const PROXY: usize = 3;
 
 impl Via {
     fn name(self) -> &'static str {
@@ -786,6 +794,10 @@ struct RepResult {
     p99_vs_relay: Vec<f64>,
     calls_vs_relay: Vec<f64>,
     mb_vs_relay: Vec<f64>,
+    /// Per block: this target's figure over mcp-retry's in the same round
+    /// (a baseline's paired comparison, free of the relay's own noise).
+    p50_vs_proxy: Vec<f64>,
+    calls_vs_proxy: Vec<f64>,
     p50: Vec<Duration>,
     p99: Vec<Duration>,
     calls_per_s: Vec<f64>,
@@ -838,11 +850,16 @@ fn hot_path(bins: &Bins, reps: usize, quick: bool) -> Vec<RepResult> {
                 times[i].extend_from_slice(r);
             }
             let relay = round[RELAY].clone();
+            let proxy = round[PROXY].clone();
             for (i, r) in round.iter().enumerate() {
                 let vs =
                     |p: f64| percentile(r, p).as_secs_f64() / percentile(&relay, p).as_secs_f64();
                 out[i].p50_vs_relay.push(vs(0.50));
                 out[i].p99_vs_relay.push(vs(0.99));
+                let p50 = percentile(r, 0.50).as_secs_f64();
+                out[i]
+                    .p50_vs_proxy
+                    .push(p50 / percentile(&proxy, 0.50).as_secs_f64());
             }
         }
         for (i, s) in sessions.into_iter().enumerate() {
@@ -871,6 +888,9 @@ fn hot_path(bins: &Bins, reps: usize, quick: bool) -> Vec<RepResult> {
                 out[i]
                     .calls_vs_relay
                     .push(round[RELAY].as_secs_f64() / t.as_secs_f64());
+                out[i]
+                    .calls_vs_proxy
+                    .push(round[PROXY].as_secs_f64() / t.as_secs_f64());
             }
         }
         for (i, s) in sessions.into_iter().enumerate() {
@@ -1937,6 +1957,35 @@ fn pressure_table(bins: &Bins) -> String {
 
 /// How the tables name the `i`th baseline: "baseline" when there is one,
 /// else its label.
+/// `--hot-only`'s table: each target's hot-path figures, over the relay's
+/// and over mcp-retry's in the same round (medians of the rounds' ratios),
+/// and in how many rounds its p50 was below mcp-retry's.
+fn hot_table(bins: &Bins, hot: &[RepResult]) -> String {
+    let mut t = String::from(
+        "| target | p50 | p50 ÷ relay | p50 ÷ mcp-retry | rounds below mcp-retry's p50 | calls/s ÷ relay | calls/s ÷ mcp-retry | CPU per call | 1 MB ÷ relay |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for (via, r) in bins.targets().into_iter().zip(hot) {
+        let name = match via {
+            Via::Baseline(i) => baseline_name(bins, i),
+            other => other.name().to_owned(),
+        };
+        let below = r.p50_vs_proxy.iter().filter(|x| **x < 1.0).count();
+        let _ = writeln!(
+            t,
+            "| {name} | {} | {} | {} | {below}/{} | {} | {} | {} | {} |",
+            us(median_d(&r.p50)),
+            fmt_ratio(median_f(&r.p50_vs_relay)),
+            fmt_ratio(median_f(&r.p50_vs_proxy)),
+            r.p50_vs_proxy.len(),
+            fmt_ratio(median_f(&r.calls_vs_relay)),
+            fmt_ratio(median_f(&r.calls_vs_proxy)),
+            us(median_d(&r.cpu_per_call)),
+            fmt_ratio(median_f(&r.mb_vs_relay)),
+        );
+    }
+    t
+}
+
 fn baseline_name(bins: &Bins, i: usize) -> String {
     match bins.baseline.as_slice() {
         [_] => "baseline".to_owned(),
@@ -1962,6 +2011,10 @@ fn run_all(opts: &Options) {
     if opts.instructions_only {
         let section = instructions_section(&bins, opts.profiled.as_deref());
         print_section(&section, opts.write.as_deref(), (INSTR_BEGIN, INSTR_END));
+        return;
+    }
+    if opts.hot_only {
+        println!("{}", hot_table(&bins, &hot_path(&bins, reps, opts.quick)));
         return;
     }
     if opts.store_only {
@@ -2210,6 +2263,18 @@ fn run_all(opts: &Options) {
             "pipelined CPU per call",
             &|b| [us(median_d(&b.cpu_per_call)), none()],
             [us(cpu[2]), none()],
+        );
+        // Each baseline against mcp-retry in the same round (median of the
+        // rounds' ratios), in the baseline's ratio column.
+        row(
+            "sequential p50 ÷ mcp-retry's, same round",
+            &|b| [none(), r2(median_f(&b.p50_vs_proxy))],
+            [none(), none()],
+        );
+        row(
+            "pipelined calls/s ÷ mcp-retry's, same round",
+            &|b| [none(), r2(median_f(&b.calls_vs_proxy))],
+            [none(), none()],
         );
         row(
             "1 MB results",
