@@ -5,9 +5,11 @@
 //! differently (a request that is then refused), the client's trace
 //! context (`_meta.traceparent`, for the tracer), and for a `tools/call`
 //! the [`ParsedCall`] the policies look at: where an attempt's own
-//! `traceparent` goes (`otel::TraceparentEdit`) and the fingerprint of its
-//! arguments (their own walk, which for a 2026-07-28 call also keeps the
-//! scalars its `Mcp-Param-*` headers may carry, `mcp::ArgScalars`). The
+//! `traceparent` goes (`otel::TraceparentEdit`), and from its arguments'
+//! canonical form, read in the same walk over the line, their fingerprints
+//! (the idempotency table's; a keyed call's record's, under the store's
+//! scope the [`Reader`] is given) and, for a 2026-07-28 call, the scalars
+//! its `Mcp-Param-*` headers may carry (`mcp::ArgScalars`). The
 //! dispatcher gets an [`Inbound`] and reads none of this again; the `Call`
 //! keeps the `ParsedCall`'s parts.
 //!
