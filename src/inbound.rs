@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use crate::jsonrpc::canonical::{self, Canonical, Node};
 use crate::jsonrpc::{self, Kind, Members, Message, Params, Parsed, RawObject};
-use crate::mcp::{ArgScalars, Modern};
+use crate::mcp::Modern;
 use crate::otel::{SpanContext, TraceparentEdit};
 use crate::policy::{dedup, TopMembers};
 
@@ -340,24 +340,18 @@ impl ParsedCall {
         };
         let params = text;
         let mut arguments: Option<(&str, Option<RawObject<'_>>)> = None;
-        let mut one_walk_fp = None;
         // The first `arguments`, walked with the line when it was read.
         let mut walked = object.canonical.take();
+        // The arguments forwarded, in canonical form: their fingerprints
+        // and a 2026-07-28 call's scalars are made of it.
         let mut walked_node = None;
-        // A 2026-07-28 call keeps its arguments' scalars for its headers,
-        // from their canonical form.
-        let modern_call = object
-            .inner
-            .as_ref()
-            .is_some_and(|meta| meta.get(crate::mcp::VERSION_KEY).is_some());
         let repeated = first_repeat(&object, |v| {
             match (reading == Reading::OneWalk)
                 .then(|| arguments_read(v, walked.take()))
                 .flatten()
             {
-                Some((fp, top, node)) => {
+                Some((top, node)) => {
                     arguments = Some((v, None));
-                    one_walk_fp = Some(fp);
                     walked_node = Some(node);
                     top.repeated.map(Cow::into_owned)
                 }
@@ -424,25 +418,15 @@ impl ParsedCall {
         let keys = dedup::keys();
         // Not read with the line: walked here (those with the key removed,
         // a batch's).
-        let args_fp = match one_walk_fp {
-            Some(fp) => Some(fp),
-            None => {
-                if range.is_some() {
-                    count(Walk::Arguments);
-                }
-                match canonical::read(text) {
-                    Ok(c) => {
-                        walked_node = Some(c.node);
-                        walked_node
-                            .as_ref()
-                            .map(|node| dedup::fingerprint_node(keys, &["args"], node))
-                    }
-                    Err(_) => None,
-                }
+        if walked_node.is_none() {
+            if range.is_some() {
+                count(Walk::Arguments);
             }
-        };
-        // The arguments forwarded, in canonical form: a keyed call's record
-        // fingerprint, and a 2026-07-28 call's scalars, are made of them.
+            walked_node = canonical::read(text).ok().map(|c| c.node);
+        }
+        let args_fp = walked_node
+            .as_ref()
+            .map(|node| dedup::fingerprint_node(keys, &["args"], node));
         let store_args = match (&reader.store_scope, &explicit_key) {
             (Some(scope), Some(_)) if !no_store => Some(match &walked_node {
                 Some(node) => crate::store::args_fingerprint_node(scope, node),
@@ -450,15 +434,12 @@ impl ParsedCall {
             }),
             _ => None,
         };
-        let mut scalars = ArgScalars::default();
-        match &walked_node {
-            Some(node) if modern_call => scalars.of_node(node),
-            Some(_) => {}
-            // Not walked: none of their values is known.
-            None => scalars.set_partial(),
-        }
         let modern = modern.map(|mut modern| {
-            modern.arguments = scalars;
+            match &walked_node {
+                Some(node) => modern.arguments.of_node(node),
+                // Not walked: none of their values is known.
+                None => modern.arguments.set_partial(),
+            }
             Arc::new(modern)
         });
         let (dedup_key, dedup_args) = match (&explicit_key, args_fp) {
@@ -520,16 +501,16 @@ enum Reading {
     Checked,
 }
 
-/// The arguments' fingerprint, what their own members are and their
-/// canonical form: `walked`, read with the line, else walked here over
-/// `text` (a `RawValue`'s); `None` when that does not decide the call: a
-/// member `_idempotency_key` is to be removed first, or they nest too deep
-/// for a fingerprint (and a repeated member after the deepest must still
-/// be found).
+/// What the arguments' own members are, and their canonical form:
+/// `walked`, read with the line, else walked here over `text` (a
+/// `RawValue`'s); `None` when that does not decide the call: a member
+/// `_idempotency_key` is to be removed first, or they nest too deep for a
+/// fingerprint (and a repeated member after the deepest must still be
+/// found).
 fn arguments_read<'a>(
     text: &'a str,
     walked: Option<Canonical<'a>>,
-) -> Option<(u128, TopMembers<'a>, Node<'a>)> {
+) -> Option<(TopMembers<'a>, Node<'a>)> {
     let c = match walked {
         Some(c) => c,
         None => {
@@ -537,10 +518,7 @@ fn arguments_read<'a>(
             canonical::read(text).ok()?
         }
     };
-    (!c.top.has_idempotency_key).then(|| {
-        let fp = dedup::fingerprint_node(dedup::keys(), &["args"], &c.node);
-        (fp, c.top, c.node)
-    })
+    (!c.top.has_idempotency_key).then_some((c.top, c.node))
 }
 
 /// An idempotency key's text: a string, or a number as written.
@@ -611,7 +589,7 @@ pub fn params_walks() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::Arg;
+    use crate::mcp::{Arg, ArgScalars};
 
     fn message(params: &str) -> Message {
         Message::reparse(format!(
