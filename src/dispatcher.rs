@@ -24,7 +24,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::config::ServerConfig;
 use crate::downstream::{Downstream, Gone, Heal, Outgoing, ServerEvent, StartError, SHUTDOWN_STEP};
 use crate::guard::Pending;
-use crate::inbound::{Inbound, Read};
+use crate::inbound::{Inbound, Read, Reader};
 use crate::jsonrpc::{self, Invalid, Kind, Message, Parsed, RawObject};
 use crate::otel::{Handle, Tracer};
 use crate::policy::breaker::BreakerState;
@@ -639,7 +639,13 @@ impl Dispatcher {
         match parsed {
             Parsed::Message(m) => match m.kind() {
                 Kind::Request => {
-                    let read = read.unwrap_or_else(|| self.calls.reader().message(&m));
+                    let read = read.unwrap_or_else(|| {
+                        let reader = Reader {
+                            traces: self.reporting.tracing(),
+                            ..self.calls.reader()
+                        };
+                        reader.message(&m)
+                    });
                     self.on_client_request(m, read, batch, now)
                 }
                 Kind::Notification => self.on_client_notification(m, now),

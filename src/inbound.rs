@@ -44,7 +44,18 @@ pub struct Reader {
     /// store: a keyed call's arguments are fingerprinted for its record
     /// from their canonical form, read with the line (`store_args`).
     pub store_scope: Option<[u8; 32]>,
+    /// Traces are exported: a call's attempts carry a `traceparent` of
+    /// their own, and where it goes in the params is decided here
+    /// (`ParsedCall::traceparent_edit`).
+    pub traces: bool,
 }
+
+/// How the tests read: with traces exported, without a store.
+#[cfg(test)]
+const TESTED: Reader = Reader {
+    store_scope: None,
+    traces: true,
+};
 
 impl Reader {
     /// Classifies a line and reads a request's params, in the one pass
@@ -75,10 +86,10 @@ impl Reader {
 }
 
 impl Inbound {
-    /// [`Reader::line`] without a store.
+    /// [`Reader::line`] without a store, with traces exported.
     #[cfg(test)]
     pub fn of_line(line: Vec<u8>) -> Inbound {
-        Reader::default().line(line)
+        TESTED.line(line)
     }
 
     /// [`Inbound::of_line`] for a line classified already, its params
@@ -116,10 +127,10 @@ pub struct Read {
 }
 
 impl Read {
-    /// [`Reader::message`] without a store.
+    /// [`Reader::message`] without a store, with traces exported.
     #[cfg(test)]
     pub fn of(m: &Message) -> Read {
-        Reader::default().message(m)
+        TESTED.message(m)
     }
 }
 
@@ -322,8 +333,7 @@ impl ParsedCall {
     /// it over the fuzz seeds).
     #[cfg(test)]
     fn read_as(params: &str, reading: Reading) -> Result<Option<ParsedCall>, String> {
-        let reader = Reader::default();
-        ParsedCall::read_from(params, Params::parse(params, "_meta"), reading, &reader)
+        ParsedCall::read_from(params, Params::parse(params, "_meta"), reading, &TESTED)
     }
 
     /// [`ParsedCall::read_as`] of params `text` whose members (and their
@@ -375,7 +385,10 @@ impl ParsedCall {
         };
         let mut explicit_key = None;
         let mut progress_token = None;
-        let traceparent_edit = TraceparentEdit::of(params, &object);
+        let traceparent_edit = reader
+            .traces
+            .then(|| TraceparentEdit::of(params, &object))
+            .flatten();
         let meta = object.inner.take();
         if let Some(meta) = &meta {
             progress_token = meta.get("progressToken").map(str::to_owned);
@@ -974,6 +987,7 @@ mod tests {
         let scope = [7; 32];
         let reader = Reader {
             store_scope: Some(scope),
+            ..TESTED
         };
         let read = |reader: &Reader, line: &str| {
             let before = arguments_walks();
@@ -993,7 +1007,20 @@ mod tests {
         let without = crate::store::args_fingerprint(&scope, r#"{"b":[1],"a":null}"#);
         assert_eq!(read(&reader, &in_args).0, Some(without));
         assert_eq!(read(&reader, &call(args, "")).0, None);
-        assert_eq!(read(&Reader::default(), &keyed).0, None);
+        assert_eq!(read(&TESTED, &keyed).0, None);
+    }
+
+    /// Where an attempt's `traceparent` goes is decided for a call only
+    /// when traces are exported: with export off nothing is spent on it.
+    #[test]
+    fn the_traceparent_edit_is_decided_only_when_traces_are_exported() {
+        let line = call(r#"{"a":1}"#, r#""_meta":{"progressToken":1},"#);
+        let edit = |reader: &Reader| {
+            let read = reader.line(line.as_bytes().to_vec()).read.unwrap();
+            read.call.unwrap().traceparent_edit
+        };
+        assert!(edit(&TESTED).is_some());
+        assert_eq!(edit(&Reader::default()), None);
     }
 
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

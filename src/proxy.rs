@@ -91,12 +91,15 @@ pub fn run(args: RunOptions) -> Result<ExitCode> {
     };
 
     // A keyed call's record fingerprint is made where its line is read,
-    // under the scope `start_store` gives the store.
+    // under the scope `start_store` gives the store, and so is where an
+    // attempt's `traceparent` goes when traces are exported.
+    let otel = start_otel(&cfg)?;
     let reader = Reader {
         store_scope: match store_choice(&args, &cfg)? {
             Choice::Memory => None,
             _ => Some(crate::store::scope(&cfg)),
         },
+        traces: otel.as_ref().is_some_and(|(handle, _)| handle.traces()),
     };
     let tx = events_tx.clone();
     let client_backlogs = backlogs.clone();
@@ -143,7 +146,6 @@ pub fn run(args: RunOptions) -> Result<ExitCode> {
             downstream::connect(cfg, Diagnostics::Copy, on_event)
         },
     );
-    let otel = start_otel(&cfg)?;
     let checked = crate::check::checked_by_env();
     if checked {
         crate::debug!("started by `mcp-retry check`: no cached handshake, and a server that cannot start is named at once");

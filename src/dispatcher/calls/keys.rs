@@ -184,10 +184,12 @@ impl Calls {
     }
 
     /// How a client's message is read for these calls: with the store's
-    /// scope, when there is a store.
+    /// scope, when there is a store (and without traces: the dispatcher
+    /// knows whether they are exported).
     pub(in crate::dispatcher) fn reader(&self) -> crate::inbound::Reader {
         crate::inbound::Reader {
             store_scope: self.keys.as_ref().map(|k| k.scope),
+            traces: false,
         }
     }
 
