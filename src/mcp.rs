@@ -142,8 +142,7 @@ impl ArgScalars {
             return;
         };
         let value = (text.len() <= Self::MAX_SCALAR).then_some(text);
-        let path_len: usize = path.iter().map(|k| k.len()).sum();
-        let cost = path_len + value.map_or(0, str::len) + Self::ENTRY_COST;
+        let cost = cost(path, value);
         if self.used + cost > Self::MAX_TOTAL {
             self.partial = true;
             return;
@@ -189,8 +188,9 @@ impl ArgScalars {
 }
 
 /// What an entry of [`ArgScalars`] counts against its total.
-fn cost(path: &[Box<str>], value: Option<&str>) -> usize {
-    path.iter().map(|k| k.len()).sum::<usize>() + value.map_or(0, str::len) + ArgScalars::ENTRY_COST
+fn cost<S: AsRef<str>>(path: &[S], value: Option<&str>) -> usize {
+    let path_len: usize = path.iter().map(|k| k.as_ref().len()).sum();
+    path_len + value.map_or(0, str::len) + ArgScalars::ENTRY_COST
 }
 
 /// The params of a `tools/list` request: the cursor (raw JSON, as the
