@@ -634,51 +634,30 @@ impl MemberRanges {
     /// The params `text` (those the members were read from) with
     /// `params._meta.traceparent` set to `traceparent`, first in `_meta`
     /// (added first when absent or not an object), the rest in compact
-    /// JSON, names escaped anew.
+    /// JSON, names escaped anew: what `RawObject::to_json_with_meta`
+    /// writes, from the ranges kept instead of a parse.
     fn write(&self, text: &str, traceparent: &str) -> Option<String> {
-        let value = |r: &Range<usize>| text.get(r.clone());
-        let mut out = String::with_capacity(text.len() + 80);
-        out.push('{');
-        let mut first = true;
-        let mut meta_seen = false;
-        if self.meta.is_none() {
-            out.extend(TraceparentEdit::pieces(true, false, traceparent));
-            first = false;
+        fn pairs<'p>(
+            ranges: &'p [(Box<str>, Range<usize>)],
+            text: &'p str,
+        ) -> Option<Vec<(&'p str, &'p str)>> {
+            ranges
+                .iter()
+                .map(|(name, r)| Some((&**name, text.get(r.clone())?)))
+                .collect()
         }
-        for (name, range) in &self.params {
-            let is_meta = !meta_seen && &**name == "_meta";
-            meta_seen |= is_meta;
-            if is_meta && self.meta.is_none() {
-                continue;
-            }
-            if !first {
-                out.push(',');
-            }
-            first = false;
-            out.push_str(&jsonrpc::json_string(name));
-            out.push(':');
-            match &self.meta {
-                Some(meta) if &**name == "_meta" => {
-                    out.push('{');
-                    out.extend(TraceparentEdit::pieces(false, false, traceparent));
-                    let mut replaced = false;
-                    for (name, range) in meta {
-                        if !replaced && &**name == "traceparent" {
-                            replaced = true;
-                            continue;
-                        }
-                        out.push(',');
-                        out.push_str(&jsonrpc::json_string(name));
-                        out.push(':');
-                        out.push_str(value(range)?);
-                    }
-                    out.push('}');
-                }
-                _ => out.push_str(value(range)?),
-            }
-        }
-        out.push('}');
-        Some(out)
+        let meta = match &self.meta {
+            Some(meta) => Some(pairs(meta, text)?),
+            None => None,
+        };
+        let member = TraceparentEdit::pieces(false, false, traceparent).concat();
+        let params = pairs(&self.params, text)?;
+        Some(jsonrpc::write_with_meta(
+            &params,
+            meta.as_deref(),
+            "traceparent",
+            &member,
+        ))
     }
 }
 

@@ -1328,35 +1328,59 @@ impl<'a> RawObject<'a> {
         self.write(Some((key, value)))
     }
 
-    /// `{member,…}`: the object with `member` (a raw `"key":value` pair)
-    /// written first.
-    pub fn to_json_after(&self, member: &str) -> String {
-        let rest = self.to_json();
-        if rest == "{}" {
-            format!("{{{member}}}")
-        } else {
-            format!("{{{member},{}", &rest[1..])
-        }
-    }
-
     /// The object with `member` (a raw `"key":value` pair) written first
     /// in its `_meta`, replacing a member `key` there; a `_meta` that is
-    /// missing or not an object becomes one holding only `member`.
-    pub fn to_json_with_meta(mut self, key: &str, member: &str) -> String {
-        match self.get("_meta").and_then(|m| RawObject::parse(m.get())) {
-            Some(mut meta) => {
-                meta.remove(key);
-                self.to_json_replacing("_meta", &meta.to_json_after(member))
-            }
-            None => {
-                self.remove("_meta");
-                self.to_json_after(&format!("\"_meta\":{{{member}}}"))
-            }
+    /// missing or not an object becomes one holding only `member`
+    /// ([`write_with_meta`]).
+    pub fn to_json_with_meta(&self, key: &str, member: &str) -> String {
+        fn pairs<'p>(o: &'p RawObject<'_>) -> Vec<(&'p str, &'p str)> {
+            o.0.iter().map(|(k, v)| (k.as_ref(), v.get())).collect()
         }
+        let meta = self.get("_meta").and_then(|m| RawObject::parse(m.get()));
+        let (members, meta) = (pairs(self), meta.as_ref().map(pairs));
+        write_with_meta(&members, meta.as_deref(), key, member)
     }
 
     fn write(&self, replace: Option<(&str, &str)>) -> String {
         write_object(self.0.iter().map(|(k, v)| (k.as_ref(), v.get())), replace)
+    }
+}
+
+/// An object of `members` (name, raw value) as compact JSON, names
+/// escaped, with `member` (a raw `"key":value` pair) written first in its
+/// `_meta` and the first member `key` there left out: `meta` holds
+/// `_meta`'s members when it is an object; else a `_meta` holding only
+/// `member` is written first and the object's first `_meta` left out.
+pub fn write_with_meta(
+    members: &[(&str, &str)],
+    meta: Option<&[(&str, &str)]>,
+    key: &str,
+    member: &str,
+) -> String {
+    // The pairs but the first named `name`.
+    fn without<'p>(pairs: &'p [(&'p str, &'p str)], name: &str) -> Vec<(&'p str, &'p str)> {
+        let mut kept = pairs.to_vec();
+        if let Some(first) = pairs.iter().position(|(k, _)| *k == name) {
+            kept.remove(first);
+        }
+        kept
+    }
+    // `{member,…}`: `rest` with `member` first.
+    fn first_in(member: &str, rest: String) -> String {
+        match rest.as_str() {
+            "{}" => format!("{{{member}}}"),
+            _ => format!("{{{member},{}", &rest[1..]),
+        }
+    }
+    match meta {
+        Some(meta) => {
+            let meta = first_in(member, write_object(without(meta, key).into_iter(), None));
+            write_object(members.iter().copied(), Some(("_meta", &meta)))
+        }
+        None => {
+            let rest = write_object(without(members, "_meta").into_iter(), None);
+            first_in(&format!("\"_meta\":{{{member}}}"), rest)
+        }
     }
 }
 
