@@ -14,7 +14,7 @@
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::jsonrpc::RawObject;
+use crate::jsonrpc::{self, RawObject};
 use crate::mcp::{Arg, ArgScalars};
 
 const X_MCP_HEADER: &str = "x-mcp-header";
@@ -72,8 +72,7 @@ pub fn param_headers(
 /// read (a lone surrogate, a number out of range).
 fn header_text(json: &str) -> Option<String> {
     match json.as_bytes().first()? {
-        b'"' if !json.contains('\\') => Some(json[1..json.len() - 1].to_owned()),
-        b'"' => serde_json::from_str::<String>(json).ok(),
+        b'"' => jsonrpc::unescaped(json).map(|s| s.into_owned()),
         b't' | b'f' => Some(json.to_owned()),
         _ => serde_json::from_str::<serde_json::Number>(json)
             .ok()

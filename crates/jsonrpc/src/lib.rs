@@ -716,8 +716,9 @@ pub fn classify_then_read<R>(
     (parsed, r)
 }
 
-/// A JSON string's text unescaped (`None` when it is not a string).
-fn unescaped(raw: &str) -> Option<Cow<'_, str>> {
+/// A JSON string's text (valid JSON) unescaped, borrowed when it has no
+/// escape; `None` when it is not a string.
+pub fn unescaped(raw: &str) -> Option<Cow<'_, str>> {
     if raw.contains('\\') {
         serde_json::from_str::<String>(raw).ok().map(Cow::Owned)
     } else {
