@@ -641,8 +641,8 @@ impl Dispatcher {
                 Kind::Request => {
                     let read = read.unwrap_or_else(|| {
                         let reader = Reader {
+                            store_scope: self.calls.store_scope(),
                             traces: self.reporting.tracing(),
-                            ..self.calls.reader()
                         };
                         reader.message(&m)
                     });

@@ -183,14 +183,9 @@ impl Calls {
         self.keys = Some(store);
     }
 
-    /// How a client's message is read for these calls: with the store's
-    /// scope, when there is a store (and without traces: the dispatcher
-    /// knows whether they are exported).
-    pub(in crate::dispatcher) fn reader(&self) -> crate::inbound::Reader {
-        crate::inbound::Reader {
-            store_scope: self.keys.as_ref().map(|k| k.scope),
-            traces: false,
-        }
+    /// The scope of the store's records, when there is a store.
+    pub(in crate::dispatcher) fn store_scope(&self) -> Option<[u8; 32]> {
+        self.keys.as_ref().map(|k| k.scope)
     }
 
     /// Hands a request to the store thread.
